@@ -1,0 +1,50 @@
+"""Celery settings jobsapp's lifecycle contract depends on; each says why it is set.
+
+Broker URL and transport folders come from ``jobsapp.settings`` (environment variables,
+embedded defaults under ./var/), applied in ``jobsapp.celery_app``.
+"""
+
+from datetime import timedelta
+
+# Ack after the body, so a worker that dies mid-run leaves the message to be redelivered;
+# the journal's claim guard turns a redelivery of finished work into a no-op.
+task_acks_late = True
+# A child killed by the OS (OOM, SIGKILL) must not count as done: reject, redeliver.
+task_reject_on_worker_lost = True
+# One message at a time per process: a long job never sits on a second prefetched one.
+worker_prefetch_multiplier = 1
+# On a lost broker connection, cancel running late-ack tasks: their messages will be
+# redelivered anyway, and the heartbeat fence stops a duplicate from publishing.
+worker_cancel_long_running_tasks_on_connection_loss = True
+# Workers and beat wait for the broker at start instead of crashing under a supervisor.
+broker_connection_retry_on_startup = True
+# Flower needs task events and sent events.
+worker_send_task_events = True
+task_send_sent_event = True
+# The journal is the result store; no Celery result backend.
+task_ignore_result = True
+# Job messages are JSON validated against jobs.schema.json; never pickle.
+task_serializer = "json"
+accept_content = ["json"]
+# The longest a job may run; the broker's redelivery timeout must exceed it.
+task_time_limit = 3600
+task_soft_time_limit = 3300
+# Redis redelivers an unacked message after visibility_timeout; it must exceed the
+# longest run or a healthy long job would be delivered twice.
+VISIBILITY_TIMEOUT = 2 * task_time_limit
+# RabbitMQ: publish returns only after the broker confirms (the outbox marks after it).
+broker_transport_options = {
+    "visibility_timeout": VISIBILITY_TIMEOUT,
+    "confirm_publish": True,
+}
+worker_hijack_root_logger = False
+worker_redirect_stdouts = False
+
+# Beat: the singleton home of maintenance. Cadences; each pass is bounded per tick.
+beat_scheduler = "jobsapp.maintenance.scheduler:LeasedScheduler"
+beat_max_loop_interval = 1
+beat_schedule = {
+    "reaper": {"task": "jobsapp.maintenance.reaper", "schedule": timedelta(seconds=15)},
+    "outbox-relay": {"task": "jobsapp.maintenance.relay", "schedule": timedelta(seconds=2)},
+    "retention": {"task": "jobsapp.maintenance.retention", "schedule": timedelta(minutes=10)},
+}

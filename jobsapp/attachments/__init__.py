@@ -1,0 +1,1 @@
+"""Attachment upload validation and image variant rendering."""

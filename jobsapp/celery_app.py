@@ -1,0 +1,54 @@
+"""The Celery app: ``celery -A jobsapp worker`` and ``celery -A jobsapp beat``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init
+
+from jobsapp.db import dispose_engines
+from jobsapp.settings import Settings, get_settings
+
+BASE_IMPORTS = ("jobsapp.maintenance.tasks",)
+
+
+def _transport_options(settings: Settings, base: dict[str, Any]) -> dict[str, Any]:
+    if not settings.broker_is_filesystem:
+        return base
+    queue = settings.broker_folder / "queue"
+    processed = settings.broker_folder / "processed"
+    for folder in (queue, processed):
+        folder.mkdir(parents=True, exist_ok=True)
+    return {
+        **base,
+        "data_folder_in": str(queue),
+        "data_folder_out": str(queue),
+        "processed_folder": str(processed),
+        "store_processed": False,
+    }
+
+
+def create_app() -> Celery:
+    settings = get_settings()
+    celery_app = Celery("jobsapp")
+    celery_app.config_from_object("celeryconfig")
+    extra = tuple(m for m in os.environ.get("JOBSAPP_IMPORTS", "").split(",") if m)
+    celery_app.conf.update(
+        broker_url=settings.broker_url,
+        broker_transport_options=_transport_options(
+            settings, dict(celery_app.conf.broker_transport_options or {})
+        ),
+        imports=BASE_IMPORTS + extra,
+    )
+    return celery_app
+
+
+app = create_app()
+
+
+@worker_process_init.connect
+def _fresh_connections(**_kwargs: Any) -> None:
+    """A forked child must not share its parent's database sockets."""
+    dispose_engines()

@@ -1,0 +1,53 @@
+"""The lifecycle engine: pure state rules, the journal, the base Task, heartbeat, outbox."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+
+from jobsapp.lifecycle.context import RunContext, current_run
+from jobsapp.lifecycle.errors import (
+    InvalidMessage,
+    LeaseLost,
+    PermanentError,
+    RetryAfter,
+    TransientError,
+)
+from jobsapp.lifecycle.handle import JobHandle
+from jobsapp.lifecycle.journal import EnqueueOutcome
+from jobsapp.lifecycle.registry import RunTable, StalePolicy
+from jobsapp.lifecycle.retry import RetryPolicy
+from jobsapp.lifecycle.states import Outcome, State
+from jobsapp.lifecycle.task import LifecycleTask
+
+__all__ = [
+    "EnqueueOutcome",
+    "InvalidMessage",
+    "JobHandle",
+    "LeaseLost",
+    "LifecycleTask",
+    "Outcome",
+    "PermanentError",
+    "RetryAfter",
+    "RetryPolicy",
+    "RunContext",
+    "RunTable",
+    "StalePolicy",
+    "State",
+    "TransientError",
+    "current_run",
+    "lifecycle_task",
+]
+
+
+def lifecycle_task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``@app.task`` with ``LifecycleTask`` as base and the journal's settings.
+
+    Options besides Celery's: ``run_table``, ``key`` (a format string over the task's
+    keyword values, or a function), ``max_attempts``, ``dedup_window`` (seconds),
+    ``retry_policy``, ``permanent_errors``, ``heartbeat_interval``, ``inline_wait_max``.
+    """
+    options.setdefault("base", LifecycleTask)
+    return app.task(**options)  # type: ignore[no-any-return]

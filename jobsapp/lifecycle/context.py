@@ -1,0 +1,75 @@
+"""What a running body may know about its run, and how it commits its result."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from jobsapp.db import utcnow
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.errors import LeaseLost
+from jobsapp.lifecycle.heartbeat import Heartbeat
+from jobsapp.lifecycle.registry import RunTable
+
+
+@dataclass
+class RunContext:
+    engine: Engine
+    spec: RunTable
+    row: Mapping[str, Any]
+    worker: str
+    heartbeat: Heartbeat
+    finished: bool = field(default=False)
+
+    @property
+    def job_id(self) -> uuid.UUID:
+        return uuid.UUID(str(self.row["job_id"]))
+
+    @property
+    def attempt(self) -> int:
+        return int(self.row["attempts"])
+
+    def check_lease(self) -> None:
+        """Raise LeaseLost before publishing effects if the run was taken from us."""
+        self.heartbeat.check()
+
+    @contextmanager
+    def completing(self) -> Iterator[Connection]:
+        """A transaction that commits the body's result together with ``succeeded``.
+
+        The fenced finish runs first: if the lease is lost nothing the body writes in
+        this transaction lands.
+        """
+        with self.engine.begin() as conn:
+            if not journal.succeed(
+                conn, self.spec, self.job_id, self.attempt, actor=self.worker, now=utcnow()
+            ):
+                raise LeaseLost(f"job {self.job_id} attempt {self.attempt}: finish refused")
+            yield conn
+        self.finished = True
+
+
+_current: ContextVar[RunContext | None] = ContextVar("jobsapp_run", default=None)
+
+
+def current_run() -> RunContext:
+    """The run the calling task body belongs to."""
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError("current_run() called outside a lifecycle task body")
+    return ctx
+
+
+@contextmanager
+def entered(ctx: RunContext) -> Iterator[RunContext]:
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)

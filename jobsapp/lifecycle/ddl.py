@@ -1,0 +1,68 @@
+"""Migration operations for a run table, shared by every domain's Alembic migration.
+
+Changing this module changes what future migrations create, never past databases: a
+change to the contract needs a migration of its own for the existing run tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import op
+
+from jobsapp.db import UtcDateTime
+from jobsapp.lifecycle.tables import ACTIVE_SQL
+
+
+def _columns() -> list[sa.Column[Any]]:
+    return [
+        sa.Column("job_id", sa.Uuid(), nullable=False),
+        sa.Column("task_name", sa.String(length=200), nullable=False),
+        sa.Column("concurrency_key", sa.String(length=200), nullable=False),
+        sa.Column("state", sa.String(length=16), nullable=False),
+        sa.Column("outcome", sa.String(length=32), nullable=True),
+        sa.Column("attempts", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("max_attempts", sa.Integer(), nullable=False),
+        sa.Column("rescues", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("heartbeat_at", UtcDateTime(timezone=True), nullable=True),
+        sa.Column("last_error", sa.Text(), nullable=True),
+        sa.Column("next_retry_at", UtcDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", UtcDateTime(timezone=True), nullable=False),
+        sa.Column("started_at", UtcDateTime(timezone=True), nullable=True),
+        sa.Column("finished_at", UtcDateTime(timezone=True), nullable=True),
+        sa.Column("updated_at", UtcDateTime(timezone=True), nullable=False),
+        sa.Column("worker", sa.String(length=200), nullable=True),
+    ]
+
+
+def _checks(name: str) -> list[sa.CheckConstraint]:
+    return [
+        sa.CheckConstraint(
+            "state IN ('queued', 'running', 'succeeded', 'failed')", name=f"ck_{name}_state"
+        ),
+        sa.CheckConstraint(
+            "state NOT IN ('succeeded', 'failed') OR finished_at IS NOT NULL",
+            name=f"ck_{name}_terminal_finished",
+        ),
+        sa.CheckConstraint(
+            "state <> 'running' OR heartbeat_at IS NOT NULL", name=f"ck_{name}_running_heartbeat"
+        ),
+        sa.CheckConstraint(
+            "attempts >= 0 AND max_attempts >= 1 AND rescues >= 0", name=f"ck_{name}_counters"
+        ),
+    ]
+
+
+def create_run_table(name: str, *extra: Any) -> None:
+    """Create a run table with the lifecycle contract plus the domain's ``extra`` items."""
+    op.create_table(name, *extra, *_columns(), *_checks(name), sa.PrimaryKeyConstraint("job_id"))
+    running = sa.text("state = 'running'")
+    active = sa.text(ACTIVE_SQL)
+    with op.batch_alter_table(name) as batch:
+        batch.create_index(f"ix_{name}_finished", ["finished_at"])
+        batch.create_index(f"ix_{name}_running_heartbeat", ["heartbeat_at"],
+                           postgresql_where=running, sqlite_where=running)  # fmt: skip
+        batch.create_index(f"ix_{name}_state_updated", ["state", "updated_at"])
+        batch.create_index(f"uq_{name}_active_key", ["concurrency_key"], unique=True,
+                           postgresql_where=active, sqlite_where=active)  # fmt: skip

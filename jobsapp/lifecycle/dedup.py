@@ -1,0 +1,53 @@
+"""The Redis fast path in front of the journal's idempotency window.
+
+The key is written only after the journal committed, and lives no longer than the
+dedup window counted from the enqueue, while the journal's window runs from the job's
+finish: a key present therefore always agrees with what the journal would answer. With
+no ``JOBSAPP_REDIS_URL``, or Redis down, the journal alone decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+
+import redis
+
+from jobsapp.lifecycle.journal import NewJob
+from jobsapp.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+
+@cache
+def _client() -> redis.Redis | None:
+    url = get_settings().redis_url
+    if url is None:
+        return None
+    return redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+
+
+def _key(job: NewJob) -> str:
+    return f"jobsapp:dedup:{job.spec.module}:{job.job_id}"
+
+
+def seen_recently(job: NewJob) -> bool:
+    client = _client()
+    if client is None or job.dedup_window.total_seconds() <= 0:
+        return False
+    try:
+        return bool(client.exists(_key(job)))
+    except redis.RedisError as exc:
+        log.warning("dedup fast path unavailable: %s", type(exc).__name__)
+        return False
+
+
+def remember(job: NewJob) -> None:
+    client = _client()
+    seconds = int(job.dedup_window.total_seconds())
+    if client is None or seconds <= 0:
+        return
+    try:
+        client.set(_key(job), "1", nx=True, ex=seconds)
+    except redis.RedisError as exc:
+        log.warning("dedup fast path unavailable: %s", type(exc).__name__)

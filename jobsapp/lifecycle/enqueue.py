@@ -1,0 +1,97 @@
+"""The producer's path: journal row + outbox row in one transaction, publish after COMMIT.
+
+A caller's ORM ``Session`` is joined and its messages are published by an after-commit
+hook (dropped on rollback). A caller's Core ``Connection`` is joined too, but Core has no
+after-commit hook: its messages are published by the relay in beat.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import Connection, event
+from sqlalchemy.orm import Session
+
+from jobsapp import crashpoints
+from jobsapp.db import get_engine, utcnow
+from jobsapp.lifecycle import dedup, journal, outbox
+from jobsapp.lifecycle.handle import JobHandle
+from jobsapp.lifecycle.journal import EnqueueOutcome, EnqueueResult, NewJob, PendingMessage
+
+log = logging.getLogger(__name__)
+
+_PENDING = "jobsapp_pending_messages"
+
+
+def enqueue(
+    app: Celery,
+    job: NewJob,
+    *,
+    session: Session | None = None,
+    connection: Connection | None = None,
+) -> JobHandle:
+    if dedup.seen_recently(job):
+        return JobHandle(job.job_id, EnqueueOutcome.DUPLICATE, job.spec)
+    if session is not None:
+        result = _in_session(app, session, job)
+    elif connection is not None:
+        result = journal.enqueue(connection, job, now=utcnow(), actor="producer")
+    else:
+        result = _own_transaction(app, job)
+    return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder)
+
+
+def _own_transaction(app: Celery, job: NewJob) -> EnqueueResult:
+    engine = get_engine()
+    with engine.begin() as conn:
+        result = journal.enqueue(conn, job, now=utcnow(), actor="producer")
+    _after_commit(app, job, result, [result.message] if result.message else [])
+    return result
+
+
+def _after_commit(
+    app: Celery, job: NewJob, result: EnqueueResult, messages: list[PendingMessage]
+) -> None:
+    crashpoints.hit("after_commit_before_publish")
+    if messages:
+        outbox.publish_now(app, get_engine(), messages)
+    if result.outcome is not EnqueueOutcome.SKIPPED:
+        dedup.remember(job)
+
+
+def _in_session(app: Celery, session: Session, job: NewJob) -> EnqueueResult:
+    result = journal.enqueue(session.connection(), job, now=utcnow(), actor="producer")
+    if result.outcome is EnqueueOutcome.ENQUEUED and result.message is not None:
+        _pending(session).append((job, result, result.message))
+    return result
+
+
+def _pending(session: Session) -> list[Any]:
+    if _PENDING not in session.info:
+        session.info[_PENDING] = []
+        event.listen(session, "after_commit", _publish_session)
+        event.listen(session, "after_rollback", _drop_session)
+    pending: list[Any] = session.info[_PENDING]
+    return pending
+
+
+def _publish_session(session: Session) -> None:
+    pending = session.info.pop(_PENDING, [])
+    _unlisten(session)
+    from jobsapp.celery_app import app
+
+    for job, result, message in pending:
+        _after_commit(app, job, result, [message])
+
+
+def _drop_session(session: Session) -> None:
+    session.info.pop(_PENDING, None)
+    _unlisten(session)
+
+
+def _unlisten(session: Session) -> None:
+    for name, fn in (("after_commit", _publish_session), ("after_rollback", _drop_session)):
+        if event.contains(session, name, fn):
+            event.remove(session, name, fn)

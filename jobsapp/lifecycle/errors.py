@@ -1,0 +1,50 @@
+"""Exceptions a task body raises to steer its run, and the ones the engine raises."""
+
+from __future__ import annotations
+
+
+class PermanentError(Exception):
+    """Retrying cannot help (bad input, unsupported data): the run ends ``failed``.
+
+    ``error_code`` is a short machine-readable reason kept for operators.
+    """
+
+    error_code = "permanent"
+
+    def __init__(self, message: str, *, error_code: str | None = None) -> None:
+        super().__init__(message)
+        if error_code is not None:
+            self.error_code = error_code
+
+
+class TransientError(Exception):
+    """Worth another attempt later (a service down, a timeout)."""
+
+
+class RetryAfter(Exception):  # noqa: N818 - it names an instruction, as the HTTP header does
+    """The body was told to come back later (an HTTP ``Retry-After``, a rate limit).
+
+    A short pause is waited out inside the task; a long one returns the job to ``queued``
+    with ``next_retry_at`` and frees the worker slot, without spending an attempt.
+    """
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        super().__init__(reason or f"retry after {seconds:g}s")
+        self.seconds = max(0.0, float(seconds))
+
+
+class LeaseLost(Exception):  # noqa: N818 - reads as the event it reports
+    """The run's row moved on without this worker (reaped or replayed): publish nothing."""
+
+
+class InvalidMessage(Exception):
+    """A broker message that violates ``jobs.schema.json``: rejected, never retried."""
+
+
+class RetryRequested(TransientError):
+    """Celery's ``self.retry()`` (and ``autoretry_for``) inside a lifecycle task."""
+
+    def __init__(self, cause: BaseException | None, countdown: float | None) -> None:
+        super().__init__(str(cause) if cause else "retry requested")
+        self.cause = cause
+        self.countdown = countdown

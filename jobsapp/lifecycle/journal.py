@@ -1,0 +1,603 @@
+"""Every statement that writes a run row, an outbox row or a job event.
+
+Nothing else in jobsapp writes these tables. Each transition is one guarded UPDATE (or an
+INSERT that conflicts) fenced by state and attempt, plus its ``job_events`` row and, where
+the transition needs a message, its ``outbox`` row, all in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import Connection, Table, insert, or_, select, tuple_, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.dml import Insert
+
+from jobsapp.lifecycle.message import build_body
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import ACTIVE_STATES, Outcome, State, Transition
+from jobsapp.lifecycle.tables import JobEvent, OutboxMessage
+
+OUTBOX: Table = OutboxMessage.__table__  # type: ignore[assignment]
+EVENTS: Table = JobEvent.__table__  # type: ignore[assignment]
+
+
+class EnqueueOutcome(StrEnum):
+    ENQUEUED = "enqueued"
+    DUPLICATE = "duplicate"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """What a producer asks for; ``values`` are the run table's own columns."""
+
+    spec: RunTable
+    job_id: uuid.UUID
+    task_name: str
+    concurrency_key: str
+    max_attempts: int
+    values: Mapping[str, Any]
+    dedup_window: timedelta = timedelta(0)
+    traceparent: str | None = None
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    outcome: EnqueueOutcome
+    job_id: uuid.UUID
+    message: PendingMessage | None = None
+    holder: uuid.UUID | None = None
+
+
+class KeyBusy(Exception):  # noqa: N818 - names the condition the caller reports
+    """Another run with the same concurrency key is active."""
+
+    def __init__(self, holder: uuid.UUID | None) -> None:
+        super().__init__(f"concurrency key held by job {holder}")
+        self.holder = holder
+
+
+def _upsert(conn: Connection, table: Table) -> Insert:
+    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    return dialect_insert(table)
+
+
+def record_event(
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    attempt: int,
+    transition: Transition,
+    *,
+    from_state: State | None,
+    to_state: State | None,
+    actor: str,
+    now: datetime,
+    reason: str | None = None,
+) -> None:
+    conn.execute(
+        insert(EVENTS).values(
+            module=spec.module,
+            job_id=job_id,
+            attempt=attempt,
+            transition=transition.value,
+            from_state=from_state and from_state.value,
+            to_state=to_state and to_state.value,
+            actor=actor,
+            reason=reason,
+            at=now,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class PendingMessage:
+    """An outbox row on its way to the broker."""
+
+    id: int
+    job_id: uuid.UUID
+    attempt: int
+    task_name: str
+    body: Mapping[str, Any]
+    available_at: datetime
+    publish_count: int = 0
+
+
+def add_outbox(
+    conn: Connection,
+    spec: RunTable,
+    row: Mapping[str, Any],
+    *,
+    attempt: int,
+    now: datetime,
+    available_at: datetime,
+    traceparent: str | None = None,
+) -> PendingMessage:
+    """The message that starts ``attempt`` of the run in ``row``; published when due."""
+    body = build_body(
+        job_id=row["job_id"],
+        module=spec.module,
+        attempt=attempt,
+        ids=spec.ids_from_row(row),
+        enqueued_at=now,
+        traceparent=traceparent,
+    )
+    stmt = (
+        insert(OUTBOX)
+        .values(
+            module=spec.module,
+            job_id=row["job_id"],
+            attempt=attempt,
+            task_name=row["task_name"],
+            body=body,
+            created_at=now,
+            available_at=available_at,
+        )
+        .returning(OUTBOX.c.id)
+    )
+    outbox_id = int(conn.execute(stmt).scalar_one())
+    return PendingMessage(
+        outbox_id, row["job_id"], attempt, row["task_name"], body, available_at
+    )
+
+
+def _new_row(job: NewJob, now: datetime, state: State, attempts: int) -> dict[str, Any]:
+    running = state is State.RUNNING
+    return {
+        "job_id": job.job_id,
+        "task_name": job.task_name,
+        "concurrency_key": job.concurrency_key,
+        "state": state.value,
+        "attempts": attempts,
+        "max_attempts": job.max_attempts,
+        "rescues": 0,
+        "next_retry_at": None if running else now,
+        "started_at": now if running else None,
+        "heartbeat_at": now if running else None,
+        "created_at": now,
+        "updated_at": now,
+        **job.values,
+    }
+
+
+def enqueue(conn: Connection, job: NewJob, *, now: datetime, actor: str) -> EnqueueResult:
+    """none -> queued; a known job_id is a duplicate (or a rerun past its dedup window)."""
+    table = job.spec.table
+    row = _new_row(job, now, State.QUEUED, 0)
+    stmt = _upsert(conn, table).values(row).on_conflict_do_nothing().returning(table.c.job_id)
+    if conn.execute(stmt).first() is None:
+        return _enqueue_conflict(conn, job, now=now, actor=actor)
+    message = add_outbox(
+        conn, job.spec, row, attempt=1, now=now, available_at=now, traceparent=job.traceparent
+    )
+    record_event(
+        conn, job.spec, job.job_id, 1, Transition.ENQUEUE,
+        from_state=None, to_state=State.QUEUED, actor=actor, now=now,
+    )  # fmt: skip
+    return EnqueueResult(EnqueueOutcome.ENQUEUED, job.job_id, message=message)
+
+
+def active_holder(conn: Connection, spec: RunTable, key: str) -> uuid.UUID | None:
+    table = spec.table
+    stmt = select(table.c.job_id).where(
+        table.c.concurrency_key == key, table.c.state.in_(ACTIVE_STATES)
+    )
+    found = conn.execute(stmt).scalar()
+    return found if isinstance(found, uuid.UUID) else None
+
+
+def _enqueue_conflict(
+    conn: Connection, job: NewJob, *, now: datetime, actor: str
+) -> EnqueueResult:
+    table = job.spec.table
+    seen = conn.execute(
+        select(table.c.state, table.c.attempts, table.c.finished_at).where(
+            table.c.job_id == job.job_id
+        )
+    ).first()
+    if seen is None:
+        holder = active_holder(conn, job.spec, job.concurrency_key)
+        return EnqueueResult(EnqueueOutcome.SKIPPED, job.job_id, holder=holder)
+    if seen.finished_at is None or seen.finished_at > now - job.dedup_window:
+        return EnqueueResult(EnqueueOutcome.DUPLICATE, job.job_id)
+    try:
+        message = reopen(
+            conn, job.spec, job.job_id,
+            from_state=State(seen.state), attempts=seen.attempts, budget=job.max_attempts,
+            transition=Transition.RERUN, now=now, actor=actor, reason="enqueued again",
+        )  # fmt: skip
+    except KeyBusy as busy:
+        return EnqueueResult(EnqueueOutcome.SKIPPED, job.job_id, holder=busy.holder)
+    if message is None:
+        return EnqueueResult(EnqueueOutcome.DUPLICATE, job.job_id)
+    return EnqueueResult(EnqueueOutcome.ENQUEUED, job.job_id, message=message)
+
+
+def reopen(
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    *,
+    from_state: State,
+    attempts: int,
+    budget: int,
+    transition: Transition,
+    now: datetime,
+    actor: str,
+    reason: str,
+) -> PendingMessage | None:
+    """terminal -> queued as a new attempt of the same job; None if the row moved on.
+
+    Raises KeyBusy when another run holds the concurrency key. A savepoint keeps that
+    conflict from aborting the caller's transaction.
+    """
+    table = spec.table
+    stmt = (
+        update(table)
+        .where(
+            table.c.job_id == job_id,
+            table.c.state == from_state.value,
+            table.c.attempts == attempts,
+        )
+        .values(
+            state=State.QUEUED.value, outcome=None, finished_at=None, heartbeat_at=None,
+            next_retry_at=now, max_attempts=table.c.attempts + budget, rescues=0,
+            updated_at=now,
+        )
+        .returning(*table.c)
+    )  # fmt: skip
+    try:
+        with conn.begin_nested():
+            row = conn.execute(stmt).mappings().first()
+    except IntegrityError:
+        key = conn.execute(select(table.c.concurrency_key).where(table.c.job_id == job_id))
+        raise KeyBusy(active_holder(conn, spec, key.scalar_one())) from None
+    if row is None:
+        return None
+    record_event(
+        conn, spec, job_id, attempts + 1, transition,
+        from_state=from_state, to_state=State.QUEUED, actor=actor, now=now, reason=reason,
+    )  # fmt: skip
+    return add_outbox(conn, spec, row, attempt=attempts + 1, now=now, available_at=now)
+
+
+def claim(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, worker: str, now: datetime
+) -> Mapping[str, Any] | None:
+    """queued -> running, only for the next attempt and only once it is due."""
+    table = spec.table
+    stmt = (
+        update(table)
+        .where(
+            table.c.job_id == job_id,
+            table.c.state == State.QUEUED.value,
+            table.c.attempts == attempt - 1,
+            or_(table.c.next_retry_at.is_(None), table.c.next_retry_at <= now),
+        )
+        .values(
+            state=State.RUNNING.value, attempts=attempt, started_at=now, heartbeat_at=now,
+            next_retry_at=None, worker=worker, updated_at=now,
+        )
+        .returning(*table.c)
+    )  # fmt: skip
+    row = conn.execute(stmt).mappings().first()
+    if row is not None:
+        record_event(
+            conn, spec, job_id, attempt, Transition.CLAIM,
+            from_state=State.QUEUED, to_state=State.RUNNING, actor=worker, now=now,
+        )  # fmt: skip
+    return row
+
+
+def claim_by_insert(
+    conn: Connection, job: NewJob, attempt: int, *, worker: str, now: datetime
+) -> Mapping[str, Any] | None:
+    """A foreign producer's message (no row): insert the run as running under the index."""
+    table = job.spec.table
+    row = {**_new_row(job, now, State.RUNNING, attempt), "worker": worker}
+    stmt = _upsert(conn, table).values(row).on_conflict_do_nothing().returning(*table.c)
+    inserted = conn.execute(stmt).mappings().first()
+    if inserted is not None:
+        record_event(
+            conn, job.spec, job.job_id, attempt, Transition.CLAIM,
+            from_state=None, to_state=State.RUNNING, actor=worker, now=now,
+            reason="claimed by insert: message from a producer without a journal row",
+        )  # fmt: skip
+    return inserted
+
+
+def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, Any] | None:
+    table = spec.table
+    return conn.execute(select(table).where(table.c.job_id == job_id)).mappings().first()
+
+
+def _fence(table: Table, job_id: uuid.UUID, attempt: int) -> tuple[Any, ...]:
+    return (
+        table.c.job_id == job_id,
+        table.c.state == State.RUNNING.value,
+        table.c.attempts == attempt,
+    )
+
+
+def heartbeat(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, now: datetime
+) -> bool:
+    """running -> running; False means the lease is lost."""
+    table = spec.table
+    stmt = update(table).where(*_fence(table, job_id, attempt)).values(heartbeat_at=now)
+    return conn.execute(stmt).rowcount == 1
+
+
+def _finish(
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    attempt: int,
+    *,
+    transition: Transition,
+    outcome: Outcome,
+    error: str | None,
+    actor: str,
+    now: datetime,
+) -> bool:
+    state = State.SUCCEEDED if outcome is Outcome.SUCCEEDED else State.FAILED
+    table = spec.table
+    stmt = (
+        update(table)
+        .where(*_fence(table, job_id, attempt))
+        .values(
+            state=state.value, outcome=outcome.value, last_error=error, finished_at=now,
+            updated_at=now, next_retry_at=None,
+        )
+    )  # fmt: skip
+    if conn.execute(stmt).rowcount != 1:
+        return False
+    record_event(
+        conn, spec, job_id, attempt, transition,
+        from_state=State.RUNNING, to_state=state, actor=actor, now=now, reason=error,
+    )  # fmt: skip
+    return True
+
+
+def succeed(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, actor: str,
+    now: datetime,
+) -> bool:  # fmt: skip
+    """running -> succeeded, fenced; False means the lease was lost."""
+    return _finish(
+        conn, spec, job_id, attempt, transition=Transition.SUCCEED,
+        outcome=Outcome.SUCCEEDED, error=None, actor=actor, now=now,
+    )  # fmt: skip
+
+
+def fail(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, outcome: Outcome,
+    error: str, actor: str, now: datetime,
+) -> bool:  # fmt: skip
+    """running -> failed with ``outcome``, fenced."""
+    return _finish(
+        conn, spec, job_id, attempt, transition=Transition.FAIL,
+        outcome=outcome, error=error, actor=actor, now=now,
+    )  # fmt: skip
+
+
+def requeue(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, retry_at: datetime,
+    error: str, transition: Transition, actor: str, now: datetime, refund: bool = False,
+) -> int | None:  # fmt: skip
+    """running -> queued for the next attempt at ``retry_at``; returns its outbox row.
+
+    ``refund`` (a long Retry-After) raises the ceiling by one, so the pause does not
+    spend an attempt while ``attempts`` itself, the fencing token, still only grows.
+    """
+    table = spec.table
+    stmt = (
+        update(table)
+        .where(*_fence(table, job_id, attempt))
+        .values(
+            state=State.QUEUED.value, next_retry_at=retry_at, last_error=error,
+            heartbeat_at=None, updated_at=now,
+            max_attempts=table.c.max_attempts + (1 if refund else 0),
+        )
+        .returning(*table.c)
+    )  # fmt: skip
+    row = conn.execute(stmt).mappings().first()
+    if row is None:
+        return None
+    record_event(
+        conn, spec, job_id, attempt, transition,
+        from_state=State.RUNNING, to_state=State.QUEUED, actor=actor, now=now, reason=error,
+    )  # fmt: skip
+    return add_outbox(conn, spec, row, attempt=attempt + 1, now=now, available_at=retry_at)
+
+
+def cancel(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, actor: str, reason: str,
+    now: datetime,
+) -> bool:  # fmt: skip
+    """queued -> failed/cancelled by an operator; a running job must finish or be reaped."""
+    table = spec.table
+    stmt = (
+        update(table)
+        .where(table.c.job_id == job_id, table.c.state == State.QUEUED.value)
+        .values(
+            state=State.FAILED.value, outcome=Outcome.CANCELLED.value, finished_at=now,
+            updated_at=now, next_retry_at=None, last_error=reason,
+        )
+        .returning(table.c.attempts)
+    )  # fmt: skip
+    attempts = conn.execute(stmt).scalar()
+    if attempts is None:
+        return False
+    record_event(
+        conn, spec, job_id, attempts + 1, Transition.CANCEL,
+        from_state=State.QUEUED, to_state=State.FAILED, actor=actor, now=now, reason=reason,
+    )  # fmt: skip
+    return True
+
+
+@dataclass(frozen=True)
+class StaleRun:
+    job_id: uuid.UUID
+    attempt: int
+    rescues: int
+    max_attempts: int
+    task_name: str
+    ids: Mapping[str, Any]
+
+
+def find_stale(
+    conn: Connection, spec: RunTable, *, cutoff: datetime, limit: int
+) -> list[StaleRun]:
+    """Running rows whose heartbeat is older than ``cutoff``, oldest first, locked."""
+    table = spec.table
+    stmt = (
+        select(table)
+        .where(table.c.state == State.RUNNING.value, table.c.heartbeat_at < cutoff)
+        .order_by(table.c.heartbeat_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return [
+        StaleRun(
+            job_id=r["job_id"], attempt=r["attempts"], rescues=r["rescues"],
+            max_attempts=r["max_attempts"], task_name=r["task_name"], ids=spec.ids_from_row(r),
+        )
+        for r in conn.execute(stmt).mappings()
+    ]  # fmt: skip
+
+
+def reap(
+    conn: Connection, spec: RunTable, runs: Sequence[StaleRun], *, requeue_them: bool,
+    cutoff: datetime, reason: str, now: datetime,
+) -> list[StaleRun]:  # fmt: skip
+    """One batched, guarded write: still running, same attempt, heartbeat still stale."""
+    if not runs:
+        return []
+    table = spec.table
+    values: dict[str, Any] = {"updated_at": now, "last_error": reason, "heartbeat_at": None}
+    if requeue_them:
+        values |= {"state": State.QUEUED.value, "next_retry_at": now,
+                   "rescues": table.c.rescues + 1}  # fmt: skip
+    else:
+        values |= {"state": State.FAILED.value, "outcome": Outcome.STALE.value,
+                   "finished_at": now}  # fmt: skip
+    stmt = (
+        update(table)
+        .where(
+            table.c.state == State.RUNNING.value,
+            table.c.heartbeat_at < cutoff,
+            tuple_(table.c.job_id, table.c.attempts).in_([(r.job_id, r.attempt) for r in runs]),
+        )
+        .values(**values)
+        .returning(table.c.job_id)
+    )
+    done = set(conn.execute(stmt).scalars())
+    reaped = [r for r in runs if r.job_id in done]
+    _after_reap(conn, spec, reaped, requeued=requeue_them, reason=reason, now=now)
+    return reaped
+
+
+def _after_reap(
+    conn: Connection, spec: RunTable, reaped: Sequence[StaleRun], *, requeued: bool,
+    reason: str, now: datetime,
+) -> None:  # fmt: skip
+    to_state = State.QUEUED if requeued else State.FAILED
+    transition = Transition.REAP_REQUEUE if requeued else Transition.REAP_FAIL
+    for run in reaped:
+        record_event(
+            conn, spec, run.job_id, run.attempt, transition,
+            from_state=State.RUNNING, to_state=to_state, actor="reaper", now=now, reason=reason,
+        )  # fmt: skip
+        if requeued:
+            row = {"job_id": run.job_id, "task_name": run.task_name, **run.ids}
+            add_outbox(conn, spec, row, attempt=run.attempt + 1, now=now, available_at=now)
+
+
+def _pending(rows: Any) -> list[PendingMessage]:
+    return [
+        PendingMessage(
+            r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"], r["available_at"],
+            r["publish_count"],
+        )
+        for r in rows
+    ]  # fmt: skip
+
+
+def due_messages(conn: Connection, *, now: datetime, limit: int) -> list[PendingMessage]:
+    """Unpublished rows that are due (a crash before publish, a retry whose time came)."""
+    stmt = (
+        select(OUTBOX)
+        .where(OUTBOX.c.published_at.is_(None), OUTBOX.c.available_at <= now)
+        .order_by(OUTBOX.c.available_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return _pending(conn.execute(stmt).mappings())
+
+
+def _waiting_for_claim(spec: RunTable) -> Any:
+    table = spec.table
+    return (table.c.state == State.QUEUED.value) & (table.c.attempts + 1 == OUTBOX.c.attempt)
+
+
+def _due_inflight(spec: RunTable, now: datetime) -> tuple[Any, ...]:
+    return (
+        OUTBOX.c.module == spec.module,
+        OUTBOX.c.published_at.is_not(None),
+        OUTBOX.c.delivered_at.is_(None),
+        OUTBOX.c.available_at <= now,
+    )
+
+
+def unclaimed_messages(
+    conn: Connection, spec: RunTable, *, now: datetime, limit: int
+) -> list[PendingMessage]:
+    """Published rows due for a check whose job still waits for that attempt's claim."""
+    table = spec.table
+    stmt = (
+        select(OUTBOX)
+        .join(table, table.c.job_id == OUTBOX.c.job_id)
+        .where(*_due_inflight(spec, now), _waiting_for_claim(spec))
+        .order_by(OUTBOX.c.available_at)
+        .limit(limit)
+        .with_for_update(of=OUTBOX, skip_locked=True)
+    )
+    return _pending(conn.execute(stmt).mappings())
+
+
+def settle_delivered(conn: Connection, spec: RunTable, *, now: datetime, limit: int) -> int:
+    """Mark delivered the published rows whose job moved past their attempt (or is gone)."""
+    table = spec.table
+    moved_on = (
+        select(OUTBOX.c.id)
+        .outerjoin(table, table.c.job_id == OUTBOX.c.job_id)
+        .where(*_due_inflight(spec, now), ~_waiting_for_claim(spec) | table.c.job_id.is_(None))
+        .limit(limit)
+    )
+    stmt = update(OUTBOX).where(OUTBOX.c.id.in_(moved_on)).values(delivered_at=now)
+    return conn.execute(stmt).rowcount
+
+
+def mark_published(
+    conn: Connection, published: Sequence[tuple[int, datetime]], *, now: datetime
+) -> None:
+    """Record the broker's confirmation; ``next_check`` is when to look for the claim."""
+    for outbox_id, next_check in published:
+        conn.execute(
+            update(OUTBOX)
+            .where(OUTBOX.c.id == outbox_id)
+            .values(
+                published_at=now,
+                publish_count=OUTBOX.c.publish_count + 1,
+                available_at=next_check,
+            )
+        )

@@ -1,0 +1,117 @@
+"""The broker message: built from journal data, validated on publish and on consume.
+
+Trace context travels twice: in the body (``traceparent``, ``tracestate``) and as Celery
+message headers of the same names, so tools that read only headers see it too.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from jobsapp.lifecycle.errors import InvalidMessage
+
+SCHEMA_VERSION = 1
+MAX_BODY_BYTES = 4096
+# task ids of one job's attempts share this namespace so a republish keeps its id.
+_TASK_ID_NAMESPACE = uuid.UUID("6f1b2f5e-3c1a-4f0e-9a57-1d6f3c2b8e40")
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A validated message: what a worker may trust before it reads the journal."""
+
+    job_id: uuid.UUID
+    module: str
+    attempt: int
+    outbox_id: int | None
+    concurrency_key: str | None
+    ids: dict[str, Any]
+    traceparent: str | None
+
+
+@cache
+def _validator() -> Draft202012Validator:
+    text = resources.files("jobsapp.schemas").joinpath("jobs.schema.json").read_text()
+    schema = json.loads(text)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def id_fields() -> frozenset[str]:
+    """The domain id fields the schema lets travel."""
+    return frozenset({"attachment_id", "pipeline_version", "variant"})
+
+
+def new_traceparent() -> str:
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+
+
+def task_id_for(job_id: uuid.UUID, attempt: int) -> str:
+    """The Celery task id of one attempt: stable across republishes of that attempt."""
+    return str(uuid.uuid5(_TASK_ID_NAMESPACE, f"{job_id}:{attempt}"))
+
+
+def build_body(
+    *,
+    job_id: uuid.UUID,
+    module: str,
+    attempt: int,
+    ids: Mapping[str, Any],
+    enqueued_at: datetime,
+    traceparent: str | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "job_id": str(job_id),
+        "module": module,
+        "attempt": attempt,
+        "enqueued_at": enqueued_at.isoformat(),
+        "traceparent": traceparent or new_traceparent(),
+    }
+    body.update({k: str(v) if isinstance(v, uuid.UUID) else v for k, v in ids.items()})
+    validate_body(body)
+    return body
+
+
+def validate_body(body: Any) -> None:
+    """Raise InvalidMessage naming the first violation of ``jobs.schema.json``."""
+    if not isinstance(body, dict):
+        raise InvalidMessage("message kwargs are not an object")
+    if len(json.dumps(body, default=str)) > MAX_BODY_BYTES:
+        raise InvalidMessage(f"message body is over {MAX_BODY_BYTES} bytes")
+    error = next(iter(_validator().iter_errors(body)), None)
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        raise InvalidMessage(f"schema violation at {where}: {error.message[:200]}")
+
+
+def parse(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Envelope:
+    """Validate what Celery delivered and turn it into an Envelope."""
+    if args:
+        raise InvalidMessage("positional arguments are not part of the message contract")
+    body = dict(kwargs)
+    validate_body(body)
+    return Envelope(
+        job_id=uuid.UUID(body["job_id"]),
+        module=body["module"],
+        attempt=body["attempt"],
+        outbox_id=body.get("outbox_id"),
+        concurrency_key=body.get("concurrency_key"),
+        ids={k: body[k] for k in id_fields() if k in body},
+        traceparent=body.get("traceparent"),
+    )
+
+
+def trace_headers(body: Mapping[str, Any]) -> dict[str, str]:
+    return {k: str(body[k]) for k in TRACE_HEADERS if k in body}

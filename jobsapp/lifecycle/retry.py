@@ -1,0 +1,73 @@
+"""Retry decisions: pure functions of the policy, the attempt and the error."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+
+from jobsapp.lifecycle.errors import PermanentError, RetryAfter
+from jobsapp.lifecycle.states import Outcome
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter: ``base * 2**(attempt-1)``, capped, +-``jitter``."""
+
+    base_delay: float = 2.0
+    max_delay: float = 3600.0
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.base_delay < 0 or self.max_delay < self.base_delay:
+            raise ValueError("retry policy needs 0 <= base_delay <= max_delay")
+        if not 0 <= self.jitter < 1:
+            raise ValueError("retry jitter is a fraction in [0, 1)")
+
+
+class Action(StrEnum):
+    RETRY = "retry"
+    FAIL = "fail"
+    WAIT_INLINE = "wait_inline"
+    SNOOZE = "snooze"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    delay: float = 0.0
+    outcome: Outcome | None = None
+
+
+def backoff(policy: RetryPolicy, attempt: int, rand: float) -> float:
+    """Delay before the attempt after ``attempt``; ``rand`` in [0, 1) spreads the herd."""
+    raw = min(policy.max_delay, policy.base_delay * 2 ** max(0, attempt - 1))
+    spread = raw * policy.jitter * (2 * rand - 1)
+    return max(0.0, min(policy.max_delay, raw + spread))
+
+
+def decide_retry_after(seconds: float, inline_wait_max: float) -> Decision:
+    """Short pauses are slept with the heartbeat running; long ones free the slot."""
+    if seconds <= inline_wait_max:
+        return Decision(Action.WAIT_INLINE, delay=seconds)
+    return Decision(Action.SNOOZE, delay=seconds)
+
+
+def decide_failure(
+    exc: BaseException,
+    *,
+    attempt: int,
+    max_attempts: int,
+    policy: RetryPolicy,
+    permanent: tuple[type[BaseException], ...] = (),
+    rand: float | None = None,
+) -> Decision:
+    """What to do after the body raised ``exc`` on ``attempt`` (1-based)."""
+    if isinstance(exc, (PermanentError, *permanent)):
+        return Decision(Action.FAIL, outcome=Outcome.PERMANENT)
+    if attempt >= max_attempts:
+        return Decision(Action.FAIL, outcome=Outcome.EXHAUSTED)
+    if isinstance(exc, RetryAfter):
+        return Decision(Action.RETRY, delay=exc.seconds)
+    draw = random.random() if rand is None else rand
+    return Decision(Action.RETRY, delay=backoff(policy, attempt, draw))

@@ -1,0 +1,178 @@
+"""The lifecycle schema: the run-table contract (a mixin), the outbox, leases and events.
+
+Each domain keeps its runs in its own table built from ``RunMixin``; ``job_runs`` is the
+home of tasks that declare no domain table. Only ``jobsapp.lifecycle.journal`` writes
+these rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
+
+from jobsapp.db import UtcDateTime
+from jobsapp.lifecycle.states import ACTIVE_STATES, ALL_STATES, TERMINAL_STATES
+
+# SQLite only autoincrements an INTEGER PRIMARY KEY (the rowid alias).
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _in_list(states: tuple[str, ...]) -> str:
+    return ", ".join(f"'{s}'" for s in states)
+
+
+ACTIVE_SQL = f"state IN ({_in_list(ACTIVE_STATES)})"
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UtcDateTime, dict[str, Any]: JSON}
+
+
+class RunMixin:
+    """The columns and guards every run table shares (DESIGN.md section 2)."""
+
+    job_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    task_name: Mapped[str] = mapped_column(String(200))
+    concurrency_key: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16))
+    outcome: Mapped[str | None] = mapped_column(String(32))
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    rescues: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    heartbeat_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    next_retry_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime]
+    worker: Mapped[str | None] = mapped_column(String(200))
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[Any, ...]:  # noqa: N805 - SQLAlchemy passes the class
+        name = cls.__tablename__  # type: ignore[attr-defined]
+        return (
+            CheckConstraint(f"state IN ({_in_list(ALL_STATES)})", name=f"ck_{name}_state"),
+            CheckConstraint(
+                f"state NOT IN ({_in_list(TERMINAL_STATES)}) OR finished_at IS NOT NULL",
+                name=f"ck_{name}_terminal_finished",
+            ),
+            CheckConstraint(
+                "state <> 'running' OR heartbeat_at IS NOT NULL",
+                name=f"ck_{name}_running_heartbeat",
+            ),
+            CheckConstraint(
+                "attempts >= 0 AND max_attempts >= 1 AND rescues >= 0",
+                name=f"ck_{name}_counters",
+            ),
+            # The mutual exclusion of the contract: one active run per key.
+            Index(
+                f"uq_{name}_active_key",
+                "concurrency_key",
+                unique=True,
+                postgresql_where=text(ACTIVE_SQL),
+                sqlite_where=text(ACTIVE_SQL),
+            ),
+            # The reaper's scan follows the number of running rows, not the journal.
+            Index(
+                f"ix_{name}_running_heartbeat",
+                "heartbeat_at",
+                postgresql_where=text("state = 'running'"),
+                sqlite_where=text("state = 'running'"),
+            ),
+            Index(f"ix_{name}_state_updated", "state", "updated_at"),
+            Index(f"ix_{name}_finished", "finished_at"),
+        )
+
+
+class JobRun(RunMixin, Base):
+    """Runs of tasks that declare no domain table; their arguments live in ``params``."""
+
+    __tablename__ = "job_runs"
+
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class OutboxMessage(Base):
+    """A broker message written in the transaction of the state change that needs it."""
+
+    __tablename__ = "outbox"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    module: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[uuid.UUID]
+    attempt: Mapped[int] = mapped_column(Integer)
+    task_name: Mapped[str] = mapped_column(String(200))
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime]
+    available_at: Mapped[datetime]
+    published_at: Mapped[datetime | None]
+    publish_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    delivered_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        UniqueConstraint("module", "job_id", "attempt", name="uq_outbox_attempt"),
+        CheckConstraint("attempt >= 1", name="ck_outbox_attempt"),
+        Index(
+            "ix_outbox_pending",
+            "available_at",
+            postgresql_where=text("published_at IS NULL"),
+            sqlite_where=text("published_at IS NULL"),
+        ),
+        # available_at of a published row is when the relay next checks it was claimed.
+        Index(
+            "ix_outbox_inflight",
+            "available_at",
+            postgresql_where=text("published_at IS NOT NULL AND delivered_at IS NULL"),
+            sqlite_where=text("published_at IS NOT NULL AND delivered_at IS NULL"),
+        ),
+        Index("ix_outbox_delivered", "delivered_at"),
+    )
+
+
+class Lease(Base):
+    """A named singleton lease (beat's leadership); a holder renews it before it expires."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    acquired_at: Mapped[datetime]
+    renewed_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+
+
+class JobEvent(Base):
+    """Append-only history: one row per transition, written in the transition's transaction."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    module: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[uuid.UUID]
+    attempt: Mapped[int] = mapped_column(Integer)
+    transition: Mapped[str] = mapped_column(String(32))
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str | None] = mapped_column(String(16))
+    actor: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str | None] = mapped_column(Text)
+    at: Mapped[datetime]
+
+    __table_args__ = (
+        Index("ix_job_events_job", "module", "job_id"),
+        Index("ix_job_events_at", "at"),
+    )

@@ -1,0 +1,196 @@
+"""``LifecycleTask``: a Celery task whose every run lives in the journal.
+
+``apply_async``/``delay`` enqueue through the journal and return a ``JobHandle``;
+``__call__`` (what the worker runs) validates the message, claims the run, and hands the
+attempt to ``attempt.run_attempt``. Idiomatic ``self.retry()`` and ``autoretry_for`` map
+to the same journal semantics.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any, ClassVar, NoReturn
+
+from celery import Task
+from celery.exceptions import Reject
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from jobsapp.db import get_engine
+from jobsapp.lifecycle import claim, enqueue, message, registry
+from jobsapp.lifecycle.attempt import AttemptRules, run_attempt
+from jobsapp.lifecycle.context import RunContext
+from jobsapp.lifecycle.errors import InvalidMessage, RetryRequested
+from jobsapp.lifecycle.handle import JobHandle
+from jobsapp.lifecycle.heartbeat import Heartbeat
+from jobsapp.lifecycle.journal import NewJob
+from jobsapp.lifecycle.retry import RetryPolicy
+from jobsapp.lifecycle.scrub import known_secrets_from_env
+from jobsapp.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+KeyFunc = Callable[[uuid.UUID, Mapping[str, Any]], str]
+
+
+class LifecycleTask(Task):  # type: ignore[type-arg]
+    """Base class of jobsapp tasks; configure with ``jobsapp.lifecycle.lifecycle_task``."""
+
+    run_table: ClassVar[registry.RunTable] = registry.JOBS
+    max_attempts: ClassVar[int] = 5
+    dedup_window: ClassVar[float] = 0.0
+    retry_policy: ClassVar[RetryPolicy] = RetryPolicy()
+    permanent_errors: ClassVar[tuple[type[BaseException], ...]] = ()
+    key: ClassVar[str | KeyFunc | None] = None
+    inline_wait_max: ClassVar[float | None] = None
+    heartbeat_interval: ClassVar[float | None] = None
+    # Celery would check the message kwargs against run()'s signature; ours differ.
+    typing = False
+    ignore_result = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Celery's max_retries counts retries; the journal counts attempts.
+        if "max_retries" in cls.__dict__ and "max_attempts" not in cls.__dict__:
+            retries = cls.__dict__["max_retries"]
+            cls.max_attempts = 1_000_000 if retries is None else int(retries) + 1
+
+    # --- producer side -------------------------------------------------------------
+
+    def concurrency_key(self, job_id: uuid.UUID, values: Mapping[str, Any]) -> str:
+        """Jobs with the same key exclude each other while active (default: none do)."""
+        if self.key is None:
+            return f"{self.name}:{job_id}"
+        if callable(self.key):
+            return self.key(job_id, values)
+        return self.key.format(job_id=job_id, **values)
+
+    def derive_job_id(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> uuid.UUID | None:
+        """Override to make the job id a function of the arguments (natural idempotency)."""
+        del args, kwargs
+        return None
+
+    def row_values(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        spec = self.run_table
+        if spec.params_column is not None:
+            return {spec.params_column: {"args": list(args), "kwargs": dict(kwargs)}}
+        if args or set(kwargs) != set(spec.id_columns):
+            raise TypeError(f"{self.name} takes exactly the keyword ids {spec.id_columns}")
+        return dict(kwargs)
+
+    def new_job(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any], job_id: uuid.UUID | None
+    ) -> NewJob:
+        job_id = job_id or self.derive_job_id(args, kwargs) or uuid.uuid4()
+        values = self.row_values(args, kwargs)
+        return NewJob(
+            spec=self.run_table,
+            job_id=job_id,
+            task_name=self.name,
+            concurrency_key=self.concurrency_key(job_id, {**kwargs, **values}),
+            max_attempts=self.max_attempts,
+            values=values,
+            dedup_window=timedelta(seconds=self.dedup_window),
+        )
+
+    def apply_async(  # type: ignore[override]
+        self,
+        args: tuple[Any, ...] | list[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        task_id: str | None = None,
+        *,
+        job_id: uuid.UUID | str | None = None,
+        session: Session | None = None,
+        connection: Connection | None = None,
+        **_options: Any,
+    ) -> JobHandle:
+        """Enqueue through the journal (idempotent by job_id); publish after COMMIT.
+
+        With ``session`` the enqueue joins that ORM transaction and publishes when it
+        commits; with ``connection`` it joins a Core transaction and the relay publishes.
+        """
+        wanted = job_id or task_id
+        job = self.new_job(
+            tuple(args or ()), dict(kwargs or {}), uuid.UUID(str(wanted)) if wanted else None
+        )
+        return enqueue.enqueue(self.app, job, session=session, connection=connection)
+
+    # --- worker side ---------------------------------------------------------------
+
+    def retry(  # type: ignore[override]
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: Any = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> NoReturn:
+        """Celery's retry, kept in the journal: the same job, the next attempt."""
+        del args, kwargs, throw, eta, max_retries, options
+        raise RetryRequested(exc, countdown)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.request.called_directly:
+            return self.run(*args, **kwargs)
+        try:
+            env = message.parse(args, kwargs)
+            if env.module != self.run_table.module:
+                raise InvalidMessage(f"module {env.module!r} is not {self.run_table.module!r}")
+            foreign = self._foreign_job(env)
+        except InvalidMessage as bad:
+            log.error("rejected message %s for %s: %s", self.request.id, self.name, bad)
+            raise Reject(str(bad), requeue=False) from None
+        self._run_envelope(env, foreign)
+        return None
+
+    def _worker_name(self) -> str:
+        return f"{self.request.hostname or socket.gethostname()}:{os.getpid()}"
+
+    def _foreign_job(self, env: message.Envelope) -> NewJob | None:
+        """The row to insert for a message whose producer kept no journal row."""
+        if env.outbox_id is not None:
+            return None
+        try:
+            job = self.new_job((), env.ids, env.job_id)
+        except (TypeError, ValueError) as bad:
+            raise InvalidMessage(f"cannot build a run from the message: {bad}") from None
+        if env.concurrency_key:
+            return replace(job, concurrency_key=env.concurrency_key)
+        return job
+
+    def _run_envelope(self, env: message.Envelope, foreign: NewJob | None) -> None:
+        worker = self._worker_name()
+        engine = get_engine()
+        outcome = claim.claim(engine, self.run_table, env, foreign=foreign, worker=worker)
+        if isinstance(outcome, claim.Refusal):
+            log.info("job %s attempt %s: no work, %s", env.job_id, env.attempt, outcome.value)
+            return
+        settings = get_settings()
+        interval = self.heartbeat_interval or settings.heartbeat_interval
+        ctx = RunContext(
+            engine=engine, spec=self.run_table, row=outcome.row, worker=worker,
+            heartbeat=Heartbeat(engine, self.run_table, env.job_id, env.attempt, interval),
+        )  # fmt: skip
+        rules = AttemptRules(
+            policy=self.retry_policy,
+            permanent=self.permanent_errors,
+            inline_wait_max=self.inline_wait_max or settings.inline_wait_max,
+            secrets=known_secrets_from_env(os.environ),
+        )
+        run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)
+
+    def _call_body(self, row: Mapping[str, Any]) -> Any:
+        spec = self.run_table
+        if spec.params_column is not None:
+            params = row[spec.params_column] or {}
+            return self.run(*params.get("args", ()), **params.get("kwargs", {}))
+        return self.run(**spec.ids_from_row(row))

@@ -1,0 +1,1 @@
+"""Maintenance passes hosted by beat (one file each), and beat's leadership lease."""

@@ -1,0 +1,53 @@
+"""A named lease row: one holder at a time, renewed before it expires."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, Table, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from jobsapp.lifecycle.tables import Lease
+
+LEASES: Table = Lease.__table__  # type: ignore[assignment]
+
+
+def acquire(conn: Connection, name: str, holder: str, *, ttl: timedelta, now: datetime) -> bool:
+    """Take or renew ``name`` for ``holder``; True while ``holder`` is the leader.
+
+    One statement: insert the lease, or take it over only if it is ours or expired.
+    """
+    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    stmt = dialect_insert(LEASES).values(
+        name=name, holder=holder, acquired_at=now, renewed_at=now, expires_at=now + ttl
+    )
+    mine = LEASES.c.holder == stmt.excluded.holder
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[LEASES.c.name],
+        set_={
+            "holder": stmt.excluded.holder,
+            "renewed_at": stmt.excluded.renewed_at,
+            "expires_at": stmt.excluded.expires_at,
+            "acquired_at": _keep_if(mine, LEASES.c.acquired_at, stmt.excluded.acquired_at),
+        },
+        where=mine | (LEASES.c.expires_at < stmt.excluded.renewed_at),
+    ).returning(LEASES.c.holder)
+    return conn.execute(stmt).scalar() == holder
+
+
+def _keep_if(cond: object, kept: object, new: object) -> object:
+    from sqlalchemy import case
+
+    return case((cond, kept), else_=new)  # type: ignore[arg-type]
+
+
+def release(conn: Connection, name: str, holder: str) -> None:
+    conn.execute(LEASES.delete().where(LEASES.c.name == name, LEASES.c.holder == holder))
+
+
+def holder_of(conn: Connection, name: str) -> tuple[str, datetime] | None:
+    row = conn.execute(
+        select(LEASES.c.holder, LEASES.c.expires_at).where(LEASES.c.name == name)
+    ).first()
+    return None if row is None else (row.holder, row.expires_at)

@@ -1,0 +1,111 @@
+"""One typed settings object, read from the environment.
+
+With no variable set everything is embedded under ``./var/`` (SQLite, the kombu
+filesystem transport, a local object folder), so a newcomer's first command needs no
+server. A bad value fails at start with a message naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from urllib.parse import urlsplit
+
+
+class SettingsError(ValueError):
+    """A configuration variable holds a value jobsapp cannot use."""
+
+
+_DB_SCHEMES = ("sqlite", "postgresql")
+_BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "pyamqp", "memory")
+
+
+@dataclass(frozen=True)
+class Settings:
+    var_dir: Path
+    database_url: str
+    broker_url: str
+    redis_url: str | None
+    storage_url: str
+    s3_endpoint_url: str | None
+    s3_region: str | None
+    admin_token: str | None
+    heartbeat_interval: float
+    stale_after: float
+    inline_wait_max: float
+    unclaimed_after: float
+
+    @property
+    def broker_is_filesystem(self) -> bool:
+        return self.broker_url.startswith("filesystem")
+
+    @property
+    def broker_folder(self) -> Path:
+        return self.var_dir / "broker"
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise SettingsError(f"{name}={raw!r} must be greater than zero")
+    return value
+
+
+def _url(env: Mapping[str, str], name: str, default: str, schemes: tuple[str, ...]) -> str:
+    value = env.get(name) or default
+    scheme = urlsplit(value).scheme.split("+", 1)[0]
+    if scheme not in schemes:
+        allowed = ", ".join(schemes)
+        raise SettingsError(f"{name} has scheme {scheme!r}; expected one of: {allowed}")
+    return value
+
+
+def _storage_url(env: Mapping[str, str], var_dir: Path) -> str:
+    value = env.get("JOBSAPP_STORAGE_URL") or f"file://{(var_dir / 'objects').resolve()}"
+    parts = urlsplit(value)
+    if parts.scheme == "s3" and parts.netloc:
+        return value
+    if parts.scheme == "file" and parts.path:
+        return value
+    raise SettingsError(
+        "JOBSAPP_STORAGE_URL must be s3://bucket/prefix or file:///path, "
+        f"not {parts.scheme or 'a scheme-less value'!r}"
+    )
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate the configuration; raises SettingsError naming the variable."""
+    env = os.environ if env is None else env
+    var_dir = Path(env.get("JOBSAPP_VAR_DIR") or "var").resolve()
+    heartbeat = _positive_float(env, "JOBSAPP_HEARTBEAT_INTERVAL", 30.0)
+    return Settings(
+        var_dir=var_dir,
+        database_url=_url(
+            env, "JOBSAPP_DATABASE_URL", f"sqlite:///{var_dir / 'jobsapp.db'}", _DB_SCHEMES
+        ),
+        broker_url=_url(env, "JOBSAPP_BROKER_URL", "filesystem://", _BROKER_SCHEMES),
+        redis_url=env.get("JOBSAPP_REDIS_URL") or None,
+        storage_url=_storage_url(env, var_dir),
+        s3_endpoint_url=env.get("JOBSAPP_S3_ENDPOINT_URL") or None,
+        s3_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+        admin_token=env.get("JOBSAPP_ADMIN_TOKEN") or None,
+        heartbeat_interval=heartbeat,
+        stale_after=_positive_float(env, "JOBSAPP_STALE_AFTER", 3 * heartbeat),
+        inline_wait_max=_positive_float(env, "JOBSAPP_INLINE_WAIT_MAX", 5.0),
+        unclaimed_after=_positive_float(env, "JOBSAPP_UNCLAIMED_AFTER", 300.0),
+    )
+
+
+@cache
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return load_settings()
