@@ -24,8 +24,8 @@ from .validation import CONTENT_TYPES, SUPPORTED_FORMATS, display_size
 VariantKind = Literal["fit", "square", "reencode"]
 OutputFormat = Literal["WEBP", "JPEG"]
 
-# As in Pillow's thumbnail(): decode and reduce to no less than twice the target before the
-# final resample, which looks the same as resampling the full image at a fraction of the cost.
+# As in Pillow's thumbnail(): decode and reduce to no less than twice the target, then
+# resample; close to resampling the full image, at a fraction of the cost.
 REDUCING_GAP = 2.0
 
 # libwebp's default effort; pinned because outputs must be byte-identical across runs.
@@ -73,7 +73,8 @@ class VariantSpec:
     """One output of a pipeline version.
 
     ``size`` is the bound in pixels: the longest side for "fit" (never upscaled), the side of
-    the centred crop for "square". "reencode" keeps the source size and has no bound.
+    the centred crop for "square". "reencode" has none: it keeps the source size, unless that
+    exceeds what the encoder can write.
     """
 
     name: str

@@ -10,22 +10,22 @@ import hashlib
 import io
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from PIL import ExifTags, Image, ImageFile
 
 SUPPORTED_FORMATS: frozenset[str] = frozenset({"JPEG", "PNG", "WEBP", "GIF"})
 
-CONTENT_TYPES: dict[str, str] = {
-    "JPEG": "image/jpeg",
-    "PNG": "image/png",
-    "WEBP": "image/webp",
-    "GIF": "image/gif",
-}
+CONTENT_TYPES: Mapping[str, str] = MappingProxyType(
+    {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp", "GIF": "image/gif"}
+)
 
-EXTENSIONS: dict[str, str] = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif"}
+EXTENSIONS: Mapping[str, str] = MappingProxyType(
+    {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif"}
+)
 
 # Camera JPEGs carrying a Multi-Picture index are reported by Pillow as MPO; the primary
 # image is still an ordinary JPEG.
@@ -132,7 +132,8 @@ def display_size(img: Image.Image) -> tuple[int, int]:
 def sanitize_display_name(name: str | None) -> str:
     """Make a client file name safe to show; it is never used to build a storage key."""
     base = _PATH_SEPARATORS.split(name or "")[-1]
-    # Format characters go too: bidi overrides can disguise an extension ("gpj.exe").
+    # Format characters go too: a right-to-left override makes "x\u202egpj.exe" show as
+    # "xexe.jpg".
     visible = "".join(ch for ch in base if not unicodedata.category(ch).startswith("C"))
     # Normalise after removing characters, since a removal can bring combinable marks together.
     cleaned = unicodedata.normalize("NFC", visible)[:_MAX_DISPLAY_NAME].strip()

@@ -69,29 +69,21 @@ def _in_session(app: Celery, session: Session, job: NewJob) -> EnqueueResult:
 
 
 def _pending(session: Session) -> list[Any]:
-    if _PENDING not in session.info:
-        session.info[_PENDING] = []
+    # Listeners stay for the session's life (removing one while it fires is an error);
+    # with nothing pending they do nothing.
+    if not event.contains(session, "after_commit", _publish_session):
         event.listen(session, "after_commit", _publish_session)
         event.listen(session, "after_rollback", _drop_session)
-    pending: list[Any] = session.info[_PENDING]
+    pending: list[Any] = session.info.setdefault(_PENDING, [])
     return pending
 
 
 def _publish_session(session: Session) -> None:
-    pending = session.info.pop(_PENDING, [])
-    _unlisten(session)
     from jobsapp.celery_app import app
 
-    for job, result, message in pending:
+    for job, result, message in session.info.pop(_PENDING, []):
         _after_commit(app, job, result, [message])
 
 
 def _drop_session(session: Session) -> None:
     session.info.pop(_PENDING, None)
-    _unlisten(session)
-
-
-def _unlisten(session: Session) -> None:
-    for name, fn in (("after_commit", _publish_session), ("after_rollback", _drop_session)):
-        if event.contains(session, name, fn):
-            event.remove(session, name, fn)

@@ -159,7 +159,7 @@ def _new_row(job: NewJob, now: datetime, state: State, attempts: int) -> dict[st
         "attempts": attempts,
         "max_attempts": job.max_attempts,
         "rescues": 0,
-        "next_retry_at": None if running else now,
+        "next_retry_at": None,
         "started_at": now if running else None,
         "heartbeat_at": now if running else None,
         "created_at": now,
@@ -249,7 +249,7 @@ def reopen(
         )
         .values(
             state=State.QUEUED.value, outcome=None, finished_at=None, heartbeat_at=None,
-            next_retry_at=now, max_attempts=table.c.attempts + budget, rescues=0,
+            next_retry_at=None, max_attempts=table.c.attempts + budget, rescues=0,
             updated_at=now,
         )
         .returning(*table.c)
@@ -485,7 +485,7 @@ def reap(
     table = spec.table
     values: dict[str, Any] = {"updated_at": now, "last_error": reason, "heartbeat_at": None}
     if requeue_them:
-        values |= {"state": State.QUEUED.value, "next_retry_at": now,
+        values |= {"state": State.QUEUED.value, "next_retry_at": None,
                    "rescues": table.c.rescues + 1}  # fmt: skip
     else:
         values |= {"state": State.FAILED.value, "outcome": Outcome.STALE.value,

@@ -52,6 +52,7 @@ _MAX_CHAIN: Final = 3
 # way to stall a worker with a huge error body). The slack covers masks that shorten the text.
 _SCAN_FACTOR: Final = 4
 _SCAN_SLACK: Final = 4096
+_MAX_PASSES: Final = 4
 
 # --- patterns, applied in the order of _RULES -------------------------------------------------
 
@@ -63,9 +64,10 @@ _PEM_PRIVATE_KEY_RE: Final = re.compile(
 )
 
 _URL_USERINFO_RE: Final = re.compile(
-    # The scheme length is bounded so a long dotted token cannot cause quadratic scanning.
+    # No word boundary before the scheme: "...EXAMPLEpostgresql://" must match too. The bound
+    # on the scheme length keeps the scan linear on long tokens without "://".
     # The password runs to the *last* "@" before the path, so a raw "@" in it is masked whole.
-    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]*:)(?P<password>[^\s/?#]*)@"
+    r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s:/?#@]*:)(?P<password>[^\s/?#]*)@"
 )
 
 _AUTH_HEADER_RE: Final = re.compile(
@@ -87,8 +89,6 @@ _QUERY_SECRET_RE: Final = re.compile(
     re.IGNORECASE,
 )
 
-_BEARER_RE: Final = re.compile(r"\b(?P<head>bearer[ \t]+)[A-Za-z0-9\-._~+/]+=*", re.IGNORECASE)
-
 _BASIC_RE: Final = re.compile(
     # "Basic" is also an English word ("Basic validation failed"). Credentials are base64 of
     # "user:password": at least 8 characters, and in practice a digit, "+", "/", "=" or a
@@ -102,21 +102,38 @@ _SENSITIVE_NAME_WORDS: Final = (
     r"secret|passw(?:or)?d|token|api[_-]?key|access[_-]?key|private[_-]?key"
     r"|signature|credential"
 )
+# An identifier holding one of the words, followed by its separator. Atomic: once the
+# identifier is read to its end, trying other keyword positions inside it cannot help, and on
+# "tokentoken..." it would be quadratic. The closing quote or ")" covers JSON keys and
+# Postgres "Key (api_token)=(...)".
+_SECRET_NAME_AND_SEPARATOR: Final = (
+    rf"(?>[\w.\-]*?(?:{_SENSITIVE_NAME_WORDS})[\w.\-]*)"
+    r"(?<!error)(?<!exception)(?<!warning)"  # "InvalidTokenError: ..." names a type
+    r"(?:\\?[\"']|\))?[ \t]*[:=][ \t]*"
+)
+
+# The whole word goes, not just its token68 characters: stopping at an unexpected "=" or ":"
+# would leave the rest of the token in the text. In "Bearer Bearer x" or "Bearer password: x"
+# the token is x, which the next match or the named-value rule takes.
+_BEARER_RE: Final = re.compile(
+    rf"\b(?P<head>bearer[ \t]+)(?!bearer[ \t]|{_SECRET_NAME_AND_SEPARATOR})[^\s\"'\\]+",
+    re.IGNORECASE,
+)
 
 _NAMED_SECRET_RE: Final = re.compile(
     rf"""
     (?P<head>
         (?<![\w.\-])(?<!://)          # a whole identifier, not the user name of a URL
-        [\w.\-]{{0,64}}?(?:{_SENSITIVE_NAME_WORDS})[\w.\-]{{0,64}}
-        (?<!error)(?<!exception)(?<!warning)   # "InvalidTokenError: ..." names a type
-        (?:\\?["']|\))?               # closing quote, or ")" of Postgres "Key (token)=(...)"
-        [ \t]*[:=][ \t]*
+        {_SECRET_NAME_AND_SEPARATOR}
     )
+    # In "token: password: x" the value is the next pair, not "password:"; the same goes for
+    # "token: Bearer password: x" below.
+    (?!{_SECRET_NAME_AND_SEPARATOR})
     (?P<value>
         \\"(?:[^\\\n]|\\(?!"))*(?:\\")?   # \"value\" inside an escaped JSON string
       | "(?:[^"\\\n]|\\.)*"?              # "value"; the closing quote may have been cut off
       | '(?:[^'\\\n]|\\.)*'?              # 'value'
-      | (?P<scheme>(?:bearer|basic)[ \t]+)?[^\s"'&]+
+      | (?P<scheme>(?:bearer|basic)[ \t]+(?!{_SECRET_NAME_AND_SEPARATOR}))?[^\s"'&]+
     )
     """,
     re.IGNORECASE | re.VERBOSE,
@@ -125,7 +142,11 @@ _NAMED_SECRET_RE: Final = re.compile(
 _JWT_RE: Final = re.compile(r"\beyJ[A-Za-z0-9_\-]{4,}\.eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*")
 
 # Key ids are not secret on their own, but they name the account and half of a credential.
-_AWS_KEY_ID_RE: Final = re.compile(r"(?<![A-Z0-9])(?P<head>AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])")
+# An id glued to other letters is not taken: masking it could expose a word boundary that an
+# earlier rule needed, and such glued ids do not occur in real messages.
+_AWS_KEY_ID_RE: Final = re.compile(
+    r"(?<![A-Za-z0-9])(?P<head>AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"
+)
 
 # --- environment -------------------------------------------------------------------------------
 
@@ -241,6 +262,21 @@ _RULES: Final[tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], str]], ...]
 
 
 def _redact(text: str, known: re.Pattern[str] | None) -> str:
+    """Apply all rules until nothing changes.
+
+    One pass is not always enough: masking a quoted value can, for example, remove the "/"
+    that kept a URL rule from seeing the "@" of a userinfo. Real text settles in one or two
+    passes; the cap only guards against a pathological ping-pong.
+    """
+    for _ in range(_MAX_PASSES):
+        redacted = _redact_once(text, known)
+        if redacted == text:
+            break
+        text = redacted
+    return text
+
+
+def _redact_once(text: str, known: re.Pattern[str] | None) -> str:
     # Known secrets go first: a pattern that masks only part of one (a raw "/" in a URL
     # password, say) would otherwise leave the rest visible.
     if known is not None:
@@ -284,7 +320,8 @@ def _truncate(redacted: str, limit: int, known: re.Pattern[str] | None) -> str:
     second ``scrub``; backing off one character at a time until the result is stable keeps
     ``scrub`` idempotent. In practice it takes a few steps at most.
     """
-    head = redacted[: limit - len(TRUNCATION_MARK)]
+    # A cut inside "***" would leave "*" or "**", which reads like a different mask.
+    head = redacted[: limit - len(TRUNCATION_MARK)].rstrip("*")
     while head:
         candidate = head + TRUNCATION_MARK
         if _redact(candidate, known) == candidate:

@@ -8,6 +8,7 @@ to the same journal semantics.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import socket
@@ -76,6 +77,15 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         del args, kwargs
         return None
 
+    def _named(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The body's arguments by name, defaults included, for the key template."""
+        try:
+            bound = inspect.signature(self.run).bind(*args, **kwargs)
+        except TypeError as bad:
+            raise TypeError(f"{self.name}: {bad}") from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
     def row_values(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         spec = self.run_table
         if spec.params_column is not None:
@@ -93,7 +103,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             spec=self.run_table,
             job_id=job_id,
             task_name=self.name,
-            concurrency_key=self.concurrency_key(job_id, {**kwargs, **values}),
+            concurrency_key=self.concurrency_key(job_id, self._named(args, kwargs)),
             max_attempts=self.max_attempts,
             values=values,
             dedup_window=timedelta(seconds=self.dedup_window),

@@ -60,7 +60,7 @@ class LocalObjectStore:
         # Opened here rather than in the generator so a missing key raises at the call.
         with _os_errors("get", key):
             handle = _open_object(self._object_path(key), key)
-        return _chunks(handle)
+        return _chunks(handle, key)
 
     def head(self, key: str) -> ObjectInfo | None:
         path = self._object_path(key)
@@ -93,7 +93,7 @@ class LocalObjectStore:
             # A fresh file rather than a hard link, so the copy gets its own mtime and
             # retention does not age it from when the source was written.
             with source:
-                tmp = self._stage(_chunks(source), expected, f"copy {src_key!r}")
+                tmp = self._stage(_chunks(source, src_key), expected, f"copy {src_key!r}")
             content_type = self._read_content_type(src_key)
             return self._publish(tmp, dst_key, expected, content_type)
 
@@ -111,10 +111,14 @@ class LocalObjectStore:
         return None
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        # Validated here, not in the generator, so a bad prefix raises at the call.
         validate_prefix(prefix)
+        return self._list(prefix)
+
+    def _list(self, prefix: str) -> Iterator[ObjectInfo]:
         start = self._objects / prefix.rpartition("/")[0]
-        with _os_errors("list", prefix):
-            keys = sorted(k for k in self._walk(start) if k.startswith(prefix))
+        # Sorted so both backends list in the same (S3's) order.
+        keys = sorted(k for k in self._walk(start) if k.startswith(prefix))
         for key in keys:
             try:
                 stat = self._object_path(key).stat()
@@ -165,7 +169,7 @@ class LocalObjectStore:
             raise
         return tmp, digest.hexdigest()
 
-    def _publish(self, tmp: Path, key: str, sha256: str, content_type: str | None) -> PutResult:
+    def _publish(self, tmp: Path, key: str, sha256: str, content_type: str) -> PutResult:
         """Make tmp visible at key unless something is already there."""
         path = self._object_path(key)
         try:
@@ -178,7 +182,7 @@ class LocalObjectStore:
         finally:
             tmp.unlink()
         _fsync_dir(path.parent)
-        self._write_content_type(key, content_type or DEFAULT_CONTENT_TYPE)
+        self._write_content_type(key, content_type)
         return PutResult.CREATED
 
     def _already_present(self, key: str, sha256: str) -> PutResult:
@@ -238,8 +242,8 @@ def _open_object(path: Path, key: str) -> BinaryIO:
         raise ObjectMissing(f"no object at {key!r}") from exc
 
 
-def _chunks(handle: BinaryIO) -> Iterator[bytes]:
-    with handle:
+def _chunks(handle: BinaryIO, key: str) -> Iterator[bytes]:
+    with handle, _os_errors("read", key):
         while chunk := handle.read(CHUNK_BYTES):
             yield chunk
 

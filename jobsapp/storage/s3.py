@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from datetime import UTC
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ from botocore.exceptions import (
     IncompleteReadError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.response import StreamingBody
 
 from jobsapp.storage.base import (
     ChecksumConflict,
@@ -78,8 +79,7 @@ class S3ObjectStore:
     def __init__(
         self, bucket: str, prefix: str, client: S3Client, *, page_size: int = 1000
     ) -> None:
-        if prefix:
-            validate_prefix(prefix)
+        validate_prefix(prefix)
         self.bucket = bucket
         # The prefix acts as a directory whether or not it was written with a slash.
         self.prefix = prefix.rstrip("/") + "/" if prefix else ""
@@ -115,7 +115,7 @@ class S3ObjectStore:
             response = self._client.get_object(
                 Bucket=self.bucket, Key=self._full_key(key), ChecksumMode="ENABLED"
             )
-        return _streamed(response["Body"].iter_chunks(CHUNK_BYTES), key)
+        return _streamed(response["Body"], key)
 
     def head(self, key: str) -> ObjectInfo | None:
         try:
@@ -170,7 +170,11 @@ class S3ObjectStore:
         )
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        # Validated here, not in the generator, so a bad prefix raises at the call.
         validate_prefix(prefix)
+        return self._list(prefix)
+
+    def _list(self, prefix: str) -> Iterator[ObjectInfo]:
         pages = self._client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket,
             Prefix=self.prefix + prefix,
@@ -221,9 +225,10 @@ def _b64(sha256_hex: str) -> str:
     return base64.b64encode(bytes.fromhex(sha256_hex)).decode("ascii")
 
 
-def _streamed(chunks: Iterator[bytes], key: str) -> Iterator[bytes]:
-    with _translated("get", key):
-        yield from chunks
+def _streamed(body: StreamingBody, key: str) -> Iterator[bytes]:
+    # closing() returns the connection to the pool even if the reader stops early.
+    with closing(body), _translated("get", key):
+        yield from body.iter_chunks(CHUNK_BYTES)
 
 
 @contextmanager

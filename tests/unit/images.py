@@ -8,6 +8,7 @@ import struct
 import zlib
 from typing import Any
 
+from hypothesis import strategies as st
 from PIL import ExifTags, Image, ImageCms
 
 RED = (255, 0, 0)
@@ -35,10 +36,15 @@ def encode(img: Image.Image, fmt: str, **params: Any) -> bytes:
     return buffer.getvalue()
 
 
-def solid(
-    fmt: str, size: tuple[int, int] = (64, 48), color: object = RED, mode: str = "RGB"
-) -> bytes:
-    return encode(Image.new(mode, size, color), fmt)  # type: ignore[arg-type]
+def solid(fmt: str, size: tuple[int, int] = (64, 48)) -> bytes:
+    """A plain red image."""
+    return encode(Image.new("RGB", size, RED), fmt)
+
+
+def mpo() -> bytes:
+    """A camera-style multi-picture JPEG (primary image plus a second one)."""
+    primary, second = Image.new("RGB", (64, 48), RED), Image.new("RGB", (32, 24), BLUE)
+    return encode(primary, "MPO", save_all=True, append_images=[second])
 
 
 @functools.cache
@@ -223,3 +229,23 @@ def _xyz(values: tuple[float, float, float]) -> bytes:
 
 def _s15(values: tuple[float, float, float]) -> bytes:
     return struct.pack(">3i", *(round(v * 65536) for v in values))
+
+
+def damaged_images() -> st.SearchStrategy[bytes]:
+    """Small valid images of each format with a few bytes overwritten and maybe cut short."""
+    seeds = [
+        solid("JPEG", (16, 12)),
+        solid("PNG", (16, 12)),
+        solid("WEBP", (16, 12)),
+        animated_gif(),
+        palette_png(),
+    ]
+    return st.sampled_from(seeds).flatmap(_damage)
+
+
+@st.composite
+def _damage(draw: st.DrawFn, seed: bytes) -> bytes:
+    data = bytearray(seed)
+    for _ in range(draw(st.integers(0, 4))):
+        data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    return bytes(data[: draw(st.integers(1, len(data)))])

@@ -1,0 +1,104 @@
+"""Shared fixtures: migrated databases per dialect, a clean journal per test, a worker."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.env import VAR_DIR, configure_process_env, service
+
+configure_process_env()
+
+from alembic import command  # noqa: E402 - jobsapp must see the test environment first
+from sqlalchemy import Engine, create_engine, text  # noqa: E402
+
+from jobsapp.cli import alembic_config  # noqa: E402
+from jobsapp.db import get_engine  # noqa: E402
+from jobsapp.settings import get_settings  # noqa: E402
+
+pytest_plugins = ("celery.contrib.pytest",)
+
+TABLES_IN_DELETE_ORDER = ("job_events", "outbox", "leases", "job_runs")
+
+
+def migrate(url: str) -> None:
+    cfg = alembic_config()
+    cfg.set_main_option("sqlalchemy.url", url)
+    command.upgrade(cfg, "head")
+
+
+def _fresh_postgres(admin_url: str, name: str) -> str:
+    admin = create_engine(admin_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    url = _fresh_postgres(service("JOBSAPP_TEST_DATABASE_URL"), "jobsapp_tests")
+    migrate(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def sqlite_url() -> str:
+    url = f"sqlite:///{VAR_DIR}/lifecycle-tests.db"
+    migrate(url)
+    return url
+
+
+def use_database(url: str) -> Engine:
+    """Make ``url`` the process's configured database and empty its journal."""
+    os.environ["JOBSAPP_DATABASE_URL"] = url
+    get_settings.cache_clear()
+    engine = get_engine(url)
+    with engine.begin() as conn:
+        for table in TABLES_IN_DELETE_ORDER + extra_tables():
+            conn.execute(text(f"DELETE FROM {table}"))
+    return engine
+
+
+def extra_tables() -> tuple[str, ...]:
+    """Domain tables that exist once their migrations do, children first."""
+    return ()
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def db(request: pytest.FixtureRequest) -> Engine:
+    """The lifecycle conformance suite runs on both dialects."""
+    url = request.getfixturevalue(f"{request.param}_url")
+    return use_database(url)
+
+
+@pytest.fixture
+def pg(postgres_url: str) -> Engine:
+    return use_database(postgres_url)
+
+
+@pytest.fixture
+def redis_clean() -> Iterator[None]:
+    """Empty the test counters and the broker queue, keeping kombu's bindings."""
+    import redis
+
+    client = redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL"))
+    doomed = [*client.scan_iter("jobsapp-test:*"), *client.scan_iter("jobsapp:dedup:*")]
+    doomed += [b"celery", b"unacked", b"unacked_index"]
+    client.delete(*doomed)
+    yield
+
+
+@pytest.fixture
+def worker(db: Engine, redis_clean: None) -> Iterator[object]:
+    """An in-process Celery worker (threads pool, 2 slots) on the Redis broker."""
+    from celery.contrib.testing.worker import start_worker
+
+    from jobsapp.celery_app import app
+
+    app.loader.import_default_modules()
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False) as w:
+        yield w

@@ -1,0 +1,40 @@
+"""Test configuration: real services from scripts/services.sh, set before jobsapp loads."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+VAR_DIR = tempfile.mkdtemp(prefix="jobsapp-tests-")
+
+
+def service(name: str) -> str:
+    """The URL of a test service; in CI a missing one fails, locally it skips."""
+    value = os.environ.get(name)
+    if value:
+        return value
+    message = f"{name} is not set: start the services (scripts/services.sh start)"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def configure_process_env() -> None:
+    """Point jobsapp (and any worker subprocess) at the test services."""
+    redis_url = os.environ.get("JOBSAPP_TEST_REDIS_URL")
+    defaults = {
+        "JOBSAPP_VAR_DIR": VAR_DIR,
+        "JOBSAPP_DATABASE_URL": os.environ.get("JOBSAPP_TEST_DATABASE_URL", ""),
+        "JOBSAPP_BROKER_URL": redis_url or "memory://",
+        "JOBSAPP_REDIS_URL": redis_url or "",
+        "JOBSAPP_IMPORTS": "tests.support.tasks",
+        "JOBSAPP_HEARTBEAT_INTERVAL": "0.5",
+        "JOBSAPP_STALE_AFTER": "3",
+        "JOBSAPP_INLINE_WAIT_MAX": "2",
+    }
+    for key, value in defaults.items():
+        if value:
+            os.environ.setdefault(key, value)

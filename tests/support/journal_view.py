@@ -1,0 +1,40 @@
+"""Read-only views of the journal, as an operator would query it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from jobsapp.lifecycle.tables import JobEvent, JobRun, OutboxMessage
+
+
+def run_row(engine: Engine, job_id: uuid.UUID) -> Mapping[str, Any]:
+    table = JobRun.__table__
+    with engine.connect() as conn:
+        return conn.execute(select(table).where(table.c.job_id == job_id)).mappings().one()
+
+
+def run_count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return len(conn.execute(select(JobRun.__table__.c.job_id)).all())
+
+
+def events(engine: Engine, job_id: uuid.UUID) -> list[Mapping[str, Any]]:
+    table = JobEvent.__table__
+    stmt = select(table).where(table.c.job_id == job_id).order_by(table.c.id)
+    with engine.connect() as conn:
+        return list(conn.execute(stmt).mappings())
+
+
+def transitions(engine: Engine, job_id: uuid.UUID) -> list[str]:
+    return [e["transition"] for e in events(engine, job_id)]
+
+
+def outbox_rows(engine: Engine, job_id: uuid.UUID) -> list[Mapping[str, Any]]:
+    table = OutboxMessage.__table__
+    stmt = select(table).where(table.c.job_id == job_id).order_by(table.c.attempt)
+    with engine.connect() as conn:
+        return list(conn.execute(stmt).mappings())
