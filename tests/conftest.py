@@ -81,7 +81,7 @@ def pg(postgres_url: str) -> Engine:
 
 
 @pytest.fixture
-def redis_clean() -> Iterator[None]:
+def redis_clean() -> None:
     """Empty the test counters and the broker queue, keeping kombu's bindings."""
     import redis
 
@@ -89,7 +89,6 @@ def redis_clean() -> Iterator[None]:
     doomed = [*client.scan_iter("jobsapp-test:*"), *client.scan_iter("jobsapp:dedup:*")]
     doomed += [b"celery", b"unacked", b"unacked_index"]
     client.delete(*doomed)
-    yield
 
 
 @pytest.fixture

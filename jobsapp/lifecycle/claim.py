@@ -32,7 +32,7 @@ class Refusal(StrEnum):
     SKIPPED = "another run holds the concurrency key"
 
 
-def explain(row: Mapping[str, Any] | None, attempt: int, now: datetime) -> Refusal:
+def explain(row: Mapping[str, Any] | None, attempt: int) -> Refusal:
     """Why the guarded claim matched nothing (pure; ``row`` read after the claim)."""
     if row is None:
         return Refusal.NO_ROW
@@ -67,7 +67,7 @@ def claim(
         current = journal.load(conn, spec, env.job_id)
         if current is None and foreign is not None:
             return _claim_foreign(conn, foreign, env, worker=worker, now=now)
-    return explain(current, env.attempt, now)
+    return explain(current, env.attempt)
 
 
 def _claim_foreign(

@@ -8,6 +8,8 @@ after-commit hook: its messages are published by the relay in beat.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery
@@ -35,12 +37,41 @@ def enqueue(
     if dedup.seen_recently(job):
         return JobHandle(job.job_id, EnqueueOutcome.DUPLICATE, job.spec)
     if session is not None:
-        result = _in_session(app, session, job)
+        result = _in_session(session, job)
     elif connection is not None:
         result = journal.enqueue(connection, job, now=utcnow(), actor="producer")
     else:
         result = _own_transaction(app, job)
     return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder)
+
+
+class Batch:
+    """Enqueues that join one transaction with the caller's own writes; see ``transaction``."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._done: list[tuple[NewJob, EnqueueResult]] = []
+
+    def add(self, job: NewJob) -> JobHandle:
+        result = journal.enqueue(self.conn, job, now=utcnow(), actor="producer")
+        self._done.append((job, result))
+        return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder)
+
+    def publish(self, app: Celery) -> None:
+        for job, result in self._done:
+            _after_commit(app, job, result, [result.message] if result.message else [])
+
+
+@contextmanager
+def transaction(app: Celery) -> Iterator[Batch]:
+    """One transaction for the caller's rows and any number of enqueues; publish after COMMIT.
+
+    ``with transaction(app) as batch: batch.conn.execute(...); task.enqueue_in(batch, ...)``
+    """
+    with get_engine().begin() as conn:
+        batch = Batch(conn)
+        yield batch
+    batch.publish(app)
 
 
 def _own_transaction(app: Celery, job: NewJob) -> EnqueueResult:
@@ -61,7 +92,7 @@ def _after_commit(
         dedup.remember(job)
 
 
-def _in_session(app: Celery, session: Session, job: NewJob) -> EnqueueResult:
+def _in_session(session: Session, job: NewJob) -> EnqueueResult:
     result = journal.enqueue(session.connection(), job, now=utcnow(), actor="producer")
     if result.outcome is EnqueueOutcome.ENQUEUED and result.message is not None:
         _pending(session).append((job, result, result.message))

@@ -21,7 +21,7 @@ class TransientError(Exception):
     """Worth another attempt later (a service down, a timeout)."""
 
 
-class RetryAfter(Exception):  # noqa: N818 - it names an instruction, as the HTTP header does
+class RetryAfter(Exception):
     """The body was told to come back later (an HTTP ``Retry-After``, a rate limit).
 
     A short pause is waited out inside the task; a long one returns the job to ``queued``
@@ -33,7 +33,7 @@ class RetryAfter(Exception):  # noqa: N818 - it names an instruction, as the HTT
         self.seconds = max(0.0, float(seconds))
 
 
-class LeaseLost(Exception):  # noqa: N818 - reads as the event it reports
+class LeaseLost(Exception):
     """The run's row moved on without this worker (reaped or replayed): publish nothing."""
 
 

@@ -15,10 +15,11 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Connection, Table, insert, or_, select, tuple_, update
+from sqlalchemy.dialects.postgresql import dml as pg_dml
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import dml as sqlite_dml
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.sql.dml import Insert
 
 from jobsapp.lifecycle.message import build_body
 from jobsapp.lifecycle.registry import RunTable
@@ -57,7 +58,7 @@ class EnqueueResult:
     holder: uuid.UUID | None = None
 
 
-class KeyBusy(Exception):  # noqa: N818 - names the condition the caller reports
+class KeyBusy(Exception):
     """Another run with the same concurrency key is active."""
 
     def __init__(self, holder: uuid.UUID | None) -> None:
@@ -65,9 +66,14 @@ class KeyBusy(Exception):  # noqa: N818 - names the condition the caller reports
         self.holder = holder
 
 
-def _upsert(conn: Connection, table: Table) -> Insert:
-    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    return dialect_insert(table)
+def _upsert(conn: Connection, table: Table) -> pg_dml.Insert | sqlite_dml.Insert:
+    """INSERT with the dialect's ON CONFLICT support (both spell it the same)."""
+    return pg_insert(table) if conn.dialect.name == "postgresql" else sqlite_insert(table)
+
+
+def _first(conn: Connection, stmt: Any) -> dict[str, Any] | None:
+    row = conn.execute(stmt).mappings().first()
+    return None if row is None else dict(row)
 
 
 def record_event(
@@ -256,7 +262,7 @@ def reopen(
     )  # fmt: skip
     try:
         with conn.begin_nested():
-            row = conn.execute(stmt).mappings().first()
+            row = _first(conn, stmt)
     except IntegrityError:
         key = conn.execute(select(table.c.concurrency_key).where(table.c.job_id == job_id))
         raise KeyBusy(active_holder(conn, spec, key.scalar_one())) from None
@@ -288,7 +294,7 @@ def claim(
         )
         .returning(*table.c)
     )  # fmt: skip
-    row = conn.execute(stmt).mappings().first()
+    row = _first(conn, stmt)
     if row is not None:
         record_event(
             conn, spec, job_id, attempt, Transition.CLAIM,
@@ -304,7 +310,7 @@ def claim_by_insert(
     table = job.spec.table
     row = {**_new_row(job, now, State.RUNNING, attempt), "worker": worker}
     stmt = _upsert(conn, table).values(row).on_conflict_do_nothing().returning(*table.c)
-    inserted = conn.execute(stmt).mappings().first()
+    inserted = _first(conn, stmt)
     if inserted is not None:
         record_event(
             conn, job.spec, job.job_id, attempt, Transition.CLAIM,
@@ -316,7 +322,7 @@ def claim_by_insert(
 
 def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, Any] | None:
     table = spec.table
-    return conn.execute(select(table).where(table.c.job_id == job_id)).mappings().first()
+    return _first(conn, select(table).where(table.c.job_id == job_id))
 
 
 def _fence(table: Table, job_id: uuid.UUID, attempt: int) -> tuple[Any, ...]:
@@ -392,7 +398,7 @@ def fail(
 def requeue(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, retry_at: datetime,
     error: str, transition: Transition, actor: str, now: datetime, refund: bool = False,
-) -> int | None:  # fmt: skip
+) -> PendingMessage | None:  # fmt: skip
     """running -> queued for the next attempt at ``retry_at``; returns its outbox row.
 
     ``refund`` (a long Retry-After) raises the ceiling by one, so the pause does not
@@ -409,7 +415,7 @@ def requeue(
         )
         .returning(*table.c)
     )  # fmt: skip
-    row = conn.execute(stmt).mappings().first()
+    row = _first(conn, stmt)
     if row is None:
         return None
     record_event(
@@ -469,7 +475,8 @@ def find_stale(
     return [
         StaleRun(
             job_id=r["job_id"], attempt=r["attempts"], rescues=r["rescues"],
-            max_attempts=r["max_attempts"], task_name=r["task_name"], ids=spec.ids_from_row(r),
+            max_attempts=r["max_attempts"], task_name=r["task_name"],
+            ids=spec.ids_from_row(dict(r)),
         )
         for r in conn.execute(stmt).mappings()
     ]  # fmt: skip

@@ -32,7 +32,8 @@ MAX_CHECK_BACKOFF = 6
 
 def next_check(now: datetime, publish_count: int, unclaimed_after: timedelta) -> datetime:
     """When to check that a message published for the ``publish_count+1``-th time landed."""
-    return now + unclaimed_after * 2 ** min(publish_count, MAX_CHECK_BACKOFF)
+    factor: int = 2 ** min(publish_count, MAX_CHECK_BACKOFF)
+    return now + unclaimed_after * factor
 
 
 def send(app: Celery, message: PendingMessage, *, now: datetime) -> None:

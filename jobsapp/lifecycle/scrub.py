@@ -40,6 +40,9 @@ __all__ = [
 ]
 
 MASK: Final = "***"
+# Unquoted values stop at "…", so the marker after a cut such as "password: " is never taken
+# for the value; otherwise a second scrub would mask it and truncation could not stay stable.
+# A secret containing "…" would show its tail; such secrets are not expected.
 TRUNCATION_MARK: Final = "…[truncated]"
 DEFAULT_LIMIT: Final = 2000
 
@@ -53,6 +56,7 @@ _MAX_CHAIN: Final = 3
 _SCAN_FACTOR: Final = 4
 _SCAN_SLACK: Final = 4096
 _MAX_PASSES: Final = 4
+_MAX_TRUNCATION_STEPS: Final = 64
 
 # --- patterns, applied in the order of _RULES -------------------------------------------------
 
@@ -72,11 +76,11 @@ _URL_USERINFO_RE: Final = re.compile(
 
 _AUTH_HEADER_RE: Final = re.compile(
     # The optional backslash and quote cover headers inside (escaped) JSON and Python reprs.
-    r"(?P<head>\b(?:proxy-)?authorization\\?[\"']?[ \t]*[:=][ \t]*\\?[\"']?)"
+    r"(?P<head>(?<![A-Za-z])(?:proxy-)?authorization\\?[\"']?[ \t]*[:=][ \t]*\\?[\"']?)"
     # Only well-known scheme names are kept; anything else might be the credential itself.
     r"(?:(?P<scheme>bearer|basic|digest|token|negotiate|aws4-hmac-sha256)[ \t]+)?"
     # SigV4 credentials contain spaces and commas, so the rest of the line goes.
-    r"(?:[^\r\n\"'\\]|\\(?![\"']))+",
+    r"(?:[^\r\n\"'\\…]|\\(?![\"']))+",
     re.IGNORECASE,
 )
 
@@ -85,7 +89,7 @@ _QUERY_SECRET_RE: Final = re.compile(
     # (";" also catches HTML-escaped "&amp;"); elsewhere they are ordinary words.
     r"(?P<head>[?&;](?:x-amz-signature|x-amz-credential|x-amz-security-token|signature"
     r"|awsaccesskeyid|sig|token|access_token|api_key|apikey|key|password|secret)=)"
-    r"[^&#\s\"']+",
+    r"[^&#\s\"'…]+",
     re.IGNORECASE,
 )
 
@@ -112,28 +116,35 @@ _SECRET_NAME_AND_SEPARATOR: Final = (
     r"(?:\\?[\"']|\))?[ \t]*[:=][ \t]*"
 )
 
+# A secret label followed by a spaced-out value ("password: x"): what comes after a scheme
+# or a separator is then that pair, not a secret of its own. Without the space the whole word
+# is taken as the secret, since "MyPassword=1" may well be one.
+_LABEL_AHEAD: Final = rf"{_SECRET_NAME_AND_SEPARATOR}(?<=[ \t])\S"
+
 # The whole word goes, not just its token68 characters: stopping at an unexpected "=" or ":"
 # would leave the rest of the token in the text. In "Bearer Bearer x" or "Bearer password: x"
-# the token is x, which the next match or the named-value rule takes.
+# the token is x, which the next match or the named-value rule takes. Not "\b": the header
+# may be glued to a preceding "_" or digit.
 _BEARER_RE: Final = re.compile(
-    rf"\b(?P<head>bearer[ \t]+)(?!bearer[ \t]|{_SECRET_NAME_AND_SEPARATOR})[^\s\"'\\]+",
+    rf"(?<![A-Za-z])(?P<head>bearer[ \t]+)(?!bearer[ \t]|{_LABEL_AHEAD})[^\s\"'\\…]+",
     re.IGNORECASE,
 )
 
 _NAMED_SECRET_RE: Final = re.compile(
     rf"""
     (?P<head>
-        (?<![\w.\-])(?<!://)          # a whole identifier, not the user name of a URL
+        (?<![\w.\-])                    # a whole identifier, but not a URL's user name;
+        (?!(?<=://)[\w.\-]*:[^\s/?#]*@)  # one lookahead, as an alternation would backtrack
         {_SECRET_NAME_AND_SEPARATOR}
     )
     # In "token: password: x" the value is the next pair, not "password:"; the same goes for
     # "token: Bearer password: x" below.
-    (?!{_SECRET_NAME_AND_SEPARATOR})
+    (?!{_LABEL_AHEAD})
     (?P<value>
         \\"(?:[^\\\n]|\\(?!"))*(?:\\")?   # \"value\" inside an escaped JSON string
       | "(?:[^"\\\n]|\\.)*"?              # "value"; the closing quote may have been cut off
       | '(?:[^'\\\n]|\\.)*'?              # 'value'
-      | (?P<scheme>(?:bearer|basic)[ \t]+(?!{_SECRET_NAME_AND_SEPARATOR}))?[^\s"'&]+
+      | (?P<scheme>(?:bearer|basic)[ \t]+(?!{_LABEL_AHEAD}))?[^\s"'&…]+
     )
     """,
     re.IGNORECASE | re.VERBOSE,
@@ -316,17 +327,19 @@ def _clip(text: str, budget: int) -> str:
 def _truncate(redacted: str, limit: int, known: re.Pattern[str] | None) -> str:
     """Keep the start and append the marker, never splitting or creating a mask.
 
-    A cut inside ``"***"`` or right after ``password=`` would be re-masked differently by a
-    second ``scrub``; backing off one character at a time until the result is stable keeps
-    ``scrub`` idempotent. In practice it takes a few steps at most.
+    A cut can leave half a value (``password=hun``) or the first 16 characters of a longer
+    token that now looks like an AWS key id; a second ``scrub`` would change such a result.
+    Backing off one character at a time until the result is stable keeps ``scrub``
+    idempotent. In practice it takes a few steps at most.
     """
     # A cut inside "***" would leave "*" or "**", which reads like a different mask.
     head = redacted[: limit - len(TRUNCATION_MARK)].rstrip("*")
-    while head:
+    for _ in range(_MAX_TRUNCATION_STEPS):
         candidate = head + TRUNCATION_MARK
-        if _redact(candidate, known) == candidate:
+        if not head or _redact(candidate, known) == candidate:
             return candidate
         head = head[:-1]
+    # Pathological text that never settles: the marker alone is stable and leaks nothing.
     return TRUNCATION_MARK
 
 
@@ -337,7 +350,7 @@ def _summary(exc: BaseException) -> str:
     name = type(exc).__name__
     try:
         message = str(exc)
-    except Exception:  # a broken __str__ must not hide the original failure
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the original failure
         message = "<unprintable message>"
     return f"{name}: {message}" if message else name
 

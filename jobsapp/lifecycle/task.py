@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any, ClassVar, NoReturn
@@ -37,9 +37,6 @@ from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
 
-KeyFunc = Callable[[uuid.UUID, Mapping[str, Any]], str]
-
-
 class LifecycleTask(Task):  # type: ignore[type-arg]
     """Base class of jobsapp tasks; configure with ``jobsapp.lifecycle.lifecycle_task``."""
 
@@ -48,7 +45,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     dedup_window: ClassVar[float] = 0.0
     retry_policy: ClassVar[RetryPolicy] = RetryPolicy()
     permanent_errors: ClassVar[tuple[type[BaseException], ...]] = ()
-    key: ClassVar[str | KeyFunc | None] = None
+    # A format string over the body's arguments by name; override concurrency_key() for more.
+    key: ClassVar[str | None] = None
     inline_wait_max: ClassVar[float | None] = None
     heartbeat_interval: ClassVar[float | None] = None
     # Celery would check the message kwargs against run()'s signature; ours differ.
@@ -68,8 +66,6 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         """Jobs with the same key exclude each other while active (default: none do)."""
         if self.key is None:
             return f"{self.name}:{job_id}"
-        if callable(self.key):
-            return self.key(job_id, values)
         return self.key.format(job_id=job_id, **values)
 
     def derive_job_id(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> uuid.UUID | None:
@@ -131,9 +127,20 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         )
         return enqueue.enqueue(self.app, job, session=session, connection=connection)
 
+    def enqueue_in(
+        self,
+        batch: enqueue.Batch,
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        job_id: uuid.UUID | None = None,
+    ) -> JobHandle:
+        """Enqueue inside ``jobsapp.lifecycle.enqueue.transaction``: published after it commits."""
+        return batch.add(self.new_job(tuple(args), dict(kwargs or {}), job_id))
+
     # --- worker side ---------------------------------------------------------------
 
-    def retry(  # type: ignore[override]
+    def retry(
         self,
         args: Any = None,
         kwargs: Any = None,

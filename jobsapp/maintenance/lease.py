@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Connection, Table, select
+from sqlalchemy import Connection, Table, case, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -23,7 +24,7 @@ def acquire(conn: Connection, name: str, holder: str, *, ttl: timedelta, now: da
         name=name, holder=holder, acquired_at=now, renewed_at=now, expires_at=now + ttl
     )
     mine = LEASES.c.holder == stmt.excluded.holder
-    stmt = stmt.on_conflict_do_update(
+    upsert = stmt.on_conflict_do_update(
         index_elements=[LEASES.c.name],
         set_={
             "holder": stmt.excluded.holder,
@@ -33,13 +34,11 @@ def acquire(conn: Connection, name: str, holder: str, *, ttl: timedelta, now: da
         },
         where=mine | (LEASES.c.expires_at < stmt.excluded.renewed_at),
     ).returning(LEASES.c.holder)
-    return conn.execute(stmt).scalar() == holder
+    return conn.execute(upsert).scalar() == holder
 
 
-def _keep_if(cond: object, kept: object, new: object) -> object:
-    from sqlalchemy import case
-
-    return case((cond, kept), else_=new)  # type: ignore[arg-type]
+def _keep_if(cond: Any, kept: Any, new: Any) -> Any:
+    return case((cond, kept), else_=new)
 
 
 def release(conn: Connection, name: str, holder: str) -> None:

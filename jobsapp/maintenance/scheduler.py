@@ -27,6 +27,10 @@ LEASE_NAME = "beat"
 MAINTENANCE_PREFIX = "jobsapp.maintenance."
 
 
+def _is_maintenance(entry: ScheduleEntry) -> bool:
+    return str(entry.task or "").startswith(MAINTENANCE_PREFIX)
+
+
 class LeasedScheduler(Scheduler):
     lease_ttl = timedelta(seconds=float(os.environ.get("JOBSAPP_BEAT_LEASE_SECONDS", "30")))
 
@@ -63,17 +67,17 @@ class LeasedScheduler(Scheduler):
 
     def _run_all_maintenance(self) -> None:
         for entry in self.schedule.values():
-            if entry.task.startswith(MAINTENANCE_PREFIX):
+            if _is_maintenance(entry):
                 self._run_inline(entry)
 
     def _run_inline(self, entry: ScheduleEntry) -> None:
         try:
-            self.app.tasks[entry.task]()
+            self.app.tasks[str(entry.task)]()
         except Exception:
             log.exception("maintenance pass %s failed", entry.task)
 
     def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
-        if entry.task.startswith(MAINTENANCE_PREFIX):
+        if _is_maintenance(entry):
             self._run_inline(entry)
             return
         super().apply_entry(entry, producer=producer)

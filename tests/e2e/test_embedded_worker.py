@@ -1,0 +1,53 @@
+"""A newcomer's worker: no environment at all, everything embedded under ./var/."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CELERY = [sys.executable, "-m", "celery", "-A", "jobsapp"]
+
+
+def bare_env() -> dict[str, str]:
+    """The environment of a fresh shell: no JOBSAPP_* variable set."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
+
+
+@pytest.fixture
+def embedded_worker(tmp_path: Path) -> Iterator[Path]:
+    log = (tmp_path / "worker.log").open("w")
+    proc = subprocess.Popen(
+        [*CELERY, "worker", "--pool=solo", "-l", "info", "--without-gossip", "--without-mingle"],
+        cwd=tmp_path, env=bare_env(), stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        yield tmp_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_worker_starts_with_no_env_and_answers_ping(embedded_worker: Path) -> None:
+    deadline = time.monotonic() + 40
+    answer = ""
+    while time.monotonic() < deadline:
+        ping = subprocess.run(
+            [*CELERY, "inspect", "ping", "-t", "3"], cwd=embedded_worker, env=bare_env(),
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        answer = ping.stdout + ping.stderr
+        if ping.returncode == 0 and "pong" in answer:
+            break
+        time.sleep(1)
+    assert "pong" in answer, (embedded_worker / "worker.log").read_text()[-3000:]
+    assert (embedded_worker / "var" / "broker").is_dir()
