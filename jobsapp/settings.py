@@ -7,6 +7,7 @@ server. A bad value fails at start with a message naming the variable.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:
         raise SettingsError(f"{name}={raw!r} must be greater than zero")
     return value
 

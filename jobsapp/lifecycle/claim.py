@@ -38,8 +38,10 @@ def explain(row: Mapping[str, Any] | None, attempt: int) -> Refusal:
         return Refusal.NO_ROW
     if is_terminal(row["state"]):
         return Refusal.TERMINAL
+    if attempt == row["attempts"] and row["state"] == "running":
+        return Refusal.IN_FLIGHT
     if attempt <= row["attempts"]:
-        return Refusal.IN_FLIGHT if attempt == row["attempts"] else Refusal.STALE_ATTEMPT
+        return Refusal.STALE_ATTEMPT
     if attempt > row["attempts"] + 1:
         return Refusal.AHEAD
     return Refusal.EARLY

@@ -25,6 +25,7 @@ MAX_BODY_BYTES = 4096
 # task ids of one job's attempts share this namespace so a republish keeps its id.
 _TASK_ID_NAMESPACE = uuid.UUID("6f1b2f5e-3c1a-4f0e-9a57-1d6f3c2b8e40")
 TRACE_HEADERS = ("traceparent", "tracestate")
+_INTEGER_FIELDS = frozenset({"schema_version", "attempt", "outbox_id", "pipeline_version"})
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,20 @@ def validate_body(body: Any) -> None:
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(root)"
         raise InvalidMessage(f"schema violation at {where}: {error.message[:200]}")
+    _check_python_types(body)
+
+
+def _check_python_types(body: Mapping[str, Any]) -> None:
+    """What JSON Schema cannot say under Python's regex and number rules.
+
+    Python's ``$`` also matches before a final newline, and the schema's integers admit
+    1.0; both would slip a malformed value past the patterns.
+    """
+    for name, value in body.items():
+        if isinstance(value, str) and not value.isprintable():
+            raise InvalidMessage(f"field {name} holds a control character")
+        if name in _INTEGER_FIELDS and type(value) is not int:
+            raise InvalidMessage(f"field {name} must be an integer")
 
 
 def parse(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Envelope:

@@ -41,7 +41,8 @@ class Decision:
 
 def backoff(policy: RetryPolicy, attempt: int, rand: float) -> float:
     """Delay before the attempt after ``attempt``; ``rand`` in [0, 1) spreads the herd."""
-    raw = min(policy.max_delay, policy.base_delay * 2.0 ** max(0, attempt - 1))
+    # The exponent is capped: a huge attempt number must not overflow the float.
+    raw = min(policy.max_delay, policy.base_delay * 2.0 ** min(max(0, attempt - 1), 64))
     spread = raw * policy.jitter * (2 * rand - 1)
     return max(0.0, min(policy.max_delay, raw + spread))
 

@@ -18,8 +18,10 @@ Trade-offs, pinned by ``tests/unit/test_scrub.py``:
 * Only the secret itself is masked: schemes, user names, hosts, parameter names and the
   ``AKIA``/``ASIA`` prefix stay, so the text still shows what failed and where.
 * Patterns cannot see a secret that has no recognisable shape and no name next to it
-  (a raw password in a ``/`` separated path, say). Such values are caught only when the caller
-  passes them in ``secrets``.
+  (a raw password in a ``/`` separated path, say), nor a label glued to a preceding letter
+  (``xBearer abc``). Such values are caught only when the caller passes them in ``secrets``.
+* The output is a fixed point of :func:`scrub`, so text scrubbed by a producer and again by
+  the API or the logger does not change a second time.
 """
 
 from __future__ import annotations

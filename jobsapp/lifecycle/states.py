@@ -10,8 +10,9 @@ from enum import StrEnum
 
 class State(StrEnum):
     QUEUED = "queued"
-    """Waiting for a worker. Left by the worker's claim (-> running), or by nobody while
-    ``next_retry_at`` is in the future; the outbox relay publishes it when due."""
+    """Waiting for a worker. Left by the worker's claim (-> running) or by an operator's
+    cancel (-> failed/cancelled); nobody claims it while ``next_retry_at`` is in the future,
+    and the outbox relay publishes it when due."""
 
     RUNNING = "running"
     """A worker holds the lease and stamps ``heartbeat_at``. Left by that worker's finish

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import string
 import time
 
@@ -135,6 +136,12 @@ def test_html_escaped_query_separator_is_understood() -> None:
         # A value cut off by an upstream limit before its closing quote.
         (f'{{"token": "{SECRET}', '{"token": "***'),
         (f"token: Bearer {SECRET}", "token: Bearer ***"),
+        # A spaced label after a label or a scheme is the next pair, not the value ...
+        (f"token: password: {SECRET}", "token: password: ***"),
+        (f"BEARER password: {SECRET}", "BEARER password: ***"),
+        (f"token: Bearer password: {SECRET}", "token: *** password: ***"),
+        # ... but without the space it is the value: passwords may contain such words.
+        ("password=MyPassword=1", "password=***"),
         # Postgres unique-violation detail.
         (f"Key (api_token)=({SECRET}) already exists.", "Key (api_token)=*** already exists."),
     ],
@@ -351,11 +358,20 @@ def test_long_text_keeps_the_start_and_ends_with_the_mark() -> None:
 
 
 def test_truncation_happens_after_masking() -> None:
-    # Cutting first could leave the start of a secret without the context that marks it.
-    text = "x" * 30 + " AKIAIOSFODNN7EXAMPLE " + "y" * 100
+    # The raw cut at 38 characters would fall inside the key id, leaving 13 characters that
+    # no longer look like one.
+    text = "x" * 24 + " AKIAIOSFODNN7EXAMPLE " + "y" * 100
     out = scrub(text, limit=50)
-    assert "IOSFODNN" not in out
-    assert len(out) <= 50
+    assert out == "x" * 24 + " AKIA*** " + "y" * 5 + TRUNCATION_MARK
+
+
+def test_truncation_after_a_label_keeps_the_text_readable() -> None:
+    # Regression: the marker was taken for the value of the last "token:", and backing off
+    # cascaded through every label down to "token…[truncated]".
+    out = scrub("token: " * 1000, limit=100)
+    assert out.startswith("token: token: token:")
+    assert len(out) <= 100
+    assert scrub(out, limit=100) == out
 
 
 def test_truncation_never_splits_a_mask() -> None:
@@ -369,6 +385,27 @@ def test_truncation_never_splits_a_mask() -> None:
 def test_limit_below_the_mark_is_rejected() -> None:
     with pytest.raises(ValueError, match="limit"):
         scrub("text", limit=len(TRUNCATION_MARK) - 1)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "token: " * 30_000,
+        "Bearer " * 30_000,
+        "tokentoken" * 20_000 + "=x",
+        "a:" * 100_000,
+        "a://" + "u:" * 100_000,
+        '"password": "' * 20_000,
+        "eyJ" * 100_000,
+        "x" * 1_000_000,
+    ],
+    ids=lambda text: text[:12],
+)
+def test_pathological_input_is_scrubbed_quickly(text: str) -> None:
+    started = time.perf_counter()
+    out = scrub(text)
+    assert time.perf_counter() - started < 1.0
+    assert scrub(out) == out
 
 
 def test_huge_input_is_cheap_and_leak_free() -> None:
@@ -478,7 +515,7 @@ def test_describe_exception_follows_implicit_context_unless_suppressed() -> None
 
 def test_describe_exception_stops_after_three_links_and_on_cycles() -> None:
     errors = [ValueError(f"level {i}") for i in range(6)]
-    for outer, inner in zip(errors, errors[1:], strict=False):
+    for outer, inner in itertools.pairwise(errors):
         outer.__cause__ = inner
     assert describe_exception(errors[0]) == (
         "ValueError: level 0; caused by ValueError: level 1; "

@@ -1,0 +1,117 @@
+"""Why a guarded claim matched nothing: claim.explain(), a pure function of the row."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jobsapp.lifecycle.claim import Refusal, explain
+from jobsapp.lifecycle.states import State
+
+LATER = datetime(2025, 3, 1, 12, 10, tzinfo=UTC)  # a next_retry_at still ahead
+
+counts = st.integers(min_value=0, max_value=10_000)
+message_attempts = st.integers(min_value=1, max_value=10_001)
+
+
+def row(state: State | str, attempts: int, next_retry_at: datetime | None = None) -> dict[str, Any]:
+    return {
+        "state": state.value if isinstance(state, State) else state,
+        "attempts": attempts,
+        "next_retry_at": next_retry_at,
+    }
+
+
+@given(attempt=message_attempts)
+def test_no_row(attempt: int) -> None:
+    assert explain(None, attempt) is Refusal.NO_ROW
+
+
+@pytest.mark.parametrize("state", [State.SUCCEEDED, State.FAILED])
+@given(attempts=counts, attempt=message_attempts)
+def test_terminal_wins_over_every_attempt_number(state: State, attempts: int, attempt: int) -> None:
+    assert explain(row(state, attempts), attempt) is Refusal.TERMINAL
+
+
+def test_terminal_state_as_enum_or_text() -> None:
+    assert explain({"state": State.FAILED, "attempts": 2}, 3) is Refusal.TERMINAL
+    assert explain({"state": "succeeded", "attempts": 2}, 3) is Refusal.TERMINAL
+
+
+@pytest.mark.parametrize("state", [State.QUEUED, State.RUNNING])
+@given(attempts=st.integers(min_value=2, max_value=10_000), data=st.data())
+def test_an_attempt_behind_the_row_is_stale(state: State, attempts: int, data: Any) -> None:
+    attempt = data.draw(st.integers(min_value=1, max_value=attempts - 1))
+    assert explain(row(state, attempts), attempt) is Refusal.STALE_ATTEMPT
+
+
+@given(attempts=st.integers(min_value=1, max_value=10_000))
+def test_the_running_attempt_is_in_flight(attempts: int) -> None:
+    assert explain(row(State.RUNNING, attempts), attempts) is Refusal.IN_FLIGHT
+
+
+def test_a_redelivered_attempt_of_a_requeued_row_is_stale() -> None:
+    assert explain(row(State.QUEUED, 2, LATER), 2) is Refusal.STALE_ATTEMPT
+
+
+@pytest.mark.parametrize("state", [State.QUEUED, State.RUNNING])
+@given(attempts=counts, ahead=st.integers(min_value=2, max_value=1000))
+def test_an_attempt_the_journal_never_scheduled_is_ahead(
+    state: State, attempts: int, ahead: int
+) -> None:
+    assert explain(row(state, attempts), attempts + ahead) is Refusal.AHEAD
+
+
+@given(attempts=counts)
+def test_the_next_attempt_before_it_is_due_is_early(attempts: int) -> None:
+    assert explain(row(State.QUEUED, attempts, LATER), attempts + 1) is Refusal.EARLY
+
+
+def test_a_fresh_queued_row_and_first_message_is_early_when_not_due() -> None:
+    assert explain(row(State.QUEUED, 0, LATER), 1) is Refusal.EARLY
+
+
+@given(
+    state=st.sampled_from([State.QUEUED, State.RUNNING]),
+    attempts=counts,
+    attempt=message_attempts,
+)
+def test_explain_agrees_with_the_rules(state: State, attempts: int, attempt: int) -> None:
+    """One reference classification over the whole input space (cases the contract leaves
+    open, a queued row with attempt == attempts and a running row with the next attempt,
+    are left out)."""
+    if attempt == attempts and state is State.QUEUED:
+        return
+    if attempt == attempts + 1 and state is State.RUNNING:
+        return
+    if attempt < attempts:
+        expected = Refusal.STALE_ATTEMPT
+    elif attempt == attempts:
+        expected = Refusal.IN_FLIGHT
+    elif attempt > attempts + 1:
+        expected = Refusal.AHEAD
+    else:
+        expected = Refusal.EARLY
+    assert explain(row(state, attempts, LATER), attempt) is expected
+
+
+def test_every_refusal_but_skipped_comes_from_explain() -> None:
+    seen = {
+        explain(None, 1),
+        explain(row(State.FAILED, 1), 1),
+        explain(row(State.RUNNING, 3), 2),
+        explain(row(State.RUNNING, 3), 3),
+        explain(row(State.QUEUED, 3, LATER), 4),
+        explain(row(State.QUEUED, 3), 5),
+    }
+    assert seen == set(Refusal) - {Refusal.SKIPPED}
+
+
+def test_refusals_read_as_reasons() -> None:
+    for refusal in Refusal:
+        assert len(refusal.value.split()) >= 4, refusal.name
+    assert len({r.value for r in Refusal}) == len(Refusal)

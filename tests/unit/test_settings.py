@@ -1,0 +1,177 @@
+"""load_settings(env): embedded defaults, validation that names the variable, derived values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobsapp.settings import Settings, SettingsError, load_settings
+
+VAR = Path("/srv/jobsapp-var")
+
+
+def test_an_empty_env_embeds_everything_under_var() -> None:
+    # The test process has JOBSAPP_* variables set: an explicit env must ignore them.
+    settings = load_settings({})
+    var_dir = Path("var").resolve()
+    assert settings.var_dir == var_dir
+    assert settings.database_url == f"sqlite:///{var_dir / 'jobsapp.db'}"
+    assert settings.broker_url == "filesystem://"
+    assert settings.broker_is_filesystem
+    assert settings.broker_folder == var_dir / "broker"
+    assert settings.storage_url == f"file://{var_dir / 'objects'}"
+    assert settings.redis_url is None
+    assert settings.s3_endpoint_url is None
+    assert settings.s3_region is None
+    assert settings.admin_token is None
+    assert settings.heartbeat_interval == 30.0
+    assert settings.stale_after == 90.0
+    assert settings.inline_wait_max == 5.0
+    assert settings.unclaimed_after == 300.0
+
+
+def test_var_dir_moves_every_embedded_default() -> None:
+    settings = load_settings({"JOBSAPP_VAR_DIR": str(VAR)})
+    assert settings.var_dir == VAR
+    assert settings.database_url == f"sqlite:///{VAR}/jobsapp.db"
+    assert settings.storage_url == f"file://{VAR}/objects"
+    assert settings.broker_folder == VAR / "broker"
+
+
+def test_empty_strings_fall_back_to_defaults() -> None:
+    names = [
+        "JOBSAPP_VAR_DIR",
+        "JOBSAPP_DATABASE_URL",
+        "JOBSAPP_BROKER_URL",
+        "JOBSAPP_REDIS_URL",
+        "JOBSAPP_STORAGE_URL",
+        "JOBSAPP_ADMIN_TOKEN",
+        "JOBSAPP_HEARTBEAT_INTERVAL",
+        "JOBSAPP_STALE_AFTER",
+        "JOBSAPP_INLINE_WAIT_MAX",
+        "JOBSAPP_UNCLAIMED_AFTER",
+    ]
+    assert load_settings(dict.fromkeys(names, "")) == load_settings({})
+
+
+def test_services_are_read_from_the_env() -> None:
+    settings = load_settings(
+        {
+            "JOBSAPP_DATABASE_URL": "postgresql+psycopg2://jobs@db:5432/jobs",
+            "JOBSAPP_BROKER_URL": "redis://cache:6379/0",
+            "JOBSAPP_REDIS_URL": "redis://cache:6379/1",
+            "JOBSAPP_STORAGE_URL": "s3://bucket/prefix",
+            "JOBSAPP_S3_ENDPOINT_URL": "http://seaweed:8333",
+            "AWS_DEFAULT_REGION": "eu-west-1",
+            "JOBSAPP_ADMIN_TOKEN": "t0ken",
+        }
+    )
+    assert settings.database_url == "postgresql+psycopg2://jobs@db:5432/jobs"
+    assert settings.broker_url == "redis://cache:6379/0"
+    assert not settings.broker_is_filesystem
+    assert settings.redis_url == "redis://cache:6379/1"
+    assert settings.storage_url == "s3://bucket/prefix"
+    assert settings.s3_endpoint_url == "http://seaweed:8333"
+    assert settings.s3_region == "eu-west-1"
+    assert settings.admin_token == "t0ken"
+
+
+def test_aws_region_wins_over_the_default_region() -> None:
+    env = {"AWS_REGION": "us-east-2", "AWS_DEFAULT_REGION": "eu-west-1"}
+    assert load_settings(env).s3_region == "us-east-2"
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite:///x.db", "sqlite://", "postgresql://h/db", "postgresql+psycopg2://h/db"]
+)
+def test_supported_databases(url: str) -> None:
+    assert load_settings({"JOBSAPP_DATABASE_URL": url}).database_url == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "filesystem://",
+        "redis://h:6379/0",
+        "rediss://h:6380/0",
+        "amqp://g@h//",
+        "pyamqp://h//",
+        "memory://",
+    ],
+)
+def test_supported_brokers(url: str) -> None:
+    assert load_settings({"JOBSAPP_BROKER_URL": url}).broker_url == url
+
+
+@pytest.mark.parametrize("url", ["s3://bucket", "s3://bucket/a/b", "file:///data/objects"])
+def test_supported_storage(url: str) -> None:
+    assert load_settings({"JOBSAPP_STORAGE_URL": url}).storage_url == url
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("JOBSAPP_DATABASE_URL", "mysql://user@db/jobs"),
+        ("JOBSAPP_DATABASE_URL", "mysql+pymysql://user@db/jobs"),
+        ("JOBSAPP_DATABASE_URL", "jobs.db"),
+        ("JOBSAPP_BROKER_URL", "ftp://files.example/queue"),
+        ("JOBSAPP_BROKER_URL", "sqs://"),
+        ("JOBSAPP_STORAGE_URL", "http://bucket.example/objects"),
+        ("JOBSAPP_STORAGE_URL", "https://bucket.example/objects"),
+        ("JOBSAPP_STORAGE_URL", "s3://"),
+        ("JOBSAPP_STORAGE_URL", "file://"),
+        ("JOBSAPP_STORAGE_URL", "/data/objects"),
+        ("JOBSAPP_HEARTBEAT_INTERVAL", "abc"),
+        ("JOBSAPP_HEARTBEAT_INTERVAL", "-1"),
+        ("JOBSAPP_HEARTBEAT_INTERVAL", "0"),
+        ("JOBSAPP_STALE_AFTER", "soon"),
+        ("JOBSAPP_STALE_AFTER", "-30"),
+        ("JOBSAPP_INLINE_WAIT_MAX", "5s"),
+        ("JOBSAPP_UNCLAIMED_AFTER", "0"),
+    ],
+)
+def test_an_invalid_value_fails_naming_the_variable(name: str, value: str) -> None:
+    with pytest.raises(SettingsError, match=name):
+        load_settings({name: value})
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_non_finite_interval_is_refused(value: str) -> None:
+    with pytest.raises(SettingsError, match="JOBSAPP_HEARTBEAT_INTERVAL"):
+        load_settings({"JOBSAPP_HEARTBEAT_INTERVAL": value})
+
+
+def test_settings_error_is_a_value_error() -> None:
+    assert issubclass(SettingsError, ValueError)
+
+
+def test_the_error_does_not_leak_a_database_password() -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings({"JOBSAPP_DATABASE_URL": "mysql://jobs:Zq7xW2pL9vK4@db/jobs"})
+    assert "Zq7xW2pL9vK4" not in str(info.value)
+
+
+@pytest.mark.parametrize(("heartbeat", "stale"), [("30", 90.0), ("2", 6.0), ("0.5", 1.5)])
+def test_stale_after_defaults_to_three_heartbeats(heartbeat: str, stale: float) -> None:
+    settings = load_settings({"JOBSAPP_HEARTBEAT_INTERVAL": heartbeat})
+    assert settings.heartbeat_interval == float(heartbeat)
+    assert settings.stale_after == pytest.approx(stale)
+
+
+def test_an_explicit_stale_after_wins() -> None:
+    env = {"JOBSAPP_HEARTBEAT_INTERVAL": "10", "JOBSAPP_STALE_AFTER": "45"}
+    assert load_settings(env).stale_after == 45.0
+
+
+def test_numbers_parse_as_floats() -> None:
+    settings = load_settings({"JOBSAPP_INLINE_WAIT_MAX": "2.5", "JOBSAPP_UNCLAIMED_AFTER": "1e3"})
+    assert settings.inline_wait_max == 2.5
+    assert settings.unclaimed_after == 1000.0
+
+
+def test_settings_are_frozen() -> None:
+    settings = load_settings({})
+    assert isinstance(settings, Settings)
+    with pytest.raises(AttributeError):
+        settings.heartbeat_interval = 1.0  # type: ignore[misc]
