@@ -7,11 +7,13 @@ writers queue on the busy timeout instead of deadlocking when a read lock is upg
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, create_engine, event
+from sqlalchemy import Connection, DateTime, Engine, create_engine, event
 from sqlalchemy.engine import Dialect
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
@@ -84,6 +86,43 @@ def get_engine(url: str | None = None) -> Engine:
         if engine is None:
             engine = _engines[url] = make_engine(url)
         return engine
+
+
+def get_relaxed_engine(url: str | None = None) -> Engine:
+    """For writes whose loss is harmless (an outbox row's published mark): on PostgreSQL
+    autocommit without waiting for the WAL flush; elsewhere the ordinary engine."""
+    url = url or get_settings().database_url
+    if not url.startswith("postgresql"):
+        return get_engine(url)
+    key = f"relaxed:{url}"
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _engines[key] = create_engine(
+                url, pool_size=2, max_overflow=5, pool_pre_ping=True,
+                isolation_level="AUTOCOMMIT",
+                connect_args={"options": "-c synchronous_commit=off"},
+            )  # fmt: skip
+        return engine
+
+
+@contextmanager
+def single_statement(engine: Engine) -> Iterator[Connection]:
+    """A connection for transitions that are one statement.
+
+    On PostgreSQL it is in autocommit, which saves the BEGIN and COMMIT round trips;
+    SQLite keeps its immediate transaction.
+    """
+    if engine.dialect.name != "postgresql":
+        with engine.begin() as conn:
+            yield conn
+        return
+    with engine.connect() as conn:
+        yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+
+def is_autocommit(conn: Connection) -> bool:
+    return conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
 
 
 def dispose_engines() -> None:

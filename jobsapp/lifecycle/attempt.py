@@ -12,7 +12,7 @@ from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
 
 from jobsapp import crashpoints
-from jobsapp.db import utcnow
+from jobsapp.db import single_statement, utcnow
 from jobsapp.lifecycle import journal, outbox
 from jobsapp.lifecycle.context import RunContext, entered
 from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, RetryRequested
@@ -71,7 +71,7 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
 
 
 def _succeed(ctx: RunContext) -> None:
-    with ctx.engine.begin() as conn:
+    with single_statement(ctx.engine) as conn:
         done = journal.succeed(
             conn, ctx.spec, ctx.job_id, ctx.attempt, actor=ctx.worker, now=utcnow()
         )
@@ -99,7 +99,7 @@ def _settle_failure(app: Celery, ctx: RunContext, exc: Exception, rules: Attempt
     error = _describe(exc, rules)
     if decision.action is Action.FAIL:
         assert decision.outcome is not None
-        with ctx.engine.begin() as conn:
+        with single_statement(ctx.engine) as conn:
             journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, outcome=decision.outcome,
                          error=error, actor=ctx.worker, now=utcnow())  # fmt: skip
         log.info("job %s failed (%s): %s", ctx.job_id, decision.outcome, error)
@@ -117,9 +117,9 @@ def _requeue(
     rules: AttemptRules, *, refund: bool,
 ) -> None:  # fmt: skip
     now = utcnow()
-    with ctx.engine.begin() as conn:
+    with single_statement(ctx.engine) as conn:
         message = journal.requeue(
-            conn, ctx.spec, ctx.job_id, ctx.attempt, retry_at=now + timedelta(seconds=delay),
+            conn, ctx.spec, ctx.row, retry_at=now + timedelta(seconds=delay),
             error=error, transition=transition, actor=ctx.worker, now=now, refund=refund,
         )  # fmt: skip
     if message is None:
@@ -128,4 +128,4 @@ def _requeue(
     log.info("job %s %s in %.1fs: %s", ctx.job_id, transition.value, delay, error)
     # Short delays ride a countdown; long ones wait in the outbox for the relay.
     if delay <= rules.inline_wait_max:
-        outbox.publish_now(app, ctx.engine, [message])
+        outbox.publish_now(app, [message])

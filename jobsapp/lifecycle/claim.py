@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from jobsapp.db import utcnow
+from jobsapp.db import single_statement, utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.message import Envelope
 from jobsapp.lifecycle.registry import RunTable
@@ -62,7 +62,7 @@ def claim(
 ) -> Claimed | Refusal:
     """Take the run for ``env.attempt``; ``foreign`` is the row to insert if none exists."""
     now = utcnow()
-    with engine.begin() as conn:
+    with single_statement(engine) as conn:
         row = journal.claim(conn, spec, env.job_id, env.attempt, worker=worker, now=now)
         if row is not None:
             return Claimed(row)

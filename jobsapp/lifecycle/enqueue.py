@@ -17,7 +17,7 @@ from sqlalchemy import Connection, event
 from sqlalchemy.orm import Session
 
 from jobsapp import crashpoints
-from jobsapp.db import get_engine, utcnow
+from jobsapp.db import get_engine, single_statement, utcnow
 from jobsapp.lifecycle import dedup, journal, outbox
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, EnqueueResult, NewJob, PendingMessage
@@ -75,8 +75,7 @@ def transaction(app: Celery) -> Iterator[Batch]:
 
 
 def _own_transaction(app: Celery, job: NewJob) -> EnqueueResult:
-    engine = get_engine()
-    with engine.begin() as conn:
+    with single_statement(get_engine()) as conn:
         result = journal.enqueue(conn, job, now=utcnow(), actor="producer")
     _after_commit(app, job, result, [result.message] if result.message else [])
     return result
@@ -87,7 +86,7 @@ def _after_commit(
 ) -> None:
     crashpoints.hit("after_commit_before_publish")
     if messages:
-        outbox.publish_now(app, get_engine(), messages)
+        outbox.publish_now(app, messages)
     if result.outcome is not EnqueueOutcome.SKIPPED:
         dedup.remember(job)
 

@@ -14,13 +14,14 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, Table, insert, or_, select, tuple_, update
+from sqlalchemy import Connection, Table, insert, literal, or_, select, tuple_, update
 from sqlalchemy.dialects.postgresql import dml as pg_dml
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import dml as sqlite_dml
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
+from jobsapp.db import is_autocommit
 from jobsapp.lifecycle.message import build_body
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import ACTIVE_STATES, Outcome, State, Transition
@@ -76,6 +77,15 @@ def _first(conn: Connection, stmt: Any) -> dict[str, Any] | None:
     return None if row is None else dict(row)
 
 
+def _guarded_first(conn: Connection, stmt: Any) -> dict[str, Any] | None:
+    """``_first`` where a constraint may refuse: a savepoint keeps a refusal from aborting
+    the caller's transaction (in autocommit there is none to protect)."""
+    if is_autocommit(conn):
+        return _first(conn, stmt)
+    with conn.begin_nested():
+        return _first(conn, stmt)
+
+
 def record_event(
     conn: Connection,
     spec: RunTable,
@@ -89,19 +99,9 @@ def record_event(
     now: datetime,
     reason: str | None = None,
 ) -> None:
-    conn.execute(
-        insert(EVENTS).values(
-            module=spec.module,
-            job_id=job_id,
-            attempt=attempt,
-            transition=transition.value,
-            from_state=from_state and from_state.value,
-            to_state=to_state and to_state.value,
-            actor=actor,
-            reason=reason,
-            at=now,
-        )
-    )
+    """An event outside a guarded transition (a skip, a batch of reaped runs)."""
+    event = Event(spec, attempt, transition, from_state, to_state, actor, now, reason)
+    conn.execute(insert(EVENTS).values(event.values(job_id)))
 
 
 @dataclass(frozen=True)
@@ -125,34 +125,122 @@ def add_outbox(
     attempt: int,
     now: datetime,
     available_at: datetime,
-    traceparent: str | None = None,
 ) -> PendingMessage:
     """The message that starts ``attempt`` of the run in ``row``; published when due."""
-    body = build_body(
-        job_id=row["job_id"],
-        module=spec.module,
-        attempt=attempt,
-        ids=spec.ids_from_row(row),
-        enqueued_at=now,
-        traceparent=traceparent,
-    )
-    stmt = (
-        insert(OUTBOX)
-        .values(
-            module=spec.module,
-            job_id=row["job_id"],
-            attempt=attempt,
-            task_name=row["task_name"],
-            body=body,
-            created_at=now,
-            available_at=available_at,
+    out = outgoing(spec, row, attempt=attempt, now=now, available_at=available_at)
+    stmt = insert(OUTBOX).values(out.values(spec.module)).returning(OUTBOX.c.id)
+    return out.pending(int(conn.execute(stmt).scalar_one()))
+
+
+@dataclass(frozen=True)
+class Event:
+    """The ``job_events`` row a transition appends (job_id comes from the changed row)."""
+
+    spec: RunTable
+    attempt: int
+    transition: Transition
+    from_state: State | None
+    to_state: State | None
+    actor: str
+    now: datetime
+    reason: str | None = None
+
+    def values(self, job_id: Any) -> dict[str, Any]:
+        return {
+            "module": self.spec.module, "job_id": job_id, "attempt": self.attempt,
+            "transition": self.transition.value,
+            "from_state": self.from_state and self.from_state.value,
+            "to_state": self.to_state and self.to_state.value,
+            "actor": self.actor, "reason": self.reason, "at": self.now,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """The outbox row a transition writes for the attempt it schedules."""
+
+    job_id: uuid.UUID
+    attempt: int
+    task_name: str
+    body: Mapping[str, Any]
+    now: datetime
+    available_at: datetime
+
+    def values(self, module: str) -> dict[str, Any]:
+        return {
+            "module": module, "job_id": self.job_id, "attempt": self.attempt,
+            "task_name": self.task_name, "body": dict(self.body), "created_at": self.now,
+            "available_at": self.available_at,
+        }  # fmt: skip
+
+    def pending(self, outbox_id: int) -> PendingMessage:
+        return PendingMessage(
+            outbox_id, self.job_id, self.attempt, self.task_name, self.body, self.available_at
         )
-        .returning(OUTBOX.c.id)
-    )
-    outbox_id = int(conn.execute(stmt).scalar_one())
-    return PendingMessage(
-        outbox_id, row["job_id"], attempt, row["task_name"], body, available_at
-    )
+
+
+def outgoing(
+    spec: RunTable, row: Mapping[str, Any], *, attempt: int, now: datetime,
+    available_at: datetime, traceparent: str | None = None,
+) -> Outgoing:  # fmt: skip
+    body = build_body(
+        job_id=row["job_id"], module=spec.module, attempt=attempt, ids=spec.ids_from_row(row),
+        enqueued_at=now, traceparent=traceparent,
+    )  # fmt: skip
+    return Outgoing(row["job_id"], attempt, row["task_name"], body, now, available_at)
+
+
+def _transition(
+    conn: Connection, stmt: Any, event: Event, out: Outgoing | None = None
+) -> tuple[dict[str, Any] | None, PendingMessage | None]:
+    """Run a guarded DML (RETURNING the row) with its event and outbox rows.
+
+    On PostgreSQL all three are one statement (data-modifying CTEs): one round trip, and
+    atomic even in autocommit. Elsewhere they run in sequence in the caller's transaction.
+    """
+    if conn.dialect.name == "postgresql":
+        return _transition_cte(conn, stmt, event, out)
+    row = _first(conn, stmt)
+    if row is None:
+        return None, None
+    conn.execute(insert(EVENTS).values(event.values(row["job_id"])))
+    if out is None:
+        return row, None
+    stmt = insert(OUTBOX).values(out.values(event.spec.module)).returning(OUTBOX.c.id)
+    return row, out.pending(int(conn.execute(stmt).scalar_one()))
+
+
+def _from_changed(changed: Any, values: Mapping[str, Any], table: Table) -> Any:
+    """SELECT the given values once per changed row, job_id taken from that row."""
+    cols = [
+        changed.c.job_id if k == "job_id" else literal(v, type_=table.c[k].type).label(k)
+        for k, v in values.items()
+    ]
+    return select(*cols).select_from(changed)
+
+
+def _transition_cte(
+    conn: Connection, stmt: Any, event: Event, out: Outgoing | None
+) -> tuple[dict[str, Any] | None, PendingMessage | None]:
+    changed = stmt.cte("changed")
+    ev_values = event.values(None)
+    ev = insert(EVENTS).from_select(list(ev_values), _from_changed(changed, ev_values, EVENTS))
+    final = select(changed)
+    if out is not None:
+        ob_values = out.values(event.spec.module)
+        ob = (
+            insert(OUTBOX)
+            .from_select(list(ob_values), _from_changed(changed, ob_values, OUTBOX))
+            .returning(OUTBOX.c.id)
+            .cte("ob")
+        )
+        final = select(changed, select(ob.c.id).scalar_subquery().label("_outbox_id"))
+    final = final.add_cte(ev.cte("ev"))
+    row = _first(conn, final)
+    if row is None:
+        return None, None
+    outbox_id = row.pop("_outbox_id", None)
+    return row, (out.pending(int(outbox_id)) if out is not None and outbox_id else None)
 
 
 def _new_row(job: NewJob, now: datetime, state: State, attempts: int) -> dict[str, Any]:
@@ -178,16 +266,13 @@ def enqueue(conn: Connection, job: NewJob, *, now: datetime, actor: str) -> Enqu
     """none -> queued; a known job_id is a duplicate (or a rerun past its dedup window)."""
     table = job.spec.table
     row = _new_row(job, now, State.QUEUED, 0)
-    stmt = _upsert(conn, table).values(row).on_conflict_do_nothing().returning(table.c.job_id)
-    if conn.execute(stmt).first() is None:
+    stmt = _upsert(conn, table).values(row).on_conflict_do_nothing().returning(*table.c)
+    event = Event(job.spec, 1, Transition.ENQUEUE, None, State.QUEUED, actor, now)
+    out = outgoing(job.spec, row, attempt=1, now=now, available_at=now,
+                   traceparent=job.traceparent)  # fmt: skip
+    inserted, message = _transition(conn, stmt, event, out)
+    if inserted is None:
         return _enqueue_conflict(conn, job, now=now, actor=actor)
-    message = add_outbox(
-        conn, job.spec, row, attempt=1, now=now, available_at=now, traceparent=job.traceparent
-    )
-    record_event(
-        conn, job.spec, job.job_id, 1, Transition.ENQUEUE,
-        from_state=None, to_state=State.QUEUED, actor=actor, now=now,
-    )  # fmt: skip
     return EnqueueResult(EnqueueOutcome.ENQUEUED, job.job_id, message=message)
 
 
@@ -261,8 +346,7 @@ def reopen(
         .returning(*table.c)
     )  # fmt: skip
     try:
-        with conn.begin_nested():
-            row = _first(conn, stmt)
+        row = _guarded_first(conn, stmt)
     except IntegrityError:
         key = conn.execute(select(table.c.concurrency_key).where(table.c.job_id == job_id))
         raise KeyBusy(active_holder(conn, spec, key.scalar_one())) from None
@@ -294,13 +378,8 @@ def claim(
         )
         .returning(*table.c)
     )  # fmt: skip
-    row = _first(conn, stmt)
-    if row is not None:
-        record_event(
-            conn, spec, job_id, attempt, Transition.CLAIM,
-            from_state=State.QUEUED, to_state=State.RUNNING, actor=worker, now=now,
-        )  # fmt: skip
-    return row
+    event = Event(spec, attempt, Transition.CLAIM, State.QUEUED, State.RUNNING, worker, now)
+    return _transition(conn, stmt, event)[0]
 
 
 def claim_by_insert(
@@ -310,14 +389,11 @@ def claim_by_insert(
     table = job.spec.table
     row = {**_new_row(job, now, State.RUNNING, attempt), "worker": worker}
     stmt = _upsert(conn, table).values(row).on_conflict_do_nothing().returning(*table.c)
-    inserted = _first(conn, stmt)
-    if inserted is not None:
-        record_event(
-            conn, job.spec, job.job_id, attempt, Transition.CLAIM,
-            from_state=None, to_state=State.RUNNING, actor=worker, now=now,
-            reason="claimed by insert: message from a producer without a journal row",
-        )  # fmt: skip
-    return inserted
+    event = Event(
+        job.spec, attempt, Transition.CLAIM, None, State.RUNNING, worker, now,
+        reason="claimed by insert: message from a producer without a journal row",
+    )  # fmt: skip
+    return _transition(conn, stmt, event)[0]
 
 
 def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, Any] | None:
@@ -363,14 +439,10 @@ def _finish(
             state=state.value, outcome=outcome.value, last_error=error, finished_at=now,
             updated_at=now, next_retry_at=None,
         )
+        .returning(table.c.job_id)
     )  # fmt: skip
-    if conn.execute(stmt).rowcount != 1:
-        return False
-    record_event(
-        conn, spec, job_id, attempt, transition,
-        from_state=State.RUNNING, to_state=state, actor=actor, now=now, reason=error,
-    )  # fmt: skip
-    return True
+    event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error)
+    return _transition(conn, stmt, event)[0] is not None
 
 
 def succeed(
@@ -396,15 +468,17 @@ def fail(
 
 
 def requeue(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, retry_at: datetime,
+    conn: Connection, spec: RunTable, run: Mapping[str, Any], *, retry_at: datetime,
     error: str, transition: Transition, actor: str, now: datetime, refund: bool = False,
 ) -> PendingMessage | None:  # fmt: skip
     """running -> queued for the next attempt at ``retry_at``; returns its outbox row.
 
-    ``refund`` (a long Retry-After) raises the ceiling by one, so the pause does not
-    spend an attempt while ``attempts`` itself, the fencing token, still only grows.
+    ``run`` is the row as claimed (the fence is its ``attempts``). ``refund`` (a long
+    Retry-After) raises the ceiling by one, so the pause does not spend an attempt while
+    ``attempts`` itself, the fencing token, still only grows.
     """
     table = spec.table
+    job_id, attempt = run["job_id"], int(run["attempts"])
     stmt = (
         update(table)
         .where(*_fence(table, job_id, attempt))
@@ -415,14 +489,9 @@ def requeue(
         )
         .returning(*table.c)
     )  # fmt: skip
-    row = _first(conn, stmt)
-    if row is None:
-        return None
-    record_event(
-        conn, spec, job_id, attempt, transition,
-        from_state=State.RUNNING, to_state=State.QUEUED, actor=actor, now=now, reason=error,
-    )  # fmt: skip
-    return add_outbox(conn, spec, row, attempt=attempt + 1, now=now, available_at=retry_at)
+    event = Event(spec, attempt, transition, State.RUNNING, State.QUEUED, actor, now, error)
+    out = outgoing(spec, run, attempt=attempt + 1, now=now, available_at=retry_at)
+    return _transition(conn, stmt, event, out)[1]
 
 
 def cancel(

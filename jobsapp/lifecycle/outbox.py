@@ -14,10 +14,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection
 
 from jobsapp import crashpoints
-from jobsapp.db import utcnow
+from jobsapp.db import get_relaxed_engine, is_autocommit, utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.message import task_id_for, trace_headers, validate_body
@@ -77,16 +77,16 @@ def publish(
 def mark(conn: Connection, accepted: Sequence[tuple[int, datetime]]) -> None:
     if not accepted:
         return
-    if conn.dialect.name == "postgresql":
+    if conn.dialect.name == "postgresql" and not is_autocommit(conn):
         conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
     journal.mark_published(conn, accepted, now=utcnow())
 
 
-def publish_now(app: Celery, engine: Engine, messages: Sequence[PendingMessage]) -> int:
+def publish_now(app: Celery, messages: Sequence[PendingMessage]) -> int:
     """The fast path after COMMIT; whatever fails here the relay publishes later."""
     accepted = publish(app, messages)
     try:
-        with engine.begin() as conn:
+        with get_relaxed_engine().begin() as conn:
             mark(conn, accepted)
     except Exception as exc:  # noqa: BLE001 - an unmarked row is only republished
         log.warning("marking %d outbox rows published failed: %s", len(accepted), exc)

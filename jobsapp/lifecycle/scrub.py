@@ -118,17 +118,17 @@ _SECRET_NAME_AND_SEPARATOR: Final = (
     r"(?:\\?[\"']|\))?[ \t]*[:=][ \t]*"
 )
 
-# A secret label followed by a spaced-out value ("password: x"): what comes after a scheme
-# or a separator is then that pair, not a secret of its own. Without the space the whole word
-# is taken as the secret, since "MyPassword=1" may well be one.
-_LABEL_AHEAD: Final = rf"{_SECRET_NAME_AND_SEPARATOR}(?<=[ \t])\S"
+# Labels in front of a value: in "token: password: x" or "Bearer password: x" the secret is x,
+# and in "password: MyPassword: x" it may be both words. A whole chain of labels is therefore
+# masked together with the value that ends it. A label needs the space after its separator;
+# without it the word is a value ("MyPassword=1").
+_LABEL_CHAIN: Final = rf"(?:(?:bearer|basic)[ \t]+|{_SECRET_NAME_AND_SEPARATOR}(?<=[ \t]))*"
 
 # The whole word goes, not just its token68 characters: stopping at an unexpected "=" or ":"
-# would leave the rest of the token in the text. In "Bearer Bearer x" or "Bearer password: x"
-# the token is x, which the next match or the named-value rule takes. Not "\b": the header
-# may be glued to a preceding "_" or digit.
+# would leave the rest of the token in the text. Not "\b": the header may be glued to a
+# preceding "_" or digit.
 _BEARER_RE: Final = re.compile(
-    rf"(?<![A-Za-z])(?P<head>bearer[ \t]+)(?!bearer[ \t]|{_LABEL_AHEAD})[^\s\"'\\…]+",
+    rf"(?<![A-Za-z])(?P<head>bearer[ \t]+){_LABEL_CHAIN}[^\s\"'\\…]+",
     re.IGNORECASE,
 )
 
@@ -139,14 +139,13 @@ _NAMED_SECRET_RE: Final = re.compile(
         (?!(?<=://)[\w.\-]*:[^\s/?#]*@)  # one lookahead, as an alternation would backtrack
         {_SECRET_NAME_AND_SEPARATOR}
     )
-    # In "token: password: x" the value is the next pair, not "password:"; the same goes for
-    # "token: Bearer password: x" below.
-    (?!{_LABEL_AHEAD})
     (?P<value>
         \\"(?:[^\\\n]|\\(?!"))*(?:\\")?   # \"value\" inside an escaped JSON string
       | "(?:[^"\\\n]|\\.)*"?              # "value"; the closing quote may have been cut off
       | '(?:[^'\\\n]|\\.)*'?              # 'value'
-      | (?P<scheme>(?:bearer|basic)[ \t]+(?!{_LABEL_AHEAD}))?[^\s"'&…]+
+      | (?P<scheme>(?:bearer|basic)[ \t]+)?   # kept: it tells which kind of credential it was
+        {_LABEL_CHAIN}
+        (?:"(?:[^"\\\n]|\\.)*"?|'(?:[^'\\\n]|\\.)*'?|[^\s"'&…]+)
     )
     """,
     re.IGNORECASE | re.VERBOSE,
