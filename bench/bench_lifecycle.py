@@ -51,19 +51,35 @@ def start_worker() -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
-def one_round(name: str, send: Callable[[], object], n: int, counter: redis.Redis) -> tuple[
-    float, float, float
-]:
+def wait_for(counter: redis.Redis, key: str, n: int) -> float:
+    while int(counter.get(key) or 0) < n:
+        time.sleep(0.002)
+    return time.perf_counter()
+
+
+def one_round(
+    name: str, send: Callable[[], object], n: int, counter: redis.Redis
+) -> tuple[float, float, float]:
+    """Enqueue alone (no worker), drain alone (a fresh worker), then both at once."""
     key = f"bench:done:{name}"
     counter.delete(key)
     start = time.perf_counter()
     for _ in range(n):
         send()
-    enqueued = time.perf_counter()
-    while int(counter.get(key) or 0) < n:
-        time.sleep(0.005)
-    done = time.perf_counter()
-    return n / (enqueued - start), n / (done - enqueued), n / (done - start)
+    enqueue_rate = n / (time.perf_counter() - start)
+    worker = start_worker()
+    try:
+        first = wait_for(counter, key, 1)
+        drain_rate = (n - 1) / (wait_for(counter, key, n) - first)
+        counter.delete(key)
+        start = time.perf_counter()
+        for _ in range(n):
+            send()
+        e2e_rate = n / (wait_for(counter, key, n) - start)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    return enqueue_rate, drain_rate, e2e_rate
 
 
 def main() -> None:
@@ -75,19 +91,11 @@ def main() -> None:
 
     counter = redis.Redis.from_url(COUNTER)
     redis.Redis.from_url(BROKER).flushdb()
-    worker = start_worker()
-    try:
-        one_round("bare", tasks.bare.delay, 50, counter)  # warm both paths up
-        one_round("lifecycle", tasks.with_lifecycle.delay, 50, counter)
-        results: dict[str, list[tuple[float, float, float]]] = {"bare": [], "lifecycle": []}
-        for _ in range(rounds):
-            results["bare"].append(one_round("bare", tasks.bare.delay, n, counter))
-            results["lifecycle"].append(
-                one_round("lifecycle", tasks.with_lifecycle.delay, n, counter)
-            )
-    finally:
-        worker.terminate()
-        worker.wait(timeout=30)
+    systems = {"bare": tasks.bare.delay, "lifecycle": tasks.with_lifecycle.delay}
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in systems}
+    for _ in range(rounds):
+        for name, send in systems.items():
+            results[name].append(one_round(name, send, n, counter))
     report(results, n, rounds)
 
 

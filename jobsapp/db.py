@@ -22,6 +22,7 @@ from jobsapp.settings import get_settings
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
+_autocommit_engines: set[Engine] = set()
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -75,7 +76,9 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
-    return create_engine(url, pool_size=5, max_overflow=10, pool_pre_ping=True)
+    # No pre-ping (a round trip per checkout): a dropped connection invalidates the pool
+    # when it is first used, and callers treat that error as transient.
+    return create_engine(url, pool_size=5, max_overflow=10)
 
 
 def get_engine(url: str | None = None) -> Engine:
@@ -88,41 +91,45 @@ def get_engine(url: str | None = None) -> Engine:
         return engine
 
 
+def _variant(url: str, name: str, **options: Any) -> Engine:
+    key = f"{name}:{url}"
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _engines[key] = create_engine(
+                url, pool_size=5, max_overflow=10, isolation_level="AUTOCOMMIT", **options
+            )
+            _autocommit_engines.add(engine)
+        return engine
+
+
 def get_relaxed_engine(url: str | None = None) -> Engine:
     """For writes whose loss is harmless (an outbox row's published mark): on PostgreSQL
     autocommit without waiting for the WAL flush; elsewhere the ordinary engine."""
     url = url or get_settings().database_url
     if not url.startswith("postgresql"):
         return get_engine(url)
-    key = f"relaxed:{url}"
-    with _engines_lock:
-        engine = _engines.get(key)
-        if engine is None:
-            engine = _engines[key] = create_engine(
-                url, pool_size=2, max_overflow=5, pool_pre_ping=True,
-                isolation_level="AUTOCOMMIT",
-                connect_args={"options": "-c synchronous_commit=off"},
-            )  # fmt: skip
-        return engine
+    return _variant(url, "relaxed", connect_args={"options": "-c synchronous_commit=off"})
 
 
 @contextmanager
 def single_statement(engine: Engine) -> Iterator[Connection]:
     """A connection for transitions that are one statement.
 
-    On PostgreSQL it is in autocommit, which saves the BEGIN and COMMIT round trips;
-    SQLite keeps its immediate transaction.
+    On PostgreSQL it comes from an autocommit pool, which saves the BEGIN and COMMIT round
+    trips (and a per-checkout isolation switch); SQLite keeps its immediate transaction.
     """
     if engine.dialect.name != "postgresql":
         with engine.begin() as conn:
             yield conn
         return
-    with engine.connect() as conn:
-        yield conn.execution_options(isolation_level="AUTOCOMMIT")
+    url = engine.url.render_as_string(hide_password=False)
+    with _variant(url, "autocommit").connect() as conn:
+        yield conn
 
 
 def is_autocommit(conn: Connection) -> bool:
-    return conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+    return conn.engine in _autocommit_engines
 
 
 def dispose_engines() -> None:

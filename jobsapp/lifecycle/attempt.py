@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy.exc import OperationalError
 
 from jobsapp import crashpoints
 from jobsapp.db import single_statement, utcnow
 from jobsapp.lifecycle import journal, outbox
 from jobsapp.lifecycle.context import RunContext, entered
 from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, RetryRequested
+from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.retry import Action, RetryPolicy, decide_failure, decide_retry_after
 from jobsapp.lifecycle.scrub import describe_exception
 from jobsapp.lifecycle.states import Transition
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+# Pauses between attempts to write an outcome while the database is unreachable.
+OUTCOME_WRITE_PAUSES = (0.5, 1.0, 2.0, 4.0)
 # A body that keeps asking for short pauses is snoozed after this many inline waits.
 MAX_INLINE_WAITS = 3
 
@@ -71,12 +77,26 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
 
 
 def _succeed(ctx: RunContext) -> None:
-    with single_statement(ctx.engine) as conn:
-        done = journal.succeed(
-            conn, ctx.spec, ctx.job_id, ctx.attempt, actor=ctx.worker, now=utcnow()
-        )
-    if not done:
+    def write() -> bool:
+        with single_statement(ctx.engine) as conn:
+            return journal.succeed(
+                conn, ctx.spec, ctx.job_id, ctx.attempt, actor=ctx.worker, now=utcnow()
+            )
+
+    if not _persistently(write):
         log.warning("job %s attempt %s: finish refused, lease lost", ctx.job_id, ctx.attempt)
+
+
+def _persistently(write: Callable[[], T]) -> T:
+    """An outcome write survives a short database outage; past that the reaper decides."""
+    for pause in OUTCOME_WRITE_PAUSES:
+        try:
+            return write()
+        except OperationalError as down:
+            log.warning("outcome write failed (%s); again in %.0fs", type(down.orig).__name__,
+                        pause)  # fmt: skip
+            time.sleep(pause)
+    return write()
 
 
 def _describe(exc: BaseException, rules: AttemptRules) -> str:
@@ -98,10 +118,15 @@ def _settle_failure(app: Celery, ctx: RunContext, exc: Exception, rules: Attempt
         delay = exc.countdown
     error = _describe(exc, rules)
     if decision.action is Action.FAIL:
-        assert decision.outcome is not None
-        with single_statement(ctx.engine) as conn:
-            journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, outcome=decision.outcome,
-                         error=error, actor=ctx.worker, now=utcnow())  # fmt: skip
+        outcome = decision.outcome
+        assert outcome is not None
+
+        def write() -> bool:
+            with single_statement(ctx.engine) as conn:
+                return journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, outcome=outcome,
+                                    error=error, actor=ctx.worker, now=utcnow())  # fmt: skip
+
+        _persistently(write)
         log.info("job %s failed (%s): %s", ctx.job_id, decision.outcome, error)
         return
     _requeue(app, ctx, delay, error, Transition.RETRY, rules, refund=False)
@@ -116,12 +141,15 @@ def _requeue(
     app: Celery, ctx: RunContext, delay: float, error: str, transition: Transition,
     rules: AttemptRules, *, refund: bool,
 ) -> None:  # fmt: skip
-    now = utcnow()
-    with single_statement(ctx.engine) as conn:
-        message = journal.requeue(
-            conn, ctx.spec, ctx.row, retry_at=now + timedelta(seconds=delay),
-            error=error, transition=transition, actor=ctx.worker, now=now, refund=refund,
-        )  # fmt: skip
+    def write() -> PendingMessage | None:
+        now = utcnow()
+        with single_statement(ctx.engine) as conn:
+            return journal.requeue(
+                conn, ctx.spec, ctx.row, retry_at=now + timedelta(seconds=delay),
+                error=error, transition=transition, actor=ctx.worker, now=now, refund=refund,
+            )  # fmt: skip
+
+    message = _persistently(write)
     if message is None:
         log.warning("job %s attempt %s: requeue refused, lease lost", ctx.job_id, ctx.attempt)
         return

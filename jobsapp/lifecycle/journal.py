@@ -12,9 +12,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Table, insert, literal, or_, select, tuple_, update
+from sqlalchemy import (
+    Connection,
+    Integer,
+    Table,
+    bindparam,
+    insert,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects.postgresql import dml as pg_dml
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import dml as sqlite_dml
@@ -72,8 +83,10 @@ def _upsert(conn: Connection, table: Table) -> pg_dml.Insert | sqlite_dml.Insert
     return pg_insert(table) if conn.dialect.name == "postgresql" else sqlite_insert(table)
 
 
-def _first(conn: Connection, stmt: Any) -> dict[str, Any] | None:
-    row = conn.execute(stmt).mappings().first()
+def _first(
+    conn: Connection, stmt: Any, params: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    row = conn.execute(stmt, params).mappings().first()
     return None if row is None else dict(row)
 
 
@@ -190,57 +203,171 @@ def outgoing(
     return Outgoing(row["job_id"], attempt, row["task_name"], body, now, available_at)
 
 
-def _transition(
-    conn: Connection, stmt: Any, event: Event, out: Outgoing | None = None
-) -> tuple[dict[str, Any] | None, PendingMessage | None]:
-    """Run a guarded DML (RETURNING the row) with its event and outbox rows.
+# --- Prebuilt statements -----------------------------------------------------------------
+# The hot transitions are built once per run table and dialect with bind parameters, so
+# each call only binds values: no statement construction, no cache-key walk. Parameter
+# names carry a prefix per part (r_ run row, e_ event, o_ outbox) so the parts can share
+# one statement.
 
-    On PostgreSQL all three are one statement (data-modifying CTEs): one round trip, and
-    atomic even in autocommit. Elsewhere they run in sequence in the caller's transaction.
-    """
-    if conn.dialect.name == "postgresql":
-        return _transition_cte(conn, stmt, event, out)
-    row = _first(conn, stmt)
-    if row is None:
-        return None, None
-    conn.execute(insert(EVENTS).values(event.values(row["job_id"])))
-    if out is None:
-        return row, None
-    stmt = insert(OUTBOX).values(out.values(event.spec.module)).returning(OUTBOX.c.id)
-    return row, out.pending(int(conn.execute(stmt).scalar_one()))
+_EVENT_COLUMNS = ("module", "job_id", "attempt", "transition", "from_state", "to_state",
+                  "actor", "reason", "at")  # fmt: skip
+_OUTBOX_COLUMNS = ("module", "job_id", "attempt", "task_name", "body", "created_at",
+                   "available_at")  # fmt: skip
 
 
-def _from_changed(changed: Any, values: Mapping[str, Any], table: Table) -> Any:
-    """SELECT the given values once per changed row, job_id taken from that row."""
+def _bind(table: Table, column: str, prefix: str = "r_") -> Any:
+    return bindparam(prefix + column, type_=table.c[column].type)
+
+
+def _prefixed(values: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    return {prefix + k: v for k, v in values.items()}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One transition's statements: the guarded DML, then its event and outbox rows."""
+
+    dml: Any
+    event: Any
+    outbox: Any | None
+    combined: Any | None  # PostgreSQL: all parts as one statement
+
+
+def _sequential_insert(table: Table, columns: tuple[str, ...], prefix: str) -> Any:
+    return insert(table).values({c: _bind(table, c, prefix) for c in columns})
+
+
+def _insert_from_changed(changed: Any, table: Table, columns: tuple[str, ...], prefix: str) -> Any:
+    """INSERT one row per changed run row, its job_id taken from that row."""
     cols = [
-        changed.c.job_id if k == "job_id" else literal(v, type_=table.c[k].type).label(k)
-        for k, v in values.items()
+        changed.c.job_id if c == "job_id" else _bind(table, c, prefix).label(c) for c in columns
     ]
-    return select(*cols).select_from(changed)
+    return insert(table).from_select(list(columns), select(*cols).select_from(changed))
 
 
-def _transition_cte(
-    conn: Connection, stmt: Any, event: Event, out: Outgoing | None
+def _plan(dialect: str, dml: Any, with_outbox: bool) -> Plan:
+    event = _sequential_insert(EVENTS, _EVENT_COLUMNS, "e_")
+    outbox = _sequential_insert(OUTBOX, _OUTBOX_COLUMNS, "o_").returning(OUTBOX.c.id)
+    if dialect != "postgresql":
+        return Plan(dml, event, outbox if with_outbox else None, None)
+    changed = dml.cte("changed")
+    combined = select(changed)
+    if with_outbox:
+        ob = _insert_from_changed(changed, OUTBOX, _OUTBOX_COLUMNS, "o_")
+        ob_cte = ob.returning(OUTBOX.c.id).cte("ob")
+        combined = select(changed, select(ob_cte.c.id).scalar_subquery().label("_outbox_id"))
+    ev = _insert_from_changed(changed, EVENTS, _EVENT_COLUMNS, "e_")
+    return Plan(dml, event, outbox, combined.add_cte(ev.cte("ev")))
+
+
+def _run(
+    conn: Connection, plan: Plan, params: dict[str, Any], event: Event, out: Outgoing | None
 ) -> tuple[dict[str, Any] | None, PendingMessage | None]:
-    changed = stmt.cte("changed")
-    ev_values = event.values(None)
-    ev = insert(EVENTS).from_select(list(ev_values), _from_changed(changed, ev_values, EVENTS))
-    final = select(changed)
+    """Run a plan: on PostgreSQL one statement (one round trip, atomic even in autocommit),
+    elsewhere its parts in sequence in the caller's transaction."""
+    params = {**params, **_prefixed(event.values(None), "e_")}
     if out is not None:
-        ob_values = out.values(event.spec.module)
-        ob = (
-            insert(OUTBOX)
-            .from_select(list(ob_values), _from_changed(changed, ob_values, OUTBOX))
-            .returning(OUTBOX.c.id)
-            .cte("ob")
-        )
-        final = select(changed, select(ob.c.id).scalar_subquery().label("_outbox_id"))
-    final = final.add_cte(ev.cte("ev"))
-    row = _first(conn, final)
+        params |= _prefixed(out.values(event.spec.module), "o_")
+    if plan.combined is not None:
+        row = _first(conn, plan.combined, params)
+        if row is None:
+            return None, None
+        outbox_id = row.pop("_outbox_id", None)
+        return row, (out.pending(int(outbox_id)) if out is not None and outbox_id else None)
+    row = _first(conn, plan.dml, params)
     if row is None:
         return None, None
-    outbox_id = row.pop("_outbox_id", None)
-    return row, (out.pending(int(outbox_id)) if out is not None and outbox_id else None)
+    conn.execute(plan.event, {**params, "e_job_id": row["job_id"]})
+    if out is None or plan.outbox is None:
+        return row, None
+    outbox_id = conn.execute(plan.outbox, {**params, "o_job_id": row["job_id"]}).scalar_one()
+    return row, out.pending(int(outbox_id))
+
+
+def _row_columns(spec: RunTable) -> tuple[str, ...]:
+    return tuple(c.name for c in spec.table.c)
+
+
+@cache
+def _insert_plan(spec: RunTable, dialect: str, with_outbox: bool) -> Plan:
+    table = spec.table
+    insert_stmt = pg_insert(table) if dialect == "postgresql" else sqlite_insert(table)
+    dml = (
+        insert_stmt.values({c: _bind(table, c) for c in _row_columns(spec)})
+        .on_conflict_do_nothing()
+        .returning(*table.c)
+    )
+    return _plan(dialect, dml, with_outbox)
+
+
+def _fence_params(table: Table) -> tuple[Any, ...]:
+    return (
+        table.c.job_id == _bind(table, "job_id"),
+        table.c.state == State.RUNNING.value,
+        table.c.attempts == _bind(table, "attempts"),
+    )
+
+
+@cache
+def _claim_plan(spec: RunTable, dialect: str) -> Plan:
+    table = spec.table
+    now = bindparam("r_now", type_=table.c.updated_at.type)
+    dml = (
+        update(table)
+        .where(
+            table.c.job_id == _bind(table, "job_id"),
+            table.c.state == State.QUEUED.value,
+            table.c.attempts == bindparam("r_previous", type_=table.c.attempts.type),
+            or_(table.c.next_retry_at.is_(None), table.c.next_retry_at <= now),
+        )
+        .values(
+            state=State.RUNNING.value, attempts=_bind(table, "attempts"), started_at=now,
+            heartbeat_at=now, next_retry_at=None, worker=_bind(table, "worker"), updated_at=now,
+        )
+        .returning(*table.c)
+    )  # fmt: skip
+    return _plan(dialect, dml, with_outbox=False)
+
+
+@cache
+def _finish_plan(spec: RunTable, dialect: str) -> Plan:
+    table = spec.table
+    now = bindparam("r_now", type_=table.c.updated_at.type)
+    dml = (
+        update(table)
+        .where(*_fence_params(table))
+        .values(
+            state=_bind(table, "state"), outcome=_bind(table, "outcome"),
+            last_error=_bind(table, "last_error"), finished_at=now, updated_at=now,
+            next_retry_at=None,
+        )
+        .returning(table.c.job_id)
+    )  # fmt: skip
+    return _plan(dialect, dml, with_outbox=False)
+
+
+@cache
+def _requeue_plan(spec: RunTable, dialect: str) -> Plan:
+    table = spec.table
+    dml = (
+        update(table)
+        .where(*_fence_params(table))
+        .values(
+            state=State.QUEUED.value, next_retry_at=_bind(table, "next_retry_at"),
+            last_error=_bind(table, "last_error"), heartbeat_at=None,
+            updated_at=_bind(table, "updated_at"),
+            max_attempts=table.c.max_attempts + bindparam("r_refund", type_=Integer()),
+        )
+        .returning(*table.c)
+    )  # fmt: skip
+    return _plan(dialect, dml, with_outbox=True)
+
+
+@cache
+def _heartbeat_stmt(spec: RunTable) -> Any:
+    table = spec.table
+    stamp = _bind(table, "heartbeat_at")
+    return update(table).where(*_fence_params(table)).values(heartbeat_at=stamp)
 
 
 def _new_row(job: NewJob, now: datetime, state: State, attempts: int) -> dict[str, Any]:
@@ -258,19 +385,22 @@ def _new_row(job: NewJob, now: datetime, state: State, attempts: int) -> dict[st
         "heartbeat_at": now if running else None,
         "created_at": now,
         "updated_at": now,
+        "outcome": None,
+        "last_error": None,
+        "finished_at": None,
+        "worker": None,
         **job.values,
     }
 
 
 def enqueue(conn: Connection, job: NewJob, *, now: datetime, actor: str) -> EnqueueResult:
     """none -> queued; a known job_id is a duplicate (or a rerun past its dedup window)."""
-    table = job.spec.table
     row = _new_row(job, now, State.QUEUED, 0)
-    stmt = _upsert(conn, table).values(row).on_conflict_do_nothing().returning(*table.c)
+    plan = _insert_plan(job.spec, conn.dialect.name, with_outbox=True)
     event = Event(job.spec, 1, Transition.ENQUEUE, None, State.QUEUED, actor, now)
     out = outgoing(job.spec, row, attempt=1, now=now, available_at=now,
                    traceparent=job.traceparent)  # fmt: skip
-    inserted, message = _transition(conn, stmt, event, out)
+    inserted, message = _run(conn, plan, _prefixed(row, "r_"), event, out)
     if inserted is None:
         return _enqueue_conflict(conn, job, now=now, actor=actor)
     return EnqueueResult(EnqueueOutcome.ENQUEUED, job.job_id, message=message)
@@ -363,37 +493,23 @@ def claim(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, worker: str, now: datetime
 ) -> Mapping[str, Any] | None:
     """queued -> running, only for the next attempt and only once it is due."""
-    table = spec.table
-    stmt = (
-        update(table)
-        .where(
-            table.c.job_id == job_id,
-            table.c.state == State.QUEUED.value,
-            table.c.attempts == attempt - 1,
-            or_(table.c.next_retry_at.is_(None), table.c.next_retry_at <= now),
-        )
-        .values(
-            state=State.RUNNING.value, attempts=attempt, started_at=now, heartbeat_at=now,
-            next_retry_at=None, worker=worker, updated_at=now,
-        )
-        .returning(*table.c)
-    )  # fmt: skip
+    params = {"r_job_id": job_id, "r_previous": attempt - 1, "r_attempts": attempt,
+              "r_now": now, "r_worker": worker}  # fmt: skip
     event = Event(spec, attempt, Transition.CLAIM, State.QUEUED, State.RUNNING, worker, now)
-    return _transition(conn, stmt, event)[0]
+    return _run(conn, _claim_plan(spec, conn.dialect.name), params, event, None)[0]
 
 
 def claim_by_insert(
     conn: Connection, job: NewJob, attempt: int, *, worker: str, now: datetime
 ) -> Mapping[str, Any] | None:
     """A foreign producer's message (no row): insert the run as running under the index."""
-    table = job.spec.table
     row = {**_new_row(job, now, State.RUNNING, attempt), "worker": worker}
-    stmt = _upsert(conn, table).values(row).on_conflict_do_nothing().returning(*table.c)
+    plan = _insert_plan(job.spec, conn.dialect.name, with_outbox=False)
     event = Event(
         job.spec, attempt, Transition.CLAIM, None, State.RUNNING, worker, now,
         reason="claimed by insert: message from a producer without a journal row",
     )  # fmt: skip
-    return _transition(conn, stmt, event)[0]
+    return _run(conn, plan, _prefixed(row, "r_"), event, None)[0]
 
 
 def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, Any] | None:
@@ -413,9 +529,8 @@ def heartbeat(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, now: datetime
 ) -> bool:
     """running -> running; False means the lease is lost."""
-    table = spec.table
-    stmt = update(table).where(*_fence(table, job_id, attempt)).values(heartbeat_at=now)
-    return conn.execute(stmt).rowcount == 1
+    params = {"r_job_id": job_id, "r_attempts": attempt, "r_heartbeat_at": now}
+    return conn.execute(_heartbeat_stmt(spec), params).rowcount == 1
 
 
 def _finish(
@@ -431,18 +546,10 @@ def _finish(
     now: datetime,
 ) -> bool:
     state = State.SUCCEEDED if outcome is Outcome.SUCCEEDED else State.FAILED
-    table = spec.table
-    stmt = (
-        update(table)
-        .where(*_fence(table, job_id, attempt))
-        .values(
-            state=state.value, outcome=outcome.value, last_error=error, finished_at=now,
-            updated_at=now, next_retry_at=None,
-        )
-        .returning(table.c.job_id)
-    )  # fmt: skip
+    params = {"r_job_id": job_id, "r_attempts": attempt, "r_state": state.value,
+              "r_outcome": outcome.value, "r_last_error": error, "r_now": now}  # fmt: skip
     event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error)
-    return _transition(conn, stmt, event)[0] is not None
+    return _run(conn, _finish_plan(spec, conn.dialect.name), params, event, None)[0] is not None
 
 
 def succeed(
@@ -477,21 +584,12 @@ def requeue(
     Retry-After) raises the ceiling by one, so the pause does not spend an attempt while
     ``attempts`` itself, the fencing token, still only grows.
     """
-    table = spec.table
-    job_id, attempt = run["job_id"], int(run["attempts"])
-    stmt = (
-        update(table)
-        .where(*_fence(table, job_id, attempt))
-        .values(
-            state=State.QUEUED.value, next_retry_at=retry_at, last_error=error,
-            heartbeat_at=None, updated_at=now,
-            max_attempts=table.c.max_attempts + (1 if refund else 0),
-        )
-        .returning(*table.c)
-    )  # fmt: skip
+    attempt = int(run["attempts"])
+    params = {"r_job_id": run["job_id"], "r_attempts": attempt, "r_next_retry_at": retry_at,
+              "r_last_error": error, "r_updated_at": now, "r_refund": int(refund)}  # fmt: skip
     event = Event(spec, attempt, transition, State.RUNNING, State.QUEUED, actor, now, error)
     out = outgoing(spec, run, attempt=attempt + 1, now=now, available_at=retry_at)
-    return _transition(conn, stmt, event, out)[1]
+    return _run(conn, _requeue_plan(spec, conn.dialect.name), params, event, out)[1]
 
 
 def cancel(

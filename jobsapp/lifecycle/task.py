@@ -12,6 +12,7 @@ import inspect
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
@@ -21,6 +22,7 @@ from typing import Any, ClassVar, NoReturn
 from celery import Task
 from celery.exceptions import Reject
 from sqlalchemy import Connection
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from jobsapp.db import get_engine
@@ -187,7 +189,14 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     def _run_envelope(self, env: message.Envelope, foreign: NewJob | None) -> None:
         worker = self._worker_name()
         engine = get_engine()
-        outcome = claim.claim(engine, self.run_table, env, foreign=foreign, worker=worker)
+        try:
+            outcome = claim.claim(engine, self.run_table, env, foreign=foreign, worker=worker)
+        except OperationalError as down:
+            # The journal is unreachable: hand the message back rather than ack it unrun.
+            log.warning("claim of job %s failed, requeueing the message: %s", env.job_id,
+                        type(down.orig).__name__)  # fmt: skip
+            time.sleep(1.0)
+            raise Reject("journal unavailable", requeue=True) from None
         if isinstance(outcome, claim.Refusal):
             log.info("job %s attempt %s: no work, %s", env.job_id, env.attempt, outcome.value)
             return

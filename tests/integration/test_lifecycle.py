@@ -21,8 +21,8 @@ SECRET = "s3cr3t-planted-value"
 
 def test_same_job_id_twice_is_one_row(worker: object, db: Engine) -> None:
     job_id = uuid.uuid4()
-    first = tasks.echo.apply_async(("a",), job_id=job_id)
-    second = tasks.echo.apply_async(("a",), job_id=job_id)
+    first = tasks.windowed.apply_async(("a",), job_id=job_id)
+    second = tasks.windowed.apply_async(("a",), job_id=job_id)
     assert (first.outcome, second.outcome) == (EnqueueOutcome.ENQUEUED, EnqueueOutcome.DUPLICATE)
     first.wait()
     assert run_count(db) == 1
