@@ -8,7 +8,7 @@ after-commit hook: its messages are published by the relay in beat.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,7 +20,7 @@ from jobsapp import crashpoints
 from jobsapp.db import get_engine, single_statement, utcnow
 from jobsapp.lifecycle import dedup, journal, outbox
 from jobsapp.lifecycle.handle import JobHandle
-from jobsapp.lifecycle.journal import EnqueueOutcome, EnqueueResult, NewJob, PendingMessage
+from jobsapp.lifecycle.journal import EnqueueOutcome, EnqueueResult, NewJob
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,7 @@ class Batch:
         return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder)
 
     def publish(self, app: Celery) -> None:
-        for job, result in self._done:
-            _after_commit(app, job, result, [result.message] if result.message else [])
+        _after_commit(app, self._done)
 
 
 @contextmanager
@@ -77,24 +76,25 @@ def transaction(app: Celery) -> Iterator[Batch]:
 def _own_transaction(app: Celery, job: NewJob) -> EnqueueResult:
     with single_statement(get_engine()) as conn:
         result = journal.enqueue(conn, job, now=utcnow(), actor="producer")
-    _after_commit(app, job, result, [result.message] if result.message else [])
+    _after_commit(app, [(job, result)])
     return result
 
 
-def _after_commit(
-    app: Celery, job: NewJob, result: EnqueueResult, messages: list[PendingMessage]
-) -> None:
+def _after_commit(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> None:
+    """Publish what a committed transaction enqueued (one mark for all of it)."""
     crashpoints.hit("after_commit_before_publish")
+    messages = [result.message for _, result in done if result.message is not None]
     if messages:
         outbox.publish_now(app, messages)
-    if result.outcome is not EnqueueOutcome.SKIPPED:
-        dedup.remember(job)
+    for job, result in done:
+        if result.outcome is not EnqueueOutcome.SKIPPED:
+            dedup.remember(job)
 
 
 def _in_session(session: Session, job: NewJob) -> EnqueueResult:
     result = journal.enqueue(session.connection(), job, now=utcnow(), actor="producer")
     if result.outcome is EnqueueOutcome.ENQUEUED and result.message is not None:
-        _pending(session).append((job, result, result.message))
+        _pending(session).append((job, result))
     return result
 
 
@@ -111,8 +111,7 @@ def _pending(session: Session) -> list[Any]:
 def _publish_session(session: Session) -> None:
     from jobsapp.celery_app import app
 
-    for job, result, message in session.info.pop(_PENDING, []):
-        _after_commit(app, job, result, [message])
+    _after_commit(app, session.info.pop(_PENDING, []))
 
 
 def _drop_session(session: Session) -> None:

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import EnqueueOutcome
+from jobsapp.lifecycle.enqueue import transaction
 from jobsapp.lifecycle.tables import JobRun
 from tests.support import tasks
 from tests.support.journal_view import events, outbox_rows, run_count, run_row, transitions
@@ -220,3 +221,25 @@ def test_enqueue_in_a_committed_session_publishes_after_commit(worker: object, d
         handle = tasks.echo.apply_async(("committed",), session=session)
         session.commit()
     assert handle.wait()["state"] == "succeeded"
+
+
+def test_a_batch_enqueues_with_the_callers_transaction(worker: object, db: Engine) -> None:
+    with transaction(app) as batch:
+        handles = [tasks.echo.enqueue_in(batch, (f"batch{i}",)) for i in range(5)]
+    assert all(h.wait()["state"] == "succeeded" for h in handles)
+    assert [tasks.calls(f"batch{i}") for i in range(5)] == [1] * 5
+
+
+def test_a_failed_batch_leaves_nothing(worker: object, db: Engine) -> None:
+    class Abort(Exception):
+        pass
+
+    try:
+        with transaction(app) as batch:
+            tasks.echo.enqueue_in(batch, ("aborted",))
+            raise Abort
+    except Abort:
+        pass
+    time.sleep(0.5)
+    assert run_count(db) == 0
+    assert tasks.calls("aborted") == 0
