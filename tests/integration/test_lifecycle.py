@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 
+import pytest
 from sqlalchemy import Engine, text, update
 from sqlalchemy.orm import Session
 
@@ -193,11 +194,17 @@ def test_a_foreign_message_for_a_busy_key_is_skipped(worker: object, db: Engine)
     assert run_count(db) == 1
 
 
-def test_a_message_violating_the_schema_is_rejected(worker: object, db: Engine) -> None:
+def test_a_message_violating_the_schema_is_rejected(
+    worker: object, db: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
     app.send_task("tests.echo", kwargs={"job_id": "not-a-uuid", "url": "http://evil/x"})
     app.send_task("tests.echo", args=("positional",))
     assert tasks.echo.delay("alive").wait()["state"] == "succeeded"
     assert run_count(db) == 1
+    rejections = [r.getMessage() for r in caplog.records if "rejected message" in r.getMessage()]
+    assert len(rejections) == 2
+    assert any("schema violation" in r for r in rejections)
+    assert any("positional" in r for r in rejections)
 
 
 def test_enqueue_in_a_rolled_back_transaction_leaves_nothing(worker: object, db: Engine) -> None:
