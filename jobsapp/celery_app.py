@@ -11,7 +11,7 @@ from celery.signals import worker_process_init
 from jobsapp.db import dispose_engines
 from jobsapp.settings import Settings, get_settings
 
-BASE_IMPORTS = ("jobsapp.maintenance.tasks",)
+BASE_IMPORTS = ("jobsapp.maintenance.tasks", "jobsapp.attachments.tasks")
 
 
 def _transport_options(settings: Settings, base: dict[str, Any]) -> dict[str, Any]:

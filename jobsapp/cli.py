@@ -46,6 +46,29 @@ def maintenance_run_once(args: argparse.Namespace) -> int:
     return 0
 
 
+def web(args: argparse.Namespace) -> int:
+    # Flask and the web app load only for the commands that serve HTTP.
+    from werkzeug.serving import run_simple
+
+    from jobsapp.web.app import create_app
+
+    try:
+        app = create_app()
+    except SettingsError as bad:
+        sys.stderr.write(f"jobsapp: configuration error: {bad}\n")
+        return 2
+    # The development server; production runs the same app under a WSGI server.
+    run_simple(args.host, args.port, app, threaded=True)
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    # Flask, Pillow and the Celery app load only for the demo.
+    from jobsapp.demo import run_demo
+
+    return run_demo(timeout=args.timeout)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jobsapp", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -56,6 +79,13 @@ def _parser() -> argparse.ArgumentParser:
     once = maint_sub.add_parser("run-once", help="run the passes once, now")
     once.add_argument("--pass", dest="pass_name", choices=["reaper", "relay", "retention"])
     once.set_defaults(handler=maintenance_run_once)
+    serve = sub.add_parser("web", help="serve the HTTP API (development server)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.set_defaults(handler=web)
+    show = sub.add_parser("demo", help="the whole flow on the embedded default, no server")
+    show.add_argument("--timeout", type=float, default=90.0, help="seconds to reach ready")
+    show.set_defaults(handler=demo)
     return parser
 
 

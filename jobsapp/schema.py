@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jobsapp.attachments.models  # noqa: F401 - registers the attachment tables on Base
 from jobsapp.lifecycle.tables import Base
 
 metadata = Base.metadata

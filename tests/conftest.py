@@ -65,7 +65,7 @@ def use_database(url: str) -> Engine:
 
 def extra_tables() -> tuple[str, ...]:
     """Domain tables that exist once their migrations do, children first."""
-    return ()
+    return ("attachment_variants", "attachment_runs", "attachments")
 
 
 @pytest.fixture(params=["postgres", "sqlite"])

@@ -1,0 +1,136 @@
+"""The attachment tables: the client-visible record, its runs and its published variants.
+
+``attachments`` is what a client polls; ``attachment_runs`` is the lifecycle journal of
+processing (one run per attachment and pipeline version); ``attachment_variants`` holds
+one row per effect key ``(attachment_id, pipeline_version, variant)``, so a redelivered
+or re-run job can never publish a variant twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Table,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from jobsapp.lifecycle import registry
+from jobsapp.lifecycle.registry import RunTable, StalePolicy
+from jobsapp.lifecycle.tables import Base, RunMixin
+
+# S3's key limit; the object store enforces the same on both backends.
+KEY_LENGTH = 1024
+
+
+class AttachmentState(StrEnum):
+    """What a client sees (seed 001); ``ready`` is never left for ``processing``."""
+
+    QUEUED = "queued"
+    PROCESSING = "processing"
+    READY = "ready"
+    FAILED = "failed"
+
+
+_STATES = ", ".join(f"'{s.value}'" for s in AttachmentState)
+
+
+class Attachment(Base):
+    """An accepted upload: trusted metadata the worker reads instead of the message."""
+
+    __tablename__ = "attachments"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    # Sniffed from the magic bytes; the client's declared type is never stored.
+    content_type: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    width: Mapped[int] = mapped_column(Integer)
+    height: Mapped[int] = mapped_column(Integer)
+    # For display only: sanitised, and never part of a storage key.
+    display_name: Mapped[str] = mapped_column(String(255))
+    staging_key: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    original_key: Mapped[str | None] = mapped_column(String(KEY_LENGTH))
+    state: Mapped[str] = mapped_column(String(16))
+    published_version: Mapped[int | None] = mapped_column(Integer)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    __table_args__ = (
+        CheckConstraint(f"state IN ({_STATES})", name="ck_attachments_state"),
+        # "ready only when published" is kept by the database, not only by the worker.
+        CheckConstraint(
+            "state <> 'ready' OR (published_version IS NOT NULL AND original_key IS NOT NULL)",
+            name="ck_attachments_ready_published",
+        ),
+        CheckConstraint("size > 0 AND width > 0 AND height > 0", name="ck_attachments_dimensions"),
+        CheckConstraint(
+            "published_version IS NULL OR published_version >= 1",
+            name="ck_attachments_published_version",
+        ),
+        UniqueConstraint("idempotency_key", name="uq_attachments_idempotency_key"),
+        # Retention scans failed attachments by age.
+        Index("ix_attachments_state_updated", "state", "updated_at"),
+    )
+
+
+class AttachmentRun(RunMixin, Base):
+    """One processing job of an attachment at a pipeline version (the lifecycle contract)."""
+
+    __tablename__ = "attachment_runs"
+
+    attachment_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("attachments.id", name="fk_attachment_runs_attachment"), index=True
+    )
+    pipeline_version: Mapped[int] = mapped_column(Integer)
+
+
+class AttachmentVariant(Base):
+    """A published variant; the primary key is the effect key."""
+
+    __tablename__ = "attachment_variants"
+
+    attachment_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("attachments.id", name="fk_attachment_variants_attachment"),
+        primary_key=True,
+    )
+    pipeline_version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    variant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    object_key: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    width: Mapped[int] = mapped_column(Integer)
+    height: Mapped[int] = mapped_column(Integer)
+    content_type: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+
+    __table_args__ = (
+        CheckConstraint("pipeline_version >= 1", name="ck_attachment_variants_version"),
+    )
+
+
+ATTACHMENT_RUNS = registry.register(
+    RunTable(
+        module="attachments",
+        table=AttachmentRun.__table__,  # type: ignore[arg-type]
+        # A dead worker's job is worth another attempt: every effect is idempotent.
+        stale_policy=StalePolicy.REQUEUE,
+        id_columns=("attachment_id", "pipeline_version"),
+    )
+)
+
+# Core handles for the conditional statements (SQLAlchemy types ``__table__`` loosely).
+ATTACHMENTS: Table = Attachment.__table__  # type: ignore[assignment]
+RUNS: Table = AttachmentRun.__table__  # type: ignore[assignment]
+VARIANTS: Table = AttachmentVariant.__table__  # type: ignore[assignment]

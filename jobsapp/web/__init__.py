@@ -1,0 +1,1 @@
+"""The web process: the HTTP API in front of the attachments domain (``jobsapp web``)."""

@@ -1,0 +1,373 @@
+"""The HTTP API as a client meets it: `jobsapp web` and a Celery worker as real processes,
+on Postgres, Redis and S3.
+
+The processes get their own database, Redis database and S3 prefix, so other suites
+running against the same services can neither steal their messages nor empty their tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import struct
+import time
+import uuid
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from jsonschema import Draft202012Validator
+from PIL import Image
+from sqlalchemy import Engine, create_engine, text
+
+from jobsapp.storage import store_from_url
+from tests.conftest import _fresh_postgres, migrate
+from tests.e2e.webserver import WORKER, Http, fetch, start, start_web, stop
+from tests.support.env import service
+
+MAX_UPLOAD = 256 * 1024
+# Its own Redis database: the lifecycle suites use 0 and the maintenance e2e 3.
+REDIS_DB = 12
+ERROR = {"error", "reason"}
+
+
+# --------------------------------------------------------------------------- services
+
+
+@pytest.fixture(scope="module")
+def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The environment of the web and worker processes; their S3 prefix is emptied after."""
+    db_url = _fresh_postgres(service("JOBSAPP_TEST_DATABASE_URL"), "jobsapp_e2e_web")
+    migrate(db_url)
+    redis_url = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{REDIS_DB}").geturl()
+    _flush_redis(redis_url)
+    storage_url = f"s3://{service('JOBSAPP_TEST_S3_BUCKET')}/e2e-web-{uuid.uuid4().hex[:12]}"
+    endpoint = service("JOBSAPP_TEST_S3_ENDPOINT_URL")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
+    yield env | {
+        "JOBSAPP_VAR_DIR": str(tmp_path_factory.mktemp("e2e-web-var")),
+        "JOBSAPP_DATABASE_URL": db_url,
+        "JOBSAPP_BROKER_URL": redis_url,
+        "JOBSAPP_REDIS_URL": redis_url,
+        "JOBSAPP_STORAGE_URL": storage_url,
+        "JOBSAPP_S3_ENDPOINT_URL": endpoint,
+        "JOBSAPP_MAX_UPLOAD_BYTES": str(MAX_UPLOAD),
+    }
+    store = store_from_url(storage_url, endpoint_url=endpoint)
+    for info in list(store.list("")):
+        store.delete(info.key)
+
+
+def _flush_redis(url: str) -> None:
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e-web-logs")
+
+
+@pytest.fixture(scope="module")
+def http(e2e_env: dict[str, str], logs: Path) -> Iterator[Http]:
+    proc, client = start_web(e2e_env, logs / "web.log")
+    try:
+        yield client
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def worker(e2e_env: dict[str, str], logs: Path) -> Iterator[Path]:
+    log = logs / "worker.log"
+    proc = start(WORKER, e2e_env, log)
+    try:
+        yield log
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def journal(e2e_env: dict[str, str]) -> Iterator[Engine]:
+    engine = create_engine(e2e_env["JOBSAPP_DATABASE_URL"])
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def attachment_rows(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM attachments")).scalar_one())
+
+
+# ---------------------------------------------------------------------------- images
+
+
+def jpeg(size: tuple[int, int] = (640, 400)) -> bytes:
+    img = Image.merge(
+        "RGB",
+        (
+            Image.linear_gradient("L").resize(size),
+            Image.radial_gradient("L").resize(size),
+            Image.effect_noise(size, 24),
+        ),
+    )
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=85)
+    return out.getvalue()
+
+
+def png(size: tuple[int, int] = (120, 80)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGBA", size, (10, 120, 200, 128)).save(out, "PNG")
+    return out.getvalue()
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header promises these dimensions; no pixel data follows."""
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(tag + data)
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
+SVG = b'<svg xmlns="http://www.w3.org/2000/svg"><script>alert(1)</script></svg>'
+
+
+def assert_documented(http: Http, schema: str, instance: object) -> None:
+    """The body has the shape /openapi.json promises for it."""
+    components = http.get("/openapi.json").json()["components"]
+    root = {"$ref": f"#/components/schemas/{schema}", "components": components}
+    Draft202012Validator(root).validate(instance)
+
+
+# ----------------------------------------------------------------------------- flows
+
+
+def wait_until_settled(http: Http, attachment_id: str, worker_log: Path) -> dict[str, Any]:
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline:
+        view = http.get(f"/v1/attachments/{attachment_id}").json()
+        if view["state"] in ("ready", "failed"):
+            return dict(view)
+        time.sleep(0.2)
+    raise AssertionError(f"{attachment_id} never settled; worker: {worker_log.read_text()[-3000:]}")
+
+
+def test_upload_is_accepted_then_ready_and_each_variant_serves_its_bytes(
+    http: Http, worker: Path
+) -> None:
+    original = jpeg()
+    reply = http.post_file(original, "holiday.jpg", "image/jpeg")
+
+    assert reply.status == 202, reply.body
+    body = reply.json()
+    assert body["state"] == "queued"
+    assert reply.headers["Location"] == f"/v1/attachments/{body['id']}"
+    assert body["links"]["self"] == reply.headers["Location"]
+    assert set(body["links"]["variants"]) == {"thumbnail", "crop", "optimized"}
+    assert_documented(http, "Accepted", body)
+
+    view = wait_until_settled(http, body["id"], worker)
+    assert view["state"] == "ready", view
+    assert view["display_name"] == "holiday.jpg"
+    assert view["sha256"] == hashlib.sha256(original).hexdigest()
+    assert_documented(http, "Attachment", view)
+    # Clients get URLs; storage keys stay the deployment's business.
+    assert "object_key" not in view["original"]
+    variants = view["variants"]
+    assert isinstance(variants, list)
+    assert {v["name"] for v in variants} == {"thumbnail", "crop", "optimized"}
+    for variant in variants:
+        assert "object_key" not in variant
+        assert variant["url"] == f"{reply.headers['Location']}/variants/{variant['name']}"
+        redirect = http.get(variant["url"])
+        assert redirect.status == 302
+        served = fetch(redirect.headers["Location"])
+        assert served.status == 200
+        assert served.headers["Content-Type"] == variant["content_type"] == "image/webp"
+        assert hashlib.sha256(served.body).hexdigest() == variant["sha256"]
+        assert served.body[:4] == b"RIFF"
+        assert served.body[8:12] == b"WEBP"
+
+
+HOSTILE = [
+    pytest.param(jpeg()[:3000], "cut.jpg", 422, "corrupt_image", id="truncated-jpeg"),
+    pytest.param(png_claiming(100_000, 100_000), "huge.png", 422, "pixel_limit", id="png-bomb"),
+    pytest.param(
+        b"just some text\n" * 20, "notes.jpg", 415, "unsupported_format", id="text-as-jpg"
+    ),
+    pytest.param(SVG, "logo.svg", 415, "unsupported_format", id="svg"),
+    pytest.param(b"", "empty.png", 400, "empty_file", id="zero-bytes"),
+    # Under the request cap, over the file limit: refused by the validator.
+    pytest.param(b"\xff\xd8\xff" + bytes(MAX_UPLOAD), "big.jpg", 413, "too_large", id="just-over"),
+    # Far over: refused while the body is read, before it is held in memory.
+    pytest.param(bytes(4 * MAX_UPLOAD), "huge.jpg", 413, "too_large", id="far-over"),
+]
+
+
+@pytest.mark.parametrize(("data", "filename", "status", "code"), HOSTILE)
+def test_hostile_file_gets_a_json_refusal_and_leaves_nothing_behind(
+    http: Http, journal: Engine, data: bytes, filename: str, status: int, code: str
+) -> None:
+    before = attachment_rows(journal)
+
+    reply = http.post_file(data, filename, "image/jpeg")
+
+    assert reply.status == status, reply.body
+    assert reply.headers["Content-Type"] == "application/json"
+    assert set(reply.json()) == ERROR
+    assert reply.json()["error"] == code
+    assert_documented(http, "Error", reply.json())
+    assert attachment_rows(journal) == before
+    assert http.get("/healthz").status == 200
+
+
+def test_request_without_a_file_field_is_a_400(http: Http) -> None:
+    reply = http.post_file(png(), "a.png", "image/png", field_name="image")
+
+    assert reply.status == 400
+    assert reply.json()["error"] == "missing_file"
+
+
+@pytest.mark.parametrize(
+    "key", ["k" * 201, "caf\u00e9", "tab\there"], ids=["long", "latin1", "tab"]
+)
+def test_a_bad_idempotency_key_is_a_400(http: Http, journal: Engine, key: str) -> None:
+    before = attachment_rows(journal)
+
+    reply = http.post_file(png(), "a.png", "image/png", headers={"Idempotency-Key": key})
+
+    assert reply.status == 400
+    assert reply.json()["error"] == "bad_idempotency_key"
+    assert attachment_rows(journal) == before
+
+
+def test_a_path_in_the_file_name_only_survives_as_a_display_name(http: Http) -> None:
+    reply = http.post_file(png(), "../../etc/passwd", "image/png")
+
+    assert reply.status == 202, reply.body
+    view = http.get(reply.headers["Location"]).json()
+    assert view["display_name"] == "passwd"
+    assert view["content_type"] == "image/png"
+
+
+def test_the_same_idempotency_key_twice_is_one_attachment(http: Http, journal: Engine) -> None:
+    key = f"retry-{uuid.uuid4()}"
+    before = attachment_rows(journal)
+
+    first = http.post_file(png(), "a.png", "image/png", headers={"Idempotency-Key": key})
+    again = http.post_file(png(), "a.png", "image/png", headers={"Idempotency-Key": key})
+
+    assert (first.status, again.status) == (202, 200)
+    assert again.json()["id"] == first.json()["id"]
+    assert again.headers["Location"] == first.headers["Location"]
+    assert attachment_rows(journal) == before + 1
+
+
+def test_an_idempotency_key_reused_for_another_file_is_refused(http: Http) -> None:
+    key = f"retry-{uuid.uuid4()}"
+
+    first = http.post_file(png(), "a.png", "image/png", headers={"Idempotency-Key": key})
+    other = http.post_file(png((64, 64)), "b.png", "image/png", headers={"Idempotency-Key": key})
+
+    assert first.status == 202
+    assert other.status == 422
+    assert other.json()["error"] == "idempotency_key_reused"
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        (f"/v1/attachments/{uuid.uuid4()}", 404),
+        ("/v1/attachments/not-a-uuid", 404),
+        ("/v1/attachments/../../etc/passwd", 404),
+        (f"/v1/attachments/{uuid.uuid4()}/variants/thumbnail", 404),
+        ("/nowhere", 404),
+        ("/healthz/", 404),
+    ],
+)
+def test_unknown_things_are_json_errors(http: Http, path: str, status: int) -> None:
+    reply = http.get(path)
+
+    assert reply.status == status
+    assert set(reply.json()) == ERROR
+
+
+def test_a_wrong_method_is_a_json_405(http: Http) -> None:
+    reply = http.request("/healthz", method="DELETE")
+
+    assert reply.status == 405
+    assert reply.json()["error"] == "method_not_allowed"
+    assert "GET" in reply.headers["Allow"]
+
+
+def test_openapi_describes_every_route_with_its_methods(http: Http) -> None:
+    from jobsapp.web.app import create_app
+
+    doc = http.get("/openapi.json").json()
+
+    assert doc["openapi"].startswith("3.1")
+    for schema in doc["components"]["schemas"].values():
+        Draft202012Validator.check_schema(schema)
+    routes = {
+        (re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule), method.lower())
+        for rule in create_app().url_map.iter_rules()
+        for method in rule.methods or ()
+        if method not in ("HEAD", "OPTIONS")
+    }
+    documented = {(path, method) for path, item in doc["paths"].items() for method in item}
+    assert routes == documented
+    for path, method in routes:
+        responses = doc["paths"][path][method]["responses"]
+        assert "500" in responses, (path, method)
+    upload = doc["paths"]["/v1/attachments"]["post"]["responses"]
+    assert {"202", "400", "413", "415", "422", "503"} <= set(upload)
+
+
+def test_a_database_outage_is_a_503_the_client_can_retry(
+    e2e_env: dict[str, str], logs: Path
+) -> None:
+    # Nothing listens on port 1: every connection attempt is refused at once.
+    dead = e2e_env | {"JOBSAPP_DATABASE_URL": "postgresql+psycopg2://postgres@127.0.0.1:1/none"}
+    proc, http = start_web(dead, logs / "web-no-db.log")
+    try:
+        upload = http.post_file(png(), "a.png", "image/png")
+        status = http.get(f"/v1/attachments/{uuid.uuid4()}")
+    finally:
+        stop(proc)
+
+    for reply in (upload, status):
+        assert reply.status == 503
+        assert reply.json()["error"] == "unavailable"
+        assert "127.0.0.1" not in reply.json()["reason"]
+        assert int(reply.headers["Retry-After"]) > 0
+
+
+def test_an_unexpected_error_is_a_json_500_without_internals() -> None:
+    from jobsapp.web.app import create_app
+
+    app = create_app()
+
+    def broken() -> str:
+        raise RuntimeError("password=hunter2 at db.internal:5432")
+
+    app.add_url_rule("/broken", view_func=broken)
+    reply = app.test_client().get("/broken")
+
+    assert reply.status_code == 500
+    assert reply.get_json() == {
+        "error": "internal_error",
+        "reason": "An unexpected error occurred.",
+    }
+    assert reply.headers["X-Content-Type-Options"] == "nosniff"

@@ -1,0 +1,144 @@
+"""Real processes for end-to-end tests: `jobsapp web` and a Celery worker, plus an HTTP client.
+
+The client never follows redirects, so a test sees the 302 itself, and it checks on every
+response that the app sent ``X-Content-Type-Options: nosniff``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.message import Message
+from pathlib import Path
+from typing import Any
+
+from jobsapp.demo import multipart_body
+
+WEB = (sys.executable, "-m", "jobsapp.cli", "web", "--host", "127.0.0.1")
+WORKER = (
+    *(sys.executable, "-m", "celery", "-A", "jobsapp", "worker", "--pool=threads", "-c", "2"),
+    *("-l", "warning", "--without-gossip", "--without-mingle", "--without-heartbeat"),
+)
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    headers: Message
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Http:
+    """A client for the app under test; every response must carry nosniff."""
+
+    base_url: str
+
+    def get(self, path: str) -> Reply:
+        return self.request(path)
+
+    def post_file(
+        self,
+        data: bytes,
+        filename: str = "upload.bin",
+        content_type: str = "application/octet-stream",
+        headers: Mapping[str, str] | None = None,
+        field_name: str = "file",
+    ) -> Reply:
+        body, multipart = multipart_body(field_name, filename, data, content_type)
+        all_headers = {"Content-Type": multipart, **(headers or {})}
+        return self.request("/v1/attachments", body, all_headers, method="POST")
+
+    def request(
+        self,
+        path: str,
+        data: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        method: str = "GET",
+    ) -> Reply:
+        # S310: the URL is always the app's own http://127.0.0.1 address.
+        request = urllib.request.Request(  # noqa: S310
+            self.base_url + path, data, dict(headers or {}), method=method
+        )
+        reply = fetch(request, _NO_REDIRECTS)
+        assert reply.headers.get("X-Content-Type-Options") == "nosniff", (request.full_url, reply)
+        return reply
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_NoRedirect)
+
+
+def fetch(request: urllib.request.Request | str, opener: Any = None) -> Reply:
+    """One HTTP exchange; 4xx/5xx are answers to look at, not exceptions."""
+    opener = opener or urllib.request.build_opener()
+    try:
+        with opener.open(request, timeout=30) as response:
+            return Reply(response.status, response.headers, response.read())
+    except urllib.error.HTTPError as error:
+        with error:
+            return Reply(error.code, error.headers, error.read())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start(argv: tuple[str, ...], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("ab") as log:
+        return subprocess.Popen(argv, cwd=REPO, env=dict(env), stdout=log, stderr=subprocess.STDOUT)
+
+
+def start_web(env: Mapping[str, str], log_path: Path) -> tuple[subprocess.Popen[bytes], Http]:
+    """`jobsapp web` on a free port, once /healthz answers."""
+    port = free_port()
+    proc = start((*WEB, "--port", str(port)), env, log_path)
+    http = Http(f"http://127.0.0.1:{port}")
+    try:
+        _wait_healthy(proc, http, log_path)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, http
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], http: Http, log_path: Path) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"jobsapp web exited: {log_path.read_text()[-3000:]}")
+        try:
+            if http.get("/healthz").status == 200:
+                return
+        except (ConnectionError, urllib.error.URLError):
+            time.sleep(0.1)
+    raise AssertionError(f"jobsapp web never became healthy: {log_path.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if the process lingers."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
