@@ -7,18 +7,21 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.env import VAR_DIR, configure_process_env, service
+from tests.support.env import SESSION, VAR_DIR, configure_process_env, service
 
 configure_process_env()
 
 from alembic import command  # noqa: E402 - jobsapp must see the test environment first
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
 
+from jobsapp.celery_app import app  # noqa: E402
 from jobsapp.cli import alembic_config  # noqa: E402
 from jobsapp.db import get_engine  # noqa: E402
 from jobsapp.settings import get_settings  # noqa: E402
 
 pytest_plugins = ("celery.contrib.pytest",)
+
+app.conf.task_default_queue = f"jobsapp-tests-{SESSION}"
 
 TABLES_IN_DELETE_ORDER = ("job_events", "outbox", "leases", "job_runs")
 
@@ -39,10 +42,22 @@ def _fresh_postgres(admin_url: str, name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> str:
-    url = _fresh_postgres(service("JOBSAPP_TEST_DATABASE_URL"), "jobsapp_tests")
+def postgres_url() -> Iterator[str]:
+    admin_url = service("JOBSAPP_TEST_DATABASE_URL")
+    name = f"jobsapp_tests_{SESSION}"
+    url = _fresh_postgres(admin_url, name)
     migrate(url)
-    return url
+    yield url
+    for engine_url in (url,):
+        get_engine(engine_url).dispose()
+    _drop_postgres(admin_url, name)
+
+
+def _drop_postgres(admin_url: str, name: str) -> None:
+    admin = create_engine(admin_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
 
 
 @pytest.fixture(scope="session")
@@ -86,9 +101,8 @@ def redis_clean() -> None:
     import redis
 
     client = redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL"))
-    doomed = [*client.scan_iter("jobsapp-test:*"), *client.scan_iter("jobsapp:dedup:*")]
-    doomed += [b"celery", b"unacked", b"unacked_index"]
-    client.delete(*doomed)
+    doomed = [*client.scan_iter(f"jobsapp-test:{SESSION}:*"), *client.scan_iter("jobsapp:dedup:*")]
+    client.delete(app.conf.task_default_queue, *doomed)
 
 
 @pytest.fixture

@@ -9,23 +9,29 @@ or re-run job can never publish a variant twice.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
+    Connection,
     ForeignKey,
     Index,
     Integer,
     String,
     Table,
     UniqueConstraint,
+    update,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
+from jobsapp.db import utcnow
 from jobsapp.lifecycle import registry
 from jobsapp.lifecycle.registry import RunTable, StalePolicy
+from jobsapp.lifecycle.states import Transition
 from jobsapp.lifecycle.tables import Base, RunMixin
 
 # S3's key limit; the object store enforces the same on both backends.
@@ -120,17 +126,50 @@ class AttachmentVariant(Base):
     )
 
 
-ATTACHMENT_RUNS = registry.register(
-    RunTable(
-        module="attachments",
-        table=AttachmentRun.__table__,  # type: ignore[arg-type]
-        # A dead worker's job is worth another attempt: every effect is idempotent.
-        stale_policy=StalePolicy.REQUEUE,
-        id_columns=("attachment_id", "pipeline_version"),
-    )
-)
-
 # Core handles for the conditional statements (SQLAlchemy types ``__table__`` loosely).
 ATTACHMENTS: Table = Attachment.__table__  # type: ignore[assignment]
 RUNS: Table = AttachmentRun.__table__  # type: ignore[assignment]
 VARIANTS: Table = AttachmentVariant.__table__  # type: ignore[assignment]
+
+# How a run moved by the reaper or an operator moves its attachment: (from, to, error_code).
+# ``ready`` is in no "from": a re-processing run never takes a published attachment back.
+_MIRROR: dict[Transition, tuple[tuple[AttachmentState, ...], AttachmentState, str | None]] = {
+    Transition.REAP_REQUEUE: ((AttachmentState.PROCESSING,), AttachmentState.QUEUED, None),
+    Transition.REAP_FAIL: (
+        (AttachmentState.QUEUED, AttachmentState.PROCESSING), AttachmentState.FAILED, "stale"
+    ),
+    Transition.CANCEL: (
+        (AttachmentState.QUEUED, AttachmentState.PROCESSING), AttachmentState.FAILED, "cancelled"
+    ),
+    Transition.REPLAY: ((AttachmentState.FAILED,), AttachmentState.QUEUED, None),
+    Transition.RERUN: ((AttachmentState.FAILED,), AttachmentState.QUEUED, None),
+}
+
+
+def mirror_run_change(
+    conn: Connection, transition: Transition, runs: Sequence[Mapping[str, Any]]
+) -> None:
+    """Keep the client-visible state in step with runs moved outside the task body."""
+    if transition not in _MIRROR:
+        return
+    sources, target, error_code = _MIRROR[transition]
+    conn.execute(
+        update(ATTACHMENTS)
+        .where(
+            ATTACHMENTS.c.id.in_([r["attachment_id"] for r in runs]),
+            ATTACHMENTS.c.state.in_([s.value for s in sources]),
+        )
+        .values(state=target.value, error_code=error_code, updated_at=utcnow())
+    )
+
+
+ATTACHMENT_RUNS = registry.register(
+    RunTable(
+        module="attachments",
+        table=RUNS,
+        # A dead worker's job is worth another attempt: every effect is idempotent.
+        stale_policy=StalePolicy.REQUEUE,
+        id_columns=("attachment_id", "pipeline_version"),
+        on_change=mirror_run_change,
+    )
+)

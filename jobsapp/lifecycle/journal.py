@@ -139,10 +139,21 @@ def add_outbox(
     now: datetime,
     available_at: datetime,
 ) -> PendingMessage:
-    """The message that starts ``attempt`` of the run in ``row``; published when due."""
+    """The message that starts ``attempt`` of the run in ``row``; published when due.
+
+    An attempt that never started (cancelled while queued, then replayed) already has a
+    row: it is re-armed, so the relay publishes it again and any old copy still in the
+    broker claims the same attempt.
+    """
     out = outgoing(spec, row, attempt=attempt, now=now, available_at=available_at)
-    stmt = insert(OUTBOX).values(out.values(spec.module)).returning(OUTBOX.c.id)
-    return out.pending(int(conn.execute(stmt).scalar_one()))
+    values = out.values(spec.module)
+    stmt = _upsert(conn, OUTBOX).values(values)
+    rearm = {"body": values["body"], "created_at": now, "available_at": available_at,
+             "published_at": None, "delivered_at": None, "publish_count": 0}  # fmt: skip
+    upsert = stmt.on_conflict_do_update(
+        index_elements=[OUTBOX.c.module, OUTBOX.c.job_id, OUTBOX.c.attempt], set_=rearm
+    ).returning(OUTBOX.c.id)
+    return out.pending(int(conn.execute(upsert).scalar_one()))
 
 
 @dataclass(frozen=True)
@@ -486,6 +497,7 @@ def reopen(
         conn, spec, job_id, attempts + 1, transition,
         from_state=from_state, to_state=State.QUEUED, actor=actor, now=now, reason=reason,
     )  # fmt: skip
+    spec.changed(conn, transition, [row])
     return add_outbox(conn, spec, row, attempt=attempts + 1, now=now, available_at=now)
 
 
@@ -605,15 +617,16 @@ def cancel(
             state=State.FAILED.value, outcome=Outcome.CANCELLED.value, finished_at=now,
             updated_at=now, next_retry_at=None, last_error=reason,
         )
-        .returning(table.c.attempts)
+        .returning(*table.c)
     )  # fmt: skip
-    attempts = conn.execute(stmt).scalar()
-    if attempts is None:
+    row = _first(conn, stmt)
+    if row is None:
         return False
     record_event(
-        conn, spec, job_id, attempts + 1, Transition.CANCEL,
+        conn, spec, job_id, row["attempts"] + 1, Transition.CANCEL,
         from_state=State.QUEUED, to_state=State.FAILED, actor=actor, now=now, reason=reason,
     )  # fmt: skip
+    spec.changed(conn, Transition.CANCEL, [row])
     return True
 
 
@@ -694,6 +707,7 @@ def _after_reap(
         if requeued:
             row = {"job_id": run.job_id, "task_name": run.task_name, **run.ids}
             add_outbox(conn, spec, row, attempt=run.attempt + 1, now=now, available_at=now)
+    spec.changed(conn, transition, [{"job_id": r.job_id, **r.ids} for r in reaped])
 
 
 def _pending(rows: Any) -> list[PendingMessage]:
@@ -757,7 +771,13 @@ def settle_delivered(conn: Connection, spec: RunTable, *, now: datetime, limit: 
         .where(*_due_inflight(spec, now), ~_waiting_for_claim(spec) | table.c.job_id.is_(None))
         .limit(limit)
     )
-    stmt = update(OUTBOX).where(OUTBOX.c.id.in_(moved_on)).values(delivered_at=now)
+    # Re-checked outside the subquery: a relay that waited on another's lock must not
+    # mark the row a second time.
+    stmt = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(moved_on), OUTBOX.c.delivered_at.is_(None))
+        .values(delivered_at=now)
+    )
     return conn.execute(stmt).rowcount
 
 

@@ -21,6 +21,7 @@ from jobsapp.db import get_relaxed_engine, is_autocommit, utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.message import task_id_for, trace_headers, validate_body
+from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,9 @@ def publish(
         except Exception as exc:  # noqa: BLE001 - the relay republishes whatever failed here
             log.warning("publish of outbox row %s failed: %s", message.id, type(exc).__name__)
             continue
-        accepted.append((message.id, next_check(now, message.publish_count, unclaimed_after)))
+        # A countdown message cannot be claimed before it is due: count from then.
+        since = max(now, message.available_at)
+        accepted.append((message.id, next_check(since, message.publish_count, unclaimed_after)))
     return accepted
 
 
@@ -84,7 +87,8 @@ def mark(conn: Connection, accepted: Sequence[tuple[int, datetime]]) -> None:
 
 def publish_now(app: Celery, messages: Sequence[PendingMessage]) -> int:
     """The fast path after COMMIT; whatever fails here the relay publishes later."""
-    accepted = publish(app, messages)
+    unclaimed_after = timedelta(seconds=get_settings().unclaimed_after)
+    accepted = publish(app, messages, unclaimed_after=unclaimed_after)
     try:
         with get_relaxed_engine().begin() as conn:
             mark(conn, accepted)

@@ -6,14 +6,22 @@ table in its own home, without a central table of all jobs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Table
+from sqlalchemy import Connection, Table
 
 from jobsapp.lifecycle.tables import JobRun
+
+if TYPE_CHECKING:
+    from jobsapp.lifecycle.states import Transition
+
+# Called in the transaction of a transition made outside the task body (reaper, operator,
+# rerun) with the changed runs (job_id plus id columns), so a domain keeps rows that
+# mirror the run (an attachment's client-visible state) in step with it.
+ChangeHook = Callable[[Connection, "Transition", Sequence[Mapping[str, Any]]], None]
 
 
 class StalePolicy(StrEnum):
@@ -34,9 +42,16 @@ class RunTable:
     params_column: str | None = None
     # How often the reaper may rescue one job before it fails it as a poison job.
     rescue_limit: int = 3
+    on_change: ChangeHook | None = None
 
     def ids_from_row(self, row: Mapping[str, Any]) -> dict[str, Any]:
         return {c: row[c] for c in self.id_columns}
+
+    def changed(
+        self, conn: Connection, transition: Transition, runs: Sequence[Mapping[str, Any]]
+    ) -> None:
+        if self.on_change is not None and runs:
+            self.on_change(conn, transition, runs)
 
 
 _REGISTRY: dict[str, RunTable] = {}

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Table, case, select
+from sqlalchemy import Connection, Table, case, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from jobsapp.db import utcnow
 from jobsapp.lifecycle.tables import Lease
 
 LEASES: Table = Lease.__table__  # type: ignore[assignment]
@@ -39,6 +40,15 @@ def acquire(conn: Connection, name: str, holder: str, *, ttl: timedelta, now: da
 
 def _keep_if(cond: Any, kept: Any, new: Any) -> Any:
     return case((cond, kept), else_=new)
+
+
+def database_now(conn: Connection) -> datetime:
+    """The clock every contender reads: beats on hosts whose clocks drift apart must
+    still agree when a lease expired. SQLite is one host's file: its clock is ours."""
+    if conn.dialect.name != "postgresql":
+        return utcnow()
+    now: datetime = conn.execute(select(func.clock_timestamp())).scalar_one()
+    return now.astimezone(UTC)
 
 
 def release(conn: Connection, name: str, holder: str) -> None:

@@ -4,52 +4,114 @@ Every tick renews the lease row; a second beat that finds it held stands by (and
 so) until the lease expires, then takes over. Maintenance entries run inside the beat
 process, so reaping never waits behind busy workers; other periodic tasks are sent to
 the broker as usual, by the leader only.
+
+Cadences of the maintenance entries can be set per deployment without touching
+``celeryconfig.py``: ``JOBSAPP_REAPER_EVERY``, ``JOBSAPP_RELAY_EVERY`` and
+``JOBSAPP_RETENTION_EVERY`` (seconds). ``JOBSAPP_BEAT_LEASE_SECONDS`` is the lease.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from celery.beat import ScheduleEntry, Scheduler
+from celery.schedules import schedule
 
-from jobsapp.db import get_engine, utcnow
+from jobsapp.db import get_engine
 from jobsapp.maintenance import lease
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "beat"
 MAINTENANCE_PREFIX = "jobsapp.maintenance."
+LEASE_ENV = "JOBSAPP_BEAT_LEASE_SECONDS"
+DEFAULT_LEASE_SECONDS = 30.0
+# Keyed by task name, not entry name: a deployment may rename entries in its config.
+CADENCE_ENV: Mapping[str, str] = {
+    "jobsapp.maintenance.reaper": "JOBSAPP_REAPER_EVERY",
+    "jobsapp.maintenance.relay": "JOBSAPP_RELAY_EVERY",
+    "jobsapp.maintenance.retention": "JOBSAPP_RETENTION_EVERY",
+}
+# The standby logs at most this often, so a long wait does not flood the log.
+STANDBY_LOG_EVERY = 30.0
 
 
-def _is_maintenance(entry: ScheduleEntry) -> bool:
-    return str(entry.task or "").startswith(MAINTENANCE_PREFIX)
+def seconds_from_env(env: Mapping[str, str], name: str, default: float | None) -> float | None:
+    """A positive number of seconds from ``env``; a bad value fails at start, named."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={raw!r} must be a finite number greater than zero")
+    return value
+
+
+def cadence_overrides(env: Mapping[str, str]) -> dict[str, timedelta]:
+    """Maintenance cadences set in ``env``, by task name."""
+    found: dict[str, timedelta] = {}
+    for task, name in CADENCE_ENV.items():
+        seconds = seconds_from_env(env, name, None)
+        if seconds is not None:
+            found[task] = timedelta(seconds=seconds)
+    return found
+
+
+def maintenance_task(entry: ScheduleEntry) -> str | None:
+    """The entry's task name if it is a maintenance pass (run inline), else None."""
+    task = entry.task
+    return task if task is not None and task.startswith(MAINTENANCE_PREFIX) else None
+
+
+def lease_ttl_from_env(env: Mapping[str, str]) -> timedelta:
+    seconds = seconds_from_env(env, LEASE_ENV, DEFAULT_LEASE_SECONDS)
+    assert seconds is not None
+    return timedelta(seconds=seconds)
 
 
 class LeasedScheduler(Scheduler):
-    lease_ttl = timedelta(seconds=float(os.environ.get("JOBSAPP_BEAT_LEASE_SECONDS", "30")))
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Read per instance (not at import) so a bad value fails the beat that uses it.
+        self.lease_ttl = lease_ttl_from_env(os.environ)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leading = False
-        self._last_standby_log = 0.0
+        self._last_standby_log: float | None = None
         super().__init__(*args, **kwargs)
 
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        overrides = cadence_overrides(os.environ)
+        for entry in self.schedule.values():
+            task = maintenance_task(entry)
+            every = overrides.get(task) if task else None
+            if task and every is not None:
+                entry.schedule = schedule(every, app=self.app)
+                log.info("beat: %s every %gs (from %s)", task, every.total_seconds(),
+                         CADENCE_ENV[task])  # fmt: skip
+
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        # Renewal must come well inside the lease, whatever the schedule's own interval.
+        renew_every = self.lease_ttl.total_seconds() / 3
         if not self._renew():
-            return min(1.0, self.lease_ttl.total_seconds() / 4)
-        return float(super().tick(*args, **kwargs))
+            return min(1.0, renew_every)
+        return min(float(super().tick(*args, **kwargs)), renew_every)
 
     def _renew(self) -> bool:
         try:
             with get_engine().begin() as conn:
                 leading = lease.acquire(conn, LEASE_NAME, self.holder, ttl=self.lease_ttl,
-                                        now=utcnow())  # fmt: skip
+                                        now=lease.database_now(conn))  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - without the database nobody may lead
             log.warning("beat lease unavailable: %s", type(exc).__name__)
             leading = False
@@ -59,31 +121,41 @@ class LeasedScheduler(Scheduler):
     def _announce(self, leading: bool) -> None:
         if leading and not self.leading:
             log.warning("beat %s is the leader; clearing maintenance backlog", self.holder)
+            self.leading = True
             self._run_all_maintenance()
-        if not leading and time.monotonic() - self._last_standby_log > 30:
-            log.warning("beat %s standing by: the lease is held by another beat", self.holder)
-            self._last_standby_log = time.monotonic()
+        if not leading:
+            if self.leading:
+                log.warning("beat %s lost the lease; standing by", self.holder)
+            now = time.monotonic()
+            if self._last_standby_log is None or now - self._last_standby_log > STANDBY_LOG_EVERY:
+                log.warning("beat %s standing by: the lease is held by another beat", self.holder)
+                self._last_standby_log = now
         self.leading = leading
 
     def _run_all_maintenance(self) -> None:
         for entry in self.schedule.values():
-            if _is_maintenance(entry):
-                self._run_inline(entry)
+            task = maintenance_task(entry)
+            if task:
+                self._run_inline(task)
 
-    def _run_inline(self, entry: ScheduleEntry) -> None:
+    def _run_inline(self, task: str) -> None:
         try:
-            self.app.tasks[str(entry.task)]()
+            self.app.tasks[task]()
         except Exception:
-            log.exception("maintenance pass %s failed", entry.task)
+            log.exception("maintenance pass %s failed", task)
 
     def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
-        if _is_maintenance(entry):
-            self._run_inline(entry)
+        task = maintenance_task(entry)
+        if task:
+            self._run_inline(task)
             return
         super().apply_entry(entry, producer=producer)
 
     def close(self) -> None:
         if self.leading:
-            with get_engine().begin() as conn:
-                lease.release(conn, LEASE_NAME, self.holder)
+            try:
+                with get_engine().begin() as conn:
+                    lease.release(conn, LEASE_NAME, self.holder)
+            except Exception as exc:  # noqa: BLE001 - the lease then simply expires
+                log.warning("beat lease not released: %s", type(exc).__name__)
         super().close()

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, func, select
 from jobsapp.attachments.models import ATTACHMENTS, RUNS, VARIANTS
 from jobsapp.attachments.service import get_attachment
 from jobsapp.attachments.store import clear_store_cache, get_store
+from jobsapp.celery_app import app
 from jobsapp.settings import get_settings
 from jobsapp.storage import ObjectStore
 from tests.support.waiting import eventually
@@ -120,7 +121,7 @@ def broker_drained(timeout: float = 20.0) -> None:
     client = redis.Redis.from_url(os.environ["JOBSAPP_TEST_REDIS_URL"])
 
     def empty() -> bool:
-        return client.llen("celery") == 0 and client.hlen("unacked") == 0
+        return client.llen(app.conf.task_default_queue) == 0 and client.hlen("unacked") == 0
 
     eventually(empty, timeout=timeout)
 

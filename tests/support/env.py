@@ -9,6 +9,9 @@ import pytest
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 VAR_DIR = tempfile.mkdtemp(prefix="jobsapp-tests-")
+# Names of this session's database, queue and counters, so two test sessions on one set
+# of services (a developer's and a helper's) never see each other's jobs.
+SESSION = f"s{os.getpid()}"
 
 
 def service(name: str) -> str:
@@ -34,6 +37,7 @@ def configure_process_env() -> None:
         "JOBSAPP_HEARTBEAT_INTERVAL": "0.5",
         "JOBSAPP_STALE_AFTER": "3",
         "JOBSAPP_INLINE_WAIT_MAX": "2",
+        "JOBSAPP_TEST_NAMESPACE": SESSION,
     }
     for key, value in defaults.items():
         if value:

@@ -17,13 +17,19 @@ def counter() -> redis.Redis:
     return redis.Redis.from_url(os.environ["JOBSAPP_TEST_REDIS_URL"])
 
 
+def _key(name: str) -> str:
+    """Counters of one test session; subprocess workers of e2e tests have no namespace."""
+    namespace = os.environ.get("JOBSAPP_TEST_NAMESPACE")
+    return f"jobsapp-test:{namespace}:calls:{name}" if namespace else f"jobsapp-test:calls:{name}"
+
+
 def record(name: str) -> int:
     """Count one execution of a body under ``name``; returns the count so far."""
-    return int(counter().incr(f"jobsapp-test:calls:{name}"))
+    return int(counter().incr(_key(name)))
 
 
 def calls(name: str) -> int:
-    return int(counter().get(f"jobsapp-test:calls:{name}") or 0)
+    return int(counter().get(_key(name)) or 0)
 
 
 @lifecycle_task(app, name="tests.echo", dedup_window=0)
@@ -85,3 +91,40 @@ def celery_retry(token: str) -> None:
 def tick() -> None:
     """A task a foreign producer can call knowing only its name."""
     record(f"tick:{current_run().job_id}")
+
+
+@lifecycle_task(app, name="tests.long_first", key="long-first:{token}")
+def long_first(token: str, seconds: float) -> None:
+    """Sleeps ``seconds`` on attempt 1 only (long enough to be killed), then finishes.
+
+    Counts ``<token>:started:<attempt>`` at the start and ``<token>:done:<attempt>`` once
+    the attempt's effect is published, so a test sees which attempt completed.
+    """
+    ctx = current_run()
+    record(f"{token}:started:{ctx.attempt}")
+    if ctx.attempt == 1:
+        ctx.heartbeat.wait(seconds)
+    ctx.check_lease()
+    record(f"{token}:done:{ctx.attempt}")
+
+
+@lifecycle_task(app, name="tests.suicidal", max_attempts=10)
+def suicidal(token: str) -> None:
+    """A poison job: kills the process running it on every attempt (as an OOM kill would)."""
+    import signal  # appended task: the module's imports are left as they are
+
+    record(token)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+
+@lifecycle_task(app, name="tests.fails_once", max_attempts=1)
+def fails_once(token: str) -> None:
+    """Fails permanently on its first attempt, succeeds on any later one: a job whose
+    cause an operator fixed before replaying it. No shared state decides, so a suite
+    that empties the test keys meanwhile cannot change the outcome."""
+    from jobsapp.lifecycle import PermanentError  # appended task: imports left as they are
+
+    record(token)
+    if current_run().attempt == 1:
+        raise PermanentError("upstream refuses this job until someone fixes it")

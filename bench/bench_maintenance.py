@@ -1,0 +1,293 @@
+"""What one maintenance pass costs as the journal grows: reaper and relay on Postgres.
+
+Needs the services (scripts/services.sh start). Run:
+    eval "$(scripts/services.sh env)" && .venv/bin/python -m bench.bench_maintenance \
+        [--sizes 10000 100000] [--million] [--repeat 7]
+
+For each size: a fresh database holding that many terminal runs (with their delivered
+outbox rows and three events each), loaded with COPY, plus 100 active runs: 60 running
+(20 of them stale before every timed pass) and 40 queued (20 with a crashed producer's
+unpublished message, 20 published and not yet due for a check). Timed, median of
+``--repeat``: a reaper pass and a relay pass with that work to do, and each pass idle.
+Then EXPLAIN ANALYZE of every query the passes ran, with the partial indexes they must
+use. The passes publish to Redis database 7, flushed before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import redis
+from alembic import command
+from celery import Celery
+from sqlalchemy import Engine, create_engine, event, text
+
+from jobsapp.cli import alembic_config
+from jobsapp.db import make_engine
+from jobsapp.lifecycle.message import build_body
+from jobsapp.maintenance import reaper, relay
+
+PG_BASE = os.environ["JOBSAPP_TEST_DATABASE_URL"].rsplit("/", 1)[0]
+DB_NAME = "jobsapp_bench_maintenance"
+BROKER = os.environ["JOBSAPP_TEST_REDIS_URL"].rsplit("/", 1)[0] + "/7"
+ACTIVE_RUNNING, STALE, QUEUED_DUE, QUEUED_WAITING = 40, 20, 20, 20
+STALE_AFTER = timedelta(seconds=30)
+UNCLAIMED = timedelta(minutes=5)
+CHUNK = 50_000
+INDEXES = ("ix_job_runs_running_heartbeat", "ix_outbox_pending", "ix_outbox_inflight")
+
+
+def fresh_database() -> Engine:
+    admin = create_engine(PG_BASE + "/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{DB_NAME}"'))
+    admin.dispose()
+    engine = make_engine(f"{PG_BASE}/{DB_NAME}")
+    # Migrate on our own connection: Alembic's default engine is cached per URL, and the
+    # previous size's database of the same name was dropped under its pool.
+    with engine.begin() as conn:
+        cfg = alembic_config()
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+    return engine
+
+
+def _ts(moment: datetime) -> str:
+    return moment.isoformat()
+
+
+def _copy(
+    engine: Engine, table: str, columns: tuple[str, ...], rows: Iterator[tuple[Any, ...]]
+) -> None:
+    """COPY ``rows`` in chunks; NULL is \\N, JSON and text carry no tabs or newlines."""
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        sql = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+        while True:
+            buf = io.StringIO()
+            n = 0
+            for row in rows:
+                buf.write("\t".join("\\N" if v is None else str(v) for v in row) + "\n")
+                n += 1
+                if n == CHUNK:
+                    break
+            if n == 0:
+                break
+            buf.seek(0)
+            cursor.copy_expert(sql, buf)
+        raw.commit()
+    finally:
+        raw.close()
+
+
+RUN_COLUMNS = ("job_id", "task_name", "concurrency_key", "state", "outcome", "attempts",
+               "max_attempts", "rescues", "heartbeat_at", "created_at", "started_at",
+               "finished_at", "updated_at", "worker", "params")  # fmt: skip
+OUTBOX_COLUMNS = ("module", "job_id", "attempt", "task_name", "body", "created_at",
+                  "available_at", "published_at", "publish_count", "delivered_at")  # fmt: skip
+EVENT_COLUMNS = ("module", "job_id", "attempt", "transition", "from_state", "to_state",
+                 "actor", "at")  # fmt: skip
+PARAMS = json.dumps({"args": ["bench"], "kwargs": {}})
+
+
+def _body(job_id: uuid.UUID, attempt: int, at: datetime) -> str:
+    return json.dumps(build_body(job_id=job_id, module="jobs", attempt=attempt, ids={},
+                                 enqueued_at=at, traceparent=None))  # fmt: skip
+
+
+def load(engine: Engine, terminal: int) -> dict[str, list[uuid.UUID]]:
+    """``terminal`` finished jobs and the 100 active ones; returns the active ids by role."""
+    now = datetime.now(UTC)
+    long_ago = now - timedelta(days=2)
+    ids = [uuid.uuid4() for _ in range(terminal)]
+
+    def runs() -> Iterator[tuple[Any, ...]]:
+        for i, job_id in enumerate(ids):
+            state, outcome = ("failed", "exhausted") if i % 20 == 0 else ("succeeded", "succeeded")
+            at = _ts(long_ago + timedelta(seconds=i % 86_400))
+            yield (job_id, "tests.echo", f"tests.echo:{job_id}", state, outcome, 1, 5, 0, at,
+                   at, at, at, at, "w@h:1", PARAMS)  # fmt: skip
+
+    def outbox() -> Iterator[tuple[Any, ...]]:
+        # Delivered rows are never read again, so one body serves them all: validating a
+        # million bodies would only slow the load.
+        body = _body(uuid.uuid4(), 1, long_ago)
+        for job_id in ids:
+            at = _ts(long_ago)
+            yield ("jobs", job_id, 1, "tests.echo", body, at, at, at, 1, at)
+
+    def events() -> Iterator[tuple[Any, ...]]:
+        for job_id in ids:
+            at = _ts(long_ago)
+            yield ("jobs", job_id, 1, "enqueue", None, "queued", "producer", at)
+            yield ("jobs", job_id, 1, "claim", "queued", "running", "w@h:1", at)
+            yield ("jobs", job_id, 1, "succeed", "running", "succeeded", "w@h:1", at)
+
+    _copy(engine, "job_runs", RUN_COLUMNS, runs())
+    _copy(engine, "outbox", OUTBOX_COLUMNS, outbox())
+    _copy(engine, "job_events", EVENT_COLUMNS, events())
+    roles = {name: [uuid.uuid4() for _ in range(n)] for name, n in (
+        ("running", ACTIVE_RUNNING), ("stale", STALE), ("due", QUEUED_DUE),
+        ("waiting", QUEUED_WAITING))}  # fmt: skip
+    active_runs, active_outbox = [], []
+    for role, role_ids in roles.items():
+        for job_id in role_ids:
+            running = role in ("running", "stale")
+            at = _ts(now)
+            active_runs.append((job_id, "tests.echo", f"tests.echo:{job_id}",
+                                "running" if running else "queued", None, int(running), 5, 0,
+                                at if running else None, at, at if running else None, None, at,
+                                "w@h:1" if running else None, PARAMS))  # fmt: skip
+            published = role != "due"
+            check = now + UNCLAIMED if published else now - timedelta(minutes=1)
+            active_outbox.append(("jobs", job_id, 1, "tests.echo", _body(job_id, 1, now), at,
+                                  _ts(check), at if published else None, int(published),
+                                  at if running else None))  # fmt: skip
+    _copy(engine, "job_runs", RUN_COLUMNS, iter(active_runs))
+    _copy(engine, "outbox", OUTBOX_COLUMNS, iter(active_outbox))
+    with engine.begin() as conn:
+        conn.execute(text("ANALYZE"))
+    return roles
+
+
+def make_work(engine: Engine, roles: dict[str, list[uuid.UUID]]) -> None:
+    """Before a timed pass: the stale runs stopped beating, the due rows are unpublished."""
+    old = datetime.now(UTC) - 2 * STALE_AFTER
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM outbox WHERE attempt > 1 AND job_id = ANY(:ids)"),
+                     {"ids": roles["stale"]})  # fmt: skip
+        conn.execute(text("UPDATE job_runs SET state = 'running', attempts = 1, rescues = 0, "
+                          "heartbeat_at = :old, last_error = NULL WHERE job_id = ANY(:ids)"),
+                     {"old": old, "ids": roles["stale"]})  # fmt: skip
+        conn.execute(text("UPDATE outbox SET published_at = NULL, publish_count = 0, "
+                          "available_at = :old WHERE attempt = 1 AND job_id = ANY(:ids)"),
+                     {"old": old, "ids": roles["due"]})  # fmt: skip
+
+
+def timed(run: Callable[[], object], repeat: int, before: Callable[[], None] | None) -> float:
+    samples = []
+    for _ in range(repeat):
+        if before:
+            before()
+        started = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples) * 1000
+
+
+class Recorder:
+    """The statements a pass sends, with their parameters, for EXPLAIN afterwards."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.seen: dict[str, Any] = {}
+        self.engine = engine
+
+    def __enter__(self) -> Recorder:
+        event.listen(self.engine, "before_cursor_execute", self._record)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        event.remove(self.engine, "before_cursor_execute", self._record)
+
+    def _record(self, _conn: Any, _cursor: Any, statement: str, params: Any, *_a: Any) -> None:
+        # Inserts of events and outbox rows have no plan worth reading.
+        reads = ("job_runs" in statement or "outbox" in statement) and "INSERT" not in statement
+        if reads and statement not in self.seen:
+            self.seen[statement] = params
+
+
+def explain(engine: Engine, recorded: dict[str, Any]) -> set[str]:
+    """Print each plan (executed, then rolled back); returns the indexes the plans use."""
+    used: set[str] = set()
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        for statement, params in recorded.items():
+            sql = cursor.mogrify(statement, params).decode()
+            cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING ON) " + sql)
+            plan = "\n".join(f"    {r[0]}" for r in cursor.fetchall())
+            raw.rollback()
+            used |= {name for name in INDEXES if name in plan}
+            print(f"  -- {' '.join(sql.split())[:160]}...\n{plan}")
+    finally:
+        raw.close()
+    return used
+
+
+def bench_size(terminal: int, repeat: int, app: Celery) -> dict[str, float]:
+    engine = fresh_database()
+    started = time.perf_counter()
+    roles = load(engine, terminal)
+    loaded = time.perf_counter() - started
+    reaper_cfg = reaper.ReaperConfig(stale_after=STALE_AFTER, unclaimed_after=UNCLAIMED)
+    relay_cfg = relay.RelayConfig(unclaimed_after=UNCLAIMED)
+
+    def work() -> None:
+        make_work(engine, roles)
+
+    # Warm the pool and the statement caches outside the timings.
+    make_work(engine, roles)
+    reaper.run_once(engine, reaper_cfg, app)
+    relay.run_once(app, engine, relay_cfg)
+    figures = {
+        "reaper": timed(lambda: reaper.run_once(engine, reaper_cfg, app), repeat, work),
+        "reaper idle": timed(lambda: reaper.run_once(engine, reaper_cfg, app), repeat, None),
+        "relay": timed(lambda: relay.run_once(app, engine, relay_cfg), repeat, work),
+        "relay idle": timed(lambda: relay.run_once(app, engine, relay_cfg), repeat, None),
+    }
+    print(f"\n== {terminal:,} terminal runs + 100 active (loaded in {loaded:.1f}s); "
+          f"median of {repeat}, milliseconds")  # fmt: skip
+    for name, ms in figures.items():
+        print(f"  {name:<12} {ms:8.2f}")
+    used: set[str] = set()
+    for name, run in (("reaper", lambda: reaper.run_once(engine, reaper_cfg, app)),
+                      ("relay", lambda: relay.run_once(app, engine, relay_cfg))):  # fmt: skip
+        make_work(engine, roles)
+        with Recorder(engine) as rec:
+            run()
+        make_work(engine, roles)  # EXPLAIN ANALYZE then meets the rows the pass met
+        print(f"  plans of the {name} pass's queries (EXPLAIN ANALYZE, rolled back):")
+        used |= explain(engine, rec.seen)
+    missing = set(INDEXES) - used
+    print(f"  indexes used: {sorted(used)}" + (f"; NOT USED: {sorted(missing)}" if missing else ""))
+    engine.dispose()
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--million", action="store_true", help="add a 10^6 run (slow to load)")
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    sizes = args.sizes + ([1_000_000] if args.million else [])
+    broker = redis.Redis.from_url(BROKER)
+    broker.flushdb()
+    app = Celery("bench-maintenance", broker=BROKER, set_as_current=False)
+    app.conf.update(task_serializer="json", accept_content=["json"])
+    results = {size: bench_size(size, args.repeat, app) for size in sizes}
+    print("\n== summary (ms, median): size, " + ", ".join(next(iter(results.values()))))
+    for size, figures in results.items():
+        print(f"  {size:>9,}  " + "  ".join(f"{ms:8.2f}" for ms in figures.values()))
+    broker.flushdb()
+    app.close()
+    admin = create_engine(PG_BASE + "/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
+    admin.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

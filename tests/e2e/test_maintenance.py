@@ -1,0 +1,423 @@
+"""Beat, the singleton home of maintenance, proven with real processes.
+
+Postgres (a database of this module's own) and Redis (database 3, the broker and the
+test counters) are real; workers, beats, producers and ``jobsapp maintenance run-once``
+are real subprocesses killed with SIGKILL where the story says so. Timeouts are short
+(heartbeat 0.5 s, stale 2 s, lease 3 s, reaper and relay every second) so the module
+runs in about a minute; every process is killed by the ``procs`` finalizer.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+from sqlalchemy import Engine, create_engine, func, select, text, update
+
+from jobsapp.db import make_engine, utcnow
+from jobsapp.lifecycle import journal, registry
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX
+from jobsapp.lifecycle.tables import JobRun
+from jobsapp.schema import metadata
+from tests.e2e.procs import BIN, Launcher, Supervisor, ready, service_env
+from tests.support import tasks
+from tests.support.env import service
+from tests.support.journal_view import events, outbox_rows, run_row, transitions
+from tests.support.waiting import eventually
+
+HEARTBEAT = 0.5
+STALE_AFTER = 2.0
+LEASE = 3.0
+REAPER_EVERY = 1.0
+RELAY_EVERY = 1.0
+UNCLAIMED_AFTER = 2.0
+# Room for beat's own loop (it sleeps up to a second between ticks) and process start-up.
+SLACK = 1.5
+SETTINGS = {
+    "JOBSAPP_HEARTBEAT_INTERVAL": str(HEARTBEAT),
+    "JOBSAPP_STALE_AFTER": str(STALE_AFTER),
+    "JOBSAPP_UNCLAIMED_AFTER": str(UNCLAIMED_AFTER),
+    "JOBSAPP_BEAT_LEASE_SECONDS": str(LEASE),
+    "JOBSAPP_REAPER_EVERY": str(REAPER_EVERY),
+    "JOBSAPP_RELAY_EVERY": str(RELAY_EVERY),
+}
+DATABASE = "jobsapp_e2e_maintenance"
+BROKER_DB = 3
+RUNS = JobRun.__table__
+
+pytestmark = pytest.mark.timeout(90)
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A fresh Postgres database, migrated by the real ``jobsapp db upgrade``."""
+    base = service("JOBSAPP_TEST_DATABASE_URL")
+    admin = create_engine(base.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{DATABASE}"'))
+    url = base.rsplit("/", 1)[0] + f"/{DATABASE}"
+    env = service_env(database_url=url, broker_url=broker_url_for(), settings=SETTINGS,
+                      var_dir=tmp_path_factory.mktemp("e2e-var"))  # fmt: skip
+    done = subprocess.run([str(BIN / "jobsapp"), "db", "upgrade"], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def broker_url_for() -> str:
+    parts = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))
+    return urlunsplit(parts._replace(path=f"/{BROKER_DB}"))
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Engine]:
+    """This module's journal, emptied (a killed beat's lease row included)."""
+    engine = make_engine(database_url)
+    with engine.begin() as conn:
+        for table in reversed(metadata.sorted_tables):
+            conn.execute(table.delete())
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def broker() -> Iterator[redis.Redis]:
+    """Redis database 3 only, flushed: the broker queue, unacked messages and counters."""
+    client = redis.Redis.from_url(broker_url_for())
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def procs(db: Engine, broker: redis.Redis, database_url: str, tmp_path: Path) -> Iterator[Launcher]:
+    env = service_env(database_url=database_url, broker_url=broker_url_for(),
+                      var_dir=tmp_path / "var", settings=SETTINGS)  # fmt: skip
+    launcher = Launcher(env, tmp_path)
+    try:
+        yield launcher
+    finally:
+        launcher.kill_all()
+        launcher.dump_logs()
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def calls(broker: redis.Redis, name: str) -> int:
+    return int(broker.get(f"jobsapp-test:calls:{name}") or 0)
+
+
+def terminal(db: Engine, job_id: uuid.UUID, timeout: float) -> Mapping[str, Any]:
+    return eventually(
+        lambda: (r := run_row(db, job_id))["state"] in ("succeeded", "failed") and r,
+        timeout=timeout,
+    )
+
+
+def first_event(
+    db: Engine, job_id: uuid.UUID, transition: str, timeout: float
+) -> Mapping[str, Any]:
+    found = eventually(
+        lambda: [e for e in events(db, job_id) if e["transition"] == transition], timeout=timeout
+    )
+    return found[0]
+
+
+def lease_holder(db: Engine) -> str | None:
+    with db.connect() as conn:
+        return conn.execute(text("SELECT holder FROM leases WHERE name = 'beat'")).scalar()
+
+
+def plant_stale_runs(db: Engine, count: int, *, age: float = 60.0) -> list[uuid.UUID]:
+    """Runs claimed ``age`` seconds ago by a worker that never beat again."""
+    then = utcnow() - timedelta(seconds=age)
+    ids = [uuid.uuid4() for _ in range(count)]
+    with db.begin() as conn:
+        for job_id in ids:
+            job = tasks.echo.new_job((f"stale-{job_id}",), {}, job_id)
+            journal.enqueue(conn, job, now=then, actor="test")
+            journal.claim(conn, registry.JOBS, job_id, 1, worker="gone@host:1", now=then)
+        # Their first message was published and claimed long ago.
+        conn.execute(update(OUTBOX).where(OUTBOX.c.job_id.in_(ids))
+                     .values(published_at=then, publish_count=1, delivered_at=then))  # fmt: skip
+    return ids
+
+
+def plant_unpublished(db: Engine, count: int, *, age: float = 60.0) -> list[uuid.UUID]:
+    """Jobs committed ``age`` seconds ago whose producer never published (crashed)."""
+    then = utcnow() - timedelta(seconds=age)
+    ids = [uuid.uuid4() for _ in range(count)]
+    with db.begin() as conn:
+        for job_id in ids:
+            job = tasks.echo.new_job((f"pending-{job_id}",), {}, job_id)
+            journal.enqueue(conn, job, now=then, actor="test")
+    return ids
+
+
+# ------------------------------------------------------------------ tests
+
+
+def test_a_worker_killed_mid_job_is_requeued_and_completed_by_another(
+    procs: Launcher, db: Engine, broker: redis.Redis
+) -> None:
+    beat, first = procs.beat("beat"), procs.worker("first")
+    ready(beat, first)
+    job_id, token = uuid.uuid4(), f"kill-{uuid.uuid4().hex[:8]}"
+    long_job = {"task": "tests.long_first", "kwargs": {"token": token, "seconds": 120}}
+    (enqueued,) = procs.enqueue({**long_job, "job_id": job_id})
+    assert enqueued["outcome"] == "enqueued"
+    row = eventually(lambda: (r := run_row(db, job_id))["state"] == "running" and r)
+    assert row["worker"].startswith("first@")
+    # While it runs, its concurrency key turns a second job with the same key away.
+    (turned_away,) = procs.enqueue(long_job)
+    assert (turned_away["outcome"], turned_away["holder"]) == ("skipped", str(job_id))
+
+    second = procs.worker("second")
+    ready(second)
+    first.kill()
+    killed_at = utcnow()
+
+    reap = first_event(db, job_id, "reap_requeue", timeout=STALE_AFTER + REAPER_EVERY + 10)
+    # The last heartbeat was at most one interval before the kill, so the run goes stale
+    # within the stale limit of the kill, and the next reaper tick takes it.
+    delay = (reap["at"] - killed_at).total_seconds()
+    print(f"requeued {delay:.2f}s after the kill")
+    assert delay <= STALE_AFTER + REAPER_EVERY + SLACK
+    assert "the worker died or froze; requeued" in reap["reason"]
+
+    row = terminal(db, job_id, timeout=20)
+    assert (row["state"], row["attempts"], row["rescues"]) == ("succeeded", 2, 1)
+    assert row["worker"].startswith("second@")
+    assert transitions(db, job_id) == ["enqueue", "claim", "reap_requeue", "claim", "succeed"]
+    # Each attempt started once; only the completed attempt's effect was recorded.
+    started = [calls(broker, f"{token}:started:{n}") for n in (1, 2)]
+    done = [calls(broker, f"{token}:done:{n}") for n in (1, 2)]
+    assert (started, done) == ([1, 1], [0, 1])
+
+    # The key is free again: the unique index accepts a new job with the same key.
+    (again,) = procs.enqueue({**long_job, "kwargs": {"token": token, "seconds": 0.1}})
+    assert (again["outcome"], again["holder"]) == ("enqueued", None)
+
+
+def test_a_job_that_kills_its_worker_every_time_ends_failed_stale(
+    procs: Launcher, db: Engine, broker: redis.Redis
+) -> None:
+    beat = procs.beat("beat")
+    supervisor = Supervisor(procs, size=1)
+    ready(beat, *supervisor.workers)
+    job_id, token = uuid.uuid4(), f"poison-{uuid.uuid4().hex[:8]}"
+    (enqueued,) = procs.enqueue({"task": "tests.suicidal", "kwargs": {"token": token},
+                                 "job_id": job_id})  # fmt: skip
+    assert enqueued["outcome"] == "enqueued"
+
+    limit = registry.JOBS.rescue_limit
+    # Each rescue: the run goes stale, the reaper takes it, and the prefork pool notices
+    # its dead child (billiard's maintenance timer runs every 5 s) before the slot is free.
+    per_rescue = STALE_AFTER + REAPER_EVERY + 5.0
+    row = terminal(db, job_id, timeout=(limit + 1) * per_rescue + 10)
+    supervisor.stop()
+
+    assert (row["state"], row["outcome"]) == ("failed", "stale")
+    assert (row["attempts"], row["rescues"]) == (limit + 1, limit)
+    assert row["max_attempts"] == 10  # the rescue ceiling ended it, not the attempts
+    reason = f"rescued {limit} times already: a job that kills its worker"
+    assert reason in row["last_error"]
+    history = events(db, job_id)
+    assert [e["transition"] for e in history].count("claim") == limit + 1
+    assert [e["transition"] for e in history].count("reap_requeue") == limit
+    assert history[-1]["transition"] == "reap_fail"
+    assert reason in history[-1]["reason"]
+    # One body run per attempt: redeliveries of a killed attempt are refused by the claim.
+    assert calls(broker, token) == limit + 1
+
+    # Nothing can start a fifth attempt: no message for it exists, and the worker that
+    # the job kept killing still serves other jobs.
+    assert [m["attempt"] for m in outbox_rows(db, job_id)] == list(range(1, limit + 2))
+    (sentinel,) = procs.enqueue({"task": "tests.echo", "kwargs": {"token": f"{token}-after"}})
+    assert terminal(db, uuid.UUID(sentinel["job_id"]), timeout=15)["state"] == "succeeded"
+    assert calls(broker, token) == limit + 1
+    assert run_row(db, job_id)["state"] == "failed"
+
+
+def test_an_outbox_row_committed_but_never_published_is_relayed_once(
+    procs: Launcher, db: Engine, broker: redis.Redis
+) -> None:
+    beat, worker = procs.beat("beat"), procs.worker("worker")
+    ready(beat, worker)
+    job_id, token = uuid.uuid4(), f"crash-{uuid.uuid4().hex[:8]}"
+    producer = procs.producer(
+        [{"task": "tests.echo", "kwargs": {"token": token}, "job_id": job_id}],
+        crash_at="after_commit_before_publish",
+    )
+    assert producer.wait(30) == -9  # SIGKILL, right after COMMIT
+    # The journal has the job and its message; the broker never got it.
+    assert run_row(db, job_id)["state"] == "queued"
+    (message,) = outbox_rows(db, job_id)
+    assert (message["published_at"], message["publish_count"]) == (None, 0)
+
+    row = terminal(db, job_id, timeout=15)
+    assert (row["state"], row["attempts"]) == ("succeeded", 1)
+    (message,) = outbox_rows(db, job_id)
+    assert message["publish_count"] == 1
+    assert calls(broker, token) == 1
+    assert transitions(db, job_id) == ["enqueue", "claim", "succeed"]
+
+
+def test_a_message_lost_by_the_broker_is_republished_after_the_unclaimed_timeout(
+    procs: Launcher, db: Engine, broker: redis.Redis
+) -> None:
+    beat = procs.beat("beat")
+    ready(beat)
+    job_id, token = uuid.uuid4(), f"lost-{uuid.uuid4().hex[:8]}"
+    (enqueued,) = procs.enqueue({"task": "tests.echo", "kwargs": {"token": token},
+                                 "job_id": job_id})  # fmt: skip
+    assert enqueued["outcome"] == "enqueued"
+    (message,) = outbox_rows(db, job_id)
+    assert message["publish_count"] == 1  # the producer's fast path published it
+    assert broker.delete("celery") == 1  # and the broker lost it
+    lost_at = utcnow()
+
+    worker = procs.worker("worker")
+    ready(worker)
+    # Republished one unclaimed timeout after the publish, at the relay's next tick.
+    row = terminal(db, job_id, timeout=UNCLAIMED_AFTER + RELAY_EVERY + 6)
+    assert (row["state"], row["attempts"]) == ("succeeded", 1)
+    (message,) = outbox_rows(db, job_id)
+    assert message["publish_count"] >= 2
+    assert message["published_at"] > lost_at
+    assert calls(broker, token) == 1
+    assert transitions(db, job_id) == ["enqueue", "claim", "succeed"]
+
+
+REAPED_ONE = r"reaper: \{[^}]*'jobs': 1[,}]"
+
+
+def test_two_beats_one_leads_and_the_other_takes_over_when_it_dies(
+    procs: Launcher, db: Engine, broker: redis.Redis
+) -> None:
+    leader = procs.beat("beat-a")
+    leader.wait_for_log("is the leader")
+    standby = procs.beat("beat-b")
+    standby.wait_for_log("standing by: the lease is held by another beat")
+    holder = lease_holder(db)
+    assert holder is not None
+    assert f":{leader.pid}:" in holder
+
+    # Only the leader runs the passes: a stale run is reaped once, by the leader.
+    (first,) = plant_stale_runs(db, 1)
+    first_event(db, first, "reap_requeue", timeout=REAPER_EVERY + 10)
+    leader.wait_for_log(REAPED_ONE, timeout=5)
+    assert "reaper:" not in standby.log()
+    assert transitions(db, first).count("reap_requeue") == 1
+
+    leader.kill()
+    killed = time.monotonic()
+    new_holder = eventually(lambda: (h := lease_holder(db)) and f":{standby.pid}:" in h and h,
+                            timeout=LEASE + 10)  # fmt: skip
+    took = time.monotonic() - killed
+    print(f"the standby took the lease {took:.2f}s after the leader died")
+    assert took <= LEASE + SLACK, f"takeover took {took:.1f}s"
+    assert new_holder != holder
+    standby.wait_for_log("is the leader; clearing maintenance backlog", timeout=5)
+
+    # The passes run again, now in the new leader.
+    (second,) = plant_stale_runs(db, 1)
+    first_event(db, second, "reap_requeue", timeout=REAPER_EVERY + 10)
+    standby.wait_for_log(REAPED_ONE, timeout=5)
+    assert transitions(db, second).count("reap_requeue") == 1
+
+
+def _lock_waiters(db: Engine) -> int:
+    with db.connect() as conn:
+        return int(conn.execute(text(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )).scalar_one())  # fmt: skip
+
+
+def _count(db: Engine, *where: Any) -> int:
+    with db.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(RUNS).where(*where)).scalar_one())
+
+
+def _pass_counts(proc_log: str) -> dict[str, dict[str, int]]:
+    found = [json.loads(line) for line in proc_log.splitlines() if line.startswith('{"pass"')]
+    return {f["pass"]: f["counts"] for f in found}
+
+
+def test_two_maintenance_passes_at_once_touch_each_row_once(
+    procs: Launcher, db: Engine, broker: redis.Redis
+) -> None:
+    stale = plant_stale_runs(db, 200)
+    pending = plant_unpublished(db, 200)
+
+    # A table lock is the starting gate: both processes block on their first reaper
+    # query, and the commit below releases them into the same rows at the same moment.
+    # The claim check is set well past the passes (so none republishes what the other
+    # just published), yet inside the test, where the beat below checks it.
+    small_batches = {"JOBSAPP_REAPER_BATCH": "10", "JOBSAPP_RELAY_BATCH": "10",
+                     "JOBSAPP_UNCLAIMED_AFTER": "10"}  # fmt: skip
+    with db.begin() as gate:
+        gate.execute(text("LOCK TABLE job_runs IN ACCESS EXCLUSIVE MODE"))
+        runners = [procs.jobsapp(f"run-once-{i}", "maintenance", "run-once", env=small_batches)
+                   for i in range(2)]  # fmt: skip
+        eventually(lambda: _lock_waiters(db) == 2, timeout=30)
+    assert [r.wait(60) for r in runners] == [0, 0]
+    counts = [_pass_counts(r.log()) for r in runners]
+    print("per process:", counts)
+    assert sum(c["reaper"]["jobs"] for c in counts) == 200
+    assert sum(c["relay"]["published"] for c in counts) == 200
+
+    with db.connect() as conn:
+        reaps = conn.execute(
+            select(EVENTS.c.job_id, func.count()).where(EVENTS.c.transition == "reap_requeue")
+            .group_by(EVENTS.c.job_id)
+        ).all()  # fmt: skip
+        publish_counts = conn.execute(select(OUTBOX.c.publish_count, func.count())
+                                      .group_by(OUTBOX.c.publish_count)).all()  # fmt: skip
+        states = conn.execute(
+            select(RUNS.c.state, RUNS.c.attempts, RUNS.c.rescues, func.count())
+            .where(RUNS.c.job_id.in_(stale)).group_by(RUNS.c.state, RUNS.c.attempts, RUNS.c.rescues)
+        ).all()  # fmt: skip
+    assert {job_id for job_id, _ in reaps} == set(stale)
+    assert {n for _, n in reaps} == {1}
+    # 200 first messages of the stale runs (published before), 200 requeued attempts
+    # (published by the reaper) and 200 crashed producers' rows (by the relay): once each.
+    assert [tuple(r) for r in publish_counts] == [(1, 600)]
+    assert [tuple(r) for r in states] == [("queued", 1, 1, 200)]
+    # The broker holds one message per job: 200 second attempts and 200 first ones.
+    queued = [json.loads(m)["headers"]["id"] for m in broker.lrange("celery", 0, -1)]
+    assert len(queued) == len(set(queued)) == 400
+
+    # Workers run everything; a beat stands by to republish a message the broker lost,
+    # and the claim guard absorbs any copy it sends of one that was only slow.
+    workers = [procs.worker(f"w{i}") for i in range(2)]
+    ready(procs.beat("beat"), *workers)
+    eventually(lambda: _count(db, RUNS.c.state == "succeeded") == 400, timeout=60)
+    with db.connect() as conn:
+        succeeded = conn.execute(
+            select(EVENTS.c.job_id, func.count()).where(EVENTS.c.transition == "succeed")
+            .group_by(EVENTS.c.job_id)
+        ).all()  # fmt: skip
+    assert {n for _, n in succeeded} == {1}
+    assert len(succeeded) == 400
+    tokens = [f"stale-{j}" for j in stale] + [f"pending-{j}" for j in pending]
+    ran = [int(v or 0) for v in broker.mget([f"jobsapp-test:calls:{t}" for t in tokens])]
+    assert ran == [1] * 400

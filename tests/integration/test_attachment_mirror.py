@@ -1,0 +1,79 @@
+"""Runs moved outside the task body (reaper, operator) move their attachment with them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, update
+
+from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS, RUNS
+from jobsapp.attachments.service import accept_upload
+from jobsapp.db import utcnow
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.states import State, Transition
+from jobsapp.maintenance import reaper
+from jobsapp.storage import ObjectStore
+from tests.support.attachments import attachment_row, configured_store
+from tests.unit import images
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ObjectStore]:
+    with configured_store(f"file://{tmp_path}") as local:
+        yield local
+
+
+def _running_run(db: Engine, *, heartbeat_age: float) -> tuple[uuid.UUID, uuid.UUID]:
+    """An accepted upload whose run a worker claimed and then stopped stamping."""
+    accepted = accept_upload(images.solid("PNG"), "a.png", None)
+    with db.begin() as conn:
+        job_id = conn.execute(
+            RUNS.select().where(RUNS.c.attachment_id == accepted.attachment_id)
+        ).mappings().one()["job_id"]
+        journal.claim(conn, ATTACHMENT_RUNS, job_id, 1, worker="w:1", now=utcnow())
+        conn.execute(update(RUNS).where(RUNS.c.job_id == job_id)
+                     .values(heartbeat_at=utcnow() - timedelta(seconds=heartbeat_age)))
+        conn.execute(update(ATTACHMENTS).where(ATTACHMENTS.c.id == accepted.attachment_id)
+                     .values(state="processing"))  # fmt: skip
+    return accepted.attachment_id, job_id
+
+
+def test_a_reaped_run_puts_its_attachment_back_in_the_queue(
+    db: Engine, store: ObjectStore
+) -> None:
+    attachment_id, job_id = _running_run(db, heartbeat_age=60)
+    counts = reaper.run_once(db, reaper.ReaperConfig(stale_after=timedelta(seconds=10)))
+    assert counts["attachments"] == 1
+    assert attachment_row(db, attachment_id)["state"] == "queued"
+    with db.connect() as conn:
+        assert journal.load(conn, ATTACHMENT_RUNS, job_id)["state"] == State.QUEUED
+
+
+def test_a_live_run_keeps_its_attachment_processing(db: Engine, store: ObjectStore) -> None:
+    attachment_id, _ = _running_run(db, heartbeat_age=1)
+    reaper.run_once(db, reaper.ReaperConfig(stale_after=timedelta(seconds=10)))
+    assert attachment_row(db, attachment_id)["state"] == "processing"
+
+
+def test_cancel_and_replay_move_the_attachment(db: Engine, store: ObjectStore) -> None:
+    accepted = accept_upload(images.solid("PNG"), "b.png", None)
+    with db.begin() as conn:
+        job_id = conn.execute(
+            RUNS.select().where(RUNS.c.attachment_id == accepted.attachment_id)
+        ).mappings().one()["job_id"]
+        assert journal.cancel(conn, ATTACHMENT_RUNS, job_id, actor="operator:test",
+                              reason="wrong file", now=utcnow())  # fmt: skip
+    row = attachment_row(db, accepted.attachment_id)
+    assert (row["state"], row["error_code"]) == ("failed", "cancelled")
+    with db.begin() as conn:
+        message = journal.reopen(
+            conn, ATTACHMENT_RUNS, job_id, from_state=State.FAILED, attempts=0, budget=3,
+            transition=Transition.REPLAY, now=utcnow(), actor="operator:test", reason="retry",
+        )  # fmt: skip
+    assert message is not None
+    row = attachment_row(db, accepted.attachment_id)
+    assert (row["state"], row["error_code"]) == ("queued", None)

@@ -1,0 +1,442 @@
+"""One maintenance pass at a time, called directly on planted rows, on Postgres and SQLite.
+
+What an operator would check after a pass: which runs the reaper took and why, which
+rows the relay published (and what reached the broker), what retention deleted. The
+relay publishes to a real Redis, database 4, with an app of its own, so no other test's
+worker consumes what it sends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+from celery import Celery
+from sqlalchemy import Engine, func, insert, select, text, update
+
+from jobsapp.db import utcnow
+from jobsapp.lifecycle import journal, registry
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX, StaleRun
+from jobsapp.lifecycle.message import task_id_for
+from jobsapp.lifecycle.states import Outcome
+from jobsapp.lifecycle.tables import JobRun
+from jobsapp.maintenance import lease, reaper, relay, retention
+from tests.support import tasks
+from tests.support.env import service
+from tests.support.journal_view import outbox_rows, run_row, transitions
+from tests.support.waiting import eventually
+
+RUNS = JobRun.__table__
+JOBS = registry.JOBS
+STALE = timedelta(seconds=30)
+UNCLAIMED = timedelta(seconds=60)
+REAPER = reaper.ReaperConfig(stale_after=STALE, unclaimed_after=UNCLAIMED)
+RELAY = relay.RelayConfig(unclaimed_after=UNCLAIMED)
+BROKER_DB = 4
+
+
+@pytest.fixture
+def broker() -> Iterator[redis.Redis]:
+    parts = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))
+    client = redis.Redis.from_url(urlunsplit(parts._replace(path=f"/{BROKER_DB}")))
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def relay_app(broker: redis.Redis) -> Iterator[Celery]:
+    """A producer-only app on the broker database of this module."""
+    url = urlunsplit(urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{BROKER_DB}"))
+    app = Celery("maintenance-relay-tests", broker=url, set_as_current=False)
+    app.conf.update(task_serializer="json", accept_content=["json"])
+    yield app
+    app.close()
+
+
+def queued_task_ids(broker: redis.Redis) -> list[str]:
+    return [json.loads(m)["headers"]["id"] for m in broker.lrange("celery", 0, -1)]
+
+
+def ago(seconds: float) -> datetime:
+    return utcnow() - timedelta(seconds=seconds)
+
+
+def enqueue(db: Engine, *, at: datetime, max_attempts: int | None = None) -> uuid.UUID:
+    job = tasks.echo.new_job(("m",), {}, uuid.uuid4())
+    if max_attempts is not None:
+        job = dataclasses.replace(job, max_attempts=max_attempts)
+    with db.begin() as conn:
+        journal.enqueue(conn, job, now=at, actor="test")
+    return job.job_id
+
+
+def start(db: Engine, *, at: datetime, attempt: int = 1, **kw: Any) -> uuid.UUID:
+    """A run claimed at ``at`` (its message published and taken) whose heartbeat then stopped."""
+    job_id = enqueue(db, at=at, **kw)
+    with db.begin() as conn:
+        assert journal.claim(conn, JOBS, job_id, attempt, worker="w@h:1", now=at) is not None
+    set_outbox(db, job_id, 1, published_at=at, publish_count=1, delivered_at=at)
+    return job_id
+
+
+def set_row(db: Engine, job_id: uuid.UUID, **values: Any) -> None:
+    with db.begin() as conn:
+        conn.execute(update(RUNS).where(RUNS.c.job_id == job_id).values(**values))
+
+
+def set_outbox(db: Engine, job_id: uuid.UUID, attempt: int, **values: Any) -> None:
+    with db.begin() as conn:
+        conn.execute(update(OUTBOX).where(OUTBOX.c.job_id == job_id, OUTBOX.c.attempt == attempt)
+                     .values(**values))  # fmt: skip
+
+
+def reap_events(db: Engine, job_id: uuid.UUID) -> list[str]:
+    return [t for t in transitions(db, job_id) if t.startswith("reap")]
+
+
+# ------------------------------------------------------------------ reaper
+
+
+def test_the_reaper_requeues_dead_runs_and_leaves_the_rest(db: Engine) -> None:
+    dead = start(db, at=ago(120))
+    alive = start(db, at=ago(120))
+    set_row(db, alive, heartbeat_at=ago(1))
+    finished = start(db, at=ago(120))
+    with db.begin() as conn:
+        journal.succeed(conn, JOBS, finished, 1, actor="w", now=ago(100))
+    waiting = enqueue(db, at=ago(120))
+
+    assert reaper.run_once(db, REAPER)[JOBS.module] == 1
+
+    row = run_row(db, dead)
+    assert (row["state"], row["attempts"], row["rescues"]) == ("queued", 1, 1)
+    assert row["heartbeat_at"] is None
+    assert row["last_error"] == "heartbeat older than 30s: the worker died or froze; requeued"
+    assert reap_events(db, dead) == ["reap_requeue"]
+    # The next attempt's message waits in the outbox (no app given: the relay sends it).
+    second = [m for m in outbox_rows(db, dead) if m["attempt"] == 2]
+    assert [m["published_at"] for m in second] == [None]
+    for untouched, state in ((alive, "running"), (finished, "succeeded"), (waiting, "queued")):
+        assert run_row(db, untouched)["state"] == state
+        assert reap_events(db, untouched) == []
+
+
+def test_the_reaper_publishes_the_attempts_it_requeued(
+    db: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    dead = start(db, at=ago(120))
+    reaper.run_once(db, REAPER, relay_app)
+    (second,) = [m for m in outbox_rows(db, dead) if m["attempt"] == 2]
+    assert second["publish_count"] == 1
+    # Its claim is checked one unclaimed timeout after the publish.
+    check = second["available_at"] - second["published_at"]
+    assert abs(check - UNCLAIMED) < timedelta(seconds=1)
+    assert queued_task_ids(broker) == [task_id_for(dead, 2)]
+    # The relay, right after, finds nothing left to publish.
+    assert relay.run_once(relay_app, db, RELAY)["published"] == 0
+    assert queued_task_ids(broker) == [task_id_for(dead, 2)]
+
+
+def test_the_reaper_fails_runs_past_their_ceilings(db: Engine) -> None:
+    poison = start(db, at=ago(120))
+    set_row(db, poison, rescues=JOBS.rescue_limit)
+    spent = start(db, at=ago(120), max_attempts=1)
+
+    assert reaper.run_once(db, REAPER)[JOBS.module] == 2
+
+    for job_id, why in ((poison, "a job that kills its worker"), (spent, "no attempts left")):
+        row = run_row(db, job_id)
+        assert (row["state"], row["outcome"]) == ("failed", "stale")
+        assert row["finished_at"] is not None
+        assert why in row["last_error"]
+        assert reap_events(db, job_id) == ["reap_fail"]
+        assert [m["attempt"] for m in outbox_rows(db, job_id)] == [1]
+
+
+def test_a_pass_is_bounded_and_the_next_goes_on(db: Engine) -> None:
+    dead = [start(db, at=ago(120 + i)) for i in range(5)]
+    small = reaper.ReaperConfig(stale_after=STALE, batch=2, max_batches=2)
+    assert reaper.run_once(db, small)[JOBS.module] == 4
+    assert reaper.run_once(db, small)[JOBS.module] == 1
+    assert reaper.run_once(db, small)[JOBS.module] == 0
+    assert all(reap_events(db, job_id) == ["reap_requeue"] for job_id in dead)
+
+
+def _snapshot(db: Engine) -> list[StaleRun]:
+    with db.begin() as conn:
+        return journal.find_stale(conn, JOBS, cutoff=utcnow() - STALE, limit=10)
+
+
+def _reap_with(monkeypatch: pytest.MonkeyPatch, db: Engine, seen: list[StaleRun]) -> int:
+    """A pass that decides on ``seen``: what it read before the rows changed under it."""
+    monkeypatch.setattr(journal, "find_stale", lambda *_a, **_k: seen)
+    return reaper.run_once(db, REAPER)[JOBS.module]
+
+
+def test_a_run_that_heartbeated_after_the_reaper_looked_is_left_alone(
+    db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = start(db, at=ago(120))
+    seen = _snapshot(db)
+    assert [r.job_id for r in seen] == [job_id]
+    with db.begin() as conn:
+        assert journal.heartbeat(conn, JOBS, job_id, 1, now=utcnow())
+
+    assert _reap_with(monkeypatch, db, seen) == 0
+    row = run_row(db, job_id)
+    assert (row["state"], row["attempts"], row["rescues"]) == ("running", 1, 0)
+    assert reap_events(db, job_id) == []
+    assert [m["attempt"] for m in outbox_rows(db, job_id)] == [1]
+
+
+def test_a_run_that_finished_after_the_reaper_looked_keeps_its_outcome(
+    db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = start(db, at=ago(120))
+    seen = _snapshot(db)
+    with db.begin() as conn:
+        assert journal.succeed(conn, JOBS, job_id, 1, actor="w", now=utcnow())
+
+    assert _reap_with(monkeypatch, db, seen) == 0
+    row = run_row(db, job_id)
+    assert (row["state"], row["outcome"], row["last_error"]) == ("succeeded", "succeeded", None)
+    assert reap_events(db, job_id) == []
+
+
+def test_a_run_rescued_and_claimed_again_is_not_reaped_for_its_old_attempt(
+    db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = start(db, at=ago(120))
+    seen = _snapshot(db)
+    # Another reaper took attempt 1, and attempt 2 started, and looks stale as well.
+    assert reaper.run_once(db, REAPER)[JOBS.module] == 1
+    with db.begin() as conn:
+        assert journal.claim(conn, JOBS, job_id, 2, worker="w@h:2", now=ago(60)) is not None
+
+    assert _reap_with(monkeypatch, db, seen) == 0
+    row = run_row(db, job_id)
+    assert (row["state"], row["attempts"], row["rescues"]) == ("running", 2, 1)
+    assert reap_events(db, job_id) == ["reap_requeue"]
+
+
+# ------------------------------------------------------------------ relay
+
+
+def test_the_relay_publishes_a_crashed_producers_row_once(
+    db: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    job_id = enqueue(db, at=ago(10))
+    assert relay.run_once(relay_app, db, RELAY)["published"] == 1
+    (row,) = outbox_rows(db, job_id)
+    assert row["publish_count"] == 1
+    assert queued_task_ids(broker) == [task_id_for(job_id, 1)]
+    # A second pass sees a published row whose check is not due: nothing is sent again.
+    assert relay.run_once(relay_app, db, RELAY) == {"published": 0, "republished": 0, "settled": 0}
+    assert queued_task_ids(broker) == [task_id_for(job_id, 1)]
+
+
+def test_a_fresh_row_is_left_to_its_producer(
+    db: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    job_id = enqueue(db, at=utcnow())
+    assert relay.run_once(relay_app, db, RELAY)["published"] == 0
+    assert outbox_rows(db, job_id)[0]["published_at"] is None
+    assert broker.llen("celery") == 0
+
+
+def test_an_unclaimed_message_is_republished_with_a_longer_check(
+    db: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    job_id = enqueue(db, at=ago(600))
+    set_outbox(db, job_id, 1, published_at=ago(600), publish_count=1, available_at=ago(1))
+
+    assert relay.run_once(relay_app, db, RELAY)["republished"] == 1
+    (row,) = outbox_rows(db, job_id)
+    assert row["publish_count"] == 2
+    assert abs(row["available_at"] - row["published_at"] - 2 * UNCLAIMED) < timedelta(seconds=1)
+    assert queued_task_ids(broker) == [task_id_for(job_id, 1)]
+
+
+def test_the_relay_marks_delivered_the_rows_whose_job_moved_on(
+    db: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    running = start(db, at=ago(600))
+    finished = start(db, at=ago(600))
+    with db.begin() as conn:
+        journal.succeed(conn, JOBS, finished, 1, actor="w", now=ago(500))
+    pruned = enqueue(db, at=ago(600))
+    with db.begin() as conn:
+        conn.execute(RUNS.delete().where(RUNS.c.job_id == pruned))
+    not_due = enqueue(db, at=ago(600))
+    for job_id in (running, finished, pruned):
+        set_outbox(db, job_id, 1, published_at=ago(600), publish_count=1, available_at=ago(1),
+                   delivered_at=None)  # fmt: skip
+    set_outbox(db, not_due, 1, published_at=ago(5), publish_count=1,
+               available_at=utcnow() + UNCLAIMED)  # fmt: skip
+
+    counts = relay.run_once(relay_app, db, RELAY)
+    assert (counts["settled"], counts["republished"]) == (3, 0)
+    for job_id in (running, finished, pruned):
+        (row,) = outbox_rows(db, job_id)
+        assert row["delivered_at"] is not None
+        assert row["publish_count"] == 1
+    assert outbox_rows(db, not_due)[0]["delivered_at"] is None
+    assert broker.llen("celery") == 0
+    # Settled rows are never looked at again.
+    assert relay.run_once(relay_app, db, RELAY)["settled"] == 0
+
+
+def test_the_relay_drains_a_backlog_in_one_pass(
+    db: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    ids = [enqueue(db, at=ago(60)) for _ in range(7)]
+    small = relay.RelayConfig(unclaimed_after=UNCLAIMED, batch=3, max_batches=5)
+    assert relay.run_once(relay_app, db, small)["published"] == 7
+    assert sorted(queued_task_ids(broker)) == sorted(task_id_for(j, 1) for j in ids)
+
+
+# ------------------------------------------------------------------ retention
+
+
+def _count(db: Engine, table: Any, *where: Any) -> int:
+    with db.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(table).where(*where)).scalar_one())
+
+
+def test_retention_deletes_only_what_has_aged_out(db: Engine) -> None:
+    days = 86_400
+    old_done = start(db, at=ago(9 * days))
+    with db.begin() as conn:
+        journal.succeed(conn, JOBS, old_done, 1, actor="w", now=ago(8 * days))
+    old_failed = start(db, at=ago(9 * days))
+    with db.begin() as conn:
+        journal.fail(conn, JOBS, old_failed, 1, outcome=Outcome.PERMANENT, error="x",
+                     actor="w", now=ago(8 * days))  # fmt: skip
+    recent_done = start(db, at=ago(2 * days))
+    with db.begin() as conn:
+        journal.succeed(conn, JOBS, recent_done, 1, actor="w", now=ago(days))
+    old_running = start(db, at=ago(9 * days))
+    old_queued = enqueue(db, at=ago(9 * days))
+
+    set_outbox(db, old_done, 1, published_at=ago(3 * days), delivered_at=ago(2 * days))
+    set_outbox(db, recent_done, 1, published_at=ago(days), delivered_at=ago(3600))
+    set_outbox(db, old_running, 1, published_at=ago(3 * days), delivered_at=None)  # unsettled
+    # old_failed's row was delivered 9 days ago; old_queued's was never published.
+    with db.begin() as conn:
+        conn.execute(update(EVENTS).where(EVENTS.c.job_id == old_running)
+                     .values(at=ago(31 * days)))  # fmt: skip
+    events_before = _count(db, EVENTS)
+    old_events = _count(db, EVENTS, EVENTS.c.job_id == old_running)
+
+    counts = retention.run_once(db, retention.RetentionConfig())
+
+    assert counts[JOBS.module] == 2
+    assert set(_ids(db, RUNS.c.job_id)) == {recent_done, old_running, old_queued}
+    assert counts["outbox"] == 2
+    assert {r["job_id"] for r in _outbox(db)} == {recent_done, old_running, old_queued}
+    assert counts["job_events"] == old_events
+    assert _count(db, EVENTS) == events_before - old_events
+
+
+def _ids(db: Engine, column: Any) -> list[Any]:
+    with db.connect() as conn:
+        return list(conn.execute(select(column)).scalars())
+
+
+def _outbox(db: Engine) -> list[Any]:
+    with db.connect() as conn:
+        return list(conn.execute(select(OUTBOX)).mappings())
+
+
+def test_retention_is_bounded_by_its_batch(db: Engine) -> None:
+    ids = [start(db, at=ago(10 * 86_400)) for _ in range(5)]
+    with db.begin() as conn:
+        for job_id in ids:
+            journal.succeed(conn, JOBS, job_id, 1, actor="w", now=ago(9 * 86_400))
+        conn.execute(insert(EVENTS), [
+            {"module": "jobs", "job_id": ids[0], "attempt": 1, "transition": "claim",
+             "actor": "w", "at": ago(40 * 86_400)}
+            for _ in range(5)
+        ])  # fmt: skip
+    small = retention.RetentionConfig(batch=2)
+    firsts = retention.run_once(db, small)
+    assert (firsts[JOBS.module], firsts["job_events"]) == (2, 2)
+    seconds = retention.run_once(db, small)
+    assert (seconds[JOBS.module], seconds["job_events"]) == (2, 2)
+    assert retention.run_once(db, small)[JOBS.module] == 1
+    assert _count(db, RUNS) == 0
+
+
+# ------------------------------------------------------------------ beat's lease
+
+
+def test_one_holder_at_a_time_and_takeover_after_expiry(db: Engine) -> None:
+    ttl = timedelta(seconds=3)
+    now = utcnow()
+
+    def take(holder: str, at: datetime) -> bool:
+        with db.begin() as conn:
+            return lease.acquire(conn, "beat", holder, ttl=ttl, now=at)
+
+    assert take("a", now)
+    assert not take("b", now + timedelta(seconds=1))
+    assert take("a", now + timedelta(seconds=2))  # renewed: the lease runs from here
+    assert not take("b", now + timedelta(seconds=4))
+    assert take("b", now + timedelta(seconds=5.5))
+    assert not take("a", now + timedelta(seconds=6))  # the old leader stands by
+    with db.begin() as conn:
+        lease.release(conn, "beat", "a")  # not its lease any more: nothing happens
+        holder = lease.holder_of(conn, "beat")
+    assert holder is not None
+    assert holder[0] == "b"
+    with db.begin() as conn:
+        lease.release(conn, "beat", "b")
+        assert lease.holder_of(conn, "beat") is None
+
+
+def test_the_lease_runs_on_the_database_clock(db: Engine) -> None:
+    with db.begin() as conn:
+        clock = lease.database_now(conn)
+        assert lease.acquire(conn, "beat", "a", ttl=timedelta(seconds=3), now=clock)
+    assert clock.utcoffset() == timedelta(0)
+    assert abs(clock - utcnow()) < timedelta(seconds=5)  # same host: the clocks agree
+
+
+# ------------------------------------------------------------------ two relays at once
+
+
+def test_two_relays_settling_at_once_mark_each_row_once(pg: Engine) -> None:
+    job_id = start(pg, at=ago(600))
+    set_outbox(pg, job_id, 1, published_at=ago(600), available_at=ago(1), delivered_at=None)
+    settled: dict[str, int] = {}
+
+    def second_relay() -> None:
+        with pg.begin() as conn:
+            conn.exec_driver_sql("SET application_name = 'second-relay'")
+            settled["second"] = journal.settle_delivered(conn, JOBS, now=utcnow(), limit=10)
+
+    with pg.begin() as first:
+        settled["first"] = journal.settle_delivered(first, JOBS, now=utcnow(), limit=10)
+        other = threading.Thread(target=second_relay)
+        other.start()
+        # The second relay now waits on the row the first one holds.
+        eventually(lambda: _waiting(pg, "second-relay"), timeout=10)
+    other.join(timeout=10)
+    assert settled == {"first": 1, "second": 0}
+
+
+def _waiting(db: Engine, application: str) -> bool:
+    with db.connect() as conn:
+        return bool(conn.execute(text(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = :app AND wait_event_type = 'Lock'"
+        ), {"app": application}).scalar_one())  # fmt: skip

@@ -1,0 +1,203 @@
+"""The maintenance passes' pure decisions: rescue or fail, the reasons, the check backoff,
+how the relay drains a backlog, and the beat settings read from the environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from jobsapp.lifecycle import outbox, registry
+from jobsapp.lifecycle.journal import StaleRun
+from jobsapp.lifecycle.registry import StalePolicy
+from jobsapp.maintenance import reaper, relay, scheduler, tasks
+
+STALE = timedelta(seconds=30)
+REQUEUE_TABLE = registry.JOBS
+FAIL_TABLE = dataclasses.replace(registry.JOBS, module="strict", stale_policy=StalePolicy.FAIL)
+
+
+def stale_run(*, attempt: int = 1, max_attempts: int = 5, rescues: int = 0) -> StaleRun:
+    return StaleRun(job_id=uuid.uuid4(), attempt=attempt, rescues=rescues,
+                    max_attempts=max_attempts, task_name="tests.echo", ids={})  # fmt: skip
+
+
+# ------------------------------------------------------------------ reaper decisions
+
+
+@pytest.mark.parametrize(
+    ("attempt", "max_attempts", "rescues", "expected"),
+    [
+        (1, 5, 0, True),  # a first death: rescued
+        (4, 5, 2, True),  # attempts and rescues to spare
+        (5, 5, 0, False),  # the last attempt died: nothing left to try
+        (2, 5, 3, False),  # rescued three times: a job that kills its worker
+        (1, 1, 0, False),  # a single-attempt task is never retried by the reaper
+    ],
+)
+def test_requeue_needs_attempts_and_rescues_to_spare(
+    attempt: int, max_attempts: int, rescues: int, expected: bool
+) -> None:
+    run = stale_run(attempt=attempt, max_attempts=max_attempts, rescues=rescues)
+    assert reaper.should_requeue(run, REQUEUE_TABLE) is expected
+
+
+def test_a_fail_policy_table_never_requeues() -> None:
+    assert reaper.should_requeue(stale_run(), FAIL_TABLE) is False
+
+
+def test_the_rescue_ceiling_is_per_table() -> None:
+    lenient = dataclasses.replace(REQUEUE_TABLE, rescue_limit=10)
+    run = stale_run(attempt=4, max_attempts=20, rescues=5)
+    assert (reaper.should_requeue(run, REQUEUE_TABLE), reaper.should_requeue(run, lenient)) == (
+        False,
+        True,
+    )
+
+
+def test_each_decision_has_its_own_reason() -> None:
+    base = "heartbeat older than 30s: the worker died or froze"
+    cases = {
+        "requeued": stale_run(),
+        "rescued 3 times already: a job that kills its worker": stale_run(rescues=3),
+        "no attempts left": stale_run(attempt=5),
+    }
+    for tail, run in cases.items():
+        assert reaper.reason_for(run, REQUEUE_TABLE, STALE) == f"{base}; {tail}"
+    assert reaper.reason_for(stale_run(), FAIL_TABLE, STALE) == (
+        f"{base}; this run table fails stale runs"
+    )
+
+
+def test_a_fail_policy_reason_does_not_blame_the_attempts() -> None:
+    # The table's policy is why it failed, even when the attempts were spent as well.
+    reason = reaper.reason_for(stale_run(attempt=5), FAIL_TABLE, STALE)
+    assert reason.endswith("this run table fails stale runs")
+
+
+def test_reasons_name_fractional_stale_limits() -> None:
+    reason = reaper.reason_for(stale_run(), REQUEUE_TABLE, timedelta(seconds=2.5))
+    assert reason.startswith("heartbeat older than 2.5s")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"stale_after": timedelta(0)},
+        {"stale_after": STALE, "batch": 0},
+        {"stale_after": STALE, "max_batches": 0},
+    ],
+)
+def test_reaper_config_refuses_nonsense(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="reaper needs"):
+        reaper.ReaperConfig(**bad)
+
+
+# ------------------------------------------------------------------ relay decisions
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+MINUTE = timedelta(minutes=1)
+
+
+def test_the_claim_check_doubles_with_every_publish() -> None:
+    checks = [outbox.next_check(NOW, count, MINUTE) - NOW for count in range(4)]
+    assert checks == [MINUTE, 2 * MINUTE, 4 * MINUTE, 8 * MINUTE]
+
+
+def test_the_claim_check_backoff_is_capped() -> None:
+    cap = MINUTE * 2**outbox.MAX_CHECK_BACKOFF
+    assert outbox.next_check(NOW, outbox.MAX_CHECK_BACKOFF, MINUTE) - NOW == cap
+    assert outbox.next_check(NOW, 10_000, MINUTE) - NOW == cap
+
+
+def _steps(*results: tuple[int, int]) -> tuple[list[int], relay.Step]:
+    calls: list[int] = []
+    pending = list(results)
+
+    def step() -> tuple[int, int]:
+        calls.append(1)
+        return pending.pop(0)
+
+    return calls, step
+
+
+def test_drain_repeats_full_batches_until_a_short_one() -> None:
+    cfg = relay.RelayConfig(batch=10, max_batches=5)
+    calls, step = _steps((10, 10), (10, 10), (3, 3))
+    assert relay.drain(step, cfg) == 23
+    assert len(calls) == 3
+
+
+def test_drain_stops_at_the_batch_ceiling() -> None:
+    cfg = relay.RelayConfig(batch=10, max_batches=2)
+    calls, step = _steps((10, 10), (10, 10), (10, 10))
+    assert relay.drain(step, cfg) == 20
+    assert len(calls) == 2
+
+
+def test_drain_leaves_refused_rows_to_the_next_tick() -> None:
+    # The broker refused some of a full batch: looping again would only retry them now.
+    cfg = relay.RelayConfig(batch=10, max_batches=5)
+    calls, step = _steps((10, 7), (10, 10))
+    assert relay.drain(step, cfg) == 7
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"batch": 0}, {"max_batches": 0}, {"unclaimed_after": timedelta(0)}],
+)
+def test_relay_config_refuses_nonsense(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="relay needs"):
+        relay.RelayConfig(**bad)
+
+
+# ------------------------------------------------------------------ beat settings
+
+
+def test_cadences_come_from_the_environment_by_task() -> None:
+    found = scheduler.cadence_overrides({"JOBSAPP_REAPER_EVERY": "1", "JOBSAPP_RELAY_EVERY": "0.5"})
+    assert found == {
+        "jobsapp.maintenance.reaper": timedelta(seconds=1),
+        "jobsapp.maintenance.relay": timedelta(seconds=0.5),
+    }
+    assert scheduler.cadence_overrides({"JOBSAPP_RETENTION_EVERY": " "}) == {}
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-3", "nan"])
+def test_a_bad_cadence_fails_naming_the_variable(raw: str) -> None:
+    with pytest.raises(ValueError, match="JOBSAPP_REAPER_EVERY"):
+        scheduler.cadence_overrides({"JOBSAPP_REAPER_EVERY": raw})
+
+
+def test_the_lease_defaults_to_thirty_seconds() -> None:
+    assert scheduler.lease_ttl_from_env({}) == timedelta(seconds=30)
+    assert scheduler.lease_ttl_from_env({"JOBSAPP_BEAT_LEASE_SECONDS": "3"}) == timedelta(seconds=3)
+    with pytest.raises(ValueError, match="JOBSAPP_BEAT_LEASE_SECONDS"):
+        scheduler.lease_ttl_from_env({"JOBSAPP_BEAT_LEASE_SECONDS": "inf"})
+
+
+def test_beat_applies_the_cadences_to_the_maintenance_entries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobsapp.celery_app import app
+
+    monkeypatch.setenv("JOBSAPP_REAPER_EVERY", "0.25")
+    monkeypatch.delenv("JOBSAPP_RELAY_EVERY", raising=False)
+    beat = scheduler.LeasedScheduler(app=app, lazy=False)
+    by_task = {e.task: e for e in beat.schedule.values()}
+    reaper_entry = by_task["jobsapp.maintenance.reaper"].schedule
+    relay_entry = by_task["jobsapp.maintenance.relay"].schedule
+    assert reaper_entry.run_every == timedelta(seconds=0.25)
+    # Without a variable the configured cadence stays.
+    assert relay_entry.run_every == app.conf.beat_schedule["outbox-relay"]["schedule"]
+
+
+def test_batch_sizes_come_from_the_environment() -> None:
+    assert tasks.batch_from_env({}, "JOBSAPP_RELAY_BATCH", 500) == 500
+    assert tasks.batch_from_env({"JOBSAPP_RELAY_BATCH": "25"}, "JOBSAPP_RELAY_BATCH", 500) == 25
+    for raw in ("0", "-1", "ten", "2.5"):
+        with pytest.raises(ValueError, match="JOBSAPP_RELAY_BATCH"):
+            tasks.batch_from_env({"JOBSAPP_RELAY_BATCH": raw}, "JOBSAPP_RELAY_BATCH", 500)
