@@ -6,7 +6,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 started_here=0
 if ! scripts/services.sh status >/dev/null 2>&1; then
-    scripts/services.sh start
+    scripts/services.sh start rabbitmq
     started_here=1
 fi
 cleanup() { [[ $started_here == 1 ]] && scripts/services.sh stop >/dev/null 2>&1 || true; }
