@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
+import os
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -69,6 +73,112 @@ def demo(args: argparse.Namespace) -> int:
     return run_demo(timeout=args.timeout)
 
 
+# ------------------------------------------------------------------------ operators
+
+
+def summary(args: argparse.Namespace) -> int:
+    from jobsapp.db import get_engine
+    from jobsapp.monitor import summary as monitor
+
+    try:
+        rows = monitor.summarize(
+            get_engine(), states=args.state, module=args.module, limit=args.limit
+        )
+    except monitor.BadFilter as bad:
+        print(f"jobsapp: {bad}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([row.as_json() for row in rows], indent=2))
+    else:
+        print(_summary_table(rows))
+    return 0
+
+
+def _summary_table(rows: Sequence[Any]) -> str:
+    from jobsapp.monitor.summary import human_age
+
+    header = ("MODULE", "JOB_ID", "STATE", "ATTEMPTS", "AGE", "ERROR")
+    lines = [
+        (r.module, str(r.job_id), r.state, f"{r.attempts}/{r.max_attempts}",
+         human_age(r.age_seconds), r.last_error or "")
+        for r in rows
+    ]  # fmt: skip
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *lines, strict=True)]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        for line in (header, *lines)
+    )
+
+
+def replay(args: argparse.Namespace) -> int:
+    from jobsapp import operator
+    from jobsapp.db import get_engine
+
+    def act() -> str:
+        done = operator.replay(get_engine(), args.module, args.job_id, actor=_actor(args),
+                               reason=args.reason)  # fmt: skip
+        sent = "published" if done.published else "the relay will publish it"
+        return f"replayed {done.module} job {done.job_id}: attempt {done.attempt} queued, {sent}"
+
+    return _operator_action(act)
+
+
+def cancel(args: argparse.Namespace) -> int:
+    from jobsapp import operator
+    from jobsapp.db import get_engine
+
+    def act() -> str:
+        done = operator.cancel(get_engine(), args.module, args.job_id, actor=_actor(args),
+                               reason=args.reason)  # fmt: skip
+        return f"cancelled {done.module} job {done.job_id}"
+
+    return _operator_action(act)
+
+
+def _operator_action(act: Callable[[], str]) -> int:
+    """Run an operator action: 0 done, 1 refused (the reason on stderr), 2 bad input."""
+    from jobsapp import operator
+
+    try:
+        print(act())
+    except operator.Refused as refused:
+        print(f"jobsapp: refused ({refused.code}): {refused}", file=sys.stderr)
+        return 1
+    except operator.InvalidRequest as bad:
+        print(f"jobsapp: {bad}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _actor(args: argparse.Namespace) -> str:
+    if args.actor:
+        return str(args.actor)
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (KeyError, OSError):  # no $USER and no passwd entry (a bare container)
+        return "unknown"
+
+
+def _add_operator_commands(sub: Any) -> None:
+    from jobsapp.lifecycle.states import ALL_STATES
+
+    show = sub.add_parser("summary", help="the newest jobs of every run table")
+    show.add_argument("--state", action="append", choices=ALL_STATES,
+                      help="only this state (repeatable)")  # fmt: skip
+    show.add_argument("--module", help="only this run table (jobs, attachments, ...)")
+    show.add_argument("--limit", type=int, default=100)
+    show.add_argument("--json", action="store_true", help="JSON instead of a table")
+    show.set_defaults(handler=summary)
+    for name, handler, what in (("replay", replay, "failed -> queued, a new attempt"),
+                                ("cancel", cancel, "queued -> failed/cancelled")):  # fmt: skip
+        action = sub.add_parser(name, help=f"{what}; leaves an audit row")
+        action.add_argument("job_id", type=uuid.UUID, help="the job's id")
+        action.add_argument("--module", required=True, help="its run table (jobs, attachments)")
+        action.add_argument("--reason", required=True, help="why, for the audit row")
+        action.add_argument("--actor", help="who acts (default: $USER), as operator:<actor>")
+        action.set_defaults(handler=handler)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jobsapp", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -86,6 +196,7 @@ def _parser() -> argparse.ArgumentParser:
     show = sub.add_parser("demo", help="the whole flow on the embedded default, no server")
     show.add_argument("--timeout", type=float, default=90.0, help="seconds to reach ready")
     show.set_defaults(handler=demo)
+    _add_operator_commands(sub)
     return parser
 
 

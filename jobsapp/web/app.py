@@ -23,6 +23,7 @@ from jobsapp.attachments import service
 from jobsapp.attachments.pipeline import get_pipeline
 from jobsapp.attachments.validation import DEFAULT_LIMITS, Limits, RejectedUpload
 from jobsapp.settings import SettingsError
+from jobsapp.web import admin
 from jobsapp.web.openapi import openapi_document
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ def create_app(limits: Limits | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = limits.max_bytes + MULTIPART_OVERHEAD
     app.extensions[_LIMITS] = limits
     app.register_blueprint(api)
+    # The operator routes (/v1/admin, /admin) and /metrics: see jobsapp.web.admin.
+    admin.init_app(app)
     app.register_error_handler(RejectedUpload, _rejected)
     app.register_error_handler(service.ServiceUnavailable, _unavailable)
     app.register_error_handler(HTTPException, _http_error)

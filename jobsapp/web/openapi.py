@@ -23,6 +23,20 @@ _ERROR_TEXT = {
 }
 
 _ATTACHMENT_STATES = ["queued", "processing", "ready", "failed"]
+_RUN_STATES = ["queued", "running", "succeeded", "failed"]
+
+# The operator routes answer the same statuses for other reasons.
+_ADMIN_ERROR_TEXT = {
+    400: "A filter names an unknown state or module, the limit is out of range, or the "
+    'body is not `{"reason": "..."}` with a reason of 1 to 500 characters.',
+    401: "No `Authorization: Bearer` header, or not the configured token.",
+    403: "The operator API is disabled: `JOBSAPP_ADMIN_TOKEN` is not set.",
+    404: "No run table for the module, or no such job in it.",
+    409: "The job is not in the state the action leaves (replay: failed; cancel: queued), "
+    "or another active job holds its concurrency key (the reason names it).",
+    503: "The database is unavailable; retry after `Retry-After` seconds.",
+}
+_ADMIN_AUTH: list[dict[str, list[str]]] = [{"adminToken": []}]
 
 
 def openapi_document() -> JsonObject:
@@ -33,10 +47,21 @@ def openapi_document() -> JsonObject:
             "version": "1",
             "description": "Upload images; they are validated, made durable, then rendered "
             "into variants by background workers. Every response carries "
-            "`X-Content-Type-Options: nosniff`; every error body is an `Error`.",
+            "`X-Content-Type-Options: nosniff`; every error body is an `Error`. Operators "
+            "list, replay and cancel jobs under `/v1/admin` (bearer token); Prometheus "
+            "scrapes `/metrics`.",
         },
-        "paths": _paths(),
-        "components": {"schemas": _schemas()},
+        "paths": {**_paths(), **_admin_paths()},
+        "components": {
+            "schemas": {**_schemas(), **_admin_schemas()},
+            "securitySchemes": {
+                "adminToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The value of `JOBSAPP_ADMIN_TOKEN`.",
+                }
+            },
+        },
     }
 
 
@@ -227,10 +252,214 @@ def _json(description: str, schema: str) -> JsonObject:
     }
 
 
-def _errors(*statuses: int) -> JsonObject:
+def _errors(*statuses: int, text: dict[int, str] | None = None) -> JsonObject:
     """Error responses; every route can also answer 405 and 500."""
-    return {str(s): _json(_ERROR_TEXT[s], "Error") for s in sorted({*statuses, 405, 500})}
+    text = {**_ERROR_TEXT, **(text or {})}
+    return {str(s): _json(text[s], "Error") for s in sorted({*statuses, 405, 500})}
+
+
+def _admin_errors(*statuses: int) -> JsonObject:
+    return _errors(401, 403, 503, *statuses, text=_ADMIN_ERROR_TEXT)
 
 
 def _path_param(name: str, schema: JsonObject) -> JsonObject:
     return {"name": name, "in": "path", "required": True, "schema": schema}
+
+
+# ------------------------------------------------------------------------ operators
+
+
+def _admin_paths() -> JsonObject:
+    return {
+        "/v1/admin/jobs": {"get": _summary_op()},
+        "/v1/admin/jobs/{module}/{job_id}/replay": {"post": _replay_op()},
+        "/v1/admin/jobs/{module}/{job_id}/cancel": {"post": _cancel_op()},
+        "/admin": {"get": _page_op()},
+        "/metrics": {"get": _metrics_op()},
+    }
+
+
+def _summary_params() -> list[JsonObject]:
+    return [
+        {
+            "name": "state",
+            "in": "query",
+            "required": False,
+            "description": "Only these states; repeat the parameter or separate by commas.",
+            "schema": {"type": "array", "items": {"enum": _RUN_STATES}},
+            "style": "form",
+            "explode": True,
+        },
+        {
+            "name": "module",
+            "in": "query",
+            "required": False,
+            "description": "Only this run table (`jobs`, `attachments`, ...).",
+            "schema": {"type": "string"},
+        },
+        {
+            "name": "limit",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+        },
+    ]
+
+
+def _summary_op() -> JsonObject:
+    return {
+        "summary": "The newest jobs of every run table, and counts by module and state",
+        "description": "Each run table is read in its own home; newest first by "
+        "`updated_at`. `age_seconds` is the time spent in the current state.",
+        "operationId": "adminJobs",
+        "security": _ADMIN_AUTH,
+        "parameters": _summary_params(),
+        "responses": {"200": _json("The summary", "JobSummary"), **_admin_errors(400)},
+    }
+
+
+def _action_params() -> list[JsonObject]:
+    return [
+        _path_param("module", {"type": "string", "examples": ["jobs", "attachments"]}),
+        _path_param("job_id", {"type": "string", "format": "uuid"}),
+    ]
+
+
+def _action_body() -> JsonObject:
+    return {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/OperatorAction"}}
+        },
+    }
+
+
+def _replay_op() -> JsonObject:
+    return {
+        "summary": "Replay a failed job: a new attempt of the same job_id",
+        "description": "failed -> queued, with an audit row (actor `operator:<actor>`, the "
+        "reason); the message is published after the commit (or by the relay).",
+        "operationId": "adminReplay",
+        "security": _ADMIN_AUTH,
+        "parameters": _action_params(),
+        "requestBody": _action_body(),
+        "responses": {"200": _json("Queued again", "Replayed"), **_admin_errors(400, 404, 409)},
+    }
+
+
+def _cancel_op() -> JsonObject:
+    return {
+        "summary": "Cancel a queued job",
+        "description": "queued -> failed with outcome `cancelled`, with an audit row. A "
+        "running job cannot be cancelled: it finishes or the reaper frees it.",
+        "operationId": "adminCancel",
+        "security": _ADMIN_AUTH,
+        "parameters": _action_params(),
+        "requestBody": _action_body(),
+        "responses": {
+            "200": _json("Cancelled", "Cancelled"),
+            **_admin_errors(400, 404, 409),
+        },
+    }
+
+
+def _page_op() -> JsonObject:
+    return {
+        "summary": "The admin page: counts by module and state, and the newest jobs",
+        "operationId": "adminPage",
+        "security": _ADMIN_AUTH,
+        "parameters": _summary_params(),
+        "responses": {
+            "200": {
+                "description": "A server-rendered page, every value HTML-escaped",
+                "content": {"text/html": {"schema": {"type": "string"}}},
+            },
+            **_admin_errors(400),
+        },
+    }
+
+
+def _metrics_op() -> JsonObject:
+    return {
+        "summary": "Prometheus metrics, read from the journal at scrape time",
+        "description": "`jobsapp_jobs{module,state}`, `jobsapp_oldest_queued_seconds{module}`, "
+        "`jobsapp_stale_running{module}`, `jobsapp_outbox_backlog`, "
+        "`jobsapp_outbox_lag_seconds`. No authentication.",
+        "operationId": "metrics",
+        "responses": {
+            "200": {
+                "description": "The Prometheus text exposition format",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            **_errors(503, text=_ADMIN_ERROR_TEXT),
+        },
+    }
+
+
+def _admin_schemas() -> JsonObject:
+    nullable_str = {"type": ["string", "null"]}
+    per_state = _object({state: {"type": "integer", "minimum": 0} for state in _RUN_STATES})
+    return {
+        "JobRow": _object(
+            {
+                "module": {"type": "string"},
+                "job_id": {"type": "string", "format": "uuid"},
+                "task_name": {"type": "string"},
+                "state": {"enum": _RUN_STATES},
+                "outcome": nullable_str,
+                "attempts": {"type": "integer", "minimum": 0},
+                "max_attempts": {"type": "integer", "minimum": 1},
+                "age_seconds": {"type": "number", "minimum": 0},
+                "last_error": {**nullable_str, "description": "Its first line only"},
+                "created_at": {"type": "string", "format": "date-time"},
+                "updated_at": {"type": "string", "format": "date-time"},
+                "worker": nullable_str,
+            }
+        ),
+        "JobSummary": _object(
+            {
+                "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/JobRow"}},
+                "counts": {
+                    "type": "object",
+                    "description": "module -> state -> rows",
+                    "additionalProperties": per_state,
+                },
+            }
+        ),
+        "OperatorAction": {
+            "type": "object",
+            "properties": {
+                "reason": {"type": "string", "minLength": 1, "maxLength": 500},
+                "actor": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 100,
+                    "description": "Who acts (self-declared; default `api`); audited as "
+                    "`operator:<actor>`.",
+                },
+            },
+            "required": ["reason"],
+            "additionalProperties": False,
+        },
+        "Replayed": _object(
+            {
+                "module": {"type": "string"},
+                "job_id": {"type": "string", "format": "uuid"},
+                "state": {"const": "queued"},
+                "attempt": {"type": "integer", "minimum": 1},
+                "published": {
+                    "type": "boolean",
+                    "description": "false: the broker was not reached; the relay publishes it",
+                },
+            }
+        ),
+        "Cancelled": _object(
+            {
+                "module": {"type": "string"},
+                "job_id": {"type": "string", "format": "uuid"},
+                "state": {"const": "failed"},
+                "outcome": {"const": "cancelled"},
+                "attempts": {"type": "integer", "minimum": 0},
+            }
+        ),
+    }

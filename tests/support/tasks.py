@@ -117,7 +117,6 @@ def suicidal(token: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-
 @lifecycle_task(app, name="tests.fails_once", max_attempts=1)
 def fails_once(token: str) -> None:
     """Fails permanently on its first attempt, succeeds on any later one: a job whose

@@ -1,0 +1,302 @@
+"""The admin summary: every registered run table, read in its own home.
+
+Seed 000: the monitor reads each domain's run table where it lives and brings them
+together as ``(module, job_id, state, attempts, age, error)``; there is no central table,
+and the ``job_runs_all`` view (migration 0003) is a convenience for ad-hoc SQL that this
+module does not depend on. Every statement is bounded and follows an existing index:
+
+- newest rows: one statement per run table, a ``LIMIT`` branch per state on
+  ``ix_<table>_state_updated`` (``ORDER BY updated_at`` across all states would sort the
+  whole journal);
+- counts: an index-only scan of the same index, bounded by journal retention;
+- stale runs: the partial index of running heartbeats;
+- outbox backlog and lag: the partial index of unpublished rows.
+
+``age_seconds`` is the time a job has spent in its current state (``now - updated_at``):
+that is what an operator asks of a queued, running or failed job. ``created_at`` is
+reported too, but a job retried or replayed over days would look old by it while its
+current attempt is fresh.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Select, func, or_, select, union_all
+
+import jobsapp.schema  # noqa: F401 - imports every domain, so each run table is registered
+from jobsapp.db import utcnow
+from jobsapp.lifecycle import journal, registry
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import ALL_STATES, State
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+# Enough of last_error for its first line; the rest (step statistics) stays in the row.
+_ERROR_PREFIX = 1000
+_ERROR_LINE = 300
+
+
+class BadFilter(ValueError):
+    """A summary filter names no state or no registered module, or a limit out of range."""
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    module: str
+    job_id: uuid.UUID
+    task_name: str
+    state: str
+    outcome: str | None
+    attempts: int
+    max_attempts: int
+    age_seconds: float
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    worker: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "module": self.module, "job_id": str(self.job_id), "task_name": self.task_name,
+            "state": self.state, "outcome": self.outcome, "attempts": self.attempts,
+            "max_attempts": self.max_attempts, "age_seconds": round(self.age_seconds, 3),
+            "last_error": self.last_error, "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(), "worker": self.worker,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Health:
+    """The numbers the metrics endpoint exports, read in one connection."""
+
+    counts: dict[str, dict[str, int]]
+    oldest_queued_age: dict[str, float | None]
+    stale_running: dict[str, int]
+    outbox_backlog: int
+    outbox_lag: float
+
+
+# ------------------------------------------------------------------------- filters
+
+
+def checked_states(states: Iterable[str] | None) -> tuple[str, ...]:
+    if states is None:
+        return ALL_STATES
+    wanted = tuple(dict.fromkeys(states))
+    unknown = [s for s in wanted if s not in ALL_STATES]
+    if unknown or not wanted:
+        raise BadFilter(f"state must be one of {', '.join(ALL_STATES)}; got {unknown or 'none'}")
+    return wanted
+
+
+def checked_tables(module: str | None) -> list[RunTable]:
+    if module is None:
+        return list(registry.all_tables())
+    try:
+        return [registry.get(module)]
+    except KeyError:
+        known = ", ".join(spec.module for spec in registry.all_tables())
+        raise BadFilter(f"no run table is registered for module {module!r} ({known})") from None
+
+
+def checked_limit(limit: int) -> int:
+    if not 1 <= limit <= MAX_LIMIT:
+        raise BadFilter(f"limit must be between 1 and {MAX_LIMIT}")
+    return limit
+
+
+# ------------------------------------------------------------------------- summary
+
+
+def summarize(
+    engine: Engine,
+    *,
+    states: Iterable[str] | None = None,
+    module: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+    now: datetime | None = None,
+) -> list[SummaryRow]:
+    """The newest ``limit`` runs (by ``updated_at``) over every registered run table."""
+    wanted, specs, limit = checked_states(states), checked_tables(module), checked_limit(limit)
+    now = now or utcnow()
+    rows: list[SummaryRow] = []
+    with engine.connect() as conn:
+        for spec in specs:
+            found = conn.execute(_newest(spec, wanted, limit)).mappings()
+            rows.extend(_summary_row(spec, dict(r), now) for r in found)
+    rows.sort(key=lambda r: (r.updated_at, r.job_id.hex), reverse=True)
+    return rows[:limit]
+
+
+def _newest(spec: RunTable, states: Sequence[str], limit: int) -> Select[Any]:
+    table = spec.table
+    columns = [table.c[name] for name in ("job_id", "task_name", "state", "outcome",
+               "attempts", "max_attempts", "created_at", "updated_at", "worker")]  # fmt: skip
+    error = func.substr(table.c.last_error, 1, _ERROR_PREFIX).label("last_error")
+    # One indexed LIMIT branch per state; SQLite wants each wrapped as a subquery.
+    branches = [
+        select(*columns, error)
+        .where(table.c.state == state)
+        .order_by(table.c.updated_at.desc())
+        .limit(limit)
+        .subquery()
+        for state in states
+    ]
+    merged = union_all(*(select(b) for b in branches)).subquery()
+    return select(merged).order_by(merged.c.updated_at.desc()).limit(limit)
+
+
+def _summary_row(spec: RunTable, row: dict[str, Any], now: datetime) -> SummaryRow:
+    return SummaryRow(
+        module=spec.module, job_id=row["job_id"], task_name=row["task_name"],
+        state=row["state"], outcome=row["outcome"], attempts=row["attempts"],
+        max_attempts=row["max_attempts"], age_seconds=_seconds(now - row["updated_at"]),
+        last_error=first_line(row["last_error"]), created_at=row["created_at"],
+        updated_at=row["updated_at"], worker=row["worker"],
+    )  # fmt: skip
+
+
+def first_line(error: str | None) -> str | None:
+    """The headline of a stored error (its first non-empty line), shortened for a table."""
+    if not error:
+        return None
+    line = next((part.strip() for part in error.splitlines() if part.strip()), "")
+    return line if len(line) <= _ERROR_LINE else line[: _ERROR_LINE - 1] + "\u2026"
+
+
+def human_age(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h07m``, ``4d03h``: an age an operator reads at a glance."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def _seconds(delta: timedelta) -> float:
+    # A clock a little behind another writer's must not show a negative age.
+    return max(0.0, delta.total_seconds())
+
+
+# ----------------------------------------------------------------- health numbers
+
+
+def counts(engine: Engine) -> dict[str, dict[str, int]]:
+    """``module -> state -> rows``; every state is present, zero included."""
+    with engine.connect() as conn:
+        return _counts(conn)
+
+
+def oldest_queued_age(engine: Engine, *, now: datetime | None = None) -> dict[str, float | None]:
+    """``module -> seconds`` the oldest due queued job has waited (None: nothing queued).
+
+    A job whose ``next_retry_at`` is still ahead is not waiting for a worker, so it does
+    not count; the age is taken from ``updated_at``, when the job entered ``queued``.
+    """
+    with engine.connect() as conn:
+        return _oldest_queued(conn, now or utcnow())
+
+
+def stale_running(
+    engine: Engine, stale_after: timedelta | float, *, now: datetime | None = None
+) -> dict[str, int]:
+    """``module -> running jobs`` whose heartbeat is older than ``stale_after``."""
+    with engine.connect() as conn:
+        return _stale(conn, _delta(stale_after), now or utcnow())
+
+
+def outbox_backlog(engine: Engine, *, now: datetime | None = None) -> int:
+    """Outbox rows that are due and not yet published."""
+    with engine.connect() as conn:
+        return _backlog(conn, now or utcnow())
+
+
+def outbox_lag(engine: Engine, *, now: datetime | None = None) -> float:
+    """Seconds the oldest due, unpublished outbox row has been due (0 when none)."""
+    with engine.connect() as conn:
+        return _lag(conn, now or utcnow())
+
+
+def health(engine: Engine, stale_after: timedelta | float) -> Health:
+    now = utcnow()
+    with engine.connect() as conn:
+        return Health(
+            counts=_counts(conn),
+            oldest_queued_age=_oldest_queued(conn, now),
+            stale_running=_stale(conn, _delta(stale_after), now),
+            outbox_backlog=_backlog(conn, now),
+            outbox_lag=_lag(conn, now),
+        )
+
+
+def _delta(value: timedelta | float) -> timedelta:
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
+def _counts(conn: Connection) -> dict[str, dict[str, int]]:
+    found: dict[str, dict[str, int]] = {}
+    for spec in registry.all_tables():
+        state = spec.table.c.state
+        stmt = select(state, func.count()).group_by(state)
+        by_state = {str(s): int(n) for s, n in conn.execute(stmt).all()}
+        found[spec.module] = {s: by_state.get(s, 0) for s in ALL_STATES}
+    return found
+
+
+def _oldest_queued(conn: Connection, now: datetime) -> dict[str, float | None]:
+    ages: dict[str, float | None] = {}
+    for spec in registry.all_tables():
+        table = spec.table
+        stmt = (
+            select(table.c.updated_at)
+            .where(
+                table.c.state == State.QUEUED.value,
+                or_(table.c.next_retry_at.is_(None), table.c.next_retry_at <= now),
+            )
+            .order_by(table.c.updated_at)
+            .limit(1)
+        )
+        since = conn.execute(stmt).scalar()
+        ages[spec.module] = None if since is None else _seconds(now - since)
+    return ages
+
+
+def _stale(conn: Connection, stale_after: timedelta, now: datetime) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for spec in registry.all_tables():
+        table = spec.table
+        stmt = select(func.count()).where(
+            table.c.state == State.RUNNING.value, table.c.heartbeat_at < now - stale_after
+        )
+        found[spec.module] = int(conn.execute(stmt).scalar_one())
+    return found
+
+
+def _due_unpublished(now: datetime) -> tuple[Any, ...]:
+    out = journal.OUTBOX
+    return (out.c.published_at.is_(None), out.c.available_at <= now)
+
+
+def _backlog(conn: Connection, now: datetime) -> int:
+    stmt = select(func.count()).select_from(journal.OUTBOX).where(*_due_unpublished(now))
+    return int(conn.execute(stmt).scalar_one())
+
+
+def _lag(conn: Connection, now: datetime) -> float:
+    out = journal.OUTBOX
+    stmt = (
+        select(out.c.available_at)
+        .where(*_due_unpublished(now))
+        .order_by(out.c.available_at)
+        .limit(1)
+    )
+    due_since = conn.execute(stmt).scalar()
+    return 0.0 if due_since is None else _seconds(now - due_since)

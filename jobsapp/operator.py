@@ -1,0 +1,253 @@
+"""Operator actions on one run: replay a failed job, cancel a queued one.
+
+Each action is one transaction: the journal's guarded transition with its audit row in
+``job_events`` (actor ``operator:<name>``, the operator's reason), the run table's own
+mirror of the move (``RunTable.on_change``: the attachments domain moves its
+client-visible row there), and any operator hook registered here for the module. A
+replay's message is published only after that COMMIT; if the fast path fails, the relay
+publishes the outbox row.
+
+A refusal is an exception that says why in words an operator can act on: ``NotFound``
+(no such module or job) or ``Conflict`` (the job is in the wrong state, or another run
+holds its concurrency key).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import Connection, Engine
+
+from jobsapp.db import utcnow
+from jobsapp.lifecycle import journal, outbox, registry
+from jobsapp.lifecycle.journal import KeyBusy, PendingMessage
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import State, Transition
+
+ACTOR_PREFIX = "operator:"
+MAX_REASON = 500
+MAX_ACTOR = 100
+
+# Runs inside the action's transaction after the run row moved: (conn, run row, now).
+# Raising refuses the whole action; the run row stays as it was.
+Hook = Callable[[Connection, Mapping[str, Any], datetime], None]
+
+
+class InvalidRequest(ValueError):
+    """The operator's input is unusable (an empty reason, an actor name with newlines)."""
+
+
+class Refused(Exception):
+    """The action was not taken; ``code`` is stable, the message is for the operator."""
+
+    def __init__(
+        self, code: str, message: str, *, state: str | None = None,
+        holder: uuid.UUID | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(message)
+        self.code = code
+        self.state = state
+        self.holder = holder
+
+
+class NotFound(Refused):
+    """No run table for the module, or no such job in it."""
+
+
+class Conflict(Refused):
+    """The job is not in the state the action leaves, or its key is held."""
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    module: str
+    job_id: uuid.UUID
+    attempt: int
+    # False: the broker did not take the message now; the relay publishes it later.
+    published: bool
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    module: str
+    job_id: uuid.UUID
+    attempts: int
+
+
+# ------------------------------------------------------------------------ domain hooks
+
+# A domain's own rows that mirror a run (an attachment's client-visible state) follow
+# every transition through ``RunTable.on_change``, which the journal calls; these hooks
+# are for what only an operator's action should do (a notification, a domain audit row).
+_REPLAY_HOOKS: dict[str, Hook] = {}
+_CANCEL_HOOKS: dict[str, Hook] = {}
+
+
+def register_replay_hook(module: str, hook: Hook | None) -> Hook | None:
+    """Make ``hook`` part of every replay of ``module``'s jobs (None: no hook any more);
+    returns the one it replaced."""
+    previous = _REPLAY_HOOKS.pop(module, None)
+    if hook is not None:
+        _REPLAY_HOOKS[module] = hook
+    return previous
+
+
+def register_cancel_hook(module: str, hook: Hook | None) -> Hook | None:
+    """Make ``hook`` part of every cancel of ``module``'s jobs (None: no hook any more);
+    returns the one it replaced."""
+    previous = _CANCEL_HOOKS.pop(module, None)
+    if hook is not None:
+        _CANCEL_HOOKS[module] = hook
+    return previous
+
+
+# ----------------------------------------------------------------------------- input
+
+
+def operator_actor(name: str) -> str:
+    """``operator:<name>``, the actor of the audit row; ``name`` is a login, not prose."""
+    name = name.removeprefix(ACTOR_PREFIX).strip()
+    if not 0 < len(name) <= MAX_ACTOR or not name.isprintable():
+        raise InvalidRequest(f"the operator name must be 1 to {MAX_ACTOR} printable characters")
+    return ACTOR_PREFIX + name
+
+
+def checked_reason(reason: str) -> str:
+    reason = reason.strip()
+    if not 0 < len(reason) <= MAX_REASON:
+        raise InvalidRequest(f"a reason of 1 to {MAX_REASON} characters is required")
+    return reason
+
+
+def run_table(module: str) -> RunTable:
+    try:
+        return registry.get(module)
+    except KeyError:
+        raise NotFound("unknown_module", f"no run table is registered for {module!r}") from None
+
+
+# ---------------------------------------------------------------------------- replay
+
+
+def replay(
+    engine: Engine, module: str, job_id: uuid.UUID, *, actor: str, reason: str,
+    app: Celery | None = None, budget: int | None = None,
+) -> ReplayResult:  # fmt: skip
+    """failed -> queued as a new attempt of the same job, then publish its message.
+
+    ``budget``: attempts the replay may use; by default what the task declares (its
+    ``max_attempts``), as a fresh enqueue would get.
+    """
+    spec, who, why = run_table(module), operator_actor(actor), checked_reason(reason)
+    app = app or _default_app()
+    # Before the transaction: importing task modules must not hold SQLite's write lock.
+    _import_tasks(app)
+    with engine.begin() as conn:
+        message = _reopen(conn, spec, job_id, who, why, lambda run: budget or _budget(app, run))
+    published = outbox.publish_now(app, [message]) == 1
+    return ReplayResult(spec.module, job_id, message.attempt, published)
+
+
+def _reopen(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, who: str, why: str,
+    budget: Callable[[Mapping[str, Any]], int],
+) -> PendingMessage:  # fmt: skip
+    run = _current(conn, spec, job_id)
+    if run["state"] != State.FAILED.value:
+        raise Conflict("not_failed", _not_failed(spec, job_id, run["state"]), state=run["state"])
+    now = utcnow()
+    try:
+        message = journal.reopen(
+            conn, spec, job_id, from_state=State.FAILED, attempts=int(run["attempts"]),
+            budget=budget(run), transition=Transition.REPLAY, now=now, actor=who, reason=why,
+        )  # fmt: skip
+    except KeyBusy as busy:
+        raise Conflict("key_busy", _key_busy(run, busy.holder), holder=busy.holder) from None
+    if message is None:
+        raise Conflict("moved", f"{spec.module} job {job_id} changed meanwhile; look again")
+    _run_hook(_REPLAY_HOOKS.get(spec.module), conn, spec, job_id, now)
+    return message
+
+
+_RUNNING_HINT = " (a running job finishes, or the reaper frees it)"
+_HINTS = {
+    State.SUCCEEDED.value: " (a succeeded job runs again when it is enqueued again)",
+    State.QUEUED.value: " (it is already waiting for a worker)",
+    State.RUNNING.value: _RUNNING_HINT,
+}
+
+
+def _not_failed(spec: RunTable, job_id: uuid.UUID, state: str) -> str:
+    return (f"only a failed job can be replayed; {spec.module} job {job_id} is {state}"
+            f"{_HINTS.get(state, '')}")  # fmt: skip
+
+
+def _key_busy(run: Mapping[str, Any], holder: uuid.UUID | None) -> str:
+    return (f"concurrency key {run['concurrency_key']!r} is held by active job {holder}; "
+            "replay once that job has finished")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- cancel
+
+
+def cancel(
+    engine: Engine, module: str, job_id: uuid.UUID, *, actor: str, reason: str
+) -> CancelResult:
+    """queued -> failed/cancelled; a running job is left to finish or to the reaper."""
+    spec, who, why = run_table(module), operator_actor(actor), checked_reason(reason)
+    with engine.begin() as conn:
+        now = utcnow()
+        if not journal.cancel(conn, spec, job_id, actor=who, reason=why, now=now):
+            state = _current(conn, spec, job_id)["state"]
+            raise Conflict("not_queued", _not_queued(spec, job_id, state), state=state)
+        attempts = _run_hook(_CANCEL_HOOKS.get(spec.module), conn, spec, job_id, now)
+    return CancelResult(spec.module, job_id, attempts)
+
+
+def _not_queued(spec: RunTable, job_id: uuid.UUID, state: str) -> str:
+    hint = _RUNNING_HINT if state == State.RUNNING.value else ""
+    return f"only a queued job can be cancelled; {spec.module} job {job_id} is {state}{hint}"
+
+
+# ---------------------------------------------------------------------------- shared
+
+
+def _current(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, Any]:
+    run = journal.load(conn, spec, job_id)
+    if run is None:
+        raise NotFound("unknown_job", f"no {spec.module} job {job_id}")
+    return run
+
+
+def _run_hook(
+    hook: Hook | None, conn: Connection, spec: RunTable, job_id: uuid.UUID, now: datetime
+) -> int:
+    """The module's operator hook on the moved row; returns the row's attempts."""
+    run = _current(conn, spec, job_id)
+    if hook is not None:
+        hook(conn, run, now)
+    return int(run["attempts"])
+
+
+def _default_app() -> Celery:
+    from jobsapp.celery_app import app
+
+    return app
+
+
+def _budget(app: Celery, run: Mapping[str, Any]) -> int:
+    declared = getattr(app.tasks.get(run["task_name"]), "max_attempts", None)
+    # A task this process does not know gets one attempt: the operator can replay again.
+    return declared if isinstance(declared, int) and declared >= 1 else 1
+
+
+@cache
+def _import_tasks(app: Celery) -> None:
+    # The web and CLI processes know the tasks only once the worker's imports are loaded.
+    app.loader.import_default_modules()

@@ -1,0 +1,354 @@
+"""The operator's side of `jobsapp web` as real processes: the token, the JSON summary, a
+replay that a Celery worker then finishes, cancel, the admin page and /metrics.
+
+Its own Postgres database and Redis database, so no other suite's worker or cleanup can
+take its messages or empty its tables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from celery import Celery
+from jsonschema import Draft202012Validator
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine, create_engine, text
+
+from jobsapp.db import utcnow
+from jobsapp.lifecycle import journal, outbox
+from tests.conftest import _fresh_postgres, migrate
+from tests.e2e.webserver import WORKER, Http, Reply, start, start_web, stop
+from tests.support import tasks
+from tests.support.env import service
+
+DATABASE = "jobsapp_e2e_admin"
+# Its own Redis database: the lifecycle suites use 0, the maintenance e2e 3, test_web 12.
+REDIS_DB = 13
+TOKEN = f"e2e-admin-{uuid.uuid4().hex}"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ERROR = {"error", "reason"}
+METRICS = ("jobsapp_jobs", "jobsapp_oldest_queued_seconds", "jobsapp_stale_running",
+           "jobsapp_outbox_backlog", "jobsapp_outbox_lag_seconds")  # fmt: skip
+
+# What tests.fails_once raises on its first attempt.
+REFUSAL = "upstream refuses this job until someone fixes it"
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# --------------------------------------------------------------------------- services
+
+
+@pytest.fixture(scope="module")
+def admin_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    base = service("JOBSAPP_TEST_DATABASE_URL")
+    db_url = _fresh_postgres(base, DATABASE)
+    migrate(db_url)
+    redis_url = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{REDIS_DB}").geturl()
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
+    yield env | {
+        "JOBSAPP_VAR_DIR": str(tmp_path_factory.mktemp("e2e-admin-var")),
+        "JOBSAPP_DATABASE_URL": db_url,
+        "JOBSAPP_BROKER_URL": redis_url,
+        "JOBSAPP_REDIS_URL": redis_url,
+        "JOBSAPP_TEST_REDIS_URL": redis_url,
+        "JOBSAPP_IMPORTS": "tests.support.tasks",
+        "JOBSAPP_ADMIN_TOKEN": TOKEN,
+    }
+    admin = create_engine(base.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e-admin-logs")
+
+
+@pytest.fixture(scope="module")
+def http(admin_env: dict[str, str], logs: Path) -> Iterator[Http]:
+    proc, client = start_web(admin_env, logs / "web.log")
+    try:
+        yield client
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def worker(admin_env: dict[str, str], logs: Path) -> Iterator[Path]:
+    log = logs / "worker.log"
+    proc = start(WORKER, admin_env, log)
+    try:
+        yield log
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def db(admin_env: dict[str, str]) -> Iterator[Engine]:
+    engine = create_engine(admin_env["JOBSAPP_DATABASE_URL"])
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def broker(admin_env: dict[str, str]) -> Celery:
+    """The producer's side of this module's broker."""
+    return Celery("e2e-admin-producer", broker=admin_env["JOBSAPP_BROKER_URL"])
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def enqueue(db: Engine, task: Any, *args: Any, publish: Celery | None = None) -> uuid.UUID:
+    """A producer's enqueue into this module's journal; published only to ``publish``
+    (no beat runs here, so an unpublished job stays queued)."""
+    job = task.new_job(args, {}, None)
+    with db.begin() as conn:
+        result = journal.enqueue(conn, job, now=utcnow(), actor="producer")
+    if publish is not None:
+        assert result.message is not None
+        assert outbox.publish(publish, [result.message]), "the broker refused the message"
+    return uuid.UUID(str(job.job_id))
+
+
+def post_json(http: Http, path: str, body: object, headers: dict[str, str] = AUTH) -> Reply:
+    data = json.dumps(body).encode()
+    return http.request(path, data, {**headers, "Content-Type": "application/json"}, "POST")
+
+
+def get(http: Http, path: str, headers: dict[str, str] = AUTH) -> Reply:
+    return http.request(path, headers=headers)
+
+
+def action(module: str, job_id: uuid.UUID, verb: str) -> str:
+    return f"/v1/admin/jobs/{module}/{job_id}/{verb}"
+
+
+def listed(http: Http, job_id: uuid.UUID, query: str = "") -> dict[str, Any] | None:
+    reply = get(http, f"/v1/admin/jobs?module=jobs{query}")
+    assert reply.status == 200, reply.body
+    return next((j for j in reply.json()["jobs"] if j["job_id"] == str(job_id)), None)
+
+
+def wait_listed(http: Http, job_id: uuid.UUID, state: str, worker_log: Path) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = listed(http, job_id)
+        if row is not None and row["state"] == state:
+            return row
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id} never {state}: {row}; worker: {worker_log.read_text()[-3000:]}")
+
+
+def assert_documented(http: Http, schema: str, instance: object) -> None:
+    components = http.get("/openapi.json").json()["components"]
+    root = {"$ref": f"#/components/schemas/{schema}", "components": components}
+    Draft202012Validator(root).validate(instance)
+
+
+def operator_events(db: Engine, job_id: uuid.UUID) -> list[tuple[str, str, str | None]]:
+    with db.connect() as conn:
+        found = conn.execute(
+            text("SELECT transition, actor, reason FROM job_events "
+                 "WHERE job_id = :j AND actor LIKE 'operator:%' ORDER BY id"),
+            {"j": job_id},
+        )  # fmt: skip
+        return [(r.transition, r.actor, r.reason) for r in found]
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/admin/jobs"),
+        ("GET", "/admin"),
+        ("POST", action("jobs", uuid.UUID(int=1), "replay")),
+        ("POST", action("jobs", uuid.UUID(int=1), "cancel")),
+    ],
+)
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
+     {"Authorization": "Bearer"}],
+    ids=["none", "wrong", "basic", "empty"],
+)  # fmt: skip
+def test_the_operator_api_needs_the_bearer_token(
+    http: Http, method: str, path: str, headers: dict[str, str]
+) -> None:
+    body = json.dumps({"reason": "x"}).encode() if method == "POST" else None
+    reply = http.request(path, body, {**headers, "Content-Type": "application/json"}, method)
+
+    assert reply.status == 401
+    assert reply.headers["Content-Type"] == "application/json"
+    assert set(reply.json()) == ERROR
+    assert reply.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_without_a_configured_token_the_operator_api_is_disabled(
+    admin_env: dict[str, str], logs: Path
+) -> None:
+    env = {k: v for k, v in admin_env.items() if k != "JOBSAPP_ADMIN_TOKEN"}
+    proc, http = start_web(env, logs / "web-no-token.log")
+    try:
+        jobs, page = get(http, "/v1/admin/jobs"), get(http, "/admin")
+        scrape = http.get("/metrics")
+    finally:
+        stop(proc)
+
+    for reply in (jobs, page):
+        assert reply.status == 403
+        assert "operator API disabled" in reply.json()["reason"]
+    assert scrape.status == 200
+
+
+def test_a_failed_job_is_replayed_through_the_api_and_finished_by_a_worker(
+    http: Http, worker: Path, db: Engine, broker: Celery
+) -> None:
+    job_id = enqueue(db, tasks.fails_once, f"api-{uuid.uuid4()}", publish=broker)
+    failed = wait_listed(http, job_id, "failed", worker)
+    assert (failed["outcome"], failed["attempts"], failed["max_attempts"]) == ("permanent", 1, 1)
+    assert failed["last_error"] == f"[permanent] PermanentError: {REFUSAL}"
+    assert failed["task_name"] == "tests.fails_once"
+    summary = get(http, "/v1/admin/jobs?state=failed").json()
+    assert_documented(http, "JobSummary", summary)
+    assert summary["counts"]["jobs"]["failed"] >= 1
+    assert set(summary["counts"]) == {"jobs", "attachments"}
+
+    reply = post_json(http, action("jobs", job_id, "replay"),
+                      {"reason": "upstream fixed", "actor": "alice"})  # fmt: skip
+
+    assert reply.status == 200, reply.body
+    assert reply.json() == {"module": "jobs", "job_id": str(job_id), "state": "queued",
+                            "attempt": 2, "published": True}  # fmt: skip
+    assert_documented(http, "Replayed", reply.json())
+    done = wait_listed(http, job_id, "succeeded", worker)
+    assert done["attempts"] == 2
+    assert operator_events(db, job_id) == [("replay", "operator:alice", "upstream fixed")]
+    again = post_json(http, action("jobs", job_id, "replay"), {"reason": "once more"})
+    assert (again.status, again.json()["error"]) == (409, "not_failed")
+
+
+def test_cancel_through_the_api(http: Http, db: Engine) -> None:
+    job_id = enqueue(db, tasks.echo, "never-published")
+
+    reply = post_json(http, action("jobs", job_id, "cancel"), {"reason": "not wanted"})
+
+    assert reply.status == 200, reply.body
+    assert_documented(http, "Cancelled", reply.json())
+    row = listed(http, job_id, "&state=failed")
+    assert row is not None
+    assert (row["outcome"], row["last_error"]) == ("cancelled", "not wanted")
+    assert operator_events(db, job_id) == [("cancel", "operator:api", "not wanted")]
+    again = post_json(http, action("jobs", job_id, "cancel"), {"reason": "again"})
+    assert (again.status, again.json()["error"]) == (409, "not_queued")
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (None, "bad_request"),
+        ({}, "bad_request"),
+        ({"reason": ""}, "bad_request"),
+        ({"reason": "x" * 501}, "bad_request"),
+        ({"reason": 42}, "bad_request"),
+        ({"reason": "ok", "actor": "a\nb"}, "bad_request"),
+        ({"reason": "ok", "job_id": "other"}, "bad_request"),
+    ],
+)
+def test_an_action_without_a_usable_reason_is_a_400(
+    http: Http, db: Engine, body: object, code: str
+) -> None:
+    job_id = enqueue(db, tasks.echo, "untouched")
+    data = b"reason=plain-form" if body is None else json.dumps(body).encode()
+
+    reply = http.request(action("jobs", job_id, "cancel"), data,
+                         {**AUTH, "Content-Type": "application/json"}, "POST")  # fmt: skip
+
+    assert (reply.status, reply.json()["error"]) == (400, code)
+    assert listed(http, job_id, "&state=queued") is not None
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "code"),
+    [
+        (action("jobs", uuid.uuid4(), "replay"), 404, "unknown_job"),
+        (action("nope", uuid.uuid4(), "cancel"), 404, "unknown_module"),
+        ("/v1/admin/jobs/jobs/not-a-uuid/replay", 404, "not_found"),
+    ],
+)
+def test_unknown_jobs_are_json_404s(http: Http, path: str, status: int, code: str) -> None:
+    reply = post_json(http, path, {"reason": "why not"})
+
+    assert (reply.status, reply.json()["error"]) == (status, code)
+
+
+@pytest.mark.parametrize(
+    "query", ["?state=done", "?module=nope", "?limit=0", "?limit=abc", "?limit=5000"]
+)
+def test_summary_filters_it_cannot_answer_are_400s(http: Http, query: str) -> None:
+    for path in ("/v1/admin/jobs", "/admin"):
+        reply = get(http, path + query)
+        assert (reply.status, reply.json()["error"]) == (400, "bad_filter")
+
+
+def test_metrics_are_read_from_the_journal_at_scrape_time(http: Http, db: Engine) -> None:
+    enqueue(db, tasks.echo, "waiting-for-the-relay")
+
+    reply = http.get("/metrics")
+
+    assert reply.status == 200
+    assert reply.headers["Content-Type"].startswith("text/plain; version=")
+    families = {f.name: f for f in text_string_to_metric_families(reply.body.decode())}
+    assert set(METRICS) <= set(families)
+    jobs = {(s.labels["module"], s.labels["state"]): s.value
+            for s in families["jobsapp_jobs"].samples}  # fmt: skip
+    with db.connect() as conn:
+        rows = conn.execute(text("SELECT state, count(*) FROM job_runs GROUP BY state"))
+        in_db = {("jobs", state): float(n) for state, n in rows}
+    assert {k: v for k, v in jobs.items() if k[0] == "jobs" and v} == in_db
+    assert ("attachments", "running") in jobs
+    backlog = families["jobsapp_outbox_backlog"].samples[0].value
+    assert backlog >= 1
+    assert families["jobsapp_outbox_lag_seconds"].samples[0].value >= 0
+    oldest = {s.labels["module"]: s.value
+              for s in families["jobsapp_oldest_queued_seconds"].samples}  # fmt: skip
+    assert oldest["jobs"] >= 0
+    assert {s.labels["module"] for s in families["jobsapp_stale_running"].samples} == {
+        "jobs", "attachments",
+    }  # fmt: skip
+
+
+def test_the_admin_page_lists_jobs_with_everything_escaped(http: Http, db: Engine) -> None:
+    job_id = enqueue(db, tasks.echo, "shown-on-the-page")
+    hostile = '<script>alert("owned")</script> & <b>bold</b>'
+    assert post_json(http, action("jobs", job_id, "cancel"), {"reason": hostile}).status == 200
+
+    reply = get(http, "/admin?limit=1000")
+
+    assert reply.status == 200
+    assert reply.headers["Content-Type"].startswith("text/html")
+    assert "default-src 'none'" in reply.headers["Content-Security-Policy"]
+    page = reply.body.decode()
+    assert str(job_id) in page
+    escaped = "&lt;script&gt;alert(&#34;owned&#34;)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;"
+    assert escaped in page
+    assert "<script" not in page
+    assert "<b>" not in page
+    assert "<th>succeeded</th>" in page

@@ -1,0 +1,452 @@
+"""The admin summary, the runs view and the operator's replay and cancel, on Postgres and
+SQLite: what an operator sees and what their actions leave in the journal."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+from sqlalchemy import Connection, Engine, insert, select, text
+
+from jobsapp import cli, operator
+from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS
+from jobsapp.attachments.tasks import TASK_NAME as ATTACHMENT_TASK
+from jobsapp.db import utcnow
+from jobsapp.lifecycle import journal, registry
+from jobsapp.lifecycle.journal import NewJob
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import Outcome
+from jobsapp.monitor import summary
+from tests.support import tasks
+from tests.support.attachments import attachment_row, environment
+from tests.support.journal_view import events, outbox_rows, run_row
+
+JOBS = registry.JOBS
+ERROR = "ValueError: this never works\n  File 'task.py', line 3\n[steps] fetch=1 render=0"
+VIEW_COLUMNS = {
+    "module", "job_id", "task_name", "concurrency_key", "state", "outcome", "attempts",
+    "max_attempts", "heartbeat_at", "last_error", "next_retry_at", "created_at", "updated_at",
+    "finished_at", "worker",
+}  # fmt: skip
+
+
+@pytest.fixture
+def broker() -> Celery:
+    """A real in-memory kombu broker: replayed messages stay with this test instead of
+    landing in the Redis queue that other suites' workers consume."""
+    return Celery("operator-tests", broker="memory://")
+
+
+# --------------------------------------------------------------------------- factories
+
+
+def _enqueue(
+    db: Engine, spec: RunTable, values: Mapping[str, Any], *, task: str, key: str | None = None,
+    ago: float = 0.0,
+) -> uuid.UUID:  # fmt: skip
+    job = NewJob(spec=spec, job_id=uuid.uuid4(), task_name=task, max_attempts=2,
+                 concurrency_key=key or f"key:{uuid.uuid4()}", values=values)  # fmt: skip
+    with db.begin() as conn:
+        journal.enqueue(conn, job, now=utcnow() - timedelta(seconds=ago), actor="producer")
+    return job.job_id
+
+
+def queued_job(db: Engine, *, key: str | None = None, ago: float = 0.0) -> uuid.UUID:
+    params = {"params": {"args": ["t"], "kwargs": {}}}
+    return _enqueue(db, JOBS, params, task="tests.doomed", key=key, ago=ago)
+
+
+def queued_attachment_job(db: Engine, attachment_state: str = "queued") -> uuid.UUID:
+    attachment_id, now = uuid.uuid4(), utcnow()
+    with db.begin() as conn:
+        conn.execute(insert(ATTACHMENTS).values(
+            id=attachment_id, content_type="image/png", size=10, sha256="0" * 64, width=1,
+            height=1, display_name="a.png", staging_key=f"staging/{attachment_id}",
+            state=attachment_state, created_at=now, updated_at=now,
+        ))  # fmt: skip
+    ids = {"attachment_id": attachment_id, "pipeline_version": 1}
+    return _enqueue(db, ATTACHMENT_RUNS, ids, task=ATTACHMENT_TASK)
+
+
+def claimed(db: Engine, spec: RunTable, job_id: uuid.UUID, *, heartbeat_ago: float = 0.0) -> int:
+    """A worker claims the next attempt (its heartbeat ``heartbeat_ago`` seconds old)."""
+    with db.begin() as conn:
+        attempt = int(journal.load(conn, spec, job_id)["attempts"]) + 1  # type: ignore[index]
+        now = utcnow() - timedelta(seconds=heartbeat_ago)
+        assert journal.claim(conn, spec, job_id, attempt, worker="w1@host", now=now)
+    return attempt
+
+
+def failed_job(db: Engine, spec: RunTable = JOBS, job_id: uuid.UUID | None = None) -> uuid.UUID:
+    job_id = job_id or queued_job(db)
+    attempt = claimed(db, spec, job_id)
+    with db.begin() as conn:
+        assert journal.fail(conn, spec, job_id, attempt, outcome=Outcome.PERMANENT, error=ERROR,
+                            actor="w1@host", now=utcnow())  # fmt: skip
+    return job_id
+
+
+def succeeded_job(db: Engine) -> uuid.UUID:
+    job_id = queued_job(db)
+    attempt = claimed(db, JOBS, job_id)
+    with db.begin() as conn:
+        assert journal.succeed(conn, JOBS, job_id, attempt, actor="w1@host", now=utcnow())
+    return job_id
+
+
+def by_id(rows: list[summary.SummaryRow]) -> dict[uuid.UUID, summary.SummaryRow]:
+    return {row.job_id: row for row in rows}
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def test_the_summary_reads_every_registered_run_table(db: Engine) -> None:
+    failed = failed_job(db)
+    attachment_job = queued_attachment_job(db)
+
+    rows = by_id(summary.summarize(db))
+
+    assert {spec.module for spec in registry.all_tables()} == {"jobs", "attachments"}
+    jobs_row, attachment_row_ = rows[failed], rows[attachment_job]
+    assert (jobs_row.module, jobs_row.task_name, jobs_row.state) == ("jobs", "tests.doomed",
+                                                                     "failed")  # fmt: skip
+    assert (jobs_row.outcome, jobs_row.attempts, jobs_row.max_attempts) == ("permanent", 1, 2)
+    assert jobs_row.last_error == "ValueError: this never works"
+    assert jobs_row.worker == "w1@host"
+    assert 0 <= jobs_row.age_seconds < 60
+    assert jobs_row.created_at <= jobs_row.updated_at
+    assert (attachment_row_.module, attachment_row_.state) == ("attachments", "queued")
+    assert (attachment_row_.attempts, attachment_row_.last_error) == (0, None)
+
+
+def test_the_summary_filters_and_lists_newest_first(db: Engine) -> None:
+    older = failed_job(db)
+    newer = failed_job(db)
+    queued_job(db)
+    failed_job(db, ATTACHMENT_RUNS, queued_attachment_job(db))
+
+    only_failed_jobs = summary.summarize(db, states=["failed"], module="jobs")
+    newest = summary.summarize(db, states=["failed"], module="jobs", limit=1)
+
+    assert [r.job_id for r in only_failed_jobs] == [newer, older]
+    assert [r.job_id for r in newest] == [newer]
+    both_tables = summary.summarize(db, states=["failed"])
+    assert {r.module for r in both_tables} == {"jobs", "attachments"}
+    assert [r.updated_at for r in both_tables] == sorted(
+        (r.updated_at for r in both_tables), reverse=True
+    )
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [{"states": ["done"]}, {"states": []}, {"module": "nope"}, {"limit": 0}, {"limit": 1001}],
+)
+def test_the_summary_refuses_filters_it_cannot_answer(filters: dict[str, Any]) -> None:
+    with pytest.raises(summary.BadFilter):
+        summary.summarize(None, **filters)  # type: ignore[arg-type]
+
+
+def test_counts_have_every_module_and_state(db: Engine) -> None:
+    failed_job(db)
+    failed_job(db)
+    queued_job(db)
+    queued_attachment_job(db)
+
+    counts = summary.counts(db)
+
+    assert counts["jobs"] == {"queued": 1, "running": 0, "succeeded": 0, "failed": 2}
+    assert counts["attachments"] == {"queued": 1, "running": 0, "succeeded": 0, "failed": 0}
+
+
+def test_the_health_numbers_follow_the_journal(db: Engine) -> None:
+    queued_job(db, ago=120)
+    stale = queued_job(db)
+    claimed(db, JOBS, stale, heartbeat_ago=90)
+    claimed(db, JOBS, queued_job(db))
+
+    ages = summary.oldest_queued_age(db)
+    assert ages["jobs"] is not None
+    assert 120 <= ages["jobs"] < 180
+    assert ages["attachments"] is None
+    assert summary.stale_running(db, timedelta(seconds=30)) == {"jobs": 1, "attachments": 0}
+    # Three enqueues, none published (a Core transaction leaves that to the relay).
+    assert summary.outbox_backlog(db) == 3
+    assert 120 <= summary.outbox_lag(db) < 180
+    health = summary.health(db, 30.0)
+    assert (health.outbox_backlog, health.stale_running["jobs"]) == (3, 1)
+
+
+def test_the_runs_view_projects_every_run_table(db: Engine) -> None:
+    failed = failed_job(db)
+    attachment_job = queued_attachment_job(db)
+
+    with db.connect() as conn:
+        result = conn.execute(text("SELECT * FROM job_runs_all ORDER BY module"))
+        columns, rows = set(result.keys()), [dict(r) for r in result.mappings()]
+
+    assert columns == VIEW_COLUMNS
+    assert [(r["module"], uuid.UUID(str(r["job_id"]))) for r in rows] == [
+        ("attachments", attachment_job),
+        ("jobs", failed),
+    ]
+    assert [r["state"] for r in rows] == ["queued", "failed"]
+
+
+# ------------------------------------------------------------------------------ replay
+
+
+def test_replay_of_a_failed_job_is_a_new_attempt_with_an_audit_row(
+    db: Engine, broker: Celery
+) -> None:
+    job_id = failed_job(db)
+
+    done = operator.replay(db, "jobs", job_id, actor="alice", reason="upstream fixed",
+                           app=broker)  # fmt: skip
+
+    assert (done.module, done.job_id, done.attempt, done.published) == ("jobs", job_id, 2, True)
+    row = run_row(db, job_id)
+    assert (row["state"], row["outcome"], row["attempts"], row["finished_at"]) == (
+        "queued", None, 1, None,
+    )  # fmt: skip
+    # tests.doomed declares 2 attempts: the replay gets them on top of the one spent.
+    assert row["max_attempts"] == 3
+    audit = events(db, job_id)[-1]
+    assert (audit["transition"], audit["from_state"], audit["to_state"]) == (
+        "replay", "failed", "queued",
+    )  # fmt: skip
+    assert (audit["actor"], audit["reason"], audit["attempt"]) == (
+        "operator:alice", "upstream fixed", 2,
+    )  # fmt: skip
+    message = outbox_rows(db, job_id)[-1]
+    assert (message["attempt"], message["published_at"] is not None) == (2, True)
+    assert claimed(db, JOBS, job_id) == 2
+    assert run_row(db, job_id)["attempts"] == 2
+
+
+def test_replay_refuses_a_job_that_succeeded(db: Engine, broker: Celery) -> None:
+    job_id = succeeded_job(db)
+    history = events(db, job_id)
+
+    with pytest.raises(operator.Conflict) as refused:
+        operator.replay(db, "jobs", job_id, actor="alice", reason="again", app=broker)
+
+    assert refused.value.code == "not_failed"
+    assert "only a failed job can be replayed" in str(refused.value)
+    assert "is succeeded" in str(refused.value)
+    assert run_row(db, job_id)["state"] == "succeeded"
+    assert events(db, job_id) == history
+
+
+def test_replay_refuses_while_another_job_holds_the_key(db: Engine, broker: Celery) -> None:
+    job_id = failed_job(db, job_id=queued_job(db, key="account:acme"))
+    holder = queued_job(db, key="account:acme")
+
+    with pytest.raises(operator.Conflict) as refused:
+        operator.replay(db, "jobs", job_id, actor="alice", reason="again", app=broker)
+
+    assert (refused.value.code, refused.value.holder) == ("key_busy", holder)
+    assert str(holder) in str(refused.value)
+    assert "account:acme" in str(refused.value)
+    assert run_row(db, job_id)["state"] == "failed"
+    assert "replay" not in [e["transition"] for e in events(db, job_id)]
+    assert [m["attempt"] for m in outbox_rows(db, job_id)] == [1]
+
+
+def test_unknown_jobs_and_modules_are_not_found(db: Engine, broker: Celery) -> None:
+    for module, code in (("jobs", "unknown_job"), ("nope", "unknown_module")):
+        with pytest.raises(operator.NotFound) as refused:
+            operator.replay(db, module, uuid.uuid4(), actor="a", reason="r", app=broker)
+        assert refused.value.code == code
+        with pytest.raises(operator.NotFound):
+            operator.cancel(db, module, uuid.uuid4(), actor="a", reason="r")
+
+
+@pytest.mark.parametrize(
+    ("actor", "reason"),
+    [("alice", ""), ("alice", "   "), ("alice", "x" * 501), ("", "why"), ("a\nb", "why")],
+)
+def test_an_action_needs_a_reason_and_an_operator_name(actor: str, reason: str) -> None:
+    with pytest.raises(operator.InvalidRequest):
+        operator.cancel(None, "jobs", uuid.uuid4(), actor=actor, reason=reason)  # type: ignore[arg-type]
+
+
+def test_a_failing_replay_hook_leaves_the_job_failed(db: Engine, broker: Celery) -> None:
+    job_id = failed_job(db)
+
+    def refuse(conn: Connection, run: Mapping[str, Any], now: object) -> None:
+        raise RuntimeError("the domain refuses")
+
+    previous = operator.register_replay_hook("jobs", refuse)
+    try:
+        with pytest.raises(RuntimeError):
+            operator.replay(db, "jobs", job_id, actor="alice", reason="again", app=broker)
+    finally:
+        operator.register_replay_hook("jobs", previous)
+
+    assert run_row(db, job_id)["state"] == "failed"
+    assert "replay" not in [e["transition"] for e in events(db, job_id)]
+    assert [m["attempt"] for m in outbox_rows(db, job_id)] == [1]
+
+
+def test_replaying_an_attachment_job_requeues_its_attachment(db: Engine, broker: Celery) -> None:
+    job_id = failed_job(db, ATTACHMENT_RUNS, queued_attachment_job(db, "failed"))
+
+    operator.replay(db, "attachments", job_id, actor="alice", reason="staging restored",
+                    app=broker)  # fmt: skip
+
+    with db.connect() as conn:
+        run = journal.load(conn, ATTACHMENT_RUNS, job_id)
+    assert run is not None
+    assert run["state"] == "queued"
+    attachment = attachment_row(db, run["attachment_id"])
+    assert (attachment["state"], attachment["error_code"]) == ("queued", None)
+
+
+# ------------------------------------------------------------------------------ cancel
+
+
+def test_cancel_of_a_queued_job_fails_it_as_cancelled(db: Engine) -> None:
+    job_id = queued_job(db, key="report:42")
+
+    done = operator.cancel(db, "jobs", job_id, actor="bob", reason="duplicate request")
+
+    assert (done.module, done.job_id, done.attempts) == ("jobs", job_id, 0)
+    row = run_row(db, job_id)
+    assert (row["state"], row["outcome"], row["last_error"]) == (
+        "failed", "cancelled", "duplicate request",
+    )  # fmt: skip
+    audit = events(db, job_id)[-1]
+    assert (audit["transition"], audit["from_state"], audit["to_state"]) == (
+        "cancel", "queued", "failed",
+    )  # fmt: skip
+    assert (audit["actor"], audit["reason"]) == ("operator:bob", "duplicate request")
+    # The key is free again: the same work can be enqueued.
+    queued_job(db, key="report:42")
+
+
+def test_cancel_refuses_a_running_job(db: Engine) -> None:
+    job_id = queued_job(db)
+    claimed(db, JOBS, job_id)
+
+    with pytest.raises(operator.Conflict) as refused:
+        operator.cancel(db, "jobs", job_id, actor="bob", reason="stop")
+
+    assert refused.value.code == "not_queued"
+    assert "is running" in str(refused.value)
+    assert run_row(db, job_id)["state"] == "running"
+
+
+def test_a_cancelled_job_can_be_replayed(db: Engine, broker: Celery) -> None:
+    job_id = queued_job(db)
+    operator.cancel(db, "jobs", job_id, actor="bob", reason="paused for maintenance")
+
+    done = operator.replay(db, "jobs", job_id, actor="bob", reason="maintenance over",
+                           app=broker)  # fmt: skip
+
+    # Attempt 1 never started: the replay sends it again rather than skipping to 2.
+    assert done.attempt == 1
+    assert claimed(db, JOBS, job_id) == 1
+
+
+def test_cancelling_an_attachment_job_fails_its_attachment(db: Engine) -> None:
+    job_id = queued_attachment_job(db)
+
+    operator.cancel(db, "attachments", job_id, actor="bob", reason="wrong file")
+
+    with db.connect() as conn:
+        run = journal.load(conn, ATTACHMENT_RUNS, job_id)
+    assert run is not None
+    attachment = attachment_row(db, run["attachment_id"])
+    assert (attachment["state"], attachment["error_code"]) == ("failed", "cancelled")
+
+
+# ------------------------------------------------------------------------ with a worker
+
+
+def test_a_replayed_job_runs_again_on_a_worker(worker: object, db: Engine) -> None:
+    handle = tasks.fails_once.delay(f"fix-{uuid.uuid4()}")
+    first = handle.wait()
+    assert (first["state"], first["outcome"], first["attempts"]) == ("failed", "permanent", 1)
+
+    done = operator.replay(db, "jobs", handle.job_id, actor="alice", reason="upstream fixed")
+
+    assert done.published
+    row = handle.wait()
+    assert (row["state"], row["attempts"]) == ("succeeded", 2)
+    assert [(e["transition"], e["attempt"]) for e in events(db, handle.job_id)] == [
+        ("enqueue", 1), ("claim", 1), ("fail", 1), ("replay", 2), ("claim", 2), ("succeed", 2),
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------------- CLI
+
+
+def test_cli_summary_prints_a_table_and_json(
+    db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = failed_job(db)
+
+    assert cli.main(["summary", "--state", "failed", "--module", "jobs"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["MODULE", "JOB_ID", "STATE", "ATTEMPTS", "AGE", "ERROR"]
+    assert table[1].split()[:4] == ["jobs", str(job_id), "failed", "1/2"]
+    assert table[1].endswith("ValueError: this never works")
+
+    assert cli.main(["summary", "--json"]) == 0
+    (shown,) = json.loads(capsys.readouterr().out)
+    assert (shown["job_id"], shown["state"], shown["module"]) == (str(job_id), "failed", "jobs")
+
+
+def test_cli_cancel_and_a_refused_replay(
+    db: Engine, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("USER", "carol")
+    job_id = queued_job(db)
+
+    assert cli.main(["cancel", str(job_id), "--module", "jobs", "--reason", "not needed"]) == 0
+    assert events(db, job_id)[-1]["actor"] == "operator:carol"
+    assert cli.main(["cancel", str(job_id), "--module", "jobs", "--reason", "again"]) == 1
+    assert "refused (not_queued)" in capsys.readouterr().err
+
+    done = succeeded_job(db)
+    assert cli.main(["replay", str(done), "--module", "jobs", "--reason", "x"]) == 1
+    assert "only a failed job can be replayed" in capsys.readouterr().err
+    assert cli.main(["replay", str(done), "--module", "jobs", "--reason", " "]) == 2
+
+
+def test_a_database_outage_is_a_503_on_the_operator_routes() -> None:
+    from jobsapp.web.app import create_app
+
+    # Nothing listens on port 9: every connection attempt is refused at once.
+    dead = "postgresql+psycopg2://postgres@127.0.0.1:9/none"
+    with environment(JOBSAPP_DATABASE_URL=dead, JOBSAPP_ADMIN_TOKEN="t"):
+        client = create_app().test_client()
+        replies = [
+            client.get("/metrics"),
+            client.get("/v1/admin/jobs", headers={"Authorization": "Bearer t"}),
+            client.post(f"/v1/admin/jobs/jobs/{uuid.uuid4()}/cancel", json={"reason": "r"},
+                        headers={"Authorization": "Bearer t"}),
+        ]  # fmt: skip
+
+    for reply in replies:
+        assert reply.status_code == 503
+        assert reply.get_json()["error"] == "unavailable"
+        assert "127.0.0.1" not in reply.get_json()["reason"]
+        assert int(reply.headers["Retry-After"]) > 0
+
+
+def test_the_summary_reads_with_bounded_statements(pg: Engine) -> None:
+    """Each summary branch walks the (state, updated_at) index, never the whole table."""
+    with pg.connect() as conn:
+        branch = select(JOBS.table.c.job_id).where(JOBS.table.c.state == "failed").order_by(
+            JOBS.table.c.updated_at.desc()).limit(100)  # fmt: skip
+        compiled = branch.compile(conn, compile_kwargs={"literal_binds": True})
+        conn.execute(text("SET enable_seqscan = off"))
+        plan = "\n".join(r[0] for r in conn.execute(text(f"EXPLAIN {compiled}")))
+    assert "ix_job_runs_state_updated" in plan
