@@ -24,6 +24,7 @@ from sqlalchemy import (
     String,
     Table,
     UniqueConstraint,
+    select,
     update,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -31,7 +32,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import registry
 from jobsapp.lifecycle.registry import RunTable, StalePolicy
-from jobsapp.lifecycle.states import Transition
+from jobsapp.lifecycle.states import ACTIVE_STATES, Transition
 from jobsapp.lifecycle.tables import Base, RunMixin
 
 # S3's key limit; the object store enforces the same on both backends.
@@ -153,11 +154,22 @@ def mirror_run_change(
     if transition not in _MIRROR:
         return
     sources, target, error_code = _MIRROR[transition]
+    # Another version's run still at work owns the attachment's state.
+    other_active = (
+        select(RUNS.c.job_id)
+        .where(
+            RUNS.c.attachment_id == ATTACHMENTS.c.id,
+            RUNS.c.state.in_(ACTIVE_STATES),
+            RUNS.c.job_id.not_in([r["job_id"] for r in runs]),
+        )
+        .exists()
+    )
     conn.execute(
         update(ATTACHMENTS)
         .where(
             ATTACHMENTS.c.id.in_([r["attachment_id"] for r in runs]),
             ATTACHMENTS.c.state.in_([s.value for s in sources]),
+            ~other_active,
         )
         .values(state=target.value, error_code=error_code, updated_at=utcnow())
     )

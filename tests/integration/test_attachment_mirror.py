@@ -77,3 +77,21 @@ def test_cancel_and_replay_move_the_attachment(db: Engine, store: ObjectStore) -
     assert message is not None
     row = attachment_row(db, accepted.attachment_id)
     assert (row["state"], row["error_code"]) == ("queued", None)
+
+
+def test_cancelling_one_version_leaves_an_attachment_another_run_works_on(
+    db: Engine, store: ObjectStore
+) -> None:
+    from jobsapp.attachments.tasks import process_attachment
+    from jobsapp.celery_app import app
+    from jobsapp.lifecycle.enqueue import transaction
+
+    attachment_id, _ = _running_run(db, heartbeat_age=0)
+    with transaction(app) as batch:
+        v2 = process_attachment.enqueue_in(
+            batch, kwargs={"attachment_id": attachment_id, "pipeline_version": 2}
+        )
+    with db.begin() as conn:
+        assert journal.cancel(conn, ATTACHMENT_RUNS, v2.job_id, actor="operator:test",
+                              reason="not now", now=utcnow())  # fmt: skip
+    assert attachment_row(db, attachment_id)["state"] == "processing"
