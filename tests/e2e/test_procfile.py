@@ -1,0 +1,91 @@
+"""The Procfile runs the whole system: gunicorn web, worker, beat and Flower under honcho."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from tests.conftest import _drop_postgres, _fresh_postgres, migrate
+from tests.e2e.webserver import REPO, Http, fetch, free_port
+from tests.support.env import service
+from tests.unit import images
+
+REDIS_DB = 15
+
+
+@pytest.fixture
+def procfile_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    admin = service("JOBSAPP_TEST_DATABASE_URL")
+    db_url = _fresh_postgres(admin, "jobsapp_e2e_procfile")
+    migrate(db_url)
+    broker = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{REDIS_DB}").geturl()
+    redis.Redis.from_url(broker).flushdb()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
+    yield base | {
+        "PATH": f"{Path(sys.executable).parent}:{base.get('PATH', '')}",
+        "JOBSAPP_VAR_DIR": str(tmp_path / "var"),
+        "JOBSAPP_DATABASE_URL": db_url,
+        "JOBSAPP_BROKER_URL": broker,
+        "JOBSAPP_STORAGE_URL": f"file://{tmp_path / 'objects'}",
+        "JOBSAPP_WEB_BIND": f"127.0.0.1:{free_port()}",
+        "JOBSAPP_FLOWER_PORT": str(free_port()),
+        "JOBSAPP_RELAY_EVERY": "1",
+    }
+    _drop_postgres(admin, "jobsapp_e2e_procfile")
+
+
+@pytest.fixture
+def honcho(procfile_env: dict[str, str], tmp_path: Path) -> Iterator[Path]:
+    log = tmp_path / "honcho.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "honcho"), "start", "-f", "Procfile"],
+            cwd=REPO, env=procfile_env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield log
+    finally:
+        # honcho passes SIGTERM on to every line; what outlives it is killed with its group.
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _answers(url: str, log: Path, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return fetch(url).status
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError(f"{url} never answered:\n{log.read_text()[-4000:]}")
+
+
+def test_every_procfile_line_serves(honcho: Path, procfile_env: dict[str, str]) -> None:
+    web = Http(f"http://{procfile_env['JOBSAPP_WEB_BIND']}")
+    assert _answers(web.base_url + "/healthz", honcho) == 200
+    flower = f"http://127.0.0.1:{procfile_env['JOBSAPP_FLOWER_PORT']}/"
+    assert _answers(flower, honcho) == 200
+    reply = web.post_file(images.solid("PNG"), "p.png", "image/png")
+    assert reply.status == 202, reply.body
+    location = reply.headers["Location"]
+    deadline = time.monotonic() + 60
+    while (state := web.get(location).json()["state"]) not in ("ready", "failed"):
+        assert time.monotonic() < deadline, honcho.read_text()[-4000:]
+        time.sleep(0.3)
+    assert state == "ready"
+    log = honcho.read_text()
+    assert "is the leader" in log  # beat took its lease
