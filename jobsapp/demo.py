@@ -65,6 +65,9 @@ class Watched:
 
 def run_demo(timeout: float = 90.0) -> int:
     """Run the demo; 0 when every upload became ready within ``timeout`` seconds."""
+    # Migration and transport chatter would bury what the demo shows.
+    for name in ("alembic", "kombu"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     settings = get_settings()
     _say(f"jobsapp demo: database {_redacted_db(settings.database_url)}")
     _say(f"              broker   {maybe_sanitize_url(settings.broker_url)}")

@@ -71,7 +71,7 @@ def _url(env: Mapping[str, str], name: str, default: str, schemes: tuple[str, ..
 
 
 def _storage_url(env: Mapping[str, str], var_dir: Path) -> str:
-    value = env.get("JOBSAPP_STORAGE_URL") or f"file://{(var_dir / 'objects').resolve()}"
+    value = env.get("JOBSAPP_STORAGE_URL") or f"file://{(var_dir / 'storage').resolve()}"
     parts = urlsplit(value)
     if parts.scheme == "s3" and parts.netloc:
         return value

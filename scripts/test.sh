@@ -4,6 +4,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+scripts/install-services.sh
 started_here=0
 if ! scripts/services.sh status >/dev/null 2>&1; then
     scripts/services.sh start rabbitmq

@@ -20,7 +20,7 @@ def test_an_empty_env_embeds_everything_under_var() -> None:
     assert settings.broker_url == "filesystem://"
     assert settings.broker_is_filesystem
     assert settings.broker_folder == var_dir / "broker"
-    assert settings.storage_url == f"file://{var_dir / 'objects'}"
+    assert settings.storage_url == f"file://{var_dir / 'storage'}"
     assert settings.redis_url is None
     assert settings.s3_endpoint_url is None
     assert settings.s3_region is None
@@ -35,7 +35,7 @@ def test_var_dir_moves_every_embedded_default() -> None:
     settings = load_settings({"JOBSAPP_VAR_DIR": str(VAR)})
     assert settings.var_dir == VAR
     assert settings.database_url == f"sqlite:///{VAR}/jobsapp.db"
-    assert settings.storage_url == f"file://{VAR}/objects"
+    assert settings.storage_url == f"file://{VAR}/storage"
     assert settings.broker_folder == VAR / "broker"
 
 

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Install the Debian packages of the test services when this machine lacks them (needs root).
+set -euo pipefail
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+[[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || missing+=(rabbitmq-server)
+[[ -x /usr/lib/postgresql/15/bin/initdb ]] || missing+=(postgresql-15)
+if ((${#missing[@]})); then
+    echo "installing ${missing[*]} with apt-get" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
