@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 from celery import Celery
@@ -21,6 +22,7 @@ from jobsapp.db import get_engine, single_statement, utcnow
 from jobsapp.lifecycle import dedup, journal, outbox
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, EnqueueResult, NewJob
+from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,14 @@ def _own_transaction(app: Celery, job: NewJob) -> EnqueueResult:
 def _after_commit(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> None:
     """Publish what a committed transaction enqueued (one mark for all of it)."""
     crashpoints.hit("after_commit_before_publish")
-    messages = [result.message for _, result in done if result.message is not None]
+    # A delayed start within the short-wait limit rides a countdown; longer ones wait in
+    # the outbox for the relay (a long broker ETA is redelivered on Redis, and run twice).
+    horizon = utcnow() + timedelta(seconds=get_settings().inline_wait_max)
+    messages = [
+        result.message
+        for _, result in done
+        if result.message is not None and result.message.available_at <= horizon
+    ]
     if messages:
         outbox.publish_now(app, messages)
     for job, result in done:

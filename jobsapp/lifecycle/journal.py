@@ -60,6 +60,8 @@ class NewJob:
     values: Mapping[str, Any]
     dedup_window: timedelta = timedelta(0)
     traceparent: str | None = None
+    # A delayed first attempt (Celery's countdown/eta): claimable from then on.
+    not_before: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -391,7 +393,7 @@ def _new_row(job: NewJob, now: datetime, state: State, attempts: int) -> dict[st
         "attempts": attempts,
         "max_attempts": job.max_attempts,
         "rescues": 0,
-        "next_retry_at": None,
+        "next_retry_at": job.not_before,
         "started_at": now if running else None,
         "heartbeat_at": now if running else None,
         "created_at": now,
@@ -409,7 +411,7 @@ def enqueue(conn: Connection, job: NewJob, *, now: datetime, actor: str) -> Enqu
     row = _new_row(job, now, State.QUEUED, 0)
     plan = _insert_plan(job.spec, conn.dialect.name, with_outbox=True)
     event = Event(job.spec, 1, Transition.ENQUEUE, None, State.QUEUED, actor, now)
-    out = outgoing(job.spec, row, attempt=1, now=now, available_at=now,
+    out = outgoing(job.spec, row, attempt=1, now=now, available_at=job.not_before or now,
                    traceparent=job.traceparent)  # fmt: skip
     inserted, message = _run(conn, plan, _prefixed(row, "r_"), event, out)
     if inserted is None:

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, NoReturn
 
 from celery import Task
@@ -25,7 +25,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from jobsapp.db import get_engine
+from jobsapp.db import get_engine, utcnow
 from jobsapp.lifecycle import claim, enqueue, message, registry
 from jobsapp.lifecycle.attempt import AttemptRules, run_attempt
 from jobsapp.lifecycle.context import RunContext
@@ -38,6 +38,14 @@ from jobsapp.lifecycle.scrub import known_secrets_from_env
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
+
+def _start_at(countdown: float | None, eta: datetime | None) -> datetime | None:
+    if eta is not None:
+        return eta if eta.tzinfo else eta.replace(tzinfo=UTC)
+    if countdown:
+        return utcnow() + timedelta(seconds=countdown)
+    return None
+
 
 class LifecycleTask(Task):  # type: ignore[type-arg]
     """Base class of jobsapp tasks; configure with ``jobsapp.lifecycle.lifecycle_task``."""
@@ -116,17 +124,27 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         job_id: uuid.UUID | str | None = None,
         session: Session | None = None,
         connection: Connection | None = None,
-        **_options: Any,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+        headers: Mapping[str, Any] | None = None,
+        **options: Any,
     ) -> JobHandle:
         """Enqueue through the journal (idempotent by job_id); publish after COMMIT.
 
         With ``session`` the enqueue joins that ORM transaction and publishes when it
         commits; with ``connection`` it joins a Core transaction and the relay publishes.
+        ``countdown``/``eta`` delay the first attempt in the journal, never in the broker;
+        a ``traceparent`` header continues the caller's trace. Per-call routing and other
+        Celery options are refused: route lifecycle tasks with ``task_routes``.
         """
+        if options:
+            raise TypeError(f"{self.name}: apply_async options not supported: {sorted(options)}")
         wanted = job_id or task_id
         job = self.new_job(
             tuple(args or ()), dict(kwargs or {}), uuid.UUID(str(wanted)) if wanted else None
         )
+        job = replace(job, not_before=_start_at(countdown, eta),
+                      traceparent=(headers or {}).get("traceparent"))  # fmt: skip
         return enqueue.enqueue(self.app, job, session=session, connection=connection)
 
     def enqueue_in(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine, text, update
@@ -250,3 +251,24 @@ def test_a_failed_batch_leaves_nothing(worker: object, db: Engine) -> None:
     time.sleep(0.5)
     assert run_count(db) == 0
     assert tasks.calls("aborted") == 0
+
+
+def test_a_countdown_delays_the_first_attempt_in_the_journal(worker: object, db: Engine) -> None:
+    later = tasks.echo.apply_async(("later",), countdown=60)
+    soon = tasks.echo.apply_async(("soon",), countdown=1)
+    assert soon.wait(timeout=15)["state"] == "succeeded"
+    row = run_row(db, later.job_id)
+    assert row["state"] == "queued"
+    assert row["next_retry_at"] > row["created_at"] + timedelta(seconds=55)
+    (message,) = outbox_rows(db, later.job_id)
+    assert message["published_at"] is None  # the relay publishes it when due, not the broker
+    assert tasks.calls("later") == 0
+
+
+def test_the_callers_trace_continues_and_unknown_options_are_refused(db: Engine) -> None:
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    handle = tasks.echo.apply_async(("traced",), headers={"traceparent": traceparent})
+    (message,) = outbox_rows(db, handle.job_id)
+    assert message["body"]["traceparent"] == traceparent
+    with pytest.raises(TypeError, match="queue"):
+        tasks.echo.apply_async(("routed",), queue="elsewhere")
