@@ -47,4 +47,10 @@ beat_schedule = {
     "reaper": {"task": "jobsapp.maintenance.reaper", "schedule": timedelta(seconds=15)},
     "outbox-relay": {"task": "jobsapp.maintenance.relay", "schedule": timedelta(seconds=2)},
     "retention": {"task": "jobsapp.maintenance.retention", "schedule": timedelta(minutes=10)},
+    # Staging retention: its windows are a day (orphans) and a week (failed uploads), so
+    # ten minutes is precise enough, and each tick lists a bounded number of objects.
+    "staging-retention": {
+        "task": "jobsapp.maintenance.staging",
+        "schedule": timedelta(minutes=10),
+    },
 }

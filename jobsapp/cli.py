@@ -16,6 +16,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 
+from jobsapp.attachments.commands import register as add_attachment_commands
 from jobsapp.settings import SettingsError, get_settings
 
 Handler = Callable[[argparse.Namespace], int]
@@ -187,7 +188,8 @@ def _parser() -> argparse.ArgumentParser:
     maint = sub.add_parser("maintenance", help="beat's maintenance passes")
     maint_sub = maint.add_subparsers(dest="maintenance", required=True)
     once = maint_sub.add_parser("run-once", help="run the passes once, now")
-    once.add_argument("--pass", dest="pass_name", choices=["reaper", "relay", "retention"])
+    passes = ["reaper", "relay", "retention", "staging"]
+    once.add_argument("--pass", dest="pass_name", choices=passes)
     once.set_defaults(handler=maintenance_run_once)
     serve = sub.add_parser("web", help="serve the HTTP API (development server)")
     serve.add_argument("--host", default="127.0.0.1")
@@ -197,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--timeout", type=float, default=90.0, help="seconds to reach ready")
     show.set_defaults(handler=demo)
     _add_operator_commands(sub)
+    add_attachment_commands(sub)
     return parser
 
 

@@ -153,16 +153,17 @@ def process_attachment(attachment_id: uuid.UUID, pipeline_version: int) -> None:
 
 def _publish(job: _Job) -> None:
     """Render, store and commit the version's variants, unless that is already done."""
+    store = get_store()
     with job.ctx.engine.connect() as conn:
         row = _load(conn, job.attachment_id)
         if row is None:
             raise AttachmentFailed("the attachment row is gone", error_code="attachment_missing")
         names = {spec.name for spec in get_pipeline(job.version).variants}
-        if _already_published(conn, row, job.version, names):
-            log.info("attachment %s v%s is already published", job.attachment_id, job.version)
-            return
+        published = _published_objects(conn, row, job.version, names)
+    if published is not None and all(_intact(store, key, sha) for key, sha in published):
+        log.info("attachment %s v%s is already published", job.attachment_id, job.version)
+        return
     _mark_processing(job)
-    store = get_store()
     source = _read_source(job, store, row)
     rendered = render_all(source, job.version)
     stored = [_put_variant(store, job, name, variant) for name, variant in rendered.items()]
@@ -182,17 +183,32 @@ def _load(conn: Connection, attachment_id: uuid.UUID) -> Mapping[str, Any] | Non
     return None if row is None else dict(row)
 
 
-def _already_published(
+def _published_objects(
     conn: Connection, row: Mapping[str, Any], version: int, names: set[str]
-) -> bool:
-    """A redelivered or re-run job whose effect is complete: acknowledge, change nothing."""
+) -> list[tuple[str, str]] | None:
+    """``(key, sha256)`` of the version's complete effect, or None if a row is missing.
+
+    A redelivered or re-run job whose effect is complete is acknowledged with no change,
+    but only once the objects are checked too (seed 001): ``jobsapp verify --repair``
+    deletes a lost or corrupt variant's object and re-runs the job to write it again.
+    """
     published = row["published_version"]
     if published is None or published < version or row["original_key"] is None:
-        return False
-    stmt = select(VARIANTS.c.variant).where(
+        return None
+    stmt = select(VARIANTS.c.variant, VARIANTS.c.object_key, VARIANTS.c.sha256).where(
         VARIANTS.c.attachment_id == row["id"], VARIANTS.c.pipeline_version == version
     )
-    return names <= set(conn.execute(stmt).scalars())
+    found = {r.variant: (r.object_key, r.sha256) for r in conn.execute(stmt)}
+    if not names <= set(found):
+        return None
+    return [found[name] for name in sorted(names)] + [(row["original_key"], row["sha256"])]
+
+
+def _intact(store: ObjectStore, key: str, sha256: str) -> bool:
+    # One HEAD per object: the checksum the store kept at write time. An object with no
+    # recorded checksum (not written by jobsapp) is trusted here; ``verify --deep`` hashes it.
+    info = store.head(key)
+    return info is not None and info.sha256 in (None, sha256)
 
 
 def _read_source(job: _Job, store: ObjectStore, row: Mapping[str, Any]) -> bytes:

@@ -39,6 +39,7 @@ CADENCE_ENV: Mapping[str, str] = {
     "jobsapp.maintenance.reaper": "JOBSAPP_REAPER_EVERY",
     "jobsapp.maintenance.relay": "JOBSAPP_RELAY_EVERY",
     "jobsapp.maintenance.retention": "JOBSAPP_RETENTION_EVERY",
+    "jobsapp.maintenance.staging": "JOBSAPP_STAGING_EVERY",
 }
 # The standby logs at most this often, so a long wait does not flood the log.
 STANDBY_LOG_EVERY = 30.0

@@ -2,19 +2,23 @@
 
 They may also be sent to a worker or run by ``jobsapp maintenance run-once``: every pass
 is safe to run twice at once. ``JOBSAPP_REAPER_BATCH`` and ``JOBSAPP_RELAY_BATCH`` size
-their batches (rows per transaction); the defaults suit a production backlog.
+their batches (rows per transaction); the defaults suit a production backlog. Staging
+retention reads ``JOBSAPP_STAGING_ORPHAN_HOURS``, ``JOBSAPP_STAGING_FAILED_DAYS`` (its
+windows, see docs/retention.md) and ``JOBSAPP_STAGING_SCAN_LIMIT`` (objects per tick).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from jobsapp.attachments.store import get_store
 from jobsapp.celery_app import app
 from jobsapp.db import get_engine
-from jobsapp.maintenance import reaper, relay, retention
+from jobsapp.maintenance import reaper, relay, retention, staging
 from jobsapp.settings import get_settings
 
 
@@ -25,6 +29,20 @@ def batch_from_env(env: Mapping[str, str], name: str, default: int) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"{name}={raw!r} must be a whole number of rows, at least 1")
     return int(raw)
+
+
+def number_from_env(env: Mapping[str, str], name: str, default: float) -> float:
+    """A positive number (fractions allowed: tests shrink hours to seconds)."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={raw!r} must be a finite number greater than zero")
+    return value
 
 
 def reaper_config() -> reaper.ReaperConfig:
@@ -43,6 +61,18 @@ def relay_config() -> relay.RelayConfig:
     )
 
 
+def staging_config() -> staging.StagingConfig:
+    env = os.environ
+    default = staging.StagingConfig
+    hours = default.orphan_after.total_seconds() / 3600
+    days = default.failed_after.total_seconds() / 86400
+    return staging.StagingConfig(
+        orphan_after=timedelta(hours=number_from_env(env, "JOBSAPP_STAGING_ORPHAN_HOURS", hours)),
+        failed_after=timedelta(days=number_from_env(env, "JOBSAPP_STAGING_FAILED_DAYS", days)),
+        scan_limit=batch_from_env(env, "JOBSAPP_STAGING_SCAN_LIMIT", default.scan_limit),
+    )
+
+
 @app.task(name="jobsapp.maintenance.reaper", ignore_result=True)
 def reap() -> dict[str, int]:
     return reaper.run_once(get_engine(), reaper_config(), app)
@@ -58,4 +88,19 @@ def prune() -> dict[str, int]:
     return retention.run_once(get_engine(), retention.RetentionConfig())
 
 
-PASSES: dict[str, Any] = {"reaper": reap, "relay": relay_outbox, "retention": prune}
+# Where the next staging pass starts listing; beat runs the passes in one long-lived
+# process, so a backlog bigger than one tick is worked through shard by shard.
+_staging_next_shard = 0
+
+
+@app.task(name="jobsapp.maintenance.staging", ignore_result=True)
+def sweep_staging() -> dict[str, int]:
+    global _staging_next_shard  # noqa: PLW0603 - the pass's only state, see above
+    report = staging.run_once(get_engine(), get_store(), staging_config(),
+                              start_shard=_staging_next_shard)  # fmt: skip
+    _staging_next_shard = report.next_shard
+    return report.counts
+
+
+PASSES: dict[str, Any] = {"reaper": reap, "relay": relay_outbox, "retention": prune,
+                          "staging": sweep_staging}  # fmt: skip

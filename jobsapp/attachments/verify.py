@@ -1,0 +1,379 @@
+"""Cross-check published attachments against the object store, and repair the drift.
+
+``verify`` checks every ``ready`` attachment: each variant its published version promises
+has a row, and each row's object and the original are in the store with the recorded
+SHA-256 (the checksum the store kept at write time; ``deep`` downloads and hashes the
+bytes instead). It then lists the objects under ``attachments/`` and reports those no row
+names (orphans). An unnamed object of an attachment with a run still queued or running
+is work in flight (written before its COMMIT), not drift. ``staging/`` is retention's.
+
+``repair`` goes through the normal lifecycle, never around it: it deletes orphans and
+corrupt objects (each re-checked first, so a fix made meanwhile is kept), then enqueues
+the published version's job again for every attachment with a missing or corrupt
+variant. The job's id is derived from ``(attachment, version)``: its finished run is
+reopened as a new attempt, which finds the effect incomplete (the task checks objects,
+not only rows) and writes the variants again. A missing or corrupt original cannot be
+rebuilt from anything we keep: it is reported as unrepairable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from itertools import islice
+from typing import Any
+
+from sqlalchemy import Connection, Engine, select, tuple_
+
+from jobsapp.attachments.models import ATTACHMENTS, RUNS, VARIANTS, AttachmentState
+from jobsapp.attachments.pipeline import PIPELINES
+from jobsapp.attachments.store import PUBLISHED_PREFIX
+from jobsapp.attachments.tasks import process_attachment
+from jobsapp.celery_app import app
+from jobsapp.lifecycle.enqueue import transaction
+from jobsapp.lifecycle.states import ACTIVE_STATES, is_terminal
+from jobsapp.storage import ChecksumMismatch, ObjectInfo, ObjectMissing, ObjectStore
+
+ORIGINAL = "original"
+# What ``observe`` reports for bytes the store itself refuses to serve (checksum failure).
+UNREADABLE = "unreadable"
+DEFAULT_BATCH = 200
+
+
+class Kind(StrEnum):
+    MISSING = "missing"
+    CORRUPT = "corrupt"
+    # A variant the published version promises has no row at all.
+    NO_ROW = "no_row"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """An object a published attachment needs: its key and the recorded SHA-256."""
+
+    attachment_id: uuid.UUID
+    version: int
+    name: str
+    key: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Problem:
+    attachment_id: uuid.UUID
+    version: int
+    name: str
+    kind: Kind
+    key: str | None = None
+    recorded: str | None = None
+    found: str | None = None
+
+    def line(self) -> str:
+        where = self.key or "(no row)"
+        text = f"{self.kind.value.upper():8} {self.attachment_id} v{self.version} {self.name}"
+        text += f": {where}"
+        if self.kind is Kind.CORRUPT:
+            text += f" (sha256 {self.found}, recorded {self.recorded})"
+        return text
+
+
+@dataclass
+class Report:
+    attachments: int = 0
+    objects: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    orphans: list[ObjectInfo] = field(default_factory=list)
+    in_flight: int = 0
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems and not self.orphans
+
+
+# --- decisions (pure) -------------------------------------------------------------------
+
+
+def expected_of(
+    row: Mapping[str, Any], variants: Sequence[Mapping[str, Any]]
+) -> tuple[list[Expected], list[Problem]]:
+    """What a ready attachment must have in the store, and the promised rows it lacks."""
+    attachment_id, version = row["id"], int(row["published_version"])
+    expected = [Expected(attachment_id, version, ORIGINAL, row["original_key"], row["sha256"])]
+    by_name = {v["variant"]: v for v in variants}
+    # A version this build does not know promises at least the rows it has.
+    known = PIPELINES.get(version)
+    promised = [s.name for s in known.variants] if known is not None else sorted(by_name)
+    problems = []
+    for name in promised:
+        found = by_name.get(name)
+        if found is None:
+            problems.append(Problem(attachment_id, version, name, Kind.NO_ROW))
+        else:
+            expected.append(
+                Expected(attachment_id, version, name, found["object_key"], found["sha256"])
+            )
+    return expected, problems
+
+
+def judge(item: Expected, found: str | None) -> Problem | None:
+    """``found`` is the stored object's SHA-256, or None when there is no object."""
+    if found is None:
+        return Problem(item.attachment_id, item.version, item.name, Kind.MISSING, item.key,
+                       item.sha256)  # fmt: skip
+    if found != item.sha256:
+        return Problem(item.attachment_id, item.version, item.name, Kind.CORRUPT, item.key,
+                       item.sha256, found)  # fmt: skip
+    return None
+
+
+def owner_of(key: str) -> uuid.UUID | None:
+    """The attachment a published key belongs to (``attachments/<uuid>/...``), if any."""
+    parts = key.split("/")
+    if len(parts) < 3 or parts[0] != PUBLISHED_PREFIX:
+        return None
+    try:
+        return uuid.UUID(parts[1])
+    except ValueError:
+        return None
+
+
+def orphans_among(
+    listed: Iterable[ObjectInfo], named: set[str], busy: set[uuid.UUID]
+) -> tuple[list[ObjectInfo], int]:
+    """Objects no row names, and how many unnamed ones belong to work in flight."""
+    orphans, in_flight = [], 0
+    for obj in listed:
+        if obj.key in named:
+            continue
+        if owner_of(obj.key) in busy:
+            in_flight += 1
+        else:
+            orphans.append(obj)
+    return orphans, in_flight
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    # attachment -> the published version whose job runs again
+    reruns: dict[uuid.UUID, int]
+    # corrupt objects to delete first, so the conditional write can put them again
+    corrupt: list[Problem]
+    orphans: list[ObjectInfo]
+    unrepairable: list[Problem]
+
+
+def plan_repair(report: Report) -> RepairPlan:
+    by_attachment: dict[uuid.UUID, list[Problem]] = defaultdict(list)
+    for problem in report.problems:
+        by_attachment[problem.attachment_id].append(problem)
+    reruns: dict[uuid.UUID, int] = {}
+    corrupt: list[Problem] = []
+    unrepairable: list[Problem] = []
+    for attachment_id, problems in by_attachment.items():
+        version = problems[0].version
+        # The job renders from the original: without it, or without the version's
+        # recipe in this build, a re-run could only fail.
+        if any(p.name == ORIGINAL for p in problems) or version not in PIPELINES:
+            unrepairable += problems
+            continue
+        reruns[attachment_id] = version
+        corrupt += [p for p in problems if p.kind is Kind.CORRUPT]
+    return RepairPlan(reruns, corrupt, list(report.orphans), unrepairable)
+
+
+# --- reading the store ------------------------------------------------------------------
+
+
+def observe(store: ObjectStore, key: str, *, deep: bool = False) -> str | None:
+    """The SHA-256 of what the store holds at ``key``, or None if nothing."""
+    info = store.head(key)
+    if info is None:
+        return None
+    if not deep and info.sha256 is not None:
+        return info.sha256
+    # Deep, or an object written without a recorded checksum: hash the bytes.
+    try:
+        data = store.get(key)
+    except ObjectMissing:
+        return None
+    except ChecksumMismatch:
+        return UNREADABLE
+    return hashlib.sha256(data).hexdigest()
+
+
+# --- verify -----------------------------------------------------------------------------
+
+
+def verify(
+    engine: Engine, store: ObjectStore, *, deep: bool = False, batch: int = DEFAULT_BATCH
+) -> Report:
+    """Check every ready attachment, then look for orphans; reads only."""
+    report = Report()
+    for rows, variants in _ready_batches(engine, batch):
+        for row in rows:
+            _check_attachment(store, row, variants.get(row["id"], []), deep, report)
+    for listed in _chunks(store.list(f"{PUBLISHED_PREFIX}/"), batch):
+        with engine.connect() as conn:
+            named, busy = _references(conn, listed)
+        orphans, in_flight = orphans_among(listed, named, busy)
+        report.orphans += orphans
+        report.in_flight += in_flight
+    return report
+
+
+def _check_attachment(
+    store: ObjectStore,
+    row: Mapping[str, Any],
+    variants: Sequence[Mapping[str, Any]],
+    deep: bool,
+    report: Report,
+) -> None:
+    expected, problems = expected_of(row, variants)
+    report.attachments += 1
+    report.objects += len(expected)
+    report.problems += problems
+    for item in expected:
+        problem = judge(item, observe(store, item.key, deep=deep))
+        if problem is not None:
+            report.problems.append(problem)
+
+
+def _ready_batches(
+    engine: Engine, size: int
+) -> Iterator[tuple[list[dict[str, Any]], dict[uuid.UUID, list[dict[str, Any]]]]]:
+    """Ready attachments by id, a batch at a time, with their published version's rows."""
+    after: uuid.UUID | None = None
+    while True:
+        stmt = select(ATTACHMENTS).where(ATTACHMENTS.c.state == AttachmentState.READY.value)
+        if after is not None:
+            stmt = stmt.where(ATTACHMENTS.c.id > after)
+        with engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(stmt.order_by(ATTACHMENTS.c.id).limit(size))
+                    .mappings()]  # fmt: skip
+            if not rows:
+                return
+            variants = _published_rows(conn, rows)
+        yield rows, variants
+        after = rows[-1]["id"]
+
+
+def _published_rows(
+    conn: Connection, rows: Sequence[Mapping[str, Any]]
+) -> dict[uuid.UUID, list[dict[str, Any]]]:
+    pairs = [(r["id"], r["published_version"]) for r in rows]
+    stmt = select(VARIANTS).where(
+        tuple_(VARIANTS.c.attachment_id, VARIANTS.c.pipeline_version).in_(pairs)
+    )
+    found: dict[uuid.UUID, list[dict[str, Any]]] = defaultdict(list)
+    for variant in conn.execute(stmt).mappings():
+        found[variant["attachment_id"]].append(dict(variant))
+    return found
+
+
+def _references(conn: Connection, listed: Sequence[ObjectInfo]) -> tuple[set[str], set[uuid.UUID]]:
+    """Keys that rows of the listed objects' attachments name, and which of them are busy."""
+    ids = list({i for i in (owner_of(o.key) for o in listed) if i is not None})
+    if not ids:
+        return set(), set()
+    named = set(conn.execute(
+        select(VARIANTS.c.object_key).where(VARIANTS.c.attachment_id.in_(ids))
+    ).scalars())  # fmt: skip
+    named |= set(conn.execute(
+        select(ATTACHMENTS.c.original_key).where(ATTACHMENTS.c.id.in_(ids),
+                                                 ATTACHMENTS.c.original_key.is_not(None))
+    ).scalars())  # fmt: skip
+    busy = set(conn.execute(
+        select(RUNS.c.attachment_id).where(RUNS.c.attachment_id.in_(ids),
+                                           RUNS.c.state.in_(ACTIVE_STATES))
+    ).scalars())  # fmt: skip
+    return named, busy
+
+
+def _chunks(items: Iterable[ObjectInfo], size: int) -> Iterator[list[ObjectInfo]]:
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+# --- repair -----------------------------------------------------------------------------
+
+
+@dataclass
+class RepairResult:
+    orphans_deleted: int = 0
+    corrupt_deleted: int = 0
+    # job id -> attachment, for every job the repair waits for
+    jobs: dict[uuid.UUID, uuid.UUID] = field(default_factory=dict)
+
+
+def repair(
+    engine: Engine, store: ObjectStore, plan: RepairPlan, *, batch: int = DEFAULT_BATCH
+) -> RepairResult:
+    """Carry out ``plan``: deletions first, so a re-run never adopts what is deleted next."""
+    result = RepairResult()
+    for chunk in _chunks(plan.orphans, batch):
+        result.orphans_deleted += _delete_orphans(engine, store, chunk)
+    result.corrupt_deleted = sum(_delete_corrupt(store, p) for p in plan.corrupt)
+    reruns = list(plan.reruns.items())
+    for start in range(0, len(reruns), batch):
+        result.jobs |= _rerun(reruns[start : start + batch])
+    return result
+
+
+def _delete_orphans(engine: Engine, store: ObjectStore, listed: Sequence[ObjectInfo]) -> int:
+    # Judged again now: a run may have started, or committed a row naming the key.
+    with engine.connect() as conn:
+        named, busy = _references(conn, listed)
+    orphans, _ = orphans_among(listed, named, busy)
+    for obj in orphans:
+        store.delete(obj.key)
+    return len(orphans)
+
+
+def _delete_corrupt(store: ObjectStore, problem: Problem) -> int:
+    assert problem.key is not None
+    found = observe(store, problem.key)
+    # Gone already, or fixed meanwhile: nothing to delete.
+    if found is None or found == problem.recorded:
+        return 0
+    store.delete(problem.key)
+    return 1
+
+
+def _rerun(reruns: Sequence[tuple[uuid.UUID, int]]) -> dict[uuid.UUID, uuid.UUID]:
+    """Enqueue the jobs in one transaction; job id -> attachment of each to wait for."""
+    jobs: dict[uuid.UUID, uuid.UUID] = {}
+    with transaction(app) as batch:
+        for attachment_id, version in reruns:
+            handle = process_attachment.enqueue_in(
+                batch, kwargs={"attachment_id": attachment_id, "pipeline_version": version}
+            )
+            # Skipped: another job holds the version's key; it does the work, wait for it.
+            jobs[handle.holder or handle.job_id] = attachment_id
+    return jobs
+
+
+def wait_for(
+    engine: Engine,
+    job_ids: Iterable[uuid.UUID],
+    *,
+    timeout: float,
+    interval: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[uuid.UUID, str]:
+    """The state of each job once all are terminal, or at the deadline."""
+    ids = list(job_ids)
+    deadline = clock() + timeout
+    while True:
+        with engine.connect() as conn:
+            found = conn.execute(select(RUNS.c.job_id, RUNS.c.state).where(RUNS.c.job_id.in_(ids)))
+            states: dict[uuid.UUID, str] = {r.job_id: r.state for r in found}
+        # A job with no row (its run pruned by retention) has nothing left to wait for.
+        if all(is_terminal(states.get(i, "succeeded")) for i in ids) or clock() > deadline:
+            return {i: states.get(i, "gone") for i in ids}
+        time.sleep(interval)

@@ -1,0 +1,229 @@
+"""``jobsapp verify [--repair]``: real Postgres, Redis broker, SeaweedFS S3 and a worker.
+
+Attachments are uploaded and published through the service and the worker; the test then
+damages the store as an incident would (a lost object, other bytes under a key, objects
+no row names) and runs the command, as an operator would, in this process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from celery.contrib.testing.worker import TestWorkController
+from PIL import Image
+from sqlalchemy import Engine, delete
+
+from jobsapp.attachments import commands
+from jobsapp.attachments.models import VARIANTS
+from jobsapp.attachments.service import accept_upload
+from jobsapp.attachments.verify import (
+    ORIGINAL,
+    Expected,
+    Kind,
+    Problem,
+    Report,
+    expected_of,
+    judge,
+    orphans_among,
+    owner_of,
+    plan_repair,
+    verify,
+    wait_for,
+)
+from jobsapp.storage import ObjectInfo, ObjectStore
+from tests.conftest import use_database
+from tests.support.attachments import (
+    DEAD_S3_ENDPOINT,
+    attachment_row,
+    configured_store,
+    environment,
+    run_rows,
+    settled,
+    staging_dropped,
+    variant_rows,
+)
+from tests.support.env import service
+from tests.unit import images
+
+A, B = uuid.UUID(int=1), uuid.UUID(int=2)
+WHEN = datetime(2026, 11, 30, tzinfo=UTC)
+
+
+@pytest.fixture
+def db(request: pytest.FixtureRequest) -> Engine:
+    return use_database(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def s3() -> Iterator[ObjectStore]:
+    bucket = service("JOBSAPP_TEST_S3_BUCKET")
+    endpoint = service("JOBSAPP_TEST_S3_ENDPOINT_URL")
+    with configured_store(f"s3://{bucket}/tests/{uuid.uuid4().hex}", endpoint) as store:
+        yield store
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def listed(key: str) -> ObjectInfo:
+    return ObjectInfo(key=key, size=1, sha256=None, content_type=None, modified_at=WHEN)
+
+
+# ------------------------------------------------------------------ decisions
+
+
+def test_a_ready_attachment_needs_its_original_and_every_promised_variant() -> None:
+    row = {"id": A, "published_version": 1, "original_key": "attachments/o", "sha256": "0" * 64}
+    variants = [{"variant": "thumbnail", "object_key": "attachments/t", "sha256": "1" * 64}]
+    expected, problems = expected_of(row, variants)
+    assert [(e.name, e.key) for e in expected] == [
+        (ORIGINAL, "attachments/o"), ("thumbnail", "attachments/t"),
+    ]  # fmt: skip
+    assert [(p.name, p.kind) for p in problems] == [("crop", Kind.NO_ROW),
+                                                    ("optimized", Kind.NO_ROW)]  # fmt: skip
+    # A version this build does not know: what its rows name is what is checked.
+    expected, problems = expected_of({**row, "published_version": 9}, variants)
+    assert ([e.name for e in expected], problems) == ([ORIGINAL, "thumbnail"], [])
+
+
+def test_judge_tells_missing_from_corrupt() -> None:
+    item = Expected(A, 1, "crop", "attachments/c", "a" * 64)
+    assert judge(item, "a" * 64) is None
+    assert judge(item, None) == Problem(A, 1, "crop", Kind.MISSING, "attachments/c", "a" * 64)
+    corrupt = judge(item, "b" * 64)
+    assert corrupt is not None
+    assert (corrupt.kind, corrupt.found, corrupt.recorded) == (Kind.CORRUPT, "b" * 64, "a" * 64)
+
+
+def test_unnamed_objects_of_work_in_flight_are_not_orphans() -> None:
+    named, busy, lone = (listed(f"attachments/{A}/v1/crop"), listed(f"attachments/{B}/v2/crop"),
+                         listed(f"attachments/{uuid.uuid4()}/v1/crop"))  # fmt: skip
+    stray = listed("attachments/readme.txt")
+    orphans, in_flight = orphans_among([named, busy, lone, stray], {named.key}, {B})
+    assert (orphans, in_flight) == ([lone, stray], 1)
+    assert owner_of(busy.key) == B
+    assert owner_of(stray.key) is None
+    assert owner_of(f"staging/{A}") is None
+
+
+def test_repair_reruns_what_the_original_can_rebuild_and_reports_the_rest() -> None:
+    report = Report(problems=[
+        Problem(A, 1, "thumbnail", Kind.MISSING, "k1"),
+        Problem(A, 1, "crop", Kind.CORRUPT, "k2", "a" * 64, "b" * 64),
+        Problem(B, 2, ORIGINAL, Kind.MISSING, "k3"),
+        Problem(B, 2, "crop", Kind.MISSING, "k4"),
+    ], orphans=[listed("attachments/x")])  # fmt: skip
+    plan = plan_repair(report)
+    assert plan.reruns == {A: 1}
+    assert [p.key for p in plan.corrupt] == ["k2"]
+    assert [p.key for p in plan.unrepairable] == ["k3", "k4"]
+    assert plan.orphans == report.orphans
+
+
+# ------------------------------------------------------------------ the command
+
+
+def _published(name: str, upload: bytes) -> uuid.UUID:
+    attachment_id = accept_upload(upload, name, None).attachment_id
+    settled(attachment_id, "ready")
+    return attachment_id
+
+
+def _variant(db: Engine, attachment_id: uuid.UUID, name: str) -> dict[str, object]:
+    return next(v for v in variant_rows(db, attachment_id) if v["variant"] == name)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = commands.main(list(argv))
+    return code, capsys.readouterr().out
+
+
+def test_verify_finds_the_drift_and_repair_brings_the_attachments_back(
+    s3: ObjectStore, worker: TestWorkController, db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = _published("a.png", images.solid("PNG"))
+    b = _published("b.jpg", images.rotated_photo())
+    for attachment_id in (a, b):
+        staging_dropped(s3, db, attachment_id)
+    assert run(capsys, "verify")[0] == 0
+    before = {i: (attachment_row(db, i), variant_rows(db, i)) for i in (a, b)}
+
+    lost, damaged = _variant(db, a, "thumbnail"), _variant(db, b, "crop")
+    s3.delete(str(lost["object_key"]))
+    forged = images.encode(Image.new("RGB", (9, 9)), "WEBP")
+    s3.delete(str(damaged["object_key"]))
+    s3.put_if_absent(str(damaged["object_key"]), forged, sha256(forged), "image/webp")
+    orphans = [f"attachments/{uuid.uuid4()}/v1/thumbnail", f"attachments/{a}/v7/thumbnail"]
+    for key in orphans:
+        s3.put_if_absent(key, forged, sha256(forged), "image/webp")
+
+    code, out = run(capsys, "verify")
+    assert code == 1, out
+    assert "2 ready attachments, 8 objects checked; 2 problems, 2 orphans" in out
+    assert f"MISSING  {a} v1 thumbnail: {lost['object_key']}" in out
+    assert f"CORRUPT  {b} v1 crop: {damaged['object_key']} (sha256 {sha256(forged)}" in out
+    assert all(f"ORPHAN   {key} " in out for key in orphans)
+
+    code, out = run(capsys, "verify", "--repair", "--wait", "60")
+    assert code == 0, out
+    assert "repair: deleted 2 orphans and 1 corrupt objects; requeued 2 attachments" in out
+    assert "after repair: 2 ready attachments, 8 objects checked; 0 problems, 0 orphans" in out
+
+    # The same rows as before, and the objects they name are back, byte for byte.
+    for attachment_id in (a, b):
+        assert (attachment_row(db, attachment_id)["published_version"],
+                variant_rows(db, attachment_id)) == (1, before[attachment_id][1])  # fmt: skip
+        (job,) = run_rows(db, attachment_id)
+        # Repaired through the lifecycle: the same job, one more attempt.
+        assert (job["state"], job["attempts"]) == ("succeeded", 2)
+    assert sha256(s3.get(str(lost["object_key"]))) == lost["sha256"]
+    assert sha256(s3.get(str(damaged["object_key"]))) == damaged["sha256"]
+    assert all(s3.head(key) is None for key in orphans)
+    assert run(capsys, "verify")[0] == 0
+    assert verify(db, s3, deep=True).clean
+
+
+def test_a_lost_row_is_rebuilt_and_a_lost_original_is_reported_as_unrepairable(
+    s3: ObjectStore, worker: TestWorkController, db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rowless = _published("r.png", images.solid("PNG"))
+    sourceless = _published("s.png", images.solid("PNG", (20, 20)))
+    crop = _variant(db, rowless, "crop")
+    with db.begin() as conn:
+        conn.execute(delete(VARIANTS).where(VARIANTS.c.attachment_id == rowless,
+                                            VARIANTS.c.variant == "crop"))  # fmt: skip
+    s3.delete(str(attachment_row(db, sourceless)["original_key"]))
+
+    report = verify(db, s3)
+    assert sorted((p.attachment_id == rowless, p.name, p.kind) for p in report.problems) == [
+        (False, ORIGINAL, Kind.MISSING), (True, "crop", Kind.NO_ROW),
+    ]  # fmt: skip
+    # The crop object is still there, named by no row.
+    assert [o.key for o in report.orphans] == [crop["object_key"]]
+
+    code, out = run(capsys, "verify", "--repair", "--wait", "60")
+    assert code == 1, out
+    assert f"UNREPAIRABLE MISSING  {sourceless} v1 original" in out
+    assert "after repair: 2 ready attachments, 8 objects checked; 1 problems, 0 orphans" in out
+    assert _variant(db, rowless, "crop")["sha256"] == crop["sha256"]
+    # Nothing was run for the attachment whose source is gone.
+    assert [r["attempts"] for r in run_rows(db, sourceless)] == [1]
+
+
+def test_waiting_for_a_job_with_no_row_ends_at_once(db: Engine) -> None:
+    job_id = uuid.uuid4()
+    assert wait_for(db, [job_id], timeout=0) == {job_id: "gone"}
+
+
+def test_an_unreachable_store_is_no_verdict(
+    s3: ObjectStore, db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with environment(JOBSAPP_S3_ENDPOINT_URL=DEAD_S3_ENDPOINT):
+        code = commands.main(["verify"])
+    assert code == 2
+    assert "object store unavailable" in capsys.readouterr().err
