@@ -48,17 +48,33 @@ class Settings:
         return self.var_dir / "broker"
 
 
-def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
+def optional_number(env: Mapping[str, str], name: str) -> float | None:
+    """A finite number greater than zero from ``env``, or None when the variable is unset."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
     try:
         value = float(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a number") from None
     if not math.isfinite(value) or value <= 0:
-        raise SettingsError(f"{name}={raw!r} must be greater than zero")
+        raise SettingsError(f"{name}={raw!r} must be a finite number greater than zero")
     return value
+
+
+def positive_number(env: Mapping[str, str], name: str, default: float) -> float:
+    value = optional_number(env, name)
+    return default if value is None else value
+
+
+def whole_number(env: Mapping[str, str], name: str, default: int) -> int:
+    """A count of at least 1 (a batch size, a scan limit)."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise SettingsError(f"{name}={raw!r} must be a whole number, at least 1")
+    return int(raw)
 
 
 def _url(env: Mapping[str, str], name: str, default: str, schemes: tuple[str, ...]) -> str:
@@ -87,7 +103,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the configuration; raises SettingsError naming the variable."""
     env = os.environ if env is None else env
     var_dir = Path(env.get("JOBSAPP_VAR_DIR") or "var").resolve()
-    heartbeat = _positive_float(env, "JOBSAPP_HEARTBEAT_INTERVAL", 30.0)
+    heartbeat = positive_number(env, "JOBSAPP_HEARTBEAT_INTERVAL", 30.0)
     return Settings(
         var_dir=var_dir,
         database_url=_url(
@@ -100,9 +116,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         s3_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
         admin_token=env.get("JOBSAPP_ADMIN_TOKEN") or None,
         heartbeat_interval=heartbeat,
-        stale_after=_positive_float(env, "JOBSAPP_STALE_AFTER", 3 * heartbeat),
-        inline_wait_max=_positive_float(env, "JOBSAPP_INLINE_WAIT_MAX", 5.0),
-        unclaimed_after=_positive_float(env, "JOBSAPP_UNCLAIMED_AFTER", 300.0),
+        stale_after=positive_number(env, "JOBSAPP_STALE_AFTER", 3 * heartbeat),
+        inline_wait_max=positive_number(env, "JOBSAPP_INLINE_WAIT_MAX", 5.0),
+        unclaimed_after=positive_number(env, "JOBSAPP_UNCLAIMED_AFTER", 300.0),
     )
 
 

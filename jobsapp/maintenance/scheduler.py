@@ -13,7 +13,6 @@ Cadences of the maintenance entries can be set per deployment without touching
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import time
@@ -27,6 +26,7 @@ from celery.schedules import schedule
 
 from jobsapp.db import get_engine
 from jobsapp.maintenance import lease
+from jobsapp.settings import optional_number, positive_number
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +45,11 @@ CADENCE_ENV: Mapping[str, str] = {
 STANDBY_LOG_EVERY = 30.0
 
 
-def seconds_from_env(env: Mapping[str, str], name: str, default: float | None) -> float | None:
-    """A positive number of seconds from ``env``; a bad value fails at start, named."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}={raw!r} must be a finite number greater than zero")
-    return value
-
-
 def cadence_overrides(env: Mapping[str, str]) -> dict[str, timedelta]:
     """Maintenance cadences set in ``env``, by task name."""
     found: dict[str, timedelta] = {}
     for task, name in CADENCE_ENV.items():
-        seconds = seconds_from_env(env, name, None)
+        seconds = optional_number(env, name)
         if seconds is not None:
             found[task] = timedelta(seconds=seconds)
     return found
@@ -76,9 +62,7 @@ def maintenance_task(entry: ScheduleEntry) -> str | None:
 
 
 def lease_ttl_from_env(env: Mapping[str, str]) -> timedelta:
-    seconds = seconds_from_env(env, LEASE_ENV, DEFAULT_LEASE_SECONDS)
-    assert seconds is not None
-    return timedelta(seconds=seconds)
+    return timedelta(seconds=positive_number(env, LEASE_ENV, DEFAULT_LEASE_SECONDS))
 
 
 class LeasedScheduler(Scheduler):

@@ -9,9 +9,7 @@ windows, see docs/retention.md) and ``JOBSAPP_STAGING_SCAN_LIMIT`` (objects per 
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -19,37 +17,14 @@ from jobsapp.attachments.store import get_store
 from jobsapp.celery_app import app
 from jobsapp.db import get_engine
 from jobsapp.maintenance import reaper, relay, retention, staging
-from jobsapp.settings import get_settings
-
-
-def batch_from_env(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{name}={raw!r} must be a whole number of rows, at least 1")
-    return int(raw)
-
-
-def number_from_env(env: Mapping[str, str], name: str, default: float) -> float:
-    """A positive number (fractions allowed: tests shrink hours to seconds)."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}={raw!r} must be a finite number greater than zero")
-    return value
+from jobsapp.settings import get_settings, positive_number, whole_number
 
 
 def reaper_config() -> reaper.ReaperConfig:
     settings = get_settings()
     return reaper.ReaperConfig(
         stale_after=timedelta(seconds=settings.stale_after),
-        batch=batch_from_env(os.environ, "JOBSAPP_REAPER_BATCH", reaper.ReaperConfig.batch),
+        batch=whole_number(os.environ, "JOBSAPP_REAPER_BATCH", reaper.ReaperConfig.batch),
         unclaimed_after=timedelta(seconds=settings.unclaimed_after),
     )
 
@@ -57,7 +32,7 @@ def reaper_config() -> reaper.ReaperConfig:
 def relay_config() -> relay.RelayConfig:
     return relay.RelayConfig(
         unclaimed_after=timedelta(seconds=get_settings().unclaimed_after),
-        batch=batch_from_env(os.environ, "JOBSAPP_RELAY_BATCH", relay.RelayConfig.batch),
+        batch=whole_number(os.environ, "JOBSAPP_RELAY_BATCH", relay.RelayConfig.batch),
     )
 
 
@@ -67,9 +42,9 @@ def staging_config() -> staging.StagingConfig:
     hours = default.orphan_after.total_seconds() / 3600
     days = default.failed_after.total_seconds() / 86400
     return staging.StagingConfig(
-        orphan_after=timedelta(hours=number_from_env(env, "JOBSAPP_STAGING_ORPHAN_HOURS", hours)),
-        failed_after=timedelta(days=number_from_env(env, "JOBSAPP_STAGING_FAILED_DAYS", days)),
-        scan_limit=batch_from_env(env, "JOBSAPP_STAGING_SCAN_LIMIT", default.scan_limit),
+        orphan_after=timedelta(hours=positive_number(env, "JOBSAPP_STAGING_ORPHAN_HOURS", hours)),
+        failed_after=timedelta(days=positive_number(env, "JOBSAPP_STAGING_FAILED_DAYS", days)),
+        scan_limit=whole_number(env, "JOBSAPP_STAGING_SCAN_LIMIT", default.scan_limit),
     )
 
 

@@ -12,7 +12,8 @@ import pytest
 from jobsapp.lifecycle import outbox, registry
 from jobsapp.lifecycle.journal import StaleRun
 from jobsapp.lifecycle.registry import StalePolicy
-from jobsapp.maintenance import reaper, relay, scheduler, tasks
+from jobsapp.maintenance import reaper, relay, scheduler
+from jobsapp.settings import whole_number
 
 STALE = timedelta(seconds=30)
 REQUEUE_TABLE = registry.JOBS
@@ -196,8 +197,8 @@ def test_beat_applies_the_cadences_to_the_maintenance_entries(
 
 
 def test_batch_sizes_come_from_the_environment() -> None:
-    assert tasks.batch_from_env({}, "JOBSAPP_RELAY_BATCH", 500) == 500
-    assert tasks.batch_from_env({"JOBSAPP_RELAY_BATCH": "25"}, "JOBSAPP_RELAY_BATCH", 500) == 25
+    assert whole_number({}, "JOBSAPP_RELAY_BATCH", 500) == 500
+    assert whole_number({"JOBSAPP_RELAY_BATCH": "25"}, "JOBSAPP_RELAY_BATCH", 500) == 25
     for raw in ("0", "-1", "ten", "2.5"):
         with pytest.raises(ValueError, match="JOBSAPP_RELAY_BATCH"):
-            tasks.batch_from_env({"JOBSAPP_RELAY_BATCH": raw}, "JOBSAPP_RELAY_BATCH", 500)
+            whole_number({"JOBSAPP_RELAY_BATCH": raw}, "JOBSAPP_RELAY_BATCH", 500)
