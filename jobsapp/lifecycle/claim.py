@@ -10,9 +10,11 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
 from jobsapp.db import single_statement, utcnow
 from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.errors import InvalidMessage
 from jobsapp.lifecycle.message import Envelope
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import Transition, is_terminal
@@ -75,7 +77,11 @@ def claim(
 def _claim_foreign(
     conn: Connection, job: journal.NewJob, env: Envelope, *, worker: str, now: datetime
 ) -> Claimed | Refusal:
-    row = journal.claim_by_insert(conn, job, env.attempt, worker=worker, now=now)
+    try:
+        row = journal.claim_by_insert(conn, job, env.attempt, worker=worker, now=now)
+    except IntegrityError:
+        # A foreign key refused the row: the ids name nothing this domain knows.
+        raise InvalidMessage("the message names nothing to run on") from None
     if row is not None:
         return Claimed(row)
     holder = journal.active_holder(conn, job.spec, job.concurrency_key)

@@ -19,7 +19,6 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, NoReturn
 
-from celery import Task
 from celery.exceptions import Reject
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
@@ -35,6 +34,7 @@ from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.retry import RetryPolicy
 from jobsapp.lifecycle.scrub import known_secrets_from_env
+from jobsapp.lifecycle.strategy import CheckedTask
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def _start_at(countdown: float | None, eta: datetime | None) -> datetime | None:
     return None
 
 
-class LifecycleTask(Task):  # type: ignore[type-arg]
+class LifecycleTask(CheckedTask):
     """Base class of jobsapp tasks; configure with ``jobsapp.lifecycle.lifecycle_task``."""
 
     run_table: ClassVar[registry.RunTable] = registry.JOBS
@@ -209,6 +209,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         engine = get_engine()
         try:
             outcome = claim.claim(engine, self.run_table, env, foreign=foreign, worker=worker)
+        except InvalidMessage as bad:
+            log.error("rejected message %s for %s: %s", self.request.id, self.name, bad)
+            raise Reject(str(bad), requeue=False) from None
         except OperationalError as down:
             # The journal is unreachable: hand the message back rather than ack it unrun.
             log.warning("claim of job %s failed, requeueing the message: %s", env.job_id,

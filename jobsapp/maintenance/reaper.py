@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from celery import Celery
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox, registry
@@ -24,6 +25,9 @@ from jobsapp.lifecycle.registry import RunTable, StalePolicy
 from jobsapp.maintenance import relay
 
 log = logging.getLogger(__name__)
+
+# How long one reaper batch waits for a row lock before it gives up until the next tick.
+LOCK_TIMEOUT_MS = 2000
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,10 @@ class _Batch:
 def _reap_table(engine: Engine, spec: RunTable, cfg: ReaperConfig, now: datetime) -> _Batch:
     cutoff = now - cfg.stale_after
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # A frozen process holding a domain row (an attachment) must not stall beat:
+            # the batch gives up, and the next tick tries again.
+            conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT_MS}ms'")
         stale = journal.find_stale(conn, spec, cutoff=cutoff, limit=cfg.batch)
         groups: dict[str, list[StaleRun]] = defaultdict(list)
         for run in stale:
@@ -96,7 +104,12 @@ def run_once(engine: Engine, cfg: ReaperConfig, app: Celery | None = None) -> di
     for spec in registry.all_tables():
         total = 0
         for _ in range(cfg.max_batches):
-            batch = _reap_table(engine, spec, cfg, utcnow())
+            try:
+                batch = _reap_table(engine, spec, cfg, utcnow())
+            except OperationalError as blocked:
+                log.warning("reaper: %s batch gave up (%s); next tick retries", spec.module,
+                            type(blocked.orig).__name__)  # fmt: skip
+                break
             total += batch.reaped
             if app is not None:
                 published += relay.publish_rows(app, engine, spec, batch.requeued,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -95,3 +96,19 @@ def test_cancelling_one_version_leaves_an_attachment_another_run_works_on(
         assert journal.cancel(conn, ATTACHMENT_RUNS, v2.job_id, actor="operator:test",
                               reason="not now", now=utcnow())  # fmt: skip
     assert attachment_row(db, attachment_id)["state"] == "processing"
+
+
+def test_a_frozen_lock_holder_does_not_stall_the_reaper(pg: Engine, store: ObjectStore) -> None:
+    attachment_id, job_id = _running_run(pg, heartbeat_age=60)
+    cfg = reaper.ReaperConfig(stale_after=timedelta(seconds=10))
+    with pg.connect() as frozen:  # a worker paused between its write and its COMMIT
+        frozen.execute(ATTACHMENTS.select().where(ATTACHMENTS.c.id == attachment_id)
+                       .with_for_update())  # fmt: skip
+        started = time.monotonic()
+        assert reaper.run_once(pg, cfg)["attachments"] == 0
+        assert time.monotonic() - started < 10
+        frozen.rollback()
+    assert reaper.run_once(pg, cfg)["attachments"] == 1
+    assert attachment_row(pg, attachment_id)["state"] == "queued"
+    with pg.connect() as conn:
+        assert journal.load(conn, ATTACHMENT_RUNS, job_id)["state"] == State.QUEUED

@@ -127,3 +127,32 @@ def fails_once(token: str) -> None:
     record(token)
     if current_run().attempt == 1:
         raise PermanentError("upstream refuses this job until someone fixes it")
+
+
+def planted_secrets(token: str) -> dict[str, str]:
+    """The credentials ``tests.leaky`` puts in its errors, derived from ``token``: the
+    arguments the journal keeps hold none of them, yet a test can name every one."""
+    import hashlib  # appended helper: the module's imports are left as they are
+
+    kinds = ("db", "aws", "sig", "bearer", "url", "token")
+    return {k: hashlib.sha256(f"{token}:{k}".encode()).hexdigest()[:28] for k in kinds}
+
+
+@lifecycle_task(app, name="tests.leaky", max_attempts=2, retry_policy=FAST_RETRY)
+def leaky(token: str) -> None:
+    """Fails with credentials in its error text: a transient error on attempt 1 (a retry
+    event), a permanent one on attempt 2, each caused by an error holding a database URL."""
+    from jobsapp.lifecycle import PermanentError  # appended task: imports left as they are
+
+    s = planted_secrets(token)
+    cause = OSError(f"connect to postgresql://app:{s['db']}@db.internal:5432/jobs failed")
+    if current_run().attempt == 1:
+        raise ConnectionError(
+            f"upstream refused us; env was AWS_SECRET_ACCESS_KEY={s['aws']} AWS_REGION=eu-west-1"
+        ) from cause
+    raise PermanentError(
+        "GET https://bucket.s3.amazonaws.com/k.jpg?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+        "&X-Amz-Credential=AKIAIOSFODNN7EXAMPLE%2F20261130%2Fus-east-1%2Fs3%2Faws4_request"
+        f"&X-Amz-Signature={s['sig']} answered 403 to Bearer {s['bearer']}; "
+        f"fallback https://svc:{s['url']}@api.example.com/v1/items?access_token={s['token']}"
+    ) from cause
