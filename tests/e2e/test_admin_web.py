@@ -25,7 +25,7 @@ from sqlalchemy import Engine, create_engine, text
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox
 from tests.conftest import _fresh_postgres, migrate
-from tests.e2e.webserver import WORKER, Http, Reply, start, start_web, stop
+from tests.e2e.webserver import Http, Reply, running_web, running_worker
 from tests.support import tasks
 from tests.support.env import service
 
@@ -79,21 +79,14 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def http(admin_env: dict[str, str], logs: Path) -> Iterator[Http]:
-    proc, client = start_web(admin_env, logs / "web.log")
-    try:
+    with running_web(admin_env, logs / "web.log") as client:
         yield client
-    finally:
-        stop(proc)
 
 
 @pytest.fixture(scope="module")
 def worker(admin_env: dict[str, str], logs: Path) -> Iterator[Path]:
-    log = logs / "worker.log"
-    proc = start(WORKER, admin_env, log)
-    try:
+    with running_worker(admin_env, logs / "worker.log") as log:
         yield log
-    finally:
-        stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -205,12 +198,9 @@ def test_without_a_configured_token_the_operator_api_is_disabled(
     admin_env: dict[str, str], logs: Path
 ) -> None:
     env = {k: v for k, v in admin_env.items() if k != "JOBSAPP_ADMIN_TOKEN"}
-    proc, http = start_web(env, logs / "web-no-token.log")
-    try:
+    with running_web(env, logs / "web-no-token.log") as http:
         jobs, page = get(http, "/v1/admin/jobs"), get(http, "/admin")
         scrape = http.get("/metrics")
-    finally:
-        stop(proc)
 
     for reply in (jobs, page):
         assert reply.status == 403

@@ -27,7 +27,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from jobsapp.storage import store_from_url
 from tests.conftest import _fresh_postgres, migrate
-from tests.e2e.webserver import WORKER, Http, fetch, start, start_web, stop
+from tests.e2e.webserver import Http, fetch, running_web, running_worker
 from tests.support.env import service
 
 MAX_UPLOAD = 256 * 1024
@@ -76,21 +76,14 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def http(e2e_env: dict[str, str], logs: Path) -> Iterator[Http]:
-    proc, client = start_web(e2e_env, logs / "web.log")
-    try:
+    with running_web(e2e_env, logs / "web.log") as client:
         yield client
-    finally:
-        stop(proc)
 
 
 @pytest.fixture(scope="module")
 def worker(e2e_env: dict[str, str], logs: Path) -> Iterator[Path]:
-    log = logs / "worker.log"
-    proc = start(WORKER, e2e_env, log)
-    try:
+    with running_worker(e2e_env, logs / "worker.log") as log:
         yield log
-    finally:
-        stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -340,12 +333,9 @@ def test_a_database_outage_is_a_503_the_client_can_retry(
 ) -> None:
     # Nothing listens on port 1: every connection attempt is refused at once.
     dead = e2e_env | {"JOBSAPP_DATABASE_URL": "postgresql+psycopg2://postgres@127.0.0.1:1/none"}
-    proc, http = start_web(dead, logs / "web-no-db.log")
-    try:
+    with running_web(dead, logs / "web-no-db.log") as http:
         upload = http.post_file(png(), "a.png", "image/png")
         status = http.get(f"/v1/attachments/{uuid.uuid4()}")
-    finally:
-        stop(proc)
 
     for reply in (upload, status):
         assert reply.status == 503

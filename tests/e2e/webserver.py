@@ -13,7 +13,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.message import Message
 from pathlib import Path
@@ -131,6 +132,26 @@ def _wait_healthy(proc: subprocess.Popen[bytes], http: Http, log_path: Path) -> 
         except (ConnectionError, urllib.error.URLError):
             time.sleep(0.1)
     raise AssertionError(f"jobsapp web never became healthy: {log_path.read_text()[-3000:]}")
+
+
+@contextmanager
+def running_web(env: Mapping[str, str], log_path: Path) -> Iterator[Http]:
+    """`jobsapp web` for the duration of the block."""
+    proc, client = start_web(env, log_path)
+    try:
+        yield client
+    finally:
+        stop(proc)
+
+
+@contextmanager
+def running_worker(env: Mapping[str, str], log_path: Path) -> Iterator[Path]:
+    """A `celery -A jobsapp worker` for the duration of the block; yields its log."""
+    proc = start(WORKER, env, log_path)
+    try:
+        yield log_path
+    finally:
+        stop(proc)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
