@@ -10,6 +10,7 @@ own. Every process a test starts is SIGKILLed (process group) by the finalizer.
 from __future__ import annotations
 
 import itertools
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="uploads per phase of the chaos soak (tests/chaos/test_soak.py; "
         "or JOBSAPP_SOAK_N)",
     )  # fmt: skip
+
+
+def soak_requested(config: pytest.Config) -> bool:
+    markexpr = config.getoption("-m") or ""
+    asked = "soak" in markexpr and "not soak" not in markexpr
+    sized = config.getoption("--soak-n", default=None) or os.environ.get("JOBSAPP_SOAK_N")
+    return asked or bool(sized)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The big soak is deselected (not skipped) unless asked for; CI runs the quick one."""
+    if soak_requested(config):
+        return
+    big = [item for item in items if item.get_closest_marker("soak")]
+    if big:
+        config.hook.pytest_deselected(items=big)
+        items[:] = [item for item in items if not item.get_closest_marker("soak")]
 
 
 @pytest.fixture(scope="session")

@@ -239,7 +239,4 @@ def _soak_n(config: pytest.Config) -> int | None:
 @pytest.mark.timeout(0)
 def test_soak(request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]) -> None:
     n = _soak_n(request.config)
-    markexpr = request.config.getoption("-m") or ""
-    if n is None and ("soak" not in markexpr or "not soak" in markexpr):
-        pytest.skip("the big soak runs with -m soak (N from --soak-n or JOBSAPP_SOAK_N)")
     soak(request.getfixturevalue("cluster"), n or DEFAULT_SOAK_N, capsys)
