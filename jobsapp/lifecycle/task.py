@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any, ClassVar, NoReturn
 
 from celery.exceptions import Reject
@@ -38,6 +39,12 @@ from jobsapp.lifecycle.strategy import CheckedTask
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
+
+@cache
+def _process_secrets() -> tuple[str, ...]:
+    """Secret values of this process's environment, read once: scrubbed from every error."""
+    return known_secrets_from_env(os.environ)
+
 
 def _start_at(countdown: float | None, eta: datetime | None) -> datetime | None:
     if eta is not None:
@@ -231,7 +238,7 @@ class LifecycleTask(CheckedTask):
             policy=self.retry_policy,
             permanent=self.permanent_errors,
             inline_wait_max=self.inline_wait_max or settings.inline_wait_max,
-            secrets=known_secrets_from_env(os.environ),
+            secrets=_process_secrets(),
         )
         run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)
 
