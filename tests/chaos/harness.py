@@ -14,7 +14,6 @@ that a crash is recovered in seconds; every process is killed by the fixture fin
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import http.client
 import io
 import os
@@ -49,6 +48,7 @@ from jobsapp.lifecycle.journal import EVENTS, OUTBOX
 from jobsapp.storage import ObjectStore
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, ready
 from tests.e2e.webserver import Http, Reply, free_port
+from tests.support.attachments import sha256
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,10 +97,6 @@ def photo(size: tuple[int, int] = (320, 240), quality: int = 85) -> bytes:
 # A photo whose variants take the worker a few seconds to render on a CI core: a window
 # wide enough to freeze or kill the worker mid-run, observed from outside.
 BIG = (5000, 3500)
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 # ---------------------------------------------------------------------------- brokers

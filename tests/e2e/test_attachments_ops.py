@@ -9,7 +9,6 @@ publish, and its first tick as leader runs every maintenance pass, staging reten
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import signal
@@ -35,6 +34,7 @@ from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.procs import Launcher, Proc, ready, service_env
 from tests.integration.test_reprocess import all_on, plant_ready
 from tests.integration.test_staging_retention import plant, stage
+from tests.support.attachments import sha256
 from tests.support.env import service
 from tests.support.waiting import eventually
 from tests.unit import images
@@ -139,10 +139,6 @@ def transitions_per_job(db: Engine, transition: str) -> set[int]:
     )
     with db.connect() as conn:
         return set(conn.execute(stmt).scalars())
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 # ------------------------------------------------------------------ reprocess

@@ -46,7 +46,6 @@ from tests.support.attachments import (
     stored_objects,
     variant_rows,
 )
-from tests.support.env import service
 from tests.support.journal_view import events, outbox_rows, transitions
 from tests.support.waiting import eventually
 from tests.unit import images
@@ -59,15 +58,6 @@ def db(request: pytest.FixtureRequest) -> Engine:
     """Postgres, unless a test asks for SQLite by indirect parametrization."""
     dialect = getattr(request, "param", "postgres")
     return use_database(request.getfixturevalue(f"{dialect}_url"))
-
-
-@pytest.fixture
-def s3() -> Iterator[ObjectStore]:
-    """The attachment store on SeaweedFS, under a prefix of this test's own."""
-    bucket = service("JOBSAPP_TEST_S3_BUCKET")
-    endpoint = service("JOBSAPP_TEST_S3_ENDPOINT_URL")
-    with configured_store(f"s3://{bucket}/tests/{uuid.uuid4().hex}", endpoint) as store:
-        yield store
 
 
 @pytest.fixture

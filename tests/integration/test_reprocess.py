@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,8 +26,7 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import EVENTS, EnqueueOutcome
 from jobsapp.storage import ObjectStore
 from tests.conftest import use_database
-from tests.support.attachments import attachment_row, configured_store, run_rows, variant_rows
-from tests.support.env import service
+from tests.support.attachments import attachment_row, run_rows, variant_rows
 from tests.support.waiting import eventually
 from tests.unit import images
 
@@ -38,14 +36,6 @@ VARIANT_NAMES = {"thumbnail", "crop", "optimized"}
 @pytest.fixture
 def db(request: pytest.FixtureRequest) -> Engine:
     return use_database(request.getfixturevalue("postgres_url"))
-
-
-@pytest.fixture
-def s3() -> Iterator[ObjectStore]:
-    bucket = service("JOBSAPP_TEST_S3_BUCKET")
-    endpoint = service("JOBSAPP_TEST_S3_ENDPOINT_URL")
-    with configured_store(f"s3://{bucket}/tests/{uuid.uuid4().hex}", endpoint) as store:
-        yield store
 
 
 # --------------------------------------------------------------------------- helpers

@@ -7,9 +7,7 @@ no row names) and runs the command, as an operator would, in this process.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -39,14 +37,13 @@ from tests.conftest import use_database
 from tests.support.attachments import (
     DEAD_S3_ENDPOINT,
     attachment_row,
-    configured_store,
     environment,
     run_rows,
     settled,
+    sha256,
     staging_dropped,
     variant_rows,
 )
-from tests.support.env import service
 from tests.unit import images
 
 A, B = uuid.UUID(int=1), uuid.UUID(int=2)
@@ -56,18 +53,6 @@ WHEN = datetime(2026, 11, 30, tzinfo=UTC)
 @pytest.fixture
 def db(request: pytest.FixtureRequest) -> Engine:
     return use_database(request.getfixturevalue("postgres_url"))
-
-
-@pytest.fixture
-def s3() -> Iterator[ObjectStore]:
-    bucket = service("JOBSAPP_TEST_S3_BUCKET")
-    endpoint = service("JOBSAPP_TEST_S3_ENDPOINT_URL")
-    with configured_store(f"s3://{bucket}/tests/{uuid.uuid4().hex}", endpoint) as store:
-        yield store
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def listed(key: str) -> ObjectInfo:
