@@ -531,14 +531,6 @@ def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, An
     return _first(conn, select(table).where(table.c.job_id == job_id))
 
 
-def _fence(table: Table, job_id: uuid.UUID, attempt: int) -> tuple[Any, ...]:
-    return (
-        table.c.job_id == job_id,
-        table.c.state == State.RUNNING.value,
-        table.c.attempts == attempt,
-    )
-
-
 def heartbeat(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, now: datetime
 ) -> bool:
