@@ -1,10 +1,19 @@
 # One image for every process of the Procfile / docker-compose.yml.
+# The wheel is built in a first stage and only the installed package reaches the image: the
+# processes run what `pip install` delivers (migrations and Celery settings included), never
+# a source tree that the working directory could put first on sys.path.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY jobsapp ./jobsapp
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-WORKDIR /app
-COPY pyproject.toml README.md celeryconfig.py alembic.ini ./
-COPY jobsapp ./jobsapp
-COPY migrations ./migrations
-RUN pip install --no-cache-dir . && useradd --create-home jobsapp
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels && useradd --create-home jobsapp
 USER jobsapp
-CMD ["gunicorn", "--bind", "0.0.0.0:8000", "--workers", "2", "jobsapp.web.app:create_app()"]
+WORKDIR /home/jobsapp
+EXPOSE 8000 5555
+# The Procfile's web line; docker-compose.yml names every process's command explicitly.
+CMD ["gunicorn", "--bind", "0.0.0.0:8000", "--workers", "2", "--access-logfile", "-", "jobsapp.web.app:create_app()"]

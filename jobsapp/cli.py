@@ -21,12 +21,13 @@ from jobsapp.settings import SettingsError, get_settings
 
 Handler = Callable[[argparse.Namespace], int]
 
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
 
 def alembic_config() -> Config:
-    """Alembic's config for the migrations shipped next to the package."""
-    root = Path(__file__).resolve().parent.parent
-    cfg = Config(str(root / "alembic.ini"))
-    cfg.set_main_option("script_location", str(root / "migrations"))
+    """Alembic's settings, built here: the migrations ship inside the package, no ini file."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
     return cfg
 
 

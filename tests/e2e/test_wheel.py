@@ -1,0 +1,102 @@
+"""An installed package is complete: the wheel alone migrates a real Postgres.
+
+The wheel is built from the checkout's files (as git lists them, so no stale ``build/``
+leaks in), installed with its dependencies into a fresh venv by pip's own resolver (no
+system or dev site-packages), and its ``jobsapp db upgrade`` runs in a folder outside
+the checkout, with an environment that holds nothing but the database URL.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from tests.conftest import _drop_postgres, _fresh_postgres
+from tests.e2e.webserver import REPO
+from tests.support.env import SESSION, service
+
+DATABASE = f"jobsapp_wheel_{SESSION}"
+EXPECTED_TABLES = {"job_events", "outbox", "leases", "job_runs", "attachments", "alembic_version"}
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=240
+    )
+    assert result.returncode == 0, f"{argv}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def _checkout_copy(dest: Path) -> Path:
+    listed = _run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO
+    )
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bin/ folder of a fresh venv holding the wheel and only what it requires."""
+    root = tmp_path_factory.mktemp("wheel")
+    source = _checkout_copy(root / "src")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    _run([*pip, "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(source)], cwd=root)
+    (wheel,) = (root / "dist").glob("jobsapp-*.whl")
+    venv.create(root / "venv", with_pip=True, system_site_packages=False)
+    bin_dir = root / "venv" / "bin"
+    _run([str(bin_dir / "pip"), "install", "-q", str(wheel)], cwd=root)
+    return bin_dir
+
+
+@pytest.fixture
+def database_url() -> Iterator[str]:
+    admin = service("JOBSAPP_TEST_DATABASE_URL")
+    yield _fresh_postgres(admin, DATABASE)
+    _drop_postgres(admin, DATABASE)
+
+
+def _bare_env(bin_dir: Path, **extra: str) -> dict[str, str]:
+    # Nothing of the checkout or the dev venv: no PYTHONPATH, no JOBSAPP_* test settings.
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), **extra}
+
+
+def test_installed_wheel_migrates_postgres_from_an_unrelated_folder(
+    installed: Path, database_url: str, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = _bare_env(installed, JOBSAPP_DATABASE_URL=database_url)
+    out = _run([str(installed / "jobsapp"), "db", "upgrade"], cwd=elsewhere, env=env)
+    assert "database at head" in out
+    engine = create_engine(database_url)
+    try:
+        assert set(inspect(engine).get_table_names()) >= EXPECTED_TABLES
+    finally:
+        engine.dispose()
+
+
+def test_installed_celery_app_finds_its_settings_from_any_folder(
+    installed: Path, tmp_path: Path
+) -> None:
+    probe = (
+        "import jobsapp.celery_app as m, jobsapp; "
+        "print(m.app.conf.task_acks_late, m.app.conf.beat_scheduler, jobsapp.__file__)"
+    )
+    env = _bare_env(installed, JOBSAPP_VAR_DIR=str(tmp_path / "var"))
+    out = _run([str(installed / "python"), "-c", probe], cwd=tmp_path, env=env)
+    acks_late, scheduler, package = out.split()
+    assert (acks_late, scheduler) == ("True", "jobsapp.maintenance.scheduler:LeasedScheduler")
+    assert Path(package).is_relative_to(installed.parent)
