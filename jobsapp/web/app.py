@@ -24,6 +24,7 @@ from jobsapp.attachments.pipeline import get_pipeline
 from jobsapp.attachments.validation import DEFAULT_LIMITS, Limits, RejectedUpload
 from jobsapp.settings import SettingsError
 from jobsapp.web import admin
+from jobsapp.web.health import health
 from jobsapp.web.openapi import openapi_document
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def create_app(limits: Limits | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = limits.max_bytes + MULTIPART_OVERHEAD
     app.extensions[_LIMITS] = limits
     app.register_blueprint(api)
+    app.register_blueprint(health)
     # The operator routes (/v1/admin, /admin) and /metrics: see jobsapp.web.admin.
     admin.init_app(app)
     app.register_error_handler(RejectedUpload, _rejected)
@@ -110,13 +112,6 @@ def variant(attachment_id: UUID, name: str) -> ResponseReturnValue:
     # A variant's bytes never change under its SHA-256, so it is the natural strong ETag.
     response.set_etag(read.sha256)
     return response
-
-
-@api.get("/healthz")
-def healthz() -> ResponseReturnValue:
-    # Liveness of this process only: a database outage must not get web processes restarted;
-    # requests that need the database answer 503 on their own.
-    return jsonify({"status": "ok"})
 
 
 @api.get("/openapi.json")

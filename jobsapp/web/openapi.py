@@ -81,9 +81,9 @@ def _paths() -> JsonObject:
         "/v1/attachments/{attachment_id}/variants/{name}": {"get": _variant(id_param, name_param)},
         "/healthz": {
             "get": {
-                "summary": "Liveness of the web process (does not touch the database)",
+                "summary": "The web process answers and reaches its database",
                 "operationId": "healthz",
-                "responses": {"200": _json("Alive", "Health"), **_errors()},
+                "responses": {"200": _json("Alive", "Health"), **_errors(503)},
             }
         },
         "/openapi.json": {
