@@ -21,6 +21,11 @@ class SettingsError(ValueError):
 
 
 _DB_SCHEMES = ("sqlite", "postgresql")
+# Tokens that ship in examples and templates: a deployment that kept one is not protected.
+_WELL_KNOWN_TOKENS = frozenset(
+    {"change-me", "changeme", "change_me", "secret", "admin", "password", "token", "jobsapp",
+     "test", "default", "example", "xxx"}
+)  # fmt: skip
 _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "pyamqp", "memory")
 
 
@@ -99,6 +104,20 @@ def _storage_url(env: Mapping[str, str], var_dir: Path) -> str:
     )
 
 
+def _admin_token(env: Mapping[str, str]) -> str | None:
+    """The operator API's bearer token; empty means the API is off, a well-known one stops us."""
+    token = env.get("JOBSAPP_ADMIN_TOKEN", "").strip()
+    if not token:
+        return None
+    if token.lower() in _WELL_KNOWN_TOKENS:
+        raise SettingsError(
+            "JOBSAPP_ADMIN_TOKEN is a well-known placeholder; set a random secret "
+            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))') or leave it "
+            "empty to keep the operator API off"
+        )
+    return token
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the configuration; raises SettingsError naming the variable."""
     env = os.environ if env is None else env
@@ -114,7 +133,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         storage_url=_storage_url(env, var_dir),
         s3_endpoint_url=env.get("JOBSAPP_S3_ENDPOINT_URL") or None,
         s3_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
-        admin_token=env.get("JOBSAPP_ADMIN_TOKEN") or None,
+        admin_token=_admin_token(env),
         heartbeat_interval=heartbeat,
         stale_after=positive_number(env, "JOBSAPP_STALE_AFTER", 3 * heartbeat),
         inline_wait_max=positive_number(env, "JOBSAPP_INLINE_WAIT_MAX", 5.0),

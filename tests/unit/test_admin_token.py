@@ -1,0 +1,23 @@
+"""The operator API is never enabled with an empty or a well-known bearer token."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobsapp.settings import SettingsError, load_settings
+
+
+@pytest.mark.parametrize("token", ["change-me", "CHANGEME", " secret ", "admin", "password"])
+def test_a_well_known_admin_token_stops_the_process(token: str) -> None:
+    with pytest.raises(SettingsError, match="JOBSAPP_ADMIN_TOKEN"):
+        load_settings({"JOBSAPP_ADMIN_TOKEN": token})
+
+
+@pytest.mark.parametrize("token", ["", "   ", "\t\n"])
+def test_an_empty_admin_token_keeps_the_operator_api_off(token: str) -> None:
+    assert load_settings({"JOBSAPP_ADMIN_TOKEN": token}).admin_token is None
+
+
+def test_a_random_admin_token_is_kept_without_surrounding_blanks() -> None:
+    settings = load_settings({"JOBSAPP_ADMIN_TOKEN": " kQ3v9-random-0a1b \n"})
+    assert settings.admin_token == "kQ3v9-random-0a1b"
