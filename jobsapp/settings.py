@@ -37,6 +37,7 @@ class Settings:
     redis_url: str | None
     storage_url: str
     s3_endpoint_url: str | None
+    s3_public_url: str | None
     s3_region: str | None
     admin_token: str | None
     heartbeat_interval: float
@@ -104,6 +105,16 @@ def _storage_url(env: Mapping[str, str], var_dir: Path) -> str:
     )
 
 
+def _public_url(env: Mapping[str, str]) -> str | None:
+    value = env.get("JOBSAPP_S3_PUBLIC_URL", "").strip()
+    if not value:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SettingsError(f"JOBSAPP_S3_PUBLIC_URL must be http(s)://host[:port], not {value!r}")
+    return value
+
+
 def _admin_token(env: Mapping[str, str]) -> str | None:
     """The operator API's bearer token; empty means the API is off, a well-known one stops us."""
     token = env.get("JOBSAPP_ADMIN_TOKEN", "").strip()
@@ -132,6 +143,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         redis_url=env.get("JOBSAPP_REDIS_URL") or None,
         storage_url=_storage_url(env, var_dir),
         s3_endpoint_url=env.get("JOBSAPP_S3_ENDPOINT_URL") or None,
+        s3_public_url=_public_url(env),
         s3_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
         admin_token=_admin_token(env),
         heartbeat_interval=heartbeat,

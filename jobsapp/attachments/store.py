@@ -21,13 +21,17 @@ STAGING_PREFIX = "staging/"
 def get_store() -> ObjectStore:
     """The configured store; follows the settings, so clearing them switches stores."""
     settings = get_settings()
-    return _store_for(settings.storage_url, settings.s3_endpoint_url, settings.s3_region)
+    return _store_for(
+        settings.storage_url, settings.s3_endpoint_url, settings.s3_region, settings.s3_public_url
+    )
 
 
 @cache
-def _store_for(url: str, endpoint_url: str | None, region: str | None) -> ObjectStore:
+def _store_for(
+    url: str, endpoint_url: str | None, region: str | None, public_url: str | None
+) -> ObjectStore:
     # One client per configuration: boto3 clients are thread-safe and pool connections.
-    return store_from_url(url, endpoint_url=endpoint_url, region=region)
+    return store_from_url(url, endpoint_url=endpoint_url, region=region, public_url=public_url)
 
 
 def clear_store_cache() -> None:

@@ -11,17 +11,24 @@ from jobsapp.storage.s3 import S3ObjectStore, make_s3_client
 
 
 def store_from_url(
-    url: str, *, endpoint_url: str | None = None, region: str | None = None
+    url: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    public_url: str | None = None,
 ) -> ObjectStore:
     """`s3://bucket[/prefix]`, `file:///absolute/path` or `file:relative/path`.
 
-    endpoint_url and region apply to s3 URLs only; credentials come from AWS_*.
+    endpoint_url, region and public_url (the endpoint browsers reach, for presigned read
+    URLs) apply to s3 URLs only; credentials come from AWS_*.
     """
     parts = urlsplit(url)
     if _plain(parts):
         if parts.scheme == "s3" and parts.netloc:
             prefix = unquote(parts.path).strip("/")
-            return S3ObjectStore(parts.netloc, prefix, make_s3_client(endpoint_url, region))
+            client = make_s3_client(endpoint_url, region)
+            public = make_s3_client(public_url, region) if public_url else None
+            return S3ObjectStore(parts.netloc, prefix, client, public_client=public)
         if parts.scheme == "file" and parts.netloc in ("", "localhost") and parts.path:
             return LocalObjectStore(Path(unquote(parts.path)))
     raise ValueError(

@@ -70,6 +70,9 @@ def make_s3_client(endpoint_url: str | None, region: str | None) -> S3Client:
         retries={"mode": "standard", "total_max_attempts": MAX_ATTEMPTS},
         # Compatible servers on a bare host:port have no per-bucket DNS names.
         s3={"addressing_style": "path" if endpoint_url else "auto"},
+        # botocore presigns with SigV2 on a custom endpoint unless told; V2 is deprecated
+        # and refused by AWS regions opened since 2014 and by current MinIO.
+        signature_version="s3v4",
     )
     session = boto3.session.Session(region_name=region)
     return session.client("s3", endpoint_url=endpoint_url, config=config)
@@ -77,14 +80,23 @@ def make_s3_client(endpoint_url: str | None, region: str | None) -> S3Client:
 
 class S3ObjectStore:
     def __init__(
-        self, bucket: str, prefix: str, client: S3Client, *, page_size: int = 1000
+        self,
+        bucket: str,
+        prefix: str,
+        client: S3Client,
+        *,
+        page_size: int = 1000,
+        public_client: S3Client | None = None,
     ) -> None:
+        """``public_client`` signs read URLs for the address browsers use, when the
+        servers reach S3 under an internal host name (``http://minio:9000``)."""
         validate_prefix(prefix)
         self.bucket = bucket
         # The prefix acts as a directory whether or not it was written with a slash.
         self.prefix = prefix.rstrip("/") + "/" if prefix else ""
         self.page_size = page_size
         self._client = client
+        self._public_client = public_client or client
 
     def __repr__(self) -> str:
         return f"S3ObjectStore({self.bucket!r}, {self.prefix!r})"
@@ -163,7 +175,8 @@ class S3ObjectStore:
     def read_url(self, key: str, expires_s: int) -> str | None:
         if not 0 < expires_s <= MAX_PRESIGN_S:
             raise ValueError(f"expires_s must be within 1..{MAX_PRESIGN_S}, got {expires_s}")
-        return self._client.generate_presigned_url(
+        # SigV4 signs the host: the URL must name the one the browser will send.
+        return self._public_client.generate_presigned_url(
             "get_object",
             Params={"Bucket": self.bucket, "Key": self._full_key(key)},
             ExpiresIn=expires_s,
