@@ -6,7 +6,7 @@ process, so reaping never waits behind busy workers; other periodic tasks are se
 the broker as usual, by the leader only.
 
 Cadences of the maintenance entries can be set per deployment without touching
-``celeryconfig.py``: ``JOBSAPP_REAPER_EVERY``, ``JOBSAPP_RELAY_EVERY`` and
+``jobsapp/celeryconfig.py``: ``JOBSAPP_REAPER_EVERY``, ``JOBSAPP_RELAY_EVERY`` and
 ``JOBSAPP_RETENTION_EVERY`` (seconds). ``JOBSAPP_BEAT_LEASE_SECONDS`` is the lease.
 """
 
