@@ -1,4 +1,5 @@
-"""The operator API is never enabled with an empty or a well-known bearer token."""
+"""Deployment settings: the operator API is never enabled with an empty or a well-known
+bearer token, and the public S3 address is an http(s) origin."""
 
 from __future__ import annotations
 
@@ -21,3 +22,15 @@ def test_an_empty_admin_token_keeps_the_operator_api_off(token: str) -> None:
 def test_a_random_admin_token_is_kept_without_surrounding_blanks() -> None:
     settings = load_settings({"JOBSAPP_ADMIN_TOKEN": " kQ3v9-random-0a1b \n"})
     assert settings.admin_token == "kQ3v9-random-0a1b"
+
+
+def test_the_public_s3_url_is_optional() -> None:
+    assert load_settings({}).s3_public_url is None
+    url = "https://files.example.org"
+    assert load_settings({"JOBSAPP_S3_PUBLIC_URL": url}).s3_public_url == url
+
+
+@pytest.mark.parametrize("url", ["minio:9000", "ftp://files.example.org", "https://"])
+def test_a_public_s3_url_that_is_no_http_address_stops_the_process(url: str) -> None:
+    with pytest.raises(SettingsError, match="JOBSAPP_S3_PUBLIC_URL"):
+        load_settings({"JOBSAPP_S3_PUBLIC_URL": url})
