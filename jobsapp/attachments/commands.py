@@ -120,6 +120,9 @@ def _repair(engine: Engine, store: ObjectStore, report: Report, args: argparse.N
         for job_id, state in states.items():
             if state != "succeeded":
                 say(f"job {job_id} (attachment {done.jobs[job_id]}) is {state}")
+        rewritten = check.record_rewritten(engine, store, plan.reruns, done.jobs, states)
+        if rewritten:
+            say(f"repair: {rewritten} variant rows now describe their re-rendered objects")
     again = check.verify(engine, store, deep=args.deep, batch=args.batch)
     show_report(again, title="after repair")
     return EXIT_OK if again.clean else EXIT_DRIFT

@@ -14,6 +14,12 @@ variant. The job's id is derived from ``(attachment, version)``: its finished ru
 reopened as a new attempt, which finds the effect incomplete (the task checks objects,
 not only rows) and writes the variants again. A missing or corrupt original cannot be
 rebuilt from anything we keep: it is reported as unrepairable.
+
+A worker whose encoder differs from the one that first rendered (another Pillow or
+libwebp build) writes other bytes, and the task keeps an existing variant row as it is.
+Once a re-run job succeeded, ``record_rewritten`` makes each of its variant rows describe
+the object now under its key, so the next verify is clean instead of reporting the new
+bytes as corrupt forever.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from enum import StrEnum
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select, tuple_
+from sqlalchemy import Connection, Engine, select, tuple_, update
 
 from jobsapp.attachments.models import ATTACHMENTS, RUNS, VARIANTS, AttachmentState
 from jobsapp.attachments.pipeline import PIPELINES
@@ -184,6 +190,33 @@ def plan_repair(report: Report) -> RepairPlan:
         reruns[attachment_id] = version
         corrupt += [p for p in problems if p.kind is Kind.CORRUPT]
     return RepairPlan(reruns, corrupt, list(report.orphans), unrepairable)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """A variant row to make describe the object now stored under its key."""
+
+    attachment_id: uuid.UUID
+    version: int
+    name: str
+    key: str
+    recorded: str
+    sha256: str
+    size: int
+
+
+def rewrites_of(
+    rows: Iterable[Mapping[str, Any]], stored: Mapping[str, ObjectInfo | None]
+) -> list[Rewrite]:
+    """The rows whose object, by the store's checksum, holds other bytes than recorded."""
+    found = []
+    for row in rows:
+        info = stored.get(row["object_key"])
+        if info is None or info.sha256 is None or info.sha256 == row["sha256"]:
+            continue
+        found.append(Rewrite(row["attachment_id"], int(row["pipeline_version"]), row["variant"],
+                             row["object_key"], row["sha256"], info.sha256, info.size))  # fmt: skip
+    return found
 
 
 # --- reading the store ------------------------------------------------------------------
@@ -356,6 +389,48 @@ def _rerun(reruns: Sequence[tuple[uuid.UUID, int]]) -> dict[uuid.UUID, uuid.UUID
             # Skipped: another job holds the version's key; it does the work, wait for it.
             jobs[handle.holder or handle.job_id] = attachment_id
     return jobs
+
+
+def record_rewritten(
+    engine: Engine,
+    store: ObjectStore,
+    reruns: Mapping[uuid.UUID, int],
+    jobs: Mapping[uuid.UUID, uuid.UUID],
+    states: Mapping[uuid.UUID, str],
+) -> int:
+    """Make the rows of every re-run that succeeded describe what it stored; rows changed.
+
+    Only a succeeded re-run's objects are taken as truth: its worker rendered them from
+    the verified original (or found them stored and accepted them) and committed. A
+    forged object nothing re-rendered stays a corrupt one.
+    """
+    done = [(a, reruns[a]) for job_id, a in jobs.items() if states.get(job_id) == "succeeded"]
+    if not done:
+        return 0
+    with engine.connect() as conn:
+        rows = [dict(r) for r in conn.execute(select(VARIANTS).where(
+            tuple_(VARIANTS.c.attachment_id, VARIANTS.c.pipeline_version).in_(done)
+        )).mappings()]  # fmt: skip
+    stored = {row["object_key"]: store.head(row["object_key"]) for row in rows}
+    with engine.begin() as conn:
+        return sum(_rewrite(conn, item) for item in rewrites_of(rows, stored))
+
+
+def _rewrite(conn: Connection, item: Rewrite) -> int:
+    # Compare-and-set on the key and the recorded checksum: a row changed meanwhile is
+    # left to the next verify.
+    stmt = (
+        update(VARIANTS)
+        .where(
+            VARIANTS.c.attachment_id == item.attachment_id,
+            VARIANTS.c.pipeline_version == item.version,
+            VARIANTS.c.variant == item.name,
+            VARIANTS.c.object_key == item.key,
+            VARIANTS.c.sha256 == item.recorded,
+        )
+        .values(sha256=item.sha256, size=item.size)
+    )
+    return int(conn.execute(stmt).rowcount)
 
 
 def wait_for(

@@ -8,14 +8,16 @@ no row names) and runs the command, as an operator would, in this process.
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
+from types import MappingProxyType
 
 import pytest
 from celery.contrib.testing.worker import TestWorkController
 from PIL import Image
 from sqlalchemy import Engine, delete
 
-from jobsapp.attachments import commands
+from jobsapp.attachments import commands, pipeline
 from jobsapp.attachments.models import VARIANTS
 from jobsapp.attachments.service import accept_upload
 from jobsapp.attachments.verify import (
@@ -24,11 +26,13 @@ from jobsapp.attachments.verify import (
     Kind,
     Problem,
     Report,
+    Rewrite,
     expected_of,
     judge,
     orphans_among,
     owner_of,
     plan_repair,
+    rewrites_of,
     verify,
     wait_for,
 )
@@ -108,6 +112,21 @@ def test_repair_reruns_what_the_original_can_rebuild_and_reports_the_rest() -> N
     assert [p.key for p in plan.corrupt] == ["k2"]
     assert [p.key for p in plan.unrepairable] == ["k3", "k4"]
     assert plan.orphans == report.orphans
+
+
+def test_a_row_is_rewritten_only_where_the_store_recorded_other_bytes() -> None:
+    def row(name: str, sha: str) -> dict[str, object]:
+        return {"attachment_id": A, "pipeline_version": 1, "variant": name,
+                "object_key": f"k/{name}", "sha256": sha}  # fmt: skip
+
+    def info(name: str, sha: str | None) -> ObjectInfo:
+        return ObjectInfo(key=f"k/{name}", size=7, sha256=sha, content_type=None, modified_at=WHEN)
+
+    rows = [row("same", "a" * 64), row("other", "a" * 64), row("gone", "a" * 64),
+            row("unknown", "a" * 64)]  # fmt: skip
+    stored = {"k/same": info("same", "a" * 64), "k/other": info("other", "b" * 64),
+              "k/gone": None, "k/unknown": info("unknown", None)}  # fmt: skip
+    assert rewrites_of(rows, stored) == [Rewrite(A, 1, "other", "k/other", "a" * 64, "b" * 64, 7)]
 
 
 # ------------------------------------------------------------------ the command
@@ -198,6 +217,36 @@ def test_a_lost_row_is_rebuilt_and_a_lost_original_is_reported_as_unrepairable(
     assert _variant(db, rowless, "crop")["sha256"] == crop["sha256"]
     # Nothing was run for the attachment whose source is gone.
     assert [r["attempts"] for r in run_rows(db, sourceless)] == [1]
+
+
+def test_repair_converges_when_the_worker_encodes_other_bytes(
+    s3: ObjectStore,
+    worker: TestWorkController,
+    db: Engine,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a = _published("p.jpg", images.rotated_photo())
+    staging_dropped(s3, db, a)
+    lost = _variant(db, a, "thumbnail")
+    s3.delete(str(lost["object_key"]))
+    # The repair runs on a build whose encoder writes other bytes for the same picture.
+    v1 = pipeline.PIPELINES[1]
+    other = tuple(replace(spec, quality=spec.quality - 20) for spec in v1.variants)
+    rebuilt = {**pipeline.PIPELINES, 1: replace(v1, variants=other)}
+    monkeypatch.setattr(pipeline, "PIPELINES", MappingProxyType(rebuilt))
+
+    code, out = run(capsys, "verify", "--repair", "--wait", "60")
+    assert code == 0, out
+    assert "repair: 1 variant rows now describe their re-rendered objects" in out
+    assert "after repair: 1 ready attachments, 4 objects checked; 0 problems, 0 orphans" in out
+    now = _variant(db, a, "thumbnail")
+    assert now["sha256"] != lost["sha256"]
+    assert (sha256(s3.get(str(now["object_key"]))), len(s3.get(str(now["object_key"])))) == (
+        now["sha256"], now["size"],
+    )  # fmt: skip
+    assert run(capsys, "verify")[0] == 0
+    assert verify(db, s3, deep=True).clean
 
 
 def test_waiting_for_a_job_with_no_row_ends_at_once(db: Engine) -> None:
