@@ -112,6 +112,8 @@ def _repair(engine: Engine, store: ObjectStore, report: Report, args: argparse.N
     say(f"repair: deleted {done.orphans_deleted} orphans and {done.corrupt_deleted} corrupt "
         f"objects; requeued {len(plan.reruns)} attachments; "
         f"{len(plan.unrepairable)} problems cannot be repaired")  # fmt: skip
+    if done.orphans_restored:
+        say(f"repair: put back {done.orphans_restored} orphans a publish adopted meanwhile")
     for problem in plan.unrepairable:
         say(f"UNREPAIRABLE {problem.line()} (the original is needed to render again)")
     if done.jobs:

@@ -15,6 +15,13 @@ reopened as a new attempt, which finds the effect incomplete (the task checks ob
 not only rows) and writes the variants again. A missing or corrupt original cannot be
 rebuilt from anything we keep: it is reported as unrepairable.
 
+An orphan is deleted by moving it to a tombstone (``verify-trash/<key>``), then asking
+the database again: a publish that adopted the object between the first check and the
+delete (a replay whose worker found it stored) shows as a row naming the key or a run
+still active, and the object is copied back from its tombstone. Only then does the
+tombstone go. A repair that dies in between leaves tombstones; the next repair settles
+them first, the same way.
+
 A worker whose encoder differs from the one that first rendered (another Pillow or
 libwebp build) writes other bytes, and the task keeps an existing variant row as it is.
 Once a re-run job succeeded, ``record_rewritten`` makes each of its variant rows describe
@@ -32,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import islice
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, select, tuple_, update
 
@@ -43,12 +50,21 @@ from jobsapp.attachments.tasks import process_attachment
 from jobsapp.celery_app import app
 from jobsapp.lifecycle.enqueue import transaction
 from jobsapp.lifecycle.states import ACTIVE_STATES, is_terminal
-from jobsapp.storage import ChecksumMismatch, ObjectInfo, ObjectMissing, ObjectStore
+from jobsapp.storage import (
+    ChecksumConflict,
+    ChecksumMismatch,
+    ObjectInfo,
+    ObjectMissing,
+    ObjectStore,
+)
 
 ORIGINAL = "original"
 # What ``observe`` reports for bytes the store itself refuses to serve (checksum failure).
 UNREADABLE = "unreadable"
 DEFAULT_BATCH = 200
+# Outside ``attachments/`` (verify's) and ``staging/`` (retention's).
+TOMBSTONE_PREFIX = "verify-trash"
+_T = TypeVar("_T")
 
 
 class Kind(StrEnum):
@@ -163,6 +179,15 @@ def orphans_among(
     return orphans, in_flight
 
 
+def wanted(key: str, named: set[str], busy: set[uuid.UUID]) -> bool:
+    """A row names the key, or a run of its attachment may still adopt it."""
+    return key in named or owner_of(key) in busy
+
+
+def tombstone_of(key: str) -> str:
+    return f"{TOMBSTONE_PREFIX}/{key}"
+
+
 @dataclass(frozen=True)
 class RepairPlan:
     # attachment -> the published version whose job runs again
@@ -252,7 +277,7 @@ def verify(
             _check_attachment(store, row, variants.get(row["id"], []), deep, report)
     for listed in _chunks(store.list(f"{PUBLISHED_PREFIX}/"), batch):
         with engine.connect() as conn:
-            named, busy = _references(conn, listed)
+            named, busy = _references(conn, [o.key for o in listed])
         orphans, in_flight = orphans_among(listed, named, busy)
         report.orphans += orphans
         report.in_flight += in_flight
@@ -308,9 +333,9 @@ def _published_rows(
     return found
 
 
-def _references(conn: Connection, listed: Sequence[ObjectInfo]) -> tuple[set[str], set[uuid.UUID]]:
-    """Keys that rows of the listed objects' attachments name, and which of them are busy."""
-    ids = list({i for i in (owner_of(o.key) for o in listed) if i is not None})
+def _references(conn: Connection, keys: Sequence[str]) -> tuple[set[str], set[uuid.UUID]]:
+    """Keys that rows of the keys' attachments name, and which of those are busy."""
+    ids = list({i for i in (owner_of(k) for k in keys) if i is not None})
     if not ids:
         return set(), set()
     named = set(conn.execute(
@@ -327,7 +352,7 @@ def _references(conn: Connection, listed: Sequence[ObjectInfo]) -> tuple[set[str
     return named, busy
 
 
-def _chunks(items: Iterable[ObjectInfo], size: int) -> Iterator[list[ObjectInfo]]:
+def _chunks(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
     iterator = iter(items)
     while chunk := list(islice(iterator, size)):
         yield chunk
@@ -339,6 +364,8 @@ def _chunks(items: Iterable[ObjectInfo], size: int) -> Iterator[list[ObjectInfo]
 @dataclass
 class RepairResult:
     orphans_deleted: int = 0
+    # Orphans put back: a publish adopted them while they were being deleted.
+    orphans_restored: int = 0
     corrupt_deleted: int = 0
     # job id -> attachment, for every job the repair waits for
     jobs: dict[uuid.UUID, uuid.UUID] = field(default_factory=dict)
@@ -349,8 +376,15 @@ def repair(
 ) -> RepairResult:
     """Carry out ``plan``: deletions first, so a re-run never adopts what is deleted next."""
     result = RepairResult()
+    leftovers = (o.key.removeprefix(f"{TOMBSTONE_PREFIX}/")
+                 for o in store.list(f"{TOMBSTONE_PREFIX}/"))  # fmt: skip
+    for keys in _chunks(leftovers, batch):
+        result.orphans_restored += _settle(engine, store, keys)
     for chunk in _chunks(plan.orphans, batch):
-        result.orphans_deleted += _delete_orphans(engine, store, chunk)
+        buried = _bury_orphans(engine, store, chunk)
+        restored = _settle(engine, store, buried)
+        result.orphans_deleted += len(buried) - restored
+        result.orphans_restored += restored
     result.corrupt_deleted = sum(_delete_corrupt(store, p) for p in plan.corrupt)
     reruns = list(plan.reruns.items())
     for start in range(0, len(reruns), batch):
@@ -358,14 +392,57 @@ def repair(
     return result
 
 
-def _delete_orphans(engine: Engine, store: ObjectStore, listed: Sequence[ObjectInfo]) -> int:
+def _bury_orphans(engine: Engine, store: ObjectStore, listed: Sequence[ObjectInfo]) -> list[str]:
+    """Move the still unreferenced objects to their tombstones; the keys moved."""
     # Judged again now: a run may have started, or committed a row naming the key.
     with engine.connect() as conn:
-        named, busy = _references(conn, listed)
+        named, busy = _references(conn, [o.key for o in listed])
     orphans, _ = orphans_among(listed, named, busy)
-    for obj in orphans:
-        store.delete(obj.key)
-    return len(orphans)
+    return [obj.key for obj in orphans if _bury(store, obj.key)]
+
+
+def _bury(store: ObjectStore, key: str) -> bool:
+    info = store.head(key)
+    if info is None:
+        return False
+    tombstone = tombstone_of(key)
+    if info.sha256 is not None:
+        store.copy(key, tombstone, info.sha256)
+    else:
+        # Not written by jobsapp: no recorded checksum for a server-side copy to keep.
+        data = store.get(key)
+        store.put_if_absent(tombstone, data, hashlib.sha256(data).hexdigest(),
+                            info.content_type or "application/octet-stream")  # fmt: skip
+    store.delete(key)
+    return True
+
+
+def _settle(engine: Engine, store: ObjectStore, keys: Sequence[str]) -> int:
+    """Put back what a publish adopted meanwhile, then drop the tombstones; how many back."""
+    if not keys:
+        return 0
+    # Asked after the deletes: a publish that saw an object before its delete has, by
+    # now, either a run still active or its committed rows.
+    with engine.connect() as conn:
+        named, busy = _references(conn, keys)
+    restored = 0
+    for key in keys:
+        if wanted(key, named, busy):
+            restored += _restore(store, key)
+        store.delete(tombstone_of(key))
+    return restored
+
+
+def _restore(store: ObjectStore, key: str) -> int:
+    info = store.head(tombstone_of(key))
+    if info is None or info.sha256 is None:
+        return 0
+    try:
+        store.copy(tombstone_of(key), key, info.sha256)
+    except ChecksumConflict:
+        # The publish found the key empty and wrote its own rendering: that one stays.
+        return 0
+    return 1
 
 
 def _delete_corrupt(store: ObjectStore, problem: Problem) -> int:

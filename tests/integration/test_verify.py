@@ -8,20 +8,24 @@ no row names) and runs the command, as an operator would, in this process.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from types import MappingProxyType
+from typing import Any, cast
 
 import pytest
 from celery.contrib.testing.worker import TestWorkController
 from PIL import Image
 from sqlalchemy import Engine, delete
 
-from jobsapp.attachments import commands, pipeline
+from jobsapp import operator
+from jobsapp.attachments import commands, pipeline, tasks
 from jobsapp.attachments.models import VARIANTS
 from jobsapp.attachments.service import accept_upload
 from jobsapp.attachments.verify import (
     ORIGINAL,
+    TOMBSTONE_PREFIX,
     Expected,
     Kind,
     Problem,
@@ -32,7 +36,9 @@ from jobsapp.attachments.verify import (
     orphans_among,
     owner_of,
     plan_repair,
+    repair,
     rewrites_of,
+    tombstone_of,
     verify,
     wait_for,
 )
@@ -247,6 +253,84 @@ def test_repair_converges_when_the_worker_encodes_other_bytes(
     )  # fmt: skip
     assert run(capsys, "verify")[0] == 0
     assert verify(db, s3, deep=True).clean
+
+
+class _PublishBeforeFirstDelete:
+    """The store, where a publish lands after repair's reference check, before its delete."""
+
+    def __init__(self, store: ObjectStore, publish: Callable[[], None]) -> None:
+        self.store, self.publish, self.published = store, publish, False
+
+    def delete(self, key: str) -> None:
+        if not self.published:
+            self.published = True
+            self.publish()
+        self.store.delete(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def _failed_after_writing_objects(db: Engine, monkeypatch: pytest.MonkeyPatch) -> uuid.UUID:
+    """An attachment whose worker stored every object and then failed before its COMMIT."""
+
+    def refuse(*_: object) -> None:
+        raise tasks.AttachmentFailed("refused for the test", error_code="test_refused")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(tasks, "_commit", refuse)
+        attachment_id = accept_upload(images.rotated_photo(), "r.jpg", None).attachment_id
+        settled(attachment_id, "failed")
+    assert not variant_rows(db, attachment_id)
+    return attachment_id
+
+
+def test_an_orphan_adopted_by_a_publish_during_repair_is_not_deleted(
+    s3: ObjectStore, worker: TestWorkController, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = _failed_after_writing_objects(db, monkeypatch)
+    report = verify(db, s3)
+    assert len(report.orphans) == 4  # three variants and the original, no row names them
+    (run_row,) = run_rows(db, a)
+
+    def replay() -> None:
+        # The operator's replay: attempt 2 finds the objects stored and commits rows naming them.
+        operator.replay(db, "attachments", run_row["job_id"], actor="ops", reason="retry")
+        settled(a, "ready")
+
+    racing = cast(ObjectStore, _PublishBeforeFirstDelete(s3, replay))
+    done = repair(db, racing, plan_repair(report))
+    assert (done.orphans_deleted, done.orphans_restored) == (0, 4)
+
+    assert attachment_row(db, a)["state"] == "ready"
+    named = [str(v["object_key"]) for v in variant_rows(db, a)]
+    named.append(str(attachment_row(db, a)["original_key"]))
+    assert all(s3.head(key) is not None for key in named)
+    assert verify(db, s3, deep=True).clean
+    staging_dropped(s3, db, a)
+    assert sorted(o.key for o in s3.list("")) == sorted(named)
+
+
+def test_tombstones_left_by_a_dead_repair_are_settled_by_the_next(
+    s3: ObjectStore, worker: TestWorkController, db: Engine
+) -> None:
+    a = _published("a.png", images.solid("PNG"))
+    staging_dropped(s3, db, a)
+    # A repair killed after moving two objects to their tombstones: one a row names (a
+    # publish adopted it meanwhile), one nothing names.
+    named = str(_variant(db, a, "crop")["object_key"])
+    stray = f"attachments/{uuid.uuid4()}/v1/crop"
+    s3.put_if_absent(stray, b"stray", sha256(b"stray"), "image/webp")
+    for key in (named, stray):
+        s3.copy(key, tombstone_of(key), str(s3.head(key).sha256))  # type: ignore[union-attr]
+        s3.delete(key)
+    assert not verify(db, s3).clean
+
+    done = repair(db, s3, plan_repair(Report()))
+    assert (done.orphans_deleted, done.orphans_restored) == (0, 1)
+    assert verify(db, s3, deep=True).clean
+    assert s3.head(stray) is None
+    assert list(s3.list(f"{TOMBSTONE_PREFIX}/")) == []
 
 
 def test_waiting_for_a_job_with_no_row_ends_at_once(db: Engine) -> None:
