@@ -133,7 +133,8 @@ def _filters() -> dict[str, Any]:
     states = [s for value in request.args.getlist("state") for s in value.split(",") if s]
     module = request.args.get("module") or None
     raw_limit = request.args.get("limit", str(summary.DEFAULT_LIMIT))
-    if not raw_limit.isdigit():
+    # ASCII digits only, and few: int() refuses "²" and numbers of thousands of digits.
+    if not (raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 9):
         raise summary.BadFilter(f"limit must be an integer from 1 to {summary.MAX_LIMIT}")
     summary.checked_tables(module)
     return {

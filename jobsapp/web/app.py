@@ -25,7 +25,9 @@ from jobsapp.attachments.validation import DEFAULT_LIMITS, Limits, RejectedUploa
 from jobsapp.settings import SettingsError
 from jobsapp.web import admin
 from jobsapp.web.health import health
+from jobsapp.web.multipart import FormLimits, missing_file, read_file
 from jobsapp.web.openapi import openapi_document
+from jobsapp.web.urls import VariantNameConverter, raw_url, url_problem
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,9 @@ def create_app(limits: Limits | None = None) -> Flask:
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = limits.max_bytes + MULTIPART_OVERHEAD
     app.extensions[_LIMITS] = limits
+    app.url_map.converters["variant"] = VariantNameConverter
+    # Registered first: it runs before every other hook, the admin's authentication included.
+    app.before_request(_refuse_unreadable_url)
     app.register_blueprint(api)
     app.register_blueprint(health)
     # The operator routes (/v1/admin, /admin) and /metrics: see jobsapp.web.admin.
@@ -98,7 +103,7 @@ def show(attachment_id: UUID) -> ResponseReturnValue:
     return jsonify(public_view(view))
 
 
-@api.get("/v1/attachments/<uuid:attachment_id>/variants/<name>")
+@api.get("/v1/attachments/<uuid:attachment_id>/variants/<variant:name>")
 def variant(attachment_id: UUID, name: str) -> ResponseReturnValue:
     read = service.open_variant(attachment_id, name)
     if read is None:
@@ -136,16 +141,12 @@ def _idempotency_key() -> str | None:
 
 
 def _read_file(limits: Limits) -> tuple[bytes, str | None]:
-    # Reading request.files parses the body under MAX_CONTENT_LENGTH (413 past it).
-    upload = request.files.get("file")
-    if upload is None:
-        raise RejectedUpload(
-            400, "missing_file", "Send the image as multipart/form-data in the field 'file'."
-        )
-    # One byte past the limit is enough for the service to refuse the size.
-    data = upload.stream.read(limits.max_bytes + 1)
-    # The raw client name goes to the service, which keeps only a sanitised display name.
-    return data, upload.filename
+    if request.mimetype != "multipart/form-data":
+        raise missing_file()
+    # request.stream stops at MAX_CONTENT_LENGTH (413 past it). The raw client name goes to
+    # the service, which keeps only a sanitised display name.
+    boundary = request.mimetype_params.get("boundary", "")
+    return read_file(request.stream, boundary, FormLimits(max_file_bytes=limits.max_bytes))
 
 
 def _promised_variants() -> tuple[str, ...]:
@@ -215,11 +216,19 @@ def _unavailable(exc: service.ServiceUnavailable) -> ResponseReturnValue:
     return response, status
 
 
+def _refuse_unreadable_url() -> ResponseReturnValue | None:
+    problem = url_problem(*raw_url(request.environ))
+    return None if problem is None else error_response(400, "bad_url", problem)
+
+
 def _http_error(exc: HTTPException) -> ResponseReturnValue:
     status = exc.code or 500
     if status == 413:
+        # Only the body's own limit is left to Werkzeug; the form's limits answer themselves.
         limits: Limits = current_app.extensions[_LIMITS]
-        reason = f"The file is larger than the limit of {limits.max_bytes} bytes."
+        reason = (f"The request is larger than the limit of "
+                  f"{limits.max_bytes + MULTIPART_OVERHEAD} bytes: a file of at most "
+                  f"{limits.max_bytes} bytes and its form.")  # fmt: skip
         return error_response(413, "too_large", reason)
     code = (exc.name or "error").lower().replace(" ", "_")
     response, _ = error_response(status, code, exc.description or exc.name)

@@ -8,19 +8,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobsapp.web.urls import VARIANT_NAME
+
 JsonObject = dict[str, Any]
 
 _ERROR_TEXT = {
-    400: "The request is malformed: no `file` field, an empty file or a bad Idempotency-Key.",
+    400: "The request is malformed: no `file` field, a form that cannot be read (a part "
+    "header that is not UTF-8), an empty file or a bad Idempotency-Key.",
     404: "No such attachment or variant (a malformed id is unknown too).",
     405: "The route does not take this method.",
-    413: "The file is larger than the upload limit.",
+    413: "A limit was passed, and the reason names it: the file size (`too_large`), the "
+    "request size, more than 16 form parts (`too_many_parts`) or a text field over "
+    "65536 bytes (`field_too_large`).",
     415: "The bytes are not an accepted image format (the declared type is ignored).",
     422: "The image is damaged, truncated or has more pixels than allowed, or the "
     "Idempotency-Key was used before for a different file.",
     500: "An unexpected error; the body carries no internals.",
     503: "The database or object store is unavailable; retry after `Retry-After` seconds.",
 }
+
+_BAD_URL = "`bad_url`: the URL is not UTF-8 or holds a control character such as NUL."
 
 _ATTACHMENT_STATES = ["queued", "processing", "ready", "failed"]
 _RUN_STATES = ["queued", "running", "succeeded", "failed"]
@@ -67,7 +74,10 @@ def openapi_document() -> JsonObject:
 
 def _paths() -> JsonObject:
     id_param = _path_param("attachment_id", {"type": "string", "format": "uuid"})
-    name_param = _path_param("name", {"type": "string", "examples": ["thumbnail"]})
+    # Another name is no route (404).
+    name_param = _path_param(
+        "name", {"type": "string", "pattern": f"^{VARIANT_NAME}$", "examples": ["thumbnail"]}
+    )
     return {
         "/v1/attachments": {"post": _upload()},
         "/v1/attachments/{attachment_id}": {
@@ -253,9 +263,10 @@ def _json(description: str, schema: str) -> JsonObject:
 
 
 def _errors(*statuses: int, text: dict[int, str] | None = None) -> JsonObject:
-    """Error responses; every route can also answer 405 and 500."""
+    """Error responses; every route can also answer 400 (its URL), 405 and 500."""
     text = {**_ERROR_TEXT, **(text or {})}
-    return {str(s): _json(text[s], "Error") for s in sorted({*statuses, 405, 500})}
+    text[400] = f"{text[400]} {_BAD_URL}" if 400 in statuses else _BAD_URL
+    return {str(s): _json(text[s], "Error") for s in sorted({*statuses, 400, 405, 500})}
 
 
 def _admin_errors(*statuses: int) -> JsonObject:

@@ -18,9 +18,11 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from PIL import Image
 from sqlalchemy import Engine, create_engine, text
@@ -31,6 +33,7 @@ from tests.e2e.webserver import Http, fetch, running_web, running_worker
 from tests.support.env import service
 
 MAX_UPLOAD = 256 * 1024
+ADMIN_TOKEN = "e2e-web-token"
 # Its own Redis database: the lifecycle suites use 0 and the maintenance e2e 3.
 REDIS_DB = 12
 ERROR = {"error", "reason"}
@@ -57,6 +60,7 @@ def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         "JOBSAPP_STORAGE_URL": storage_url,
         "JOBSAPP_S3_ENDPOINT_URL": endpoint,
         "JOBSAPP_MAX_UPLOAD_BYTES": str(MAX_UPLOAD),
+        "JOBSAPP_ADMIN_TOKEN": ADMIN_TOKEN,
     }
     store = store_from_url(storage_url, endpoint_url=endpoint)
     for info in list(store.list("")):
@@ -361,3 +365,151 @@ def test_an_unexpected_error_is_a_json_500_without_internals() -> None:
         "reason": "An unexpected error occurred.",
     }
     assert reply.headers["X-Content-Type-Options"] == "nosniff"
+
+
+# ------------------------------------------------------------------ the form, part by part
+
+
+def raw_form(*parts: tuple[bytes, bytes]) -> tuple[bytes, dict[str, str]]:
+    """A multipart body of ``(headers, data)`` parts, byte for byte as a client sends it."""
+    boundary = uuid.uuid4().hex.encode()
+    body = b"".join(b"--%s\r\n%s\r\n\r\n%s\r\n" % (boundary, head, data) for head, data in parts)
+    return body + b"--%s--\r\n" % boundary, {
+        "Content-Type": f"multipart/form-data; boundary={boundary.decode()}"
+    }
+
+
+def file_part(filename: bytes = b"a.png", data: bytes | None = None) -> tuple[bytes, bytes]:
+    head = b'Content-Disposition: form-data; name="file"; filename="%s"\r\n' % filename
+    return head + b"Content-Type: image/png", png() if data is None else data
+
+
+def text_part(name: str, value: bytes) -> tuple[bytes, bytes]:
+    return f'Content-Disposition: form-data; name="{name}"'.encode(), value
+
+
+def post_form(http: Http, *parts: tuple[bytes, bytes]) -> Any:
+    body, headers = raw_form(*parts)
+    return http.request("/v1/attachments", body, headers, method="POST")
+
+
+@pytest.mark.parametrize(
+    ("parts", "code", "limit"),
+    [
+        pytest.param([text_part(f"f{i}", b"x") for i in range(2000)] + [file_part()],
+                     "too_many_parts", "16 parts", id="too-many-parts"),
+        pytest.param([text_part("note", b"n" * 100_000), file_part()],
+                     "field_too_large", "65536 bytes", id="huge-text-field"),
+        pytest.param([file_part(data=bytes(4 * MAX_UPLOAD))], "too_large",
+                     f"{MAX_UPLOAD + 64 * 1024} bytes", id="huge-body"),
+    ],
+)
+def test_each_413_names_the_limit_that_was_passed(
+    http: Http, journal: Engine, parts: list[tuple[bytes, bytes]], code: str, limit: str
+) -> None:
+    before = attachment_rows(journal)
+
+    reply = post_form(http, *parts)
+
+    assert reply.status == 413, reply.body
+    assert reply.json()["error"] == code
+    assert limit in reply.json()["reason"]
+    assert attachment_rows(journal) == before
+
+
+def test_a_file_name_that_is_not_utf8_is_a_400_that_says_so(http: Http, journal: Engine) -> None:
+    before = attachment_rows(journal)
+
+    reply = post_form(http, file_part("café.png".encode("latin-1")))
+
+    assert reply.status == 400, reply.body
+    assert reply.json()["error"] == "unreadable_form"
+    assert "UTF-8" in reply.json()["reason"]
+    assert attachment_rows(journal) == before
+
+
+def test_a_utf8_file_name_is_kept_for_display(http: Http) -> None:
+    reply = post_form(http, file_part("café.png".encode()))
+
+    assert reply.status == 202, reply.body
+    assert http.get(reply.headers["Location"]).json()["display_name"] == "café.png"
+
+
+# ---------------------------------------------------------------- hostile path and query
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+# "thumbnail" in fullwidth letters: NFKC makes it the real name.
+FULLWIDTH = "".join(chr(ord(c) + 0xFEE0) for c in "thumbnail")
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "code"),
+    [
+        (f"/v1/attachments/{uuid.uuid4()}/variants/thumbnail%00", 400, "bad_url"),
+        (f"/v1/attachments/{uuid.uuid4()}%00", 400, "bad_url"),
+        (f"/v1/attachments/{uuid.uuid4()}/variants/thumb%FFnail", 400, "bad_url"),
+        # An overlong encoding of NUL is not UTF-8 at all.
+        (f"/v1/attachments/{uuid.uuid4()}/variants/%C0%80", 400, "bad_url"),
+        (f"/v1/attachments/{uuid.uuid4()}/variants/{quote(FULLWIDTH)}", 404, "not_found"),
+        (f"/v1/attachments/{uuid.uuid4()}/variants/{'x' * 5000}", 404, "not_found"),
+        ("/v1/admin/jobs?module=attachments%00", 400, "bad_url"),
+        (f"/v1/admin/jobs?limit={quote('²')}", 400, "bad_filter"),
+        (f"/v1/admin/jobs?limit={'9' * 5000}", 400, "bad_filter"),
+        (f"/admin?limit={quote('²')}", 400, "bad_filter"),
+    ],
+)
+def test_a_hostile_path_or_query_is_a_4xx_before_any_query(
+    http: Http, path: str, status: int, code: str
+) -> None:
+    reply = http.request(path, headers=ADMIN)
+
+    assert (reply.status, reply.json()["error"]) == (status, code), reply.body
+
+
+def _routes() -> list[tuple[str, str]]:
+    from jobsapp.web.app import create_app
+
+    return sorted(
+        (rule.rule, method)
+        for rule in create_app().url_map.iter_rules()
+        for method in rule.methods or ()
+        if method not in ("HEAD", "OPTIONS")
+    )
+
+
+# NUL, overlong UTF-8, lone surrogates and bytes that are no UTF-8 at all; look-alikes that
+# NFKC or case folding would turn into a real name; digits int() refuses; sheer length.
+_NASTY = [
+    b"\x00", b"thumbnail\x00", b"\xc0\x80", b"\xe0\x80\x80", b"\xed\xa0\x80", b"\xff\xfe",
+    FULLWIDTH.encode(), "thumbnai\u0307l".encode(), "ﬁ".encode(), "İ".encode(),
+    "²".encode(), "٣".encode(), "\u202e".encode(), b"9" * 5000, b"x" * 8000, b"%", b"..",
+]  # fmt: skip
+_VALUE = st.one_of(
+    st.sampled_from(_NASTY),
+    st.text(max_size=40).map(str.encode),
+    st.binary(max_size=40),
+    st.uuids().map(lambda u: str(u).encode()),
+    st.sampled_from([b"attachments", b"thumbnail", b"queued", b"10"]),
+)
+_PARAM = re.compile(r"<(?:\w+:)?(\w+)>")
+
+
+@pytest.mark.parametrize(("rule", "method"), _routes())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+@example(data=None)
+def test_no_path_or_query_parameter_makes_a_route_answer_5xx(
+    http: Http, rule: str, method: str, data: st.DataObject | None
+) -> None:
+    def draw() -> bytes:
+        return b"thumbnail\x00" if data is None else data.draw(_VALUE)
+
+    path = _PARAM.sub(lambda _: quote(draw(), safe=""), rule)
+    query = {name: draw() for name in ("state", "module", "limit", "x")}
+    url = path + "?" + "&".join(f"{name}={quote(value, safe='')}" for name, value in query.items())
+    body, headers = raw_form(file_part(data=b"not an image")) if rule == "/v1/attachments" else (
+        b'{"reason": "fuzz"}', {"Content-Type": "application/json"})  # fmt: skip
+
+    reply = http.request(url, body if method == "POST" else None, headers | ADMIN, method=method)
+
+    assert reply.status < 500, (url, reply.body[:500])
