@@ -44,12 +44,21 @@ def _safe_url(url: str) -> str:
 
 
 def maintenance_run_once(args: argparse.Namespace) -> int:
+    from jobsapp.maintenance.retention import RetentionRefused
     from jobsapp.maintenance.tasks import PASSES
 
     names = [args.pass_name] if args.pass_name else list(PASSES)
+    code = 0
     for name in names:
-        print(json.dumps({"pass": name, "counts": PASSES[name]()}))
-    return 0
+        try:
+            counts = PASSES[name]()
+        except RetentionRefused as refused:
+            # The other passes still run; the exit status tells a script this one did not.
+            sys.stderr.write(f"jobsapp: {name} refused to run: {refused}\n")
+            code = 1
+            continue
+        print(json.dumps({"pass": name, "counts": counts}))
+    return code
 
 
 def maintenance_leader(_args: argparse.Namespace) -> int:

@@ -1,21 +1,30 @@
 """Retention of the journal: terminal runs, delivered outbox rows and old events.
 
-Policy (defaults): terminal run rows are deleted 7 days after they finished (this must
-exceed every task's dedup window, or an old job id could run again); delivered outbox
-rows after 1 day; job_events after 30 days. Each table is cut in bounded batches.
+Policy (defaults): terminal run rows are deleted 7 days after they finished; delivered
+outbox rows after 1 day; job_events after 30 days. Each table is cut in bounded batches.
+
+A finished run is what absorbs a repeated enqueue of its job id during the task's dedup
+window: deleted sooner, the same work would run again. So each pass first compares the
+run retention with the longest dedup window of every registered lifecycle task and, if
+the retention is shorter, deletes nothing: it logs an error and raises
+``RetentionRefused`` (beat logs the failed pass and runs the others; ``jobsapp
+maintenance run-once`` exits non-zero with the reason).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from celery import Celery
 from sqlalchemy import Connection, Engine, Table, delete, select
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, registry
 from jobsapp.lifecycle.states import TERMINAL_STATES
+from jobsapp.lifecycle.task import LifecycleTask
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +35,40 @@ class RetentionConfig:
     delivered_outbox: timedelta = timedelta(days=1)
     events: timedelta = timedelta(days=30)
     batch: int = 1000
+
+
+class RetentionRefused(Exception):
+    """Runs would be deleted inside a task's dedup window; the pass deleted nothing."""
+
+
+def refusal(keep_runs: timedelta, windows: Mapping[str, timedelta]) -> str | None:
+    """Why the pass must not run: a dedup window longer than finished runs are kept."""
+    if not windows:
+        return None
+    task, longest = max(windows.items(), key=lambda item: item[1])
+    if longest <= keep_runs:
+        return None
+    return (f"finished runs are kept {_days(keep_runs)}, but task {task} absorbs repeated "
+            f"enqueues for {_days(longest)}: deleting them sooner would let an old job id "
+            f"run again; keep runs at least {_days(longest)} or shorten the window")  # fmt: skip
+
+
+def _days(span: timedelta) -> str:
+    return f"{span.total_seconds() / 86400:g} days"
+
+
+def dedup_windows(app: Celery) -> dict[str, timedelta]:
+    """The dedup window of every lifecycle task the app registers, its modules imported."""
+    # A beat or a one-off command knows the tasks only once the worker's imports are loaded.
+    app.loader.import_default_modules()
+    return {name: timedelta(seconds=task.dedup_window) for name, task in app.tasks.items()
+            if isinstance(task, LifecycleTask)}  # fmt: skip
+
+
+def _default_app() -> Celery:
+    from jobsapp.celery_app import app
+
+    return app
 
 
 def _cut(conn: Connection, table: Table, key: str, *where: object, limit: int) -> int:
@@ -39,7 +82,11 @@ def _cut_runs(conn: Connection, spec: registry.RunTable, before: datetime, limit
                 table.c.finished_at < before, limit=limit)  # fmt: skip
 
 
-def run_once(engine: Engine, cfg: RetentionConfig) -> dict[str, int]:
+def run_once(engine: Engine, cfg: RetentionConfig, app: Celery | None = None) -> dict[str, int]:
+    why = refusal(cfg.runs, dedup_windows(app or _default_app()))
+    if why is not None:
+        log.error("retention refused: %s", why)
+        raise RetentionRefused(why)
     now = utcnow()
     counts: dict[str, int] = {}
     with engine.begin() as conn:
