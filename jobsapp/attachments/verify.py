@@ -56,6 +56,7 @@ from jobsapp.storage import (
     ObjectInfo,
     ObjectMissing,
     ObjectStore,
+    PutResult,
 )
 
 ORIGINAL = "original"
@@ -406,13 +407,17 @@ def _bury(store: ObjectStore, key: str) -> bool:
     if info is None:
         return False
     tombstone = tombstone_of(key)
-    if info.sha256 is not None:
-        store.copy(key, tombstone, info.sha256)
-    else:
-        # Not written by jobsapp: no recorded checksum for a server-side copy to keep.
-        data = store.get(key)
-        store.put_if_absent(tombstone, data, hashlib.sha256(data).hexdigest(),
-                            info.content_type or "application/octet-stream")  # fmt: skip
+    try:
+        if info.sha256 is not None:
+            store.copy(key, tombstone, info.sha256)
+        else:
+            # Not written by jobsapp: no recorded checksum for a server-side copy to keep.
+            data = store.get(key)
+            store.put_if_absent(tombstone, data, hashlib.sha256(data).hexdigest(),
+                                info.content_type or "application/octet-stream")  # fmt: skip
+    except ObjectMissing:
+        # Deleted since the HEAD (another repair): nothing left to bury.
+        return False
     store.delete(key)
     return True
 
@@ -434,15 +439,20 @@ def _settle(engine: Engine, store: ObjectStore, keys: Sequence[str]) -> int:
 
 
 def _restore(store: ObjectStore, key: str) -> int:
-    info = store.head(tombstone_of(key))
-    if info is None or info.sha256 is None:
+    tombstone = tombstone_of(key)
+    info = store.head(tombstone)
+    if info is None:
+        # Another repair settled it meanwhile.
         return 0
+    if info.sha256 is None:
+        # Never so when _bury wrote it; refused rather than guessed, the tombstone stays.
+        raise ChecksumMismatch(f"tombstone {tombstone!r} has no recorded SHA-256")
     try:
-        store.copy(tombstone_of(key), key, info.sha256)
+        created = store.copy(tombstone, key, info.sha256) is PutResult.CREATED
     except ChecksumConflict:
         # The publish found the key empty and wrote its own rendering: that one stays.
         return 0
-    return 1
+    return int(created)
 
 
 def _delete_corrupt(store: ObjectStore, problem: Problem) -> int:
