@@ -492,10 +492,11 @@ _VALUE = st.one_of(
     st.sampled_from([b"attachments", b"thumbnail", b"queued", b"10"]),
 )
 _PARAM = re.compile(r"<(?:\w+:)?(\w+)>")
+_QUERY_NAME = st.sampled_from(["state", "module", "limit", "x"])
 
 
 @pytest.mark.parametrize(("rule", "method"), _routes())
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 @example(data=None)
 def test_no_path_or_query_parameter_makes_a_route_answer_5xx(
@@ -505,7 +506,10 @@ def test_no_path_or_query_parameter_makes_a_route_answer_5xx(
         return b"thumbnail\x00" if data is None else data.draw(_VALUE)
 
     path = _PARAM.sub(lambda _: quote(draw(), safe=""), rule)
-    query = {name: draw() for name in ("state", "module", "limit", "x")}
+    # Some, not all, of the parameters: a request with one bad URL part ends at the check,
+    # and the others must reach the database too.
+    names = ["module"] if data is None else data.draw(st.lists(_QUERY_NAME, max_size=3))
+    query = {name: draw() for name in names}
     url = path + "?" + "&".join(f"{name}={quote(value, safe='')}" for name, value in query.items())
     body, headers = raw_form(file_part(data=b"not an image")) if rule == "/v1/attachments" else (
         b'{"reason": "fuzz"}', {"Content-Type": "application/json"})  # fmt: skip
