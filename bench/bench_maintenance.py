@@ -1,8 +1,8 @@
 """What one maintenance pass costs as the journal grows: reaper and relay on Postgres.
 
-Needs the services (scripts/services.sh start). Run:
-    eval "$(scripts/services.sh env)" && .venv/bin/python -m bench.bench_maintenance \
-        [--sizes 10000 100000] [--million] [--repeat 7]
+Run through the entry point, on the bench's own Postgres with fsync on:
+    .venv/bin/python -m bench maintenance [--quick | --smoke]
+(full: 10^4, 10^5 and 10^6 terminal rows, median of 7; quick: 10^4 and 10^5, median of 3).
 
 For each size: a fresh database holding that many terminal runs (with their delivered
 outbox rows and three events each), loaded with COPY, plus 100 active runs: 60 running
@@ -15,15 +15,14 @@ use. The passes publish to Redis database 7, flushed before and after.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
-import os
 import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -31,14 +30,13 @@ from alembic import command
 from celery import Celery
 from sqlalchemy import Engine, create_engine, event, text
 
+from bench.services import Services
 from jobsapp.cli import alembic_config
 from jobsapp.db import make_engine
 from jobsapp.lifecycle.message import build_body
 from jobsapp.maintenance import reaper, relay
 
-PG_BASE = os.environ["JOBSAPP_TEST_DATABASE_URL"].rsplit("/", 1)[0]
 DB_NAME = "jobsapp_bench_maintenance"
-BROKER = os.environ["JOBSAPP_TEST_REDIS_URL"].rsplit("/", 1)[0] + "/7"
 ACTIVE_RUNNING, STALE, QUEUED_DUE, QUEUED_WAITING = 40, 20, 20, 20
 STALE_AFTER = timedelta(seconds=30)
 UNCLAIMED = timedelta(minutes=5)
@@ -46,13 +44,13 @@ CHUNK = 50_000
 INDEXES = ("ix_job_runs_running_heartbeat", "ix_outbox_pending", "ix_outbox_inflight")
 
 
-def fresh_database() -> Engine:
-    admin = create_engine(PG_BASE + "/postgres", isolation_level="AUTOCOMMIT")
+def fresh_database(pg_base: str) -> Engine:
+    admin = create_engine(pg_base + "/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
         conn.execute(text(f'CREATE DATABASE "{DB_NAME}"'))
     admin.dispose()
-    engine = make_engine(f"{PG_BASE}/{DB_NAME}")
+    engine = make_engine(f"{pg_base}/{DB_NAME}")
     # Migrate on our own connection: Alembic's default engine is cached per URL, and the
     # previous size's database of the same name was dropped under its pool.
     with engine.begin() as conn:
@@ -225,8 +223,8 @@ def explain(engine: Engine, recorded: dict[str, Any]) -> set[str]:
     return used
 
 
-def bench_size(terminal: int, repeat: int, app: Celery) -> dict[str, float]:
-    engine = fresh_database()
+def bench_size(pg_base: str, terminal: int, repeat: int, app: Celery) -> dict[str, float]:
+    engine = fresh_database(pg_base)
     started = time.perf_counter()
     roles = load(engine, terminal)
     loaded = time.perf_counter() - started
@@ -265,29 +263,49 @@ def bench_size(terminal: int, repeat: int, app: Celery) -> dict[str, float]:
     return figures
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--million", action="store_true", help="add a 10^6 run (slow to load)")
-    parser.add_argument("--repeat", type=int, default=7)
-    args = parser.parse_args()
-    sizes = args.sizes + ([1_000_000] if args.million else [])
-    broker = redis.Redis.from_url(BROKER)
+SIZES = {"full": ((10_000, 100_000, 1_000_000), 7), "quick": ((10_000, 100_000), 3),
+         "smoke": ((1_000, 2_000), 1)}  # fmt: skip
+
+
+def plot(results: dict[int, dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sizes = list(results)
+    for name in next(iter(results.values())):
+        ax.plot(sizes, [results[size][name] for size in sizes], marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("terminal runs in the journal")
+    ax.set_ylabel("one pass, ms (median)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(services: Services, size: str, out: Path) -> list[str]:
+    """Runs every size; returns the ratio line: a pass's cost at the largest vs smallest."""
+    sizes, repeat = SIZES[size]
+    pg_base = services.durable.pg_url("postgres").rsplit("/", 1)[0]
+    broker_url = services.durable.redis_url(7)
+    broker = redis.Redis.from_url(broker_url)
     broker.flushdb()
-    app = Celery("bench-maintenance", broker=BROKER, set_as_current=False)
+    app = Celery("bench-maintenance", broker=broker_url, set_as_current=False)
     app.conf.update(task_serializer="json", accept_content=["json"])
-    results = {size: bench_size(size, args.repeat, app) for size in sizes}
+    results = {size: bench_size(pg_base, size, repeat, app) for size in sizes}
     print("\n== summary (ms, median): size, " + ", ".join(next(iter(results.values()))))
-    for size, figures in results.items():
-        print(f"  {size:>9,}  " + "  ".join(f"{ms:8.2f}" for ms in figures.values()))
+    for terminal, figures in results.items():
+        print(f"  {terminal:>9,}  " + "  ".join(f"{ms:8.2f}" for ms in figures.values()))
     broker.flushdb()
     app.close()
-    admin = create_engine(PG_BASE + "/postgres", isolation_level="AUTOCOMMIT")
+    admin = create_engine(pg_base + "/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
     admin.dispose()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    plot(results, out / "maintenance.png")
+    small, large = results[sizes[0]], results[sizes[-1]]
+    return [f"maintenance {name} {sizes[-1]:,}/{sizes[0]:,} rows ratio: "
+            f"{large[name] / small[name]:.2f}" for name in small]  # fmt: skip

@@ -1,4 +1,9 @@
-"""No-op tasks for the throughput benchmark: one bare Celery, one with the lifecycle."""
+"""The completion counter every system's no-op job increments, and jobsapp's no-op job.
+
+A job counts itself done with one Redis INCR; the driver resets the counter before each
+phase and waits on it. It lives on the bench's own Redis (``BENCH_COUNTER_URL``). The
+worker loads this module through ``JOBSAPP_IMPORTS=bench.tasks``.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +11,9 @@ import os
 
 import redis
 
-from jobsapp.celery_app import app
-from jobsapp.lifecycle import lifecycle_task
-
-_counter = redis.Redis.from_url(os.environ.get("BENCH_COUNTER_URL", "redis://127.0.0.1:6390/6"))
+DONE_KEY = "bench:done"
+_counter = redis.Redis.from_url(os.environ.get("BENCH_COUNTER_URL", "redis://127.0.0.1:15402/6"))
 
 
-@app.task(name="bench.bare", ignore_result=True, acks_late=True)
-def bare() -> None:
-    _counter.incr("bench:done:bare")
-
-
-@lifecycle_task(app, name="bench.lifecycle")
-def with_lifecycle() -> None:
-    _counter.incr("bench:done:lifecycle")
+def count_done() -> None:
+    _counter.incr(DONE_KEY)

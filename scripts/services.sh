@@ -3,6 +3,8 @@
 #
 #   scripts/services.sh start [rabbitmq]  start PostgreSQL, Redis and S3 (SeaweedFS),
 #                                         plus RabbitMQ when asked; idempotent
+#   scripts/services.sh start postgres redis   only the services named (any of postgres,
+#                                         redis, s3, rabbitmq); the benchmarks use this
 #   scripts/services.sh stop [rabbitmq]   stop everything this script started
 #                                         (or only RabbitMQ)
 #   scripts/services.sh status            show what runs (exit 1 if a core service is down)
@@ -16,6 +18,9 @@
 # lines in scripts/services.env): JOBSAPP_SVC_DIR, JOBSAPP_PG_PORT (5439),
 # JOBSAPP_REDIS_PORT (6390), JOBSAPP_S3_PORT (8339), JOBSAPP_AMQP_PORT (5679),
 # JOBSAPP_S3_BUCKET (jobsapp-test) and the other JOBSAPP_* variables below.
+# JOBSAPP_PG_DURABLE=1 starts Postgres as production runs it (fsync, synchronous_commit
+# and full_page_writes on) instead of the tests' fsync=off; benchmarks give it a
+# JOBSAPP_SVC_DIR and ports of their own.
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -32,6 +37,11 @@ SVC_DIR=${JOBSAPP_SVC_DIR:-$ROOT/var/services}
 PG_BIN=${JOBSAPP_PG_BIN:-/usr/lib/postgresql/15/bin}
 PG_PORT=${JOBSAPP_PG_PORT:-5439}
 PG_DB=${JOBSAPP_PG_DB:-jobsapp}
+if [[ ${JOBSAPP_PG_DURABLE:-0} == 1 ]]; then
+    PG_SYNC="-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
+else
+    PG_SYNC="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+fi
 
 REDIS_PORT=${JOBSAPP_REDIS_PORT:-6390}
 
@@ -176,7 +186,7 @@ pg_start() {
         require_port_free postgres "$PG_PORT"
         # pg_ctl passes -o through a shell: single-quote the socket directory.
         as_postgres "$PG_BIN/pg_ctl" -D "$data" -l "$logfile" -w -t 60 \
-            -o "-p $PG_PORT -k '$PG_DIR' -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
+            -o "-p $PG_PORT -k '$PG_DIR' -c listen_addresses=127.0.0.1 $PG_SYNC -c max_connections=300" \
             start >"$PG_DIR/pg_ctl.log" 2>&1 9>&- ||
             fail postgres "$logfile" "server did not start ($(tail -n 1 "$PG_DIR/pg_ctl.log"))"
         pid=$(pg_pid) || fail postgres "$logfile" "no running postmaster after pg_ctl start"
@@ -460,27 +470,33 @@ rmq_stop() {
 # ---------------------------------------------------------------- commands
 
 cmd_start() {
-    local with_rmq=0 arg t0=$SECONDS
+    local with_rmq=0 only=0 pg=1 rd=1 s3=1 arg t0=$SECONDS
     for arg in "$@"; do
         case $arg in
             rabbitmq) with_rmq=1 ;;
-            *) die "unknown service '$arg' (only 'rabbitmq' is optional)" ;;
+            postgres | redis | s3) only=1 ;;
+            *) die "unknown service '$arg' (postgres, redis, s3, rabbitmq)" ;;
         esac
     done
+    if ((only)); then
+        [[ " $* " == *" postgres "* ]] || pg=0
+        [[ " $* " == *" redis "* ]] || rd=0
+        [[ " $* " == *" s3 "* ]] || s3=0
+    fi
     [[ $(id -u) == 0 ]] || die "must run as root (postgres is run via runuser)"
     [[ -x $PYTHON ]] || die "no virtualenv python at $PYTHON"
     mkdir -p "$SVC_DIR"
     exec 9>"$SVC_DIR/.lock"
     flock -w 180 9 || die "another '$0' holds $SVC_DIR/.lock"
 
-    s3_launch
-    pg_start
-    redis_start
-    s3_wait
+    if ((s3)); then s3_launch; fi
+    if ((pg)); then pg_start; fi
+    if ((rd)); then redis_start; fi
+    if ((s3)); then s3_wait; fi
     if ((with_rmq)); then
         rmq_start
     fi
-    log "all services up ($((SECONDS - t0))s); state in $SVC_DIR"
+    log "services up ($((SECONDS - t0))s); state in $SVC_DIR"
 }
 
 cmd_stop() {

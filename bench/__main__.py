@@ -1,0 +1,114 @@
+"""``python -m bench NAME [--quick | --smoke]``: every benchmark, on servers of its own.
+
+NAME is lifecycle, images, upload, maintenance or all. The run starts its own Postgres
+clusters (fsync on, as production runs it, and fsync off, as the tests run it), Redis and
+S3 with scripts/services.sh (state under var/bench/, ports from --port-base), runs the
+benchmarks, writes PNG plots to --out, prints every ratio line at the end and stops the
+servers, also on failure or Ctrl-C. Must run as root (Postgres runs via runuser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import services
+
+# A benchmark: (the bench's servers, size name, output dir) -> its ratio lines.
+Benchmark = Callable[[services.Services, str, Path], list[str]]
+
+
+def _lifecycle(svc: services.Services, size: str, out: Path) -> list[str]:
+    from bench import bench_lifecycle
+
+    return bench_lifecycle.main(svc, size, out)
+
+
+def _upload(svc: services.Services, size: str, out: Path) -> list[str]:
+    from bench import bench_upload
+
+    return bench_upload.main(svc, size, out)
+
+
+def _maintenance(svc: services.Services, size: str, out: Path) -> list[str]:
+    from bench import bench_maintenance
+
+    return bench_maintenance.main(svc, size, out)
+
+
+# The image benchmark (bench/bench_images.py) is i10-images' module: registered here when
+# it exists, called as ``main(quick=...)`` (plus ``smoke=`` if it takes one) with the
+# JOBSAPP_TEST_* variables pointing at the bench's servers; a list it returns is its
+# ratio lines.
+IMAGES_MODULE = "bench.bench_images"
+
+
+def _images(_svc: services.Services, size: str, _out: Path) -> list[str]:
+    if importlib.util.find_spec(IMAGES_MODULE) is None:
+        return ["images: bench/bench_images.py is not on this branch yet (skipped)"]
+    images = importlib.import_module(IMAGES_MODULE)
+    options: dict[str, bool] = {"quick": size != "full"}
+    if "smoke" in inspect.signature(images.main).parameters:
+        options["smoke"] = size == "smoke"
+    lines = images.main(**options)
+    return [str(line) for line in lines] if isinstance(lines, list) else []
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "lifecycle": _lifecycle, "images": _images, "upload": _upload, "maintenance": _maintenance,
+}  # fmt: skip
+
+
+def _test_env(svc: services.Services) -> None:
+    """Modules written against the test services read these; point them at ours."""
+    os.environ.update({
+        "JOBSAPP_TEST_DATABASE_URL": svc.durable.pg_url("bench"),
+        "JOBSAPP_TEST_REDIS_URL": svc.durable.redis_url(0),
+        "JOBSAPP_TEST_S3_ENDPOINT_URL": svc.durable.s3_endpoint,
+        "JOBSAPP_TEST_S3_BUCKET": services.S3_BUCKET, **services.S3_KEYS,
+    })  # fmt: skip
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("name", choices=[*BENCHMARKS, "all"])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_const", dest="size", const="quick",
+                      help="small sizes, all under 5 minutes")  # fmt: skip
+    size.add_argument("--smoke", action="store_const", dest="size", const="smoke",
+                      help="tiny sizes: checks that every benchmark still runs")  # fmt: skip
+    parser.set_defaults(size="full")
+    parser.add_argument("--port-base", type=int, default=services.DEFAULT_PORT_BASE,
+                        help="first of 9 ports (and those +10000 for S3's gRPC)")  # fmt: skip
+    parser.add_argument("--state-dir", type=Path, default=services.ROOT / "var" / "bench",
+                        help="server state; wiped at start (must be readable by postgres)")
+    parser.add_argument("--out", type=Path, default=services.ROOT / "var" / "bench" / "out",
+                        help="plots and worker logs")  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    names = list(BENCHMARKS) if args.name == "all" else [args.name]
+    shutil.rmtree(args.state_dir / "servers", ignore_errors=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    started, lines = time.monotonic(), []
+    with services.started(args.port_base, args.state_dir / "servers") as svc:
+        _test_env(svc)
+        for name in names:
+            print(f"\n==== {name} ({args.size})", flush=True)
+            lines += BENCHMARKS[name](svc, args.size, args.out)
+    print(f"\n==== ratios ({args.size}, {time.monotonic() - started:.0f}s; plots in {args.out})")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""One producer run: ``python -m bench.producer SYSTEM N`` enqueues N no-op jobs.
+
+Each system's producer runs in a process of its own, so that each system's globals
+(jobsapp's settings and engine, Celery apps, Procrastinate's pool) meet only the database
+given in its environment. Prints one JSON line: the wall clock when sending started,
+the seconds it took and the producer's CPU seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+
+BATCH = 100
+
+
+def _repeat(call: Callable[[], object]) -> Callable[[int], None]:
+    def send(n: int) -> None:
+        for _ in range(n):
+            call()
+
+    return send
+
+
+def _bare() -> Callable[[int], None]:
+    from bench.bare_app import bare
+
+    return _repeat(bare.delay)
+
+
+def _naive() -> Callable[[int], None]:
+    from bench import naive
+    from bench.bare_app import naive_job
+
+    return _repeat(lambda: naive.enqueue(naive_job.delay))
+
+
+def _lifecycle() -> Callable[[int], None]:
+    from bench.lifecycle_tasks import with_lifecycle
+
+    return _repeat(with_lifecycle.delay)
+
+
+def _lifecycle_batch() -> Callable[[int], None]:
+    from bench.lifecycle_tasks import with_lifecycle
+    from jobsapp.celery_app import app
+    from jobsapp.lifecycle.enqueue import transaction
+
+    def send(n: int) -> None:
+        for start in range(0, n, BATCH):
+            with transaction(app) as batch:
+                for _ in range(min(BATCH, n - start)):
+                    with_lifecycle.enqueue_in(batch)
+
+    return send
+
+
+def _procrastinate() -> Callable[[int], None]:
+    from bench.peer_procrastinate import app, noop
+
+    def send(n: int) -> None:
+        with app.open():
+            for _ in range(n):
+                noop.defer()
+
+    return send
+
+
+SENDERS: dict[str, Callable[[], Callable[[int], None]]] = {
+    "bare": _bare, "bare+events": _bare, "naive": _naive, "lifecycle": _lifecycle,
+    "lifecycle-batch": _lifecycle_batch, "procrastinate": _procrastinate,
+}  # fmt: skip
+
+
+def main(system: str, n: int) -> None:
+    send = SENDERS[system]()
+    wall, started, cpu = time.time(), time.perf_counter(), time.process_time()
+    send(n)
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    print(json.dumps({"start": wall, "seconds": seconds, "cpu": cpu}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,102 @@
+"""The benchmark's own servers, started with scripts/services.sh and always stopped.
+
+Two Postgres clusters: ``durable`` (fsync, synchronous_commit and full_page_writes on,
+as production runs it) with Redis and S3 beside it, and ``fast`` (the test suite's
+fsync=off) for comparison. Each instance has its own state dir under ``var/bench/`` and
+ports counted from ``--port-base``, so it never meets the test services (5439, 6390,
+8339, 5679) or another engineer's instance on a different base.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "services.sh"
+DEFAULT_PORT_BASE = 15400
+S3_BUCKET = "jobsapp-bench"
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "jobsapp", "AWS_SECRET_ACCESS_KEY": "jobsapp-secret-key",
+           "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One services.sh state dir: its Postgres, and Redis/S3 when started there."""
+
+    name: str
+    state_dir: Path
+    pg_port: int
+    redis_port: int | None
+    s3_port: int | None
+
+    def pg_url(self, database: str) -> str:
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.pg_port}/{database}"
+
+    def pg_dsn(self, database: str) -> str:
+        """libpq form, for psycopg2/psycopg 3 directly."""
+        return f"host=127.0.0.1 port={self.pg_port} user=postgres dbname={database}"
+
+    def redis_url(self, db: int) -> str:
+        assert self.redis_port is not None, f"{self.name} has no Redis"
+        return f"redis://127.0.0.1:{self.redis_port}/{db}"
+
+    @property
+    def s3_endpoint(self) -> str:
+        assert self.s3_port is not None, f"{self.name} has no S3"
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    def pid(self, relative: str) -> int:
+        """A server's pid from its pid file (first line), e.g. ``postgres/data/postmaster.pid``."""
+        return int((self.state_dir / relative).read_text().split()[0])
+
+
+def _environment(instance: Instance, durable: bool, port_base: int) -> dict[str, str]:
+    env = {**os.environ, "JOBSAPP_SVC_DIR": str(instance.state_dir),
+           "JOBSAPP_PG_PORT": str(instance.pg_port), "JOBSAPP_PG_DB": "bench",
+           "JOBSAPP_PG_DURABLE": "1" if durable else "0"}  # fmt: skip
+    if instance.redis_port is not None:
+        env["JOBSAPP_REDIS_PORT"] = str(instance.redis_port)
+    if instance.s3_port is not None:
+        # weed's gRPC ports are these + 10000: all stay inside the bench's own range.
+        env.update({"JOBSAPP_S3_PORT": str(instance.s3_port), "JOBSAPP_S3_BUCKET": S3_BUCKET,
+                    "JOBSAPP_WEED_MASTER_PORT": str(port_base + 4),
+                    "JOBSAPP_WEED_VOLUME_PORT": str(port_base + 5),
+                    "JOBSAPP_WEED_FILER_PORT": str(port_base + 6),
+                    "JOBSAPP_WEED_ADMIN_PORT": str(port_base + 7)})  # fmt: skip
+    return env
+
+
+@contextmanager
+def _running(instance: Instance, durable: bool, port_base: int) -> Iterator[Instance]:
+    env = _environment(instance, durable, port_base)
+    wanted = ["postgres"] + ["redis"] * (instance.redis_port is not None)
+    wanted += ["s3"] * (instance.s3_port is not None)
+    try:
+        subprocess.run([str(SCRIPT), "start", *wanted], env=env, check=True)
+        yield instance
+    finally:
+        # Also after a failed start: stop whatever part of it came up.
+        subprocess.run([str(SCRIPT), "stop"], env=env, check=False)
+
+
+@dataclass(frozen=True)
+class Services:
+    durable: Instance
+    fast: Instance
+    web_port: int  # for the benchmarks' own gunicorn
+
+
+@contextmanager
+def started(port_base: int, state_root: Path) -> Iterator[Services]:
+    durable = Instance("durable", state_root / "durable", port_base, port_base + 2,
+                       port_base + 3)  # fmt: skip
+    fast = Instance("fast", state_root / "fast", port_base + 1, None, None)
+    with ExitStack() as stack:
+        stack.enter_context(_running(durable, True, port_base))
+        stack.enter_context(_running(fast, False, port_base))
+        yield Services(durable, fast, port_base + 8)
