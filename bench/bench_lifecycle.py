@@ -76,9 +76,10 @@ class Run:
         self.broker = broker
         self.counter = redis.Redis.from_url(broker.redis_url(6))
         dsn = instance.pg_dsn("bench")
+        # jobsapp as docker-compose ships it: Redis broker plus the Redis dedup fast path.
         self.env = {
             **os.environ, "PYTHONPATH": str(ROOT), "JOBSAPP_DATABASE_URL": instance.pg_url("bench"),
-            "JOBSAPP_BROKER_URL": broker.redis_url(5), "JOBSAPP_REDIS_URL": "",
+            "JOBSAPP_BROKER_URL": broker.redis_url(5), "JOBSAPP_REDIS_URL": broker.redis_url(9),
             "JOBSAPP_IMPORTS": "bench.lifecycle_tasks", "BENCH_COUNTER_URL": broker.redis_url(6),
             "BENCH_NAIVE_DSN": dsn, "BENCH_PEER_DSN": dsn, **SYSTEMS[system].env,
         }  # fmt: skip
@@ -174,7 +175,8 @@ def run(services: Services, n: int, rounds: int, out: Path) -> Results:
     instances = {"on": services.durable, "off": services.fast}
     for instance in instances.values():
         prepare(instance, Run("lifecycle", instance, services.durable, out).env)
-    redis.Redis.from_url(services.durable.redis_url(5)).flushdb()
+    for db in (5, 9):
+        redis.Redis.from_url(services.durable.redis_url(db)).flushdb()
     results: Results = {}
     for number in range(1, rounds + 1):
         for fsync, instance in instances.items():
@@ -261,7 +263,7 @@ def plot(results: Results, path: Path) -> None:
     plt.close(fig)
 
 
-SIZES = {"full": (3000, 4), "quick": (300, 1), "smoke": (10, 1)}
+SIZES = {"full": (3000, 4), "quick": (200, 1), "smoke": (10, 1)}
 
 
 def main(services: Services, size: str, out: Path) -> list[str]:
