@@ -23,11 +23,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 import redis
 
-from bench import naive
+from bench import naive, plots
 from bench.procstat import tree_cpu
 from bench.services import ROOT, Instance, Services
 from bench.tasks import DONE_KEY
@@ -195,8 +196,8 @@ def print_round(number: int, fsync: str, system: str, s: Sample, bare: Sample) -
 
 def median_ratio(num: Sequence[Sample], den: Sequence[Sample], field: str) -> float:
     """The median over rounds of the per-round ratio (rounds share the machine's drift)."""
-    return statistics.median(getattr(a, field) / getattr(b, field)
-                             for a, b in zip(num, den, strict=True))  # fmt: skip
+    ratios = [float(getattr(a, field) / getattr(b, field)) for a, b in zip(num, den, strict=True)]
+    return statistics.median(ratios)
 
 
 def report(results: Results, n: int, rounds: int) -> list[str]:
@@ -236,19 +237,23 @@ def ratio_lines(results: Results) -> list[str]:
 
 
 def plot(results: Results, path: Path) -> None:
-    import matplotlib
+    with plots.saved(path, columns=2, size=(13, 4.5)) as (rates, cpu):
+        _plot_rates(results, rates)
+        _plot_cpu(results, cpu)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _plot_rates(results: Results, rates: Any) -> None:
     systems = list(SYSTEMS)
-    fig, (rates, cpu) = plt.subplots(1, 2, figsize=(13, 4.5))
     for offset, fsync in ((-0.2, "on"), (0.2, "off")):
         values = [statistics.median(s.e2e for s in results[(fsync, name)]) for name in systems]
         rates.bar([i + offset for i in range(len(systems))], values, 0.4, label=f"fsync {fsync}")
     rates.set_xticks(range(len(systems)), systems, rotation=20)
     rates.set_ylabel("end-to-end jobs/s (median)")
     rates.legend()
+
+
+def _plot_cpu(results: Results, cpu: Any) -> None:
+    systems = list(SYSTEMS)
     bottom = [0.0] * len(systems)
     for process in PROCESSES:
         values = [statistics.median(s.cpu_ms[process] for s in results[("on", name)])
@@ -258,9 +263,6 @@ def plot(results: Results, path: Path) -> None:
     cpu.set_ylabel("CPU ms per job, fsync on (median)")
     cpu.tick_params(axis="x", rotation=20)
     cpu.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 SIZES = {"full": (3000, 4), "quick": (200, 1), "smoke": (10, 1)}

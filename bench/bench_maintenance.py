@@ -30,6 +30,7 @@ from alembic import command
 from celery import Celery
 from sqlalchemy import Engine, create_engine, event, text
 
+from bench import plots
 from bench.services import Services
 from jobsapp.cli import alembic_config
 from jobsapp.db import make_engine
@@ -268,22 +269,14 @@ SIZES = {"full": ((10_000, 100_000, 1_000_000), 7), "quick": ((10_000, 100_000),
 
 
 def plot(results: dict[int, dict[str, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
     sizes = list(results)
-    for name in next(iter(results.values())):
-        ax.plot(sizes, [results[size][name] for size in sizes], marker="o", label=name)
-    ax.set_xscale("log")
-    ax.set_xlabel("terminal runs in the journal")
-    ax.set_ylabel("one pass, ms (median)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with plots.saved(path) as ax:
+        for name in next(iter(results.values())):
+            ax.plot(sizes, [results[size][name] for size in sizes], marker="o", label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("terminal runs in the journal")
+        ax.set_ylabel("one pass, ms (median)")
+        ax.legend()
 
 
 def main(services: Services, size: str, out: Path) -> list[str]:

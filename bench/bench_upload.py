@@ -35,6 +35,7 @@ import psycopg2
 import redis
 from PIL import Image
 
+from bench import plots
 from bench.services import ROOT, S3_BUCKET, Instance, Services
 from jobsapp.demo import multipart_body
 
@@ -222,22 +223,15 @@ def percentiles(values: list[float]) -> tuple[float, float, float]:
 
 
 def plot(latencies: dict[float, list[float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for load, values in latencies.items():
-        ordered = sorted(values)
-        ax.plot([v * 1000 for v in ordered], [(i + 1) / len(ordered) for i in range(len(ordered))],
-                label=f"{load:.0%} of capacity")  # fmt: skip
-    ax.set_xlabel("upload to ready, ms")
-    ax.set_ylabel("fraction of uploads")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with plots.saved(path) as ax:
+        for load, values in latencies.items():
+            ordered = sorted(values)
+            ax.plot([v * 1000 for v in ordered],
+                    [(i + 1) / len(ordered) for i in range(len(ordered))],
+                    label=f"{load:.0%} of capacity")  # fmt: skip
+        ax.set_xlabel("upload to ready, ms")
+        ax.set_ylabel("fraction of uploads")
+        ax.legend()
 
 
 def main(services: Services, size: str, out: Path) -> list[str]:
