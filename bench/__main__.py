@@ -15,6 +15,7 @@ import importlib.util
 import inspect
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -94,8 +95,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    # SIGTERM's default would end the process without unwinding: the servers and workers
+    # would outlive it. As an exception, every ``finally`` on the way out stops them.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     names = list(BENCHMARKS) if args.name == "all" else [args.name]
     shutil.rmtree(args.state_dir / "servers", ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)

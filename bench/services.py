@@ -91,12 +91,23 @@ class Services:
     web_port: int  # for the benchmarks' own gunicorn
 
 
-@contextmanager
-def started(port_base: int, state_root: Path) -> Iterator[Services]:
+def _instances(port_base: int, state_root: Path) -> tuple[Instance, Instance]:
     durable = Instance("durable", state_root / "durable", port_base, port_base + 2,
                        port_base + 3)  # fmt: skip
-    fast = Instance("fast", state_root / "fast", port_base + 1, None, None)
+    return durable, Instance("fast", state_root / "fast", port_base + 1, None, None)
+
+
+@contextmanager
+def started(port_base: int, state_root: Path) -> Iterator[Services]:
+    durable, fast = _instances(port_base, state_root)
     with ExitStack() as stack:
         stack.enter_context(_running(durable, True, port_base))
         stack.enter_context(_running(fast, False, port_base))
         yield Services(durable, fast, port_base + 8)
+
+
+def stop(port_base: int, state_root: Path) -> None:
+    """Stops whatever an earlier run under ``state_root`` left running (by its pid files)."""
+    for instance, durable in zip(_instances(port_base, state_root), (True, False), strict=True):
+        subprocess.run([str(SCRIPT), "stop"], env=_environment(instance, durable, port_base),
+                       check=False, capture_output=True)  # fmt: skip

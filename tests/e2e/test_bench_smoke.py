@@ -10,13 +10,17 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from bench import services
 
 ROOT = Path(__file__).resolve().parents[2]
 PORTS = 9  # bench/services.py: postgres x2, redis, s3, weed x4, gunicorn
@@ -38,22 +42,35 @@ def _port_base() -> int:
     raise AssertionError("no free port range for the bench's servers")
 
 
+@dataclass(frozen=True)
+class Place:
+    port_base: int
+    state_dir: Path
+
+
 @pytest.fixture
-def state_dir() -> Iterator[Path]:
-    # Under the repository, not /tmp: the postgres user must be able to reach it.
-    path = ROOT / "var" / f"bench-smoke-{os.getpid()}"
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def place() -> Iterator[Place]:
+    """Free ports, and a state dir under the repository (the postgres user must reach it,
+    which it cannot under pytest's /tmp); whatever the bench leaves running is stopped."""
+    spot = Place(_port_base(), ROOT / "var" / f"bench-smoke-{os.getpid()}")
+    yield spot
+    services.stop(spot.port_base, spot.state_dir / "servers")
+    shutil.rmtree(spot.state_dir, ignore_errors=True)
+
+
+def _bench(place: Place, out: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "bench", *args, "--port-base", str(place.port_base),
+            "--state-dir", str(place.state_dir), "--out", str(out)]  # fmt: skip
+
+
+def _listening(base: int) -> list[int]:
+    return [base + i for i in range(PORTS) if not _free(base + i)]
 
 
 @pytest.mark.timeout(900)
-def test_every_benchmark_runs_and_prints_its_ratios(state_dir: Path, tmp_path: Path) -> None:
-    base = _port_base()
-    run = subprocess.run(
-        [sys.executable, "-m", "bench", "all", "--smoke", "--port-base", str(base),
-         "--state-dir", str(state_dir), "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=850, check=False,
-    )  # fmt: skip
+def test_every_benchmark_runs_and_prints_its_ratios(place: Place, tmp_path: Path) -> None:
+    run = subprocess.run(_bench(place, tmp_path, "all", "--smoke"), cwd=ROOT,
+                         capture_output=True, text=True, timeout=850, check=False)  # fmt: skip
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-5000:]
     ratios = run.stdout.split("==== ratios", 1)[1]
@@ -68,5 +85,21 @@ def test_every_benchmark_runs_and_prints_its_ratios(state_dir: Path, tmp_path: P
     assert not missing, f"missing ratio lines {missing} in:\n{ratios}"
     assert {p.name for p in tmp_path.glob("*.png")} >= {"lifecycle.png", "upload.png",
                                                           "maintenance.png"}  # fmt: skip
-    listening = [base + i for i in range(PORTS) if not _free(base + i)]
-    assert not listening, f"bench servers still listening on {listening}"
+    assert not _listening(place.port_base), "bench servers still listening"
+
+
+def test_a_terminated_bench_stops_its_servers(place: Place, tmp_path: Path) -> None:
+    """SIGTERM (a CI timeout, a supervisor, kill) mid-run leaves no server behind."""
+    bench = subprocess.Popen(_bench(place, tmp_path, "lifecycle", "--smoke"), cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert bench.stdout is not None
+    seen = []
+    for line in bench.stdout:  # the servers are up once the benchmark starts
+        seen.append(line)
+        if line.startswith("==== lifecycle"):
+            break
+    assert _listening(place.port_base), "".join(seen)
+    bench.send_signal(signal.SIGTERM)
+    rest, _ = bench.communicate(timeout=120)
+    assert not _listening(place.port_base), f"bench servers still listening:\n{rest}"
+    assert bench.returncode == 128 + signal.SIGTERM, "".join(seen) + rest
