@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     names = list(BENCHMARKS) if args.name == "all" else [args.name]
+    # A run killed with SIGKILL leaves its servers up: stop them before wiping their state.
+    services.stop(args.port_base, args.state_dir / "servers")
     shutil.rmtree(args.state_dir / "servers", ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
     started, lines = time.monotonic(), []
