@@ -14,10 +14,12 @@ only uploads.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -163,11 +165,14 @@ def running_app(instance: Instance, port: int, out: Path) -> Iterator[str]:
         for name, argv in commands.items():
             log = (out / f"upload-{name}.log").open("ab")
             procs.append(subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log,
-                                          stderr=subprocess.STDOUT))  # fmt: skip
+                                          stderr=subprocess.STDOUT,
+                                          start_new_session=True))  # fmt: skip
         yield f"http://127.0.0.1:{port}"
     finally:
+        # The whole group: gunicorn's and Celery's own children hold the port and the queue.
         for proc in procs:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
 
 
