@@ -1,0 +1,1 @@
+"""Bridges to web frameworks whose transactions jobsapp joins (see docs/integrations.md)."""
