@@ -12,14 +12,12 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
-import redis
 from sqlalchemy import Engine, create_engine, func, select
 
-from jobsapp.celery_app import app
 from jobsapp.lifecycle import JobHandle
 from jobsapp.lifecycle.tables import JobRun
 from tests.conftest import use_database
-from tests.support.env import service
+from tests.integration.frameworks.conftest import queued_messages
 from tests.support.journal_view import outbox_rows, run_count, run_row
 from tests.support.waiting import eventually
 
@@ -50,19 +48,19 @@ def rolled_back(body: Callable[[], T]) -> T:
 
 
 @pytest.fixture(scope="module")
-def django_db(postgres_url: str) -> str:
+def django_db(examples_url: str) -> str:
     from django.core.management import call_command
 
-    os.environ["JOBSAPP_DATABASE_URL"] = postgres_url
+    os.environ["JOBSAPP_DATABASE_URL"] = examples_url
     os.environ["DJANGO_SETTINGS_MODULE"] = "examples.django_app.settings"
     django.setup()
     call_command("migrate", verbosity=0)
-    return postgres_url
+    return examples_url
 
 
 @pytest.fixture
 def db(django_db: str) -> Iterator[Engine]:
-    """PostgreSQL only (overrides the two-dialect ``db``), orders emptied too."""
+    """The examples' database, with Django's tables migrated and the orders emptied."""
     from django.db import connections
 
     from examples.django_app.shop.models import Order
@@ -70,12 +68,6 @@ def db(django_db: str) -> Iterator[Engine]:
     Order.objects.all().delete()
     yield use_database(django_db)
     connections.close_all()
-
-
-def queued_messages() -> int:
-    """Messages waiting on the broker (Redis keeps a queue as a list of its name)."""
-    client = redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL"))
-    return int(client.llen(app.conf.task_default_queue))
 
 
 def job_rows(engine: Engine, job_id: uuid.UUID) -> tuple[int, int]:

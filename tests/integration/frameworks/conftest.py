@@ -1,0 +1,41 @@
+"""The framework examples' database: jobsapp's schema plus the examples' own tables.
+
+A database of its own, so the examples' tables never show up in the schema-drift test
+of the session's jobsapp database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from sqlalchemy import Engine
+
+from jobsapp.celery_app import app
+from jobsapp.db import get_engine
+from tests.conftest import _drop_postgres, _fresh_postgres, migrate, use_database
+from tests.support.env import SESSION, service
+
+
+@pytest.fixture(scope="session")
+def examples_url() -> Iterator[str]:
+    admin_url = service("JOBSAPP_TEST_DATABASE_URL")
+    name = f"jobsapp_examples_{SESSION}"
+    url = _fresh_postgres(admin_url, name)
+    migrate(url)
+    yield url
+    get_engine(url).dispose()
+    _drop_postgres(admin_url, name)
+
+
+@pytest.fixture
+def db(examples_url: str) -> Engine:
+    """PostgreSQL only (overrides the two-dialect ``db``, and so the ``worker``'s)."""
+    return use_database(examples_url)
+
+
+def queued_messages() -> int:
+    """Messages waiting on the broker (Redis keeps a queue as a list of its name)."""
+    client = redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL"))
+    return int(client.llen(app.conf.task_default_queue))
