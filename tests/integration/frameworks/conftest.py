@@ -6,6 +6,7 @@ of the session's jobsapp database.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -27,6 +28,19 @@ def examples_url() -> Iterator[str]:
     yield url
     get_engine(url).dispose()
     _drop_postgres(admin_url, name)
+
+
+@pytest.fixture(scope="session")
+def django_db(examples_url: str) -> str:
+    """Django set up on the examples' database, its migrations applied beside jobsapp's."""
+    import django
+    from django.core.management import call_command
+
+    os.environ["JOBSAPP_DATABASE_URL"] = examples_url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "examples.django_app.settings"
+    django.setup()
+    call_command("migrate", verbosity=0)
+    return examples_url
 
 
 @pytest.fixture

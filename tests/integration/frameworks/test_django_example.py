@@ -6,7 +6,6 @@ with Django's migrations applied beside jobsapp's.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -45,17 +44,6 @@ def rolled_back(body: Callable[[], T]) -> T:
     with pytest.raises(Boom):
         run()
     return returned[0]
-
-
-@pytest.fixture(scope="module")
-def django_db(examples_url: str) -> str:
-    from django.core.management import call_command
-
-    os.environ["JOBSAPP_DATABASE_URL"] = examples_url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "examples.django_app.settings"
-    django.setup()
-    call_command("migrate", verbosity=0)
-    return examples_url
 
 
 @pytest.fixture
