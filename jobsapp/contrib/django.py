@@ -21,7 +21,6 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections, transaction  # type: ignore[import-untyped]
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.dialects import registry
-from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.dialects.postgresql.psycopg2 import PGDialect_psycopg2
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import NullPool
@@ -54,8 +53,11 @@ def enqueue(
     return handle
 
 
-class _Borrowed:
-    """Dialect mixin: the DBAPI connection is Django's, and so are COMMIT and ROLLBACK."""
+class BorrowedPsycopg2(PGDialect_psycopg2):
+    """PostgreSQL over psycopg2 on a connection Django owns: Django alone ends the
+    transaction (COMMIT, ROLLBACK) and closes the socket."""
+
+    supports_statement_cache = True  # SQLAlchemy asks each dialect class to say so itself
 
     def do_commit(self, dbapi_connection: DBAPIConnection) -> None:
         pass
@@ -67,22 +69,9 @@ class _Borrowed:
         pass
 
 
-class BorrowedPsycopg2(_Borrowed, PGDialect_psycopg2):
-    """PostgreSQL over psycopg2, on a connection Django owns."""
-
-    supports_statement_cache = True  # SQLAlchemy asks each dialect class to say so itself
-
-
-class BorrowedPsycopg(_Borrowed, PGDialect_psycopg):
-    """PostgreSQL over psycopg 3 (Django's first choice when installed), likewise."""
-
-    supports_statement_cache = True
-
-
 registry.register("postgresql.django_psycopg2", __name__, "BorrowedPsycopg2")
-registry.register("postgresql.django_psycopg", __name__, "BorrowedPsycopg")
 
-_engines: dict[tuple[str, str], Engine] = {}
+_engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
 
 
@@ -94,12 +83,12 @@ def _borrowed(using: str) -> Iterator[Connection]:
 
 
 def _engine(using: str) -> Engine:
-    driver = _driver(connections[using].connection)
+    _check_driver(connections[using].connection)
     with _engines_lock:
-        engine = _engines.get((using, driver))
+        engine = _engines.get(using)
         if engine is None:
-            engine = _engines[(using, driver)] = create_engine(
-                f"postgresql+django_{driver}://",
+            engine = _engines[using] = create_engine(
+                "postgresql+django_psycopg2://",
                 # Called in the enqueuing thread: Django's connections are per thread.
                 creator=lambda: connections[using].connection,
                 poolclass=NullPool,
@@ -107,10 +96,10 @@ def _engine(using: str) -> Engine:
         return engine
 
 
-def _driver(dbapi_connection: object) -> str:
+def _check_driver(dbapi_connection: object) -> None:
+    # Django prefers psycopg 3 when it is installed; jobsapp speaks psycopg2 only.
     module = type(dbapi_connection).__module__
-    if module.startswith("psycopg2"):
-        return "psycopg2"
-    if module.startswith("psycopg"):
-        return "psycopg"
-    raise TypeError(f"jobsapp.contrib.django needs PostgreSQL, got a {module} connection")
+    if not module.startswith("psycopg2"):
+        raise TypeError(
+            f"jobsapp.contrib.django needs Django on PostgreSQL through psycopg2, got {module}"
+        )
