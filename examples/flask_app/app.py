@@ -39,11 +39,15 @@ def create_app() -> Flask:
     flask_app.config["MAX_CONTENT_LENGTH"] = 5 * 1024 * 1024
     # An example's shortcut: a real project creates its tables with its migrations.
     Base.metadata.create_all(get_engine())
-    flask_app.get("/")(lambda: FORM)
+    flask_app.get("/")(upload_form)
     flask_app.post("/uploads/session")(upload_with_session)
     flask_app.post("/uploads/transaction")(upload_in_transaction)
     flask_app.get("/uploads/<int:upload_id>")(show_upload)
     return flask_app
+
+
+def upload_form() -> str:
+    return FORM
 
 
 def upload_with_session() -> tuple[dict[str, Any], int]:
