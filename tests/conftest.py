@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -41,16 +42,23 @@ def _fresh_postgres(admin_url: str, name: str) -> str:
     return admin_url.rsplit("/", 1)[0] + f"/{name}"
 
 
-@pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
+@contextmanager
+def migrated_postgres(name: str) -> Iterator[str]:
+    """A fresh database ``name`` with jobsapp's migrations, dropped afterwards."""
     admin_url = service("JOBSAPP_TEST_DATABASE_URL")
-    name = f"jobsapp_tests_{SESSION}"
     url = _fresh_postgres(admin_url, name)
     migrate(url)
-    yield url
-    for engine_url in (url,):
-        get_engine(engine_url).dispose()
-    _drop_postgres(admin_url, name)
+    try:
+        yield url
+    finally:
+        get_engine(url).dispose()
+        _drop_postgres(admin_url, name)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    with migrated_postgres(f"jobsapp_tests_{SESSION}") as url:
+        yield url
 
 
 def _drop_postgres(admin_url: str, name: str) -> None:

@@ -14,20 +14,14 @@ import redis
 from sqlalchemy import Engine
 
 from jobsapp.celery_app import app
-from jobsapp.db import get_engine
-from tests.conftest import _drop_postgres, _fresh_postgres, migrate, use_database
+from tests.conftest import migrated_postgres, use_database
 from tests.support.env import SESSION, service
 
 
 @pytest.fixture(scope="session")
 def examples_url() -> Iterator[str]:
-    admin_url = service("JOBSAPP_TEST_DATABASE_URL")
-    name = f"jobsapp_examples_{SESSION}"
-    url = _fresh_postgres(admin_url, name)
-    migrate(url)
-    yield url
-    get_engine(url).dispose()
-    _drop_postgres(admin_url, name)
+    with migrated_postgres(f"jobsapp_examples_{SESSION}") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
