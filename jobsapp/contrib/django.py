@@ -47,8 +47,8 @@ def enqueue(
     with transaction.atomic(using=using), _borrowed(using) as conn:
         batch = Batch(conn)
         handle = task.enqueue_in(batch, args, kwargs, job_id=job_id)
-        # robust: the rows are committed whatever the broker says; the relay publishes
-        # a message the fast path could not, so a broker outage must not fail the view.
+        # robust: once the rows are committed, a failure here (Redis for the dedup mark,
+        # say) must not fail the caller; the relay publishes what the fast path did not.
         transaction.on_commit(lambda: batch.publish(task.app), using=using, robust=True)
     return handle
 
