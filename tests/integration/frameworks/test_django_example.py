@@ -1,7 +1,7 @@
 """Django: the user's rows, the run row and the outbox row in one ``transaction.atomic()``.
 
-Runs the example project (examples/django_app) on this session's PostgreSQL database,
-with Django's migrations applied beside jobsapp's.
+Runs the example project (examples/django_app) on the examples' PostgreSQL database
+(jobsapp's migrations, then Django's), with the Redis broker and a real in-process worker.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
+from django.db import connections, transaction
+from django.test import Client
 from sqlalchemy import Engine, create_engine, func, select
 
 from jobsapp.lifecycle import JobHandle
@@ -19,9 +21,6 @@ from tests.conftest import use_database
 from tests.integration.frameworks.conftest import queued_messages
 from tests.support.journal_view import outbox_rows, run_count, run_row
 from tests.support.waiting import eventually
-
-django = pytest.importorskip("django")
-
 
 T = TypeVar("T")
 
@@ -32,8 +31,6 @@ class Boom(Exception):
 
 def rolled_back(body: Callable[[], T]) -> T:
     """Run ``body`` in ``transaction.atomic()``, then roll it back; returns what it returned."""
-    from django.db import transaction
-
     returned: list[T] = []
 
     def run() -> None:
@@ -49,8 +46,6 @@ def rolled_back(body: Callable[[], T]) -> T:
 @pytest.fixture
 def db(django_db: str) -> Iterator[Engine]:
     """The examples' database, with Django's tables migrated and the orders emptied."""
-    from django.db import connections
-
     from examples.django_app.shop.models import Order
 
     Order.objects.all().delete()
@@ -70,8 +65,6 @@ def test_djangos_connection_handed_to_connection_commits_the_job_alone(
     db: Engine, redis_clean: None
 ) -> None:
     """The bug the issue names: the obvious bridge ends Django's transaction early."""
-    from django.db import connections
-
     from examples.django_app.shop.models import Order
     from examples.django_app.shop.tasks import send_receipt
 
@@ -93,7 +86,6 @@ def test_djangos_connection_handed_to_connection_commits_the_job_alone(
 def test_commit_keeps_order_run_and_outbox_and_publishes_only_then(
     db: Engine, redis_clean: None
 ) -> None:
-    from django.db import transaction
 
     from examples.django_app.shop.models import Order
     from examples.django_app.shop.tasks import send_receipt
@@ -114,7 +106,6 @@ def test_commit_keeps_order_run_and_outbox_and_publishes_only_then(
 
 
 def test_a_worker_runs_the_committed_job(db: Engine, worker: object) -> None:
-    from django.db import transaction
 
     from examples.django_app.shop.models import Order
     from examples.django_app.shop.tasks import send_receipt
@@ -148,7 +139,6 @@ def test_rollback_leaves_no_order_no_job_no_message(db: Engine, redis_clean: Non
 def test_rolled_back_savepoint_drops_its_job_and_keeps_the_outer_one(
     db: Engine, redis_clean: None
 ) -> None:
-    from django.db import transaction
 
     from examples.django_app.shop.models import Order
     from examples.django_app.shop.tasks import send_receipt
@@ -170,7 +160,6 @@ def test_rolled_back_savepoint_drops_its_job_and_keeps_the_outer_one(
 
 
 def test_order_view_commits_the_order_and_its_receipt(db: Engine, worker: object) -> None:
-    from django.test import Client
 
     from examples.django_app.shop.models import Order
 
