@@ -15,6 +15,7 @@ from django.db import connections, transaction
 from django.test import Client
 from sqlalchemy import Engine, create_engine, func, select
 
+from jobsapp.contrib.django import enqueue
 from jobsapp.lifecycle import JobHandle
 from jobsapp.lifecycle.tables import JobRun
 from tests.conftest import use_database
@@ -86,10 +87,8 @@ def test_djangos_connection_handed_to_connection_commits_the_job_alone(
 def test_commit_keeps_order_run_and_outbox_and_publishes_only_then(
     db: Engine, redis_clean: None
 ) -> None:
-
     from examples.django_app.shop.models import Order
     from examples.django_app.shop.tasks import send_receipt
-    from jobsapp.contrib.django import enqueue
 
     with transaction.atomic():
         order = Order.objects.create(customer="ada", total_cents=100)
@@ -106,10 +105,8 @@ def test_commit_keeps_order_run_and_outbox_and_publishes_only_then(
 
 
 def test_a_worker_runs_the_committed_job(db: Engine, worker: object) -> None:
-
     from examples.django_app.shop.models import Order
     from examples.django_app.shop.tasks import send_receipt
-    from jobsapp.contrib.django import enqueue
 
     with transaction.atomic():
         order = Order.objects.create(customer="ada", total_cents=100)
@@ -120,10 +117,8 @@ def test_a_worker_runs_the_committed_job(db: Engine, worker: object) -> None:
 
 
 def test_rollback_leaves_no_order_no_job_no_message(db: Engine, redis_clean: None) -> None:
-
     from examples.django_app.shop.models import Order
     from examples.django_app.shop.tasks import send_receipt
-    from jobsapp.contrib.django import enqueue
 
     def order_and_enqueue() -> JobHandle:
         order = Order.objects.create(customer="ada", total_cents=100)
@@ -139,20 +134,18 @@ def test_rollback_leaves_no_order_no_job_no_message(db: Engine, redis_clean: Non
 def test_rolled_back_savepoint_drops_its_job_and_keeps_the_outer_one(
     db: Engine, redis_clean: None
 ) -> None:
-
     from examples.django_app.shop.models import Order
     from examples.django_app.shop.tasks import send_receipt
-    from jobsapp.contrib.django import enqueue
 
     with transaction.atomic():
         kept = Order.objects.create(customer="ada", total_cents=100)
         outer = enqueue(send_receipt, kwargs={"order_id": kept.pk})
-        inner = rolled_back(
-            lambda: enqueue(
-                send_receipt,
-                kwargs={"order_id": Order.objects.create(customer="bob", total_cents=200).pk},
-            )
-        )
+
+        def second_order() -> JobHandle:
+            lost = Order.objects.create(customer="bob", total_cents=200)
+            return enqueue(send_receipt, kwargs={"order_id": lost.pk})
+
+        inner = rolled_back(second_order)  # a nested atomic(): a savepoint
     assert list(Order.objects.values_list("customer", flat=True)) == ["ada"]
     assert job_rows(db, outer.job_id) == (1, 1)
     assert job_rows(db, inner.job_id) == (0, 0)
@@ -160,7 +153,6 @@ def test_rolled_back_savepoint_drops_its_job_and_keeps_the_outer_one(
 
 
 def test_order_view_commits_the_order_and_its_receipt(db: Engine, worker: object) -> None:
-
     from examples.django_app.shop.models import Order
 
     response = Client().post("/orders/", {"customer": "ada", "total_cents": "250"})
