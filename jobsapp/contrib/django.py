@@ -3,8 +3,9 @@
 ``enqueue(task, args)`` writes the run row and the outbox row through the Django
 connection of ``using``, inside the caller's transaction (a savepoint when one is open),
 and publishes from ``transaction.on_commit``. Django alone begins, commits and rolls back:
-the SQLAlchemy connection it lends to the journal never ends a transaction nor closes the
-socket. A rolled-back atomic block (or savepoint) leaves no row and no message.
+the SQLAlchemy connection the journal gets over Django's (psycopg 3 or psycopg2) never ends
+a transaction nor closes the socket. A rolled-back atomic block (or savepoint) leaves no
+row and no message.
 
 The Django database and ``JOBSAPP_DATABASE_URL`` must be the same PostgreSQL database:
 workers, the relay and the published mark use the latter.
@@ -21,6 +22,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections, transaction  # type: ignore[import-untyped]
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.dialects import registry
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.dialects.postgresql.psycopg2 import PGDialect_psycopg2
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import NullPool
@@ -53,11 +55,9 @@ def enqueue(
     return handle
 
 
-class BorrowedPsycopg2(PGDialect_psycopg2):
-    """PostgreSQL over psycopg2 on a connection Django owns: Django alone ends the
-    transaction (COMMIT, ROLLBACK) and closes the socket."""
-
-    supports_statement_cache = True  # SQLAlchemy asks each dialect class to say so itself
+class _Borrowed:
+    """Dialect mixin: the DBAPI connection is Django's; Django alone ends its transaction
+    (COMMIT, ROLLBACK) and closes it."""
 
     def do_commit(self, dbapi_connection: DBAPIConnection) -> None:
         pass
@@ -69,7 +69,23 @@ class BorrowedPsycopg2(PGDialect_psycopg2):
         pass
 
 
+class BorrowedPsycopg2(_Borrowed, PGDialect_psycopg2):
+    supports_statement_cache = True  # SQLAlchemy asks each dialect class to say so itself
+
+
+class BorrowedPsycopg(_Borrowed, PGDialect_psycopg):
+    """psycopg 3: Django's choice when it is installed."""
+
+    supports_statement_cache = True
+
+    def on_connect(self) -> None:
+        # The stock hook adds a notice handler at every connect: on one borrowed connection
+        # that is one more handler per enqueue.
+        return None
+
+
 registry.register("postgresql.django_psycopg2", __name__, "BorrowedPsycopg2")
+registry.register("postgresql.django_psycopg", __name__, "BorrowedPsycopg")
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
@@ -83,12 +99,12 @@ def _borrowed(using: str) -> Iterator[Connection]:
 
 
 def _engine(using: str) -> Engine:
-    _check_driver(connections[using].connection)
+    driver = _driver(connections[using].connection)
     with _engines_lock:
         engine = _engines.get(using)
         if engine is None:
             engine = _engines[using] = create_engine(
-                "postgresql+django_psycopg2://",
+                f"postgresql+django_{driver}://",
                 # Called in the enqueuing thread: Django's connections are per thread.
                 creator=lambda: connections[using].connection,
                 poolclass=NullPool,
@@ -96,10 +112,8 @@ def _engine(using: str) -> Engine:
         return engine
 
 
-def _check_driver(dbapi_connection: object) -> None:
-    # Django prefers psycopg 3 when it is installed; jobsapp speaks psycopg2 only.
-    module = type(dbapi_connection).__module__
-    if not module.startswith("psycopg2"):
-        raise TypeError(
-            f"jobsapp.contrib.django needs Django on PostgreSQL through psycopg2, got {module}"
-        )
+def _driver(dbapi_connection: object) -> str:
+    module = type(dbapi_connection).__module__.split(".")[0]
+    if module not in ("psycopg2", "psycopg"):
+        raise TypeError(f"jobsapp.contrib.django needs Django on PostgreSQL, got {module}")
+    return module

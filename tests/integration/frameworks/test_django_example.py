@@ -66,11 +66,14 @@ def test_djangos_connection_handed_to_connection_commits_the_job_alone(
     db: Engine, redis_clean: None
 ) -> None:
     """The bug the issue names: the obvious bridge ends Django's transaction early."""
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
     from examples.django_app.shop.models import Order
     from examples.django_app.shop.tasks import send_receipt
 
+    driver = "psycopg" if is_psycopg3 else "psycopg2"
     bridge = create_engine(
-        "postgresql+psycopg2://", creator=lambda: connections["default"].connection
+        f"postgresql+{driver}://", creator=lambda: connections["default"].connection
     )
 
     def enqueue_then_order() -> JobHandle:
