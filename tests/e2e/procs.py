@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,6 +164,17 @@ class Launcher:
         for proc in self.started:
             print(f"----- {proc.log_path.name} (pid {proc.pid}, exit {proc.popen.returncode})")
             print(proc.log()[-4000:])
+
+
+@contextlib.contextmanager
+def launching(env: dict[str, str], workdir: Path) -> Iterator[Launcher]:
+    """A launcher whose processes are all killed, and their logs printed, on the way out."""
+    launcher = Launcher(env, workdir)
+    try:
+        yield launcher
+    finally:
+        launcher.kill_all()
+        launcher.dump_logs()
 
 
 def ready(*procs: Proc, timeout: float = 30.0) -> None:

@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 from jobsapp.celery_app import app
 from jobsapp.maintenance import relay
 from jobsapp.settings import get_settings
-from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, ready, service_env
+from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready, service_env
 from tests.support.env import service
 from tests.support.journal_view import run_row
 from tests.support.waiting import eventually
@@ -44,13 +44,9 @@ def launcher(
         var_dir=tmp_path / "var",
         settings={"DJANGO_SETTINGS_MODULE": "examples.django_app.settings"},
     )  # fmt: skip
-    launched = Launcher(env, tmp_path)
-    try:
+    with launching(env, tmp_path) as launched:
         yield launched
-    finally:
-        launched.kill_all()
-        launched.dump_logs()
-        get_settings.cache_clear()
+    get_settings.cache_clear()
 
 
 def start_worker(launcher: Launcher, imports: str) -> Proc:
