@@ -358,6 +358,9 @@ s3_stop() {
         kill_pid s3 "$pid" weed TERM 30
     fi
     rm -f "$S3_DIR/weed.pid" "$S3_DIR/s3.sock" "$S3_DIR/filer.sock"
+    # The gRPC sockets are named by port only: while a weed of another state dir still
+    # serves these ports, they are its sockets, and removing them breaks it.
+    port_open "$S3_PORT" && return 0
     while read -r sock; do
         [[ -S $sock ]] && rm -f "$sock"
     done < <(s3_grpc_sockets)
