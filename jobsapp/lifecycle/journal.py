@@ -8,7 +8,7 @@ the transition needs a message, its ``outbox`` row, all in the caller's transact
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -635,13 +635,21 @@ class StaleRun:
 
 
 def find_stale(
-    conn: Connection, spec: RunTable, *, cutoff: datetime, limit: int
-) -> list[StaleRun]:
-    """Running rows whose heartbeat is older than ``cutoff``, oldest first, locked."""
+    conn: Connection, spec: RunTable, *, cutoff: datetime, limit: int,
+    skip: Collection[uuid.UUID] = (),
+) -> list[StaleRun]:  # fmt: skip
+    """Running rows whose heartbeat is older than ``cutoff``, oldest first, locked.
+
+    ``skip`` names runs this pass already found blocked, so they do not fill every batch.
+    """
     table = spec.table
     stmt = (
         select(table)
-        .where(table.c.state == State.RUNNING.value, table.c.heartbeat_at < cutoff)
+        .where(
+            table.c.state == State.RUNNING.value,
+            table.c.heartbeat_at < cutoff,
+            table.c.job_id.not_in(list(skip)),
+        )
         .order_by(table.c.heartbeat_at)
         .limit(limit)
         .with_for_update(skip_locked=True)

@@ -1,7 +1,8 @@
 """The reaper: frees runs whose heartbeat went stale (a dead or frozen worker).
 
 Per run table: requeue while attempts and rescues remain, else fail with ``stale``.
-The decision is pure; the write is one guarded batch per table. After the batch
+The decision is pure; each run is written by one guarded statement in a savepoint of its
+batch's transaction, so a run whose domain row is locked is skipped, not a wall. After the batch
 commits, the reaper publishes the requeued attempts' messages itself (given an app),
 as a producer does after its COMMIT; whatever that misses, the relay publishes.
 """
@@ -10,24 +11,24 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from celery import Celery
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox, registry
 from jobsapp.lifecycle.journal import StaleRun
 from jobsapp.lifecycle.registry import RunTable, StalePolicy
-from jobsapp.maintenance import relay
+from jobsapp.maintenance import lease, relay
+from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget
 
 log = logging.getLogger(__name__)
 
-# How long one reaper batch waits for a row lock before it gives up until the next tick.
-LOCK_TIMEOUT_MS = 2000
+# How long the reaper waits for one row lock before it skips that run until the next tick.
+LOCK_TIMEOUT_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -69,56 +70,95 @@ class _Batch:
     found: int
     reaped: int
     requeued: list[tuple[uuid.UUID, int]]
+    blocked: list[uuid.UUID]
 
 
-def _reap_table(engine: Engine, spec: RunTable, cfg: ReaperConfig, now: datetime) -> _Batch:
-    cutoff = now - cfg.stale_after
+def lock_refused(exc: OperationalError) -> bool:
+    """Postgres gave up waiting for a row lock (``lock_timeout``, SQLSTATE 55P03)."""
+    return getattr(exc.orig, "pgcode", None) == "55P03"
+
+
+def _reap_one(conn: Connection, spec: RunTable, run: StaleRun, cfg: ReaperConfig,
+              cutoff: datetime, now: datetime) -> bool | None:  # fmt: skip
+    """Reap ``run`` in a savepoint; None when a row it must touch is locked."""
+    requeue_it = should_requeue(run, spec)
+    reason = reason_for(run, spec, cfg.stale_after)
+    try:
+        with conn.begin_nested():
+            done = journal.reap(conn, spec, [run], requeue_them=requeue_it, cutoff=cutoff,
+                                reason=reason, now=now)  # fmt: skip
+    except OperationalError as exc:
+        if not lock_refused(exc):
+            raise
+        return None
+    return bool(done)
+
+
+def _reap_table(
+    engine: Engine, spec: RunTable, cfg: ReaperConfig, skip: Collection[uuid.UUID]
+) -> _Batch:
     with engine.begin() as conn:
+        # The database's clock, as the workers' heartbeats are judged by (beat's may drift).
+        now = lease.database_now(conn)
+        cutoff = now - cfg.stale_after
         if conn.dialect.name == "postgresql":
             # A frozen process holding a domain row (an attachment) must not stall beat:
-            # the batch gives up, and the next tick tries again.
+            # that run is skipped for this pass, each run in its own savepoint.
             conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT_MS}ms'")
-        stale = journal.find_stale(conn, spec, cutoff=cutoff, limit=cfg.batch)
-        groups: dict[str, list[StaleRun]] = defaultdict(list)
+        stale = journal.find_stale(conn, spec, cutoff=cutoff, limit=cfg.batch, skip=skip)
+        reaped: list[StaleRun] = []
+        blocked: list[uuid.UUID] = []
         for run in stale:
-            groups[reason_for(run, spec, cfg.stale_after)].append(run)
-        reaped = 0
-        requeued: list[tuple[uuid.UUID, int]] = []
-        for reason, runs in groups.items():
-            requeue_them = should_requeue(runs[0], spec)
-            done = journal.reap(conn, spec, runs, requeue_them=requeue_them, cutoff=cutoff,
-                                reason=reason, now=now)  # fmt: skip
-            reaped += len(done)
-            if requeue_them:
-                requeued += [(r.job_id, r.attempt + 1) for r in done]
-    return _Batch(found=len(stale), reaped=reaped, requeued=requeued)
+            done = _reap_one(conn, spec, run, cfg, cutoff, now)
+            if done is None:
+                blocked.append(run.job_id)
+            elif done:
+                reaped.append(run)
+    requeued = [(r.job_id, r.attempt + 1) for r in reaped if should_requeue(r, spec)]
+    return _Batch(found=len(stale), reaped=len(reaped), requeued=requeued, blocked=blocked)
 
 
-def run_once(engine: Engine, cfg: ReaperConfig, app: Celery | None = None) -> dict[str, int]:
+def _reap_module(
+    engine: Engine, spec: RunTable, cfg: ReaperConfig, app: Celery | None, budget: Budget
+) -> tuple[int, int]:
+    """(reaped, published) for one run table, batch after batch within the budget."""
+    total = published = 0
+    blocked: set[uuid.UUID] = set()
+    for _ in range(cfg.max_batches):
+        try:
+            batch = _reap_table(engine, spec, cfg, blocked)
+        except OperationalError as exc:
+            log.warning("reaper: %s batch gave up (%s); next tick retries", spec.module,
+                        type(exc.orig).__name__)  # fmt: skip
+            break
+        total += batch.reaped
+        blocked.update(batch.blocked)
+        if app is not None:
+            published += relay.publish_rows(app, engine, spec, batch.requeued,
+                                             unclaimed_after=cfg.unclaimed_after)  # fmt: skip
+        # Count what was found, not reaped: a row another reaper took meanwhile
+        # still means the backlog may go on.
+        if batch.found < cfg.batch or not budget.allows_more():
+            break
+    if blocked:
+        log.warning("reaper: %s: %d stale runs skipped, a row they need is locked; next "
+                    "tick retries", spec.module, len(blocked))  # fmt: skip
+    return total, published
+
+
+def run_once(
+    engine: Engine, cfg: ReaperConfig, app: Celery | None = None, budget: Budget | None = None
+) -> dict[str, int]:
     """One bounded pass over every run table; returns reaped counts per module.
 
     With ``app`` the requeued attempts are published right after each batch commits.
     """
+    budget = budget or Budget.of(DEFAULT_BUDGET)
     counts: dict[str, int] = {}
     published = 0
     for spec in registry.all_tables():
-        total = 0
-        for _ in range(cfg.max_batches):
-            try:
-                batch = _reap_table(engine, spec, cfg, utcnow())
-            except OperationalError as blocked:
-                log.warning("reaper: %s batch gave up (%s); next tick retries", spec.module,
-                            type(blocked.orig).__name__)  # fmt: skip
-                break
-            total += batch.reaped
-            if app is not None:
-                published += relay.publish_rows(app, engine, spec, batch.requeued,
-                                                unclaimed_after=cfg.unclaimed_after)  # fmt: skip
-            # Count what was found, not reaped: a row another reaper took meanwhile
-            # still means the backlog may go on.
-            if batch.found < cfg.batch:
-                break
-        counts[spec.module] = total
+        counts[spec.module], sent = _reap_module(engine, spec, cfg, app, budget)
+        published += sent
     # An idle pass every few seconds is noise; a pass that reaped is worth a line.
     level = logging.INFO if any(counts.values()) else logging.DEBUG
     log.log(level, "reaper: %s (published %d requeued attempts)", counts, published)
