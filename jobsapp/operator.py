@@ -15,7 +15,7 @@ holds its concurrency key).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -25,7 +25,7 @@ from celery import Celery
 from sqlalchemy import Connection, Engine
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, outbox, registry
+from jobsapp.lifecycle import journal, outbox, outbox_queries, registry
 from jobsapp.lifecycle.journal import KeyBusy, PendingMessage
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import State, Transition
@@ -251,3 +251,23 @@ def _budget(app: Celery, run: Mapping[str, Any]) -> int:
 def _import_tasks(app: Celery) -> None:
     # The web and CLI processes know the tasks only once the worker's imports are loaded.
     app.loader.import_default_modules()
+
+
+# ------------------------------------------------------------ dead outbox rows
+
+
+def retry_dead_outbox(
+    engine: Engine, ids: Sequence[int] | None, *, actor: str, reason: str,
+    app: Celery | None = None,
+) -> int:  # fmt: skip
+    """Dead outbox rows (the named ones, or all) back to the relay, then published once.
+
+    A row dies when its message kept failing on its own (a body that no longer validates,
+    a task no worker takes); retry it after the cause is fixed (a deploy). Each revived row
+    leaves an audit row; returns how many rows were revived.
+    """
+    who, why = operator_actor(actor), checked_reason(reason)
+    with engine.begin() as conn:
+        revived = outbox_queries.revive(conn, ids, actor=who, reason=why, now=utcnow())
+    outbox.publish_now(app or _default_app(), revived)
+    return len(revived)

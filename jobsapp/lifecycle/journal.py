@@ -130,6 +130,7 @@ class PendingMessage:
     body: Mapping[str, Any]
     available_at: datetime
     publish_count: int = 0
+    publish_failures: int = 0
 
 
 def add_outbox(
@@ -710,90 +711,3 @@ def _after_reap(
             row = {"job_id": run.job_id, "task_name": run.task_name, **run.ids}
             add_outbox(conn, spec, row, attempt=run.attempt + 1, now=now, available_at=now)
     spec.changed(conn, transition, [{"job_id": r.job_id, **r.ids} for r in reaped])
-
-
-def _pending(rows: Any) -> list[PendingMessage]:
-    return [
-        PendingMessage(
-            r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"], r["available_at"],
-            r["publish_count"],
-        )
-        for r in rows
-    ]  # fmt: skip
-
-
-def due_messages(conn: Connection, *, now: datetime, limit: int) -> list[PendingMessage]:
-    """Unpublished rows that are due (a crash before publish, a retry whose time came)."""
-    stmt = (
-        select(OUTBOX)
-        .where(OUTBOX.c.published_at.is_(None), OUTBOX.c.available_at <= now)
-        .order_by(OUTBOX.c.available_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
-    return _pending(conn.execute(stmt).mappings())
-
-
-def _waiting_for_claim(spec: RunTable) -> Any:
-    table = spec.table
-    return (table.c.state == State.QUEUED.value) & (table.c.attempts + 1 == OUTBOX.c.attempt)
-
-
-def _due_inflight(spec: RunTable, now: datetime) -> tuple[Any, ...]:
-    return (
-        OUTBOX.c.module == spec.module,
-        OUTBOX.c.published_at.is_not(None),
-        OUTBOX.c.delivered_at.is_(None),
-        OUTBOX.c.available_at <= now,
-    )
-
-
-def unclaimed_messages(
-    conn: Connection, spec: RunTable, *, now: datetime, limit: int
-) -> list[PendingMessage]:
-    """Published rows due for a check whose job still waits for that attempt's claim."""
-    table = spec.table
-    stmt = (
-        select(OUTBOX)
-        .join(table, table.c.job_id == OUTBOX.c.job_id)
-        .where(*_due_inflight(spec, now), _waiting_for_claim(spec))
-        .order_by(OUTBOX.c.available_at)
-        .limit(limit)
-        .with_for_update(of=OUTBOX, skip_locked=True)
-    )
-    return _pending(conn.execute(stmt).mappings())
-
-
-def settle_delivered(conn: Connection, spec: RunTable, *, now: datetime, limit: int) -> int:
-    """Mark delivered the published rows whose job moved past their attempt (or is gone)."""
-    table = spec.table
-    moved_on = (
-        select(OUTBOX.c.id)
-        .outerjoin(table, table.c.job_id == OUTBOX.c.job_id)
-        .where(*_due_inflight(spec, now), ~_waiting_for_claim(spec) | table.c.job_id.is_(None))
-        .limit(limit)
-    )
-    # Re-checked outside the subquery: a relay that waited on another's lock must not
-    # mark the row a second time.
-    stmt = (
-        update(OUTBOX)
-        .where(OUTBOX.c.id.in_(moved_on), OUTBOX.c.delivered_at.is_(None))
-        .values(delivered_at=now)
-    )
-    return conn.execute(stmt).rowcount
-
-
-def mark_published(
-    conn: Connection, published: Sequence[tuple[int, datetime]], *, now: datetime
-) -> None:
-    """Record the broker's confirmation; ``next_check`` is when to look for the claim."""
-    for outbox_id, next_check in published:
-        conn.execute(
-            update(OUTBOX)
-            .where(OUTBOX.c.id == outbox_id)
-            .values(
-                published_at=now,
-                publish_count=OUTBOX.c.publish_count + 1,
-                available_at=next_check,
-            )
-        )

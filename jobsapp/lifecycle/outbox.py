@@ -2,7 +2,9 @@
 
 A row is marked published only after the broker accepted the message: kombu's publish
 returns after the RabbitMQ publisher confirm (``confirm_publish``) or Redis's reply to
-LPUSH. Losing the mark only causes a republish, which the claim guard absorbs, so the
+LPUSH. Each message is tried once with bounded waits (``publisher``); a run stops at the
+first broker error, and a message that fails on its own is reported so the relay can
+back the row off. Losing the mark only causes a republish, which the claim guard absorbs, so the
 mark may skip the synchronous commit.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,7 +21,7 @@ from sqlalchemy import Connection
 
 from jobsapp import crashpoints
 from jobsapp.db import get_relaxed_engine, is_autocommit, utcnow
-from jobsapp.lifecycle import journal
+from jobsapp.lifecycle import outbox_queries, publisher
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.message import task_id_for, trace_headers, validate_body
 from jobsapp.settings import get_settings
@@ -29,6 +32,40 @@ log = logging.getLogger(__name__)
 # doubles with every republish so a busy broker is not flooded with copies.
 UNCLAIMED_AFTER = timedelta(minutes=5)
 MAX_CHECK_BACKOFF = 6
+MAX_ERROR = 500
+# A row whose message fails on its own is tried again after a doubling pause, and after
+# this many failures it is dead (listed for an operator) instead of tried every tick.
+REFUSAL_BACKOFF = timedelta(seconds=10)
+MAX_REFUSAL_BACKOFF = timedelta(minutes=10)
+MAX_PUBLISH_FAILURES = 8
+# A message published this often and never claimed is for a task no worker takes: dead.
+MAX_UNCLAIMED_PUBLISHES = 10
+
+
+def retry_after_refusal(failures: int) -> timedelta | None:
+    """The pause after a row's ``failures``-th refused publish; None: the row is dead."""
+    if failures >= MAX_PUBLISH_FAILURES:
+        return None
+    pause: timedelta = REFUSAL_BACKOFF * 2 ** (failures - 1)
+    return min(pause, MAX_REFUSAL_BACKOFF)
+
+
+def setbacks(
+    messages: Sequence[PendingMessage], refused: Sequence[tuple[int, str]], now: datetime
+) -> list[outbox_queries.Setback]:
+    """What each refused publish does to its row (pure: the relay writes the result)."""
+    by_id = {m.id: m for m in messages}
+    out = []
+    for outbox_id, error in refused:
+        message = by_id[outbox_id]
+        pause = retry_after_refusal(message.publish_failures + 1)
+        out.append(outbox_queries.Setback(message, error, None if pause is None else now + pause))
+    return out
+
+
+def never_claimed(message: PendingMessage) -> bool:
+    """Published ``MAX_UNCLAIMED_PUBLISHES`` times and its attempt still not claimed."""
+    return message.publish_count >= MAX_UNCLAIMED_PUBLISHES
 
 
 def next_check(now: datetime, publish_count: int, unclaimed_after: timedelta) -> datetime:
@@ -37,8 +74,8 @@ def next_check(now: datetime, publish_count: int, unclaimed_after: timedelta) ->
     return now + unclaimed_after * factor
 
 
-def send(app: Celery, message: PendingMessage, *, now: datetime) -> None:
-    """Hand one message to the broker; returns once the broker accepted it."""
+def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any) -> None:
+    """Hand one message to the broker, once; returns once the broker accepted it."""
     body = {**message.body, "outbox_id": message.id}
     validate_body(body)
     options: dict[str, Any] = {}
@@ -51,9 +88,26 @@ def send(app: Celery, message: PendingMessage, *, now: datetime) -> None:
         kwargs=body,
         task_id=task_id_for(message.job_id, message.attempt),
         headers=trace_headers(body),
+        producer=producer,
+        retry=False,
         **options,
     )
     crashpoints.hit("after_publish_before_confirm")
+
+
+@dataclass
+class Report:
+    """What one publish run did: accepted rows, rows that refused, a broker that failed."""
+
+    # (outbox id, next check) of each row the broker accepted.
+    accepted: list[tuple[int, datetime]] = field(default_factory=list)
+    # (outbox id, error) of each row whose message itself failed (it does not validate).
+    refused: list[tuple[int, str]] = field(default_factory=list)
+    broker_error: str | None = None
+
+    @property
+    def handled(self) -> int:
+        return len(self.accepted) + len(self.refused)
 
 
 def publish(
@@ -61,20 +115,39 @@ def publish(
     messages: Iterable[PendingMessage],
     *,
     unclaimed_after: timedelta = UNCLAIMED_AFTER,
-) -> list[tuple[int, datetime]]:
-    """Send each message; returns (outbox id, next check) of those the broker accepted."""
-    accepted: list[tuple[int, datetime]] = []
-    for message in messages:
-        now = utcnow()
-        try:
-            send(app, message, now=now)
-        except Exception as exc:  # noqa: BLE001 - the relay republishes whatever failed here
-            log.warning("publish of outbox row %s failed: %s", message.id, type(exc).__name__)
-            continue
-        # A countdown message cannot be claimed before it is due: count from then.
-        since = max(now, message.available_at)
-        accepted.append((message.id, next_check(since, message.publish_count, unclaimed_after)))
-    return accepted
+) -> Report:
+    """Send each message; stop at the first broker error (the rest would wait as long)."""
+    report = Report()
+    pending = list(messages)
+    if not pending:
+        return report
+    try:
+        with publisher.producer(app) as producer:
+            for message in pending:
+                _publish_one(app, message, producer, unclaimed_after, report)
+    except publisher.BROKER_ERRORS as exc:
+        report.broker_error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
+        log.warning("broker refused a publish (%s); %d of %d messages left for the relay",
+                    type(exc).__name__, len(pending) - report.handled, len(pending))  # fmt: skip
+    return report
+
+
+def _publish_one(
+    app: Celery, message: PendingMessage, producer: Any, unclaimed_after: timedelta,
+    report: Report,
+) -> None:  # fmt: skip
+    now = utcnow()
+    try:
+        send(app, message, now=now, producer=producer)
+    except publisher.BROKER_ERRORS:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the row's own fault: counted against the row
+        log.warning("outbox row %s refused: %s", message.id, type(exc).__name__)
+        report.refused.append((message.id, f"{type(exc).__name__}: {exc}"[:MAX_ERROR]))
+        return
+    # A countdown message cannot be claimed before it is due: count from then.
+    since = max(now, message.available_at)
+    report.accepted.append((message.id, next_check(since, message.publish_count, unclaimed_after)))
 
 
 def mark(conn: Connection, accepted: Sequence[tuple[int, datetime]]) -> None:
@@ -82,16 +155,25 @@ def mark(conn: Connection, accepted: Sequence[tuple[int, datetime]]) -> None:
         return
     if conn.dialect.name == "postgresql" and not is_autocommit(conn):
         conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
-    journal.mark_published(conn, accepted, now=utcnow())
+    outbox_queries.mark_published(conn, accepted, now=utcnow())
 
 
 def publish_now(app: Celery, messages: Sequence[PendingMessage]) -> int:
-    """The fast path after COMMIT; whatever fails here the relay publishes later."""
+    """The fast path after COMMIT; whatever fails here the relay publishes later.
+
+    While the broker failed a moment ago this does not even try (see ``publisher``).
+    """
+    if not messages or not publisher.fast_path_open():
+        return 0
     unclaimed_after = timedelta(seconds=get_settings().unclaimed_after)
-    accepted = publish(app, messages, unclaimed_after=unclaimed_after)
+    report = publish(app, messages, unclaimed_after=unclaimed_after)
+    if report.broker_error is None:
+        publisher.broker_answered()
+    else:
+        publisher.broker_failed()
     try:
         with get_relaxed_engine().begin() as conn:
-            mark(conn, accepted)
+            mark(conn, report.accepted)
     except Exception as exc:  # noqa: BLE001 - an unmarked row is only republished
-        log.warning("marking %d outbox rows published failed: %s", len(accepted), exc)
-    return len(accepted)
+        log.warning("marking %d outbox rows published failed: %s", len(report.accepted), exc)
+    return len(report.accepted)

@@ -36,6 +36,9 @@ def _in_list(states: tuple[str, ...]) -> str:
 
 
 ACTIVE_SQL = f"state IN ({_in_list(ACTIVE_STATES)})"
+# The relay's two working sets of outbox rows; a dead row is in neither.
+OUTBOX_PENDING_SQL = "published_at IS NULL AND dead_at IS NULL"
+OUTBOX_INFLIGHT_SQL = "published_at IS NOT NULL AND delivered_at IS NULL AND dead_at IS NULL"
 
 
 class Base(DeclarativeBase):
@@ -123,6 +126,12 @@ class OutboxMessage(Base):
     published_at: Mapped[datetime | None]
     publish_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     delivered_at: Mapped[datetime | None]
+    # Publishes that failed through the row's own fault (a body that no longer validates);
+    # a broker that is down counts against no row. Each one backs the row off.
+    publish_failures: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    # The relay gave up on the row; only an operator's retry brings it back.
+    dead_at: Mapped[datetime | None]
 
     __table_args__ = (
         UniqueConstraint("module", "job_id", "attempt", name="uq_outbox_attempt"),
@@ -130,18 +139,36 @@ class OutboxMessage(Base):
         Index(
             "ix_outbox_pending",
             "available_at",
-            postgresql_where=text("published_at IS NULL"),
-            sqlite_where=text("published_at IS NULL"),
+            postgresql_where=text(OUTBOX_PENDING_SQL),
+            sqlite_where=text(OUTBOX_PENDING_SQL),
         ),
         # available_at of a published row is when the relay next checks it was claimed.
         Index(
             "ix_outbox_inflight",
             "available_at",
-            postgresql_where=text("published_at IS NOT NULL AND delivered_at IS NULL"),
-            sqlite_where=text("published_at IS NOT NULL AND delivered_at IS NULL"),
+            postgresql_where=text(OUTBOX_INFLIGHT_SQL),
+            sqlite_where=text(OUTBOX_INFLIGHT_SQL),
         ),
         Index("ix_outbox_delivered", "delivered_at"),
+        Index(
+            "ix_outbox_dead",
+            "dead_at",
+            postgresql_where=text("dead_at IS NOT NULL"),
+            sqlite_where=text("dead_at IS NOT NULL"),
+        ),
     )
+
+
+class MaintenanceCounter(Base):
+    """Running totals the maintenance passes keep (repairs), read by ``/metrics``.
+
+    Kept in the database because beat does the work while a web process answers the scrape.
+    """
+
+    __tablename__ = "maintenance_counters"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
 class Lease(Base):

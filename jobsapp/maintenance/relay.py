@@ -1,11 +1,17 @@
 """The outbox relay: publishes what the fast path did not, and what was lost.
 
-Three bounded steps per tick: due unpublished rows (a crash after COMMIT, a retry whose
-time came); published rows whose job still waits for that attempt's claim after the
-check time (a message the broker lost), republished with a doubling check interval; and
-rows whose job moved on, marked delivered so they are never looked at again. Each step
-repeats while it finds full batches, up to ``max_batches``, so a backlog (beat was down)
-is cleared in one tick instead of one batch per tick.
+Bounded steps per tick: due unpublished rows (a crash after COMMIT, a retry whose time
+came); per run table, rows whose job moved on, marked delivered so they are never looked
+at again; published rows whose job still waits for that attempt's claim after the check
+time (a message the broker lost), republished with a doubling check interval; and a
+sweep for queued runs with no outbox row at all, repaired. Each step repeats while it
+finds full batches, up to ``max_batches`` and within the pass's budget, so a backlog
+(beat was down) is cleared in a few ticks without holding beat.
+
+A broker error ends the step at once: the broker is down for every row, and each try
+would cost the publish timeout. A row whose message fails on its own (a body that no
+longer validates) is backed off and, after a bound, dead; it never blocks newer rows.
+Due and check times are read on the database's clock, not beat's.
 """
 
 from __future__ import annotations
@@ -14,17 +20,21 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 
 from celery import Celery
-from sqlalchemy import Engine, select, tuple_
+from sqlalchemy import Connection, Engine
 
-from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox, registry
-from jobsapp.lifecycle.journal import OUTBOX, PendingMessage
+from jobsapp.lifecycle import outbox_queries as queries
+from jobsapp.lifecycle.journal import PendingMessage
+from jobsapp.maintenance import lease
+from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget
 
 log = logging.getLogger(__name__)
+
+COUNTS = ("published", "republished", "settled", "dead", "repaired")
 
 
 @dataclass(frozen=True)
@@ -34,51 +44,77 @@ class RelayConfig:
     unclaimed_after: timedelta = outbox.UNCLAIMED_AFTER
     batch: int = 500
     max_batches: int = 20
+    budget: timedelta = DEFAULT_BUDGET
 
     def __post_init__(self) -> None:
         if self.batch < 1 or self.max_batches < 1 or self.unclaimed_after <= timedelta(0):
             raise ValueError("relay needs a positive batch, batch count and unclaimed timeout")
 
 
-# One bounded step: (rows found, rows done).
-Step = Callable[[], tuple[int, int]]
+@dataclass(frozen=True)
+class Done:
+    """One bounded step: rows found, rows it counts, rows killed, and whether the broker failed."""
+
+    found: int
+    done: int
+    dead: int = 0
+    broker_down: bool = False
 
 
-def drain(step: Step, cfg: RelayConfig) -> int:
-    """Repeat ``step`` while it fills its batch and all of it succeeds."""
-    total = 0
+Step = Callable[[], Done]
+
+
+def drain(step: Step, cfg: RelayConfig, budget: Budget) -> tuple[int, int, bool]:
+    """Repeat ``step`` while it fills its batch; (done, dead, broker down)."""
+    total = dead = 0
     for _ in range(cfg.max_batches):
-        found, done = step()
-        total += done
-        # A short batch means the backlog is cleared; a partial one means the broker
-        # refused some: the rest waits for the next tick rather than spinning here.
-        if found < cfg.batch or done < found:
+        result = step()
+        total, dead = total + result.done, dead + result.dead
+        if result.broker_down:
+            return total, dead, True
+        if result.found < cfg.batch or not budget.allows_more():
             break
-    return total
+    return total, dead, False
 
 
-def _publish_due(app: Celery, engine: Engine, cfg: RelayConfig) -> tuple[int, int]:
+def _send(
+    app: Celery, conn: Connection, messages: Sequence[PendingMessage], cfg: RelayConfig,
+    now: datetime,
+) -> Done:  # fmt: skip
+    """Publish ``messages`` (locked by the caller), mark what the broker took, set back
+    what refused on its own."""
+    report = outbox.publish(app, messages, unclaimed_after=cfg.unclaimed_after)
+    outbox.mark(conn, report.accepted)
+    dead = queries.set_back(conn, outbox.setbacks(messages, report.refused, now), now=now)
+    return Done(len(messages), len(report.accepted), dead, report.broker_error is not None)
+
+
+def _publish_due(app: Celery, engine: Engine, cfg: RelayConfig) -> Done:
     with engine.begin() as conn:
-        due = journal.due_messages(conn, now=utcnow() - cfg.grace, limit=cfg.batch)
-        accepted = outbox.publish(app, due, unclaimed_after=cfg.unclaimed_after)
-        outbox.mark(conn, accepted)
-    return len(due), len(accepted)
+        now = lease.database_now(conn)
+        due = queries.due_messages(conn, now=now - cfg.grace, limit=cfg.batch)
+        return _send(app, conn, due, cfg, now)
 
 
 def _republish_lost(
     app: Celery, engine: Engine, spec: registry.RunTable, cfg: RelayConfig
-) -> tuple[int, int]:
+) -> Done:
     with engine.begin() as conn:
-        lost = journal.unclaimed_messages(conn, spec, now=utcnow(), limit=cfg.batch)
-        accepted = outbox.publish(app, lost, unclaimed_after=cfg.unclaimed_after)
-        outbox.mark(conn, accepted)
-    return len(lost), len(accepted)
+        now = lease.database_now(conn)
+        lost = queries.unclaimed_messages(conn, spec, now=now, limit=cfg.batch)
+        hopeless = [m.id for m in lost if outbox.never_claimed(m)]
+        buried = queries.bury(conn, hopeless, now=now, reason=(
+            f"published {outbox.MAX_UNCLAIMED_PUBLISHES} times and never claimed: "
+            "does any worker run this task?"))  # fmt: skip
+        sent = _send(app, conn, [m for m in lost if m.id not in hopeless], cfg, now)
+    return Done(len(lost), sent.done, sent.dead + buried, sent.broker_down)
 
 
-def _settle(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) -> tuple[int, int]:
+def _settle(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) -> Done:
     with engine.begin() as conn:
-        settled = journal.settle_delivered(conn, spec, now=utcnow(), limit=cfg.batch)
-    return settled, settled
+        settled = queries.settle_delivered(conn, spec, now=lease.database_now(conn),
+                                           limit=cfg.batch)  # fmt: skip
+    return Done(settled, settled)
 
 
 def publish_rows(
@@ -97,33 +133,63 @@ def publish_rows(
     """
     if not keys:
         return 0
-    stmt = (
-        select(OUTBOX)
-        .where(
-            OUTBOX.c.module == spec.module,
-            OUTBOX.c.published_at.is_(None),
-            tuple_(OUTBOX.c.job_id, OUTBOX.c.attempt).in_(list(keys)),
-        )
-        .with_for_update(skip_locked=True)
-    )
     with engine.begin() as conn:
-        pending = [
-            PendingMessage(r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"],
-                           r["available_at"], r["publish_count"])
-            for r in conn.execute(stmt).mappings()
-        ]  # fmt: skip
-        accepted = outbox.publish(app, pending, unclaimed_after=unclaimed_after)
-        outbox.mark(conn, accepted)
-    return len(accepted)
+        pending = queries.rows_by_attempt(conn, spec, keys)
+        report = outbox.publish(app, pending, unclaimed_after=unclaimed_after)
+        outbox.mark(conn, report.accepted)
+    return len(report.accepted)
 
 
-def run_once(app: Celery, engine: Engine, cfg: RelayConfig) -> dict[str, int]:
-    counts = {"published": drain(partial(_publish_due, app, engine, cfg), cfg),
-              "republished": 0, "settled": 0}  # fmt: skip
+# ------------------------------------------------------------- invariant sweep
+
+# Where the next sweep of each run table starts; beat is one long-lived process.
+_sweep_cursor: dict[str, queries.Cursor | None] = {}
+
+
+def repair_missing(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) -> Done:
+    """One page of queued runs: each without an outbox row for its next attempt gets one.
+
+    A queued run always has one (pending, inflight or dead), written with the transition
+    that queued it; a run without one would wait forever, so the relay writes it, counts
+    the repair (``jobsapp_outbox_repaired_total``) and says so.
+    """
+    with engine.begin() as conn:
+        now = lease.database_now(conn)
+        missing, cursor = queries.missing_messages(
+            conn, spec, after=_sweep_cursor.get(spec.module), limit=cfg.batch
+        )
+        for run in missing:
+            attempt = int(run["attempts"]) + 1
+            journal.add_outbox(conn, spec, run, attempt=attempt, now=now,
+                               available_at=max(now, run["next_retry_at"] or now))  # fmt: skip
+            log.warning("relay: %s job %s was queued with no message for attempt %d; "
+                        "wrote one", spec.module, run["job_id"], attempt)  # fmt: skip
+        queries.bump(conn, queries.REPAIRED, len(missing))
+    _sweep_cursor[spec.module] = cursor
+    return Done(len(missing), len(missing))
+
+
+# ------------------------------------------------------------------ the pass
+
+
+def run_once(
+    app: Celery, engine: Engine, cfg: RelayConfig, budget: Budget | None = None
+) -> dict[str, int]:
+    budget = budget or Budget.of(cfg.budget)
+    counts = dict.fromkeys(COUNTS, 0)
+    published, dead, down = drain(partial(_publish_due, app, engine, cfg), cfg, budget)
+    counts["published"], counts["dead"] = published, dead
     for spec in registry.all_tables():
         # Settle first: a row whose job moved on must not be republished.
-        counts["settled"] += drain(partial(_settle, engine, spec, cfg), cfg)
-        counts["republished"] += drain(partial(_republish_lost, app, engine, spec, cfg), cfg)
+        counts["settled"] += drain(partial(_settle, engine, spec, cfg), cfg, budget)[0]
+        if not down and budget.allows_more():
+            republished, dead, down = drain(
+                partial(_republish_lost, app, engine, spec, cfg), cfg, budget
+            )
+            counts["republished"] += republished
+            counts["dead"] += dead
+        # One page per tick: the sweep is a safety net, not a scan of the whole journal.
+        counts["repaired"] += repair_missing(engine, spec, cfg).done
     # An idle pass every few seconds is noise; a pass that moved rows is worth a line.
     log.log(logging.INFO if any(counts.values()) else logging.DEBUG, "outbox relay: %s", counts)
     return counts

@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
+from jobsapp.lifecycle import outbox_queries
 from jobsapp.monitor.summary import Health, health
 
 EngineFactory = Callable[[], Engine]
@@ -29,7 +30,7 @@ class JournalCollector(Collector):
         self._engine = engine
         self._stale_after = stale_after
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         numbers = health(self._engine(), self._stale_after())
         yield _jobs(numbers)
         yield _oldest_queued(numbers)
@@ -43,6 +44,24 @@ class JournalCollector(Collector):
             "Seconds the oldest due, unpublished outbox row has waited (0 when none).",
             value=numbers.outbox_lag,
         )
+        yield from _outbox_upkeep(self._engine())
+
+
+def _outbox_upkeep(engine: Engine) -> Iterator[Metric]:
+    """Dead rows (the partial index of dead rows) and the relay's repair total."""
+    with engine.connect() as conn:
+        dead = outbox_queries.count_dead(conn)
+        repaired = outbox_queries.counters(conn).get(outbox_queries.REPAIRED, 0)
+    yield GaugeMetricFamily(
+        "jobsapp_outbox_dead",
+        "Outbox rows the relay gave up on; an operator retries them (see docs/reliability.md).",
+        value=dead,
+    )
+    yield CounterMetricFamily(
+        "jobsapp_outbox_repaired",
+        "Queued runs the relay found with no outbox row for their next attempt, and repaired.",
+        value=repaired,
+    )
 
 
 def _jobs(numbers: Health) -> GaugeMetricFamily:

@@ -282,7 +282,8 @@ def _stale(conn: Connection, stale_after: timedelta, now: datetime) -> dict[str,
 
 def _due_unpublished(now: datetime) -> tuple[Any, ...]:
     out = journal.OUTBOX
-    return (out.c.published_at.is_(None), out.c.available_at <= now)
+    # A dead row is not backlog: the relay stopped trying it (jobsapp_outbox_dead).
+    return (out.c.published_at.is_(None), out.c.dead_at.is_(None), out.c.available_at <= now)
 
 
 def _backlog(conn: Connection, now: datetime) -> int:

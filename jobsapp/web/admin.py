@@ -9,6 +9,7 @@ job ids or errors and stays open to the scraper.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import logging
 from typing import Any
@@ -22,6 +23,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from jobsapp import operator
 from jobsapp.db import get_engine
+from jobsapp.lifecycle import outbox_queries
 from jobsapp.lifecycle.states import ALL_STATES
 from jobsapp.monitor import metrics, summary
 from jobsapp.settings import get_settings
@@ -176,6 +178,42 @@ def _action_body() -> tuple[str, str]:
     if not isinstance(reason, str) or not isinstance(actor, str):
         raise operator.InvalidRequest('"reason" (required) and "actor" must be strings')
     return actor, reason
+
+
+# ---------------------------------------------------------------- dead outbox rows
+
+
+@admin.get("/v1/admin/outbox/dead")
+def dead_outbox() -> ResponseReturnValue:
+    """Outbox rows the relay gave up on, newest first, with why."""
+    raw_limit = request.args.get("limit", str(summary.DEFAULT_LIMIT))
+    if not raw_limit.isdigit():
+        raise summary.BadFilter(f"limit must be an integer from 1 to {summary.MAX_LIMIT}")
+    with get_engine().connect() as conn:
+        rows = outbox_queries.dead_rows(conn, limit=summary.checked_limit(int(raw_limit)))
+        total = outbox_queries.count_dead(conn)
+    return jsonify({"total": total, "dead": [_dead_json(r) for r in rows]})
+
+
+def _dead_json(row: outbox_queries.DeadRow) -> dict[str, Any]:
+    when = {"created_at": row.created_at.isoformat(), "dead_at": row.dead_at.isoformat()}
+    return {**dataclasses.asdict(row), "job_id": str(row.job_id), **when}
+
+
+@admin.post("/v1/admin/outbox/dead/retry")
+def retry_dead_outbox() -> ResponseReturnValue:
+    """``{"reason": ..., "actor"?: ..., "ids"?: [outbox ids]}``; no ids: every dead row."""
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict) or set(body) - {"reason", "actor", "ids"}:
+        raise operator.InvalidRequest('send {"reason": "...", "actor": "...", "ids": [1, 2]}')
+    ids = body.get("ids")
+    if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+        raise operator.InvalidRequest('"ids" must be a list of outbox row ids (integers)')
+    reason, actor = body.get("reason"), body.get("actor", "api")
+    if not isinstance(reason, str) or not isinstance(actor, str):
+        raise operator.InvalidRequest('"reason" (required) and "actor" must be strings')
+    revived = operator.retry_dead_outbox(get_engine(), ids, actor=actor, reason=reason)
+    return jsonify({"revived": revived})
 
 
 # ------------------------------------------------------------------------- metrics

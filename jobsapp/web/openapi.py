@@ -285,6 +285,8 @@ def _admin_paths() -> JsonObject:
         "/v1/admin/jobs": {"get": _summary_op()},
         "/v1/admin/jobs/{module}/{job_id}/replay": {"post": _replay_op()},
         "/v1/admin/jobs/{module}/{job_id}/cancel": {"post": _cancel_op()},
+        "/v1/admin/outbox/dead": {"get": _dead_outbox_op()},
+        "/v1/admin/outbox/dead/retry": {"post": _retry_dead_op()},
         "/admin": {"get": _page_op()},
         "/metrics": {"get": _metrics_op()},
     }
@@ -372,6 +374,36 @@ def _cancel_op() -> JsonObject:
             **_admin_errors(400, 404, 409),
         },
     }
+
+
+def _any_json(description: str) -> JsonObject:
+    return {"description": description,
+            "content": {"application/json": {"schema": {"type": "object"}}}}  # fmt: skip
+
+
+def _dead_outbox_op() -> JsonObject:
+    return {
+        "summary": "Outbox rows the relay gave up on (dead), newest first",
+        "description": "`{total, dead: [{id, module, job_id, attempt, task_name, "
+        "publish_count, publish_failures, last_error, created_at, dead_at}]}`.",
+        "operationId": "adminDeadOutbox",
+        "security": _ADMIN_AUTH,
+        "parameters": [p for p in _summary_params() if p["name"] == "limit"],
+        "responses": {"200": _any_json("Dead outbox rows"), **_admin_errors(400)},
+    }
+
+
+def _retry_dead_op() -> JsonObject:
+    return {
+        "summary": "Give dead outbox rows back to the relay",
+        "description": "Body `{reason, actor?, ids?}` (no ids: every dead row); each row "
+        "is due again with a clean failure count and an audit row. Answers `{revived}`.",
+        "operationId": "adminRetryDeadOutbox",
+        "security": _ADMIN_AUTH,
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": {"type": "object"}}}},
+        "responses": {"200": _any_json("Rows revived"), **_admin_errors(400)},
+    }  # fmt: skip
 
 
 def _page_op() -> JsonObject:

@@ -115,7 +115,7 @@ def enqueue(db: Engine, task: Any, *args: Any, publish: Celery | None = None) ->
         result = journal.enqueue(conn, job, now=utcnow(), actor="producer")
     if publish is not None:
         assert result.message is not None
-        assert outbox.publish(publish, [result.message]), "the broker refused the message"
+        assert outbox.publish(publish, [result.message]).accepted, "the broker refused it"
     return uuid.UUID(str(job.job_id))
 
 

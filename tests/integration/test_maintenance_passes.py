@@ -22,13 +22,15 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, func, insert, select, text, update
 
+from jobsapp import operator
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, registry
+from jobsapp.lifecycle import journal, outbox, outbox_queries, registry
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, StaleRun
 from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.states import Outcome
 from jobsapp.lifecycle.tables import JobRun
 from jobsapp.maintenance import lease, reaper, relay, retention
+from jobsapp.monitor import metrics, summary
 from tests.support import tasks
 from tests.support.env import service
 from tests.support.journal_view import outbox_rows, run_row, transitions
@@ -240,7 +242,7 @@ def test_the_relay_publishes_a_crashed_producers_row_once(
     assert row["publish_count"] == 1
     assert queued_task_ids(broker) == [task_id_for(job_id, 1)]
     # A second pass sees a published row whose check is not due: nothing is sent again.
-    assert relay.run_once(relay_app, db, RELAY) == {"published": 0, "republished": 0, "settled": 0}
+    assert not any(relay.run_once(relay_app, db, RELAY).values())
     assert queued_task_ids(broker) == [task_id_for(job_id, 1)]
 
 
@@ -422,10 +424,10 @@ def test_two_relays_settling_at_once_mark_each_row_once(pg: Engine) -> None:
     def second_relay() -> None:
         with pg.begin() as conn:
             conn.exec_driver_sql("SET application_name = 'second-relay'")
-            settled["second"] = journal.settle_delivered(conn, JOBS, now=utcnow(), limit=10)
+            settled["second"] = outbox_queries.settle_delivered(conn, JOBS, now=utcnow(), limit=10)
 
     with pg.begin() as first:
-        settled["first"] = journal.settle_delivered(first, JOBS, now=utcnow(), limit=10)
+        settled["first"] = outbox_queries.settle_delivered(first, JOBS, now=utcnow(), limit=10)
         other = threading.Thread(target=second_relay)
         other.start()
         # The second relay now waits on the row the first one holds.
@@ -440,3 +442,78 @@ def _waiting(db: Engine, application: str) -> bool:
             "SELECT count(*) FROM pg_stat_activity"
             " WHERE application_name = :app AND wait_event_type = 'Lock'"
         ), {"app": application}).scalar_one())  # fmt: skip
+
+
+# ------------------------------------------------------------------ poison outbox rows
+
+
+def _poison(db: Engine, job_id: uuid.UUID, **values: Any) -> dict[str, Any]:
+    """Make the row's stored body one that no longer validates (a deploy changed the
+    schema); returns the body it had."""
+    (row,) = outbox_rows(db, job_id)
+    body = dict(row["body"])
+    set_outbox(db, job_id, 1, body={**body, "attempt": "first"}, **values)
+    return body
+
+
+def test_rows_that_fail_on_their_own_back_off_and_newer_rows_are_published(
+    db: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    # A whole batch of poison, older than the good row: first in every batch.
+    poison = [enqueue(db, at=ago(120 + i)) for i in range(3)]
+    for job_id in poison:
+        _poison(db, job_id)
+    good = enqueue(db, at=ago(60))
+    small = relay.RelayConfig(unclaimed_after=UNCLAIMED, batch=3)
+
+    assert relay.run_once(relay_app, db, small)["published"] == 1
+    assert queued_task_ids(broker) == [task_id_for(good, 1)]
+    for job_id in poison:
+        (row,) = outbox_rows(db, job_id)
+        assert (row["published_at"], row["publish_failures"], row["dead_at"]) == (None, 1, None)
+        assert row["last_error"].startswith("InvalidMessage: schema violation")
+        # Backed off: the next tick does not try it again.
+        assert row["available_at"] > utcnow() + timedelta(seconds=5)
+    assert not any(relay.run_once(relay_app, db, small).values())
+
+
+def test_a_row_that_keeps_failing_is_dead_listed_counted_and_retried_by_an_operator(
+    db: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    job_id = enqueue(db, at=ago(60))
+    body = _poison(db, job_id, publish_failures=outbox.MAX_PUBLISH_FAILURES - 1)
+
+    assert relay.run_once(relay_app, db, RELAY)["dead"] == 1
+    (row,) = outbox_rows(db, job_id)
+    assert row["dead_at"] is not None
+    assert row["publish_failures"] == outbox.MAX_PUBLISH_FAILURES
+    set_outbox(db, job_id, 1, available_at=ago(1))
+    assert not any(relay.run_once(relay_app, db, RELAY).values())  # dead: never tried again
+    with db.connect() as conn:
+        assert [r.job_id for r in outbox_queries.dead_rows(conn, limit=10)] == [job_id]
+    scraped = metrics.exposition(metrics.journal_registry(lambda: db, lambda: 30.0)).decode()
+    assert "jobsapp_outbox_dead 1.0" in scraped
+    assert summary.outbox_backlog(db) == 0  # dead is not backlog
+
+    # The cause is fixed (a deploy); the operator gives the row back to the relay.
+    set_outbox(db, job_id, 1, body=body)
+    assert operator.retry_dead_outbox(db, None, actor="ops", reason="schema fixed",
+                                      app=relay_app) == 1  # fmt: skip
+    (row,) = outbox_rows(db, job_id)
+    assert (row["dead_at"], row["publish_failures"], row["publish_count"]) == (None, 0, 1)
+    assert queued_task_ids(broker) == [task_id_for(job_id, 1)]
+    assert "outbox_retry" in transitions(db, job_id)
+
+
+def test_a_message_never_claimed_after_many_publishes_is_dead(
+    db: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    job_id = enqueue(db, at=ago(600))
+    set_outbox(db, job_id, 1, published_at=ago(600), available_at=ago(1),
+               publish_count=outbox.MAX_UNCLAIMED_PUBLISHES)  # fmt: skip
+
+    assert relay.run_once(relay_app, db, RELAY)["dead"] == 1
+    (row,) = outbox_rows(db, job_id)
+    assert row["dead_at"] is not None
+    assert "never claimed" in row["last_error"]
+    assert broker.llen("celery") == 0

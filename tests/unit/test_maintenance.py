@@ -13,6 +13,7 @@ from jobsapp.lifecycle import outbox, registry
 from jobsapp.lifecycle.journal import StaleRun
 from jobsapp.lifecycle.registry import StalePolicy
 from jobsapp.maintenance import reaper, relay, scheduler
+from jobsapp.maintenance.budget import Budget
 from jobsapp.settings import whole_number
 
 STALE = timedelta(seconds=30)
@@ -113,37 +114,64 @@ def test_the_claim_check_backoff_is_capped() -> None:
     assert outbox.next_check(NOW, 10_000, MINUTE) - NOW == cap
 
 
-def _steps(*results: tuple[int, int]) -> tuple[list[int], relay.Step]:
+def _steps(*results: relay.Done) -> tuple[list[int], relay.Step]:
     calls: list[int] = []
     pending = list(results)
 
-    def step() -> tuple[int, int]:
+    def step() -> relay.Done:
         calls.append(1)
         return pending.pop(0)
 
     return calls, step
 
 
+FULL = relay.Done(10, 10)
+ENDLESS = Budget(3600)
+
+
 def test_drain_repeats_full_batches_until_a_short_one() -> None:
     cfg = relay.RelayConfig(batch=10, max_batches=5)
-    calls, step = _steps((10, 10), (10, 10), (3, 3))
-    assert relay.drain(step, cfg) == 23
+    calls, step = _steps(FULL, FULL, relay.Done(3, 3))
+    assert relay.drain(step, cfg, ENDLESS) == (23, 0, False)
     assert len(calls) == 3
 
 
 def test_drain_stops_at_the_batch_ceiling() -> None:
     cfg = relay.RelayConfig(batch=10, max_batches=2)
-    calls, step = _steps((10, 10), (10, 10), (10, 10))
-    assert relay.drain(step, cfg) == 20
+    calls, step = _steps(FULL, FULL, FULL)
+    assert relay.drain(step, cfg, ENDLESS)[0] == 20
     assert len(calls) == 2
 
 
-def test_drain_leaves_refused_rows_to_the_next_tick() -> None:
-    # The broker refused some of a full batch: looping again would only retry them now.
+def test_drain_goes_on_past_rows_that_refused_on_their_own() -> None:
+    # Refused rows were backed off: the next batch holds other rows.
     cfg = relay.RelayConfig(batch=10, max_batches=5)
-    calls, step = _steps((10, 7), (10, 10))
-    assert relay.drain(step, cfg) == 7
+    calls, step = _steps(relay.Done(10, 7, dead=1), relay.Done(4, 4))
+    assert relay.drain(step, cfg, ENDLESS) == (11, 1, False)
+    assert len(calls) == 2
+
+
+def test_drain_stops_at_the_first_broker_error() -> None:
+    cfg = relay.RelayConfig(batch=10, max_batches=5)
+    calls, step = _steps(relay.Done(10, 2, broker_down=True), FULL)
+    assert relay.drain(step, cfg, ENDLESS) == (2, 0, True)
     assert len(calls) == 1
+
+
+def test_drain_stops_when_the_budget_is_spent_or_the_lease_lost() -> None:
+    cfg = relay.RelayConfig(batch=10, max_batches=5)
+    for budget in (Budget(0), Budget(3600, still_leading=lambda: False)):
+        calls, step = _steps(FULL, FULL)
+        assert relay.drain(step, cfg, budget)[0] == 10
+        assert len(calls) == 1
+
+
+def test_a_refused_row_backs_off_doubling_then_dies() -> None:
+    pauses = [outbox.retry_after_refusal(n) for n in range(1, outbox.MAX_PUBLISH_FAILURES + 1)]
+    assert pauses[0] == outbox.REFUSAL_BACKOFF
+    assert pauses[1] == 2 * outbox.REFUSAL_BACKOFF
+    assert all(p is not None and p <= outbox.MAX_REFUSAL_BACKOFF for p in pauses[:-1])
+    assert pauses[-1] is None
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,276 @@
+"""The relay's statements on outbox rows: what is due, what was lost, what is dead.
+
+``journal`` writes an outbox row in the transaction of the transition that needs it;
+everything after that (publish marks, backoff, death, repair counts) is written here.
+Every write is guarded by the row state it expects, so two relays at once, or a relay
+and an operator, never move one row twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Table, func, insert, select, tuple_, update
+
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX, PendingMessage, _upsert
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import State
+from jobsapp.lifecycle.tables import MaintenanceCounter
+
+COUNTERS: Table = MaintenanceCounter.__table__  # type: ignore[assignment]
+
+_LIVE = OUTBOX.c.dead_at.is_(None)
+# The counter of queued runs the relay found without an outbox row and repaired.
+REPAIRED = "outbox_repaired"
+# The audit row of an operator's retry of dead rows (not a transition of the run).
+OUTBOX_RETRY = "outbox_retry"
+
+
+def _pending(rows: Any) -> list[PendingMessage]:
+    return [
+        PendingMessage(
+            r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"], r["available_at"],
+            r["publish_count"], r["publish_failures"],
+        )
+        for r in rows
+    ]  # fmt: skip
+
+
+def due_messages(conn: Connection, *, now: datetime, limit: int) -> list[PendingMessage]:
+    """Unpublished live rows that are due (a crash before publish, a retry whose time came)."""
+    stmt = (
+        select(OUTBOX)
+        .where(OUTBOX.c.published_at.is_(None), _LIVE, OUTBOX.c.available_at <= now)
+        .order_by(OUTBOX.c.available_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return _pending(conn.execute(stmt).mappings())
+
+
+def rows_by_attempt(
+    conn: Connection, spec: RunTable, keys: Sequence[tuple[uuid.UUID, int]]
+) -> list[PendingMessage]:
+    """The named unpublished live rows, locked (SKIP LOCKED: another relay has them)."""
+    stmt = (
+        select(OUTBOX)
+        .where(
+            OUTBOX.c.module == spec.module, OUTBOX.c.published_at.is_(None), _LIVE,
+            tuple_(OUTBOX.c.job_id, OUTBOX.c.attempt).in_(list(keys)),
+        )
+        .with_for_update(skip_locked=True)
+    )  # fmt: skip
+    return _pending(conn.execute(stmt).mappings())
+
+
+def _waiting_for_claim(spec: RunTable) -> Any:
+    table = spec.table
+    return (table.c.state == State.QUEUED.value) & (table.c.attempts + 1 == OUTBOX.c.attempt)
+
+
+def _due_inflight(spec: RunTable, now: datetime) -> tuple[Any, ...]:
+    return (
+        OUTBOX.c.module == spec.module,
+        OUTBOX.c.published_at.is_not(None),
+        OUTBOX.c.delivered_at.is_(None),
+        _LIVE,
+        OUTBOX.c.available_at <= now,
+    )
+
+
+def unclaimed_messages(
+    conn: Connection, spec: RunTable, *, now: datetime, limit: int
+) -> list[PendingMessage]:
+    """Published rows due for a check whose job still waits for that attempt's claim."""
+    table = spec.table
+    stmt = (
+        select(OUTBOX)
+        .join(table, table.c.job_id == OUTBOX.c.job_id)
+        .where(*_due_inflight(spec, now), _waiting_for_claim(spec))
+        .order_by(OUTBOX.c.available_at)
+        .limit(limit)
+        .with_for_update(of=OUTBOX, skip_locked=True)
+    )
+    return _pending(conn.execute(stmt).mappings())
+
+
+def settle_delivered(conn: Connection, spec: RunTable, *, now: datetime, limit: int) -> int:
+    """Mark delivered the published rows whose job moved past their attempt (or is gone)."""
+    table = spec.table
+    moved_on = (
+        select(OUTBOX.c.id)
+        .outerjoin(table, table.c.job_id == OUTBOX.c.job_id)
+        .where(*_due_inflight(spec, now), ~_waiting_for_claim(spec) | table.c.job_id.is_(None))
+        .limit(limit)
+    )
+    # Re-checked outside the subquery: a relay that waited on another's lock must not
+    # mark the row a second time.
+    stmt = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(moved_on), OUTBOX.c.delivered_at.is_(None))
+        .values(delivered_at=now)
+    )
+    return conn.execute(stmt).rowcount
+
+
+def mark_published(
+    conn: Connection, published: Sequence[tuple[int, datetime]], *, now: datetime
+) -> None:
+    """Record the broker's confirmation; ``next_check`` is when to look for the claim."""
+    for outbox_id, next_check in published:
+        conn.execute(
+            update(OUTBOX)
+            .where(OUTBOX.c.id == outbox_id, _LIVE)
+            .values(
+                published_at=now,
+                publish_count=OUTBOX.c.publish_count + 1,
+                available_at=next_check,
+            )
+        )
+
+
+@dataclass(frozen=True)
+class Setback:
+    """What a failed publish does to its row: try again at ``retry_at``, or die."""
+
+    message: PendingMessage
+    error: str
+    retry_at: datetime | None  # None: the row is dead
+
+
+def set_back(conn: Connection, setbacks: Sequence[Setback], *, now: datetime) -> int:
+    """Count each failure against its row (guarded by the count seen); returns rows killed."""
+    killed = 0
+    for s in setbacks:
+        dead = s.retry_at is None
+        values: dict[str, Any] = {
+            "publish_failures": s.message.publish_failures + 1, "last_error": s.error,
+            "dead_at": now if dead else None, "available_at": s.retry_at or now,
+        }  # fmt: skip
+        stmt = update(OUTBOX).where(
+            OUTBOX.c.id == s.message.id, _LIVE,
+            OUTBOX.c.publish_failures == s.message.publish_failures,
+        ).values(**values)  # fmt: skip
+        changed = conn.execute(stmt).rowcount
+        killed += changed if dead else 0
+    return killed
+
+
+def bury(conn: Connection, ids: Sequence[int], *, reason: str, now: datetime) -> int:
+    """Mark live rows dead (published again and again, never claimed)."""
+    if not ids:
+        return 0
+    stmt = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(list(ids)), _LIVE)
+        .values(dead_at=now, last_error=reason)
+    )
+    return conn.execute(stmt).rowcount
+
+
+@dataclass(frozen=True)
+class DeadRow:
+    id: int
+    module: str
+    job_id: uuid.UUID
+    attempt: int
+    task_name: str
+    publish_count: int
+    publish_failures: int
+    last_error: str | None
+    created_at: datetime
+    dead_at: datetime
+
+
+def dead_rows(conn: Connection, *, limit: int) -> list[DeadRow]:
+    """The newest dead rows first (the partial index of dead rows)."""
+    cols = [OUTBOX.c[f] for f in DeadRow.__dataclass_fields__]
+    stmt = select(*cols).where(OUTBOX.c.dead_at.is_not(None))
+    rows = conn.execute(stmt.order_by(OUTBOX.c.dead_at.desc()).limit(limit)).mappings()
+    return [DeadRow(**r) for r in rows]
+
+
+def count_dead(conn: Connection) -> int:
+    stmt = select(func.count()).select_from(OUTBOX).where(OUTBOX.c.dead_at.is_not(None))
+    return int(conn.execute(stmt).scalar_one())
+
+
+def revive(
+    conn: Connection, ids: Sequence[int] | None, *, actor: str, reason: str, now: datetime
+) -> list[PendingMessage]:
+    """Dead rows (the named ones, or all) back to pending, due now, with a clean count;
+    each with its audit row in ``job_events`` (transition ``outbox_retry``)."""
+    where = [OUTBOX.c.dead_at.is_not(None)]
+    if ids is not None:
+        where.append(OUTBOX.c.id.in_(list(ids)))
+    fresh = {"dead_at": None, "published_at": None, "delivered_at": None,
+             "publish_failures": 0, "last_error": None, "available_at": now}  # fmt: skip
+    stmt = update(OUTBOX).where(*where).values(**fresh).returning(*OUTBOX.c)
+    rows = list(conn.execute(stmt).mappings())
+    for r in rows:
+        conn.execute(insert(EVENTS).values(
+            module=r["module"], job_id=r["job_id"], attempt=r["attempt"],
+            transition=OUTBOX_RETRY, actor=actor, reason=reason, at=now,
+        ))  # fmt: skip
+    return _pending(rows)
+
+
+# ------------------------------------------------------------- invariant sweep
+
+
+Cursor = tuple[datetime, uuid.UUID]
+
+
+def _has_live_row(spec: RunTable) -> Any:
+    """An undelivered outbox row (pending, inflight or dead) for the run's next attempt."""
+    table = spec.table
+    return (
+        select(OUTBOX.c.id)
+        .where(
+            OUTBOX.c.module == spec.module, OUTBOX.c.job_id == table.c.job_id,
+            OUTBOX.c.attempt == table.c.attempts + 1, OUTBOX.c.delivered_at.is_(None),
+        )
+        .exists()
+    )  # fmt: skip
+
+
+def missing_messages(
+    conn: Connection, spec: RunTable, *, after: Cursor | None, limit: int
+) -> tuple[list[dict[str, Any]], Cursor | None]:
+    """Queued runs of the next page (by ``updated_at, job_id``) that have no outbox row for
+    their next attempt, locked; and where the following page starts (None: wrap around)."""
+    table = spec.table
+    queued = table.c.state == State.QUEUED.value
+    page = select(table.c.job_id, table.c.updated_at).where(queued)
+    if after is not None:
+        page = page.where(tuple_(table.c.updated_at, table.c.job_id) > tuple_(*after))
+    seen = conn.execute(page.order_by(table.c.updated_at, table.c.job_id).limit(limit)).all()
+    if not seen:
+        return [], None
+    missing = (
+        select(table)
+        .where(table.c.job_id.in_([r.job_id for r in seen]), queued, ~_has_live_row(spec))
+        .with_for_update(skip_locked=True)
+    )
+    rows = [dict(r) for r in conn.execute(missing).mappings()]
+    cursor = (seen[-1].updated_at, seen[-1].job_id) if len(seen) == limit else None
+    return rows, cursor
+
+
+def bump(conn: Connection, name: str, by: int) -> None:
+    """Add ``by`` to the counter ``name`` (created at zero)."""
+    if by <= 0:
+        return
+    stmt = _upsert(conn, COUNTERS).values(name=name, value=by)
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=[COUNTERS.c.name], set_={"value": COUNTERS.c.value + stmt.excluded.value}
+    ))  # fmt: skip
+
+
+def counters(conn: Connection) -> dict[str, int]:
+    return {str(n): int(v) for n, v in conn.execute(select(COUNTERS.c.name, COUNTERS.c.value))}
+

@@ -1,0 +1,90 @@
+"""Handing messages to the broker with bounded waits: one try, short timeouts.
+
+Celery's default publish retries a refused connection for about 0.6 s and waits on a
+blackholed host as long as the socket lets it, per message. Every message here is
+already durable in the outbox, so a publish that fails only delays it: the producer's
+fast path and the relay both try once, under ``JOBSAPP_PUBLISH_TIMEOUT`` seconds for the
+connect, each socket read and write and the RabbitMQ publisher confirm.
+
+After a broker error the producer's fast path stays off for ``COOLDOWN`` (the relay
+publishes meanwhile), so a web request that enqueues many jobs pays the wait once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from celery import Celery
+from kombu import pools
+from kombu.exceptions import OperationalError as KombuOperationalError
+
+from jobsapp.settings import positive_number
+
+TIMEOUT_ENV = "JOBSAPP_PUBLISH_TIMEOUT"
+DEFAULT_TIMEOUT = 2.0
+COOLDOWN = 5.0
+# What a broker that is down, refusing or silent raises; anything else is the message's
+# own fault (a body that does not serialise or validate).
+BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    KombuOperationalError, ConnectionError, TimeoutError, OSError,
+)  # fmt: skip
+
+_lock = threading.Lock()
+_down_until = 0.0
+
+
+def timeout() -> float:
+    return positive_number(os.environ, TIMEOUT_ENV, DEFAULT_TIMEOUT)
+
+
+def _bounded_options(app: Celery, seconds: float) -> dict[str, Any]:
+    return {
+        **(app.conf.broker_transport_options or {}),
+        # One connection attempt (kombu retries a refused connect by default).
+        "max_retries": 0,
+        # Redis transport: connect and every command; pyamqp: handshake, reads, writes.
+        "socket_connect_timeout": seconds, "socket_timeout": seconds,
+        "read_timeout": seconds, "write_timeout": seconds,
+    }  # fmt: skip
+
+
+@contextmanager
+def producer(app: Celery) -> Iterator[Any]:
+    """A pooled producer whose connection gives up within the publish timeout.
+
+    Pass it to ``send_task(..., producer=p, retry=False)``. kombu keys its producer pools
+    by the connection's parameters and drops them in a forked child.
+    """
+    seconds = timeout()
+    conn = app.connection_for_write(connect_timeout=seconds,
+                                    transport_options=_bounded_options(app, seconds))  # fmt: skip
+    pool = pools.producers[conn]
+    with pool.acquire(block=True) as pooled:
+        try:
+            yield pooled
+        except BROKER_ERRORS:
+            # A half-open connection must not be handed to the next publish.
+            pooled.connection.collect()
+            raise
+
+
+def fast_path_open() -> bool:
+    """False while the broker failed a publish less than ``COOLDOWN`` seconds ago."""
+    return time.monotonic() >= _down_until
+
+
+def broker_failed() -> None:
+    global _down_until  # noqa: PLW0603 - one process-wide breaker, see the module doc
+    with _lock:
+        _down_until = time.monotonic() + COOLDOWN
+
+
+def broker_answered() -> None:
+    global _down_until  # noqa: PLW0603
+    with _lock:
+        _down_until = 0.0
