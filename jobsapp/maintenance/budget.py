@@ -39,3 +39,17 @@ class Budget:
 
     def allows_more(self) -> bool:
         return time.monotonic() < self._deadline and self.still_leading()
+
+
+_lease_check: Callable[[], bool] = _always
+
+
+def guard_with(check: Callable[[], bool]) -> None:
+    """Beat's scheduler: every pass in this process re-checks (renews) the lease with
+    ``check`` between its batches, and stops when it returns False."""
+    global _lease_check  # noqa: PLW0603 - one beat per process; see the module doc
+    _lease_check = check
+
+
+def for_pass(limit: timedelta) -> Budget:
+    return Budget.of(limit, _lease_check)

@@ -23,7 +23,7 @@ from jobsapp.lifecycle import journal, outbox, registry
 from jobsapp.lifecycle.journal import StaleRun
 from jobsapp.lifecycle.registry import RunTable, StalePolicy
 from jobsapp.maintenance import lease, relay
-from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget
+from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget, for_pass
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class ReaperConfig:
     max_batches: int = 20
     # The check interval given to the messages the reaper publishes (see outbox).
     unclaimed_after: timedelta = outbox.UNCLAIMED_AFTER
+    budget: timedelta = DEFAULT_BUDGET
 
     def __post_init__(self) -> None:
         if self.stale_after <= timedelta(0) or self.batch < 1 or self.max_batches < 1:
@@ -153,7 +154,7 @@ def run_once(
 
     With ``app`` the requeued attempts are published right after each batch commits.
     """
-    budget = budget or Budget.of(DEFAULT_BUDGET)
+    budget = budget or for_pass(cfg.budget)
     counts: dict[str, int] = {}
     published = 0
     for spec in registry.all_tables():

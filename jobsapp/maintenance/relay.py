@@ -30,7 +30,7 @@ from jobsapp.lifecycle import journal, outbox, registry
 from jobsapp.lifecycle import outbox_queries as queries
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.maintenance import lease
-from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget
+from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget, for_pass
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def repair_missing(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) ->
 def run_once(
     app: Celery, engine: Engine, cfg: RelayConfig, budget: Budget | None = None
 ) -> dict[str, int]:
-    budget = budget or Budget.of(cfg.budget)
+    budget = budget or for_pass(cfg.budget)
     counts = dict.fromkeys(COUNTS, 0)
     published, dead, down = drain(partial(_publish_due, app, engine, cfg), cfg, budget)
     counts["published"], counts["dead"] = published, dead

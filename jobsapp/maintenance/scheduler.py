@@ -3,7 +3,8 @@
 Every tick renews the lease row; a second beat that finds it held stands by (and says
 so) until the lease expires, then takes over. Maintenance entries run inside the beat
 process, so reaping never waits behind busy workers; other periodic tasks are sent to
-the broker as usual, by the leader only.
+the broker as usual, by the leader only. A long pass renews the lease between its
+batches and stops as soon as the lease is lost (``maintenance.budget``).
 
 Cadences of the maintenance entries can be set per deployment without touching
 ``jobsapp/celeryconfig.py``: ``JOBSAPP_REAPER_EVERY``, ``JOBSAPP_RELAY_EVERY`` and
@@ -25,7 +26,7 @@ from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import schedule
 
 from jobsapp.db import get_engine
-from jobsapp.maintenance import lease
+from jobsapp.maintenance import budget, lease
 from jobsapp.settings import optional_number, positive_number
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class LeasedScheduler(Scheduler):
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leading = False
         self._last_standby_log: float | None = None
+        budget.guard_with(self._still_leading)
         super().__init__(*args, **kwargs)
 
     def setup_schedule(self) -> None:
@@ -93,15 +95,25 @@ class LeasedScheduler(Scheduler):
         return min(float(super().tick(*args, **kwargs)), renew_every)
 
     def _renew(self) -> bool:
-        try:
-            with get_engine().begin() as conn:
-                leading = lease.acquire(conn, LEASE_NAME, self.holder, ttl=self.lease_ttl,
-                                        now=lease.database_now(conn))  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - without the database nobody may lead
-            log.warning("beat lease unavailable: %s", type(exc).__name__)
-            leading = False
+        leading = self._renew_lease()
         self._announce(leading)
         return leading
+
+    def _renew_lease(self) -> bool:
+        try:
+            with get_engine().begin() as conn:
+                return lease.acquire(conn, LEASE_NAME, self.holder, ttl=self.lease_ttl,
+                                     now=lease.database_now(conn))  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - without the database nobody may lead
+            log.warning("beat lease unavailable: %s", type(exc).__name__)
+            return False
+
+    def _still_leading(self) -> bool:
+        """Between the batches of a pass: renew, and stop the pass if the lease is gone."""
+        if self._renew_lease():
+            return True
+        self._announce(False)
+        return False
 
     def _announce(self, leading: bool) -> None:
         if leading and not self.leading:

@@ -1,0 +1,136 @@
+"""A broker that is down must cost a producer milliseconds and beat a bounded moment.
+
+"Down" is a closed local port (connection refused) or a blackhole: a local socket that
+listens and never answers, so the client connects and then waits for a reply. Both are
+on the loopback; nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from celery import Celery
+from sqlalchemy import Engine, select
+
+from jobsapp.celery_app import app
+from jobsapp.lifecycle import publisher
+from jobsapp.lifecycle.journal import OUTBOX
+from jobsapp.maintenance import reaper, relay
+from tests.integration.test_maintenance_passes import JOBS, ago, enqueue, start
+from tests.support import tasks
+from tests.support.journal_view import run_row
+
+SCHEMES = ("redis", "pyamqp")
+# The blackhole's wait: what JOBSAPP_PUBLISH_TIMEOUT allows a silent broker.
+SILENT_TIMEOUT = 0.3
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def blackhole() -> Iterator[int]:
+    """A port whose kernel completes the handshake and nobody ever answers."""
+    with socket.socket() as sink:
+        sink.bind(("127.0.0.1", 0))
+        sink.listen(1024)
+        yield int(sink.getsockname()[1])
+
+
+def url(scheme: str, port: int) -> str:
+    if scheme == "redis":
+        return f"redis://127.0.0.1:{port}/0"
+    return f"pyamqp://guest:guest@127.0.0.1:{port}//"
+
+
+@pytest.fixture(autouse=True)
+def fresh_breaker(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Other tests of the session must not inherit an open breaker."""
+    monkeypatch.setenv(publisher.TIMEOUT_ENV, str(SILENT_TIMEOUT))
+    publisher.broker_answered()
+    yield
+    publisher.broker_answered()
+
+
+def _delays(n: int, *, reset_breaker: bool) -> tuple[list[float], list[uuid.UUID]]:
+    took, ids = [], []
+    for i in range(n):
+        if reset_breaker:
+            publisher.broker_answered()  # so every call really tries the broker
+        started = time.monotonic()
+        handle = tasks.echo.delay(f"down-{i}")
+        took.append(time.monotonic() - started)
+        ids.append(handle.job_id)
+    return took, ids
+
+
+def _unpublished(db: Engine, job_ids: list[uuid.UUID]) -> bool:
+    with db.connect() as conn:
+        rows = conn.execute(select(OUTBOX.c.published_at, OUTBOX.c.publish_failures)
+                            .where(OUTBOX.c.job_id.in_(job_ids))).all()  # fmt: skip
+    return len(rows) == len(job_ids) and all(r == (None, 0) for r in rows)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_delay_returns_at_once_when_the_broker_refuses(
+    db: Engine, scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app.conf, "broker_url", url(scheme, closed_port()))
+    tasks.echo.delay("warm-up")  # the first call imports the transport
+    took, ids = _delays(10, reset_breaker=True)
+    assert statistics.median(took) < 0.1, took
+    assert max(took) < 0.3, took
+    # Every job is safe in the journal; its message waits for the relay.
+    assert all(run_row(db, job_id)["state"] == "queued" for job_id in ids)
+    assert _unpublished(db, ids)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_silent_broker_costs_one_timeout_then_the_fast_path_stands_aside(
+    db: Engine, scheme: str, blackhole: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app.conf, "broker_url", url(scheme, blackhole))
+    tasks.echo.delay("warm-up")
+    (first,), _ = _delays(1, reset_breaker=True)
+    assert first < SILENT_TIMEOUT + 1.0
+    took, ids = _delays(10, reset_breaker=False)
+    assert statistics.median(took) < 0.1, took
+    assert _unpublished(db, ids)
+
+
+def _down_app(broker_url: str) -> Celery:
+    down = Celery("broker-down", broker=broker_url, set_as_current=False)
+    down.conf.update(task_serializer="json", accept_content=["json"])
+    return down
+
+
+@pytest.mark.parametrize("silent", [False, True], ids=["refused", "blackhole"])
+def test_a_relay_pass_over_500_due_rows_is_short_and_the_reaper_still_reaps(
+    db: Engine, silent: bool, blackhole: int
+) -> None:
+    due = [enqueue(db, at=ago(60)) for _ in range(500)]
+    dead_run = start(db, at=ago(120))
+    down = _down_app(url("redis", blackhole if silent else closed_port()))
+    cfg = reaper.ReaperConfig(stale_after=timedelta(seconds=30))
+
+    started = time.monotonic()
+    counts = relay.run_once(down, db, relay.RelayConfig())
+    reaped = reaper.run_once(db, cfg, down)
+    elapsed = time.monotonic() - started
+
+    assert elapsed < 5.0
+    assert counts["published"] == 0
+    assert reaped[JOBS.module] == 1
+    assert run_row(db, dead_run)["state"] == "queued"
+    # A broker outage counts against no row: every one is still due, none backed off.
+    assert _unpublished(db, due)
+    down.close()
