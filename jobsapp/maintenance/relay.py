@@ -142,8 +142,9 @@ def publish_rows(
 
 # ------------------------------------------------------------- invariant sweep
 
-# Where the next sweep of each run table starts; beat is one long-lived process.
-_sweep_cursor: dict[str, queries.Cursor | None] = {}
+# Where the next sweep of each run table (per database) starts; beat is one long-lived
+# process.
+_sweep_cursor: dict[tuple[str, str], queries.Cursor | None] = {}
 
 
 def repair_missing(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) -> Done:
@@ -155,8 +156,9 @@ def repair_missing(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) ->
     """
     with engine.begin() as conn:
         now = lease.database_now(conn)
+        key = (str(engine.url), spec.module)
         missing, cursor = queries.missing_messages(
-            conn, spec, after=_sweep_cursor.get(spec.module), limit=cfg.batch
+            conn, spec, after=_sweep_cursor.get(key), limit=cfg.batch
         )
         for run in missing:
             attempt = int(run["attempts"]) + 1
@@ -165,7 +167,7 @@ def repair_missing(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) ->
             log.warning("relay: %s job %s was queued with no message for attempt %d; "
                         "wrote one", spec.module, run["job_id"], attempt)  # fmt: skip
         queries.bump(conn, queries.REPAIRED, len(missing))
-    _sweep_cursor[spec.module] = cursor
+    _sweep_cursor[key] = cursor
     return Done(len(missing), len(missing))
 
 

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -22,6 +22,7 @@ import redis
 from celery import Celery
 from sqlalchemy import Engine, func, insert, select, text, update
 
+from jobsapp import db as jobsapp_db
 from jobsapp import operator
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox, outbox_queries, registry
@@ -516,4 +517,73 @@ def test_a_message_never_claimed_after_many_publishes_is_dead(
     (row,) = outbox_rows(db, job_id)
     assert row["dead_at"] is not None
     assert "never claimed" in row["last_error"]
+    assert broker.llen("celery") == 0
+
+
+# ------------------------------------------------------------------ invariant sweep
+
+
+def test_a_queued_run_without_a_message_is_repaired_and_counted(
+    db: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    orphan = enqueue(db, at=ago(1))
+    with db.begin() as conn:
+        conn.execute(OUTBOX.delete().where(OUTBOX.c.job_id == orphan))
+    waiting = enqueue(db, at=ago(1))  # has its row: left alone
+
+    assert relay.run_once(relay_app, db, RELAY)["repaired"] == 1
+    (row,) = outbox_rows(db, orphan)
+    assert (row["attempt"], row["published_at"], row["dead_at"]) == (1, None, None)
+    assert len(outbox_rows(db, waiting)) == 1
+    scraped = metrics.exposition(metrics.journal_registry(lambda: db, lambda: 30.0)).decode()
+    assert "jobsapp_outbox_repaired_total 1.0" in scraped
+    # Repaired once: the next pass finds the invariant kept, and publishes the message.
+    set_outbox(db, orphan, 1, available_at=ago(10))
+    counts = relay.run_once(relay_app, db, RELAY)
+    assert (counts["repaired"], counts["published"]) == (0, 1)
+    assert task_id_for(orphan, 1) in queued_task_ids(broker)
+
+
+# ------------------------------------------------------------------ beat's clock
+# Beat's clock may run ahead of the workers' (a skewed host): the reaper and the relay
+# judge heartbeats and due times on the database's clock, as the workers stamp them.
+
+SKEW = timedelta(minutes=10)
+
+
+def ahead() -> Callable[[], datetime]:
+    return lambda: utcnow() + SKEW
+
+
+@pytest.fixture
+def beat_clock_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's clock ten minutes ahead, wherever the passes might read it."""
+    skewed = ahead()
+    for module in (jobsapp_db, reaper, relay, outbox):
+        monkeypatch.setattr(module, "utcnow", skewed, raising=False)
+
+
+@pytest.mark.usefixtures("beat_clock_ahead")
+def test_a_skewed_beat_does_not_reap_a_live_run(pg: Engine) -> None:
+    live = start(pg, at=ago(120))
+    set_row(pg, live, heartbeat_at=ago(1))
+    assert reaper.run_once(pg, reaper.ReaperConfig(stale_after=timedelta(seconds=30)))[
+        JOBS.module
+    ] == 0
+    assert run_row(pg, live)["state"] == "running"
+
+
+@pytest.mark.usefixtures("beat_clock_ahead")
+def test_a_skewed_beat_republishes_nothing_before_its_check_time(
+    pg: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    job_id = enqueue(pg, at=ago(30))
+    set_outbox(pg, job_id, 1, published_at=ago(30), publish_count=1,
+               available_at=utcnow() + timedelta(seconds=60))  # fmt: skip
+    fresh = enqueue(pg, at=utcnow())  # its producer publishes it (grace)
+
+    counts = relay.run_once(relay_app, pg, RELAY)
+    assert (counts["republished"], counts["published"]) == (0, 0)
+    assert outbox_rows(pg, job_id)[0]["publish_count"] == 1
+    assert outbox_rows(pg, fresh)[0]["published_at"] is None
     assert broker.llen("celery") == 0
