@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any
 
 from celery import Celery
@@ -53,6 +54,15 @@ def _bounded_options(app: Celery, seconds: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
+@lru_cache(maxsize=32)
+def _pool(_pid: int, app: Celery, url: str, seconds: float) -> Any:
+    """The pool of bounded producers for ``url`` in process ``_pid`` (a forked child gets
+    its own); looked up once, as building the connection key costs a publish's time."""
+    conn = app.connection_for_write(url, connect_timeout=seconds,
+                                    transport_options=_bounded_options(app, seconds))  # fmt: skip
+    return pools.producers[conn]
+
+
 @contextmanager
 def producer(app: Celery) -> Iterator[Any]:
     """A pooled producer whose connection gives up within the publish timeout.
@@ -60,10 +70,7 @@ def producer(app: Celery) -> Iterator[Any]:
     Pass it to ``send_task(..., producer=p, retry=False)``. kombu keys its producer pools
     by the connection's parameters and drops them in a forked child.
     """
-    seconds = timeout()
-    conn = app.connection_for_write(connect_timeout=seconds,
-                                    transport_options=_bounded_options(app, seconds))  # fmt: skip
-    pool = pools.producers[conn]
+    pool = _pool(os.getpid(), app, app.conf.broker_write_url, timeout())
     with pool.acquire(block=True) as pooled:
         try:
             yield pooled
