@@ -30,7 +30,7 @@ from jobsapp.lifecycle.tables import JobRun
 from jobsapp.schema import metadata
 from tests.e2e.procs import BIN, Launcher, Supervisor, ready, service_env
 from tests.support import tasks
-from tests.support.env import service
+from tests.support.env import SESSION, service
 from tests.support.journal_view import events, outbox_rows, run_row, transitions
 from tests.support.waiting import eventually
 
@@ -50,7 +50,8 @@ SETTINGS = {
     "JOBSAPP_REAPER_EVERY": str(REAPER_EVERY),
     "JOBSAPP_RELAY_EVERY": str(RELAY_EVERY),
 }
-DATABASE = "jobsapp_e2e_maintenance"
+# Per test session: another session running this module must not drop it under us.
+DATABASE = f"jobsapp_e2e_maintenance_{SESSION}"
 BROKER_DB = 3
 RUNS = JobRun.__table__
 

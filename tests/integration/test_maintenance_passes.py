@@ -587,3 +587,18 @@ def test_a_skewed_beat_republishes_nothing_before_its_check_time(
     assert outbox_rows(pg, job_id)[0]["publish_count"] == 1
     assert outbox_rows(pg, fresh)[0]["published_at"] is None
     assert broker.llen("celery") == 0
+
+
+def test_the_sweep_pages_through_the_queued_runs_and_wraps_around(
+    db: Engine, relay_app: Celery
+) -> None:
+    base = utcnow() - timedelta(seconds=5)
+    ids = [enqueue(db, at=base + timedelta(milliseconds=i)) for i in range(5)]
+    with db.begin() as conn:
+        conn.execute(OUTBOX.delete().where(OUTBOX.c.job_id.in_([ids[0], ids[3]])))
+    small = relay.RelayConfig(unclaimed_after=UNCLAIMED, batch=2)
+
+    # Pages of two: [0, 1], [2, 3], [4] and back to the start.
+    repaired = [relay.repair_missing(db, JOBS, small).done for _ in range(4)]
+    assert repaired == [1, 1, 0, 0]
+    assert all(len(outbox_rows(db, job_id)) == 1 for job_id in ids)
