@@ -77,37 +77,63 @@ def drain(step: Step, cfg: RelayConfig, budget: Budget) -> tuple[int, int, bool]
     return total, dead, False
 
 
-def _send(
-    app: Celery, conn: Connection, messages: Sequence[PendingMessage], cfg: RelayConfig,
-    now: datetime,
-) -> Done:  # fmt: skip
-    """Publish ``messages`` (locked by the caller), mark what the broker took, set back
-    what refused on its own."""
-    report = outbox.publish(app, messages, unclaimed_after=cfg.unclaimed_after)
+# What a pick found in the caller's transaction: (rows to send, rows found, rows it
+# killed without sending).
+Picked = tuple[list[PendingMessage], int, int]
+Select = Callable[[Connection, datetime], Picked]
+
+
+def _record(
+    conn: Connection, messages: Sequence[PendingMessage], report: outbox.Report, now: datetime
+) -> int:
+    """Mark what the broker took, set back what refused on its own; returns rows killed."""
     outbox.mark(conn, report.accepted)
-    dead = queries.set_back(conn, outbox.setbacks(messages, report.refused, now), now=now)
-    return Done(len(messages), len(report.accepted), dead, report.broker_error is not None)
+    return queries.set_back(conn, outbox.setbacks(messages, report.refused, now), now=now)
+
+
+def _select_and_send(app: Celery, engine: Engine, unclaimed_after: timedelta, pick: Select) -> Done:
+    """PostgreSQL: publish while the rows are locked, so a second relay skips them.
+    SQLite: every transaction holds the database's write lock, which must never wait on a
+    broker (uploads and heartbeats queue behind it): pick, publish outside, record."""
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            now = lease.database_now(conn)
+            rows, found, buried = pick(conn, now)
+            report = outbox.publish(app, rows, unclaimed_after=unclaimed_after)
+            dead = _record(conn, rows, report, now)
+    else:
+        with engine.begin() as conn:
+            now = lease.database_now(conn)
+            rows, found, buried = pick(conn, now)
+        report = outbox.publish(app, rows, unclaimed_after=unclaimed_after)
+        with engine.begin() as conn:
+            dead = _record(conn, rows, report, now)
+    return Done(found, len(report.accepted), dead + buried, report.broker_error is not None)
+
+
+def _due(cfg: RelayConfig, conn: Connection, now: datetime) -> Picked:
+    due = queries.due_messages(conn, now=now - cfg.grace, limit=cfg.batch)
+    return due, len(due), 0
+
+
+def _lost(spec: registry.RunTable, cfg: RelayConfig, conn: Connection, now: datetime) -> Picked:
+    """Unclaimed rows to republish; those republished too often are buried instead."""
+    lost = queries.unclaimed_messages(conn, spec, now=now, limit=cfg.batch)
+    hopeless = [m.id for m in lost if outbox.never_claimed(m)]
+    buried = queries.bury(conn, hopeless, now=now, reason=(
+        f"published {outbox.MAX_UNCLAIMED_PUBLISHES} times and never claimed: "
+        "does any worker run this task?"))  # fmt: skip
+    return [m for m in lost if m.id not in hopeless], len(lost), buried
 
 
 def _publish_due(app: Celery, engine: Engine, cfg: RelayConfig) -> Done:
-    with engine.begin() as conn:
-        now = lease.database_now(conn)
-        due = queries.due_messages(conn, now=now - cfg.grace, limit=cfg.batch)
-        return _send(app, conn, due, cfg, now)
+    return _select_and_send(app, engine, cfg.unclaimed_after, partial(_due, cfg))
 
 
 def _republish_lost(
     app: Celery, engine: Engine, spec: registry.RunTable, cfg: RelayConfig
 ) -> Done:
-    with engine.begin() as conn:
-        now = lease.database_now(conn)
-        lost = queries.unclaimed_messages(conn, spec, now=now, limit=cfg.batch)
-        hopeless = [m.id for m in lost if outbox.never_claimed(m)]
-        buried = queries.bury(conn, hopeless, now=now, reason=(
-            f"published {outbox.MAX_UNCLAIMED_PUBLISHES} times and never claimed: "
-            "does any worker run this task?"))  # fmt: skip
-        sent = _send(app, conn, [m for m in lost if m.id not in hopeless], cfg, now)
-    return Done(len(lost), sent.done, sent.dead + buried, sent.broker_down)
+    return _select_and_send(app, engine, cfg.unclaimed_after, partial(_lost, spec, cfg))
 
 
 def _settle(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) -> Done:
@@ -133,11 +159,12 @@ def publish_rows(
     """
     if not keys:
         return 0
-    with engine.begin() as conn:
-        pending = queries.rows_by_attempt(conn, spec, keys)
-        report = outbox.publish(app, pending, unclaimed_after=unclaimed_after)
-        outbox.mark(conn, report.accepted)
-    return len(report.accepted)
+
+    def pick(conn: Connection, _now: datetime) -> Picked:
+        rows = queries.rows_by_attempt(conn, spec, keys)
+        return rows, len(rows), 0
+
+    return _select_and_send(app, engine, unclaimed_after, pick).done
 
 
 # ------------------------------------------------------------- invariant sweep

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,9 +20,11 @@ from celery import Celery
 from sqlalchemy import Engine, select
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import publisher
+from jobsapp.db import utcnow
+from jobsapp.lifecycle import journal, publisher
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.maintenance import reaper, relay
+from tests.conftest import use_database
 from tests.integration.test_maintenance_passes import JOBS, ago, enqueue, start
 from tests.support import tasks
 from tests.support.journal_view import run_row
@@ -134,3 +137,26 @@ def test_a_relay_pass_over_500_due_rows_is_short_and_the_reaper_still_reaps(
     # A broker outage counts against no row: every one is still due, none backed off.
     assert _unpublished(db, due)
     down.close()
+
+
+def test_on_sqlite_a_relay_waiting_on_a_silent_broker_blocks_no_heartbeat(
+    sqlite_url: str, blackhole: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every SQLite transaction holds the database's write lock (BEGIN IMMEDIATE).
+    db = use_database(sqlite_url)
+    monkeypatch.setenv(publisher.TIMEOUT_ENV, "2.0")
+    for _ in range(3):
+        enqueue(db, at=ago(60))
+    live = start(db, at=ago(1))
+    down = _down_app(url("redis", blackhole))
+    relay_pass = threading.Thread(target=relay.run_once, args=(down, db, relay.RelayConfig()))
+    relay_pass.start()
+    time.sleep(0.5)  # the relay now waits for the silent broker
+
+    started = time.monotonic()
+    with db.begin() as conn:
+        assert journal.heartbeat(conn, JOBS, live, 1, now=utcnow())
+    waited = time.monotonic() - started
+    relay_pass.join(timeout=30)
+    down.close()
+    assert waited < 0.5
