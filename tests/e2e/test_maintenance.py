@@ -10,6 +10,7 @@ runs in about a minute; every process is killed by the ``procs`` finalizer.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 import uuid
@@ -422,3 +423,28 @@ def test_two_maintenance_passes_at_once_touch_each_row_once(
     tokens = [f"stale-{j}" for j in stale] + [f"pending-{j}" for j in pending]
     ran = [int(v or 0) for v in broker.mget([f"jobsapp-test:calls:{t}" for t in tokens])]
     assert ran == [1] * 400
+
+
+def test_a_beat_whose_broker_refuses_connections_still_reaps_on_time(
+    procs: Launcher, db: Engine
+) -> None:
+    with socket.socket() as probe:  # a closed local port: every connection refused
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    unpublished = plant_unpublished(db, 500)
+    beat = procs.start("beat-down", [str(BIN / "celery"), "-A", "jobsapp", "beat", "-s",
+                                     str(procs.workdir / "down-schedule"), "-l", "info"],
+                       env={"JOBSAPP_BROKER_URL": f"redis://127.0.0.1:{closed}/0"})  # fmt: skip
+    ready(beat)
+    (dead,) = plant_stale_runs(db, 1)
+    planted = utcnow()
+
+    reap = first_event(db, dead, "reap_requeue", timeout=30)
+    delay = (reap["at"] - planted).total_seconds()
+    print(f"reaped {delay:.2f}s after planting, the broker down")
+    # The relay gives up on the broker at its first refusal: the reaper keeps its cadence.
+    assert delay <= REAPER_EVERY + RELAY_EVERY + 3 * SLACK
+    assert "standing by" not in beat.log()
+    # Every message is still due for the relay once the broker is back; none backed off.
+    rows = [m for job_id in unpublished for m in outbox_rows(db, job_id)]
+    assert all(m["published_at"] is None and m["publish_failures"] == 0 for m in rows)
