@@ -44,6 +44,7 @@ class Settings:
     stale_after: float
     inline_wait_max: float
     unclaimed_after: float
+    publish_timeout: float
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -150,6 +151,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         stale_after=positive_number(env, "JOBSAPP_STALE_AFTER", 3 * heartbeat),
         inline_wait_max=positive_number(env, "JOBSAPP_INLINE_WAIT_MAX", 5.0),
         unclaimed_after=positive_number(env, "JOBSAPP_UNCLAIMED_AFTER", 300.0),
+        publish_timeout=positive_number(env, "JOBSAPP_PUBLISH_TIMEOUT", 2.0),
     )
 
 

@@ -4,7 +4,7 @@ Celery's default publish retries a refused connection for about 0.6 s and waits 
 blackholed host as long as the socket lets it, per message. Every message here is
 already durable in the outbox, so a publish that fails only delays it: the producer's
 fast path and the relay both try once, under ``JOBSAPP_PUBLISH_TIMEOUT`` seconds for the
-connect, each socket read and write and the RabbitMQ publisher confirm.
+connect, each socket read and write and the RabbitMQ publisher confirm (default 2 s).
 
 After a broker error the producer's fast path stays off for ``COOLDOWN`` (the relay
 publishes meanwhile), so a web request that enqueues many jobs pays the wait once.
@@ -24,10 +24,8 @@ from celery import Celery
 from kombu import pools
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from jobsapp.settings import positive_number
+from jobsapp.settings import get_settings
 
-TIMEOUT_ENV = "JOBSAPP_PUBLISH_TIMEOUT"
-DEFAULT_TIMEOUT = 2.0
 COOLDOWN = 5.0
 # What a broker that is down, refusing or silent raises; anything else is the message's
 # own fault (a body that does not serialise or validate).
@@ -37,10 +35,6 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 
 _lock = threading.Lock()
 _down_until = 0.0
-
-
-def timeout() -> float:
-    return positive_number(os.environ, TIMEOUT_ENV, DEFAULT_TIMEOUT)
 
 
 def _bounded_options(app: Celery, seconds: float) -> dict[str, Any]:
@@ -70,7 +64,7 @@ def producer(app: Celery) -> Iterator[Any]:
     Pass it to ``send_task(..., producer=p, retry=False)``. kombu keys its producer pools
     by the connection's parameters and drops them in a forked child.
     """
-    pool = _pool(os.getpid(), app, app.conf.broker_write_url, timeout())
+    pool = _pool(os.getpid(), app, app.conf.broker_write_url, get_settings().publish_timeout)
     with pool.acquire(block=True) as pooled:
         try:
             yield pooled

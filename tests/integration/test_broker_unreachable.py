@@ -27,6 +27,7 @@ from jobsapp.maintenance import reaper, relay
 from tests.conftest import use_database
 from tests.integration.test_maintenance_passes import JOBS, ago, enqueue, start
 from tests.support import tasks
+from tests.support.attachments import environment
 from tests.support.journal_view import run_row
 
 SCHEMES = ("redis", "pyamqp")
@@ -56,11 +57,11 @@ def url(scheme: str, port: int) -> str:
 
 
 @pytest.fixture(autouse=True)
-def fresh_breaker(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Other tests of the session must not inherit an open breaker."""
-    monkeypatch.setenv(publisher.TIMEOUT_ENV, str(SILENT_TIMEOUT))
+def fresh_breaker() -> Iterator[None]:
+    """A short publish timeout; other tests of the session inherit no open breaker."""
     publisher.broker_answered()
-    yield
+    with environment(JOBSAPP_PUBLISH_TIMEOUT=str(SILENT_TIMEOUT)):
+        yield
     publisher.broker_answered()
 
 
@@ -140,23 +141,22 @@ def test_a_relay_pass_over_500_due_rows_is_short_and_the_reaper_still_reaps(
 
 
 def test_on_sqlite_a_relay_waiting_on_a_silent_broker_blocks_no_heartbeat(
-    sqlite_url: str, blackhole: int, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, blackhole: int
 ) -> None:
     # Every SQLite transaction holds the database's write lock (BEGIN IMMEDIATE).
     db = use_database(sqlite_url)
-    monkeypatch.setenv(publisher.TIMEOUT_ENV, "2.0")
     for _ in range(3):
         enqueue(db, at=ago(60))
     live = start(db, at=ago(1))
     down = _down_app(url("redis", blackhole))
-    relay_pass = threading.Thread(target=relay.run_once, args=(down, db, relay.RelayConfig()))
-    relay_pass.start()
-    time.sleep(0.5)  # the relay now waits for the silent broker
-
-    started = time.monotonic()
-    with db.begin() as conn:
-        assert journal.heartbeat(conn, JOBS, live, 1, now=utcnow())
-    waited = time.monotonic() - started
-    relay_pass.join(timeout=30)
+    with environment(JOBSAPP_PUBLISH_TIMEOUT="2.0"):
+        relay_pass = threading.Thread(target=relay.run_once, args=(down, db, relay.RelayConfig()))
+        relay_pass.start()
+        time.sleep(0.5)  # the relay now waits for the silent broker
+        started = time.monotonic()
+        with db.begin() as conn:
+            assert journal.heartbeat(conn, JOBS, live, 1, now=utcnow())
+        waited = time.monotonic() - started
+        relay_pass.join(timeout=30)
     down.close()
     assert waited < 0.5
