@@ -27,6 +27,8 @@ _WELL_KNOWN_TOKENS = frozenset(
      "test", "default", "example", "xxx"}
 )  # fmt: skip
 _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "pyamqp", "memory")
+_MIB = 1024 * 1024
+DEFAULT_IMAGE_MEMORY_BUDGET_MB = 512
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Settings:
     inline_wait_max: float
     unclaimed_after: float
     publish_timeout: float
+    # Bytes one image job may allocate for decoding and encoding (docs/performance.md).
+    image_memory_budget: int
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -152,6 +156,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         inline_wait_max=positive_number(env, "JOBSAPP_INLINE_WAIT_MAX", 5.0),
         unclaimed_after=positive_number(env, "JOBSAPP_UNCLAIMED_AFTER", 300.0),
         publish_timeout=positive_number(env, "JOBSAPP_PUBLISH_TIMEOUT", 2.0),
+        image_memory_budget=_MIB
+        * whole_number(env, "JOBSAPP_IMAGE_MEMORY_BUDGET_MB", DEFAULT_IMAGE_MEMORY_BUDGET_MB),
     )
 
 

@@ -6,18 +6,19 @@ and returns encoded variant bytes; it never touches files or the network.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar, Literal
 from uuid import UUID
 
-from PIL import Image, ImageCms, ImageOps
+from PIL import ExifTags, Image, ImageCms, ImageOps
 
 from .validation import CONTENT_TYPES, SUPPORTED_FORMATS, display_size
 
@@ -42,6 +43,19 @@ _WITHOUT_ALPHA = {"LA": "L", "RGBA": "RGB"}
 # Modes the colour step takes as they are; others are converted to RGB or RGBA first.
 _DIRECT_MODES = frozenset({"L", "LA", "RGB", "RGBA", "CMYK"})
 _SIXTEEN_TO_EIGHT_BITS = 1 / 256
+# Modes every encoder takes as they are, so rendering never copies them.
+_ENCODABLE_MODES = frozenset({"RGB", "RGBA"})
+_PILLOW_RGB_BYTES = 4
+_SINGLE_BAND_BYTES = {"I": 4, "F": 4, "I;16": 2, "I;16L": 2, "I;16B": 2, "I;16N": 2}
+_OPAQUE = 255
+# libwebp's working memory per output pixel at _WEBP_METHOD, measured on photo-like noise
+# (bench/bench_images.py): the ARGB and YUV copies of the input and, from method 3 on, the
+# token buffer of the whole image; an alpha plane adds its lossless (VP8L) encoder.
+_ENCODE_BYTES = 14
+_ENCODE_ALPHA_BYTES = 34
+# libjpeg's decode reductions, applied to the size the variants need.
+_JPEG_DIVISORS = (1, 2, 4, 8)
+_MIB = 1024 * 1024
 
 
 class PipelineError(Exception):
@@ -65,6 +79,16 @@ class CorruptImage(PipelineError):
     """The source does not decode; no retry can change that."""
 
     error_code = "corrupt_image"
+    permanent = True
+
+
+class ImageTooLarge(PipelineError):
+    """Rendering the source would take more memory than the per-job budget allows.
+
+    Permanent for this budget; an operator who raises the budget can replay the job.
+    """
+
+    error_code = "memory_budget"
     permanent = True
 
 
@@ -196,19 +220,96 @@ def plan_variants(version: int, width: int, height: int) -> list[PlannedVariant]
     ]
 
 
-def render_all(source: bytes, version: int) -> dict[str, RenderedVariant]:
-    """Render every variant of a version.
+def render_all(
+    source: bytes, version: int, memory_budget: int | None = None
+) -> dict[str, RenderedVariant]:
+    """Render every variant of a version from one decode of the source.
 
-    Each variant decodes the source itself, only as large as it needs: a thumbnail of a large
-    JPEG never pays for the full-size decode that the re-encoded variant needs.
+    ``memory_budget`` (bytes) bounds what the render allocates: a JPEG is decoded at a
+    smaller scale, and otherwise the full-size variant is scaled down, until it fits; a
+    source whose decode alone would exceed it is refused with ``ImageTooLarge`` before any
+    pixel is decoded.
     """
-    return {spec.name: render_variant(source, spec) for spec in get_pipeline(version).variants}
+    return _render(source, get_pipeline(version).variants, memory_budget)
 
 
-def render_variant(source: bytes, spec: VariantSpec) -> RenderedVariant:
+def render_variant(
+    source: bytes, spec: VariantSpec, memory_budget: int | None = None
+) -> RenderedVariant:
     """Render one variant: upright, sRGB, metadata-free; raises CorruptImage if undecodable."""
-    upright, target = _decode_upright(source, spec)
-    shaped = _resize(_to_srgb(upright), spec, target)
+    return _render(source, (spec,), memory_budget)[spec.name]
+
+
+def decode_bytes(mode: str, size: tuple[int, int], *, transposed: bool) -> int:
+    """Memory for the decoded source, plus the full-size copy that converting its mode to
+    RGB(A), or turning it upright, makes."""
+    copies = (mode not in _ENCODABLE_MODES) + transposed
+    return size[0] * size[1] * (_bytes_per_pixel(mode) + copies * _PILLOW_RGB_BYTES)
+
+
+def encode_bytes(pixels: int, *, alpha: bool) -> int:
+    """libwebp's working memory for an output of ``pixels`` (bench/bench_images.py)."""
+    return pixels * (_ENCODE_ALPHA_BYTES if alpha else _ENCODE_BYTES)
+
+
+def resized_bytes(specs: Sequence[VariantSpec], upright: tuple[int, int]) -> int:
+    """Memory for the variants that are resized from the source (thumbnails, crops)."""
+    total = 0
+    for spec in specs:
+        if spec.size is not None:
+            pixels = math.prod(output_size(spec, *upright))
+            # resize(reducing_gap=2) goes through an intermediate of about twice the target.
+            total += pixels * _PILLOW_RGB_BYTES * int(REDUCING_GAP**2 + 1)
+            total += encode_bytes(pixels, alpha=True)
+    return total
+
+
+def full_size_within(size: tuple[int, int], spare: int, *, alpha: bool) -> tuple[int, int]:
+    """The largest size, at the aspect of ``size``, whose encode fits in ``spare`` bytes.
+
+    Scaling down makes a resized copy first, so a smaller output costs that copy too.
+    """
+    width, height = size
+    if encode_bytes(width * height, alpha=alpha) <= spare:
+        return size
+    pixels = spare // (encode_bytes(1, alpha=alpha) + _PILLOW_RGB_BYTES)
+    if pixels < 1:
+        raise ImageTooLarge("the per-job memory budget leaves no room to encode the image")
+    longest = max(size)
+    return _fit_within(width, height, max(1, math.isqrt(pixels * longest**2 // (width * height))))
+
+
+def _render(
+    source: bytes, specs: Sequence[VariantSpec], budget: int | None
+) -> dict[str, RenderedVariant]:
+    with _decoded_upright(source, specs, budget) as (upright, spare):
+        srgb = _to_srgb(upright)
+        alpha = _has_transparency(srgb)
+        return {
+            spec.name: _rendered(srgb, spec, _target(spec, srgb.size, spare, alpha=alpha))
+            for spec in specs
+        }
+
+
+def _target(
+    spec: VariantSpec, size: tuple[int, int], spare: int | None, *, alpha: bool
+) -> tuple[int, int]:
+    target = output_size(spec, *size)
+    if spec.size is not None or spare is None:
+        return target
+    return full_size_within(target, spare, alpha=alpha)
+
+
+def _has_transparency(img: Image.Image) -> bool:
+    # libwebp encodes no alpha plane for an image that is opaque everywhere.
+    if img.mode != "RGBA":
+        return False
+    alpha_range = img.getextrema()[-1]
+    return isinstance(alpha_range, tuple) and alpha_range[0] < _OPAQUE
+
+
+def _rendered(img: Image.Image, spec: VariantSpec, target: tuple[int, int]) -> RenderedVariant:
+    shaped = _resize(img, spec, target)
     data = _encode(shaped, spec)
     return RenderedVariant(
         data=data,
@@ -246,34 +347,81 @@ def _scale(length: int, bound: int, longest: int) -> int:
     return max(1, (2 * length * bound + longest) // (2 * longest))
 
 
-def _decode_upright(source: bytes, spec: VariantSpec) -> tuple[Image.Image, tuple[int, int]]:
-    """First frame, decoded no larger than the variant needs and turned upright."""
+@contextmanager
+def _decoded_upright(
+    source: bytes, specs: Sequence[VariantSpec], budget: int | None
+) -> Iterator[tuple[Image.Image, int | None]]:
+    """First frame, decoded once, no larger than needed, upright; with the budget left."""
     with _undecodable_as_corrupt(), Image.open(io.BytesIO(source), formats=_SOURCE_FORMATS) as img:
         upright = display_size(img)
-        target = output_size(spec, *upright)
+        transposed = img.getexif().get(ExifTags.Base.Orientation, 1) != 1
+        request = _scaled(img.size, _draft_scale(upright, specs))
+        if budget is not None and img.format == "JPEG":
+            request = _within(img.mode, request, budget, transposed=transposed)
         # JPEG only (a no-op elsewhere): the decoder scales by 1/2, 1/4 or 1/8 as it decodes.
-        img.draft(None, _draft_size(img.size, upright, spec, target))
+        img.draft(None, request)
+        fixed = decode_bytes(img.mode, img.size, transposed=transposed)
+        fixed += resized_bytes(specs, upright)
+        if budget is not None and fixed >= budget:
+            raise ImageTooLarge(
+                f"decoding needs about {fixed // _MIB} MiB, more than the per-job memory "
+                f"budget of {budget // _MIB} MiB"
+            )
         img.load()
-        return ImageOps.exif_transpose(img), target
+        # In place: without it Pillow returns a full-size copy even when nothing turns.
+        ImageOps.exif_transpose(img, in_place=True)
+        yield img, None if budget is None else budget - fixed
 
 
-def _draft_size(
-    stored: tuple[int, int], upright: tuple[int, int], spec: VariantSpec, target: tuple[int, int]
-) -> tuple[int, int]:
+def _within(mode: str, size: tuple[int, int], budget: int, *, transposed: bool) -> tuple[int, int]:
+    """The largest of libjpeg's reductions of ``size`` whose decode and encode fit the budget."""
+    for divisor in _JPEG_DIVISORS:
+        reduced = (max(1, size[0] // divisor), max(1, size[1] // divisor))
+        need = decode_bytes(mode, reduced, transposed=transposed)
+        if need + encode_bytes(math.prod(reduced), alpha=False) <= budget:
+            return reduced
+    return reduced
+
+
+def _scaled(size: tuple[int, int], scale: float) -> tuple[int, int]:
+    return math.ceil(size[0] * scale), math.ceil(size[1] * scale)
+
+
+def _bytes_per_pixel(mode: str) -> int:
+    # Pillow stores every multi-band mode (LA and P with alpha included) in 4 bytes a pixel.
+    return _PILLOW_RGB_BYTES if Image.getmodebands(mode) > 1 else _SINGLE_BAND_BYTES.get(mode, 1)
+
+
+def _draft_scale(upright: tuple[int, int], specs: Sequence[VariantSpec]) -> float:
+    # The variant that keeps the most detail sets the scale of the one decode.
+    return min(1.0, max(_variant_scale(upright, spec) for spec in specs))
+
+
+def _variant_scale(upright: tuple[int, int], spec: VariantSpec) -> float:
     # The part of the image that ends up in the output, and how much it shrinks; the scale is
     # the same in both orientations, so it applies to the stored size directly.
+    target = output_size(spec, *upright)
+    if spec.size is None:
+        return max(t / r for t, r in zip(target, upright, strict=True))
     region = (min(upright), min(upright)) if spec.kind == "square" else upright
-    scale = REDUCING_GAP * max(t / r for t, r in zip(target, region, strict=True))
-    return math.ceil(stored[0] * scale), math.ceil(stored[1] * scale)
+    return REDUCING_GAP * max(t / r for t, r in zip(target, region, strict=True))
 
 
 def _to_srgb(img: Image.Image) -> Image.Image:
-    """RGB or RGBA in sRGB, whatever the source mode and embedded profile."""
+    """RGB or RGBA in sRGB, whatever the source mode and embedded profile.
+
+    RGB and RGBA, the modes of large sources, are converted in place: no full-size copy.
+    """
     icc = img.info.get("icc_profile")
     img = _normalise_mode(img)
+    profile = _source_profile(icc, img.mode)
+    if img.mode in _ENCODABLE_MODES:
+        if profile is not None:
+            _convert_in_place(img, profile)
+        return img
     alpha = img.getchannel("A") if img.mode in _WITHOUT_ALPHA else None
     colour = img if alpha is None else img.convert(_WITHOUT_ALPHA[img.mode])
-    converted = _icc_to_srgb(colour, icc)
+    converted = None if profile is None else _profile_to_srgb(colour, profile)
     rgb = colour.convert("RGB") if converted is None else converted
     if alpha is not None:
         rgb.putalpha(alpha)
@@ -291,17 +439,29 @@ def _normalise_mode(img: Image.Image) -> Image.Image:
     return img.convert("RGBA" if img.has_transparency_data else "RGB")
 
 
-def _icc_to_srgb(colour: Image.Image, icc: object) -> Image.Image | None:
-    space = _ICC_SPACE.get(colour.mode)
+def _source_profile(icc: object, mode: str) -> ImageCms.ImageCmsProfile | None:
+    """The embedded ICC profile, if it is readable and describes ``mode``'s colour space."""
+    space = _ICC_SPACE.get(_WITHOUT_ALPHA.get(mode, mode))
     if not isinstance(icc, bytes) or not icc or space is None:
         return None
     try:
         profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
-        if profile.profile.xcolor_space.strip() != space:
-            return None
-        return ImageCms.profileToProfile(colour, profile, _SRGB, outputMode="RGB")
     except (OSError, ImageCms.PyCMSError):
         # A damaged profile does not make the pixels unusable; browsers ignore it too.
+        return None
+    return profile if profile.profile.xcolor_space.strip() == space else None
+
+
+def _convert_in_place(img: Image.Image, profile: ImageCms.ImageCmsProfile) -> None:
+    # LittleCMS leaves the alpha band of an RGBA image as it is.
+    with contextlib.suppress(ImageCms.PyCMSError):
+        ImageCms.profileToProfile(img, profile, _SRGB, outputMode=img.mode, inPlace=True)
+
+
+def _profile_to_srgb(colour: Image.Image, profile: ImageCms.ImageCmsProfile) -> Image.Image | None:
+    try:
+        return ImageCms.profileToProfile(colour, profile, _SRGB, outputMode="RGB")
+    except ImageCms.PyCMSError:
         return None
 
 
@@ -344,7 +504,7 @@ def _on_white(img: Image.Image) -> Image.Image:
 def _undecodable_as_corrupt() -> Iterator[None]:
     try:
         yield
-    except MemoryError:
+    except (MemoryError, PipelineError):
         raise
     except Exception as exc:
         # Pillow reports undecodable bytes with many exception types (OSError, SyntaxError,

@@ -36,6 +36,7 @@ from jobsapp.attachments.models import (
 )
 from jobsapp.attachments.pipeline import (
     CorruptImage,
+    ImageTooLarge,
     PipelineError,
     RenderedVariant,
     get_pipeline,
@@ -58,6 +59,7 @@ from jobsapp.lifecycle import (
     lifecycle_task,
 )
 from jobsapp.lifecycle.states import ACTIVE_STATES, State
+from jobsapp.settings import get_settings
 from jobsapp.storage import (
     ChecksumConflict,
     ChecksumMismatch,
@@ -142,7 +144,7 @@ class _Stored:
     max_attempts=5,
     # The body turns these into AttachmentFailed itself; listed so that one escaping the
     # body is still never retried.
-    permanent_errors=(CorruptImage,),
+    permanent_errors=(CorruptImage, ImageTooLarge),
 )
 def process_attachment(attachment_id: uuid.UUID, pipeline_version: int) -> None:
     job = _Job(current_run(), attachment_id, pipeline_version)
@@ -165,7 +167,7 @@ def _publish(job: _Job) -> None:
         return
     _mark_processing(job)
     source = _read_source(job, store, row)
-    rendered = render_all(source, job.version)
+    rendered = render_all(source, job.version, get_settings().image_memory_budget)
     stored = [_put_variant(store, job, name, variant) for name, variant in rendered.items()]
     original = _ensure_original(store, job, row)
     job.ctx.check_lease()

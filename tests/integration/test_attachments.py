@@ -375,6 +375,23 @@ def test_transient_failure_on_the_last_attempt_fails_the_attachment(
     assert (run["state"], run["outcome"], run["attempts"]) == ("failed", "exhausted", 1)
 
 
+def test_an_image_over_the_memory_budget_fails_with_memory_budget(
+    s3: ObjectStore, db: Engine, redis_clean: None, request: pytest.FixtureRequest
+) -> None:
+    # 2000x2000 decodes to 16 MiB: more than the whole budget, so it is never decoded.
+    accepted = accept_upload(images.encode(Image.new("RGB", (2000, 2000)), "PNG"), "p.png", None)
+    with environment(JOBSAPP_IMAGE_MEMORY_BUDGET_MB="4"):
+        request.getfixturevalue("worker")
+        view = settled(accepted.attachment_id, "failed")
+    assert view["error_code"] == "memory_budget"
+    (run,) = run_rows(db, accepted.attachment_id)
+    assert (run["state"], run["outcome"], run["attempts"]) == ("failed", "permanent", 1)
+    assert "memory budget" in run["last_error"]
+    # The worker lived on: the next upload is processed.
+    small = accept_upload(images.solid("PNG"), "s.png", None)
+    _assert_published(s3, settled(small.attachment_id, "ready"), images.solid("PNG"))
+
+
 def test_upload_with_storage_down_is_service_unavailable(s3: ObjectStore, db: Engine) -> None:
     with (
         environment(JOBSAPP_S3_ENDPOINT_URL=DEAD_S3_ENDPOINT),
