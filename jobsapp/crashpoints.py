@@ -17,6 +17,7 @@ POINTS = frozenset(
         "after_publish_before_confirm",
         "after_s3_write_before_commit",
         "after_result_commit_before_ack",
+        "after_attachment_failed_before_run_outcome",
         "mid_run",
         "before_heartbeat",
     }

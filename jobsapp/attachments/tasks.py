@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, func, or_, select, update
+from sqlalchemy import ColumnElement, Connection, Update, func, or_, select, update
 from sqlalchemy.dialects.postgresql import dml as pg_dml
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import dml as sqlite_dml
@@ -56,9 +57,11 @@ from jobsapp.lifecycle import (
     RunContext,
     TransientError,
     current_run,
+    journal,
     lifecycle_task,
 )
-from jobsapp.lifecycle.states import ACTIVE_STATES, State
+from jobsapp.lifecycle.scrub import describe_exception, known_secrets_from_env
+from jobsapp.lifecycle.states import ACTIVE_STATES, Outcome, State
 from jobsapp.settings import get_settings
 from jobsapp.storage import (
     ChecksumConflict,
@@ -76,6 +79,8 @@ TASK_NAME = "jobsapp.attachments.process"
 _JOB_NAMESPACE = uuid.UUID("9b0f7d0c-5a43-4a52-8f3e-2b7c1c6e0a11")
 _FORMAT_OF_TYPE = {content_type: fmt for fmt, content_type in CONTENT_TYPES.items()}
 _ID_FIELDS = frozenset({"attachment_id", "pipeline_version"})
+# A failure never takes a published attachment back (a failed reprocess keeps it ready).
+_UNFINISHED = (AttachmentState.QUEUED, AttachmentState.PROCESSING)
 
 
 class AttachmentFailed(PermanentError):
@@ -150,7 +155,7 @@ def process_attachment(attachment_id: uuid.UUID, pipeline_version: int) -> None:
     job = _Job(current_run(), attachment_id, pipeline_version)
     with _attachment_settled(job):
         _publish(job)
-    _drop_staging(job)
+        _drop_staging(job)
 
 
 def _publish(job: _Job) -> None:
@@ -305,18 +310,22 @@ def _holds_lease(job: _Job) -> ColumnElement[bool]:
     )
 
 
-def _set_state(job: _Job, from_states: Sequence[AttachmentState], **values: Any) -> None:
-    stmt = (
+def _attachment_update(
+    job: _Job, from_states: Sequence[AttachmentState], **values: Any
+) -> Update:
+    return (
         update(ATTACHMENTS)
         .where(
             ATTACHMENTS.c.id == job.attachment_id,
             ATTACHMENTS.c.state.in_([s.value for s in from_states]),
-            _holds_lease(job),
         )
         .values(**values, updated_at=utcnow())
     )
+
+
+def _set_state(job: _Job, from_states: Sequence[AttachmentState], **values: Any) -> None:
     with job.ctx.engine.begin() as conn:
-        conn.execute(stmt)
+        conn.execute(_attachment_update(job, from_states, **values).where(_holds_lease(job)))
 
 
 def _mark_processing(job: _Job) -> None:
@@ -427,10 +436,13 @@ def classify(exc: Exception) -> _Verdict:
 
 @contextmanager
 def _attachment_settled(job: _Job) -> Iterator[None]:
-    """Mirror the run's fate on the attachment before the engine records it.
+    """Mirror the run's fate on the attachment.
 
-    Permanent, or transient on the last attempt: ``failed`` with ``error_code``.
-    Transient with attempts left: back to ``queued`` (seed 001: processing -> queued).
+    Permanent, or transient on the last attempt: the run ends ``failed`` and the attachment
+    ``failed`` with ``error_code`` in one transaction, written here rather than by the
+    engine, so a crash or a lost connection can never leave one without the other.
+    Transient with attempts left: back to ``queued`` (seed 001: processing -> queued), and
+    the engine requeues the run.
     """
     try:
         yield
@@ -439,16 +451,50 @@ def _attachment_settled(job: _Job) -> Iterator[None]:
         raise
     except Exception as exc:
         verdict = classify(exc)
+        failure = _as_lifecycle_error(exc, verdict)
         if verdict.permanent or job.last_attempt:
-            _record(job, (AttachmentState.QUEUED, AttachmentState.PROCESSING),
-                     state=AttachmentState.FAILED.value, error_code=verdict.error_code)  # fmt: skip
-        else:
-            _record(job, (AttachmentState.PROCESSING,), state=AttachmentState.QUEUED.value)
-        if isinstance(exc, PermanentError | TransientError):
+            _fail_together(job, failure, verdict)
+            return
+        _record(job, (AttachmentState.PROCESSING,), state=AttachmentState.QUEUED.value)
+        if failure is exc:
             raise
-        if verdict.permanent:
-            raise AttachmentFailed(str(exc), error_code=verdict.error_code) from exc
-        raise TransientError(verdict.error_code) from exc
+        raise failure from exc
+
+
+def _as_lifecycle_error(exc: Exception, verdict: _Verdict) -> Exception:
+    if isinstance(exc, PermanentError | TransientError):
+        return exc
+    failed: Exception
+    if verdict.permanent:
+        failed = AttachmentFailed(str(exc), error_code=verdict.error_code)
+    else:
+        failed = TransientError(verdict.error_code)
+    failed.__cause__ = exc
+    return failed
+
+
+def _fail_together(job: _Job, failure: Exception, verdict: _Verdict) -> None:
+    """The run's ``failed`` (fenced) and the attachment's ``failed``: one transaction."""
+    outcome = Outcome.PERMANENT if verdict.permanent else Outcome.EXHAUSTED
+    error = f"[{verdict.error_code}] " + describe_exception(
+        failure, secrets=known_secrets_from_env(os.environ)
+    )
+    ctx = job.ctx
+    try:
+        with ctx.engine.begin() as conn:
+            if not journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, outcome=outcome,
+                                error=error, actor=ctx.worker, now=utcnow()):  # fmt: skip
+                raise LeaseLost(f"job {ctx.job_id} attempt {ctx.attempt}: failure refused")
+            # The fence is journal.fail's: in this transaction the run is no longer running.
+            conn.execute(_attachment_update(job, _UNFINISHED, state=AttachmentState.FAILED.value,
+                                            error_code=verdict.error_code))  # fmt: skip
+            crashpoints.hit("after_attachment_failed_before_run_outcome")
+    except DBAPIError as down:
+        # Written together or not at all: the run stays running, its heartbeat stops with
+        # this attempt, and the reaper settles it (and the attachment with it).
+        raise LeaseLost(f"job {ctx.job_id}: failure not recorded: {type(down).__name__}") from None
+    ctx.finished = True
+    log.info("job %s failed (%s): %s", ctx.job_id, outcome.value, error)
 
 
 def _record(job: _Job, from_states: Sequence[AttachmentState], **values: Any) -> None:
