@@ -18,9 +18,9 @@ from types import MappingProxyType
 from typing import ClassVar, Literal
 from uuid import UUID
 
-from PIL import ExifTags, Image, ImageCms, ImageOps
+from PIL import Image, ImageCms, ImageOps
 
-from .validation import CONTENT_TYPES, SUPPORTED_FORMATS, display_size
+from .validation import CONTENT_TYPES, SUPPORTED_FORMATS, display_size, orientation
 
 VariantKind = Literal["fit", "square", "reencode"]
 OutputFormat = Literal["WEBP", "JPEG"]
@@ -353,8 +353,8 @@ def _decoded_upright(
 ) -> Iterator[tuple[Image.Image, int | None]]:
     """First frame, decoded once, no larger than needed, upright; with the budget left."""
     with _undecodable_as_corrupt(), Image.open(io.BytesIO(source), formats=_SOURCE_FORMATS) as img:
-        upright = display_size(img)
-        transposed = img.getexif().get(ExifTags.Base.Orientation, 1) != 1
+        upright = display_size(img, source)
+        transposed = orientation(img, source) != 1
         request = _scaled(img.size, _draft_scale(upright, specs))
         if budget is not None and img.format == "JPEG":
             request = _within(img.mode, request, budget, transposed=transposed)

@@ -2,14 +2,21 @@
 
 Nothing the client declares (content type, file name) is trusted: the format comes from the
 magic bytes, the dimensions from the image header, and the image must decode completely.
+What the check decodes is bounded (``Limits.max_decode_bytes``): a JPEG larger than that is
+decoded at a reduced scale, which still reads every scan; a PNG has its chunks, checksums
+and zlib stream checked row by row without building the image; a WebP or GIF frame larger
+than that has its header checked here and is decoded by the worker only (``corrupt_image``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import math
 import re
+import struct
 import unicodedata
+import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +42,16 @@ _PILLOW_FORMAT_ALIASES: dict[str, str] = {"MPO": "JPEG"}
 _SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 
 _SNIFF_BYTES = 12
+_PILLOW_BYTES = 4
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_CHUNK_OVERHEAD = 12
+_IHDR_LENGTH = 13
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+# (x0, y0, dx, dy) of the seven Adam7 passes.
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+          (0, 1, 1, 2))  # fmt: skip
+_MAX_FILTER = 4
+_INFLATE_STEP = 1 << 20
 _MAX_DISPLAY_NAME = 255
 _DEFAULT_DISPLAY_NAME = "upload"
 _PATH_SEPARATORS = re.compile(r"[/\\]")
@@ -47,9 +64,11 @@ class Limits:
     max_bytes: int = 25 * 1024 * 1024
     max_pixels: int = 50_000_000
     formats: frozenset[str] = SUPPORTED_FORMATS
+    # Pixel memory the check may allocate (Pillow keeps 4 bytes per RGB(A) pixel): 16 MP.
+    max_decode_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        if self.max_bytes < 1 or self.max_pixels < 1:
+        if self.max_bytes < 1 or self.max_pixels < 1 or self.max_decode_bytes < 1:
             raise ValueError("limits must be positive")
         if not self.formats <= SUPPORTED_FORMATS:
             unknown = sorted(self.formats - SUPPORTED_FORMATS)
@@ -121,12 +140,30 @@ def inspect_upload(data: bytes, limits: Limits = DEFAULT_LIMITS) -> ImageInfo:
     )
 
 
-def display_size(img: Image.Image) -> tuple[int, int]:
-    """Size of the image once its EXIF orientation is applied."""
+def display_size(img: Image.Image, data: bytes) -> tuple[int, int]:
+    """Size of the image ``data`` opened as ``img`` once its EXIF orientation is applied."""
     width, height = img.size
-    if img.getexif().get(ExifTags.Base.Orientation) in _SWAPPING_ORIENTATIONS:
+    if orientation(img, data) in _SWAPPING_ORIENTATIONS:
         return height, width
     return width, height
+
+
+def orientation(img: Image.Image, data: bytes) -> int:
+    """The EXIF orientation (1 when there is none), read without decoding any pixel.
+
+    Pillow's PNG ``getexif()`` decodes the whole image to look for an eXIf chunk after the
+    image data; the chunks are scanned here instead.
+    """
+    if img.format == "PNG" and "exif" not in img.info:
+        found = next((payload for kind, payload in _png_chunks(data) if kind == b"eXIf"), None)
+        if found is None:
+            return 1
+        exif = Image.Exif()
+        exif.load(found)
+    else:
+        exif = img.getexif()
+    value = exif.get(ExifTags.Base.Orientation, 1)
+    return value if isinstance(value, int) else 1
 
 
 def sanitize_display_name(name: str | None) -> str:
@@ -165,9 +202,129 @@ def _check_image(data: bytes, fmt: str, limits: Limits) -> tuple[int, int]:
     _require_strict_decoding()
     with _pillow_failures_rejected(), Image.open(io.BytesIO(data), formats=[fmt]) as img:
         _check_header(img, fmt, limits)
+        # Before decoding: a reduced-scale JPEG decode changes img.size.
+        size = display_size(img, data)
         # Only the first frame is rendered, so it is the one that has to decode.
+        _decode_within(img, data, limits.max_decode_bytes)
+        return size
+
+
+def _decode_within(img: ImageFile.ImageFile, data: bytes, budget: int) -> None:
+    width, height = img.size
+    bytes_per_pixel = _PILLOW_BYTES if len(img.mode) > 1 else 1
+    if width * height * bytes_per_pixel <= budget:
         img.load()
-        return display_size(img)
+    elif img.format == "JPEG":
+        # libjpeg scales by 1/2, 1/4 or 1/8 while decoding every scan of the file.
+        img.draft(None, (math.ceil(width / 8), math.ceil(height / 8)))
+        img.load()
+    elif img.format == "PNG":
+        check_png_stream(data)
+
+
+def check_png_stream(data: bytes) -> None:
+    """Check a PNG as a decoder reads it, in bounded memory: chunk CRCs, a complete zlib
+    stream of exactly the rows the header promises, a valid filter type on every row.
+
+    Raises ValueError describing the first defect.
+    """
+    chunks = _png_chunks(data)
+    header = next(chunks, None)
+    if header is None or header[0] != b"IHDR" or len(header[1]) != _IHDR_LENGTH:
+        raise ValueError("PNG does not start with IHDR")
+    walker = _RowWalker(_png_rows(*struct.unpack(">IIBBBBB", header[1])))
+    inflater = zlib.decompressobj()
+    for kind, payload in chunks:
+        if kind == b"IDAT":
+            _inflate(inflater, payload, walker)
+        elif kind == b"IEND":
+            break
+    else:
+        raise ValueError("PNG has no IEND chunk")
+    if not inflater.eof or not walker.finished():
+        raise ValueError("PNG image data ends early")
+
+
+def _png_chunks(data: bytes) -> Iterator[tuple[bytes, bytes]]:
+    offset = len(_PNG_MAGIC)
+    while offset + _CHUNK_OVERHEAD <= len(data):
+        (length,) = struct.unpack_from(">I", data, offset)
+        end = offset + 8 + length
+        if end + 4 > len(data):
+            raise ValueError("PNG chunk runs past the end of the file")
+        kind, payload = data[offset + 4 : offset + 8], data[offset + 8 : end]
+        (crc,) = struct.unpack_from(">I", data, end)
+        if zlib.crc32(kind + payload) != crc:
+            raise ValueError(f"PNG chunk {kind!r} fails its CRC")
+        yield kind, payload
+        offset = end + 4
+
+
+def _png_rows(
+    width: int, height: int, depth: int, colour: int, _c: int, _f: int, interlace: int
+) -> Iterator[tuple[int, int]]:
+    """``(rows, bytes per row)`` of each pass in stream order, filter bytes included."""
+    if colour not in _PNG_CHANNELS or interlace not in (0, 1):
+        raise ValueError("PNG header has an unknown colour type or interlace method")
+    bits = depth * _PNG_CHANNELS[colour]
+    for x0, y0, dx, dy in _ADAM7 if interlace else ((0, 0, 1, 1),):
+        pass_width, pass_height = -(-(width - x0) // dx), -(-(height - y0) // dy)
+        if pass_width > 0 and pass_height > 0:
+            yield pass_height, 1 + -(-pass_width * bits // 8)
+
+
+def _inflate(inflater: zlib._Decompress, payload: bytes, walker: _RowWalker) -> None:
+    pending = payload
+    while pending and not inflater.eof:
+        walker.feed(inflater.decompress(pending, _INFLATE_STEP))
+        pending = inflater.unconsumed_tail
+    if inflater.eof and (pending or inflater.unused_data):
+        raise ValueError("PNG has data after the end of its zlib stream")
+
+
+class _RowWalker:
+    """Follows the row boundaries through the inflated stream and checks every filter byte.
+
+    Whole rows of a chunk are checked with one slice, so a tall, narrow image costs no
+    Python loop per row.
+    """
+
+    def __init__(self, runs: Iterator[tuple[int, int]]) -> None:
+        self._runs = runs
+        self._rows_left, self._row_bytes = 0, 1
+        # Bytes of the current row already seen; 0 means the next byte is a filter type.
+        self._into_row = 0
+
+    def finished(self) -> bool:
+        """Whether every row has arrived (call once, at the end of the stream)."""
+        return self._rows_left == 0 and next(self._runs, None) is None
+
+    def feed(self, chunk: bytes) -> None:
+        offset = 0
+        while offset < len(chunk):
+            if self._rows_left == 0:
+                self._rows_left, self._row_bytes = next(self._runs, (0, 1))
+                if self._rows_left == 0:
+                    raise ValueError("PNG image data is longer than its rows")
+            offset = self._take(chunk, offset)
+
+    def _take(self, chunk: bytes, offset: int) -> int:
+        available = len(chunk) - offset
+        if self._into_row:
+            taken = min(self._row_bytes - self._into_row, available)
+            self._into_row = (self._into_row + taken) % self._row_bytes
+            if self._into_row == 0:
+                self._rows_left -= 1
+            return offset + taken
+        whole = min(self._rows_left, available // self._row_bytes)
+        span = max(whole, 1) * self._row_bytes
+        if max(chunk[offset : offset + span : self._row_bytes]) > _MAX_FILTER:
+            raise ValueError("PNG row has an unknown filter type")
+        if whole:
+            self._rows_left -= whole
+            return offset + whole * self._row_bytes
+        self._into_row = available
+        return len(chunk)
 
 
 def _check_header(img: ImageFile.ImageFile, fmt: str, limits: Limits) -> None:

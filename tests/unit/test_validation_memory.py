@@ -1,0 +1,142 @@
+"""Validation decodes within ``Limits.max_decode_bytes``: what the web process allocates.
+
+Large JPEGs are decoded at a reduced scale, large PNGs are checked as a stream; the same
+hostile files are refused either way. Peak RSS is read in a child process (``VmHWM``).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from bench import sample_images
+from jobsapp.attachments.validation import DEFAULT_LIMITS, Limits, RejectedUpload, inspect_upload
+from tests.unit import images
+
+MIB = 1024 * 1024
+# Every pixel check on the streaming path.
+STREAMED = Limits(max_decode_bytes=1)
+
+_CHILD = """
+import json, sys
+from jobsapp.attachments.validation import inspect_upload
+data = open(sys.argv[1], "rb").read()
+def kib(field):
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field))
+baseline = kib("VmRSS:")
+info = inspect_upload(data)
+print(json.dumps({"above_baseline": (kib("VmHWM:") - baseline) * 1024,
+                  "size": [info.width, info.height]}))
+"""
+
+
+def validate_in_child(tmp_path: Path, data: bytes) -> dict[str, object]:
+    path = tmp_path / "upload"
+    path.write_bytes(data)
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(path)],
+                          capture_output=True, text=True, check=True, timeout=300)  # fmt: skip
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("make", "size"),
+    [
+        # Decoded whole, the PNG took 194 MiB and the JPEG 76 MiB of the web process.
+        (lambda: sample_images.png(sample_images.SQUARE_50MP), [7071, 7071]),
+        (lambda: sample_images.jpeg((5200, 3900)), [5200, 3900]),
+    ],
+    ids=["50mp-png", "20mp-jpeg"],
+)
+def test_validating_a_large_image_stays_within_the_decode_bound(
+    tmp_path: Path, make: object, size: list[int]
+) -> None:
+    assert callable(make)
+    result = validate_in_child(tmp_path, make())
+    assert result["size"] == size
+    assert result["above_baseline"] <= DEFAULT_LIMITS.max_decode_bytes  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        images.solid("PNG", (300, 200)),
+        images.png_with_alpha(),
+        images.palette_png(),
+        images.grey16_png(),
+        images.la_png(),
+        images.encode(Image.new("1", (37, 11)), "PNG"),
+        images.encode(Image.new("RGB", (61, 23), images.BLUE), "PNG", interlace=1),
+    ],
+    ids=["rgb", "rgba", "palette", "grey16", "la", "bilevel", "interlaced"],
+)
+def test_valid_pngs_pass_the_streamed_check(data: bytes) -> None:
+    streamed, decoded = inspect_upload(data, STREAMED), inspect_upload(data)
+    assert streamed == decoded
+
+
+def _png(ihdr: tuple[int, ...], raw: bytes, *, tail: bytes = b"") -> bytes:
+    chunks = [(b"IHDR", struct.pack(">IIBBBBB", *ihdr)), (b"IDAT", zlib.compress(raw) + tail),
+              (b"IEND", b"")]  # fmt: skip
+    return b"\x89PNG\r\n\x1a\n" + b"".join(
+        struct.pack(">I", len(p)) + k + p + struct.pack(">I", zlib.crc32(k + p)) for k, p in chunks
+    )
+
+
+GREY_4x2 = (4, 2, 8, 0, 0, 0, 0)
+ROWS = b"\x00abcd\x01efgh"
+
+
+def _flip_crc(data: bytes) -> bytes:
+    return data[:-5] + bytes([data[-5] ^ 1]) + data[-4:]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _png(GREY_4x2, ROWS[:-1]),
+        _png(GREY_4x2, ROWS + b"\x00ijkl"),
+        _png(GREY_4x2, b"\x00abcd\x05efgh"),
+        _png(GREY_4x2, ROWS, tail=b"junk"),
+        _png(GREY_4x2, ROWS)[:-12],
+        _png(GREY_4x2, ROWS)[:40],
+        _flip_crc(_png(GREY_4x2, ROWS)),
+        _png((4, 2, 8, 7, 0, 0, 0), ROWS),
+        images.png_header_only(10, 10),
+    ],
+    ids=["short-rows", "extra-row", "bad-filter", "data-after-zlib", "no-iend", "cut",
+         "bad-crc", "bad-colour-type", "header-only"],
+)
+def test_damaged_pngs_are_refused_by_the_streamed_check(data: bytes) -> None:
+    with pytest.raises(RejectedUpload) as refused:
+        inspect_upload(data, STREAMED)
+    assert (refused.value.status, refused.value.code) == (422, "corrupt_image")
+
+
+def test_the_well_formed_reference_png_passes() -> None:
+    # The damaged cases above differ from this one by their defect only.
+    assert inspect_upload(_png(GREY_4x2, ROWS), STREAMED).width == 4
+
+
+def test_a_truncated_jpeg_is_refused_at_reduced_scale_too() -> None:
+    with pytest.raises(RejectedUpload) as refused:
+        inspect_upload(images.truncated_jpeg(), Limits(max_decode_bytes=1))
+    assert refused.value.code == "corrupt_image"
+
+
+def test_orientation_is_applied_on_the_streamed_path() -> None:
+    info = inspect_upload(images.rotated_photo("PNG", orientation=6), STREAMED)
+    assert (info.width, info.height) == (400, 600)
+
+
+def test_a_reduced_jpeg_decode_reports_the_full_dimensions() -> None:
+    info = inspect_upload(images.large_jpeg(), Limits(max_decode_bytes=MIB))
+    assert (info.width, info.height) == (4000, 3000)
