@@ -29,8 +29,12 @@ OutputFormat = Literal["WEBP", "JPEG"]
 # resample; close to resampling the full image, at a fraction of the cost.
 REDUCING_GAP = 2.0
 
-# libwebp's default effort; pinned because outputs must be byte-identical across runs.
-_WEBP_METHOD = 4
+# libwebp's effort per kind of variant, pinned because outputs must be byte-identical across
+# runs. The full-size re-encode uses method 0, chosen by measurement (docs/performance.md):
+# a third of method 4's time on a 12 MP photo, no whole-image token buffer (half the memory),
+# 10% fewer bytes, SSIM against the source 0.967 instead of 0.970. Resized variants are at
+# most 1 MP and keep libwebp's default.
+_WEBP_METHOD: dict[VariantKind, int] = {"fit": 4, "square": 4, "reencode": 0}
 # The largest side each encoder can write; a wider panorama is scaled down to fit.
 _MAX_SIDE: dict[str, int] = {"WEBP": 16383, "JPEG": 65500}
 _WHITE = (255, 255, 255)
@@ -48,11 +52,18 @@ _ENCODABLE_MODES = frozenset({"RGB", "RGBA"})
 _PILLOW_RGB_BYTES = 4
 _SINGLE_BAND_BYTES = {"I": 4, "F": 4, "I;16": 2, "I;16L": 2, "I;16B": 2, "I;16N": 2}
 _OPAQUE = 255
-# libwebp's working memory per output pixel at _WEBP_METHOD, measured on photo-like noise
-# (bench/bench_images.py): the ARGB and YUV copies of the input and, from method 3 on, the
-# token buffer of the whole image; an alpha plane adds its lossless (VP8L) encoder.
-_ENCODE_BYTES = 14
-_ENCODE_ALPHA_BYTES = 34
+# libwebp's working memory per output pixel, measured on photo-like noise
+# (bench/bench_images.py): at method 0 (full size) its ARGB and YUV copies of the input, and
+# for an alpha plane its lossless (VP8L) encoder; from method 3 on (resized variants) also
+# the token buffer of the whole image.
+_ENCODE_BYTES = 7
+_ENCODE_ALPHA_BYTES = 24
+# A resized variant: its intermediate and output (Pillow, 4 bytes a pixel, (2+1)^2 + 1 of
+# them with reducing_gap=2) and its encode at method 4.
+_RESIZED_BYTES_PER_PIXEL = 10 * _PILLOW_RGB_BYTES + 34
+_ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
+# What a render allocates whatever the size: libwebp's and Pillow's fixed buffers.
+_FIXED_BYTES = 16 * 1024 * 1024
 # libjpeg's decode reductions, applied to the size the variants need.
 _JPEG_DIVISORS = (1, 2, 4, 8)
 _MIB = 1024 * 1024
@@ -248,35 +259,64 @@ def decode_bytes(mode: str, size: tuple[int, int], *, transposed: bool) -> int:
 
 
 def encode_bytes(pixels: int, *, alpha: bool) -> int:
-    """libwebp's working memory for an output of ``pixels`` (bench/bench_images.py)."""
+    """libwebp's working memory for a full-size output of ``pixels``."""
     return pixels * (_ENCODE_ALPHA_BYTES if alpha else _ENCODE_BYTES)
 
 
-def resized_bytes(specs: Sequence[VariantSpec], upright: tuple[int, int]) -> int:
-    """Memory for the variants that are resized from the source (thumbnails, crops)."""
-    total = 0
-    for spec in specs:
-        if spec.size is not None:
-            pixels = math.prod(output_size(spec, *upright))
-            # resize(reducing_gap=2) goes through an intermediate of about twice the target.
-            total += pixels * _PILLOW_RGB_BYTES * int(REDUCING_GAP**2 + 1)
-            total += encode_bytes(pixels, alpha=True)
-    return total
+def resized_bytes(specs: Sequence[VariantSpec], upright: tuple[int, int], *, alpha: bool) -> int:
+    """Peak memory of the resized variants (thumbnails, crops), made one after the other.
 
-
-def full_size_within(size: tuple[int, int], spare: int, *, alpha: bool) -> tuple[int, int]:
-    """The largest size, at the aspect of ``size``, whose encode fits in ``spare`` bytes.
-
-    Scaling down makes a resized copy first, so a smaller output costs that copy too.
+    Each goes through an intermediate of about twice its size (``reducing_gap=2``). With an
+    alpha band, Pillow's resize first premultiplies a full-size copy of the source, and the
+    transparency check copies one band.
     """
-    width, height = size
-    if encode_bytes(width * height, alpha=alpha) <= spare:
-        return size
-    pixels = spare // (encode_bytes(1, alpha=alpha) + _PILLOW_RGB_BYTES)
-    if pixels < 1:
-        raise ImageTooLarge("the per-job memory budget leaves no room to encode the image")
-    longest = max(size)
-    return _fit_within(width, height, max(1, math.isqrt(pixels * longest**2 // (width * height))))
+    pixels = [math.prod(output_size(s, *upright)) for s in specs if s.size is not None]
+    peak = max(pixels, default=0) * _RESIZED_BYTES_PER_PIXEL
+    if alpha:
+        peak += math.prod(upright) * (_PILLOW_RGB_BYTES if pixels else 1)
+    return peak
+
+
+def full_size_within(
+    target: tuple[int, int], source: tuple[int, int], spare: int, *, rgba: bool,
+    transparent: bool,
+) -> tuple[int, int]:  # fmt: skip
+    """The largest size, at the aspect of ``target``, whose resize and encode fit in ``spare``.
+
+    ``source`` is the decoded size the variant is made from; ``rgba`` whether it has an alpha
+    band, ``transparent`` whether any pixel is not opaque (libwebp then encodes the alpha).
+    """
+    size = target
+    while full_size_bytes(size, source, rgba=rgba, transparent=transparent) > spare:
+        if max(size) <= 1:
+            raise ImageTooLarge("the per-job memory budget leaves no room to encode the image")
+        size = _fit_within(*target, max(size) * 9 // 10)
+    return size
+
+
+def full_size_bytes(
+    out: tuple[int, int], source: tuple[int, int], *, rgba: bool, transparent: bool
+) -> int:
+    """Peak memory of making a full-size variant of size ``out`` from ``source``.
+
+    Encoding needs libwebp's working memory beside the output image. Scaling down comes
+    first, and on its own peak: Pillow premultiplies a copy of an RGBA source, reduces it by
+    an integer factor down to twice the output, then resamples through an intermediate as
+    wide as the output and as tall as the reduced source.
+    """
+    pixels = math.prod(out)
+    encode = encode_bytes(pixels, alpha=transparent)
+    if out == source:
+        return encode
+    factor = max(1, int(min(s / o for s, o in zip(source, out, strict=True)) / REDUCING_GAP))
+    reduced = (math.ceil(source[0] / factor), math.ceil(source[1] / factor))
+    resize = (
+        math.prod(source) * rgba
+        + (math.prod(reduced) if factor > 1 else 0)
+        + out[0] * reduced[1]
+        + pixels
+    ) * _PILLOW_RGB_BYTES
+    return max(resize, encode + pixels * _PILLOW_RGB_BYTES)
 
 
 def _render(
@@ -284,20 +324,21 @@ def _render(
 ) -> dict[str, RenderedVariant]:
     with _decoded_upright(source, specs, budget) as (upright, spare):
         srgb = _to_srgb(upright)
-        alpha = _has_transparency(srgb)
+        transparent = _has_transparency(srgb)
         return {
-            spec.name: _rendered(srgb, spec, _target(spec, srgb.size, spare, alpha=alpha))
+            spec.name: _rendered(srgb, spec, _target(spec, srgb, spare, transparent=transparent))
             for spec in specs
         }
 
 
 def _target(
-    spec: VariantSpec, size: tuple[int, int], spare: int | None, *, alpha: bool
+    spec: VariantSpec, img: Image.Image, spare: int | None, *, transparent: bool
 ) -> tuple[int, int]:
-    target = output_size(spec, *size)
+    target = output_size(spec, *img.size)
     if spec.size is not None or spare is None:
         return target
-    return full_size_within(target, spare, alpha=alpha)
+    rgba = img.mode == "RGBA"
+    return full_size_within(target, img.size, spare, rgba=rgba, transparent=transparent)
 
 
 def _has_transparency(img: Image.Image) -> bool:
@@ -360,24 +401,28 @@ def _decoded_upright(
             request = _within(img.mode, request, budget, transposed=transposed)
         # JPEG only (a no-op elsewhere): the decoder scales by 1/2, 1/4 or 1/8 as it decodes.
         img.draft(None, request)
-        fixed = decode_bytes(img.mode, img.size, transposed=transposed)
-        fixed += resized_bytes(specs, upright)
-        if budget is not None and fixed >= budget:
-            raise ImageTooLarge(
-                f"decoding needs about {fixed // _MIB} MiB, more than the per-job memory "
-                f"budget of {budget // _MIB} MiB"
-            )
+        fixed = _FIXED_BYTES + decode_bytes(img.mode, img.size, transposed=transposed)
+        alpha = img.mode in _ALPHA_MODES or "transparency" in img.info
+        _check_budget(fixed + resized_bytes(specs, upright, alpha=alpha), budget)
         img.load()
         # In place: without it Pillow returns a full-size copy even when nothing turns.
         ImageOps.exif_transpose(img, in_place=True)
         yield img, None if budget is None else budget - fixed
 
 
+def _check_budget(need: int, budget: int | None) -> None:
+    if budget is not None and need > budget:
+        raise ImageTooLarge(
+            f"rendering needs about {need // _MIB} MiB, more than the per-job memory budget "
+            f"of {budget // _MIB} MiB"
+        )
+
+
 def _within(mode: str, size: tuple[int, int], budget: int, *, transposed: bool) -> tuple[int, int]:
     """The largest of libjpeg's reductions of ``size`` whose decode and encode fit the budget."""
     for divisor in _JPEG_DIVISORS:
         reduced = (max(1, size[0] // divisor), max(1, size[1] // divisor))
-        need = decode_bytes(mode, reduced, transposed=transposed)
+        need = _FIXED_BYTES + decode_bytes(mode, reduced, transposed=transposed)
         if need + encode_bytes(math.prod(reduced), alpha=False) <= budget:
             return reduced
     return reduced
@@ -487,7 +532,7 @@ def _encode(img: Image.Image, spec: VariantSpec) -> bytes:
     if spec.format == "JPEG":
         _on_white(img).save(buffer, "JPEG", quality=spec.quality, optimize=True, progressive=True)
     else:
-        img.save(buffer, "WEBP", quality=spec.quality, method=_WEBP_METHOD)
+        img.save(buffer, "WEBP", quality=spec.quality, method=_WEBP_METHOD[spec.kind])
     return buffer.getvalue()
 
 

@@ -17,6 +17,7 @@ from celery.contrib.testing.worker import TestWorkController
 from PIL import Image
 from sqlalchemy import Engine, delete
 
+from bench import sample_images
 from jobsapp.attachments.models import ATTACHMENTS, RUNS, VARIANTS
 from jobsapp.attachments.pipeline import variant_key
 from jobsapp.attachments.service import (
@@ -196,14 +197,16 @@ def _resend(db: Engine, job_id: uuid.UUID) -> None:
 def test_duplicates_of_a_processing_message_do_no_work(
     s3: ObjectStore, worker: TestWorkController, db: Engine
 ) -> None:
-    accepted = accept_upload(images.large_jpeg(), "big.jpg", None)
+    # A source slow enough to render (seconds) that the duplicate arrives mid-run.
+    upload = sample_images.png((3464, 3464))
+    accepted = accept_upload(upload, "big.png", None)
     eventually(lambda: attachment_row(db, accepted.attachment_id)["state"] == "processing")
     (run,) = run_rows(db, accepted.attachment_id)
     assert run["state"] == "running"
     _resend(db, run["job_id"])
     view = settled(accepted.attachment_id, "ready")
     broker_drained()
-    _assert_published(s3, view, images.large_jpeg())
+    _assert_published(s3, view, upload)
     assert transitions(db, run["job_id"]).count("claim") == 1
     assert len(variant_rows(db, accepted.attachment_id)) == 3
     assert len(run_rows(db, accepted.attachment_id)) == 1

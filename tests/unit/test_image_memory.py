@@ -21,6 +21,7 @@ from jobsapp.attachments.pipeline import (
     ImageTooLarge,
     decode_bytes,
     encode_bytes,
+    full_size_bytes,
     full_size_within,
     get_pipeline,
     render_all,
@@ -79,21 +80,28 @@ def test_an_alpha_plane_costs_more_to_encode() -> None:
 
 def test_full_size_is_kept_when_its_encode_fits() -> None:
     spare = encode_bytes(4000 * 3000, alpha=False)
-    assert full_size_within((4000, 3000), spare, alpha=False) == (4000, 3000)
+    kept = full_size_within((4000, 3000), (4000, 3000), spare, rgba=False, transparent=False)
+    assert kept == (4000, 3000)
 
 
 def test_full_size_is_scaled_down_to_what_fits_keeping_the_aspect() -> None:
     spare = encode_bytes(4000 * 3000, alpha=False) // 4
-    width, height = full_size_within((4000, 3000), spare, alpha=False)
-    # The resized copy is paid for too, so somewhat less than a quarter of the pixels.
-    assert 1500 < width < 2000
+    size = full_size_within((4000, 3000), (4000, 3000), spare, rgba=False, transparent=False)
+    width, height = size
+    assert 1000 < width < 2000
     assert abs(width / height - 4 / 3) < 0.01
-    assert encode_bytes(width * height, alpha=False) + width * height * 4 <= spare
+    assert full_size_bytes(size, (4000, 3000), rgba=False, transparent=False) <= spare
+
+
+def test_scaling_an_rgba_source_pays_for_pillows_premultiplied_copy() -> None:
+    plain = full_size_bytes((1000, 1000), (4000, 4000), rgba=False, transparent=False)
+    rgba = full_size_bytes((1000, 1000), (4000, 4000), rgba=True, transparent=False)
+    assert rgba - plain >= 4000 * 4000 * 4
 
 
 def test_no_room_at_all_is_refused() -> None:
     with pytest.raises(ImageTooLarge):
-        full_size_within((4000, 3000), 1, alpha=False)
+        full_size_within((4000, 3000), (4000, 3000), 1, rgba=False, transparent=False)
 
 
 # Rendering under a budget
@@ -110,7 +118,7 @@ def test_a_source_whose_decode_exceeds_the_budget_is_refused_before_decoding() -
 
 def test_under_a_tight_budget_the_full_size_variant_is_scaled_down() -> None:
     source = sample_images.png((2000, 1000))
-    variants = render_all(source, 1, memory_budget=48 * MIB)
+    variants = render_all(source, 1, memory_budget=64 * MIB)
     optimized = variants["optimized"]
     assert optimized.width < 2000
     assert optimized.width == 2 * optimized.height
