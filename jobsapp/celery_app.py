@@ -32,8 +32,9 @@ def _transport_options(settings: Settings, base: dict[str, Any]) -> dict[str, An
 
 def create_app() -> Celery:
     settings = get_settings()
-    celery_app = Celery("jobsapp", task_cls="jobsapp.lifecycle.strategy:CheckedTask")
+    celery_app = Celery("jobsapp")
     celery_app.config_from_object("jobsapp.celeryconfig")
+    celery_app.steps["consumer"].add("jobsapp.lifecycle.guard:DeadLetterQueue")
     extra = tuple(m for m in os.environ.get("JOBSAPP_IMPORTS", "").split(",") if m)
     celery_app.conf.update(
         broker_url=settings.broker_url,

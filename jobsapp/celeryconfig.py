@@ -18,6 +18,9 @@ worker_prefetch_multiplier = 1
 worker_cancel_long_running_tasks_on_connection_loss = True
 # Workers and beat wait for the broker at start instead of crashing under a supervisor.
 broker_connection_retry_on_startup = True
+# Every delivery is checked before Celery's consumer reads it: a message with bad headers
+# or an unusable body is rejected once and logged, never fatal (jobsapp.lifecycle.guard).
+worker_consumer = "jobsapp.lifecycle.guard:GuardedConsumer"
 # Flower needs task events and sent events.
 worker_send_task_events = True
 task_send_sent_event = True

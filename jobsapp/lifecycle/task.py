@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, ClassVar, NoReturn
 
+from celery import Task
 from celery.exceptions import Reject
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
@@ -35,7 +36,6 @@ from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.retry import RetryPolicy
 from jobsapp.lifecycle.scrub import known_secrets_from_env
-from jobsapp.lifecycle.strategy import CheckedTask
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def _start_at(countdown: float | None, eta: datetime | None) -> datetime | None:
     return None
 
 
-class LifecycleTask(CheckedTask):
+class LifecycleTask(Task):  # type: ignore[type-arg]
     """Base class of jobsapp tasks; configure with ``jobsapp.lifecycle.lifecycle_task``."""
 
     run_table: ClassVar[registry.RunTable] = registry.JOBS

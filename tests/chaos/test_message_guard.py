@@ -1,0 +1,239 @@
+"""No message stops a worker, on Redis and on RabbitMQ.
+
+A real ``celery -A jobsapp worker`` per broker receives raw kombu messages whose headers,
+body, content type or encoding are broken: the three that used to stop it for good (no
+``id``; a ``task`` that is a list; a ``timelimit`` that is a string), then a stream of
+mutations of a valid message drawn by hypothesis. Each must be rejected once with a log
+line naming the reason (on RabbitMQ: dead-lettered), and a normal job behind them must
+still complete on the same, never restarted, worker.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobsapp.lifecycle.guard import DEAD_LETTERS
+from tests.chaos.harness import (
+    QUEUE,
+    Broker,
+    Cluster,
+    RabbitBroker,
+    RedisServer,
+    _rabbitmqctl,
+    cluster_for,
+    create_database,
+    drop_database,
+)
+from tests.chaos.messages import (
+    Raw,
+    Sender,
+    proto2_body,
+    proto2_headers,
+    run_echo,
+    start_worker,
+    valid_body,
+)
+from tests.e2e.procs import Proc
+from tests.support.env import SESSION, service
+
+pytestmark = pytest.mark.timeout(240)
+
+ECHO = "tests.echo"
+# A task a foreign producer may call with a bare valid body: the base of every mutant.
+TICK = "tests.tick"
+# Signs of a consumer that died or reconnected: the faults this module is about.
+BROKEN = ("Unrecoverable error", "Connection to broker lost", "Restoring", "CRITICAL")
+# A message not refused within this time after its successor completed never will be.
+SETTLE_S = 2.0
+
+
+@dataclass
+class Guarded:
+    cluster: Cluster
+    broker: Broker
+    worker: Proc
+    sender: Sender
+    kind: str
+
+    def rejections(self, task_id: str) -> list[str]:
+        return re.findall(rf"rejected message {re.escape(task_id)} for (.*)", self.worker.log())
+
+    def dead_letters(self) -> int:
+        """Messages in the dead-letter queue; none while the worker has not declared it."""
+        from amqp.exceptions import NotFound
+        from kombu import Connection
+
+        with Connection(self.broker.url, connect_timeout=5) as conn:
+            try:
+                _, count, _ = DEAD_LETTERS.bind(conn.default_channel).queue_declare(passive=True)
+            except NotFound:
+                return 0
+        return int(count)
+
+    def assert_serving(self, token: str) -> None:
+        row = run_echo(self.cluster, token, timeout=45)
+        assert row["state"] == "succeeded", row
+        log = self.worker.log()
+        assert self.worker.alive(), log[-3000:]
+        assert [b for b in BROKEN if b in log] == [], log[-3000:]
+
+
+def _with_dead_letter_policy(broker: RabbitBroker) -> None:
+    """What docs/reliability.md asks operators to set: rejected task messages go to the
+    worker-declared ``jobsapp.dead`` exchange."""
+    policy = json.dumps({"dead-letter-exchange": DEAD_LETTERS.exchange.name})
+    argv = ("set_policy", "-p", broker.vhost, "jobsapp-dead-letters", f"^{QUEUE}$", policy,
+            "--apply-to", "queues")  # fmt: skip
+    assert _rabbitmqctl(*argv), "rabbitmqctl set_policy failed"
+
+
+@pytest.fixture(scope="module", params=["redis", "amqp"])
+def guarded(
+    request: pytest.FixtureRequest,
+    template_db: tuple[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Guarded]:
+    """One long-lived worker on a database, a broker and an S3 prefix of its own."""
+    kind = request.param
+    admin, template = template_db
+    name = f"jobsapp_chaos_{SESSION}_guard_{kind}"
+    url = create_database(admin, name, template)
+    workdir = tmp_path_factory.mktemp(f"guard-{kind}")
+    redis = RedisServer(workdir / "redis")
+    redis.start()
+    broker: Broker = redis
+    if kind == "amqp":
+        vhost = f"jobsapp-guard-{SESSION}-{uuid.uuid4().hex[:8]}"
+        broker = rabbit = RabbitBroker.create(service("JOBSAPP_TEST_AMQP_URL"), redis.url, vhost)
+        _with_dead_letter_policy(rabbit)
+    bucket = service("JOBSAPP_TEST_S3_BUCKET")
+    prefix = f"chaos-guard-{SESSION}-{uuid.uuid4().hex[:8]}"
+    try:
+        with cluster_for(prefix, database_url=url, broker=broker,
+                         storage_url=f"s3://{bucket}/{prefix}",
+                         s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
+                         workdir=workdir) as cluster:  # fmt: skip
+            worker = start_worker(cluster, broker, f"guard-{kind}")
+            yield Guarded(cluster, broker, worker, Sender(broker.url, workdir), kind)
+    finally:
+        if isinstance(broker, RabbitBroker):
+            broker.close()
+        redis.close()
+        drop_database(admin, name)
+
+
+# ------------------------------------------------------------- the three named faults
+
+HEADER_FAULTS = {
+    "no id header": ({"id": None}, r"no id header"),
+    "task header is a list": ({"task": [ECHO]}, r"task header is a list, not a string"),
+    "timelimit is a string": ({"timelimit": "10"}, r"timelimit header is a str, not \[soft"),
+}
+
+
+def _faulty(changes: dict[str, Any]) -> tuple[str, Raw]:
+    task_id = str(uuid.uuid4())
+    headers = {**proto2_headers(ECHO, task_id), "origin": task_id, **changes}
+    if changes.get("id", "") is None:
+        del headers["id"]
+    return task_id, Raw(headers, proto2_body({"token": task_id}))
+
+
+@pytest.mark.parametrize("fault", list(HEADER_FAULTS))
+def test_a_bad_header_is_rejected_once_and_the_next_job_runs(guarded: Guarded, fault: str) -> None:
+    changes, reason = HEADER_FAULTS[fault]
+    task_id, raw = _faulty(changes)
+    # A message with no id is named "<no id>" in its line: count those lines before and after.
+    named = re.escape(task_id if "id" in raw.headers else "<no id>")
+    line = rf"rejected message {named} for [^:]*: {reason}"
+    before = len(re.findall(line, guarded.worker.log()))
+    dead_before = guarded.dead_letters() if guarded.kind == "amqp" else 0
+    guarded.sender.publish_raw([raw])
+    guarded.assert_serving(f"after {fault}")
+    time.sleep(SETTLE_S)
+    log = guarded.worker.log()
+    assert len(re.findall(line, log)) == before + 1, log[-3000:]
+    assert f"[{task_id}] received" not in log, "a refused message reached the task"
+    assert guarded.broker.pending() == 0
+    if guarded.kind == "amqp":
+        # The policy routes the reject to the dead-letter queue the worker declared.
+        assert guarded.dead_letters() == dead_before + 1
+    else:
+        assert isinstance(guarded.broker, RedisServer)
+        assert guarded.broker.unacked() == 0
+
+
+# ------------------------------------------------------------------- mutations
+
+JSON_LEAF = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**31), 2**31), st.text(max_size=12),
+    st.floats(allow_nan=False, allow_infinity=False),
+)  # fmt: skip
+JSON = st.recursive(
+    JSON_LEAF,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+HEADER_NAMES = st.sampled_from([*sorted(proto2_headers(ECHO, "x")), "stamps", "stamped_headers",
+                                "group_index", "replaced_task_nesting", "compression"])  # fmt: skip
+CONTENT = st.sampled_from([
+    ("application/json", "utf-8"), ("application/json", "binary"), ("application/json", "utf-16"),
+    ("application/x-yaml", "utf-8"), ("application/x-python-serialize", "binary"),
+    ("application/x-msgpack", "binary"), ("text/plain", "utf-8"), ("", ""),
+    ("application/json", "no-such-codec"),
+])  # fmt: skip
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> Raw:
+    """A valid foreign message with one to three faults in its headers, body or format."""
+    raw = Raw(proto2_headers(TICK, str(uuid.uuid4())), proto2_body(valid_body()))
+    for _ in range(draw(st.integers(1, 3))):
+        part = draw(st.sampled_from(["drop header", "set header", "body", "body part", "format"]))
+        if part == "drop header":
+            raw.headers.pop(draw(HEADER_NAMES), None)
+        elif part == "set header":
+            raw.headers[draw(HEADER_NAMES)] = draw(JSON)
+        elif part == "body":
+            raw.body = draw(JSON | st.binary(max_size=20))
+        elif part == "body part" and isinstance(raw.body, list):
+            raw.body[draw(st.integers(0, 2))] = draw(JSON)
+        else:
+            raw.content_type, raw.content_encoding = draw(CONTENT)
+    return raw
+
+
+def test_mutated_messages_never_stop_the_worker(guarded: Guarded) -> None:
+    sent: list[Raw] = []
+
+    @settings(max_examples=120, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(mutated())
+    def send(raw: Raw) -> None:
+        guarded.sender.publish_raw([raw])
+        sent.append(raw)
+
+    send()
+    guarded.assert_serving("after the mutants")
+    time.sleep(SETTLE_S)
+    log = guarded.worker.log()
+    for raw in sent:
+        task_id = raw.headers.get("id")
+        if isinstance(task_id, str) and task_id:
+            handled = len(guarded.rejections(task_id)) + log.count(f"[{task_id}] received")
+            assert handled >= 1, f"never handled: {raw}"
+            assert len(guarded.rejections(task_id)) <= 1, f"refused twice: {raw}"
+    assert guarded.broker.pending() == 0
+    guarded.assert_serving("still serving")
