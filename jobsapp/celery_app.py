@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.concurrency import get_implementation
+from celery.signals import worker_init, worker_process_init
 
 from jobsapp.db import dispose_engines
+from jobsapp.lifecycle.pools import green_pool_refusal
 from jobsapp.settings import Settings, get_settings
 
 BASE_IMPORTS = ("jobsapp.maintenance.tasks", "jobsapp.attachments.tasks")
@@ -53,3 +56,13 @@ app = create_app()
 def _fresh_connections(**_kwargs: Any) -> None:
     """A forked child must not share its parent's database sockets."""
     dispose_engines()
+
+
+@worker_init.connect
+def _refuse_green_pools(sender: Any, **_kwargs: Any) -> None:
+    """Runs before the pool is built; SystemExit, because Celery logs and swallows the
+    Exceptions of signal handlers."""
+    reason = green_pool_refusal(get_implementation(sender.pool_cls))
+    if reason is not None:
+        logging.getLogger(__name__).critical(reason)
+        raise SystemExit(reason)
