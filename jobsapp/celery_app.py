@@ -8,10 +8,17 @@ from typing import Any
 
 from celery import Celery
 from celery.concurrency import get_implementation
-from celery.signals import worker_init, worker_process_init
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    worker_init,
+    worker_process_init,
+)
+from celery.utils.log import get_multiprocessing_logger
 
 from jobsapp.db import dispose_engines
 from jobsapp.lifecycle.pools import green_pool_refusal
+from jobsapp.logs import scrub_handlers
 from jobsapp.settings import Settings, get_settings
 
 BASE_IMPORTS = ("jobsapp.maintenance.tasks", "jobsapp.attachments.tasks")
@@ -66,3 +73,11 @@ def _refuse_green_pools(sender: Any, **_kwargs: Any) -> None:
     if reason is not None:
         logging.getLogger(__name__).critical(reason)
         raise SystemExit(reason)
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _scrub_logs(logger: logging.Logger, **_kwargs: Any) -> None:
+    """Celery's handlers (root, task and multiprocessing loggers) mask secrets too."""
+    forked = get_multiprocessing_logger()  # None until billiard has made one
+    scrub_handlers(logger, *([forked] if forked is not None else []))

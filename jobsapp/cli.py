@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import logging
 import os
 import sys
 import uuid
@@ -16,6 +15,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 
+from jobsapp import logs
 from jobsapp.attachments.commands import register as add_attachment_commands
 from jobsapp.settings import SettingsError, get_settings
 
@@ -234,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.configure()
     args = _parser().parse_args(argv)
     handler: Handler = args.handler
     try:

@@ -8,11 +8,11 @@ per step, flushed, so a supervisor or a pipe sees progress as it happens.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from jobsapp import logs
 from jobsapp.settings import SettingsError, get_settings
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def register(subparsers: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.configure()
     parser = argparse.ArgumentParser(prog="jobsapp", description=__doc__)
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
