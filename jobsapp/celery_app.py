@@ -40,6 +40,13 @@ def _transport_options(settings: Settings, base: dict[str, Any]) -> dict[str, An
     }
 
 
+def _transport(broker_url: str) -> str | None:
+    """Redis brokers get kombu's Redis transport that refuses items it cannot parse."""
+    if broker_url.split("://", 1)[0] in ("redis", "rediss"):
+        return "jobsapp.lifecycle.redis_transport:Transport"
+    return None
+
+
 def create_app() -> Celery:
     settings = get_settings()
     celery_app = Celery("jobsapp")
@@ -48,6 +55,7 @@ def create_app() -> Celery:
     extra = tuple(m for m in os.environ.get("JOBSAPP_IMPORTS", "").split(",") if m)
     celery_app.conf.update(
         broker_url=settings.broker_url,
+        broker_transport=_transport(settings.broker_url),
         broker_transport_options=_transport_options(
             settings, dict(celery_app.conf.broker_transport_options or {})
         ),

@@ -68,7 +68,9 @@ class GuardedConsumer(Consumer):
 
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[[Any], None]:
         handle = super().create_task_handler(*args, **kwargs)
-        broken_connection = tuple(self.connection_errors)
+        # kombu's Redis transport counts KeyError as a connection error; from a message it
+        # is the message's fault, and reconnecting would only meet the message again.
+        broken_connection = tuple(e for e in self.connection_errors if e is not KeyError)
 
         def on_task_received(message: Any) -> None:
             reason = refusal(message, self.strategies)

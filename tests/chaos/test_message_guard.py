@@ -10,12 +10,14 @@ still complete on the same, never restarted, worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -237,3 +239,47 @@ def test_mutated_messages_never_stop_the_worker(guarded: Guarded) -> None:
             assert len(guarded.rejections(task_id)) <= 1, f"refused twice: {raw}"
     assert guarded.broker.pending() == 0
     guarded.assert_serving("still serving")
+
+
+# ------------------------------------------------------------- Redis list items
+
+GOOD_FRAME: dict[str, Any] = {
+    "body": "W10=", "content-encoding": "utf-8", "content-type": "application/json",
+    "headers": {},
+    "properties": {"delivery_tag": "t", "body_encoding": "base64", "priority": 0,
+                   "delivery_info": {"exchange": QUEUE, "routing_key": QUEUE}},
+}  # fmt: skip
+
+
+def _frame(**changes: Any) -> bytes:
+    properties = {**GOOD_FRAME["properties"], **changes.pop("properties", {})}
+    return json.dumps({**GOOD_FRAME, "properties": properties, **changes}).encode()
+
+
+UNREADABLE = [
+    b"not json at all", b"\xff\xfe\x00", b"[]", b"{}",
+    json.dumps({**GOOD_FRAME, "properties": {}}).encode(),
+    _frame(properties={"body_encoding": "rot13"}),
+    _frame(properties={"delivery_info": None}),
+    _frame(body={"not": "text"}),
+]  # fmt: skip
+# A frame kombu can read (the body decodes to nothing): the message guard refuses it.
+HEADERLESS = _frame(body="%%%")
+
+
+def test_a_redis_item_that_is_no_kombu_message_is_refused(cluster: Cluster) -> None:
+    """Pushed on the list by something that is not kombu: kombu used to choke on it
+    inside the event loop, before any consumer code ran."""
+    assert isinstance(cluster.broker, RedisServer)
+    worker = start_worker(cluster, cluster.broker, "frames")
+    with contextlib.closing(cluster.broker.client()) as client:
+        client.lpush(QUEUE, *UNREADABLE, HEADERLESS)
+    guarded = Guarded(cluster, cluster.broker, worker, Sender(cluster.broker.url, Path()), "redis")
+    guarded.assert_serving("after the unreadable items")
+    log = worker.log()
+    assert log.count("rejected message <unreadable> for <no task>: ") == len(UNREADABLE), log[
+        -3000:
+    ]
+    assert log.count("rejected message <no id> for <no task>: no task header") == 1
+    assert cluster.broker.pending() == 0
+    assert cluster.broker.unacked() == 0
