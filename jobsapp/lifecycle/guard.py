@@ -98,10 +98,20 @@ class GuardedConsumer(Consumer):
 
 
 class DeadLetterQueue(bootsteps.StartStopStep):
-    """Declares the dead-letter exchange and queue on AMQP brokers (Redis has no DLX)."""
+    """Declares the dead-letter exchange and queue on AMQP brokers (Redis has no DLX).
+
+    On a channel of its own: a refused declare (no configure permission, a queue of that
+    name with other arguments) closes only that channel, and the worker runs on without
+    dead letters rather than not at all.
+    """
 
     requires = ("celery.worker.consumer.connection:Connection",)
 
     def start(self, c: Any) -> None:
-        if c.connection.transport.driver_type == "amqp":
-            DEAD_LETTERS.bind(c.connection.default_channel).declare()
+        if c.connection.transport.driver_type != "amqp":
+            return
+        try:
+            with c.connection.channel() as channel:
+                DEAD_LETTERS.bind(channel).declare()
+        except c.connection.channel_errors as exc:
+            log.warning("dead-letter queue %s not declared: %s", DEAD_LETTERS.name, exc)

@@ -167,8 +167,10 @@ _SECRET_ENV_NAME_RE: Final = re.compile(
     r"SECRET|PASSW(?:OR)?D|TOKEN|(?:^|_|API|ACCESS|PRIVATE)KEY(?:_|$)", re.IGNORECASE
 )
 # Names about a secret rather than holding one: masking "jobsapp" everywhere because of
-# REDIS_KEY_PREFIX=jobsapp would make every module path unreadable.
+# REDIS_KEY_PREFIX=jobsapp would make every module path unreadable. An id (AWS_ACCESS_KEY_ID)
+# names a credential without being one; AWS key ids are still masked by their AKIA pattern.
 _SECRET_METADATA_SUFFIXES: Final = (
+    "_ID",
     "_FILE",
     "_PATH",
     "_DIR",

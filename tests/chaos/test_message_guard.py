@@ -283,3 +283,17 @@ def test_a_redis_item_that_is_no_kombu_message_is_refused(cluster: Cluster) -> N
     assert log.count("rejected message <no id> for <no task>: no task header") == 1
     assert cluster.broker.pending() == 0
     assert cluster.broker.unacked() == 0
+
+
+def test_a_worker_that_cannot_declare_its_dead_letter_queue_still_serves(
+    amqp_cluster: Cluster,
+) -> None:
+    """A queue of that name with other arguments makes RabbitMQ refuse the declare."""
+    from kombu import Connection, Queue
+
+    with Connection(amqp_cluster.broker.url, connect_timeout=5) as conn:
+        Queue(DEAD_LETTERS.name, durable=False).bind(conn.default_channel).declare()
+    worker = start_worker(amqp_cluster, amqp_cluster.broker, "no-dead-letters")
+    guarded = Guarded(amqp_cluster, amqp_cluster.broker, worker, Sender("", Path()), "amqp")
+    guarded.assert_serving("without dead letters")
+    assert "dead-letter queue jobsapp.dead not declared: " in worker.log()
