@@ -219,6 +219,8 @@ def mutated(draw: st.DrawFn) -> Raw:
 
 def test_mutated_messages_never_stop_the_worker(guarded: Guarded) -> None:
     sent: list[Raw] = []
+    refused_before = guarded.worker.log().count("rejected message ")
+    dead_before = guarded.dead_letters() if guarded.kind == "amqp" else 0
 
     @settings(max_examples=120, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))  # fmt: skip
@@ -234,10 +236,15 @@ def test_mutated_messages_never_stop_the_worker(guarded: Guarded) -> None:
     for raw in sent:
         task_id = raw.headers.get("id")
         if isinstance(task_id, str) and task_id:
-            handled = len(guarded.rejections(task_id)) + log.count(f"[{task_id}] received")
-            assert handled >= 1, f"never handled: {raw}"
-            assert len(guarded.rejections(task_id)) <= 1, f"refused twice: {raw}"
+            refused, received = len(guarded.rejections(task_id)), log.count(f"[{task_id}] received")
+            assert refused + received >= 1, f"never handled: {raw}"
+            assert refused <= 1, f"refused twice: {raw}"
+            assert received <= 1, f"delivered twice: {raw}"
     assert guarded.broker.pending() == 0
+    if guarded.kind == "amqp":
+        # Every refusal, the guard's and the tasks', was dead-lettered, and only those.
+        refused = log.count("rejected message ") - refused_before
+        assert guarded.dead_letters() - dead_before == refused > 0
     guarded.assert_serving("still serving")
 
 
