@@ -104,13 +104,10 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def summary(args: argparse.Namespace) -> int:
-    from jobsapp.db import get_engine
     from jobsapp.monitor import summary as monitor
 
     try:
-        rows = monitor.summarize(
-            get_engine(), states=args.state, module=args.module, limit=args.limit
-        )
+        rows = _summary_rows(args)
     except monitor.BadFilter as bad:
         print(f"jobsapp: {bad}", file=sys.stderr)
         return 2
@@ -119,6 +116,19 @@ def summary(args: argparse.Namespace) -> int:
     else:
         print(_summary_table(rows))
     return 0
+
+
+def _summary_rows(args: argparse.Namespace) -> list[Any]:
+    from jobsapp.db import get_engine
+    from jobsapp.monitor import browse, summary
+
+    if args.attachment is None:
+        return summary.summarize(get_engine(), states=args.state, module=args.module,
+                                 limit=args.limit)  # fmt: skip
+    wanted = browse.JobFilter(module=args.module, states=summary.checked_states(args.state),
+                              attachment_id=args.attachment)  # fmt: skip
+    limit = summary.checked_limit(args.limit)
+    return browse.find_jobs(get_engine(), wanted, limit=limit).rows
 
 
 def _summary_table(rows: Sequence[Any]) -> str:
@@ -193,6 +203,7 @@ def _add_operator_commands(sub: Any) -> None:
     show.add_argument("--state", action="append", choices=ALL_STATES,
                       help="only this state (repeatable)")  # fmt: skip
     show.add_argument("--module", help="only this run table (jobs, attachments, ...)")
+    show.add_argument("--attachment", type=uuid.UUID, help="only the jobs of this attachment")
     show.add_argument("--limit", type=int, default=100)
     show.add_argument("--json", action="store_true", help="JSON instead of a table")
     show.set_defaults(handler=summary)

@@ -5,6 +5,7 @@ missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || missing+=(rabbitmq-server)
 [[ -x /usr/lib/postgresql/15/bin/initdb ]] || missing+=(postgresql-15)
+[[ -x /usr/bin/chromium ]] || missing+=(chromium)
 if ((${#missing[@]})); then
     echo "installing ${missing[*]} with apt-get" >&2
     export DEBIAN_FRONTEND=noninteractive

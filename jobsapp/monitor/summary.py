@@ -128,7 +128,7 @@ def summarize(
     with engine.connect() as conn:
         for spec in specs:
             found = conn.execute(_newest(spec, wanted, limit)).mappings()
-            rows.extend(_summary_row(spec, dict(r), now) for r in found)
+            rows.extend(summary_row(spec, dict(r), now) for r in found)
     rows.sort(key=lambda r: (r.updated_at, r.job_id.hex), reverse=True)
     return rows[:limit]
 
@@ -151,7 +151,7 @@ def _newest(spec: RunTable, states: Sequence[str], limit: int) -> Select[Any]:
     return select(merged).order_by(merged.c.updated_at.desc()).limit(limit)
 
 
-def _summary_row(spec: RunTable, row: dict[str, Any], now: datetime) -> SummaryRow:
+def summary_row(spec: RunTable, row: dict[str, Any], now: datetime) -> SummaryRow:
     return SummaryRow(
         module=spec.module, job_id=row["job_id"], task_name=row["task_name"],
         state=row["state"], outcome=row["outcome"], attempts=row["attempts"],

@@ -1,21 +1,20 @@
-"""The operator side of the web app: the admin summary (JSON and a page), replay, cancel,
-and the Prometheus metrics.
+"""The operator side of the web app: the admin summary as JSON, replay, cancel, and the
+Prometheus metrics; the browser's pages under ``/admin`` are ``jobsapp.web.ui``.
 
-Everything under ``/v1/admin`` and ``/admin`` needs ``Authorization: Bearer
-$JOBSAPP_ADMIN_TOKEN``; with no token configured the operator API is off (403), so a
-deployment that forgot the variable is closed rather than open. ``/metrics`` carries no
-job ids or errors and stays open to the scraper.
+Everything under ``/v1/admin`` needs ``Authorization: Bearer $JOBSAPP_ADMIN_TOKEN``; with
+no token configured the operator API is off (403), so a deployment that forgot the
+variable is closed rather than open. ``/metrics`` carries no job ids or errors and stays
+open to the scraper.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import logging
 from typing import Any
 from uuid import UUID
 
-from flask import Blueprint, Flask, Response, current_app, jsonify, render_template_string, request
+from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from flask.typing import ResponseReturnValue
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -24,9 +23,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from jobsapp import operator
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import outbox_queries
-from jobsapp.lifecycle.states import ALL_STATES
 from jobsapp.monitor import metrics, summary
 from jobsapp.settings import get_settings
+from jobsapp.web import auth, ui
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +34,6 @@ _RETRY_AFTER_S = "5"
 # What "the database is down" looks like; an IntegrityError is a bug and stays a 500.
 _DB_DOWN = (OperationalError, InterfaceError, PoolTimeout)
 _REFUSAL_STATUS = {operator.NotFound: 404, operator.Conflict: 409}
-_PAGE_HEADERS = {
-    # Server-rendered, no script: nothing on the page may run, frame it, or be cached.
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
-    "frame-ancestors 'none'",
-    "Cache-Control": "no-store",
-}
 
 admin = Blueprint("admin", __name__)
 scrape = Blueprint("metrics", __name__)
@@ -53,6 +46,7 @@ def init_app(app: Flask) -> None:
     )
     app.register_blueprint(admin)
     app.register_blueprint(scrape)
+    ui.init_app(app)
 
 
 def _error(status: int, code: str, reason: str) -> tuple[Response, int]:
@@ -92,23 +86,13 @@ admin.register_error_handler(operator.Refused, _refused)
 
 @admin.before_request
 def _authenticate() -> ResponseReturnValue | None:
-    token = get_settings().admin_token
-    if token is None:
+    if get_settings().admin_token is None:
         return _error(403, "forbidden", "operator API disabled: JOBSAPP_ADMIN_TOKEN is not set")
-    given = _bearer(request.headers.get("Authorization", ""))
-    # Constant time: the comparison must not tell how much of a guess was right.
-    if given is None or not hmac.compare_digest(given.encode(), token.encode()):
+    if not auth.token_matches(auth.bearer(request)):
         response, status = _error(401, "unauthorized", "Send Authorization: Bearer <token>.")
         response.headers["WWW-Authenticate"] = 'Bearer realm="jobsapp-admin"'
         return response, status
     return None
-
-
-def _bearer(header: str) -> str | None:
-    scheme, _, credentials = header.partition(" ")
-    if scheme.lower() != "bearer" or not credentials.strip():
-        return None
-    return credentials.strip()
 
 
 # ------------------------------------------------------------------------- summary
@@ -119,15 +103,6 @@ def jobs() -> ResponseReturnValue:
     rows = summary.summarize(get_engine(), **_filters())
     counts = summary.counts(get_engine())
     return jsonify({"jobs": [row.as_json() for row in rows], "counts": counts})
-
-
-@admin.get("/admin")
-def page() -> ResponseReturnValue:
-    rows = summary.summarize(get_engine(), **_filters())
-    counts = summary.counts(get_engine())
-    html = render_template_string(_PAGE, rows=rows, counts=counts, states=ALL_STATES,
-                                  age=summary.human_age)  # fmt: skip
-    return Response(html, mimetype="text/html", headers=_PAGE_HEADERS)
 
 
 def _filters() -> dict[str, Any]:
@@ -223,34 +198,3 @@ def retry_dead_outbox() -> ResponseReturnValue:
 def prometheus() -> ResponseReturnValue:
     text = metrics.exposition(current_app.extensions[_METRICS])
     return Response(text, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-# ---------------------------------------------------------------------------- page
-
-# Jinja autoescapes render_template_string: every value below reaches the page escaped.
-_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>jobsapp: jobs</title>
-<style>
-body{font:14px system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:2em}
-td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left}td.n{text-align:right}
-.failed{color:#a00}.running{color:#06a}
-</style></head><body>
-<h1>Jobs by module and state</h1>
-<table><tr><th>module</th>{% for s in states %}<th>{{ s }}</th>{% endfor %}</tr>
-{% for module, by_state in counts.items() %}<tr><td>{{ module }}</td>
-{% for s in states %}<td class="n">{{ by_state[s] }}</td>{% endfor %}</tr>{% endfor %}
-</table>
-<h1>Newest jobs</h1>
-<table><tr><th>module</th><th>job_id</th><th>task</th><th>state</th><th>outcome</th>
-<th>attempts</th><th>age</th><th>worker</th><th>error</th></tr>
-{% for r in rows %}<tr><td>{{ r.module }}</td><td><code>{{ r.job_id }}</code></td>
-<td>{{ r.task_name }}</td><td class="{{ r.state }}">{{ r.state }}</td>
-<td>{{ r.outcome or "" }}</td><td class="n">{{ r.attempts }}/{{ r.max_attempts }}</td>
-<td class="n" title="{{ r.updated_at.isoformat() }}">{{ age(r.age_seconds) }}</td>
-<td>{{ r.worker or "" }}</td><td>{{ r.last_error or "" }}</td></tr>
-{% else %}<tr><td colspan="9">No jobs.</td></tr>{% endfor %}
-</table>
-<p>Replay and cancel: <code>jobsapp replay|cancel JOB_ID --module M --reason ...</code>
-or <code>POST /v1/admin/jobs/{module}/{job_id}/replay|cancel</code>.</p>
-</body></html>
-"""

@@ -22,6 +22,8 @@ from werkzeug.exceptions import HTTPException, NotFound
 from jobsapp.attachments import service
 from jobsapp.attachments.pipeline import get_pipeline
 from jobsapp.attachments.validation import DEFAULT_LIMITS, Limits, RejectedUpload
+from jobsapp.db import get_engine
+from jobsapp.monitor import browse
 from jobsapp.settings import SettingsError
 from jobsapp.web import admin
 from jobsapp.web.health import health
@@ -100,7 +102,8 @@ def show(attachment_id: UUID) -> ResponseReturnValue:
     view = service.get_attachment(attachment_id)
     if view is None:
         raise NotFound("No attachment has this id.")
-    return jsonify(public_view(view))
+    # The operator's cross-link: which job is working (or last worked) on this attachment.
+    return jsonify({**public_view(view), "job": browse.attachment_job(get_engine(), attachment_id)})
 
 
 @api.get("/v1/attachments/<uuid:attachment_id>/variants/<variant:name>")

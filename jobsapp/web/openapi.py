@@ -66,7 +66,13 @@ def openapi_document() -> JsonObject:
                     "type": "http",
                     "scheme": "bearer",
                     "description": "The value of `JOBSAPP_ADMIN_TOKEN`.",
-                }
+                },
+                "adminSession": {
+                    "type": "apiKey",
+                    "in": "cookie",
+                    "name": "jobsapp_admin",
+                    "description": "The admin UI's session, from `POST /admin/login`.",
+                },
             },
         },
     }
@@ -241,6 +247,21 @@ def _attachment_schema() -> JsonObject:
             },
             "variants": {"type": "array", "items": {"$ref": "#/components/schemas/Variant"}},
             "links": {"$ref": "#/components/schemas/Links"},
+            "job": {
+                "oneOf": [{"type": "null"}, _attachment_job_schema()],
+                "description": "The attachment's current job (its newest run), for operators.",
+            },
+        }
+    )
+
+
+def _attachment_job_schema() -> JsonObject:
+    return _object(
+        {
+            "module": {"type": "string"},
+            "job_id": {"type": "string", "format": "uuid"},
+            "attempt": {"type": "integer"},
+            "state": {"enum": _RUN_STATES},
         }
     )
 
@@ -287,8 +308,8 @@ def _admin_paths() -> JsonObject:
         "/v1/admin/jobs/{module}/{job_id}/cancel": {"post": _cancel_op()},
         "/v1/admin/outbox/dead": {"get": _dead_outbox_op()},
         "/v1/admin/outbox/dead/retry": {"post": _retry_dead_op()},
-        "/admin": {"get": _page_op()},
         "/metrics": {"get": _metrics_op()},
+        **_ui_paths(),
     }
 
 
@@ -406,20 +427,65 @@ def _retry_dead_op() -> JsonObject:
     }  # fmt: skip
 
 
-def _page_op() -> JsonObject:
+def _ui_paths() -> JsonObject:
+    """The browser's pages (``jobsapp.web.ui``): HTML; a form POST needs the session's
+    CSRF token (400 without it) and answers with a 303 to the page that shows the result."""
+    job = "/admin/jobs/{module}/{job_id}"
     return {
-        "summary": "The admin page: counts by module and state, and the newest jobs",
-        "operationId": "adminPage",
-        "security": _ADMIN_AUTH,
-        "parameters": _summary_params(),
-        "responses": {
-            "200": {
-                "description": "A server-rendered page, every value HTML-escaped",
-                "content": {"text/html": {"schema": {"type": "string"}}},
-            },
-            **_admin_errors(400),
+        "/admin": {"get": _html_op("adminOverview", "Counts, oldest queued, stale runs, outbox")},
+        "/admin/login": {"get": _html_op("adminLoginForm", "The login form", auth=False),
+                         "post": _form_op("adminLogin", "Log in with the admin token")},
+        "/admin/logout": {"post": _form_op("adminLogout", "End the session")},
+        "/admin/jobs": {"get": _html_op("adminJobs", "Jobs: filtered, paged newest first")},
+        job: {"get": _html_op("adminJob", "One job: attempts, timeline, attachment", True)},
+        f"{job}/replay": {"post": _form_op("adminJobReplay", "Replay a failed job", True)},
+        f"{job}/cancel": {"post": _form_op("adminJobCancel", "Cancel a queued job", True)},
+        "/admin/replay": {
+            "get": _html_op("adminBulkConfirm", "Confirm the replay of a filter's failed jobs"),
+            "post": _form_op("adminBulkReplay", "Replay the confirmed failed jobs"),
         },
-    }
+    }  # fmt: skip
+
+
+_HTML = {"content": {"text/html": {"schema": {"type": "string"}}}}
+
+
+def _html_op(name: str, summary: str, job: bool = False, *, auth: bool = True) -> JsonObject:
+    return {
+        "summary": summary, "operationId": name,
+        **({"security": [{"adminSession": []}, *_ADMIN_AUTH]} if auth else {}),
+        **({"parameters": _action_params()} if job else {}),
+        "responses": {
+            "200": {"description": "A server-rendered page, every value HTML-escaped", **_HTML},
+            "302": {"description": "Not logged in: to the login form"},
+            **{str(s): {"description": text, **_HTML} for s, text in _UI_ERRORS.items()},
+        },
+    }  # fmt: skip
+
+
+def _form_op(name: str, summary: str, job: bool = False) -> JsonObject:
+    return {
+        "summary": summary, "operationId": name, "security": [{"adminSession": []}],
+        **({"parameters": _action_params()} if job else {}),
+        "requestBody": {"content": {"application/x-www-form-urlencoded": {
+            "schema": {"type": "object", "required": ["csrf_token"]}}}},
+        "responses": {
+            "200": {"description": "A page with the outcome", **_HTML},
+            "303": {"description": "To the page that shows the outcome"},
+            **{str(s): {"description": text, **_HTML} for s, text in _UI_ERRORS.items()},
+        },
+    }  # fmt: skip
+
+
+_UI_ERRORS = {
+    400: "No or a stale CSRF token, a bad filter or an empty reason.",
+    401: "Login with a wrong token.",
+    403: "The operator UI is disabled (`JOBSAPP_ADMIN_TOKEN` is not set).",
+    404: "No such module or job.",
+    405: "The route does not take this method.",
+    500: "An unexpected error.",
+    503: "The database is unavailable; retry.",
+}
 
 
 def _metrics_op() -> JsonObject:

@@ -1,5 +1,6 @@
 """The operator's side of `jobsapp web` as real processes: the token, the JSON summary, a
-replay that a Celery worker then finishes, cancel, the admin page and /metrics.
+replay that a Celery worker then finishes, cancel, the admin pages read with the bearer
+token, and /metrics. The browser's side (login, forms, CSRF) is test_admin_ui.py.
 
 Its own Postgres database and Redis database, so no other suite's worker or cleanup can
 take its messages or empty its tables.
@@ -12,6 +13,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,18 +49,21 @@ pytestmark = pytest.mark.timeout(120)
 # --------------------------------------------------------------------------- services
 
 
-@pytest.fixture(scope="module")
-def admin_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+@contextmanager
+def operator_env(
+    tmp_path_factory: pytest.TempPathFactory, database: str, redis_db: int
+) -> Iterator[dict[str, str]]:
+    """The environment of a web app and worker on a fresh database and Redis database."""
     base = service("JOBSAPP_TEST_DATABASE_URL")
-    db_url = _fresh_postgres(base, DATABASE)
+    db_url = _fresh_postgres(base, database)
     migrate(db_url)
-    redis_url = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{REDIS_DB}").geturl()
+    redis_url = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{redis_db}").geturl()
     import redis
 
     redis.Redis.from_url(redis_url).flushdb()
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
     yield env | {
-        "JOBSAPP_VAR_DIR": str(tmp_path_factory.mktemp("e2e-admin-var")),
+        "JOBSAPP_VAR_DIR": str(tmp_path_factory.mktemp(f"{database}-var")),
         "JOBSAPP_DATABASE_URL": db_url,
         "JOBSAPP_BROKER_URL": redis_url,
         "JOBSAPP_REDIS_URL": redis_url,
@@ -68,8 +73,14 @@ def admin_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
     }
     admin = create_engine(base.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
     admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def admin_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    with operator_env(tmp_path_factory, DATABASE, REDIS_DB) as env:
+        yield env
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +182,6 @@ def operator_events(db: Engine, job_id: uuid.UUID) -> list[tuple[str, str, str |
     ("method", "path"),
     [
         ("GET", "/v1/admin/jobs"),
-        ("GET", "/admin"),
         ("POST", action("jobs", uuid.UUID(int=1), "replay")),
         ("POST", action("jobs", uuid.UUID(int=1), "cancel")),
     ],
@@ -202,9 +212,10 @@ def test_without_a_configured_token_the_operator_api_is_disabled(
         jobs, page = get(http, "/v1/admin/jobs"), get(http, "/admin")
         scrape = http.get("/metrics")
 
-    for reply in (jobs, page):
-        assert reply.status == 403
-        assert "operator API disabled" in reply.json()["reason"]
+    assert jobs.status == 403
+    assert "operator API disabled" in jobs.json()["reason"]
+    assert page.status == 403
+    assert "operator UI is disabled" in page.body.decode()
     assert scrape.status == 200
 
 
@@ -293,9 +304,28 @@ def test_unknown_jobs_are_json_404s(http: Http, path: str, status: int, code: st
     "query", ["?state=done", "?module=nope", "?limit=0", "?limit=abc", "?limit=5000"]
 )
 def test_summary_filters_it_cannot_answer_are_400s(http: Http, query: str) -> None:
-    for path in ("/v1/admin/jobs", "/admin"):
-        reply = get(http, path + query)
-        assert (reply.status, reply.json()["error"]) == (400, "bad_filter")
+    reply = get(http, "/v1/admin/jobs" + query)
+
+    assert (reply.status, reply.json()["error"]) == (400, "bad_filter")
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("?state=done", "state must be one of"),
+        ("?module=nope", "no run table is registered"),
+        ("?min_age=soon", "an age is a number"),
+        ("?after=page-2", "cursor is malformed"),
+        ("?attachment=42", "attachment must be"),
+        ("?q=" + "x" * 201, "limited to 200 characters"),
+    ],
+)
+def test_the_jobs_page_explains_a_bad_filter(http: Http, query: str, says: str) -> None:
+    reply = get(http, "/admin/jobs" + query)
+
+    assert reply.status == 400
+    assert reply.headers["Content-Type"].startswith("text/html")
+    assert says in reply.body.decode()
 
 
 def test_metrics_are_read_from_the_journal_at_scrape_time(http: Http, db: Engine) -> None:
@@ -325,20 +355,24 @@ def test_metrics_are_read_from_the_journal_at_scrape_time(http: Http, db: Engine
     }  # fmt: skip
 
 
-def test_the_admin_page_lists_jobs_with_everything_escaped(http: Http, db: Engine) -> None:
+def test_the_admin_pages_show_jobs_with_everything_escaped(http: Http, db: Engine) -> None:
     job_id = enqueue(db, tasks.echo, "shown-on-the-page")
     hostile = '<script>alert("owned")</script> & <b>bold</b>'
     assert post_json(http, action("jobs", job_id, "cancel"), {"reason": hostile}).status == 200
 
-    reply = get(http, "/admin?limit=1000")
+    listing = get(http, f"/admin/jobs?q={job_id}")
+    one = get(http, f"/admin/jobs/jobs/{job_id}")
+    overview = get(http, "/admin")
 
-    assert reply.status == 200
-    assert reply.headers["Content-Type"].startswith("text/html")
-    assert "default-src 'none'" in reply.headers["Content-Security-Policy"]
-    page = reply.body.decode()
-    assert str(job_id) in page
     escaped = "&lt;script&gt;alert(&#34;owned&#34;)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;"
-    assert escaped in page
-    assert "<script" not in page
-    assert "<b>" not in page
-    assert "<th>succeeded</th>" in page
+    for reply in (listing, one, overview):
+        assert reply.status == 200
+        assert reply.headers["Content-Type"].startswith("text/html")
+        assert "default-src 'none'" in reply.headers["Content-Security-Policy"]
+        page = reply.body.decode()
+        assert "<script" not in page
+        assert "<b>" not in page
+    for reply in (listing, one):
+        assert str(job_id) in reply.body.decode()
+        assert escaped in reply.body.decode()
+    assert "<th>succeeded</th>" in overview.body.decode()
