@@ -1,0 +1,74 @@
+"""The admin UI's pure parts: ages and page cursors as typed in a URL, and an attempt
+timeline built from job events."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from jobsapp.monitor.browse import Cursor, EventRow, attempts_of, parse_age, parse_cursor
+from jobsapp.monitor.summary import BadFilter
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90), ("90s", 90), ("15m", 900), ("2H", 7200), (" 3d ", 259200)]
+)
+def test_an_age_reads_as_seconds(text: str, seconds: float) -> None:
+    assert parse_age(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "-5m", "1.5h", "2w", "15 m"])
+def test_an_age_it_cannot_read_is_a_bad_filter(text: str) -> None:
+    with pytest.raises(BadFilter, match="an age is a number"):
+        parse_age(text)
+
+
+def test_a_cursor_survives_its_url_form() -> None:
+    cursor = Cursor(T0 + timedelta(microseconds=7), uuid.uuid4())
+
+    assert parse_cursor(cursor.encode()) == cursor
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "page-2", f"yesterday~{uuid.uuid4()}", "2026-11-30T12:00:00+00:00~nope",
+     f"2026-11-30T12:00:00~{uuid.uuid4()}"],  # the last has no time zone
+)  # fmt: skip
+def test_a_malformed_cursor_is_a_bad_filter(text: str) -> None:
+    with pytest.raises(BadFilter, match="cursor"):
+        parse_cursor(text)
+
+
+def event(attempt: int, transition: str, minute: int, actor: str = "w@h",
+          reason: str | None = None) -> EventRow:  # fmt: skip
+    return EventRow(attempt, transition, None, None, actor, reason, T0 + timedelta(minutes=minute))
+
+
+def test_attempts_are_read_from_claims_and_their_endings() -> None:
+    events = [
+        event(1, "enqueue", 0, "producer"),
+        event(1, "claim", 1, "w1@a"),
+        event(1, "retry", 2, "w1@a", "ConnectionError: down"),
+        event(2, "claim", 3, "w2@b"),
+        event(2, "reap_requeue", 9, "reaper", "heartbeat stale"),
+        event(3, "claim", 10, "w1@a"),
+        event(3, "fail", 11, "w1@a", "ValueError: bad"),
+        event(4, "replay", 20, "operator:alice", "fixed"),
+        event(4, "claim", 21, "w2@b"),
+    ]
+
+    found = attempts_of(events)
+
+    assert [(a.number, a.worker, a.outcome, a.error) for a in found] == [
+        (1, "w1@a", "failed, retry planned", "ConnectionError: down"),
+        (2, "w2@b", "stale, requeued by the reaper", "heartbeat stale"),
+        (3, "w1@a", "failed", "ValueError: bad"),
+        (4, "w2@b", "running", None),
+    ]
+    assert (found[0].started_at, found[0].ended_at) == (T0 + timedelta(minutes=1),
+                                                        T0 + timedelta(minutes=2))  # fmt: skip
+    assert found[3].ended_at is None
