@@ -219,6 +219,7 @@ def test_no_api_answer_holds_a_secret(story: Story) -> None:
     assert (view.json()["state"], view.json()["error_code"]) == ("failed", "storage_error")
     answers = {"attachment": view.body.decode()}
     for path in ("/v1/admin/jobs?limit=1000", "/v1/admin/jobs?state=failed", "/admin",
+                 "/admin/jobs?state=failed", f"/admin/jobs/jobs/{story.leaky_job}",
                  "/metrics"):  # fmt: skip
         status, body = admin_get(http, path)
         assert status == 200, (path, body[:500])
