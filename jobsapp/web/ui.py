@@ -49,6 +49,16 @@ _PAGE_HEADERS = {
 }
 _DB_DOWN = (OperationalError, InterfaceError, PoolTimeout)
 
+
+@dataclass(frozen=True)
+class Replayed:
+    """One line of the bulk replay's result page; ``key`` is ``module:job_id``."""
+
+    key: str
+    done: bool
+    message: str
+
+
 ui = Blueprint("ui", __name__, url_prefix="/admin", template_folder="templates")
 
 
@@ -94,7 +104,8 @@ def _guard() -> ResponseReturnValue | None:
 
 
 @ui.errorhandler(summary.BadFilter)
-def _bad_filter(exc: summary.BadFilter) -> ResponseReturnValue:
+@ui.errorhandler(operator.InvalidRequest)
+def _bad_input(exc: ValueError) -> ResponseReturnValue:
     return _error_page(400, str(exc))
 
 
@@ -236,13 +247,6 @@ def bulk_confirm() -> ResponseReturnValue:
                  back_url=url_for("ui.jobs", **_args(request.args, after=None)))  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Replayed:
-    key: str
-    done: bool
-    message: str
-
-
 @ui.post("/replay")
 def bulk_replay() -> ResponseReturnValue:
     """Replays exactly the jobs the confirmation page listed, not the filter's set now."""
@@ -261,11 +265,6 @@ def _replay_one(key: str, reason: str) -> Replayed:
     except ValueError:
         return Replayed(key, False, "not a job id")
     return Replayed(key, True, f"attempt {done.attempt} queued")
-
-
-@ui.errorhandler(operator.InvalidRequest)
-def _invalid(exc: operator.InvalidRequest) -> ResponseReturnValue:
-    return _error_page(400, str(exc))
 
 
 # ----------------------------------------------------------------------- filters

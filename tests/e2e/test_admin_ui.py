@@ -286,6 +286,7 @@ def test_bulk_replay_of_a_filtered_set_asks_for_confirmation(
     assert all(str(j) in page.inner_text("#jobs") for j in jobs)
     assert all(state_of(db, j) == "failed" for j in jobs)
     page.fill("#bulk input[name=reason]", "provider recovered")
+    shot(page, "bulk-confirm")
     page.click("#bulk button")
 
     heading = page.inner_text("h1")
@@ -332,6 +333,7 @@ def test_an_attachment_and_its_job_link_to_each_other(
     assert attachment_id in page.inner_text("#attachment")
     assert page.get_attribute("#attachment a", "href") == f"/v1/attachments/{attachment_id}"
     assert "thumbnail" in page.inner_text("#variants")
+    shot(page, "attachment-job")
     cli = subprocess.run(
         [sys.executable, "-m", "jobsapp.cli", "summary", "--attachment", attachment_id, "--json"],
         env=env, cwd=REPO, capture_output=True, text=True, check=True,
