@@ -19,13 +19,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pytest
 from celery import Celery
 from playwright.sync_api import Browser, Page, sync_playwright
 from sqlalchemy import Engine, create_engine, text
 
+from jobsapp import operator
 from tests.e2e.test_admin_web import (
     REFUSAL,
     TOKEN,
@@ -296,6 +297,32 @@ def test_bulk_replay_of_a_filtered_set_asks_for_confirmation(
         assert operator_events(db, job_id) == [
             ("replay", "operator:carol", "provider recovered")
         ]
+
+
+def test_a_bulk_replay_needs_a_reason_and_takes_only_the_confirmed_jobs(
+    page: Page, db: Engine
+) -> None:
+    job_id = enqueue(db, tasks.echo, "cancelled-then-replayed")
+    operator.cancel(db, "jobs", job_id, actor="test", reason="set up a failed job")
+    log_in(page, name="erin")
+    page.goto("/admin/jobs")
+    confirmed = {"csrf_token": csrf_of(page), "job": f"jobs:{job_id}"}
+
+    empty = page.request.post("/admin/replay", form={**confirmed, "reason": " "})
+
+    assert empty.status == 400
+    assert "a reason of 1 to 500 characters is required" in empty.text()
+    assert state_of(db, job_id) == "failed"
+    keys = [f"jobs:{job_id}", "jobs:not-a-job", f"nope:{uuid.uuid4()}", f"jobs:{uuid.uuid4()}"]
+    fields = [("csrf_token", confirmed["csrf_token"]), ("reason", "retry it")]
+    body = urlencode([*fields, *(("job", key) for key in keys)])
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    done = page.request.post("/admin/replay", data=body, headers=form)
+
+    assert done.status == 200
+    assert "Replayed 1 of 4" in done.text()
+    assert state_of(db, job_id) != "failed"
+    assert operator_events(db, job_id)[-1] == ("replay", "operator:erin", "retry it")
 
 
 def test_paging_walks_every_matching_job_once(http: Http, db: Engine) -> None:
