@@ -163,8 +163,9 @@ def logout() -> ResponseReturnValue:
 
 @ui.get("")
 def overview() -> ResponseReturnValue:
-    health = summary.health(get_engine(), get_settings().stale_after)
-    return _page("overview.html", health=health, stale_after=get_settings().stale_after)
+    stale_after = get_settings().stale_after
+    health = summary.health(get_engine(), stale_after)
+    return _page("overview.html", health=health, stale_after=stale_after)
 
 
 @ui.get("/jobs")
@@ -258,12 +259,13 @@ def bulk_replay() -> ResponseReturnValue:
 def _replay_one(key: str, reason: str) -> Replayed:
     module, _, raw = key.partition(":")
     try:
-        done = operator.replay(get_engine(), module, uuid.UUID(raw), actor=auth.actor(),
-                               reason=reason)  # fmt: skip
-    except (operator.Refused, operator.InvalidRequest) as refused:
-        return Replayed(key, False, str(refused))
+        job_id = uuid.UUID(raw)
     except ValueError:
         return Replayed(key, False, "not a job id")
+    try:
+        done = operator.replay(get_engine(), module, job_id, actor=auth.actor(), reason=reason)
+    except operator.Refused as refused:
+        return Replayed(key, False, str(refused))
     return Replayed(key, True, f"attempt {done.attempt} queued")
 
 
