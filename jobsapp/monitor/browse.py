@@ -29,6 +29,8 @@ from jobsapp.monitor.summary import BadFilter, SummaryRow, checked_tables, summa
 
 EVENTS = JobEvent.__table__
 PAGE_SIZE = 50
+# Counting stops here: an exact count of a large journal costs a scan per page view.
+COUNT_CAP = 10_000
 MAX_TEXT = 200
 _AGE = re.compile(r"(\d+)([smhd]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -72,8 +74,10 @@ class Cursor:
 @dataclass(frozen=True)
 class JobPage:
     rows: list[SummaryRow]
+    # Matching jobs in all, counted up to COUNT_CAP per run table (then ``exact`` is False).
     total: int
     next: Cursor | None
+    exact: bool = True
 
 
 @dataclass(frozen=True)
@@ -151,19 +155,29 @@ def find_jobs(
 ) -> JobPage:  # fmt: skip
     """One page of matching jobs, newest first, and how many match in all."""
     now = now or utcnow()
-    specs = _tables(wanted)
     rows: list[SummaryRow] = []
-    total = 0
+    counts: list[int] = []
     with engine.connect() as conn:
-        for spec in specs:
+        for spec in _tables(wanted):
             where = _matching(spec, wanted, now)
-            total += int(conn.execute(select(func.count()).where(*where)).scalar_one())
-            found = conn.execute(_page(spec, where, after, limit + 1)).mappings()
-            rows.extend(summary_row(spec, dict(r), now) for r in found)
+            counts.append(_count(conn, spec, where))
+            # One indexed branch per state (ix_<table>_state_updated): an IN list over
+            # the states would sort every matching row of the table for each page.
+            for state in wanted.states:
+                page = _page(spec, [*where, spec.table.c.state == state], after, limit + 1)
+                rows.extend(summary_row(spec, dict(r), now) for r in conn.execute(page).mappings())
     rows.sort(key=lambda r: (r.updated_at, r.job_id), reverse=True)
     more = len(rows) > limit
     rows = rows[:limit]
-    return JobPage(rows, total, Cursor(rows[-1].updated_at, rows[-1].job_id) if more else None)
+    after_last = Cursor(rows[-1].updated_at, rows[-1].job_id) if more else None
+    exact = all(n <= COUNT_CAP for n in counts)
+    return JobPage(rows, sum(min(n, COUNT_CAP) for n in counts), after_last, exact)
+
+
+def _count(conn: Connection, spec: RunTable, where: Sequence[Any]) -> int:
+    """Matching rows, up to COUNT_CAP + 1 (more than the cap: not exact)."""
+    capped = select(spec.table.c.job_id).where(*where).limit(COUNT_CAP + 1).subquery()
+    return int(conn.execute(select(func.count()).select_from(capped)).scalar_one())
 
 
 def _tables(wanted: JobFilter) -> list[RunTable]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import Engine, select
 
 from jobsapp.attachments.models import RUNS
@@ -96,3 +97,15 @@ def test_an_attachment_names_its_newest_job(db: Engine) -> None:
     assert detail is not None
     assert detail.attachment_id == attachment_id
     assert utcnow() - detail.run["created_at"] < timedelta(minutes=1)
+
+
+def test_the_count_stops_at_its_cap(db: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    for _ in range(5):
+        queued_job(db)
+    monkeypatch.setattr(browse, "COUNT_CAP", 3)
+
+    capped = browse.find_jobs(db, JobFilter(module="jobs"), limit=2)
+    exact = browse.find_jobs(db, JobFilter(module="jobs"), limit=10)
+
+    assert (capped.total, capped.exact, len(capped.rows)) == (3, False, 2)
+    assert (len(exact.rows), exact.next) == (5, None)
