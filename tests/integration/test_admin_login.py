@@ -72,3 +72,17 @@ def test_login_returns_only_to_a_page_of_the_ui(
     client: FlaskClient, next_: str, location: str
 ) -> None:
     assert log_in(client, "http://admin.local", next_=next_)[1] == location
+
+
+def test_rotating_the_token_ends_every_session(client: FlaskClient) -> None:
+    base = "http://admin.local"
+    # A bad filter is answered (400) only to a signed-in browser, before any database read.
+    signed_in_probe = "/admin/jobs?state=bogus"
+    assert log_in(client, base)[0] == 303
+    assert client.get(signed_in_probe, base_url=base).status_code == 400
+
+    with environment(JOBSAPP_ADMIN_TOKEN="rotated-token"):
+        after = client.get(signed_in_probe, base_url=base)
+
+    assert after.status_code == 302
+    assert after.headers["Location"].startswith("/admin/login")
