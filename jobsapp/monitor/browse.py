@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -109,7 +109,7 @@ class JobDetail:
     module: str
     run: Mapping[str, Any]
     events: list[EventRow]
-    attempts: list[AttemptRow] = field(default_factory=list)
+    attempts: list[AttemptRow]
 
     @property
     def attachment_id(self) -> uuid.UUID | None:
@@ -161,17 +161,26 @@ def find_jobs(
         for spec in _tables(wanted):
             where = _matching(spec, wanted, now)
             counts.append(_count(conn, spec, where))
-            # One indexed branch per state (ix_<table>_state_updated): an IN list over
-            # the states would sort every matching row of the table for each page.
-            for state in wanted.states:
-                page = _page(spec, [*where, spec.table.c.state == state], after, limit + 1)
-                rows.extend(summary_row(spec, dict(r), now) for r in conn.execute(page).mappings())
+            rows += _newest(conn, spec, where, wanted.states, after, limit + 1, now)
     rows.sort(key=lambda r: (r.updated_at, r.job_id), reverse=True)
     more = len(rows) > limit
     rows = rows[:limit]
     after_last = Cursor(rows[-1].updated_at, rows[-1].job_id) if more else None
     exact = all(n <= COUNT_CAP for n in counts)
     return JobPage(rows, sum(min(n, COUNT_CAP) for n in counts), after_last, exact)
+
+
+def _newest(
+    conn: Connection, spec: RunTable, where: Sequence[Any], states: Sequence[str],
+    after: Cursor | None, limit: int, now: datetime,
+) -> list[SummaryRow]:  # fmt: skip
+    # One indexed branch per state (ix_<table>_state_updated): an IN list over the
+    # states would sort every matching row of the table for each page.
+    found: list[SummaryRow] = []
+    for state in states:
+        page = _page(spec, [*where, spec.table.c.state == state], after, limit)
+        found.extend(summary_row(spec, dict(r), now) for r in conn.execute(page).mappings())
+    return found
 
 
 def _count(conn: Connection, spec: RunTable, where: Sequence[Any]) -> int:
