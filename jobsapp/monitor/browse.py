@@ -32,7 +32,8 @@ PAGE_SIZE = 50
 # Counting stops here: an exact count of a large journal costs a scan per page view.
 COUNT_CAP = 10_000
 MAX_TEXT = 200
-_AGE = re.compile(r"(\d+)([smhd]?)")
+# ASCII digits, and few: a longer number is no age a journal holds, and would overflow.
+_AGE = re.compile(r"([0-9]{1,6})([smhd]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _CURSOR_SEPARATOR = "~"
 # The transitions that end an attempt, and how the timeline names each ending.

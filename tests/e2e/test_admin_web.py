@@ -315,6 +315,8 @@ def test_summary_filters_it_cannot_answer_are_400s(http: Http, query: str) -> No
         ("?state=done", "state must be one of"),
         ("?module=nope", "no run table is registered"),
         ("?min_age=soon", "an age is a number"),
+        ("?min_age=%C2%B2h", "an age is a number"),
+        ("?max_age=" + "9" * 5000, "an age is a number"),
         ("?after=page-2", "cursor is malformed"),
         ("?attachment=42", "attachment must be"),
         ("?q=" + "x" * 201, "limited to 200 characters"),

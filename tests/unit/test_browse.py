@@ -15,13 +15,16 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("90", 90), ("90s", 90), ("15m", 900), ("2H", 7200), (" 3d ", 259200)]
+    ("text", "seconds"), [("90", 90), ("90s", 90), ("15m", 900), ("2H", 7200), (" 3d ", 259200),
+     ("999999d", 999999 * 86400)]
 )
 def test_an_age_reads_as_seconds(text: str, seconds: float) -> None:
     assert parse_age(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "soon", "-5m", "1.5h", "2w", "15 m"])
+@pytest.mark.parametrize(
+    "text", ["", "soon", "-5m", "1.5h", "2w", "15 m", "\u0663d", "\u00b2h", "9" * 7, "9" * 5000]
+)
 def test_an_age_it_cannot_read_is_a_bad_filter(text: str) -> None:
     with pytest.raises(BadFilter, match="an age is a number"):
         parse_age(text)
