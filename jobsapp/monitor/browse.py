@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine, String, and_, cast, func, or_, select
 from sqlalchemy.sql import ColumnElement
 
 from jobsapp.db import utcnow
+from jobsapp.lifecycle import outbox_queries
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import ALL_STATES, Transition
 from jobsapp.lifecycle.tables import JobEvent
@@ -317,3 +318,12 @@ def _newest_run(
     )
     run = conn.execute(stmt).mappings().first()
     return None if run is None else (spec.module, dict(run))
+
+
+# ------------------------------------------------------------------------- outbox
+
+
+def dead_outbox(engine: Engine, *, limit: int) -> tuple[int, list[outbox_queries.DeadRow]]:
+    """How many outbox rows the relay gave up on, and the newest ``limit`` of them."""
+    with engine.connect() as conn:
+        return outbox_queries.count_dead(conn), outbox_queries.dead_rows(conn, limit=limit)

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # How many failed jobs one confirmation page lists and one bulk replay takes.
 BULK_MAX = 200
+# Dead outbox rows listed on the overview (the count covers them all).
+DEAD_SHOWN = 20
 PARAMS_LIMIT = 20_000
 _PAGE_HEADERS = {
     # No script may run, no other site may frame a page or receive a form, none is cached.
@@ -165,7 +167,9 @@ def logout() -> ResponseReturnValue:
 def overview() -> ResponseReturnValue:
     stale_after = get_settings().stale_after
     health = summary.health(get_engine(), stale_after)
-    return _page("overview.html", health=health, stale_after=stale_after)
+    dead_total, dead = browse.dead_outbox(get_engine(), limit=DEAD_SHOWN)
+    return _page("overview.html", health=health, stale_after=stale_after,
+                 dead_total=dead_total, dead=dead)  # fmt: skip
 
 
 @ui.get("/jobs")
@@ -234,6 +238,18 @@ def _act(module: str, job_id: uuid.UUID, act: Callable[[str], str]) -> ResponseR
     except (operator.Conflict, operator.InvalidRequest) as refused:
         flash(str(refused), "error")
     return redirect(url_for("ui.job", module=module, job_id=job_id), 303)
+
+
+@ui.post("/outbox/retry")
+def retry_dead() -> ResponseReturnValue:
+    """Every dead outbox row back to the relay (after the cause was fixed), audited."""
+    try:
+        revived = operator.retry_dead_outbox(get_engine(), None, actor=auth.actor(),
+                                             reason=request.form.get("reason", ""))  # fmt: skip
+        flash(f"{revived} dead outbox rows are due again.", "ok")
+    except operator.InvalidRequest as refused:
+        flash(str(refused), "error")
+    return redirect(url_for("ui.overview"), 303)
 
 
 @ui.get("/replay")

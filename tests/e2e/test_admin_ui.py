@@ -325,6 +325,28 @@ def test_a_bulk_replay_needs_a_reason_and_takes_only_the_confirmed_jobs(
     assert operator_events(db, job_id)[-1] == ("replay", "operator:erin", "retry it")
 
 
+def test_dead_outbox_rows_are_on_the_overview_and_go_back_to_the_relay(
+    page: Page, db: Engine, worker: Path
+) -> None:
+    job_id = enqueue(db, tasks.echo, "dead-letter")
+    with db.begin() as conn:
+        conn.execute(text("UPDATE outbox SET dead_at = now(), publish_failures = 5, "
+                          "last_error = 'no worker takes tests.echo' WHERE job_id = :j"),
+                     {"j": job_id})  # fmt: skip
+    log_in(page, name="frank")
+
+    assert int(page.inner_text("#dead-total")) >= 1
+    dead = page.inner_text("#dead")
+    assert str(job_id) in dead
+    assert "no worker takes tests.echo" in dead
+    page.fill("#retry-dead input[name=reason]", "worker deployed")
+    page.click("#retry-dead button")
+
+    assert "dead outbox rows are due again" in page.inner_text(".flash.ok")
+    assert page.inner_text("#dead-total") == "0"
+    wait_state(db, job_id, "succeeded", worker)
+
+
 def test_paging_walks_every_matching_job_once(http: Http, db: Engine) -> None:
     mine = {enqueue(db, tasks.echo, f"page-{i}") for i in range(57)}
     path: str | None = "/admin/jobs?module=jobs&state=queued&task=tests.echo"
