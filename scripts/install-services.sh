@@ -6,6 +6,7 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || missing+=(rabbitmq-server)
 [[ -x /usr/lib/postgresql/15/bin/initdb ]] || missing+=(postgresql-15)
 [[ -x /usr/bin/chromium ]] || missing+=(chromium)
+command -v pgbouncer >/dev/null || missing+=(pgbouncer)
 if ((${#missing[@]})); then
     echo "installing ${missing[*]} with apt-get" >&2
     export DEBIAN_FRONTEND=noninteractive

@@ -4,9 +4,11 @@
 #   scripts/services.sh start [rabbitmq]  start PostgreSQL, Redis and S3 (SeaweedFS),
 #                                         plus RabbitMQ when asked; idempotent
 #   scripts/services.sh start postgres redis   only the services named (any of postgres,
-#                                         redis, s3, rabbitmq); the benchmarks use this
-#   scripts/services.sh stop [rabbitmq]   stop everything this script started
-#                                         (or only RabbitMQ)
+#                                         redis, s3, rabbitmq, pgbouncer); the benchmarks use this
+#   scripts/services.sh start pgbouncer   only PgBouncer (transaction pooling) in front of
+#                                         the Postgres on JOBSAPP_PG_PORT, on JOBSAPP_PGBOUNCER_PORT
+#   scripts/services.sh stop [rabbitmq|pgbouncer]   stop everything this script started
+#                                         (or only the one named)
 #   scripts/services.sh status            show what runs (exit 1 if a core service is down)
 #   scripts/services.sh env               print `export VAR=...` lines for the test suite
 #   scripts/services.sh reset             stop, then delete all service state
@@ -17,7 +19,8 @@
 # <repo>/var/services).  Overridable through the environment (or VAR=value
 # lines in scripts/services.env): JOBSAPP_SVC_DIR, JOBSAPP_PG_PORT (5439),
 # JOBSAPP_REDIS_PORT (6390), JOBSAPP_S3_PORT (8339), JOBSAPP_AMQP_PORT (5679),
-# JOBSAPP_S3_BUCKET (jobsapp-test) and the other JOBSAPP_* variables below.
+# JOBSAPP_S3_BUCKET (jobsapp-test), JOBSAPP_PGBOUNCER_PORT (6439) and the other
+# JOBSAPP_* variables below.
 # JOBSAPP_PG_DURABLE=1 starts Postgres as production runs it (fsync, synchronous_commit
 # and full_page_writes on) instead of the tests' fsync=off; benchmarks give it a
 # JOBSAPP_SVC_DIR and ports of their own.
@@ -45,6 +48,10 @@ fi
 
 REDIS_PORT=${JOBSAPP_REDIS_PORT:-6390}
 
+PGB_PORT=${JOBSAPP_PGBOUNCER_PORT:-6439}
+# Server connections per (database, user): the budget the many client connections share.
+PGB_POOL_SIZE=${JOBSAPP_PGBOUNCER_POOL_SIZE:-20}
+
 S3_PORT=${JOBSAPP_S3_PORT:-8339}
 S3_BUCKET=${JOBSAPP_S3_BUCKET:-jobsapp-test}
 S3_ACCESS_KEY=${JOBSAPP_S3_ACCESS_KEY:-jobsapp}
@@ -66,6 +73,7 @@ PG_DIR=$SVC_DIR/postgres
 REDIS_DIR=$SVC_DIR/redis
 S3_DIR=$SVC_DIR/s3
 RMQ_DIR=$SVC_DIR/rabbitmq
+PGB_DIR=$SVC_DIR/pgbouncer
 
 PYTHON=$ROOT/.venv/bin/python
 
@@ -470,15 +478,75 @@ rmq_stop() {
     return 0
 }
 
+# ---------------------------------------------------------------- pgbouncer
+
+pgb_pid() { running_pid "$PGB_DIR/pgbouncer.pid" pgbouncer; }
+
+# Transaction pooling, as PgBouncer runs in front of busy Postgres servers: a server
+# connection serves one transaction, then another client, so clients may rely on
+# nothing session-level (SET, session advisory locks, LISTEN, startup options).
+pgb_write_config() {
+    printf '"postgres" ""\n' >"$PGB_DIR/users.txt"
+    cat >"$PGB_DIR/pgbouncer.ini" <<EOF
+[databases]
+* = host=127.0.0.1 port=$PG_PORT
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $PGB_PORT
+unix_socket_dir = $PGB_DIR
+pidfile = $PGB_DIR/pgbouncer.pid
+logfile = $PGB_DIR/pgbouncer.log
+auth_type = trust
+auth_file = $PGB_DIR/users.txt
+admin_users = postgres
+pool_mode = transaction
+default_pool_size = $PGB_POOL_SIZE
+max_client_conn = 2000
+EOF
+}
+
+pgb_start() {
+    local logfile=$PGB_DIR/pgbouncer.log pid deadline
+    if pid=$(pgb_pid); then
+        log "pgbouncer already running (pid $pid, port $PGB_PORT)"
+        return 0
+    fi
+    command -v pgbouncer >/dev/null || die "pgbouncer: not found (apt-get install pgbouncer)"
+    require_port_free pgbouncer "$PGB_PORT"
+    mkdir -p "$PGB_DIR"
+    rm -f "$PGB_DIR/pgbouncer.pid"
+    pgb_write_config
+    chown -R postgres:postgres "$PGB_DIR"
+    # PgBouncer refuses to run as root; -d daemonises it once its sockets listen.
+    as_postgres pgbouncer -d "$PGB_DIR/pgbouncer.ini" </dev/null >"$PGB_DIR/start.log" 2>&1 9>&- ||
+        fail pgbouncer "$logfile" "pgbouncer failed to start ($(tail -n 1 "$PGB_DIR/start.log"))"
+    deadline=$((SECONDS + 15))
+    until port_open "$PGB_PORT" && pid=$(pgb_pid); do
+        ((SECONDS < deadline)) || fail pgbouncer "$logfile" "not listening on $PGB_PORT after 15s"
+        sleep 0.05
+    done
+    log "pgbouncer started (pid $pid, port $PGB_PORT -> postgres $PG_PORT, transaction pooling)"
+}
+
+pgb_stop() {
+    local pid
+    pid=$(pgb_pid) || return 0
+    # SIGINT: a safe shutdown that lets transactions in flight finish.
+    kill_pid pgbouncer "$pid" pgbouncer INT 15
+    rm -f "$PGB_DIR/pgbouncer.pid"
+}
+
 # ---------------------------------------------------------------- commands
 
 cmd_start() {
-    local with_rmq=0 only=0 pg=1 rd=1 s3=1 arg t0=$SECONDS
+    local with_rmq=0 only=0 pg=1 rd=1 s3=1 pgb=0 arg t0=$SECONDS
     for arg in "$@"; do
         case $arg in
             rabbitmq) with_rmq=1 ;;
+            pgbouncer) only=1 pgb=1 ;;
             postgres | redis | s3) only=1 ;;
-            *) die "unknown service '$arg' (postgres, redis, s3, rabbitmq)" ;;
+            *) die "unknown service '$arg' (postgres, redis, s3, rabbitmq, pgbouncer)" ;;
         esac
     done
     if ((only)); then
@@ -499,6 +567,7 @@ cmd_start() {
     if ((with_rmq)); then
         rmq_start
     fi
+    if ((pgb)); then pgb_start; fi
     log "services up ($((SECONDS - t0))s); state in $SVC_DIR"
 }
 
@@ -506,17 +575,19 @@ cmd_stop() {
     local only=
     case ${1:-} in
         '') ;;
-        rabbitmq) only=rabbitmq ;;
-        *) die "unknown service '$1' (only 'rabbitmq' can be stopped alone)" ;;
+        rabbitmq | pgbouncer) only=$1 ;;
+        *) die "unknown service '$1' (only 'rabbitmq' or 'pgbouncer' can be stopped alone)" ;;
     esac
     mkdir -p "$SVC_DIR"
     exec 9>"$SVC_DIR/.lock"
     flock -w 180 9 || die "another '$0' holds $SVC_DIR/.lock"
-    rmq_stop
     if [[ -n $only ]]; then
-        log "stopped rabbitmq"
+        if [[ $only == rabbitmq ]]; then rmq_stop; else pgb_stop; fi
+        log "stopped $only"
         return 0
     fi
+    pgb_stop
+    rmq_stop
     s3_stop
     redis_stop
     pg_stop
@@ -540,6 +611,8 @@ cmd_status() {
     report s3 "$S3_PORT" "$pid"
     pid=$(rmq_pid) || pid=
     report rabbitmq "$AMQP_PORT" "$pid"
+    pid=$(pgb_pid) || pid=
+    report pgbouncer "$PGB_PORT" "$pid"
     return "$rc"
 }
 
@@ -552,6 +625,9 @@ cmd_env() {
         "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$S3_REGION"
     if rmq_pid >/dev/null; then
         printf 'export JOBSAPP_TEST_AMQP_URL=pyamqp://guest:guest@127.0.0.1:%s//\n' "$AMQP_PORT"
+    fi
+    if pgb_pid >/dev/null; then
+        printf 'export JOBSAPP_TEST_PGBOUNCER_URL=postgresql+psycopg2://postgres@127.0.0.1:%s/%s\n' "$PGB_PORT" "$PG_DB"
     fi
 }
 
