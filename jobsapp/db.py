@@ -91,25 +91,24 @@ def get_engine(url: str | None = None) -> Engine:
         return engine
 
 
-def _variant(url: str, name: str, **options: Any) -> Engine:
+def _variant(url: str, name: str) -> Engine:
     key = f"{name}:{url}"
     with _engines_lock:
         engine = _engines.get(key)
         if engine is None:
             engine = _engines[key] = create_engine(
-                url, pool_size=5, max_overflow=10, isolation_level="AUTOCOMMIT", **options
+                url, pool_size=5, max_overflow=10, isolation_level="AUTOCOMMIT"
             )
             _autocommit_engines.add(engine)
         return engine
 
 
 def get_relaxed_engine(url: str | None = None) -> Engine:
-    """For writes whose loss is harmless (an outbox row's published mark): on PostgreSQL
-    autocommit without waiting for the WAL flush; elsewhere the ordinary engine."""
-    url = url or get_settings().database_url
-    if not url.startswith("postgresql"):
-        return get_engine(url)
-    return _variant(url, "relaxed", connect_args={"options": "-c synchronous_commit=off"})
+    """For writes whose loss is harmless (an outbox row's published mark): the ordinary
+    engine, whose caller relaxes its own transaction with ``SET LOCAL synchronous_commit``.
+    Not a startup option or a session ``SET``: PgBouncer's transaction pooling refuses the
+    one and would hand the other to every client of the same server connection."""
+    return get_engine(url)
 
 
 @contextmanager
