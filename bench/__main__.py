@@ -1,6 +1,6 @@
 """``python -m bench NAME [--quick | --smoke]``: every benchmark, on servers of its own.
 
-NAME is lifecycle, images, upload, maintenance or all. The run starts its own Postgres
+NAME is lifecycle, images, upload, maintenance, scale or all. The run starts its own Postgres
 clusters (fsync on, as production runs it, and fsync off, as the tests run it), Redis and
 S3 with scripts/services.sh (state under var/bench/, ports from --port-base), runs the
 benchmarks, writes PNG plots to --out, prints every ratio line at the end and stops the
@@ -44,6 +44,12 @@ def _maintenance(svc: services.Services, size: str, out: Path) -> list[str]:
     return bench_maintenance.main(svc, size, out)
 
 
+def _scale(svc: services.Services, size: str, out: Path) -> list[str]:
+    from bench import bench_scale
+
+    return bench_scale.main(svc, size, out)
+
+
 # The image benchmark (bench/bench_images.py) is i10-images' module: registered here when
 # it exists, called as ``main(quick=...)`` (plus ``smoke=`` if it takes one) with the
 # JOBSAPP_TEST_* variables pointing at the bench's servers; a list it returns is its
@@ -64,6 +70,7 @@ def _images(_svc: services.Services, size: str, _out: Path) -> list[str]:
 
 BENCHMARKS: dict[str, Benchmark] = {
     "lifecycle": _lifecycle, "images": _images, "upload": _upload, "maintenance": _maintenance,
+    "scale": _scale,
 }  # fmt: skip
 
 
@@ -87,7 +94,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                       help="tiny sizes: checks that every benchmark still runs")  # fmt: skip
     parser.set_defaults(size="full")
     parser.add_argument("--port-base", type=int, default=services.DEFAULT_PORT_BASE,
-                        help="first of 9 ports (and those +10000 for S3's gRPC)")  # fmt: skip
+                        help="first of 13 ports (and those +10000 for S3's gRPC)")  # fmt: skip
     parser.add_argument("--state-dir", type=Path, default=services.ROOT / "var" / "bench",
                         help="server state; wiped at start (must be readable by postgres)")
     parser.add_argument("--out", type=Path, default=services.ROOT / "var" / "bench" / "out",

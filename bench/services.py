@@ -2,9 +2,11 @@
 
 Two Postgres clusters: ``durable`` (fsync, synchronous_commit and full_page_writes on,
 as production runs it) with Redis and S3 beside it, and ``fast`` (the test suite's
-fsync=off) for comparison. Each instance has its own state dir under ``var/bench/`` and
-ports counted from ``--port-base``, so it never meets the test services (5439, 6390,
-8339, 5679) or another engineer's instance on a different base.
+fsync=off) for comparison. PgBouncer and RabbitMQ beside ``durable`` start only when a
+benchmark asks (``extras``); stopping the instance stops them too. Each instance has
+its own state dir under ``var/bench/`` and ports counted from ``--port-base``, so it
+never meets the test services (5439, 6390, 8339, 5679) or another engineer's instance on
+a different base.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class Instance:
     pg_port: int
     redis_port: int | None
     s3_port: int | None
+    # PgBouncer, then RabbitMQ's AMQP, distribution and epmd ports (four in a row).
+    extras_port: int | None = None
 
     def pg_url(self, database: str) -> str:
         return f"postgresql+psycopg2://postgres@127.0.0.1:{self.pg_port}/{database}"
@@ -49,6 +53,15 @@ class Instance:
     def s3_endpoint(self) -> str:
         assert self.s3_port is not None, f"{self.name} has no S3"
         return f"http://127.0.0.1:{self.s3_port}"
+
+    def pgbouncer_url(self, database: str) -> str:
+        assert self.extras_port is not None, f"{self.name} has no PgBouncer"
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.extras_port}/{database}"
+
+    @property
+    def amqp_url(self) -> str:
+        assert self.extras_port is not None, f"{self.name} has no RabbitMQ"
+        return f"pyamqp://guest:guest@127.0.0.1:{self.extras_port + 1}//"
 
     def pid(self, relative: str) -> int:
         """A server's pid from its pid file (first line), e.g. ``postgres/data/postmaster.pid``."""
@@ -68,6 +81,12 @@ def _environment(instance: Instance, durable: bool, port_base: int) -> dict[str,
                     "JOBSAPP_WEED_VOLUME_PORT": str(port_base + 5),
                     "JOBSAPP_WEED_FILER_PORT": str(port_base + 6),
                     "JOBSAPP_WEED_ADMIN_PORT": str(port_base + 7)})  # fmt: skip
+    if instance.extras_port is not None:
+        env.update({"JOBSAPP_PGBOUNCER_PORT": str(instance.extras_port),
+                    "JOBSAPP_AMQP_PORT": str(instance.extras_port + 1),
+                    "JOBSAPP_RABBITMQ_DIST_PORT": str(instance.extras_port + 2),
+                    "JOBSAPP_EPMD_PORT": str(instance.extras_port + 3),
+                    "JOBSAPP_RABBITMQ_NODENAME": f"bench{port_base}@localhost"})  # fmt: skip
     return env
 
 
@@ -89,11 +108,23 @@ class Services:
     durable: Instance
     fast: Instance
     web_port: int  # for the benchmarks' own gunicorn
+    port_base: int
+
+    @contextmanager
+    def extras(self) -> Iterator[Instance]:
+        """PgBouncer (transaction pooling) and RabbitMQ beside ``durable``, stopped after."""
+        env = _environment(self.durable, True, self.port_base)
+        try:
+            subprocess.run([str(SCRIPT), "start", "pgbouncer", "rabbitmq"], env=env, check=True)
+            yield self.durable
+        finally:
+            for name in ("pgbouncer", "rabbitmq"):
+                subprocess.run([str(SCRIPT), "stop", name], env=env, check=False)
 
 
 def _instances(port_base: int, state_root: Path) -> tuple[Instance, Instance]:
     durable = Instance("durable", state_root / "durable", port_base, port_base + 2,
-                       port_base + 3)  # fmt: skip
+                       port_base + 3, port_base + 9)  # fmt: skip
     return durable, Instance("fast", state_root / "fast", port_base + 1, None, None)
 
 
@@ -103,7 +134,7 @@ def started(port_base: int, state_root: Path) -> Iterator[Services]:
     with ExitStack() as stack:
         stack.enter_context(_running(durable, True, port_base))
         stack.enter_context(_running(fast, False, port_base))
-        yield Services(durable, fast, port_base + 8)
+        yield Services(durable, fast, port_base + 8, port_base)
 
 
 def stop(port_base: int, state_root: Path) -> None:

@@ -23,7 +23,7 @@ import pytest
 from bench import services
 
 ROOT = Path(__file__).resolve().parents[2]
-PORTS = 9  # bench/services.py: postgres x2, redis, s3, weed x4, gunicorn
+PORTS = 13  # bench/services.py: postgres x2, redis, s3, weed x4, gunicorn, pgbouncer, rabbitmq x3
 SYSTEMS = ("bare+events", "naive", "lifecycle", "lifecycle-batch", "procrastinate")
 NUMBER = r"-?\d+(\.\d+)?"
 
@@ -79,12 +79,15 @@ def test_every_benchmark_runs_and_prints_its_ratios(place: Place, tmp_path: Path
                 for fsync in ("on", "off")]  # fmt: skip
     expected += [f"upload capacity \\(uploads/s ready\\): {NUMBER}",
                  f"upload p99/idle service time ratio \\(80% load\\): {NUMBER}",
-                 f"maintenance reaper 2,000/1,000 rows ratio: {NUMBER}"]  # fmt: skip
+                 f"maintenance reaper 2,000/1,000 rows ratio: {NUMBER}",
+                 f"scale redis 2/1 workers throughput ratio: {NUMBER}",
+                 f"scale rabbitmq-quorum 2/1 workers throughput ratio: {NUMBER}",
+                 "scale every job ran once \\(PgBouncer transaction pooling\\): True"]  # fmt: skip
     assert "==== images (smoke)" in run.stdout
     missing = [line for line in expected if not re.search(line, ratios)]
     assert not missing, f"missing ratio lines {missing} in:\n{ratios}"
-    assert {p.name for p in tmp_path.glob("*.png")} >= {"lifecycle.png", "upload.png",
-                                                          "maintenance.png"}  # fmt: skip
+    plotted = {p.name for p in tmp_path.glob("*.png")}
+    assert plotted >= {"lifecycle.png", "upload.png", "maintenance.png", "scale.png"}
     assert not _listening(place.port_base), "bench servers still listening"
 
 

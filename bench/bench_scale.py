@@ -1,0 +1,245 @@
+"""Scale out: 1, 2, 4 and 8 worker processes behind PgBouncer, on Redis and on RabbitMQ.
+
+Run through the entry point: ``.venv/bin/python -m bench scale [--quick | --smoke]``.
+Every process reaches the bench's durable Postgres (fsync on) only through PgBouncer in
+transaction pooling mode. Per broker (Redis; RabbitMQ with a quorum queue and publisher
+confirms) and per worker count: a fresh database, W ``celery -A jobsapp worker -c 2``
+process groups with distinct host names, two beats (one leads, one stands by), then a
+producer enqueuing N no-op ``LifecycleTask`` jobs in batches of 100. Measured: jobs/s
+from the first job done to the last; checked: every job succeeded in the
+journal and its body ran exactly once. Also recorded: client connections PgBouncer held
+against the server connections it used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import amqp.exceptions
+import kombu
+import psycopg2
+import redis
+
+from bench import plots
+from bench.services import ROOT, Instance, Services
+from bench.tasks import DONE_KEY
+
+BIN = Path(sys.executable).parent
+DB_NAME = "jobsapp_bench_scale"
+BROKERS = ("redis", "rabbitmq-quorum")
+WORKER_FLAGS = ("--pool=prefork", "-c", "2", "--without-gossip", "--without-mingle",
+                "--without-heartbeat", "-l", "info")  # fmt: skip
+SIZES = {"full": (3000, (1, 2, 4, 8), 3), "quick": (400, (1, 2, 4, 8), 1),
+         "smoke": (20, (1, 2), 1)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Point:
+    broker: str
+    workers: int
+    rate: float  # jobs/s, end to end
+    ran: int  # bodies executed (must equal N)
+    succeeded: int  # journal rows in 'succeeded' (must equal N)
+    clients: int  # PgBouncer client connections to the bench database at the end
+    servers: int  # Postgres backends serving that database at the end
+
+
+def _admin(instance: Instance, sql: str) -> None:
+    conn = psycopg2.connect(instance.pg_dsn("postgres"))
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(sql)
+    conn.close()
+
+
+def _scalar(dsn: str, sql: str) -> int:
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True  # PgBouncer's admin console takes no transactions
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        rows = cur.fetchall()
+    conn.close()
+    if sql.startswith("SHOW"):
+        return sum(1 for row in rows if DB_NAME in row)
+    return int(rows[0][0])
+
+
+def assert_quorum(amqp_url: str) -> None:
+    """The broker refuses to redeclare Celery's queue as a classic one: it is a quorum queue."""
+    with kombu.Connection(amqp_url) as conn:
+        try:
+            conn.default_channel.queue_declare("celery", durable=True,
+                                               arguments={"x-queue-type": "classic"})  # fmt: skip
+        except amqp.exceptions.PreconditionFailed:
+            return
+    raise RuntimeError("Celery's queue on RabbitMQ is not a quorum queue")
+
+
+class Phase:
+    """One broker and worker count: its database, processes and logs."""
+
+    def __init__(self, instance: Instance, broker: str, workers: int, out: Path) -> None:
+        self.instance, self.broker, self.workers, self.out = instance, broker, workers, out
+        self.counter = redis.Redis.from_url(instance.redis_url(12))
+        on_rabbitmq = broker != "redis"
+        self.env = {
+            **os.environ, "PYTHONPATH": str(ROOT),
+            "JOBSAPP_DATABASE_URL": instance.pgbouncer_url(DB_NAME),
+            "JOBSAPP_BROKER_URL": instance.amqp_url if on_rabbitmq else instance.redis_url(10),
+            "JOBSAPP_REDIS_URL": instance.redis_url(11), "JOBSAPP_IMPORTS": "bench.scale_tasks",
+            "BENCH_COUNTER_URL": instance.redis_url(12), "BENCH_QUORUM": str(int(on_rabbitmq)),
+            "JOBSAPP_BEAT_LEASE_SECONDS": "5",
+        }  # fmt: skip
+        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def fresh_database(self) -> None:
+        _admin(self.instance, f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
+        _admin(self.instance, f'CREATE DATABASE "{DB_NAME}"')
+        subprocess.run([str(BIN / "jobsapp"), "db", "upgrade"], env=self.env, cwd=ROOT,
+                       check=True, capture_output=True)  # fmt: skip
+        for db in (10, 11, 12):
+            redis.Redis.from_url(self.instance.redis_url(db)).flushdb()
+
+    def start(self, name: str, argv: list[str]) -> None:
+        log = self.out / f"scale-{self.broker}-{self.workers}-{name}.log"
+        popen = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=log.open("wb"),
+                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        self.procs.append((popen, log))
+
+    def start_all(self) -> None:
+        celery = [str(BIN / "celery"), "-A", "jobsapp"]
+        for i in range(self.workers):
+            self.start(f"worker{i}", [*celery, "worker", *WORKER_FLAGS, "-n", f"scale{i}@host{i}"])
+        for i in range(2):
+            self.start(f"beat{i}", [*celery, "beat", "-s", str(self.out / f"beat{i}-schedule")])
+
+    def wait_ready(self, limit: float = 180) -> None:
+        deadline = time.monotonic() + limit
+        for popen, log in self.procs:
+            while not any(m in log.read_text(errors="replace")
+                          for m in (" ready.", "is the leader", "standing by")):  # fmt: skip
+                if popen.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{log.name} not ready: {log.read_text()[-2000:]}")
+                time.sleep(0.1)
+
+    def run(self, n: int) -> Point:
+        producer = subprocess.Popen([sys.executable, "-m", "bench.producer", "lifecycle-batch",
+                                     str(n)], env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE)  # fmt: skip
+        # From the first job done to the last: the producer's start-up (imports, first
+        # connections, ~2 s here) is no part of the workers' throughput.
+        first = self.done_at(1)
+        rate = (n - 1) / max(self.done_at(n) - first, 1e-6) if n > 1 else 0.0
+        _, errors = producer.communicate(timeout=600)
+        if producer.returncode != 0:
+            raise RuntimeError(f"producer failed: {errors.decode()[-2000:]}")
+        if self.broker != "redis":
+            assert_quorum(self.instance.amqp_url)
+        return Point(self.broker, self.workers, rate, *self.settled(n))
+
+    def done_at(self, count: int) -> float:
+        deadline = time.monotonic() + 120 + count / 5
+        while int(self.counter.get(DONE_KEY) or 0) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.broker} x{self.workers}: {count} jobs not done in time")
+            time.sleep(0.002)
+        return time.monotonic()
+
+    def settled(self, n: int) -> tuple[int, int, int, int]:
+        """(bodies run, succeeded rows, PgBouncer clients, Postgres backends), once the last
+        job's row is written (a body counts itself before its run is finished)."""
+        succeeded = "SELECT count(*) FROM job_runs WHERE state = 'succeeded'"
+        dsn = self.instance.pg_dsn(DB_NAME)
+        deadline = time.monotonic() + 60
+        while _scalar(dsn, succeeded) < n and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # room for a duplicate delivery to show in the counter
+        bouncer = f"host=127.0.0.1 port={self.instance.extras_port} user=postgres dbname=pgbouncer"
+        backends = f"SELECT count(*) FROM pg_stat_activity WHERE datname = '{DB_NAME}'"  # noqa: S608
+        return (int(self.counter.get(DONE_KEY) or 0), _scalar(dsn, succeeded),
+                _scalar(bouncer, "SHOW CLIENTS"),
+                _scalar(self.instance.pg_dsn("postgres"), backends))  # fmt: skip
+
+    def stop(self) -> None:
+        for popen, _log in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def phase(instance: Instance, broker: str, workers: int, out: Path) -> Iterator[Phase]:
+    current = Phase(instance, broker, workers, out)
+    current.fresh_database()
+    try:
+        current.start_all()
+        current.wait_ready()
+        yield current
+    finally:
+        current.stop()
+
+
+def run(instance: Instance, n: int, counts: tuple[int, ...], rounds: int,
+        out: Path) -> list[Point]:  # fmt: skip
+    points = []
+    for number in range(1, rounds + 1):
+        for broker in BROKERS:
+            for workers in counts:
+                with phase(instance, broker, workers, out) as current:
+                    point = current.run(n)
+                points.append(point)
+                print(f"round {number} {broker:<16} workers {workers}  {point.rate:6.0f} jobs/s  "
+                      f"ran {point.ran}/{n}  succeeded {point.succeeded}/{n}  "
+                      f"pgbouncer clients {point.clients}  postgres backends {point.servers}  "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+    return points
+
+
+def medians(points: list[Point]) -> dict[tuple[str, int], float]:
+    rates: dict[tuple[str, int], list[float]] = {}
+    for p in points:
+        rates.setdefault((p.broker, p.workers), []).append(p.rate)
+    return {key: statistics.median(values) for key, values in rates.items()}
+
+
+def ratio_lines(points: list[Point], n: int) -> list[str]:
+    rates = medians(points)
+    lines = [f"scale {broker} {w}/1 workers throughput ratio: {rate / rates[(broker, 1)]:.2f}"
+             for (broker, w), rate in rates.items() if w != 1]  # fmt: skip
+    once = all(p.ran == n and p.succeeded == n for p in points)
+    lines.append(f"scale every job ran once (PgBouncer transaction pooling): {once}")
+    return lines
+
+
+def plot(points: list[Point], path: Path) -> None:
+    rates = medians(points)
+    with plots.saved(path) as axes:
+        for broker in BROKERS:
+            counts = sorted(w for b, w in rates if b == broker)
+            axes.plot(counts, [rates[(broker, w)] for w in counts], marker="o", label=broker)
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("worker processes (-c 2 each), 2 CPU cores")
+        axes.set_ylabel("end-to-end jobs/s (median)")
+        axes.set_title("jobsapp behind PgBouncer (transaction pooling)")
+        axes.legend()
+
+
+def main(services: Services, size: str, out: Path) -> list[str]:
+    n, counts, rounds = SIZES[size]
+    with services.extras() as instance:
+        points = run(instance, n, counts, rounds, out)
+    plot(points, out / "scale.png")
+    lines = ratio_lines(points, n)
+    print("\n" + "\n".join(lines))
+    if not all(p.ran == n and p.succeeded == n for p in points):
+        raise RuntimeError(f"a job did not run exactly once: {points}")
+    return lines
