@@ -2,10 +2,11 @@
 
 Two workers (distinct host names), two beats and a producer reach Postgres only through
 a PgBouncer of this module's own (``scripts/services.sh start pgbouncer``, pool_mode =
-transaction) in front of the test Postgres; the broker is a private Redis. Under
-transaction pooling a server connection serves another client after every transaction,
-so anything session-level (a startup option, ``SET`` outside ``SET LOCAL``, a session
-advisory lock) is refused or leaks; these tests are what shows jobsapp uses none.
+transaction, two server connections for all of them) in front of the test Postgres; the
+broker is a private Redis. Under transaction pooling a server connection serves another
+client after every transaction, so anything session-level (a startup option, ``SET``
+outside ``SET LOCAL``, a session advisory lock) is refused or leaks; these tests are
+what shows jobsapp uses none.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg2
 import pytest
 import redis
 from sqlalchemy import Engine, create_engine, text
@@ -33,6 +35,9 @@ from tests.support.waiting import eventually
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "services.sh"
 JOBS = 60
+# Fewer server connections than clients (2 worker children, 2 workers, 2 beats, a
+# producer): each client's transactions keep landing on connections others used.
+SERVER_CONNECTIONS = 2
 SETTINGS = {"JOBSAPP_BEAT_LEASE_SECONDS": "3", "JOBSAPP_RELAY_EVERY": "1",
             "JOBSAPP_REAPER_EVERY": "1"}  # fmt: skip
 
@@ -41,7 +46,8 @@ pytestmark = pytest.mark.timeout(180)
 
 def _services(state_dir: Path, pg_port: int, port: int, *args: str) -> None:
     env = {**os.environ, "JOBSAPP_SVC_DIR": str(state_dir), "JOBSAPP_PG_PORT": str(pg_port),
-           "JOBSAPP_PGBOUNCER_PORT": str(port)}  # fmt: skip
+           "JOBSAPP_PGBOUNCER_PORT": str(port),
+           "JOBSAPP_PGBOUNCER_POOL_SIZE": str(SERVER_CONNECTIONS)}  # fmt: skip
     done = subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True,
                           timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -113,11 +119,27 @@ def _succeeded(direct: Engine) -> int:
         return int(conn.execute(query).scalar_one())
 
 
+def _connections(bouncer: int, database: str) -> tuple[int, int]:
+    """(client, server) connections PgBouncer holds for ``database``, from its console."""
+    console = psycopg2.connect(host="127.0.0.1", port=bouncer, user="postgres",
+                               dbname="pgbouncer")  # fmt: skip
+    console.autocommit = True  # the console runs no transactions
+    counts = []
+    with console.cursor() as cur:
+        for what in ("CLIENTS", "SERVERS"):
+            cur.execute(f"SHOW {what}")
+            counts.append(sum(1 for row in cur.fetchall() if database in row))
+    console.close()
+    return counts[0], counts[1]
+
+
 def _received(workers: list[Proc]) -> int:
     return sum(len(re.findall(r"Task tests\.echo\[[^\]]+\] received", w.log())) for w in workers)
 
 
-def test_every_job_runs_once_through_transaction_pooling(procs: Launcher, direct: Engine) -> None:
+def test_every_job_runs_once_through_transaction_pooling(
+    procs: Launcher, direct: Engine, bouncer: int
+) -> None:
     workers = [procs.worker(f"pgb{i}") for i in range(2)]
     beats = [procs.beat(f"beat{i}") for i in range(2)]
     ready(*workers, *beats, timeout=60)
@@ -127,6 +149,8 @@ def test_every_job_runs_once_through_transaction_pooling(procs: Launcher, direct
     assert [s["outcome"] for s in sent] == ["enqueued"] * JOBS
     eventually(lambda: _succeeded(direct) == JOBS, timeout=90)
     assert _ran(procs, tokens) == [1] * JOBS
+    clients, servers = _connections(bouncer, direct.url.database or "")
+    assert clients > SERVER_CONNECTIONS >= servers
     # Each job's message was published once: the producer's own published mark took,
     # so the relay had nothing to send again.
     assert _received(workers) == JOBS
