@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "services.sh"
 DEFAULT_PORT_BASE = 15400
+PGBOUNCER_POOL = 6  # server connections per database behind the bench's PgBouncer
 S3_BUCKET = "jobsapp-bench"
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "jobsapp", "AWS_SECRET_ACCESS_KEY": "jobsapp-secret-key",
            "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
@@ -113,7 +114,10 @@ class Services:
     @contextmanager
     def extras(self) -> Iterator[Instance]:
         """PgBouncer (transaction pooling) and RabbitMQ beside ``durable``, stopped after."""
-        env = _environment(self.durable, True, self.port_base)
+        # Fewer server connections than the 8 x 2 worker children and the beats: PgBouncer
+        # multiplexes them, as it would in front of a server with a connection budget.
+        env = {**_environment(self.durable, True, self.port_base),
+               "JOBSAPP_PGBOUNCER_POOL_SIZE": str(PGBOUNCER_POOL)}  # fmt: skip
         try:
             subprocess.run([str(SCRIPT), "start", "pgbouncer", "rabbitmq"], env=env, check=True)
             yield self.durable
