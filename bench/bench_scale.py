@@ -8,7 +8,8 @@ process groups with distinct host names, two beats (one leads, one stands by), t
 producer enqueuing N no-op ``LifecycleTask`` jobs in batches of 100. Measured: jobs/s
 from the first job done to the last; checked: every job succeeded in the
 journal and its body ran exactly once. Also recorded: client connections PgBouncer held
-against the server connections it used.
+against the server connections it used, and CPU per job of the workers, Postgres,
+PgBouncer and the broker (the producer's is not counted).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import psycopg2
 import redis
 
 from bench import plots
+from bench.procstat import tree_cpu
 from bench.services import ROOT, Instance, Services
 from bench.tasks import DONE_KEY
 
@@ -51,6 +53,7 @@ class Point:
     succeeded: int  # journal rows in 'succeeded' (must equal N)
     clients: int  # PgBouncer client connections to the bench database at the end
     servers: int  # Postgres backends serving that database at the end
+    cpu_ms: Mapping[str, float]  # CPU per job by process (workers, postgres, ...)
 
 
 def _admin(instance: Instance, sql: str) -> None:
@@ -131,7 +134,17 @@ class Phase:
                     raise RuntimeError(f"{log.name} not ready: {log.read_text()[-2000:]}")
                 time.sleep(0.1)
 
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the workers and of each server on the jobs' path."""
+        broker = "redis/redis.pid" if self.broker == "redis" else "rabbitmq/rabbitmq.pid"
+        servers = {"postgres": "postgres/data/postmaster.pid",
+                   "pgbouncer": "pgbouncer/pgbouncer.pid", "broker": broker}  # fmt: skip
+        seconds = {name: tree_cpu(self.instance.pid(path)) for name, path in servers.items()}
+        workers = [popen.pid for popen, log in self.procs if "worker" in log.name]
+        return {"workers": sum(tree_cpu(pid) for pid in workers), **seconds}
+
     def run(self, n: int) -> Point:
+        before = self.cpu()
         producer = subprocess.Popen([sys.executable, "-m", "bench.producer", "lifecycle-batch",
                                      str(n)], env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE)  # fmt: skip
@@ -142,9 +155,11 @@ class Phase:
         _, errors = producer.communicate(timeout=600)
         if producer.returncode != 0:
             raise RuntimeError(f"producer failed: {errors.decode()[-2000:]}")
+        after = self.cpu()
         if self.broker != "redis":
             assert_quorum(self.instance.amqp_url)
-        return Point(self.broker, self.workers, rate, *self.settled(n))
+        cpu_ms = {name: (after[name] - before[name]) * 1000 / n for name in before}
+        return Point(self.broker, self.workers, rate, *self.settled(n), cpu_ms)
 
     def done_at(self, count: int) -> float:
         deadline = time.monotonic() + 120 + count / 5
@@ -200,7 +215,9 @@ def run(instance: Instance, n: int, counts: tuple[int, ...], rounds: int,
                 print(f"round {number} {broker:<16} workers {workers}  {point.rate:6.0f} jobs/s  "
                       f"ran {point.ran}/{n}  succeeded {point.succeeded}/{n}  "
                       f"pgbouncer clients {point.clients}  postgres backends {point.servers}  "
-                      f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+                      f"load {os.getloadavg()[0]:.1f}  CPU ms/job "
+                      + " ".join(f"{k} {v:.2f}" for k, v in point.cpu_ms.items()),
+                      flush=True)  # fmt: skip
     return points
 
 

@@ -1,0 +1,159 @@
+"""Journal growth, measured: ``python -m bench.journal_growth POSTGRES_BASE_URL ROWS``.
+
+POSTGRES_BASE_URL is a server without a database name (``postgresql+psycopg2://postgres@
+127.0.0.1:17500``); the database ``jobsapp_bench_growth`` is created there, migrated,
+filled and dropped. ROWS terminal runs in ``job_runs`` finished over the last 14 days
+(so half are past the 7-day retention), three ``job_events`` and one delivered ``outbox``
+row each, plus 1,000 queued runs, loaded with INSERT ... SELECT generate_series.
+
+Printed: table and index sizes; jobsapp's own retention pass (``run_once``) at its
+default batch of 1,000 and at 10,000 (median of 5, with WAL bytes per deleted run);
+then one day's worth of runs deleted in one statement against the same rows in a table
+of their own dropped (what detaching and dropping a daily partition costs instead).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+from alembic import command
+from celery import Celery
+from sqlalchemy import Connection, Engine, create_engine, text
+
+from jobsapp.cli import alembic_config
+from jobsapp.db import make_engine
+from jobsapp.maintenance.retention import RetentionConfig, run_once
+
+DB_NAME = "jobsapp_bench_growth"
+TABLES = ("job_runs", "job_events", "outbox")
+
+FILL = (
+    """INSERT INTO job_runs (job_id, task_name, concurrency_key, state, outcome, attempts,
+        max_attempts, created_at, started_at, finished_at, updated_at, worker, params)
+    SELECT gen_random_uuid(), 'bench.growth', 'key-' || i, 'succeeded', NULL, 1, 3,
+        t - interval '2 seconds', t - interval '1 second', t, t, 'w1@host', '{}'::json
+    FROM (SELECT i, now() - (i::float8 / :rows) * interval '14 days' AS t
+          FROM generate_series(1, :rows) AS i) AS g""",
+    """INSERT INTO job_events (module, job_id, attempt, transition, from_state, to_state,
+        actor, at)
+    SELECT 'jobs', r.job_id, 1, x.transition, x.f, x.s, 'w1@host', r.finished_at
+    FROM job_runs r, (VALUES ('enqueue', NULL, 'queued'), ('claim', 'queued', 'running'),
+                             ('succeed', 'running', 'succeeded')) AS x(transition, f, s)""",
+    """INSERT INTO outbox (module, job_id, attempt, task_name, body, created_at,
+        available_at, published_at, publish_count, delivered_at)
+    SELECT 'jobs', job_id, 1, task_name, '{}'::json, created_at, created_at, created_at, 1,
+        finished_at
+    FROM job_runs""",
+    """INSERT INTO job_runs (job_id, task_name, concurrency_key, state, attempts,
+        max_attempts, created_at, updated_at, params)
+    SELECT gen_random_uuid(), 'bench.growth', 'active-' || i, 'queued', 0, 3, now(), now(),
+        '{}'::json FROM generate_series(1, 1000) AS i""",
+)
+
+SIZES = """SELECT c.relname, pg_relation_size(c.oid), c.relkind
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'public' AND c.relkind IN ('r', 'i')
+      AND (c.relname IN ('job_runs', 'job_events', 'outbox')
+           OR c.oid IN (SELECT indexrelid FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid
+                        WHERE t.relname IN ('job_runs', 'job_events', 'outbox')))
+    ORDER BY 2 DESC"""
+
+
+def fresh_database(base: str) -> Engine:
+    admin = create_engine(base + "/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{DB_NAME}"'))
+    admin.dispose()
+    engine = make_engine(f"{base}/{DB_NAME}")
+    with engine.begin() as conn:
+        cfg = alembic_config()
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+    return engine
+
+
+def timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def fill(engine: Engine, rows: int) -> None:
+    for statement in FILL:
+        with engine.begin() as conn:
+            seconds = timed(lambda s=statement, c=conn: c.execute(text(s), {"rows": rows}))
+        print(f"fill: {statement.split()[2]:<11} {seconds:7.1f} s", flush=True)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE"))
+
+
+def print_sizes(engine: Engine) -> None:
+    with engine.connect() as conn:
+        for name, size, kind in conn.execute(text(SIZES)):
+            print(f"size: {'table' if kind == 'r' else 'index'} {name:<36} {size / 2**20:8.1f} MiB")
+
+
+def wal(conn: Connection) -> int:
+    return int(conn.execute(text("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")).scalar_one())
+
+
+def retention(engine: Engine, batch: int, repeat: int = 5) -> None:
+    app, cfg = Celery("growth"), RetentionConfig(batch=batch)
+    seconds, deleted, wal_bytes = [], 0, 0
+    for _ in range(repeat):
+        with engine.connect() as conn:
+            before = wal(conn)
+        started = time.perf_counter()
+        counts = run_once(engine, cfg, app)
+        seconds.append(time.perf_counter() - started)
+        with engine.connect() as conn:
+            wal_bytes += wal(conn) - before
+        deleted += counts["jobs"] + counts["outbox"] + counts["job_events"]
+    print(f"retention batch {batch:>6}: {statistics.median(seconds) * 1000:8.0f} ms per pass "
+          f"(median of {repeat}), last pass deleted {counts}, "
+          f"{wal_bytes / max(deleted, 1):6.0f} WAL bytes per deleted row", flush=True)  # fmt: skip
+
+
+def one_day(engine: Engine) -> None:
+    """Deleting the oldest remaining day against dropping a table holding the same rows."""
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE day_slice AS SELECT * FROM job_runs WHERE "
+                          "finished_at < (SELECT min(finished_at) FROM job_runs) + '1 day'"))
+        conn.execute(text("CREATE INDEX ON day_slice (finished_at)"))
+        rows = conn.execute(text("SELECT count(*) FROM day_slice")).scalar_one()
+    with engine.begin() as conn:
+        before = wal(conn)
+        deleted = timed(lambda: conn.execute(text(
+            "DELETE FROM job_runs WHERE job_id IN (SELECT job_id FROM day_slice)")))
+        delete_wal = wal(conn) - before
+    with engine.begin() as conn:
+        before = wal(conn)
+        dropped = timed(lambda: conn.execute(text("DROP TABLE day_slice")))
+        drop_wal = wal(conn) - before
+    print(f"one day ({rows} runs): DELETE {deleted * 1000:.0f} ms, {delete_wal / 2**20:.1f} MiB "
+          f"WAL; DROP of a table holding them {dropped * 1000:.0f} ms, "
+          f"{drop_wal / 2**10:.1f} KiB WAL", flush=True)  # fmt: skip
+
+
+def main(base: str, rows: int) -> None:
+    engine = fresh_database(base)
+    try:
+        fill(engine, rows)
+        print_sizes(engine)
+        retention(engine, 1000)
+        retention(engine, 10000)
+        one_day(engine)
+    finally:
+        engine.dispose()
+        admin = create_engine(base + "/postgres", isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
+        admin.dispose()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
