@@ -45,13 +45,13 @@ CHUNK = 50_000
 INDEXES = ("ix_job_runs_running_heartbeat", "ix_outbox_pending", "ix_outbox_inflight")
 
 
-def fresh_database(pg_base: str) -> Engine:
+def fresh_database(pg_base: str, name: str = DB_NAME) -> Engine:
     admin = create_engine(pg_base + "/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{DB_NAME}"'))
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
     admin.dispose()
-    engine = make_engine(f"{pg_base}/{DB_NAME}")
+    engine = make_engine(f"{pg_base}/{name}")
     # Migrate on our own connection: Alembic's default engine is cached per URL, and the
     # previous size's database of the same name was dropped under its pool.
     with engine.begin() as conn:

@@ -19,12 +19,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from alembic import command
 from celery import Celery
 from sqlalchemy import Connection, Engine, create_engine, text
 
-from jobsapp.cli import alembic_config
-from jobsapp.db import make_engine
+from bench.bench_maintenance import fresh_database
 from jobsapp.maintenance.retention import RetentionConfig, run_once
 
 DB_NAME = "jobsapp_bench_growth"
@@ -60,20 +58,6 @@ SIZES = """SELECT c.relname, pg_relation_size(c.oid), c.relkind
            OR c.oid IN (SELECT indexrelid FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid
                         WHERE t.relname IN ('job_runs', 'job_events', 'outbox')))
     ORDER BY 2 DESC"""
-
-
-def fresh_database(base: str) -> Engine:
-    admin = create_engine(base + "/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{DB_NAME}"'))
-    admin.dispose()
-    engine = make_engine(f"{base}/{DB_NAME}")
-    with engine.begin() as conn:
-        cfg = alembic_config()
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
-    return engine
 
 
 def timed(action: Callable[[], object]) -> float:
@@ -140,7 +124,7 @@ def one_day(engine: Engine) -> None:
 
 
 def main(base: str, rows: int) -> None:
-    engine = fresh_database(base)
+    engine = fresh_database(base, DB_NAME)
     try:
         fill(engine, rows)
         print_sizes(engine)
