@@ -370,12 +370,24 @@ def test_retention_is_bounded_by_its_batch(db: Engine) -> None:
              "actor": "w", "at": ago(40 * 86_400)}
             for _ in range(5)
         ])  # fmt: skip
-    small = retention.RetentionConfig(batch=2)
+    small = retention.RetentionConfig(batch=2, max_batches=1)
     firsts = retention.run_once(db, small)
     assert (firsts[JOBS.module], firsts["job_events"]) == (2, 2)
     seconds = retention.run_once(db, small)
     assert (seconds[JOBS.module], seconds["job_events"]) == (2, 2)
     assert retention.run_once(db, small)[JOBS.module] == 1
+    assert _count(db, RUNS) == 0
+
+
+def test_one_retention_pass_drains_more_than_one_batch(db: Engine) -> None:
+    """A busy journal ages out more than a batch per tick: one pass cuts batch after batch
+    until nothing more is due, so pruning keeps up with what the journal adds."""
+    ids = [start(db, at=ago(10 * 86_400)) for _ in range(7)]
+    with db.begin() as conn:
+        for job_id in ids:
+            journal.succeed(conn, JOBS, job_id, 1, actor="w", now=ago(9 * 86_400))
+    counts = retention.run_once(db, retention.RetentionConfig(batch=2))
+    assert counts[JOBS.module] == 7
     assert _count(db, RUNS) == 0
 
 
