@@ -88,7 +88,7 @@ def test_a_module_missing_from_imports_leaves_its_job_queued_until_a_worker_has_
     partial = start_worker(launcher, DJANGO_TASKS)
     order, upload = place_order_and_upload()
     eventually(lambda: state(db, order["job_id"]) == "succeeded", timeout=60)
-    partial.wait_for_log("Received unregistered task of type 'uploads.measure'")
+    partial.wait_for_log("unregistered task 'uploads.measure'")
     assert state(db, upload["job_id"]) == "queued"
 
     partial.kill()
