@@ -20,6 +20,7 @@ POINTS = frozenset(
         "after_attachment_failed_before_run_outcome",
         "mid_run",
         "before_heartbeat",
+        "reopen_after_update",
     }
 )
 

@@ -112,11 +112,14 @@ def get_relaxed_engine(url: str | None = None) -> Engine:
 
 
 @contextmanager
-def single_statement(engine: Engine) -> Iterator[Connection]:
-    """A connection for transitions that are one statement.
+def autocommit(engine: Engine) -> Iterator[Connection]:
+    """A connection on which every statement commits by itself, for paths that are ONE
+    statement (on PostgreSQL the hot transitions, each compiled into one statement).
 
-    On PostgreSQL it comes from an autocommit pool, which saves the BEGIN and COMMIT round
-    trips (and a per-checkout isolation switch); SQLite keeps its immediate transaction.
+    It saves the BEGIN and COMMIT round trips (and a per-checkout isolation switch). A
+    path of two or more writes must use ``engine.begin()``: here a crash between them
+    would commit the first alone; the journal refuses such paths on this connection.
+    SQLite keeps its immediate transaction.
     """
     if engine.dialect.name != "postgresql":
         with engine.begin() as conn:

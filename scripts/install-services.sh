@@ -7,6 +7,8 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 [[ -x /usr/lib/postgresql/15/bin/initdb ]] || missing+=(postgresql-15)
 [[ -x /usr/bin/chromium ]] || missing+=(chromium)
 command -v pgbouncer >/dev/null || missing+=(pgbouncer)
+# libfaketime skews a worker's clock in the clock-skew tests.
+command -v faketime >/dev/null || missing+=(faketime)
 if ((${#missing[@]})); then
     echo "installing ${missing[*]} with apt-get" >&2
     export DEBIAN_FRONTEND=noninteractive

@@ -14,7 +14,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import OperationalError
 
 from jobsapp import crashpoints
-from jobsapp.db import single_statement, utcnow
+from jobsapp.db import autocommit, utcnow
 from jobsapp.lifecycle import journal, outbox
 from jobsapp.lifecycle.context import RunContext, entered
 from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, RetryRequested
@@ -78,7 +78,7 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
 
 def _succeed(ctx: RunContext) -> None:
     def write() -> bool:
-        with single_statement(ctx.engine) as conn:
+        with autocommit(ctx.engine) as conn:
             return journal.succeed(
                 conn, ctx.spec, ctx.job_id, ctx.attempt, actor=ctx.worker, now=utcnow()
             )
@@ -122,7 +122,7 @@ def _settle_failure(app: Celery, ctx: RunContext, exc: Exception, rules: Attempt
         assert outcome is not None
 
         def write() -> bool:
-            with single_statement(ctx.engine) as conn:
+            with autocommit(ctx.engine) as conn:
                 return journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, outcome=outcome,
                                     error=error, actor=ctx.worker, now=utcnow())  # fmt: skip
 
@@ -143,7 +143,7 @@ def _requeue(
 ) -> None:  # fmt: skip
     def write() -> PendingMessage | None:
         now = utcnow()
-        with single_statement(ctx.engine) as conn:
+        with autocommit(ctx.engine) as conn:
             return journal.requeue(
                 conn, ctx.spec, ctx.row, retry_at=now + timedelta(seconds=delay),
                 error=error, transition=transition, actor=ctx.worker, now=now, refund=refund,

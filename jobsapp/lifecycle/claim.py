@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from jobsapp.db import single_statement, utcnow
+from jobsapp.db import autocommit, utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.errors import InvalidMessage
 from jobsapp.lifecycle.message import Envelope
@@ -64,7 +64,7 @@ def claim(
 ) -> Claimed | Refusal:
     """Take the run for ``env.attempt``; ``foreign`` is the row to insert if none exists."""
     now = utcnow()
-    with single_statement(engine) as conn:
+    with autocommit(engine) as conn:
         row = journal.claim(conn, spec, env.job_id, env.attempt, worker=worker, now=now)
         if row is not None:
             return Claimed(row)

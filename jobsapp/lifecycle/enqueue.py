@@ -18,7 +18,7 @@ from sqlalchemy import Connection, event
 from sqlalchemy.orm import Session
 
 from jobsapp import crashpoints
-from jobsapp.db import get_engine, single_statement, utcnow
+from jobsapp.db import autocommit, get_engine, utcnow
 from jobsapp.lifecycle import dedup, journal, outbox
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, EnqueueResult, NewJob
@@ -76,8 +76,13 @@ def transaction(app: Celery) -> Iterator[Batch]:
 
 
 def _own_transaction(app: Celery, job: NewJob) -> EnqueueResult:
-    with single_statement(get_engine()) as conn:
-        result = journal.enqueue(conn, job, now=utcnow(), actor="producer")
+    engine = get_engine()
+    with autocommit(engine) as conn:
+        result = journal.enqueue_new(conn, job, now=utcnow(), actor="producer")
+    if result is None:
+        # Taken job_id or key: the answer (and a rerun's several writes) needs a transaction.
+        with engine.begin() as conn:
+            result = journal.enqueue_existing(conn, job, now=utcnow(), actor="producer")
     _after_commit(app, [(job, result)])
     return result
 

@@ -9,7 +9,7 @@ import uuid
 from sqlalchemy import Engine
 
 from jobsapp import crashpoints
-from jobsapp.db import single_statement, utcnow
+from jobsapp.db import autocommit, utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.errors import LeaseLost
 from jobsapp.lifecycle.registry import RunTable
@@ -72,7 +72,7 @@ class Heartbeat:
 
     def _stamp(self) -> bool:
         try:
-            with single_statement(self._engine) as conn:
+            with autocommit(self._engine) as conn:
                 alive = journal.heartbeat(
                     conn, self._spec, self._job_id, self._attempt, now=utcnow()
                 )

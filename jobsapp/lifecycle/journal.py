@@ -32,6 +32,7 @@ from sqlalchemy.dialects.sqlite import dml as sqlite_dml
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
+from jobsapp import crashpoints
 from jobsapp.db import is_autocommit
 from jobsapp.lifecycle.message import build_body
 from jobsapp.lifecycle.registry import RunTable
@@ -92,13 +93,11 @@ def _first(
     return None if row is None else dict(row)
 
 
-def _guarded_first(conn: Connection, stmt: Any) -> dict[str, Any] | None:
-    """``_first`` where a constraint may refuse: a savepoint keeps a refusal from aborting
-    the caller's transaction (in autocommit there is none to protect)."""
+def _require_transaction(conn: Connection, transition: str) -> None:
+    """Refuse a multi-statement transition on an autocommit connection, where a crash
+    between its statements would commit a part (a row queued with no message)."""
     if is_autocommit(conn):
-        return _first(conn, stmt)
-    with conn.begin_nested():
-        return _first(conn, stmt)
+        raise RuntimeError(f"{transition} takes several statements: run it in a transaction")
 
 
 def record_event(
@@ -408,7 +407,19 @@ def _new_row(job: NewJob, now: datetime, state: State, attempts: int) -> dict[st
 
 
 def enqueue(conn: Connection, job: NewJob, *, now: datetime, actor: str) -> EnqueueResult:
-    """none -> queued; a known job_id is a duplicate (or a rerun past its dedup window)."""
+    """none -> queued; a known job_id is a duplicate (or a rerun past its dedup window).
+
+    ``conn`` is in a transaction: a rerun takes several statements.
+    """
+    inserted = enqueue_new(conn, job, now=now, actor=actor)
+    return inserted or enqueue_existing(conn, job, now=now, actor=actor)
+
+
+def enqueue_new(
+    conn: Connection, job: NewJob, *, now: datetime, actor: str
+) -> EnqueueResult | None:
+    """none -> queued in one statement (autocommit allowed); None if the job_id or the
+    concurrency key is taken: ``enqueue_existing`` then decides, in a transaction."""
     row = _new_row(job, now, State.QUEUED, 0)
     plan = _insert_plan(job.spec, conn.dialect.name, with_outbox=True)
     event = Event(job.spec, 1, Transition.ENQUEUE, None, State.QUEUED, actor, now)
@@ -416,7 +427,7 @@ def enqueue(conn: Connection, job: NewJob, *, now: datetime, actor: str) -> Enqu
                    traceparent=job.traceparent)  # fmt: skip
     inserted, message = _run(conn, plan, _prefixed(row, "r_"), event, out)
     if inserted is None:
-        return _enqueue_conflict(conn, job, now=now, actor=actor)
+        return None
     return EnqueueResult(EnqueueOutcome.ENQUEUED, job.job_id, message=message)
 
 
@@ -429,9 +440,10 @@ def active_holder(conn: Connection, spec: RunTable, key: str) -> uuid.UUID | Non
     return found if isinstance(found, uuid.UUID) else None
 
 
-def _enqueue_conflict(
+def enqueue_existing(
     conn: Connection, job: NewJob, *, now: datetime, actor: str
 ) -> EnqueueResult:
+    """The answer to an enqueue whose insert conflicted: duplicate, skipped, or a rerun."""
     table = job.spec.table
     seen = conn.execute(
         select(table.c.state, table.c.attempts, table.c.finished_at).where(
@@ -472,8 +484,10 @@ def reopen(
     """terminal -> queued as a new attempt of the same job; None if the row moved on.
 
     Raises KeyBusy when another run holds the concurrency key. A savepoint keeps that
-    conflict from aborting the caller's transaction.
+    conflict from aborting the caller's transaction, which must exist: the move, its
+    event, the domain's mirror and the next attempt's message commit together or not at all.
     """
+    _require_transaction(conn, "reopen")
     table = spec.table
     stmt = (
         update(table)
@@ -490,12 +504,14 @@ def reopen(
         .returning(*table.c)
     )  # fmt: skip
     try:
-        row = _guarded_first(conn, stmt)
+        with conn.begin_nested():
+            row = _first(conn, stmt)
     except IntegrityError:
         key = conn.execute(select(table.c.concurrency_key).where(table.c.job_id == job_id))
         raise KeyBusy(active_holder(conn, spec, key.scalar_one())) from None
     if row is None:
         return None
+    crashpoints.hit("reopen_after_update")
     record_event(
         conn, spec, job_id, attempts + 1, transition,
         from_state=from_state, to_state=State.QUEUED, actor=actor, now=now, reason=reason,
@@ -604,6 +620,7 @@ def cancel(
     now: datetime,
 ) -> bool:  # fmt: skip
     """queued -> failed/cancelled by an operator; a running job must finish or be reaped."""
+    _require_transaction(conn, "cancel")
     table = spec.table
     stmt = (
         update(table)
