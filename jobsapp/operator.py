@@ -161,17 +161,16 @@ def _reopen(
     run = _current(conn, spec, job_id)
     if run["state"] != State.FAILED.value:
         raise Conflict("not_failed", _not_failed(spec, job_id, run["state"]), state=run["state"])
-    now = utcnow()
     try:
         message = journal.reopen(
             conn, spec, job_id, from_state=State.FAILED, attempts=int(run["attempts"]),
-            budget=budget(run), transition=Transition.REPLAY, now=now, actor=who, reason=why,
+            budget=budget(run), transition=Transition.REPLAY, actor=who, reason=why,
         )  # fmt: skip
     except KeyBusy as busy:
         raise Conflict("key_busy", _key_busy(run, busy.holder), holder=busy.holder) from None
     if message is None:
         raise Conflict("moved", f"{spec.module} job {job_id} changed meanwhile; look again")
-    _run_hook(_REPLAY_HOOKS.get(spec.module), conn, spec, job_id, now)
+    _run_hook(_REPLAY_HOOKS.get(spec.module), conn, spec, job_id)
     return message
 
 
@@ -197,17 +196,30 @@ def _key_busy(run: Mapping[str, Any], holder: uuid.UUID | None) -> str:
 
 
 def cancel(
-    engine: Engine, module: str, job_id: uuid.UUID, *, actor: str, reason: str
-) -> CancelResult:
-    """queued -> failed/cancelled; a running job is left to finish or to the reaper."""
+    engine: Engine, module: str, job_id: uuid.UUID, *, actor: str, reason: str,
+    attempts: int | None = None,
+) -> CancelResult:  # fmt: skip
+    """queued -> failed/cancelled; a running job is left to finish or to the reaper.
+
+    ``attempts``: the attempts the operator saw; a job that ran another attempt since is
+    not cancelled blind (default: the row as read in this transaction).
+    """
     spec, who, why = run_table(module), operator_actor(actor), checked_reason(reason)
     with engine.begin() as conn:
-        now = utcnow()
-        if not journal.cancel(conn, spec, job_id, actor=who, reason=why, now=now):
-            state = _current(conn, spec, job_id)["state"]
-            raise Conflict("not_queued", _not_queued(spec, job_id, state), state=state)
-        attempts = _run_hook(_CANCEL_HOOKS.get(spec.module), conn, spec, job_id, now)
+        run = _current(conn, spec, job_id)
+        seen = int(run["attempts"]) if attempts is None else attempts
+        if not journal.cancel(conn, spec, job_id, attempts=seen, actor=who, reason=why):
+            _refuse_cancel(spec, job_id, _current(conn, spec, job_id), seen)
+        attempts = _run_hook(_CANCEL_HOOKS.get(spec.module), conn, spec, job_id)
     return CancelResult(spec.module, job_id, attempts)
+
+
+def _refuse_cancel(spec: RunTable, job_id: uuid.UUID, run: Mapping[str, Any], seen: int) -> None:
+    state = run["state"]
+    if state != State.QUEUED.value:
+        raise Conflict("not_queued", _not_queued(spec, job_id, state), state=state)
+    raise Conflict("moved", f"{spec.module} job {job_id} is at attempt {run['attempts']}, "
+                   f"not {seen}; look again", state=state)  # fmt: skip
 
 
 def _not_queued(spec: RunTable, job_id: uuid.UUID, state: str) -> str:
@@ -225,13 +237,12 @@ def _current(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str
     return run
 
 
-def _run_hook(
-    hook: Hook | None, conn: Connection, spec: RunTable, job_id: uuid.UUID, now: datetime
-) -> int:
-    """The module's operator hook on the moved row; returns the row's attempts."""
+def _run_hook(hook: Hook | None, conn: Connection, spec: RunTable, job_id: uuid.UUID) -> int:
+    """The module's operator hook on the moved row (at its own, the database's, time);
+    returns the row's attempts."""
     run = _current(conn, spec, job_id)
     if hook is not None:
-        hook(conn, run, now)
+        hook(conn, run, run["updated_at"])
     return int(run["attempts"])
 
 

@@ -14,7 +14,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.exc import OperationalError
 
 from jobsapp import crashpoints
-from jobsapp.db import autocommit, utcnow
+from jobsapp.db import autocommit
 from jobsapp.lifecycle import journal, outbox
 from jobsapp.lifecycle.context import RunContext, entered
 from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, RetryRequested
@@ -79,9 +79,7 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
 def _succeed(ctx: RunContext) -> None:
     def write() -> bool:
         with autocommit(ctx.engine) as conn:
-            return journal.succeed(
-                conn, ctx.spec, ctx.job_id, ctx.attempt, actor=ctx.worker, now=utcnow()
-            )
+            return journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, actor=ctx.worker)
 
     if not _persistently(write):
         log.warning("job %s attempt %s: finish refused, lease lost", ctx.job_id, ctx.attempt)
@@ -124,7 +122,7 @@ def _settle_failure(app: Celery, ctx: RunContext, exc: Exception, rules: Attempt
         def write() -> bool:
             with autocommit(ctx.engine) as conn:
                 return journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, outcome=outcome,
-                                    error=error, actor=ctx.worker, now=utcnow())  # fmt: skip
+                                    error=error, actor=ctx.worker)  # fmt: skip
 
         _persistently(write)
         log.info("job %s failed (%s): %s", ctx.job_id, decision.outcome, error)
@@ -142,11 +140,10 @@ def _requeue(
     rules: AttemptRules, *, refund: bool,
 ) -> None:  # fmt: skip
     def write() -> PendingMessage | None:
-        now = utcnow()
         with autocommit(ctx.engine) as conn:
             return journal.requeue(
-                conn, ctx.spec, ctx.row, retry_at=now + timedelta(seconds=delay),
-                error=error, transition=transition, actor=ctx.worker, now=now, refund=refund,
+                conn, ctx.spec, ctx.row, delay=timedelta(seconds=delay), error=error,
+                transition=transition, actor=ctx.worker, refund=refund,
             )  # fmt: skip
 
     message = _persistently(write)

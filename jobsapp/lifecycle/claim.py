@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from jobsapp.db import autocommit, utcnow
+from jobsapp.db import autocommit
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.errors import InvalidMessage
 from jobsapp.lifecycle.message import Envelope
@@ -49,9 +50,26 @@ def explain(row: Mapping[str, Any] | None, attempt: int) -> Refusal:
     return Refusal.EARLY
 
 
+def seconds_early(row: Mapping[str, Any], db_now: datetime) -> float:
+    """How long before its ``next_retry_at`` an early message came (pure)."""
+    due = row["next_retry_at"]
+    return 0.0 if due is None else max(0.0, (due - db_now).total_seconds())
+
+
+def foreign_refusal(attempt: int) -> Refusal | None:
+    """A message with no row starts attempt 1, by the rule for a row with no attempt yet
+    (pure): a later attempt is one the journal never scheduled, whatever the ceiling."""
+    return None if attempt == 1 else Refusal.AHEAD
+
+
 @dataclass(frozen=True)
 class Claimed:
     row: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Early:
+    seconds: float
 
 
 def claim(
@@ -61,33 +79,57 @@ def claim(
     *,
     foreign: journal.NewJob | None,
     worker: str,
+    wait_early: float = 0.0,
 ) -> Claimed | Refusal:
-    """Take the run for ``env.attempt``; ``foreign`` is the row to insert if none exists."""
-    now = utcnow()
+    """Take the run for ``env.attempt``; ``foreign`` is the row to insert if none exists.
+
+    A message at most ``wait_early`` seconds early on the database's clock (a countdown is
+    counted on the publisher's clock, an ETA on this worker's) waits and claims when due.
+    """
+    outcome = _claim_once(engine, spec, env, foreign=foreign, worker=worker)
+    if isinstance(outcome, Early) and outcome.seconds <= wait_early:
+        log.info("job %s attempt %s came %.2fs early; waiting", env.job_id, env.attempt,
+                 outcome.seconds)  # fmt: skip
+        time.sleep(outcome.seconds)
+        outcome = _claim_once(engine, spec, env, foreign=foreign, worker=worker)
+    return Refusal.EARLY if isinstance(outcome, Early) else outcome
+
+
+def _claim_once(
+    engine: Engine, spec: RunTable, env: Envelope, *, foreign: journal.NewJob | None,
+    worker: str,
+) -> Claimed | Refusal | Early:  # fmt: skip
     with autocommit(engine) as conn:
-        row = journal.claim(conn, spec, env.job_id, env.attempt, worker=worker, now=now)
+        row = journal.claim(conn, spec, env.job_id, env.attempt, worker=worker)
         if row is not None:
             return Claimed(row)
-        current = journal.load(conn, spec, env.job_id)
+        current, db_now = journal.load_with_clock(conn, spec, env.job_id)
         if current is None and foreign is not None:
-            return _claim_foreign(conn, foreign, env, worker=worker, now=now)
-    return explain(current, env.attempt)
+            return foreign_refusal(env.attempt) or _claim_foreign(conn, foreign, env, worker)
+    refusal = explain(current, env.attempt)
+    if refusal is Refusal.EARLY and current is not None:
+        return Early(seconds_early(current, db_now))
+    return refusal
 
 
 def _claim_foreign(
-    conn: Connection, job: journal.NewJob, env: Envelope, *, worker: str, now: datetime
+    conn: Connection, job: journal.NewJob, env: Envelope, worker: str
 ) -> Claimed | Refusal:
     try:
-        row = journal.claim_by_insert(conn, job, env.attempt, worker=worker, now=now)
+        row = journal.claim_by_insert(conn, job, env.attempt, worker=worker)
     except IntegrityError:
         # A foreign key refused the row: the ids name nothing this domain knows.
         raise InvalidMessage("the message names nothing to run on") from None
     if row is not None:
         return Claimed(row)
+    mine = journal.load(conn, job.spec, job.job_id)
+    if mine is not None:
+        # The job_id conflicted, not the key: another copy of this message claimed it.
+        return explain(mine, env.attempt)
     holder = journal.active_holder(conn, job.spec, job.concurrency_key)
     journal.record_event(
         conn, job.spec, job.job_id, env.attempt, Transition.SKIP,
-        from_state=None, to_state=None, actor=worker, now=now,
+        from_state=None, to_state=None, actor=worker,
         reason=f"concurrency key {job.concurrency_key} held by job {holder}",
     )  # fmt: skip
     return Refusal.SKIPPED

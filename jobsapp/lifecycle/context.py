@@ -11,7 +11,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.errors import LeaseLost
 from jobsapp.lifecycle.heartbeat import Heartbeat
@@ -47,9 +46,7 @@ class RunContext:
         this transaction lands.
         """
         with self.engine.begin() as conn:
-            if not journal.succeed(
-                conn, self.spec, self.job_id, self.attempt, actor=self.worker, now=utcnow()
-            ):
+            if not journal.succeed(conn, self.spec, self.job_id, self.attempt, actor=self.worker):
                 raise LeaseLost(f"job {self.job_id} attempt {self.attempt}: finish refused")
             yield conn
         self.finished = True

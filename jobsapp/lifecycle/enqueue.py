@@ -41,7 +41,7 @@ def enqueue(
     if session is not None:
         result = _in_session(session, job)
     elif connection is not None:
-        result = journal.enqueue(connection, job, now=utcnow(), actor="producer")
+        result = journal.enqueue(connection, job, actor="producer")
     else:
         result = _own_transaction(app, job)
     return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder)
@@ -55,7 +55,7 @@ class Batch:
         self._done: list[tuple[NewJob, EnqueueResult]] = []
 
     def add(self, job: NewJob) -> JobHandle:
-        result = journal.enqueue(self.conn, job, now=utcnow(), actor="producer")
+        result = journal.enqueue(self.conn, job, actor="producer")
         self._done.append((job, result))
         return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder)
 
@@ -78,11 +78,11 @@ def transaction(app: Celery) -> Iterator[Batch]:
 def _own_transaction(app: Celery, job: NewJob) -> EnqueueResult:
     engine = get_engine()
     with autocommit(engine) as conn:
-        result = journal.enqueue_new(conn, job, now=utcnow(), actor="producer")
+        result = journal.enqueue_new(conn, job, actor="producer")
     if result is None:
         # Taken job_id or key: the answer (and a rerun's several writes) needs a transaction.
         with engine.begin() as conn:
-            result = journal.enqueue_existing(conn, job, now=utcnow(), actor="producer")
+            result = journal.enqueue_existing(conn, job, actor="producer")
     _after_commit(app, [(job, result)])
     return result
 
@@ -92,11 +92,11 @@ def _after_commit(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> 
     crashpoints.hit("after_commit_before_publish")
     # A delayed start within the short-wait limit rides a countdown; longer ones wait in
     # the outbox for the relay (a long broker ETA is redelivered on Redis, and run twice).
-    horizon = utcnow() + timedelta(seconds=get_settings().inline_wait_max)
+    horizon = timedelta(seconds=get_settings().inline_wait_max)
     messages = [
         result.message
-        for _, result in done
-        if result.message is not None and result.message.available_at <= horizon
+        for job, result in done
+        if result.message is not None and _starts_within(job, horizon)
     ]
     if messages:
         outbox.publish_now(app, messages)
@@ -105,8 +105,16 @@ def _after_commit(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> 
             dedup.remember(job)
 
 
+def _starts_within(job: NewJob, horizon: timedelta) -> bool:
+    """Whether the first attempt is due within ``horizon``: the countdown itself, so the
+    producer's clock (an eta is the caller's own clock) is never set against the database's."""
+    if job.not_before is not None:
+        return job.not_before <= utcnow() + horizon
+    return job.delay is None or job.delay <= horizon
+
+
 def _in_session(session: Session, job: NewJob) -> EnqueueResult:
-    result = journal.enqueue(session.connection(), job, now=utcnow(), actor="producer")
+    result = journal.enqueue(session.connection(), job, actor="producer")
     if result.outcome is EnqueueOutcome.ENQUEUED and result.message is not None:
         _pending(session).append((job, result))
     return result

@@ -3,6 +3,12 @@
 Nothing else in jobsapp writes these tables. Each transition is one guarded UPDATE (or an
 INSERT that conflicts) fenced by state and attempt, plus its ``job_events`` row and, where
 the transition needs a message, its ``outbox`` row, all in the caller's transaction.
+
+Time is the database's: a transition given no ``now`` stamps and compares with
+PostgreSQL's ``now()`` inside its own statement (no extra round trip), so workers, beat
+and producers with skewed clocks agree. SQLite has no clock of its own; it is one file on
+one host, and the host's clock stands in (docs/lifecycle.md). An explicit ``now`` (tests,
+backfills) is used as given.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Integer,
+    Interval,
     Table,
     bindparam,
+    func,
     insert,
     or_,
     select,
@@ -33,10 +41,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
 from jobsapp import crashpoints
-from jobsapp.db import is_autocommit
+from jobsapp.db import UtcDateTime, is_autocommit, utcnow
 from jobsapp.lifecycle.message import build_body
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import ACTIVE_STATES, Outcome, State, Transition
+from jobsapp.lifecycle.states import ACTIVE_STATES, Outcome, State, Transition, is_terminal
 from jobsapp.lifecycle.tables import JobEvent, OutboxMessage
 
 OUTBOX: Table = OutboxMessage.__table__  # type: ignore[assignment]
@@ -61,8 +69,10 @@ class NewJob:
     values: Mapping[str, Any]
     dedup_window: timedelta = timedelta(0)
     traceparent: str | None = None
-    # A delayed first attempt (Celery's countdown/eta): claimable from then on.
+    # A delayed first attempt, claimable from then on: an absolute eta (the caller's
+    # clock), or a countdown counted on the database's clock.
     not_before: datetime | None = None
+    delay: timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,25 @@ def _first(
     return None if row is None else dict(row)
 
 
+def clock(conn: Connection, now: datetime | None = None) -> Any:
+    """``now`` if given, else the database's clock as a SQL expression (PostgreSQL) or
+    the host's (SQLite, see the module docstring)."""
+    if now is not None:
+        return now
+    return func.now() if conn.dialect.name == "postgresql" else utcnow()
+
+
+def _stamp(conn: Connection, now: datetime | None) -> datetime | None:
+    """The value for a prebuilt plan's ``r_now``: None lets PostgreSQL use its now()."""
+    return clock(conn, now) if now is not None or conn.dialect.name != "postgresql" else None
+
+
+def _clock_param(dialect: str) -> Any:
+    """A prebuilt plan's clock: ``r_now`` when bound, else PostgreSQL's now()."""
+    given = bindparam("r_now", type_=UtcDateTime())
+    return func.coalesce(given, func.now()) if dialect == "postgresql" else given
+
+
 def _require_transaction(conn: Connection, transition: str) -> None:
     """Refuse a multi-statement transition on an autocommit connection, where a crash
     between its statements would commit a part (a row queued with no message)."""
@@ -110,12 +139,12 @@ def record_event(
     from_state: State | None,
     to_state: State | None,
     actor: str,
-    now: datetime,
+    now: datetime | None = None,
     reason: str | None = None,
 ) -> None:
     """An event outside a guarded transition (a skip, a batch of reaped runs)."""
     event = Event(spec, attempt, transition, from_state, to_state, actor, now, reason)
-    conn.execute(insert(EVENTS).values(event.values(job_id)))
+    conn.execute(insert(EVENTS).values({**event.values(job_id), "at": clock(conn, now)}))
 
 
 @dataclass(frozen=True)
@@ -155,7 +184,7 @@ def add_outbox(
     upsert = stmt.on_conflict_do_update(
         index_elements=[OUTBOX.c.module, OUTBOX.c.job_id, OUTBOX.c.attempt], set_=rearm
     ).returning(OUTBOX.c.id)
-    return out.pending(int(conn.execute(upsert).scalar_one()))
+    return out.pending(int(conn.execute(upsert).scalar_one()), available_at)
 
 
 @dataclass(frozen=True)
@@ -168,7 +197,7 @@ class Event:
     from_state: State | None
     to_state: State | None
     actor: str
-    now: datetime
+    now: datetime | None  # None: the statement takes the database's clock
     reason: str | None = None
 
     def values(self, job_id: Any) -> dict[str, Any]:
@@ -189,8 +218,8 @@ class Outgoing:
     attempt: int
     task_name: str
     body: Mapping[str, Any]
-    now: datetime
-    available_at: datetime
+    now: datetime | None  # None: the statement takes the database's clock
+    available_at: datetime | None
 
     def values(self, module: str) -> dict[str, Any]:
         return {
@@ -199,19 +228,20 @@ class Outgoing:
             "available_at": self.available_at,
         }  # fmt: skip
 
-    def pending(self, outbox_id: int) -> PendingMessage:
+    def pending(self, outbox_id: int, available_at: datetime) -> PendingMessage:
         return PendingMessage(
-            outbox_id, self.job_id, self.attempt, self.task_name, self.body, self.available_at
+            outbox_id, self.job_id, self.attempt, self.task_name, self.body, available_at
         )
 
 
 def outgoing(
-    spec: RunTable, row: Mapping[str, Any], *, attempt: int, now: datetime,
-    available_at: datetime, traceparent: str | None = None,
+    spec: RunTable, row: Mapping[str, Any], *, attempt: int, now: datetime | None,
+    available_at: datetime | None, traceparent: str | None = None,
 ) -> Outgoing:  # fmt: skip
+    # The body's enqueued_at is informational (nothing compares it): the process clock.
     body = build_body(
         job_id=row["job_id"], module=spec.module, attempt=attempt, ids=spec.ids_from_row(row),
-        enqueued_at=now, traceparent=traceparent,
+        enqueued_at=now or utcnow(), traceparent=traceparent,
     )  # fmt: skip
     return Outgoing(row["job_id"], attempt, row["task_name"], body, now, available_at)
 
@@ -250,12 +280,20 @@ def _sequential_insert(table: Table, columns: tuple[str, ...], prefix: str) -> A
     return insert(table).values({c: _bind(table, c, prefix) for c in columns})
 
 
-def _insert_from_changed(changed: Any, table: Table, columns: tuple[str, ...], prefix: str) -> Any:
-    """INSERT one row per changed run row, its job_id taken from that row."""
-    cols = [
-        changed.c.job_id if c == "job_id" else _bind(table, c, prefix).label(c) for c in columns
-    ]
-    return insert(table).from_select(list(columns), select(*cols).select_from(changed))
+def _insert_from_changed(
+    table: Table, columns: tuple[str, ...], prefix: str, derived: Mapping[str, Any]
+) -> Any:
+    """INSERT one row per changed run row; ``derived`` columns come from that row (its
+    job_id, and its timestamps: the database's clock, read once for all parts)."""
+    cols = [derived[c].label(c) if c in derived else _bind(table, c, prefix).label(c)
+            for c in columns]  # fmt: skip
+    return insert(table).from_select(list(columns), select(*cols))
+
+
+def _available_at(row: Mapping[str, Any]) -> datetime:
+    """When the message a transition wrote is due: the run's next_retry_at, else at once."""
+    due = row["next_retry_at"]
+    return due if isinstance(due, datetime) else row["updated_at"]
 
 
 def _plan(dialect: str, dml: Any, with_outbox: bool) -> Plan:
@@ -264,12 +302,16 @@ def _plan(dialect: str, dml: Any, with_outbox: bool) -> Plan:
     if dialect != "postgresql":
         return Plan(dml, event, outbox if with_outbox else None, None)
     changed = dml.cte("changed")
+    at = changed.c.updated_at
     combined = select(changed)
     if with_outbox:
-        ob = _insert_from_changed(changed, OUTBOX, _OUTBOX_COLUMNS, "o_")
+        due = func.coalesce(changed.c.next_retry_at, at)
+        ob = _insert_from_changed(OUTBOX, _OUTBOX_COLUMNS, "o_", {
+            "job_id": changed.c.job_id, "created_at": at, "available_at": due})  # fmt: skip
         ob_cte = ob.returning(OUTBOX.c.id).cte("ob")
         combined = select(changed, select(ob_cte.c.id).scalar_subquery().label("_outbox_id"))
-    ev = _insert_from_changed(changed, EVENTS, _EVENT_COLUMNS, "e_")
+    ev = _insert_from_changed(EVENTS, _EVENT_COLUMNS, "e_", {"job_id": changed.c.job_id,
+                                                             "at": at})  # fmt: skip
     return Plan(dml, event, outbox, combined.add_cte(ev.cte("ev")))
 
 
@@ -286,7 +328,9 @@ def _run(
         if row is None:
             return None, None
         outbox_id = row.pop("_outbox_id", None)
-        return row, (out.pending(int(outbox_id)) if out is not None and outbox_id else None)
+        if out is None or not outbox_id:
+            return row, None
+        return row, out.pending(int(outbox_id), _available_at(row))
     row = _first(conn, plan.dml, params)
     if row is None:
         return None, None
@@ -294,23 +338,31 @@ def _run(
     if out is None or plan.outbox is None:
         return row, None
     outbox_id = conn.execute(plan.outbox, {**params, "o_job_id": row["job_id"]}).scalar_one()
-    return row, out.pending(int(outbox_id))
+    return row, out.pending(int(outbox_id), _available_at(row))
 
 
 def _row_columns(spec: RunTable) -> tuple[str, ...]:
     return tuple(c.name for c in spec.table.c)
 
 
+def _delay_param() -> Any:
+    return bindparam("r_delay", type_=Interval())
+
+
 @cache
-def _insert_plan(spec: RunTable, dialect: str, with_outbox: bool) -> Plan:
+def _insert_plan(spec: RunTable, dialect: str, state: State) -> Plan:
+    """none -> queued (an enqueue, with its outbox row) or running (a foreign claim)."""
     table = spec.table
     insert_stmt = pg_insert(table) if dialect == "postgresql" else sqlite_insert(table)
-    dml = (
-        insert_stmt.values({c: _bind(table, c) for c in _row_columns(spec)})
-        .on_conflict_do_nothing()
-        .returning(*table.c)
-    )
-    return _plan(dialect, dml, with_outbox)
+    values = {c: _bind(table, c) for c in _row_columns(spec)}
+    if dialect == "postgresql":
+        now = _clock_param(dialect)
+        start = func.coalesce(values["next_retry_at"], now + _delay_param())
+        values |= {"created_at": now, "updated_at": now, "next_retry_at": start}
+        if state is State.RUNNING:
+            values |= {"started_at": now, "heartbeat_at": now}
+    dml = insert_stmt.values(values).on_conflict_do_nothing().returning(*table.c)
+    return _plan(dialect, dml, with_outbox=state is State.QUEUED)
 
 
 def _fence_params(table: Table) -> tuple[Any, ...]:
@@ -324,7 +376,7 @@ def _fence_params(table: Table) -> tuple[Any, ...]:
 @cache
 def _claim_plan(spec: RunTable, dialect: str) -> Plan:
     table = spec.table
-    now = bindparam("r_now", type_=table.c.updated_at.type)
+    now = _clock_param(dialect)
     dml = (
         update(table)
         .where(
@@ -345,7 +397,7 @@ def _claim_plan(spec: RunTable, dialect: str) -> Plan:
 @cache
 def _finish_plan(spec: RunTable, dialect: str) -> Plan:
     table = spec.table
-    now = bindparam("r_now", type_=table.c.updated_at.type)
+    now = _clock_param(dialect)
     dml = (
         update(table)
         .where(*_fence_params(table))
@@ -354,7 +406,7 @@ def _finish_plan(spec: RunTable, dialect: str) -> Plan:
             last_error=_bind(table, "last_error"), finished_at=now, updated_at=now,
             next_retry_at=None,
         )
-        .returning(table.c.job_id)
+        .returning(table.c.job_id, table.c.updated_at)
     )  # fmt: skip
     return _plan(dialect, dml, with_outbox=False)
 
@@ -362,13 +414,16 @@ def _finish_plan(spec: RunTable, dialect: str) -> Plan:
 @cache
 def _requeue_plan(spec: RunTable, dialect: str) -> Plan:
     table = spec.table
+    now = _clock_param(dialect)
+    due = _bind(table, "next_retry_at")
+    if dialect == "postgresql":
+        due = func.coalesce(due, now + _delay_param())
     dml = (
         update(table)
         .where(*_fence_params(table))
         .values(
-            state=State.QUEUED.value, next_retry_at=_bind(table, "next_retry_at"),
-            last_error=_bind(table, "last_error"), heartbeat_at=None,
-            updated_at=_bind(table, "updated_at"),
+            state=State.QUEUED.value, next_retry_at=due, last_error=_bind(table, "last_error"),
+            heartbeat_at=None, updated_at=now,
             max_attempts=table.c.max_attempts + bindparam("r_refund", type_=Integer()),
         )
         .returning(*table.c)
@@ -377,13 +432,17 @@ def _requeue_plan(spec: RunTable, dialect: str) -> Plan:
 
 
 @cache
-def _heartbeat_stmt(spec: RunTable) -> Any:
+def _heartbeat_stmt(spec: RunTable, dialect: str) -> Any:
     table = spec.table
-    stamp = _bind(table, "heartbeat_at")
-    return update(table).where(*_fence_params(table)).values(heartbeat_at=stamp)
+    return update(table).where(*_fence_params(table)).values(heartbeat_at=_clock_param(dialect))
 
 
-def _new_row(job: NewJob, now: datetime, state: State, attempts: int) -> dict[str, Any]:
+def _later(now: datetime | None, delay: timedelta | None) -> datetime | None:
+    """``now + delay`` where Python knows ``now`` (else the statement adds it)."""
+    return None if now is None or delay is None else now + delay
+
+
+def _new_row(job: NewJob, now: datetime | None, state: State, attempts: int) -> dict[str, Any]:
     running = state is State.RUNNING
     return {
         "job_id": job.job_id,
@@ -393,7 +452,7 @@ def _new_row(job: NewJob, now: datetime, state: State, attempts: int) -> dict[st
         "attempts": attempts,
         "max_attempts": job.max_attempts,
         "rescues": 0,
-        "next_retry_at": job.not_before,
+        "next_retry_at": job.not_before or _later(now, job.delay),
         "started_at": now if running else None,
         "heartbeat_at": now if running else None,
         "created_at": now,
@@ -406,7 +465,13 @@ def _new_row(job: NewJob, now: datetime, state: State, attempts: int) -> dict[st
     }
 
 
-def enqueue(conn: Connection, job: NewJob, *, now: datetime, actor: str) -> EnqueueResult:
+def _insert_params(row: Mapping[str, Any], now: datetime | None, job: NewJob) -> dict[str, Any]:
+    return {**_prefixed(row, "r_"), "r_now": now, "r_delay": job.delay}
+
+
+def enqueue(
+    conn: Connection, job: NewJob, *, actor: str, now: datetime | None = None
+) -> EnqueueResult:
     """none -> queued; a known job_id is a duplicate (or a rerun past its dedup window).
 
     ``conn`` is in a transaction: a rerun takes several statements.
@@ -416,16 +481,17 @@ def enqueue(conn: Connection, job: NewJob, *, now: datetime, actor: str) -> Enqu
 
 
 def enqueue_new(
-    conn: Connection, job: NewJob, *, now: datetime, actor: str
+    conn: Connection, job: NewJob, *, actor: str, now: datetime | None = None
 ) -> EnqueueResult | None:
     """none -> queued in one statement (autocommit allowed); None if the job_id or the
     concurrency key is taken: ``enqueue_existing`` then decides, in a transaction."""
+    now = _stamp(conn, now)
     row = _new_row(job, now, State.QUEUED, 0)
-    plan = _insert_plan(job.spec, conn.dialect.name, with_outbox=True)
+    plan = _insert_plan(job.spec, conn.dialect.name, State.QUEUED)
     event = Event(job.spec, 1, Transition.ENQUEUE, None, State.QUEUED, actor, now)
-    out = outgoing(job.spec, row, attempt=1, now=now, available_at=job.not_before or now,
+    out = outgoing(job.spec, row, attempt=1, now=now, available_at=row["next_retry_at"] or now,
                    traceparent=job.traceparent)  # fmt: skip
-    inserted, message = _run(conn, plan, _prefixed(row, "r_"), event, out)
+    inserted, message = _run(conn, plan, _insert_params(row, now, job), event, out)
     if inserted is None:
         return None
     return EnqueueResult(EnqueueOutcome.ENQUEUED, job.job_id, message=message)
@@ -441,25 +507,24 @@ def active_holder(conn: Connection, spec: RunTable, key: str) -> uuid.UUID | Non
 
 
 def enqueue_existing(
-    conn: Connection, job: NewJob, *, now: datetime, actor: str
+    conn: Connection, job: NewJob, *, actor: str, now: datetime | None = None
 ) -> EnqueueResult:
     """The answer to an enqueue whose insert conflicted: duplicate, skipped, or a rerun."""
     table = job.spec.table
     seen = conn.execute(
-        select(table.c.state, table.c.attempts, table.c.finished_at).where(
-            table.c.job_id == job.job_id
-        )
+        select(table.c.state, table.c.attempts).where(table.c.job_id == job.job_id)
     ).first()
     if seen is None:
         holder = active_holder(conn, job.spec, job.concurrency_key)
         return EnqueueResult(EnqueueOutcome.SKIPPED, job.job_id, holder=holder)
-    if seen.finished_at is None or seen.finished_at > now - job.dedup_window:
+    if not is_terminal(seen.state):
         return EnqueueResult(EnqueueOutcome.DUPLICATE, job.job_id)
     try:
         message = reopen(
             conn, job.spec, job.job_id,
             from_state=State(seen.state), attempts=seen.attempts, budget=job.max_attempts,
             transition=Transition.RERUN, now=now, actor=actor, reason="enqueued again",
+            finished_before=job.dedup_window,
         )  # fmt: skip
     except KeyBusy as busy:
         return EnqueueResult(EnqueueOutcome.SKIPPED, job.job_id, holder=busy.holder)
@@ -477,11 +542,13 @@ def reopen(
     attempts: int,
     budget: int,
     transition: Transition,
-    now: datetime,
     actor: str,
     reason: str,
+    now: datetime | None = None,
+    finished_before: timedelta | None = None,
 ) -> PendingMessage | None:
-    """terminal -> queued as a new attempt of the same job; None if the row moved on.
+    """terminal -> queued as a new attempt of the same job; None if the row moved on, or
+    finished less than ``finished_before`` ago (a dedup window, on the database's clock).
 
     Raises KeyBusy when another run holds the concurrency key. A savepoint keeps that
     conflict from aborting the caller's transaction, which must exist: the move, its
@@ -489,17 +556,18 @@ def reopen(
     """
     _require_transaction(conn, "reopen")
     table = spec.table
+    at = clock(conn, now)
+    guard = [table.c.job_id == job_id, table.c.state == from_state.value,
+             table.c.attempts == attempts]  # fmt: skip
+    if finished_before is not None:
+        guard.append(table.c.finished_at <= at - finished_before)
     stmt = (
         update(table)
-        .where(
-            table.c.job_id == job_id,
-            table.c.state == from_state.value,
-            table.c.attempts == attempts,
-        )
+        .where(*guard)
         .values(
             state=State.QUEUED.value, outcome=None, finished_at=None, heartbeat_at=None,
             next_retry_at=None, max_attempts=table.c.attempts + budget, rescues=0,
-            updated_at=now,
+            updated_at=at,
         )
         .returning(*table.c)
     )  # fmt: skip
@@ -512,18 +580,21 @@ def reopen(
     if row is None:
         return None
     crashpoints.hit("reopen_after_update")
+    at = row["updated_at"]  # the database's clock, read by the UPDATE itself
     record_event(
         conn, spec, job_id, attempts + 1, transition,
-        from_state=from_state, to_state=State.QUEUED, actor=actor, now=now, reason=reason,
+        from_state=from_state, to_state=State.QUEUED, actor=actor, now=at, reason=reason,
     )  # fmt: skip
     spec.changed(conn, transition, [row])
-    return add_outbox(conn, spec, row, attempt=attempts + 1, now=now, available_at=now)
+    return add_outbox(conn, spec, row, attempt=attempts + 1, now=at, available_at=at)
 
 
 def claim(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, worker: str, now: datetime
-) -> Mapping[str, Any] | None:
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, worker: str,
+    now: datetime | None = None,
+) -> Mapping[str, Any] | None:  # fmt: skip
     """queued -> running, only for the next attempt and only once it is due."""
+    now = _stamp(conn, now)
     params = {"r_job_id": job_id, "r_previous": attempt - 1, "r_attempts": attempt,
               "r_now": now, "r_worker": worker}  # fmt: skip
     event = Event(spec, attempt, Transition.CLAIM, State.QUEUED, State.RUNNING, worker, now)
@@ -531,16 +602,17 @@ def claim(
 
 
 def claim_by_insert(
-    conn: Connection, job: NewJob, attempt: int, *, worker: str, now: datetime
+    conn: Connection, job: NewJob, attempt: int, *, worker: str, now: datetime | None = None
 ) -> Mapping[str, Any] | None:
     """A foreign producer's message (no row): insert the run as running under the index."""
+    now = _stamp(conn, now)
     row = {**_new_row(job, now, State.RUNNING, attempt), "worker": worker}
-    plan = _insert_plan(job.spec, conn.dialect.name, with_outbox=False)
+    plan = _insert_plan(job.spec, conn.dialect.name, State.RUNNING)
     event = Event(
         job.spec, attempt, Transition.CLAIM, None, State.RUNNING, worker, now,
         reason="claimed by insert: message from a producer without a journal row",
     )  # fmt: skip
-    return _run(conn, plan, _prefixed(row, "r_"), event, None)[0]
+    return _run(conn, plan, _insert_params(row, now, job), event, None)[0]
 
 
 def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, Any] | None:
@@ -548,12 +620,27 @@ def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, An
     return _first(conn, select(table).where(table.c.job_id == job_id))
 
 
+def load_with_clock(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID
+) -> tuple[Mapping[str, Any] | None, datetime]:
+    """The row and the database's clock, read in one statement."""
+    if conn.dialect.name != "postgresql":
+        return load(conn, spec, job_id), utcnow()
+    table = spec.table
+    stmt = select(table, func.now().label("_db_now")).where(table.c.job_id == job_id)
+    row = _first(conn, stmt)
+    if row is None:
+        return None, utcnow()  # no row: nothing to time
+    return row, row.pop("_db_now")
+
+
 def heartbeat(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, now: datetime
-) -> bool:
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *,
+    now: datetime | None = None,
+) -> bool:  # fmt: skip
     """running -> running; False means the lease is lost."""
-    params = {"r_job_id": job_id, "r_attempts": attempt, "r_heartbeat_at": now}
-    return conn.execute(_heartbeat_stmt(spec), params).rowcount == 1
+    params = {"r_job_id": job_id, "r_attempts": attempt, "r_now": _stamp(conn, now)}
+    return conn.execute(_heartbeat_stmt(spec, conn.dialect.name), params).rowcount == 1
 
 
 def _finish(
@@ -566,8 +653,9 @@ def _finish(
     outcome: Outcome,
     error: str | None,
     actor: str,
-    now: datetime,
+    now: datetime | None,
 ) -> bool:
+    now = _stamp(conn, now)
     state = State.SUCCEEDED if outcome is Outcome.SUCCEEDED else State.FAILED
     params = {"r_job_id": job_id, "r_attempts": attempt, "r_state": state.value,
               "r_outcome": outcome.value, "r_last_error": error, "r_now": now}  # fmt: skip
@@ -577,7 +665,7 @@ def _finish(
 
 def succeed(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, actor: str,
-    now: datetime,
+    now: datetime | None = None,
 ) -> bool:  # fmt: skip
     """running -> succeeded, fenced; False means the lease was lost."""
     return _finish(
@@ -588,7 +676,7 @@ def succeed(
 
 def fail(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, outcome: Outcome,
-    error: str, actor: str, now: datetime,
+    error: str, actor: str, now: datetime | None = None,
 ) -> bool:  # fmt: skip
     """running -> failed with ``outcome``, fenced."""
     return _finish(
@@ -598,36 +686,45 @@ def fail(
 
 
 def requeue(
-    conn: Connection, spec: RunTable, run: Mapping[str, Any], *, retry_at: datetime,
-    error: str, transition: Transition, actor: str, now: datetime, refund: bool = False,
+    conn: Connection, spec: RunTable, run: Mapping[str, Any], *, error: str,
+    transition: Transition, actor: str, delay: timedelta | None = None,
+    retry_at: datetime | None = None, now: datetime | None = None, refund: bool = False,
 ) -> PendingMessage | None:  # fmt: skip
-    """running -> queued for the next attempt at ``retry_at``; returns its outbox row.
+    """running -> queued for the next attempt, due ``delay`` after the database's now (or
+    at ``retry_at``); returns its outbox row.
 
     ``run`` is the row as claimed (the fence is its ``attempts``). ``refund`` (a long
     Retry-After) raises the ceiling by one, so the pause does not spend an attempt while
     ``attempts`` itself, the fencing token, still only grows.
     """
+    now = _stamp(conn, now)
     attempt = int(run["attempts"])
-    params = {"r_job_id": run["job_id"], "r_attempts": attempt, "r_next_retry_at": retry_at,
-              "r_last_error": error, "r_updated_at": now, "r_refund": int(refund)}  # fmt: skip
+    due = retry_at or _later(now, delay or timedelta(0))
+    params = {"r_job_id": run["job_id"], "r_attempts": attempt, "r_next_retry_at": due,
+              "r_delay": delay or timedelta(0), "r_last_error": error, "r_now": now,
+              "r_refund": int(refund)}  # fmt: skip
     event = Event(spec, attempt, transition, State.RUNNING, State.QUEUED, actor, now, error)
-    out = outgoing(spec, run, attempt=attempt + 1, now=now, available_at=retry_at)
+    out = outgoing(spec, run, attempt=attempt + 1, now=now, available_at=due)
     return _run(conn, _requeue_plan(spec, conn.dialect.name), params, event, out)[1]
 
 
 def cancel(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, actor: str, reason: str,
-    now: datetime,
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, attempts: int, actor: str,
+    reason: str, now: datetime | None = None,
 ) -> bool:  # fmt: skip
-    """queued -> failed/cancelled by an operator; a running job must finish or be reaped."""
+    """queued -> failed/cancelled by an operator, fenced by the ``attempts`` the operator
+    saw (a retry that ran meanwhile is another attempt); a running job must finish or be
+    reaped."""
     _require_transaction(conn, "cancel")
     table = spec.table
+    at = clock(conn, now)
     stmt = (
         update(table)
-        .where(table.c.job_id == job_id, table.c.state == State.QUEUED.value)
+        .where(table.c.job_id == job_id, table.c.state == State.QUEUED.value,
+               table.c.attempts == attempts)
         .values(
-            state=State.FAILED.value, outcome=Outcome.CANCELLED.value, finished_at=now,
-            updated_at=now, next_retry_at=None, last_error=reason,
+            state=State.FAILED.value, outcome=Outcome.CANCELLED.value, finished_at=at,
+            updated_at=at, next_retry_at=None, last_error=reason,
         )
         .returning(*table.c)
     )  # fmt: skip
@@ -635,8 +732,8 @@ def cancel(
     if row is None:
         return False
     record_event(
-        conn, spec, job_id, row["attempts"] + 1, Transition.CANCEL,
-        from_state=State.QUEUED, to_state=State.FAILED, actor=actor, now=now, reason=reason,
+        conn, spec, job_id, attempts + 1, Transition.CANCEL, from_state=State.QUEUED,
+        to_state=State.FAILED, actor=actor, now=row["updated_at"], reason=reason,
     )  # fmt: skip
     spec.changed(conn, Transition.CANCEL, [row])
     return True

@@ -26,7 +26,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from jobsapp.db import get_engine, utcnow
+from jobsapp.db import get_engine
 from jobsapp.lifecycle import claim, enqueue, message, registry
 from jobsapp.lifecycle.attempt import AttemptRules, run_attempt
 from jobsapp.lifecycle.context import RunContext
@@ -46,12 +46,15 @@ def _process_secrets() -> tuple[str, ...]:
     return known_secrets_from_env(os.environ)
 
 
-def _start_at(countdown: float | None, eta: datetime | None) -> datetime | None:
-    if eta is not None:
-        return eta if eta.tzinfo else eta.replace(tzinfo=UTC)
-    if countdown:
-        return utcnow() + timedelta(seconds=countdown)
-    return None
+def _absolute(eta: datetime | None) -> datetime | None:
+    if eta is None:
+        return None
+    return eta if eta.tzinfo else eta.replace(tzinfo=UTC)
+
+
+def _countdown(countdown: float | None) -> timedelta | None:
+    """A countdown stays a duration: the database adds it to its own clock."""
+    return timedelta(seconds=countdown) if countdown else None
 
 
 class LifecycleTask(Task):  # type: ignore[type-arg]
@@ -150,7 +153,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         job = self.new_job(
             tuple(args or ()), dict(kwargs or {}), uuid.UUID(str(wanted)) if wanted else None
         )
-        job = replace(job, not_before=_start_at(countdown, eta),
+        job = replace(job, not_before=_absolute(eta),
+                      delay=None if eta is not None else _countdown(countdown),
                       traceparent=(headers or {}).get("traceparent"))  # fmt: skip
         return enqueue.enqueue(self.app, job, session=session, connection=connection)
 
@@ -214,8 +218,11 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     def _run_envelope(self, env: message.Envelope, foreign: NewJob | None) -> None:
         worker = self._worker_name()
         engine = get_engine()
+        settings = get_settings()
+        inline_wait_max = self.inline_wait_max or settings.inline_wait_max
         try:
-            outcome = claim.claim(engine, self.run_table, env, foreign=foreign, worker=worker)
+            outcome = claim.claim(engine, self.run_table, env, foreign=foreign, worker=worker,
+                                  wait_early=inline_wait_max)  # fmt: skip
         except InvalidMessage as bad:
             log.error("rejected message %s for %s: %s", self.request.id, self.name, bad)
             raise Reject(str(bad), requeue=False) from None
@@ -228,7 +235,6 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         if isinstance(outcome, claim.Refusal):
             log.info("job %s attempt %s: no work, %s", env.job_id, env.attempt, outcome.value)
             return
-        settings = get_settings()
         interval = self.heartbeat_interval or settings.heartbeat_interval
         ctx = RunContext(
             engine=engine, spec=self.run_table, row=outcome.row, worker=worker,
@@ -237,7 +243,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         rules = AttemptRules(
             policy=self.retry_policy,
             permanent=self.permanent_errors,
-            inline_wait_max=self.inline_wait_max or settings.inline_wait_max,
+            inline_wait_max=inline_wait_max,
             secrets=_process_secrets(),
         )
         run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)

@@ -245,7 +245,7 @@ def simulate(model: Model, op: Op, now: datetime) -> tuple[Result, Model]:  # no
             ),
         )
     if op.kind == "cancel":
-        if row is None or row.state != State.QUEUED:
+        if row is None or row.state != State.QUEUED or row.attempts != op.attempt:
             return refused
         return done(
             True,
@@ -389,8 +389,9 @@ def execute(conn: Connection, op: Op, now: datetime) -> Result:  # noqa: PLR0911
             return message is not None
         if op.kind == "cancel":
             return journal.cancel(
-                conn, JOBS, op.job_id, actor="operator:chaos", reason="cancelled by chaos", now=now
-            )
+                conn, JOBS, op.job_id, attempts=op.attempt, actor="operator:chaos",
+                reason="cancelled by chaos", now=now,
+            )  # fmt: skip
         if op.kind == "replay":
             try:
                 message = journal.reopen(
@@ -935,6 +936,7 @@ class AttachmentMachine(RuleBasedStateMachine):
                 conn,
                 ATTACHMENT_RUNS,
                 RUN_IDS[v],
+                attempts=self._run(v)["attempts"],
                 actor="operator:chaos",
                 reason="cancel",
                 now=utcnow(),

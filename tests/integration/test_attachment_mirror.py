@@ -66,7 +66,7 @@ def test_cancel_and_replay_move_the_attachment(db: Engine, store: ObjectStore) -
         job_id = conn.execute(
             RUNS.select().where(RUNS.c.attachment_id == accepted.attachment_id)
         ).mappings().one()["job_id"]
-        assert journal.cancel(conn, ATTACHMENT_RUNS, job_id, actor="operator:test",
+        assert journal.cancel(conn, ATTACHMENT_RUNS, job_id, attempts=0, actor="operator:test",
                               reason="wrong file", now=utcnow())  # fmt: skip
     row = attachment_row(db, accepted.attachment_id)
     assert (row["state"], row["error_code"]) == ("failed", "cancelled")
@@ -93,7 +93,7 @@ def test_cancelling_one_version_leaves_an_attachment_another_run_works_on(
             batch, kwargs={"attachment_id": attachment_id, "pipeline_version": 2}
         )
     with db.begin() as conn:
-        assert journal.cancel(conn, ATTACHMENT_RUNS, v2.job_id, actor="operator:test",
+        assert journal.cancel(conn, ATTACHMENT_RUNS, v2.job_id, attempts=0, actor="operator:test",
                               reason="not now", now=utcnow())  # fmt: skip
     assert attachment_row(db, attachment_id)["state"] == "processing"
 

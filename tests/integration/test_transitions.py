@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,13 +12,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
+from jobsapp import operator
 from jobsapp.db import autocommit, utcnow
-from jobsapp.lifecycle import EnqueueOutcome, journal
+from jobsapp.lifecycle import EnqueueOutcome, claim, journal
+from jobsapp.lifecycle.message import Envelope
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import State, Transition
 from tests.e2e.procs import Launcher, service_env
 from tests.support import tasks
-from tests.support.journal_view import outbox_rows, run_row
+from tests.support.journal_view import events, outbox_rows, run_count, run_row
 
 
 @pytest.fixture
@@ -61,3 +65,58 @@ def test_a_rerun_on_an_autocommit_connection_is_refused(pg: Engine) -> None:
             transition=Transition.RERUN, now=utcnow(), actor="t", reason="again",
         )  # fmt: skip
     assert run_row(pg, job_id)["state"] == "succeeded"
+
+
+def _envelope(job_id: uuid.UUID, attempt: int, outbox_id: int | None = None) -> Envelope:
+    return Envelope(job_id, "jobs", attempt, outbox_id, None, {}, None)
+
+
+def test_a_message_that_comes_a_little_early_waits_and_claims(db: Engine) -> None:
+    # A countdown is counted on the publisher's clock: by the database's it may be early.
+    handle = tasks.echo.apply_async(("early",), countdown=1.0)
+    (message,) = outbox_rows(db, handle.job_id)
+    started = time.monotonic()
+    env = _envelope(handle.job_id, 1, message["id"])
+    taken = claim.claim(db, JOBS, env, foreign=None, worker="w:1", wait_early=3.0)
+    assert isinstance(taken, claim.Claimed)
+    assert time.monotonic() - started >= 0.5
+    too_early = tasks.echo.apply_async(("later",), countdown=30.0)
+    env = _envelope(too_early.job_id, 1, outbox_rows(db, too_early.job_id)[0]["id"])
+    assert claim.claim(db, JOBS, env, foreign=None, worker="w:1", wait_early=3.0) is \
+        claim.Refusal.EARLY  # fmt: skip
+
+
+def test_the_second_copy_of_a_foreign_message_is_a_duplicate_not_a_key_conflict(
+    db: Engine,
+) -> None:
+    job = tasks.tick.new_job((), {}, uuid.uuid4())
+    env = _envelope(job.job_id, 1)
+    assert isinstance(claim.claim(db, JOBS, env, foreign=job, worker="w:1"), claim.Claimed)
+    # The losing copy saw no row, then lost the insert to the first copy.
+    with db.begin() as conn:
+        assert claim._claim_foreign(conn, job, env, "w:2") is claim.Refusal.IN_FLIGHT
+    assert [e["transition"] for e in events(db, job.job_id)] == ["claim"]
+
+
+def test_a_foreign_message_for_an_attempt_never_scheduled_is_refused(db: Engine) -> None:
+    job = dataclasses.replace(tasks.tick.new_job((), {}, uuid.uuid4()), max_attempts=3)
+    refused = claim.claim(db, JOBS, _envelope(job.job_id, 7), foreign=job, worker="w:1")
+    assert refused is claim.Refusal.AHEAD
+    assert run_count(db) == 0
+
+
+def test_cancel_is_fenced_by_the_attempt_the_operator_saw(db: Engine) -> None:
+    handle = tasks.echo.apply_async(("c",))
+    with db.begin() as conn:
+        assert journal.claim(conn, JOBS, handle.job_id, 1, worker="w:1")
+        run = journal.load(conn, JOBS, handle.job_id)
+        assert run is not None
+        assert journal.requeue(conn, JOBS, run, error="later", transition=Transition.RETRY,
+                               actor="w:1")  # fmt: skip
+    # The operator looked while attempt 1 was queued; attempt 2 is queued now.
+    with pytest.raises(operator.Conflict) as moved:
+        operator.cancel(db, "jobs", handle.job_id, actor="ann", reason="stop", attempts=0)
+    assert moved.value.code == "moved"
+    assert run_row(db, handle.job_id)["state"] == "queued"
+    done = operator.cancel(db, "jobs", handle.job_id, actor="ann", reason="stop", attempts=1)
+    assert (done.attempts, run_row(db, handle.job_id)["outcome"]) == (1, "cancelled")

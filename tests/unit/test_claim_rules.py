@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobsapp.lifecycle.claim import Refusal, explain
+from jobsapp.lifecycle.claim import Refusal, explain, foreign_refusal, seconds_early
 from jobsapp.lifecycle.states import State
 
 LATER = datetime(2025, 3, 1, 12, 10, tzinfo=UTC)  # a next_retry_at still ahead
@@ -115,3 +115,18 @@ def test_refusals_read_as_reasons() -> None:
     for refusal in Refusal:
         assert len(refusal.value.split()) >= 4, refusal.name
     assert len({r.value for r in Refusal}) == len(Refusal)
+
+
+def test_an_early_message_knows_how_early_it_came_on_the_databases_clock() -> None:
+    due = row(State.QUEUED, 1, LATER)
+    assert seconds_early(due, LATER - timedelta(seconds=1.5)) == 1.5
+    assert seconds_early(due, LATER + timedelta(seconds=3)) == 0.0
+    assert seconds_early(row(State.QUEUED, 1), LATER) == 0.0
+
+
+@given(attempt=message_attempts)
+def test_a_foreign_message_starts_only_attempt_one(attempt: int) -> None:
+    # The rule for a row with no attempt yet: attempt 7 of a 3-attempt task is never run.
+    assert foreign_refusal(attempt) == (None if attempt == 1 else Refusal.AHEAD)
+    assert foreign_refusal(attempt) == (None if attempt == 1 else explain(row(State.QUEUED, 0),
+                                                                          attempt))

@@ -1,0 +1,117 @@
+"""Workers whose clocks are wrong by a minute, either way, keep the lifecycle's timing.
+
+Each worker is a real ``celery -A jobsapp worker`` under libfaketime (``faketime -f``), so
+Python's ``time.time()`` and ``datetime.now()`` in it are off; the database's clock is
+the one every transition stamps and compares with.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from jobsapp.celery_app import app
+from jobsapp.maintenance import reaper, relay
+from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, ready, service_env
+from tests.support import tasks
+from tests.support.env import SESSION
+from tests.support.journal_view import outbox_rows, run_row, transitions
+from tests.support.waiting import eventually
+
+SKEW = 60.0
+SETTINGS = {
+    "JOBSAPP_TEST_NAMESPACE": SESSION,
+    "JOBSAPP_HEARTBEAT_INTERVAL": "0.5",
+    "JOBSAPP_INLINE_WAIT_MAX": "2",
+}
+
+
+def _skewed_clock(offset: str) -> float:
+    """How far ``faketime -f offset`` moves Python's clock (checked, not assumed)."""
+    code = "import time; print(time.time())"
+    shown = subprocess.run(["faketime", "-f", offset, sys.executable, "-c", code],
+                           capture_output=True, text=True, check=True, timeout=30)  # fmt: skip
+    return float(shown.stdout) - time.time()
+
+
+@pytest.fixture(scope="module")
+def skewed(
+    postgres_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str], Proc]]:
+    """The one worker on this session's queue, its clock skewed by ``offset``: a worker of
+    another offset is stopped first, so the test's messages reach only this one."""
+    var = tmp_path_factory.mktemp("skew")
+    env = service_env(database_url=postgres_url, broker_url=os.environ["JOBSAPP_BROKER_URL"],
+                      var_dir=var, settings=SETTINGS)  # fmt: skip
+    launcher = Launcher(env, Path(var))
+    running: dict[str, Proc] = {}
+
+    def worker(offset: str) -> Proc:
+        if offset in running:
+            return running[offset]
+        for other in running.values():
+            other.kill()
+        running.clear()
+        assert abs(abs(_skewed_clock(offset)) - SKEW) < 5, "faketime does not skew Python"
+        queue = app.conf.task_default_queue
+        argv = ["faketime", "-f", offset, str(BIN / "celery"), "-A", "jobsapp", "worker",
+                *WORKER_FLAGS, "-Q", queue, "-n", f"skew{offset}@%h"]  # fmt: skip
+        running[offset] = launcher.start(f"worker{offset}", argv)
+        ready(running[offset])
+        return running[offset]
+
+    yield worker
+    launcher.kill_all()
+    launcher.dump_logs()
+
+
+def test_a_worker_behind_the_database_claims_a_retry_that_is_due(
+    pg: Engine, skewed: Callable[[str], Proc]
+) -> None:
+    skewed(f"-{SKEW:.0f}s")
+    token = f"due-{uuid.uuid4()}"
+    # Longer than the inline limit: the row waits in the outbox and the relay publishes it.
+    handle = tasks.echo.apply_async((token,), countdown=2.5)
+    now_due = relay.RelayConfig(grace=timedelta(0))
+    eventually(lambda: relay.run_once(app, pg, now_due)["published"] == 1, timeout=15)
+    row = handle.wait(timeout=20)
+    assert (row["state"], row["attempts"], tasks.calls(token)) == ("succeeded", 1, 1)
+
+
+def test_the_reaper_leaves_alone_a_live_worker_whose_clock_is_behind(
+    pg: Engine, skewed: Callable[[str], Proc]
+) -> None:
+    skewed(f"-{SKEW:.0f}s")
+    token = f"live-{uuid.uuid4()}"
+    handle = tasks.sleepy.apply_async(kwargs={"token": token, "seconds": 4.0})
+    eventually(lambda: run_row(pg, handle.job_id)["state"] == "running", timeout=20)
+    time.sleep(1.0)
+    reaper.run_once(pg, reaper.ReaperConfig(stale_after=timedelta(seconds=3)))
+    row = handle.wait(timeout=20)
+    assert (row["state"], row["attempts"]) == ("succeeded", 1)
+    assert "reap_requeue" not in transitions(pg, handle.job_id)
+    assert tasks.calls(f"{token}:published") == 1
+
+
+def test_a_worker_ahead_of_the_database_does_not_start_a_retry_early(
+    pg: Engine, skewed: Callable[[str], Proc]
+) -> None:
+    worker = skewed(f"+{SKEW:.0f}s")
+    token = f"early-{uuid.uuid4()}"
+    handle = tasks.echo.apply_async((token,), countdown=SKEW / 2)
+    (message,) = outbox_rows(pg, handle.job_id)
+    # An early copy of the delayed message (a producer's retry, an operator's republish).
+    app.send_task("tests.echo", kwargs={**message["body"], "outbox_id": message["id"]})
+    refused = f"job {handle.job_id} attempt 1: no work"
+    eventually(lambda: refused in worker.log() or tasks.calls(token) > 0, timeout=20)
+    assert (run_row(pg, handle.job_id)["state"], tasks.calls(token)) == ("queued", 0)
+
