@@ -58,7 +58,9 @@ def _sqlite_connect(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA synchronous=NORMAL")
+    # FULL: a commit (an upload answered 202) survives a power loss; NORMAL in WAL mode
+    # may lose the last transactions (docs/lifecycle.md).
+    cursor.execute("PRAGMA synchronous=FULL")
     cursor.close()
 
 

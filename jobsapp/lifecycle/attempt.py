@@ -21,7 +21,7 @@ from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, Retr
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.retry import Action, RetryPolicy, decide_failure, decide_retry_after
 from jobsapp.lifecycle.scrub import describe_exception
-from jobsapp.lifecycle.states import Transition
+from jobsapp.lifecycle.states import Outcome, Transition
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ class AttemptRules:
     permanent: tuple[type[BaseException], ...]
     inline_wait_max: float
     secrets: tuple[str, ...]
+    # Long Retry-After pauses a job may take before it fails with ``snooze_limit``.
+    max_snoozes: int = 10
 
 
 def run_attempt(
@@ -116,22 +118,32 @@ def _settle_failure(app: Celery, ctx: RunContext, exc: Exception, rules: Attempt
         delay = exc.countdown
     error = _describe(exc, rules)
     if decision.action is Action.FAIL:
-        outcome = decision.outcome
-        assert outcome is not None
-
-        def write() -> bool:
-            with autocommit(ctx.engine) as conn:
-                return journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, outcome=outcome,
-                                    error=error, actor=ctx.worker)  # fmt: skip
-
-        _persistently(write)
-        log.info("job %s failed (%s): %s", ctx.job_id, decision.outcome, error)
+        assert decision.outcome is not None
+        _fail(ctx, decision.outcome, error)
         return
     _requeue(app, ctx, delay, error, Transition.RETRY, rules, refund=False)
 
 
+def _fail(ctx: RunContext, outcome: Outcome, error: str) -> None:
+    def write() -> bool:
+        with autocommit(ctx.engine) as conn:
+            return journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, outcome=outcome,
+                                error=error, actor=ctx.worker)  # fmt: skip
+
+    _persistently(write)
+    log.info("job %s failed (%s): %s", ctx.job_id, outcome, error)
+
+
 def _snooze(app: Celery, ctx: RunContext, pause: RetryAfter, rules: AttemptRules) -> None:
     reason = f"retry after {pause.seconds:g}s: {describe_exception(pause, secrets=rules.secrets)}"
+
+    def taken() -> int:
+        with ctx.engine.connect() as conn:
+            return journal.snoozes(conn, ctx.spec, ctx.job_id)
+
+    if _persistently(taken) >= rules.max_snoozes:
+        _fail(ctx, Outcome.SNOOZE_LIMIT, f"{reason}; gave up after {rules.max_snoozes} snoozes")
+        return
     _requeue(app, ctx, pause.seconds, reason, Transition.SNOOZE, rules, refund=True)
 
 

@@ -620,6 +620,20 @@ def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, An
     return _first(conn, select(table).where(table.c.job_id == job_id))
 
 
+def snoozes(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> int:
+    """Long Retry-After pauses since the job was last (re)started: its ``snooze`` events
+    from the attempt its last rerun or replay opened (derived, no counter column)."""
+    mine = (EVENTS.c.module == spec.module, EVENTS.c.job_id == job_id)
+    reopened = select(func.coalesce(func.max(EVENTS.c.attempt), 0)).where(
+        *mine, EVENTS.c.transition.in_((Transition.RERUN.value, Transition.REPLAY.value))
+    )
+    stmt = select(func.count()).where(
+        *mine, EVENTS.c.transition == Transition.SNOOZE.value,
+        EVENTS.c.attempt >= reopened.scalar_subquery(),
+    )  # fmt: skip
+    return int(conn.execute(stmt).scalar_one())
+
+
 def load_with_clock(
     conn: Connection, spec: RunTable, job_id: uuid.UUID
 ) -> tuple[Mapping[str, Any] | None, datetime]:

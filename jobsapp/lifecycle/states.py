@@ -36,6 +36,7 @@ class Outcome(StrEnum):
     STALE = "stale"
     CANCELLED = "cancelled"
     SKIPPED = "skipped"
+    SNOOZE_LIMIT = "snooze_limit"
 
 
 class Transition(StrEnum):

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, NoReturn
 
 from celery import Task
 from celery.exceptions import Reject
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -68,6 +68,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     # A format string over the body's arguments by name; override concurrency_key() for more.
     key: ClassVar[str | None] = None
     inline_wait_max: ClassVar[float | None] = None
+    # Long Retry-After pauses before the job fails with outcome ``snooze_limit``.
+    max_snoozes: ClassVar[int] = 10
     heartbeat_interval: ClassVar[float | None] = None
     # Celery would check the message kwargs against run()'s signature; ours differ.
     typing = False
@@ -216,13 +218,27 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         return job
 
     def _run_envelope(self, env: message.Envelope, foreign: NewJob | None) -> None:
-        worker = self._worker_name()
-        engine = get_engine()
-        settings = get_settings()
-        inline_wait_max = self.inline_wait_max or settings.inline_wait_max
+        worker, engine, settings = self._worker_name(), get_engine(), get_settings()
+        rules = self._rules(settings.inline_wait_max)
+        outcome = self._claim(engine, env, foreign, worker, rules.inline_wait_max)
+        if isinstance(outcome, claim.Refusal):
+            log.info("job %s attempt %s: no work, %s", env.job_id, env.attempt, outcome.value)
+            return
+        interval = self.heartbeat_interval or settings.heartbeat_interval
+        ctx = RunContext(
+            engine=engine, spec=self.run_table, row=outcome.row, worker=worker,
+            heartbeat=Heartbeat(engine, self.run_table, env.job_id, env.attempt, interval,
+                                settings.stale_after),
+        )  # fmt: skip
+        run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)
+
+    def _claim(
+        self, engine: Engine, env: message.Envelope, foreign: NewJob | None, worker: str,
+        wait_early: float,
+    ) -> claim.Claimed | claim.Refusal:  # fmt: skip
         try:
-            outcome = claim.claim(engine, self.run_table, env, foreign=foreign, worker=worker,
-                                  wait_early=inline_wait_max)  # fmt: skip
+            return claim.claim(engine, self.run_table, env, foreign=foreign, worker=worker,
+                               wait_early=wait_early)  # fmt: skip
         except InvalidMessage as bad:
             log.error("rejected message %s for %s: %s", self.request.id, self.name, bad)
             raise Reject(str(bad), requeue=False) from None
@@ -232,21 +248,15 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
                         type(down.orig).__name__)  # fmt: skip
             time.sleep(1.0)
             raise Reject("journal unavailable", requeue=True) from None
-        if isinstance(outcome, claim.Refusal):
-            log.info("job %s attempt %s: no work, %s", env.job_id, env.attempt, outcome.value)
-            return
-        interval = self.heartbeat_interval or settings.heartbeat_interval
-        ctx = RunContext(
-            engine=engine, spec=self.run_table, row=outcome.row, worker=worker,
-            heartbeat=Heartbeat(engine, self.run_table, env.job_id, env.attempt, interval),
-        )  # fmt: skip
-        rules = AttemptRules(
+
+    def _rules(self, inline_wait_max: float) -> AttemptRules:
+        return AttemptRules(
             policy=self.retry_policy,
             permanent=self.permanent_errors,
-            inline_wait_max=inline_wait_max,
+            inline_wait_max=self.inline_wait_max or inline_wait_max,
             secrets=_process_secrets(),
+            max_snoozes=self.max_snoozes,
         )
-        run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)
 
     def _call_body(self, row: Mapping[str, Any]) -> Any:
         spec = self.run_table

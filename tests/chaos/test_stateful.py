@@ -851,7 +851,7 @@ class AttachmentMachine(RuleBasedStateMachine):
             spec=ATTACHMENT_RUNS,
             row=row,
             worker="chaos",
-            heartbeat=Heartbeat(self.engine, ATTACHMENT_RUNS, RUN_IDS[v], attempt, 60.0),
+            heartbeat=Heartbeat(self.engine, ATTACHMENT_RUNS, RUN_IDS[v], attempt, 60.0, 3600.0),
         )
         return attachment_tasks._Job(ctx, ATTACHMENT_ID, v)
 

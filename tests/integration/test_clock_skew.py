@@ -2,7 +2,9 @@
 
 Each worker is a real ``celery -A jobsapp worker`` under libfaketime (``faketime -f``), so
 Python's ``time.time()`` and ``datetime.now()`` in it are off; the database's clock is
-the one every transition stamps and compares with.
+the one every transition stamps and compares with. Monotonic clocks stay real
+(``FAKETIME_DONT_FAKE_MONOTONIC``): faked, they hang every timed wait (the heartbeat's);
+``tests/support/faketime_celery.py`` says why ``time.sleep`` is replaced then.
 """
 
 from __future__ import annotations
@@ -21,17 +23,20 @@ from sqlalchemy import Engine
 
 from jobsapp.celery_app import app
 from jobsapp.maintenance import reaper, relay
-from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, ready, service_env
+from tests.e2e.procs import WORKER_FLAGS, Launcher, Proc, ready, service_env
 from tests.support import tasks
 from tests.support.env import SESSION
 from tests.support.journal_view import outbox_rows, run_row, transitions
 from tests.support.waiting import eventually
 
 SKEW = 60.0
+STALE_AFTER = 3.0
 SETTINGS = {
     "JOBSAPP_TEST_NAMESPACE": SESSION,
     "JOBSAPP_HEARTBEAT_INTERVAL": "0.5",
+    "JOBSAPP_STALE_AFTER": "6",  # the worker's own deadline, well past the reaper's below
     "JOBSAPP_INLINE_WAIT_MAX": "2",
+    "FAKETIME_DONT_FAKE_MONOTONIC": "1",
 }
 
 
@@ -39,7 +44,8 @@ def _skewed_clock(offset: str) -> float:
     """How far ``faketime -f offset`` moves Python's clock (checked, not assumed)."""
     code = "import time; print(time.time())"
     shown = subprocess.run(["faketime", "-f", offset, sys.executable, "-c", code],
-                           capture_output=True, text=True, check=True, timeout=30)  # fmt: skip
+                           env={**os.environ, **SETTINGS}, capture_output=True, text=True,
+                           check=True, timeout=30)  # fmt: skip
     return float(shown.stdout) - time.time()
 
 
@@ -63,8 +69,9 @@ def skewed(
         running.clear()
         assert abs(abs(_skewed_clock(offset)) - SKEW) < 5, "faketime does not skew Python"
         queue = app.conf.task_default_queue
-        argv = ["faketime", "-f", offset, str(BIN / "celery"), "-A", "jobsapp", "worker",
-                *WORKER_FLAGS, "-Q", queue, "-n", f"skew{offset}@%h"]  # fmt: skip
+        celery = [sys.executable, "-m", "tests.support.faketime_celery", "-A", "jobsapp"]
+        argv = ["faketime", "-f", offset, *celery, "worker", *WORKER_FLAGS, "-Q", queue,
+                "-n", f"skew{offset}@%h"]  # fmt: skip
         running[offset] = launcher.start(f"worker{offset}", argv)
         ready(running[offset])
         return running[offset]
@@ -92,10 +99,11 @@ def test_the_reaper_leaves_alone_a_live_worker_whose_clock_is_behind(
 ) -> None:
     skewed(f"-{SKEW:.0f}s")
     token = f"live-{uuid.uuid4()}"
-    handle = tasks.sleepy.apply_async(kwargs={"token": token, "seconds": 4.0})
+    handle = tasks.sleepy.apply_async(kwargs={"token": token, "seconds": 2 * STALE_AFTER})
     eventually(lambda: run_row(pg, handle.job_id)["state"] == "running", timeout=20)
-    time.sleep(1.0)
-    reaper.run_once(pg, reaper.ReaperConfig(stale_after=timedelta(seconds=3)))
+    # Past the stale limit since the claim: only the heartbeats keep the run alive now.
+    time.sleep(STALE_AFTER + 0.5)
+    reaper.run_once(pg, reaper.ReaperConfig(stale_after=timedelta(seconds=STALE_AFTER)))
     row = handle.wait(timeout=20)
     assert (row["state"], row["attempts"]) == ("succeeded", 1)
     assert "reap_requeue" not in transitions(pg, handle.job_id)

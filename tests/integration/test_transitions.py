@@ -7,20 +7,26 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
 from jobsapp import operator
-from jobsapp.db import autocommit, utcnow
+from jobsapp.celery_app import app
+from jobsapp.db import autocommit, make_engine, utcnow
 from jobsapp.lifecycle import EnqueueOutcome, claim, journal
+from jobsapp.lifecycle.errors import LeaseLost
+from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.message import Envelope
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import State, Transition
+from jobsapp.maintenance import relay
 from tests.e2e.procs import Launcher, service_env
 from tests.support import tasks
-from tests.support.journal_view import events, outbox_rows, run_count, run_row
+from tests.support.journal_view import events, outbox_rows, run_count, run_row, transitions
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -120,3 +126,34 @@ def test_cancel_is_fenced_by_the_attempt_the_operator_saw(db: Engine) -> None:
     assert run_row(db, handle.job_id)["state"] == "queued"
     done = operator.cancel(db, "jobs", handle.job_id, actor="ann", reason="stop", attempts=1)
     assert (done.attempts, run_row(db, handle.job_id)["outcome"]) == (1, "cancelled")
+
+
+def test_a_heartbeat_that_cannot_reach_the_database_gives_up_at_the_stale_limit() -> None:
+    unreachable = make_engine("postgresql+psycopg2://jobsapp@127.0.0.1:9/nowhere")
+    with Heartbeat(unreachable, JOBS, uuid.uuid4(), 1, interval=0.1, stale_after=1.5) as beat:
+        time.sleep(0.5)
+        beat.check()  # a failed stamp or two is not a lost lease
+        eventually(lambda: beat.lost, timeout=10)
+        with pytest.raises(LeaseLost, match="no heartbeat reached the database"):
+            beat.check()
+
+
+def test_a_job_that_always_snoozes_fails_at_the_snooze_limit(worker: object, db: Engine) -> None:
+    handle = tasks.snoozer.delay("zz")
+    when_due = relay.RelayConfig(grace=timedelta(0))
+
+    def failed() -> bool:
+        relay.run_once(app, db, when_due)
+        return handle.state() == "failed"
+
+    eventually(failed, timeout=40, interval=0.5)
+    row = run_row(db, handle.job_id)
+    assert (row["outcome"], row["attempts"], tasks.calls("zz")) == ("snooze_limit", 3, 3)
+    assert transitions(db, handle.job_id).count("snooze") == 2
+
+
+def test_the_embedded_database_waits_for_the_disk_on_every_commit(sqlite_url: str) -> None:
+    # WAL with synchronous=NORMAL may lose the last commits on power loss: an upload
+    # already answered 202 could vanish. FULL (2) syncs the WAL at each commit.
+    with make_engine(sqlite_url).connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2

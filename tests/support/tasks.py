@@ -87,6 +87,12 @@ def celery_retry(token: str) -> None:
         raise KeyError("not yet")
 
 
+@lifecycle_task(app, name="tests.snoozer", max_snoozes=2)
+def snoozer(token: str) -> None:
+    record(token)
+    raise RetryAfter(2.5, "come back later")
+
+
 @lifecycle_task(app, name="tests.tick")
 def tick() -> None:
     """A task a foreign producer can call knowing only its name."""
