@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
@@ -150,7 +150,7 @@ def replay(
     _import_tasks(app)
     with engine.begin() as conn:
         message = _reopen(conn, spec, job_id, who, why, lambda run: budget or _budget(app, run))
-    published = outbox.publish_now(app, [message]) == 1
+    published = outbox.publish_now(app, [journal.on_local_clock(message, timedelta(0))]) == 1
     return ReplayResult(spec.module, job_id, message.attempt, published)
 
 

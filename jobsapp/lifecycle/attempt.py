@@ -165,4 +165,4 @@ def _requeue(
     log.info("job %s %s in %.1fs: %s", ctx.job_id, transition.value, delay, error)
     # Short delays ride a countdown; long ones wait in the outbox for the relay.
     if delay <= rules.inline_wait_max:
-        outbox.publish_now(app, [message])
+        outbox.publish_now(app, [journal.on_local_clock(message, timedelta(seconds=delay))])

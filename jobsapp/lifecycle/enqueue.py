@@ -94,9 +94,9 @@ def _after_commit(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> 
     # the outbox for the relay (a long broker ETA is redelivered on Redis, and run twice).
     horizon = timedelta(seconds=get_settings().inline_wait_max)
     messages = [
-        result.message
+        journal.on_local_clock(result.message, _due_in(job))
         for job, result in done
-        if result.message is not None and _starts_within(job, horizon)
+        if result.message is not None and _due_in(job) <= horizon
     ]
     if messages:
         outbox.publish_now(app, messages)
@@ -105,12 +105,12 @@ def _after_commit(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> 
             dedup.remember(job)
 
 
-def _starts_within(job: NewJob, horizon: timedelta) -> bool:
-    """Whether the first attempt is due within ``horizon``: the countdown itself, so the
-    producer's clock (an eta is the caller's own clock) is never set against the database's."""
+def _due_in(job: NewJob) -> timedelta:
+    """How long until the first attempt is due: the countdown itself, so this process's
+    clock is never set against the database's (an eta is the caller's, i.e. this, clock)."""
     if job.not_before is not None:
-        return job.not_before <= utcnow() + horizon
-    return job.delay is None or job.delay <= horizon
+        return max(timedelta(0), job.not_before - utcnow())
+    return job.delay or timedelta(0)
 
 
 def _in_session(session: Session, job: NewJob) -> EnqueueResult:

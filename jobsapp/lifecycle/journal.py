@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cache
@@ -159,6 +159,12 @@ class PendingMessage:
     available_at: datetime
     publish_count: int = 0
     publish_failures: int = 0
+
+
+def on_local_clock(message: PendingMessage, due_in: timedelta) -> PendingMessage:
+    """``message`` for this process's fast path, due ``due_in`` from now on this process's
+    clock: the broker countdown is counted on it, never against the database's."""
+    return replace(message, available_at=utcnow() + due_in)
 
 
 def add_outbox(

@@ -49,6 +49,12 @@ def _skewed_clock(offset: str) -> float:
     return float(shown.stdout) - time.time()
 
 
+def skewed_env(database_url: str, var: Path) -> dict[str, str]:
+    """What a skewed process of this module sees: this session's database and broker."""
+    return service_env(database_url=database_url, broker_url=os.environ["JOBSAPP_BROKER_URL"],
+                       var_dir=var, settings=SETTINGS)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def skewed(
     postgres_url: str, tmp_path_factory: pytest.TempPathFactory
@@ -56,9 +62,7 @@ def skewed(
     """The one worker on this session's queue, its clock skewed by ``offset``: a worker of
     another offset is stopped first, so the test's messages reach only this one."""
     var = tmp_path_factory.mktemp("skew")
-    env = service_env(database_url=postgres_url, broker_url=os.environ["JOBSAPP_BROKER_URL"],
-                      var_dir=var, settings=SETTINGS)  # fmt: skip
-    launcher = Launcher(env, Path(var))
+    launcher = Launcher(skewed_env(postgres_url, var), Path(var))
     running: dict[str, Proc] = {}
 
     def worker(offset: str) -> Proc:
@@ -123,3 +127,21 @@ def test_a_worker_ahead_of_the_database_does_not_start_a_retry_early(
     eventually(lambda: refused in worker.log() or tasks.calls(token) > 0, timeout=20)
     assert (run_row(pg, handle.job_id)["state"], tasks.calls(token)) == ("queued", 0)
 
+
+
+def test_a_producer_behind_the_database_publishes_a_job_to_run_at_once(
+    pg: Engine, postgres_url: str, skewed: Callable[[str], Proc], tmp_path: Path
+) -> None:
+    offset = f"-{SKEW:.0f}s"
+    skewed(offset)
+    token = f"now-{uuid.uuid4()}"
+    # The broker countdown is counted on the producer's clock: due now means no countdown.
+    code = ("import sys; from jobsapp.celery_app import app; from tests.support import tasks; "
+            f"app.conf.task_default_queue = {app.conf.task_default_queue!r}; "
+            f"print(tasks.echo.apply_async(({token!r},)).job_id)")  # fmt: skip
+    env = skewed_env(postgres_url, tmp_path)
+    made = subprocess.run(["faketime", "-f", offset, sys.executable, "-c", code], env=env,
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    job_id = uuid.UUID(made.stdout.strip().splitlines()[-1])
+    row = eventually(lambda: (r := run_row(pg, job_id))["state"] == "succeeded" and r, timeout=20)
+    assert (row["attempts"], tasks.calls(token)) == (1, 1)
