@@ -56,4 +56,7 @@ beat_schedule = {
         "task": "jobsapp.maintenance.staging",
         "schedule": timedelta(minutes=10),
     },
+    # Reconcile: failures are taken again only after a cool-down of minutes, so a coarse
+    # cadence loses nothing; each domain's pass is one bounded batch.
+    "reconcile": {"task": "jobsapp.maintenance.reconcile", "schedule": timedelta(minutes=5)},
 }

@@ -196,6 +196,35 @@ def _actor(args: argparse.Namespace) -> str:
         return "unknown"
 
 
+def reconcile(args: argparse.Namespace) -> int:
+    """Take failed runs again per the domains' reconcile policies: 0 done, 2 bad input."""
+    from jobsapp import operator
+    from jobsapp.celery_app import app
+    from jobsapp.db import get_engine
+    from jobsapp.maintenance import reconcile as passes
+
+    request = passes.Request(error_code=args.error_code, dry_run=args.dry_run,
+                             actor=f"{passes.ACTOR}:{_actor(args)}")  # fmt: skip
+    try:
+        reports = passes.run_all(get_engine(), app, request, module=args.module)
+    except (operator.Refused, passes.NeverRetaken, operator.InvalidRequest) as bad:
+        print(f"jobsapp: {bad}", file=sys.stderr)
+        return 2
+    for report in reports:
+        print(json.dumps(report.as_json()))
+    return 0
+
+
+def _add_reconcile_command(sub: Any) -> None:
+    again = sub.add_parser("reconcile", help="take failed runs worth another try again")
+    again.add_argument("--module", help="only this run table (jobs, attachments, ...)")
+    again.add_argument("--error-code", help="only failures with this code (any code the "
+                       "domain does not forbid)")  # fmt: skip
+    again.add_argument("--dry-run", action="store_true", help="list, take nothing again")
+    again.add_argument("--actor", help="who acts (default: $USER), for the audit rows")
+    again.set_defaults(handler=reconcile)
+
+
 def _add_operator_commands(sub: Any) -> None:
     from jobsapp.lifecycle.states import ALL_STATES
 
@@ -225,7 +254,7 @@ def _parser() -> argparse.ArgumentParser:
     maint = sub.add_parser("maintenance", help="beat's maintenance passes")
     maint_sub = maint.add_subparsers(dest="maintenance", required=True)
     once = maint_sub.add_parser("run-once", help="run the passes once, now")
-    passes = ["reaper", "relay", "retention", "staging"]
+    passes = ["reaper", "relay", "retention", "staging", "reconcile"]
     once.add_argument("--pass", dest="pass_name", choices=passes)
     once.set_defaults(handler=maintenance_run_once)
     leader = maint_sub.add_parser(
@@ -240,6 +269,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--timeout", type=float, default=90.0, help="seconds to reach ready")
     show.set_defaults(handler=demo)
     _add_operator_commands(sub)
+    _add_reconcile_command(sub)
     add_attachment_commands(sub)
     return parser
 

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import registry
-from jobsapp.lifecycle.registry import RunTable, StalePolicy
+from jobsapp.lifecycle.registry import ReconcilePolicy, RunTable, StalePolicy
 from jobsapp.lifecycle.states import ACTIVE_STATES, Transition
 from jobsapp.lifecycle.tables import Base, RunMixin
 
@@ -175,6 +175,17 @@ def mirror_run_change(
     )
 
 
+# What an outage or a deploy broke is worth another try; what the bytes themselves are
+# (another try renders the same failure) or what an operator must look at is not.
+RETAKEN_CODES = frozenset(
+    {"storage_unavailable", "storage_error", "database_error", "internal_error",
+     "unknown_pipeline"}
+)  # fmt: skip
+NEVER_RETAKEN_CODES = frozenset(
+    {"corrupt_image", "pixel_limit", "unsupported_format", "staging_checksum",
+     "staging_missing", "attachment_missing"}
+)  # fmt: skip
+
 ATTACHMENT_RUNS = registry.register(
     RunTable(
         module="attachments",
@@ -183,5 +194,6 @@ ATTACHMENT_RUNS = registry.register(
         stale_policy=StalePolicy.REQUEUE,
         id_columns=("attachment_id", "pipeline_version"),
         on_change=mirror_run_change,
+        reconcile=ReconcilePolicy(retake=RETAKEN_CODES, never=NEVER_RETAKEN_CODES),
     )
 )

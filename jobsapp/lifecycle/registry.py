@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,31 @@ class StalePolicy(StrEnum):
 
 
 @dataclass(frozen=True)
+class ReconcilePolicy:
+    """Which failed runs of a domain its reconcile pass takes again, and how gently.
+
+    A failure carries a code when the code is a whole word of its ``last_error`` (an
+    ``error_code`` such as ``storage_unavailable`` or an exception class such as
+    ``TransientError``). A code in ``never`` keeps a run failed whatever else it says.
+    """
+
+    retake: frozenset[str]
+    never: frozenset[str] = frozenset()
+    # Since the failure: an outage should be over before its victims are taken again.
+    cool_down: timedelta = timedelta(minutes=15)
+    # Reconcile replays of one job, over its whole life; then it stays failed for a human.
+    max_rounds: int = 3
+    # Jobs taken again per domain and pass.
+    batch: int = 100
+
+    def __post_init__(self) -> None:
+        if self.retake & self.never:
+            raise ValueError(f"codes both retaken and never: {sorted(self.retake & self.never)}")
+        if self.max_rounds < 1 or self.batch < 1 or self.cool_down < timedelta(0):
+            raise ValueError("reconcile needs positive rounds and batch, a cool-down >= 0")
+
+
+@dataclass(frozen=True)
 class RunTable:
     module: str
     table: Table
@@ -43,6 +69,8 @@ class RunTable:
     # How often the reaper may rescue one job before it fails it as a poison job.
     rescue_limit: int = 3
     on_change: ChangeHook | None = None
+    # None: the domain's failures wait for an operator's replay.
+    reconcile: ReconcilePolicy | None = None
 
     def ids_from_row(self, row: Mapping[str, Any]) -> dict[str, Any]:
         return {c: row[c] for c in self.id_columns}
@@ -82,5 +110,10 @@ JOBS = register(
         table=JobRun.__table__,  # type: ignore[arg-type]
         stale_policy=StalePolicy.REQUEUE,
         params_column="params",
+        # A generic task that exhausted its retries on a transient error (an outage) is
+        # worth one more try once things have settled; anything else waits for a human.
+        reconcile=ReconcilePolicy(
+            retake=frozenset({"TransientError"}), cool_down=timedelta(minutes=30), max_rounds=1
+        ),
     )
 )

@@ -7,8 +7,9 @@ the broker as usual, by the leader only. A long pass renews the lease between it
 batches and stops as soon as the lease is lost (``maintenance.budget``).
 
 Cadences of the maintenance entries can be set per deployment without touching
-``jobsapp/celeryconfig.py``: ``JOBSAPP_REAPER_EVERY``, ``JOBSAPP_RELAY_EVERY`` and
-``JOBSAPP_RETENTION_EVERY`` (seconds). ``JOBSAPP_BEAT_LEASE_SECONDS`` is the lease.
+``jobsapp/celeryconfig.py``: ``JOBSAPP_REAPER_EVERY``, ``JOBSAPP_RELAY_EVERY``,
+``JOBSAPP_RETENTION_EVERY``, ``JOBSAPP_STAGING_EVERY`` and ``JOBSAPP_RECONCILE_EVERY``
+(seconds). ``JOBSAPP_BEAT_LEASE_SECONDS`` is the lease.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ CADENCE_ENV: Mapping[str, str] = {
     "jobsapp.maintenance.relay": "JOBSAPP_RELAY_EVERY",
     "jobsapp.maintenance.retention": "JOBSAPP_RETENTION_EVERY",
     "jobsapp.maintenance.staging": "JOBSAPP_STAGING_EVERY",
+    "jobsapp.maintenance.reconcile": "JOBSAPP_RECONCILE_EVERY",
 }
 # The standby logs at most this often, so a long wait does not flood the log.
 STANDBY_LOG_EVERY = 30.0

@@ -16,7 +16,7 @@ from typing import Any
 from jobsapp.attachments.store import get_store
 from jobsapp.celery_app import app
 from jobsapp.db import get_engine
-from jobsapp.maintenance import reaper, relay, retention, staging
+from jobsapp.maintenance import reaper, reconcile, relay, retention, staging
 from jobsapp.settings import get_settings, positive_number, whole_number
 
 
@@ -77,5 +77,11 @@ def sweep_staging() -> dict[str, int]:
     return report.counts
 
 
+@app.task(name="jobsapp.maintenance.reconcile", ignore_result=True)
+def reconcile_failed() -> dict[str, int]:
+    reports = reconcile.run_all(get_engine(), app, reconcile.Request())
+    return {f"{r.module}.{name}": n for r in reports for name, n in r.counts().items()}
+
+
 PASSES: dict[str, Any] = {"reaper": reap, "relay": relay_outbox, "retention": prune,
-                          "staging": sweep_staging}  # fmt: skip
+                          "staging": sweep_staging, "reconcile": reconcile_failed}  # fmt: skip

@@ -155,6 +155,30 @@ def _action_body() -> tuple[str, str]:
     return actor, reason
 
 
+@admin.post("/v1/admin/reconcile")
+def reconcile_failed() -> ResponseReturnValue:
+    """``{"actor"?, "module"?, "error_code"?, "dry_run"?}``: a reconcile pass, now."""
+    from jobsapp.celery_app import app as celery_app
+    from jobsapp.maintenance import reconcile
+
+    body = request.get_json(silent=True)
+    if body is None:
+        body = {}
+    if not isinstance(body, dict) or set(body) - {"actor", "module", "error_code", "dry_run"}:
+        raise operator.InvalidRequest('send {"module"?, "error_code"?, "dry_run"?, "actor"?}')
+    actor, module, code = body.get("actor", "api"), body.get("module"), body.get("error_code")
+    dry_run = body.get("dry_run", False)
+    if not (isinstance(actor, str) and isinstance(dry_run, bool)
+            and all(v is None or isinstance(v, str) for v in (module, code))):  # fmt: skip
+        raise operator.InvalidRequest('"actor", "module", "error_code": strings; "dry_run": bool')
+    asked = reconcile.Request(error_code=code, dry_run=dry_run, actor=f"{reconcile.ACTOR}:{actor}")
+    try:
+        reports = reconcile.run_all(get_engine(), celery_app, asked, module=module)
+    except reconcile.NeverRetaken as never:
+        return _error(409, "never_retaken", str(never))
+    return jsonify({"passes": [r.as_json() for r in reports]})
+
+
 # ---------------------------------------------------------------- dead outbox rows
 
 

@@ -308,6 +308,7 @@ def _admin_paths() -> JsonObject:
         "/v1/admin/jobs/{module}/{job_id}/cancel": {"post": _cancel_op()},
         "/v1/admin/outbox/dead": {"get": _dead_outbox_op()},
         "/v1/admin/outbox/dead/retry": {"post": _retry_dead_op()},
+        "/v1/admin/reconcile": {"post": _reconcile_op()},
         "/metrics": {"get": _metrics_op()},
         **_ui_paths(),
     }
@@ -424,6 +425,20 @@ def _retry_dead_op() -> JsonObject:
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": {"type": "object"}}}},
         "responses": {"200": _any_json("Rows revived"), **_admin_errors(400)},
+    }  # fmt: skip
+
+
+def _reconcile_op() -> JsonObject:
+    return {
+        "summary": "A reconcile pass now: failed runs worth another try are replayed",
+        "description": "Body `{module?, error_code?, dry_run?, actor?}` (may be empty). "
+        "Answers `{passes: [{module, pass_id, dry_run, retaken: [{job_id, error_code}], "
+        "refused, cut_short}]}`; 409 `never_retaken` for a code the domain never retakes.",
+        "operationId": "adminReconcile",
+        "security": _ADMIN_AUTH,
+        "requestBody": {"required": False,
+                        "content": {"application/json": {"schema": {"type": "object"}}}},
+        "responses": {"200": _any_json("One report per domain"), **_admin_errors(400, 404, 409)},
     }  # fmt: skip
 
 
