@@ -6,6 +6,7 @@ change to the contract needs a migration of its own for the existing run tables.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -66,3 +67,30 @@ def create_run_table(name: str, *extra: Any) -> None:
         batch.create_index(f"ix_{name}_state_updated", ["state", "updated_at"])
         batch.create_index(f"uq_{name}_active_key", ["concurrency_key"], unique=True,
                            postgresql_where=active, sqlite_where=active)  # fmt: skip
+
+
+# The UNION ALL projection over every run table, for ad-hoc SQL and dashboards.
+RUNS_VIEW = "job_runs_all"
+RUNS_VIEW_COLUMNS = (
+    "job_id", "task_name", "concurrency_key", "state", "outcome", "attempts", "max_attempts",
+    "heartbeat_at", "last_error", "next_retry_at", "created_at", "updated_at", "finished_at",
+    "worker",
+)  # fmt: skip
+
+
+def runs_view_sql(run_tables: Sequence[tuple[str, str]]) -> str:
+    """``CREATE VIEW`` over ``(module, table)`` pairs; the CAST gives the module literal
+    one declared type on both dialects."""
+    branches = "\nUNION ALL\n".join(
+        f"SELECT CAST('{module}' AS VARCHAR(64)) AS module, {', '.join(RUNS_VIEW_COLUMNS)} "  # noqa: S608 - names of the migration's own
+        f"FROM {table}"
+        for module, table in run_tables
+    )
+    return f"CREATE VIEW {RUNS_VIEW} AS\n{branches}"
+
+
+def replace_runs_view(run_tables: Sequence[tuple[str, str]]) -> None:
+    """A migration that adds a run table regenerates the view with it (spell the pairs out
+    in the migration: it must keep creating what it created that day)."""
+    op.execute(f"DROP VIEW IF EXISTS {RUNS_VIEW}")
+    op.execute(runs_view_sql(run_tables))
