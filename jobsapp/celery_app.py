@@ -21,7 +21,9 @@ from jobsapp.lifecycle.pools import green_pool_refusal
 from jobsapp.logs import scrub_handlers
 from jobsapp.settings import Settings, get_settings
 
-BASE_IMPORTS = ("jobsapp.maintenance.tasks", "jobsapp.attachments.tasks")
+BASE_IMPORTS = (
+    "jobsapp.maintenance.tasks", "jobsapp.attachments.tasks", "jobsapp.attachments.reprocess"
+)
 
 
 def _transport_options(settings: Settings, base: dict[str, Any]) -> dict[str, Any]:

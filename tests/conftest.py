@@ -88,7 +88,7 @@ def use_database(url: str) -> Engine:
 
 def extra_tables() -> tuple[str, ...]:
     """Domain tables that exist once their migrations do, children first."""
-    return ("attachment_variants", "attachment_runs", "attachments")
+    return ("attachment_variants", "attachment_runs", "attachments", "reprocess_runs")
 
 
 @pytest.fixture(params=["postgres", "sqlite"])

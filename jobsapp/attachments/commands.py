@@ -42,6 +42,8 @@ def complain(line: str) -> None:
 
 
 def reprocess(args: argparse.Namespace) -> int:
+    if args.as_job:
+        return reprocess_as_job(args)
     from jobsapp.attachments.pipeline import UnknownPipeline
     from jobsapp.attachments.reprocess import reprocess_to
     from jobsapp.db import get_engine
@@ -66,6 +68,25 @@ def reprocess(args: argparse.Namespace) -> int:
             "(jobs already enqueued are found, not enqueued twice)")  # fmt: skip
         return EXIT_INTERRUPTED
     say(reprocess_summary(done))
+    return EXIT_OK
+
+
+def reprocess_as_job(args: argparse.Namespace) -> int:
+    """Hand the walk to a worker as a lifecycle job (``reprocess_runs``), one per version."""
+    from jobsapp.attachments.pipeline import UnknownPipeline
+    from jobsapp.attachments.reprocess import start_backfill
+
+    try:
+        job = start_backfill(args.to_version, batch=args.batch, pause=args.pause,
+                             retry_failed=args.retry_failed)  # fmt: skip
+    except (UnknownPipeline, ValueError) as bad:
+        complain(str(bad))
+        return EXIT_USAGE
+    if job.holder is not None:
+        say(f"a backfill to v{args.to_version} is already active: job {job.holder}")
+        return EXIT_OK
+    say(f"backfill to v{args.to_version}: job {job.job_id} ({job.outcome.value}); "
+        "follow it with: jobsapp summary --module reprocess")  # fmt: skip
     return EXIT_OK
 
 
@@ -168,6 +189,8 @@ def register(subparsers: Any) -> None:
                        help="seconds between batches, to spare the workers")  # fmt: skip
     again.add_argument("--retry-failed", action="store_true",
                        help="also run the attachments whose job at the version failed")  # fmt: skip
+    again.add_argument("--as-job", action="store_true",
+                       help="run it as a lifecycle job on a worker (reprocess_runs)")  # fmt: skip
     again.set_defaults(handler=reprocess)
     check = subparsers.add_parser(
         "verify", help="cross-check published attachments against the object store"

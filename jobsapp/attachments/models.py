@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     CheckConstraint,
     Connection,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     Table,
     UniqueConstraint,
     select,
+    text,
     update,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -103,6 +105,30 @@ class AttachmentRun(RunMixin, Base):
     pipeline_version: Mapped[int] = mapped_column(Integer)
 
 
+class ReprocessRun(RunMixin, Base):
+    """One backfill to a pipeline version (``jobsapp reprocess``), a lifecycle job of its own.
+
+    Its key is the target version, so one backfill per version is active. The cursor and
+    the step statistics move in the transaction of each batch's enqueues: a pass that dies
+    leaves them exactly where its last committed batch left them, and the next attempt
+    resumes from there.
+    """
+
+    __tablename__ = "reprocess_runs"
+
+    # The body's arguments (target version, batch size, pause); they never travel.
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    target_version: Mapped[int] = mapped_column(Integer)
+    # The last attachment id a committed batch handled (keyset order).
+    cursor: Mapped[uuid.UUID | None]
+    scanned: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    enqueued: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # Already queued or running at the target version, or their key held by another job.
+    skipped: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # Left out: their job at the target version failed before.
+    failed: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+
 class AttachmentVariant(Base):
     """A published variant; the primary key is the effect key."""
 
@@ -131,6 +157,7 @@ class AttachmentVariant(Base):
 ATTACHMENTS: Table = Attachment.__table__  # type: ignore[assignment]
 RUNS: Table = AttachmentRun.__table__  # type: ignore[assignment]
 VARIANTS: Table = AttachmentVariant.__table__  # type: ignore[assignment]
+REPROCESS: Table = ReprocessRun.__table__  # type: ignore[assignment]
 
 # How a run moved by the reaper or an operator moves its attachment: (from, to, error_code).
 # ``ready`` is in no "from": a re-processing run never takes a published attachment back.
@@ -195,5 +222,21 @@ ATTACHMENT_RUNS = registry.register(
         id_columns=("attachment_id", "pipeline_version"),
         on_change=mirror_run_change,
         reconcile=ReconcilePolicy(retake=RETAKEN_CODES, never=NEVER_RETAKEN_CODES),
+    )
+)
+
+
+REPROCESS_RUNS = registry.register(
+    RunTable(
+        module="reprocess",
+        table=REPROCESS,
+        # A killed backfill resumes from its cursor: requeueing it repeats no batch.
+        stale_policy=StalePolicy.REQUEUE,
+        params_column="params",
+        # A pass that exhausted its attempts in an outage resumes from its cursor.
+        reconcile=ReconcilePolicy(
+            retake=frozenset({"TransientError", "OperationalError", "database_error"}),
+            cool_down=timedelta(minutes=15),
+        ),
     )
 )

@@ -11,6 +11,12 @@ keeps serving its published version while the new one is rendered: the worker ne
 
 An attachment whose job at the target version already failed is left out unless asked
 for: running it again is an operator's decision, not a side effect of a bulk command.
+
+``start_backfill`` makes the same walk a lifecycle job of its own (``reprocess_runs``): its
+key is the target version (one active backfill per version), and each batch's enqueues
+commit together with the fenced move of its cursor and step statistics (scanned,
+enqueued, skipped, failed). A killed pass is requeued by the reaper and a failed one
+retaken by the domain's reconcile; either resumes from the cursor and repeats no batch.
 """
 
 from __future__ import annotations
@@ -21,14 +27,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Connection, Engine, func, select, update
 
-from jobsapp.attachments.models import ATTACHMENTS, RUNS, AttachmentState
+from jobsapp.attachments.models import (
+    ATTACHMENTS,
+    REPROCESS,
+    REPROCESS_RUNS,
+    RUNS,
+    AttachmentState,
+)
 from jobsapp.attachments.pipeline import get_pipeline
 from jobsapp.attachments.tasks import process_attachment
 from jobsapp.celery_app import app
-from jobsapp.lifecycle.enqueue import transaction
-from jobsapp.lifecycle.journal import EnqueueOutcome
+from jobsapp.lifecycle import LeaseLost, current_run, lifecycle_task
+from jobsapp.lifecycle.enqueue import enqueue, transaction
+from jobsapp.lifecycle.handle import JobHandle
+from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
 from jobsapp.lifecycle.states import State
 
 DEFAULT_BATCH = 100
@@ -146,10 +160,102 @@ def _next_batch(
 
 def _enqueue(ids: list[uuid.UUID], version: int) -> list[EnqueueOutcome]:
     with transaction(app) as batch:
-        handles = [
-            process_attachment.enqueue_in(
-                batch, kwargs={"attachment_id": attachment_id, "pipeline_version": version}
-            )
-            for attachment_id in ids
-        ]
-    return [handle.outcome for handle in handles]
+        return _enqueue_in(batch, ids, version)
+
+
+def _enqueue_in(batch: Any, ids: list[uuid.UUID], version: int) -> list[EnqueueOutcome]:
+    return [
+        process_attachment.enqueue_in(
+            batch, kwargs={"attachment_id": attachment_id, "pipeline_version": version}
+        ).outcome
+        for attachment_id in ids
+    ]
+
+
+# --------------------------------------------------------------------- the lifecycle job
+
+BACKFILL_TASK = "jobsapp.attachments.reprocess"
+BACKFILL_ATTEMPTS = 3
+
+
+def start_backfill(
+    version: int, *, batch: int = DEFAULT_BATCH, pause: float = 0.0, retry_failed: bool = False
+) -> JobHandle:
+    """Enqueue the backfill to ``version``; ``skipped`` when one to it is already active."""
+    get_pipeline(version)
+    if not 1 <= batch <= MAX_BATCH:
+        raise ValueError(f"batch must be within 1..{MAX_BATCH}")
+    params = {"target_version": version, "batch": batch, "pause": pause,
+              "retry_failed": retry_failed}  # fmt: skip
+    job = NewJob(
+        spec=REPROCESS_RUNS, job_id=uuid.uuid4(), task_name=BACKFILL_TASK,
+        concurrency_key=f"reprocess:v{version}", max_attempts=BACKFILL_ATTEMPTS,
+        values={"params": {"args": [], "kwargs": params}, "target_version": version,
+                "cursor": None, **dict.fromkeys(("scanned", "enqueued", "skipped", "failed"), 0)},
+    )  # fmt: skip
+    return enqueue(app, job)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """What one batch of the backfill did; ``scanned`` is always the sum of the rest."""
+
+    enqueued: int = 0
+    skipped: int = 0
+    failed: int = 0
+
+    @property
+    def scanned(self) -> int:
+        return self.enqueued + self.skipped + self.failed
+
+
+def steps_of(outcomes: list[EnqueueOutcome], failed_before: int) -> Steps:
+    enqueued = outcomes.count(EnqueueOutcome.ENQUEUED)
+    return Steps(enqueued=enqueued, skipped=len(outcomes) - enqueued, failed=failed_before)
+
+
+@lifecycle_task(app, name=BACKFILL_TASK, run_table=REPROCESS_RUNS, max_attempts=BACKFILL_ATTEMPTS)
+def backfill(target_version: int, batch: int, pause: float, retry_failed: bool) -> None:
+    ctx = current_run()
+    cursor: uuid.UUID | None = ctx.row["cursor"]
+    while True:
+        scan = _scan(ctx.engine, target_version, cursor, batch)
+        if not scan:
+            return
+        with transaction(app) as tx:
+            wanted = [i for i, failed in scan if retry_failed or not failed]
+            steps = steps_of(_enqueue_in(tx, wanted, target_version), len(scan) - len(wanted))
+            _advance(tx.conn, ctx.job_id, ctx.attempt, scan[-1][0], steps)
+        cursor = scan[-1][0]
+        time.sleep(pause)
+
+
+def _scan(
+    engine: Engine, version: int, after: uuid.UUID | None, limit: int
+) -> list[tuple[uuid.UUID, bool]]:
+    """The next attachments behind ``version`` after the cursor, each with whether its job
+    at ``version`` failed before."""
+    stmt = select(ATTACHMENTS.c.id, _failed_at(version)).where(*_behind(version))
+    if after is not None:
+        stmt = stmt.where(ATTACHMENTS.c.id > after)
+    with engine.connect() as conn:
+        rows = conn.execute(stmt.order_by(ATTACHMENTS.c.id).limit(limit)).all()
+    return [(row[0], bool(row[1])) for row in rows]
+
+
+def _advance(
+    conn: Connection, job_id: uuid.UUID, attempt: int, cursor: uuid.UUID, steps: Steps
+) -> None:
+    """Move the cursor and add the batch's steps, fenced like every write of a run."""
+    c = REPROCESS.c
+    mine = (c.job_id == job_id, c.state == State.RUNNING.value, c.attempts == attempt)
+    moved = conn.execute(
+        update(REPROCESS)
+        .where(*mine)
+        .values(cursor=cursor, scanned=c.scanned + steps.scanned,
+                enqueued=c.enqueued + steps.enqueued, skipped=c.skipped + steps.skipped,
+                failed=c.failed + steps.failed)
+    )
+    if moved.rowcount != 1:
+        # Rolls the batch's enqueues back with it: the run's new owner does this batch.
+        raise LeaseLost(f"reprocess job {job_id} attempt {attempt} is no longer running")

@@ -33,7 +33,7 @@ from tests.conftest import use_database
 from tests.support.attachments import environment
 
 TOKEN = f"widgets-{uuid.uuid4().hex}"
-REAL_MODULES = {"jobs", "attachments"}
+REAL_MODULES = {"jobs", "attachments", "reprocess"}
 
 
 class _WidgetBase(DeclarativeBase):

@@ -1,0 +1,151 @@
+"""The reprocess backfill as a lifecycle job, killed twice (SIGKILL of its worker).
+
+Real processes: ``jobsapp reprocess --as-job`` enqueues it, ``celery -A jobsapp worker``
+runs it, ``jobsapp maintenance run-once --pass reaper`` requeues it after each kill. The
+2,000 attachment jobs it enqueues are parked on a queue no worker here consumes: the test
+checks the backfill's own bookkeeping and the jobs it made, not their renders.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+from sqlalchemy import Engine, func, insert, select
+
+from jobsapp.attachments.models import ATTACHMENTS, REPROCESS, RUNS
+from jobsapp.attachments.store import staging_key
+from jobsapp.db import make_engine, utcnow
+from jobsapp.lifecycle.journal import EVENTS
+from tests.conftest import _drop_postgres, _fresh_postgres, migrate
+from tests.e2e.procs import Launcher, Proc, ready, service_env
+from tests.support.env import SESSION, service
+from tests.support.waiting import eventually
+
+ATTACHMENT_COUNT = 2000
+# Its own Redis database (others: 0, 3, 4, 9, 12, 13).
+BROKER_DB = 10
+STALE_AFTER_S = 3
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def db() -> Iterator[Engine]:
+    admin = service("JOBSAPP_TEST_DATABASE_URL")
+    url = _fresh_postgres(admin, f"jobsapp_e2e_backfill_{SESSION}")
+    migrate(url)
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()
+    _drop_postgres(admin, f"jobsapp_e2e_backfill_{SESSION}")
+
+
+@pytest.fixture
+def procs(db: Engine, tmp_path: Path) -> Iterator[Launcher]:
+    broker = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{BROKER_DB}").geturl()
+    redis.Redis.from_url(broker).flushdb()
+    settings = {
+        "JOBSAPP_STORAGE_URL": f"s3://{service('JOBSAPP_TEST_S3_BUCKET')}/e2e-backfill",
+        "JOBSAPP_S3_ENDPOINT_URL": service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
+        "JOBSAPP_IMPORTS": "tests.support.parked",
+        "JOBSAPP_HEARTBEAT_INTERVAL": "0.5",
+        "JOBSAPP_STALE_AFTER": str(STALE_AFTER_S),
+    }
+    env = service_env(database_url=db.url.render_as_string(hide_password=False),
+                      broker_url=broker, var_dir=tmp_path / "var", settings=settings)  # fmt: skip
+    launcher = Launcher(env, tmp_path)
+    try:
+        yield launcher
+    finally:
+        launcher.kill_all()
+        launcher.dump_logs()
+
+
+def plant_ready(db: Engine, count: int) -> None:
+    """Attachments published at version 1, rows only: the backfill reads nothing else."""
+    now = utcnow()
+    rows = []
+    for _ in range(count):
+        attachment_id = uuid.uuid4()
+        rows.append({
+            "id": attachment_id, "content_type": "image/png", "size": 1, "sha256": "0" * 64,
+            "width": 1, "height": 1, "display_name": "p.png",
+            "staging_key": staging_key(attachment_id), "state": "ready",
+            "original_key": f"attachments/{attachment_id}/original.png",
+            "published_version": 1, "error_code": None, "created_at": now, "updated_at": now,
+        })  # fmt: skip
+    with db.begin() as conn:
+        conn.execute(insert(ATTACHMENTS), rows)
+
+
+def backfill(db: Engine) -> dict[str, Any]:
+    with db.connect() as conn:
+        return dict(conn.execute(select(REPROCESS)).mappings().one())
+
+
+def worker(procs: Launcher, name: str) -> Proc:
+    proc = procs.worker(name)
+    ready(proc)
+    return proc
+
+
+def kill_after(db: Engine, proc: Proc, scanned: int, attempt: int) -> dict[str, Any]:
+    """SIGKILL ``proc`` once the backfill's attempt has scanned ``scanned`` attachments."""
+    eventually(lambda: (row := backfill(db))["attempts"] == attempt
+               and row["scanned"] >= scanned, timeout=120, interval=0.02)  # fmt: skip
+    proc.kill()
+    return backfill(db)
+
+
+def reap(procs: Launcher) -> None:
+    """The reaper, once the dead run's heartbeat is stale, requeues and publishes it."""
+    def requeued() -> bool:
+        proc = procs.jobsapp("reaper", "maintenance", "run-once", "--pass", "reaper")
+        assert proc.wait(60) == 0, proc.log()
+        return '"reprocess": 1' in proc.log()
+
+    eventually(requeued, timeout=STALE_AFTER_S * 10, interval=1.0)
+
+
+def test_a_backfill_killed_twice_resumes_from_its_cursor(procs: Launcher, db: Engine) -> None:
+    plant_ready(db, ATTACHMENT_COUNT)
+    first = worker(procs, "w1")
+    start = procs.jobsapp("start", "reprocess", "--to-version", "2", "--batch", "50",
+                          "--pause", "0.05", "--as-job")  # fmt: skip
+    assert start.wait(60) == 0, start.log()
+    assert "backfill to v2: job" in start.log()
+
+    killed = [kill_after(db, first, 500, attempt=1)]
+    reap(procs)
+    second = worker(procs, "w2")
+    killed.append(kill_after(db, second, killed[0]["scanned"] + 500, attempt=2))
+    reap(procs)
+    worker(procs, "w3")
+    done = eventually(lambda: (row := backfill(db))["state"] == "succeeded" and row,
+                      timeout=180)  # fmt: skip
+
+    for row in killed:
+        assert row["state"] == "running"
+        assert 0 < row["scanned"] < ATTACHMENT_COUNT
+    assert killed[0]["scanned"] < killed[1]["scanned"]
+    # Step statistics add up, and no batch was done twice.
+    assert done["scanned"] == ATTACHMENT_COUNT
+    assert done["scanned"] == done["enqueued"] + done["skipped"] + done["failed"]
+    assert (done["enqueued"], done["skipped"], done["failed"]) == (ATTACHMENT_COUNT, 0, 0)
+    assert done["attempts"] == 3
+    with db.connect() as conn:
+        jobs = conn.execute(select(func.count()).where(RUNS.c.pipeline_version == 2))
+        assert jobs.scalar_one() == ATTACHMENT_COUNT
+        moves = conn.execute(select(EVENTS.c.transition, EVENTS.c.attempt)
+                             .where(EVENTS.c.job_id == done["job_id"])
+                             .order_by(EVENTS.c.id)).all()  # fmt: skip
+    assert [tuple(m) for m in moves] == [
+        ("enqueue", 1), ("claim", 1), ("reap_requeue", 1), ("claim", 2), ("reap_requeue", 2),
+        ("claim", 3), ("succeed", 3),
+    ]
