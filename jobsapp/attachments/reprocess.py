@@ -39,7 +39,14 @@ from jobsapp.attachments.models import (
 from jobsapp.attachments.pipeline import get_pipeline
 from jobsapp.attachments.tasks import process_attachment
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import LeaseLost, current_run, lifecycle_task
+from jobsapp.lifecycle import (
+    LeaseLost,
+    RetryAfter,
+    TransientError,
+    current_run,
+    lifecycle_task,
+)
+from jobsapp.lifecycle.context import RunContext
 from jobsapp.lifecycle.enqueue import enqueue, transaction
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
@@ -208,6 +215,14 @@ class Steps:
     def scanned(self) -> int:
         return self.enqueued + self.skipped + self.failed
 
+    def __add__(self, other: Steps) -> Steps:
+        return Steps(self.enqueued + other.enqueued, self.skipped + other.skipped,
+                     self.failed + other.failed)  # fmt: skip
+
+    def describe(self) -> str:
+        return (f"scanned {self.scanned} (enqueued {self.enqueued}, skipped {self.skipped}, "
+                f"failed {self.failed})")  # fmt: skip
+
 
 def steps_of(outcomes: list[EnqueueOutcome], failed_before: int) -> Steps:
     enqueued = outcomes.count(EnqueueOutcome.ENQUEUED)
@@ -217,17 +232,39 @@ def steps_of(outcomes: list[EnqueueOutcome], failed_before: int) -> Steps:
 @lifecycle_task(app, name=BACKFILL_TASK, run_table=REPROCESS_RUNS, max_attempts=BACKFILL_ATTEMPTS)
 def backfill(target_version: int, batch: int, pause: float, retry_failed: bool) -> None:
     ctx = current_run()
-    cursor: uuid.UUID | None = ctx.row["cursor"]
-    while True:
-        scan = _scan(ctx.engine, target_version, cursor, batch)
+    walk = _Walk(ctx.row["cursor"], Steps(*(int(ctx.row[c]) for c in _COUNTERS)))
+    try:
+        while walk.step(ctx, target_version, batch, retry_failed):
+            time.sleep(pause)
+    except (LeaseLost, RetryAfter):
+        raise
+    except Exception as exc:
+        # The row keeps the committed cursor and counters; the record says where it stopped.
+        raise TransientError(f"backfill to v{target_version} stopped at cursor {walk.cursor}, "
+                             f"{walk.steps.describe()}") from exc  # fmt: skip
+
+
+_COUNTERS = ("enqueued", "skipped", "failed")
+
+
+@dataclass
+class _Walk:
+    """Where this attempt's backfill stands: committed cursor and counters."""
+
+    cursor: uuid.UUID | None
+    steps: Steps
+
+    def step(self, ctx: RunContext, version: int, batch: int, retry_failed: bool) -> bool:
+        """One batch, committed with the cursor's move; False when nothing is left."""
+        scan = _scan(ctx.engine, version, self.cursor, batch)
         if not scan:
-            return
+            return False
         with transaction(app) as tx:
             wanted = [i for i, failed in scan if retry_failed or not failed]
-            steps = steps_of(_enqueue_in(tx, wanted, target_version), len(scan) - len(wanted))
+            steps = steps_of(_enqueue_in(tx, wanted, version), len(scan) - len(wanted))
             _advance(tx.conn, ctx.job_id, ctx.attempt, scan[-1][0], steps)
-        cursor = scan[-1][0]
-        time.sleep(pause)
+        self.cursor, self.steps = scan[-1][0], self.steps + steps
+        return True
 
 
 def _scan(
