@@ -8,7 +8,6 @@ checks the backfill's own bookkeeping and the jobs it made, not their renders.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,14 +15,14 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Engine, func, select
 
-from jobsapp.attachments.models import ATTACHMENTS, REPROCESS, RUNS
-from jobsapp.attachments.store import staging_key
-from jobsapp.db import make_engine, utcnow
+from jobsapp.attachments.models import REPROCESS, RUNS
+from jobsapp.db import make_engine
 from jobsapp.lifecycle.journal import EVENTS
 from tests.conftest import _drop_postgres, _fresh_postgres, migrate
-from tests.e2e.procs import Launcher, Proc, ready, service_env
+from tests.e2e.procs import Launcher, Proc, launching, ready, service_env
+from tests.integration.test_reprocess_runs import plant_rows
 from tests.support.env import SESSION, service
 from tests.support.waiting import eventually
 
@@ -59,29 +58,8 @@ def procs(db: Engine, tmp_path: Path) -> Iterator[Launcher]:
     }
     env = service_env(database_url=db.url.render_as_string(hide_password=False),
                       broker_url=broker, var_dir=tmp_path / "var", settings=settings)  # fmt: skip
-    launcher = Launcher(env, tmp_path)
-    try:
+    with launching(env, tmp_path) as launcher:
         yield launcher
-    finally:
-        launcher.kill_all()
-        launcher.dump_logs()
-
-
-def plant_ready(db: Engine, count: int) -> None:
-    """Attachments published at version 1, rows only: the backfill reads nothing else."""
-    now = utcnow()
-    rows = []
-    for _ in range(count):
-        attachment_id = uuid.uuid4()
-        rows.append({
-            "id": attachment_id, "content_type": "image/png", "size": 1, "sha256": "0" * 64,
-            "width": 1, "height": 1, "display_name": "p.png",
-            "staging_key": staging_key(attachment_id), "state": "ready",
-            "original_key": f"attachments/{attachment_id}/original.png",
-            "published_version": 1, "error_code": None, "created_at": now, "updated_at": now,
-        })  # fmt: skip
-    with db.begin() as conn:
-        conn.execute(insert(ATTACHMENTS), rows)
 
 
 def backfill(db: Engine) -> dict[str, Any]:
@@ -114,7 +92,7 @@ def reap(procs: Launcher) -> None:
 
 
 def test_a_backfill_killed_twice_resumes_from_its_cursor(procs: Launcher, db: Engine) -> None:
-    plant_ready(db, ATTACHMENT_COUNT)
+    plant_rows(db, ATTACHMENT_COUNT)
     first = worker(procs, "w1")
     start = procs.jobsapp("start", "reprocess", "--to-version", "2", "--batch", "50",
                           "--pause", "0.05", "--as-job")  # fmt: skip

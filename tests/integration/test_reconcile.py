@@ -6,6 +6,7 @@ processed with one attempt each; the reconcile pass runs once the store is back.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,16 +17,23 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from sqlalchemy import Engine, func, select, update
 
+from jobsapp import cli
 from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS, RUNS, VARIANTS
 from jobsapp.attachments.service import accept_upload
 from jobsapp.attachments.tasks import process_attachment
 from jobsapp.celery_app import app
 from jobsapp.db import utcnow
+from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import EVENTS
+from jobsapp.lifecycle.registry import JOBS
+from jobsapp.lifecycle.states import Outcome
 from jobsapp.maintenance import reconcile
 from jobsapp.storage import ObjectStore
+from jobsapp.web.app import create_app
 from tests.conftest import use_database
+from tests.support import tasks
 from tests.support.attachments import DEAD_S3_ENDPOINT, environment, sha256
+from tests.support.journal_view import events, run_row
 from tests.support.waiting import eventually
 from tests.unit import images
 
@@ -134,3 +142,57 @@ def test_one_pass_after_an_s3_outage_brings_every_victim_to_ready(
         published = VARIANTS.c.attachment_id.in_(victims)
         variants = conn.execute(select(func.count()).where(published)).scalar_one()
     assert variants == 3 * OUTAGE_VICTIMS
+
+
+# ------------------------------------------------------------- by hand: CLI and API
+
+
+def failed_generic_job(engine: Engine, error: str) -> uuid.UUID:
+    """A generic job that exhausted its attempts an hour ago with ``error``."""
+    at = utcnow() - timedelta(hours=1)
+    job = tasks.echo.new_job(("m",), {}, uuid.uuid4())
+    with engine.begin() as conn:
+        journal.enqueue(conn, job, now=at, actor="test")
+        assert journal.claim(conn, JOBS, job.job_id, 1, worker="w@h:1", now=at)
+        assert journal.fail(conn, JOBS, job.job_id, 1, outcome=Outcome.EXHAUSTED, error=error,
+                            actor="w@h:1", now=at)  # fmt: skip
+    return job.job_id
+
+
+def test_an_operator_reconciles_by_hand_from_the_cli(
+    db: Engine, redis_clean: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outage = failed_generic_job(db, "TransientError: upstream down")
+    other = failed_generic_job(db, "KeyError: 'x'")
+
+    assert cli.main(["reconcile", "--module", "jobs", "--dry-run"]) == 0
+    (dry,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert dry["retaken"] == [{"job_id": str(outage), "error_code": "TransientError"}]
+    assert run_row(db, outage)["state"] == "failed"
+
+    assert cli.main(["reconcile", "--module", "jobs", "--error-code", "KeyError",
+                     "--actor", "alice"]) == 0  # fmt: skip
+    (done,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert done["retaken"] == [{"job_id": str(other), "error_code": "KeyError"}]
+    assert run_row(db, other)["state"] == "queued"
+    replayed = [e for e in events(db, other) if e["transition"] == "replay"]
+    assert [e["actor"] for e in replayed] == ["operator:reconcile:alice"]
+    assert run_row(db, outage)["state"] == "failed"
+
+
+def test_the_admin_api_runs_a_pass_and_refuses_a_never_code(db: Engine) -> None:
+    outage = failed_generic_job(db, "TransientError: upstream down")
+    with environment(JOBSAPP_ADMIN_TOKEN="reconcile-token"):
+        client = create_app().test_client()
+        auth = {"Authorization": "Bearer reconcile-token"}
+        dry = client.post("/v1/admin/reconcile", headers=auth, json={"dry_run": True})
+        corrupt = {"module": "attachments", "error_code": "corrupt_image"}
+        never = client.post("/v1/admin/reconcile", headers=auth, json=corrupt)
+        anonymous = client.post("/v1/admin/reconcile", json={})
+    assert dry.status_code == 200
+    by_module = {p["module"]: p for p in dry.get_json()["passes"]}
+    assert set(by_module) >= {"jobs", "attachments", "reprocess"}
+    assert by_module["jobs"]["retaken"] == [{"job_id": str(outage), "error_code": "TransientError"}]
+    assert (never.status_code, never.get_json()["error"]) == (409, "never_retaken")
+    assert anonymous.status_code == 401
+    assert run_row(db, outage)["state"] == "failed"

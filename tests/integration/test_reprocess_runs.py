@@ -36,7 +36,9 @@ def db(request: pytest.FixtureRequest) -> Engine:
     return use_database(request.getfixturevalue("postgres_url"))
 
 
-def plant_ready(engine: Engine, count: int) -> list[uuid.UUID]:
+def plant_rows(engine: Engine, count: int) -> list[uuid.UUID]:
+    """Attachments published at version 1, rows only (in id order): a backfill reads
+    nothing else."""
     now = utcnow()
     ids = sorted(uuid.uuid4() for _ in range(count))
     rows = [{
@@ -53,7 +55,7 @@ def plant_ready(engine: Engine, count: int) -> list[uuid.UUID]:
 @pytest.fixture
 def refusing(db: Engine) -> Iterator[list[uuid.UUID]]:
     """Planted attachments; the database refuses a job for the ``POISONED``-th one."""
-    ids = plant_ready(db, COUNT)
+    ids = plant_rows(db, COUNT)
     with db.begin() as conn:
         conn.execute(text(f"""
             CREATE FUNCTION test_refuse_job() RETURNS trigger AS $$
