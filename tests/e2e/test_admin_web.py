@@ -230,7 +230,7 @@ def test_a_failed_job_is_replayed_through_the_api_and_finished_by_a_worker(
     summary = get(http, "/v1/admin/jobs?state=failed").json()
     assert_documented(http, "JobSummary", summary)
     assert summary["counts"]["jobs"]["failed"] >= 1
-    assert set(summary["counts"]) == {"jobs", "attachments"}
+    assert set(summary["counts"]) == {"jobs", "attachments", "reprocess"}
 
     reply = post_json(http, action("jobs", job_id, "replay"),
                       {"reason": "upstream fixed", "actor": "alice"})  # fmt: skip
@@ -353,7 +353,7 @@ def test_metrics_are_read_from_the_journal_at_scrape_time(http: Http, db: Engine
               for s in families["jobsapp_oldest_queued_seconds"].samples}  # fmt: skip
     assert oldest["jobs"] >= 0
     assert {s.labels["module"] for s in families["jobsapp_stale_running"].samples} == {
-        "jobs", "attachments",
+        "jobs", "attachments", "reprocess",
     }  # fmt: skip
 
 

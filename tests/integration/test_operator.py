@@ -112,7 +112,7 @@ def test_the_summary_reads_every_registered_run_table(db: Engine) -> None:
 
     rows = by_id(summary.summarize(db))
 
-    assert {spec.module for spec in registry.all_tables()} == {"jobs", "attachments"}
+    assert {spec.module for spec in registry.all_tables()} == {"jobs", "attachments", "reprocess"}
     jobs_row, attachment_row_ = rows[failed], rows[attachment_job]
     assert (jobs_row.module, jobs_row.task_name, jobs_row.state) == ("jobs", "tests.doomed",
                                                                      "failed")  # fmt: skip
@@ -174,7 +174,8 @@ def test_the_health_numbers_follow_the_journal(db: Engine) -> None:
     assert ages["jobs"] is not None
     assert 120 <= ages["jobs"] < 180
     assert ages["attachments"] is None
-    assert summary.stale_running(db, timedelta(seconds=30)) == {"jobs": 1, "attachments": 0}
+    assert summary.stale_running(db, timedelta(seconds=30)) == {"jobs": 1, "attachments": 0,
+                                                               "reprocess": 0}
     # Three enqueues, none published (a Core transaction leaves that to the relay).
     assert summary.outbox_backlog(db) == 3
     assert 120 <= summary.outbox_lag(db) < 180
