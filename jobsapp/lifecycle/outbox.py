@@ -21,7 +21,7 @@ from sqlalchemy import Connection
 
 from jobsapp import crashpoints
 from jobsapp.db import get_relaxed_engine, is_autocommit, utcnow
-from jobsapp.lifecycle import outbox_queries, publisher
+from jobsapp.lifecycle import outbox_queries, publisher, tracing
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.message import task_id_for, trace_headers, validate_body
 from jobsapp.settings import get_settings
@@ -82,16 +82,17 @@ def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any) 
     delay = (message.available_at - now).total_seconds()
     if delay > 0:
         options["countdown"] = delay
-    app.send_task(
-        message.task_name,
-        args=(),
-        kwargs=body,
-        task_id=task_id_for(message.job_id, message.attempt),
-        headers=trace_headers(body),
-        producer=producer,
-        retry=False,
-        **options,
-    )
+    with tracing.publishing(body):
+        app.send_task(
+            message.task_name,
+            args=(),
+            kwargs=body,
+            task_id=task_id_for(message.job_id, message.attempt),
+            headers=trace_headers(body),
+            producer=producer,
+            retry=False,
+            **options,
+        )
     crashpoints.hit("after_publish_before_confirm")
 
 

@@ -27,7 +27,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from jobsapp.db import get_engine
-from jobsapp.lifecycle import claim, enqueue, message, registry
+from jobsapp.lifecycle import claim, enqueue, message, registry, tracing
 from jobsapp.lifecycle.attempt import AttemptRules, run_attempt
 from jobsapp.lifecycle.context import RunContext
 from jobsapp.lifecycle.errors import InvalidMessage, RetryRequested
@@ -125,6 +125,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             max_attempts=self.max_attempts,
             values=values,
             dedup_window=timedelta(seconds=self.dedup_window),
+            traceparent=tracing.outgoing().get("traceparent"),
         )
 
     def apply_async(  # type: ignore[override]
@@ -157,7 +158,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         )
         job = replace(job, not_before=_absolute(eta),
                       delay=None if eta is not None else _countdown(countdown),
-                      traceparent=(headers or {}).get("traceparent"))  # fmt: skip
+                      traceparent=(headers or {}).get("traceparent") or job.traceparent)  # fmt: skip
         return enqueue.enqueue(self.app, job, session=session, connection=connection)
 
     def enqueue_in(
@@ -199,7 +200,10 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         except InvalidMessage as bad:
             log.error("rejected message %s for %s: %s", self.request.id, self.name, bad)
             raise Reject(str(bad), requeue=False) from None
-        self._run_envelope(env, foreign)
+        with tracing.span(f"run {self.name}", {"traceparent": env.traceparent}, consumer=True,
+                          attributes={"jobsapp.job_id": str(env.job_id),
+                                      "jobsapp.attempt": env.attempt}):  # fmt: skip
+            self._run_envelope(env, foreign)
         return None
 
     def _worker_name(self) -> str:

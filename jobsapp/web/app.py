@@ -24,6 +24,8 @@ from jobsapp.attachments.pipeline import get_pipeline
 from jobsapp.attachments.validation import DEFAULT_LIMITS, Limits, RejectedUpload
 from jobsapp.db import get_engine
 from jobsapp.monitor import browse
+from jobsapp.lifecycle import tracing
+from jobsapp.lifecycle.message import TRACE_HEADERS
 from jobsapp.settings import SettingsError
 from jobsapp.web import admin
 from jobsapp.web.health import health
@@ -86,7 +88,9 @@ def upload() -> ResponseReturnValue:
     key = _idempotency_key()
     limits: Limits = current_app.extensions[_LIMITS]
     data, filename = _read_file(limits)
-    accepted = service.accept_upload(data, filename, key, limits=limits)
+    # The client's traceparent, if any, is the parent of the processing job's trace.
+    with tracing.span("upload", _trace_headers(), consumer=False):
+        accepted = service.accept_upload(data, filename, key, limits=limits)
     body = {
         "id": str(accepted.attachment_id),
         "state": accepted.state,
@@ -141,6 +145,10 @@ def _idempotency_key() -> str | None:
             "Idempotency-Key must be 1 to 200 printable ASCII characters.",
         )
     return key
+
+
+def _trace_headers() -> dict[str, str]:
+    return {name: value for name in TRACE_HEADERS if (value := request.headers.get(name))}
 
 
 def _read_file(limits: Limits) -> tuple[bytes, str | None]:
