@@ -50,6 +50,8 @@ beat_schedule = {
     "reaper": {"task": "jobsapp.maintenance.reaper", "schedule": timedelta(seconds=15)},
     "outbox-relay": {"task": "jobsapp.maintenance.relay", "schedule": timedelta(seconds=2)},
     "retention": {"task": "jobsapp.maintenance.retention", "schedule": timedelta(minutes=10)},
+    # /metrics counters and histograms move at this pace (see jobsapp.monitor.rollup).
+    "metrics-rollup": {"task": "jobsapp.maintenance.metrics", "schedule": timedelta(seconds=15)},
     # Staging retention: its windows are a day (orphans) and a week (failed uploads), so
     # ten minutes is precise enough, and each tick lists a bounded number of objects.
     "staging-retention": {

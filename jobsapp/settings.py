@@ -49,6 +49,9 @@ class Settings:
     publish_timeout: float
     # Bytes one image job may allocate for decoding and encoding (docs/performance.md).
     image_memory_budget: int
+    # When set, /metrics answers only ``Authorization: Bearer <it>`` (not the admin token:
+    # a scraper must not hold the operator's power).
+    metrics_token: str | None = None
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -158,6 +161,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         publish_timeout=positive_number(env, "JOBSAPP_PUBLISH_TIMEOUT", 2.0),
         image_memory_budget=_MIB
         * whole_number(env, "JOBSAPP_IMAGE_MEMORY_BUDGET_MB", DEFAULT_IMAGE_MEMORY_BUDGET_MB),
+        metrics_token=env.get("JOBSAPP_METRICS_TOKEN", "").strip() or None,
     )
 
 

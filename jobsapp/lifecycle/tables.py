@@ -171,6 +171,19 @@ class MaintenanceCounter(Base):
     value: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
+class MetricTotal(Base):
+    """/metrics counters and histogram buckets by module and task; see ``monitor.rollup``."""
+
+    __tablename__ = "metric_totals"
+
+    metric: Mapped[str] = mapped_column(String(32), primary_key=True)
+    module: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task: Mapped[str] = mapped_column(String(200), primary_key=True)
+    # An outcome, a histogram bucket's upper bound, or the histogram's sum in milliseconds.
+    label: Mapped[str] = mapped_column(String(32), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+
+
 class Lease(Base):
     """A named singleton lease (beat's leadership); a holder renews it before it expires."""
 

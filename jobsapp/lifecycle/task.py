@@ -33,9 +33,10 @@ from jobsapp.lifecycle.context import RunContext
 from jobsapp.lifecycle.errors import InvalidMessage, RetryRequested
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.heartbeat import Heartbeat
-from jobsapp.lifecycle.journal import NewJob
+from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
 from jobsapp.lifecycle.retry import RetryPolicy
 from jobsapp.lifecycle.scrub import known_secrets_from_env
+from jobsapp.monitor import rollup
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,10 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         job = replace(job, not_before=_absolute(eta),
                       delay=None if eta is not None else _countdown(countdown),
                       traceparent=(headers or {}).get("traceparent") or job.traceparent)  # fmt: skip
-        return enqueue.enqueue(self.app, job, session=session, connection=connection)
+        handle = enqueue.enqueue(self.app, job, session=session, connection=connection)
+        if handle.outcome is EnqueueOutcome.DUPLICATE:
+            rollup.count_dedup_hit(get_engine(), self.run_table.module, self.name)
+        return handle
 
     def enqueue_in(
         self,

@@ -35,6 +35,8 @@ from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget, for_pass
 log = logging.getLogger(__name__)
 
 COUNTS = ("published", "republished", "settled", "dead", "repaired")
+# The relay's running totals in ``maintenance_counters``, for /metrics.
+PUBLISHED, FAILED, DEAD = "relay_published", "relay_failed", "relay_dead"
 
 
 @dataclass(frozen=True)
@@ -86,8 +88,11 @@ Select = Callable[[Connection, datetime], Picked]
 def _record(
     conn: Connection, messages: Sequence[PendingMessage], report: outbox.Report, now: datetime
 ) -> int:
-    """Mark what the broker took, set back what refused on its own; returns rows killed."""
+    """Mark what the broker took, set back what refused on its own; returns rows killed.
+
+    Every publish that raised (the row's fault or the broker's) counts as failed."""
     outbox.mark(conn, report.accepted)
+    queries.bump(conn, FAILED, len(report.refused) + (report.broker_error is not None))
     return queries.set_back(conn, outbox.setbacks(messages, report.refused, now), now=now)
 
 
@@ -201,6 +206,16 @@ def repair_missing(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) ->
 # ------------------------------------------------------------------ the pass
 
 
+def _add_totals(engine: Engine, counts: dict[str, int]) -> None:
+    """One write per pass that published or buried: a busy relay does not pay per row."""
+    published = counts["published"] + counts["republished"]
+    if not (published or counts["dead"]):
+        return
+    with engine.begin() as conn:
+        queries.bump(conn, PUBLISHED, published)
+        queries.bump(conn, DEAD, counts["dead"])
+
+
 def run_once(
     app: Celery, engine: Engine, cfg: RelayConfig, budget: Budget | None = None
 ) -> dict[str, int]:
@@ -220,5 +235,6 @@ def run_once(
         # One page per tick: the sweep is a safety net, not a scan of the whole journal.
         counts["repaired"] += repair_missing(engine, spec, cfg).done
     # An idle pass every few seconds is noise; a pass that moved rows is worth a line.
+    _add_totals(engine, counts)
     log.log(logging.INFO if any(counts.values()) else logging.DEBUG, "outbox relay: %s", counts)
     return counts

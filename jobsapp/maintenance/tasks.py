@@ -17,6 +17,7 @@ from jobsapp.attachments.store import get_store
 from jobsapp.celery_app import app
 from jobsapp.db import get_engine
 from jobsapp.maintenance import reaper, reconcile, relay, retention, staging
+from jobsapp.monitor import rollup
 from jobsapp.settings import get_settings, positive_number, whole_number
 
 
@@ -83,5 +84,11 @@ def reconcile_failed() -> dict[str, int]:
     return {f"{r.module}.{name}": n for r in reports for name, n in r.counts().items()}
 
 
+@app.task(name="jobsapp.maintenance.metrics", ignore_result=True)
+def roll_up_metrics() -> dict[str, int]:
+    return {"events": rollup.run_once(get_engine())}
+
+
 PASSES: dict[str, Any] = {"reaper": reap, "relay": relay_outbox, "retention": prune,
-                          "staging": sweep_staging, "reconcile": reconcile_failed}  # fmt: skip
+                          "staging": sweep_staging, "reconcile": reconcile_failed,
+                          "metrics": roll_up_metrics}  # fmt: skip

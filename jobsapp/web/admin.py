@@ -3,13 +3,15 @@ Prometheus metrics; the browser's pages under ``/admin`` are ``jobsapp.web.ui``.
 
 Everything under ``/v1/admin`` needs ``Authorization: Bearer $JOBSAPP_ADMIN_TOKEN``; with
 no token configured the operator API is off (403), so a deployment that forgot the
-variable is closed rather than open. ``/metrics`` carries no job ids or errors and stays
-open to the scraper.
+variable is closed rather than open. ``/metrics`` carries no job ids or errors; it is open
+unless ``JOBSAPP_METRICS_TOKEN`` is set, then it needs that bearer token (a scraper's own,
+not the operator's).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import logging
 from typing import Any
 from uuid import UUID
@@ -93,6 +95,18 @@ def _authenticate() -> ResponseReturnValue | None:
         response.headers["WWW-Authenticate"] = 'Bearer realm="jobsapp-admin"'
         return response, status
     return None
+
+
+@scrape.before_request
+def _authenticate_scraper() -> ResponseReturnValue | None:
+    token = get_settings().metrics_token
+    given = auth.bearer(request)
+    # Constant time: the comparison must not tell how much of a guess was right.
+    if token is None or (given is not None and hmac.compare_digest(given.encode(), token.encode())):
+        return None
+    response, status = _error(401, "unauthorized", "Send Authorization: Bearer <token>.")
+    response.headers["WWW-Authenticate"] = 'Bearer realm="jobsapp-metrics"'
+    return response, status
 
 
 # ------------------------------------------------------------------------- summary

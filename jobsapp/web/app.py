@@ -23,9 +23,9 @@ from jobsapp.attachments import service
 from jobsapp.attachments.pipeline import get_pipeline
 from jobsapp.attachments.validation import DEFAULT_LIMITS, Limits, RejectedUpload
 from jobsapp.db import get_engine
-from jobsapp.monitor import browse
 from jobsapp.lifecycle import tracing
 from jobsapp.lifecycle.message import TRACE_HEADERS
+from jobsapp.monitor import browse
 from jobsapp.settings import SettingsError
 from jobsapp.web import admin
 from jobsapp.web.health import health

@@ -72,7 +72,7 @@ def test_beat_and_the_command_refuse_retention_inside_a_dedup_window(
         assert every.wait(60) == 1, every.log()
         ran = [json.loads(line)["pass"] for line in every.log().splitlines()
                if line.startswith("{")]  # fmt: skip
-        assert ran == ["reaper", "relay", "staging", "reconcile"]
+        assert ran == ["reaper", "relay", "staging", "reconcile", "metrics"]
 
         beat = launcher.beat("beat")
         beat.wait_for_log(r"ERROR.*retention refused: " + REFUSAL.replace(".", r"\."), timeout=60)

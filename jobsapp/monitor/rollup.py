@@ -1,0 +1,254 @@
+"""Counters and histograms for /metrics, rolled up from ``job_events`` by beat.
+
+Where the numbers live: workers, beat and web are separate processes, often on separate
+hosts, and /metrics is scraped from web. Every transition already appends a
+``job_events`` row in its own transaction, so beat (the singleton) reads the events after
+a cursor, in bounded pages, and adds them to ``metric_totals``: a worker pays nothing per
+job for its metrics, every process's work is counted once, and a scrape reads a few
+rows. The price is lag: numbers move once per rollup tick, and an event whose
+transaction commits more than ``SETTLE`` after it was written is not counted (the journal
+itself stays right).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, Engine, Table, func, select, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from jobsapp.lifecycle import registry
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX, _upsert
+from jobsapp.lifecycle.outbox_queries import COUNTERS, bump
+from jobsapp.lifecycle.states import Transition
+from jobsapp.lifecycle.tables import MetricTotal
+from jobsapp.maintenance import lease
+
+log = logging.getLogger(__name__)
+
+TOTALS: Table = MetricTotal.__table__  # type: ignore[assignment]
+
+ATTEMPTS, REAPED, DEDUP_HITS = "attempts", "reaped", "dedup_hits"
+QUEUE_WAIT, RUN_DURATION = "queue_wait", "run_duration"
+HISTOGRAMS = (QUEUE_WAIT, RUN_DURATION)
+# Upper bounds in seconds: from a hot queue's sub-second wait to an hour-long render.
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+INF = "+Inf"
+SUM_MS = "sum_ms"
+UNKNOWN_TASK = "unknown"
+CURSOR = "metrics_event_cursor"
+SETTLE = timedelta(seconds=10)
+BATCH = 2000
+
+# The transitions that end an attempt, and the outcome label each counts under.
+ENDINGS = {
+    Transition.SUCCEED.value: "succeeded",
+    Transition.RETRY.value: "retried",
+    Transition.SNOOZE.value: "snoozed",
+    Transition.FAIL.value: "failed",
+    Transition.REAP_REQUEUE.value: "reaped",
+    Transition.REAP_FAIL.value: "reaped",
+}
+REAPS = {Transition.REAP_REQUEUE.value: "requeued", Transition.REAP_FAIL.value: "failed"}
+
+Key = tuple[str, str, str, str]  # metric, module, task, label
+Attempt = tuple[uuid.UUID, int]
+# An attempt's outbox row: when it was written, and when it was last handed to the broker.
+Sent = tuple[datetime, datetime | None]
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    module: str
+    job_id: uuid.UUID
+    attempt: int
+    transition: str
+    at: datetime
+
+
+def bucket_label(seconds: float) -> str:
+    return next((_le(b) for b in BUCKETS if seconds <= b), INF)
+
+
+def _le(bound: float) -> str:
+    return f"{bound:g}"
+
+
+def tally(
+    events: Iterable[Event],
+    tasks: Mapping[uuid.UUID, str],
+    claimed_at: Mapping[Attempt, datetime],
+    sent: Mapping[Attempt, Sent],
+) -> Counter[Key]:
+    """What ``events`` add to the totals (pure).
+
+    Queue wait runs from the attempt's message reaching the broker to its claim: the
+    backlog of the workers. A long delay (a retry's backoff) is not part of it, as the
+    relay publishes such a row only when it is due; a short countdown is. Run duration
+    runs from the claim to the transition that ended the attempt (a reaped run has none:
+    its end is when the reaper noticed, not when it stopped).
+    """
+    out: Counter[Key] = Counter()
+    for e in events:
+        task = tasks.get(e.job_id, UNKNOWN_TASK)
+        attempt = (e.job_id, e.attempt)
+        if e.transition == Transition.CLAIM.value and attempt in sent:
+            _observe(out, (QUEUE_WAIT, e.module, task), e.at - _handed_over(sent[attempt], e.at))
+        if e.transition not in ENDINGS:
+            continue
+        out[(ATTEMPTS, e.module, task, ENDINGS[e.transition])] += 1
+        if e.transition in REAPS:
+            out[(REAPED, e.module, task, REAPS[e.transition])] += 1
+        elif attempt in claimed_at:
+            _observe(out, (RUN_DURATION, e.module, task), e.at - claimed_at[attempt])
+    return out
+
+
+def _handed_over(sent: Sent, claimed: datetime) -> datetime:
+    # A publish marked after the claim (the mark follows the broker's reply) tells
+    # nothing about the wait: the row's creation is the closer bound then.
+    created, published = sent
+    return published if published is not None and published <= claimed else created
+
+
+def _observe(out: Counter[Key], series: tuple[str, str, str], took: timedelta) -> None:
+    seconds = max(took.total_seconds(), 0.0)
+    out[(*series, bucket_label(seconds))] += 1
+    out[(*series, SUM_MS)] += round(seconds * 1000)
+
+
+def settled(events: Sequence[Event], horizon: datetime) -> list[Event]:
+    """The events before the first one newer than ``horizon``: a younger one may still
+    have older ids committing behind it, and the cursor must not pass those."""
+    for i, event in enumerate(events):
+        if event.at > horizon:
+            return list(events[:i])
+    return list(events)
+
+
+# ------------------------------------------------------------------ the pass
+
+
+def run_once(engine: Engine, batch: int = BATCH, settle: timedelta = SETTLE) -> int:
+    """Roll up one page of events; returns how many were counted."""
+    with engine.begin() as conn:
+        cursor = _locked_cursor(conn)
+        page = _events_after(conn, cursor, batch)
+        events = settled(page, lease.database_now(conn) - settle)
+        if not events:
+            _rewind_if_ids_restarted(conn, cursor)
+            return 0
+        totals = tally(events, *_lookups(conn, events))
+        add(conn, totals)
+        bump(conn, CURSOR, events[-1].id - cursor)
+    return len(events)
+
+
+def _locked_cursor(conn: Connection) -> int:
+    """The last event id counted; locked so that a second beat's pass waits, not doubles."""
+    conn.execute(_upsert(conn, COUNTERS).values(name=CURSOR, value=0).on_conflict_do_nothing())
+    stmt = select(COUNTERS.c.value).where(COUNTERS.c.name == CURSOR)
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    return int(conn.execute(stmt).scalar_one())
+
+
+def _events_after(conn: Connection, cursor: int, batch: int) -> list[Event]:
+    cols = EVENTS.c
+    rows = conn.execute(
+        select(cols.id, cols.module, cols.job_id, cols.attempt, cols.transition, cols.at)
+        .where(cols.id > cursor).order_by(cols.id).limit(batch)
+    )  # fmt: skip
+    return [Event(*row) for row in rows]
+
+
+def _rewind_if_ids_restarted(conn: Connection, cursor: int) -> None:
+    # SQLite hands out ids from the highest one left: once retention empties the table
+    # they start again below the cursor.
+    highest = conn.execute(select(func.max(EVENTS.c.id))).scalar()
+    if cursor and (highest or 0) < cursor:
+        conn.execute(update(COUNTERS).where(COUNTERS.c.name == CURSOR).values(value=highest or 0))
+
+
+def _lookups(
+    conn: Connection, events: Sequence[Event]
+) -> tuple[dict[uuid.UUID, str], dict[Attempt, datetime], dict[Attempt, Sent]]:
+    """Task names, claim times and due times of the page's jobs (by primary key or index)."""
+    tasks: dict[uuid.UUID, str] = {}
+    claimed: dict[Attempt, datetime] = {}
+    due: dict[Attempt, Sent] = {}
+    for module in {e.module for e in events}:
+        ids = list({e.job_id for e in events if e.module == module})
+        tasks.update(_task_names(conn, module, ids))
+        claimed.update(_claims(conn, module, ids))
+        due.update(_sent_times(conn, module, ids))
+    return tasks, claimed, due
+
+
+def _task_names(conn: Connection, module: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    # A module whose code this process does not import counts under UNKNOWN_TASK.
+    tables = {spec.module: spec.table for spec in registry.all_tables()}
+    if module not in tables:
+        return {}
+    table = tables[module]
+    rows = conn.execute(select(table.c.job_id, table.c.task_name).where(table.c.job_id.in_(ids)))
+    return {job_id: name for job_id, name in rows}
+
+
+def _claims(conn: Connection, module: str, ids: list[uuid.UUID]) -> dict[Attempt, datetime]:
+    cols = EVENTS.c
+    rows = conn.execute(
+        select(cols.job_id, cols.attempt, cols.at).where(
+            cols.module == module, cols.job_id.in_(ids),
+            cols.transition == Transition.CLAIM.value,
+        )
+    )  # fmt: skip
+    return {(job_id, attempt): at for job_id, attempt, at in rows}
+
+
+def _sent_times(
+    conn: Connection, module: str, ids: list[uuid.UUID]
+) -> dict[Attempt, tuple[datetime, datetime | None]]:
+    cols = OUTBOX.c
+    rows = conn.execute(
+        select(cols.job_id, cols.attempt, cols.created_at, cols.published_at)
+        .where(cols.module == module, cols.job_id.in_(ids))
+    )  # fmt: skip
+    return {(job_id, attempt): (created, published) for job_id, attempt, created, published in rows}
+
+
+def add(conn: Connection, totals: Mapping[Key, int]) -> None:
+    """Add ``totals`` to ``metric_totals`` (rows created at zero)."""
+    rows = [{"metric": m, "module": mod, "task": t, "label": lab, "value": v}
+            for (m, mod, t, lab), v in totals.items() if v]  # fmt: skip
+    if not rows:
+        return
+    stmt = _upsert(conn, TOTALS).values(rows)
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=[TOTALS.c.metric, TOTALS.c.module, TOTALS.c.task, TOTALS.c.label],
+        set_={"value": TOTALS.c.value + stmt.excluded.value},
+    ))  # fmt: skip
+
+
+def count_dedup_hit(engine: Engine, module: str, task: str) -> None:
+    """A producer's enqueue absorbed as a duplicate: it has no event, so it counts here.
+
+    Only duplicates pay this write; losing it must not fail the producer's call."""
+    try:
+        with engine.begin() as conn:
+            add(conn, {(DEDUP_HITS, module, task[:200], ""): 1})
+    except SQLAlchemyError as exc:
+        log.warning("dedup hit not counted: %s", type(exc).__name__)
+
+
+def read(conn: Connection) -> dict[Key, int]:
+    """Every total; the table holds a few rows per (module, task)."""
+    cols = TOTALS.c
+    rows = conn.execute(select(cols.metric, cols.module, cols.task, cols.label, cols.value))
+    return {(m, mod, t, lab): int(v) for m, mod, t, lab, v in rows}

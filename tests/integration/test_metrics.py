@@ -1,0 +1,93 @@
+"""/metrics counters and histograms: what ran, as an operator's alert rules read it.
+
+Real worker, real relay and rollup passes, scraped through the web app.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine, delete
+
+from jobsapp.celery_app import app
+from jobsapp.lifecycle.outbox_queries import COUNTERS
+from jobsapp.maintenance import relay
+from jobsapp.monitor import rollup
+from jobsapp.web.app import create_app
+from tests.support import tasks
+from tests.support.attachments import environment
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@pytest.fixture
+def fresh_totals(db: Engine) -> Engine:
+    """Totals and the rollup's cursor start at zero (the journal is emptied per test)."""
+    with db.begin() as conn:
+        conn.execute(delete(rollup.TOTALS))
+        conn.execute(delete(COUNTERS))
+    return db
+
+
+def scrape(headers: dict[str, str] | None = None) -> Samples:
+    reply = create_app().test_client().get("/metrics", headers=headers or {})
+    assert reply.status_code == 200, reply.get_data(as_text=True)
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(reply.get_data(as_text=True))
+        for s in family.samples
+    }
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def test_attempts_outcomes_histograms_dedup_and_relay_are_counted_once(
+    worker: object, fresh_totals: Engine
+) -> None:
+    db = fresh_totals
+    for n in range(2):
+        tasks.echo.apply_async((f"metrics-{n}",)).wait()
+    tasks.doomed.apply_async(("metrics-doomed",)).wait()
+    job_id = uuid.uuid4()
+    for _ in range(2):
+        duplicate = tasks.windowed.apply_async(("metrics-dup",), job_id=job_id)
+    duplicate.wait()
+    with db.begin() as conn:
+        relayed = tasks.echo.apply_async(("metrics-relayed",), connection=conn)
+    assert relay.run_once(app, db, relay.RelayConfig(grace=timedelta(0)))["published"] == 1
+    relayed.wait()
+
+    counted = rollup.run_once(db, settle=timedelta(0))
+    assert counted > 0
+    assert rollup.run_once(db, settle=timedelta(0)) == 0  # a second pass adds nothing
+    got = scrape()
+
+    echo = {"module": "jobs", "task": "tests.echo"}
+    doomed = {"module": "jobs", "task": "tests.doomed"}
+    assert sample(got, "jobsapp_attempts_total", **echo, outcome="succeeded") == 3
+    assert sample(got, "jobsapp_attempts_total", **doomed, outcome="retried") == 1
+    assert sample(got, "jobsapp_attempts_total", **doomed, outcome="failed") == 1
+    assert sample(got, "jobsapp_run_duration_seconds_count", **echo) == 3
+    assert sample(got, "jobsapp_run_duration_seconds_bucket", **echo, le="+Inf") == 3
+    assert sample(got, "jobsapp_queue_wait_seconds_count", **doomed) == 2
+    assert 0 < sample(got, "jobsapp_queue_wait_seconds_sum", **echo) < 60
+    assert sample(got, "jobsapp_dedup_hits_total", module="jobs", task="tests.windowed") == 1
+    assert sample(got, "jobsapp_relay_messages_total", result="published") == 1
+    assert sample(got, "jobsapp_relay_messages_total", result="dead") == 0
+    # The gauges stay.
+    assert ("jobsapp_outbox_backlog", frozenset()) in got
+
+
+def test_metrics_need_the_scrapers_token_when_one_is_set(fresh_totals: Engine) -> None:
+    with environment(JOBSAPP_METRICS_TOKEN="scrape-me"):
+        client = create_app().test_client()
+        assert client.get("/metrics").status_code == 401
+        bad = client.get("/metrics", headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401
+        assert "jobsapp-metrics" in bad.headers["WWW-Authenticate"]
+        assert scrape({"Authorization": "Bearer scrape-me"})
