@@ -18,7 +18,7 @@ from celery.utils.log import get_multiprocessing_logger
 
 from jobsapp.db import dispose_engines
 from jobsapp.lifecycle.pools import green_pool_refusal
-from jobsapp.logs import scrub_handlers
+from jobsapp.logs import format_handlers, scrub_handlers
 from jobsapp.settings import Settings, get_settings
 
 BASE_IMPORTS = (
@@ -91,3 +91,4 @@ def _scrub_logs(logger: logging.Logger, **_kwargs: Any) -> None:
     """Celery's handlers (root, task and multiprocessing loggers) mask secrets too."""
     forked = get_multiprocessing_logger()  # None until billiard has made one
     scrub_handlers(logger, *([forked] if forked is not None else []))
+    format_handlers(logger, *([forked] if forked is not None else []))

@@ -5,21 +5,35 @@ text and traceback, which may hold a database URL, an AWS secret or a bearer tok
 filter on each handler (not on a logger: records of child loggers skip their parents'
 filters) scrubs the finished message, the traceback and the stack with
 ``lifecycle.scrub`` and the secret values of the process's environment.
+
+``JOBSAPP_LOG_FORMAT=json`` gives every such handler (worker, beat, web) a formatter of one
+JSON object per line, with the job's and the trace's ids as fields. It formats what the
+filter left: the scrubbed message and traceback, never the raw arguments.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import traceback
-from collections.abc import Iterable
-from typing import Final
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any, Final
 
+from jobsapp.lifecycle import tracing
 from jobsapp.lifecycle.scrub import known_secrets_from_env, scrub
+from jobsapp.settings import get_settings
 
 # Tracebacks of chained exceptions run to several thousand characters; keep them whole.
 _LIMIT: Final = 32_000
 FORMAT: Final = "%(asctime)s %(levelname)s %(name)s %(message)s"
+FORMATS: Final = ("text", "json")
+
+# The job a worker thread is running: job_id, attempt, module and task of its records.
+_job: ContextVar[Mapping[str, str | int] | None] = ContextVar("jobsapp_log_job", default=None)
 
 
 class ScrubFilter(logging.Filter):
@@ -45,6 +59,48 @@ class ScrubFilter(logging.Filter):
         return scrub(text, limit=_LIMIT, secrets=self._secrets)
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, the job and the trace."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            **(_job.get() or {}),
+        }
+        trace_id = tracing.current_trace_id()
+        if trace_id is not None:
+            line["trace_id"] = trace_id
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line["exc"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = record.stack_info
+        return json.dumps(line, default=str)
+
+
+@contextmanager
+def about_job(**fields: str | int) -> Iterator[None]:
+    """Records logged inside carry ``fields`` (job_id, attempt, module, task) in JSON."""
+    token = _job.set(fields)
+    try:
+        yield
+    finally:
+        _job.reset(token)
+
+
+def format_handlers(*loggers: logging.Logger) -> None:
+    """With ``JOBSAPP_LOG_FORMAT=json``, every handler of ``loggers`` writes JSON lines."""
+    if get_settings().log_format != "json":
+        return
+    for logger in loggers:
+        for handler in logger.handlers:
+            handler.setFormatter(JsonFormatter())
+
+
 def scrub_handlers(*loggers: logging.Logger) -> None:
     """Put one ScrubFilter on every handler of ``loggers`` that has none yet."""
     secrets = known_secrets_from_env(os.environ)
@@ -58,3 +114,4 @@ def configure(level: int = logging.INFO) -> None:
     """The command-line processes' logging (web, operator commands): root, scrubbed."""
     logging.basicConfig(level=level, format=FORMAT)
     scrub_handlers(logging.getLogger())
+    format_handlers(logging.getLogger())

@@ -52,6 +52,8 @@ class Settings:
     # When set, /metrics answers only ``Authorization: Bearer <it>`` (not the admin token:
     # a scraper must not hold the operator's power).
     metrics_token: str | None = None
+    # "text" or "json" (one object per line, see jobsapp.logs).
+    log_format: str = "text"
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -137,6 +139,13 @@ def _admin_token(env: Mapping[str, str]) -> str | None:
     return token
 
 
+def _log_format(env: Mapping[str, str]) -> str:
+    value = env.get("JOBSAPP_LOG_FORMAT", "").strip().lower() or "text"
+    if value not in ("text", "json"):
+        raise SettingsError(f"JOBSAPP_LOG_FORMAT={value!r} must be 'text' or 'json'")
+    return value
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the configuration; raises SettingsError naming the variable."""
     env = os.environ if env is None else env
@@ -162,6 +171,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         image_memory_budget=_MIB
         * whole_number(env, "JOBSAPP_IMAGE_MEMORY_BUDGET_MB", DEFAULT_IMAGE_MEMORY_BUDGET_MB),
         metrics_token=env.get("JOBSAPP_METRICS_TOKEN", "").strip() or None,
+        log_format=_log_format(env),
     )
 
 

@@ -14,7 +14,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -26,6 +27,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from jobsapp import logs
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import claim, enqueue, message, registry, tracing
 from jobsapp.lifecycle.attempt import AttemptRules, run_attempt
@@ -204,11 +206,19 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         except InvalidMessage as bad:
             log.error("rejected message %s for %s: %s", self.request.id, self.name, bad)
             raise Reject(str(bad), requeue=False) from None
-        with tracing.span(f"run {self.name}", {"traceparent": env.traceparent}, consumer=True,
-                          attributes={"jobsapp.job_id": str(env.job_id),
-                                      "jobsapp.attempt": env.attempt}):  # fmt: skip
+        with self._observed(env):
             self._run_envelope(env, foreign)
         return None
+
+    @contextmanager
+    def _observed(self, env: message.Envelope) -> Iterator[None]:
+        """The run's span (continuing the message's trace) and its log records' fields."""
+        job: dict[str, str | int] = {"job_id": str(env.job_id), "attempt": env.attempt,
+                                     "module": env.module, "task": self.name}  # fmt: skip
+        span = tracing.span(f"run {self.name}", {"traceparent": env.traceparent},
+                            consumer=True, attributes={f"jobsapp.{k}": v for k, v in job.items()})
+        with span, logs.about_job(**job):
+            yield
 
     def _worker_name(self) -> str:
         return f"{self.request.hostname or socket.gethostname()}:{os.getpid()}"

@@ -95,6 +95,18 @@ def publishing(body: Mapping[str, Any]) -> Iterator[None]:
         context.detach(token)
 
 
+def current_trace_id() -> str | None:
+    """The trace id of the current span, else of the context being served (for logs)."""
+    if HAS_OTEL:
+        from opentelemetry import trace
+
+        ctx = trace.get_current_span().get_span_context()
+        if ctx.is_valid:
+            return format(ctx.trace_id, "032x")
+    parent = (_incoming.get() or {}).get("traceparent")
+    return parent[3:35] if parent else None
+
+
 def _current_span_carrier() -> Carrier:
     from opentelemetry import propagate, trace
 
