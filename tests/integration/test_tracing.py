@@ -40,11 +40,14 @@ _EXPORTER = InMemorySpanExporter()
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _provider() -> None:
+def _provider() -> Iterator[None]:
     """The SDK as an application would install it; the global provider is set once."""
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
     trace.set_tracer_provider(provider)
+    yield
+    # The provider stays for the session: later tests' spans are dropped, not kept.
+    _EXPORTER.shutdown()
 
 
 @pytest.fixture(params=["plain", "celery-instrumented"])
