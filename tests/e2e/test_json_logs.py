@@ -1,8 +1,8 @@
-"""JOBSAPP_LOG_FORMAT=json on a real worker and a real beat: JSON lines, ids, no secrets.
+"""JOBSAPP_LOG_FORMAT=json on a real worker, beat and web: JSON lines, ids, no secrets.
 
 A producer enqueues a job with a traceparent whose body fails once with a database URL
 (password included) in its error; the worker's record of the retry carries the job's
-ids and trace id, and the password appears nowhere in either process's log.
+ids and trace id, and the password appears nowhere in any process's log.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from sqlalchemy import Engine
 
 from tests.e2e.procs import ROOT, launching, ready, service_env
+from tests.e2e.webserver import WEB, free_port
 from tests.support.env import service
 from tests.support.waiting import eventually
 
@@ -42,7 +44,15 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
-def test_worker_and_beat_write_scrubbed_json_lines_with_job_and_trace_ids(
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5):  # noqa: S310 - a local test server
+            return True
+    except OSError:
+        return False
+
+
+def test_worker_beat_and_web_write_scrubbed_json_lines_with_job_and_trace_ids(
     pg: Engine, postgres_url: str, tmp_path: Path
 ) -> None:
     broker = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{BROKER_DB}").geturl()
@@ -50,6 +60,8 @@ def test_worker_and_beat_write_scrubbed_json_lines_with_job_and_trace_ids(
                       settings={"JOBSAPP_LOG_FORMAT": "json"})  # fmt: skip
     with launching(env, tmp_path) as launcher:
         worker, beat = launcher.worker("json"), launcher.beat("json-beat")
+        port = free_port()
+        web = launcher.start("json-web", [*WEB, "--port", str(port)])
         ready(worker)
         token = f"json-{uuid.uuid4().hex[:8]}"
         argv = [sys.executable, "-c", ENQUEUE, token]
@@ -65,10 +77,13 @@ def test_worker_and_beat_write_scrubbed_json_lines_with_job_and_trace_ids(
         record = eventually(retry_record, timeout=60)
         eventually(lambda: any(r["logger"].startswith("jobsapp.maintenance")
                                for r in json_lines(beat.log())), timeout=60)  # fmt: skip
+        eventually(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), timeout=30)
+        eventually(lambda: any(r["logger"] == "werkzeug" and "/healthz" in r["message"]
+                               for r in json_lines(web.log())), timeout=30)  # fmt: skip
     assert (record["attempt"], record["module"], record["task"]) == (1, "jobs", "tests.flaky")
     assert record["trace_id"] == TRACE_ID
     assert record["level"] == "INFO"
-    for proc in (worker, beat):
+    for proc in (worker, beat, web):
         assert SECRET not in proc.log()
         logged = [line for line in proc.log().splitlines() if line.startswith("{")]
         assert logged, proc.log()[-2000:]
