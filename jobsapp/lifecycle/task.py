@@ -159,9 +159,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         job = self.new_job(
             tuple(args or ()), dict(kwargs or {}), uuid.UUID(str(wanted)) if wanted else None
         )
-        job = replace(job, not_before=_absolute(eta),
-                      delay=None if eta is not None else _countdown(countdown),
-                      traceparent=(headers or {}).get("traceparent") or job.traceparent)  # fmt: skip
+        traceparent = (headers or {}).get("traceparent") or job.traceparent
+        job = replace(job, not_before=_absolute(eta), traceparent=traceparent,
+                      delay=None if eta is not None else _countdown(countdown))  # fmt: skip
         handle = enqueue.enqueue(self.app, job, session=session, connection=connection)
         if handle.outcome is EnqueueOutcome.DUPLICATE:
             rollup.count_dedup_hit(get_engine(), self.run_table.module, self.name)

@@ -1,7 +1,7 @@
 """metric_totals: counters and histogram buckets of /metrics, rolled up by beat
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-11-30 12:40:00.000000
 
 Beat rolls ``job_events`` up into these rows (its cursor is a ``maintenance_counters``
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0005"
-down_revision: str | None = "0004"
+revision: str = "0006"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
