@@ -34,7 +34,13 @@ def _columns() -> list[sa.Column[Any]]:
         sa.Column("finished_at", UtcDateTime(timezone=True), nullable=True),
         sa.Column("updated_at", UtcDateTime(timezone=True), nullable=False),
         sa.Column("worker", sa.String(length=200), nullable=True),
+        queue_column(),
     ]
+
+
+def queue_column() -> sa.Column[Any]:
+    """Added to the contract by migration 0007."""
+    return sa.Column("queue", sa.String(length=200), nullable=True)
 
 
 def _checks(name: str) -> list[sa.CheckConstraint]:

@@ -467,6 +467,7 @@ def _new_row(job: NewJob, now: datetime | None, state: State, attempts: int) -> 
         "last_error": None,
         "finished_at": None,
         "worker": None,
+        "queue": None,
         **job.values,
     }
 

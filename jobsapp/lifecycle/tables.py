@@ -64,6 +64,9 @@ class RunMixin:
     finished_at: Mapped[datetime | None]
     updated_at: Mapped[datetime]
     worker: Mapped[str | None] = mapped_column(String(200))
+    # The broker queue the producer chose (apply_async(queue=...), a task's queue); NULL is
+    # the app's default. Every message of the job, republished or retried, goes there.
+    queue: Mapped[str | None] = mapped_column(String(200))
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:  # noqa: N805 - SQLAlchemy passes the class
@@ -132,6 +135,8 @@ class OutboxMessage(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     # The relay gave up on the row; only an operator's retry brings it back.
     dead_at: Mapped[datetime | None]
+    # The run's queue when the row was written (NULL: the app's default queue).
+    queue: Mapped[str | None] = mapped_column(String(200))
 
     __table_args__ = (
         UniqueConstraint("module", "job_id", "attempt", name="uq_outbox_attempt"),
@@ -210,6 +215,8 @@ class JobEvent(Base):
     to_state: Mapped[str | None] = mapped_column(String(16))
     actor: Mapped[str] = mapped_column(String(200))
     reason: Mapped[str | None] = mapped_column(Text)
+    # A failed attempt's exception type, scrubbed message and scrubbed traceback (bounded).
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     at: Mapped[datetime]
 
     __table_args__ = (
