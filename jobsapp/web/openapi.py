@@ -452,6 +452,7 @@ def _ui_paths() -> JsonObject:
                          "post": _form_op("adminLogin", "Log in with the admin token")},
         "/admin/logout": {"post": _form_op("adminLogout", "End the session")},
         "/admin/outbox/retry": {"post": _form_op("adminRetryDead", "Dead outbox rows back")},
+        "/admin/reconcile": {"post": _form_op("adminReconcile", "A reconcile pass, by hand")},
         "/admin/jobs": {"get": _html_op("adminJobs", "Jobs: filtered, paged newest first")},
         job: {"get": _html_op("adminJob", "One job: attempts, timeline, attachment", True)},
         f"{job}/replay": {"post": _form_op("adminJobReplay", "Replay a failed job", True)},

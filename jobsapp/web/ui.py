@@ -169,7 +169,7 @@ def overview() -> ResponseReturnValue:
     health = summary.health(get_engine(), stale_after)
     dead_total, dead = browse.dead_outbox(get_engine(), limit=DEAD_SHOWN)
     return _page("overview.html", health=health, stale_after=stale_after,
-                 dead_total=dead_total, dead=dead)  # fmt: skip
+                 dead_total=dead_total, dead=dead, modules=_modules())  # fmt: skip
 
 
 @ui.get("/jobs")
@@ -250,6 +250,26 @@ def retry_dead() -> ResponseReturnValue:
     except operator.InvalidRequest as refused:
         flash(str(refused), "error")
     return redirect(url_for("ui.overview"), 303)
+
+
+@ui.post("/reconcile")
+def reconcile_failed() -> ResponseReturnValue:
+    """A reconcile pass by hand, over one domain or all: what beat does on its cadence."""
+    from jobsapp.celery_app import app as celery_app
+    from jobsapp.maintenance import reconcile
+
+    form = request.form
+    asked = reconcile.Request(error_code=form.get("error_code") or None,
+                              dry_run=bool(form.get("dry_run")),
+                              actor=f"{reconcile.ACTOR}:{auth.actor()}")  # fmt: skip
+    module = form.get("module") or None
+    if module is not None:
+        operator.run_table(module)  # an unknown module is a 404, not an empty pass
+    try:
+        reports = reconcile.run_all(get_engine(), celery_app, asked, module=module)
+    except reconcile.NeverRetaken as never:
+        return _error_page(409, str(never))
+    return _page("reconciled.html", reports=reports)
 
 
 @ui.get("/replay")

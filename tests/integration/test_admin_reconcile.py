@@ -1,0 +1,53 @@
+"""An operator runs a reconcile pass from the admin page: logged in, with the CSRF token."""
+
+from __future__ import annotations
+
+import re
+
+from flask.testing import FlaskClient
+from sqlalchemy import Engine
+
+from jobsapp.web.app import create_app
+from tests.integration.test_reconcile import failed_generic_job
+from tests.support.attachments import environment
+from tests.support.journal_view import events, run_row
+
+TOKEN = "reconcile-page-token"
+BASE = "http://admin.local"
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found is not None
+    return found[1]
+
+
+def signed_in(client: FlaskClient) -> str:
+    """Log in through the form; returns the overview page as the operator sees it."""
+    form = client.get("/admin/login", base_url=BASE).get_data(as_text=True)
+    client.post("/admin/login", base_url=BASE,
+                data={"csrf_token": _csrf(form), "token": TOKEN, "name": "rita"})  # fmt: skip
+    return client.get("/admin", base_url=BASE).get_data(as_text=True)
+
+
+def test_the_overview_offers_a_pass_that_takes_failures_again(db: Engine) -> None:
+    outage = failed_generic_job(db, "TransientError: upstream down")
+    with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
+        client = create_app().test_client()
+        overview = signed_in(client)
+        assert 'id="reconcile"' in overview
+        forged = client.post("/admin/reconcile", base_url=BASE, data={"module": "jobs"})
+        dry = client.post("/admin/reconcile", base_url=BASE, data={
+            "csrf_token": _csrf(overview), "module": "jobs", "dry_run": "1"})  # fmt: skip
+        assert run_row(db, outage)["state"] == "failed"
+        real = client.post("/admin/reconcile", base_url=BASE,
+                           data={"csrf_token": _csrf(overview), "module": "jobs"})  # fmt: skip
+
+    assert forged.status_code == 400
+    assert dry.status_code == 200
+    assert str(outage) in dry.get_data(as_text=True)
+    assert real.status_code == 200
+    assert str(outage) in real.get_data(as_text=True)
+    assert run_row(db, outage)["state"] == "queued"
+    replays = [e for e in events(db, outage) if e["transition"] == "replay"]
+    assert [e["actor"] for e in replays] == ["operator:reconcile:rita"]
