@@ -6,7 +6,13 @@ that importing a submodule (a model, a pure rule) does not build the app.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("jobsapp")
+except PackageNotFoundError:  # a checkout on PYTHONPATH, never installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -16,6 +16,7 @@ from celery.signals import (
 )
 from celery.utils.log import get_multiprocessing_logger
 
+from jobsapp import preflight
 from jobsapp.db import dispose_engines
 from jobsapp.lifecycle.pools import green_pool_refusal
 from jobsapp.logs import format_handlers, scrub_handlers
@@ -67,6 +68,7 @@ def create_app() -> Celery:
 
 
 app = create_app()
+preflight.connect_celery_signals()
 
 
 @worker_process_init.connect

@@ -9,25 +9,35 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
 
-from jobsapp import logs
+from jobsapp import __version__, logs, preflight
 from jobsapp.attachments.commands import register as add_attachment_commands
+from jobsapp.preflight import Need, StartupFailure
 from jobsapp.settings import SettingsError, get_settings
 
 Handler = Callable[[argparse.Namespace], int]
 
-MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+# What each command needs before it starts; a missing one is its StartupFailure line.
+_NEEDS: dict[str, tuple[Need, ...]] = {
+    "db": (Need.DATABASE,),
+    "maintenance run-once": (Need.SCHEMA, Need.STORAGE, Need.BROKER),
+    "maintenance leader": (Need.SCHEMA,),
+    "summary": (Need.SCHEMA,),
+    "replay": (Need.SCHEMA,),
+    "cancel": (Need.SCHEMA,),
+    "reprocess": (Need.SCHEMA,),
+    "verify": (Need.SCHEMA, Need.STORAGE),
+}
 
 
 def alembic_config() -> Config:
     """Alembic's settings, built here: the migrations ship inside the package, no ini file."""
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("script_location", str(preflight.MIGRATIONS))
     return cfg
 
 
@@ -84,10 +94,14 @@ def web(args: argparse.Namespace) -> int:
     from jobsapp.web.app import create_app
 
     try:
+        preflight.check_web()
         app = create_app()
     except SettingsError as bad:
         sys.stderr.write(f"jobsapp: configuration error: {bad}\n")
         return 2
+    except StartupFailure as failure:
+        preflight.report(failure)
+        return failure.code
     # The development server; production runs the same app under a WSGI server.
     run_simple(args.host, args.port, app, threaded=True)
     return 0
@@ -248,6 +262,7 @@ def _add_operator_commands(sub: Any) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jobsapp", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"jobsapp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     db = sub.add_parser("db", help="database schema").add_subparsers(dest="db", required=True)
     db.add_parser("upgrade", help="apply every migration").set_defaults(handler=db_upgrade)
@@ -276,15 +291,24 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logs.configure()
+    preflight.quiet_noisy_loggers()
     args = _parser().parse_args(argv)
     handler: Handler = args.handler
     try:
-        get_settings()
+        preflight.require(*_NEEDS.get(_command(args), ()), settings=get_settings())
     except SettingsError as bad:
         print(f"jobsapp: configuration error: {bad}", file=sys.stderr)
-        return 2
+        return preflight.ExitCode.CONFIGURATION
+    except StartupFailure as failure:
+        preflight.report(failure)
+        return failure.code
     return handler(args)
 
+
+def _command(args: argparse.Namespace) -> str:
+    """``summary``, ``db``, ``maintenance leader``: the key of ``_NEEDS``."""
+    sub = getattr(args, "maintenance", None)
+    return f"{args.command} {sub}" if sub else str(args.command)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException, NotFound
 
-from jobsapp import logs
+from jobsapp import logs, preflight
 from jobsapp.attachments import service
 from jobsapp.attachments.pipeline import get_pipeline
 from jobsapp.attachments.validation import DEFAULT_LIMITS, Limits, RejectedUpload
@@ -50,6 +50,7 @@ api = Blueprint("api", __name__)
 
 def create_app(limits: Limits | None = None) -> Flask:
     """The WSGI app; ``limits`` defaults to the environment (JOBSAPP_MAX_UPLOAD_BYTES)."""
+    preflight.check_served_web()
     limits = limits or limits_from_env(os.environ)
     if not logging.getLogger().handlers:
         # Under gunicorn nothing configured the root logger: the app's records get the

@@ -1,0 +1,282 @@
+"""Start-up checks: a missing dependency becomes one line naming its setting and an exit code.
+
+Every process checks what it needs once, before it announces itself (a worker's "ready",
+beat's first lease, the web's first request), one round trip per dependency and never on
+a job's path. A failed check is a ``StartupFailure``: the line an operator acts on and the
+documented exit code of ``docs/errors.md``. A supervisor (compose ``restart:``, systemd)
+restarts the process; it passes once the dependency is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+from jobsapp.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+# A dead host must not hold a process at start for the kernel's two-minute TCP timeout.
+CONNECT_TIMEOUT_S = 5
+UPGRADE_COMMAND = "jobsapp db upgrade"
+# Loggers that narrate every request at INFO (botocore's credential lookup, each retry):
+# noise to an operator; their warnings still show.
+NOISY_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
+
+
+class ExitCode(IntEnum):
+    """What a process's exit status means; the table in docs/errors.md."""
+
+    CONFIGURATION = 2
+    DATABASE_UNREACHABLE = 10
+    DATABASE_NOT_MIGRATED = 11
+    BROKER_UNREACHABLE = 12
+    S3_UNREACHABLE = 13
+    BUCKET_MISSING = 14
+    S3_ACCESS_DENIED = 15
+    # gunicorn stops (instead of restarting the worker forever) only on its own boot
+    # error code, so a web served by gunicorn exits with this one; its line names why.
+    GUNICORN_BOOT_ERROR = 3
+
+
+class Need(Enum):
+    DATABASE = "database"
+    SCHEMA = "schema"  # implies DATABASE
+    BROKER = "broker"
+    STORAGE = "storage"
+
+
+@dataclass(frozen=True)
+class StartupFailure(Exception):
+    code: ExitCode
+    line: str
+
+    def __str__(self) -> str:
+        return self.line
+
+
+# ------------------------------------------------------------------ pure verdicts
+
+
+def schema_problem(
+    current: Iterable[str], heads: Iterable[str], known: Iterable[str]
+) -> str | None:
+    """Why the database's Alembic revisions do not fit this code, or None when they do.
+
+    A revision this code does not know was written by a newer jobsapp (a rolling deploy
+    migrates first): that is not refused, the old code keeps working on an expanded schema.
+    """
+    current, heads = sorted(set(current)), sorted(set(heads))
+    if not current:
+        return f"it has no jobsapp tables (this jobsapp needs revision {', '.join(heads)})"
+    if set(current) - set(known) or current == heads:
+        return None
+    return f"it is at revision {', '.join(current)}, this jobsapp needs {', '.join(heads)}"
+
+
+def reason_of(exc: BaseException) -> str:
+    """The first line of the innermost cause, without the driver's decoration."""
+    inner = exc
+    while getattr(inner, "orig", None) is not None:
+        inner = inner.orig  # type: ignore[attr-defined]
+    text = next((ln.strip() for ln in str(inner).splitlines() if ln.strip()), "")
+    return text or type(inner).__name__
+
+
+def safe_url(url: str) -> str:
+    """``url`` with its password masked, fit for a log line."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+# ------------------------------------------------------------------------- checks
+
+
+def require(*needs: Need, settings: Settings | None = None) -> None:
+    """Check each need once; raises the first StartupFailure."""
+    settings = settings or get_settings()
+    if Need.DATABASE in needs or Need.SCHEMA in needs:
+        check_database(settings.database_url, schema=Need.SCHEMA in needs)
+    if Need.STORAGE in needs:
+        check_storage(settings)
+    if Need.BROKER in needs:
+        check_broker(settings.broker_url)
+
+
+def check_database(url: str, *, schema: bool) -> None:
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.pool import NullPool
+
+    setting = f"JOBSAPP_DATABASE_URL={safe_url(url)}"
+    args = {"connect_timeout": CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
+    engine = create_engine(url, poolclass=NullPool, connect_args=args)
+    try:
+        with engine.connect() as conn:
+            current = _current_heads(conn) if schema else ()
+    except DBAPIError as exc:
+        line = f"database unreachable at {setting}: {reason_of(exc)}"
+        raise StartupFailure(ExitCode.DATABASE_UNREACHABLE, line) from exc
+    finally:
+        engine.dispose()
+    problem = schema_problem(current, *_script_revisions()) if schema else None
+    if problem:
+        raise StartupFailure(ExitCode.DATABASE_NOT_MIGRATED,
+                             f"database not migrated: {setting}: {problem}; "
+                             f"run `{UPGRADE_COMMAND}`")  # fmt: skip
+
+
+def _current_heads(conn: Any) -> tuple[str, ...]:
+    from alembic.runtime.migration import MigrationContext
+
+    # Alembic narrates its dialect choice at INFO: noise before every command.
+    quiet = logging.getLogger("alembic.runtime.migration")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        return tuple(MigrationContext.configure(conn).get_current_heads())
+    finally:
+        quiet.setLevel(level)
+
+
+def _script_revisions() -> tuple[tuple[str, ...], set[str]]:
+    from alembic.script import ScriptDirectory
+
+    scripts = ScriptDirectory(str(MIGRATIONS))
+    return tuple(scripts.get_heads()), {s.revision for s in scripts.walk_revisions()}
+
+
+def check_storage(settings: Settings) -> None:
+    parts = urlsplit(settings.storage_url)
+    if parts.scheme != "s3":
+        return  # a local folder is made on first write
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from jobsapp.storage.s3 import make_s3_client
+
+    endpoint = f"JOBSAPP_S3_ENDPOINT_URL={settings.s3_endpoint_url or '(AWS default)'}"
+    try:
+        make_s3_client(settings.s3_endpoint_url, settings.s3_region).head_bucket(
+            Bucket=parts.netloc
+        )
+    except ClientError as exc:
+        raise _bucket_failure(exc, parts.netloc, settings.storage_url, endpoint) from exc
+    except BotoCoreError as exc:
+        line = f"S3 unreachable at {endpoint}: {reason_of(exc)}"
+        raise StartupFailure(ExitCode.S3_UNREACHABLE, line) from exc
+
+
+def _bucket_failure(exc: Any, bucket: str, storage_url: str, endpoint: str) -> StartupFailure:
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    if code in ("404", "NoSuchBucket", "NotFound"):
+        return StartupFailure(ExitCode.BUCKET_MISSING,
+                              f"bucket missing: JOBSAPP_STORAGE_URL={storage_url} names bucket "
+                              f"{bucket!r}, which does not exist at {endpoint}")  # fmt: skip
+    if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return StartupFailure(ExitCode.S3_ACCESS_DENIED,
+                              f"S3 access denied to bucket {bucket!r} at {endpoint}: check "
+                              "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")  # fmt: skip
+    return StartupFailure(ExitCode.S3_UNREACHABLE,
+                          f"S3 unreachable at {endpoint}: {code or reason_of(exc)}")  # fmt: skip
+
+
+def check_broker(url: str) -> None:
+    if urlsplit(url).scheme in ("filesystem", "memory"):
+        return
+    from kombu import Connection
+
+    with Connection(url, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+        errors: tuple[type[BaseException], ...] = (*conn.connection_errors, OSError)
+        try:
+            conn.connect()
+        except errors as exc:
+            raise StartupFailure(ExitCode.BROKER_UNREACHABLE,
+                                 f"broker unreachable at JOBSAPP_BROKER_URL={safe_url(url)}: "
+                                 f"{reason_of(exc)}") from exc  # fmt: skip
+
+
+# ---------------------------------------------------------------- process hooks
+
+
+def report(failure: StartupFailure) -> None:
+    sys.stderr.write(f"jobsapp: {failure.line}\n")
+    sys.stderr.flush()
+
+
+def exit_with(failure: StartupFailure, code: int | None = None) -> NoReturn:
+    """Print the line and leave; SystemExit, because Celery swallows a signal handler's
+    ordinary exceptions (and gunicorn would print them as a traceback)."""
+    report(failure)
+    raise SystemExit(int(failure.code if code is None else code))
+
+
+def quiet_noisy_loggers() -> None:
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def worker_started(**_kwargs: Any) -> None:
+    """``worker_init``: before the consumer connects, so no "ready" while a need is missing."""
+    quiet_noisy_loggers()
+    try:
+        require(Need.SCHEMA, Need.STORAGE, Need.BROKER)
+    except StartupFailure as failure:
+        exit_with(failure)
+
+
+def beat_started(**_kwargs: Any) -> None:
+    """``beat_init``: before the first tick, so a beat without a database never stands by."""
+    quiet_noisy_loggers()
+    try:
+        require(Need.SCHEMA, Need.STORAGE, Need.BROKER)
+    except StartupFailure as failure:
+        exit_with(failure)
+
+
+def connect_celery_signals() -> None:
+    """Called once by the Celery app module."""
+    from celery.signals import beat_init, worker_init
+
+    worker_init.connect(worker_started, weak=False)
+    beat_init.connect(beat_started, weak=False)
+
+
+def check_web() -> None:
+    """The web's needs: its schema and its bucket.
+
+    A database that does not answer is not fatal here: ``/healthz`` answers 503 until it
+    does, the orchestrator gates traffic on that, and the web heals without a restart.
+    """
+    try:
+        require(Need.SCHEMA)
+    except StartupFailure as failure:
+        if failure.code != ExitCode.DATABASE_UNREACHABLE:
+            raise
+        report(StartupFailure(failure.code, f"{failure.line}; serving 503 until it answers"))
+    require(Need.STORAGE)
+
+
+def check_served_web() -> None:
+    """``create_app`` under gunicorn (which sets SERVER_SOFTWARE): the web's checks.
+
+    An app built in-process (tests, the demo, ``jobsapp web``, which checks before) is
+    left alone.
+    """
+    if not os.environ.get("SERVER_SOFTWARE", "").startswith("gunicorn/"):
+        return
+    quiet_noisy_loggers()
+    try:
+        check_web()
+    except StartupFailure as failure:
+        exit_with(failure, ExitCode.GUNICORN_BOOT_ERROR)
