@@ -129,6 +129,8 @@ def summary(args: argparse.Namespace) -> int:
         print(json.dumps([row.as_json() for row in rows], indent=2))
     else:
         print(_summary_table(rows))
+        print()
+        print(_counts_table(monitor.outcome_counts(get_engine(), module=args.module)))
     return 0
 
 
@@ -154,6 +156,16 @@ def _summary_table(rows: Sequence[Any]) -> str:
          human_age(r.age_seconds), r.last_error or "")
         for r in rows
     ]  # fmt: skip
+    return _aligned(header, lines)
+
+
+def _counts_table(counts: Sequence[Any]) -> str:
+    """Jobs per module, state and outcome: the whole journal at a glance."""
+    lines = [(c.module, c.state, c.outcome or "-", str(c.jobs)) for c in counts]
+    return _aligned(("MODULE", "STATE", "OUTCOME", "JOBS"), lines)
+
+
+def _aligned(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *lines, strict=True)]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()

@@ -100,6 +100,10 @@ def safe_url(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
+def database_setting(url: str) -> str:
+    return f"JOBSAPP_DATABASE_URL={safe_url(url)}"
+
+
 # ------------------------------------------------------------------------- checks
 
 
@@ -119,7 +123,7 @@ def check_database(url: str, *, schema: bool) -> None:
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.pool import NullPool
 
-    setting = f"JOBSAPP_DATABASE_URL={safe_url(url)}"
+    setting = database_setting(url)
     args = {"connect_timeout": CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
     engine = create_engine(url, poolclass=NullPool, connect_args=args)
     try:
@@ -187,8 +191,10 @@ def _bucket_failure(exc: Any, bucket: str, storage_url: str, endpoint: str) -> S
         return StartupFailure(ExitCode.S3_ACCESS_DENIED,
                               f"S3 access denied to bucket {bucket!r} at {endpoint}: check "
                               "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")  # fmt: skip
+    # A 5xx (or anything else) from the server: it is there but cannot serve the bucket.
     return StartupFailure(ExitCode.S3_UNREACHABLE,
-                          f"S3 unreachable at {endpoint}: {code or reason_of(exc)}")  # fmt: skip
+                          f"S3 unreachable at {endpoint}: it answered {code} to HeadBucket "
+                          f"{bucket!r}")  # fmt: skip
 
 
 def check_broker(url: str) -> None:
@@ -280,3 +286,23 @@ def check_served_web() -> None:
         check_web()
     except StartupFailure as failure:
         exit_with(failure, ExitCode.GUNICORN_BOOT_ERROR)
+
+
+def standby_line(me: str, lease_name: str) -> str:
+    """What a beat that does not lead says: who holds the lease, or that the database is
+    out of reach (then nobody can be known to lead). One query, at the standby log's pace."""
+    from sqlalchemy.exc import DBAPIError
+
+    from jobsapp.db import get_engine
+    from jobsapp.maintenance import lease
+
+    settings = get_settings()
+    try:
+        with get_engine().connect() as conn:
+            held, now = lease.holder_of(conn, lease_name), lease.database_now(conn)
+    except DBAPIError as exc:
+        where = database_setting(settings.database_url)
+        return f"beat {me} standing by: cannot reach the database at {where}: {reason_of(exc)}"
+    if held is None or held[1] <= now:
+        return f"beat {me} standing by: the lease is free; taking it on the next tick"
+    return f"beat {me} standing by: the lease is held by beat {held[0]} until {held[1]:%H:%M:%S}Z"

@@ -26,6 +26,7 @@ from typing import Any
 from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import schedule
 
+from jobsapp import preflight
 from jobsapp.db import get_engine
 from jobsapp.maintenance import budget, lease
 from jobsapp.settings import optional_number, positive_number
@@ -127,7 +128,7 @@ class LeasedScheduler(Scheduler):
                 log.warning("beat %s lost the lease; standing by", self.holder)
             now = time.monotonic()
             if self._last_standby_log is None or now - self._last_standby_log > STANDBY_LOG_EVERY:
-                log.warning("beat %s standing by: the lease is held by another beat", self.holder)
+                log.warning("%s", preflight.standby_line(self.holder, LEASE_NAME))
                 self._last_standby_log = now
         self.leading = leading
 

@@ -301,3 +301,30 @@ def _lag(conn: Connection, now: datetime) -> float:
     )
     due_since = conn.execute(stmt).scalar()
     return 0.0 if due_since is None else _seconds(now - due_since)
+
+
+# ------------------------------------------------------------ counts by outcome
+
+
+@dataclass(frozen=True)
+class OutcomeCount:
+    module: str
+    state: str
+    outcome: str | None
+    jobs: int
+
+
+def outcome_counts(engine: Engine, *, module: str | None = None) -> list[OutcomeCount]:
+    """Jobs per ``(module, state, outcome)``, one GROUP BY per run table (bounded by
+    journal retention), in state order then by count."""
+    found: list[OutcomeCount] = []
+    with engine.connect() as conn:
+        for spec in checked_tables(module):
+            table = spec.table
+            stmt = select(table.c.state, table.c.outcome, func.count()).group_by(
+                table.c.state, table.c.outcome
+            )
+            found.extend(OutcomeCount(spec.module, str(s), o, int(n))
+                         for s, o, n in conn.execute(stmt).all())  # fmt: skip
+    order = {state: i for i, state in enumerate(ALL_STATES)}
+    return sorted(found, key=lambda c: (c.module, order.get(c.state, len(order)), -c.jobs))

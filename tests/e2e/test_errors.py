@@ -1,0 +1,246 @@
+"""A missing dependency is one line naming its setting and a documented exit code.
+
+Each test runs the real command (``jobsapp ...``, ``celery -A jobsapp worker|beat``,
+``jobsapp web``, gunicorn) against one broken dependency: a closed port for the database,
+the broker or S3, a database that exists but was never migrated, a bucket that does not
+exist. Everything else points at the real test services, so only that one thing is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from jobsapp.preflight import ExitCode
+from tests.conftest import _drop_postgres, _fresh_postgres
+from tests.e2e.webserver import Http, free_port
+from tests.support.env import SESSION, service
+from tests.support.waiting import eventually
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
+# Nothing listens on port 9 (discard) here: every connection is refused at once.
+CLOSED = "127.0.0.1:9"
+DEAD_DATABASE = f"postgresql+psycopg2://postgres@{CLOSED}/none"
+# A queue nobody else uses: a worker that wrongly started would consume nothing of others'.
+QUEUE = f"jobsapp-errors-{SESSION}"
+
+
+@pytest.fixture(scope="module")
+def unmigrated_url() -> Iterator[str]:
+    admin = service("JOBSAPP_TEST_DATABASE_URL")
+    name = f"jobsapp_unmigrated_{SESSION}"
+    yield _fresh_postgres(admin, name)
+    _drop_postgres(admin, name)
+
+
+@pytest.fixture
+def good_env(postgres_url: str, tmp_path: Path) -> dict[str, str]:
+    """A working configuration: migrated Postgres, Redis broker, the test bucket."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
+    return base | {
+        "PYTHONPATH": str(ROOT),
+        "JOBSAPP_VAR_DIR": str(tmp_path / "var"),
+        "JOBSAPP_DATABASE_URL": postgres_url,
+        "JOBSAPP_BROKER_URL": service("JOBSAPP_TEST_REDIS_URL"),
+        "JOBSAPP_STORAGE_URL": f"file://{tmp_path / 'objects'}",
+    }
+
+
+def s3(bucket: str | None = None, endpoint: str | None = None) -> dict[str, str]:
+    """The test bucket on the test S3, or the bucket or endpoint given instead."""
+    bucket = bucket or service("JOBSAPP_TEST_S3_BUCKET")
+    return {
+        "JOBSAPP_STORAGE_URL": f"s3://{bucket}/errors-{SESSION}",
+        "JOBSAPP_S3_ENDPOINT_URL": endpoint or service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
+    }
+
+
+def broken(what: str, unmigrated: str) -> dict[str, str]:
+    """The one setting that breaks ``what``."""
+    return {
+        "database down": {"JOBSAPP_DATABASE_URL": DEAD_DATABASE},
+        "not migrated": {"JOBSAPP_DATABASE_URL": unmigrated},
+        "broker down": {"JOBSAPP_BROKER_URL": f"redis://{CLOSED}/0"},
+        "S3 down": s3(endpoint=f"http://{CLOSED}"),
+        "bucket missing": s3(bucket=f"no-such-bucket-{SESSION}"),
+        "wrong S3 secret": s3() | {"AWS_SECRET_ACCESS_KEY": "not-the-secret"},
+    }[what]
+
+
+# what is broken -> the exit code and what the one line must say
+EXPECTED: dict[str, tuple[int, tuple[str, ...]]] = {
+    "database down": (ExitCode.DATABASE_UNREACHABLE,
+                      ("database unreachable", f"JOBSAPP_DATABASE_URL={DEAD_DATABASE}",
+                       "Connection refused")),
+    "not migrated": (ExitCode.DATABASE_NOT_MIGRATED,
+                     ("database not migrated", "JOBSAPP_DATABASE_URL=", "jobsapp_unmigrated_",
+                      "run `jobsapp db upgrade`")),
+    "broker down": (ExitCode.BROKER_UNREACHABLE,
+                    ("broker unreachable", f"JOBSAPP_BROKER_URL=redis://{CLOSED}/0")),
+    "S3 down": (ExitCode.S3_UNREACHABLE,
+                ("S3 unreachable", f"JOBSAPP_S3_ENDPOINT_URL=http://{CLOSED}")),
+    "bucket missing": (ExitCode.BUCKET_MISSING,
+                       ("bucket missing", "JOBSAPP_STORAGE_URL=s3://no-such-bucket-",
+                        "does not exist")),
+    "wrong S3 secret": (ExitCode.S3_ACCESS_DENIED,
+                        ("S3 access denied", "AWS_SECRET_ACCESS_KEY")),
+}  # fmt: skip
+
+
+def run(argv: list[str], env: Mapping[str, str], timeout: float = 60) -> tuple[int, str, str]:
+    proc = subprocess.Popen(argv, cwd=ROOT, env=dict(env), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"{argv} still ran after {timeout}s:\n{out[-2000:]}{err[-2000:]}"
+        ) from None
+    return proc.returncode, out, err
+
+
+def assert_one_line(what: str, code: int, out: str, err: str) -> str:
+    """The exit code of ``what``, exactly one ``jobsapp:`` line on stderr, no traceback."""
+    expected_code, words = EXPECTED[what]
+    ours = [line for line in err.splitlines() if line.startswith("jobsapp: ")]
+    assert code == expected_code, f"exit {code}:\n{out[-2000:]}\n{err[-3000:]}"
+    assert len(ours) == 1, err[-3000:]
+    for word in words:
+        assert word in ours[0], ours[0]
+    assert "Traceback" not in out + err
+    return ours[0]
+
+
+CLI_CASES = [
+    ("database down", ["summary"]),
+    ("not migrated", ["summary"]),
+    ("database down", ["db", "upgrade"]),
+    ("not migrated", ["replay", str(uuid.UUID(int=1)), "--module", "jobs", "--reason", "r"]),
+    ("broker down", ["maintenance", "run-once", "--pass", "relay"]),
+    ("S3 down", ["verify"]),
+    ("bucket missing", ["verify"]),
+    ("wrong S3 secret", ["verify"]),
+]
+
+
+@pytest.mark.parametrize(("what", "args"), CLI_CASES, ids=[f"{w}-{a[0]}" for w, a in CLI_CASES])
+def test_a_command_says_what_is_missing_in_one_line(
+    what: str, args: list[str], good_env: dict[str, str], unmigrated_url: str
+) -> None:
+    code, out, err = run([str(BIN / "jobsapp"), *args], good_env | broken(what, unmigrated_url))
+
+    assert_one_line(what, code, out, err)
+
+
+def test_db_upgrade_cures_not_migrated(good_env: dict[str, str]) -> None:
+    # `db upgrade` is the cure for "not migrated": it must not refuse for that reason.
+    admin = service("JOBSAPP_TEST_DATABASE_URL")
+    name = f"jobsapp_upgraded_{SESSION}"
+    env = good_env | {"JOBSAPP_DATABASE_URL": _fresh_postgres(admin, name)}
+
+    code, out, err = run([str(BIN / "jobsapp"), "db", "upgrade"], env)
+
+    assert code == 0, err
+    code, out, err = run([str(BIN / "jobsapp"), "summary"], env)
+    _drop_postgres(admin, name)
+    assert code == 0, err
+    assert out.startswith("MODULE")
+
+
+WORKER_CASES = ["database down", "not migrated", "broker down", "bucket missing"]
+
+
+@pytest.mark.parametrize("what", WORKER_CASES)
+def test_a_worker_without_its_dependency_exits_before_ready(
+    what: str, good_env: dict[str, str], unmigrated_url: str
+) -> None:
+    argv = [str(BIN / "celery"), "-A", "jobsapp", "worker", "--pool=solo", "-Q", QUEUE,
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "--loglevel", "INFO"]  # fmt: skip
+
+    code, out, err = run(argv, good_env | broken(what, unmigrated_url))
+
+    assert_one_line(what, code, out, err)
+    assert " ready." not in out + err
+
+
+@pytest.mark.parametrize("what", ["database down", "not migrated", "broker down"])
+def test_beat_without_its_dependency_exits_instead_of_standing_by(
+    what: str, good_env: dict[str, str], unmigrated_url: str, tmp_path: Path
+) -> None:
+    argv = [str(BIN / "celery"), "-A", "jobsapp", "beat", "-s", str(tmp_path / "schedule"),
+            "-l", "info"]  # fmt: skip
+
+    code, out, err = run(argv, good_env | broken(what, unmigrated_url))
+
+    assert_one_line(what, code, out, err)
+    assert "standing by" not in out + err
+    assert "is the leader" not in out + err
+
+
+@pytest.mark.parametrize("what", ["not migrated", "S3 down", "bucket missing"])
+def test_the_web_without_its_dependency_exits(
+    what: str, good_env: dict[str, str], unmigrated_url: str
+) -> None:
+    argv = [str(BIN / "jobsapp"), "web", "--port", str(free_port())]
+
+    code, out, err = run(argv, good_env | broken(what, unmigrated_url))
+
+    assert_one_line(what, code, out, err)
+
+
+def test_gunicorn_stops_with_the_line_instead_of_respawning_workers(
+    good_env: dict[str, str], unmigrated_url: str
+) -> None:
+    argv = [str(BIN / "gunicorn"), "--bind", f"127.0.0.1:{free_port()}", "--workers", "2",
+            "jobsapp.web.app:create_app()"]  # fmt: skip
+
+    code, out, err = run(argv, good_env | broken("bucket missing", unmigrated_url))
+
+    # gunicorn halts only on its own boot-error code; the line says what to fix.
+    assert code == ExitCode.GUNICORN_BOOT_ERROR, err[-3000:]
+    ours = {line for line in err.splitlines() if line.startswith("jobsapp: ")}
+    assert len(ours) == 1, err[-3000:]
+    assert "bucket missing: JOBSAPP_STORAGE_URL=s3://no-such-bucket-" in ours.pop()
+    assert "Traceback" not in out + err
+
+
+def test_the_web_with_its_database_down_says_so_and_answers_503(
+    good_env: dict[str, str], tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "web.log"
+    env = good_env | {"JOBSAPP_DATABASE_URL": DEAD_DATABASE}
+    with log.open("wb") as out:
+        web = subprocess.Popen([str(BIN / "jobsapp"), "web", "--port", str(port)], cwd=ROOT,
+                               env=env, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+    try:
+        http = Http(f"http://127.0.0.1:{port}")
+        eventually(lambda: _status(http), timeout=30)
+        assert _status(http) == 503
+    finally:
+        os.killpg(web.pid, signal.SIGKILL)
+        web.wait()
+    ours = [ln for ln in log.read_text().splitlines() if ln.startswith("jobsapp: ")]
+    assert ours == [f"jobsapp: database unreachable at JOBSAPP_DATABASE_URL={DEAD_DATABASE}: "
+                    f'connection to server at "127.0.0.1", port 9 failed: Connection refused; '
+                    "serving 503 until it answers"]  # fmt: skip
+
+
+def _status(http: Http) -> int | None:
+    try:
+        return http.get("/healthz").status
+    except OSError:
+        return None
