@@ -20,6 +20,7 @@ import pytest
 
 from jobsapp.preflight import ExitCode
 from tests.conftest import _drop_postgres, _fresh_postgres
+from tests.e2e.procs import Launcher
 from tests.e2e.webserver import Http, free_port
 from tests.support.env import SESSION, service
 from tests.support.waiting import eventually
@@ -244,3 +245,19 @@ def _status(http: Http) -> int | None:
         return http.get("/healthz").status
     except OSError:
         return None
+
+
+def test_a_beat_standing_by_names_the_beat_that_leads(
+    good_env: dict[str, str], tmp_path: Path
+) -> None:
+    launcher = Launcher(env=good_env, workdir=tmp_path)
+    try:
+        leader = launcher.beat("beat-1").wait_for_log(r"beat (\S+) is the leader", timeout=60)
+        standby = launcher.beat("beat-2").wait_for_log(
+            r"beat (\S+) standing by: the lease is held by beat (\S+) until", timeout=60
+        )
+    finally:
+        launcher.kill_all()
+
+    assert standby[2] == leader[1]
+    assert standby[1] != leader[1]
