@@ -17,6 +17,7 @@ from alembic.config import Config
 from jobsapp import __version__, logs, preflight
 from jobsapp.attachments.commands import register as add_attachment_commands
 from jobsapp.preflight import Need, StartupFailure
+from jobsapp.progress import working
 from jobsapp.settings import SettingsError, get_settings
 
 Handler = Callable[[argparse.Namespace], int]
@@ -61,7 +62,8 @@ def maintenance_run_once(args: argparse.Namespace) -> int:
     code = 0
     for name in names:
         try:
-            counts = PASSES[name]()
+            with working(f"maintenance: {name}"):
+                counts = PASSES[name]()
         except RetentionRefused as refused:
             # The other passes still run; the exit status tells a script this one did not.
             sys.stderr.write(f"jobsapp: {name} refused to run: {refused}\n")

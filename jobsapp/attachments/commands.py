@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from jobsapp import logs
+from jobsapp.progress import progress_bar, working
 from jobsapp.settings import SettingsError, get_settings
 
 if TYPE_CHECKING:
@@ -52,12 +53,14 @@ def reprocess(args: argparse.Namespace) -> int:
 
     def show(progress: Progress) -> None:
         last[:] = [progress]
-        say(f"enqueued {progress.seen}/{progress.total} (new {progress.enqueued}, "
-            f"already queued {progress.in_flight}, busy {progress.busy})")  # fmt: skip
+        update(progress.seen, progress.total,
+               f"enqueued {progress.seen}/{progress.total} (new {progress.enqueued}, "
+               f"already queued {progress.in_flight}, busy {progress.busy})")  # fmt: skip
 
     try:
-        done = reprocess_to(get_engine(), args.to_version, batch=args.batch, progress=show,
-                            retry_failed=args.retry_failed, pause=args.pause)  # fmt: skip
+        with progress_bar(f"reprocess to v{args.to_version}") as update:
+            done = reprocess_to(get_engine(), args.to_version, batch=args.batch, progress=show,
+                                retry_failed=args.retry_failed, pause=args.pause)  # fmt: skip
     except (UnknownPipeline, ValueError) as bad:
         complain(str(bad))
         return EXIT_USAGE
@@ -111,7 +114,8 @@ def verify(args: argparse.Namespace) -> int:
 
     engine, store = get_engine(), get_store()
     try:
-        report = check.verify(engine, store, deep=args.deep, batch=args.batch)
+        with working("verify: reading the bucket and the database"):
+            report = check.verify(engine, store, deep=args.deep, batch=args.batch)
         show_report(report)
         if report.clean or not args.repair:
             return EXIT_OK if report.clean else EXIT_DRIFT
