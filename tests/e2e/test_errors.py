@@ -142,6 +142,7 @@ def test_a_command_says_what_is_missing_in_one_line(
     code, out, err = run([str(BIN / "jobsapp"), *args], good_env | broken(what, unmigrated_url))
 
     assert_one_line(what, code, out, err)
+    assert "botocore" not in err  # its INFO chatter ("Found credentials ...") is off
 
 
 def test_db_upgrade_cures_not_migrated(good_env: dict[str, str]) -> None:
