@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 from pathlib import Path
@@ -142,22 +143,29 @@ def check_database(url: str, *, schema: bool) -> None:
 
 
 def _current_heads(conn: Any) -> tuple[str, ...]:
-    from alembic.runtime.migration import MigrationContext
+    with _quiet("alembic"):
+        from alembic.runtime.migration import MigrationContext
 
-    # Alembic narrates its dialect choice at INFO: noise before every command.
-    quiet = logging.getLogger("alembic.runtime.migration")
-    level = quiet.level
-    quiet.setLevel(logging.WARNING)
-    try:
         return tuple(MigrationContext.configure(conn).get_current_heads())
+
+
+@contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Alembic narrates its dialect and plugins at INFO: noise before every command."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
     finally:
-        quiet.setLevel(level)
+        logger.setLevel(level)
 
 
 def _script_revisions() -> tuple[tuple[str, ...], set[str]]:
     from alembic.script import ScriptDirectory
 
-    scripts = ScriptDirectory(str(MIGRATIONS))
+    with _quiet("alembic"):
+        scripts = ScriptDirectory(str(MIGRATIONS))
     return tuple(scripts.get_heads()), {s.revision for s in scripts.walk_revisions()}
 
 
