@@ -120,6 +120,7 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def summary(args: argparse.Namespace) -> int:
+    from jobsapp.db import get_engine
     from jobsapp.monitor import summary as monitor
 
     try:
