@@ -203,9 +203,12 @@ def test_the_web_without_its_dependency_exits(
 
 
 def test_gunicorn_stops_with_the_line_instead_of_respawning_workers(
-    good_env: dict[str, str], unmigrated_url: str
+    good_env: dict[str, str], unmigrated_url: str, tmp_path: Path
 ) -> None:
+    # Its own control socket: the default one in ~/.gunicorn is shared by every gunicorn
+    # of the machine, and another test's gunicorn removing it breaks this one's shutdown.
     argv = [str(BIN / "gunicorn"), "--bind", f"127.0.0.1:{free_port()}", "--workers", "2",
+            "--control-socket", str(tmp_path / "gunicorn.ctl"),
             "jobsapp.web.app:create_app()"]  # fmt: skip
 
     code, out, err = run(argv, good_env | broken("bucket missing", unmigrated_url))
