@@ -120,13 +120,10 @@ def require(*needs: Need, settings: Settings | None = None) -> None:
 
 
 def check_database(url: str, *, schema: bool) -> None:
-    from sqlalchemy import create_engine
     from sqlalchemy.exc import DBAPIError
-    from sqlalchemy.pool import NullPool
 
     setting = database_setting(url)
-    args = {"connect_timeout": CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
-    engine = create_engine(url, poolclass=NullPool, connect_args=args)
+    engine = _probe_engine(url)
     try:
         with engine.connect() as conn:
             current = _current_heads(conn) if schema else ()
@@ -140,6 +137,20 @@ def check_database(url: str, *, schema: bool) -> None:
         raise StartupFailure(ExitCode.DATABASE_NOT_MIGRATED,
                              f"database not migrated: {setting}: {problem}; "
                              f"run `{UPGRADE_COMMAND}`")  # fmt: skip
+
+
+def _probe_engine(url: str) -> Any:
+    """PostgreSQL: one unpooled connection that gives up after CONNECT_TIMEOUT_S. SQLite:
+    the ordinary engine, which makes the embedded file's folder on a fresh checkout."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    from jobsapp.db import make_engine
+
+    if not url.startswith("postgresql"):
+        return make_engine(url)
+    return create_engine(url, poolclass=NullPool,
+                         connect_args={"connect_timeout": CONNECT_TIMEOUT_S})  # fmt: skip
 
 
 def _current_heads(conn: Any) -> tuple[str, ...]:
