@@ -26,6 +26,10 @@ Handler = Callable[[argparse.Namespace], int]
 _NEEDS: dict[str, tuple[Need, ...]] = {
     "db": (Need.DATABASE,),
     "maintenance run-once": (Need.SCHEMA, Need.STORAGE, Need.BROKER),
+    "maintenance run-once relay": (Need.SCHEMA, Need.BROKER),
+    "maintenance run-once staging": (Need.SCHEMA, Need.STORAGE),
+    "maintenance run-once reaper": (Need.SCHEMA,),
+    "maintenance run-once retention": (Need.SCHEMA,),
     "maintenance leader": (Need.SCHEMA,),
     "summary": (Need.SCHEMA,),
     "replay": (Need.SCHEMA,),
@@ -321,9 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _command(args: argparse.Namespace) -> str:
-    """``summary``, ``db``, ``maintenance leader``: the key of ``_NEEDS``."""
-    sub = getattr(args, "maintenance", None)
-    return f"{args.command} {sub}" if sub else str(args.command)
+    """``summary``, ``maintenance leader``, ``maintenance run-once relay``: a key of
+    ``_NEEDS``."""
+    words = (args.command, getattr(args, "maintenance", None), getattr(args, "pass_name", None))
+    return " ".join(str(w) for w in words if w)
 
 
 if __name__ == "__main__":

@@ -251,13 +251,22 @@ def quiet_noisy_loggers() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def celery_process_started(**_kwargs: Any) -> None:
-    """``worker_init`` and ``beat_init``: a worker checks before its consumer connects (no
-    "ready" while a need is missing), beat before its first tick (a beat without its
-    database never claims to stand by for another)."""
+def worker_started(**_kwargs: Any) -> None:
+    """``worker_init``: before the consumer connects, so no "ready" while a need is missing."""
+    _start_or_exit(Need.SCHEMA, Need.STORAGE, Need.BROKER)
+
+
+def beat_started(**_kwargs: Any) -> None:
+    """``beat_init``: before the first tick, so a beat without its database never claims to
+    stand by for another. Only the database: with the broker or S3 down the reaper must
+    keep its cadence, and the relay and staging passes retry on their own."""
+    _start_or_exit(Need.SCHEMA)
+
+
+def _start_or_exit(*needs: Need) -> None:
     quiet_noisy_loggers()
     try:
-        require(Need.SCHEMA, Need.STORAGE, Need.BROKER)
+        require(*needs)
     except StartupFailure as failure:
         exit_with(failure)
 
@@ -266,8 +275,8 @@ def connect_celery_signals() -> None:
     """Called once by the Celery app module."""
     from celery.signals import beat_init, worker_init
 
-    worker_init.connect(celery_process_started, weak=False)
-    beat_init.connect(celery_process_started, weak=False)
+    worker_init.connect(worker_started, weak=False)
+    beat_init.connect(beat_started, weak=False)
 
 
 def check_web() -> None:
