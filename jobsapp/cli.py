@@ -30,11 +30,13 @@ _NEEDS: dict[str, tuple[Need, ...]] = {
     "maintenance run-once staging": (Need.SCHEMA, Need.STORAGE),
     "maintenance run-once reaper": (Need.SCHEMA,),
     "maintenance run-once retention": (Need.SCHEMA,),
+    "maintenance run-once reconcile": (Need.SCHEMA,),
     "maintenance leader": (Need.SCHEMA,),
     "summary": (Need.SCHEMA,),
     "replay": (Need.SCHEMA,),
     "cancel": (Need.SCHEMA,),
     "reprocess": (Need.SCHEMA,),
+    "reconcile": (Need.SCHEMA,),
     "verify": (Need.SCHEMA, Need.STORAGE),
 }
 
@@ -314,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler: Handler = args.handler
     try:
-        preflight.require(*_NEEDS.get(_command(args), ()), settings=get_settings())
+        preflight.require(*_needs(args), settings=get_settings())
     except SettingsError as bad:
         print(f"jobsapp: configuration error: {bad}", file=sys.stderr)
         return preflight.ExitCode.CONFIGURATION
@@ -324,11 +326,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return handler(args)
 
 
-def _command(args: argparse.Namespace) -> str:
-    """``summary``, ``maintenance leader``, ``maintenance run-once relay``: a key of
-    ``_NEEDS``."""
-    words = (args.command, getattr(args, "maintenance", None), getattr(args, "pass_name", None))
-    return " ".join(str(w) for w in words if w)
+def _needs(args: argparse.Namespace) -> tuple[Need, ...]:
+    """The needs of the most specific key of ``_NEEDS`` that names this command:
+    ``maintenance run-once relay``, else ``maintenance run-once``, else ``maintenance``."""
+    words = [str(w) for w in (args.command, getattr(args, "maintenance", None),
+                              getattr(args, "pass_name", None)) if w]  # fmt: skip
+    for end in range(len(words), 0, -1):
+        needs = _NEEDS.get(" ".join(words[:end]))
+        if needs is not None:
+            return needs
+    return ()
 
 
 if __name__ == "__main__":

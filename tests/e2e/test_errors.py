@@ -129,6 +129,8 @@ CLI_CASES = [
     ("database down", ["db", "upgrade"]),
     ("not migrated", ["replay", str(uuid.UUID(int=1)), "--module", "jobs", "--reason", "r"]),
     ("broker down", ["maintenance", "run-once", "--pass", "relay"]),
+    ("database down", ["maintenance", "run-once", "--pass", "reconcile"]),
+    ("not migrated", ["reconcile"]),
     ("S3 down", ["verify"]),
     ("bucket missing", ["verify"]),
     ("wrong S3 secret", ["verify"]),
