@@ -144,6 +144,11 @@ class LeasedScheduler(Scheduler):
         except Exception:
             log.exception("maintenance pass %s failed", task)
 
+    # Celery's cached producer connects, retrying for minutes while the broker is down, for
+    # every due entry (inline passes too): the reaper would stall behind it. Without it,
+    # a broker-bound entry publishes through the app's pool like any apply_async.
+    producer = None  # type: ignore[assignment]
+
     def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
         task = maintenance_task(entry)
         if task:
