@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -94,7 +95,7 @@ def _after_commit(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> 
     # the outbox for the relay (a long broker ETA is redelivered on Redis, and run twice).
     horizon = timedelta(seconds=get_settings().inline_wait_max)
     messages = [
-        journal.on_local_clock(result.message, _due_in(job))
+        replace(journal.on_local_clock(result.message, _due_in(job)), priority=job.priority)
         for job, result in done
         if result.message is not None and _due_in(job) <= horizon
     ]

@@ -73,6 +73,10 @@ class NewJob:
     # clock), or a countdown counted on the database's clock.
     not_before: datetime | None = None
     delay: timedelta | None = None
+    # The broker queue every attempt's message goes to (None: the app's routing decides);
+    # a priority rides only the first publish (the relay republishes at the default).
+    queue: str | None = None
+    priority: int | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,8 @@ class PendingMessage:
     available_at: datetime
     publish_count: int = 0
     publish_failures: int = 0
+    queue: str | None = None
+    priority: int | None = None
 
 
 def on_local_clock(message: PendingMessage, due_in: timedelta) -> PendingMessage:
@@ -186,7 +192,8 @@ def add_outbox(
     values = out.values(spec.module)
     stmt = _upsert(conn, OUTBOX).values(values)
     rearm = {"body": values["body"], "created_at": now, "available_at": available_at,
-             "published_at": None, "delivered_at": None, "publish_count": 0}  # fmt: skip
+             "published_at": None, "delivered_at": None, "publish_count": 0,
+             "queue": values["queue"]}  # fmt: skip
     upsert = stmt.on_conflict_do_update(
         index_elements=[OUTBOX.c.module, OUTBOX.c.job_id, OUTBOX.c.attempt], set_=rearm
     ).returning(OUTBOX.c.id)
@@ -226,18 +233,20 @@ class Outgoing:
     body: Mapping[str, Any]
     now: datetime | None  # None: the statement takes the database's clock
     available_at: datetime | None
+    queue: str | None = None
 
     def values(self, module: str) -> dict[str, Any]:
         return {
             "module": module, "job_id": self.job_id, "attempt": self.attempt,
             "task_name": self.task_name, "body": dict(self.body), "created_at": self.now,
-            "available_at": self.available_at,
+            "available_at": self.available_at, "queue": self.queue,
         }  # fmt: skip
 
     def pending(self, outbox_id: int, available_at: datetime) -> PendingMessage:
         return PendingMessage(
-            outbox_id, self.job_id, self.attempt, self.task_name, self.body, available_at
-        )
+            outbox_id, self.job_id, self.attempt, self.task_name, self.body, available_at,
+            queue=self.queue,
+        )  # fmt: skip
 
 
 def outgoing(
@@ -249,7 +258,9 @@ def outgoing(
         job_id=row["job_id"], module=spec.module, attempt=attempt, ids=spec.ids_from_row(row),
         enqueued_at=now or utcnow(), traceparent=traceparent,
     )  # fmt: skip
-    return Outgoing(row["job_id"], attempt, row["task_name"], body, now, available_at)
+    # Every attempt goes to the queue the producer chose, whoever writes its message.
+    return Outgoing(row["job_id"], attempt, row["task_name"], body, now, available_at,
+                    row.get("queue"))  # fmt: skip
 
 
 # --- Prebuilt statements -----------------------------------------------------------------
@@ -261,7 +272,7 @@ def outgoing(
 _EVENT_COLUMNS = ("module", "job_id", "attempt", "transition", "from_state", "to_state",
                   "actor", "reason", "at")  # fmt: skip
 _OUTBOX_COLUMNS = ("module", "job_id", "attempt", "task_name", "body", "created_at",
-                   "available_at")  # fmt: skip
+                   "available_at", "queue")  # fmt: skip
 
 
 def _bind(table: Table, column: str, prefix: str = "r_") -> Any:
@@ -467,7 +478,7 @@ def _new_row(job: NewJob, now: datetime | None, state: State, attempts: int) -> 
         "last_error": None,
         "finished_at": None,
         "worker": None,
-        "queue": None,
+        "queue": job.queue,
         **job.values,
     }
 
@@ -768,6 +779,7 @@ class StaleRun:
     max_attempts: int
     task_name: str
     ids: Mapping[str, Any]
+    queue: str | None = None
 
 
 def find_stale(
@@ -794,7 +806,7 @@ def find_stale(
         StaleRun(
             job_id=r["job_id"], attempt=r["attempts"], rescues=r["rescues"],
             max_attempts=r["max_attempts"], task_name=r["task_name"],
-            ids=spec.ids_from_row(dict(r)),
+            ids=spec.ids_from_row(dict(r)), queue=r["queue"],
         )
         for r in conn.execute(stmt).mappings()
     ]  # fmt: skip
@@ -843,6 +855,7 @@ def _after_reap(
             from_state=State.RUNNING, to_state=to_state, actor="reaper", now=now, reason=reason,
         )  # fmt: skip
         if requeued:
-            row = {"job_id": run.job_id, "task_name": run.task_name, **run.ids}
+            row = {"job_id": run.job_id, "task_name": run.task_name, "queue": run.queue,
+                   **run.ids}  # fmt: skip
             add_outbox(conn, spec, row, attempt=run.attempt + 1, now=now, available_at=now)
     spec.changed(conn, transition, [{"job_id": r.job_id, **r.ids} for r in reaped])

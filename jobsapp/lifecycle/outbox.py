@@ -78,7 +78,7 @@ def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any) 
     """Hand one message to the broker, once; returns once the broker accepted it."""
     body = {**message.body, "outbox_id": message.id}
     validate_body(body)
-    options: dict[str, Any] = {}
+    options = _routing(message)
     delay = (message.available_at - now).total_seconds()
     if delay > 0:
         options["countdown"] = delay
@@ -94,6 +94,17 @@ def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any) 
             **options,
         )
     crashpoints.hit("after_publish_before_confirm")
+
+
+def _routing(message: PendingMessage) -> dict[str, Any]:
+    """The queue the producer chose (else ``task_routes`` and the default queue decide),
+    and the priority of a first publish."""
+    options: dict[str, Any] = {}
+    if message.queue is not None:
+        options["queue"] = message.queue
+    if message.priority is not None:
+        options["priority"] = message.priority
+    return options
 
 
 @dataclass

@@ -34,7 +34,7 @@ def _pending(rows: Any) -> list[PendingMessage]:
     return [
         PendingMessage(
             r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"], r["available_at"],
-            r["publish_count"], r["publish_failures"],
+            r["publish_count"], r["publish_failures"], queue=r["queue"],
         )
         for r in rows
     ]  # fmt: skip

@@ -9,6 +9,7 @@ to the same journal semantics.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import os
 import socket
@@ -58,6 +59,53 @@ def _absolute(eta: datetime | None) -> datetime | None:
 def _countdown(countdown: float | None) -> timedelta | None:
     """A countdown stays a duration: the database adds it to its own clock."""
     return timedelta(seconds=countdown) if countdown else None
+
+
+# Celery options a lifecycle task cannot honour, and what to do instead.
+_UNSUPPORTED = {
+    "link": "chain work inside the task body, or enqueue the next task from it",
+    "link_error": "read the failure with JobHandle.get() or the journal",
+    "expires": "cancel the queued job with the operator API",
+    "exchange": "pass queue=, or route the task with task_routes",
+    "routing_key": "pass queue=, or route the task with task_routes",
+    "retry": "the outbox retries every publish",
+    "retry_policy": "the outbox retries every publish",
+}
+_JSON_HINTS = {
+    "datetime": "pass an ISO string (.isoformat())", "date": "pass an ISO string (.isoformat())",
+    "UUID": "pass str(value)", "Decimal": "pass str(value)", "bytes": "pass base64 text",
+}  # fmt: skip
+
+
+def _refuse(name: str, options: Mapping[str, Any]) -> None:
+    if not options:
+        return
+    hints = "; ".join(f"{o}: {_UNSUPPORTED.get(o, 'not supported')}" for o in sorted(options))
+    raise TypeError(f"{name}.apply_async: jobsapp does not support {sorted(options)} ({hints})")
+
+
+def _non_json(value: Any) -> type | None:
+    """The type of the first value in ``value`` that JSON cannot carry, or None."""
+    found: list[type] = []
+
+    def refuse(leaf: Any) -> Any:
+        found.append(type(leaf))
+        raise TypeError
+
+    try:
+        json.dumps(value, default=refuse, allow_nan=False)
+    except (TypeError, ValueError):
+        return found[0] if found else float
+    return None
+
+
+def require_json(task: str, named: Mapping[str, Any]) -> None:
+    """Refuse an argument the journal cannot store, before anything is written."""
+    for name, value in named.items():
+        bad = _non_json(value)
+        if bad is not None:
+            hint = _JSON_HINTS.get(bad.__name__, "pass str, int, float, bool, None, list, dict")
+            raise TypeError(f"argument {name!r} of {task} is a {bad.__name__}, not JSON: {hint}")
 
 
 class LifecycleTask(Task):  # type: ignore[type-arg]
@@ -119,16 +167,21 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         self, args: tuple[Any, ...], kwargs: Mapping[str, Any], job_id: uuid.UUID | None
     ) -> NewJob:
         job_id = job_id or self.derive_job_id(args, kwargs) or uuid.uuid4()
+        named = self._named(args, kwargs)
+        if self.run_table.params_column is not None:
+            require_json(self.name, named)
         values = self.row_values(args, kwargs)
         return NewJob(
             spec=self.run_table,
             job_id=job_id,
             task_name=self.name,
-            concurrency_key=self.concurrency_key(job_id, self._named(args, kwargs)),
+            concurrency_key=self.concurrency_key(job_id, named),
             max_attempts=self.max_attempts,
             values=values,
             dedup_window=timedelta(seconds=self.dedup_window),
             traceparent=tracing.outgoing().get("traceparent"),
+            queue=getattr(self, "queue", None),
+            priority=getattr(self, "priority", None),
         )
 
     def apply_async(  # type: ignore[override]
@@ -143,6 +196,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         countdown: float | None = None,
         eta: datetime | None = None,
         headers: Mapping[str, Any] | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
         **options: Any,
     ) -> JobHandle:
         """Enqueue through the journal (idempotent by job_id); publish after COMMIT.
@@ -150,22 +205,32 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         With ``session`` the enqueue joins that ORM transaction and publishes when it
         commits; with ``connection`` it joins a Core transaction and the relay publishes.
         ``countdown``/``eta`` delay the first attempt in the journal, never in the broker;
-        a ``traceparent`` header continues the caller's trace. Per-call routing and other
-        Celery options are refused: route lifecycle tasks with ``task_routes``.
+        a ``traceparent`` header continues the caller's trace. ``queue`` is stored on the
+        run, so retries and republishes go there too; ``priority`` rides the first publish
+        (see docs/integrations.md). Other Celery options are refused with what to do instead.
         """
-        if options:
-            raise TypeError(f"{self.name}: apply_async options not supported: {sorted(options)}")
+        _refuse(self.name, options)
         wanted = job_id or task_id
         job = self.new_job(
             tuple(args or ()), dict(kwargs or {}), uuid.UUID(str(wanted)) if wanted else None
         )
         traceparent = (headers or {}).get("traceparent") or job.traceparent
         job = replace(job, not_before=_absolute(eta), traceparent=traceparent,
-                      delay=None if eta is not None else _countdown(countdown))  # fmt: skip
+                      delay=None if eta is not None else _countdown(countdown),
+                      queue=queue or job.queue,
+                      priority=job.priority if priority is None else priority)  # fmt: skip
         handle = enqueue.enqueue(self.app, job, session=session, connection=connection)
         if handle.outcome is EnqueueOutcome.DUPLICATE:
             rollup.count_dedup_hit(get_engine(), self.run_table.module, self.name)
         return handle
+
+    def AsyncResult(self, task_id: str, **kwargs: Any) -> JobHandle:  # type: ignore[override]  # noqa: N802
+        """The job's handle (its journal row), for code written against Celery's results.
+
+        A lookup enqueues nothing; its outcome says what a replayed enqueue would: the job
+        id is taken."""
+        del kwargs
+        return JobHandle(uuid.UUID(str(task_id)), EnqueueOutcome.DUPLICATE, self.run_table)
 
     def enqueue_in(
         self,

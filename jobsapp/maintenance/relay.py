@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 COUNTS = ("published", "republished", "settled", "dead", "repaired")
 # The relay's running totals in ``maintenance_counters``, for /metrics.
 PUBLISHED, FAILED, DEAD = "relay_published", "relay_failed", "relay_dead"
+# Republished because no worker claimed them in time; and of those, messages for a task
+# this process has not registered either (a missing JOBSAPP_IMPORTS, a misspelt name).
+UNCLAIMED, UNKNOWN_TASK = "relay_unclaimed", "relay_unknown_task"
 
 
 @dataclass(frozen=True)
@@ -121,9 +125,35 @@ def _due(cfg: RelayConfig, conn: Connection, now: datetime) -> Picked:
     return due, len(due), 0
 
 
-def _lost(spec: registry.RunTable, cfg: RelayConfig, conn: Connection, now: datetime) -> Picked:
+def unknown_tasks(lost: Sequence[PendingMessage], registered: Collection[str]) -> list[str]:
+    """Task names of unclaimed messages that this app has not registered either."""
+    return sorted({m.task_name for m in lost} - set(registered))
+
+
+def _report_unclaimed(app: Celery, conn: Connection, lost: Sequence[PendingMessage]) -> None:
+    """Say what nobody claimed: the guard drops a task no worker knows, so the unclaimed
+    republish is the one signal at relay time (``inspect().registered()`` would ask every
+    worker over the broker on every tick, and only on brokers with a control channel)."""
+    if not lost:
+        return
+    unknown = unknown_tasks(lost, app.tasks.keys())
+    for name in unknown:
+        log.error("relay: task %s is registered nowhere in this app; no worker will run it "
+                  "(is its module in JOBSAPP_IMPORTS?)", name)  # fmt: skip
+    for (name, queue), count in Counter((m.task_name, m.queue) for m in lost).items():
+        log.warning("relay: %d messages of %s on queue %s were not claimed; republishing: "
+                    "does a worker consuming that queue import the task?", count, name,
+                    queue or "default")  # fmt: skip
+    queries.bump(conn, UNCLAIMED, len(lost))
+    queries.bump(conn, UNKNOWN_TASK, sum(m.task_name in unknown for m in lost))
+
+
+def _lost(
+    app: Celery, spec: registry.RunTable, cfg: RelayConfig, conn: Connection, now: datetime
+) -> Picked:
     """Unclaimed rows to republish; those republished too often are buried instead."""
     lost = queries.unclaimed_messages(conn, spec, now=now, limit=cfg.batch)
+    _report_unclaimed(app, conn, lost)
     hopeless = [m.id for m in lost if outbox.never_claimed(m)]
     buried = queries.bury(conn, hopeless, now=now, reason=(
         f"published {outbox.MAX_UNCLAIMED_PUBLISHES} times and never claimed: "
@@ -138,7 +168,7 @@ def _publish_due(app: Celery, engine: Engine, cfg: RelayConfig) -> Done:
 def _republish_lost(
     app: Celery, engine: Engine, spec: registry.RunTable, cfg: RelayConfig
 ) -> Done:
-    return _select_and_send(app, engine, cfg.unclaimed_after, partial(_lost, spec, cfg))
+    return _select_and_send(app, engine, cfg.unclaimed_after, partial(_lost, app, spec, cfg))
 
 
 def _settle(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) -> Done:

@@ -66,11 +66,13 @@ def _outbox_upkeep(engine: Engine) -> Iterator[Metric]:
     relayed = CounterMetricFamily(
         "jobsapp_relay_messages",
         "Outbox messages the relay handed to the broker (published), whose publish raised "
-        "(failed), or that it gave up on (dead).",
+        "(failed), or that it gave up on (dead); republished because no worker claimed them "
+        "(unclaimed), of which for a task this app has not registered (unknown_task).",
         labels=["result"],
     )
     for result, name in (("published", relay.PUBLISHED), ("failed", relay.FAILED),
-                         ("dead", relay.DEAD)):  # fmt: skip
+                         ("dead", relay.DEAD), ("unclaimed", relay.UNCLAIMED),
+                         ("unknown_task", relay.UNKNOWN_TASK)):  # fmt: skip
         relayed.add_metric([result], totals.get(name, 0))
     yield relayed
     yield GaugeMetricFamily(

@@ -270,5 +270,5 @@ def test_the_callers_trace_continues_and_unknown_options_are_refused(db: Engine)
     handle = tasks.echo.apply_async(("traced",), headers={"traceparent": traceparent})
     (message,) = outbox_rows(db, handle.job_id)
     assert message["body"]["traceparent"] == traceparent
-    with pytest.raises(TypeError, match="queue"):
-        tasks.echo.apply_async(("routed",), queue="elsewhere")
+    with pytest.raises(TypeError, match="expires"):
+        tasks.echo.apply_async(("expiring",), expires=60)

@@ -1,0 +1,169 @@
+"""Celery habits against real Redis, Postgres and workers: queues, get(), arguments.
+
+A worker consuming only queue B is a real ``celery -A jobsapp worker -Q B`` subprocess;
+the other habits use the in-process worker of tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import celery.exceptions
+import pytest
+import redis
+from sqlalchemy import Engine, func, select
+
+from jobsapp.celery_app import app
+from jobsapp.lifecycle import handle, journal, outbox_queries
+from jobsapp.lifecycle.journal import OUTBOX
+from jobsapp.lifecycle.tables import JobRun
+from jobsapp.maintenance import relay
+from jobsapp.settings import get_settings
+from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, launching, ready
+from tests.support import habit_tasks, tasks
+from tests.support.env import service
+from tests.support.journal_view import outbox_rows, run_row
+
+pytestmark = pytest.mark.timeout(120)
+
+UNCLAIMED_AFTER = 0.5
+
+
+def _count(engine: Engine, table: object) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(table)).scalar_one())  # type: ignore[arg-type]
+
+
+def _relay_counts(engine: Engine) -> tuple[int, int]:
+    """The relay's unclaimed and unknown-task totals (they outlive a test's journal)."""
+    with engine.connect() as conn:
+        totals = outbox_queries.counters(conn)
+    return totals.get(relay.UNCLAIMED, 0), totals.get(relay.UNKNOWN_TASK, 0)
+
+
+@pytest.fixture
+def worker_on_b(pg: Engine, redis_clean: None, tmp_path: Path) -> Iterator[Launcher]:
+    """A launcher for workers of this session's services, with queue B emptied."""
+    redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL")).delete(habit_tasks.QUEUE_B)
+    env = {**os.environ, "JOBSAPP_IMPORTS": "tests.support.tasks,tests.support.habit_tasks",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # fmt: skip
+    with launching(env, tmp_path) as launcher:
+        yield launcher
+
+
+def test_a_worker_of_queue_b_runs_jobs_sent_to_b_with_their_retry_and_a_relay_republish(
+    worker_on_b: Launcher, pg: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JOBSAPP_UNCLAIMED_AFTER", str(UNCLAIMED_AFTER))
+    get_settings.cache_clear()
+    broker = redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL"))
+    token = uuid.uuid4().hex[:8]
+    # Lost: published to B before any worker listens, then dropped by the broker.
+    lost = tasks.echo.apply_async(kwargs={"token": f"{token}-lost"}, queue=habit_tasks.QUEUE_B)
+    assert broker.delete(habit_tasks.QUEUE_B) == 1
+    worker = worker_on_b.start("worker-b", [str(BIN / "celery"), "-A", "jobsapp", "worker",
+                                            *WORKER_FLAGS, "-Q", habit_tasks.QUEUE_B,
+                                            "-n", f"b-{token}@%h"])  # fmt: skip
+    ready(worker, timeout=60)
+    time.sleep(UNCLAIMED_AFTER * 2)
+    cfg = relay.RelayConfig(unclaimed_after=timedelta(seconds=UNCLAIMED_AFTER))
+    assert relay.run_once(app, pg, cfg)["republished"] == 1
+    # Sent with a queue, with a priority, and to a task whose own queue is B; the first
+    # fails once, so its retry must reach B as well.
+    retried = tasks.flaky.apply_async(
+        kwargs={"token": f"{token}-flaky", "fail_times": 1, "secret": "s"},
+        queue=habit_tasks.QUEUE_B,
+    )
+    urgent = tasks.echo.apply_async(kwargs={"token": f"{token}-urgent"},
+                                    queue=habit_tasks.QUEUE_B, priority=9)  # fmt: skip
+    own = habit_tasks.on_b.delay(f"{token}-own", 1)
+    for job in (lost, retried, urgent, own):
+        job.get(timeout=60)
+    assert run_row(pg, retried.job_id)["attempts"] == 2
+    assert run_row(pg, own.job_id)["attempts"] == 2
+    queues = {r["queue"] for h in (lost, retried, own) for r in outbox_rows(pg, h.job_id)}
+    assert queues == {habit_tasks.QUEUE_B}
+    assert tasks.calls(f"{token}-lost") == 1
+
+
+def test_the_reaper_requeues_a_run_to_the_queue_its_producer_chose(db: Engine) -> None:
+    job = tasks.echo.new_job((), {"token": "reaped"}, None)
+    job = replace(job, queue="habits-reaped")
+    with db.begin() as conn:
+        journal.enqueue(conn, job, actor="producer")
+    spec = job.spec
+    with db.begin() as conn:
+        claimed = journal.claim(conn, spec, job.job_id, 1, worker="w", now=None)
+        assert claimed is not None
+    later = datetime.now(UTC) + timedelta(hours=1)
+    with db.begin() as conn:
+        stale = journal.find_stale(conn, spec, cutoff=later, limit=10)
+        reaped = journal.reap(conn, spec, stale, requeue_them=True, cutoff=later,
+                              reason="stale", now=datetime.now(UTC))  # fmt: skip
+    assert [r.job_id for r in reaped] == [job.job_id]
+    assert [(r["attempt"], r["queue"]) for r in outbox_rows(db, job.job_id)] == [
+        (1, "habits-reaped"), (2, "habits-reaped")]  # fmt: skip
+
+
+def test_get_returns_on_success_raises_the_stored_error_on_failure_and_times_out(
+    worker: object, db: Engine
+) -> None:
+    token = uuid.uuid4().hex[:8]
+    done = tasks.echo.delay(f"{token}-ok")
+    assert done.get(timeout=30) is None
+    assert tasks.echo.AsyncResult(done.id).successful()
+
+    doomed = tasks.doomed.delay(f"{token}-doomed")
+    with pytest.raises(handle.JobFailed, match="this never works") as failed:
+        doomed.get(timeout=30)
+    assert failed.value.outcome == "exhausted"
+    assert tasks.doomed.AsyncResult(doomed.id).get(propagate=False) is None
+
+    later = tasks.echo.apply_async(args=(f"{token}-later",), countdown=3600)
+    with pytest.raises(celery.exceptions.TimeoutError):
+        later.get(timeout=0.5)
+    with pytest.raises(TimeoutError, match="still queued"):
+        later.get(timeout=0.5)
+
+
+def test_a_non_json_argument_is_refused_by_name_and_nothing_is_written(db: Engine) -> None:
+    when = datetime.now(UTC)
+    with pytest.raises(TypeError, match=r"argument 'token' of tests.echo is a datetime, "
+                                        r"not JSON: pass an ISO string"):  # fmt: skip
+        tasks.echo.delay(when)
+    with pytest.raises(TypeError, match=r"argument 'secret' of tests.flaky is a UUID"):
+        tasks.flaky.apply_async(kwargs={"token": "t", "fail_times": 0, "secret": [uuid.uuid4()]})
+    assert _count(db, JobRun.__table__) == 0
+    assert _count(db, OUTBOX) == 0
+
+
+def test_an_unsupported_celery_option_is_refused_with_what_to_do_instead(db: Engine) -> None:
+    with pytest.raises(TypeError, match=r"does not support \['link'\].*chain work inside"):
+        tasks.echo.apply_async(args=("x",), link=tasks.echo.s("y"))
+    assert _count(db, JobRun.__table__) == 0
+
+
+def test_the_relay_reports_a_message_nobody_claims_and_a_task_nobody_registered(
+    pg: Engine, redis_clean: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = tasks.echo.new_job((), {"token": "orphan"}, None)
+    job = replace(job, task_name="tests.nobody_registered")
+    with pg.begin() as conn:
+        journal.enqueue(conn, job, actor="producer")
+    cfg = relay.RelayConfig(grace=timedelta(0), unclaimed_after=timedelta(seconds=UNCLAIMED_AFTER))
+    before = _relay_counts(pg)
+    assert relay.run_once(app, pg, cfg)["published"] == 1
+    time.sleep(UNCLAIMED_AFTER * 2)
+    with caplog.at_level(logging.WARNING, logger=relay.__name__):
+        assert relay.run_once(app, pg, cfg)["republished"] == 1
+    assert "tests.nobody_registered is registered nowhere" in caplog.text
+    assert "JOBSAPP_IMPORTS" in caplog.text
+    after = _relay_counts(pg)
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
