@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
+import itertools
 import os
 import random
 import re
@@ -420,14 +421,24 @@ class Cluster:
 
     # --- processes -------------------------------------------------------------------
 
-    def worker(self, name: str, *, crash_at: str | None = None) -> Proc:
+    def worker(self, name: str, *, crash_at: str | None = None,
+               env: Mapping[str, str] | None = None) -> Proc:  # fmt: skip
         argv = [str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS, "-n", f"{name}@%h"]
-        return self.launcher.start(name, argv, _armed(crash_at))
+        return self.launcher.start(name, argv, {**(env or {}), **(_armed(crash_at) or {})})
 
-    def beat(self, name: str = "beat", env: Mapping[str, str] | None = None) -> Proc:
+    def beat(self, name: str = "beat", env: Mapping[str, str] | None = None, *,
+             level: str = "info") -> Proc:  # fmt: skip
+        """``level="debug"`` logs every reaper pass, idle ones too (see ``reaper_ticks``)."""
         argv = [str(BIN / "celery"), "-A", "jobsapp", "beat", "-s",
-                str(self.launcher.workdir / f"{name}-schedule"), "-l", "info"]  # fmt: skip
+                str(self.launcher.workdir / f"{name}-schedule"), "-l", level]  # fmt: skip
         return self.launcher.start(name, argv, env)
+
+    def skewed_worker(self, name: str, offset: str, env: Mapping[str, str] | None = None) -> Proc:
+        """A worker under libfaketime, its wall clock moved by ``offset`` (``faketime -f``);
+        tests/support/faketime_celery.py says why monotonic clocks stay real."""
+        celery = [sys.executable, "-m", "tests.support.faketime_celery", "-A", "jobsapp"]
+        argv = ["faketime", "-f", offset, *celery, "worker", *WORKER_FLAGS, "-n", f"{name}@%h"]
+        return self.launcher.start(name, argv, {"FAKETIME_DONT_FAKE_MONOTONIC": "1", **(env or {})})
 
     def web(self, *, crash_at: str | None = None, timeout: float = 30.0) -> Web:
         """``jobsapp web`` on a free port, once /healthz answers."""
@@ -603,6 +614,32 @@ class Cluster:
 
 def _armed(crash_at: str | None) -> dict[str, str] | None:
     return {"JOBSAPP_CRASH_AT": crash_at} if crash_at else None
+
+
+# Celery's log prefix, then the reaper's line for one pass (tasks.reap, in beat).
+REAPER_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): [^\]]*\] reaper: ", re.M)
+
+
+def reaper_ticks(beat: Proc) -> list[datetime]:
+    """When beat ran a reaper pass, from a beat started with ``level="debug"``."""
+    return [datetime.strptime(at, "%Y-%m-%d %H:%M:%S,%f") for at in REAPER_LINE.findall(beat.log())]
+
+
+def largest_gap(ticks: list[datetime]) -> float:
+    return max((b - a).total_seconds() for a, b in itertools.pairwise(ticks))
+
+
+@contextlib.contextmanager
+def row_locked(engine: Engine, table: Any, *where: Any) -> Iterator[None]:
+    """A session idle in transaction holding the row's lock (``FOR UPDATE``), as a frozen
+    process would, until the block ends."""
+    with engine.connect() as holder:
+        holder.begin()
+        assert holder.execute(select(table).where(*where).with_for_update()).first() is not None
+        try:
+            yield
+        finally:
+            holder.rollback()
 
 
 def log_has(proc: Proc, pattern: str) -> re.Match[str] | None:
