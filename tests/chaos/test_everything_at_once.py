@@ -137,6 +137,7 @@ def everything_at_once(cluster: Cluster, redis_server: RedisServer, shape: Shape
         burst.wait_for(lambda _: len(burst.answers_since(back)) >= 5, "5 uploads after")
 
     accepted = burst.accepted()
+    print(f"held run {held}: {cluster.transitions(cluster.run(held)['job_id'])}")
     print(f"uploads {dict(burst.statuses())}, jobs {len(jobs)}, poison rows {len(poison)}")
     assert burst.statuses() == {202: len(burst.replies)}, burst.statuses()
     _all_done_once(cluster, accepted, jobs)
