@@ -91,7 +91,7 @@ def _echo_wave(cluster: Cluster, wave: str) -> dict[uuid.UUID, str]:
     return {uuid.UUID(h["job_id"]): t for h, t in zip(handles, tokens, strict=True)}
 
 
-def _live_or_terminal(cluster: Cluster, table: Any, skip: set[uuid.UUID]) -> list[dict[str, Any]]:
+def _unsettled(cluster: Cluster, table: Any, skip: set[uuid.UUID]) -> list[dict[str, Any]]:
     """Runs neither terminal nor running with a heartbeat younger than the stale limit
     (on the database's clock)."""
     query = text(
@@ -143,7 +143,7 @@ def everything_at_once(cluster: Cluster, redis_server: RedisServer, shape: Shape
     _all_done_once(cluster, accepted, jobs)
     _outbox_past_the_poison(cluster, poison)
     for table in (JOB_RUNS, ATTACHMENT_RUNS):
-        assert _live_or_terminal(cluster, table, poison) == [], table.name
+        assert _unsettled(cluster, table, poison) == [], table.name
     for fault, (raw_id, raw) in bad.items():
         named = raw_id if "id" in raw.headers else "<no id>"
         assert _rejections(workers, named, HEADER_FAULTS[fault][1]) == 1, fault
