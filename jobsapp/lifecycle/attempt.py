@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from celery import Celery
@@ -20,7 +22,7 @@ from jobsapp.lifecycle.context import RunContext, entered
 from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, RetryRequested
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.retry import Action, RetryPolicy, decide_failure, decide_retry_after
-from jobsapp.lifecycle.scrub import describe_exception
+from jobsapp.lifecycle.scrub import describe_exception, scrub
 from jobsapp.lifecycle.states import Outcome, Transition
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,25 @@ T = TypeVar("T")
 OUTCOME_WRITE_PAUSES = (0.5, 1.0, 2.0, 4.0)
 # A body that keeps asking for short pauses is snoozed after this many inline waits.
 MAX_INLINE_WAITS = 3
+# A stored traceback keeps its innermost frames, scrubbed and cut to this many characters.
+TRACEBACK_FRAMES = 20
+TRACEBACK_LIMIT = 8000
+
+
+class End(StrEnum):
+    """How an attempt ended, as its Celery task reports it (Flower's view of the journal)."""
+
+    SUCCEEDED = "succeeded"
+    REQUEUED = "requeued"
+    FAILED = "failed"
+    LEASE_LOST = "lease lost"
+
+
+@dataclass(frozen=True)
+class Ended:
+    end: End
+    # The scrubbed error of a failed attempt, or what happened instead of an outcome.
+    summary: str = ""
 
 
 @dataclass(frozen=True)
@@ -44,22 +65,21 @@ class AttemptRules:
 
 def run_attempt(
     app: Celery, ctx: RunContext, body: Callable[[], Any], rules: AttemptRules
-) -> None:
+) -> Ended:
     """Run the body under the heartbeat, then write the one outcome it earned."""
     with ctx.heartbeat, entered(ctx):
         try:
             _call_with_waits(ctx, body, rules)
         except LeaseLost as lost:
             log.warning("%s; nothing published", lost)
-            return
+            return Ended(End.LEASE_LOST, f"{lost}; nothing published")
         except RetryAfter as pause:
-            _snooze(app, ctx, pause, rules)
-            return
+            return _snooze(app, ctx, pause, rules)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a journal outcome
-            _settle_failure(app, ctx, exc, rules)
-            return
-    if not ctx.finished:
-        _succeed(ctx)
+            return _settle_failure(app, ctx, exc, rules)
+    if ctx.finished:
+        return Ended(End.SUCCEEDED, "finished by the body")
+    return _succeed(ctx)
 
 
 def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> None:
@@ -78,13 +98,15 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
             ctx.heartbeat.wait(pause.seconds)
 
 
-def _succeed(ctx: RunContext) -> None:
+def _succeed(ctx: RunContext) -> Ended:
     def write() -> bool:
         with autocommit(ctx.engine) as conn:
             return journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, actor=ctx.worker)
 
-    if not _persistently(write):
-        log.warning("job %s attempt %s: finish refused, lease lost", ctx.job_id, ctx.attempt)
+    if _persistently(write):
+        return Ended(End.SUCCEEDED)
+    log.warning("job %s attempt %s: finish refused, lease lost", ctx.job_id, ctx.attempt)
+    return Ended(End.LEASE_LOST, "finish refused, lease lost")
 
 
 def _persistently(write: Callable[[], T]) -> T:
@@ -106,7 +128,23 @@ def _describe(exc: BaseException, rules: AttemptRules) -> str:
     return f"[{code}] {text}" if isinstance(cause, PermanentError) and code else text
 
 
-def _settle_failure(app: Celery, ctx: RunContext, exc: Exception, rules: AttemptRules) -> None:
+def failure_detail(exc: BaseException, secrets: tuple[str, ...]) -> dict[str, str]:
+    """What a failed attempt stores on its event: type, message, innermost frames, scrubbed.
+
+    The formatted traceback holds source lines, never frame locals.
+    """
+    cause = exc.cause if isinstance(exc, RetryRequested) and exc.cause else exc
+    frames = "".join(traceback.format_exception(cause, limit=-TRACEBACK_FRAMES))
+    return {
+        "type": f"{type(cause).__module__}.{type(cause).__qualname__}",
+        "message": scrub(str(cause), secrets=secrets),
+        "traceback": scrub(frames, limit=TRACEBACK_LIMIT, secrets=secrets),
+    }
+
+
+def _settle_failure(
+    app: Celery, ctx: RunContext, exc: Exception, rules: AttemptRules
+) -> Ended:
     if isinstance(exc, SoftTimeLimitExceeded):
         exc = RetryRequested(exc, None)
     decision = decide_failure(
@@ -117,24 +155,27 @@ def _settle_failure(app: Celery, ctx: RunContext, exc: Exception, rules: Attempt
     if isinstance(exc, RetryRequested) and exc.countdown is not None:
         delay = exc.countdown
     error = _describe(exc, rules)
+    detail = failure_detail(exc, rules.secrets)
     if decision.action is Action.FAIL:
         assert decision.outcome is not None
-        _fail(ctx, decision.outcome, error)
-        return
-    _requeue(app, ctx, delay, error, Transition.RETRY, rules, refund=False)
+        return _fail(ctx, decision.outcome, error, detail)
+    return _requeue(app, ctx, delay, error, Transition.RETRY, rules, refund=False, detail=detail)
 
 
-def _fail(ctx: RunContext, outcome: Outcome, error: str) -> None:
+def _fail(ctx: RunContext, outcome: Outcome, error: str, detail: dict[str, str]) -> Ended:
     def write() -> bool:
         with autocommit(ctx.engine) as conn:
             return journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, outcome=outcome,
-                                error=error, actor=ctx.worker)  # fmt: skip
+                                error=error, actor=ctx.worker, detail=detail)  # fmt: skip
 
-    _persistently(write)
-    log.info("job %s failed (%s): %s", ctx.job_id, outcome, error)
+    if not _persistently(write):
+        log.warning("job %s attempt %s: failure refused, lease lost", ctx.job_id, ctx.attempt)
+        return Ended(End.LEASE_LOST, f"failure refused, lease lost: {error}")
+    log.error("job %s failed (%s) at attempt %s: %s", ctx.job_id, outcome, ctx.attempt, error)
+    return Ended(End.FAILED, f"{outcome}: {error}")
 
 
-def _snooze(app: Celery, ctx: RunContext, pause: RetryAfter, rules: AttemptRules) -> None:
+def _snooze(app: Celery, ctx: RunContext, pause: RetryAfter, rules: AttemptRules) -> Ended:
     reason = f"retry after {pause.seconds:g}s: {describe_exception(pause, secrets=rules.secrets)}"
 
     def taken() -> int:
@@ -142,27 +183,31 @@ def _snooze(app: Celery, ctx: RunContext, pause: RetryAfter, rules: AttemptRules
             return journal.snoozes(conn, ctx.spec, ctx.job_id)
 
     if _persistently(taken) >= rules.max_snoozes:
-        _fail(ctx, Outcome.SNOOZE_LIMIT, f"{reason}; gave up after {rules.max_snoozes} snoozes")
-        return
-    _requeue(app, ctx, pause.seconds, reason, Transition.SNOOZE, rules, refund=True)
+        gave_up = f"{reason}; gave up after {rules.max_snoozes} snoozes"
+        return _fail(ctx, Outcome.SNOOZE_LIMIT, gave_up, failure_detail(pause, rules.secrets))
+    return _requeue(app, ctx, pause.seconds, reason, Transition.SNOOZE, rules, refund=True)
 
 
 def _requeue(
     app: Celery, ctx: RunContext, delay: float, error: str, transition: Transition,
-    rules: AttemptRules, *, refund: bool,
-) -> None:  # fmt: skip
+    rules: AttemptRules, *, refund: bool, detail: dict[str, str] | None = None,
+) -> Ended:  # fmt: skip
     def write() -> PendingMessage | None:
         with autocommit(ctx.engine) as conn:
             return journal.requeue(
                 conn, ctx.spec, ctx.row, delay=timedelta(seconds=delay), error=error,
-                transition=transition, actor=ctx.worker, refund=refund,
+                transition=transition, actor=ctx.worker, refund=refund, detail=detail,
             )  # fmt: skip
 
     message = _persistently(write)
     if message is None:
         log.warning("job %s attempt %s: requeue refused, lease lost", ctx.job_id, ctx.attempt)
-        return
-    log.info("job %s %s in %.1fs: %s", ctx.job_id, transition.value, delay, error)
+        return Ended(End.LEASE_LOST, f"requeue refused, lease lost: {error}")
+    # A failed attempt is a warning; a snooze (the body asked to wait) is routine.
+    level = logging.WARNING if transition is Transition.RETRY else logging.INFO
+    log.log(level, "job %s attempt %s: %s in %.1fs: %s", ctx.job_id, ctx.attempt,
+            transition.value, delay, error)  # fmt: skip
     # Short delays ride a countdown; long ones wait in the outbox for the relay.
     if delay <= rules.inline_wait_max:
         outbox.publish_now(app, [journal.on_local_clock(message, timedelta(seconds=delay))])
+    return Ended(End.REQUEUED, error)

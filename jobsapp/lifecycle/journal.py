@@ -212,6 +212,8 @@ class Event:
     actor: str
     now: datetime | None  # None: the statement takes the database's clock
     reason: str | None = None
+    # A failed attempt's exception: type, scrubbed message and traceback.
+    detail: Mapping[str, Any] | None = None
 
     def values(self, job_id: Any) -> dict[str, Any]:
         return {
@@ -220,6 +222,7 @@ class Event:
             "from_state": self.from_state and self.from_state.value,
             "to_state": self.to_state and self.to_state.value,
             "actor": self.actor, "reason": self.reason, "at": self.now,
+            "detail": None if self.detail is None else dict(self.detail),
         }  # fmt: skip
 
 
@@ -270,7 +273,7 @@ def outgoing(
 # one statement.
 
 _EVENT_COLUMNS = ("module", "job_id", "attempt", "transition", "from_state", "to_state",
-                  "actor", "reason", "at")  # fmt: skip
+                  "actor", "reason", "at", "detail")  # fmt: skip
 _OUTBOX_COLUMNS = ("module", "job_id", "attempt", "task_name", "body", "created_at",
                    "available_at", "queue")  # fmt: skip
 
@@ -686,12 +689,13 @@ def _finish(
     error: str | None,
     actor: str,
     now: datetime | None,
+    detail: Mapping[str, Any] | None = None,
 ) -> bool:
     now = _stamp(conn, now)
     state = State.SUCCEEDED if outcome is Outcome.SUCCEEDED else State.FAILED
     params = {"r_job_id": job_id, "r_attempts": attempt, "r_state": state.value,
               "r_outcome": outcome.value, "r_last_error": error, "r_now": now}  # fmt: skip
-    event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error)
+    event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error, detail)
     return _run(conn, _finish_plan(spec, conn.dialect.name), params, event, None)[0] is not None
 
 
@@ -709,11 +713,12 @@ def succeed(
 def fail(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, outcome: Outcome,
     error: str, actor: str, now: datetime | None = None,
+    detail: Mapping[str, Any] | None = None,
 ) -> bool:  # fmt: skip
-    """running -> failed with ``outcome``, fenced."""
+    """running -> failed with ``outcome``, fenced; ``detail`` goes on its event."""
     return _finish(
         conn, spec, job_id, attempt, transition=Transition.FAIL,
-        outcome=outcome, error=error, actor=actor, now=now,
+        outcome=outcome, error=error, actor=actor, now=now, detail=detail,
     )  # fmt: skip
 
 
@@ -721,6 +726,7 @@ def requeue(
     conn: Connection, spec: RunTable, run: Mapping[str, Any], *, error: str,
     transition: Transition, actor: str, delay: timedelta | None = None,
     retry_at: datetime | None = None, now: datetime | None = None, refund: bool = False,
+    detail: Mapping[str, Any] | None = None,
 ) -> PendingMessage | None:  # fmt: skip
     """running -> queued for the next attempt, due ``delay`` after the database's now (or
     at ``retry_at``); returns its outbox row.
@@ -735,7 +741,8 @@ def requeue(
     params = {"r_job_id": run["job_id"], "r_attempts": attempt, "r_next_retry_at": due,
               "r_delay": delay or timedelta(0), "r_last_error": error, "r_now": now,
               "r_refund": int(refund)}  # fmt: skip
-    event = Event(spec, attempt, transition, State.RUNNING, State.QUEUED, actor, now, error)
+    event = Event(spec, attempt, transition, State.RUNNING, State.QUEUED, actor, now, error,
+                  detail)  # fmt: skip
     out = outgoing(spec, run, attempt=attempt + 1, now=now, available_at=due)
     return _run(conn, _requeue_plan(spec, conn.dialect.name), params, event, out)[1]
 

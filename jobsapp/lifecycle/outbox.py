@@ -74,6 +74,19 @@ def next_check(now: datetime, publish_count: int, unclaimed_after: timedelta) ->
     return now + unclaimed_after * factor
 
 
+def _attempt_links(message: PendingMessage) -> dict[str, Any]:
+    """What Flower shows of an attempt: a job_id/attempt label in its args column, the
+    earlier attempts as Celery retries, and the previous attempt's task as its parent."""
+    links: dict[str, Any] = {
+        "argsrepr": f"job_id={message.job_id} attempt={message.attempt}",
+        "retries": message.attempt - 1,
+    }
+    if message.attempt > 1:
+        links["parent_id"] = task_id_for(message.job_id, message.attempt - 1)
+        links["root_id"] = task_id_for(message.job_id, 1)
+    return links
+
+
 def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any) -> None:
     """Hand one message to the broker, once; returns once the broker accepted it."""
     body = {**message.body, "outbox_id": message.id}
@@ -88,6 +101,7 @@ def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any) 
             args=(),
             kwargs=body,
             task_id=task_id_for(message.job_id, message.attempt),
+            **_attempt_links(message),
             headers=trace_headers(body),
             producer=producer,
             retry=False,

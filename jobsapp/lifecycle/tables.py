@@ -216,7 +216,8 @@ class JobEvent(Base):
     actor: Mapped[str] = mapped_column(String(200))
     reason: Mapped[str | None] = mapped_column(Text)
     # A failed attempt's exception type, scrubbed message and scrubbed traceback (bounded).
-    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # None is SQL NULL (no failure), not the JSON literal null.
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     at: Mapped[datetime]
 
     __table_args__ = (

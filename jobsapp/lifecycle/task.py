@@ -23,7 +23,7 @@ from functools import cache
 from typing import Any, ClassVar, NoReturn
 
 from celery import Task
-from celery.exceptions import Reject
+from celery.exceptions import Reject, Retry
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from jobsapp import logs
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import claim, enqueue, message, registry, tracing
-from jobsapp.lifecycle.attempt import AttemptRules, run_attempt
+from jobsapp.lifecycle.attempt import AttemptRules, End, Ended, run_attempt
 from jobsapp.lifecycle.context import RunContext
 from jobsapp.lifecycle.errors import InvalidMessage, RetryRequested
 from jobsapp.lifecycle.handle import JobHandle
@@ -43,6 +43,14 @@ from jobsapp.monitor import rollup
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
+
+
+class AttemptFailed(Exception):
+    """Raised after the journal recorded a failed attempt, so Celery and Flower show it.
+
+    The message is the scrubbed one-line error; the journal already holds the outcome.
+    """
+
 
 @cache
 def _process_secrets() -> tuple[str, ...]:
@@ -125,6 +133,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     # Celery would check the message kwargs against run()'s signature; ours differ.
     typing = False
     ignore_result = True
+    # An attempt's failure is journalled and logged by jobsapp: Celery logs it briefly.
+    throws = (AttemptFailed,)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -272,8 +282,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             log.error("rejected message %s for %s: %s", self.request.id, self.name, bad)
             raise Reject(str(bad), requeue=False) from None
         with self._observed(env):
-            self._run_envelope(env, foreign)
-        return None
+            ended = self._run_envelope(env, foreign)
+        return _report(env, ended)
 
     @contextmanager
     def _observed(self, env: message.Envelope) -> Iterator[None]:
@@ -300,20 +310,20 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             return replace(job, concurrency_key=env.concurrency_key)
         return job
 
-    def _run_envelope(self, env: message.Envelope, foreign: NewJob | None) -> None:
+    def _run_envelope(self, env: message.Envelope, foreign: NewJob | None) -> Ended | str:
         worker, engine, settings = self._worker_name(), get_engine(), get_settings()
         rules = self._rules(settings.inline_wait_max)
         outcome = self._claim(engine, env, foreign, worker, rules.inline_wait_max)
         if isinstance(outcome, claim.Refusal):
             log.info("job %s attempt %s: no work, %s", env.job_id, env.attempt, outcome.value)
-            return
+            return f"not run: {outcome.value}"
         interval = self.heartbeat_interval or settings.heartbeat_interval
         ctx = RunContext(
             engine=engine, spec=self.run_table, row=outcome.row, worker=worker,
             heartbeat=Heartbeat(engine, self.run_table, env.job_id, env.attempt, interval,
                                 settings.stale_after),
         )  # fmt: skip
-        run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)
+        return run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)
 
     def _claim(
         self, engine: Engine, env: message.Envelope, foreign: NewJob | None, worker: str,
@@ -347,3 +357,23 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             params = row[spec.params_column] or {}
             return self.run(*params.get("args", ()), **params.get("kwargs", {}))
         return self.run(**spec.ids_from_row(row))
+
+
+def _report(env: message.Envelope, ended: Ended | str) -> str:
+    """The attempt's Celery result, or the exception that gives its task Flower's state.
+
+    A requeued attempt raises ``Retry`` (RETRY, acked, nothing re-sent: the journal already
+    scheduled the next attempt, whose task id it names); a failed one raises
+    ``AttemptFailed`` (FAILURE, acked); a delivery that started no work returns what
+    happened instead.
+    """
+    if isinstance(ended, str):
+        return ended
+    label = f"job {env.job_id} attempt {env.attempt}"
+    if ended.end is End.REQUEUED:
+        following = message.task_id_for(env.job_id, env.attempt + 1)
+        raise Retry(f"{label} requeued", exc=AttemptFailed(
+            f"{ended.summary}; next: attempt {env.attempt + 1}, task {following}"))
+    if ended.end is End.FAILED:
+        raise AttemptFailed(ended.summary)
+    return f"{label}: {ended.end.value}{': ' if ended.summary else ''}{ended.summary}"

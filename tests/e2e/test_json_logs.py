@@ -82,7 +82,7 @@ def test_worker_beat_and_web_write_scrubbed_json_lines_with_job_and_trace_ids(
                                for r in json_lines(web.log())), timeout=30)  # fmt: skip
     assert (record["attempt"], record["module"], record["task"]) == (1, "jobs", "tests.flaky")
     assert record["trace_id"] == TRACE_ID
-    assert record["level"] == "INFO"
+    assert record["level"] == "WARNING"
     for proc in (worker, beat, web):
         assert SECRET not in proc.log()
         logged = [line for line in proc.log().splitlines() if line.startswith("{")]

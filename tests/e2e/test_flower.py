@@ -1,0 +1,113 @@
+"""Flower beside a real worker shows each attempt's lifecycle outcome, read from its HTTP API.
+
+A job that fails transiently then exhausts (``tests.doomed``, 2 attempts) shows RETRY
+for attempt 1, naming attempt 2's task id, and FAILURE for attempt 2; a job that succeeds
+shows SUCCESS; a second delivery of a finished attempt says it did not run. Every row
+carries the task name and a ``job_id=... attempt=...`` label.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from sqlalchemy import Engine, select
+
+from jobsapp.lifecycle.message import task_id_for
+from jobsapp.lifecycle.tables import JobRun, OutboxMessage
+from tests.e2e.procs import BIN, ROOT, launching, ready, service_env
+from tests.e2e.webserver import free_port
+from tests.support.env import service
+from tests.support.waiting import eventually
+
+# Its own Redis database (broker and Flower's event channel): see the other e2e modules.
+BROKER_DB = 7
+JOB_RUNS = JobRun.__table__
+OUTBOX = OutboxMessage.__table__
+
+pytestmark = pytest.mark.timeout(180)
+
+# A second delivery of a finished attempt's message, under a task id of its own.
+REDELIVER = """
+import json, sys
+from jobsapp.celery_app import app
+app.send_task(sys.argv[1], kwargs=json.loads(sys.argv[2]), task_id=sys.argv[3])
+"""
+
+
+def _tasks(port: int) -> dict[str, dict[str, Any]]:
+    url = f"http://127.0.0.1:{port}/api/tasks"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        found: dict[str, dict[str, Any]] = json.load(reply)
+        return found
+
+
+def _state(pg: Engine, job_id: str) -> str | None:
+    with pg.connect() as conn:
+        found = conn.execute(select(JOB_RUNS.c.state).where(JOB_RUNS.c.job_id == job_id))
+        return found.scalar()
+
+
+def _first_message(pg: Engine, job_id: str) -> dict[str, Any]:
+    with pg.connect() as conn:
+        row = conn.execute(select(OUTBOX.c.id, OUTBOX.c.body).where(
+            OUTBOX.c.job_id == job_id, OUTBOX.c.attempt == 1)).one()  # fmt: skip
+    return {**row.body, "outbox_id": row.id}
+
+
+def _settled(port: int, *task_ids: str) -> dict[str, dict[str, Any]] | None:
+    tasks = _tasks(port)
+    done = all(tasks.get(t, {}).get("state") not in (None, "RECEIVED", "STARTED") for t in task_ids)
+    return tasks if done else None
+
+
+def test_flower_shows_retry_failure_success_and_a_duplicate_delivery(
+    pg: Engine, postgres_url: str, tmp_path: Path
+) -> None:
+    broker = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{BROKER_DB}").geturl()
+    env = service_env(database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var",
+                      settings={"FLOWER_UNAUTHENTICATED_API": "true"})  # fmt: skip
+    with launching(env, tmp_path) as launcher:
+        port = free_port()
+        flower = launcher.start("flower", [str(BIN / "celery"), "-A", "jobsapp", "flower",
+                                           "--address=127.0.0.1", f"--port={port}"])  # fmt: skip
+        flower.wait_for_log(r"Visit me at", timeout=60)
+        worker = launcher.worker("flower-worker")
+        ready(worker, timeout=60)
+        token = uuid.uuid4().hex[:8]
+        doomed, echo = (r["job_id"] for r in launcher.enqueue(
+            {"task": "tests.doomed", "kwargs": {"token": f"doomed-{token}"}},
+            {"task": "tests.echo", "kwargs": {"token": f"echo-{token}"}},
+        ))  # fmt: skip
+        eventually(lambda: _state(pg, doomed) == "failed" and _state(pg, echo) == "succeeded",
+                   timeout=60)  # fmt: skip
+        duplicate = str(uuid.uuid4())
+        redeliver = [sys.executable, "-c", REDELIVER, "tests.echo",
+                     json.dumps(_first_message(pg, echo), default=str), duplicate]  # fmt: skip
+        subprocess.run(redeliver, cwd=ROOT, env=env, timeout=60, check=True)
+        ids = [task_id_for(uuid.UUID(doomed), 1), task_id_for(uuid.UUID(doomed), 2),
+               task_id_for(uuid.UUID(echo), 1), duplicate]  # fmt: skip
+        tasks = eventually(lambda: _settled(port, *ids), timeout=60)
+    first, last, success, dup = (tasks[i] for i in ids)
+    assert first["state"] == "RETRY", first
+    assert ids[1] in first["exception"]
+    assert "this never works" in first["exception"]
+    assert last["state"] == "FAILURE", last
+    assert "this never works" in last["exception"]
+    assert (last["retries"], last["parent_id"], last["root_id"]) == (1, ids[0], ids[0])
+    assert success["state"] == "SUCCESS", success
+    assert "succeeded" in success["result"]
+    assert dup["state"] == "SUCCESS", dup
+    assert "not run: the job is already terminal" in dup["result"]
+    assert [t["name"] for t in (first, last, success, dup)] == ["tests.doomed"] * 2 + [
+        "tests.echo"] * 2  # fmt: skip
+    assert f"job_id={doomed} attempt=1" in first["args"]
+    assert f"job_id={doomed} attempt=2" in last["args"]
+    assert f"job_id={echo} attempt=1" in success["args"]
