@@ -1,0 +1,63 @@
+"""What a failed attempt stores, and the Celery state each attempt ending maps to (pure)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from celery.exceptions import Retry
+
+from jobsapp.lifecycle.attempt import TRACEBACK_LIMIT, End, Ended, failure_detail
+from jobsapp.lifecycle.errors import RetryRequested
+from jobsapp.lifecycle.message import Envelope, task_id_for
+from jobsapp.lifecycle.task import AttemptFailed, _report
+
+SECRET = "s3cr3t-v4lue-for-the-scrubber"
+
+
+def _deep(n: int) -> None:
+    if n == 0:
+        raise ValueError(f"password={SECRET} " + "x" * 20_000)
+    _deep(n - 1)
+
+
+def _caught(call: object) -> BaseException:
+    try:
+        call()  # type: ignore[operator]
+    except Exception as exc:  # noqa: BLE001 - the test inspects any exception
+        return exc
+    raise AssertionError("no exception")
+
+
+def test_a_deep_traceback_is_scrubbed_and_bounded_keeping_the_innermost_frame() -> None:
+    detail = failure_detail(_caught(lambda: _deep(200)), (SECRET,))
+    assert detail["type"] == "builtins.ValueError"
+    assert len(detail["traceback"]) <= TRACEBACK_LIMIT
+    assert "_deep(n - 1)" in detail["traceback"]
+    assert SECRET not in repr(detail)
+
+
+def test_celery_retry_stores_the_exception_it_wraps() -> None:
+    detail = failure_detail(RetryRequested(KeyError("k"), None), ())
+    assert detail["type"] == "builtins.KeyError"
+
+
+def _envelope(attempt: int) -> Envelope:
+    return Envelope(job_id=uuid.uuid4(), module="jobs", attempt=attempt, ids={},
+                    outbox_id=1, traceparent=None, concurrency_key=None)  # fmt: skip
+
+
+def test_a_requeued_attempt_is_a_retry_naming_the_next_attempts_task() -> None:
+    env = _envelope(3)
+    with pytest.raises(Retry) as raised:
+        _report(env, Ended(End.REQUEUED, "ValueError: boom"))
+    assert task_id_for(env.job_id, 4) in str(raised.value.exc)
+    assert "ValueError: boom" in str(raised.value.exc)
+
+
+def test_a_failed_attempt_raises_its_scrubbed_error_and_others_say_what_happened() -> None:
+    env = _envelope(1)
+    with pytest.raises(AttemptFailed, match="exhausted: ValueError: boom"):
+        _report(env, Ended(End.FAILED, "exhausted: ValueError: boom"))
+    assert _report(env, Ended(End.SUCCEEDED)) == f"job {env.job_id} attempt 1: succeeded"
+    assert _report(env, "not run: the job is already terminal").startswith("not run")
