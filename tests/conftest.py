@@ -116,18 +116,7 @@ def redis_clean() -> None:
 @pytest.fixture
 def worker(db: Engine, redis_clean: None) -> Iterator[object]:
     """An in-process Celery worker (threads pool, 2 slots) on the Redis broker."""
-    from celery.contrib.testing.worker import start_worker
-    from celery.signals import worker_init
+    from tests.support.workers import in_process_worker
 
-    from jobsapp import preflight
-    from jobsapp.celery_app import app
-
-    app.loader.import_default_modules()
-    # The process's start-up checks guard a real worker (tests/e2e/test_errors.py runs them);
-    # this one runs tasks for tests that break storage or the broker on purpose meanwhile.
-    worker_init.disconnect(preflight.worker_started)
-    try:
-        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False) as w:
-            yield w
-    finally:
-        worker_init.connect(preflight.worker_started, weak=False)
+    with in_process_worker() as w:
+        yield w

@@ -14,7 +14,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from sqlalchemy import Engine, func, select, update
 
 from jobsapp import cli
@@ -35,6 +34,7 @@ from tests.support import tasks
 from tests.support.attachments import DEAD_S3_ENDPOINT, environment, sha256
 from tests.support.journal_view import events, run_row
 from tests.support.waiting import eventually
+from tests.support.workers import in_process_worker
 from tests.unit import images
 
 OUTAGE_VICTIMS = 50
@@ -48,8 +48,7 @@ def db(request: pytest.FixtureRequest) -> Engine:
 
 @contextmanager
 def running_worker() -> Iterator[None]:
-    app.loader.import_default_modules()
-    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False):
+    with in_process_worker(concurrency=4):
         yield
 
 
