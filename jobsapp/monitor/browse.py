@@ -268,8 +268,19 @@ def _event_row(row: Mapping[str, Any]) -> EventRow:
     return EventRow(
         attempt=row["attempt"], transition=row["transition"], from_state=row["from_state"],
         to_state=row["to_state"], actor=row["actor"], reason=row["reason"], at=row["at"],
-        detail=row.get("detail"),
+        detail=detail_text(row.get("detail")),
     )  # fmt: skip
+
+
+def detail_text(detail: object) -> str | None:
+    """A failed attempt's stored detail as a person reads it: the exception type and
+    message on one line, then the traceback with its own line breaks."""
+    if not detail:
+        return None
+    if not isinstance(detail, Mapping):
+        return str(detail)
+    head = ": ".join(str(detail[k]) for k in ("type", "message") if detail.get(k))
+    return "\n\n".join(part for part in (head, str(detail.get("traceback") or "")) if part)
 
 
 def attempts_of(events: Iterable[EventRow]) -> list[AttemptRow]:

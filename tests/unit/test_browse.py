@@ -8,7 +8,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobsapp.monitor.browse import Cursor, EventRow, attempts_of, parse_age, parse_cursor
+from jobsapp.monitor.browse import (
+    Cursor,
+    EventRow,
+    attempts_of,
+    detail_text,
+    parse_age,
+    parse_cursor,
+)
 from jobsapp.monitor.summary import BadFilter
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -75,3 +82,14 @@ def test_attempts_are_read_from_claims_and_their_endings() -> None:
     assert (found[0].started_at, found[0].ended_at) == (T0 + timedelta(minutes=1),
                                                         T0 + timedelta(minutes=2))  # fmt: skip
     assert found[3].ended_at is None
+
+
+def test_a_stored_failure_detail_reads_as_type_message_and_a_multiline_traceback() -> None:
+    stored = {"type": "billing.Upstream", "message": "refused",
+              "traceback": "Traceback (most recent call last):\n  File \"x.py\"\nboom"}  # fmt: skip
+    text = detail_text(stored)
+    assert text == (
+        "billing.Upstream: refused\n\nTraceback (most recent call last):\n  File \"x.py\"\nboom"
+    )
+    assert detail_text(None) is None
+    assert detail_text({}) is None
