@@ -42,6 +42,7 @@ from sqlalchemy.exc import IntegrityError
 
 from jobsapp import crashpoints
 from jobsapp.db import UtcDateTime, is_autocommit, utcnow
+from jobsapp.lifecycle import prepared
 from jobsapp.lifecycle.message import build_body
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import ACTIVE_STATES, Outcome, State, Transition, is_terminal
@@ -344,7 +345,8 @@ def _run(
     if out is not None:
         params |= _prefixed(out.values(event.spec.module), "o_")
     if plan.combined is not None:
-        row = _first(conn, plan.combined, params)
+        found = prepared.execute(conn, plan.combined, params).mappings().first()
+        row = None if found is None else dict(found)
         if row is None:
             return None, None
         outbox_id = row.pop("_outbox_id", None)
