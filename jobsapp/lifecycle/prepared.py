@@ -27,7 +27,8 @@ from typing import Any
 from sqlalchemy import Connection, CursorResult, Engine, bindparam, column, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.sql import Select, TextualSelect
+from sqlalchemy.sql import Select
+from sqlalchemy.sql.selectable import TextualSelect
 
 from jobsapp.db import is_autocommit
 
