@@ -1,0 +1,79 @@
+"""The hot transitions run as server-side prepared statements on PostgreSQL, and run
+unprepared, correctly, when the server connection under them does not know the statement
+(what a pooler in transaction mode does)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import Connection, Engine, text
+
+from jobsapp.db import autocommit, make_engine
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import NewJob
+from jobsapp.lifecycle.registry import JOBS
+from tests.support.journal_view import run_row, transitions
+
+
+def _job() -> NewJob:
+    return NewJob(spec=JOBS, job_id=uuid.uuid4(), task_name="tests.echo",
+                  concurrency_key=f"prep:{uuid.uuid4()}", max_attempts=2,
+                  values={"params": {}})  # fmt: skip
+
+
+def _run_one(conn: Connection) -> uuid.UUID:
+    job = _job()
+    assert journal.enqueue_new(conn, job, actor="test") is not None
+    assert journal.claim(conn, JOBS, job.job_id, 1, worker="w:1") is not None
+    assert journal.succeed(conn, JOBS, job.job_id, 1, actor="w:1")
+    return job.job_id
+
+
+def _prepared(conn: Connection) -> dict[str, int]:
+    rows = conn.execute(text("SELECT name, generic_plans FROM pg_prepared_statements"))
+    return {name: plans for name, plans in rows}
+
+
+def test_each_hot_statement_is_prepared_once_and_then_planned_no_more(pg: Engine) -> None:
+    with autocommit(pg) as conn:
+        done = [_run_one(conn) for _ in range(8)]
+        prepared = _prepared(conn)
+    # enqueue, claim, succeed: one statement each, reused by all 8 jobs; from the 6th
+    # execution on Postgres runs its generic plan instead of planning again.
+    assert len(prepared) == 3, prepared
+    assert all(plans >= 1 for plans in prepared.values()), prepared
+    for job_id in done:
+        assert run_row(pg, job_id)["state"] == "succeeded"
+        assert transitions(pg, job_id) == ["enqueue", "claim", "succeed"]
+
+
+def _forget_on_server(conn: Connection) -> None:
+    """The next statement lands on a server connection that never saw the PREPARE."""
+    conn.exec_driver_sql("DEALLOCATE ALL")
+
+
+def _forget_on_client(conn: Connection) -> None:
+    """The next PREPARE lands on a server connection that already has the statement."""
+    conn.connection.info.pop("jobsapp_prepared")
+
+
+@pytest.mark.parametrize("pooled", [_forget_on_server, _forget_on_client])
+def test_a_server_connection_that_does_not_match_falls_back_to_unprepared(
+    postgres_url: str, pooled: Callable[[Connection], None]
+) -> None:
+    # A URL of the test's own: the fallback lasts for the engine (and its autocommit
+    # variant) it happened on, and must not reach the other tests' engines.
+    engine = make_engine(f"{postgres_url}?application_name=fallback-{pooled.__name__}")
+    with autocommit(engine) as conn:
+        _run_one(conn)
+        pooled(conn)
+        job_id = _run_one(conn)
+        conn.exec_driver_sql("DEALLOCATE ALL")
+        after = _run_one(conn)
+        assert _prepared(conn) == {}, "the engine prepares no more after a mismatch"
+    for done in (job_id, after):
+        assert run_row(engine, done)["state"] == "succeeded"
+        assert transitions(engine, done) == ["enqueue", "claim", "succeed"]
+
