@@ -383,7 +383,11 @@ def _insert_plan(spec: RunTable, dialect: str, state: State) -> Plan:
         values |= {"created_at": now, "updated_at": now, "next_retry_at": start}
         if state is State.RUNNING:
             values |= {"started_at": now, "heartbeat_at": now}
-    dml = insert_stmt.values(values).on_conflict_do_nothing().returning(*table.c)
+    # An enqueue's caller needs only when its message is due; a foreign claim's worker
+    # needs the whole row it runs.
+    queued = (table.c.job_id, table.c.next_retry_at, table.c.updated_at)
+    returned = queued if state is State.QUEUED else tuple(table.c)
+    dml = insert_stmt.values(values).on_conflict_do_nothing().returning(*returned)
     return _plan(dialect, dml, with_outbox=state is State.QUEUED)
 
 
