@@ -66,8 +66,10 @@ def create_run_table(name: str, *extra: Any) -> None:
     op.create_table(name, *extra, *_columns(), *_checks(name), sa.PrimaryKeyConstraint("job_id"))
     running = sa.text("state = 'running'")
     active = sa.text(ACTIVE_SQL)
+    finished = sa.text("finished_at IS NOT NULL")
     with op.batch_alter_table(name) as batch:
-        batch.create_index(f"ix_{name}_finished", ["finished_at"])
+        batch.create_index(f"ix_{name}_finished", ["finished_at"],
+                           postgresql_where=finished, sqlite_where=finished)  # fmt: skip
         batch.create_index(f"ix_{name}_running_heartbeat", ["heartbeat_at"],
                            postgresql_where=running, sqlite_where=running)  # fmt: skip
         batch.create_index(f"ix_{name}_state_updated", ["state", "updated_at"])

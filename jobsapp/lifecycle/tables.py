@@ -101,7 +101,14 @@ class RunMixin:
                 sqlite_where=text("state = 'running'"),
             ),
             Index(f"ix_{name}_state_updated", "state", "updated_at"),
-            Index(f"ix_{name}_finished", "finished_at"),
+            # Retention and reconcile ask for finished rows only; NULLs cost every
+            # enqueue and claim an index entry (migration 0008).
+            Index(
+                f"ix_{name}_finished",
+                "finished_at",
+                postgresql_where=text("finished_at IS NOT NULL"),
+                sqlite_where=text("finished_at IS NOT NULL"),
+            ),
         )
 
 
@@ -154,7 +161,12 @@ class OutboxMessage(Base):
             postgresql_where=text(OUTBOX_INFLIGHT_SQL),
             sqlite_where=text(OUTBOX_INFLIGHT_SQL),
         ),
-        Index("ix_outbox_delivered", "delivered_at"),
+        Index(
+            "ix_outbox_delivered",
+            "delivered_at",
+            postgresql_where=text("delivered_at IS NOT NULL"),
+            sqlite_where=text("delivered_at IS NOT NULL"),
+        ),
         Index(
             "ix_outbox_dead",
             "dead_at",
