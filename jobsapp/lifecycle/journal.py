@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    CursorResult,
     Integer,
     Interval,
     Table,
@@ -104,7 +105,11 @@ def _upsert(conn: Connection, table: Table) -> pg_dml.Insert | sqlite_dml.Insert
 def _first(
     conn: Connection, stmt: Any, params: Mapping[str, Any] | None = None
 ) -> dict[str, Any] | None:
-    row = conn.execute(stmt, params).mappings().first()
+    return _first_row(conn.execute(stmt, params))
+
+
+def _first_row(result: CursorResult[Any]) -> dict[str, Any] | None:
+    row = result.mappings().first()
     return None if row is None else dict(row)
 
 
@@ -345,8 +350,7 @@ def _run(
     if out is not None:
         params |= _prefixed(out.values(event.spec.module), "o_")
     if plan.combined is not None:
-        found = prepared.execute(conn, plan.combined, params).mappings().first()
-        row = None if found is None else dict(found)
+        row = _first_row(prepared.execute(conn, plan.combined, params))
         if row is None:
             return None, None
         outbox_id = row.pop("_outbox_id", None)
