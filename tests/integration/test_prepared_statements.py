@@ -36,8 +36,12 @@ def _prepared(conn: Connection) -> dict[str, int]:
     return {name: plans for name, plans in rows}
 
 
-def test_each_hot_statement_is_prepared_once_and_then_planned_no_more(pg: Engine) -> None:
-    with autocommit(pg) as conn:
+def test_each_hot_statement_is_prepared_once_and_then_planned_no_more(
+    postgres_url: str, pg: Engine
+) -> None:
+    # A pool of the test's own: connections other tests used hold their statements too.
+    engine = make_engine(f"{postgres_url}?application_name=prepared-once")
+    with autocommit(engine) as conn:
         done = [_run_one(conn) for _ in range(8)]
         prepared = _prepared(conn)
     # enqueue, claim, succeed: one statement each, reused by all 8 jobs; from the 6th
