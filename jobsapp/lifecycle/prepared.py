@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 _INFO_KEY = "jobsapp_prepared"
 # SQLSTATEs of a statement a pooled server connection does not know, or already knows.
 _POOLER_CODES = frozenset({"26000", "42P05"})
+# "cached plan must not change result type": a migration changed a column the statement
+# returns while this connection kept its PREPARE (a rolling deploy). Prepared anew, once.
+_STALE_PLAN = "0A000"
 _unprepared: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
@@ -58,12 +61,24 @@ def execute(conn: Connection, stmt: Select[Any], params: Mapping[str, Any]) -> C
         _ensure(conn, plan)
         return conn.execute(plan.execute, params)
     except DBAPIError as exc:
-        if getattr(exc.orig, "pgcode", None) not in _POOLER_CODES:
+        code = getattr(exc.orig, "pgcode", None)
+        if code == _STALE_PLAN:
+            return _prepared_again(conn, plan, params)
+        if code not in _POOLER_CODES:
             raise
     _unprepared.add(conn.engine)
     log.warning("prepared statements do not survive this connection pool (a pooler in "
                 "transaction mode?): the journal runs its statements unprepared")  # fmt: skip
     return conn.execute(stmt, params)
+
+
+def _prepared_again(
+    conn: Connection, plan: Prepared, params: Mapping[str, Any]
+) -> CursorResult[Any]:
+    conn.exec_driver_sql(f"DEALLOCATE {plan.name}")
+    conn.exec_driver_sql(plan.prepare)
+    log.info("prepared statement %s was re-prepared after a schema change", plan.name)
+    return conn.execute(plan.execute, params)
 
 
 def _usable(conn: Connection) -> bool:
@@ -96,4 +111,3 @@ def _prepared(stmt: Select[Any], dialect: Dialect) -> Prepared:
     results = [column(str(c.key), c.type) for c in stmt.selected_columns]
     run = text(f"EXECUTE {name}({args})").bindparams(*typed).columns(*results)
     return Prepared(name, f"PREPARE {name} ({types}) AS {compiled.string}", run)
-

@@ -14,6 +14,7 @@ from jobsapp.db import autocommit, make_engine
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.registry import JOBS
+from tests.conftest import migrated_postgres
 from tests.support.journal_view import run_row, transitions
 
 
@@ -81,3 +82,17 @@ def test_a_server_connection_that_does_not_match_falls_back_to_unprepared(
         assert run_row(engine, done)["state"] == "succeeded"
         assert transitions(engine, done) == ["enqueue", "claim", "succeed"]
 
+
+def test_a_migration_that_changes_a_returned_column_does_not_break_a_running_worker() -> None:
+    # A database of the test's own: the ALTER must not reach the other tests' tables.
+    with migrated_postgres(f"jobsapp_prepared_alter_{uuid.uuid4().hex[:8]}") as url:
+        engine = make_engine(f"{url}?application_name=prepared-alter")
+        with autocommit(engine) as conn:
+            _run_one(conn)  # the worker's connection has prepared its statements
+            # A rolling deploy migrates while the worker keeps its pooled connection.
+            with engine.begin() as ddl:
+                ddl.exec_driver_sql("DROP VIEW job_runs_all")
+                ddl.exec_driver_sql("ALTER TABLE job_runs ALTER COLUMN worker TYPE varchar(300)")
+            job_id = _run_one(conn)
+        assert run_row(engine, job_id)["state"] == "succeeded"
+        engine.dispose()
