@@ -17,11 +17,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 
 from jobsapp import crashpoints
 from jobsapp.db import get_relaxed_engine, is_autocommit, utcnow
-from jobsapp.lifecycle import outbox_queries, publisher, tracing
+from jobsapp.lifecycle import marker, outbox_queries, publisher, tracing
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.message import task_id_for, trace_headers, validate_body
 from jobsapp.settings import get_settings
@@ -125,8 +125,7 @@ def _routing(message: PendingMessage) -> dict[str, Any]:
 class Report:
     """What one publish run did: accepted rows, rows that refused, a broker that failed."""
 
-    # (outbox id, next check) of each row the broker accepted.
-    accepted: list[tuple[int, datetime]] = field(default_factory=list)
+    accepted: list[outbox_queries.Accepted] = field(default_factory=list)
     # (outbox id, error) of each row whose message itself failed (it does not validate).
     refused: list[tuple[int, str]] = field(default_factory=list)
     broker_error: str | None = None
@@ -173,10 +172,11 @@ def _publish_one(
         return
     # A countdown message cannot be claimed before it is due: count from then.
     since = max(now, message.available_at)
-    report.accepted.append((message.id, next_check(since, message.publish_count, unclaimed_after)))
+    check = next_check(since, message.publish_count, unclaimed_after)
+    report.accepted.append(outbox_queries.Accepted(message.id, message.publish_count, check))
 
 
-def mark(conn: Connection, accepted: Sequence[tuple[int, datetime]]) -> None:
+def mark(conn: Connection, accepted: Sequence[outbox_queries.Accepted]) -> None:
     if not accepted:
         return
     if conn.dialect.name == "postgresql" and not is_autocommit(conn):
@@ -184,10 +184,23 @@ def mark(conn: Connection, accepted: Sequence[tuple[int, datetime]]) -> None:
     outbox_queries.mark_published(conn, accepted, now=utcnow())
 
 
+def _mark_in_own_transaction(engine: Engine, accepted: Sequence[outbox_queries.Accepted]) -> None:
+    try:
+        with engine.begin() as conn:
+            mark(conn, accepted)
+    except Exception as exc:  # noqa: BLE001 - an unmarked row is only republished
+        log.warning("marking %d outbox rows published failed: %s", len(accepted), exc)
+
+
+MARKER = marker.installed(marker.Marker(_mark_in_own_transaction))
+
+
 def publish_now(app: Celery, messages: Sequence[PendingMessage]) -> int:
     """The fast path after COMMIT; whatever fails here the relay publishes later.
 
-    While the broker failed a moment ago this does not even try (see ``publisher``).
+    While the broker failed a moment ago this does not even try (see ``publisher``). On
+    PostgreSQL the accepted rows are marked in bulk by this process's marker; SQLite
+    marks them here, as a second writer thread would only queue on its one write lock.
     """
     if not messages or not publisher.fast_path_open():
         return 0
@@ -197,9 +210,13 @@ def publish_now(app: Celery, messages: Sequence[PendingMessage]) -> int:
         publisher.broker_answered()
     else:
         publisher.broker_failed()
-    try:
-        with get_relaxed_engine().begin() as conn:
-            mark(conn, report.accepted)
-    except Exception as exc:  # noqa: BLE001 - an unmarked row is only republished
-        log.warning("marking %d outbox rows published failed: %s", len(report.accepted), exc)
+    if report.accepted:
+        _mark_soon(get_relaxed_engine(), report.accepted)
     return len(report.accepted)
+
+
+def _mark_soon(engine: Engine, accepted: Sequence[outbox_queries.Accepted]) -> None:
+    if engine.dialect.name == "postgresql":
+        MARKER.add(engine, accepted)
+    else:
+        _mark_in_own_transaction(engine, accepted)

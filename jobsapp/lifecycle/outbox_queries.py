@@ -12,9 +12,22 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Table, func, insert, select, tuple_, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    DateTime,
+    Integer,
+    Table,
+    bindparam,
+    func,
+    insert,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, PendingMessage, _upsert
 from jobsapp.lifecycle.registry import RunTable
@@ -117,20 +130,54 @@ def settle_delivered(conn: Connection, spec: RunTable, *, now: datetime, limit: 
     return conn.execute(stmt).rowcount
 
 
-def mark_published(
-    conn: Connection, published: Sequence[tuple[int, datetime]], *, now: datetime
-) -> None:
-    """Record the broker's confirmation; ``next_check`` is when to look for the claim."""
-    for outbox_id, next_check in published:
-        conn.execute(
-            update(OUTBOX)
-            .where(OUTBOX.c.id == outbox_id, _LIVE)
-            .values(
-                published_at=now,
-                publish_count=OUTBOX.c.publish_count + 1,
-                available_at=next_check,
-            )
-        )
+class Accepted(NamedTuple):
+    """A row whose message the broker took: the publish count it was sent at, and when to
+    look for its claim."""
+
+    id: int
+    publish_count: int
+    next_check: datetime
+
+
+def _marks() -> Any:
+    """The accepted rows as a table: ``unnest`` of three arrays bound once per statement."""
+    arrays = (
+        bindparam("m_ids", type_=ARRAY(BigInteger)),
+        bindparam("m_counts", type_=ARRAY(Integer)),
+        bindparam("m_checks", type_=ARRAY(DateTime(timezone=True))),
+    )
+    return func.unnest(*arrays).table_valued("id", "seen", "next_check").render_derived()
+
+
+def _mark(seen: Any, next_check: Any, *where: Any) -> Any:
+    # Guarded by the count the publish saw: a mark that comes after another publish of the
+    # same row was recorded (a relay that went first) changes nothing.
+    return (
+        update(OUTBOX)
+        .where(*where, OUTBOX.c.publish_count == seen, _LIVE)
+        .values(published_at=bindparam("m_now", type_=OUTBOX.c.published_at.type),
+                publish_count=OUTBOX.c.publish_count + 1, available_at=next_check)
+    )  # fmt: skip
+
+
+_MARKS = _marks()
+_MARK_MANY = _mark(_MARKS.c.seen, _MARKS.c.next_check, OUTBOX.c.id == _MARKS.c.id)
+_MARK_ONE = _mark(bindparam("m_seen"), bindparam("m_next_check", type_=OUTBOX.c.available_at.type),
+                  OUTBOX.c.id == bindparam("m_id"))  # fmt: skip
+
+
+def mark_published(conn: Connection, published: Sequence[Accepted], *, now: datetime) -> int:
+    """Record the broker's confirmations (one UPDATE on PostgreSQL); returns rows marked."""
+    if conn.dialect.name == "postgresql":
+        ids, counts, checks = (list(column) for column in zip(*published, strict=True))
+        params = {"m_ids": ids, "m_counts": counts, "m_checks": checks, "m_now": now}
+        return conn.execute(_MARK_MANY, params).rowcount
+    marked = 0
+    for p in published:
+        params = {"m_id": p.id, "m_seen": p.publish_count, "m_next_check": p.next_check,
+                  "m_now": now}  # fmt: skip
+        marked += conn.execute(_MARK_ONE, params).rowcount
+    return marked
 
 
 @dataclass(frozen=True)

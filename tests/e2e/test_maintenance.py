@@ -282,6 +282,30 @@ def test_an_outbox_row_committed_but_never_published_is_relayed_once(
     assert transitions(db, job_id) == ["enqueue", "claim", "succeed"]
 
 
+def test_a_producer_killed_before_its_publish_mark_is_relayed_and_runs_once(
+    procs: Launcher, db: Engine, broker: redis.Redis
+) -> None:
+    job_id, token = uuid.uuid4(), f"unmarked-{uuid.uuid4().hex[:8]}"
+    producer = procs.producer(
+        [{"task": "tests.echo", "kwargs": {"token": token}, "job_id": job_id}],
+        crash_at="before_publish_mark",
+    )
+    assert producer.wait(30) == -9  # SIGKILL in the marker thread, after the publish
+    (message,) = outbox_rows(db, job_id)
+    assert (message["published_at"], message["publish_count"]) == (None, 0)
+    assert broker.llen("celery") == 1  # the broker has the message all the same
+
+    beat, worker = procs.beat("beat"), procs.worker("worker")
+    ready(beat, worker)
+    row = terminal(db, job_id, timeout=15)
+    assert (row["state"], row["attempts"]) == ("succeeded", 1)
+    # The relay took the unmarked row for lost and sent it again; the copy did no work.
+    eventually(lambda: outbox_rows(db, job_id)[0]["publish_count"] == 1, timeout=15)
+    worker.wait_for_log(r"no work, ", timeout=15)
+    assert calls(broker, token) == 1
+    assert transitions(db, job_id) == ["enqueue", "claim", "succeed"]
+
+
 def test_a_message_lost_by_the_broker_is_republished_after_the_unclaimed_timeout(
     procs: Launcher, db: Engine, broker: redis.Redis
 ) -> None:
