@@ -7,9 +7,11 @@ message headers of the same names, so tools that read only headers see it too.
 from __future__ import annotations
 
 import json
+import numbers
+import re
 import secrets
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -41,12 +43,93 @@ class Envelope:
     traceparent: str | None
 
 
+def _schema() -> dict[str, Any]:
+    text = resources.files("jobsapp.schemas").joinpath("jobs.schema.json").read_text()
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
 @cache
 def _validator() -> Draft202012Validator:
-    text = resources.files("jobsapp.schemas").joinpath("jobs.schema.json").read_text()
-    schema = json.loads(text)
+    schema = _schema()
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
+
+
+# --- the fast check ---------------------------------------------------------------------
+# Every message a worker receives is checked; jsonschema takes ~0.3 ms per body. The
+# schema's few keywords are compiled here into plain predicates with jsonschema's own
+# semantics (``re.search`` for patterns, keywords ignoring other types, 1.0 an integer,
+# a bool no number), so a body passes in microseconds. Only a body that fails goes to
+# jsonschema, for the message naming the violation. A keyword not handled here fails
+# at import: the schema cannot outgrow the check unnoticed.
+
+Check = Callable[[Any], bool]
+_ANNOTATIONS = frozenset({"description", "title", "$schema", "$id", "$defs"})
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, numbers.Number) and not isinstance(value, bool)
+
+
+def _of_type(name: str) -> Check:
+    kinds: dict[str, Check] = {
+        "string": lambda v: isinstance(v, str),
+        "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, float) and v.is_integer()),
+    }
+    return kinds[name]
+
+
+def _const(expected: Any) -> Check:
+    if not _number(expected):
+        raise ValueError(f"the fast check compares numbers only, not {expected!r}")
+    return lambda v: _number(v) and v == expected
+
+
+def _pattern(regex: str) -> Check:
+    search = re.compile(regex).search
+    return lambda v: not isinstance(v, str) or search(v) is not None
+
+
+_KEYWORDS: dict[str, Callable[[Any], Check]] = {
+    "type": _of_type,
+    "const": _const,
+    "pattern": _pattern,
+    "minimum": lambda low: lambda v: not _number(v) or v >= low,
+    "maximum": lambda high: lambda v: not _number(v) or v <= high,
+    "maxLength": lambda most: lambda v: not isinstance(v, str) or len(v) <= most,
+}
+
+
+def _property_check(prop: Mapping[str, Any], defs: Mapping[str, Any]) -> Check:
+    if "$ref" in prop:
+        prop = {**defs[prop["$ref"].removeprefix("#/$defs/")], **prop}
+    checks = [_KEYWORDS[k](v) for k, v in prop.items() if k not in _ANNOTATIONS | {"$ref"}]
+    return lambda v: all(check(v) for check in checks)
+
+
+@cache
+def _fast_checks() -> tuple[frozenset[str], dict[str, Check]]:
+    """The required fields and each allowed field's check, compiled from the schema."""
+    schema = _schema()
+    root = {k: v for k, v in schema.items() if k not in _ANNOTATIONS}
+    expected = {"type": "object", "additionalProperties": False}
+    if {k: root.pop(k, None) for k in expected} != expected or set(root) != {
+        "required", "properties",
+    }:  # fmt: skip
+        raise ValueError("the fast check knows a closed object of properties only")
+    defs = schema.get("$defs", {})
+    checks = {name: _property_check(p, defs) for name, p in root["properties"].items()}
+    return frozenset(root["required"]), checks
+
+
+def fast_valid(body: Mapping[str, Any]) -> bool:
+    """What jsonschema would say of ``body``, in microseconds (proven in the tests)."""
+    required, checks = _fast_checks()
+    return required <= body.keys() and all(
+        name in checks and checks[name](value) for name, value in body.items()
+    )
 
 
 def id_fields() -> frozenset[str]:
@@ -63,6 +146,11 @@ def task_id_for(job_id: uuid.UUID, attempt: int) -> str:
     return str(uuid.uuid5(_TASK_ID_NAMESPACE, f"{job_id}:{attempt}"))
 
 
+class BuiltBody(dict[str, Any]):
+    """A body ``build_body`` made from typed values and checked: its publish in this
+    process need not check it again (a body read back from the outbox is a plain dict)."""
+
+
 def build_body(
     *,
     job_id: uuid.UUID,
@@ -71,15 +159,15 @@ def build_body(
     ids: Mapping[str, Any],
     enqueued_at: datetime,
     traceparent: str | None = None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
+) -> BuiltBody:
+    body = BuiltBody({
         "schema_version": SCHEMA_VERSION,
         "job_id": str(job_id),
         "module": module,
         "attempt": attempt,
         "enqueued_at": enqueued_at.isoformat(),
         "traceparent": traceparent or new_traceparent(),
-    }
+    })
     body.update({k: str(v) if isinstance(v, uuid.UUID) else v for k, v in ids.items()})
     validate_body(body)
     return body
@@ -91,7 +179,7 @@ def validate_body(body: Any) -> None:
         raise InvalidMessage("message kwargs are not an object")
     if len(json.dumps(body, default=str)) > MAX_BODY_BYTES:
         raise InvalidMessage(f"message body is over {MAX_BODY_BYTES} bytes")
-    error = next(iter(_validator().iter_errors(body)), None)
+    error = None if fast_valid(body) else next(iter(_validator().iter_errors(body)), None)
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(root)"
         raise InvalidMessage(f"schema violation at {where}: {error.message[:200]}")

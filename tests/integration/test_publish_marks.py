@@ -16,8 +16,9 @@ import redis
 from sqlalchemy import Engine, event, select
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import enqueue, outbox
+from jobsapp.lifecycle import enqueue, message, outbox
 from jobsapp.lifecycle.journal import OUTBOX
+from jobsapp.lifecycle.message import fast_valid
 from jobsapp.maintenance import relay
 from tests.support import tasks
 from tests.support.env import service
@@ -79,3 +80,17 @@ def test_marked_rows_are_not_sent_again_by_the_relay(
     assert relay.run_once(app, pg, NO_GRACE)["published"] == 0
     assert _all_marked(pg, len(handles))
     assert broker.llen(app.conf.task_default_queue) == len(handles)
+
+
+def test_a_delay_checks_its_body_once(pg: Engine, broker: redis.Redis,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    checked: list[dict[str, Any]] = []
+
+    def counting(body: dict[str, Any]) -> bool:
+        checked.append(body)
+        return fast_valid(body)
+
+    monkeypatch.setattr(message, "fast_valid", counting)
+    tasks.echo.delay("once")
+    assert len(checked) == 1
+    assert broker.llen(app.conf.task_default_queue) == 1
