@@ -40,6 +40,8 @@ MAX_REFUSAL_BACKOFF = timedelta(minutes=10)
 MAX_PUBLISH_FAILURES = 8
 # A message published this often and never claimed is for a task no worker takes: dead.
 MAX_UNCLAIMED_PUBLISHES = 10
+# Celery's own bound on a task's kwargs text (``AMQP.kwargsrepr_maxsize``).
+KWARGSREPR_MAX = 1024
 
 
 def retry_after_refusal(failures: int) -> timedelta | None:
@@ -103,12 +105,21 @@ def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any) 
             kwargs=body,
             task_id=task_id_for(message.job_id, message.attempt),
             **_attempt_links(message),
+            kwargsrepr=_kwargsrepr(body),
             headers=trace_headers(body),
             producer=producer,
             retry=False,
             **options,
         )
     crashpoints.hit("after_publish_before_confirm")
+
+
+def _kwargsrepr(body: dict[str, Any]) -> str | None:
+    """Flower's kwargs column: Celery's saferepr walks the body in Python, and for a flat
+    body of strings and numbers gives the same text as ``repr``; a long one (None) is left
+    to Celery, which truncates it."""
+    text = repr(body)
+    return text if len(text) <= KWARGSREPR_MAX else None
 
 
 def _routing(message: PendingMessage) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from functools import cache
+from functools import cache, cached_property
 from typing import Any, ClassVar, NoReturn
 
 from celery import Task
@@ -109,6 +109,8 @@ def _non_json(value: Any) -> type | None:
 
 def require_json(task: str, named: Mapping[str, Any]) -> None:
     """Refuse an argument the journal cannot store, before anything is written."""
+    if not named or _non_json(named) is None:  # one pass over all; per argument to name it
+        return
     for name, value in named.items():
         bad = _non_json(value)
         if bad is not None:
@@ -156,10 +158,15 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         del args, kwargs
         return None
 
+    @cached_property
+    def _signature(self) -> inspect.Signature:
+        """``run``'s signature, read once per task (inspect takes longer than the bind)."""
+        return inspect.signature(self.run)
+
     def _named(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The body's arguments by name, defaults included, for the key template."""
         try:
-            bound = inspect.signature(self.run).bind(*args, **kwargs)
+            bound = self._signature.bind(*args, **kwargs)
         except TypeError as bad:
             raise TypeError(f"{self.name}: {bad}") from None
         bound.apply_defaults()

@@ -6,6 +6,8 @@ is still in the broker's queue to be counted.
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -13,6 +15,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery.utils.saferepr import saferepr
 from sqlalchemy import Engine, event, select
 
 from jobsapp.celery_app import app
@@ -94,3 +97,11 @@ def test_a_delay_checks_its_body_once(pg: Engine, broker: redis.Redis,
     tasks.echo.delay("once")
     assert len(checked) == 1
     assert broker.llen(app.conf.task_default_queue) == 1
+
+
+def test_flower_shows_the_kwargs_text_celery_would_make(pg: Engine, broker: redis.Redis) -> None:
+    tasks.echo.delay("shown")
+    (raw,) = broker.lrange(app.conf.task_default_queue, 0, -1)
+    sent = json.loads(raw)
+    _, kwargs, _ = json.loads(base64.b64decode(sent["body"]))
+    assert sent["headers"]["kwargsrepr"] == saferepr(kwargs, app.amqp.kwargsrepr_maxsize)
