@@ -32,8 +32,10 @@ def _key(job: NewJob) -> str:
 
 
 def seen_recently(job: NewJob) -> bool:
+    if job.dedup_window.total_seconds() <= 0:  # most tasks: no window, nothing to look up
+        return False
     client = _client()
-    if client is None or job.dedup_window.total_seconds() <= 0:
+    if client is None:
         return False
     try:
         return bool(client.exists(_key(job)))
@@ -43,9 +45,9 @@ def seen_recently(job: NewJob) -> bool:
 
 
 def remember(job: NewJob) -> None:
-    client = _client()
     seconds = int(job.dedup_window.total_seconds())
-    if client is None or seconds <= 0:
+    client = _client() if seconds > 0 else None
+    if client is None:
         return
     try:
         client.set(_key(job), "1", nx=True, ex=seconds)
