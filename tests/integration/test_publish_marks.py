@@ -19,7 +19,7 @@ from celery.utils.saferepr import saferepr
 from sqlalchemy import Engine, event, select
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import enqueue, message, outbox
+from jobsapp.lifecycle import enqueue, message, outbox, outbox_queries
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.lifecycle.message import fast_valid
 from jobsapp.maintenance import relay
@@ -105,3 +105,20 @@ def test_flower_shows_the_kwargs_text_celery_would_make(pg: Engine, broker: redi
     sent = json.loads(raw)
     _, kwargs, _ = json.loads(base64.b64decode(sent["body"]))
     assert sent["headers"]["kwargsrepr"] == saferepr(kwargs, app.amqp.kwargsrepr_maxsize)
+
+
+def test_a_mark_that_comes_after_a_later_publish_changes_nothing(
+    pg: Engine, broker: redis.Redis
+) -> None:
+    with enqueue.transaction(app) as batch:
+        tasks.echo.enqueue_in(batch, ("late",))
+    outbox.MARKER.flush()
+    with pg.connect() as conn:
+        (row,) = conn.execute(select(OUTBOX.c.id, OUTBOX.c.available_at)).all()
+    # The fast path's mark, seen at publish count 0, arriving once the row was marked.
+    late = outbox_queries.Accepted(row.id, 0, row.available_at + timedelta(hours=1))
+    with pg.begin() as conn:
+        assert outbox_queries.mark_published(conn, [late], now=row.available_at) == 0
+    assert _all_marked(pg, 1)
+    with pg.connect() as conn:
+        assert conn.execute(select(OUTBOX.c.available_at)).scalar_one() == row.available_at
