@@ -13,6 +13,7 @@ from PIL import Image
 
 # The sizes the memory figures are quoted for.
 PHOTO_12MP = (4000, 3000)
+PHOTO_24MP = (6000, 4000)
 PHOTO_50MP = (8160, 6120)
 # The PNG: just under the 50 MP upload limit.
 SQUARE_50MP = (7071, 7071)
