@@ -118,18 +118,35 @@ def _render(source: bytes, budget: int | None) -> Outputs:
 
 
 def _pyvips(source: bytes) -> Outputs:
-    return {spec.name: _vips_variant(source, spec) for spec in get_pipeline(1).variants}
+    outputs = {}
+    for spec in get_pipeline(1).variants:
+        width, height, data = vips_variant(source, spec)
+        outputs[spec.name] = (width, height, len(data))
+    return outputs
 
 
-def _vips_variant(source: bytes, spec: VariantSpec) -> tuple[int, int, int]:
+def vips_variant(source: bytes, spec: VariantSpec) -> tuple[int, int, bytes]:
+    """One v1 variant through libvips: its width, height and WebP bytes."""
     import pyvips  # loaded before the baseline (see _child); a Pillow child never loads it
 
-    bound = WEBP_MAX_SIDE if spec.size is None else spec.size
+    bound = _vips_bound(source, spec)
     crop = "centre" if spec.kind == "square" else "none"
     img = pyvips.Image.thumbnail_buffer(source, bound, height=bound, size="down", crop=crop)
     data = img.webpsave_buffer(Q=spec.quality, effort=_WEBP_METHOD[spec.kind],
                                keep=pyvips.enums.ForeignKeep.NONE)  # fmt: skip
-    return img.width, img.height, len(data)
+    return img.width, img.height, data
+
+
+def _vips_bound(source: bytes, spec: VariantSpec) -> int:
+    """The side of the box thumbnail fits the variant in (and crops it to, if square)."""
+    import pyvips
+
+    if spec.kind != "square":
+        return WEBP_MAX_SIDE if spec.size is None else spec.size
+    # The crop is never larger than the shorter side, as in the pipeline: thumbnail alone
+    # would crop a 700x500 source to 512x500. The shorter side is the same either way up.
+    header = pyvips.Image.new_from_buffer(source, "")
+    return output_size(spec, header.width, header.height)[0]
 
 
 def _validate(source: bytes) -> Outputs:
