@@ -84,6 +84,8 @@ def test_every_benchmark_runs_and_prints_its_ratios(place: Place, tmp_path: Path
                  f"scale rabbitmq-quorum 2/1 workers throughput ratio: {NUMBER}",
                  "scale every job ran once \\(PgBouncer transaction pooling\\): True"]  # fmt: skip
     assert "==== images (smoke)" in run.stdout
+    expected += [f"images: jobsapp/{peer} \\d+MP JPEG ratio: {NUMBER}"
+                 for peer in ("naive", "pyvips")]  # fmt: skip
     missing = [line for line in expected if not re.search(line, ratios)]
     assert not missing, f"missing ratio lines {missing} in:\n{ratios}"
     plotted = {p.name for p in tmp_path.glob("*.png")}
