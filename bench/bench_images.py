@@ -225,7 +225,7 @@ def speedup(ours: Sequence[Measured], theirs: Sequence[Measured], field: str) ->
     """How many times less ``field`` (a time) ours took: the median over rounds of each
     round's ratio, as rounds share the machine's drift."""
     return statistics.median(
-        getattr(t, field) / getattr(o, field) for o, t in zip(ours, theirs, strict=True)
+        float(getattr(t, field) / getattr(o, field)) for o, t in zip(ours, theirs, strict=True)
     )
 
 

@@ -8,6 +8,7 @@ path's throughput is images per CPU-second, so libvips' thread pool is not count
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 
 import pytest
 from PIL import Image
@@ -32,7 +33,7 @@ def _turned_jpeg() -> bytes:
     return buffer.getvalue()
 
 
-SOURCES = {
+SOURCES: dict[str, Callable[[], bytes]] = {
     "photo JPEG": lambda: sample_images.jpeg((1200, 900)),
     "JPEG turned by EXIF": _turned_jpeg,
     # Shorter than the crop's 512: the square is 500x500, not 512x500.
