@@ -102,7 +102,22 @@ def _variant(url: str, name: str) -> Engine:
                 url, pool_size=5, max_overflow=10, isolation_level="AUTOCOMMIT"
             )
             _autocommit_engines.add(engine)
+            if name == "relaxed":
+                event.listen(engine, "before_cursor_execute", _without_flush_wait, retval=True)
         return engine
+
+
+# Sent in the statement's own Query message: psycopg2 sends one simple query, which
+# PostgreSQL runs as one implicit transaction, so the setting ends with that statement's
+# commit. No round trip, and nothing left on a server connection PgBouncer shares.
+_NO_FLUSH_WAIT = "SET LOCAL synchronous_commit TO off; "
+
+
+def _without_flush_wait(
+    _conn: Connection, _cursor: Any, statement: str, parameters: Any, _context: Any,
+    _executemany: bool,
+) -> tuple[str, Any]:  # fmt: skip
+    return _NO_FLUSH_WAIT + statement, parameters
 
 
 def get_relaxed_engine(url: str | None = None) -> Engine:
@@ -129,6 +144,20 @@ def autocommit(engine: Engine) -> Iterator[Connection]:
         return
     url = engine.url.render_as_string(hide_password=False)
     with _variant(url, "autocommit").connect() as conn:
+        yield conn
+
+
+@contextmanager
+def relaxed_autocommit(engine: Engine) -> Iterator[Connection]:
+    """``autocommit`` whose commits do not wait for the WAL flush (PostgreSQL), for
+    writes whose loss a later synchronous commit or the fence repairs: claims and
+    heartbeats (docs/lifecycle.md, "Claims and heartbeats do not wait for the flush")."""
+    if engine.dialect.name != "postgresql":
+        with autocommit(engine) as conn:
+            yield conn
+        return
+    url = engine.url.render_as_string(hide_password=False)
+    with _variant(url, "relaxed").connect() as conn:
         yield conn
 
 

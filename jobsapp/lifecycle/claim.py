@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from jobsapp.db import autocommit
+from jobsapp.db import autocommit, relaxed_autocommit
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.errors import InvalidMessage
 from jobsapp.lifecycle.message import Envelope
@@ -48,6 +48,13 @@ def explain(row: Mapping[str, Any] | None, attempt: int) -> Refusal:
     if attempt > row["attempts"] + 1:
         return Refusal.AHEAD
     return Refusal.EARLY
+
+
+def claim_lost(row: Mapping[str, Any] | None, attempt: int) -> bool:
+    """After a refused finish: the row is still queued before ``attempt``, so the claim
+    never reached the disk (a database crash lost it; pure). A reaper's requeue keeps
+    ``attempts`` at the taken attempt, so it does not look like this."""
+    return row is not None and row["state"] == "queued" and row["attempts"] == attempt - 1
 
 
 def seconds_early(row: Mapping[str, Any], db_now: datetime) -> float:
@@ -99,13 +106,18 @@ def _claim_once(
     engine: Engine, spec: RunTable, env: Envelope, *, foreign: journal.NewJob | None,
     worker: str,
 ) -> Claimed | Refusal | Early:  # fmt: skip
-    with autocommit(engine) as conn:
+    # The claim's commit does not wait for the WAL flush: the finish's synchronous commit
+    # flushes it; one lost in a crash is caught by ``claim_lost`` after the fenced finish.
+    with relaxed_autocommit(engine) as conn:
         row = journal.claim(conn, spec, env.job_id, env.attempt, worker=worker)
         if row is not None:
             return Claimed(row)
         current, db_now = journal.load_with_clock(conn, spec, env.job_id)
-        if current is None and foreign is not None:
-            return foreign_refusal(env.attempt) or _claim_foreign(conn, foreign, env, worker)
+    if current is None and foreign is not None:
+        if refused := foreign_refusal(env.attempt):
+            return refused
+        with autocommit(engine) as conn:
+            return _claim_foreign(conn, foreign, env, worker)
     refusal = explain(current, env.attempt)
     if refusal is Refusal.EARLY and current is not None:
         return Early(seconds_early(current, db_now))

@@ -10,7 +10,7 @@ import uuid
 from sqlalchemy import Engine
 
 from jobsapp import crashpoints
-from jobsapp.db import autocommit
+from jobsapp.db import relaxed_autocommit
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.errors import LeaseLost
 from jobsapp.lifecycle.registry import RunTable
@@ -87,7 +87,7 @@ class Heartbeat:
 
     def _stamp(self) -> bool:
         try:
-            with autocommit(self._engine) as conn:
+            with relaxed_autocommit(self._engine) as conn:
                 alive = journal.heartbeat(conn, self._spec, self._job_id, self._attempt)
         except Exception as exc:  # noqa: BLE001 - a flaky database is not a lost lease
             log.warning("heartbeat of job %s failed: %s", self._job_id, type(exc).__name__)

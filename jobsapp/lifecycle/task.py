@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from jobsapp import logs
 from jobsapp.db import get_engine
-from jobsapp.lifecycle import claim, enqueue, message, registry, tracing
+from jobsapp.lifecycle import claim, enqueue, journal, message, registry, tracing
 from jobsapp.lifecycle.attempt import AttemptRules, End, Ended, run_attempt
 from jobsapp.lifecycle.context import RunContext
 from jobsapp.lifecycle.errors import InvalidMessage, RetryRequested
@@ -330,7 +330,25 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             heartbeat=Heartbeat(engine, self.run_table, env.job_id, env.attempt, interval,
                                 settings.stale_after),
         )  # fmt: skip
-        return run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)
+        ended = run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)
+        if ended.end is End.LEASE_LOST:
+            self._requeue_if_claim_lost(engine, env)
+        return ended
+
+    def _requeue_if_claim_lost(self, engine: Engine, env: message.Envelope) -> None:
+        """A claim lost in a database crash (it did not wait for the flush) leaves the run
+        queued before this attempt: hand the message back so that it is claimed again now,
+        rather than after the relay's unclaimed check. The body ran and may run again, as
+        after a worker crash mid-run."""
+        try:
+            with engine.connect() as conn:
+                row = journal.load(conn, self.run_table, env.job_id)
+        except OperationalError:
+            return  # the relay's unclaimed check republishes it
+        if claim.claim_lost(row, env.attempt):
+            log.warning("job %s attempt %s: its claim was lost in a database crash; "
+                        "requeueing the message", env.job_id, env.attempt)  # fmt: skip
+            raise Reject("claim lost in a database crash", requeue=True)
 
     def _claim(
         self, engine: Engine, env: message.Envelope, foreign: NewJob | None, worker: str,

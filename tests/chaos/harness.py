@@ -283,11 +283,15 @@ def _rabbitmqctl(*args: str) -> bool:
 class PrivatePostgres:
     """A PostgreSQL cluster of one test, so that it can be stopped without harming others.
 
-    Same binaries and settings as scripts/services.sh (fsync off: a test server). As root
-    (CI here) the server runs as the ``postgres`` user, as initdb refuses root.
+    Same binaries and settings as scripts/services.sh (fsync off: a test server), or
+    ``durable`` as production runs it (fsync, synchronous_commit and full_page_writes on),
+    for tests that kill it and count what survived; ``settings`` adds ``-c`` options. As
+    root (CI here) the server runs as the ``postgres`` user, as initdb refuses root.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = False, settings: Mapping[str, str] | None = None) -> None:
+        self.durable = durable
+        self.settings = dict(settings or {})
         self.bin = Path(os.environ.get("JOBSAPP_PG_BIN", "/usr/lib/postgresql/15/bin"))
         self.dir = Path(tempfile.mkdtemp(prefix="jobsapp-chaos-pg-"))
         self.dir.chmod(0o755)
@@ -313,13 +317,35 @@ class PrivatePostgres:
         self.start()
 
     def start(self) -> None:
-        options = (f"-p {self.port} -k '{self.dir}' -c listen_addresses=127.0.0.1 -c fsync=off"
-                   " -c synchronous_commit=off -c full_page_writes=off")  # fmt: skip
+        switch = "on" if self.durable else "off"
+        options = f"-p {self.port} -k '{self.dir}' -c listen_addresses=127.0.0.1" + "".join(
+            f" -c {name}={switch}" for name in ("fsync", "synchronous_commit", "full_page_writes")
+        ) + "".join(f" -c {name}={value}" for name, value in self.settings.items())
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "pg.log"),
                   "-w", "-t", "30", "-o", options, "start")  # fmt: skip
 
     def stop(self, mode: str = "fast") -> None:
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def crash(self) -> None:
+        """SIGKILL the postmaster and every backend: no shutdown checkpoint, no flush."""
+        pids = [int(self._postmaster_pid())]
+        children = Path(f"/proc/{pids[0]}/task/{pids[0]}/children")
+        pids += [int(pid) for pid in children.read_text().split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        # Until reaped, a killed postmaster's zombie answers kill(pid, 0): the next start
+        # would take it for a live server holding the lock files.
+        deadline = time.monotonic() + 20
+        while Path(f"/proc/{pids[0]}").exists():
+            assert time.monotonic() < deadline, f"postmaster {pids[0]} not reaped after 20s"
+            time.sleep(0.02)
+        for pid in pids[1:]:
+            wait_gone(pid)
+
+    def _postmaster_pid(self) -> str:
+        return (self.data / "postmaster.pid").read_text().split()[0]
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{database}"

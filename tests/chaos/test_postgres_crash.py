@@ -1,0 +1,147 @@
+"""Claims and heartbeats do not wait for the WAL flush; a PostgreSQL crash proves it harmless.
+
+A durable PostgreSQL of the test's own (fsync and synchronous_commit on, as production
+runs it) is SIGKILLed, postmaster and backends, right after a worker's claim committed
+and before anything flushed it. The walwriter flushes only every 10 s here, so the claim
+is lost with the crash; docs/lifecycle.md says what follows: the finish is refused by the
+fence, the worker hands the message back, and the body of that one job runs twice.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, text
+
+from jobsapp.db import relaxed_autocommit
+from jobsapp.lifecycle.registry import JOBS
+from tests.chaos.harness import (
+    Cluster,
+    PrivatePostgres,
+    RedisServer,
+    cluster_for,
+    create_database,
+    log_has,
+    migrate,
+)
+from tests.e2e.procs import ready
+from tests.support.env import SESSION, service
+from tests.support.tasks import calls
+
+pytestmark = pytest.mark.timeout(150)
+
+JOBS_COUNT = 8
+BODY_SECONDS = 0.8
+DOWN_FOR = 1.0
+CLAIM_LOST = "its claim was lost in a database crash"
+
+
+@pytest.fixture(scope="module")
+def durable_pg() -> Iterator[PrivatePostgres]:
+    # The walwriter's longest delay: an unflushed commit stays unflushed for seconds.
+    server = PrivatePostgres(durable=True, settings={"wal_writer_delay": "10s"})
+    try:
+        server.init()
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def durable_cluster(
+    durable_pg: PrivatePostgres, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[Cluster]:
+    url = create_database(durable_pg.url(), f"crash_{uuid.uuid4().hex[:8]}")
+    migrate(url)
+    bucket = service("JOBSAPP_TEST_S3_BUCKET")
+    prefix = f"chaos-{SESSION}-{uuid.uuid4().hex[:10]}"
+    with cluster_for(prefix, database_url=url, broker=redis_server,
+                     storage_url=f"s3://{bucket}/{prefix}",
+                     s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
+                     workdir=tmp_path) as cluster:  # fmt: skip
+        yield cluster
+
+
+def _worker_env() -> dict[str, str]:
+    env = {"JOBSAPP_IMPORTS": "tests.support.tasks",
+           "JOBSAPP_TEST_REDIS_URL": service("JOBSAPP_TEST_REDIS_URL")}  # fmt: skip
+    if namespace := os.environ.get("JOBSAPP_TEST_NAMESPACE"):
+        env["JOBSAPP_TEST_NAMESPACE"] = namespace
+    return env
+
+
+def test_relaxed_commit_is_local_to_its_statement(durable_pg: PrivatePostgres) -> None:
+    """The setting rides the statement's own transaction: the pooled server connection
+    (shared by PgBouncer with other clients) keeps synchronous commits."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(durable_pg.url())
+    with relaxed_autocommit(engine) as conn:
+        assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "off"
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        with raw.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            assert cursor.fetchone() == ("on",)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "on"
+    engine.dispose()
+
+
+def _unflushed(cluster: Cluster) -> bool:
+    with cluster.engine.connect() as conn:
+        return bool(conn.execute(text(
+            "SELECT pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()")).scalar_one())
+
+
+def _crash_after_a_claim(cluster: Cluster, pg: PrivatePostgres) -> uuid.UUID:
+    """Crash the database as soon as a fresh claim is committed and not yet flushed."""
+    runs = JOBS.table
+    seen: set[uuid.UUID] = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with cluster.engine.connect() as conn:
+            running = conn.execute(select(runs.c.job_id).where(runs.c.state == "running"))
+            fresh = set(running.scalars()) - seen
+        if fresh and _unflushed(cluster):
+            pg.crash()
+            return fresh.pop()
+        seen |= fresh
+        time.sleep(0.01)
+    raise AssertionError("no claim was ever left unflushed: claims wait for the WAL flush")
+
+
+def test_claim_lost_in_a_postgres_crash(
+    durable_cluster: Cluster, durable_pg: PrivatePostgres
+) -> None:
+    cluster = durable_cluster
+    tokens = {f"crash-{uuid.uuid4()}": None for _ in range(JOBS_COUNT)}
+    handles = cluster.launcher.enqueue(*(
+        {"task": "tests.keyed", "kwargs": {"account": t, "token": t, "seconds": BODY_SECONDS}}
+        for t in tokens))  # fmt: skip
+    jobs = {uuid.UUID(h["job_id"]): t for h, t in zip(handles, tokens, strict=True)}
+    worker = cluster.worker("w1", env=_worker_env())
+    ready(worker, timeout=60)
+
+    crashed = _crash_after_a_claim(cluster, durable_pg)
+    time.sleep(DOWN_FOR)
+    durable_pg.start()
+    beat = cluster.beat()
+    ready(beat, timeout=60)
+
+    runs = JOBS.table
+    cluster.wait_for(lambda: all(r["state"] == "succeeded" for r in cluster._rows(
+        select(runs.c.state).where(runs.c.job_id.in_(jobs)))), "every job succeeded", 90)
+    assert log_has(worker, CLAIM_LOST), "the worker did not hand back the lost claim's message"
+    for job_id, token in jobs.items():
+        succeeded = [t for t, _ in cluster.transitions(job_id) if t == "succeed"]
+        assert succeeded == ["succeed"], (job_id, cluster.transitions(job_id))
+        # The body is at-least-once: the crashed claim's body ran before and after it.
+        assert calls(token) == (2 if job_id == crashed else 1), (job_id, calls(token))
+    assert cluster.count(runs) == JOBS_COUNT
+    assert not cluster._rows(select(runs.c.job_id).where(runs.c.state == "running"))
