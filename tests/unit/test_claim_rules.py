@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobsapp.lifecycle.claim import Refusal, explain, foreign_refusal, seconds_early
+from jobsapp.lifecycle.claim import Refusal, claim_lost, explain, foreign_refusal, seconds_early
 from jobsapp.lifecycle.states import State
 
 LATER = datetime(2025, 3, 1, 12, 10, tzinfo=UTC)  # a next_retry_at still ahead
@@ -130,3 +130,13 @@ def test_a_foreign_message_starts_only_attempt_one(attempt: int) -> None:
     assert foreign_refusal(attempt) == (None if attempt == 1 else Refusal.AHEAD)
     assert foreign_refusal(attempt) == (None if attempt == 1 else explain(row(State.QUEUED, 0),
                                                                           attempt))
+
+
+@given(attempt=message_attempts)
+def test_a_claim_lost_in_a_crash_leaves_the_run_queued_before_its_attempt(attempt: int) -> None:
+    assert claim_lost(row(State.QUEUED, attempt - 1), attempt)
+    # The reaper's requeue keeps the taken attempt; a later claim moved the run on.
+    assert not claim_lost(row(State.QUEUED, attempt), attempt)
+    assert not claim_lost(row(State.RUNNING, attempt), attempt)
+    assert not claim_lost(row(State.SUCCEEDED, attempt), attempt)
+    assert not claim_lost(None, attempt)
