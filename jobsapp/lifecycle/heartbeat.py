@@ -1,8 +1,15 @@
-"""The pulse of a running attempt: a thread stamping ``heartbeat_at`` under the fence."""
+"""The pulse of running attempts: one thread per process stamps ``heartbeat_at`` of every
+run registered with it, each under its own fence.
+
+A prefork child runs one job at a time and a threads pool several; either way a run costs
+a registration, not a thread started and joined. The thread starts with the first run of a
+process and is rebuilt in a forked child (a thread does not survive ``fork``).
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -19,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    """Stamps every ``interval`` seconds until stopped or until the lease is lost.
+    """Stamps every ``interval`` seconds while entered, until the lease is lost.
 
     A stamp that matches no row means the reaper (or an operator) took the run: the flag
     is raised for the body to check, and the fenced finish will be refused anyway. A
@@ -37,23 +44,21 @@ class Heartbeat:
         self._spec = spec
         self._job_id = job_id
         self._attempt = attempt
-        self._interval = interval
+        self.interval = interval
         self._deadline_after = stale_after
         self._landed = time.monotonic()
-        self._stop = threading.Event()
+        self.due = self._landed + interval
         self._lost = threading.Event()
         self.beats = 0
-        self._thread = threading.Thread(
-            target=self._loop, name=f"heartbeat-{job_id}", daemon=True
-        )
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        self._landed = time.monotonic()
+        self.due = self._landed + self.interval
+        _ticker().add(self)
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=self._interval + 5)
+        _ticker().remove(self)
 
     @property
     def lost(self) -> bool:
@@ -71,19 +76,20 @@ class Heartbeat:
         """Sleep with the pulse going; wakes early (and raises) if the lease is lost."""
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
-            self._lost.wait(timeout=min(left, self._interval))
+            self._lost.wait(timeout=min(left, self.interval))
             self.check()
 
     def _overdue(self) -> bool:
         return time.monotonic() - self._landed > self._deadline_after
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            crashpoints.hit("before_heartbeat")
-            if not self._stamp() or self._overdue():
-                self._lost.set()
-                log.warning("job %s attempt %s: lease lost", self._job_id, self._attempt)
-                return
+    def beat(self) -> bool:
+        """One stamp (called by the ticker); False once the lease is lost."""
+        crashpoints.hit("before_heartbeat")
+        if not self._stamp() or self._overdue():
+            self._lost.set()
+            log.warning("job %s attempt %s: lease lost", self._job_id, self._attempt)
+            return False
+        return True
 
     def _stamp(self) -> bool:
         try:
@@ -96,3 +102,82 @@ class Heartbeat:
             self.beats += 1
             self._landed = time.monotonic()
         return alive
+
+
+class Ticker:
+    """The process's heartbeat thread: beats each registered run when it is due.
+
+    Stamps run one after another; a stamp that hangs delays the others, whose own local
+    deadline (``Heartbeat._overdue``) still counts on the monotonic clock. ``remove``
+    waits for a stamp of that run in flight, so none lands after the run left.
+    """
+
+    def __init__(self) -> None:
+        self._runs: set[Heartbeat] = set()
+        self._beating: Heartbeat | None = None
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, run: Heartbeat) -> None:
+        with self._changed:
+            self._runs.add(run)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="heartbeat",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+            self._changed.notify_all()
+
+    def remove(self, run: Heartbeat) -> None:
+        with self._changed:
+            self._runs.discard(run)
+            self._changed.wait_for(lambda: self._beating is not run)
+
+    def _loop(self) -> None:
+        while True:
+            run = self._next_due()
+            try:
+                alive = run.beat()
+            finally:
+                with self._changed:
+                    self._beating = None
+                    run.due = time.monotonic() + run.interval
+                    if not alive:
+                        self._runs.discard(run)
+                    self._changed.notify_all()
+
+    def _next_due(self) -> Heartbeat:
+        """Wait until a registered run is due, and mark it as being beaten."""
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                nearest = min(self._runs, key=lambda run: run.due, default=None)
+                if nearest is not None and nearest.due <= now:
+                    self._beating = nearest
+                    return nearest
+                wait = 3600.0 if nearest is None else nearest.due - now
+                self._changed.wait(timeout=wait)
+
+
+_tickers: dict[int, Ticker] = {}
+_tickers_lock = threading.Lock()
+
+
+def _ticker() -> Ticker:
+    """This process's ticker; a forked child builds its own (keyed by pid: the parent's
+    thread does not exist in the child)."""
+    pid = os.getpid()
+    with _tickers_lock:
+        ticker = _tickers.get(pid)
+        if ticker is None:
+            _tickers.clear()
+            ticker = _tickers[pid] = Ticker()
+        return ticker
+
+
+def _after_fork_in_child() -> None:
+    # The lock may have been held by another thread at the fork: the child's is new.
+    global _tickers_lock  # noqa: PLW0603 - replaced once per fork, never shared
+    _tickers_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
