@@ -7,6 +7,7 @@ writers queue on the busy timeout instead of deadlocking when a read lock is upg
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -23,6 +24,8 @@ from jobsapp.settings import get_settings
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
 _autocommit_engines: set[Engine] = set()
+# Per engine (weakly: tests make many), its variants by name.
+_variants: weakref.WeakKeyDictionary[Engine, dict[str, Engine]] = weakref.WeakKeyDictionary()
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -93,6 +96,18 @@ def get_engine(url: str | None = None) -> Engine:
         return engine
 
 
+def _variant_of(engine: Engine, name: str) -> Engine:
+    """The ``name`` variant of ``engine``, found without a lock or a URL rendering once
+    made (two per job on a worker's hot path)."""
+    known = _variants.get(engine)
+    if known is None:
+        known = _variants[engine] = {}
+    variant = known.get(name)
+    if variant is None:
+        variant = known[name] = _variant(engine.url.render_as_string(hide_password=False), name)
+    return variant
+
+
 def _variant(url: str, name: str) -> Engine:
     key = f"{name}:{url}"
     with _engines_lock:
@@ -142,8 +157,7 @@ def autocommit(engine: Engine) -> Iterator[Connection]:
         with engine.begin() as conn:
             yield conn
         return
-    url = engine.url.render_as_string(hide_password=False)
-    with _variant(url, "autocommit").connect() as conn:
+    with _variant_of(engine, "autocommit").connect() as conn:
         yield conn
 
 
@@ -156,8 +170,7 @@ def relaxed_autocommit(engine: Engine) -> Iterator[Connection]:
         with autocommit(engine) as conn:
             yield conn
         return
-    url = engine.url.render_as_string(hide_password=False)
-    with _variant(url, "relaxed").connect() as conn:
+    with _variant_of(engine, "relaxed").connect() as conn:
         yield conn
 
 

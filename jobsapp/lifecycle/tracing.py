@@ -66,13 +66,22 @@ def span(name: str, headers: Mapping[str, Any], *, consumer: bool,
     carrier = carrier_from(headers)
     token = _incoming.set(carrier or None)
     try:
-        if HAS_OTEL:
+        if HAS_OTEL and recording():
             with _otel_span(name, carrier, consumer, dict(attributes or {})):
                 yield
         else:
             yield
     finally:
         _incoming.reset(token)
+
+
+def recording() -> bool:
+    """A tracer provider is configured: without one every span is a no-op, and the
+    incoming context (``_incoming``) already gives enqueues and logs the same trace."""
+    from opentelemetry import trace
+
+    return not isinstance(trace.get_tracer_provider(),
+                          (trace.ProxyTracerProvider, trace.NoOpTracerProvider))  # fmt: skip
 
 
 @contextmanager

@@ -27,3 +27,19 @@ def test_a_bad_tracestate_is_dropped_and_the_traceparent_kept(tracestate: str) -
     assert carrier_from({"traceparent": TRACEPARENT, "tracestate": tracestate}) == {
         "traceparent": TRACEPARENT
     }
+
+
+def test_without_a_tracer_provider_a_run_opens_no_span_yet_hands_its_trace_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from opentelemetry import trace
+
+    from jobsapp.lifecycle import tracing
+
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    with tracing.span("run x", {"traceparent": TRACEPARENT}, consumer=True):
+        # No OpenTelemetry call on the way in (the no-op path costs a context variable)...
+        assert not trace.get_current_span().get_span_context().is_valid
+        # ...and what an enqueue or a log line inside reads is still the run's trace.
+        assert tracing.outgoing() == {"traceparent": TRACEPARENT}
+        assert tracing.current_trace_id() == TRACEPARENT[3:35]
