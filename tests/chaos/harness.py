@@ -753,6 +753,48 @@ def cluster_for(name: str, *, database_url: str, broker: Broker, storage_url: st
                 store.delete(info.key)
 
 
+@contextlib.contextmanager
+def private_postgres(
+    *, durable: bool = False, settings: Mapping[str, str] | None = None
+) -> Iterator[PrivatePostgres]:
+    """A started PrivatePostgres, destroyed (killed if need be) on the way out."""
+    server = PrivatePostgres(durable=durable, settings=settings)
+    try:
+        server.init()
+        yield server
+    finally:
+        server.destroy()
+
+
+@contextlib.contextmanager
+def private_pg_cluster(server: PrivatePostgres, broker: Broker, workdir: Path) -> Iterator[Cluster]:
+    """A Cluster on a freshly migrated database of ``server`` (a PostgreSQL of the test's
+    own, which it may stop or kill)."""
+    from tests.support.env import SESSION, service
+
+    url = create_database(server.url(), f"jobsapp_{uuid.uuid4().hex[:8]}")
+    migrate(url)
+    bucket = service("JOBSAPP_TEST_S3_BUCKET")
+    prefix = f"chaos-{SESSION}-{uuid.uuid4().hex[:10]}"
+    with cluster_for(prefix, database_url=url, broker=broker,
+                     storage_url=f"s3://{bucket}/{prefix}",
+                     s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
+                     workdir=workdir) as cluster:  # fmt: skip
+        yield cluster
+
+
+def counted_tasks_env() -> dict[str, str]:
+    """A worker's environment for tests.support.tasks, their counters on the shared Redis
+    (a test's private Redis may be killed)."""
+    from tests.support.env import service
+
+    env = {"JOBSAPP_IMPORTS": "tests.support.tasks",
+           "JOBSAPP_TEST_REDIS_URL": service("JOBSAPP_TEST_REDIS_URL")}  # fmt: skip
+    if namespace := os.environ.get("JOBSAPP_TEST_NAMESPACE"):
+        env["JOBSAPP_TEST_NAMESPACE"] = namespace
+    return env
+
+
 class Burst:
     """Uploads photos one after another from a thread, recording every answer."""
 

@@ -16,7 +16,6 @@ down 60 s, lock held 30 s) is marked ``soak``: ``pytest tests/chaos/test_everyth
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -36,6 +35,7 @@ from tests.chaos.harness import (
     Burst,
     Cluster,
     RedisServer,
+    counted_tasks_env,
     largest_gap,
     reaper_ticks,
     row_locked,
@@ -45,7 +45,6 @@ from tests.chaos.test_message_guard import HEADER_FAULTS, _faulty
 from tests.e2e.procs import Proc, ready
 from tests.integration.test_maintenance_passes import _poison, ago, enqueue
 from tests.support import tasks
-from tests.support.env import service
 
 JOB_RUNS = JobRun.__table__
 POISON_ROWS = 10
@@ -63,15 +62,6 @@ class Shape:
 
 QUICK = Shape(outage=15.0, lock_for=15.0)
 FULL = Shape(outage=60.0, lock_for=30.0)
-
-
-def _worker_env() -> dict[str, str]:
-    """The test tasks, their counters on the shared Redis (the private one is killed)."""
-    env = {"JOBSAPP_IMPORTS": "tests.support.tasks",
-           "JOBSAPP_TEST_REDIS_URL": service("JOBSAPP_TEST_REDIS_URL")}  # fmt: skip
-    if namespace := os.environ.get("JOBSAPP_TEST_NAMESPACE"):
-        env["JOBSAPP_TEST_NAMESPACE"] = namespace
-    return env
 
 
 def _plant_poison(cluster: Cluster) -> set[uuid.UUID]:
@@ -115,8 +105,8 @@ def everything_at_once(cluster: Cluster, redis_server: RedisServer, shape: Shape
     Sender(redis_server.url, cluster.launcher.workdir).publish_raw(raw for _, raw in bad.values())
 
     beat = cluster.beat(level="debug")
-    workers = [cluster.worker("w1", env=_worker_env()),
-               cluster.skewed_worker("late", SKEW, _worker_env())]  # fmt: skip
+    workers = [cluster.worker("w1", env=counted_tasks_env()),
+               cluster.skewed_worker("late", SKEW, counted_tasks_env())]  # fmt: skip
     ready(beat, *workers, timeout=60)
     web = cluster.web()
     jobs = _echo_wave(cluster, "before")

@@ -23,13 +23,11 @@ from tests.chaos.harness import (
     PrivatePostgres,
     RedisServer,
     Reply,
-    cluster_for,
-    create_database,
-    migrate,
+    private_pg_cluster,
+    private_postgres,
     start_all,
     status_of,
 )
-from tests.support.env import SESSION, service
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -73,26 +71,15 @@ def test_redis_restarted_during_a_burst(cluster: Cluster, redis_server: RedisSer
 
 @pytest.fixture
 def private_pg(tmp_path: Path) -> Iterator[PrivatePostgres]:
-    server = PrivatePostgres()
-    try:
-        server.init()
+    with private_postgres() as server:
         yield server
-    finally:
-        server.destroy()
 
 
 @pytest.fixture
 def pg_cluster(
     private_pg: PrivatePostgres, redis_server: RedisServer, tmp_path: Path
 ) -> Iterator[Cluster]:
-    url = create_database(private_pg.url(), "jobsapp")
-    migrate(url)
-    bucket = service("JOBSAPP_TEST_S3_BUCKET")
-    prefix = f"chaos-{SESSION}-{uuid.uuid4().hex[:10]}"
-    with cluster_for(prefix, database_url=url, broker=redis_server,
-                     storage_url=f"s3://{bucket}/{prefix}",
-                     s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
-                     workdir=tmp_path) as cluster:  # fmt: skip
+    with private_pg_cluster(private_pg, redis_server, tmp_path) as cluster:
         yield cluster
 
 

@@ -9,7 +9,6 @@ fence, the worker hands the message back, and the body of that one job runs twic
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,13 +23,12 @@ from tests.chaos.harness import (
     Cluster,
     PrivatePostgres,
     RedisServer,
-    cluster_for,
-    create_database,
+    counted_tasks_env,
     log_has,
-    migrate,
+    private_pg_cluster,
+    private_postgres,
 )
 from tests.e2e.procs import ready
-from tests.support.env import SESSION, service
 from tests.support.tasks import calls
 
 pytestmark = pytest.mark.timeout(150)
@@ -44,35 +42,16 @@ CLAIM_LOST = "its claim was lost in a database crash"
 @pytest.fixture(scope="module")
 def durable_pg() -> Iterator[PrivatePostgres]:
     # The walwriter's longest delay: an unflushed commit stays unflushed for seconds.
-    server = PrivatePostgres(durable=True, settings={"wal_writer_delay": "10s"})
-    try:
-        server.init()
+    with private_postgres(durable=True, settings={"wal_writer_delay": "10s"}) as server:
         yield server
-    finally:
-        server.destroy()
 
 
 @pytest.fixture
 def durable_cluster(
     durable_pg: PrivatePostgres, redis_server: RedisServer, tmp_path: Path
 ) -> Iterator[Cluster]:
-    url = create_database(durable_pg.url(), f"crash_{uuid.uuid4().hex[:8]}")
-    migrate(url)
-    bucket = service("JOBSAPP_TEST_S3_BUCKET")
-    prefix = f"chaos-{SESSION}-{uuid.uuid4().hex[:10]}"
-    with cluster_for(prefix, database_url=url, broker=redis_server,
-                     storage_url=f"s3://{bucket}/{prefix}",
-                     s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
-                     workdir=tmp_path) as cluster:  # fmt: skip
+    with private_pg_cluster(durable_pg, redis_server, tmp_path) as cluster:
         yield cluster
-
-
-def _worker_env() -> dict[str, str]:
-    env = {"JOBSAPP_IMPORTS": "tests.support.tasks",
-           "JOBSAPP_TEST_REDIS_URL": service("JOBSAPP_TEST_REDIS_URL")}  # fmt: skip
-    if namespace := os.environ.get("JOBSAPP_TEST_NAMESPACE"):
-        env["JOBSAPP_TEST_NAMESPACE"] = namespace
-    return env
 
 
 def test_relaxed_commit_is_local_to_its_statement(durable_pg: PrivatePostgres) -> None:
@@ -125,7 +104,7 @@ def test_claim_lost_in_a_postgres_crash(
         {"task": "tests.keyed", "kwargs": {"account": t, "token": t, "seconds": BODY_SECONDS}}
         for t in tokens))  # fmt: skip
     jobs = {uuid.UUID(h["job_id"]): t for h, t in zip(handles, tokens, strict=True)}
-    worker = cluster.worker("w1", env=_worker_env())
+    worker = cluster.worker("w1", env=counted_tasks_env())
     ready(worker, timeout=60)
 
     crashed = _crash_after_a_claim(cluster, durable_pg)
