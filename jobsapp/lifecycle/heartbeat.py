@@ -109,7 +109,8 @@ class Ticker:
 
     Stamps run one after another; a stamp that hangs delays the others, whose own local
     deadline (``Heartbeat._overdue``) still counts on the monotonic clock. ``remove``
-    waits for a stamp of that run in flight, so none lands after the run left.
+    waits (a bounded while) for a stamp of that run in flight, so none lands after the
+    run left.
     """
 
     def __init__(self) -> None:
@@ -130,20 +131,23 @@ class Ticker:
     def remove(self, run: Heartbeat) -> None:
         with self._changed:
             self._runs.discard(run)
-            self._changed.wait_for(lambda: self._beating is not run)
+            # Bounded: a stamp may hang on a dead server, and the run must still finish.
+            self._changed.wait_for(lambda: self._beating is not run, timeout=run.interval + 5)
 
     def _loop(self) -> None:
         while True:
             run = self._next_due()
+            alive = True
             try:
                 alive = run.beat()
-            finally:
-                with self._changed:
-                    self._beating = None
-                    run.due = time.monotonic() + run.interval
-                    if not alive:
-                        self._runs.discard(run)
-                    self._changed.notify_all()
+            except Exception:
+                log.exception("heartbeat of a run failed")
+            with self._changed:
+                self._beating = None
+                run.due = time.monotonic() + run.interval
+                if not alive:
+                    self._runs.discard(run)
+                self._changed.notify_all()
 
     def _next_due(self) -> Heartbeat:
         """Wait until a registered run is due, and mark it as being beaten."""
