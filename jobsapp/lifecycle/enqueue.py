@@ -8,6 +8,7 @@ after-commit hook: its messages are published by the relay in beat.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -49,19 +50,71 @@ def enqueue(
 
 
 class Batch:
-    """Enqueues that join one transaction with the caller's own writes; see ``transaction``."""
+    """Enqueues that join one transaction with the caller's own writes; see ``transaction``.
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+    A batch from ``transaction`` collects its jobs and writes them together, a few
+    multi-row statements per run table, when the block ends, when a handle's outcome is
+    read, or when the caller takes ``conn`` (so its own statements see the rows, as if
+    each job had been written at once). ``Batch(conn)`` made directly (Django's helper,
+    which has no block end to hook) writes each job as it is added.
+    """
+
+    def __init__(self, conn: Connection, *, deferred: bool = False) -> None:
+        self._conn = conn
+        self._deferred = deferred
+        self._waiting: list[NewJob] = []
         self._done: list[tuple[NewJob, EnqueueResult]] = []
 
+    @property
+    def conn(self) -> Connection:
+        self.flush()
+        return self._conn
+
     def add(self, job: NewJob) -> JobHandle:
-        result = journal.enqueue(self.conn, job, actor="producer")
+        if self._deferred:
+            self._waiting.append(job)
+            return _DeferredHandle(self, len(self._done) + len(self._waiting) - 1, job)
+        result = journal.enqueue(self._conn, job, actor="producer")
         self._done.append((job, result))
         return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder)
 
+    def flush(self) -> None:
+        """Write the jobs added since the last flush, in the order they were added."""
+        if not self._waiting:
+            return
+        jobs, self._waiting = self._waiting, []
+        results = journal.enqueue_many(self._conn, jobs, actor="producer")
+        self._done.extend(zip(jobs, results, strict=True))
+
+    def result(self, index: int) -> EnqueueResult:
+        """The answer to the ``index``-th job added (written first if it is waiting)."""
+        if index >= len(self._done):
+            self.flush()
+        return self._done[index][1]
+
     def publish(self, app: Celery) -> None:
         _after_commit(app, self._done)
+
+
+class _DeferredHandle(JobHandle):
+    """A handle whose outcome (and holder) the batch writes when it is first read."""
+
+    _batch: Batch
+    _index: int
+
+    def __init__(self, batch: Batch, index: int, job: NewJob) -> None:
+        # JobHandle is frozen: its fields are set the way its own __init__ sets them.
+        for name, value in (("job_id", job.job_id), ("spec", job.spec), ("_batch", batch),
+                            ("_index", index)):  # fmt: skip
+            object.__setattr__(self, name, value)
+
+    @property
+    def outcome(self) -> EnqueueOutcome:
+        return self._batch.result(self._index).outcome
+
+    @property
+    def holder(self) -> uuid.UUID | None:
+        return self._batch.result(self._index).holder
 
 
 @contextmanager
@@ -69,10 +122,12 @@ def transaction(app: Celery) -> Iterator[Batch]:
     """One transaction for the caller's rows and any number of enqueues; publish after COMMIT.
 
     ``with transaction(app) as batch: batch.conn.execute(...); task.enqueue_in(batch, ...)``
+    Nothing is written or published if the block raises.
     """
     with get_engine().begin() as conn:
-        batch = Batch(conn)
+        batch = Batch(conn, deferred=True)
         yield batch
+        batch.flush()
     batch.publish(app)
 
 

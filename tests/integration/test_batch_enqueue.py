@@ -1,0 +1,241 @@
+"""The batch path (``enqueue.transaction``): a few multi-row statements, one-by-one answers.
+
+A batch must answer every job as the same enqueues made one by one, in order, in one
+transaction would (new, duplicate job_id, busy concurrency key, the same within the
+batch itself, a rerun of a finished job), leave the same rows behind, publish only after
+COMMIT, and leave a crash between COMMIT and publish to the relay.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Connection, Engine, event, select, text
+
+from jobsapp.celery_app import app
+from jobsapp.lifecycle import EnqueueOutcome, journal
+from jobsapp.lifecycle.enqueue import transaction
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX, EnqueueResult, NewJob
+from jobsapp.lifecycle.registry import JOBS
+from jobsapp.maintenance import relay
+from tests.e2e.procs import Launcher, service_env
+from tests.support import tasks
+from tests.support.env import service
+from tests.support.journal_view import outbox_rows, run_count, run_row
+from tests.support.waiting import eventually
+from tests.support.workers import in_process_worker
+
+RUNS = JOBS.table
+
+
+def _keyed(account: str, job_id: uuid.UUID | None = None) -> NewJob:
+    return tasks.keyed.new_job((), {"account": account, "token": account}, job_id or uuid.uuid4())
+
+
+def _finished(conn: Connection, job: NewJob) -> None:
+    journal.enqueue(conn, job, actor="test")
+    assert journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
+    assert journal.succeed(conn, JOBS, job.job_id, 1, actor="w:1")
+
+
+def _scenario() -> tuple[Callable[[Connection], None], list[NewJob]]:
+    """Rows already there (an active job holding ``busy``), then a batch mixing every case."""
+    active, twin = _keyed("busy"), uuid.uuid4()
+    jobs = [
+        _keyed("a"),  # new
+        _keyed("busy"),  # key held by a run from before the batch: skipped
+        _keyed("other", active.job_id),  # job_id taken before the batch: duplicate
+        _keyed("b", twin),  # new ...
+        _keyed("b", twin),  # ... and again in the same batch: duplicate
+        _keyed("c"),  # new ...
+        _keyed("c"),  # ... and its key taken earlier in the same batch: skipped
+        _keyed("d"),  # new
+    ]
+
+    def before(conn: Connection) -> None:
+        journal.enqueue(conn, active, actor="test")
+
+    return before, jobs
+
+
+def _with_rerun() -> tuple[Callable[[Connection], None], list[NewJob]]:
+    """A finished job enqueued again takes its key at its turn, ahead of a later new job."""
+    done = _keyed("r")  # tests.keyed has no dedup window: enqueued again, it runs again
+    jobs = [_keyed("x"), done, _keyed("r"), _keyed("x")]
+
+    def before(conn: Connection) -> None:
+        _finished(conn, done)
+
+    return before, jobs
+
+
+def _answers(results: Sequence[EnqueueResult]) -> list[tuple[Any, ...]]:
+    return [(r.outcome, r.job_id, r.holder, r.message and (r.message.job_id, r.message.attempt))
+            for r in results]  # fmt: skip
+
+
+def _rows(conn: Connection) -> dict[str, list[tuple[Any, ...]]]:
+    """What a user sees of the journal, minus ids and clock readings."""
+    runs = conn.execute(select(RUNS.c.job_id, RUNS.c.state, RUNS.c.concurrency_key,
+                               RUNS.c.attempts, RUNS.c.max_attempts, RUNS.c.params))  # fmt: skip
+    evs = conn.execute(select(EVENTS.c.job_id, EVENTS.c.attempt, EVENTS.c.transition,
+                              EVENTS.c.from_state, EVENTS.c.to_state))  # fmt: skip
+    out = conn.execute(select(OUTBOX.c.job_id, OUTBOX.c.attempt, OUTBOX.c.task_name,
+                              OUTBOX.c.body, OUTBOX.c.queue, OUTBOX.c.published_at))  # fmt: skip
+    bodies = [(*r[:3], {k: v for k, v in r[3].items() if k not in ("enqueued_at", "traceparent")},
+               *r[4:]) for r in out]  # fmt: skip
+    return {"runs": sorted(map(tuple, runs), key=repr), "events": sorted(map(tuple, evs), key=repr),
+            "outbox": sorted(bodies, key=repr)}  # fmt: skip
+
+
+def _played(
+    db: Engine, before: Callable[[Connection], None], enqueue: Callable[[Connection], Any]
+) -> tuple[Any, dict[str, list[tuple[Any, ...]]]]:
+    """Run ``enqueue`` after ``before`` in one transaction; its answers and rows, rolled back."""
+    with db.connect() as conn:
+        trans = conn.begin()
+        before(conn)
+        answers = _answers(enqueue(conn))
+        rows = _rows(conn)
+        trans.rollback()
+    return answers, rows
+
+
+E, D, S = EnqueueOutcome.ENQUEUED, EnqueueOutcome.DUPLICATE, EnqueueOutcome.SKIPPED
+
+
+@pytest.mark.parametrize(("scenario", "expected"), [(_scenario, [E, S, D, E, D, E, S, E]),
+                                                    (_with_rerun, [E, E, S, S])],
+                         ids=["mix", "rerun"])  # fmt: skip
+def test_a_batch_answers_and_writes_as_the_same_enqueues_one_by_one(
+    db: Engine,
+    scenario: Callable[[], tuple[Callable[[Connection], None], list[NewJob]]],
+    expected: list[EnqueueOutcome],
+) -> None:
+    before, jobs = scenario()
+    one_by_one = _played(db, before, lambda c: [journal.enqueue(c, j, actor="producer")
+                                                for j in jobs])  # fmt: skip
+    batched = _played(db, before, lambda c: journal.enqueue_many(c, jobs, actor="producer"))
+    assert batched == one_by_one
+    assert [answer[0] for answer in batched[0]] == expected
+
+
+@pytest.fixture
+def statements(db: Engine) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(" ".join(statement.split()[:3]))
+
+    event.listen(db, "before_cursor_execute", record)
+    yield seen
+    event.remove(db, "before_cursor_execute", record)
+
+
+def test_a_batch_writes_each_table_with_one_statement(
+    db: Engine, statements: list[str], redis_clean: None
+) -> None:
+    with transaction(app) as batch:
+        handles = [tasks.echo.enqueue_in(batch, (f"many{i}",)) for i in range(40)]
+    inserts = [s for s in statements if s.startswith("INSERT INTO")]
+    assert sorted(inserts) == ["INSERT INTO job_events", "INSERT INTO job_runs",
+                               "INSERT INTO outbox"], statements  # fmt: skip
+    assert {h.outcome for h in handles} == {EnqueueOutcome.ENQUEUED}
+    assert run_count(db) == 40
+    assert all(outbox_rows(db, h.job_id)[0]["publish_count"] == 1 for h in handles)
+
+
+def test_a_handle_read_inside_the_block_and_the_callers_own_writes_see_the_jobs(
+    db: Engine, redis_clean: None
+) -> None:
+    job_id = uuid.uuid4()
+    with transaction(app) as batch:
+        first = tasks.echo.enqueue_in(batch, ("seen",), job_id=job_id)
+        assert first.outcome is EnqueueOutcome.ENQUEUED
+        again = tasks.echo.enqueue_in(batch, ("seen",), job_id=job_id)
+        later = tasks.echo.enqueue_in(batch, ("later",))
+        # The caller's own statement runs after the enqueues before it, as one by one.
+        count = batch.conn.execute(text("SELECT count(*) FROM job_runs")).scalar_one()
+    assert count == 2
+    assert (again.outcome, later.outcome) == (EnqueueOutcome.DUPLICATE, EnqueueOutcome.ENQUEUED)
+
+
+def _broker() -> redis.Redis:
+    return redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL"))
+
+
+def test_a_rolled_back_batch_writes_and_publishes_nothing(db: Engine, redis_clean: None) -> None:
+    class Abort(Exception):
+        pass
+
+    def enqueue_then_fail() -> None:
+        with transaction(app) as batch:
+            for i in range(5):
+                tasks.echo.enqueue_in(batch, (f"rolled{i}",))
+            batch.conn.execute(text("SELECT 1"))  # the jobs are written, then rolled back
+            raise Abort
+
+    with pytest.raises(Abort):
+        enqueue_then_fail()
+    assert run_count(db) == 0
+    with db.connect() as conn:
+        assert conn.execute(select(OUTBOX.c.id)).first() is None
+    assert _broker().llen(app.conf.task_default_queue) == 0
+
+
+@pytest.fixture
+def launcher(postgres_url: str, tmp_path: Path) -> Iterator[Launcher]:
+    env = service_env(database_url=postgres_url, broker_url=os.environ["JOBSAPP_BROKER_URL"],
+                      var_dir=tmp_path, settings={})  # fmt: skip
+    started = Launcher(env, tmp_path)
+    yield started
+    started.kill_all()
+
+
+BATCH_PRODUCER = """
+import sys, uuid
+from jobsapp.celery_app import app
+from jobsapp.lifecycle.enqueue import transaction
+from tests.support import tasks
+with transaction(app) as batch:
+    for job_id in sys.argv[1:]:
+        tasks.echo.enqueue_in(batch, (job_id,), job_id=uuid.UUID(job_id))
+"""
+
+
+@pytest.fixture
+def pg_worker(pg: Engine, redis_clean: None) -> Iterator[Engine]:
+    """An in-process worker on the Postgres journal (the producer process writes there)."""
+    with in_process_worker():
+        yield pg
+
+
+def test_a_batch_producer_killed_after_commit_before_publish_is_relayed(
+    pg_worker: Engine, launcher: Launcher
+) -> None:
+    pg = pg_worker
+    ids = [uuid.uuid4() for _ in range(5)]
+    producer = launcher.start("batch-producer",
+                              [sys.executable, "-c", BATCH_PRODUCER, *map(str, ids)],
+                              {"JOBSAPP_CRASH_AT": "after_commit_before_publish"})  # fmt: skip
+    assert producer.wait(30) == -9, producer.log()
+    assert [run_row(pg, i)["state"] for i in ids] == ["queued"] * 5
+    assert [outbox_rows(pg, i)[0]["publish_count"] for i in ids] == [0] * 5
+
+    when_due = relay.RelayConfig(grace=timedelta(0))
+
+    def all_ran() -> bool:
+        relay.run_once(app, pg, when_due)
+        return all(run_row(pg, i)["state"] == "succeeded" for i in ids)
+
+    eventually(all_ran, timeout=30, interval=0.5)
+    assert [tasks.calls(str(i)) for i in ids] == [1] * 5
+    assert [outbox_rows(pg, i)[0]["publish_count"] for i in ids] == [1] * 5
