@@ -1,10 +1,11 @@
 """``python -m bench NAME [--quick | --smoke]``: every benchmark, on servers of its own.
 
-NAME is lifecycle, images, upload, maintenance, scale or all. The run starts its own Postgres
-clusters (fsync on, as production runs it, and fsync off, as the tests run it), Redis and
-S3 with scripts/services.sh (state under var/bench/, ports from --port-base), runs the
-benchmarks, writes PNG plots to --out, prints every ratio line at the end and stops the
-servers, also on failure or Ctrl-C. Must run as root (Postgres runs via runuser).
+NAME is lifecycle, images, upload, maintenance, scale, profile or all. The run starts its
+own Postgres clusters (fsync on, as production runs it, and fsync off, as the tests run
+it), Redis and S3 with scripts/services.sh (state under var/bench/, ports from
+--port-base), runs the benchmarks, writes PNG plots to --out, prints every ratio line at
+the end and stops the servers, also on failure or Ctrl-C. Must run as root (Postgres runs
+via runuser).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 from bench import services
@@ -50,6 +52,12 @@ def _scale(svc: services.Services, size: str, out: Path) -> list[str]:
     return bench_scale.main(svc, size, out)
 
 
+def _profile(svc: services.Services, size: str, out: Path, refs: Sequence[str] = ()) -> list[str]:
+    from bench import bench_profile
+
+    return bench_profile.main(svc, size, out, refs)
+
+
 # The image benchmark (bench/bench_images.py) is i10-images' module: registered here when
 # it exists, called as ``main(quick=...)`` (plus ``smoke=`` if it takes one) with the
 # JOBSAPP_TEST_* variables pointing at the bench's servers; a list it returns is its
@@ -70,7 +78,7 @@ def _images(_svc: services.Services, size: str, _out: Path) -> list[str]:
 
 BENCHMARKS: dict[str, Benchmark] = {
     "lifecycle": _lifecycle, "images": _images, "upload": _upload, "maintenance": _maintenance,
-    "scale": _scale,
+    "scale": _scale, "profile": _profile,
 }  # fmt: skip
 
 
@@ -99,6 +107,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="server state; wiped at start (must be readable by postgres)")
     parser.add_argument("--out", type=Path, default=services.ROOT / "var" / "bench" / "out",
                         help="plots and worker logs")  # fmt: skip
+    parser.add_argument("--ref", action="append", default=[],
+                        help="profile: a commit to profile instead of this checkout (checked "
+                             "out with git worktree for the run); repeat for before/after")
     return parser.parse_args(argv)
 
 
@@ -112,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     names = list(BENCHMARKS) if args.name == "all" else [args.name]
+    benchmarks: dict[str, Benchmark] = {**BENCHMARKS, "profile": partial(_profile, refs=args.ref)}
     # A run killed with SIGKILL leaves its servers up: stop them before wiping their state.
     services.stop(args.port_base, args.state_dir / "servers")
     shutil.rmtree(args.state_dir / "servers", ignore_errors=True)
@@ -121,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         _test_env(svc)
         for name in names:
             print(f"\n==== {name} ({args.size})", flush=True)
-            lines += BENCHMARKS[name](svc, args.size, args.out)
+            lines += benchmarks[name](svc, args.size, args.out)
     print(f"\n==== ratios ({args.size}, {time.monotonic() - started:.0f}s; plots in {args.out})")
     print("\n".join(lines))
     return 0
