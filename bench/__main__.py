@@ -129,11 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.state_dir / "servers", ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
     started, lines = time.monotonic(), []
-    with services.started(args.port_base, args.state_dir / "servers") as svc:
+    compare = args.size != "smoke"  # the fsync-off cluster: figures to compare, none in smoke
+    with services.started(args.port_base, args.state_dir / "servers", compare=compare) as svc:
         _test_env(svc)
         for name in names:
             print(f"\n==== {name} ({args.size})", flush=True)
+            began = time.monotonic()
             lines += benchmarks[name](svc, args.size, args.out)
+            print(f"==== {name} took {time.monotonic() - began:.0f}s", flush=True)
     print(f"\n==== ratios ({args.size}, {time.monotonic() - started:.0f}s; plots in {args.out})")
     print("\n".join(lines))
     return 0

@@ -172,8 +172,15 @@ Results = dict[tuple[str, str], list[Sample]]  # (cluster, system) -> one sample
 CLUSTERS = {"on": "durable", "off": "fast"}
 
 
+def clusters(results: Results) -> list[str]:
+    """The fsync settings measured: both, or "on" alone (a smoke run)."""
+    return [fsync for fsync in CLUSTERS if (fsync, BASELINE) in results]
+
+
 def run(services: Services, n: int, rounds: int, out: Path) -> Results:
-    instances = {"on": services.durable, "off": services.fast}
+    instances = {"on": services.durable}
+    if services.fast is not None:
+        instances["off"] = services.fast
     for instance in instances.values():
         prepare(instance, Run("lifecycle", instance, services.durable, out).env)
     for db in (5, 9):
@@ -204,7 +211,7 @@ def report(results: Results, n: int, rounds: int) -> list[str]:
     """Prints the tables; returns the ratio lines (the last lines printed)."""
     print(f"\n{n} no-op jobs x {rounds} interleaved rounds; medians. CPU ms per job "
           f"(end to end) by process; WAL syncs per job (pg_stat_wal.wal_sync).")  # fmt: skip
-    for fsync in CLUSTERS:
+    for fsync in clusters(results):
         print(f"\n-- Postgres fsync {fsync}\n{'system':<16} {'enqueue/s':>9} {'drain/s':>8} "
               f"{'e2e/s':>7}  " + " ".join(f"{p:>8}" for p in PROCESSES) + "  wal/job")
         for system in SYSTEMS:
@@ -222,7 +229,8 @@ def report(results: Results, n: int, rounds: int) -> list[str]:
 
 def ratio_lines(results: Results) -> list[str]:
     lines = []
-    for fsync in CLUSTERS:
+    measured = clusters(results)
+    for fsync in measured:
         bare = results[(fsync, BASELINE)]
         for system in SYSTEMS:
             if system == BASELINE:
@@ -230,6 +238,8 @@ def ratio_lines(results: Results) -> list[str]:
             for field in ("e2e", "enqueue", "drain"):
                 ratio = median_ratio(results[(fsync, system)], bare, field)
                 lines.append(f"{system}/bare {field} ratio (fsync {fsync}): {ratio:.2f}")
+    if measured != list(CLUSTERS):
+        return lines
     for system in SYSTEMS:
         ratio = median_ratio(results[("on", system)], results[("off", system)], "e2e")
         lines.append(f"{system} fsync on/off e2e ratio: {ratio:.2f}")
@@ -244,7 +254,9 @@ def plot(results: Results, path: Path) -> None:
 
 def _plot_rates(results: Results, rates: Any) -> None:
     systems = list(SYSTEMS)
-    for offset, fsync in ((-0.2, "on"), (0.2, "off")):
+    offsets = {"on": -0.2, "off": 0.2}
+    for fsync in clusters(results):
+        offset = offsets[fsync]
         values = [statistics.median(s.e2e for s in results[(fsync, name)]) for name in systems]
         rates.bar([i + offset for i in range(len(systems))], values, 0.4, label=f"fsync {fsync}")
     rates.set_xticks(range(len(systems)), systems, rotation=20)

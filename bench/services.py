@@ -2,7 +2,8 @@
 
 Two Postgres clusters: ``durable`` (fsync, synchronous_commit and full_page_writes on,
 as production runs it) with Redis and S3 beside it, and ``fast`` (the test suite's
-fsync=off) for comparison. PgBouncer and RabbitMQ beside ``durable`` start only when a
+fsync=off) for comparison; a smoke run, whose figures mean nothing, starts ``durable``
+alone. PgBouncer and RabbitMQ beside ``durable`` start only when a
 benchmark asks (``extras``); stopping the instance stops them too. Each instance has
 its own state dir under ``var/bench/`` and ports counted from ``--port-base``, so it
 never meets the test services (5439, 6390, 8339, 5679) or another engineer's instance on
@@ -107,7 +108,7 @@ def _running(instance: Instance, durable: bool, port_base: int) -> Iterator[Inst
 @dataclass(frozen=True)
 class Services:
     durable: Instance
-    fast: Instance
+    fast: Instance | None  # None: not started (a smoke run)
     web_port: int  # for the benchmarks' own gunicorn
     port_base: int
 
@@ -133,12 +134,14 @@ def _instances(port_base: int, state_root: Path) -> tuple[Instance, Instance]:
 
 
 @contextmanager
-def started(port_base: int, state_root: Path) -> Iterator[Services]:
+def started(port_base: int, state_root: Path, *, compare: bool = True) -> Iterator[Services]:
+    """The servers, stopped on the way out; ``compare``: also the fsync-off cluster."""
     durable, fast = _instances(port_base, state_root)
     with ExitStack() as stack:
         stack.enter_context(_running(durable, True, port_base))
-        stack.enter_context(_running(fast, False, port_base))
-        yield Services(durable, fast, port_base + 8, port_base)
+        if compare:
+            stack.enter_context(_running(fast, False, port_base))
+        yield Services(durable, fast if compare else None, port_base + 8, port_base)
 
 
 def stop(port_base: int, state_root: Path) -> None:

@@ -46,3 +46,10 @@ def test_percentiles_of_latencies() -> None:
     p50, p95, p99 = percentiles([float(v) for v in range(1, 101)])
     assert (p50, p95, p99) == pytest.approx((50.5, 95.05, 99.01))
     assert percentiles([0.3]) == (0.3, 0.3, 0.3)
+
+
+def test_a_smoke_run_on_the_fsync_on_cluster_alone_reports_its_lines_only() -> None:
+    results = {("on", system): [_sample(100)] for system in SYSTEMS}
+    lines = ratio_lines(results)
+    assert "lifecycle/bare e2e ratio (fsync on): 1.00" in lines
+    assert not [line for line in lines if "off" in line]
