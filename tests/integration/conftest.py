@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from jobsapp.storage import ObjectStore
+from tests.e2e.procs import Launcher, service_env
 from tests.support.attachments import configured_store
 from tests.support.env import service
+
+
+@pytest.fixture
+def launcher(postgres_url: str, tmp_path: Path) -> Iterator[Launcher]:
+    """Subprocesses (producers, workers) on this session's Postgres journal and broker."""
+    env = service_env(database_url=postgres_url, broker_url=os.environ["JOBSAPP_BROKER_URL"],
+                      var_dir=tmp_path, settings={})  # fmt: skip
+    started = Launcher(env, tmp_path)
+    yield started
+    started.kill_all()
 
 
 @pytest.fixture

@@ -8,12 +8,10 @@ COMMIT, and leave a crash between COMMIT and publish to the relay.
 
 from __future__ import annotations
 
-import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +24,7 @@ from jobsapp.lifecycle.enqueue import transaction
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, EnqueueResult, NewJob
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.maintenance import relay
-from tests.e2e.procs import Launcher, service_env
+from tests.e2e.procs import Launcher
 from tests.support import tasks
 from tests.support.env import service
 from tests.support.journal_view import outbox_rows, run_count, run_row
@@ -189,15 +187,6 @@ def test_a_rolled_back_batch_writes_and_publishes_nothing(db: Engine, redis_clea
     with db.connect() as conn:
         assert conn.execute(select(OUTBOX.c.id)).first() is None
     assert _broker().llen(app.conf.task_default_queue) == 0
-
-
-@pytest.fixture
-def launcher(postgres_url: str, tmp_path: Path) -> Iterator[Launcher]:
-    env = service_env(database_url=postgres_url, broker_url=os.environ["JOBSAPP_BROKER_URL"],
-                      var_dir=tmp_path, settings={})  # fmt: skip
-    started = Launcher(env, tmp_path)
-    yield started
-    started.kill_all()
 
 
 BATCH_PRODUCER = """

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
@@ -23,19 +20,10 @@ from jobsapp.lifecycle.message import Envelope
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import State, Transition
 from jobsapp.maintenance import relay
-from tests.e2e.procs import Launcher, service_env
+from tests.e2e.procs import Launcher
 from tests.support import tasks
 from tests.support.journal_view import events, outbox_rows, run_count, run_row, transitions
 from tests.support.waiting import eventually
-
-
-@pytest.fixture
-def launcher(postgres_url: str, tmp_path: Path) -> Iterator[Launcher]:
-    env = service_env(database_url=postgres_url, broker_url=os.environ["JOBSAPP_BROKER_URL"],
-                      var_dir=tmp_path, settings={})  # fmt: skip
-    started = Launcher(env, tmp_path)
-    yield started
-    started.kill_all()
 
 
 def _finished_job(pg: Engine) -> uuid.UUID:
