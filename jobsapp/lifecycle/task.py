@@ -257,7 +257,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         *,
         job_id: uuid.UUID | None = None,
     ) -> JobHandle:
-        """Enqueue inside ``jobsapp.lifecycle.enqueue.transaction``: published after it commits."""
+        """Enqueue inside ``jobsapp.lifecycle.enqueue.transaction``: written with the
+        batch's other jobs (see ``enqueue.Batch``), published after it commits."""
         return batch.add(self.new_job(tuple(args), dict(kwargs or {}), job_id))
 
     # --- worker side ---------------------------------------------------------------
