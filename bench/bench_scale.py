@@ -3,11 +3,12 @@
 Run through the entry point: ``.venv/bin/python -m bench scale [--quick | --smoke]``.
 Every process reaches the bench's durable Postgres (fsync on) only through PgBouncer in
 transaction pooling mode. Per broker (Redis; RabbitMQ with a quorum queue and publisher
-confirms) and per worker count: a fresh database, W ``celery -A jobsapp worker -c 2``
-process groups with distinct host names, two beats (one leads, one stands by), then a
-producer enqueuing N no-op ``LifecycleTask`` jobs in batches of 100. Measured: jobs/s
-from the first job done to the last; checked: every job succeeded in the
-journal and its body ran exactly once. Also recorded: client connections PgBouncer held
+confirms): a fresh database and two beats (one leads, one stands by); then per worker
+count, in rising order, workers are added up to W ``celery -A jobsapp worker -c 2``
+process groups with distinct host names, and a producer enqueues N no-op
+``LifecycleTask`` jobs in batches of 100. Measured: jobs/s from the first of those jobs
+done to the last; checked: each of them succeeded in the journal and its body ran
+exactly once. Also recorded: client connections PgBouncer held
 against the server connections it used, and CPU per job of the workers, Postgres,
 PgBouncer and the broker (the producer's is not counted).
 """
@@ -36,6 +37,7 @@ from bench.services import ROOT, Instance, Services
 from bench.tasks import DONE_KEY
 
 BIN = Path(sys.executable).parent
+CELERY = (str(BIN / "celery"), "-A", "jobsapp")
 DB_NAME = "jobsapp_bench_scale"
 TEMPLATE = f"{DB_NAME}_template"
 BROKERS = ("redis", "rabbitmq-quorum")
@@ -89,10 +91,10 @@ def assert_quorum(amqp_url: str) -> None:
 
 
 class Phase:
-    """One broker and worker count: its database, processes and logs."""
+    """One broker: its database, beats, a growing number of workers, and their logs."""
 
-    def __init__(self, instance: Instance, broker: str, workers: int, out: Path) -> None:
-        self.instance, self.broker, self.workers, self.out = instance, broker, workers, out
+    def __init__(self, instance: Instance, broker: str, out: Path) -> None:
+        self.instance, self.broker, self.workers, self.out = instance, broker, 0, out
         self.counter = redis.Redis.from_url(instance.redis_url(12))
         on_rabbitmq = broker != "redis"
         self.env = {
@@ -113,17 +115,21 @@ class Phase:
             redis.Redis.from_url(self.instance.redis_url(db)).flushdb()
 
     def start(self, name: str, argv: list[str]) -> None:
-        log = self.out / f"scale-{self.broker}-{self.workers}-{name}.log"
+        log = self.out / f"scale-{self.broker}-{name}.log"
         popen = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=log.open("wb"),
                                  stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         self.procs.append((popen, log))
 
-    def start_all(self) -> None:
-        celery = [str(BIN / "celery"), "-A", "jobsapp"]
-        for i in range(self.workers):
-            self.start(f"worker{i}", [*celery, "worker", *WORKER_FLAGS, "-n", f"scale{i}@host{i}"])
+    def start_beats(self) -> None:
         for i in range(2):
-            self.start(f"beat{i}", [*celery, "beat", "-s", str(self.out / f"beat{i}-schedule")])
+            self.start(f"beat{i}", [*CELERY, "beat", "-s", str(self.out / f"beat{i}-schedule")])
+
+    def add_workers(self, total: int) -> None:
+        """Start workers until ``total`` run, and wait until every process is ready."""
+        for i in range(self.workers, total):
+            self.start(f"worker{i}", [*CELERY, "worker", *WORKER_FLAGS, "-n", f"scale{i}@host{i}"])
+        self.workers = max(self.workers, total)
+        self.wait_ready()
 
     def wait_ready(self, limit: float = 180) -> None:
         deadline = time.monotonic() + limit
@@ -144,14 +150,14 @@ class Phase:
         return {"workers": sum(tree_cpu(pid) for pid in workers), **seconds}
 
     def run(self, n: int) -> Point:
-        before = self.cpu()
+        before, done0, succeeded0 = self.cpu(), self.done(), self.succeeded()
         producer = subprocess.Popen([sys.executable, "-m", "bench.producer", "lifecycle-batch",
                                      str(n)], env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE)  # fmt: skip
         # From the first job done to the last: the producer's start-up (imports, first
         # connections, ~2 s here) is no part of the workers' throughput.
-        first = self.done_at(1)
-        rate = (n - 1) / max(self.done_at(n) - first, 1e-6) if n > 1 else 0.0
+        first = self.done_at(done0 + 1)
+        rate = (n - 1) / max(self.done_at(done0 + n) - first, 1e-6) if n > 1 else 0.0
         _, errors = producer.communicate(timeout=600)
         if producer.returncode != 0:
             raise RuntimeError(f"producer failed: {errors.decode()[-2000:]}")
@@ -159,29 +165,36 @@ class Phase:
         if self.broker != "redis":
             assert_quorum(self.instance.amqp_url)
         cpu_ms = {name: (after[name] - before[name]) * 1000 / n for name in before}
-        return Point(self.broker, self.workers, rate, *self.settled(n), cpu_ms)
+        ran, succeeded, clients, servers = self.settled(succeeded0 + n)
+        return Point(self.broker, self.workers, rate, ran - done0, succeeded - succeeded0,
+                     clients, servers, cpu_ms)  # fmt: skip
+
+    def done(self) -> int:
+        """Bodies run so far in this phase (its earlier worker counts' jobs included)."""
+        return int(self.counter.get(DONE_KEY) or 0)
+
+    def succeeded(self) -> int:
+        return _scalar(self.instance.pg_dsn(DB_NAME),
+                       "SELECT count(*) FROM job_runs WHERE state = 'succeeded'")  # fmt: skip
 
     def done_at(self, count: int) -> float:
         deadline = time.monotonic() + 120 + count / 5
-        while int(self.counter.get(DONE_KEY) or 0) < count:
+        while self.done() < count:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.broker} x{self.workers}: {count} jobs not done in time")
             time.sleep(0.002)
         return time.monotonic()
 
-    def settled(self, n: int) -> tuple[int, int, int, int]:
-        """(bodies run, succeeded rows, PgBouncer clients, Postgres backends), once the last
-        job's row is written (a body counts itself before its run is finished)."""
-        succeeded = "SELECT count(*) FROM job_runs WHERE state = 'succeeded'"
-        dsn = self.instance.pg_dsn(DB_NAME)
+    def settled(self, succeeded: int) -> tuple[int, int, int, int]:
+        """(bodies run, succeeded rows, PgBouncer clients, Postgres backends), once
+        ``succeeded`` rows are written (a body counts itself before its run is finished)."""
         deadline = time.monotonic() + 60
-        while _scalar(dsn, succeeded) < n and time.monotonic() < deadline:
+        while self.succeeded() < succeeded and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1)  # room for a duplicate delivery to show in the counter
         bouncer = f"host=127.0.0.1 port={self.instance.extras_port} user=postgres dbname=pgbouncer"
         backends = f"SELECT count(*) FROM pg_stat_activity WHERE datname = '{DB_NAME}'"  # noqa: S608
-        return (int(self.counter.get(DONE_KEY) or 0), _scalar(dsn, succeeded),
-                _scalar(bouncer, "SHOW CLIENTS"),
+        return (self.done(), self.succeeded(), _scalar(bouncer, "SHOW CLIENTS"),
                 _scalar(self.instance.pg_dsn("postgres"), backends))  # fmt: skip
 
     def stop(self) -> None:
@@ -201,12 +214,11 @@ def migrated_template(instance: Instance) -> None:
 
 
 @contextlib.contextmanager
-def phase(instance: Instance, broker: str, workers: int, out: Path) -> Iterator[Phase]:
-    current = Phase(instance, broker, workers, out)
+def phase(instance: Instance, broker: str, out: Path) -> Iterator[Phase]:
+    current = Phase(instance, broker, out)
     current.fresh_database()
     try:
-        current.start_all()
-        current.wait_ready()
+        current.start_beats()
         yield current
     finally:
         current.stop()
@@ -218,17 +230,21 @@ def run(instance: Instance, n: int, counts: tuple[int, ...], rounds: int,
     migrated_template(instance)
     for number in range(1, rounds + 1):
         for broker in BROKERS:
-            for workers in counts:
-                with phase(instance, broker, workers, out) as current:
-                    point = current.run(n)
-                points.append(point)
-                print(f"round {number} {broker:<16} workers {workers}  {point.rate:6.0f} jobs/s  "
-                      f"ran {point.ran}/{n}  succeeded {point.succeeded}/{n}  "
-                      f"pgbouncer clients {point.clients}  postgres backends {point.servers}  "
-                      f"load {os.getloadavg()[0]:.1f}  CPU ms/job "
-                      + " ".join(f"{k} {v:.2f}" for k, v in point.cpu_ms.items()),
-                      flush=True)  # fmt: skip
+            with phase(instance, broker, out) as current:
+                points += [grown(current, workers, n, number) for workers in sorted(counts)]
     return points
+
+
+def grown(current: Phase, workers: int, n: int, number: int) -> Point:
+    """``workers`` running (more started as needed), then N jobs through them."""
+    current.add_workers(workers)
+    point = current.run(n)
+    print(f"round {number} {current.broker:<16} workers {workers}  {point.rate:6.0f} jobs/s  "
+          f"ran {point.ran}/{n}  succeeded {point.succeeded}/{n}  "
+          f"pgbouncer clients {point.clients}  postgres backends {point.servers}  "
+          f"load {os.getloadavg()[0]:.1f}  CPU ms/job "
+          + " ".join(f"{k} {v:.2f}" for k, v in point.cpu_ms.items()), flush=True)  # fmt: skip
+    return point
 
 
 def medians(points: list[Point]) -> dict[tuple[str, int], float]:
