@@ -605,15 +605,23 @@ def _enqueue_into(
         return [enqueue(conn, job, actor=actor, now=now) for job in jobs]
     now = _stamp(conn, now)
     rows = [_new_row(job, now, State.QUEUED, 0) for job in jobs]
-    plan = _insert_plan(spec, conn.dialect.name, State.QUEUED)
     params = [_insert_params(row, now, job) for row, job in zip(rows, jobs, strict=True)]
-    inserted = [dict(row) for row in conn.execute(plan.dml, params).mappings()]
-    won = _winners(jobs, inserted)
+    result = conn.execute(_many_insert(spec, conn.dialect.name), params)
+    inserted = [dict(row) for row in result.mappings()]
+    # The run as inserted: what the producer wrote, with the database's clock readings.
+    won = {i: {**rows[i], **row} for i, row in _winners(jobs, inserted).items()}
     messages = _events_and_outbox(conn, spec, jobs, won, actor)
     answers = {i: EnqueueResult(EnqueueOutcome.ENQUEUED, jobs[i].job_id, message=m)
                for i, m in messages.items()}  # fmt: skip
     answers |= _conflicts(conn, spec, jobs, won, actor, now)
     return [answers[i] for i in range(len(jobs))]
+
+
+@cache
+def _many_insert(spec: RunTable, dialect: str) -> Any:
+    """The enqueue's INSERT, also returning the key: a batch tells twins apart by it."""
+    plan = _insert_plan(spec, dialect, State.QUEUED)
+    return plan.dml.returning(spec.table.c.concurrency_key)
 
 
 def _finished_among(conn: Connection, spec: RunTable, jobs: Sequence[NewJob]) -> bool:
