@@ -1,9 +1,9 @@
 """Where a lifecycle job's CPU goes: ``python -m bench profile [--quick] [--ref REF ...]``.
 
 For each tree (this checkout, or each ``--ref`` checked out with ``git worktree`` for the
-run), on the bench's fsync-on Postgres and its Redis: a producer sends N ``.delay()`` of
-the no-op lifecycle job under cProfile, then a solo-pool worker drains them under
-cProfile (``bench/profiling.py``). Writes, per tree and side, the profile text
+run), on the bench's fsync-on Postgres and its Redis: a producer sends ``.delay()`` of
+the no-op lifecycle job, N timed and N under cProfile, then a solo-pool worker drains
+them the same way (``bench/profiling.py``). Writes, per tree and side, the profile text
 (``profile-<tree>-<side>.txt``: top entries by cumulative time, and each package's share
 of the self time: jobsapp's own code vs Celery, kombu, redis, SQLAlchemy, psycopg2 ...)
 and returns the CPU ms per job of each, e.g. ``profile worker CPU ms/job (19f2d6c): X``.
@@ -27,7 +27,7 @@ import redis
 from bench.services import ROOT, Instance, Services
 
 SCRIPT = Path(__file__).with_name("profiling.py")
-SIZES = {"full": 2000, "quick": 300, "smoke": 20}
+SIZES = {"full": 2000, "quick": 150, "smoke": 10}  # jobs timed, and as many profiled
 # Redis databases of this benchmark's broker, dedup keys and done counter.
 BROKER_DB, DEDUP_DB, COUNTER_DB = 10, 11, 12
 HERE = "here"
