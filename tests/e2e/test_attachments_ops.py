@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -35,7 +34,7 @@ from tests.e2e.procs import Launcher, Proc, ready, service_env
 from tests.integration.test_reprocess import all_on, plant_ready
 from tests.integration.test_staging_retention import plant, stage
 from tests.support.attachments import sha256
-from tests.support.env import service
+from tests.support.env import redis_url, service
 from tests.support.waiting import eventually
 from tests.unit import images
 
@@ -85,7 +84,7 @@ def db(database_url: str) -> Iterator[Engine]:
 
 
 def broker_url() -> str:
-    return urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{BROKER_DB}").geturl()
+    return redis_url(BROKER_DB)
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from tests.conftest import _drop_postgres, _fresh_postgres
 from tests.e2e.procs import Launcher, Proc
 from tests.e2e.webserver import Http, fetch, free_port
 from tests.support.compose import SECRETS, compose_services, unescaped
-from tests.support.env import SESSION, service
+from tests.support.env import SESSION, redis_url, service
 from tests.unit import images
 
 REDIS_DB = 14
@@ -55,7 +55,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def stand_ins() -> Iterator[dict[str, str]]:
     """What replaces compose's postgres, redis and minio hosts in the environment."""
     admin = service("JOBSAPP_TEST_DATABASE_URL")
-    broker = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{REDIS_DB}").geturl()
+    broker = redis_url(REDIS_DB)
     redis.Redis.from_url(broker).flushdb()
     s3 = service("JOBSAPP_TEST_S3_ENDPOINT_URL")
     yield {

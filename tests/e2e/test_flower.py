@@ -15,7 +15,6 @@ import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import Engine, select
@@ -24,7 +23,7 @@ from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.tables import JobRun, OutboxMessage
 from tests.e2e.procs import BIN, ROOT, launching, ready, service_env
 from tests.e2e.webserver import free_port
-from tests.support.env import service
+from tests.support.env import redis_url
 from tests.support.waiting import eventually
 
 # Its own Redis database (broker and Flower's event channel): see the other e2e modules.
@@ -71,7 +70,7 @@ def _settled(port: int, *task_ids: str) -> dict[str, dict[str, Any]] | None:
 def test_flower_shows_retry_failure_success_and_a_duplicate_delivery(
     pg: Engine, postgres_url: str, tmp_path: Path
 ) -> None:
-    broker = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{BROKER_DB}").geturl()
+    broker = redis_url(BROKER_DB)
     env = service_env(database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var",
                       settings={"FLOWER_UNAUTHENTICATED_API": "true"})  # fmt: skip
     with launching(env, tmp_path) as launcher:

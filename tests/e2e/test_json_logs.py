@@ -14,14 +14,13 @@ import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import Engine
 
 from tests.e2e.procs import ROOT, launching, ready, service_env
 from tests.e2e.webserver import WEB, free_port
-from tests.support.env import service
+from tests.support.env import redis_url
 from tests.support.waiting import eventually
 
 BROKER_DB = 6
@@ -55,7 +54,7 @@ def _answers(url: str) -> bool:
 def test_worker_beat_and_web_write_scrubbed_json_lines_with_job_and_trace_ids(
     pg: Engine, postgres_url: str, tmp_path: Path
 ) -> None:
-    broker = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{BROKER_DB}").geturl()
+    broker = redis_url(BROKER_DB)
     env = service_env(database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var",
                       settings={"JOBSAPP_LOG_FORMAT": "json"})  # fmt: skip
     with launching(env, tmp_path) as launcher:

@@ -18,7 +18,6 @@ from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -31,7 +30,7 @@ from jobsapp.lifecycle.tables import JobRun
 from jobsapp.schema import metadata
 from tests.e2e.procs import BIN, Launcher, Supervisor, ready, service_env
 from tests.support import tasks
-from tests.support.env import SESSION, service
+from tests.support.env import SESSION, redis_url, service
 from tests.support.journal_view import events, outbox_rows, run_row, transitions
 from tests.support.waiting import eventually
 
@@ -83,8 +82,7 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def broker_url_for() -> str:
-    parts = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))
-    return urlunsplit(parts._replace(path=f"/{BROKER_DB}"))
+    return redis_url(BROKER_DB)
 
 
 @pytest.fixture

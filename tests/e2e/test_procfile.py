@@ -9,14 +9,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 import redis
 
 from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.webserver import REPO, Http, fetch, free_port
-from tests.support.env import service
+from tests.support.env import redis_url, service
 from tests.unit import images
 
 REDIS_DB = 15
@@ -27,7 +26,7 @@ def procfile_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     admin = service("JOBSAPP_TEST_DATABASE_URL")
     db_url = _fresh_postgres(admin, "jobsapp_e2e_procfile")
     migrate(db_url)
-    broker = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{REDIS_DB}").geturl()
+    broker = redis_url(REDIS_DB)
     redis.Redis.from_url(broker).flushdb()
     base = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
     yield base | {

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -23,7 +22,7 @@ from jobsapp.lifecycle.journal import EVENTS
 from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.procs import Launcher, Proc, launching, ready, service_env
 from tests.integration.test_reprocess_runs import plant_rows
-from tests.support.env import SESSION, service
+from tests.support.env import SESSION, redis_url, service
 from tests.support.waiting import eventually
 
 ATTACHMENT_COUNT = 2000
@@ -47,7 +46,7 @@ def db() -> Iterator[Engine]:
 
 @pytest.fixture
 def procs(db: Engine, tmp_path: Path) -> Iterator[Launcher]:
-    broker = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{BROKER_DB}").geturl()
+    broker = redis_url(BROKER_DB)
     redis.Redis.from_url(broker).flushdb()
     settings = {
         "JOBSAPP_STORAGE_URL": f"s3://{service('JOBSAPP_TEST_S3_BUCKET')}/e2e-backfill",

@@ -12,7 +12,6 @@ import json
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from sqlalchemy import Engine, select, update
@@ -23,7 +22,7 @@ from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.lifecycle.tables import JobRun
 from tests.e2e.procs import Launcher, service_env
 from tests.support import tasks
-from tests.support.env import service
+from tests.support.env import redis_url
 
 RUNS = JobRun.__table__
 # A broker database nobody consumes: beat's relay has nothing to send, but must not send
@@ -58,7 +57,7 @@ def test_beat_and_the_command_refuse_retention_inside_a_dedup_window(
     pg: Engine, postgres_url: str, tmp_path: Path
 ) -> None:
     old = finished_days_ago(pg, 8)
-    broker = urlunsplit(urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{BROKER_DB}"))
+    broker = redis_url(BROKER_DB)
     imports = {"JOBSAPP_IMPORTS": "tests.support.tasks,tests.support.long_window"}
     env = service_env(database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var",
                       settings=imports)  # fmt: skip

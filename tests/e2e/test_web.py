@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -30,7 +30,7 @@ from sqlalchemy import Engine, create_engine, text
 from jobsapp.storage import store_from_url
 from tests.conftest import _fresh_postgres, migrate
 from tests.e2e.webserver import Http, fetch, running_web, running_worker
-from tests.support.env import service
+from tests.support.env import redis_url, service
 
 MAX_UPLOAD = 256 * 1024
 ADMIN_TOKEN = "e2e-web-token"
@@ -47,16 +47,16 @@ def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     """The environment of the web and worker processes; their S3 prefix is emptied after."""
     db_url = _fresh_postgres(service("JOBSAPP_TEST_DATABASE_URL"), "jobsapp_e2e_web")
     migrate(db_url)
-    redis_url = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{REDIS_DB}").geturl()
-    _flush_redis(redis_url)
+    web_redis = redis_url(REDIS_DB)
+    _flush_redis(web_redis)
     storage_url = f"s3://{service('JOBSAPP_TEST_S3_BUCKET')}/e2e-web-{uuid.uuid4().hex[:12]}"
     endpoint = service("JOBSAPP_TEST_S3_ENDPOINT_URL")
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
     yield env | {
         "JOBSAPP_VAR_DIR": str(tmp_path_factory.mktemp("e2e-web-var")),
         "JOBSAPP_DATABASE_URL": db_url,
-        "JOBSAPP_BROKER_URL": redis_url,
-        "JOBSAPP_REDIS_URL": redis_url,
+        "JOBSAPP_BROKER_URL": web_redis,
+        "JOBSAPP_REDIS_URL": web_redis,
         "JOBSAPP_STORAGE_URL": storage_url,
         "JOBSAPP_S3_ENDPOINT_URL": endpoint,
         "JOBSAPP_MAX_UPLOAD_BYTES": str(MAX_UPLOAD),

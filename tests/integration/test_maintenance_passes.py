@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -33,7 +32,7 @@ from jobsapp.lifecycle.tables import JobRun
 from jobsapp.maintenance import lease, reaper, relay, retention
 from jobsapp.monitor import metrics, summary
 from tests.support import tasks
-from tests.support.env import service
+from tests.support.env import redis_url
 from tests.support.journal_view import outbox_rows, run_row, transitions
 from tests.support.waiting import eventually
 
@@ -48,8 +47,7 @@ BROKER_DB = 4
 
 @pytest.fixture
 def broker() -> Iterator[redis.Redis]:
-    parts = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))
-    client = redis.Redis.from_url(urlunsplit(parts._replace(path=f"/{BROKER_DB}")))
+    client = redis.Redis.from_url(redis_url(BROKER_DB))
     client.flushdb()
     yield client
     client.close()
@@ -58,7 +56,7 @@ def broker() -> Iterator[redis.Redis]:
 @pytest.fixture
 def relay_app(broker: redis.Redis) -> Iterator[Celery]:
     """A producer-only app on the broker database of this module."""
-    url = urlunsplit(urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{BROKER_DB}"))
+    url = redis_url(BROKER_DB)
     app = Celery("maintenance-relay-tests", broker=url, set_as_current=False)
     app.conf.update(task_serializer="json", accept_content=["json"])
     yield app

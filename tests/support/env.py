@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -23,6 +24,11 @@ def service(name: str) -> str:
     if IN_CI:
         pytest.fail(message)
     pytest.skip(message)
+
+
+def redis_url(db: int) -> str:
+    """The test Redis on database ``db`` (a module keeps its broker and counters apart)."""
+    return urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{db}").geturl()
 
 
 def configure_process_env() -> None:
