@@ -32,13 +32,16 @@ def _transport_options(settings: Settings, base: dict[str, Any]) -> dict[str, An
         return base
     queue = settings.broker_folder / "queue"
     processed = settings.broker_folder / "processed"
-    for folder in (queue, processed):
+    # kombu keeps its exchange tables in ``control/`` of the working directory by default.
+    control = settings.broker_folder / "control"
+    for folder in (queue, processed, control):
         folder.mkdir(parents=True, exist_ok=True)
     return {
         **base,
         "data_folder_in": str(queue),
         "data_folder_out": str(queue),
         "processed_folder": str(processed),
+        "control_folder": str(control),
         "store_processed": False,
     }
 

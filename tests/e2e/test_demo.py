@@ -47,3 +47,11 @@ def test_demo_takes_three_images_to_ready_and_leaves_their_variants_on_disk(
         head = path.read_bytes()[:12]
         assert head[:4] == b"RIFF"
         assert head[8:12] == b"WEBP"
+
+
+def test_demo_writes_nothing_outside_its_var_folder(tmp_path: Path) -> None:
+    code, output = run_demo(tmp_path)
+
+    assert code == 0, output
+    # What a newcomer finds next to their checkout: one folder, which .gitignore covers.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["var"]
