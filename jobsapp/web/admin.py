@@ -123,16 +123,17 @@ def _filters() -> dict[str, Any]:
     """The summary filters of the query string, checked (BadFilter: a 400)."""
     states = [s for value in request.args.getlist("state") for s in value.split(",") if s]
     module = request.args.get("module") or None
-    raw_limit = request.args.get("limit", str(summary.DEFAULT_LIMIT))
-    # ASCII digits only, and few: int() refuses "²" and numbers of thousands of digits.
-    if not (raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 9):
-        raise summary.BadFilter(f"limit must be an integer from 1 to {summary.MAX_LIMIT}")
     summary.checked_tables(module)
-    return {
-        "states": summary.checked_states(states or None),
-        "module": module,
-        "limit": summary.checked_limit(int(raw_limit)),
-    }
+    return {"states": summary.checked_states(states or None), "module": module, "limit": _limit()}
+
+
+def _limit() -> int:
+    """The ``limit`` of the query string: every route that takes one parses it here."""
+    raw = request.args.get("limit", str(summary.DEFAULT_LIMIT))
+    # ASCII digits only, and few: int() refuses "²" and numbers of thousands of digits.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+        raise summary.BadFilter(f"limit must be an integer from 1 to {summary.MAX_LIMIT}")
+    return summary.checked_limit(int(raw))
 
 
 # ------------------------------------------------------------------------- actions
@@ -199,11 +200,9 @@ def reconcile_failed() -> ResponseReturnValue:
 @admin.get("/v1/admin/outbox/dead")
 def dead_outbox() -> ResponseReturnValue:
     """Outbox rows the relay gave up on, newest first, with why."""
-    raw_limit = request.args.get("limit", str(summary.DEFAULT_LIMIT))
-    if not raw_limit.isdigit():
-        raise summary.BadFilter(f"limit must be an integer from 1 to {summary.MAX_LIMIT}")
+    limit = _limit()
     with get_engine().connect() as conn:
-        rows = outbox_queries.dead_rows(conn, limit=summary.checked_limit(int(raw_limit)))
+        rows = outbox_queries.dead_rows(conn, limit=limit)
         total = outbox_queries.count_dead(conn)
     return jsonify({"total": total, "dead": [_dead_json(r) for r in rows]})
 
