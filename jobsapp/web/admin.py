@@ -14,10 +14,12 @@ import dataclasses
 import hmac
 import logging
 from typing import Any
-from uuid import UUID
 
-from flask import Blueprint, Flask, Response, current_app, jsonify, request
+from flask import Response, current_app, jsonify, request
 from flask.typing import ResponseReturnValue
+from flask_openapi3.blueprint import APIBlueprint
+from flask_openapi3.models.tag import Tag
+from flask_openapi3.openapi import OpenAPI
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -27,7 +29,15 @@ from jobsapp.db import get_engine
 from jobsapp.lifecycle import outbox_queries
 from jobsapp.monitor import metrics, summary
 from jobsapp.settings import get_settings
-from jobsapp.web import auth, ui
+from jobsapp.web import auth, schemas, ui
+from jobsapp.web.openapi import (
+    ADMIN_AUTH,
+    ADMIN_ERROR_TEXT,
+    Answer,
+    admin_errors,
+    errors,
+    json_answer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +47,18 @@ _RETRY_AFTER_S = "5"
 _DB_DOWN = (OperationalError, InterfaceError, PoolTimeout)
 _REFUSAL_STATUS = {operator.NotFound: 404, operator.Conflict: 409}
 
-admin = Blueprint("admin", __name__)
-scrape = Blueprint("metrics", __name__)
+admin = APIBlueprint("admin", __name__, abp_tags=[Tag(name="operators")],
+                     abp_security=ADMIN_AUTH)  # fmt: skip
+scrape = APIBlueprint("metrics", __name__, abp_tags=[Tag(name="operations")])
 
 
-def init_app(app: Flask) -> None:
+def init_app(app: OpenAPI) -> None:
     """Register the operator routes and the metrics registry on ``app``."""
     app.extensions[_METRICS] = metrics.journal_registry(
         get_engine, lambda: get_settings().stale_after
     )
-    app.register_blueprint(admin)
-    app.register_blueprint(scrape)
+    app.register_api(admin)
+    app.register_api(scrape)
     ui.init_app(app)
 
 
@@ -112,83 +123,75 @@ def _authenticate_scraper() -> ResponseReturnValue | None:
 # ------------------------------------------------------------------------- summary
 
 
-@admin.get("/v1/admin/jobs")
-def jobs() -> ResponseReturnValue:
-    rows = summary.summarize(get_engine(), **_filters())
+@admin.get(
+    "/v1/admin/jobs",
+    summary="The newest jobs of every run table, and counts by module and state",
+    description="Each run table is read in its own home; newest first by `updated_at`. "
+    "`age_seconds` is the time spent in the current state.",
+    operation_id="adminJobs",
+    responses={200: json_answer(schemas.JobSummary, "The summary"), **admin_errors(400)},
+)
+def jobs(query: schemas.SummaryQuery) -> Answer:
+    rows = summary.summarize(get_engine(), states=tuple(query.state) or None,
+                             module=query.module, limit=query.limit)  # fmt: skip
     counts = summary.counts(get_engine())
     return jsonify({"jobs": [row.as_json() for row in rows], "counts": counts})
-
-
-def _filters() -> dict[str, Any]:
-    """The summary filters of the query string, checked (BadFilter: a 400)."""
-    states = [s for value in request.args.getlist("state") for s in value.split(",") if s]
-    module = request.args.get("module") or None
-    summary.checked_tables(module)
-    return {"states": summary.checked_states(states or None), "module": module, "limit": _limit()}
-
-
-def _limit() -> int:
-    """The ``limit`` of the query string: every route that takes one parses it here."""
-    raw = request.args.get("limit", str(summary.DEFAULT_LIMIT))
-    # ASCII digits only, and few: int() refuses "²" and numbers of thousands of digits.
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
-        raise summary.BadFilter(f"limit must be an integer from 1 to {summary.MAX_LIMIT}")
-    return summary.checked_limit(int(raw))
 
 
 # ------------------------------------------------------------------------- actions
 
 
-@admin.post("/v1/admin/jobs/<module>/<uuid:job_id>/replay")
-def replay(module: str, job_id: UUID) -> ResponseReturnValue:
-    actor, reason = _action_body()
-    done = operator.replay(get_engine(), module, job_id, actor=actor, reason=reason)
+@admin.post(
+    "/v1/admin/jobs/<module>/<uuid:job_id>/replay",
+    summary="Replay a failed job: a new attempt of the same job_id",
+    description="failed -> queued, with an audit row (actor `operator:<actor>`, the "
+    "reason); the message is published after the commit (or by the relay).",
+    operation_id="adminReplay",
+    responses={200: json_answer(schemas.Replayed, "Queued again"),
+               **admin_errors(400, 404, 409)},
+)  # fmt: skip
+def replay(path: schemas.JobPath, body: schemas.OperatorAction) -> Answer:
+    # The actor is self-declared (the token is shared): the audit row names who says they
+    # acted, not who was authenticated.
+    done = operator.replay(get_engine(), path.module, path.job_id, actor=body.actor,
+                           reason=body.reason)  # fmt: skip
     return jsonify({"module": done.module, "job_id": str(done.job_id), "state": "queued",
                     "attempt": done.attempt, "published": done.published})  # fmt: skip
 
 
-@admin.post("/v1/admin/jobs/<module>/<uuid:job_id>/cancel")
-def cancel(module: str, job_id: UUID) -> ResponseReturnValue:
-    actor, reason = _action_body()
-    done = operator.cancel(get_engine(), module, job_id, actor=actor, reason=reason)
+@admin.post(
+    "/v1/admin/jobs/<module>/<uuid:job_id>/cancel",
+    summary="Cancel a queued job",
+    description="queued -> failed with outcome `cancelled`, with an audit row. A running "
+    "job cannot be cancelled: it finishes or the reaper frees it.",
+    operation_id="adminCancel",
+    responses={200: json_answer(schemas.Cancelled, "Cancelled"),
+               **admin_errors(400, 404, 409)},
+)  # fmt: skip
+def cancel(path: schemas.JobPath, body: schemas.OperatorAction) -> Answer:
+    done = operator.cancel(get_engine(), path.module, path.job_id, actor=body.actor,
+                           reason=body.reason)  # fmt: skip
     return jsonify({"module": done.module, "job_id": str(done.job_id), "state": "failed",
                     "outcome": "cancelled", "attempts": done.attempts})  # fmt: skip
 
 
-def _action_body() -> tuple[str, str]:
-    """(actor, reason) of ``{"reason": ..., "actor"?: ...}``.
-
-    The actor is self-declared (the token is shared): the audit row names who says they
-    acted, not who was authenticated.
-    """
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict) or set(body) - {"reason", "actor"}:
-        raise operator.InvalidRequest('send a JSON object {"reason": "...", "actor": "..."}')
-    reason, actor = body.get("reason"), body.get("actor", "api")
-    if not isinstance(reason, str) or not isinstance(actor, str):
-        raise operator.InvalidRequest('"reason" (required) and "actor" must be strings')
-    return actor, reason
-
-
-@admin.post("/v1/admin/reconcile")
-def reconcile_failed() -> ResponseReturnValue:
-    """``{"actor"?, "module"?, "error_code"?, "dry_run"?}``: a reconcile pass, now."""
+@admin.post(
+    "/v1/admin/reconcile",
+    summary="A reconcile pass now: failed runs worth another try are replayed",
+    description="The body may be empty. 409 `never_retaken` for a code the domain never "
+    "retakes.",
+    operation_id="adminReconcile",
+    responses={200: json_answer(schemas.Reconciled, "One report per domain"),
+               **admin_errors(400, 404, 409)},
+)  # fmt: skip
+def reconcile_failed(body: schemas.ReconcileRequest) -> Answer:
     from jobsapp.celery_app import app as celery_app
     from jobsapp.maintenance import reconcile
 
-    body = request.get_json(silent=True)
-    if body is None:
-        body = {}
-    if not isinstance(body, dict) or set(body) - {"actor", "module", "error_code", "dry_run"}:
-        raise operator.InvalidRequest('send {"module"?, "error_code"?, "dry_run"?, "actor"?}')
-    actor, module, code = body.get("actor", "api"), body.get("module"), body.get("error_code")
-    dry_run = body.get("dry_run", False)
-    if not (isinstance(actor, str) and isinstance(dry_run, bool)
-            and all(v is None or isinstance(v, str) for v in (module, code))):  # fmt: skip
-        raise operator.InvalidRequest('"actor", "module", "error_code": strings; "dry_run": bool')
-    asked = reconcile.Request(error_code=code, dry_run=dry_run, actor=f"{reconcile.ACTOR}:{actor}")
+    asked = reconcile.Request(error_code=body.error_code, dry_run=body.dry_run,
+                              actor=f"{reconcile.ACTOR}:{body.actor}")  # fmt: skip
     try:
-        reports = reconcile.run_all(get_engine(), celery_app, asked, module=module)
+        reports = reconcile.run_all(get_engine(), celery_app, asked, module=body.module)
     except reconcile.NeverRetaken as never:
         return _error(409, "never_retaken", str(never))
     return jsonify({"passes": [r.as_json() for r in reports]})
@@ -197,12 +200,16 @@ def reconcile_failed() -> ResponseReturnValue:
 # ---------------------------------------------------------------- dead outbox rows
 
 
-@admin.get("/v1/admin/outbox/dead")
-def dead_outbox() -> ResponseReturnValue:
-    """Outbox rows the relay gave up on, newest first, with why."""
-    limit = _limit()
+@admin.get(
+    "/v1/admin/outbox/dead",
+    summary="Outbox rows the relay gave up on (dead), newest first",
+    operation_id="adminDeadOutbox",
+    responses={200: json_answer(schemas.DeadOutbox, "Dead outbox rows, with why"),
+               **admin_errors(400)},
+)  # fmt: skip
+def dead_outbox(query: schemas.DeadOutboxQuery) -> Answer:
     with get_engine().connect() as conn:
-        rows = outbox_queries.dead_rows(conn, limit=limit)
+        rows = outbox_queries.dead_rows(conn, limit=query.limit)
         total = outbox_queries.count_dead(conn)
     return jsonify({"total": total, "dead": [_dead_json(r) for r in rows]})
 
@@ -212,26 +219,36 @@ def _dead_json(row: outbox_queries.DeadRow) -> dict[str, Any]:
     return {**dataclasses.asdict(row), "job_id": str(row.job_id), **when}
 
 
-@admin.post("/v1/admin/outbox/dead/retry")
-def retry_dead_outbox() -> ResponseReturnValue:
-    """``{"reason": ..., "actor"?: ..., "ids"?: [outbox ids]}``; no ids: every dead row."""
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict) or set(body) - {"reason", "actor", "ids"}:
-        raise operator.InvalidRequest('send {"reason": "...", "actor": "...", "ids": [1, 2]}')
-    ids = body.get("ids")
-    if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
-        raise operator.InvalidRequest('"ids" must be a list of outbox row ids (integers)')
-    reason, actor = body.get("reason"), body.get("actor", "api")
-    if not isinstance(reason, str) or not isinstance(actor, str):
-        raise operator.InvalidRequest('"reason" (required) and "actor" must be strings')
-    revived = operator.retry_dead_outbox(get_engine(), ids, actor=actor, reason=reason)
+@admin.post(
+    "/v1/admin/outbox/dead/retry",
+    summary="Give dead outbox rows back to the relay",
+    description="Each row is due again with a clean failure count and an audit row.",
+    operation_id="adminRetryDeadOutbox",
+    responses={200: json_answer(schemas.Revived, "Rows revived"), **admin_errors(400)},
+)
+def retry_dead_outbox(body: schemas.RetryDeadOutbox) -> Answer:
+    revived = operator.retry_dead_outbox(get_engine(), body.ids, actor=body.actor,
+                                         reason=body.reason)  # fmt: skip
     return jsonify({"revived": revived})
 
 
 # ------------------------------------------------------------------------- metrics
 
 
-@scrape.get("/metrics")
-def prometheus() -> ResponseReturnValue:
+@scrape.get(
+    "/metrics",
+    summary="Prometheus metrics, read from the journal at scrape time",
+    description="`jobsapp_jobs{module,state}`, `jobsapp_oldest_queued_seconds{module}`, "
+    "`jobsapp_stale_running{module}`, `jobsapp_outbox_backlog`, `jobsapp_outbox_lag_seconds` "
+    "and the counters and histograms of docs/operators.md. Open unless "
+    "`JOBSAPP_METRICS_TOKEN` is set, then that bearer token.",
+    operation_id="metrics",
+    responses={
+        200: {"description": "The Prometheus text exposition format",
+              "content": {"text/plain": {"schema": {"type": "string"}}}},
+        **errors(401, 503, text=ADMIN_ERROR_TEXT),
+    },
+)  # fmt: skip
+def prometheus() -> Answer:
     text = metrics.exposition(current_app.extensions[_METRICS])
     return Response(text, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
-from flask import Blueprint, Flask, Response, current_app, jsonify, request
+from flask import Flask, Response, current_app, jsonify, request
 from flask.typing import ResponseReturnValue
+from flask_openapi3.blueprint import APIBlueprint
+from flask_openapi3.models.tag import Tag
 from werkzeug.exceptions import HTTPException, NotFound
 
 from jobsapp import logs, preflight
@@ -28,10 +29,10 @@ from jobsapp.lifecycle import tracing
 from jobsapp.lifecycle.message import TRACE_HEADERS
 from jobsapp.monitor import browse
 from jobsapp.settings import SettingsError
-from jobsapp.web import admin
+from jobsapp.web import admin, schemas
 from jobsapp.web.health import health
 from jobsapp.web.multipart import FormLimits, missing_file, read_file
-from jobsapp.web.openapi import openapi_document
+from jobsapp.web.openapi import Answer, create_openapi_app, errors, json_answer, openapi_document
 from jobsapp.web.urls import VariantNameConverter, raw_url, url_problem
 
 log = logging.getLogger(__name__)
@@ -40,12 +41,10 @@ MAX_UPLOAD_ENV = "JOBSAPP_MAX_UPLOAD_BYTES"
 # The request may exceed the file by the multipart boundary and part headers; anything
 # beyond that is refused while reading, before the body is held in memory.
 MULTIPART_OVERHEAD = 64 * 1024
-# Printable ASCII only: the key is stored and echoed in logs, so no control characters.
-_IDEMPOTENCY_KEY = re.compile(r"[\x20-\x7e]{1,200}")
 _RETRY_AFTER_S = "5"
 _LIMITS = "jobsapp.limits"
 
-api = Blueprint("api", __name__)
+api = APIBlueprint("api", __name__, abp_tags=[Tag(name="attachments")])
 
 
 def create_app(limits: Limits | None = None) -> Flask:
@@ -56,15 +55,14 @@ def create_app(limits: Limits | None = None) -> Flask:
         # Under gunicorn nothing configured the root logger: the app's records get the
         # CLI's scrubbed (and, with JOBSAPP_LOG_FORMAT=json, JSON) handler.
         logs.configure()
-    # No static folder: nothing here is a file to serve, and its route would be undocumented.
-    app = Flask(__name__, static_folder=None)
+    app = create_openapi_app(__name__)
     app.config["MAX_CONTENT_LENGTH"] = limits.max_bytes + MULTIPART_OVERHEAD
     app.extensions[_LIMITS] = limits
     app.url_map.converters["variant"] = VariantNameConverter
     # Registered first: it runs before every other hook, the admin's authentication included.
     app.before_request(_refuse_unreadable_url)
-    app.register_blueprint(api)
-    app.register_blueprint(health)
+    app.register_api(api)
+    app.register_api(health)
     # The operator routes (/v1/admin, /admin) and /metrics: see jobsapp.web.admin.
     admin.init_app(app)
     app.register_error_handler(RejectedUpload, _rejected)
@@ -89,9 +87,34 @@ def limits_from_env(env: Mapping[str, str]) -> Limits:
 # ------------------------------------------------------------------------------ routes
 
 
-@api.post("/v1/attachments")
-def upload() -> ResponseReturnValue:
-    key = _idempotency_key()
+_LOCATION = {"Location": {"description": "URL of the attachment", "schema": {"type": "string"}}}
+_UPLOAD_BODY = {
+    "required": True,
+    "content": {"multipart/form-data": {"schema": {
+        "type": "object", "required": ["file"],
+        "properties": {"file": {"type": "string", "contentMediaType": "image/*"}},
+    }}},
+}  # fmt: skip
+
+
+# The form is read by jobsapp.web.multipart as it streams in, within its limits: it is
+# described here, not handed to the library to parse.
+@api.post(
+    "/v1/attachments",
+    summary="Upload an image",
+    description="The format comes from the bytes, not from the file name or declared type. "
+    "The file name is kept only as a sanitised `display_name`.",
+    operation_id="uploadAttachment",
+    openapi_extensions={"requestBody": _UPLOAD_BODY},
+    responses={
+        202: json_answer(schemas.Accepted, "Accepted: durable and queued", headers=_LOCATION),
+        200: json_answer(schemas.Accepted, "An Idempotency-Key replay: the earlier attachment",
+                         headers=_LOCATION),
+        **errors(400, 413, 415, 422, 503),
+    },
+)  # fmt: skip
+def upload(header: schemas.UploadHeaders) -> Answer:
+    key = header.idempotency_key
     limits: Limits = current_app.extensions[_LIMITS]
     data, filename = _read_file(limits)
     # The client's traceparent, if any, is the parent of the processing job's trace.
@@ -107,8 +130,14 @@ def upload() -> ResponseReturnValue:
     return jsonify(body), status, {"Location": _self_url(accepted.attachment_id)}
 
 
-@api.get("/v1/attachments/<uuid:attachment_id>")
-def show(attachment_id: UUID) -> ResponseReturnValue:
+@api.get(
+    "/v1/attachments/<uuid:attachment_id>",
+    summary="An attachment's state, metadata and variant URLs",
+    operation_id="getAttachment",
+    responses={200: json_answer(schemas.Attachment, "The attachment"), **errors(404, 503)},
+)
+def show(path: schemas.AttachmentPath) -> Answer:
+    attachment_id = path.attachment_id
     view = service.get_attachment(attachment_id)
     if view is None:
         raise NotFound("No attachment has this id.")
@@ -116,9 +145,20 @@ def show(attachment_id: UUID) -> ResponseReturnValue:
     return jsonify({**public_view(view), "job": browse.attachment_job(get_engine(), attachment_id)})
 
 
-@api.get("/v1/attachments/<uuid:attachment_id>/variants/<variant:name>")
-def variant(attachment_id: UUID, name: str) -> ResponseReturnValue:
-    read = service.open_variant(attachment_id, name)
+@api.get(
+    "/v1/attachments/<uuid:attachment_id>/variants/<variant:name>",
+    summary="A rendered variant's bytes",
+    operation_id="getVariant",
+    responses={
+        200: {"description": "The bytes, streamed (local storage)", "content": {
+            "image/*": {"schema": {"type": "string", "contentMediaType": "image/*"}}}},
+        302: {"description": "Redirect to a short-lived presigned URL (S3 storage)",
+              "headers": {"Location": {"schema": {"type": "string", "format": "uri"}}}},
+        **errors(404, 503),
+    },
+)  # fmt: skip
+def variant(path: schemas.VariantPath) -> Answer:
+    read = service.open_variant(path.attachment_id, path.name)
     if read is None:
         raise NotFound("This attachment has no such variant, or it is not ready yet.")
     if read.url is not None:
@@ -132,25 +172,21 @@ def variant(attachment_id: UUID, name: str) -> ResponseReturnValue:
     return response
 
 
-@api.get("/openapi.json")
-def openapi() -> ResponseReturnValue:
-    return jsonify(openapi_document())
+@api.get(
+    "/openapi.json",
+    summary="This document",
+    operation_id="openapi",
+    responses={
+        200: {"description": "OpenAPI 3.1",
+              "content": {"application/json": {"schema": {"type": "object"}}}},
+        **errors(),
+    },
+)  # fmt: skip
+def openapi() -> Answer:
+    return jsonify(openapi_document(current_app))
 
 
 # ------------------------------------------------------------------------- the upload
-
-
-def _idempotency_key() -> str | None:
-    key = request.headers.get("Idempotency-Key")
-    if key is None:
-        return None
-    if not _IDEMPOTENCY_KEY.fullmatch(key):
-        raise RejectedUpload(
-            400,
-            "bad_idempotency_key",
-            "Idempotency-Key must be 1 to 200 printable ASCII characters.",
-        )
-    return key
 
 
 def _trace_headers() -> dict[str, str]:

@@ -8,23 +8,31 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, jsonify
-from flask.typing import ResponseReturnValue
+from flask import jsonify
+from flask_openapi3.blueprint import APIBlueprint
+from flask_openapi3.models.tag import Tag
 from sqlalchemy import text
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from jobsapp.db import get_engine
+from jobsapp.web import schemas
+from jobsapp.web.openapi import Answer, errors, json_answer
 
 log = logging.getLogger(__name__)
 
 _RETRY_AFTER_S = "5"
 
-health = Blueprint("health", __name__)
+health = APIBlueprint("health", __name__, abp_tags=[Tag(name="operations")])
 
 
-@health.get("/healthz")
-def healthz() -> ResponseReturnValue:
+@health.get(
+    "/healthz",
+    summary="The web process answers and reaches its database",
+    operation_id="healthz",
+    responses={200: json_answer(schemas.Health, "Alive"), **errors(503)},
+)
+def healthz() -> Answer:
     try:
         with get_engine().connect() as conn:
             conn.execute(text("SELECT 1"))

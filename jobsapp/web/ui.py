@@ -20,8 +20,11 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from flask import Blueprint, Flask, Response, flash, redirect, render_template, request, url_for
+from flask import Response, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
+from flask_openapi3.blueprint import APIBlueprint
+from flask_openapi3.models.tag import Tag
+from flask_openapi3.openapi import OpenAPI
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.datastructures import MultiDict
@@ -34,6 +37,8 @@ from jobsapp.lifecycle.states import ALL_STATES, State
 from jobsapp.monitor import browse, summary
 from jobsapp.settings import get_settings
 from jobsapp.web import auth
+from jobsapp.web.openapi import ADMIN_AUTH, FORM_BODY, SESSION_AUTH, Answer, html_form, html_page
+from jobsapp.web.schemas import JobPath
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +66,35 @@ class Replayed:
     message: str
 
 
-ui = Blueprint("ui", __name__, url_prefix="/admin", template_folder="templates")
+# Pages answer a bad filter or form with a page, not a JSON refusal: their parameters are
+# described (paths) but read by the views.
+ui = APIBlueprint("ui", __name__, url_prefix="/admin", template_folder="templates",
+                  abp_tags=[Tag(name="admin UI")])  # fmt: skip
+_PAGE_AUTH = [*SESSION_AUTH, *ADMIN_AUTH]
 
 
-def init_app(app: Flask) -> None:
+View = Callable[..., Answer]
+
+
+def _page_route(
+    rule: str, operation_id: str, summary: str, **options: Any
+) -> Callable[[View], View]:
+    return ui.get(rule, operation_id=operation_id, summary=summary, description="",
+                  security=options.pop("security", _PAGE_AUTH), responses=html_page(),
+                  **options)  # fmt: skip
+
+
+def _form_route(
+    rule: str, operation_id: str, summary: str, **options: Any
+) -> Callable[[View], View]:
+    return ui.post(rule, operation_id=operation_id, summary=summary, description="",
+                   security=SESSION_AUTH, responses=html_form(), openapi_extensions=FORM_BODY,
+                   **options)  # fmt: skip
+
+
+def init_app(app: OpenAPI) -> None:
     auth.init_app(app)
-    app.register_blueprint(ui)
+    app.register_api(ui)
 
 
 def _page(template: str, status: int = 200, **context: Any) -> Response:
@@ -98,7 +126,7 @@ def _guard() -> ResponseReturnValue | None:
         return _error_page(403, "The operator UI is disabled: JOBSAPP_ADMIN_TOKEN is not set.")
     if request.method == "POST" and not auth.csrf_ok(request.form.get(auth.CSRF_FIELD)):
         return _error_page(400, "The form's CSRF token is missing or stale; reload the page.")
-    if request.endpoint == "ui.login" or auth.signed_in():
+    if request.endpoint in ("ui.login", "ui.log_in") or auth.signed_in():
         return None
     if request.method == "GET" and auth.token_matches(auth.bearer(request)):
         return None
@@ -130,10 +158,13 @@ for _down in (*_DB_DOWN, service.ServiceUnavailable):
 # ------------------------------------------------------------------------- login
 
 
-@ui.route("/login", methods=["GET", "POST"])
-def login() -> ResponseReturnValue:
-    if request.method == "GET":
-        return _page("login.html", next=_next())
+@_page_route("/login", "adminLoginForm", "The login form", security=[])
+def login() -> Answer:
+    return _page("login.html", next=_next())
+
+
+@_form_route("/login", "adminLogin", "Log in with the admin token")
+def log_in() -> Answer:
     if not auth.token_matches(request.form.get("token")):
         log.warning("admin login refused: wrong token from %s", request.remote_addr)
         return _page("login.html", 401, next=_next(), error="That is not the admin token.")
@@ -154,8 +185,8 @@ def _next() -> str:
     return url_for("ui.overview")
 
 
-@ui.post("/logout")
-def logout() -> ResponseReturnValue:
+@_form_route("/logout", "adminLogout", "End the session")
+def logout() -> Answer:
     auth.log_out()
     return redirect(url_for("ui.login"), 303)
 
@@ -163,8 +194,8 @@ def logout() -> ResponseReturnValue:
 # ---------------------------------------------------------------------- the pages
 
 
-@ui.get("")
-def overview() -> ResponseReturnValue:
+@_page_route("", "adminOverview", "Counts, oldest queued, stale runs, outbox")
+def overview() -> Answer:
     stale_after = get_settings().stale_after
     health = summary.health(get_engine(), stale_after)
     dead_total, dead = browse.dead_outbox(get_engine(), limit=DEAD_SHOWN)
@@ -172,8 +203,8 @@ def overview() -> ResponseReturnValue:
                  dead_total=dead_total, dead=dead, modules=_modules())  # fmt: skip
 
 
-@ui.get("/jobs")
-def jobs() -> ResponseReturnValue:
+@_page_route("/jobs", "adminJobsPage", "Jobs: filtered, paged newest first")
+def jobs() -> Answer:
     wanted = job_filter(request.args)
     raw = request.args.get("after")
     after = browse.parse_cursor(raw) if raw else None
@@ -184,12 +215,12 @@ def jobs() -> ResponseReturnValue:
                  first_url=_with(request.args, after=None), bulk_url=bulk)  # fmt: skip
 
 
-@ui.get("/jobs/<module>/<uuid:job_id>")
-def job(module: str, job_id: uuid.UUID) -> ResponseReturnValue:
-    spec = operator.run_table(module)
-    detail = browse.job_detail(get_engine(), spec.module, job_id)
+@_page_route("/jobs/<module>/<uuid:job_id>", "adminJob", "One job: attempts, timeline, attachment")
+def job(path: JobPath) -> Answer:
+    spec = operator.run_table(path.module)
+    detail = browse.job_detail(get_engine(), spec.module, path.job_id)
     if detail is None:
-        raise operator.NotFound("unknown_job", f"no {spec.module} job {job_id}")
+        raise operator.NotFound("unknown_job", f"no {spec.module} job {path.job_id}")
     attachment = None
     if detail.attachment_id is not None:
         attachment = service.get_attachment(detail.attachment_id)
@@ -212,26 +243,28 @@ def _secrets() -> tuple[str, ...]:
 # ----------------------------------------------------------------------- actions
 
 
-@ui.post("/jobs/<module>/<uuid:job_id>/replay")
-def replay(module: str, job_id: uuid.UUID) -> ResponseReturnValue:
+@_form_route("/jobs/<module>/<uuid:job_id>/replay", "adminJobReplay", "Replay a failed job")
+def replay(path: JobPath) -> Answer:
     def act(reason: str) -> str:
-        done = operator.replay(get_engine(), module, job_id, actor=auth.actor(), reason=reason)
+        done = operator.replay(get_engine(), path.module, path.job_id, actor=auth.actor(),
+                               reason=reason)  # fmt: skip
         later = "" if done.published else "; the relay will publish its message"
         return f"Replayed: attempt {done.attempt} is queued{later}."
 
-    return _act(module, job_id, act)
+    return _act(path.module, path.job_id, act)
 
 
-@ui.post("/jobs/<module>/<uuid:job_id>/cancel")
-def cancel(module: str, job_id: uuid.UUID) -> ResponseReturnValue:
+@_form_route("/jobs/<module>/<uuid:job_id>/cancel", "adminJobCancel", "Cancel a queued job")
+def cancel(path: JobPath) -> Answer:
     def act(reason: str) -> str:
-        operator.cancel(get_engine(), module, job_id, actor=auth.actor(), reason=reason)
+        operator.cancel(get_engine(), path.module, path.job_id, actor=auth.actor(),
+                        reason=reason)  # fmt: skip
         return "Cancelled."
 
-    return _act(module, job_id, act)
+    return _act(path.module, path.job_id, act)
 
 
-def _act(module: str, job_id: uuid.UUID, act: Callable[[str], str]) -> ResponseReturnValue:
+def _act(module: str, job_id: uuid.UUID, act: Callable[[str], str]) -> Answer:
     """Run the action; its result or refusal is shown on the job page it redirects to."""
     try:
         flash(act(request.form.get("reason", "")), "ok")
@@ -240,8 +273,8 @@ def _act(module: str, job_id: uuid.UUID, act: Callable[[str], str]) -> ResponseR
     return redirect(url_for("ui.job", module=module, job_id=job_id), 303)
 
 
-@ui.post("/outbox/retry")
-def retry_dead() -> ResponseReturnValue:
+@_form_route("/outbox/retry", "adminRetryDead", "Dead outbox rows back")
+def retry_dead() -> Answer:
     """Every dead outbox row back to the relay (after the cause was fixed), audited."""
     try:
         revived = operator.retry_dead_outbox(get_engine(), None, actor=auth.actor(),
@@ -252,8 +285,8 @@ def retry_dead() -> ResponseReturnValue:
     return redirect(url_for("ui.overview"), 303)
 
 
-@ui.post("/reconcile")
-def reconcile_failed() -> ResponseReturnValue:
+@_form_route("/reconcile", "adminReconcileForm", "A reconcile pass, by hand")
+def reconcile_failed() -> Answer:
     """A reconcile pass by hand, over one domain or all: what beat does on its cadence."""
     from jobsapp.celery_app import app as celery_app
     from jobsapp.maintenance import reconcile
@@ -272,8 +305,8 @@ def reconcile_failed() -> ResponseReturnValue:
     return _page("reconciled.html", reports=reports)
 
 
-@ui.get("/replay")
-def bulk_confirm() -> ResponseReturnValue:
+@_page_route("/replay", "adminBulkConfirm", "Confirm the replay of a filter's failed jobs")
+def bulk_confirm() -> Answer:
     """The failed jobs of the list's filter that a bulk replay would take: a page to confirm."""
     wanted = job_filter(request.args)
     failed = replace(wanted, states=tuple(s for s in wanted.states if s == State.FAILED.value))
@@ -284,8 +317,8 @@ def bulk_confirm() -> ResponseReturnValue:
                  back_url=url_for("ui.jobs", **_args(request.args, after=None)))  # fmt: skip
 
 
-@ui.post("/replay")
-def bulk_replay() -> ResponseReturnValue:
+@_form_route("/replay", "adminBulkReplay", "Replay the confirmed failed jobs")
+def bulk_replay() -> Answer:
     """Replays exactly the jobs the confirmation page listed, not the filter's set now."""
     reason = operator.checked_reason(request.form.get("reason", ""))
     keys = request.form.getlist("job")[:BULK_MAX]

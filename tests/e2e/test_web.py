@@ -332,6 +332,15 @@ def test_openapi_describes_every_route_with_its_methods(http: Http) -> None:
     assert {"202", "400", "413", "415", "422", "503"} <= set(upload)
 
 
+def test_the_generated_document_is_valid_openapi_3_1(http: Http) -> None:
+    from openapi_spec_validator import OpenAPIV31SpecValidator
+
+    doc = http.get("/openapi.json").json()
+
+    OpenAPIV31SpecValidator(doc).validate()
+    assert doc["openapi"] == "3.1.0"
+
+
 def test_a_database_outage_is_a_503_the_client_can_retry(
     e2e_env: dict[str, str], logs: Path
 ) -> None:
