@@ -130,7 +130,10 @@ def refusal(exc: ValidationError) -> Response:
     cause = problem.get("ctx", {}).get("error")
     message = str(cause) if isinstance(cause, ValueError) else problem["msg"]
     where = ".".join(str(part) for part in problem["loc"])
-    reason = f"{where}: {message}" if where else f"The body must be a JSON object: {message}"
+    if not where:
+        reason = "The body must be a JSON object; /openapi.json describes its members."
+    else:
+        reason = message if message.startswith(where) else f"{where}: {message}"
     response = jsonify({"error": schemas.ERROR_CODES.get(exc.title, "bad_request"),
                         "reason": reason})  # fmt: skip
     response.status_code = 400

@@ -67,6 +67,15 @@ class Body(RequestPart):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_string(cls, raw: object, info: ValidationInfo) -> object:
+        # flask-openapi3 parses a body that is a JSON string as JSON once more: a string
+        # is not an object, whatever it holds.
+        if info.mode == "json":
+            raise ValueError("a JSON string, not an object")
+        return raw
+
 
 def _count(raw: object, info: ValidationInfo) -> object:
     # The one parse of a number in a URL. str.isdigit() alone takes "²" and "٣", which
@@ -74,7 +83,9 @@ def _count(raw: object, info: ValidationInfo) -> object:
     if not isinstance(raw, str):
         return raw
     if not (raw.isascii() and raw.isdigit() and len(raw) <= _MAX_DIGITS):
-        raise ValueError(f"{info.field_name} must be a whole number (at most {_MAX_DIGITS} digits)")
+        raise ValueError(
+            f"{info.field_name} must be a whole number in ASCII digits (at most {_MAX_DIGITS})"
+        )
     return int(raw)
 
 

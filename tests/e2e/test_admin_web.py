@@ -271,6 +271,8 @@ def test_cancel_through_the_api(http: Http, db: Engine) -> None:
         ({"reason": 42}, "bad_request"),
         ({"reason": "ok", "actor": "a\nb"}, "bad_request"),
         ({"reason": "ok", "job_id": "other"}, "bad_request"),
+        # A JSON string holding an object is still a string.
+        ('{"reason": "ok"}', "bad_request"),
     ],
 )
 def test_an_action_without_a_usable_reason_is_a_400(
