@@ -101,15 +101,6 @@ def periodic_entry(app: Celery, entry: ScheduleEntry) -> PeriodicEntry | None:
                          str(entry.schedule), next_after, grain)  # fmt: skip
 
 
-def configured(app: Celery) -> list[PeriodicEntry]:
-    """The periodic lifecycle entries of ``app.conf.beat_schedule``, its tasks imported."""
-    # The web and CLI processes know the tasks only once the worker's imports are loaded.
-    app.loader.import_default_modules()
-    entries = (ScheduleEntry(**dict(spec, name=name, app=app))
-               for name, spec in (app.conf.beat_schedule or {}).items())  # fmt: skip
-    return [p for p in (periodic_entry(app, e) for e in entries) if p is not None]
-
-
 def enqueue_slot(app: Celery, entry: PeriodicEntry, due: datetime, window: timedelta) -> JobHandle:
     """The slot's job, enqueued through the journal (idempotent by its derived job id)."""
     job = entry.task.new_job(entry.args, entry.kwargs, slots.slot_job_id(entry.name, due))
@@ -177,25 +168,39 @@ class LastSlot:
 
 @dataclass(frozen=True)
 class EntryView:
-    """One line of the admin's periodic table."""
+    """One line of the admin's periodic table; ``problem``: why beat refuses the entry."""
 
     name: str
     task: str
     schedule: str
-    last: LastSlot | None
-    next: datetime
+    last: LastSlot | None = None
+    next: datetime | None = None
+    problem: str | None = None
 
 
 def overview(engine: Engine, app: Celery) -> list[EntryView]:
-    entries = configured(app)
+    """The periodic lifecycle entries of ``app.conf.beat_schedule``: last and next slot."""
+    # The web and CLI processes know the tasks only once the worker's imports are loaded.
+    app.loader.import_default_modules()
     with engine.connect() as conn:
         now = lease.database_now(conn)
-        return [_view(conn, entry, now) for entry in entries]
+        views = (_view(conn, app, name, spec, now)
+                 for name, spec in (app.conf.beat_schedule or {}).items())  # fmt: skip
+        return [view for view in views if view is not None]
 
 
-def _view(conn: Connection, entry: PeriodicEntry, now: datetime) -> EntryView:
-    return EntryView(entry.name, entry.task.name, entry.schedule,
-                     last_slot(conn, entry, now), entry.next_after(now))  # fmt: skip
+def _view(
+    conn: Connection, app: Celery, name: str, spec: Mapping[str, Any], now: datetime
+) -> EntryView | None:
+    entry = ScheduleEntry(**dict(spec, name=name, app=app))
+    try:
+        found = periodic_entry(app, entry)
+    except ValueError as refused:
+        return EntryView(name, str(entry.task), str(entry.schedule), problem=str(refused))
+    if found is None:
+        return None
+    return EntryView(name, found.task.name, found.schedule, last_slot(conn, found, now),
+                     found.next_after(now))  # fmt: skip
 
 
 def last_slot(conn: Connection, entry: PeriodicEntry, now: datetime) -> LastSlot | None:
