@@ -247,7 +247,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         A lookup enqueues nothing; its outcome says what a replayed enqueue would: the job
         id is taken."""
         del kwargs
-        return JobHandle(uuid.UUID(str(task_id)), EnqueueOutcome.DUPLICATE, self.run_table)
+        return JobHandle(uuid.UUID(str(task_id)), EnqueueOutcome.DUPLICATE, self.run_table,
+                         task=self.name)
 
     def enqueue_in(
         self,

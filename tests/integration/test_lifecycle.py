@@ -221,7 +221,7 @@ def test_enqueue_in_a_rolled_back_transaction_leaves_nothing(worker: object, db:
     assert tasks.calls("rolled") == tasks.calls("rolled-core") == 0
     with db.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM outbox")).scalar_one() == 0
-    assert handle_core.state() is None
+    assert handle_core.journal_state is None
 
 
 def test_enqueue_in_a_committed_session_publishes_after_commit(worker: object, db: Engine) -> None:

@@ -132,7 +132,7 @@ def test_a_job_that_always_snoozes_fails_at_the_snooze_limit(worker: object, db:
 
     def failed() -> bool:
         relay.run_once(app, db, when_due)
-        return handle.state() == "failed"
+        return handle.journal_state == "failed"
 
     eventually(failed, timeout=40, interval=0.5)
     row = run_row(db, handle.job_id)
