@@ -18,14 +18,16 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from jobsapp.lifecycle.ddl import claim_token_column
+from jobsapp.lifecycle.ddl import RUNS_VIEW, claim_token_column, replace_runs_view
 
 revision: str = "0009"
 down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-RUN_TABLES = ("job_runs", "attachment_runs", "reprocess_runs")
+# Spelled out: the run tables and the runs view as they were on the day of this migration.
+RUNS = (("jobs", "job_runs"), ("attachments", "attachment_runs"), ("reprocess", "reprocess_runs"))
+RUN_TABLES = tuple(table for _, table in RUNS)
 
 
 def _has_token(table: str) -> bool:
@@ -41,6 +43,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # SQLite drops a column by rebuilding the table, which a view over it forbids.
+    op.execute(f"DROP VIEW IF EXISTS {RUNS_VIEW}")
     for table in RUN_TABLES:
         with op.batch_alter_table(table) as batch:
             batch.drop_column("claim_token")
+    replace_runs_view(RUNS)
