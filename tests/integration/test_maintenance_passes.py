@@ -33,7 +33,7 @@ from jobsapp.maintenance import lease, reaper, relay, retention
 from jobsapp.monitor import metrics, summary
 from tests.support import tasks
 from tests.support.env import redis_url
-from tests.support.journal_view import outbox_rows, run_row, transitions
+from tests.support.journal_view import held_by, outbox_rows, run_row, transitions
 from tests.support.waiting import eventually
 
 RUNS = JobRun.__table__
@@ -113,7 +113,8 @@ def test_the_reaper_requeues_dead_runs_and_leaves_the_rest(db: Engine) -> None:
     set_row(db, alive, heartbeat_at=ago(1))
     finished = start(db, at=ago(120))
     with db.begin() as conn:
-        journal.succeed(conn, JOBS, finished, 1, actor="w", now=ago(100))
+        journal.succeed(conn, JOBS, finished, 1, token=held_by(conn, JOBS, finished), actor="w",
+                        now=ago(100))  # fmt: skip
     waiting = enqueue(db, at=ago(120))
 
     assert reaper.run_once(db, REAPER)[JOBS.module] == 1
@@ -190,7 +191,8 @@ def test_a_run_that_heartbeated_after_the_reaper_looked_is_left_alone(
     seen = _snapshot(db)
     assert [r.job_id for r in seen] == [job_id]
     with db.begin() as conn:
-        assert journal.heartbeat(conn, JOBS, job_id, 1, now=utcnow())
+        assert journal.heartbeat(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id),
+                                 now=utcnow())  # fmt: skip
 
     assert _reap_with(monkeypatch, db, seen) == 0
     row = run_row(db, job_id)
@@ -205,7 +207,8 @@ def test_a_run_that_finished_after_the_reaper_looked_keeps_its_outcome(
     job_id = start(db, at=ago(120))
     seen = _snapshot(db)
     with db.begin() as conn:
-        assert journal.succeed(conn, JOBS, job_id, 1, actor="w", now=utcnow())
+        assert journal.succeed(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), actor="w",
+                               now=utcnow())  # fmt: skip
 
     assert _reap_with(monkeypatch, db, seen) == 0
     row = run_row(db, job_id)
@@ -273,7 +276,8 @@ def test_the_relay_marks_delivered_the_rows_whose_job_moved_on(
     running = start(db, at=ago(600))
     finished = start(db, at=ago(600))
     with db.begin() as conn:
-        journal.succeed(conn, JOBS, finished, 1, actor="w", now=ago(500))
+        journal.succeed(conn, JOBS, finished, 1, token=held_by(conn, JOBS, finished), actor="w",
+                        now=ago(500))  # fmt: skip
     pruned = enqueue(db, at=ago(600))
     with db.begin() as conn:
         conn.execute(RUNS.delete().where(RUNS.c.job_id == pruned))
@@ -317,14 +321,17 @@ def test_retention_deletes_only_what_has_aged_out(db: Engine) -> None:
     days = 86_400
     old_done = start(db, at=ago(9 * days))
     with db.begin() as conn:
-        journal.succeed(conn, JOBS, old_done, 1, actor="w", now=ago(8 * days))
+        journal.succeed(conn, JOBS, old_done, 1, token=held_by(conn, JOBS, old_done), actor="w",
+                        now=ago(8 * days))  # fmt: skip
     old_failed = start(db, at=ago(9 * days))
     with db.begin() as conn:
-        journal.fail(conn, JOBS, old_failed, 1, outcome=Outcome.PERMANENT, error="x",
+        journal.fail(conn, JOBS, old_failed, 1, token=held_by(conn, JOBS, old_failed),
+                     outcome=Outcome.PERMANENT, error="x",
                      actor="w", now=ago(8 * days))  # fmt: skip
     recent_done = start(db, at=ago(2 * days))
     with db.begin() as conn:
-        journal.succeed(conn, JOBS, recent_done, 1, actor="w", now=ago(days))
+        journal.succeed(conn, JOBS, recent_done, 1, token=held_by(conn, JOBS, recent_done),
+                        actor="w", now=ago(days))  # fmt: skip
     old_running = start(db, at=ago(9 * days))
     old_queued = enqueue(db, at=ago(9 * days))
 
@@ -362,7 +369,8 @@ def test_retention_is_bounded_by_its_batch(db: Engine) -> None:
     ids = [start(db, at=ago(10 * 86_400)) for _ in range(5)]
     with db.begin() as conn:
         for job_id in ids:
-            journal.succeed(conn, JOBS, job_id, 1, actor="w", now=ago(9 * 86_400))
+            journal.succeed(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), actor="w",
+                            now=ago(9 * 86_400))  # fmt: skip
         conn.execute(insert(EVENTS), [
             {"module": "jobs", "job_id": ids[0], "attempt": 1, "transition": "claim",
              "actor": "w", "at": ago(40 * 86_400)}
@@ -383,7 +391,8 @@ def test_one_retention_pass_drains_more_than_one_batch(db: Engine) -> None:
     ids = [start(db, at=ago(10 * 86_400)) for _ in range(7)]
     with db.begin() as conn:
         for job_id in ids:
-            journal.succeed(conn, JOBS, job_id, 1, actor="w", now=ago(9 * 86_400))
+            journal.succeed(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), actor="w",
+                            now=ago(9 * 86_400))  # fmt: skip
     counts = retention.run_once(db, retention.RetentionConfig(batch=2))
     assert counts[JOBS.module] == 7
     assert _count(db, RUNS) == 0

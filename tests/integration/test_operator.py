@@ -24,7 +24,7 @@ from jobsapp.lifecycle.states import Outcome
 from jobsapp.monitor import summary
 from tests.support import tasks
 from tests.support.attachments import attachment_row, environment
-from tests.support.journal_view import events, outbox_rows, run_row
+from tests.support.journal_view import events, held_by, outbox_rows, run_row
 
 JOBS = registry.JOBS
 ERROR = "ValueError: this never works\n  File 'task.py', line 3\n[steps] fetch=1 render=0"
@@ -86,7 +86,8 @@ def failed_job(db: Engine, spec: RunTable = JOBS, job_id: uuid.UUID | None = Non
     job_id = job_id or queued_job(db)
     attempt = claimed(db, spec, job_id)
     with db.begin() as conn:
-        assert journal.fail(conn, spec, job_id, attempt, outcome=Outcome.PERMANENT, error=ERROR,
+        assert journal.fail(conn, spec, job_id, attempt, token=held_by(conn, spec, job_id),
+                            outcome=Outcome.PERMANENT, error=ERROR,
                             actor="w1@host", now=utcnow())  # fmt: skip
     return job_id
 
@@ -95,7 +96,8 @@ def succeeded_job(db: Engine) -> uuid.UUID:
     job_id = queued_job(db)
     attempt = claimed(db, JOBS, job_id)
     with db.begin() as conn:
-        assert journal.succeed(conn, JOBS, job_id, attempt, actor="w1@host", now=utcnow())
+        assert journal.succeed(conn, JOBS, job_id, attempt, token=held_by(conn, JOBS, job_id),
+                               actor="w1@host", now=utcnow())  # fmt: skip
     return job_id
 
 

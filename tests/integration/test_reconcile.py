@@ -32,7 +32,7 @@ from jobsapp.web.app import create_app
 from tests.conftest import use_database
 from tests.support import tasks
 from tests.support.attachments import DEAD_S3_ENDPOINT, environment, sha256
-from tests.support.journal_view import events, run_row
+from tests.support.journal_view import events, held_by, run_row
 from tests.support.waiting import eventually
 from tests.support.workers import in_process_worker
 from tests.unit import images
@@ -153,7 +153,8 @@ def failed_generic_job(engine: Engine, error: str) -> uuid.UUID:
     with engine.begin() as conn:
         journal.enqueue(conn, job, now=at, actor="test")
         assert journal.claim(conn, JOBS, job.job_id, 1, worker="w@h:1", now=at)
-        assert journal.fail(conn, JOBS, job.job_id, 1, outcome=Outcome.EXHAUSTED, error=error,
+        assert journal.fail(conn, JOBS, job.job_id, 1, token=held_by(conn, JOBS, job.job_id),
+                            outcome=Outcome.EXHAUSTED, error=error,
                             actor="w@h:1", now=at)  # fmt: skip
     return job.job_id
 
