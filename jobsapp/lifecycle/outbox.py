@@ -70,10 +70,11 @@ def never_claimed(message: PendingMessage) -> bool:
     return message.publish_count >= MAX_UNCLAIMED_PUBLISHES
 
 
-def next_check(now: datetime, publish_count: int, unclaimed_after: timedelta) -> datetime:
-    """When to check that a message published for the ``publish_count+1``-th time landed."""
+def check_wait(publish_count: int, unclaimed_after: timedelta) -> timedelta:
+    """How long after it can be claimed to check that a message published for the
+    ``publish_count+1``-th time landed."""
     factor: int = 2 ** min(publish_count, MAX_CHECK_BACKOFF)
-    return now + unclaimed_after * factor
+    return unclaimed_after * factor
 
 
 def _attempt_links(message: PendingMessage) -> dict[str, Any]:
@@ -182,10 +183,10 @@ def _publish_one(
         log.warning("outbox row %s refused: %s", message.id, type(exc).__name__)
         report.refused.append((message.id, f"{type(exc).__name__}: {exc}"[:MAX_ERROR]))
         return
-    # A countdown message cannot be claimed before it is due: count from then.
-    since = max(now, message.available_at)
-    check = next_check(since, message.publish_count, unclaimed_after)
-    report.accepted.append(outbox_queries.Accepted(message.id, message.publish_count, check))
+    wait = check_wait(message.publish_count, unclaimed_after)
+    report.accepted.append(
+        outbox_queries.Accepted(message.id, message.publish_count, wait, message.available_at)
+    )
 
 
 def mark(conn: Connection, accepted: Sequence[outbox_queries.Accepted]) -> None:
@@ -193,7 +194,7 @@ def mark(conn: Connection, accepted: Sequence[outbox_queries.Accepted]) -> None:
         return
     if conn.dialect.name == "postgresql" and not is_autocommit(conn):
         conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
-    outbox_queries.mark_published(conn, accepted, now=utcnow())
+    outbox_queries.mark_published(conn, accepted)
 
 
 def _mark_in_own_transaction(engine: Engine, accepted: Sequence[outbox_queries.Accepted]) -> None:

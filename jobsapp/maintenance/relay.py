@@ -45,7 +45,8 @@ UNCLAIMED, UNKNOWN_TASK = "relay_unclaimed", "relay_unknown_task"
 
 @dataclass(frozen=True)
 class RelayConfig:
-    # A fresh row belongs to its producer's fast path for this long.
+    # A fresh row belongs to its producer's fast path for this long after it is due (on
+    # PostgreSQL, after its COMMIT for a transaction over 0.5 s: migration 0010).
     grace: timedelta = timedelta(seconds=2)
     unclaimed_after: timedelta = outbox.UNCLAIMED_AFTER
     batch: int = 500

@@ -25,6 +25,7 @@ from jobsapp import db as jobsapp_db
 from jobsapp import operator
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox, outbox_queries, registry
+from jobsapp.lifecycle.enqueue import transaction
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, StaleRun
 from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.states import Outcome
@@ -303,6 +304,32 @@ def test_the_relay_drains_a_backlog_in_one_pass(
     small = relay.RelayConfig(unclaimed_after=UNCLAIMED, batch=3, max_batches=5)
     assert relay.run_once(relay_app, db, small)["published"] == 7
     assert sorted(queued_task_ids(broker)) == sorted(task_id_for(j, 1) for j in ids)
+
+
+def test_rows_of_a_transaction_longer_than_the_grace_are_published_once(
+    pg: Engine, relay_app: Celery, broker: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    grace = timedelta(seconds=1)
+    cfg = relay.RelayConfig(grace=grace, unclaimed_after=UNCLAIMED)
+    passes: list[dict[str, int]] = []
+    fast_path = outbox.publish_now
+
+    def relay_runs_first(app: Celery, messages: Any) -> int:
+        # Beat's pass lands between the producer's COMMIT and its publish.
+        passes.append(relay.run_once(relay_app, pg, cfg))
+        return fast_path(app, messages)
+
+    monkeypatch.setattr(outbox, "publish_now", relay_runs_first)
+    with transaction(relay_app) as batch:
+        open_for = select(func.clock_timestamp() - func.now())
+        eventually(lambda: batch.conn.execute(open_for).scalar_one() > 2 * grace)
+        handle = tasks.echo.enqueue_in(batch, ("long",))
+
+    assert passes[0]["published"] == 0
+    outbox.MARKER.flush()
+    eventually(lambda: outbox_rows(pg, handle.job_id)[0]["published_at"] is not None)
+    assert relay.run_once(relay_app, pg, cfg)["published"] == 0
+    assert queued_task_ids(broker) == [task_id_for(handle.job_id, 1)]
 
 
 # ------------------------------------------------------------------ retention
@@ -598,6 +625,19 @@ def test_a_skewed_beat_republishes_nothing_before_its_check_time(
     assert outbox_rows(pg, job_id)[0]["publish_count"] == 1
     assert outbox_rows(pg, fresh)[0]["published_at"] is None
     assert broker.llen("celery") == 0
+
+
+@pytest.mark.usefixtures("beat_clock_ahead")
+def test_a_skewed_beat_sets_the_claim_check_on_the_database_clock(
+    pg: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    job_id = enqueue(pg, at=ago(30))
+    assert relay.run_once(relay_app, pg, RELAY)["published"] == 1
+    (row,) = outbox_rows(pg, job_id)
+    with pg.connect() as conn:
+        now = lease.database_now(conn)
+    assert row["published_at"] <= now
+    assert abs(row["available_at"] - row["published_at"] - UNCLAIMED) < timedelta(seconds=5)
 
 
 def test_the_sweep_pages_through_the_queued_runs_and_wraps_around(
