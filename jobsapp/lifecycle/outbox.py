@@ -11,7 +11,7 @@ mark may skip the synchronous commit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -63,6 +63,31 @@ def setbacks(
         pause = retry_after_refusal(message.publish_failures + 1)
         out.append(outbox_queries.Setback(message, error, None if pause is None else now + pause))
     return out
+
+
+def lost_and_waiting(
+    unclaimed: Sequence[PendingMessage], depths: Mapping[str, int],
+    queue_of: Callable[[PendingMessage], str],
+) -> tuple[list[PendingMessage], list[PendingMessage]]:  # fmt: skip
+    """Split unclaimed messages (oldest first) into those the broker lost and those that
+    may still wait in their queue.
+
+    A queue is first in, first out: if it holds n messages, they may be the n newest of
+    its unclaimed ones, and only the older ones are certainly gone. Nothing in a queue
+    names its job, so a message that may still be waiting is never taken for lost: a slow
+    queue gets no copies, and a lost message behind a backlog is republished once the
+    backlog has shrunk below it.
+    """
+    by_queue: dict[str, list[PendingMessage]] = {}
+    for message in unclaimed:
+        by_queue.setdefault(queue_of(message), []).append(message)
+    lost: list[PendingMessage] = []
+    waiting: list[PendingMessage] = []
+    for queue, messages in by_queue.items():
+        gone = max(0, len(messages) - depths.get(queue, 0))
+        lost.extend(messages[:gone])
+        waiting.extend(messages[gone:])
+    return lost, waiting
 
 
 def never_claimed(message: PendingMessage) -> bool:
@@ -121,6 +146,12 @@ def _kwargsrepr(body: dict[str, Any]) -> str | None:
     to Celery, which truncates it."""
     text = repr(body)
     return text if len(text) <= KWARGSREPR_MAX else None
+
+
+def queue_name(app: Celery, message: PendingMessage) -> str:
+    """The queue ``send`` puts the message in."""
+    options = {"queue": message.queue} if message.queue is not None else {}
+    return str(app.amqp.router.route(options, message.task_name, (), {})["queue"].name)
 
 
 def _routing(message: PendingMessage) -> dict[str, Any]:

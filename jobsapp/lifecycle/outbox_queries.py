@@ -9,7 +9,7 @@ and an operator, never move one row twice.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -129,6 +129,48 @@ def settle_delivered(conn: Connection, spec: RunTable, *, now: datetime, limit: 
         .values(delivered_at=now)
     )
     return conn.execute(stmt).rowcount
+
+
+def settle_dead(conn: Connection, spec: RunTable, *, now: datetime, limit: int) -> int:
+    """Dead rows whose job moved past their attempt (a copy ran after all, or the job was
+    cancelled or pruned): delivered, and no longer dead."""
+    table = spec.table
+    moved_on = (
+        select(OUTBOX.c.id)
+        .outerjoin(table, table.c.job_id == OUTBOX.c.job_id)
+        .where(OUTBOX.c.module == spec.module, OUTBOX.c.dead_at.is_not(None),
+               OUTBOX.c.delivered_at.is_(None),
+               ~_waiting_for_claim(spec) | table.c.job_id.is_(None))
+        .limit(limit)
+    )  # fmt: skip
+    stmt = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(moved_on), OUTBOX.c.dead_at.is_not(None),
+               OUTBOX.c.delivered_at.is_(None))
+        .values(delivered_at=now, dead_at=None)
+    )  # fmt: skip
+    return conn.execute(stmt).rowcount
+
+
+def check_later(
+    conn: Connection, messages: Sequence[PendingMessage], *, now: datetime,
+    wait: Callable[[int], timedelta],
+) -> int:  # fmt: skip
+    """Push back the claim check of published rows whose message may still wait in its
+    queue, by ``wait(publish count)``; no publish is counted. Guarded by the count seen."""
+    by_count: dict[int, list[int]] = {}
+    for m in messages:
+        by_count.setdefault(m.publish_count, []).append(m.id)
+    moved = 0
+    for count, ids in by_count.items():
+        stmt = (
+            update(OUTBOX)
+            .where(OUTBOX.c.id.in_(ids), OUTBOX.c.publish_count == count, _LIVE,
+                   OUTBOX.c.delivered_at.is_(None))
+            .values(available_at=now + wait(count))
+        )  # fmt: skip
+        moved += conn.execute(stmt).rowcount
+    return moved
 
 
 class Accepted(NamedTuple):
