@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from jobsapp.lifecycle import outbox, registry
-from jobsapp.lifecycle.journal import StaleRun
+from jobsapp.lifecycle.journal import PendingMessage, StaleRun
 from jobsapp.lifecycle.registry import StalePolicy
 from jobsapp.maintenance import reaper, relay, scheduler
 from jobsapp.maintenance.budget import Budget
@@ -229,3 +229,23 @@ def test_batch_sizes_come_from_the_environment() -> None:
     for raw in ("0", "-1", "ten", "2.5"):
         with pytest.raises(ValueError, match="JOBSAPP_RELAY_BATCH"):
             whole_number({"JOBSAPP_RELAY_BATCH": raw}, "JOBSAPP_RELAY_BATCH", 500)
+
+
+def _unclaimed(n: int, queue: str) -> list[PendingMessage]:
+    due = datetime(2026, 12, 1, tzinfo=UTC)
+    return [PendingMessage(i, uuid.uuid4(), 1, "t", {}, due, publish_count=1, queue=queue)
+            for i in range(n)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("depth", "lost"), [(0, 3), (1, 2), (3, 0), (500, 0)])
+def test_a_queue_holding_n_messages_may_hold_the_n_newest_unclaimed(depth: int, lost: int) -> None:
+    messages = _unclaimed(3, "a")
+    gone, waiting = outbox.lost_and_waiting(messages, {"a": depth}, lambda m: str(m.queue))
+    assert gone == messages[:lost]  # the oldest are the ones a FIFO queue cannot hold
+    assert waiting == messages[lost:]
+
+
+def test_each_queue_is_judged_by_its_own_depth() -> None:
+    a, b = _unclaimed(2, "a"), _unclaimed(2, "b")
+    gone, waiting = outbox.lost_and_waiting([*a, *b], {"a": 5}, lambda m: str(m.queue))
+    assert (gone, waiting) == (b, a)
