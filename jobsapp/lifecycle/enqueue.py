@@ -163,8 +163,7 @@ def _after_commit(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> 
     if messages:
         outbox.publish_now(app, messages)
     for job, result in done:
-        if result.outcome is not EnqueueOutcome.SKIPPED:
-            dedup.remember(job)
+        dedup.remember(job, result.outcome)
 
 
 def _due_in(job: NewJob) -> timedelta:

@@ -199,14 +199,15 @@ def add_outbox(
     """The message that starts ``attempt`` of the run in ``row``; published when due.
 
     An attempt that never started (cancelled while queued, then replayed) already has a
-    row: it is re-armed, so the relay publishes it again and any old copy still in the
-    broker claims the same attempt.
+    row: it is re-armed as a fresh row, live again even if the relay had given it up, so
+    the relay publishes it and any old copy still in the broker claims the same attempt.
     """
     out = outgoing(spec, row, attempt=attempt, now=now, available_at=available_at)
     values = out.values(spec.module)
     stmt = _upsert(conn, OUTBOX).values(values)
     rearm = {"body": values["body"], "created_at": now, "available_at": available_at,
              "published_at": None, "delivered_at": None, "publish_count": 0,
+             "publish_failures": 0, "last_error": None, "dead_at": None,
              "queue": values["queue"]}  # fmt: skip
     upsert = stmt.on_conflict_do_update(
         index_elements=[OUTBOX.c.module, OUTBOX.c.job_id, OUTBOX.c.attempt], set_=rearm

@@ -195,8 +195,15 @@ def test_the_relay_reports_a_message_nobody_claims_and_a_task_nobody_registered(
     assert relay.run_once(app, pg, cfg)["published"] == 1
     time.sleep(UNCLAIMED_AFTER * 2)
     with caplog.at_level(logging.WARNING, logger=relay.__name__):
-        assert relay.run_once(app, pg, cfg)["republished"] == 1
+        # No worker runs here: the message waits in its queue, and is not copied.
+        assert relay.run_once(app, pg, cfg)["republished"] == 0
     assert "tests.nobody_registered is registered nowhere" in caplog.text
     assert "JOBSAPP_IMPORTS" in caplog.text
+    assert _relay_counts(pg) == before
+
+    # A worker that does not know the task drops it: the queue no longer holds it.
+    redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL")).delete(app.conf.task_default_queue)
+    time.sleep(UNCLAIMED_AFTER * 2)
+    assert relay.run_once(app, pg, cfg)["republished"] == 1
     after = _relay_counts(pg)
     assert (after[0] - before[0], after[1] - before[1]) == (1, 1)

@@ -42,6 +42,16 @@ def windowed(token: str) -> None:
     record(token)
 
 
+# Runs longer than its dedup window: the Redis key is gone before the job finishes.
+SLOW_WINDOW = 3.0
+
+
+@lifecycle_task(app, name="tests.windowed_slow", dedup_window=SLOW_WINDOW)
+def windowed_slow(token: str, seconds: float) -> None:
+    record(token)
+    time.sleep(seconds)
+
+
 @lifecycle_task(app, name="tests.flaky", max_attempts=5, retry_policy=FAST_RETRY)
 def flaky(token: str, fail_times: int, secret: str) -> None:
     if record(token) <= fail_times:
