@@ -20,7 +20,7 @@ from jobsapp import preflight
 from jobsapp.db import dispose_engines
 from jobsapp.lifecycle.pools import green_pool_refusal
 from jobsapp.logs import format_handlers, scrub_handlers
-from jobsapp.settings import Settings, get_settings
+from jobsapp.settings import Settings, SettingsError, get_settings
 
 BASE_IMPORTS = (
     "jobsapp.maintenance.tasks", "jobsapp.attachments.tasks", "jobsapp.attachments.reprocess"
@@ -70,7 +70,12 @@ def create_app() -> Celery:
     return celery_app
 
 
-app = create_app()
+try:
+    app = create_app()
+except SettingsError as bad:
+    # Celery's command line would bury the line under "Unable to load celery application"
+    # and a traceback; gunicorn imports this module too, through the web app.
+    preflight.exit_on_bad_setting(bad)
 preflight.connect_celery_signals()
 
 
