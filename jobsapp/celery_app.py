@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from celery import Celery
@@ -58,14 +57,13 @@ def create_app() -> Celery:
     celery_app = Celery("jobsapp")
     celery_app.config_from_object("jobsapp.celeryconfig")
     celery_app.steps["consumer"].add("jobsapp.lifecycle.guard:DeadLetterQueue")
-    extra = tuple(m for m in os.environ.get("JOBSAPP_IMPORTS", "").split(",") if m)
     celery_app.conf.update(
         broker_url=settings.broker_url,
         broker_transport=_transport(settings.broker_url),
         broker_transport_options=_transport_options(
             settings, dict(celery_app.conf.broker_transport_options or {})
         ),
-        imports=BASE_IMPORTS + extra,
+        imports=BASE_IMPORTS + settings.imports,
     )
     return celery_app
 
