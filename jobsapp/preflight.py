@@ -139,6 +139,29 @@ def check_database(url: str, *, schema: bool) -> None:
                              f"run `{UPGRADE_COMMAND}`")  # fmt: skip
 
 
+# A statement met a table or column that is not there: SQLite's words, Postgres' SQLSTATEs.
+_MISSING_SQLITE = ("no such table", "no such column")
+_MISSING_SQLSTATES = ("42P01", "42703")
+
+
+def not_migrated_behind(error: BaseException, url: str) -> StartupFailure | None:
+    """The not-migrated failure of the database at ``url`` when ``error`` (a statement's)
+    met a missing table or column because of it; None for any other error.
+
+    The statement's error alone cannot say whether the schema is missing or behind: the
+    database's revision, read on a connection of its own, does.
+    """
+    orig = getattr(error, "orig", None)
+    code = getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)
+    if code not in _MISSING_SQLSTATES and not str(orig).startswith(_MISSING_SQLITE):
+        return None
+    try:
+        check_database(url, schema=True)
+    except StartupFailure as failure:
+        return failure if failure.code == ExitCode.DATABASE_NOT_MIGRATED else None
+    return None
+
+
 def _probe_engine(url: str) -> Any:
     """PostgreSQL: one unpooled connection that gives up after CONNECT_TIMEOUT_S. SQLite:
     the ordinary engine, which makes the embedded file's folder on a fresh checkout."""

@@ -387,3 +387,42 @@ def test_output_into_a_pipe_its_reader_closed_ends_quietly(
 
     assert proc.stderr == ""
     assert proc.returncode == status
+
+
+# ------------------------------------------------------------------ a producer
+
+PRODUCERS = {
+    "delay": "from tests.support.tasks import echo\necho.delay('t')",
+    "transaction": "from jobsapp.celery_app import app\n"
+                   "from jobsapp.lifecycle.enqueue import transaction\n"
+                   "from tests.support.tasks import echo\n"
+                   "with transaction(app) as batch:\n"
+                   "    echo.enqueue_in(batch, ('t',))",
+    "connection": "from jobsapp.db import get_engine\n"
+                  "from tests.support.tasks import echo\n"
+                  "with get_engine().begin() as conn:\n"
+                  "    echo.apply_async(('t',), connection=conn)",
+}  # fmt: skip
+# Inside a caller's own SQLite transaction the raw error stays (docs/errors.md).
+PRODUCER_CASES = [(d, p) for d in ("postgres", "sqlite") for p in PRODUCERS
+                  if (d, p) != ("sqlite", "connection")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dialect", "producer"), PRODUCER_CASES)
+def test_a_producer_on_a_database_never_migrated_is_told_to_migrate_in_one_line(
+    dialect: str, producer: str, good_env: dict[str, str], unmigrated_url: str, tmp_path: Path
+) -> None:
+    database = unmigrated_url if dialect == "postgres" else f"sqlite:///{tmp_path}/fresh.db"
+    env = good_env | {"JOBSAPP_DATABASE_URL": database}
+
+    code, _out, err = run([sys.executable, "-c", PRODUCERS[producer]], env)
+
+    # An uncaught exception of ours, whose text is the line every jobsapp process prints.
+    last = err.strip().splitlines()[-1]
+    assert code == 1, err[-3000:]
+    assert last.startswith("jobsapp.lifecycle.errors.DatabaseNotMigrated: database not "
+                           "migrated: JOBSAPP_DATABASE_URL="), last  # fmt: skip
+    assert "it has no jobsapp tables (this jobsapp needs revision " in last
+    assert last.endswith("; run `jobsapp db upgrade`"), last
+    for raw in ("OperationalError", "ProgrammingError", "no such table", "INSERT", "[SQL"):
+        assert raw not in err, err[-3000:]
