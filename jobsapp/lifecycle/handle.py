@@ -42,11 +42,14 @@ class JobHandle:
     outcome: EnqueueOutcome
     spec: RunTable
     holder: uuid.UUID | None = None
+    # The caller's own Celery task id, when it named the job by one.
+    task_id: str | None = None
 
     @property
     def id(self) -> str:
-        """Celery's AsyncResult spelling, for code that reads ``.id``."""
-        return str(self.job_id)
+        """Celery's AsyncResult spelling, for code that reads ``.id``: the caller's task id
+        if it gave one, else the job id."""
+        return self.task_id or str(self.job_id)
 
     def row(self) -> Mapping[str, Any] | None:
         with get_engine().connect() as conn:
