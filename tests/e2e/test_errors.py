@@ -300,6 +300,7 @@ ENTRY_POINTS = {
     "verify": [str(BIN / "jobsapp"), "verify"],
     "db upgrade": [str(BIN / "jobsapp"), "db", "upgrade"],
     "jobsapp web": [str(BIN / "jobsapp"), "web", "--port", "0"],
+    "python -m": [sys.executable, "-m", "jobsapp.attachments.commands", "verify"],
     "worker": [str(BIN / "celery"), "-A", "jobsapp", "worker", "--pool=solo", "-Q", QUEUE],
     "beat": [str(BIN / "celery"), "-A", "jobsapp", "beat", "-s", "/nonexistent/schedule"],
 }
