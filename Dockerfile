@@ -4,7 +4,8 @@
 # a source tree that the working directory could put first on sys.path.
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md celeryconfig.py ./
+COPY migrations ./migrations
 COPY jobsapp ./jobsapp
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+from collections import ChainMap
 from typing import Any
 
 from celery import Celery
@@ -13,6 +15,7 @@ from celery.signals import (
     worker_init,
     worker_process_init,
 )
+from celery.utils.imports import import_from_cwd
 from celery.utils.log import get_multiprocessing_logger
 
 from jobsapp import preflight
@@ -20,10 +23,48 @@ from jobsapp.db import dispose_engines
 from jobsapp.lifecycle.pools import green_pool_refusal
 from jobsapp.logs import format_handlers, scrub_handlers
 from jobsapp.settings import Settings, SettingsError, get_settings
+from jobsapp.shipped import CELERYCONFIG
 
 BASE_IMPORTS = (
     "jobsapp.maintenance.tasks", "jobsapp.attachments.tasks", "jobsapp.attachments.reprocess"
 )
+# Celery's convention: the settings module a deployment edits, found from the working directory.
+DEPLOYMENT_CONFIG = "celeryconfig"
+
+
+def _module_settings(module: object) -> dict[str, Any]:
+    return {name: value for name, value in vars(module).items() if not name.startswith("_")}
+
+
+def _shipped_settings() -> dict[str, Any]:
+    """jobsapp's ``celeryconfig.py``, by path: a checkout's top-level file is no module of the
+    package (``jobsapp.shipped``)."""
+    spec = importlib.util.spec_from_file_location("jobsapp.celeryconfig", CELERYCONFIG)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"jobsapp's Celery settings are missing: {CELERYCONFIG}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return _module_settings(module)
+
+
+def _deployment_settings() -> dict[str, Any]:
+    """The deployment's ``celeryconfig`` module, found as Celery finds one (the working
+    directory first, then sys.path), or nothing. An error inside that module is raised."""
+    try:
+        module = import_from_cwd(DEPLOYMENT_CONFIG)
+    except ModuleNotFoundError as exc:
+        if exc.name != DEPLOYMENT_CONFIG:
+            raise
+        return {}
+    return _module_settings(module)
+
+
+def celery_settings() -> ChainMap[str, Any]:
+    """The deployment's settings over jobsapp's, setting by setting: a deployment's file
+    holds only what it changes, and a contract setting it does not name (late ack, the
+    guarded consumer, beat's schedule) is never lost. From a checkout's top level both are
+    the same file."""
+    return ChainMap(_deployment_settings(), _shipped_settings())
 
 
 def _transport_options(settings: Settings, base: dict[str, Any]) -> dict[str, Any]:
@@ -55,7 +96,7 @@ def _transport(broker_url: str) -> str | None:
 def create_app() -> Celery:
     settings = get_settings()
     celery_app = Celery("jobsapp")
-    celery_app.config_from_object("jobsapp.celeryconfig")
+    celery_app.config_from_object(celery_settings())
     celery_app.steps["consumer"].add("jobsapp.lifecycle.guard:DeadLetterQueue")
     celery_app.conf.update(
         broker_url=settings.broker_url,

@@ -43,9 +43,12 @@ _NEEDS: dict[str, tuple[Need, ...]] = {
 
 
 def alembic_config() -> Config:
-    """Alembic's settings, built here: the migrations ship inside the package, no ini file."""
+    """Alembic's settings, built here, so an installation needs no ini file: the migrations
+    are the checkout's top-level folder or the wheel's packaged copy (``jobsapp.shipped``)."""
+    from jobsapp.shipped import MIGRATIONS
+
     cfg = Config()
-    cfg.set_main_option("script_location", str(preflight.MIGRATIONS))
+    cfg.set_main_option("script_location", str(MIGRATIONS))
     return cfg
 
 

@@ -16,15 +16,14 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum, IntEnum
-from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from jobsapp.settings import Settings, SettingsError, get_settings
+from jobsapp.shipped import MIGRATIONS
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # A dead host must not hold a process at start for the kernel's two-minute TCP timeout.
 CONNECT_TIMEOUT_S = 5
 UPGRADE_COMMAND = "jobsapp db upgrade"

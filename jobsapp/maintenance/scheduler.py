@@ -7,7 +7,7 @@ the broker as usual, by the leader only. A long pass renews the lease between it
 batches and stops as soon as the lease is lost (``maintenance.budget``).
 
 Cadences of the maintenance entries can be set per deployment without touching
-``jobsapp/celeryconfig.py``: ``JOBSAPP_REAPER_EVERY``, ``JOBSAPP_RELAY_EVERY``,
+``celeryconfig.py``: ``JOBSAPP_REAPER_EVERY``, ``JOBSAPP_RELAY_EVERY``,
 ``JOBSAPP_RETENTION_EVERY``, ``JOBSAPP_STAGING_EVERY`` and ``JOBSAPP_RECONCILE_EVERY``
 (seconds). ``JOBSAPP_BEAT_LEASE_SECONDS`` is the lease.
 

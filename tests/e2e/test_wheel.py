@@ -1,5 +1,8 @@
 """An installed package is complete: the wheel alone migrates a real Postgres.
 
+The checkout keeps ``migrations/`` and ``celeryconfig.py`` at its top level (the card's
+layout); the wheel must carry them inside the package, and an installation must find them.
+
 The wheel is built from the checkout's files (as git lists them, so no stale ``build/``
 leaks in), installed with its dependencies into a fresh venv by pip's own resolver (no
 system or dev site-packages), and its ``jobsapp db upgrade`` runs in a folder outside
@@ -13,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import venv
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,17 +52,38 @@ def _checkout_copy(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bin/ folder of a fresh venv holding the wheel and only what it requires."""
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("wheel")
     source = _checkout_copy(root / "src")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     _run([*pip, "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(source)], cwd=root)
-    (wheel,) = (root / "dist").glob("jobsapp-*.whl")
+    (built,) = (root / "dist").glob("jobsapp-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bin/ folder of a fresh venv holding the wheel and only what it requires."""
+    root = tmp_path_factory.mktemp("venv")
     venv.create(root / "venv", with_pip=True, system_site_packages=False)
     bin_dir = root / "venv" / "bin"
     _run([str(bin_dir / "pip"), "install", "-q", str(wheel)], cwd=root)
     return bin_dir
+
+
+def test_wheel_carries_the_top_level_migrations_and_celery_settings_inside_the_package(
+    wheel: Path,
+) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    top_level = {
+        str(path.relative_to(REPO))
+        for pattern in ("celeryconfig.py", "migrations/*.*", "migrations/versions/*.py")
+        for path in REPO.glob(pattern)
+    }
+    assert {"celeryconfig.py", "migrations/env.py", "migrations/script.py.mako"} <= top_level
+    assert {f"jobsapp/{name}" for name in top_level} <= names
+    # Inside the package only: site-packages/migrations would belong to somebody else.
+    assert not {name for name in names if name.split("/")[0] in ("migrations", "celeryconfig.py")}
 
 
 @pytest.fixture
@@ -100,3 +125,30 @@ def test_installed_celery_app_finds_its_settings_from_any_folder(
     acks_late, scheduler, package = out.split()
     assert (acks_late, scheduler) == ("True", "jobsapp.maintenance.scheduler:LeasedScheduler")
     assert Path(package).is_relative_to(installed.parent)
+
+
+def test_a_deployments_celeryconfig_overrides_only_what_it_sets(
+    installed: Path, tmp_path: Path
+) -> None:
+    """Celery's convention: a ``celeryconfig`` module in the working directory is the one a
+    deployment edits; the settings it does not name stay jobsapp's."""
+    (tmp_path / "celeryconfig.py").write_text("worker_prefetch_multiplier = 4\n")
+    probe = (
+        "import jobsapp.celery_app as m; "
+        "print(m.app.conf.worker_prefetch_multiplier, m.app.conf.task_acks_late, "
+        "m.app.conf.worker_consumer)"
+    )
+    env = _bare_env(installed, JOBSAPP_VAR_DIR=str(tmp_path / "var"))
+    out = _run([str(installed / "python"), "-c", probe], cwd=tmp_path, env=env)
+    assert out.split() == ["4", "True", "jobsapp.lifecycle.guard:GuardedConsumer"]
+
+
+def test_a_checkout_finds_its_top_level_files_from_any_folder(tmp_path: Path) -> None:
+    """The development install (editable) has no packaged copies: it uses the card's files."""
+    probe = (
+        "import jobsapp.celery_app as m, jobsapp.shipped as s; "
+        "print(s.MIGRATIONS, s.CELERYCONFIG, m.app.conf.task_acks_late)"
+    )
+    env = {**os.environ, "JOBSAPP_VAR_DIR": str(tmp_path / "var")}
+    out = _run([sys.executable, "-c", probe], cwd=tmp_path, env=env)
+    assert out.split() == [str(REPO / "migrations"), str(REPO / "celeryconfig.py"), "True"]

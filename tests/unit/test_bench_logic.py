@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from bench import bench_validation
 from bench.bench_lifecycle import PROCESSES, SYSTEMS, Sample, median_ratio, ratio_lines
 from bench.bench_upload import percentiles
 from bench.procstat import parse_stat
@@ -53,3 +54,9 @@ def test_a_smoke_run_on_the_fsync_on_cluster_alone_reports_its_lines_only() -> N
     lines = ratio_lines(results)
     assert "lifecycle/bare e2e ratio (fsync on): 1.00" in lines
     assert not [line for line in lines if "off" in line]
+
+
+def test_the_validation_bench_times_every_body_with_checks_that_agree() -> None:
+    lines = bench_validation.table(n=3)
+    assert len(lines) == 2 + 6 + 1  # header, separator, six bodies, validate_body
+    assert lines[-1].startswith("validate_body of the typical valid body: ")

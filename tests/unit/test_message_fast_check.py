@@ -76,8 +76,17 @@ def mutated_bodies(draw: st.DrawFn) -> dict[str, Any]:
     return body
 
 
+def _jsonschema_verdict(body: dict[str, Any]) -> bool:
+    """jsonschema's verdict, a pattern's ``$`` read as JSON Schema defines it (ECMA-262: the
+    end of the string), as fastjsonschema reads it. Python's ``re``, which jsonschema uses,
+    also matches ``$`` before a final newline; no pattern of the schema admits a newline,
+    and validate_body refuses one as a control character after either check."""
+    final_newline = any(isinstance(v, str) and v.endswith("\n") for v in body.values())
+    return VALIDATOR.is_valid(body) and not final_newline
+
+
 def _agrees(body: dict[str, Any]) -> None:
-    assert fast_valid(body) == VALIDATOR.is_valid(body), body
+    assert fast_valid(body) == _jsonschema_verdict(body), body
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
@@ -100,5 +109,5 @@ def test_the_fast_check_agrees_with_jsonschema_on_arbitrary_objects(body: dict[s
 
 
 def test_a_keyword_the_fast_check_does_not_know_fails_loudly() -> None:
-    with pytest.raises(KeyError):
-        message._property_check({"type": "string", "format": "uuid"}, {})
+    with pytest.raises(ValueError, match="format"):
+        message.compile_fast_check({**SCHEMA, "$defs": {"uuid": {"format": "uuid"}}})
