@@ -26,6 +26,10 @@ _engines_lock = threading.Lock()
 _autocommit_engines: set[Engine] = set()
 # Per engine (weakly: tests make many), its variants by name.
 _variants: weakref.WeakKeyDictionary[Engine, dict[str, Engine]] = weakref.WeakKeyDictionary()
+# How long an SQLite writer queues for the write lock, unless its caller bounds it.
+_BUSY_TIMEOUT_MS = 30000
+# The execution option by which a relaxed connection bounds its statements (milliseconds).
+_BOUND_OPTION = "jobsapp_bound_ms"
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -59,7 +63,7 @@ def _sqlite_connect(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
     dbapi_conn.isolation_level = None
     cursor = dbapi_conn.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
     # FULL: a commit (an upload answered 202) survives a power loss; NORMAL in WAL mode
     # may lose the last transactions (docs/lifecycle.md).
@@ -129,10 +133,15 @@ _NO_FLUSH_WAIT = "SET LOCAL synchronous_commit TO off; "
 
 
 def _without_flush_wait(
-    _conn: Connection, _cursor: Any, statement: str, parameters: Any, _context: Any,
+    _conn: Connection, _cursor: Any, statement: str, parameters: Any, context: Any,
     _executemany: bool,
 ) -> tuple[str, Any]:  # fmt: skip
-    return _NO_FLUSH_WAIT + statement, parameters
+    bound = context.execution_options.get(_BOUND_OPTION) if context is not None else None
+    if bound is None:
+        return _NO_FLUSH_WAIT + statement, parameters
+    # Local too, so the bound ends with the statement and never reaches a pooled session.
+    timeouts = f"SET LOCAL lock_timeout TO {bound}; SET LOCAL statement_timeout TO {bound}; "
+    return _NO_FLUSH_WAIT + timeouts + statement, parameters
 
 
 def get_relaxed_engine(url: str | None = None) -> Engine:
@@ -162,16 +171,43 @@ def autocommit(engine: Engine) -> Iterator[Connection]:
 
 
 @contextmanager
-def relaxed_autocommit(engine: Engine) -> Iterator[Connection]:
+def relaxed_autocommit(engine: Engine, bound: float | None = None) -> Iterator[Connection]:
     """``autocommit`` whose commits do not wait for the WAL flush (PostgreSQL), for
     writes whose loss a later synchronous commit or the fence repairs: claims and
-    heartbeats (docs/lifecycle.md, "Claims and heartbeats do not wait for the flush")."""
+    heartbeats (docs/lifecycle.md, "Claims and heartbeats do not wait for the flush").
+
+    With ``bound`` (seconds) each statement waits at most that long for a lock and for
+    its own execution (SQLite: for the write lock), then fails.
+    """
+    if engine.dialect.name == "sqlite" and bound is not None:
+        with _sqlite_bounded(engine, bound) as conn:
+            yield conn
+        return
     if engine.dialect.name != "postgresql":
         with autocommit(engine) as conn:
             yield conn
         return
     with _variant_of(engine, "relaxed").connect() as conn:
+        if bound is not None:
+            conn.execution_options(**{_BOUND_OPTION: max(1, round(bound * 1000))})
         yield conn
+
+
+@contextmanager
+def _sqlite_bounded(engine: Engine, bound: float) -> Iterator[Connection]:
+    """An immediate transaction whose wait for the write lock is ``bound``; the pooled
+    connection gets the ordinary busy timeout back."""
+    with engine.connect() as conn:
+        # On the DBAPI cursor: a statement through ``conn`` would begin the transaction
+        # (and wait for the lock) before the timeout is set.
+        cursor = conn.connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={max(1, round(bound * 1000))}")
+        try:
+            with conn.begin():
+                yield conn
+        finally:
+            cursor.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            cursor.close()
 
 
 def is_autocommit(conn: Connection) -> bool:

@@ -86,6 +86,11 @@ class GuardedConsumer(Consumer):
 
         return on_task_received
 
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        """A message kombu could not even build (a ``compression`` header naming no codec):
+        refused like the others, where Celery would log CRITICAL and ack it unrecorded."""
+        self._refuse(message, f"body cannot be decoded: {describe_exception(exc)}")
+
     def _refuse(self, message: Any, reason: str) -> None:
         headers = message.headers if isinstance(message.headers, dict) else {}
         log.error(

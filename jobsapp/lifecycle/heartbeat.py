@@ -95,7 +95,9 @@ class Heartbeat:
 
     def _stamp(self) -> bool:
         try:
-            with relaxed_autocommit(self._engine) as conn:
+            # Bounded: the process's one thread stamps every run, and a stamp waiting on a
+            # row lock (or a stuck server) would hold back the beats of all the others.
+            with relaxed_autocommit(self._engine, bound=self.interval) as conn:
                 alive = journal.heartbeat(conn, self._spec, self._job_id, self._attempt,
                                           token=self._token)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a flaky database is not a lost lease
@@ -110,8 +112,10 @@ class Heartbeat:
 class Ticker:
     """The process's heartbeat thread: beats each registered run when it is due.
 
-    Stamps run one after another; a stamp that hangs delays the others, whose own local
-    deadline (``Heartbeat._overdue``) still counts on the monotonic clock. ``remove``
+    Stamps run one after another, each bounded by its run's interval (a lock or statement
+    that takes longer fails the stamp): a run whose row is locked misses its beat and
+    delays the others by one interval at most. Only reaching an unreachable server is not
+    bounded; the runs' local deadline (``Heartbeat._overdue``) counts meanwhile. ``remove``
     waits (a bounded while) for a stamp of that run in flight, so none lands after the
     run left.
     """

@@ -10,7 +10,8 @@ Only on autocommit connections: there a failed EXECUTE has changed nothing, so w
 pooler in transaction mode (PgBouncer, whose ``max_prepared_statements`` tracks only
 protocol-level prepares, not SQL ``PREPARE``) hands the EXECUTE to a server
 connection that never saw the PREPARE, the statement is simply run unprepared, and the
-engine stops preparing from then on. A statement's name is derived from its text, so a
+engine stops preparing from then on; so too when the re-prepare after a schema change
+meets such a server connection. A statement's name is derived from its text, so a
 same-named statement another client prepared on a pooled server connection is the same
 statement.
 """
@@ -37,11 +38,12 @@ log = logging.getLogger(__name__)
 
 # The connection's (DBAPI record's) set of statement names it has prepared.
 _INFO_KEY = "jobsapp_prepared"
-# SQLSTATEs of a statement a pooled server connection does not know, or already knows.
-_POOLER_CODES = frozenset({"26000", "42P05"})
 # "cached plan must not change result type": a migration changed a column the statement
 # returns while this connection kept its PREPARE (a rolling deploy). Prepared anew, once.
 _STALE_PLAN = "0A000"
+# SQLSTATEs of a statement a pooled server connection does not know, or already knows,
+# and of a stale plan met again right after preparing anew.
+_POOLER_CODES = frozenset({"26000", "42P05", _STALE_PLAN})
 _unprepared: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
@@ -59,12 +61,9 @@ def execute(conn: Connection, stmt: Select[Any], params: Mapping[str, Any]) -> C
     plan = _prepared(stmt, conn.dialect)
     try:
         _ensure(conn, plan)
-        return conn.execute(plan.execute, params)
+        return _executed(conn, plan, params)
     except DBAPIError as exc:
-        code = getattr(exc.orig, "pgcode", None)
-        if code == _STALE_PLAN:
-            return _prepared_again(conn, plan, params)
-        if code not in _POOLER_CODES:
+        if _code(exc) not in _POOLER_CODES:
             raise
     _unprepared.add(conn.engine)
     log.warning("prepared statements do not survive this connection pool (a pooler in "
@@ -72,9 +71,26 @@ def execute(conn: Connection, stmt: Select[Any], params: Mapping[str, Any]) -> C
     return conn.execute(stmt, params)
 
 
+def _code(exc: DBAPIError) -> str | None:
+    return getattr(exc.orig, "pgcode", None)
+
+
+def _executed(conn: Connection, plan: Prepared, params: Mapping[str, Any]) -> CursorResult[Any]:
+    try:
+        return conn.execute(plan.execute, params)
+    except DBAPIError as exc:
+        if _code(exc) != _STALE_PLAN:
+            raise
+    return _prepared_again(conn, plan, params)
+
+
 def _prepared_again(
     conn: Connection, plan: Prepared, params: Mapping[str, Any]
 ) -> CursorResult[Any]:
+    """Behind a pooler each of these may land on another server connection: one without
+    the statement (26000), one that has it already (42P05), or one whose plan is stale
+    too (0A000 again). Each such failure changed nothing, and ``execute`` then runs the
+    statement unprepared."""
     conn.exec_driver_sql(f"DEALLOCATE {plan.name}")
     conn.exec_driver_sql(plan.prepare)
     log.info("prepared statement %s was re-prepared after a schema change", plan.name)

@@ -81,8 +81,10 @@ STALE_AFTER = timedelta(seconds=30)
 TICK = timedelta(seconds=1)
 CONNECTIONS = 3
 
+# Derandomized (tests/conftest.py), these are the same sequences on every run: the gate
+# replays a fixed set, and new sequences come from the HYPOTHESIS_PROFILE=explore run.
 MACHINE_SETTINGS = settings(
-    max_examples=200,
+    max_examples=100,
     stateful_step_count=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

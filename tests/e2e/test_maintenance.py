@@ -30,9 +30,10 @@ from jobsapp.lifecycle.journal import EVENTS, OUTBOX
 from jobsapp.lifecycle.tables import JobRun
 from jobsapp.maintenance import lease, slots
 from jobsapp.schema import metadata
+from tests.chaos.harness import RedisServer
 from tests.e2e.procs import BIN, Launcher, Supervisor, ready, service_env
 from tests.support import tasks
-from tests.support.env import SESSION, redis_url, service
+from tests.support.env import SESSION, service
 from tests.support.journal_view import events, outbox_rows, run_row, transitions
 from tests.support.waiting import eventually
 
@@ -54,7 +55,6 @@ SETTINGS = {
 }
 # Per test session: another session running this module must not drop it under us.
 DATABASE = f"jobsapp_e2e_maintenance_{SESSION}"
-BROKER_DB = 3
 RUNS = JobRun.__table__
 
 pytestmark = pytest.mark.timeout(90)
@@ -64,7 +64,17 @@ pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture(scope="module")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def broker_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private ``redis-server``: a database number on the shared one is flushed by every
+    other session running this module meanwhile (queue and counters with it)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def database_url(tmp_path_factory: pytest.TempPathFactory, broker_url: str) -> Iterator[str]:
     """A fresh Postgres database, migrated by the real ``jobsapp db upgrade``."""
     base = service("JOBSAPP_TEST_DATABASE_URL")
     admin = create_engine(base.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
@@ -72,7 +82,7 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
         conn.execute(text(f'CREATE DATABASE "{DATABASE}"'))
     url = base.rsplit("/", 1)[0] + f"/{DATABASE}"
-    env = service_env(database_url=url, broker_url=broker_url_for(), settings=SETTINGS,
+    env = service_env(database_url=url, broker_url=broker_url, settings=SETTINGS,
                       var_dir=tmp_path_factory.mktemp("e2e-var"))  # fmt: skip
     done = subprocess.run([str(BIN / "jobsapp"), "db", "upgrade"], env=env, capture_output=True,
                           text=True, timeout=60, check=False)  # fmt: skip
@@ -81,10 +91,6 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
     admin.dispose()
-
-
-def broker_url_for() -> str:
-    return redis_url(BROKER_DB)
 
 
 @pytest.fixture
@@ -99,17 +105,19 @@ def db(database_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def broker() -> Iterator[redis.Redis]:
-    """Redis database 3 only, flushed: the broker queue, unacked messages and counters."""
-    client = redis.Redis.from_url(broker_url_for())
+def broker(broker_url: str) -> Iterator[redis.Redis]:
+    """The module's Redis, flushed: the broker queue, unacked messages and counters."""
+    client = redis.Redis.from_url(broker_url)
     client.flushdb()
     yield client
     client.close()
 
 
 @pytest.fixture
-def procs(db: Engine, broker: redis.Redis, database_url: str, tmp_path: Path) -> Iterator[Launcher]:
-    env = service_env(database_url=database_url, broker_url=broker_url_for(),
+def procs(
+    db: Engine, broker: redis.Redis, broker_url: str, database_url: str, tmp_path: Path
+) -> Iterator[Launcher]:
+    env = service_env(database_url=database_url, broker_url=broker_url,
                       var_dir=tmp_path / "var", settings=SETTINGS)  # fmt: skip
     launcher = Launcher(env, tmp_path)
     try:

@@ -16,20 +16,24 @@ import re
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg2
+import psycopg2.extensions
 import pytest
 import redis
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
-from jobsapp.db import make_engine
+from jobsapp.db import autocommit, make_engine
 from tests.chaos.harness import RedisServer
+from tests.conftest import migrated_postgres
 from tests.e2e.procs import Launcher, Proc, ready, service_env
 from tests.e2e.webserver import free_port
+from tests.integration.test_prepared_statements import _run_one
 from tests.support.env import SESSION, service
+from tests.support.journal_view import run_row, transitions
 from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,3 +160,52 @@ def test_every_job_runs_once_through_transaction_pooling(
     assert _received(workers) == JOBS
     producer = procs.started[-1].log()
     assert not re.search(r"failed|Error", producer), producer[:600]
+
+
+def _grab_on(bouncer: int, database: str, statement: str) -> Callable[[], None]:
+    """Arranges that ``statement``, when next sent through PgBouncer, lands on another
+    server connection than the one just used: right before it, a second client begins a
+    transaction and so holds that one (PgBouncer hands out the last released first).
+    Returns the release."""
+    other = psycopg2.connect(host="127.0.0.1", port=bouncer, user="postgres", dbname=database)
+
+    def grab(_conn: object, _cursor: object, sent: str, *_args: object) -> None:
+        if statement in sent and other.status == psycopg2.extensions.STATUS_READY:
+            other.cursor().execute("SELECT 1")  # BEGIN implied: the server stays held
+
+    event.listen(Engine, "before_cursor_execute", grab)
+
+    def release() -> None:
+        event.remove(Engine, "before_cursor_execute", grab)
+        other.close()
+
+    return release
+
+
+def test_a_schema_change_met_behind_pgbouncer_falls_back_to_unprepared(
+    bouncer: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = f"jobsapp_pgb_reprepare_{uuid.uuid4().hex[:8]}"
+    with migrated_postgres(name) as url:
+        through = make_url(url).set(port=bouncer).render_as_string(hide_password=False)
+        engine = make_engine(f"{through}?application_name=pgb-reprepare")
+        with autocommit(engine) as conn:
+            _run_one(conn)  # prepared on the one server connection this client used
+            # A rolling deploy changes a column the claim returns ...
+            with create_engine(url).begin() as ddl:
+                ddl.exec_driver_sql("DROP VIEW job_runs_all")
+                ddl.exec_driver_sql("ALTER TABLE job_runs ALTER COLUMN worker TYPE varchar(300)")
+            # ... and the re-prepare after "cached plan must not change result type" lands
+            # on a server connection that never prepared the statement.
+            release = _grab_on(bouncer, name, "DEALLOCATE jobsapp_")
+            try:
+                job_id = _run_one(conn)
+                after = _run_one(conn)
+            finally:
+                release()
+        for done in (job_id, after):
+            assert run_row(engine, done)["state"] == "succeeded"
+            assert transitions(engine, done) == ["enqueue", "claim", "succeed"]
+        engine.dispose()
+    fallbacks = [r for r in caplog.records if "prepared statements do not survive" in r.message]
+    assert len(fallbacks) == 1, [r.message for r in caplog.records]
