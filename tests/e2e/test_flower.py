@@ -124,7 +124,8 @@ def test_flower_shows_retry_failure_success_and_a_duplicate_delivery(
     # scrubbed as every error text is (a parameter named ``token`` reads as a secret).
     user_kwargs = scrub(saferepr({"token": f"doomed-{token}"}))
     assert [(t["args"], t["kwargs"]) for t in (first, last)] == [("()", user_kwargs)] * 2
-    assert (success["args"], success["kwargs"]) == ("()", scrub(saferepr({"token": f"echo-{token}"})))
+    echo_kwargs = scrub(saferepr({"token": f"echo-{token}"}))
+    assert (success["args"], success["kwargs"]) == ("()", echo_kwargs)
     plain_args = saferepr((f"plain-{token}",))
     assert [(t["args"], t["kwargs"]) for t in (plain_first, plain_last)] == [
         (plain_args, "{}")] * 2  # fmt: skip

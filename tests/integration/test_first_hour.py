@@ -10,6 +10,7 @@ is a run there, with its attempts.
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Iterator
 
@@ -20,12 +21,19 @@ from sqlalchemy import Engine
 
 from jobsapp.attachments.tasks import TASK_NAME as ATTACHMENT_TASK
 from jobsapp.celery_app import app
+from jobsapp.lifecycle.message import task_id_for
+from jobsapp.web.app import create_app
+from tests.integration.test_admin_login import log_in
 from tests.support import first_hour_tasks as hour
+from tests.support.attachments import environment
 from tests.support.journal_view import run_count, run_row, transitions
 from tests.support.tasks import calls
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)
+
+ADMIN_TOKEN = "first-hour-admin-token"
+BASE = "http://admin.local"
 
 
 @pytest.fixture
@@ -75,6 +83,21 @@ def test_send_task_keeps_its_keyword_arguments_and_retries_through_the_journal(
     assert row["attempts"] == 2
     assert row["params"] == {"args": [token], "kwargs": {"fail_times": 1}}
     assert calls(token) == 2
+
+
+def test_the_admin_job_page_lists_each_attempts_celery_task_id(
+    pg_worker: object, pg: Engine, elsewhere: Celery
+) -> None:
+    """The ids Flower lists: the send_task id for the first attempt, then the ids jobsapp
+    published the retries under."""
+    sent = elsewhere.send_task("tests.hour.shaky", (f"admin-{uuid.uuid4().hex[:8]}", 1))
+    assert hour.shaky.AsyncResult(sent.id).wait()["state"] == "succeeded"
+    with environment(JOBSAPP_ADMIN_TOKEN=ADMIN_TOKEN):
+        client = create_app().test_client()
+        log_in(client, BASE, ADMIN_TOKEN)
+        page = client.get(f"/admin/jobs/jobs/{sent.id}", base_url=BASE).get_data(as_text=True)
+    listed = re.findall(r'<td class="task-id"><code>([^<]*)</code>', page)
+    assert listed == [sent.id, task_id_for(uuid.UUID(sent.id), 2)]
 
 
 def test_a_redelivered_send_task_message_is_not_a_second_run(
