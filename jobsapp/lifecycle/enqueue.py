@@ -39,14 +39,15 @@ def enqueue(
     connection: Connection | None = None,
 ) -> JobHandle:
     if dedup.seen_recently(job):
-        return JobHandle(job.job_id, EnqueueOutcome.DUPLICATE, job.spec)
+        return JobHandle(job.job_id, EnqueueOutcome.DUPLICATE, job.spec, task=job.task_name)
     if session is not None:
         result = _in_session(session, job)
     elif connection is not None:
         result = journal.enqueue(connection, job, actor="producer")
     else:
         result = _own_transaction(app, job)
-    return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder)
+    return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder,
+                     task=job.task_name)
 
 
 class Batch:
@@ -76,7 +77,8 @@ class Batch:
             return _DeferredHandle(self, len(self._done) + len(self._waiting) - 1, job)
         result = journal.enqueue(self._conn, job, actor="producer")
         self._done.append((job, result))
-        return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder)
+        return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder,
+                     task=job.task_name)
 
     def flush(self) -> None:
         """Write the jobs added since the last flush, in the order they were added."""
@@ -104,9 +106,13 @@ class _DeferredHandle(JobHandle):
 
     def __init__(self, batch: Batch, index: int, job: NewJob) -> None:
         # JobHandle is frozen: its fields are set the way its own __init__ sets them.
-        for name, value in (("job_id", job.job_id), ("spec", job.spec), ("_batch", batch),
-                            ("_index", index)):  # fmt: skip
+        for name, value in (("job_id", job.job_id), ("spec", job.spec), ("task", job.task_name),
+                            ("_batch", batch), ("_index", index)):  # fmt: skip
             object.__setattr__(self, name, value)
+
+    def _said(self) -> str:
+        # Reading the outcome writes the batch: a repr must not.
+        return "written at the end of the batch"
 
     @property
     def outcome(self) -> EnqueueOutcome:
@@ -157,8 +163,7 @@ def _after_commit(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> 
     if messages:
         outbox.publish_now(app, messages)
     for job, result in done:
-        if result.outcome is not EnqueueOutcome.SKIPPED:
-            dedup.remember(job)
+        dedup.remember(job, result.outcome)
 
 
 def _due_in(job: NewJob) -> timedelta:

@@ -1,8 +1,9 @@
 """What a producer gets back from an enqueue: the job id, the outcome, the journal state.
 
 It answers the calls code written against Celery's ``AsyncResult`` makes (``id``,
-``state``/``status``, ``ready()``, ``successful()``, ``failed()``, ``get()``) from the
-journal; there is no result backend, so ``get()`` of a success returns None.
+``state``/``status`` in Celery's names, ``ready()``, ``successful()``, ``failed()``,
+``get()``) from the journal, whose own state stays at hand as ``journal_state``; there is
+no result backend, so ``get()`` of a success returns None.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import exceptions as celery_exceptions
+from celery import states as celery_states
 
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import EnqueueOutcome
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import State, is_terminal
+from jobsapp.lifecycle.states import Outcome, State, is_terminal
 
 
 class JobTimeout(TimeoutError, celery_exceptions.TimeoutError):
@@ -34,6 +36,28 @@ class JobFailed(Exception):
         self.job_id, self.outcome, self.error = job_id, outcome, error
 
 
+def celery_state(row: Mapping[str, Any] | None) -> str:
+    """The journal row's state in Celery's names, as ``AsyncResult.state`` would say it.
+
+    No row is ``PENDING`` (Celery's answer for an id it does not know); a queued job is
+    ``PENDING`` before its first attempt and ``RETRY`` after one; a cancelled one is
+    ``REVOKED``; every other failure (exhausted, permanent, stale, skipped, ...) is
+    ``FAILURE``, its journal outcome saying which.
+    """
+    if row is None:
+        return celery_states.PENDING
+    state = row["state"]
+    if state == State.QUEUED.value:
+        return celery_states.RETRY if row["attempts"] else celery_states.PENDING
+    if state == State.RUNNING.value:
+        return celery_states.STARTED
+    if state == State.SUCCEEDED.value:
+        return celery_states.SUCCESS
+    if row["outcome"] == Outcome.CANCELLED.value:
+        return celery_states.REVOKED
+    return celery_states.FAILURE
+
+
 @dataclass(frozen=True)
 class JobHandle:
     """The journal, not a Celery result backend, says how the job is doing."""
@@ -42,6 +66,14 @@ class JobHandle:
     outcome: EnqueueOutcome
     spec: RunTable
     holder: uuid.UUID | None = None
+    task: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<JobHandle {self.task or self.spec.module} {self.job_id} {self._said()}>"
+
+    def _said(self) -> str:
+        """What the enqueue answered, for the repr (no query: a repr must not do I/O)."""
+        return str(self.outcome)
 
     @property
     def id(self) -> str:
@@ -52,23 +84,30 @@ class JobHandle:
         with get_engine().connect() as conn:
             return journal.load(conn, self.spec, self.job_id)
 
-    def state(self) -> str | None:
+    @property
+    def journal_state(self) -> str | None:
+        """The journal's own state (``queued``, ``running``, ...); None: no row."""
         row = self.row()
         return None if row is None else str(row["state"])
 
     @property
-    def status(self) -> str | None:
-        return self.state()
+    def state(self) -> str:
+        """Celery's name for the job's state now (``celery_state``)."""
+        return celery_state(self.row())
+
+    @property
+    def status(self) -> str:
+        return self.state
 
     def ready(self) -> bool:
-        state = self.state()
+        state = self.journal_state
         return state is not None and is_terminal(state)
 
     def successful(self) -> bool:
-        return self.state() == State.SUCCEEDED.value
+        return self.state == celery_states.SUCCESS
 
     def failed(self) -> bool:
-        return self.state() == State.FAILED.value
+        return self.state == celery_states.FAILURE
 
     def wait(self, timeout: float | None = 30.0, interval: float = 0.1) -> Mapping[str, Any]:
         """Poll the journal until the job is terminal (None: no limit); JobTimeout names

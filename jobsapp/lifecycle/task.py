@@ -249,7 +249,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         A lookup enqueues nothing; its outcome says what a replayed enqueue would: the job
         id is taken."""
         del kwargs
-        return JobHandle(uuid.UUID(str(task_id)), EnqueueOutcome.DUPLICATE, self.run_table)
+        return JobHandle(uuid.UUID(str(task_id)), EnqueueOutcome.DUPLICATE, self.run_table,
+                         task=self.name)
 
     def enqueue_in(
         self,
@@ -388,27 +389,33 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         ctx = RunContext(
             engine=engine, spec=self.run_table, row=outcome.row, worker=worker,
             heartbeat=Heartbeat(engine, self.run_table, env.job_id, env.attempt, interval,
-                                settings.stale_after),
+                                settings.stale_after, token=outcome.row["claim_token"]),
         )  # fmt: skip
         ended = run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)
         if ended.end is End.LEASE_LOST:
-            self._requeue_if_claim_lost(engine, env)
+            self._after_lost_lease(engine, env, ctx.token)
         return ended
 
-    def _requeue_if_claim_lost(self, engine: Engine, env: message.Envelope) -> None:
-        """A claim lost in a database crash (it did not wait for the flush) leaves the run
-        queued before this attempt: hand the message back so that it is claimed again now,
-        rather than after the relay's unclaimed check. The body ran and may run again, as
-        after a worker crash mid-run."""
+    def _after_lost_lease(self, engine: Engine, env: message.Envelope, token: uuid.UUID) -> None:
+        """Name a claim lost in a database crash (it did not wait for the flush). A run
+        still queued before this attempt: hand the message back so that it is claimed again
+        now, rather than after the relay's unclaimed check. Claimed again by another
+        worker: that claim alone holds the run; this message is done. Either way the body
+        ran and may run again, as after a worker crash mid-run."""
         try:
             with engine.connect() as conn:
                 row = journal.load(conn, self.run_table, env.job_id)
         except OperationalError:
             return  # the relay's unclaimed check republishes it
-        if claim.claim_lost(row, env.attempt):
+        lost = claim.claim_lost(row, env.attempt, token)
+        if lost is claim.LostClaim.UNCLAIMED:
             log.warning("job %s attempt %s: its claim was lost in a database crash; "
                         "requeueing the message", env.job_id, env.attempt)  # fmt: skip
             raise Reject("claim lost in a database crash", requeue=True)
+        if lost is claim.LostClaim.RECLAIMED and row is not None:
+            log.warning("job %s attempt %s: its claim was lost in a database crash; the "
+                        "attempt was claimed again by %s, whose claim alone is honoured",
+                        env.job_id, env.attempt, row["worker"])  # fmt: skip
 
     def _claim(
         self, engine: Engine, env: message.Envelope, foreign: NewJob | None, worker: str,

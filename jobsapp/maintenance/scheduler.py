@@ -10,6 +10,9 @@ Cadences of the maintenance entries can be set per deployment without touching
 ``jobsapp/celeryconfig.py``: ``JOBSAPP_REAPER_EVERY``, ``JOBSAPP_RELAY_EVERY``,
 ``JOBSAPP_RETENTION_EVERY``, ``JOBSAPP_STAGING_EVERY`` and ``JOBSAPP_RECONCILE_EVERY``
 (seconds). ``JOBSAPP_BEAT_LEASE_SECONDS`` is the lease.
+
+An entry naming a lifecycle task is not Celery's to send: the leader enqueues one job per
+schedule slot (``maintenance.periodic``), so a failover neither repeats nor drops a slot.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from celery.schedules import schedule
 
 from jobsapp import preflight
 from jobsapp.db import get_engine
-from jobsapp.maintenance import budget, lease
+from jobsapp.maintenance import budget, lease, periodic
 from jobsapp.settings import optional_number, positive_number
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,8 @@ class LeasedScheduler(Scheduler):
         # Read per instance (not at import) so a bad value fails the beat that uses it.
         self.lease_ttl = lease_ttl_from_env(os.environ)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.catch_up = periodic.catch_up_from_env(os.environ)
+        self.periodic: periodic.Periodic | None = None
         self.leading = False
         self._last_standby_log: float | None = None
         budget.guard_with(self._still_leading)
@@ -89,13 +94,26 @@ class LeasedScheduler(Scheduler):
                 entry.schedule = schedule(every, app=self.app)
                 log.info("beat: %s every %gs (from %s)", task, every.total_seconds(),
                          CADENCE_ENV[task])  # fmt: skip
+        self._take_periodic_entries()
+
+    def _take_periodic_entries(self) -> None:
+        """Lifecycle entries leave Celery's heap: their slots are enqueued by ``periodic``."""
+        self.app.loader.import_default_modules()
+        found = [periodic.periodic_entry(self.app, entry) for entry in self.schedule.values()]
+        entries = [entry for entry in found if entry is not None]
+        for entry in entries:
+            del self.schedule[entry.name]
+            log.info("beat: %s enqueues %s once per slot of %s", entry.name, entry.task.name,
+                     entry.schedule)  # fmt: skip
+        self.periodic = periodic.Periodic(self.app, entries, self.catch_up)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         # Renewal must come well inside the lease, whatever the schedule's own interval.
         renew_every = self.lease_ttl.total_seconds() / 3
         if not self._renew():
             return min(1.0, renew_every)
-        return min(float(super().tick(*args, **kwargs)), renew_every)
+        until_slot = self.periodic.run_due(get_engine()) if self.periodic else renew_every
+        return min(float(super().tick(*args, **kwargs)), renew_every, max(until_slot, 0.0))
 
     def _renew(self) -> bool:
         leading = self._renew_lease()
@@ -119,6 +137,8 @@ class LeasedScheduler(Scheduler):
         return False
 
     def _announce(self, leading: bool) -> None:
+        if leading != self.leading and self.periodic:
+            self.periodic.forget()
         if leading and not self.leading:
             log.warning("beat %s is the leader; clearing maintenance backlog", self.holder)
             self.leading = True

@@ -35,6 +35,7 @@ from jobsapp.db import get_engine
 from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.scrub import known_secrets_from_env, scrub
 from jobsapp.lifecycle.states import ALL_STATES, State, Transition
+from jobsapp.maintenance import periodic
 from jobsapp.monitor import browse, summary
 from jobsapp.settings import get_settings
 from jobsapp.web import auth
@@ -197,11 +198,14 @@ def logout() -> Answer:
 
 @_page_route("", "adminOverview", "Counts, oldest queued, stale runs, outbox")
 def overview() -> Answer:
+    from jobsapp.celery_app import app as celery_app
+
     stale_after = get_settings().stale_after
     health = summary.health(get_engine(), stale_after)
     dead_total, dead = browse.dead_outbox(get_engine(), limit=DEAD_SHOWN)
     return _page("overview.html", health=health, stale_after=stale_after,
-                 dead_total=dead_total, dead=dead, modules=_modules())  # fmt: skip
+                 dead_total=dead_total, dead=dead, modules=_modules(),
+                 periodic=periodic.overview(get_engine(), celery_app))  # fmt: skip
 
 
 @_page_route("/jobs", "adminJobsPage", "Jobs: filtered, paged newest first")

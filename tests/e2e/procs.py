@@ -124,16 +124,16 @@ class Launcher:
             self.started.append(proc)
             return proc
 
-    def worker(self, name: str) -> Proc:
+    def worker(self, name: str, env: Mapping[str, str] | None = None) -> Proc:
         """``celery -A jobsapp worker`` named ``name@host``; call ``ready()`` before use."""
         argv = [str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS, "-n", f"{name}@%h"]
-        return self.start(name, argv)
+        return self.start(name, argv, env)
 
-    def beat(self, name: str) -> Proc:
+    def beat(self, name: str, env: Mapping[str, str] | None = None) -> Proc:
         schedule_file = self.workdir / f"{name}-schedule"
         argv = [str(BIN / "celery"), "-A", "jobsapp", "beat", "-s", str(schedule_file),
                 "-l", "info"]  # fmt: skip
-        return self.start(name, argv)
+        return self.start(name, argv, env)
 
     def jobsapp(self, name: str, *args: str, env: Mapping[str, str] | None = None) -> Proc:
         return self.start(name, [str(BIN / "jobsapp"), *args], env)

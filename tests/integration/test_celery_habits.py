@@ -133,6 +133,39 @@ def test_get_returns_on_success_raises_the_stored_error_on_failure_and_times_out
         later.get(timeout=0.5)
 
 
+def test_a_handle_speaks_celerys_state_names_like_an_async_result(
+    worker: object, db: Engine
+) -> None:
+    bare = celery.Celery("bare", broker="memory://")
+
+    @bare.task
+    def ok() -> int:
+        return 1
+
+    @bare.task
+    def broken() -> None:
+        raise ValueError("this never works")
+
+    token = uuid.uuid4().hex[:8]
+    done, doomed = tasks.echo.delay(f"{token}-ok"), tasks.doomed.delay(f"{token}-doomed")
+    done.wait(timeout=30)
+    doomed.wait(timeout=30)
+
+    assert (done.state, ok.apply().state) == ("SUCCESS", "SUCCESS")
+    assert (doomed.state, broken.apply().state) == ("FAILURE", "FAILURE")
+    assert (done.status, doomed.status) == ("SUCCESS", "FAILURE")
+    # The journal keeps its own names.
+    assert (done.journal_state, doomed.journal_state) == ("succeeded", "failed")
+    assert tasks.echo.AsyncResult(str(uuid.uuid4())).state == "PENDING"
+
+
+def test_printing_a_handle_is_one_line(db: Engine) -> None:
+    queued = tasks.echo.apply_async(("printed",), countdown=3600)
+
+    assert repr(queued) == f"<JobHandle tests.echo {queued.job_id} enqueued>"
+    assert str(tasks.echo.AsyncResult(queued.id)) == f"<JobHandle tests.echo {queued.id} duplicate>"
+
+
 def test_a_non_json_argument_is_refused_by_name_and_nothing_is_written(db: Engine) -> None:
     when = datetime.now(UTC)
     with pytest.raises(TypeError, match=r"argument 'token' of tests.echo is a datetime, "
@@ -162,8 +195,15 @@ def test_the_relay_reports_a_message_nobody_claims_and_a_task_nobody_registered(
     assert relay.run_once(app, pg, cfg)["published"] == 1
     time.sleep(UNCLAIMED_AFTER * 2)
     with caplog.at_level(logging.WARNING, logger=relay.__name__):
-        assert relay.run_once(app, pg, cfg)["republished"] == 1
+        # No worker runs here: the message waits in its queue, and is not copied.
+        assert relay.run_once(app, pg, cfg)["republished"] == 0
     assert "tests.nobody_registered is registered nowhere" in caplog.text
     assert "JOBSAPP_IMPORTS" in caplog.text
+    assert _relay_counts(pg) == before
+
+    # A worker that does not know the task drops it: the queue no longer holds it.
+    redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL")).delete(app.conf.task_default_queue)
+    time.sleep(UNCLAIMED_AFTER * 2)
+    assert relay.run_once(app, pg, cfg)["republished"] == 1
     after = _relay_counts(pg)
     assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
