@@ -6,7 +6,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -51,6 +51,10 @@ class Ended:
     end: End
     # The scrubbed error of a failed attempt, or what happened instead of an outcome.
     summary: str = ""
+    # What the body returned (succeeded), or the exception it raised (requeued, failed):
+    # the Celery task shows them (eager ``apply()``, Flower).
+    value: Any = None
+    error: BaseException | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,9 @@ class AttemptRules:
     secrets: tuple[str, ...]
     # Long Retry-After pauses a job may take before it fails with ``snooze_limit``.
     max_snoozes: int = 10
+    # False when the caller runs the next attempt itself (eager ``apply()``): a requeue
+    # leaves its message to the relay instead of handing it to a worker now.
+    publish_retry: bool = True
 
 
 def run_attempt(
@@ -69,7 +76,7 @@ def run_attempt(
     """Run the body under the heartbeat, then write the one outcome it earned."""
     with ctx.heartbeat, entered(ctx):
         try:
-            _call_with_waits(ctx, body, rules)
+            value = _call_with_waits(ctx, body, rules)
         except LeaseLost as lost:
             log.warning("%s; nothing published", lost)
             return Ended(End.LEASE_LOST, f"{lost}; nothing published")
@@ -78,17 +85,16 @@ def run_attempt(
         except Exception as exc:  # noqa: BLE001 - every failure becomes a journal outcome
             return _settle_failure(app, ctx, exc, rules)
     if ctx.finished:
-        return Ended(End.SUCCEEDED, "finished by the body")
-    return _succeed(ctx)
+        return Ended(End.SUCCEEDED, "finished by the body", value=value)
+    return _succeed(ctx, value)
 
 
-def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> None:
+def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> Any:
     waits = 0
     while True:
         try:
             crashpoints.hit("mid_run")
-            body()
-            return
+            return body()
         except RetryAfter as pause:
             decision = decide_retry_after(pause.seconds, rules.inline_wait_max)
             waits += 1
@@ -98,14 +104,14 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
             ctx.heartbeat.wait(pause.seconds)
 
 
-def _succeed(ctx: RunContext) -> Ended:
+def _succeed(ctx: RunContext, value: Any) -> Ended:
     def write() -> bool:
         with autocommit(ctx.engine) as conn:
             return journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
                                    actor=ctx.worker)  # fmt: skip
 
     if _persistently(write):
-        return Ended(End.SUCCEEDED)
+        return Ended(End.SUCCEEDED, value=value)
     log.warning("job %s attempt %s: finish refused, lease lost", ctx.job_id, ctx.attempt)
     return Ended(End.LEASE_LOST, "finish refused, lease lost")
 
@@ -123,7 +129,7 @@ def _persistently(write: Callable[[], T]) -> T:
 
 
 def _describe(exc: BaseException, rules: AttemptRules) -> str:
-    cause = exc.cause if isinstance(exc, RetryRequested) and exc.cause else exc
+    cause = cause_of(exc)
     text = describe_exception(cause, secrets=rules.secrets)
     code = getattr(cause, "error_code", None)
     return f"[{code}] {text}" if isinstance(cause, PermanentError) and code else text
@@ -134,7 +140,7 @@ def failure_detail(exc: BaseException, secrets: tuple[str, ...]) -> dict[str, st
 
     The formatted traceback holds source lines, never frame locals.
     """
-    cause = exc.cause if isinstance(exc, RetryRequested) and exc.cause else exc
+    cause = cause_of(exc)
     frames = "".join(traceback.format_exception(cause, limit=-TRACEBACK_FRAMES))
     return {
         "type": f"{type(cause).__module__}.{type(cause).__qualname__}",
@@ -159,8 +165,16 @@ def _settle_failure(
     detail = failure_detail(exc, rules.secrets)
     if decision.action is Action.FAIL:
         assert decision.outcome is not None
-        return _fail(ctx, decision.outcome, error, detail)
-    return _requeue(app, ctx, delay, error, Transition.RETRY, rules, refund=False, detail=detail)
+        ended = _fail(ctx, decision.outcome, error, detail)
+    else:
+        ended = _requeue(app, ctx, delay, error, Transition.RETRY, rules, refund=False,
+                         detail=detail)  # fmt: skip
+    return replace(ended, error=cause_of(exc))
+
+
+def cause_of(exc: BaseException) -> BaseException:
+    """The body's own exception: the one ``self.retry(exc=...)`` names, if any."""
+    return exc.cause if isinstance(exc, RetryRequested) and exc.cause else exc
 
 
 def _fail(ctx: RunContext, outcome: Outcome, error: str, detail: dict[str, str]) -> Ended:
@@ -210,6 +224,6 @@ def _requeue(
     log.log(level, "job %s attempt %s: %s in %.1fs: %s", ctx.job_id, ctx.attempt,
             transition.value, delay, error)  # fmt: skip
     # Short delays ride a countdown; long ones wait in the outbox for the relay.
-    if delay <= rules.inline_wait_max:
+    if delay <= rules.inline_wait_max and rules.publish_retry:
         outbox.publish_now(app, [journal.on_local_clock(message, timedelta(seconds=delay))])
     return Ended(End.REQUEUED, error)

@@ -170,6 +170,24 @@ def _check_python_types(body: Mapping[str, Any]) -> None:
             raise InvalidMessage(f"field {name} must be an integer")
 
 
+def is_envelope(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether a delivery claims to be a jobsapp message: keyword fields only, with the
+    schema's version among them. Anything else is a plain Celery call of the task (a
+    ``send_task`` from a service that does not import it, ``apply()``)."""
+    return not args and "schema_version" in kwargs
+
+
+def job_id_of_task(task_id: str) -> uuid.UUID:
+    """The job a Celery task id names, whether a caller passed it to ``apply_async`` or
+    ``send_task`` sent it: the id itself when it is a UUID, so that a redelivery finds the
+    same run and ``AsyncResult(task_id)`` names it; any other string is mapped to one,
+    stably (never change the mapping: callers store their ids)."""
+    try:
+        return uuid.UUID(task_id)
+    except ValueError:
+        return uuid.uuid5(_TASK_ID_NAMESPACE, f"celery:{task_id}")
+
+
 def parse(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Envelope:
     """Validate what Celery delivered and turn it into an Envelope."""
     if args:
@@ -185,6 +203,12 @@ def parse(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Envelope:
         ids={k: body[k] for k in id_fields() if k in body},
         traceparent=body.get("traceparent"),
     )
+
+
+def adopted(job_id: uuid.UUID, module: str, traceparent: str | None) -> Envelope:
+    """The envelope of a plain Celery message's run: attempt 1, no outbox row, no ids."""
+    return Envelope(job_id=job_id, module=module, attempt=1, outbox_id=None,
+                    concurrency_key=None, ids={}, traceparent=traceparent)  # fmt: skip
 
 
 def trace_headers(body: Mapping[str, Any]) -> dict[str, str]:

@@ -2,8 +2,9 @@
 
 ``apply_async``/``delay`` enqueue through the journal and return a ``JobHandle``;
 ``__call__`` (what the worker runs) validates the message, claims the run, and hands the
-attempt to ``attempt.run_attempt``. Idiomatic ``self.retry()`` and ``autoretry_for`` map
-to the same journal semantics.
+attempt to ``attempt.run_attempt``. A plain Celery call of the task (``send_task`` by
+name, ``apply()``) becomes a run of its own, keyed by its Celery task id. Idiomatic
+``self.retry()`` and ``autoretry_for`` map to the same journal semantics.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -24,14 +26,16 @@ from typing import Any, ClassVar, NoReturn
 
 from celery import Task
 from celery.exceptions import Reject, Retry
+from celery.result import EagerResult
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from jobsapp import logs
 from jobsapp.db import get_engine
-from jobsapp.lifecycle import claim, enqueue, journal, message, registry, tracing
+from jobsapp.lifecycle import claim, enqueue, journal, message, publisher, registry, tracing
 from jobsapp.lifecycle.attempt import AttemptRules, End, Ended, run_attempt
+from jobsapp.lifecycle.celery_view import EVENTS_ON, AttemptFailed, call_fields, shown_failure
 from jobsapp.lifecycle.context import RunContext
 from jobsapp.lifecycle.errors import InvalidMessage, RetryRequested
 from jobsapp.lifecycle.handle import JobHandle
@@ -45,13 +49,6 @@ from jobsapp.settings import get_settings
 log = logging.getLogger(__name__)
 
 
-class AttemptFailed(Exception):
-    """Raised after the journal recorded a failed attempt, so Celery and Flower show it.
-
-    The message is the scrubbed one-line error; the journal already holds the outcome.
-    """
-
-
 @cache
 def _process_secrets() -> tuple[str, ...]:
     """Secret values of this process's environment, read once: scrubbed from every error."""
@@ -62,19 +59,6 @@ def _absolute(eta: datetime | None) -> datetime | None:
     if eta is None:
         return None
     return eta if eta.tzinfo else eta.replace(tzinfo=UTC)
-
-
-# Never change: it maps the task ids callers stored to their jobs.
-_CALLER_TASK_IDS = uuid.uuid5(uuid.NAMESPACE_URL, "jobsapp:caller-task-id")
-
-
-def job_id_of(task_id: str) -> uuid.UUID:
-    """The job a Celery task id names: the id itself when it is a UUID, else one derived
-    from it (uuid5), so the same caller's id is the same job in every process."""
-    try:
-        return uuid.UUID(task_id)
-    except ValueError:
-        return uuid.uuid5(_CALLER_TASK_IDS, task_id)
 
 
 def _countdown(countdown: float | None) -> timedelta | None:
@@ -150,6 +134,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     ignore_result = True
     # An attempt's failure is journalled and logged by jobsapp: Celery logs it briefly.
     throws = (AttemptFailed,)
+    Request = "jobsapp.lifecycle.celery_view:LifecycleRequest"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -229,7 +214,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         queue: str | None = None,
         priority: int | None = None,
         **options: Any,
-    ) -> JobHandle:
+    ) -> JobHandle | EagerResult:  # type: ignore[type-arg]
         """Enqueue through the journal (idempotent by job_id); publish after COMMIT.
 
         With ``session`` the enqueue joins that ORM transaction and publishes when it
@@ -238,8 +223,13 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         a ``traceparent`` header continues the caller's trace. ``queue`` is stored on the
         run, so retries and republishes go there too; ``priority`` rides the first publish
         (see docs/integrations.md). Other Celery options are refused with what to do instead.
+        Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
         """
         _refuse(self.name, options)
+        if self.app.conf.task_always_eager:
+            wanted = job_id or task_id
+            return self.apply(tuple(args or ()), dict(kwargs or {}),
+                              task_id=str(wanted) if wanted else None)  # fmt: skip
         job = self.new_job(tuple(args or ()), dict(kwargs or {}), self._job_id(job_id, task_id))
         traceparent = (headers or {}).get("traceparent") or job.traceparent
         job = replace(job, not_before=_absolute(eta), traceparent=traceparent,
@@ -252,9 +242,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         return handle if job_id or not task_id else replace(handle, task_id=str(task_id))
 
     def _job_id(self, job_id: uuid.UUID | str | None, task_id: str | None) -> uuid.UUID | None:
-        """``job_id`` (a UUID), else the job of ``task_id`` (any string, see job_id_of)."""
+        """``job_id`` (a UUID), else the job ``task_id`` names (message.job_id_of_task)."""
         if not job_id:
-            return job_id_of(str(task_id)) if task_id else None
+            return message.job_id_of_task(str(task_id)) if task_id else None
         try:
             return uuid.UUID(str(job_id))
         except ValueError:
@@ -268,8 +258,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         A lookup enqueues nothing; its outcome says what a replayed enqueue would: the job
         id is taken."""
         del kwargs
-        return JobHandle(job_id_of(str(task_id)), EnqueueOutcome.DUPLICATE, self.run_table,
-                         task=self.name, task_id=str(task_id))  # fmt: skip
+        job_id = message.job_id_of_task(str(task_id))
+        return JobHandle(job_id, EnqueueOutcome.DUPLICATE, self.run_table, task=self.name,
+                         task_id=str(task_id))  # fmt: skip
 
     def enqueue_in(
         self,
@@ -303,17 +294,70 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.called_directly:
             return self.run(*args, **kwargs)
+        eager = bool(self.request.is_eager)
         try:
-            env = message.parse(args, kwargs)
-            if env.module != self.run_table.module:
-                raise InvalidMessage(f"module {env.module!r} is not {self.run_table.module!r}")
-            foreign = self._foreign_job(env)
+            env, foreign = self._delivered(args, kwargs, eager)
         except InvalidMessage as bad:
+            if eager:  # apply(): the caller hears it, as from a call that does not fit
+                raise TypeError(f"{self.name}: {bad}") from None
             log.error("rejected message %s for %s: %s", self.request.id, self.name, bad)
             raise Reject(str(bad), requeue=False) from None
         with self._observed(env):
+            if eager:
+                return self._run_eagerly(env, foreign)
             ended = self._run_envelope(env, foreign)
         return _report(env, ended)
+
+    def _delivered(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any], eager: bool
+    ) -> tuple[message.Envelope, NewJob | None]:
+        """The attempt a delivery asks for, and the row to insert if the journal has none."""
+        if eager or not message.is_envelope(args, kwargs):
+            return self._adopt(args, kwargs)
+        env = message.parse(args, kwargs)
+        if env.module != self.run_table.module:
+            raise InvalidMessage(f"module {env.module!r} is not {self.run_table.module!r}")
+        return env, self._foreign_job(env)
+
+    def _adopt(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[message.Envelope, NewJob]:
+        """A plain Celery call (``send_task`` by name, ``apply()``) as a run of its own:
+        the job id is the Celery task id, the arguments are bound to the body's signature.
+        Only a task whose arguments the journal keeps (``params_column``) takes one."""
+        if self.run_table.params_column is None:
+            raise InvalidMessage(f"{self.run_table.module} tasks take the jobsapp message "
+                                 "only: enqueue with apply_async from code that imports "
+                                 "the task")  # fmt: skip
+        try:
+            self._signature.bind(*args, **kwargs)
+        except TypeError as bad:
+            # The reason first: "token): missing" would read as a secret to the scrubber.
+            raise InvalidMessage(f"{bad}; {self.name} takes {_parameters(self)}") from None
+        job_id = message.job_id_of_task(str(self.request.id))
+        try:
+            job = self.new_job(tuple(args), dict(kwargs), job_id)
+        except (TypeError, ValueError) as bad:
+            raise InvalidMessage(str(bad)) from None
+        env = message.adopted(job_id, self.run_table.module, self.request.get("traceparent"))
+        return env, job
+
+    def _run_eagerly(self, env: message.Envelope, foreign: NewJob | None) -> Any:
+        """``apply()``: attempt after attempt here, through the journal, until the job
+        ends (a pause between attempts is waited out). Returns what the body returned or
+        raises what it raised, as Celery's eager call does; a job that was already taken
+        (the same task id again) returns why it did not run."""
+        ended = self._run_envelope(env, foreign, eager=True)
+        while isinstance(ended, Ended) and ended.end is End.REQUEUED:
+            env = replace(env, attempt=env.attempt + 1)
+            ended = self._run_envelope(env, None, eager=True)
+        if isinstance(ended, str):
+            return ended
+        if ended.end is End.SUCCEEDED:
+            return ended.value
+        if ended.error is not None:
+            raise ended.error
+        raise AttemptFailed(ended.summary)
 
     @contextmanager
     def _observed(self, env: message.Envelope) -> Iterator[None]:
@@ -340,13 +384,17 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             return replace(job, concurrency_key=env.concurrency_key)
         return job
 
-    def _run_envelope(self, env: message.Envelope, foreign: NewJob | None) -> Ended | str:
+    def _run_envelope(
+        self, env: message.Envelope, foreign: NewJob | None, *, eager: bool = False
+    ) -> Ended | str:
         worker, engine, settings = self._worker_name(), get_engine(), get_settings()
-        rules = self._rules(settings.inline_wait_max)
-        outcome = self._claim(engine, env, foreign, worker, rules.inline_wait_max)
+        rules = replace(self._rules(settings.inline_wait_max), publish_retry=not eager)
+        wait_early = math.inf if eager else rules.inline_wait_max
+        outcome = self._claim(engine, env, foreign, worker, wait_early)
         if isinstance(outcome, claim.Refusal):
             log.info("job %s attempt %s: no work, %s", env.job_id, env.attempt, outcome.value)
             return f"not run: {outcome.value}"
+        self._show_call(env, outcome.row)
         interval = self.heartbeat_interval or settings.heartbeat_interval
         ctx = RunContext(
             engine=engine, spec=self.run_table, row=outcome.row, worker=worker,
@@ -405,29 +453,70 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             max_snoozes=self.max_snoozes,
         )
 
-    def _call_body(self, row: Mapping[str, Any]) -> Any:
+    def _call_of(self, row: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The body's arguments, read from the run row."""
         spec = self.run_table
-        if spec.params_column is not None:
-            params = row[spec.params_column] or {}
-            return self.run(*params.get("args", ()), **params.get("kwargs", {}))
-        return self.run(**spec.ids_from_row(row))
+        if spec.params_column is None:
+            return (), spec.ids_from_row(row)
+        params = row[spec.params_column] or {}
+        return tuple(params.get("args", ())), dict(params.get("kwargs", {}))
+
+    def _call_body(self, row: Mapping[str, Any]) -> Any:
+        args, kwargs = self._call_of(row)
+        return self.run(*args, **kwargs)
+
+    def _show_call(self, env: message.Envelope, row: Mapping[str, Any]) -> None:
+        """Flower's args and kwargs of this attempt: the body's, and the job it belongs to
+        (see ``celery_view``); only when the worker sends task events."""
+        if not self.request.get(EVENTS_ON):
+            return
+        args, kwargs = self._call_of(row)
+        shown = call_fields(args, kwargs, _process_secrets())
+        try:
+            self.send_event("task-started", retry=False, args=shown["args"],
+                            kwargs=shown["kwargs"], job_id=str(env.job_id),
+                            attempt=env.attempt)  # fmt: skip
+        except publisher.BROKER_ERRORS as down:  # a live view; the attempt goes on
+            log.info("task event of job %s not sent: %s", env.job_id, type(down).__name__)
+
+
+def _parameters(task: LifecycleTask) -> inspect.Signature:
+    """The body's parameters as a person writes the call: names and defaults."""
+    sig = task._signature
+    bare = [p.replace(annotation=p.empty) for p in sig.parameters.values()]
+    return sig.replace(parameters=bare, return_annotation=sig.empty)
+
+
+# The frame that calls the body: Flower's traceback of a failed attempt starts below it.
+_BODY_CALL = LifecycleTask._call_body.__code__
 
 
 def _report(env: message.Envelope, ended: Ended | str) -> str:
     """The attempt's Celery result, or the exception that gives its task Flower's state.
 
     A requeued attempt raises ``Retry`` (RETRY, acked, nothing re-sent: the journal already
-    scheduled the next attempt, whose task id it names); a failed one raises
-    ``AttemptFailed`` (FAILURE, acked); a delivery that started no work returns what
-    happened instead.
+    scheduled the next attempt, whose task id its note names); a failed one raises
+    ``AttemptFailed`` dressed as the body's exception (FAILURE, acked); a delivery that
+    started no work returns what happened instead.
     """
     if isinstance(ended, str):
         return ended
     label = f"job {env.job_id} attempt {env.attempt}"
     if ended.end is End.REQUEUED:
         following = message.task_id_for(env.job_id, env.attempt + 1)
-        raise Retry(f"{label} requeued", exc=AttemptFailed(
-            f"{ended.summary}; next: attempt {env.attempt + 1}, task {following}"))
+        shown = _shown(ended, f"jobsapp: {env.module} {label} requeued; next: attempt "
+                              f"{env.attempt + 1}, task {following}")  # fmt: skip
+        raise Retry(f"{label} requeued", exc=shown) from shown
     if ended.end is End.FAILED:
-        raise AttemptFailed(ended.summary)
+        raise _shown(ended, f"jobsapp: {env.module} {label} {ended.summary}")
     return f"{label}: {ended.end.value}{': ' if ended.summary else ''}{ended.summary}"
+
+
+def _shown(ended: Ended, note: str) -> AttemptFailed:
+    """The attempt's failure as Celery reports it: the body's exception where there is one
+    (a snooze has none), with ``note`` naming the job."""
+    if ended.error is None:
+        failed = AttemptFailed(ended.summary)
+        failed.add_note(note)
+        return failed
+    return shown_failure(ended.error, entry=_BODY_CALL, note=note, secrets=_process_secrets())

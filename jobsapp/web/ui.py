@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import cache
@@ -32,8 +32,9 @@ from werkzeug.datastructures import MultiDict
 from jobsapp import operator
 from jobsapp.attachments import service
 from jobsapp.db import get_engine
+from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.scrub import known_secrets_from_env, scrub
-from jobsapp.lifecycle.states import ALL_STATES, State
+from jobsapp.lifecycle.states import ALL_STATES, State, Transition
 from jobsapp.maintenance import periodic
 from jobsapp.monitor import browse, summary
 from jobsapp.settings import get_settings
@@ -229,7 +230,18 @@ def job(path: JobPath) -> Answer:
     if detail.attachment_id is not None:
         attachment = service.get_attachment(detail.attachment_id)
     return _page("job.html", job=detail, run=detail.run, attachment=attachment,
-                 params=_params(detail.run.get(spec.params_column or "")))  # fmt: skip
+                 params=_params(detail.run.get(spec.params_column or "")),
+                 task_ids=attempt_task_ids(path.job_id, detail.events))  # fmt: skip
+
+
+def attempt_task_ids(job_id: uuid.UUID, events: Sequence[browse.EventRow]) -> dict[int, str]:
+    """The Celery task id of each claimed attempt, as Flower lists it: the one jobsapp
+    published the attempt under, except for an attempt a worker claimed by inserting
+    the run (a message from outside the journal), whose task id is the producer's; for a
+    plain Celery call (``send_task`` by name) that is the job id itself."""
+    claims = [e for e in events if e.transition == Transition.CLAIM.value]
+    return {e.attempt: str(job_id) if e.from_state is None else task_id_for(job_id, e.attempt)
+            for e in claims}  # fmt: skip
 
 
 def _params(params: object) -> str | None:

@@ -2,13 +2,17 @@
 
 A job that fails transiently then exhausts (``tests.doomed``, 2 attempts) shows RETRY
 for attempt 1, naming attempt 2's task id, and FAILURE for attempt 2; a job that succeeds
-shows SUCCESS; a second delivery of a finished attempt says it did not run. Every row
-carries the task name and a ``job_id=... attempt=...`` label.
+shows SUCCESS; a second delivery of a finished attempt says it did not run. As a Celery
+user reads a failed task there: the body's exception (class and message), a traceback
+whose innermost frames are the body's, ending with a note that names the job, and the
+arguments the user passed, rendered as Celery's own producer renders them; the same for a
+job sent by name with ``send_task`` from a service that does not import the task.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -17,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
+from celery.utils.saferepr import saferepr
 from sqlalchemy import Engine, select
 
 from jobsapp.lifecycle.message import task_id_for
+from jobsapp.lifecycle.scrub import scrub
 from jobsapp.lifecycle.tables import JobRun, OutboxMessage
 from tests.e2e.procs import BIN, ROOT, launching, ready, service_env
 from tests.e2e.webserver import free_port
@@ -85,21 +92,27 @@ def test_flower_shows_retry_failure_success_and_a_duplicate_delivery(
             {"task": "tests.doomed", "kwargs": {"token": f"doomed-{token}"}},
             {"task": "tests.echo", "kwargs": {"token": f"echo-{token}"}},
         ))  # fmt: skip
-        eventually(lambda: _state(pg, doomed) == "failed" and _state(pg, echo) == "succeeded",
-                   timeout=60)  # fmt: skip
+        elsewhere = Celery("elsewhere", broker=broker)
+        plain = elsewhere.send_task("tests.doomed", (f"plain-{token}",)).id
+        eventually(lambda: _state(pg, doomed) == _state(pg, plain) == "failed"
+                   and _state(pg, echo) == "succeeded", timeout=60)  # fmt: skip
         duplicate = str(uuid.uuid4())
         redeliver = [sys.executable, "-c", REDELIVER, "tests.echo",
                      json.dumps(_first_message(pg, echo), default=str), duplicate]  # fmt: skip
         subprocess.run(redeliver, cwd=ROOT, env=env, timeout=60, check=True)
         ids = [task_id_for(uuid.UUID(doomed), 1), task_id_for(uuid.UUID(doomed), 2),
-               task_id_for(uuid.UUID(echo), 1), duplicate]  # fmt: skip
+               task_id_for(uuid.UUID(echo), 1), duplicate, plain,
+               task_id_for(uuid.UUID(plain), 2)]  # fmt: skip
         tasks = eventually(lambda: _settled(port, *ids), timeout=60)
-    first, last, success, dup = (tasks[i] for i in ids)
+    first, last, success, dup, plain_first, plain_last = (tasks[i] for i in ids)
     assert first["state"] == "RETRY", first
-    assert ids[1] in first["exception"]
-    assert "this never works" in first["exception"]
+    assert first["exception"] == "ValueError('this never works')"
+    assert f"next: attempt 2, task {ids[1]}" in first["traceback"]
     assert last["state"] == "FAILURE", last
-    assert "this never works" in last["exception"]
+    for failed, job in ((last, doomed), (plain_last, plain)):
+        assert failed["state"] == "FAILURE", failed
+        assert failed["exception"] == "ValueError('this never works')"
+        _assert_the_bodys_traceback(failed["traceback"], job)
     assert (last["retries"], last["parent_id"], last["root_id"]) == (1, ids[0], ids[0])
     assert success["state"] == "SUCCESS", success
     assert "succeeded" in success["result"]
@@ -107,6 +120,25 @@ def test_flower_shows_retry_failure_success_and_a_duplicate_delivery(
     assert "not run: the job is already terminal" in dup["result"]
     assert [t["name"] for t in (first, last, success, dup)] == ["tests.doomed"] * 2 + [
         "tests.echo"] * 2  # fmt: skip
-    assert f"job_id={doomed} attempt=1" in first["args"]
-    assert f"job_id={doomed} attempt=2" in last["args"]
-    assert f"job_id={echo} attempt=1" in success["args"]
+    # The arguments the user passed, as Celery's producer renders them for Flower, and
+    # scrubbed as every error text is (a parameter named ``token`` reads as a secret).
+    user_kwargs = scrub(saferepr({"token": f"doomed-{token}"}))
+    assert [(t["args"], t["kwargs"]) for t in (first, last)] == [("()", user_kwargs)] * 2
+    echo_kwargs = scrub(saferepr({"token": f"echo-{token}"}))
+    assert (success["args"], success["kwargs"]) == ("()", echo_kwargs)
+    plain_args = saferepr((f"plain-{token}",))
+    assert [(t["args"], t["kwargs"]) for t in (plain_first, plain_last)] == [
+        (plain_args, "{}")] * 2  # fmt: skip
+    # A delivery that started no work shows the message it came as, which names the job.
+    assert f"'job_id': '{echo}'" in dup["kwargs"]
+
+
+def _assert_the_bodys_traceback(text: str, job_id: str) -> None:
+    """Innermost frames are the body's (tests/support/tasks.py, ``doomed``); no jobsapp
+    wrapper is raised; the last line names the job the attempt belongs to."""
+    frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)', text)
+    assert frames[-1] == (str(ROOT / "tests" / "support" / "tasks.py"), "doomed"), text
+    assert "AttemptFailed" not in text, text
+    assert "ValueError: this never works" in text
+    assert re.search(rf"job {job_id} attempt 2 exhausted: ValueError: this never works\s*$",
+                     text), text  # fmt: skip

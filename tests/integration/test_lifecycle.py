@@ -225,8 +225,9 @@ def test_a_foreign_message_for_a_busy_key_is_skipped(worker: object, db: Engine)
 def test_a_message_violating_the_schema_is_rejected(
     worker: object, db: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app.send_task("tests.echo", kwargs={"job_id": "not-a-uuid", "url": "http://evil/x"})
-    app.send_task("tests.echo", args=("positional",))
+    app.send_task("tests.echo", kwargs={"schema_version": 1, "job_id": "not-a-uuid",
+                                        "url": "http://evil/x"})  # fmt: skip
+    app.send_task("tests.echo", args=("positional", "extra"))
     assert tasks.echo.delay("alive").wait()["state"] == "succeeded"
     assert run_count(db) == 1
     rejections = [r.getMessage() for r in caplog.records if "rejected message" in r.getMessage()]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+import traceback
 import uuid
 
 import pytest
@@ -10,7 +12,7 @@ from celery.exceptions import Retry
 from jobsapp.lifecycle.attempt import TRACEBACK_LIMIT, End, Ended, failure_detail
 from jobsapp.lifecycle.errors import RetryRequested
 from jobsapp.lifecycle.message import Envelope, task_id_for
-from jobsapp.lifecycle.task import AttemptFailed, _report
+from jobsapp.lifecycle.task import AttemptFailed, LifecycleTask, _report
 
 SECRET = "s3cr3t-v4lue-for-the-scrubber"
 
@@ -51,8 +53,52 @@ def test_a_requeued_attempt_is_a_retry_naming_the_next_attempts_task() -> None:
     env = _envelope(3)
     with pytest.raises(Retry) as raised:
         _report(env, Ended(End.REQUEUED, "ValueError: boom"))
-    assert task_id_for(env.job_id, 4) in str(raised.value.exc)
+    assert task_id_for(env.job_id, 4) in _formatted(raised.value.exc)
     assert "ValueError: boom" in str(raised.value.exc)
+
+
+def _formatted(exc: BaseException | None) -> str:
+    assert exc is not None
+    return "".join(traceback.format_exception(exc))
+
+
+class PaymentDeclined(Exception):
+    pass
+
+
+def _body(card: str) -> None:
+    raise PaymentDeclined(f"card {card} declined, token={SECRET}")
+
+
+def _through_the_task(error: BaseException | None = None) -> Ended:
+    """An attempt's end as ``run_attempt`` returns it: the body's exception caught in
+    jobsapp's frames (here one that calls the body through ``_call_body``)."""
+    task = LifecycleTask()
+    task.run = _body  # type: ignore[method-assign]
+    try:
+        task._call_body({"params": {"args": ["4242"], "kwargs": {}}})
+    except PaymentDeclined as exc:
+        error = exc
+    return Ended(End.FAILED, "permanent: PaymentDeclined: ...", error=error)
+
+
+def test_a_failed_attempt_shows_celery_the_bodys_exception_frames_and_job() -> None:
+    """What Flower reads of a FAILURE: ``repr`` of the exception and its formatted
+    traceback, in the worker's main process after the pickle across the pool."""
+    env = _envelope(2)
+    with pytest.raises(AttemptFailed) as raised:
+        _report(env, _through_the_task())
+    crossed = pickle.loads(pickle.dumps(raised.value))  # noqa: S301 - our own bytes
+    assert repr(crossed) == repr(raised.value)
+    assert repr(crossed).startswith("PaymentDeclined('card 4242 declined, token=")
+    text = _formatted(raised.value)
+    assert SECRET not in text + repr(crossed)
+    assert f"{__name__}.PaymentDeclined: card 4242 declined" in text
+    frames = traceback.extract_tb(raised.value.__traceback__)
+    # Below jobsapp's frame that raises it (the report), the body's frames only.
+    assert [f.name for f in frames][-1] == "_body"
+    assert "_call_body" not in [f.name for f in frames]
+    assert f"job {env.job_id} attempt 2" in text
 
 
 def test_a_failed_attempt_raises_its_scrubbed_error_and_others_say_what_happened() -> None:

@@ -1,0 +1,111 @@
+"""What Celery's task events, and so Flower, show of an attempt: the user's call.
+
+A lifecycle task's Celery message carries jobsapp's envelope, and its task raises only after
+the journal recorded the outcome; left alone, Flower would show the envelope as the
+arguments and jobsapp's wrapper as the exception. Instead:
+
+- a failed or requeued attempt raises ``AttemptFailed`` dressed as the body's exception:
+  the body's class name, its scrubbed message and the traceback of the body's own frames,
+  with a note naming the job and attempt (the last lines of Flower's traceback);
+- where the worker sends task events (Flower watching, or ``-E``), the claimed attempt sends
+  a ``task-started`` event with the body's arguments as Celery's producer shows them
+  (``saferepr``, then scrubbed) and the job id, so Flower's args and kwargs are the user's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cache
+from types import CodeType, TracebackType
+from typing import Any, Final
+
+from celery.utils.saferepr import saferepr
+from celery.worker.request import Request
+
+from jobsapp.lifecycle.scrub import scrub
+
+# The request field that tells the pool child whether this worker sends task events now.
+EVENTS_ON: Final = "jobsapp_task_events"
+# Celery's own bound on the argument texts of a message (``AMQP.argsrepr_maxsize``).
+REPR_MAX: Final = 1024
+
+
+class AttemptFailed(Exception):
+    """Raised after the journal recorded a failed attempt, so Celery and Flower show it.
+
+    Its repr is the body's exception's (``ValueError('...')``), its message the scrubbed
+    one; it pickles as itself, so it crosses the prefork pool to the worker that sends
+    the task event.
+    """
+
+    def __init__(self, message: str, shown: str = "AttemptFailed") -> None:
+        super().__init__(message)
+        self.shown = shown
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (AttemptFailed, (str(self), self.shown), self.__dict__)
+
+    def __repr__(self) -> str:
+        return f"{self.shown}({str(self)!r})"
+
+
+@cache
+def _dressed(module: str, qualname: str) -> type[AttemptFailed]:
+    """An ``AttemptFailed`` that a formatted traceback names as the body's exception class."""
+    name = qualname.rpartition(".")[2]
+    return type(name, (AttemptFailed,), {"__module__": module, "__qualname__": qualname})
+
+
+def shown_failure(
+    exc: BaseException, *, entry: CodeType, note: str, secrets: Sequence[str]
+) -> AttemptFailed:
+    """``exc`` as Celery should report it: its class, its scrubbed message, the frames from
+    the body's call down (those below ``entry``, the frame that called the body) and
+    ``note``. Raise it outside any ``except`` block, so no jobsapp exception is chained."""
+    kind = type(exc)
+    shown = _dressed(kind.__module__, kind.__qualname__)(
+        scrub(str(exc), secrets=secrets), kind.__name__
+    )
+    shown.add_note(note)
+    return shown.with_traceback(_below(exc.__traceback__, entry))
+
+
+def _below(tb: TracebackType | None, entry: CodeType) -> TracebackType | None:
+    """The frames under the one running ``entry``; all of them when none does (the body's
+    exception came through ``self.retry(exc=...)``, caught in the body itself)."""
+    walk = tb
+    while walk is not None:
+        if walk.tb_frame.f_code is entry:
+            return walk.tb_next
+        walk = walk.tb_next
+    return tb
+
+
+def call_fields(
+    args: Sequence[Any], kwargs: Mapping[str, Any], secrets: Sequence[str]
+) -> dict[str, str]:
+    """The body's arguments as Flower's args and kwargs columns, scrubbed."""
+    return {
+        "args": scrub(saferepr(tuple(args), REPR_MAX), secrets=secrets),
+        "kwargs": scrub(saferepr(dict(kwargs), REPR_MAX), secrets=secrets),
+    }
+
+
+class LifecycleRequest(Request):
+    """Celery's request, telling the pool child whether this worker sends task events.
+
+    Flower switches a worker's task events on and off while it runs; only the worker's
+    own dispatcher knows, and the child, which has a dispatcher of its own, must not send
+    events that nobody asked for (they cost throughput)."""
+
+    _eventer: Any  # set by Request.__init__; celery's stubs leave it out
+
+    @property
+    def request_dict(self) -> dict[str, Any]:
+        found: dict[str, Any] = super().request_dict
+        eventer = self._eventer
+        found[EVENTS_ON] = bool(
+            eventer is not None and eventer.enabled and self.task.send_events
+            and (not eventer.groups or "task" in eventer.groups)
+        )  # fmt: skip
+        return found
