@@ -430,7 +430,7 @@ def test_a_database_outage_is_a_503_on_the_operator_routes() -> None:
     with environment(JOBSAPP_DATABASE_URL=dead, JOBSAPP_ADMIN_TOKEN="t"):
         client = create_app().test_client()
         replies = [
-            client.get("/metrics"),
+            client.get("/metrics/cluster"),
             client.get("/v1/admin/jobs", headers={"Authorization": "Bearer t"}),
             client.post(f"/v1/admin/jobs/jobs/{uuid.uuid4()}/cancel", json={"reason": "r"},
                         headers={"Authorization": "Bearer t"}),
