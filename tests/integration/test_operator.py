@@ -396,8 +396,8 @@ def test_cli_summary_prints_a_table_and_json(
 
     assert cli.main(["summary", "--state", "failed", "--module", "jobs"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["MODULE", "JOB_ID", "STATE", "ATTEMPTS", "AGE", "ERROR"]
-    assert table[1].split()[:4] == ["jobs", str(job_id), "failed", "1/2"]
+    assert table[0].split() == ["MODULE", "TASK", "JOB_ID", "STATE", "ATTEMPTS", "AGE", "ERROR"]
+    assert table[1].split()[:5] == ["jobs", "tests.doomed", str(job_id), "failed", "1/2"]
     assert table[1].endswith("ValueError: this never works")
 
     assert cli.main(["summary", "--json"]) == 0

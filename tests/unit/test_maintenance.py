@@ -230,3 +230,12 @@ def test_batch_sizes_come_from_the_environment() -> None:
     for raw in ("0", "-1", "ten", "2.5"):
         with pytest.raises(ValueError, match="JOBSAPP_RELAY_BATCH"):
             whole_number({"JOBSAPP_RELAY_BATCH": raw}, "JOBSAPP_RELAY_BATCH", 500)
+
+
+def test_a_pass_report_is_one_readable_line_and_an_idle_pass_says_nothing() -> None:
+    reaped = scheduler.report_line("jobsapp.maintenance.reaper",
+                                   {"jobs": 2, "attachments": 0, "widgets": 1})  # fmt: skip
+    assert reaped == "maintenance reaper: jobs=2, widgets=1"
+    assert scheduler.report_line("jobsapp.maintenance.relay", {"published": 0, "failed": 0}) is None
+    metrics = scheduler.report_line("jobsapp.maintenance.metrics", {"events": 40})
+    assert metrics == "maintenance metrics: events=40"
