@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from celery import Celery
@@ -21,7 +20,7 @@ from jobsapp import preflight
 from jobsapp.db import dispose_engines
 from jobsapp.lifecycle.pools import green_pool_refusal
 from jobsapp.logs import format_handlers, json_startup, log_worker_banner, scrub_handlers
-from jobsapp.settings import Settings, get_settings
+from jobsapp.settings import Settings, SettingsError, get_settings
 
 BASE_IMPORTS = (
     "jobsapp.maintenance.tasks", "jobsapp.attachments.tasks", "jobsapp.attachments.reprocess"
@@ -59,20 +58,24 @@ def create_app() -> Celery:
     celery_app = Celery("jobsapp")
     celery_app.config_from_object("jobsapp.celeryconfig")
     celery_app.steps["consumer"].add("jobsapp.lifecycle.guard:DeadLetterQueue")
-    extra = tuple(m for m in os.environ.get("JOBSAPP_IMPORTS", "").split(",") if m)
     celery_app.conf.update(
         broker_url=settings.broker_url,
         broker_transport=_transport(settings.broker_url),
         broker_transport_options=_transport_options(
             settings, dict(celery_app.conf.broker_transport_options or {})
         ),
-        imports=BASE_IMPORTS + extra,
+        imports=BASE_IMPORTS + settings.imports,
     )
     json_startup(celery_app)
     return celery_app
 
 
-app = create_app()
+try:
+    app = create_app()
+except SettingsError as bad:
+    # Celery's command line would bury the line under "Unable to load celery application"
+    # and a traceback; gunicorn imports this module too, through the web app.
+    preflight.exit_on_bad_setting(bad)
 preflight.connect_celery_signals()
 
 

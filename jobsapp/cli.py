@@ -6,6 +6,7 @@ import argparse
 import getpass
 import json
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -311,19 +312,35 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logs.configure()
-    preflight.quiet_noisy_loggers()
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    # Parsed first: --help and --version need no settings, so a bad one cannot stop them.
     args = _parser().parse_args(argv)
     handler: Handler = args.handler
     try:
+        logs.configure()
+        preflight.quiet_noisy_loggers()
         preflight.require(*_needs(args), settings=get_settings())
     except SettingsError as bad:
-        print(f"jobsapp: configuration error: {bad}", file=sys.stderr)
+        preflight.report(preflight.configuration_failure(bad))
         return preflight.ExitCode.CONFIGURATION
     except StartupFailure as failure:
         preflight.report(failure)
         return failure.code
     return handler(args)
+
+
+def _reader_gone() -> int:
+    """Our stdout's reader left (``jobsapp summary | head``): stop without a word, with the
+    status of a Unix tool that SIGPIPE ended."""
+    # The interpreter flushes stdout once more on its way out: let that flush go nowhere.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 def _needs(args: argparse.Namespace) -> tuple[Need, ...]:

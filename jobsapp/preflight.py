@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
-from jobsapp.settings import Settings, get_settings
+from jobsapp.settings import Settings, SettingsError, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,29 @@ def check_database(url: str, *, schema: bool) -> None:
                              f"run `{UPGRADE_COMMAND}`")  # fmt: skip
 
 
+# A statement met a table or column that is not there: SQLite's words, Postgres' SQLSTATEs.
+_MISSING_SQLITE = ("no such table", "no such column")
+_MISSING_SQLSTATES = ("42P01", "42703")
+
+
+def not_migrated_behind(error: BaseException, url: str) -> StartupFailure | None:
+    """The not-migrated failure of the database at ``url`` when ``error`` (a statement's)
+    met a missing table or column because of it; None for any other error.
+
+    The statement's error alone cannot say whether the schema is missing or behind: the
+    database's revision, read on a connection of its own, does.
+    """
+    orig = getattr(error, "orig", None)
+    code = getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)
+    if code not in _MISSING_SQLSTATES and not str(orig).startswith(_MISSING_SQLITE):
+        return None
+    try:
+        check_database(url, schema=True)
+    except StartupFailure as failure:
+        return failure if failure.code == ExitCode.DATABASE_NOT_MIGRATED else None
+    return None
+
+
 def _probe_engine(url: str) -> Any:
     """PostgreSQL: one unpooled connection that gives up after CONNECT_TIMEOUT_S. SQLite:
     the ordinary engine, which makes the embedded file's folder on a fresh checkout."""
@@ -246,6 +269,17 @@ def exit_with(failure: StartupFailure, code: int | None = None) -> NoReturn:
     raise SystemExit(int(failure.code if code is None else code))
 
 
+def configuration_failure(bad: SettingsError) -> StartupFailure:
+    return StartupFailure(ExitCode.CONFIGURATION, f"configuration error: {bad}")
+
+
+def exit_on_bad_setting(bad: SettingsError) -> NoReturn:
+    """A bad setting met while a process builds its app (``celery -A jobsapp``, gunicorn):
+    its line and exit 2, or gunicorn's boot error code (see ``check_served_web``)."""
+    exit_with(configuration_failure(bad),
+              ExitCode.GUNICORN_BOOT_ERROR if _under_gunicorn() else None)  # fmt: skip
+
+
 def quiet_noisy_loggers() -> None:
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -300,13 +334,19 @@ def check_served_web() -> None:
     An app built in-process (tests, the demo, ``jobsapp web``, which checks before) is
     left alone.
     """
-    if not os.environ.get("SERVER_SOFTWARE", "").startswith("gunicorn/"):
+    if not _under_gunicorn():
         return
     quiet_noisy_loggers()
     try:
         check_web()
     except StartupFailure as failure:
         exit_with(failure, ExitCode.GUNICORN_BOOT_ERROR)
+    except SettingsError as bad:
+        exit_on_bad_setting(bad)
+
+
+def _under_gunicorn() -> bool:
+    return os.environ.get("SERVER_SOFTWARE", "").startswith("gunicorn/")
 
 
 def standby_line(me: str, lease_name: str) -> str:

@@ -54,6 +54,8 @@ class Settings:
     metrics_token: str | None = None
     # "text" or "json" (one object per line, see jobsapp.logs).
     log_format: str = "text"
+    # The deployment's own modules (tasks, run tables) every process imports: JOBSAPP_IMPORTS.
+    imports: tuple[str, ...] = ()
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -172,6 +174,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         * whole_number(env, "JOBSAPP_IMAGE_MEMORY_BUDGET_MB", DEFAULT_IMAGE_MEMORY_BUDGET_MB),
         metrics_token=env.get("JOBSAPP_METRICS_TOKEN", "").strip() or None,
         log_format=_log_format(env),
+        imports=tuple(m.strip() for m in env.get("JOBSAPP_IMPORTS", "").split(",") if m.strip()),
     )
 
 

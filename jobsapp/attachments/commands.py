@@ -210,12 +210,12 @@ def register(subparsers: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logs.configure()
     parser = argparse.ArgumentParser(prog="jobsapp", description=__doc__)
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     try:
         get_settings()
+        logs.configure()
     except SettingsError as bad:
         complain(f"configuration error: {bad}")
         return EXIT_USAGE

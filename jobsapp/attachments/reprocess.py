@@ -262,7 +262,7 @@ class _Walk:
         with transaction(app) as tx:
             wanted = [i for i, failed in scan if retry_failed or not failed]
             steps = steps_of(_enqueue_in(tx, wanted, version), len(scan) - len(wanted))
-            _advance(tx.conn, ctx.job_id, ctx.attempt, scan[-1][0], steps)
+            _advance(tx.conn, ctx, scan[-1][0], steps)
         self.cursor, self.steps = scan[-1][0], self.steps + steps
         return True
 
@@ -280,12 +280,11 @@ def _scan(
     return [(row[0], bool(row[1])) for row in rows]
 
 
-def _advance(
-    conn: Connection, job_id: uuid.UUID, attempt: int, cursor: uuid.UUID, steps: Steps
-) -> None:
+def _advance(conn: Connection, ctx: RunContext, cursor: uuid.UUID, steps: Steps) -> None:
     """Move the cursor and add the batch's steps, fenced like every write of a run."""
     c = REPROCESS.c
-    mine = (c.job_id == job_id, c.state == State.RUNNING.value, c.attempts == attempt)
+    mine = (c.job_id == ctx.job_id, c.state == State.RUNNING.value, c.attempts == ctx.attempt,
+            c.claim_token == ctx.token)  # fmt: skip
     moved = conn.execute(
         update(REPROCESS)
         .where(*mine)
@@ -295,4 +294,4 @@ def _advance(
     )
     if moved.rowcount != 1:
         # Rolls the batch's enqueues back with it: the run's new owner does this batch.
-        raise LeaseLost(f"reprocess job {job_id} attempt {attempt} is no longer running")
+        raise LeaseLost(f"reprocess job {ctx.job_id} attempt {ctx.attempt} is no longer running")

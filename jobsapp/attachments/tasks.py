@@ -305,6 +305,7 @@ def _holds_lease(job: _Job) -> ColumnElement[bool]:
             RUNS.c.job_id == job.ctx.job_id,
             RUNS.c.state == State.RUNNING.value,
             RUNS.c.attempts == job.ctx.attempt,
+            RUNS.c.claim_token == job.ctx.token,
         )
         .exists()
     )
@@ -482,8 +483,9 @@ def _fail_together(job: _Job, failure: Exception, verdict: _Verdict) -> None:
     ctx = job.ctx
     try:
         with ctx.engine.begin() as conn:
-            if not journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, outcome=outcome,
-                                error=error, actor=ctx.worker, now=utcnow()):  # fmt: skip
+            if not journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
+                                outcome=outcome, error=error, actor=ctx.worker,
+                                now=utcnow()):  # fmt: skip
                 raise LeaseLost(f"job {ctx.job_id} attempt {ctx.attempt}: failure refused")
             # The fence is journal.fail's: in this transaction the run is no longer running.
             conn.execute(_attachment_update(job, _UNFINISHED, state=AttachmentState.FAILED.value,

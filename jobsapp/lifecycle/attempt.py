@@ -101,7 +101,8 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
 def _succeed(ctx: RunContext) -> Ended:
     def write() -> bool:
         with autocommit(ctx.engine) as conn:
-            return journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, actor=ctx.worker)
+            return journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
+                                   actor=ctx.worker)  # fmt: skip
 
     if _persistently(write):
         return Ended(End.SUCCEEDED)
@@ -175,8 +176,9 @@ def _fail(
 ) -> Ended:  # fmt: skip
     def write() -> bool:
         with autocommit(ctx.engine) as conn:
-            return journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, outcome=outcome,
-                                error=error, actor=ctx.worker, detail=detail)  # fmt: skip
+            return journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
+                                outcome=outcome, error=error, actor=ctx.worker,
+                                detail=detail)  # fmt: skip
 
     if not _persistently(write):
         log.warning("job %s attempt %s: failure refused, lease lost", ctx.job_id, ctx.attempt)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -50,11 +51,27 @@ def explain(row: Mapping[str, Any] | None, attempt: int) -> Refusal:
     return Refusal.EARLY
 
 
-def claim_lost(row: Mapping[str, Any] | None, attempt: int) -> bool:
-    """After a refused finish: the row is still queued before ``attempt``, so the claim
-    never reached the disk (a database crash lost it; pure). A reaper's requeue keeps
-    ``attempts`` at the taken attempt, so it does not look like this."""
-    return row is not None and row["state"] == "queued" and row["attempts"] == attempt - 1
+class LostClaim(StrEnum):
+    """How a claim that never reached the disk (a database crash lost it) shows in its row."""
+
+    UNCLAIMED = "the run is queued before its attempt again"
+    RECLAIMED = "another claim took the same attempt"
+
+
+def claim_lost(
+    row: Mapping[str, Any] | None, attempt: int, token: uuid.UUID
+) -> LostClaim | None:
+    """After a refused write of the claim ``token`` of ``attempt``: whether that claim was
+    lost (pure). A reaper's requeue keeps ``attempts`` at the taken attempt, and the claim
+    after it takes the next one, so neither looks like this; only a second claim of the
+    same attempt carries the same number under another token."""
+    if row is None:
+        return None
+    if row["state"] == "queued" and row["attempts"] == attempt - 1:
+        return LostClaim.UNCLAIMED
+    if row["attempts"] == attempt and row["claim_token"] != token:
+        return LostClaim.RECLAIMED
+    return None
 
 
 def seconds_early(row: Mapping[str, Any], db_now: datetime) -> float:
@@ -107,7 +124,8 @@ def _claim_once(
     worker: str,
 ) -> Claimed | Refusal | Early:  # fmt: skip
     # The claim's commit does not wait for the WAL flush: the finish's synchronous commit
-    # flushes it; one lost in a crash is caught by ``claim_lost`` after the fenced finish.
+    # flushes it; one lost in a crash is caught by the claim token's fence, and named by
+    # ``claim_lost`` after the refused write.
     with relaxed_autocommit(engine) as conn:
         row = journal.claim(conn, spec, env.job_id, env.attempt, worker=worker)
         if row is not None:

@@ -34,6 +34,11 @@ class RunContext:
     def attempt(self) -> int:
         return int(self.row["attempts"])
 
+    @property
+    def token(self) -> uuid.UUID:
+        """The claim's token: with ``attempt``, the fence of every write of this run."""
+        return uuid.UUID(str(self.row["claim_token"]))
+
     def check_lease(self) -> None:
         """Raise LeaseLost before publishing effects if the run was taken from us."""
         self.heartbeat.check()
@@ -46,7 +51,8 @@ class RunContext:
         this transaction lands.
         """
         with self.engine.begin() as conn:
-            if not journal.succeed(conn, self.spec, self.job_id, self.attempt, actor=self.worker):
+            if not journal.succeed(conn, self.spec, self.job_id, self.attempt, token=self.token,
+                                   actor=self.worker):  # fmt: skip
                 raise LeaseLost(f"job {self.job_id} attempt {self.attempt}: finish refused")
             yield conn
         self.finished = True

@@ -35,12 +35,18 @@ def _columns() -> list[sa.Column[Any]]:
         sa.Column("updated_at", UtcDateTime(timezone=True), nullable=False),
         sa.Column("worker", sa.String(length=200), nullable=True),
         queue_column(),
+        claim_token_column(),
     ]
 
 
 def queue_column() -> sa.Column[Any]:
     """Added to the contract by migration 0007."""
     return sa.Column("queue", sa.String(length=200), nullable=True)
+
+
+def claim_token_column() -> sa.Column[Any]:
+    """Added to the contract by migration 0009."""
+    return sa.Column("claim_token", sa.Uuid(), nullable=True)
 
 
 def _checks(name: str) -> list[sa.CheckConstraint]:

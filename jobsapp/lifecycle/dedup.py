@@ -1,9 +1,11 @@
 """The Redis fast path in front of the journal's idempotency window.
 
-The key is written only after the journal committed, and lives no longer than the
-dedup window counted from the enqueue, while the journal's window runs from the job's
-finish: a key present therefore always agrees with what the journal would answer. With
-no ``JOBSAPP_REDIS_URL``, or Redis down, the journal alone decides.
+The key is written only after the journal committed an enqueue (a new job or a rerun),
+and lives no longer than the dedup window counted from that enqueue, while the journal's
+window runs from the job's finish: a key present therefore always agrees with what the
+journal would answer. A ``duplicate`` answer writes nothing: the journal said so after
+the key expired, and a key stored then would outlive the journal's window by up to one
+more window. With no ``JOBSAPP_REDIS_URL``, or Redis down, the journal alone decides.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from functools import cache
 
 import redis
 
-from jobsapp.lifecycle.journal import NewJob
+from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -44,9 +46,10 @@ def seen_recently(job: NewJob) -> bool:
         return False
 
 
-def remember(job: NewJob) -> None:
+def remember(job: NewJob, outcome: EnqueueOutcome) -> None:
+    """Open the fast path's window for a job the journal just enqueued."""
     seconds = int(job.dedup_window.total_seconds())
-    client = _client() if seconds > 0 else None
+    client = _client() if seconds > 0 and outcome is EnqueueOutcome.ENQUEUED else None
     if client is None:
         return
     try:

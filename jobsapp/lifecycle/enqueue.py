@@ -17,11 +17,13 @@ from typing import Any
 
 from celery import Celery
 from sqlalchemy import Connection, event
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from jobsapp import crashpoints
 from jobsapp.db import autocommit, get_engine, utcnow
 from jobsapp.lifecycle import dedup, journal, outbox
+from jobsapp.lifecycle.errors import DatabaseNotMigrated
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, EnqueueResult, NewJob
 from jobsapp.settings import get_settings
@@ -41,13 +43,38 @@ def enqueue(
     if dedup.seen_recently(job):
         return JobHandle(job.job_id, EnqueueOutcome.DUPLICATE, job.spec, task=job.task_name)
     if session is not None:
-        result = _in_session(session, job)
+        with _schema_checked(session.connection()):
+            result = _in_session(session, job)
     elif connection is not None:
-        result = journal.enqueue(connection, job, actor="producer")
+        with _schema_checked(connection):
+            result = journal.enqueue(connection, job, actor="producer")
     else:
-        result = _own_transaction(app, job)
+        with _schema_checked():
+            result = _own_transaction(app, job)
     return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder,
                      task=job.task_name)
+
+
+@contextmanager
+def _schema_checked(callers: Connection | None = None) -> Iterator[None]:
+    """A journal write that met a missing table because the database was never migrated
+    (or is behind) raises DatabaseNotMigrated with the processes' line, not the SQL.
+
+    The revision is read on a connection of its own, after our transaction ended. Inside
+    a caller's SQLite transaction the raw error stays: a second connection would wait
+    for that transaction's write lock.
+    """
+    try:
+        yield
+    except DBAPIError as error:
+        if callers is not None and callers.dialect.name == "sqlite":
+            raise
+        from jobsapp import preflight  # only on this path: it loads Alembic
+
+        failure = preflight.not_migrated_behind(error, get_settings().database_url)
+        if failure is None:
+            raise
+        raise DatabaseNotMigrated(failure.line) from None
 
 
 class Batch:
@@ -75,7 +102,8 @@ class Batch:
         if self._deferred:
             self._waiting.append(job)
             return _DeferredHandle(self, len(self._done) + len(self._waiting) - 1, job)
-        result = journal.enqueue(self._conn, job, actor="producer")
+        with _schema_checked(self._conn):
+            result = journal.enqueue(self._conn, job, actor="producer")
         self._done.append((job, result))
         return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder,
                      task=job.task_name)
@@ -130,7 +158,7 @@ def transaction(app: Celery) -> Iterator[Batch]:
     ``with transaction(app) as batch: batch.conn.execute(...); task.enqueue_in(batch, ...)``
     Nothing is written or published if the block raises.
     """
-    with get_engine().begin() as conn:
+    with _schema_checked(), get_engine().begin() as conn:
         batch = Batch(conn, deferred=True)
         yield batch
         batch.flush()
@@ -163,8 +191,7 @@ def _after_commit(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> 
     if messages:
         outbox.publish_now(app, messages)
     for job, result in done:
-        if result.outcome is not EnqueueOutcome.SKIPPED:
-            dedup.remember(job)
+        dedup.remember(job, result.outcome)
 
 
 def _due_in(job: NewJob) -> timedelta:

@@ -48,3 +48,11 @@ class RetryRequested(TransientError):
         super().__init__(str(cause) if cause else "retry requested")
         self.cause = cause
         self.countdown = countdown
+
+
+class DatabaseNotMigrated(Exception):
+    """The journal's tables are missing, or behind this code, where a producer enqueues.
+
+    Its message is the line every jobsapp process prints at start for the same database:
+    ``database not migrated: JOBSAPP_DATABASE_URL=...: ...; run `jobsapp db upgrade```.
+    """

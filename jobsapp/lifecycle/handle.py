@@ -67,9 +67,11 @@ class JobHandle:
     spec: RunTable
     holder: uuid.UUID | None = None
     task: str | None = None
+    # The caller's own Celery task id, when it named the job by one.
+    task_id: str | None = None
 
     def __repr__(self) -> str:
-        return f"<JobHandle {self.task or self.spec.module} {self.job_id} {self._said()}>"
+        return f"<JobHandle {self.task or self.spec.module} {self.id} {self._said()}>"
 
     def _said(self) -> str:
         """What the enqueue answered, for the repr (no query: a repr must not do I/O)."""
@@ -77,8 +79,9 @@ class JobHandle:
 
     @property
     def id(self) -> str:
-        """Celery's AsyncResult spelling, for code that reads ``.id``."""
-        return str(self.job_id)
+        """Celery's AsyncResult spelling, for code that reads ``.id``: the caller's task id
+        if it gave one, else the job id."""
+        return self.task_id or str(self.job_id)
 
     def row(self) -> Mapping[str, Any] | None:
         with get_engine().connect() as conn:

@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 class Heartbeat:
     """Stamps every ``interval`` seconds while entered, until the lease is lost.
 
-    A stamp that matches no row means the reaper (or an operator) took the run: the flag
-    is raised for the body to check, and the fenced finish will be refused anyway. A
+    A stamp that matches no row means the reaper (or an operator) took the run, or the
+    claim ``token`` was lost in a database crash: the flag is raised for the body to
+    check, and the fenced finish will be refused anyway. A
     database error is not a lost lease; the stamp is retried at the next beat. But once no
     stamp has landed for ``stale_after`` (the reaper's limit), the reaper may take the run
     at any moment: the lease counts as lost here too, timed on this process's monotonic
@@ -38,12 +39,13 @@ class Heartbeat:
 
     def __init__(
         self, engine: Engine, spec: RunTable, job_id: uuid.UUID, attempt: int, interval: float,
-        stale_after: float,
+        stale_after: float, *, token: uuid.UUID,
     ) -> None:  # fmt: skip
         self._engine = engine
         self._spec = spec
         self._job_id = job_id
         self._attempt = attempt
+        self._token = token
         self.interval = interval
         self._deadline_after = stale_after
         self._landed = time.monotonic()
@@ -94,7 +96,8 @@ class Heartbeat:
     def _stamp(self) -> bool:
         try:
             with relaxed_autocommit(self._engine) as conn:
-                alive = journal.heartbeat(conn, self._spec, self._job_id, self._attempt)
+                alive = journal.heartbeat(conn, self._spec, self._job_id, self._attempt,
+                                          token=self._token)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a flaky database is not a lost lease
             log.warning("heartbeat of job %s failed: %s", self._job_id, type(exc).__name__)
             return True

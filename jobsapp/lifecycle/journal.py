@@ -2,7 +2,8 @@
 
 Nothing else in jobsapp writes these tables. Each transition is one guarded UPDATE (or an
 INSERT that conflicts) fenced by state and attempt, plus its ``job_events`` row and, where
-the transition needs a message, its ``outbox`` row, all in the caller's transaction.
+the transition needs a message, its ``outbox`` row, all in the caller's transaction. The
+writes of a running attempt are fenced by its claim's token too (``claim_token``).
 
 Time is the database's: a transition given no ``now`` stamps and compares with
 PostgreSQL's ``now()`` inside its own statement (no extra round trip), so workers, beat
@@ -198,14 +199,15 @@ def add_outbox(
     """The message that starts ``attempt`` of the run in ``row``; published when due.
 
     An attempt that never started (cancelled while queued, then replayed) already has a
-    row: it is re-armed, so the relay publishes it again and any old copy still in the
-    broker claims the same attempt.
+    row: it is re-armed as a fresh row, live again even if the relay had given it up, so
+    the relay publishes it and any old copy still in the broker claims the same attempt.
     """
     out = outgoing(spec, row, attempt=attempt, now=now, available_at=available_at)
     values = out.values(spec.module)
     stmt = _upsert(conn, OUTBOX).values(values)
     rearm = {"body": values["body"], "created_at": now, "available_at": available_at,
              "published_at": None, "delivered_at": None, "publish_count": 0,
+             "publish_failures": 0, "last_error": None, "dead_at": None,
              "queue": values["queue"]}  # fmt: skip
     upsert = stmt.on_conflict_do_update(
         index_elements=[OUTBOX.c.module, OUTBOX.c.job_id, OUTBOX.c.attempt], set_=rearm
@@ -403,10 +405,13 @@ def _insert_plan(spec: RunTable, dialect: str, state: State) -> Plan:
 
 
 def _fence_params(table: Table) -> tuple[Any, ...]:
+    """The fence of a running attempt's writes: its attempt, and the token of the claim
+    that took it (two claims of one attempt exist once a database crash lost the first)."""
     return (
         table.c.job_id == _bind(table, "job_id"),
         table.c.state == State.RUNNING.value,
         table.c.attempts == _bind(table, "attempts"),
+        table.c.claim_token == _bind(table, "claim_token"),
     )
 
 
@@ -425,6 +430,7 @@ def _claim_plan(spec: RunTable, dialect: str) -> Plan:
         .values(
             state=State.RUNNING.value, attempts=_bind(table, "attempts"), started_at=now,
             heartbeat_at=now, next_retry_at=None, worker=_bind(table, "worker"), updated_at=now,
+            claim_token=_bind(table, "claim_token"),
         )
         .returning(*table.c)
     )  # fmt: skip
@@ -499,6 +505,7 @@ def _new_row(job: NewJob, now: datetime | None, state: State, attempts: int) -> 
         "finished_at": None,
         "worker": None,
         "queue": job.queue,
+        "claim_token": new_claim_token() if running else None,
         **job.values,
     }
 
@@ -778,14 +785,21 @@ def reopen(
     return add_outbox(conn, spec, row, attempt=attempts + 1, now=at, available_at=at)
 
 
+def new_claim_token() -> uuid.UUID:
+    """A claim's token: made here, not by the database, so the claim's statement (and its
+    prepared plan) stays as it was, and unique to the claim whatever befalls the journal."""
+    return uuid.uuid4()
+
+
 def claim(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, worker: str,
     now: datetime | None = None,
 ) -> Mapping[str, Any] | None:  # fmt: skip
-    """queued -> running, only for the next attempt and only once it is due."""
+    """queued -> running, only for the next attempt and only once it is due; the row
+    returned carries the claim's ``claim_token``, which every later write must name."""
     now = _stamp(conn, now)
     params = {"r_job_id": job_id, "r_previous": attempt - 1, "r_attempts": attempt,
-              "r_now": now, "r_worker": worker}  # fmt: skip
+              "r_now": now, "r_worker": worker, "r_claim_token": new_claim_token()}  # fmt: skip
     event = Event(spec, attempt, Transition.CLAIM, State.QUEUED, State.RUNNING, worker, now)
     return _run(conn, _claim_plan(spec, conn.dialect.name), params, event, None)[0]
 
@@ -838,11 +852,12 @@ def load_with_clock(
 
 
 def heartbeat(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *,
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, token: uuid.UUID,
     now: datetime | None = None,
 ) -> bool:  # fmt: skip
-    """running -> running; False means the lease is lost."""
-    params = {"r_job_id": job_id, "r_attempts": attempt, "r_now": _stamp(conn, now)}
+    """running -> running under the claim ``token``; False means the lease is lost."""
+    params = {"r_job_id": job_id, "r_attempts": attempt, "r_claim_token": token,
+              "r_now": _stamp(conn, now)}  # fmt: skip
     return conn.execute(_heartbeat_stmt(spec, conn.dialect.name), params).rowcount == 1
 
 
@@ -852,6 +867,7 @@ def _finish(
     job_id: uuid.UUID,
     attempt: int,
     *,
+    token: uuid.UUID,
     transition: Transition,
     outcome: Outcome,
     error: str | None,
@@ -861,31 +877,34 @@ def _finish(
 ) -> bool:
     now = _stamp(conn, now)
     state = State.SUCCEEDED if outcome is Outcome.SUCCEEDED else State.FAILED
-    params = {"r_job_id": job_id, "r_attempts": attempt, "r_state": state.value,
-              "r_outcome": outcome.value, "r_last_error": error, "r_now": now}  # fmt: skip
+    params = {"r_job_id": job_id, "r_attempts": attempt, "r_claim_token": token,
+              "r_state": state.value, "r_outcome": outcome.value, "r_last_error": error,
+              "r_now": now}  # fmt: skip
     event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error, detail)
     return _run(conn, _finish_plan(spec, conn.dialect.name), params, event, None)[0] is not None
 
 
 def succeed(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, actor: str,
-    now: datetime | None = None,
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, token: uuid.UUID,
+    actor: str, now: datetime | None = None,
 ) -> bool:  # fmt: skip
-    """running -> succeeded, fenced; False means the lease was lost."""
+    """running -> succeeded, fenced by the attempt and its claim ``token``; False means
+    the lease was lost."""
     return _finish(
-        conn, spec, job_id, attempt, transition=Transition.SUCCEED,
+        conn, spec, job_id, attempt, token=token, transition=Transition.SUCCEED,
         outcome=Outcome.SUCCEEDED, error=None, actor=actor, now=now,
     )  # fmt: skip
 
 
 def fail(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, outcome: Outcome,
-    error: str, actor: str, now: datetime | None = None,
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, token: uuid.UUID,
+    outcome: Outcome, error: str, actor: str, now: datetime | None = None,
     detail: Mapping[str, Any] | None = None,
 ) -> bool:  # fmt: skip
-    """running -> failed with ``outcome``, fenced; ``detail`` goes on its event."""
+    """running -> failed with ``outcome``, fenced as ``succeed``; ``detail`` goes on its
+    event."""
     return _finish(
-        conn, spec, job_id, attempt, transition=Transition.FAIL,
+        conn, spec, job_id, attempt, token=token, transition=Transition.FAIL,
         outcome=outcome, error=error, actor=actor, now=now, detail=detail,
     )  # fmt: skip
 
@@ -899,14 +918,15 @@ def requeue(
     """running -> queued for the next attempt, due ``delay`` after the database's now (or
     at ``retry_at``); returns its outbox row.
 
-    ``run`` is the row as claimed (the fence is its ``attempts``). ``refund`` (a long
-    Retry-After) raises the ceiling by one, so the pause does not spend an attempt while
-    ``attempts`` itself, the fencing token, still only grows.
+    ``run`` is the row as claimed (the fence is its ``attempts`` and ``claim_token``).
+    ``refund`` (a long Retry-After) raises the ceiling by one, so the pause does not spend
+    an attempt while ``attempts`` itself still only grows.
     """
     now = _stamp(conn, now)
     attempt = int(run["attempts"])
     due = retry_at or _later(now, delay or timedelta(0))
-    params = {"r_job_id": run["job_id"], "r_attempts": attempt, "r_next_retry_at": due,
+    params = {"r_job_id": run["job_id"], "r_attempts": attempt,
+              "r_claim_token": run["claim_token"], "r_next_retry_at": due,
               "r_delay": delay or timedelta(0), "r_last_error": error, "r_now": now,
               "r_refund": int(refund)}  # fmt: skip
     event = Event(spec, attempt, transition, State.RUNNING, State.QUEUED, actor, now, error,

@@ -11,7 +11,7 @@ mark may skip the synchronous commit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -65,15 +65,41 @@ def setbacks(
     return out
 
 
+def lost_and_waiting(
+    unclaimed: Sequence[PendingMessage], depths: Mapping[str, int],
+    queue_of: Callable[[PendingMessage], str],
+) -> tuple[list[PendingMessage], list[PendingMessage]]:  # fmt: skip
+    """Split unclaimed messages (oldest first) into those the broker lost and those that
+    may still wait in their queue.
+
+    A queue is first in, first out: if it holds n messages, they may be the n newest of
+    its unclaimed ones, and only the older ones are certainly gone. Nothing in a queue
+    names its job, so a message that may still be waiting is never taken for lost: a slow
+    queue gets no copies, and a lost message behind a backlog is republished once the
+    backlog has shrunk below it.
+    """
+    by_queue: dict[str, list[PendingMessage]] = {}
+    for message in unclaimed:
+        by_queue.setdefault(queue_of(message), []).append(message)
+    lost: list[PendingMessage] = []
+    waiting: list[PendingMessage] = []
+    for queue, messages in by_queue.items():
+        gone = max(0, len(messages) - depths.get(queue, 0))
+        lost.extend(messages[:gone])
+        waiting.extend(messages[gone:])
+    return lost, waiting
+
+
 def never_claimed(message: PendingMessage) -> bool:
     """Published ``MAX_UNCLAIMED_PUBLISHES`` times and its attempt still not claimed."""
     return message.publish_count >= MAX_UNCLAIMED_PUBLISHES
 
 
-def next_check(now: datetime, publish_count: int, unclaimed_after: timedelta) -> datetime:
-    """When to check that a message published for the ``publish_count+1``-th time landed."""
+def check_wait(publish_count: int, unclaimed_after: timedelta) -> timedelta:
+    """How long after it can be claimed to check that a message published for the
+    ``publish_count+1``-th time landed."""
     factor: int = 2 ** min(publish_count, MAX_CHECK_BACKOFF)
-    return now + unclaimed_after * factor
+    return unclaimed_after * factor
 
 
 def _attempt_links(message: PendingMessage) -> dict[str, Any]:
@@ -120,6 +146,12 @@ def _kwargsrepr(body: dict[str, Any]) -> str | None:
     to Celery, which truncates it."""
     text = repr(body)
     return text if len(text) <= KWARGSREPR_MAX else None
+
+
+def queue_name(app: Celery, message: PendingMessage) -> str:
+    """The queue ``send`` puts the message in."""
+    options = {"queue": message.queue} if message.queue is not None else {}
+    return str(app.amqp.router.route(options, message.task_name, (), {})["queue"].name)
 
 
 def _routing(message: PendingMessage) -> dict[str, Any]:
@@ -182,10 +214,10 @@ def _publish_one(
         log.warning("outbox row %s refused: %s", message.id, type(exc).__name__)
         report.refused.append((message.id, f"{type(exc).__name__}: {exc}"[:MAX_ERROR]))
         return
-    # A countdown message cannot be claimed before it is due: count from then.
-    since = max(now, message.available_at)
-    check = next_check(since, message.publish_count, unclaimed_after)
-    report.accepted.append(outbox_queries.Accepted(message.id, message.publish_count, check))
+    wait = check_wait(message.publish_count, unclaimed_after)
+    report.accepted.append(
+        outbox_queries.Accepted(message.id, message.publish_count, wait, message.available_at)
+    )
 
 
 def mark(conn: Connection, accepted: Sequence[outbox_queries.Accepted]) -> None:
@@ -193,7 +225,7 @@ def mark(conn: Connection, accepted: Sequence[outbox_queries.Accepted]) -> None:
         return
     if conn.dialect.name == "postgresql" and not is_autocommit(conn):
         conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
-    outbox_queries.mark_published(conn, accepted, now=utcnow())
+    outbox_queries.mark_published(conn, accepted)
 
 
 def _mark_in_own_transaction(engine: Engine, accepted: Sequence[outbox_queries.Accepted]) -> None:

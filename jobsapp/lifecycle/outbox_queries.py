@@ -9,16 +9,16 @@ and an operator, never move one row twice.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
     Connection,
-    DateTime,
     Integer,
+    Interval,
     Table,
     bindparam,
     func,
@@ -29,6 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
+from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, PendingMessage, _upsert
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import State
@@ -130,13 +131,56 @@ def settle_delivered(conn: Connection, spec: RunTable, *, now: datetime, limit: 
     return conn.execute(stmt).rowcount
 
 
+def settle_dead(conn: Connection, spec: RunTable, *, now: datetime, limit: int) -> int:
+    """Dead rows whose job moved past their attempt (a copy ran after all, or the job was
+    cancelled or pruned): delivered, and no longer dead."""
+    table = spec.table
+    moved_on = (
+        select(OUTBOX.c.id)
+        .outerjoin(table, table.c.job_id == OUTBOX.c.job_id)
+        .where(OUTBOX.c.module == spec.module, OUTBOX.c.dead_at.is_not(None),
+               OUTBOX.c.delivered_at.is_(None),
+               ~_waiting_for_claim(spec) | table.c.job_id.is_(None))
+        .limit(limit)
+    )  # fmt: skip
+    stmt = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(moved_on), OUTBOX.c.dead_at.is_not(None),
+               OUTBOX.c.delivered_at.is_(None))
+        .values(delivered_at=now, dead_at=None)
+    )  # fmt: skip
+    return conn.execute(stmt).rowcount
+
+
+def check_later(
+    conn: Connection, messages: Sequence[PendingMessage], *, now: datetime,
+    wait: Callable[[int], timedelta],
+) -> int:  # fmt: skip
+    """Push back the claim check of published rows whose message may still wait in its
+    queue, by ``wait(publish count)``; no publish is counted. Guarded by the count seen."""
+    by_count: dict[int, list[int]] = {}
+    for m in messages:
+        by_count.setdefault(m.publish_count, []).append(m.id)
+    moved = 0
+    for count, ids in by_count.items():
+        stmt = (
+            update(OUTBOX)
+            .where(OUTBOX.c.id.in_(ids), OUTBOX.c.publish_count == count, _LIVE,
+                   OUTBOX.c.delivered_at.is_(None))
+            .values(available_at=now + wait(count))
+        )  # fmt: skip
+        moved += conn.execute(stmt).rowcount
+    return moved
+
+
 class Accepted(NamedTuple):
-    """A row whose message the broker took: the publish count it was sent at, and when to
-    look for its claim."""
+    """A row whose message the broker took: the publish count it was sent at, how long
+    after it can be claimed to look for its claim, and when the publish saw it due."""
 
     id: int
     publish_count: int
-    next_check: datetime
+    wait: timedelta
+    due: datetime
 
 
 def _marks() -> Any:
@@ -144,39 +188,47 @@ def _marks() -> Any:
     arrays = (
         bindparam("m_ids", type_=ARRAY(BigInteger)),
         bindparam("m_counts", type_=ARRAY(Integer)),
-        bindparam("m_checks", type_=ARRAY(DateTime(timezone=True))),
+        bindparam("m_waits", type_=ARRAY(Interval())),
     )
-    return func.unnest(*arrays).table_valued("id", "seen", "next_check").render_derived()
+    return func.unnest(*arrays).table_valued("id", "seen", "wait").render_derived()
 
 
-def _mark(seen: Any, next_check: Any, *where: Any) -> Any:
+def _mark(seen: Any, published_at: Any, next_check: Any, *where: Any) -> Any:
     # Guarded by the count the publish saw: a mark that comes after another publish of the
     # same row was recorded (a relay that went first) changes nothing.
     return (
         update(OUTBOX)
         .where(*where, OUTBOX.c.publish_count == seen, _LIVE)
-        .values(published_at=bindparam("m_now", type_=OUTBOX.c.published_at.type),
-                publish_count=OUTBOX.c.publish_count + 1, available_at=next_check)
+        .values(published_at=published_at, publish_count=OUTBOX.c.publish_count + 1,
+                available_at=next_check)
     )  # fmt: skip
 
 
 _MARKS = _marks()
-_MARK_MANY = _mark(_MARKS.c.seen, _MARKS.c.next_check, OUTBOX.c.id == _MARKS.c.id)
-_MARK_ONE = _mark(bindparam("m_seen"), bindparam("m_next_check", type_=OUTBOX.c.available_at.type),
+# PostgreSQL: published and checked on the database's clock, at the mark (after the publish);
+# a countdown message cannot be claimed before its row is due, so its check counts from then.
+_PG_NOW = func.statement_timestamp()
+_MARK_MANY = _mark(
+    _MARKS.c.seen, _PG_NOW, func.greatest(OUTBOX.c.available_at, _PG_NOW) + _MARKS.c.wait,
+    OUTBOX.c.id == _MARKS.c.id,
+)  # fmt: skip
+# SQLite's clock is this host's (``lease.database_now``): both times come bound.
+_MARK_ONE = _mark(bindparam("m_seen"), bindparam("m_now", type_=OUTBOX.c.published_at.type),
+                  bindparam("m_next_check", type_=OUTBOX.c.available_at.type),
                   OUTBOX.c.id == bindparam("m_id"))  # fmt: skip
 
 
-def mark_published(conn: Connection, published: Sequence[Accepted], *, now: datetime) -> int:
+def mark_published(conn: Connection, published: Sequence[Accepted]) -> int:
     """Record the broker's confirmations (one UPDATE on PostgreSQL); returns rows marked."""
     if conn.dialect.name == "postgresql":
-        ids, counts, checks = (list(column) for column in zip(*published, strict=True))
-        params = {"m_ids": ids, "m_counts": counts, "m_checks": checks, "m_now": now}
+        ids, counts, waits, _ = (list(column) for column in zip(*published, strict=True))
+        params = {"m_ids": ids, "m_counts": counts, "m_waits": waits}
         return conn.execute(_MARK_MANY, params).rowcount
-    marked = 0
+    marked, now = 0, utcnow()
     for p in published:
-        params = {"m_id": p.id, "m_seen": p.publish_count, "m_next_check": p.next_check,
-                  "m_now": now}  # fmt: skip
-        marked += conn.execute(_MARK_ONE, params).rowcount
+        one = {"m_id": p.id, "m_seen": p.publish_count, "m_now": now,
+               "m_next_check": max(now, p.due) + p.wait}  # fmt: skip
+        marked += conn.execute(_MARK_ONE, one).rowcount
     return marked
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
@@ -72,6 +72,26 @@ def producer(app: Celery) -> Iterator[Any]:
             # A half-open connection must not be handed to the next publish.
             pooled.connection.collect()
             raise
+
+
+def queue_depths(app: Celery, queues: Iterable[str]) -> dict[str, int]:
+    """Messages ready in each queue, as the broker counts them (a passive declare: Redis
+    adds up the queue's priority lists, RabbitMQ answers ``message_count``); a queue the
+    broker does not know holds none. Bounded like a publish; raises ``BROKER_ERRORS``."""
+    with producer(app) as pooled:
+        connection = pooled.connection
+        return {name: _depth(connection, name) for name in set(queues)}
+
+
+def _depth(connection: Any, queue: str) -> int:
+    # A channel of its own: RabbitMQ closes the channel that asked for an unknown queue.
+    channel = connection.channel()
+    try:
+        return int(channel.queue_declare(queue=queue, passive=True).message_count)
+    except connection.channel_errors:
+        return 0
+    finally:
+        channel.close()
 
 
 def fast_path_open() -> bool:

@@ -6,6 +6,7 @@ table in its own home, without a central table of all jobs.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Table
 
 from jobsapp.lifecycle.tables import JobRun
+from jobsapp.settings import get_settings
 
 if TYPE_CHECKING:
     from jobsapp.lifecycle.states import Transition
@@ -83,6 +85,10 @@ class RunTable:
 
 
 _REGISTRY: dict[str, RunTable] = {}
+# The modules that register jobsapp's own run tables. A deployment's domains are named in
+# JOBSAPP_IMPORTS with its tasks (docs/domains.md).
+DOMAIN_MODULES = ("jobsapp.attachments.models",)
+_loaded = False
 
 
 def register(spec: RunTable) -> RunTable:
@@ -94,6 +100,7 @@ def register(spec: RunTable) -> RunTable:
 
 
 def get(module: str) -> RunTable:
+    _load_domains()
     try:
         return _REGISTRY[module]
     except KeyError:
@@ -101,7 +108,21 @@ def get(module: str) -> RunTable:
 
 
 def all_tables() -> Iterator[RunTable]:
+    _load_domains()
     return iter(tuple(_REGISTRY.values()))
+
+
+def _load_domains() -> None:
+    """Import every module that registers a run table, once per process: a command, the
+    web or beat sees every domain, whichever modules it happened to import itself."""
+    global _loaded  # noqa: PLW0603 - once per process, like the imports themselves
+    if _loaded:
+        return
+    # No lock of ours: a second thread waits on the import system's lock of the module
+    # being loaded (which also lets a domain module ask the registry while it loads).
+    for name in (*DOMAIN_MODULES, *get_settings().imports):
+        importlib.import_module(name)
+    _loaded = True
 
 
 JOBS = register(

@@ -64,6 +64,10 @@ class RunMixin:
     finished_at: Mapped[datetime | None]
     updated_at: Mapped[datetime]
     worker: Mapped[str | None] = mapped_column(String(200))
+    # The claim's own token, new at every claim: every write of the running attempt is
+    # fenced by it, so a claim a database crash lost is never taken for a later claim of
+    # the same attempt number (docs/lifecycle.md, "The claim fence").
+    claim_token: Mapped[uuid.UUID | None]
     # The broker queue the producer chose (apply_async(queue=...), a task's queue); NULL is
     # the app's default. Every message of the job, republished or retried, goes there.
     queue: Mapped[str | None] = mapped_column(String(200))

@@ -64,6 +64,19 @@ def _absolute(eta: datetime | None) -> datetime | None:
     return eta if eta.tzinfo else eta.replace(tzinfo=UTC)
 
 
+# Never change: it maps the task ids callers stored to their jobs.
+_CALLER_TASK_IDS = uuid.uuid5(uuid.NAMESPACE_URL, "jobsapp:caller-task-id")
+
+
+def job_id_of(task_id: str) -> uuid.UUID:
+    """The job a Celery task id names: the id itself when it is a UUID, else one derived
+    from it (uuid5), so the same caller's id is the same job in every process."""
+    try:
+        return uuid.UUID(task_id)
+    except ValueError:
+        return uuid.uuid5(_CALLER_TASK_IDS, task_id)
+
+
 def _countdown(countdown: float | None) -> timedelta | None:
     """A countdown stays a duration: the database adds it to its own clock."""
     return timedelta(seconds=countdown) if countdown else None
@@ -227,10 +240,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         (see docs/integrations.md). Other Celery options are refused with what to do instead.
         """
         _refuse(self.name, options)
-        wanted = job_id or task_id
-        job = self.new_job(
-            tuple(args or ()), dict(kwargs or {}), uuid.UUID(str(wanted)) if wanted else None
-        )
+        job = self.new_job(tuple(args or ()), dict(kwargs or {}), self._job_id(job_id, task_id))
         traceparent = (headers or {}).get("traceparent") or job.traceparent
         job = replace(job, not_before=_absolute(eta), traceparent=traceparent,
                       delay=None if eta is not None else _countdown(countdown),
@@ -239,7 +249,18 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         handle = enqueue.enqueue(self.app, job, session=session, connection=connection)
         if handle.outcome is EnqueueOutcome.DUPLICATE:
             rollup.count_dedup_hit(get_engine(), self.run_table.module, self.name)
-        return handle
+        return handle if job_id or not task_id else replace(handle, task_id=str(task_id))
+
+    def _job_id(self, job_id: uuid.UUID | str | None, task_id: str | None) -> uuid.UUID | None:
+        """``job_id`` (a UUID), else the job of ``task_id`` (any string, see job_id_of)."""
+        if not job_id:
+            return job_id_of(str(task_id)) if task_id else None
+        try:
+            return uuid.UUID(str(job_id))
+        except ValueError:
+            hint = f"pass task_id={str(job_id)!r} for an id of your own"
+            raise ValueError(f"{self.name}.apply_async: job_id must be a UUID, not {job_id!r}; "
+                             f"{hint}") from None  # fmt: skip
 
     def AsyncResult(self, task_id: str, **kwargs: Any) -> JobHandle:  # type: ignore[override]  # noqa: N802
         """The job's handle (its journal row), for code written against Celery's results.
@@ -247,8 +268,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         A lookup enqueues nothing; its outcome says what a replayed enqueue would: the job
         id is taken."""
         del kwargs
-        return JobHandle(uuid.UUID(str(task_id)), EnqueueOutcome.DUPLICATE, self.run_table,
-                         task=self.name)
+        return JobHandle(job_id_of(str(task_id)), EnqueueOutcome.DUPLICATE, self.run_table,
+                         task=self.name, task_id=str(task_id))  # fmt: skip
 
     def enqueue_in(
         self,
@@ -330,27 +351,33 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         ctx = RunContext(
             engine=engine, spec=self.run_table, row=outcome.row, worker=worker,
             heartbeat=Heartbeat(engine, self.run_table, env.job_id, env.attempt, interval,
-                                settings.stale_after),
+                                settings.stale_after, token=outcome.row["claim_token"]),
         )  # fmt: skip
         ended = run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)
         if ended.end is End.LEASE_LOST:
-            self._requeue_if_claim_lost(engine, env)
+            self._after_lost_lease(engine, env, ctx.token)
         return ended
 
-    def _requeue_if_claim_lost(self, engine: Engine, env: message.Envelope) -> None:
-        """A claim lost in a database crash (it did not wait for the flush) leaves the run
-        queued before this attempt: hand the message back so that it is claimed again now,
-        rather than after the relay's unclaimed check. The body ran and may run again, as
-        after a worker crash mid-run."""
+    def _after_lost_lease(self, engine: Engine, env: message.Envelope, token: uuid.UUID) -> None:
+        """Name a claim lost in a database crash (it did not wait for the flush). A run
+        still queued before this attempt: hand the message back so that it is claimed again
+        now, rather than after the relay's unclaimed check. Claimed again by another
+        worker: that claim alone holds the run; this message is done. Either way the body
+        ran and may run again, as after a worker crash mid-run."""
         try:
             with engine.connect() as conn:
                 row = journal.load(conn, self.run_table, env.job_id)
         except OperationalError:
             return  # the relay's unclaimed check republishes it
-        if claim.claim_lost(row, env.attempt):
+        lost = claim.claim_lost(row, env.attempt, token)
+        if lost is claim.LostClaim.UNCLAIMED:
             log.warning("job %s attempt %s: its claim was lost in a database crash; "
                         "requeueing the message", env.job_id, env.attempt)  # fmt: skip
             raise Reject("claim lost in a database crash", requeue=True)
+        if lost is claim.LostClaim.RECLAIMED and row is not None:
+            log.warning("job %s attempt %s: its claim was lost in a database crash; the "
+                        "attempt was claimed again by %s, whose claim alone is honoured",
+                        env.job_id, env.attempt, row["worker"])  # fmt: skip
 
     def _claim(
         self, engine: Engine, env: message.Envelope, foreign: NewJob | None, worker: str,

@@ -3,11 +3,15 @@
 Each run table declares its ``ReconcilePolicy`` beside its registration; one pass per
 domain picks failed runs whose failure carries a retaken code (and no ``never`` code),
 that failed longer ago than the cool-down and have had fewer reconcile rounds than the
-cap, oldest first, at most a batch. Each one goes through the operator's replay
-(``jobsapp.operator.replay``): a new attempt of the same job_id, the domain's mirror of
-the move, and an audit row whose actor is ``operator:reconcile`` (beat) or
-``operator:reconcile:<name>`` (by hand) and whose reason names the pass. Those audit rows
-are also the round count, so no column of the contract changes.
+cap, oldest first, at most a batch. "Carries" is one rule (``_word_pattern``) that the
+query applies in SQL and the decision in Python, so a batch holds only runs the decision
+takes: failures it never retakes cannot fill it and starve the rest.
+
+Each one goes through the operator's replay (``jobsapp.operator.replay``): a new attempt
+of the same job_id, the domain's mirror of the move, and an audit row whose actor is
+``operator:reconcile`` (beat) or ``operator:reconcile:<name>`` (by hand) and whose reason
+names the pass. Those audit rows are also the round count, so no column of the contract
+changes.
 
 Safe to run twice at once: the replay is a guarded transition, the loser gets a refusal
 and counts it.
@@ -25,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import Engine, ScalarSelect, func, or_, select
+from sqlalchemy import ColumnElement, Engine, ScalarSelect, false, func, or_, select
 
 from jobsapp import operator
 from jobsapp.db import utcnow
@@ -41,7 +45,7 @@ ACTOR = "reconcile"
 _ACTOR_AUDIT = operator.ACTOR_PREFIX + ACTOR
 # A cancel is an operator's decision and a skip never ran: neither is a failure to retake.
 RETAKEN_OUTCOMES = (Outcome.EXHAUSTED.value, Outcome.PERMANENT.value, Outcome.STALE.value)
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_WORD_CHARS = "A-Za-z0-9_"
 
 
 class NeverRetaken(ValueError):
@@ -80,9 +84,15 @@ class Report:
 # ------------------------------------------------------------------------ decision
 
 
-def codes_in(record: str | None) -> frozenset[str]:
-    """The codes a failure record carries: its whole words."""
-    return frozenset(_WORD.findall(record or ""))
+def _word_pattern(code: str) -> str:
+    """``code`` as a whole word of a failure record: neither side touches a letter, digit
+    or underscore. The same regular expression in PostgreSQL, SQLite (SQLAlchemy's
+    REGEXP) and Python."""
+    return rf"(^|[^{_WORD_CHARS}]){re.escape(code)}([^{_WORD_CHARS}]|$)"
+
+
+def carries(record: str | None, code: str) -> bool:
+    return record is not None and re.search(_word_pattern(code), record) is not None
 
 
 def wanted_codes(policy: ReconcilePolicy, error_code: str | None) -> frozenset[str]:
@@ -97,10 +107,9 @@ def retake_code(
     record: str | None, wanted: Collection[str], never: Collection[str]
 ) -> str | None:
     """The wanted code the failure carries, or None when it has none or a ``never`` one."""
-    codes = codes_in(record)
-    if codes.intersection(never):
+    if any(carries(record, code) for code in never):
         return None
-    return min(codes.intersection(wanted), default=None)
+    return min((code for code in wanted if carries(record, code)), default=None)
 
 
 # ------------------------------------------------------------------------- queries
@@ -122,11 +131,16 @@ def _rounds(spec: RunTable) -> ScalarSelect[int]:
     )
 
 
+def _carries_any(column: ColumnElement[str], codes: Collection[str]) -> ColumnElement[bool]:
+    """``carries`` in SQL: the column holds one of ``codes`` as a whole word."""
+    return or_(false(), *(column.regexp_match(_word_pattern(c)) for c in sorted(codes)))
+
+
 def candidates(
     engine: Engine, spec: RunTable, policy: ReconcilePolicy, wanted: Collection[str],
     now: datetime,
 ) -> list[Mapping[str, Any]]:  # fmt: skip
-    """Failed runs that may carry a wanted code (the decision checks it), oldest first."""
+    """Failed runs that carry a wanted code and no ``never`` one, oldest first."""
     table, rounds = spec.table, _rounds(spec)
     stmt = (
         select(table.c.job_id, table.c.last_error, rounds.label("rounds"))
@@ -134,7 +148,8 @@ def candidates(
             table.c.state == State.FAILED.value,
             table.c.outcome.in_(RETAKEN_OUTCOMES),
             table.c.finished_at <= now - policy.cool_down,
-            or_(*(table.c.last_error.contains(c, autoescape=True) for c in sorted(wanted))),
+            _carries_any(table.c.last_error, wanted),
+            ~_carries_any(table.c.last_error, policy.never),
             rounds < policy.max_rounds,
         )
         .order_by(table.c.finished_at, table.c.job_id)

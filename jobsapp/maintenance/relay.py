@@ -2,9 +2,12 @@
 
 Bounded steps per tick: due unpublished rows (a crash after COMMIT, a retry whose time
 came); per run table, rows whose job moved on, marked delivered so they are never looked
-at again; published rows whose job still waits for that attempt's claim after the check
-time (a message the broker lost), republished with a doubling check interval; and a
-sweep for queued runs with no outbox row at all, repaired. Each step repeats while it
+at again (dead ones too: a late copy ran); published rows whose job still waits for that
+attempt's claim after the check time, which are either still waiting in their queue
+(the broker's queue depth says so: checked again later, never copied, never dead) or were
+lost by the broker (republished with a doubling check interval, dead after
+``MAX_UNCLAIMED_PUBLISHES``); and a sweep for queued runs with no outbox row at all,
+repaired. Each step repeats while it
 finds full batches, up to ``max_batches`` and within the pass's budget, so a backlog
 (beat was down) is cleared in a few ticks without holding beat.
 
@@ -27,7 +30,7 @@ from functools import partial
 from celery import Celery
 from sqlalchemy import Connection, Engine
 
-from jobsapp.lifecycle import journal, outbox, registry
+from jobsapp.lifecycle import journal, outbox, publisher, registry
 from jobsapp.lifecycle import outbox_queries as queries
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.maintenance import lease
@@ -45,7 +48,8 @@ UNCLAIMED, UNKNOWN_TASK = "relay_unclaimed", "relay_unknown_task"
 
 @dataclass(frozen=True)
 class RelayConfig:
-    # A fresh row belongs to its producer's fast path for this long.
+    # A fresh row belongs to its producer's fast path for this long after it is due (on
+    # PostgreSQL, after its COMMIT for a transaction over 0.5 s: migration 0010).
     grace: timedelta = timedelta(seconds=2)
     unclaimed_after: timedelta = outbox.UNCLAIMED_AFTER
     batch: int = 500
@@ -130,16 +134,19 @@ def unknown_tasks(lost: Sequence[PendingMessage], registered: Collection[str]) -
     return sorted({m.task_name for m in lost} - set(registered))
 
 
-def _report_unclaimed(app: Celery, conn: Connection, lost: Sequence[PendingMessage]) -> None:
-    """Say what nobody claimed: the guard drops a task no worker knows, so the unclaimed
-    republish is the one signal at relay time (``inspect().registered()`` would ask every
-    worker over the broker on every tick, and only on brokers with a control channel)."""
+def _report_unclaimed(
+    app: Celery, conn: Connection, lost: Sequence[PendingMessage],
+    waiting: Sequence[PendingMessage],
+) -> None:  # fmt: skip
+    """Say what nobody claimed: the guard drops a task no worker knows, so the claim check
+    is the one signal at relay time (``inspect().registered()`` would ask every worker over
+    the broker on every tick, and only on brokers with a control channel)."""
+    for name in unknown_tasks([*lost, *waiting], app.tasks.keys()):
+        log.error("relay: task %s is registered nowhere in this app; no worker will run it "
+                  "(is its module in JOBSAPP_IMPORTS?)", name)  # fmt: skip
     if not lost:
         return
     unknown = unknown_tasks(lost, app.tasks.keys())
-    for name in unknown:
-        log.error("relay: task %s is registered nowhere in this app; no worker will run it "
-                  "(is its module in JOBSAPP_IMPORTS?)", name)  # fmt: skip
     for (name, queue), count in Counter((m.task_name, m.queue) for m in lost).items():
         log.warning("relay: %d messages of %s on queue %s were not claimed; republishing: "
                     "does a worker consuming that queue import the task?", count, name,
@@ -151,14 +158,45 @@ def _report_unclaimed(app: Celery, conn: Connection, lost: Sequence[PendingMessa
 def _lost(
     app: Celery, spec: registry.RunTable, cfg: RelayConfig, conn: Connection, now: datetime
 ) -> Picked:
-    """Unclaimed rows to republish; those republished too often are buried instead."""
-    lost = queries.unclaimed_messages(conn, spec, now=now, limit=cfg.batch)
-    _report_unclaimed(app, conn, lost)
+    """Unclaimed rows the broker lost, to republish; those republished too often are
+    buried instead. Rows whose message may still wait in its queue are checked later."""
+    unclaimed = queries.unclaimed_messages(conn, spec, now=now, limit=cfg.batch)
+    lost, waiting = _tell_lost(app, unclaimed)
+    queries.check_later(conn, waiting, now=now,
+                        wait=partial(_wait_again, cfg.unclaimed_after))  # fmt: skip
+    _report_unclaimed(app, conn, lost, waiting)
     hopeless = [m.id for m in lost if outbox.never_claimed(m)]
     buried = queries.bury(conn, hopeless, now=now, reason=(
         f"published {outbox.MAX_UNCLAIMED_PUBLISHES} times and never claimed: "
         "does any worker run this task?"))  # fmt: skip
-    return [m for m in lost if m.id not in hopeless], len(lost), buried
+    return [m for m in lost if m.id not in hopeless], len(unclaimed), buried
+
+
+def _tell_lost(
+    app: Celery, unclaimed: Sequence[PendingMessage]
+) -> tuple[list[PendingMessage], list[PendingMessage]]:
+    """(lost, waiting), from the depth of each queue as the broker reports it. A broker
+    that cannot answer takes them all as lost: the republish then meets the same error
+    (the step ends, broker down) or finds the broker back."""
+    if not unclaimed:
+        return [], []
+    queue_of = partial(outbox.queue_name, app)
+    try:
+        depths = publisher.queue_depths(app, map(queue_of, unclaimed))
+    except publisher.BROKER_ERRORS as exc:
+        log.warning("relay: queue depths unavailable (%s); republishing", type(exc).__name__)
+        return list(unclaimed), []
+    lost, waiting = outbox.lost_and_waiting(unclaimed, depths, queue_of)
+    for queue, count in Counter(map(queue_of, waiting)).items():
+        log.info("relay: %d messages on queue %s not claimed yet; the queue holds %d "
+                 "messages, so they wait there: checked again later", count, queue,
+                 depths[queue])  # fmt: skip
+    return lost, waiting
+
+
+def _wait_again(unclaimed_after: timedelta, publish_count: int) -> timedelta:
+    """A message still waiting is checked again after the wait its last publish had."""
+    return outbox.check_wait(publish_count - 1, unclaimed_after)
 
 
 def _publish_due(app: Celery, engine: Engine, cfg: RelayConfig) -> Done:
@@ -173,9 +211,14 @@ def _republish_lost(
 
 def _settle(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) -> Done:
     with engine.begin() as conn:
-        settled = queries.settle_delivered(conn, spec, now=lease.database_now(conn),
-                                           limit=cfg.batch)  # fmt: skip
-    return Done(settled, settled)
+        now = lease.database_now(conn)
+        settled = queries.settle_delivered(conn, spec, now=now, limit=cfg.batch)
+        # A dead row whose job ran after all (a late copy) is no alarm any more.
+        revived = queries.settle_dead(conn, spec, now=now, limit=cfg.batch)
+    if revived:
+        log.info("relay: %d dead %s outbox rows settled: their job moved on", revived,
+                 spec.module)  # fmt: skip
+    return Done(max(settled, revived), settled + revived)
 
 
 def publish_rows(

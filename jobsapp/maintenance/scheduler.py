@@ -32,7 +32,7 @@ from celery.schedules import schedule
 from jobsapp import preflight
 from jobsapp.db import get_engine
 from jobsapp.maintenance import budget, lease, periodic
-from jobsapp.settings import optional_number, positive_number
+from jobsapp.settings import SettingsError, optional_number, positive_number
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +79,30 @@ def maintenance_task(entry: ScheduleEntry) -> str | None:
     return task if task is not None and task.startswith(MAINTENANCE_PREFIX) else None
 
 
+def _read_pass_variables() -> None:
+    """The cadences and the passes' own variables; raises SettingsError for a bad one."""
+    from jobsapp.maintenance import tasks
+
+    cadence_overrides(os.environ)
+    for config in (tasks.reaper_config, tasks.relay_config, tasks.staging_config):
+        config()
+
+
 def lease_ttl_from_env(env: Mapping[str, str]) -> timedelta:
     return timedelta(seconds=positive_number(env, LEASE_ENV, DEFAULT_LEASE_SECONDS))
 
 
 class LeasedScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # Read per instance (not at import) so a bad value fails the beat that uses it.
-        self.lease_ttl = lease_ttl_from_env(os.environ)
+        # Read per instance (not at import) so a bad value fails the beat that uses it, at
+        # its start (Celery builds the scheduler for its banner) rather than at every pass.
+        try:
+            self.lease_ttl = lease_ttl_from_env(os.environ)
+            self.catch_up = periodic.catch_up_from_env(os.environ)
+            _read_pass_variables()
+        except SettingsError as bad:
+            preflight.exit_on_bad_setting(bad)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.catch_up = periodic.catch_up_from_env(os.environ)
         self.periodic: periodic.Periodic | None = None
         self.leading = False
         self._last_standby_log: float | None = None

@@ -20,6 +20,7 @@ from werkzeug.sansio.multipart import (
     File,
     MultipartDecoder,
     NeedData,
+    State,
 )
 
 from jobsapp.attachments.validation import RejectedUpload
@@ -28,6 +29,9 @@ FILE_FIELD = "file"
 # An upload is one file; a few other parts are tolerated (some clients add a name field).
 MAX_PARTS = 16
 MAX_FIELD_BYTES = 64 * 1024
+# A part's headers are a disposition, a type and a file name: a few hundred bytes. The
+# decoder holds them whole until their blank line comes, so they need their own bound.
+MAX_PART_HEADER_BYTES = 16 * 1024
 _READ_BYTES = 64 * 1024
 
 
@@ -36,6 +40,7 @@ class FormLimits:
     max_file_bytes: int
     max_parts: int = MAX_PARTS
     max_field_bytes: int = MAX_FIELD_BYTES
+    max_header_bytes: int = MAX_PART_HEADER_BYTES
 
 
 @dataclass
@@ -112,7 +117,20 @@ def _drain(decoder: MultipartDecoder, reading: _Reading) -> bool:
                           "encoding?); send them as UTF-8") from None  # fmt: skip
     except ValueError as bad:
         raise _unreadable(str(bad)) from None
+    _bound_held(decoder, reading.limits)
     return False
+
+
+# The decoder's states that hold every byte until a line they wait for: the first
+# boundary (the preamble), or the blank line that ends a part's headers.
+_WAITING_FOR_A_LINE = (State.PREAMBLE, State.PART)
+
+
+def _bound_held(decoder: MultipartDecoder, limits: FormLimits) -> None:
+    if decoder.state in _WAITING_FOR_A_LINE and len(decoder.buffer) > limits.max_header_bytes:
+        raise RejectedUpload(413, "part_header_too_large", "A part's headers (or the text "
+                             "before the first part) are larger than the limit of "
+                             f"{limits.max_header_bytes} bytes.")  # fmt: skip
 
 
 def missing_file() -> RejectedUpload:

@@ -34,8 +34,9 @@ _ERROR_TEXT = {
     404: "No such attachment or variant (a malformed id is unknown too).",
     405: "The route does not take this method.",
     413: "A limit was passed, and the reason names it: the file size (`too_large`), the "
-    "request size, more than 16 form parts (`too_many_parts`) or a text field over "
-    "65536 bytes (`field_too_large`).",
+    "request size, more than 16 form parts (`too_many_parts`), a text field over "
+    "65536 bytes (`field_too_large`) or a part's headers over 16384 bytes "
+    "(`part_header_too_large`).",
     415: "The bytes are not an accepted image format (the declared type is ignored).",
     422: "The image is damaged, truncated or has more pixels than allowed, or the "
     "Idempotency-Key was used before for a different file.",

@@ -4,7 +4,9 @@ A durable PostgreSQL of the test's own (fsync and synchronous_commit on, as prod
 runs it) is SIGKILLed, postmaster and backends, right after a worker's claim committed
 and before anything flushed it. The walwriter flushes only every 10 s here, so the claim
 is lost with the crash; docs/lifecycle.md says what follows: the finish is refused by the
-fence, the worker hands the message back, and the body of that one job runs twice.
+fence, the worker hands the message back, and the body of that one job runs twice. When
+another worker claims the same attempt again before the first one's body ends, the claim's
+token tells the two claims apart: only the second is honoured.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select, text
@@ -29,7 +32,7 @@ from tests.chaos.harness import (
     private_postgres,
 )
 from tests.e2e.procs import ready
-from tests.support.tasks import calls
+from tests.support.tasks import calls, open_gate
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -37,6 +40,8 @@ JOBS_COUNT = 8
 BODY_SECONDS = 0.8
 DOWN_FOR = 1.0
 CLAIM_LOST = "its claim was lost in a database crash"
+# A cap only: the test opens each gated body's gate itself.
+GATED_SECONDS = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -78,19 +83,21 @@ def _unflushed(cluster: Cluster) -> bool:
             "SELECT pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()")).scalar_one())
 
 
-def _crash_after_a_claim(cluster: Cluster, pg: PrivatePostgres) -> uuid.UUID:
-    """Crash the database as soon as a fresh claim is committed and not yet flushed."""
+def _crash_after_a_claim(cluster: Cluster, pg: PrivatePostgres) -> tuple[uuid.UUID, str]:
+    """Crash the database as soon as a fresh claim is committed and not yet flushed;
+    the claimed job and the worker that claimed it."""
     runs = JOBS.table
     seen: set[uuid.UUID] = set()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with cluster.engine.connect() as conn:
-            running = conn.execute(select(runs.c.job_id).where(runs.c.state == "running"))
-            fresh = set(running.scalars()) - seen
+            running = conn.execute(select(runs.c.job_id, runs.c.worker)
+                                   .where(runs.c.state == "running"))  # fmt: skip
+            fresh = {job_id: worker for job_id, worker in running if job_id not in seen}
         if fresh and _unflushed(cluster):
             pg.crash()
-            return fresh.pop()
-        seen |= fresh
+            return next(iter(fresh.items()))
+        seen |= set(fresh)
         time.sleep(0.01)
     raise AssertionError("no claim was ever left unflushed: claims wait for the WAL flush")
 
@@ -107,7 +114,7 @@ def test_claim_lost_in_a_postgres_crash(
     worker = cluster.worker("w1", env=counted_tasks_env())
     ready(worker, timeout=60)
 
-    crashed = _crash_after_a_claim(cluster, durable_pg)
+    crashed, _ = _crash_after_a_claim(cluster, durable_pg)
     time.sleep(DOWN_FOR)
     durable_pg.start()
     beat = cluster.beat()
@@ -124,3 +131,59 @@ def test_claim_lost_in_a_postgres_crash(
         assert calls(token) == (2 if job_id == crashed else 1), (job_id, calls(token))
     assert cluster.count(runs) == JOBS_COUNT
     assert not cluster._rows(select(runs.c.job_id).where(runs.c.state == "running"))
+
+
+def test_a_lost_claim_is_never_taken_for_a_later_claim_of_its_attempt(
+    durable_cluster: Cluster, durable_pg: PrivatePostgres
+) -> None:
+    """The first worker claims attempt 1 of a keyed job; the crash loses the claim, and
+    after the restart (beat starts then: its lease commits, every tick, would flush the
+    claim) the relay republishes it and the second worker claims attempt 1 again while
+    the first body still runs. The first body ends first, so its finish comes after the
+    second claim: both claims carry the same attempt number, only their tokens differ."""
+    cluster = durable_cluster
+    token = f"fence-{uuid.uuid4()}"
+    workers = {name: cluster.worker(name, env=counted_tasks_env()) for name in ("w1", "w2")}
+    ready(*workers.values(), timeout=60)
+    (handle,) = cluster.launcher.enqueue(
+        {"task": "tests.gated", "kwargs": {"token": token, "seconds": GATED_SECONDS}})
+    job_id = uuid.UUID(handle["job_id"])
+
+    crashed, claimer = _crash_after_a_claim(cluster, durable_pg)
+    assert crashed == job_id
+    first = workers[claimer.split("@", 1)[0]]
+    second = next(proc for proc in workers.values() if proc is not first)
+    time.sleep(DOWN_FOR)
+    durable_pg.start()
+    ready(cluster.beat(), timeout=60)
+
+    runs = JOBS.table
+
+    def run() -> dict[str, Any]:
+        return cluster._rows(select(runs).where(runs.c.job_id == job_id))[0]
+
+    def claimed_again() -> dict[str, Any] | None:
+        row = run()
+        mine = row["state"] == "running" and row["worker"].startswith(f"{second.name}@")
+        return row if mine else None
+
+    again = cluster.wait_for(claimed_again, "the second worker claimed the job", 60)
+    assert again["attempts"] == 1
+    open_gate(token, 1)
+    cluster.wait_for(lambda: log_has(first, rf"job {job_id} attempt 1: finish refused")
+                     or run()["state"] == "succeeded", "the first worker's finish", 30)  # fmt: skip
+    open_gate(token, 2)
+    cluster.wait_for(lambda: log_has(second, rf"job {job_id} attempt 1: (succeeded|lease lost)"),
+                     "the second worker's finish", 30)  # fmt: skip
+
+    finishes = [e["actor"] for e in cluster.events(job_id) if e["transition"] == "succeed"]
+    assert finishes == [again["worker"]], cluster.transitions(job_id)
+    done = run()
+    assert (done["state"], done["attempts"], done["worker"]) == ("succeeded", 1, again["worker"])
+    # The first worker: told at a beat, as a lost lease is; its finish refused; the loss named.
+    assert log_has(first, rf"(?m)job {job_id} attempt 1: lease lost$"), first.log()[-3000:]
+    assert log_has(first, rf"job {job_id} attempt 1: finish refused")
+    assert log_has(first, CLAIM_LOST)
+    assert not log_has(second, "finish refused")
+    # Bodies are at-least-once (both ran); only the first was told its lease was lost.
+    assert (calls(token), calls(f"{token}:told")) == (2, 1)

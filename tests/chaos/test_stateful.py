@@ -344,7 +344,20 @@ def _new_job(op: Op) -> NewJob:
     )
 
 
-def execute(conn: Connection, op: Op, now: datetime) -> Result:  # noqa: PLR0911
+class Claims(dict[tuple[uuid.UUID, int], uuid.UUID]):
+    """The token each claim of (job, attempt) was given: what its worker's writes name.
+    A worker's write for an attempt nobody claimed names a token nobody holds."""
+
+    def took(self, op: Op, row: Mapping[str, Any] | None) -> bool:
+        if row is not None:
+            self[(op.job_id, op.attempt)] = row["claim_token"]
+        return row is not None
+
+    def of(self, op: Op) -> uuid.UUID:
+        return self.get((op.job_id, op.attempt)) or uuid.uuid4()
+
+
+def execute(conn: Connection, op: Op, now: datetime, claims: Claims) -> Result:  # noqa: PLR0911
     """Run ``op`` through the journal in its own transaction on ``conn``."""
     worker = f"chaos:{op.job}"
     with conn.begin():
@@ -352,28 +365,31 @@ def execute(conn: Connection, op: Op, now: datetime) -> Result:  # noqa: PLR0911
             return journal.enqueue(conn, _new_job(op), now=now, actor="producer").outcome.value
         if op.kind == "claim_by_insert":
             row = journal.claim_by_insert(conn, _new_job(op), op.attempt, worker=worker, now=now)
-            return row is not None
+            return claims.took(op, row)
         if op.kind == "claim":
-            return (
-                journal.claim(conn, JOBS, op.job_id, op.attempt, worker=worker, now=now) is not None
-            )
+            row = journal.claim(conn, JOBS, op.job_id, op.attempt, worker=worker, now=now)
+            return claims.took(op, row)
+        token = claims.of(op)
         if op.kind == "heartbeat":
-            return journal.heartbeat(conn, JOBS, op.job_id, op.attempt, now=now)
+            return journal.heartbeat(conn, JOBS, op.job_id, op.attempt, token=token, now=now)
         if op.kind == "succeed":
-            return journal.succeed(conn, JOBS, op.job_id, op.attempt, actor=worker, now=now)
+            return journal.succeed(conn, JOBS, op.job_id, op.attempt, token=token, actor=worker,
+                                   now=now)  # fmt: skip
         if op.kind == "fail":
             return journal.fail(
                 conn,
                 JOBS,
                 op.job_id,
                 op.attempt,
+                token=token,
                 outcome=Outcome(op.outcome),
                 error="ValueError: upstream said no",
                 actor=worker,
                 now=now,
             )
         if op.kind in ("retry", "snooze"):
-            run = {"job_id": op.job_id, "attempts": op.attempt, "task_name": TASK_NAME}
+            run = {"job_id": op.job_id, "attempts": op.attempt, "task_name": TASK_NAME,
+                   "claim_token": token}  # fmt: skip
             transition = Transition.SNOOZE if op.kind == "snooze" else Transition.RETRY
             message = journal.requeue(
                 conn,
@@ -563,6 +579,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.model = Model()
         self.now = utcnow()
         self.highest_attempts: dict[uuid.UUID, int] = {}
+        self.claims = Claims()
 
     def teardown(self) -> None:
         for conn in self.conns:
@@ -578,10 +595,11 @@ class LifecycleMachine(RuleBasedStateMachine):
             before_rows = read_rows(observer)
         conns = [self.conns[(via + i) % CONNECTIONS] for i in range(len(ops))]
         if len(ops) == 1:
-            actual = [execute(conns[0], ops[0], now)]
+            actual = [execute(conns[0], ops[0], now, self.claims)]
         else:
             actual = run_together(
-                [lambda c=c, op=op: execute(c, op, now) for c, op in zip(conns, ops, strict=True)]
+                [lambda c=c, op=op: execute(c, op, now, self.claims)
+                 for c, op in zip(conns, ops, strict=True)]
             )
         with self.engine.connect() as observer:
             seen = read_model(observer)
@@ -845,13 +863,18 @@ class AttachmentMachine(RuleBasedStateMachine):
     def _job(self, v: int, token: str) -> Any:
         attempts = int(self._run(v)["attempts"])
         attempt = attempts if token == "current" else max(attempts - 1, 1)
-        row = {**self._run(v), "attempts": attempt}
+        run = self._run(v)
+        # A zombie holds an older attempt under its own claim's token, as does a worker of
+        # a run nobody claimed yet: tokens nobody holds now.
+        claim_token = (run["claim_token"] if token == "current" else None) or uuid.uuid4()
+        row = {**run, "attempts": attempt, "claim_token": claim_token}
         ctx = RunContext(
             engine=self.engine,
             spec=ATTACHMENT_RUNS,
             row=row,
             worker="chaos",
-            heartbeat=Heartbeat(self.engine, ATTACHMENT_RUNS, RUN_IDS[v], attempt, 60.0, 3600.0),
+            heartbeat=Heartbeat(self.engine, ATTACHMENT_RUNS, RUN_IDS[v], attempt, 60.0, 3600.0,
+                                token=claim_token),
         )
         return attachment_tasks._Job(ctx, ATTACHMENT_ID, v)
 
@@ -886,6 +909,7 @@ class AttachmentMachine(RuleBasedStateMachine):
                     ATTACHMENT_RUNS,
                     RUN_IDS[v],
                     job.ctx.attempt,
+                    token=job.ctx.token,
                     outcome=Outcome.PERMANENT,
                     error="bad",
                     actor="chaos",

@@ -283,3 +283,147 @@ def test_a_beat_standing_by_names_the_beat_that_leads(
 
     assert standby[2] == leader[1]
     assert standby[1] != leader[1]
+
+
+# ------------------------------------------------------------------ a bad setting
+
+# A value that is not a number, and a token that ships in examples (docs/errors.md: exit 2).
+BAD_SETTINGS = {
+    "heartbeat": ({"JOBSAPP_HEARTBEAT_INTERVAL": "abc"},
+                  "jobsapp: configuration error: JOBSAPP_HEARTBEAT_INTERVAL='abc' is not a number"),
+    "admin token": ({"JOBSAPP_ADMIN_TOKEN": "secret"},
+                    "jobsapp: configuration error: JOBSAPP_ADMIN_TOKEN is a well-known "
+                    "placeholder"),
+}  # fmt: skip
+ENTRY_POINTS = {
+    "summary": [str(BIN / "jobsapp"), "summary"],
+    "verify": [str(BIN / "jobsapp"), "verify"],
+    "db upgrade": [str(BIN / "jobsapp"), "db", "upgrade"],
+    "jobsapp web": [str(BIN / "jobsapp"), "web", "--port", "0"],
+    "python -m": [sys.executable, "-m", "jobsapp.attachments.commands", "verify"],
+    "worker": [str(BIN / "celery"), "-A", "jobsapp", "worker", "--pool=solo", "-Q", QUEUE],
+    "beat": [str(BIN / "celery"), "-A", "jobsapp", "beat", "-s", "/nonexistent/schedule"],
+}
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize("bad", list(BAD_SETTINGS))
+def test_a_bad_setting_is_one_line_and_exit_2_at_every_entry_point(
+    bad: str, entry: str, good_env: dict[str, str]
+) -> None:
+    setting, line = BAD_SETTINGS[bad]
+
+    code, out, err = run(ENTRY_POINTS[entry], good_env | setting)
+
+    assert code == ExitCode.CONFIGURATION, f"exit {code}:\n{out[-2000:]}\n{err[-3000:]}"
+    assert err.strip().startswith(line), err[-3000:]
+    assert len(err.strip().splitlines()) == 1, err[-3000:]
+    assert out == ""
+
+
+BEAT_VARIABLES = ["JOBSAPP_REAPER_EVERY", "JOBSAPP_BEAT_LEASE_SECONDS", "JOBSAPP_RELAY_BATCH",
+                  "JOBSAPP_STAGING_ORPHAN_HOURS"]  # fmt: skip
+
+
+@pytest.mark.parametrize("setting", BEAT_VARIABLES)
+def test_beat_with_a_bad_variable_of_its_own_stops_at_start(
+    setting: str, good_env: dict[str, str], tmp_path: Path
+) -> None:
+    argv = [str(BIN / "celery"), "-A", "jobsapp", "beat", "-s", str(tmp_path / "schedule")]
+
+    code, out, err = run(argv, good_env | {setting: "abc"})
+
+    assert code == ExitCode.CONFIGURATION, f"exit {code}:\n{out[-2000:]}\n{err[-3000:]}"
+    assert err.strip().startswith(f"jobsapp: configuration error: {setting}='abc'"), err
+    assert len(err.strip().splitlines()) == 1, err[-3000:]
+    assert "is the leader" not in out
+
+
+@pytest.mark.parametrize("bad", list(BAD_SETTINGS))
+def test_gunicorn_with_a_bad_setting_stops_with_the_line(
+    bad: str, good_env: dict[str, str], tmp_path: Path
+) -> None:
+    setting, line = BAD_SETTINGS[bad]
+
+    code, out, err = run(gunicorn(1, tmp_path), good_env | setting)
+
+    assert code == ExitCode.GUNICORN_BOOT_ERROR, err[-3000:]
+    assert [ln for ln in err.splitlines() if ln.startswith("jobsapp: ")] == [
+        ln for ln in err.splitlines() if ln.startswith(line)
+    ] != [], err[-3000:]  # fmt: skip
+    assert "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["summary", "--help"]])
+def test_version_and_help_need_no_settings(args: list[str], good_env: dict[str, str]) -> None:
+    for setting, _line in BAD_SETTINGS.values():
+        code, out, err = run([str(BIN / "jobsapp"), *args], good_env | setting)
+
+        assert (code, err) == (0, ""), err[-3000:]
+        assert out.startswith("jobsapp ") or out.startswith("usage: jobsapp"), out
+
+
+# ------------------------------------------------------------------ a closed pipe
+
+
+SIGPIPE_STATUS = 128 + signal.SIGPIPE
+
+
+# argparse itself drops an OSError while it prints help: `--help | head` ends with 0.
+@pytest.mark.parametrize(("args", "status"), [(["summary"], SIGPIPE_STATUS),
+                                              (["summary", "--json"], SIGPIPE_STATUS),
+                                              (["--help"], 0)])  # fmt: skip
+def test_output_into_a_pipe_its_reader_closed_ends_quietly(
+    args: list[str], status: int, good_env: dict[str, str]
+) -> None:
+    # `jobsapp summary | head -0`: the reader is gone before the command writes a byte.
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        proc = subprocess.run([str(BIN / "jobsapp"), *args], cwd=ROOT, env=good_env,
+                              stdin=subprocess.DEVNULL, stdout=writer, stderr=subprocess.PIPE,
+                              text=True, timeout=60, check=False)  # fmt: skip
+    finally:
+        os.close(writer)
+
+    assert proc.stderr == ""
+    assert proc.returncode == status
+
+
+# ------------------------------------------------------------------ a producer
+
+PRODUCERS = {
+    "delay": "from tests.support.tasks import echo\necho.delay('t')",
+    "transaction": "from jobsapp.celery_app import app\n"
+                   "from jobsapp.lifecycle.enqueue import transaction\n"
+                   "from tests.support.tasks import echo\n"
+                   "with transaction(app) as batch:\n"
+                   "    echo.enqueue_in(batch, ('t',))",
+    "connection": "from jobsapp.db import get_engine\n"
+                  "from tests.support.tasks import echo\n"
+                  "with get_engine().begin() as conn:\n"
+                  "    echo.apply_async(('t',), connection=conn)",
+}  # fmt: skip
+# Inside a caller's own SQLite transaction the raw error stays (docs/errors.md).
+PRODUCER_CASES = [(d, p) for d in ("postgres", "sqlite") for p in PRODUCERS
+                  if (d, p) != ("sqlite", "connection")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dialect", "producer"), PRODUCER_CASES)
+def test_a_producer_on_a_database_never_migrated_is_told_to_migrate_in_one_line(
+    dialect: str, producer: str, good_env: dict[str, str], unmigrated_url: str, tmp_path: Path
+) -> None:
+    database = unmigrated_url if dialect == "postgres" else f"sqlite:///{tmp_path}/fresh.db"
+    env = good_env | {"JOBSAPP_DATABASE_URL": database}
+
+    code, _out, err = run([sys.executable, "-c", PRODUCERS[producer]], env)
+
+    # An uncaught exception of ours, whose text is the line every jobsapp process prints.
+    last = err.strip().splitlines()[-1]
+    assert code == 1, err[-3000:]
+    assert last.startswith("jobsapp.lifecycle.errors.DatabaseNotMigrated: database not "
+                           "migrated: JOBSAPP_DATABASE_URL="), last  # fmt: skip
+    assert "it has no jobsapp tables (this jobsapp needs revision " in last
+    assert last.endswith("; run `jobsapp db upgrade`"), last
+    for raw in ("OperationalError", "ProgrammingError", "no such table", "INSERT", "[SQL"):
+        assert raw not in err, err[-3000:]

@@ -122,12 +122,14 @@ def run_jobs(db: Engine, *, succeed: int, fail: int, waiting: int) -> None:
         if n >= succeed + fail:
             continue
         with db.begin() as conn:
-            assert journal.claim(conn, spec, job.job_id, 1, worker="w@h:1")
+            claimed = journal.claim(conn, spec, job.job_id, 1, worker="w@h:1")
+            assert claimed is not None
+            token = claimed["claim_token"]
             if n < succeed:
-                assert journal.succeed(conn, spec, job.job_id, 1, actor="w@h:1")
+                assert journal.succeed(conn, spec, job.job_id, 1, token=token, actor="w@h:1")
             else:
-                assert journal.fail(conn, spec, job.job_id, 1, outcome=Outcome.PERMANENT,
-                                    error="no", actor="w@h:1")  # fmt: skip
+                assert journal.fail(conn, spec, job.job_id, 1, token=token, error="no",
+                                    outcome=Outcome.PERMANENT, actor="w@h:1")  # fmt: skip
     while rollup.run_once(db, settle=timedelta(0)):
         pass
 

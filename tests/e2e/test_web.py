@@ -27,7 +27,9 @@ from jsonschema import Draft202012Validator
 from PIL import Image
 from sqlalchemy import Engine, create_engine, text
 
+from jobsapp.attachments.store import STAGING_PREFIX
 from jobsapp.storage import store_from_url
+from jobsapp.web.multipart import MAX_PART_HEADER_BYTES
 from tests.conftest import _fresh_postgres, migrate
 from tests.e2e.webserver import Http, fetch, running_web, running_worker
 from tests.support.env import redis_url, service
@@ -424,6 +426,35 @@ def test_each_413_names_the_limit_that_was_passed(
     assert reply.json()["error"] == code
     assert limit in reply.json()["reason"]
     assert attachment_rows(journal) == before
+
+
+def staged_objects(env: dict[str, str]) -> int:
+    store = store_from_url(env["JOBSAPP_STORAGE_URL"], endpoint_url=env["JOBSAPP_S3_ENDPOINT_URL"])
+    return len(list(store.list(STAGING_PREFIX)))
+
+
+PADDING = b"X-Padding: " + b"p" * 100
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        pytest.param(file_part(filename=b"a" * 200_000 + b".png")[0], id="one-long-header"),
+        pytest.param(file_part()[0] + b"\r\n" + b"\r\n".join([PADDING] * 2000),
+                     id="many-headers"),
+    ],
+)  # fmt: skip
+def test_a_part_header_over_its_limit_is_a_413_and_nothing_is_written(
+    http: Http, journal: Engine, e2e_env: dict[str, str], head: bytes
+) -> None:
+    before = (attachment_rows(journal), staged_objects(e2e_env))
+
+    reply = post_form(http, (head, png()))
+
+    assert reply.status == 413, reply.body
+    assert reply.json()["error"] == "part_header_too_large"
+    assert f"{MAX_PART_HEADER_BYTES} bytes" in reply.json()["reason"]
+    assert (attachment_rows(journal), staged_objects(e2e_env)) == before
 
 
 def test_a_file_name_that_is_not_utf8_is_a_400_that_says_so(http: Http, journal: Engine) -> None:

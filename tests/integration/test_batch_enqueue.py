@@ -27,7 +27,7 @@ from jobsapp.maintenance import relay
 from tests.e2e.procs import Launcher
 from tests.support import tasks
 from tests.support.env import service
-from tests.support.journal_view import outbox_rows, run_count, run_row
+from tests.support.journal_view import held_by, outbox_rows, run_count, run_row
 from tests.support.waiting import eventually
 from tests.support.workers import in_process_worker
 
@@ -41,7 +41,8 @@ def _keyed(account: str, job_id: uuid.UUID | None = None) -> NewJob:
 def _finished(conn: Connection, job: NewJob) -> None:
     journal.enqueue(conn, job, actor="test")
     assert journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
-    assert journal.succeed(conn, JOBS, job.job_id, 1, actor="w:1")
+    assert journal.succeed(conn, JOBS, job.job_id, 1, token=held_by(conn, JOBS, job.job_id),
+                           actor="w:1")  # fmt: skip
 
 
 def _scenario() -> tuple[Callable[[Connection], None], list[NewJob]]:

@@ -28,7 +28,7 @@ from tests.conftest import use_database
 from tests.integration.test_maintenance_passes import JOBS, ago, enqueue, start
 from tests.support import tasks
 from tests.support.attachments import environment
-from tests.support.journal_view import run_row
+from tests.support.journal_view import held_by, run_row
 
 SCHEMES = ("redis", "pyamqp")
 # The blackhole's wait: what JOBSAPP_PUBLISH_TIMEOUT allows a silent broker.
@@ -155,7 +155,8 @@ def test_on_sqlite_a_relay_waiting_on_a_silent_broker_blocks_no_heartbeat(
         time.sleep(0.5)  # the relay now waits for the silent broker
         started = time.monotonic()
         with db.begin() as conn:
-            assert journal.heartbeat(conn, JOBS, live, 1, now=utcnow())
+            assert journal.heartbeat(conn, JOBS, live, 1, token=held_by(conn, JOBS, live),
+                                     now=utcnow())  # fmt: skip
         waited = time.monotonic() - started
         relay_pass.join(timeout=30)
     down.close()

@@ -166,6 +166,31 @@ def test_printing_a_handle_is_one_line(db: Engine) -> None:
     assert str(tasks.echo.AsyncResult(queued.id)) == f"<JobHandle tests.echo {queued.id} duplicate>"
 
 
+def test_a_task_id_of_the_callers_own_is_its_job_and_stays_its_id(
+    worker: object, db: Engine
+) -> None:
+    mine, later = (f"order-{uuid.uuid4().hex[:8]}:{what}" for what in ("receipt", "later"))
+
+    sent = tasks.echo.apply_async(args=(mine,), task_id=mine)
+    # Due in an hour: still queued when the same id comes again.
+    first, again = (tasks.echo.apply_async(args=(later,), task_id=later, countdown=3600)
+                    for _ in range(2))  # fmt: skip
+
+    assert sent.id == mine
+    assert sent.get(timeout=30) is None
+    looked_up = tasks.echo.AsyncResult(mine)
+    assert (looked_up.id, looked_up.job_id) == (mine, sent.job_id)
+    assert looked_up.successful()
+    assert tasks.calls(mine) == 1
+    assert (again.id, again.job_id, again.outcome) == (later, first.job_id, "duplicate")
+
+
+def test_a_job_id_that_is_not_a_uuid_is_refused_with_what_to_pass(db: Engine) -> None:
+    with pytest.raises(ValueError, match=r"^tests.echo.apply_async: job_id must be a UUID, "
+                                         r"not 'mine'; pass task_id='mine'"):  # fmt: skip
+        tasks.echo.apply_async(args=("t",), job_id="mine")
+
+
 def test_a_non_json_argument_is_refused_by_name_and_nothing_is_written(db: Engine) -> None:
     when = datetime.now(UTC)
     with pytest.raises(TypeError, match=r"argument 'token' of tests.echo is a datetime, "
@@ -195,8 +220,15 @@ def test_the_relay_reports_a_message_nobody_claims_and_a_task_nobody_registered(
     assert relay.run_once(app, pg, cfg)["published"] == 1
     time.sleep(UNCLAIMED_AFTER * 2)
     with caplog.at_level(logging.WARNING, logger=relay.__name__):
-        assert relay.run_once(app, pg, cfg)["republished"] == 1
+        # No worker runs here: the message waits in its queue, and is not copied.
+        assert relay.run_once(app, pg, cfg)["republished"] == 0
     assert "tests.nobody_registered is registered nowhere" in caplog.text
     assert "JOBSAPP_IMPORTS" in caplog.text
+    assert _relay_counts(pg) == before
+
+    # A worker that does not know the task drops it: the queue no longer holds it.
+    redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL")).delete(app.conf.task_default_queue)
+    time.sleep(UNCLAIMED_AFTER * 2)
+    assert relay.run_once(app, pg, cfg)["republished"] == 1
     after = _relay_counts(pg)
     assert (after[0] - before[0], after[1] - before[1]) == (1, 1)

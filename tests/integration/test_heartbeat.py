@@ -15,7 +15,7 @@ from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.registry import JOBS
 from tests.support import tasks
-from tests.support.journal_view import run_row
+from tests.support.journal_view import held_by, run_row
 from tests.support.waiting import eventually
 
 INTERVAL = 0.1
@@ -29,7 +29,9 @@ def _running(pg: Engine) -> uuid.UUID:
 
 
 def _beat(pg: Engine, job_id: uuid.UUID) -> Heartbeat:
-    return Heartbeat(pg, JOBS, job_id, 1, interval=INTERVAL, stale_after=30.0)
+    with pg.connect() as conn:
+        token = held_by(conn, JOBS, job_id)
+    return Heartbeat(pg, JOBS, job_id, 1, interval=INTERVAL, stale_after=30.0, token=token)
 
 
 def _heartbeat_threads() -> list[threading.Thread]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, text, update
@@ -15,6 +15,7 @@ from jobsapp.celery_app import app
 from jobsapp.lifecycle import EnqueueOutcome
 from jobsapp.lifecycle.enqueue import transaction
 from jobsapp.lifecycle.tables import JobRun
+from jobsapp.maintenance import lease
 from tests.support import tasks
 from tests.support.journal_view import events, outbox_rows, run_count, run_row, transitions
 from tests.support.waiting import eventually
@@ -43,6 +44,32 @@ def test_after_the_dedup_window_the_same_job_runs_again(worker: object, db: Engi
     assert (row["state"], row["attempts"]) == ("succeeded", 2)
     assert tasks.calls("w") == 2
     assert run_count(db) == 1
+
+
+def test_a_duplicate_answer_does_not_stretch_the_redis_key_past_the_journals_window(
+    worker: object, db: Engine
+) -> None:
+    window = timedelta(seconds=tasks.SLOW_WINDOW)
+    job_id = uuid.uuid4()
+    key = f"jobsapp:dedup:jobs:{job_id}"
+    # The body outlasts the window: its Redis key (counted from the enqueue) expires
+    # while it runs, and the journal's window (counted from the finish) is still open.
+    row = tasks.windowed_slow.apply_async(("slow", tasks.SLOW_WINDOW + 0.5), job_id=job_id).wait()
+    assert tasks.counter().exists(key) == 0
+
+    repeat = tasks.windowed_slow.apply_async(("slow", 0.0), job_id=job_id)
+    assert repeat.outcome == EnqueueOutcome.DUPLICATE
+    assert tasks.counter().exists(key) == 0  # the journal answered; nothing re-stored
+
+    eventually(lambda: _database_now(db) > row["finished_at"] + window)
+    again = tasks.windowed_slow.apply_async(("slow", 0.0), job_id=job_id)
+    assert again.outcome == EnqueueOutcome.ENQUEUED
+    assert (again.wait()["attempts"], tasks.calls("slow")) == (2, 2)
+
+
+def _database_now(db: Engine) -> datetime:
+    with db.connect() as conn:
+        return lease.database_now(conn)
 
 
 def test_one_active_job_per_key_under_a_thundering_herd(worker: object, db: Engine) -> None:

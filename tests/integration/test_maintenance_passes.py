@@ -25,6 +25,7 @@ from jobsapp import db as jobsapp_db
 from jobsapp import operator
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox, outbox_queries, registry
+from jobsapp.lifecycle.enqueue import transaction
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, StaleRun
 from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.states import Outcome
@@ -32,8 +33,8 @@ from jobsapp.lifecycle.tables import JobRun
 from jobsapp.maintenance import lease, reaper, relay, retention
 from jobsapp.monitor import metrics, summary
 from tests.support import tasks
-from tests.support.env import redis_url
-from tests.support.journal_view import outbox_rows, run_row, transitions
+from tests.support.env import redis_url, service
+from tests.support.journal_view import held_by, outbox_rows, run_row, transitions
 from tests.support.waiting import eventually
 
 RUNS = JobRun.__table__
@@ -113,7 +114,8 @@ def test_the_reaper_requeues_dead_runs_and_leaves_the_rest(db: Engine) -> None:
     set_row(db, alive, heartbeat_at=ago(1))
     finished = start(db, at=ago(120))
     with db.begin() as conn:
-        journal.succeed(conn, JOBS, finished, 1, actor="w", now=ago(100))
+        journal.succeed(conn, JOBS, finished, 1, token=held_by(conn, JOBS, finished), actor="w",
+                        now=ago(100))  # fmt: skip
     waiting = enqueue(db, at=ago(120))
 
     assert reaper.run_once(db, REAPER)[JOBS.module] == 1
@@ -190,7 +192,8 @@ def test_a_run_that_heartbeated_after_the_reaper_looked_is_left_alone(
     seen = _snapshot(db)
     assert [r.job_id for r in seen] == [job_id]
     with db.begin() as conn:
-        assert journal.heartbeat(conn, JOBS, job_id, 1, now=utcnow())
+        assert journal.heartbeat(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id),
+                                 now=utcnow())  # fmt: skip
 
     assert _reap_with(monkeypatch, db, seen) == 0
     row = run_row(db, job_id)
@@ -205,7 +208,8 @@ def test_a_run_that_finished_after_the_reaper_looked_keeps_its_outcome(
     job_id = start(db, at=ago(120))
     seen = _snapshot(db)
     with db.begin() as conn:
-        assert journal.succeed(conn, JOBS, job_id, 1, actor="w", now=utcnow())
+        assert journal.succeed(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), actor="w",
+                               now=utcnow())  # fmt: skip
 
     assert _reap_with(monkeypatch, db, seen) == 0
     row = run_row(db, job_id)
@@ -273,7 +277,8 @@ def test_the_relay_marks_delivered_the_rows_whose_job_moved_on(
     running = start(db, at=ago(600))
     finished = start(db, at=ago(600))
     with db.begin() as conn:
-        journal.succeed(conn, JOBS, finished, 1, actor="w", now=ago(500))
+        journal.succeed(conn, JOBS, finished, 1, token=held_by(conn, JOBS, finished), actor="w",
+                        now=ago(500))  # fmt: skip
     pruned = enqueue(db, at=ago(600))
     with db.begin() as conn:
         conn.execute(RUNS.delete().where(RUNS.c.job_id == pruned))
@@ -305,6 +310,32 @@ def test_the_relay_drains_a_backlog_in_one_pass(
     assert sorted(queued_task_ids(broker)) == sorted(task_id_for(j, 1) for j in ids)
 
 
+def test_rows_of_a_transaction_longer_than_the_grace_are_published_once(
+    pg: Engine, relay_app: Celery, broker: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    grace = timedelta(seconds=1)
+    cfg = relay.RelayConfig(grace=grace, unclaimed_after=UNCLAIMED)
+    passes: list[dict[str, int]] = []
+    fast_path = outbox.publish_now
+
+    def relay_runs_first(app: Celery, messages: Any) -> int:
+        # Beat's pass lands between the producer's COMMIT and its publish.
+        passes.append(relay.run_once(relay_app, pg, cfg))
+        return fast_path(app, messages)
+
+    monkeypatch.setattr(outbox, "publish_now", relay_runs_first)
+    with transaction(relay_app) as batch:
+        open_for = select(func.clock_timestamp() - func.now())
+        eventually(lambda: batch.conn.execute(open_for).scalar_one() > 2 * grace)
+        handle = tasks.echo.enqueue_in(batch, ("long",))
+
+    assert passes[0]["published"] == 0
+    outbox.MARKER.flush()
+    eventually(lambda: outbox_rows(pg, handle.job_id)[0]["published_at"] is not None)
+    assert relay.run_once(relay_app, pg, cfg)["published"] == 0
+    assert queued_task_ids(broker) == [task_id_for(handle.job_id, 1)]
+
+
 # ------------------------------------------------------------------ retention
 
 
@@ -317,14 +348,17 @@ def test_retention_deletes_only_what_has_aged_out(db: Engine) -> None:
     days = 86_400
     old_done = start(db, at=ago(9 * days))
     with db.begin() as conn:
-        journal.succeed(conn, JOBS, old_done, 1, actor="w", now=ago(8 * days))
+        journal.succeed(conn, JOBS, old_done, 1, token=held_by(conn, JOBS, old_done), actor="w",
+                        now=ago(8 * days))  # fmt: skip
     old_failed = start(db, at=ago(9 * days))
     with db.begin() as conn:
-        journal.fail(conn, JOBS, old_failed, 1, outcome=Outcome.PERMANENT, error="x",
+        journal.fail(conn, JOBS, old_failed, 1, token=held_by(conn, JOBS, old_failed),
+                     outcome=Outcome.PERMANENT, error="x",
                      actor="w", now=ago(8 * days))  # fmt: skip
     recent_done = start(db, at=ago(2 * days))
     with db.begin() as conn:
-        journal.succeed(conn, JOBS, recent_done, 1, actor="w", now=ago(days))
+        journal.succeed(conn, JOBS, recent_done, 1, token=held_by(conn, JOBS, recent_done),
+                        actor="w", now=ago(days))  # fmt: skip
     old_running = start(db, at=ago(9 * days))
     old_queued = enqueue(db, at=ago(9 * days))
 
@@ -362,7 +396,8 @@ def test_retention_is_bounded_by_its_batch(db: Engine) -> None:
     ids = [start(db, at=ago(10 * 86_400)) for _ in range(5)]
     with db.begin() as conn:
         for job_id in ids:
-            journal.succeed(conn, JOBS, job_id, 1, actor="w", now=ago(9 * 86_400))
+            journal.succeed(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), actor="w",
+                            now=ago(9 * 86_400))  # fmt: skip
         conn.execute(insert(EVENTS), [
             {"module": "jobs", "job_id": ids[0], "attempt": 1, "transition": "claim",
              "actor": "w", "at": ago(40 * 86_400)}
@@ -383,7 +418,8 @@ def test_one_retention_pass_drains_more_than_one_batch(db: Engine) -> None:
     ids = [start(db, at=ago(10 * 86_400)) for _ in range(7)]
     with db.begin() as conn:
         for job_id in ids:
-            journal.succeed(conn, JOBS, job_id, 1, actor="w", now=ago(9 * 86_400))
+            journal.succeed(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), actor="w",
+                            now=ago(9 * 86_400))  # fmt: skip
     counts = retention.run_once(db, retention.RetentionConfig(batch=2))
     assert counts[JOBS.module] == 7
     assert _count(db, RUNS) == 0
@@ -531,6 +567,78 @@ def test_a_message_never_claimed_after_many_publishes_is_dead(
     assert broker.llen("celery") == 0
 
 
+@pytest.fixture(params=["redis", "amqp"])
+def backlog_app(request: pytest.FixtureRequest) -> Iterator[Celery]:
+    """A producer-only app on a queue of its own that no worker consumes (a backlog)."""
+    url = redis_url(BROKER_DB) if request.param == "redis" else service("JOBSAPP_TEST_AMQP_URL")
+    app = Celery("backlog-tests", broker=url, set_as_current=False)
+    app.conf.update(task_serializer="json", accept_content=["json"],
+                    task_default_queue=f"backlog-{uuid.uuid4().hex}")  # fmt: skip
+    yield app
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_delete(app.conf.task_default_queue)
+    app.close()
+
+
+def _depth(app: Celery) -> int:
+    with app.connection_for_write() as conn:
+        return int(conn.default_channel.queue_declare(app.conf.task_default_queue,
+                                                      passive=True).message_count)  # fmt: skip
+
+
+def test_a_job_waiting_behind_a_backlog_is_neither_copied_nor_dead(
+    pg: Engine, backlog_app: Celery
+) -> None:
+    ids = [enqueue(pg, at=ago(600)) for _ in range(5)]
+    assert relay.run_once(backlog_app, pg, RELAY)["published"] == 5
+    eventually(lambda: _depth(backlog_app) == 5)
+
+    # Every claim check comes due while the messages still wait in the queue.
+    for _ in range(outbox.MAX_UNCLAIMED_PUBLISHES + 2):
+        for job_id in ids:
+            set_outbox(pg, job_id, 1, available_at=ago(1))
+        counts = relay.run_once(backlog_app, pg, RELAY)
+        assert (counts["republished"], counts["dead"]) == (0, 0)
+    assert _depth(backlog_app) == 5
+    for job_id in ids:
+        (row,) = outbox_rows(pg, job_id)
+        assert (row["publish_count"], row["dead_at"]) == (1, None)
+        assert row["available_at"] > utcnow()  # checked again later
+
+    # The broker loses them: the next check republishes each once.
+    with backlog_app.connection_for_write() as conn:
+        conn.default_channel.queue_purge(backlog_app.conf.task_default_queue)
+    for job_id in ids:
+        set_outbox(pg, job_id, 1, available_at=ago(1))
+    assert relay.run_once(backlog_app, pg, RELAY)["republished"] == 5
+    eventually(lambda: _depth(backlog_app) == 5)
+
+
+def test_a_dead_row_whose_run_then_ran_is_settled(
+    db: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    job_id = enqueue(db, at=ago(600))
+    set_outbox(db, job_id, 1, published_at=ago(600), available_at=ago(1),
+               publish_count=outbox.MAX_UNCLAIMED_PUBLISHES)  # fmt: skip
+    assert relay.run_once(relay_app, db, RELAY)["dead"] == 1
+    registry = metrics.journal_registry(lambda: db, lambda: 30.0)
+    assert "jobsapp_outbox_dead 1.0" in metrics.exposition(registry).decode()
+
+    # One of its copies reached a worker after all.
+    with db.begin() as conn:
+        assert journal.claim(conn, JOBS, job_id, 1, worker="w@h:1", now=utcnow())
+        assert journal.succeed(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id),
+                               actor="w@h:1", now=utcnow())
+
+    assert relay.run_once(relay_app, db, RELAY)["settled"] == 1
+    (row,) = outbox_rows(db, job_id)
+    assert row["dead_at"] is None
+    assert row["delivered_at"] is not None
+    assert "jobsapp_outbox_dead 0.0" in metrics.exposition(registry).decode()
+    with db.connect() as conn:
+        assert outbox_queries.dead_rows(conn, limit=10) == []
+
+
 # ------------------------------------------------------------------ invariant sweep
 
 
@@ -598,6 +706,19 @@ def test_a_skewed_beat_republishes_nothing_before_its_check_time(
     assert outbox_rows(pg, job_id)[0]["publish_count"] == 1
     assert outbox_rows(pg, fresh)[0]["published_at"] is None
     assert broker.llen("celery") == 0
+
+
+@pytest.mark.usefixtures("beat_clock_ahead")
+def test_a_skewed_beat_sets_the_claim_check_on_the_database_clock(
+    pg: Engine, relay_app: Celery, broker: redis.Redis
+) -> None:
+    job_id = enqueue(pg, at=ago(30))
+    assert relay.run_once(relay_app, pg, RELAY)["published"] == 1
+    (row,) = outbox_rows(pg, job_id)
+    with pg.connect() as conn:
+        now = lease.database_now(conn)
+    assert row["published_at"] <= now
+    assert abs(row["available_at"] - row["published_at"] - UNCLAIMED) < timedelta(seconds=5)
 
 
 def test_the_sweep_pages_through_the_queued_runs_and_wraps_around(

@@ -11,20 +11,24 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from sqlalchemy import Connection, Engine, insert, select, text
+from sqlalchemy import Connection, Engine, insert, select, text, update
 
 from jobsapp import cli, operator
 from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS
 from jobsapp.attachments.tasks import TASK_NAME as ATTACHMENT_TASK
+from jobsapp.celery_app import app
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, outbox, registry
-from jobsapp.lifecycle.journal import NewJob
+from jobsapp.lifecycle import journal, outbox, publisher, registry
+from jobsapp.lifecycle.journal import OUTBOX, NewJob
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import Outcome
+from jobsapp.maintenance import relay
 from jobsapp.monitor import summary
+from tests.integration.test_broker_unreachable import closed_port
 from tests.support import tasks
 from tests.support.attachments import attachment_row, environment
-from tests.support.journal_view import events, outbox_rows, run_row
+from tests.support.journal_view import events, held_by, outbox_rows, run_row
+from tests.support.waiting import eventually
 
 JOBS = registry.JOBS
 ERROR = "ValueError: this never works\n  File 'task.py', line 3\n[steps] fetch=1 render=0"
@@ -86,7 +90,8 @@ def failed_job(db: Engine, spec: RunTable = JOBS, job_id: uuid.UUID | None = Non
     job_id = job_id or queued_job(db)
     attempt = claimed(db, spec, job_id)
     with db.begin() as conn:
-        assert journal.fail(conn, spec, job_id, attempt, outcome=Outcome.PERMANENT, error=ERROR,
+        assert journal.fail(conn, spec, job_id, attempt, token=held_by(conn, spec, job_id),
+                            outcome=Outcome.PERMANENT, error=ERROR,
                             actor="w1@host", now=utcnow())  # fmt: skip
     return job_id
 
@@ -95,7 +100,8 @@ def succeeded_job(db: Engine) -> uuid.UUID:
     job_id = queued_job(db)
     attempt = claimed(db, JOBS, job_id)
     with db.begin() as conn:
-        assert journal.succeed(conn, JOBS, job_id, attempt, actor="w1@host", now=utcnow())
+        assert journal.succeed(conn, JOBS, job_id, attempt, token=held_by(conn, JOBS, job_id),
+                               actor="w1@host", now=utcnow())  # fmt: skip
     return job_id
 
 
@@ -384,6 +390,35 @@ def test_a_replayed_job_runs_again_on_a_worker(worker: object, db: Engine) -> No
     assert [(e["transition"], e["attempt"]) for e in events(db, handle.job_id)] == [
         ("enqueue", 1), ("claim", 1), ("fail", 1), ("replay", 2), ("claim", 2), ("succeed", 2),
     ]  # fmt: skip
+
+
+def test_a_cancelled_job_whose_message_was_dead_runs_after_a_replay(
+    worker: object, db: Engine
+) -> None:
+    # Queued, its message published again and again and declared dead, then cancelled.
+    token = f"dead-{uuid.uuid4()}"
+    job = tasks.echo.new_job((token,), {}, None)
+    with db.begin() as conn:
+        journal.enqueue(conn, job, actor="producer")
+        conn.execute(update(OUTBOX).where(OUTBOX.c.job_id == job.job_id).values(
+            published_at=utcnow(), publish_count=outbox.MAX_UNCLAIMED_PUBLISHES,
+            publish_failures=3, dead_at=utcnow(), last_error="never claimed",
+        ))  # fmt: skip
+    operator.cancel(db, "jobs", job.job_id, actor="bob", reason="paused")
+
+    # The broker is down at the replay: "the relay will publish it".
+    down = Celery("down", broker=f"redis://127.0.0.1:{closed_port()}/0", set_as_current=False)
+    try:
+        done = operator.replay(db, "jobs", job.job_id, actor="bob", reason="go", app=down)
+    finally:
+        publisher.broker_answered()
+    assert not done.published
+    (row,) = outbox_rows(db, job.job_id)
+    assert (row["dead_at"], row["publish_failures"], row["last_error"]) == (None, 0, None)
+
+    relay.run_once(app, db, relay.RelayConfig(grace=timedelta(0)))
+    eventually(lambda: run_row(db, job.job_id)["state"] == "succeeded")
+    assert tasks.calls(token) == 1
 
 
 # --------------------------------------------------------------------------------- CLI

@@ -66,8 +66,10 @@ def finish(db: Engine, job_ids: set[uuid.UUID]) -> None:
     """What a worker does with each job: claim it, run it, succeed."""
     with db.begin() as conn:
         for job_id in job_ids:
-            assert journal.claim(conn, registry.JOBS, job_id, 1, worker="w@host:1")
-            assert journal.succeed(conn, registry.JOBS, job_id, 1, actor="w@host:1")
+            claimed = journal.claim(conn, registry.JOBS, job_id, 1, worker="w@host:1")
+            assert claimed
+            assert journal.succeed(conn, registry.JOBS, job_id, 1, actor="w@host:1",
+                                   token=claimed["claim_token"])
 
 
 def forget_fast_path(job_ids: set[uuid.UUID]) -> None:

@@ -27,8 +27,9 @@ def _job() -> NewJob:
 def _run_one(conn: Connection) -> uuid.UUID:
     job = _job()
     assert journal.enqueue_new(conn, job, actor="test") is not None
-    assert journal.claim(conn, JOBS, job.job_id, 1, worker="w:1") is not None
-    assert journal.succeed(conn, JOBS, job.job_id, 1, actor="w:1")
+    run = journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
+    assert run is not None
+    assert journal.succeed(conn, JOBS, job.job_id, 1, token=run["claim_token"], actor="w:1")
     return job.job_id
 
 

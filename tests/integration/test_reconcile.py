@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from celery import Celery
 from sqlalchemy import Engine, func, select, update
 
 from jobsapp import cli
@@ -32,7 +33,7 @@ from jobsapp.web.app import create_app
 from tests.conftest import use_database
 from tests.support import tasks
 from tests.support.attachments import DEAD_S3_ENDPOINT, environment, sha256
-from tests.support.journal_view import events, run_row
+from tests.support.journal_view import events, held_by, run_row
 from tests.support.waiting import eventually
 from tests.support.workers import in_process_worker
 from tests.unit import images
@@ -146,16 +147,33 @@ def test_one_pass_after_an_s3_outage_brings_every_victim_to_ready(
 # ------------------------------------------------------------- by hand: CLI and API
 
 
-def failed_generic_job(engine: Engine, error: str) -> uuid.UUID:
-    """A generic job that exhausted its attempts an hour ago with ``error``."""
-    at = utcnow() - timedelta(hours=1)
+def failed_generic_job(engine: Engine, error: str, *, hours: float = 1.0) -> uuid.UUID:
+    """A generic job that exhausted its attempts ``hours`` ago with ``error``."""
+    at = utcnow() - timedelta(hours=hours)
     job = tasks.echo.new_job(("m",), {}, uuid.uuid4())
     with engine.begin() as conn:
         journal.enqueue(conn, job, now=at, actor="test")
         assert journal.claim(conn, JOBS, job.job_id, 1, worker="w@h:1", now=at)
-        assert journal.fail(conn, JOBS, job.job_id, 1, outcome=Outcome.EXHAUSTED, error=error,
+        assert journal.fail(conn, JOBS, job.job_id, 1, token=held_by(conn, JOBS, job.job_id),
+                            outcome=Outcome.EXHAUSTED, error=error,
                             actor="w@h:1", now=at)  # fmt: skip
     return job.job_id
+
+
+def test_old_failures_the_policy_never_retakes_do_not_starve_a_transient_one(db: Engine) -> None:
+    policy = JOBS.reconcile
+    assert policy is not None
+    # Older than the transient failure, so first in a batch ordered by finish, and each
+    # containing the retaken code "TransientError" inside a longer word.
+    for i in range(policy.batch + 5):
+        failed_generic_job(db, "NonTransientError: bad input", hours=3 + i / 1000)
+    outage = failed_generic_job(db, "TransientError: upstream down", hours=2)
+
+    report = reconcile.run_once(db, Celery("memory", broker="memory://"), JOBS,
+                                reconcile.Request())  # fmt: skip
+
+    assert report.retaken == [(outage, "TransientError")]
+    assert run_row(db, outage)["state"] == "queued"
 
 
 def test_an_operator_reconciles_by_hand_from_the_cli(

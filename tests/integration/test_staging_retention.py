@@ -38,6 +38,7 @@ from jobsapp.storage import ObjectInfo, ObjectStore
 from tests.conftest import use_database
 from tests.support.attachments import configured_store, environment
 from tests.support.env import service
+from tests.support.journal_view import held_by
 from tests.unit import images
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -177,10 +178,12 @@ def _plant_run(conn: Connection, attachment_id: uuid.UUID, version: int, state: 
         return
     journal.claim(conn, spec, job.job_id, 1, worker="gone@host:1", now=now)
     if state == "failed":
-        journal.fail(conn, spec, job.job_id, 1, outcome=Outcome.PERMANENT, error="x",
+        journal.fail(conn, spec, job.job_id, 1, token=held_by(conn, spec, job.job_id),
+                     outcome=Outcome.PERMANENT, error="x",
                      actor="test", now=now)  # fmt: skip
     elif state == "succeeded":
-        journal.succeed(conn, spec, job.job_id, 1, actor="test", now=now)
+        journal.succeed(conn, spec, job.job_id, 1, token=held_by(conn, spec, job.job_id),
+                        actor="test", now=now)  # fmt: skip
 
 
 def staging_keys(store: ObjectStore) -> set[str]:

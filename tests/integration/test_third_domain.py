@@ -31,6 +31,7 @@ from jobsapp.maintenance import reaper, reconcile, relay
 from jobsapp.web.app import create_app
 from tests.conftest import use_database
 from tests.support.attachments import environment
+from tests.support.journal_view import held_by
 
 TOKEN = f"widgets-{uuid.uuid4().hex}"
 REAL_MODULES = {"jobs", "attachments", "reprocess"}
@@ -131,7 +132,8 @@ def test_a_third_domain_is_seen_by_every_plane(
     # Reconcile: the domain's policy retakes a WidgetJam, not a stale run.
     claim(engine, jammed)
     with engine.begin() as conn:
-        assert journal.fail(conn, WIDGETS, jammed, 1, outcome=Outcome.EXHAUSTED,
+        assert journal.fail(conn, WIDGETS, jammed, 1, token=held_by(conn, WIDGETS, jammed),
+                            outcome=Outcome.EXHAUSTED,
                             error="WidgetJam: belt stuck", actor="w@h:1", now=ago(100))  # fmt: skip
     (report,) = reconcile.run_all(engine, app, reconcile.Request(), module="widgets")
     assert report.retaken == [(jammed, "WidgetJam")]

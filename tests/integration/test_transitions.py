@@ -22,7 +22,7 @@ from jobsapp.lifecycle.states import State, Transition
 from jobsapp.maintenance import relay
 from tests.e2e.procs import Launcher
 from tests.support import tasks
-from tests.support.journal_view import events, outbox_rows, run_count, run_row, transitions
+from tests.support.journal_view import events, held_by, outbox_rows, run_count, run_row, transitions
 from tests.support.waiting import eventually
 
 
@@ -31,7 +31,8 @@ def _finished_job(pg: Engine) -> uuid.UUID:
     handle = tasks.echo.apply_async(("r",))
     with pg.begin() as conn:
         assert journal.claim(conn, JOBS, handle.job_id, 1, worker="w:1", now=utcnow())
-        assert journal.succeed(conn, JOBS, handle.job_id, 1, actor="w:1", now=utcnow())
+        assert journal.succeed(conn, JOBS, handle.job_id, 1, actor="w:1", now=utcnow(),
+                               token=held_by(conn, JOBS, handle.job_id))  # fmt: skip
     return handle.job_id
 
 
@@ -118,7 +119,8 @@ def test_cancel_is_fenced_by_the_attempt_the_operator_saw(db: Engine) -> None:
 
 def test_a_heartbeat_that_cannot_reach_the_database_gives_up_at_the_stale_limit() -> None:
     unreachable = make_engine("postgresql+psycopg2://jobsapp@127.0.0.1:9/nowhere")
-    with Heartbeat(unreachable, JOBS, uuid.uuid4(), 1, interval=0.1, stale_after=1.5) as beat:
+    with Heartbeat(unreachable, JOBS, uuid.uuid4(), 1, interval=0.1, stale_after=1.5,
+                   token=uuid.uuid4()) as beat:
         time.sleep(0.5)
         beat.check()  # a failed stamp or two is not a lost lease
         eventually(lambda: beat.lost, timeout=10)

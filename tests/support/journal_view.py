@@ -6,8 +6,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, select
 
+from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.tables import JobEvent, JobRun, OutboxMessage
 
 
@@ -38,3 +39,11 @@ def outbox_rows(engine: Engine, job_id: uuid.UUID) -> list[Mapping[str, Any]]:
     stmt = select(table).where(table.c.job_id == job_id).order_by(table.c.attempt)
     with engine.connect() as conn:
         return list(conn.execute(stmt).mappings())
+
+
+def held_by(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> uuid.UUID:
+    """The token of the claim that holds the run now: what its worker's writes name."""
+    table = spec.table
+    token = conn.execute(select(table.c.claim_token).where(table.c.job_id == job_id)).scalar_one()
+    assert isinstance(token, uuid.UUID), f"run {job_id} was never claimed"
+    return token

@@ -42,6 +42,16 @@ def windowed(token: str) -> None:
     record(token)
 
 
+# Runs longer than its dedup window: the Redis key is gone before the job finishes.
+SLOW_WINDOW = 3.0
+
+
+@lifecycle_task(app, name="tests.windowed_slow", dedup_window=SLOW_WINDOW)
+def windowed_slow(token: str, seconds: float) -> None:
+    record(token)
+    time.sleep(seconds)
+
+
 @lifecycle_task(app, name="tests.flaky", max_attempts=5, retry_policy=FAST_RETRY)
 def flaky(token: str, fail_times: int, secret: str) -> None:
     if record(token) <= fail_times:
@@ -162,3 +172,21 @@ def leaky(token: str) -> None:
         f"&X-Amz-Signature={s['sig']} answered 403 to Bearer {s['bearer']}; "
         f"fallback https://svc:{s['url']}@api.example.com/v1/items?access_token={s['token']}"
     ) from cause
+
+
+def open_gate(token: str, run: int) -> None:
+    """Let the ``run``-th body of ``tests.gated`` under ``token`` (1 = the first) end."""
+    counter().set(_key(f"{token}:gate:{run}"), 1)
+
+
+@lifecycle_task(app, name="tests.gated", key="gated:{token}")
+def gated(token: str, seconds: float) -> None:
+    """Runs until the test opens its gate (at most ``seconds``) and never looks at its
+    lease, as a body deep in a library call would not; counts ``<token>:told`` if its
+    heartbeat had told it the lease was lost by the time it ends."""
+    run = record(token)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not counter().exists(_key(f"{token}:gate:{run}")):
+        time.sleep(0.05)
+    if current_run().heartbeat.lost:
+        record(f"{token}:told")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -9,7 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobsapp.lifecycle.claim import Refusal, claim_lost, explain, foreign_refusal, seconds_early
+from jobsapp.lifecycle.claim import (
+    LostClaim,
+    Refusal,
+    claim_lost,
+    explain,
+    foreign_refusal,
+    seconds_early,
+)
 from jobsapp.lifecycle.states import State
 
 LATER = datetime(2025, 3, 1, 12, 10, tzinfo=UTC)  # a next_retry_at still ahead
@@ -132,11 +140,30 @@ def test_a_foreign_message_starts_only_attempt_one(attempt: int) -> None:
                                                                           attempt))
 
 
+MINE = uuid.UUID(int=1)
+OTHER = uuid.UUID(int=2)
+
+
+def claimed(state: State, attempts: int, token: uuid.UUID | None) -> dict[str, Any]:
+    return {**row(state, attempts), "claim_token": token}
+
+
 @given(attempt=message_attempts)
 def test_a_claim_lost_in_a_crash_leaves_the_run_queued_before_its_attempt(attempt: int) -> None:
-    assert claim_lost(row(State.QUEUED, attempt - 1), attempt)
-    # The reaper's requeue keeps the taken attempt; a later claim moved the run on.
-    assert not claim_lost(row(State.QUEUED, attempt), attempt)
-    assert not claim_lost(row(State.RUNNING, attempt), attempt)
-    assert not claim_lost(row(State.SUCCEEDED, attempt), attempt)
-    assert not claim_lost(None, attempt)
+    assert claim_lost(claimed(State.QUEUED, attempt - 1, None), attempt, MINE) is \
+        LostClaim.UNCLAIMED  # fmt: skip
+    # The reaper's requeue keeps the taken attempt and its token; a later claim moved on.
+    assert claim_lost(claimed(State.QUEUED, attempt, MINE), attempt, MINE) is None
+    assert claim_lost(claimed(State.RUNNING, attempt + 1, OTHER), attempt, MINE) is None
+    assert claim_lost(claimed(State.RUNNING, attempt, MINE), attempt, MINE) is None
+    assert claim_lost(claimed(State.SUCCEEDED, attempt, MINE), attempt, MINE) is None
+    assert claim_lost(None, attempt, MINE) is None
+
+
+@given(attempt=message_attempts, state=st.sampled_from(State))
+def test_a_lost_claim_whose_attempt_was_claimed_again_is_told_by_its_token(
+    attempt: int, state: State
+) -> None:
+    # Only a second claim of the same attempt carries its number under another token,
+    # whatever that claim did since.
+    assert claim_lost(claimed(state, attempt, OTHER), attempt, MINE) is LostClaim.RECLAIMED

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from jobsapp.lifecycle import outbox, registry
-from jobsapp.lifecycle.journal import StaleRun
+from jobsapp.lifecycle.journal import PendingMessage, StaleRun
 from jobsapp.lifecycle.registry import StalePolicy
 from jobsapp.maintenance import reaper, relay, scheduler
 from jobsapp.maintenance.budget import Budget
@@ -99,19 +99,18 @@ def test_reaper_config_refuses_nonsense(bad: dict[str, object]) -> None:
 
 # ------------------------------------------------------------------ relay decisions
 
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
 
 
 def test_the_claim_check_doubles_with_every_publish() -> None:
-    checks = [outbox.next_check(NOW, count, MINUTE) - NOW for count in range(4)]
+    checks = [outbox.check_wait(count, MINUTE) for count in range(4)]
     assert checks == [MINUTE, 2 * MINUTE, 4 * MINUTE, 8 * MINUTE]
 
 
 def test_the_claim_check_backoff_is_capped() -> None:
     cap = MINUTE * 2**outbox.MAX_CHECK_BACKOFF
-    assert outbox.next_check(NOW, outbox.MAX_CHECK_BACKOFF, MINUTE) - NOW == cap
-    assert outbox.next_check(NOW, 10_000, MINUTE) - NOW == cap
+    assert outbox.check_wait(outbox.MAX_CHECK_BACKOFF, MINUTE) == cap
+    assert outbox.check_wait(10_000, MINUTE) == cap
 
 
 def _steps(*results: relay.Done) -> tuple[list[int], relay.Step]:
@@ -230,6 +229,26 @@ def test_batch_sizes_come_from_the_environment() -> None:
     for raw in ("0", "-1", "ten", "2.5"):
         with pytest.raises(ValueError, match="JOBSAPP_RELAY_BATCH"):
             whole_number({"JOBSAPP_RELAY_BATCH": raw}, "JOBSAPP_RELAY_BATCH", 500)
+
+
+def _unclaimed(n: int, queue: str) -> list[PendingMessage]:
+    due = datetime(2026, 12, 1, tzinfo=UTC)
+    return [PendingMessage(i, uuid.uuid4(), 1, "t", {}, due, publish_count=1, queue=queue)
+            for i in range(n)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("depth", "lost"), [(0, 3), (1, 2), (3, 0), (500, 0)])
+def test_a_queue_holding_n_messages_may_hold_the_n_newest_unclaimed(depth: int, lost: int) -> None:
+    messages = _unclaimed(3, "a")
+    gone, waiting = outbox.lost_and_waiting(messages, {"a": depth}, lambda m: str(m.queue))
+    assert gone == messages[:lost]  # the oldest are the ones a FIFO queue cannot hold
+    assert waiting == messages[lost:]
+
+
+def test_each_queue_is_judged_by_its_own_depth() -> None:
+    a, b = _unclaimed(2, "a"), _unclaimed(2, "b")
+    gone, waiting = outbox.lost_and_waiting([*a, *b], {"a": 5}, lambda m: str(m.queue))
+    assert (gone, waiting) == (b, a)
 
 
 def test_a_pass_report_is_one_readable_line_and_an_idle_pass_says_nothing() -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, create_engine
 
@@ -20,7 +20,7 @@ LONG = 3600.0  # the thread never flushes by itself within a test
 
 
 def _row(outbox_id: int) -> Accepted:
-    return Accepted(outbox_id, 0, datetime(2026, 1, 1, tzinfo=UTC))
+    return Accepted(outbox_id, 0, timedelta(minutes=5), datetime(2026, 1, 1, tzinfo=UTC))
 
 
 class Recorder:

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from jobsapp.attachments.validation import RejectedUpload
-from jobsapp.web.multipart import FormLimits, read_file
+from jobsapp.web.multipart import MAX_PART_HEADER_BYTES, FormLimits, read_file
 from jobsapp.web.urls import raw_url, url_problem
 
 BOUNDARY = "b0undary"
@@ -79,6 +79,30 @@ def test_each_form_limit_is_named_in_its_413() -> None:
     status, code, reason = refusal(form(field(b"123456"), file_part()))
     assert (status, code) == (413, "field_too_large")
     assert "5 bytes" in reason
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        # 2 MB of one header, then of many: the decoder would hold it all to find its end.
+        form(file_part(filename=b"a" * 2_000_000)),
+        form(b"X-Pad: 1\r\n" * 200_000 + file_part()),
+        # A preamble that never reaches the first boundary is held the same way.
+        io.BytesIO(b"p" * 2_000_000 + form(file_part()).getvalue()),
+    ],
+    ids=["long-header", "many-headers", "long-preamble"],
+)
+def test_a_part_header_over_its_limit_is_a_413_that_names_it(stream: io.BytesIO) -> None:
+    status, code, reason = refusal(stream)
+    assert (status, code) == (413, "part_header_too_large")
+    assert f"{MAX_PART_HEADER_BYTES} bytes" in reason
+
+
+def test_a_part_header_just_under_the_limit_is_read() -> None:
+    filename = b"a" * (MAX_PART_HEADER_BYTES - 100)
+    assert read_file(form(file_part(b"img", filename)), BOUNDARY, LIMITS) == (
+        b"img", filename.decode(),
+    )  # fmt: skip
 
 
 def test_an_unreadable_form_is_a_400_with_its_cause() -> None:
