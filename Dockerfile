@@ -17,4 +17,4 @@ USER jobsapp
 WORKDIR /home/jobsapp
 EXPOSE 8000 5555
 # The Procfile's web line; docker-compose.yml names every process's command explicitly.
-CMD ["gunicorn", "--bind", "0.0.0.0:8000", "--workers", "2", "--access-logfile", "-", "jobsapp.web.app:create_app()"]
+CMD ["gunicorn", "-c", "python:jobsapp.web.gunicorn_conf", "--bind", "0.0.0.0:8000", "--workers", "2", "--access-logfile", "-", "jobsapp.web.app:create_app()"]

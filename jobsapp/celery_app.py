@@ -12,6 +12,7 @@ from celery.concurrency import get_implementation
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
+    celeryd_after_setup,
     worker_init,
     worker_process_init,
 )
@@ -21,7 +22,7 @@ from celery.utils.log import get_multiprocessing_logger
 from jobsapp import preflight
 from jobsapp.db import dispose_engines
 from jobsapp.lifecycle.pools import green_pool_refusal
-from jobsapp.logs import format_handlers, scrub_handlers
+from jobsapp.logs import format_handlers, json_startup, log_worker_banner, scrub_handlers
 from jobsapp.settings import Settings, SettingsError, get_settings
 from jobsapp.shipped import CELERYCONFIG
 
@@ -106,6 +107,7 @@ def create_app() -> Celery:
         ),
         imports=BASE_IMPORTS + settings.imports,
     )
+    json_startup(celery_app)
     return celery_app
 
 
@@ -141,3 +143,8 @@ def _scrub_logs(logger: logging.Logger, **_kwargs: Any) -> None:
     forked = get_multiprocessing_logger()  # None until billiard has made one
     scrub_handlers(logger, *([forked] if forked is not None else []))
     format_handlers(logger, *([forked] if forked is not None else []))
+
+
+@celeryd_after_setup.connect
+def _banner(instance: Any, **_kwargs: Any) -> None:
+    log_worker_banner(instance)

@@ -163,9 +163,9 @@ def _summary_rows(args: argparse.Namespace) -> list[Any]:
 def _summary_table(rows: Sequence[Any]) -> str:
     from jobsapp.monitor.summary import human_age
 
-    header = ("MODULE", "JOB_ID", "STATE", "ATTEMPTS", "AGE", "ERROR")
+    header = ("MODULE", "TASK", "JOB_ID", "STATE", "ATTEMPTS", "AGE", "ERROR")
     lines = [
-        (r.module, str(r.job_id), r.state, f"{r.attempts}/{r.max_attempts}",
+        (r.module, r.task_name, str(r.job_id), r.state, f"{r.attempts}/{r.max_attempts}",
          human_age(r.age_seconds), r.last_error or "")
         for r in rows
     ]  # fmt: skip

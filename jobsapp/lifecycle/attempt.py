@@ -163,13 +163,14 @@ def _settle_failure(
         delay = exc.countdown
     error = _describe(exc, rules)
     detail = failure_detail(exc, rules.secrets)
+    cause = cause_of(exc)
     if decision.action is Action.FAIL:
         assert decision.outcome is not None
-        ended = _fail(ctx, decision.outcome, error, detail)
+        ended = _fail(ctx, decision.outcome, error, detail, cause)
     else:
         ended = _requeue(app, ctx, delay, error, Transition.RETRY, rules, refund=False,
-                         detail=detail)  # fmt: skip
-    return replace(ended, error=cause_of(exc))
+                         detail=detail, cause=cause)  # fmt: skip
+    return replace(ended, error=cause)
 
 
 def cause_of(exc: BaseException) -> BaseException:
@@ -177,7 +178,10 @@ def cause_of(exc: BaseException) -> BaseException:
     return exc.cause if isinstance(exc, RetryRequested) and exc.cause else exc
 
 
-def _fail(ctx: RunContext, outcome: Outcome, error: str, detail: dict[str, str]) -> Ended:
+def _fail(
+    ctx: RunContext, outcome: Outcome, error: str, detail: dict[str, str],
+    cause: BaseException | None = None,
+) -> Ended:  # fmt: skip
     def write() -> bool:
         with autocommit(ctx.engine) as conn:
             return journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
@@ -187,7 +191,10 @@ def _fail(ctx: RunContext, outcome: Outcome, error: str, detail: dict[str, str])
     if not _persistently(write):
         log.warning("job %s attempt %s: failure refused, lease lost", ctx.job_id, ctx.attempt)
         return Ended(End.LEASE_LOST, f"failure refused, lease lost: {error}")
-    log.error("job %s failed (%s) at attempt %s: %s", ctx.job_id, outcome, ctx.attempt, error)
+    # The body's own exception and traceback (scrubbed by the handlers' filter), for the
+    # log line and for what reads exc_info (Sentry's logging integration, JSON fields).
+    log.error("job %s failed (%s) at attempt %s: %s", ctx.job_id, outcome, ctx.attempt, error,
+              exc_info=cause)  # fmt: skip
     return Ended(End.FAILED, f"{outcome}: {error}")
 
 
@@ -207,6 +214,7 @@ def _snooze(app: Celery, ctx: RunContext, pause: RetryAfter, rules: AttemptRules
 def _requeue(
     app: Celery, ctx: RunContext, delay: float, error: str, transition: Transition,
     rules: AttemptRules, *, refund: bool, detail: dict[str, str] | None = None,
+    cause: BaseException | None = None,
 ) -> Ended:  # fmt: skip
     def write() -> PendingMessage | None:
         with autocommit(ctx.engine) as conn:
@@ -222,7 +230,7 @@ def _requeue(
     # A failed attempt is a warning; a snooze (the body asked to wait) is routine.
     level = logging.WARNING if transition is Transition.RETRY else logging.INFO
     log.log(level, "job %s attempt %s: %s in %.1fs: %s", ctx.job_id, ctx.attempt,
-            transition.value, delay, error)  # fmt: skip
+            transition.value, delay, error, exc_info=cause)  # fmt: skip
     # Short delays ride a countdown; long ones wait in the outbox for the relay.
     if delay <= rules.inline_wait_max and rules.publish_retry:
         outbox.publish_now(app, [journal.on_local_clock(message, timedelta(seconds=delay))])

@@ -52,6 +52,17 @@ CADENCE_ENV: Mapping[str, str] = {
 STANDBY_LOG_EVERY = 30.0
 
 
+def report_line(task: str, report: object) -> str | None:
+    """A pass's report as one line an operator reads (``maintenance reaper: jobs=2``), or
+    None when the pass found nothing to do: the relay runs every two seconds, and a line
+    per idle pass would bury the ones that say something."""
+    counts = report if isinstance(report, Mapping) else {"result": report}
+    done = [f"{name}={value}" for name, value in counts.items() if value]
+    if not done:
+        return None
+    return f"maintenance {task.removeprefix(MAINTENANCE_PREFIX)}: {', '.join(done)}"
+
+
 def cadence_overrides(env: Mapping[str, str]) -> dict[str, timedelta]:
     """Maintenance cadences set in ``env``, by task name."""
     found: dict[str, timedelta] = {}
@@ -174,9 +185,13 @@ class LeasedScheduler(Scheduler):
 
     def _run_inline(self, task: str) -> None:
         try:
-            self.app.tasks[task]()
+            report = self.app.tasks[task]()
         except Exception:
             log.exception("maintenance pass %s failed", task)
+            return
+        line = report_line(task, report)
+        if line is not None:
+            log.info("%s", line)
 
     # Celery's cached producer connects, retrying for minutes while the broker is down, for
     # every due entry (inline passes too): the reaper would stall behind it. Without it,

@@ -1,18 +1,33 @@
-"""Prometheus metrics of the journal, read from the database at scrape time.
+"""Prometheus metrics: the journal's, once for the cluster, and each web process's own.
 
-A custom collector rather than gauges updated by the processes: the journal is the one
-place that knows every run, whichever worker, beat or producer moved it, so a scrape of
-any web process reports the same numbers and a restarted process loses nothing.
+Two registries, because they add up differently. The journal's numbers (``jobsapp_*``,
+served on ``/metrics/cluster``) are read from the database at scrape time: the journal is
+the one place that knows every run, whichever worker, beat or producer moved it, so every
+web replica answers with the same numbers, and a restarted process loses nothing. Scraped
+from each replica they would be counted once per replica by a ``sum()``: they are scraped
+through one target (the load-balanced address) instead, see docs/operators.md. A
+process's own numbers (``process_*``, ``python_*``, ``jobsapp_web_info``, on ``/metrics``)
+are scraped from every replica and do add up.
+
 Gauges come from indexed queries; counters and histograms are totals that beat keeps
 (``monitor.rollup``, ``maintenance_counters``), so a scrape never aggregates a table.
+Labels ``task`` and ``queue`` are bounded by ``monitor.labels``; every registered task has
+its series from the start, at zero, so ``rate()`` and ``increase()`` see the first job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 
-from prometheus_client import CollectorRegistry, generate_latest
+from celery import Celery
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -22,27 +37,33 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
+from jobsapp import __version__
 from jobsapp.lifecycle import outbox_queries
+from jobsapp.lifecycle.states import ALL_STATES
 from jobsapp.maintenance import relay
-from jobsapp.monitor import rollup
+from jobsapp.monitor import labels, rollup
+from jobsapp.monitor.labels import Labels
 from jobsapp.monitor.summary import Health, health
 
 EngineFactory = Callable[[], Engine]
 StaleAfter = Callable[[], timedelta | float]
+AppFactory = Callable[[], Celery]
 
 
 class JournalCollector(Collector):
-    """``jobsapp_*`` gauges over every registered run table and the outbox."""
+    """``jobsapp_*`` gauges, counters and histograms over every run table and the outbox."""
 
-    def __init__(self, engine: EngineFactory, stale_after: StaleAfter) -> None:
+    def __init__(self, engine: EngineFactory, stale_after: StaleAfter, app: AppFactory) -> None:
         # Factories, not values: the configured database is resolved per scrape.
         self._engine = engine
         self._stale_after = stale_after
+        self._app = app
 
     def collect(self) -> Iterator[Metric]:
-        numbers = health(self._engine(), self._stale_after())
-        yield _jobs(numbers)
-        yield _oldest_queued(numbers)
+        engine, names = self._engine(), labels.of_app(self._app())
+        numbers = health(engine, self._stale_after())
+        yield _jobs(numbers, names)
+        yield _oldest_queued(numbers, names)
         yield _stale(numbers)
         yield GaugeMetricFamily(
             "jobsapp_outbox_backlog", "Outbox rows that are due and not yet published.",
@@ -53,8 +74,8 @@ class JournalCollector(Collector):
             "Seconds the oldest due, unpublished outbox row has waited (0 when none).",
             value=numbers.outbox_lag,
         )
-        yield from _outbox_upkeep(self._engine())
-        yield from _rolled_up(self._engine())
+        yield from _outbox_upkeep(engine)
+        yield from _rolled_up(engine, names)
 
 
 def _outbox_upkeep(engine: Engine) -> Iterator[Metric]:
@@ -100,10 +121,18 @@ _HISTOGRAMS = {
 }  # fmt: skip
 
 
-def _rolled_up(engine: Engine) -> Iterator[Metric]:
+# The label values every registered task's counter starts with, at zero.
+_STARTING = {
+    rollup.ATTEMPTS: sorted(set(rollup.ENDINGS.values())),
+    rollup.REAPED: sorted(set(rollup.REAPS.values())),
+    rollup.DEDUP_HITS: [""],
+}
+
+
+def _rolled_up(engine: Engine, names: Labels) -> Iterator[Metric]:
     """Counters and histograms by module and task, as of beat's last rollup."""
     with engine.connect() as conn:
-        totals = rollup.read(conn)
+        totals = _folded(rollup.read(conn), names)
     for metric, (name, doc, label) in _COUNTERS.items():
         extra = [label] if label else []
         family = CounterMetricFamily(name, doc, labels=["module", "task", *extra])
@@ -112,12 +141,28 @@ def _rolled_up(engine: Engine) -> Iterator[Metric]:
                 family.add_metric([module, task, *([value_label] if extra else [])], value)
         yield family
     for metric, (name, doc) in _HISTOGRAMS.items():
-        yield _histogram(name, doc, {k[1:]: v for k, v in totals.items() if k[0] == metric})
+        cells = {k[1:]: v for k, v in totals.items() if k[0] == metric}
+        yield _histogram(name, doc, cells, names)
 
 
-def _histogram(name: str, doc: str, cells: dict[tuple[str, str, str], int]) -> Metric:
+def _folded(totals: Mapping[rollup.Key, int], names: Labels) -> dict[rollup.Key, int]:
+    """Totals with unregistered task names folded into ``other``, and every registered
+    task's counter series present from the start."""
+    out = {(metric, module, task, value): 0
+           for module, task, _ in names.registered()
+           for metric, values in _STARTING.items() for value in values}  # fmt: skip
+    for (metric, module, task, value), n in totals.items():
+        key = (metric, module, names.task(task), value)
+        out[key] = out.get(key, 0) + n
+    return out
+
+
+def _histogram(
+    name: str, doc: str, cells: dict[tuple[str, str, str], int], names: Labels
+) -> Metric:
     family = HistogramMetricFamily(name, doc, labels=["module", "task"])
-    for module, task in sorted({(m, t) for m, t, _ in cells}):
+    series = {(m, t) for m, t, _ in cells} | {(m, t) for m, t, _ in names.registered()}
+    for module, task in sorted(series):
         running, buckets = 0, []
         for le in [*(rollup.bucket_label(b) for b in rollup.BUCKETS), rollup.INF]:
             running += cells.get((module, task, le), 0)
@@ -127,25 +172,34 @@ def _histogram(name: str, doc: str, cells: dict[tuple[str, str, str], int]) -> M
     return family
 
 
-def _jobs(numbers: Health) -> GaugeMetricFamily:
+def _jobs(numbers: Health, names: Labels) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
-        "jobsapp_jobs", "Run rows by module and state (terminal rows until retention).",
-        labels=["module", "state"],
-    )  # fmt: skip
-    for module, by_state in numbers.counts.items():
-        for state, count in by_state.items():
-            family.add_metric([module, state], count)
+        "jobsapp_jobs",
+        "Run rows by module, task, queue and state (terminal rows until retention).",
+        labels=["module", "task", "queue", "state"],
+    )
+    rows = {(*series, state): 0 for series in names.registered() for state in ALL_STATES}
+    for ((module, task, queue), state), count in numbers.series_counts.items():
+        key = (module, names.task(task), names.queue(task, queue), state)
+        rows[key] = rows.get(key, 0) + count
+    for key, count in sorted(rows.items()):
+        family.add_metric(list(key), count)
     return family
 
 
-def _oldest_queued(numbers: Health) -> GaugeMetricFamily:
+def _oldest_queued(numbers: Health, names: Labels) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
         "jobsapp_oldest_queued_seconds",
-        "Seconds the oldest due queued job has waited for a worker (0 when none).",
-        labels=["module"],
+        "Seconds the oldest due queued job has waited for a worker (0 when none), by module, "
+        "task and queue.",
+        labels=["module", "task", "queue"],
     )
-    for module, age in numbers.oldest_queued_age.items():
-        family.add_metric([module], age or 0.0)
+    ages = dict.fromkeys(names.registered(), 0.0)
+    for (module, task, queue), age in numbers.series_oldest.items():
+        key = (module, names.task(task), names.queue(task, queue))
+        ages[key] = max(age, ages.get(key, 0.0))
+    for key, age in sorted(ages.items()):
+        family.add_metric(list(key), age)
     return family
 
 
@@ -160,11 +214,38 @@ def _stale(numbers: Health) -> GaugeMetricFamily:
     return family
 
 
-def journal_registry(engine: EngineFactory, stale_after: StaleAfter) -> CollectorRegistry:
-    """A registry of its own: the process-global one would double-register per app."""
+def celery_app() -> Celery:
+    """The app whose registered tasks and queues bound the labels, built on first use."""
+    from jobsapp.celery_app import app
+
+    return app
+
+
+def journal_registry(
+    engine: EngineFactory, stale_after: StaleAfter, app: AppFactory
+) -> CollectorRegistry:
+    """The cluster's numbers; a registry of its own (the process-global one would
+    double-register per app)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(JournalCollector(engine, stale_after))
+    reg.register(JournalCollector(engine, stale_after, app))
     return reg
+
+
+def process_registry() -> CollectorRegistry:
+    """This process's own numbers: CPU, memory, file descriptors, GC, and its version."""
+    reg = CollectorRegistry(auto_describe=False)
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, _Info()):
+        reg.register(collector)
+    return reg
+
+
+class _Info(Collector):
+    def collect(self) -> Iterator[Metric]:
+        # Summed over the replicas it counts them; by version it shows a rollout's progress.
+        info = GaugeMetricFamily("jobsapp_web_info", "A web process, by jobsapp version.",
+                                 labels=["version"])  # fmt: skip
+        info.add_metric([__version__], 1)
+        yield info
 
 
 def exposition(reg: CollectorRegistry) -> bytes:

@@ -70,6 +70,10 @@ class SummaryRow:
         }  # fmt: skip
 
 
+# A run table's rows of one task on one broker queue (None: the task's default route).
+Series = tuple[str, str, str | None]
+
+
 @dataclass(frozen=True)
 class Health:
     """The numbers the metrics endpoint exports, read in one connection."""
@@ -79,6 +83,10 @@ class Health:
     stale_running: dict[str, int]
     outbox_backlog: int
     outbox_lag: float
+    # The same rows by task and queue: ``(series, state) -> rows``, and the seconds the
+    # oldest due queued job of each series has waited.
+    series_counts: dict[tuple[Series, str], int]
+    series_oldest: dict[Series, float]
 
 
 # ------------------------------------------------------------------------- filters
@@ -228,12 +236,15 @@ def outbox_lag(engine: Engine, *, now: datetime | None = None) -> float:
 def health(engine: Engine, stale_after: timedelta | float) -> Health:
     now = utcnow()
     with engine.connect() as conn:
+        by_series, oldest = _series_counts(conn), _series_oldest(conn, now)
         return Health(
-            counts=_counts(conn),
-            oldest_queued_age=_oldest_queued(conn, now),
+            counts=_per_module(by_series),
+            oldest_queued_age=_oldest_per_module(oldest),
             stale_running=_stale(conn, _delta(stale_after), now),
             outbox_backlog=_backlog(conn, now),
             outbox_lag=_lag(conn, now),
+            series_counts=by_series,
+            series_oldest=oldest,
         )
 
 
@@ -251,16 +262,60 @@ def _counts(conn: Connection) -> dict[str, dict[str, int]]:
     return found
 
 
+def _series_counts(conn: Connection) -> dict[tuple[Series, str], int]:
+    # One GROUP BY per run table, bounded by journal retention like the counts by state.
+    found: dict[tuple[Series, str], int] = {}
+    for spec in registry.all_tables():
+        c = spec.table.c
+        stmt = select(c.task_name, c.queue, c.state, func.count()).group_by(
+            c.task_name, c.queue, c.state
+        )
+        for task, queue, state, n in conn.execute(stmt).all():
+            found[((spec.module, task, queue), str(state))] = int(n)
+    return found
+
+
+def _per_module(by_series: dict[tuple[Series, str], int]) -> dict[str, dict[str, int]]:
+    found = {spec.module: dict.fromkeys(ALL_STATES, 0) for spec in registry.all_tables()}
+    for ((module, _, _), state), n in by_series.items():
+        found[module][state] = found[module].get(state, 0) + n
+    return found
+
+
+def _series_oldest(conn: Connection, now: datetime) -> dict[Series, float]:
+    """Seconds the oldest due queued job of each series has waited (queued rows only)."""
+    found: dict[Series, float] = {}
+    for spec in registry.all_tables():
+        c = spec.table.c
+        stmt = (
+            select(c.task_name, c.queue, func.min(c.updated_at))
+            .where(c.state == State.QUEUED.value, _due(spec.table, now))
+            .group_by(c.task_name, c.queue)
+        )
+        for task, queue, since in conn.execute(stmt).all():
+            found[(spec.module, task, queue)] = _seconds(now - since)
+    return found
+
+
+def _oldest_per_module(oldest: dict[Series, float]) -> dict[str, float | None]:
+    found: dict[str, float | None] = {spec.module: None for spec in registry.all_tables()}
+    for (module, _, _), age in oldest.items():
+        found[module] = max(age, found.get(module) or 0.0)
+    return found
+
+
+def _due(table: Any, now: datetime) -> Any:
+    # A job whose next_retry_at is still ahead is not waiting for a worker.
+    return or_(table.c.next_retry_at.is_(None), table.c.next_retry_at <= now)
+
+
 def _oldest_queued(conn: Connection, now: datetime) -> dict[str, float | None]:
     ages: dict[str, float | None] = {}
     for spec in registry.all_tables():
         table = spec.table
         stmt = (
             select(table.c.updated_at)
-            .where(
-                table.c.state == State.QUEUED.value,
-                or_(table.c.next_retry_at.is_(None), table.c.next_retry_at <= now),
-            )
+            .where(table.c.state == State.QUEUED.value, _due(table, now))
             .order_by(table.c.updated_at)
             .limit(1)
         )

@@ -3,9 +3,10 @@ Prometheus metrics; the browser's pages under ``/admin`` are ``jobsapp.web.ui``.
 
 Everything under ``/v1/admin`` needs ``Authorization: Bearer $JOBSAPP_ADMIN_TOKEN``; with
 no token configured the operator API is off (403), so a deployment that forgot the
-variable is closed rather than open. ``/metrics`` carries no job ids or errors; it is open
-unless ``JOBSAPP_METRICS_TOKEN`` is set, then it needs that bearer token (a scraper's own,
-not the operator's).
+variable is closed rather than open. ``/metrics`` (this process) and ``/metrics/cluster``
+(the journal, see ``monitor.metrics``) carry no job ids or errors; they are open unless
+``JOBSAPP_METRICS_TOKEN`` is set, then they need that bearer token (a scraper's own, not
+the operator's).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from jobsapp.web.openapi import (
 log = logging.getLogger(__name__)
 
 _METRICS = "jobsapp.metrics"
+_PROCESS_METRICS = "jobsapp.metrics.process"
 _RETRY_AFTER_S = "5"
 # What "the database is down" looks like; an IntegrityError is a bug and stays a 500.
 _DB_DOWN = (OperationalError, InterfaceError, PoolTimeout)
@@ -55,8 +57,9 @@ scrape = APIBlueprint("metrics", __name__, abp_tags=[Tag(name="operations")])
 def init_app(app: OpenAPI) -> None:
     """Register the operator routes and the metrics registry on ``app``."""
     app.extensions[_METRICS] = metrics.journal_registry(
-        get_engine, lambda: get_settings().stale_after
+        get_engine, lambda: get_settings().stale_after, metrics.celery_app
     )
+    app.extensions[_PROCESS_METRICS] = metrics.process_registry()
     app.register_api(admin)
     app.register_api(scrape)
     ui.init_app(app)
@@ -237,18 +240,41 @@ def retry_dead_outbox(body: schemas.RetryDeadOutbox) -> Answer:
 
 @scrape.get(
     "/metrics",
-    summary="Prometheus metrics, read from the journal at scrape time",
-    description="`jobsapp_jobs{module,state}`, `jobsapp_oldest_queued_seconds{module}`, "
-    "`jobsapp_stale_running{module}`, `jobsapp_outbox_backlog`, `jobsapp_outbox_lag_seconds` "
-    "and the counters and histograms of docs/operators.md. Open unless "
-    "`JOBSAPP_METRICS_TOKEN` is set, then that bearer token.",
+    summary="This web process's own Prometheus metrics",
+    description="`process_*`, `python_*` and `jobsapp_web_info{version}` of the process "
+    "that answered: scrape every replica. The journal's numbers are on `/metrics/cluster`. "
+    "Open unless `JOBSAPP_METRICS_TOKEN` is set, then that bearer token.",
     operation_id="metrics",
+    responses={
+        200: {"description": "The Prometheus text exposition format",
+              "content": {"text/plain": {"schema": {"type": "string"}}}},
+        **errors(401, text=ADMIN_ERROR_TEXT),
+    },
+)  # fmt: skip
+def prometheus() -> Answer:
+    return _exposition(_PROCESS_METRICS)
+
+
+@scrape.get(
+    "/metrics/cluster",
+    summary="The journal's Prometheus metrics, the same from every replica",
+    description="`jobsapp_jobs{module,task,queue,state}`, "
+    "`jobsapp_oldest_queued_seconds{module,task,queue}`, `jobsapp_stale_running{module}`, "
+    "`jobsapp_outbox_backlog`, `jobsapp_outbox_lag_seconds` and the counters and histograms "
+    "of docs/operators.md, read from the database at scrape time. Every replica answers "
+    "the same numbers: scrape one target (the load-balanced address), not each replica. "
+    "Open unless `JOBSAPP_METRICS_TOKEN` is set, then that bearer token.",
+    operation_id="clusterMetrics",
     responses={
         200: {"description": "The Prometheus text exposition format",
               "content": {"text/plain": {"schema": {"type": "string"}}}},
         **errors(401, 503, text=ADMIN_ERROR_TEXT),
     },
 )  # fmt: skip
-def prometheus() -> Answer:
-    text = metrics.exposition(current_app.extensions[_METRICS])
+def cluster_prometheus() -> Answer:
+    return _exposition(_METRICS)
+
+
+def _exposition(registry: str) -> Answer:
+    text = metrics.exposition(current_app.extensions[registry])
     return Response(text, headers={"Content-Type": CONTENT_TYPE_LATEST})

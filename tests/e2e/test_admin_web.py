@@ -210,7 +210,7 @@ def test_without_a_configured_token_the_operator_api_is_disabled(
     env = {k: v for k, v in admin_env.items() if k != "JOBSAPP_ADMIN_TOKEN"}
     with running_web(env, logs / "web-no-token.log") as http:
         jobs, page = get(http, "/v1/admin/jobs"), get(http, "/admin")
-        scrape = http.get("/metrics")
+        scrape = http.get("/metrics/cluster")
 
     assert jobs.status == 403
     assert "operator API disabled" in jobs.json()["reason"]
@@ -335,25 +335,27 @@ def test_the_jobs_page_explains_a_bad_filter(http: Http, query: str, says: str) 
 def test_metrics_are_read_from_the_journal_at_scrape_time(http: Http, db: Engine) -> None:
     enqueue(db, tasks.echo, "waiting-for-the-relay")
 
-    reply = http.get("/metrics")
+    reply = http.get("/metrics/cluster")
 
     assert reply.status == 200
     assert reply.headers["Content-Type"].startswith("text/plain; version=")
     families = {f.name: f for f in text_string_to_metric_families(reply.body.decode())}
     assert set(METRICS) <= set(families)
-    jobs = {(s.labels["module"], s.labels["state"]): s.value
+    jobs = {(s.labels["module"], s.labels["task"], s.labels["queue"], s.labels["state"]): s.value
             for s in families["jobsapp_jobs"].samples}  # fmt: skip
     with db.connect() as conn:
-        rows = conn.execute(text("SELECT state, count(*) FROM job_runs GROUP BY state"))
-        in_db = {("jobs", state): float(n) for state, n in rows}
+        rows = conn.execute(text("SELECT task_name, state, count(*) FROM job_runs "
+                                 "GROUP BY task_name, state"))  # fmt: skip
+        in_db = {("jobs", task, "celery", state): float(n) for task, state, n in rows}
     assert {k: v for k, v in jobs.items() if k[0] == "jobs" and v} == in_db
-    assert ("attachments", "running") in jobs
+    # A registered task nothing ran yet has its series, at zero.
+    assert jobs[("attachments", "jobsapp.attachments.process", "celery", "running")] == 0
     backlog = families["jobsapp_outbox_backlog"].samples[0].value
     assert backlog >= 1
     assert families["jobsapp_outbox_lag_seconds"].samples[0].value >= 0
-    oldest = {s.labels["module"]: s.value
+    oldest = {(s.labels["module"], s.labels["task"]): s.value
               for s in families["jobsapp_oldest_queued_seconds"].samples}  # fmt: skip
-    assert oldest["jobs"] >= 0
+    assert oldest[("jobs", "tests.echo")] >= 0
     assert {s.labels["module"] for s in families["jobsapp_stale_running"].samples} == {
         "jobs", "attachments", "reprocess",
     }  # fmt: skip

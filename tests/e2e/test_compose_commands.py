@@ -163,6 +163,7 @@ def test_every_compose_service_command_runs_and_passes_its_health_check(
 
     procs["beat"].wait_for_log("is the leader", timeout=30)
     _flower_needs_its_basic_auth(ports)
+    _metrics_need_the_scrapers_token(ports)
     _an_upload_becomes_ready_with_a_public_sigv4_url(ports, stand_ins)
 
 
@@ -172,6 +173,14 @@ def _flower_needs_its_basic_auth(ports: dict[str, str]) -> None:
     token = base64.b64encode(SECRETS["FLOWER_BASIC_AUTH"].encode()).decode()
     request = urllib.request.Request(flower, headers={"Authorization": f"Basic {token}"})
     assert fetch(request).status == 200
+
+
+def _metrics_need_the_scrapers_token(ports: dict[str, str]) -> None:
+    web = Http(f"http://{ports['127.0.0.1:8000']}")
+    bearer = {"Authorization": f"Bearer {SECRETS['JOBSAPP_METRICS_TOKEN']}"}
+    for path in ("/metrics", "/metrics/cluster"):
+        assert web.get(path).status == 401
+        assert web.request(path, headers=bearer).status == 200
 
 
 def _an_upload_becomes_ready_with_a_public_sigv4_url(

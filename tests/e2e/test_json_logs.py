@@ -1,8 +1,12 @@
-"""JOBSAPP_LOG_FORMAT=json on a real worker, beat and web: JSON lines, ids, no secrets.
+"""JOBSAPP_LOG_FORMAT=json on a real worker, beat and gunicorn web: every line JSON, ids,
+the body's traceback, no secrets, no terminal escapes.
 
 A producer enqueues a job with a traceparent whose body fails once with a database URL
 (password included) in its error; the worker's record of the retry carries the job's
-ids and trace id, and the password appears nowhere in any process's log.
+ids and trace id and the body's own exception and traceback (``exc_type``,
+``exc_message``, ``exc_info``), and the password appears nowhere in any process's log.
+Every line of every process, Celery's banners and gunicorn's error and access logs
+included, is one JSON object. In text format the same record carries the traceback.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from tests.e2e.procs import ROOT, launching, ready, service_env
-from tests.e2e.webserver import WEB, free_port
+from tests.e2e.procs import ROOT, Launcher, Proc, launching, ready, service_env
+from tests.e2e.webserver import free_port
 from tests.support.env import redis_url
 from tests.support.waiting import eventually
 
@@ -39,8 +43,28 @@ print(handle.job_id)
 """
 
 
+# The Procfile's web line.
+GUNICORN = (sys.executable, "-m", "gunicorn", "-c", "python:jobsapp.web.gunicorn_conf",
+            "--workers", "2", "--access-logfile", "-")  # fmt: skip
+APP = "jobsapp.web.app:create_app()"
+
+
 def json_lines(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    """Every line of a log, each of which must be one JSON object."""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def enqueue_flaky(env: dict[str, str]) -> str:
+    token = f"json-{uuid.uuid4().hex[:8]}"
+    argv = [sys.executable, "-c", ENQUEUE, token]
+    produced = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=60, check=True)  # fmt: skip
+    return produced.stdout.strip().splitlines()[-1]
+
+
+def start_gunicorn(launcher: Launcher) -> tuple[Proc, int]:
+    port = free_port()
+    return launcher.start("json-web", [*GUNICORN, "--bind", f"127.0.0.1:{port}", APP]), port
 
 
 def _answers(url: str) -> bool:
@@ -59,14 +83,9 @@ def test_worker_beat_and_web_write_scrubbed_json_lines_with_job_and_trace_ids(
                       settings={"JOBSAPP_LOG_FORMAT": "json"})  # fmt: skip
     with launching(env, tmp_path) as launcher:
         worker, beat = launcher.worker("json"), launcher.beat("json-beat")
-        port = free_port()
-        web = launcher.start("json-web", [*WEB, "--port", str(port)])
+        web, port = start_gunicorn(launcher)
         ready(worker)
-        token = f"json-{uuid.uuid4().hex[:8]}"
-        argv = [sys.executable, "-c", ENQUEUE, token]
-        produced = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=60, check=True)  # fmt: skip
-        job_id = produced.stdout.strip().splitlines()[-1]
+        job_id = enqueue_flaky(env)
 
         def retry_record() -> dict[str, Any] | None:
             records = json_lines(worker.log())
@@ -77,12 +96,41 @@ def test_worker_beat_and_web_write_scrubbed_json_lines_with_job_and_trace_ids(
         eventually(lambda: any(r["logger"].startswith("jobsapp.maintenance")
                                for r in json_lines(beat.log())), timeout=60)  # fmt: skip
         eventually(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), timeout=30)
-        eventually(lambda: any(r["logger"] == "werkzeug" and "/healthz" in r["message"]
+        eventually(lambda: any(r["logger"] == "gunicorn.access" and "/healthz" in r["message"]
                                for r in json_lines(web.log())), timeout=30)  # fmt: skip
+        eventually(lambda: any(r["logger"] == "jobsapp.maintenance.scheduler"
+                               for r in json_lines(beat.log())), timeout=30)  # fmt: skip
     assert (record["attempt"], record["module"], record["task"]) == (1, "jobs", "tests.flaky")
     assert record["trace_id"] == TRACE_ID
     assert record["level"] == "WARNING"
+    # The body's exception, not the wrapper's: its type, its message, its own frame.
+    assert record["exc_type"] == "builtins.ConnectionError"
+    assert record["exc_message"] == "upstream down at postgresql://app:***@db.internal/jobs"
+    assert 'tests/support/tasks.py", line' in record["exc_info"]
+    assert "in flaky" in record["exc_info"]
+    loggers = {proc.name: {r["logger"] for r in json_lines(proc.log())}
+               for proc in (worker, beat, web)}  # fmt: skip
+    assert {"gunicorn.error", "gunicorn.access"} <= loggers["json-web"]
+    assert "celery.apps.worker" in loggers["json"]  # its banner, and "ready"
     for proc in (worker, beat, web):
         assert SECRET not in proc.log()
-        logged = [line for line in proc.log().splitlines() if line.startswith("{")]
-        assert logged, proc.log()[-2000:]
+        assert "\x1b" not in proc.log()
+        assert json_lines(proc.log()), proc.log()[-2000:]
+
+
+def test_a_failed_attempt_logs_the_bodys_traceback_in_text_too(
+    pg: Engine, postgres_url: str, tmp_path: Path
+) -> None:
+    env = service_env(database_url=postgres_url, broker_url=redis_url(BROKER_DB),
+                      var_dir=tmp_path / "var", settings={})  # fmt: skip
+    with launching(env, tmp_path) as launcher:
+        worker = launcher.worker("text")
+        ready(worker)
+        job_id = enqueue_flaky(env)
+        found = worker.wait_for_log(
+            rf"job {job_id} attempt 1: retry in [^\n]*\nTraceback \(most recent call last\):"
+            r"(?:\n .*)+\nConnectionError: upstream down at postgresql://app:\*\*\*@",
+            timeout=60,
+        )
+    assert 'tests/support/tasks.py", line' in found.group(0)
+    assert SECRET not in worker.log()

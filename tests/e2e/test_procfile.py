@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from tests.support.env import redis_url, service
 from tests.unit import images
 
 REDIS_DB = 15
+FLOWER_LOGIN = "ops:procfile-Secret-2f9a"
 
 
 @pytest.fixture
@@ -38,6 +42,7 @@ def procfile_env(tmp_path: Path) -> Iterator[dict[str, str]]:
         "JOBSAPP_WEB_BIND": f"127.0.0.1:{free_port()}",
         "JOBSAPP_FLOWER_PORT": str(free_port()),
         "JOBSAPP_RELAY_EVERY": "1",
+        "FLOWER_BASIC_AUTH": FLOWER_LOGIN,
     }
     _drop_postgres(admin, "jobsapp_e2e_procfile")
 
@@ -77,7 +82,10 @@ def test_every_procfile_line_serves(honcho: Path, procfile_env: dict[str, str]) 
     web = Http(f"http://{procfile_env['JOBSAPP_WEB_BIND']}")
     assert _answers(web.base_url + "/healthz", honcho) == 200
     flower = f"http://127.0.0.1:{procfile_env['JOBSAPP_FLOWER_PORT']}/"
-    assert _answers(flower, honcho) == 200
+    assert _answers(flower, honcho) == 401
+    login = base64.b64encode(FLOWER_LOGIN.encode()).decode()
+    assert fetch(urllib.request.Request(flower, headers={"Authorization": f"Basic {login}"}))\
+        .status == 200
     reply = web.post_file(images.solid("PNG"), "p.png", "image/png")
     assert reply.status == 202, reply.body
     location = reply.headers["Location"]
@@ -88,3 +96,25 @@ def test_every_procfile_line_serves(honcho: Path, procfile_env: dict[str, str]) 
     assert state == "ready"
     log = honcho.read_text()
     assert "is the leader" in log  # beat took its lease
+
+
+@pytest.mark.parametrize("login", [None, ""])
+def test_flower_refuses_to_start_without_its_basic_auth(login: str | None) -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("JOBSAPP_", "FLOWER_"))}
+    port = free_port()
+    env = base | {"PATH": f"{Path(sys.executable).parent}:{base.get('PATH', '')}",
+                  "JOBSAPP_FLOWER_PORT": str(port)}  # fmt: skip
+    if login is not None:
+        env["FLOWER_BASIC_AUTH"] = login
+    argv = [str(Path(sys.executable).parent / "honcho"), "start", "-f", "Procfile", "flower"]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
+
+    assert done.returncode != 0
+    output = (done.stdout + done.stderr).splitlines()
+    said = [line for line in output if "FLOWER_BASIC_AUTH" in line]
+    assert len(said) == 1, output
+    assert "set FLOWER_BASIC_AUTH to user:password" in said[0]
+    # Nothing listens: Flower never started.
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()

@@ -23,6 +23,9 @@ from typing import Any
 from jobsapp.demo import multipart_body
 
 WEB = (sys.executable, "-m", "jobsapp.cli", "web", "--host", "127.0.0.1")
+# The Procfile's web line: a gunicorn replica of two workers.
+GUNICORN = (sys.executable, "-m", "gunicorn", "--workers", "2", "--access-logfile", "-")
+APP = "jobsapp.web.app:create_app()"
 WORKER = (
     *(sys.executable, "-m", "celery", "-A", "jobsapp", "worker", "--pool=threads", "-c", "2"),
     *("-l", "warning", "--without-gossip", "--without-mingle", "--without-heartbeat"),
@@ -108,10 +111,15 @@ def start(argv: tuple[str, ...], env: Mapping[str, str], log_path: Path) -> subp
         return subprocess.Popen(argv, cwd=REPO, env=dict(env), stdout=log, stderr=subprocess.STDOUT)
 
 
-def start_web(env: Mapping[str, str], log_path: Path) -> tuple[subprocess.Popen[bytes], Http]:
-    """`jobsapp web` on a free port, once /healthz answers."""
+def start_web(
+    env: Mapping[str, str], log_path: Path, *, gunicorn: bool = False
+) -> tuple[subprocess.Popen[bytes], Http]:
+    """`jobsapp web` (or gunicorn, as the Procfile runs it) on a free port, once /healthz
+    answers."""
     port = free_port()
-    proc = start((*WEB, "--port", str(port)), env, log_path)
+    bind = f"127.0.0.1:{port}"
+    argv = (*GUNICORN, "--bind", bind, APP) if gunicorn else (*WEB, "--port", str(port))
+    proc = start(argv, env, log_path)
     http = Http(f"http://127.0.0.1:{port}")
     try:
         _wait_healthy(proc, http, log_path)
@@ -125,7 +133,7 @@ def _wait_healthy(proc: subprocess.Popen[bytes], http: Http, log_path: Path) -> 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"jobsapp web exited: {log_path.read_text()[-3000:]}")
+            raise AssertionError(f"the web process exited: {log_path.read_text()[-3000:]}")
         try:
             # 503 is an answer too: /healthz reports the database, and some tests run
             # the web process against a database that is down on purpose.
@@ -137,9 +145,11 @@ def _wait_healthy(proc: subprocess.Popen[bytes], http: Http, log_path: Path) -> 
 
 
 @contextmanager
-def running_web(env: Mapping[str, str], log_path: Path) -> Iterator[Http]:
-    """`jobsapp web` for the duration of the block."""
-    proc, client = start_web(env, log_path)
+def running_web(
+    env: Mapping[str, str], log_path: Path, *, gunicorn: bool = False
+) -> Iterator[Http]:
+    """`jobsapp web` (or gunicorn) for the duration of the block."""
+    proc, client = start_web(env, log_path, gunicorn=gunicorn)
     try:
         yield client
     finally:

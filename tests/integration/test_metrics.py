@@ -1,4 +1,4 @@
-"""/metrics counters and histograms: what ran, as an operator's alert rules read it.
+"""/metrics/cluster counters and histograms: what ran, as an operator's alert rules read it.
 
 Real worker, real relay and rollup passes, scraped through the web app.
 """
@@ -6,6 +6,7 @@ Real worker, real relay and rollup passes, scraped through the web app.
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -13,8 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, delete, select
 
 from jobsapp.celery_app import app
+from jobsapp.db import utcnow
+from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.outbox_queries import COUNTERS
 from jobsapp.lifecycle.tables import OutboxMessage
+from jobsapp.lifecycle.task import LifecycleTask
 from jobsapp.maintenance import relay
 from jobsapp.monitor import rollup
 from jobsapp.web.app import create_app
@@ -34,8 +38,8 @@ def fresh_totals(db: Engine) -> Engine:
     return db
 
 
-def scrape(headers: dict[str, str] | None = None) -> Samples:
-    reply = create_app().test_client().get("/metrics", headers=headers or {})
+def scrape(headers: dict[str, str] | None = None, path: str = "/metrics/cluster") -> Samples:
+    reply = create_app().test_client().get(path, headers=headers or {})
     assert reply.status_code == 200, reply.get_data(as_text=True)
     return {
         (s.name, frozenset(s.labels.items())): s.value
@@ -98,8 +102,73 @@ def test_attempts_outcomes_histograms_dedup_and_relay_are_counted_once(
 def test_metrics_need_the_scrapers_token_when_one_is_set(fresh_totals: Engine) -> None:
     with environment(JOBSAPP_METRICS_TOKEN="scrape-me"):
         client = create_app().test_client()
-        assert client.get("/metrics").status_code == 401
-        bad = client.get("/metrics", headers={"Authorization": "Bearer nope"})
-        assert bad.status_code == 401
-        assert "jobsapp-metrics" in bad.headers["WWW-Authenticate"]
-        assert scrape({"Authorization": "Bearer scrape-me"})
+        for path in ("/metrics", "/metrics/cluster"):
+            assert client.get(path).status_code == 401
+            bad = client.get(path, headers={"Authorization": "Bearer nope"})
+            assert bad.status_code == 401
+            assert "jobsapp-metrics" in bad.headers["WWW-Authenticate"]
+            assert scrape({"Authorization": "Bearer scrape-me"}, path)
+
+
+def test_every_counter_of_every_registered_task_has_a_zero_series_before_any_job(
+    fresh_totals: Engine,
+) -> None:
+    got = scrape()
+
+    registered = [t for t in app.tasks.values() if isinstance(t, LifecycleTask)]
+    assert len(registered) > 5
+    for task in registered:
+        mine = {"module": task.run_table.module, "task": task.name}
+        for outcome in ("succeeded", "retried", "snoozed", "failed", "reaped"):
+            assert (("jobsapp_attempts_total", frozenset({**mine, "outcome": outcome}.items()))
+                    in got)  # fmt: skip
+        for outcome in ("requeued", "failed"):
+            assert ("jobsapp_reaped_total", frozenset({**mine, "outcome": outcome}.items())) in got
+        assert ("jobsapp_dedup_hits_total", frozenset(mine.items())) in got
+        for histogram in ("jobsapp_queue_wait_seconds", "jobsapp_run_duration_seconds"):
+            assert (f"{histogram}_count", frozenset(mine.items())) in got
+        queue = {"queue": app.conf.task_default_queue}
+        assert ("jobsapp_oldest_queued_seconds", frozenset({**mine, **queue}.items())) in got
+    assert not any(v for (name, _), v in got.items()
+                   if name.endswith(("_total", "_count", "_bucket")))  # fmt: skip
+
+
+def test_task_and_queue_labels_say_only_registered_tasks_and_configured_queues(
+    fresh_totals: Engine,
+) -> None:
+    db = fresh_totals
+    routed = tasks.echo.new_job(("to-a-queue",), {}, None)
+    stray = replace(tasks.echo.new_job(("stray",), {}, None), queue=f"tenant-{uuid.uuid4()}")
+    renamed = replace(tasks.echo.new_job(("renamed",), {}, None),
+                      task_name=f"gone.{uuid.uuid4().hex}")  # fmt: skip
+    with db.begin() as conn:
+        for job in (routed, stray, renamed):
+            journal.enqueue(conn, job, now=utcnow(), actor="producer")
+        rollup.add(conn, {(rollup.ATTEMPTS, "jobs", renamed.task_name, "succeeded"): 2})
+
+    got = scrape()
+
+    default = app.conf.task_default_queue
+
+    def queued(task: str, queue: str) -> float:
+        return sample(got, "jobsapp_jobs", module="jobs", task=task, queue=queue, state="queued")
+
+    assert queued("tests.echo", default) == 1
+    assert queued("tests.echo", "other") == 1
+    assert queued("other", default) == 1
+    assert sample(got, "jobsapp_attempts_total", module="jobs", task="other",
+                  outcome="succeeded") == 2  # fmt: skip
+    assert ("jobsapp_oldest_queued_seconds",
+            frozenset({"module": "jobs", "task": "other", "queue": default}.items())) in got
+    assert not any(stray.queue in str(labels) or renamed.task_name in str(labels)
+                   for _, labels in got)  # fmt: skip
+
+
+def test_metrics_is_the_process_and_metrics_cluster_is_the_journal(fresh_totals: Engine) -> None:
+    process = {name for name, _ in scrape(path="/metrics")}
+    cluster = {name for name, _ in scrape()}
+
+    assert {"process_cpu_seconds_total", "python_info", "jobsapp_web_info"} <= process
+    assert not any(name.startswith("jobsapp_") and name != "jobsapp_web_info" for name in process)
+    assert {"jobsapp_jobs", "jobsapp_attempts_total", "jobsapp_outbox_backlog"} <= cluster
+    assert not any(name.startswith(("process_", "python_")) for name in cluster)

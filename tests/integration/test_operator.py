@@ -431,8 +431,8 @@ def test_cli_summary_prints_a_table_and_json(
 
     assert cli.main(["summary", "--state", "failed", "--module", "jobs"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["MODULE", "JOB_ID", "STATE", "ATTEMPTS", "AGE", "ERROR"]
-    assert table[1].split()[:4] == ["jobs", str(job_id), "failed", "1/2"]
+    assert table[0].split() == ["MODULE", "TASK", "JOB_ID", "STATE", "ATTEMPTS", "AGE", "ERROR"]
+    assert table[1].split()[:5] == ["jobs", "tests.doomed", str(job_id), "failed", "1/2"]
     assert table[1].endswith("ValueError: this never works")
 
     assert cli.main(["summary", "--json"]) == 0
@@ -465,7 +465,7 @@ def test_a_database_outage_is_a_503_on_the_operator_routes() -> None:
     with environment(JOBSAPP_DATABASE_URL=dead, JOBSAPP_ADMIN_TOKEN="t"):
         client = create_app().test_client()
         replies = [
-            client.get("/metrics"),
+            client.get("/metrics/cluster"),
             client.get("/v1/admin/jobs", headers={"Authorization": "Bearer t"}),
             client.post(f"/v1/admin/jobs/jobs/{uuid.uuid4()}/cancel", json={"reason": "r"},
                         headers={"Authorization": "Bearer t"}),

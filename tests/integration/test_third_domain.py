@@ -3,7 +3,7 @@
 ``widget_runs`` exists only in this test (its own metadata, created and dropped here) and
 is registered only for it; the view is regenerated over the registered tables with the
 migration helper. Then the relay, the reaper, reconcile, the summary (API and CLI), the
-view and ``/metrics`` each see the widgets next to the two real domains.
+view and ``/metrics/cluster`` each see the widgets next to the two real domains.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def test_a_third_domain_is_seen_by_every_plane(
         assert conn.execute(text(f"SELECT count(*) FROM {RUNS_VIEW} WHERE module = 'widgets'"))\
             .scalar_one() == 3  # fmt: skip
 
-    # jobsapp summary (the CLI), /v1/admin/jobs and /metrics.
+    # jobsapp summary (the CLI), /v1/admin/jobs and /metrics/cluster.
     assert cli.main(["summary", "--json", "--module", "widgets"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert {(r["module"], r["job_id"]) for r in listed} == {
@@ -161,14 +161,16 @@ def test_a_third_domain_is_seen_by_every_plane(
         client = create_app().test_client()
         auth = {"Authorization": f"Bearer {TOKEN}"}
         api = client.get("/v1/admin/jobs", headers=auth).get_json()
-        scraped = client.get("/metrics").get_data(as_text=True)
+        scraped = client.get("/metrics/cluster").get_data(as_text=True)
         page = client.get("/admin", headers=auth).get_data(as_text=True)
     assert set(api["counts"]) == REAL_MODULES | {"widgets"}
     assert {r["job_id"] for r in api["jobs"] if r["module"] == "widgets"} == {
         str(j) for j in (waiting, dead, jammed)
     }
     assert api["counts"]["widgets"]["queued"] == 2
-    assert 'jobsapp_jobs{module="widgets",state="failed"} 1.0' in scraped
+    queue = app.conf.task_default_queue
+    widget = f'module="widgets",queue="{queue}",state="failed",task="tests.widgets.assemble"'
+    assert f"jobsapp_jobs{{{widget}}} 1.0" in scraped
     for module in REAL_MODULES | {"widgets"}:
-        assert f'jobsapp_jobs{{module="{module}",state="queued"}}' in scraped
+        assert f'jobsapp_jobs{{module="{module}",' in scraped
         assert f"<td>{module}</td>" in page

@@ -19,8 +19,12 @@ SECRETS = {
     "S3_ACCESS_KEY": "s3-access-9d2f",
     "S3_SECRET_KEY": "s3-Secret-77ab",
     "FLOWER_BASIC_AUTH": "ops:flower-Secret-1b3c",
+    "JOBSAPP_METRICS_TOKEN": "scrape-Secret-5e0d",
 }
 _DEFAULTED = re.compile(r"\$\{(\w+):-([^}]*)\}")
+# A Procfile line's own check of a required variable, then the command it execs; compose
+# makes the same check when it reads the file, so its command is what follows.
+_GUARD = re.compile(r'^: "\$\{\w+:\?[^}]*\}" && exec ')
 
 
 def run_compose(
@@ -58,7 +62,7 @@ def procfile() -> dict[str, str]:
 
 def procfile_argv(line: str, env: dict[str, str]) -> list[str]:
     """A Procfile line as the shell would run it with ``env`` (``${VAR:-default}`` only)."""
-    expanded = _DEFAULTED.sub(lambda m: env.get(m.group(1)) or m.group(2), line)
+    expanded = _DEFAULTED.sub(lambda m: env.get(m.group(1)) or m.group(2), _GUARD.sub("", line))
     return shlex.split(expanded)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.support.compose import (
+    REPO,
     SECRETS,
     compose_services,
     procfile,
@@ -88,3 +89,37 @@ def test_rabbitmq_runs_only_in_its_profile(tmp_path: Path, services: dict[str, A
     assert "rabbitmq" not in services
     with_rabbit = compose_services(tmp_path, SECRETS, "--profile", "rabbitmq")
     assert with_rabbit["rabbitmq"]["healthcheck"]["test"][0] == "CMD"
+
+
+def test_web_is_published_on_loopback_unless_the_deployer_says_otherwise(
+    tmp_path: Path, services: dict[str, Any]
+) -> None:
+    (port,) = services["web"]["ports"]
+    assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", "8000", 8000)
+    public = compose_services(tmp_path, SECRETS | {"WEB_PUBLISH": "0.0.0.0:8080"})
+    (port,) = public["web"]["ports"]
+    assert (port["host_ip"], port["published"]) == ("0.0.0.0", "8080")  # noqa: S104
+
+
+def test_every_published_port_binds_to_loopback(services: dict[str, Any]) -> None:
+    published = [(name, port) for name, service in services.items()
+                 for port in service.get("ports", [])]  # fmt: skip
+    assert published
+    assert all(port["host_ip"] == "127.0.0.1" for _, port in published), published
+
+
+def test_web_metrics_need_the_scrapers_token(services: dict[str, Any]) -> None:
+    env = services["web"]["environment"]
+    assert env["JOBSAPP_METRICS_TOKEN"] == SECRETS["JOBSAPP_METRICS_TOKEN"]
+
+
+def test_redis_keeps_its_data_on_a_volume(services: dict[str, Any]) -> None:
+    (mount,) = services["redis"]["volumes"]
+    assert (mount["type"], mount["source"], mount["target"]) == ("volume", "redisdata", "/data")
+    assert "--appendonly" in services["redis"]["command"]
+
+
+def test_env_example_names_every_secret_compose_requires() -> None:
+    example = (REPO / ".env.example").read_text()
+    for secret in SECRETS:
+        assert f"\n{secret}=" in example, secret

@@ -66,7 +66,44 @@ def test_the_json_line_holds_the_scrubbed_message_and_traceback(
     assert SECRET not in out.getvalue()
     (line,) = lines(out)
     assert line["message"] == "call failed with password=***"
-    assert "ConnectionError: connect to postgresql://app:***@db/jobs" in str(line["exc"])
+    assert "ConnectionError: connect to postgresql://app:***@db/jobs" in str(line["exc_info"])
+    assert line["exc_type"] == "builtins.ConnectionError"
+    assert line["exc_message"] == "connect to postgresql://app:***@db/jobs failed"
+
+
+def test_the_record_keeps_its_exception_for_what_reads_it_after_the_handlers(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, _ = logged
+    seen: list[logging.LogRecord] = []
+    # What Sentry's logging integration does: it reads the record once the handlers ran.
+    after = logging.Handler()
+    after.emit = seen.append  # type: ignore[method-assign]
+    logger.addHandler(after)
+    try:
+        try:
+            raise ValueError("the body's own")
+        except ValueError:
+            logger.exception("failed")
+    finally:
+        logger.removeHandler(after)
+    (record,) = seen
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], ValueError)
+
+
+def test_terminal_escapes_are_removed_from_messages_and_tracebacks(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, out = logged
+    try:
+        raise RuntimeError("\x1b[31mred\x1b[0m")
+    except RuntimeError:
+        logger.exception("\x1b[1;32mready\x1b[0m \x1b]0;title\x07")
+    assert "\x1b" not in out.getvalue()
+    (line,) = lines(out)
+    assert line["message"] == "ready "
+    assert "RuntimeError: red" in str(line["exc_info"])
 
 
 def test_the_setting_picks_the_format_and_refuses_others() -> None:

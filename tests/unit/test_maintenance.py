@@ -249,3 +249,12 @@ def test_each_queue_is_judged_by_its_own_depth() -> None:
     a, b = _unclaimed(2, "a"), _unclaimed(2, "b")
     gone, waiting = outbox.lost_and_waiting([*a, *b], {"a": 5}, lambda m: str(m.queue))
     assert (gone, waiting) == (b, a)
+
+
+def test_a_pass_report_is_one_readable_line_and_an_idle_pass_says_nothing() -> None:
+    reaped = scheduler.report_line("jobsapp.maintenance.reaper",
+                                   {"jobs": 2, "attachments": 0, "widgets": 1})  # fmt: skip
+    assert reaped == "maintenance reaper: jobs=2, widgets=1"
+    assert scheduler.report_line("jobsapp.maintenance.relay", {"published": 0, "failed": 0}) is None
+    metrics = scheduler.report_line("jobsapp.maintenance.metrics", {"events": 40})
+    assert metrics == "maintenance metrics: events=40"

@@ -1,0 +1,29 @@
+"""gunicorn's settings for the web process: ``gunicorn -c python:jobsapp.web.gunicorn_conf``.
+
+gunicorn writes its own error log (boot, workers, timeouts) and access log through
+loggers it configures itself, apart from the app's root logger. Its logger class here
+gives their handlers the app's ScrubFilter (an access line may carry a token in its
+query string) and, with ``JOBSAPP_LOG_FORMAT=json``, the app's JSON formatter: every line
+a gunicorn web writes is then JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# gunicorn has no type hints: its Logger is Any to mypy.
+from gunicorn.glogging import Logger  # type: ignore[import-untyped]
+
+from jobsapp import logs
+
+
+class JobsappLogger(Logger):  # type: ignore[misc]
+    def setup(self, cfg: Any) -> None:
+        # Called at start and on every reopen (SIGUSR1): the handlers are new each time.
+        super().setup(cfg)
+        for log in (self.error_log, self.access_log):
+            logs.scrub_handlers(log)
+            logs.format_handlers(log)
+
+
+logger_class = JobsappLogger
