@@ -20,6 +20,7 @@ from jobsapp import preflight
 from jobsapp.db import dispose_engines
 from jobsapp.lifecycle.pools import green_pool_refusal
 from jobsapp.logs import format_handlers, scrub_handlers
+from jobsapp.monitor import workers
 from jobsapp.settings import Settings, get_settings
 
 BASE_IMPORTS = (
@@ -72,6 +73,7 @@ def create_app() -> Celery:
 
 app = create_app()
 preflight.connect_celery_signals()
+workers.connect_celery_signals()
 
 
 @worker_process_init.connect
