@@ -201,7 +201,7 @@ def test_an_operator_logs_in_finds_a_failed_job_reads_its_error_and_replays_it(
     listed = page.inner_text("#jobs")
     assert str(job_id) in listed
     assert str(done) not in listed
-    assert {row.split("\t")[3] for row in listed.splitlines()[1:]} == {"failed"}
+    assert {row.split("\t")[4] for row in listed.splitlines()[1:]} == {"failed"}
     shot(page, "jobs")
     page.click(f"a:has-text('{job_id}')")
 
