@@ -35,6 +35,7 @@ DESKTOP = {"width": 1280, "height": 900}
 NARROW = {"width": 390, "height": 844}
 # A credential in a job's arguments: the list must mask it, the search must find the job.
 SECRET = "pw-" + uuid.uuid4().hex[:12]
+SECRET_URL = f"postgresql://app:{SECRET}@db.internal/jobs"
 NOBODY_QUEUE = "nobody-consumes-this"
 
 pytestmark = pytest.mark.timeout(240)
@@ -106,17 +107,14 @@ def page(browser: Browser, http: Http) -> Iterator[Page]:
 
 
 @pytest.fixture(scope="module")
-def seeded(
-    db: Engine, broker: Celery, worker: Path, http: Http
-) -> dict[str, uuid.UUID]:
+def seeded(db: Engine, broker: Celery, worker: Path, http: Http) -> dict[str, uuid.UUID]:
     """Jobs in every state on two domains (generic jobs and attachments)."""
     jobs = {
         "succeeded": enqueue(db, tasks.echo, f"ok-{uuid.uuid4()}", publish=broker),
         "failed": enqueue(db, tasks.fails_once, f"bad-{uuid.uuid4()}", publish=broker),
         "running": enqueue(db, tasks.sleepy, f"slow-{uuid.uuid4()}", 900.0, publish=broker),
         "scheduled": enqueue(db, tasks.paused, f"later-{uuid.uuid4()}", 3600.0, publish=broker),
-        "secret": enqueue(db, tasks.flaky, f"args-{uuid.uuid4()}", 0,
-                          f"postgresql://app:{SECRET}@db.internal/jobs"),  # fmt: skip
+        "secret": enqueue(db, tasks.flaky, f"args-{uuid.uuid4()}", 0, SECRET_URL),
         "queued": enqueue(db, tasks.echo, f"waits-{uuid.uuid4()}"),
         "dead": enqueue(db, tasks.echo, f"dead-{uuid.uuid4()}"),
     }
@@ -160,7 +158,7 @@ def _next_retry(db: Engine, job_id: uuid.UUID) -> Any:
 
 
 def _count(db: Engine, table: str, state: str) -> int:
-    return int(_scalar(db, f"SELECT count(*) FROM {table} WHERE state = :s", s=state))  # noqa: S608
+    return int(_scalar(db, f"SELECT count(*) FROM {table} WHERE state = :s", s=state))
 
 
 def _row(page: Page, table: str, needle: str) -> str:
@@ -273,7 +271,9 @@ def test_a_page_refreshes_in_place_until_paused(
     page.wait_for_timeout(12_000)  # two polling periods and more: none may be sent
     assert len(polls) == asked
     assert str(later) not in page.inner_text("#jobs")
-    page.click("#live")
+    page.locator("#live").focus()  # by keyboard: a real button, in the tab order
+    page.keyboard.press("Enter")
+    assert page.inner_text("#live") == "Pause live updates"
     page.wait_for_selector(f"text={later}", timeout=30_000)
 
 
@@ -286,7 +286,8 @@ def test_the_queues_page_matches_the_journal_and_the_broker(
     rows = {(r["queue"], r["module"]): r for r in _cells(page, "queues")}
     nobody = rows[(NOBODY_QUEUE, "jobs")]
     due = _scalar(db, "SELECT count(*) FROM job_runs WHERE state = 'queued' AND queue = :q "
-                  "AND (next_retry_at IS NULL OR next_retry_at <= now())", q=NOBODY_QUEUE)  # fmt: skip
+                  "AND (next_retry_at IS NULL OR next_retry_at <= now())",
+                  q=NOBODY_QUEUE)  # fmt: skip
     assert int(nobody["queued, due"]) == due
     assert nobody["live workers consuming"] == "0"
     celery = rows[("celery", "jobs")]
@@ -371,4 +372,4 @@ def test_every_page_passes_axe(
     finally:
         context.close()
 
-    assert found == dict.fromkeys(paths, []), found
+    assert found == {path: [] for path in paths}, found
