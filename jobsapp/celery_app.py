@@ -23,6 +23,7 @@ from jobsapp import preflight
 from jobsapp.db import dispose_engines
 from jobsapp.lifecycle.pools import green_pool_refusal
 from jobsapp.logs import format_handlers, json_startup, log_worker_banner, scrub_handlers
+from jobsapp.monitor import workers
 from jobsapp.settings import Settings, SettingsError, get_settings
 from jobsapp.shipped import CELERYCONFIG
 
@@ -118,6 +119,7 @@ except SettingsError as bad:
     # and a traceback; gunicorn imports this module too, through the web app.
     preflight.exit_on_bad_setting(bad)
 preflight.connect_celery_signals()
+workers.connect_celery_signals()
 
 
 @worker_process_init.connect

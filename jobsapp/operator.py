@@ -26,6 +26,7 @@ from sqlalchemy import Connection, Engine
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox, outbox_queries, registry
+from jobsapp.lifecycle import run_now as run_now_queries
 from jobsapp.lifecycle.journal import KeyBusy, PendingMessage
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import State, Transition
@@ -225,6 +226,42 @@ def _refuse_cancel(spec: RunTable, job_id: uuid.UUID, run: Mapping[str, Any], se
 def _not_queued(spec: RunTable, job_id: uuid.UUID, state: str) -> str:
     hint = _RUNNING_HINT if state == State.RUNNING.value else ""
     return f"only a queued job can be cancelled; {spec.module} job {job_id} is {state}{hint}"
+
+
+# --------------------------------------------------------------------------- run now
+
+
+@dataclass(frozen=True)
+class RunNowResult:
+    module: str
+    job_id: uuid.UUID
+    # False: the broker did not take the message now; the relay publishes it soon.
+    published: bool
+
+
+def run_now(
+    engine: Engine, module: str, job_id: uuid.UUID, *, actor: str, reason: str,
+    attempts: int | None = None, app: Celery | None = None,
+) -> RunNowResult:  # fmt: skip
+    """A queued job waiting for a retry's backoff or a countdown: due now, published now.
+
+    ``attempts``: the attempts the operator saw (default: the row as read now)."""
+    spec, who, why = run_table(module), operator_actor(actor), checked_reason(reason)
+    with engine.begin() as conn:
+        run = _current(conn, spec, job_id)
+        seen = int(run["attempts"]) if attempts is None else attempts
+        messages = run_now_queries.bring_forward(conn, spec, job_id, attempts=seen, actor=who,
+                                                 reason=why, now=utcnow())  # fmt: skip
+        if messages is None:
+            raise Conflict("not_scheduled", _not_scheduled(spec, job_id, run), state=run["state"])
+    published = outbox.publish_now(app or _default_app(), messages) == len(messages) > 0
+    return RunNowResult(spec.module, job_id, published)
+
+
+def _not_scheduled(spec: RunTable, job_id: uuid.UUID, run: Mapping[str, Any]) -> str:
+    if run["state"] != State.QUEUED.value:
+        return f"only a queued job can run now; {spec.module} job {job_id} is {run['state']}"
+    return f"{spec.module} job {job_id} is already due (or moved meanwhile); look again"
 
 
 # ---------------------------------------------------------------------------- shared

@@ -240,3 +240,28 @@ class JobEvent(Base):
         Index("ix_job_events_job", "module", "job_id"),
         Index("ix_job_events_at", "at"),
     )
+
+
+class WorkerProcess(Base):
+    """A Celery worker process as its own beat reports it (``monitor.workers``).
+
+    Run rows name the process that holds them; this names the processes, idle ones too,
+    and the queues each consumes, so the console can say a queue has no consumer.
+    """
+
+    __tablename__ = "workers"
+
+    # ``<nodename>:<pid>``; a run's ``worker`` column starts with the node name.
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    nodename: Mapped[str] = mapped_column(String(200))
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    pool: Mapped[str] = mapped_column(String(64))
+    concurrency: Mapped[int] = mapped_column(Integer)
+    queues: Mapped[list[str]] = mapped_column(JSON)
+    started_at: Mapped[datetime]
+    beat_at: Mapped[datetime]
+    # Set by a clean shutdown; a killed process just stops beating.
+    stopped_at: Mapped[datetime | None]
+
+    __table_args__ = (Index("ix_workers_beat_at", "beat_at"),)

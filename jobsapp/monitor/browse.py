@@ -14,18 +14,20 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, String, and_, cast, func, or_, select
+from sqlalchemy import Connection, Engine, String, and_, cast, func, or_, select, tuple_
 from sqlalchemy.sql import ColumnElement
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import outbox_queries
+from jobsapp.lifecycle import outbox_queries, registry
+from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import ALL_STATES, Transition
+from jobsapp.lifecycle.states import ALL_STATES, State, Transition
 from jobsapp.lifecycle.tables import JobEvent
+from jobsapp.monitor import workers
 from jobsapp.monitor.summary import BadFilter, SummaryRow, checked_tables, summary_row
 
 EVENTS = JobEvent.__table__
@@ -37,6 +39,8 @@ MAX_TEXT = 200
 _AGE = re.compile(r"([0-9]{1,6})([smhd]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _CURSOR_SEPARATOR = "~"
+# Celery's own default (``task_default_queue``): the UI passes the app's.
+DEFAULT_QUEUE = "celery"
 # The transitions that end an attempt, and how the timeline names each ending.
 ENDINGS = {
     Transition.SUCCEED.value: "succeeded",
@@ -60,6 +64,9 @@ class JobFilter:
     max_age: float | None = None
     text: str | None = None
     attachment_id: uuid.UUID | None = None
+    # A broker queue; the app's default queue also matches runs that name none (NULL).
+    queue: str | None = None
+    default_queue: str = DEFAULT_QUEUE
 
 
 @dataclass(frozen=True)
@@ -74,12 +81,29 @@ class Cursor:
 
 
 @dataclass(frozen=True)
+class RowExtra:
+    """What the console's list shows beside a summary row."""
+
+    queue: str
+    # The job's arguments (a generic job's params, a domain's id columns), unscrubbed.
+    args: Mapping[str, Any] | None
+    # Why a queued job is not running yet, when the journal or the registry can tell.
+    waiting: str | None = None
+    # A queued run's not-before time (a retry's backoff, a countdown).
+    due: datetime | None = None
+
+
+@dataclass(frozen=True)
 class JobPage:
     rows: list[SummaryRow]
     # Matching jobs in all, counted up to COUNT_CAP per run table (then ``exact`` is False).
     total: int
     next: Cursor | None
     exact: bool = True
+    extras: Mapping[tuple[str, uuid.UUID], RowExtra] = field(default_factory=dict)
+
+    def extra(self, row: SummaryRow) -> RowExtra | None:
+        return self.extras.get((row.module, row.job_id))
 
 
 @dataclass(frozen=True)
@@ -157,32 +181,114 @@ def find_jobs(
 ) -> JobPage:  # fmt: skip
     """One page of matching jobs, newest first, and how many match in all."""
     now = now or utcnow()
-    rows: list[SummaryRow] = []
+    found: list[Listed] = []
     counts: list[int] = []
     with engine.connect() as conn:
         for spec in _tables(wanted):
             where = _matching(spec, wanted, now)
             counts.append(_count(conn, spec, where))
-            rows += _newest(conn, spec, where, wanted.states, after, limit + 1, now)
-    rows.sort(key=lambda r: (r.updated_at, r.job_id), reverse=True)
-    more = len(rows) > limit
-    rows = rows[:limit]
+            found += _newest(conn, spec, where, wanted.states, after, limit + 1, now)
+        found.sort(key=lambda r: (r[0].updated_at, r[0].job_id), reverse=True)
+        more = len(found) > limit
+        found = found[:limit]
+        extras = _extras(conn, found, wanted.default_queue, now)
+    rows = [row for row, _ in found]
     after_last = Cursor(rows[-1].updated_at, rows[-1].job_id) if more else None
     exact = all(n <= COUNT_CAP for n in counts)
-    return JobPage(rows, sum(min(n, COUNT_CAP) for n in counts), after_last, exact)
+    return JobPage(rows, sum(min(n, COUNT_CAP) for n in counts), after_last, exact, extras)
+
+
+# A summary row and the run row's columns it came from.
+Listed = tuple[SummaryRow, Mapping[str, Any]]
 
 
 def _newest(
     conn: Connection, spec: RunTable, where: Sequence[Any], states: Sequence[str],
     after: Cursor | None, limit: int, now: datetime,
-) -> list[SummaryRow]:  # fmt: skip
+) -> list[Listed]:  # fmt: skip
     # One indexed branch per state (ix_<table>_state_updated): an IN list over the
     # states would sort every matching row of the table for each page.
-    found: list[SummaryRow] = []
+    found: list[Listed] = []
     for state in states:
         page = _page(spec, [*where, spec.table.c.state == state], after, limit)
-        found.extend(summary_row(spec, dict(r), now) for r in conn.execute(page).mappings())
+        found.extend((summary_row(spec, dict(r), now), dict(r))
+                     for r in conn.execute(page).mappings())  # fmt: skip
     return found
+
+
+def jobs_by_key(
+    engine: Engine, keys: Iterable[tuple[str, uuid.UUID]], default_queue: str = DEFAULT_QUEUE
+) -> JobPage:
+    """The named jobs (``(module, job_id)``; unknown ones left out), newest first."""
+    wanted: dict[str, list[uuid.UUID]] = {}
+    for module, job_id in keys:
+        wanted.setdefault(module, []).append(job_id)
+    now = utcnow()
+    found: list[Listed] = []
+    with engine.connect() as conn:
+        for spec in checked_tables(None):
+            if spec.module in wanted:
+                stmt = _page(spec, [spec.table.c.job_id.in_(wanted[spec.module])], None,
+                             len(wanted[spec.module]))  # fmt: skip
+                found += [(summary_row(spec, dict(r), now), dict(r))
+                          for r in conn.execute(stmt).mappings()]  # fmt: skip
+        found.sort(key=lambda r: (r[0].updated_at, r[0].job_id), reverse=True)
+        extras = _extras(conn, found, default_queue, now)
+    return JobPage([row for row, _ in found], len(found), None, True, extras)
+
+
+def _extras(
+    conn: Connection, found: Sequence[Listed], default_queue: str, now: datetime
+) -> dict[tuple[str, uuid.UUID], RowExtra]:
+    """Queue, arguments and, for a queued job, why it waits: a dead outbox row, a retry
+    or countdown not due yet, or a queue no live worker consumes."""
+    queued = [(row.module, row.job_id, row.attempts + 1) for row, _ in found
+              if row.state == State.QUEUED.value]  # fmt: skip
+    dead = dead_messages(conn, queued) if queued else set()
+    consumed = workers.live_queues(conn, now) if queued else None
+    out = {}
+    for row, raw in found:
+        queue = raw.get("queue") or default_queue
+        waiting = None
+        if row.state == State.QUEUED.value:
+            next_attempt = (row.module, row.job_id, row.attempts + 1)
+            waiting = _why_waiting(next_attempt in dead, raw, queue, consumed, now)
+        due = raw.get("next_retry_at") if row.state == State.QUEUED.value else None
+        out[(row.module, row.job_id)] = RowExtra(queue, _args(row.module, raw), waiting, due)
+    return out
+
+
+def _why_waiting(
+    dead: bool, raw: Mapping[str, Any], queue: str, consumed: set[str] | None, now: datetime
+) -> str | None:
+    if dead:
+        return "its message is dead in the outbox (the relay gave up); give it back on the overview"
+    due = raw.get("next_retry_at")
+    if due is not None and due > now:
+        return f"not due before {due:%Y-%m-%d %H:%M:%SZ} (a retry's backoff or a countdown)"
+    if consumed is not None and queue not in consumed:
+        return f"no live worker consumes queue {queue!r}"
+    return None
+
+
+def dead_messages(
+    conn: Connection, keys: Sequence[tuple[str, uuid.UUID, int]]
+) -> set[tuple[str, uuid.UUID, int]]:
+    """Which of the ``(module, job_id, attempt)`` messages are dead outbox rows (few:
+    ``ix_outbox_dead``)."""
+    cols = OUTBOX.c
+    stmt = select(cols.module, cols.job_id, cols.attempt).where(
+        cols.dead_at.is_not(None), tuple_(cols.module, cols.job_id, cols.attempt).in_(list(keys))
+    )
+    return {(module, job_id, attempt) for module, job_id, attempt in conn.execute(stmt)}
+
+
+def _args(module: str, raw: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    spec = registry.get(module)
+    if spec.params_column:
+        params = raw.get(spec.params_column)
+        return params if isinstance(params, Mapping) else {"params": params}
+    return {c: raw[c] for c in spec.id_columns if c in raw} or None
 
 
 def _count(conn: Connection, spec: RunTable, where: Sequence[Any]) -> int:
@@ -211,17 +317,25 @@ def _matching(spec: RunTable, wanted: JobFilter, now: datetime) -> list[ColumnEl
         where.append(_text_match(spec, wanted.text))
     if wanted.attachment_id is not None:
         where.append(table.c.attachment_id == wanted.attachment_id)
+    if wanted.queue:
+        named = table.c.queue == wanted.queue
+        where.append(or_(named, table.c.queue.is_(None)) if wanted.queue == wanted.default_queue
+                     else named)  # fmt: skip
     return where
 
 
 def _text_match(spec: RunTable, text: str) -> ColumnElement[bool]:
+    """job_id, the stored error, or the arguments (a generic job's params as stored, a
+    domain's id columns) contain ``text``."""
     table = spec.table
     # Postgres spells a uuid with dashes, SQLite stores 32 hex digits: try both.
     job_id = cast(table.c.job_id, String)
+    args = [cast(table.c[c], String) for c in (spec.params_column, *spec.id_columns) if c]
     return or_(
         job_id.icontains(text, autoescape=True),
         job_id.icontains(text.replace("-", ""), autoescape=True),
         table.c.last_error.icontains(text, autoescape=True),
+        *(arg.icontains(text, autoescape=True) for arg in args),
     )
 
 
@@ -231,13 +345,14 @@ def _page(spec: RunTable, where: Sequence[Any], after: Cursor | None, limit: int
         where = [*where, or_(table.c.updated_at < after.updated_at,
                              and_(table.c.updated_at == after.updated_at,
                                   table.c.job_id < after.job_id))]  # fmt: skip
-    stmt = select(*[table.c[name] for name in _LISTED], table.c.last_error)
+    shown = (*_LISTED, *(c for c in (spec.params_column, *spec.id_columns) if c))
+    stmt = select(*[table.c[name] for name in shown], table.c.last_error)
     order = (table.c.updated_at.desc(), table.c.job_id.desc())
     return stmt.where(*where).order_by(*order).limit(limit)
 
 
 _LISTED = ("job_id", "task_name", "state", "outcome", "attempts", "max_attempts",
-           "created_at", "updated_at", "worker")  # fmt: skip
+           "created_at", "updated_at", "worker", "queue", "next_retry_at")  # fmt: skip
 
 
 # ---------------------------------------------------------------------- one job
@@ -338,3 +453,28 @@ def dead_outbox(engine: Engine, *, limit: int) -> tuple[int, list[outbox_queries
     """How many outbox rows the relay gave up on, and the newest ``limit`` of them."""
     with engine.connect() as conn:
         return outbox_queries.count_dead(conn), outbox_queries.dead_rows(conn, limit=limit)
+
+
+# ---------------------------------------------------------------------- scheduled
+
+
+def scheduled(
+    engine: Engine, *, limit: int = PAGE_SIZE, default_queue: str = DEFAULT_QUEUE
+) -> JobPage:
+    """Queued jobs not due yet (a retry's backoff, a countdown, a delayed enqueue), the
+    soonest first; the queued rows are read through the state index."""
+    now = utcnow()
+    found: list[Listed] = []
+    total = 0
+    with engine.connect() as conn:
+        for spec in checked_tables(None):
+            t = spec.table
+            later = [t.c.state == State.QUEUED.value, t.c.next_retry_at > now]
+            total += _count(conn, spec, later)
+            stmt = _page(spec, later, None, limit).order_by(None).order_by(t.c.next_retry_at)
+            found += [(summary_row(spec, dict(r), now), dict(r))
+                      for r in conn.execute(stmt).mappings()]  # fmt: skip
+        found.sort(key=lambda r: (r[1]["next_retry_at"], r[0].job_id))
+        found = found[:limit]
+        extras = _extras(conn, found, default_queue, now)
+    return JobPage([row for row, _ in found], total, None, total <= COUNT_CAP, extras)

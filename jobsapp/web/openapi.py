@@ -187,6 +187,15 @@ def html_page() -> ResponseDict:
     }
 
 
+def script_answer() -> ResponseDict:
+    """The answers of the admin UI's one script (no login: it holds no data)."""
+    return {
+        "200": {"description": "The live pages' refresh loop",
+                "content": {"text/javascript": {"schema": {"type": "string"}}}},
+        "403": _UI_ERROR_PAGES["403"], "500": _UI_ERROR_PAGES["500"],
+    }  # fmt: skip
+
+
 def html_form() -> ResponseDict:
     """The answers of a form POST of the admin UI; it needs the session's CSRF token."""
     return {

@@ -1,11 +1,13 @@
 """The admin UI: server-rendered pages for an operator's browser under ``/admin``.
 
 Overview, a filtered and paged jobs list, one job with its timeline, replay and cancel
-with a reason, and bulk replay behind a confirmation page. No script runs on any page
-(the Content-Security-Policy forbids it): every action is a form POST that carries the
-session's CSRF token, and the server answers with a redirect (POST/redirect/GET) or a
-page. A browser logs in with the admin token (``jobsapp.web.auth``); a GET with the
-bearer token is served too, so ``curl`` can read a page.
+with a reason, and bulk replay behind a confirmation page. Every action is a form POST
+that carries the session's CSRF token, and the server answers with a redirect
+(POST/redirect/GET) or a page. The one script is ours (``static/live.js``, the only
+source the Content-Security-Policy allows): it refreshes a live page's main region in
+place, from the same URL asked with ``X-Jobsapp-Live``, and every page works without it.
+A browser logs in with the admin token (``jobsapp.web.auth``); a GET with the bearer
+token is served too, so ``curl`` can read a page.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from flask import Response, flash, redirect, render_template, request, url_for
@@ -31,15 +34,24 @@ from werkzeug.datastructures import MultiDict
 
 from jobsapp import operator
 from jobsapp.attachments import service
-from jobsapp.db import get_engine
+from jobsapp.db import get_engine, utcnow
 from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.scrub import known_secrets_from_env, scrub
 from jobsapp.lifecycle.states import ALL_STATES, State, Transition
 from jobsapp.maintenance import periodic
-from jobsapp.monitor import browse, summary
+from jobsapp.monitor import browse, queues, summary, workers
+from jobsapp.monitor import charts as charts_data
 from jobsapp.settings import get_settings
 from jobsapp.web import auth
-from jobsapp.web.openapi import ADMIN_AUTH, FORM_BODY, SESSION_AUTH, Answer, html_form, html_page
+from jobsapp.web.openapi import (
+    ADMIN_AUTH,
+    FORM_BODY,
+    SESSION_AUTH,
+    Answer,
+    html_form,
+    html_page,
+    script_answer,
+)
 from jobsapp.web.schemas import JobPath
 
 log = logging.getLogger(__name__)
@@ -49,13 +61,24 @@ BULK_MAX = 200
 # Dead outbox rows listed on the overview (the count covers them all).
 DEAD_SHOWN = 20
 PARAMS_LIMIT = 20_000
+MAX_QUEUE = 200
+# A list row's arguments are cut here (the job page shows them whole).
+ARGS_SHOWN = 160
 _PAGE_HEADERS = {
-    # No script may run, no other site may frame a page or receive a form, none is cached.
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    # Only our own script, fetching only from us; no other site may frame a page or
+    # receive a form, none is cached.
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; connect-src 'self'; "
+    "style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'",
     "Cache-Control": "no-store",
     "Referrer-Policy": "same-origin",
+    # The live header picks the main region alone: never one answer for the other.
+    "Vary": "Cookie, X-Jobsapp-Live",
 }
+# A live page polls its own URL this often (milliseconds), unless paused.
+LIVE_EVERY_MS = 5000
+LIVE_HEADER = "X-Jobsapp-Live"
+_SCRIPT = Path(__file__).with_name("static") / "live.js"
 _DB_DOWN = (OperationalError, InterfaceError, PoolTimeout)
 
 
@@ -99,8 +122,12 @@ def init_app(app: OpenAPI) -> None:
     app.register_api(ui)
 
 
-def _page(template: str, status: int = 200, **context: Any) -> Response:
-    html = render_template(f"admin/{template}", **context)
+def _page(template: str, status: int = 200, *, live: bool = False, **context: Any) -> Response:
+    """A page; a live one asked by its script (``LIVE_HEADER``) is its main region only."""
+    region = live and request.headers.get(LIVE_HEADER) == "1"
+    layout = "admin/_live.html" if region else "admin/base.html"
+    html = render_template(f"admin/{template}", layout=layout,
+                           live=LIVE_EVERY_MS if live else 0, **context)  # fmt: skip
     return Response(html, status, headers=_PAGE_HEADERS, mimetype="text/html")
 
 
@@ -112,7 +139,8 @@ def _error_page(status: int, message: str) -> Response:
 def _helpers() -> dict[str, Any]:
     return {"csrf_token": auth.csrf_token, "csrf_field": auth.CSRF_FIELD,
             "signed_in": auth.signed_in, "actor": auth.actor, "age": summary.human_age,
-            "ts": _timestamp, "states": ALL_STATES}  # fmt: skip
+            "ts": _timestamp, "states": ALL_STATES, "shown_args": _shown_args,
+            "now": utcnow()}  # fmt: skip
 
 
 def _timestamp(value: datetime | None) -> str:
@@ -128,7 +156,7 @@ def _guard() -> ResponseReturnValue | None:
         return _error_page(403, "The operator UI is disabled: JOBSAPP_ADMIN_TOKEN is not set.")
     if request.method == "POST" and not auth.csrf_ok(request.form.get(auth.CSRF_FIELD)):
         return _error_page(400, "The form's CSRF token is missing or stale; reload the page.")
-    if request.endpoint in ("ui.login", "ui.log_in") or auth.signed_in():
+    if request.endpoint in ("ui.login", "ui.log_in", "ui.live_script") or auth.signed_in():
         return None
     if request.method == "GET" and auth.token_matches(auth.bearer(request)):
         return None
@@ -193,6 +221,14 @@ def logout() -> Answer:
     return redirect(url_for("ui.login"), 303)
 
 
+@ui.get("/live.js", operation_id="adminLiveScript", summary="The live pages' script",
+        description="", security=[], responses=script_answer())  # fmt: skip
+def live_script() -> Answer:
+    """Public: it holds nothing but the refresh loop, and the login page has no use for it."""
+    headers = {**_PAGE_HEADERS, "Cache-Control": "public, max-age=300"}
+    return Response(_SCRIPT.read_bytes(), 200, headers=headers, mimetype="text/javascript")
+
+
 # ---------------------------------------------------------------------- the pages
 
 
@@ -203,7 +239,7 @@ def overview() -> Answer:
     stale_after = get_settings().stale_after
     health = summary.health(get_engine(), stale_after)
     dead_total, dead = browse.dead_outbox(get_engine(), limit=DEAD_SHOWN)
-    return _page("overview.html", health=health, stale_after=stale_after,
+    return _page("overview.html", live=True, health=health, stale_after=stale_after,
                  dead_total=dead_total, dead=dead, modules=_modules(),
                  periodic=periodic.overview(get_engine(), celery_app))  # fmt: skip
 
@@ -216,8 +252,9 @@ def jobs() -> Answer:
     found = browse.find_jobs(get_engine(), wanted, after=after)
     more = None if found.next is None else _with(request.args, after=found.next.encode())
     bulk = url_for("ui.bulk_confirm", **_args(request.args, after=None))
-    return _page("jobs.html", page=found, wanted=wanted, modules=_modules(), next_url=more,
-                 first_url=_with(request.args, after=None), bulk_url=bulk)  # fmt: skip
+    return _page("jobs.html", live=True, page=found, wanted=wanted, modules=_modules(),
+                 next_url=more, first_url=_with(request.args, after=None),
+                 bulk_url=bulk)  # fmt: skip
 
 
 @_page_route("/jobs/<module>/<uuid:job_id>", "adminJob", "One job: attempts, timeline, attachment")
@@ -229,8 +266,14 @@ def job(path: JobPath) -> Answer:
     attachment = None
     if detail.attachment_id is not None:
         attachment = service.get_attachment(detail.attachment_id)
-    return _page("job.html", job=detail, run=detail.run, attachment=attachment,
+    # Each traceback is shown once: with the first attempt that raised it.
+    tracebacks: dict[str, int] = {}
+    for attempt in detail.attempts:
+        if attempt.detail:
+            tracebacks.setdefault(attempt.detail, attempt.number)
+    return _page("job.html", live=True, job=detail, run=detail.run, attachment=attachment,
                  params=_params(detail.run.get(spec.params_column or "")),
+                 tracebacks=tracebacks,
                  task_ids=attempt_task_ids(path.job_id, detail.events))  # fmt: skip
 
 
@@ -242,6 +285,46 @@ def attempt_task_ids(job_id: uuid.UUID, events: Sequence[browse.EventRow]) -> di
     claims = [e for e in events if e.transition == Transition.CLAIM.value]
     return {e.attempt: str(job_id) if e.from_state is None else task_id_for(job_id, e.attempt)
             for e in claims}  # fmt: skip
+
+
+def _shown_args(args: Mapping[str, Any] | None) -> str:
+    """A list row's arguments: one line of JSON, scrubbed as the job page's are."""
+    if not args:
+        return ""
+    shown = json.dumps(args, sort_keys=True, default=str, separators=(", ", ": "))
+    return scrub(shown, limit=ARGS_SHOWN, secrets=_secrets())
+
+
+@_page_route("/queues", "adminQueues", "Queues: depth in the journal and the broker, rate")
+def queues_page() -> Answer:
+    from jobsapp.celery_app import app as celery_app
+
+    view = queues.queues_view(get_engine(), celery_app, default_queue())
+    return _page("queues.html", live=True, view=view, window=queues.RATE_WINDOW)
+
+
+@_page_route("/workers", "adminWorkers", "Worker processes seen through their beats")
+def workers_page() -> Answer:
+    return _page("workers.html", live=True, workers=workers.seen(get_engine()),
+                 silent_after=workers.SILENT_AFTER)  # fmt: skip
+
+
+@_page_route("/scheduled", "adminScheduled", "Jobs waiting for a later time; periodic entries")
+def scheduled() -> Answer:
+    from jobsapp.celery_app import app as celery_app
+
+    found = browse.scheduled(get_engine(), default_queue=default_queue())
+    return _page("scheduled.html", live=True, page=found,
+                 periodic=periodic.overview(get_engine(), celery_app))  # fmt: skip
+
+
+@_page_route("/charts", "adminCharts", "Throughput, waits and failures: last hour or day")
+def charts() -> Answer:
+    window = request.args.get("window") or "hour"
+    if window not in charts_data.WINDOWS:
+        raise summary.BadFilter(f"window is one of {', '.join(charts_data.WINDOWS)}")
+    return _page("charts.html", live=True, charts=charts_data.charts(get_engine(), window),
+                 windows=list(charts_data.WINDOWS))  # fmt: skip
 
 
 def _params(params: object) -> str | None:
@@ -280,12 +363,33 @@ def cancel(path: JobPath) -> Answer:
     return _act(path.module, path.job_id, act)
 
 
-def _act(module: str, job_id: uuid.UUID, act: Callable[[str], str]) -> Answer:
+@_form_route("/jobs/<module>/<uuid:job_id>/run-now", "adminJobRunNow",
+             "Run a job waiting for a retry or countdown now")  # fmt: skip
+def run_now(path: JobPath) -> Answer:
+    def act(reason: str) -> str:
+        done = operator.run_now(get_engine(), path.module, path.job_id, actor=auth.actor(),
+                                reason=reason, attempts=_seen_attempts())  # fmt: skip
+        later = "" if done.published else "; the relay will publish its message"
+        return f"Due now{later}."
+
+    return _act(path.module, path.job_id, act, back=request.form.get("back"))
+
+
+def _seen_attempts() -> int | None:
+    raw = request.form.get("attempts", "")
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 9 else None
+
+
+def _act(
+    module: str, job_id: uuid.UUID, act: Callable[[str], str], back: str | None = None
+) -> Answer:
     """Run the action; its result or refusal is shown on the job page it redirects to."""
     try:
         flash(act(request.form.get("reason", "")), "ok")
     except (operator.Conflict, operator.InvalidRequest) as refused:
         flash(str(refused), "error")
+    if back == "scheduled":
+        return redirect(url_for("ui.scheduled"), 303)
     return redirect(url_for("ui.job", module=module, job_id=job_id), 303)
 
 
@@ -321,37 +425,109 @@ def reconcile_failed() -> Answer:
     return _page("reconciled.html", reports=reports)
 
 
-@_page_route("/replay", "adminBulkConfirm", "Confirm the replay of a filter's failed jobs")
+@dataclass(frozen=True)
+class Bulk:
+    """A bulk action: the state its jobs must be in, and how its pages name it."""
+
+    state: str
+    verb: str
+    done: str
+    form: str
+
+
+REPLAY = Bulk(State.FAILED.value, "Replay", "Replayed", "ui.bulk_replay")
+CANCEL = Bulk(State.QUEUED.value, "Cancel", "Cancelled", "ui.bulk_cancel")
+
+
+@_page_route("/replay", "adminBulkConfirm", "Confirm the replay of failed jobs")
 def bulk_confirm() -> Answer:
-    """The failed jobs of the list's filter that a bulk replay would take: a page to confirm."""
+    """The failed jobs a bulk replay would take (the rows ticked on the list, else the
+    list filter's): a page to confirm."""
+    return _confirm(REPLAY)
+
+
+@_page_route("/cancel", "adminBulkCancelConfirm", "Confirm the cancel of queued jobs")
+def cancel_confirm() -> Answer:
+    """The queued jobs a bulk cancel would take (ticked rows, else the filter's)."""
+    return _confirm(CANCEL)
+
+
+def _confirm(bulk: Bulk) -> Answer:
+    picked = _picked(request.args.getlist("job"))
+    if picked:
+        found = browse.jobs_by_key(get_engine(), picked[:BULK_MAX], default_queue())
+        eligible = [r for r in found.rows if r.state == bulk.state]
+        found = replace(found, rows=eligible, total=len(eligible))
+        skipped = len(picked) - len(eligible)
+    else:
+        found, skipped = _filtered(bulk), 0
+    back = url_for("ui.jobs", **_args(request.args, after=None, job=None))
+    return _page("confirm.html", page=found, limit=BULK_MAX, bulk=bulk, skipped=skipped,
+                 back_url=back)  # fmt: skip
+
+
+def _filtered(bulk: Bulk) -> browse.JobPage:
     wanted = job_filter(request.args)
-    failed = replace(wanted, states=tuple(s for s in wanted.states if s == State.FAILED.value))
-    found = browse.JobPage([], 0, None)
-    if failed.states:
-        found = browse.find_jobs(get_engine(), failed, limit=BULK_MAX)
-    return _page("confirm.html", page=found, limit=BULK_MAX,
-                 back_url=url_for("ui.jobs", **_args(request.args, after=None)))  # fmt: skip
+    only = replace(wanted, states=tuple(s for s in wanted.states if s == bulk.state))
+    if not only.states:
+        return browse.JobPage([], 0, None)
+    return browse.find_jobs(get_engine(), only, limit=BULK_MAX)
+
+
+def _picked(keys: list[str]) -> list[tuple[str, uuid.UUID]]:
+    """``module:job_id`` keys ticked on the list; malformed ones and unknown modules are
+    left out (the confirmation page lists only what it found)."""
+    modules = set(_modules())
+    found = []
+    for key in keys:
+        module, _, raw = key.partition(":")
+        try:
+            job_id = uuid.UUID(raw)
+        except ValueError:
+            continue
+        if module in modules:
+            found.append((module, job_id))
+    return found
 
 
 @_form_route("/replay", "adminBulkReplay", "Replay the confirmed failed jobs")
 def bulk_replay() -> Answer:
     """Replays exactly the jobs the confirmation page listed, not the filter's set now."""
+
+    def one(module: str, job_id: uuid.UUID, reason: str) -> str:
+        done = operator.replay(get_engine(), module, job_id, actor=auth.actor(), reason=reason)
+        return f"attempt {done.attempt} queued"
+
+    return _bulk(REPLAY, one)
+
+
+@_form_route("/cancel", "adminBulkCancel", "Cancel the confirmed queued jobs")
+def bulk_cancel() -> Answer:
+    """Cancels exactly the jobs the confirmation page listed, each audited."""
+
+    def one(module: str, job_id: uuid.UUID, reason: str) -> str:
+        operator.cancel(get_engine(), module, job_id, actor=auth.actor(), reason=reason)
+        return "cancelled"
+
+    return _bulk(CANCEL, one)
+
+
+def _bulk(bulk: Bulk, act: Callable[[str, uuid.UUID, str], str]) -> Answer:
     reason = operator.checked_reason(request.form.get("reason", ""))
     keys = request.form.getlist("job")[:BULK_MAX]
-    return _page("replayed.html", results=[_replay_one(key, reason) for key in keys])
+    return _page("replayed.html", bulk=bulk, results=[_one(key, reason, act) for key in keys])
 
 
-def _replay_one(key: str, reason: str) -> Replayed:
+def _one(key: str, reason: str, act: Callable[[str, uuid.UUID, str], str]) -> Replayed:
     module, _, raw = key.partition(":")
     try:
         job_id = uuid.UUID(raw)
     except ValueError:
         return Replayed(key, False, "not a job id")
     try:
-        done = operator.replay(get_engine(), module, job_id, actor=auth.actor(), reason=reason)
+        return Replayed(key, True, act(module, job_id, reason))
     except operator.Refused as refused:
         return Replayed(key, False, str(refused))
-    return Replayed(key, True, f"attempt {done.attempt} queued")
 
 
 # ----------------------------------------------------------------------- filters
@@ -367,7 +543,23 @@ def job_filter(args: MultiDict[str, str]) -> browse.JobFilter:
         task=(args.get("task") or "").strip() or None,
         min_age=_age(args.get("min_age")), max_age=_age(args.get("max_age")),
         text=browse.checked_text(args.get("q")), attachment_id=_attachment(args.get("attachment")),
+        queue=_queue(args.get("queue")), default_queue=default_queue(),
     )  # fmt: skip
+
+
+def _queue(raw: str | None) -> str | None:
+    queue = (raw or "").strip()
+    if len(queue) > MAX_QUEUE or not queue.isprintable():
+        raise summary.BadFilter(f"a queue name is at most {MAX_QUEUE} printable characters")
+    return queue or None
+
+
+@cache
+def default_queue() -> str:
+    """The queue of a run that names none: the Celery app's default."""
+    from jobsapp.celery_app import app as celery_app
+
+    return str(celery_app.conf.task_default_queue)
 
 
 def _age(raw: str | None) -> float | None:

@@ -1,0 +1,179 @@
+"""The charts page: throughput, waits and failures over the last hour or day.
+
+``metric_totals`` (``monitor.rollup``) holds running totals with no time axis: it gives
+the distributions since the totals began (histogram buckets), read as they are. A series
+over time is read from ``job_events`` through its time index (``ix_job_events_at``): one
+range of the window's events, grouped by the database into buckets, never a scan of the
+table. The window's percentiles pair each ending with its claim, newest ``SAMPLE`` endings.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Integer, and_, cast, func, select
+from sqlalchemy.orm import aliased
+
+from jobsapp.db import utcnow
+from jobsapp.lifecycle.journal import EVENTS
+from jobsapp.lifecycle.states import Transition
+from jobsapp.monitor import rollup
+
+# The window, its bucket width.
+WINDOWS = {"hour": (timedelta(hours=1), timedelta(minutes=1)),
+           "day": (timedelta(days=1), timedelta(minutes=15))}  # fmt: skip
+SAMPLE = 5000
+OUTCOMES = ("succeeded", "retried", "snoozed", "failed", "reaped")
+_FAILURES = (Transition.FAIL.value, Transition.RETRY.value, Transition.REAP_FAIL.value)
+_CODE = re.compile(r"([A-Za-z_][\w.]*)\s*:")
+PERCENTILES = (50, 95, 99)
+
+
+@dataclass(frozen=True)
+class Series:
+    start: datetime
+    step: timedelta
+    # Per bucket, the count of each outcome (and enqueued).
+    buckets: list[dict[str, int]]
+
+    @property
+    def peak(self) -> int:
+        return max((sum(v for k, v in b.items() if k != "enqueued") for b in self.buckets),
+                   default=0)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Charts:
+    window: str
+    throughput: Series
+    # Seconds at each percentile, per histogram (queue_wait, run_duration); None: no sample.
+    percentiles: dict[str, dict[int, float | None]]
+    failures: list[tuple[str, int]]
+    # All-time distributions from metric_totals: histogram -> [(bucket label, count)].
+    distributions: dict[str, list[tuple[str, int]]]
+
+
+def charts(engine: Engine, window: str, now: datetime | None = None) -> Charts:
+    span, step = WINDOWS[window]
+    now = now or utcnow()
+    start = _floor(now - span, step)
+    with engine.connect() as conn:
+        series = Series(start, step, throughput(conn, start, step, now))
+        waits = percentiles(conn, start)
+        failures = failures_by_code(conn, start)
+        totals = rollup.read(conn)
+    return Charts(window, series, waits, failures, distributions(totals))
+
+
+def _floor(at: datetime, step: timedelta) -> datetime:
+    seconds = int(step.total_seconds())
+    return datetime.fromtimestamp(int(at.timestamp()) // seconds * seconds, tz=at.tzinfo)
+
+
+def _epoch(conn: Connection, column: Any) -> Any:
+    if conn.dialect.name == "postgresql":
+        return func.extract("epoch", column)
+    return cast(func.strftime("%s", column), Integer)
+
+
+def throughput(
+    conn: Connection, start: datetime, step: timedelta, now: datetime
+) -> list[dict[str, int]]:
+    width = int(step.total_seconds())
+    bucket = func.floor((_epoch(conn, EVENTS.c.at) - int(start.timestamp())) / width)
+    kinds = [*rollup.ENDINGS, Transition.ENQUEUE.value]
+    stmt = (select(bucket, EVENTS.c.transition, func.count())
+            .where(EVENTS.c.at >= start, EVENTS.c.transition.in_(kinds))
+            .group_by(bucket, EVENTS.c.transition))  # fmt: skip
+    n = int((now - start) / step) + 1
+    out: list[dict[str, int]] = [dict.fromkeys((*OUTCOMES, "enqueued"), 0) for _ in range(n)]
+    for index, transition, count in conn.execute(stmt):
+        if 0 <= int(index) < n:
+            label = rollup.ENDINGS.get(transition, "enqueued")
+            out[int(index)][label] += int(count)
+    return out
+
+
+def percentiles(conn: Connection, start: datetime) -> dict[str, dict[int, float | None]]:
+    """Run duration (claim to ending) and queue wait (enqueue or previous ending to
+    claim, the time a due attempt waited) of the window's newest ``SAMPLE`` attempts."""
+    claim = aliased(EVENTS)
+    end = EVENTS
+    same = and_(claim.c.module == end.c.module, claim.c.job_id == end.c.job_id,
+                claim.c.attempt == end.c.attempt,
+                claim.c.transition == Transition.CLAIM.value)  # fmt: skip
+    runs = conn.execute(
+        select(claim.c.at, end.c.at).join(claim, same)
+        .where(end.c.at >= start, end.c.transition.in_(list(rollup.ENDINGS)),
+               end.c.transition.not_in(list(rollup.REAPS)))
+        .order_by(end.c.at.desc()).limit(SAMPLE)
+    ).all()  # fmt: skip
+    waits = _queue_waits(conn, start)
+    return {rollup.RUN_DURATION: _ranks([(e - c).total_seconds() for c, e in runs]),
+            rollup.QUEUE_WAIT: _ranks(waits)}  # fmt: skip
+
+
+def _queue_waits(conn: Connection, start: datetime) -> list[float]:
+    """Claims of the window, each against when its message was handed to the broker
+    (``rollup``'s rule: the publish, or the outbox row's creation)."""
+    from jobsapp.lifecycle.journal import OUTBOX
+
+    o = OUTBOX.c
+    same = and_(o.module == EVENTS.c.module, o.job_id == EVENTS.c.job_id,
+                o.attempt == EVENTS.c.attempt)  # fmt: skip
+    rows = conn.execute(
+        select(EVENTS.c.at, o.created_at, o.published_at).join(OUTBOX, same)
+        .where(EVENTS.c.at >= start, EVENTS.c.transition == Transition.CLAIM.value)
+        .order_by(EVENTS.c.at.desc()).limit(SAMPLE)
+    ).all()  # fmt: skip
+    return [
+        max((at - rollup._handed_over((created, published), at)).total_seconds(), 0.0)
+        for at, created, published in rows
+    ]
+
+
+def _ranks(values: Sequence[float]) -> dict[int, float | None]:
+    if not values:
+        return dict.fromkeys(PERCENTILES)
+    ordered = sorted(values)
+    last = len(ordered) - 1
+    return {p: ordered[min(last, round(p / 100 * last))] for p in PERCENTILES}
+
+
+def failures_by_code(conn: Connection, start: datetime) -> list[tuple[str, int]]:
+    """Failed attempts of the window by error code: the exception type stored with the
+    attempt, else the word before the first colon of its error (``storage_unavailable:``)."""
+    rows = conn.execute(
+        select(EVENTS.c.reason, EVENTS.c.detail)
+        .where(EVENTS.c.at >= start, EVENTS.c.transition.in_(_FAILURES))
+    )  # fmt: skip
+    counts = Counter(error_code(reason, detail) for reason, detail in rows)
+    return counts.most_common()
+
+
+def error_code(reason: str | None, detail: Mapping[str, Any] | None) -> str:
+    if isinstance(detail, Mapping) and detail.get("type"):
+        return str(detail["type"]).rsplit(".", 1)[-1]
+    found = _CODE.match(reason or "")
+    return found[1] if found else "other"
+
+
+def distributions(totals: Mapping[rollup.Key, int]) -> dict[str, list[tuple[str, int]]]:
+    """Each histogram's bucket counts (not cumulative), summed over modules and tasks."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for histogram in rollup.HISTOGRAMS:
+        by_label = Counter({label: 0 for label in _labels()})
+        for (metric, _module, _task, label), value in totals.items():
+            if metric == histogram and label != rollup.SUM_MS:
+                by_label[label] += value
+        out[histogram] = [(label, by_label[label]) for label in _labels()]
+    return out
+
+
+def _labels() -> list[str]:
+    return [rollup.bucket_label(b) for b in rollup.BUCKETS] + [rollup.INF]

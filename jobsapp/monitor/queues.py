@@ -1,0 +1,161 @@
+"""The queues page: per broker queue and domain, what waits in the journal and in the broker.
+
+Journal depth and the oldest wait come from the queued rows (``ix_<table>_state_updated``
+narrows the read to them); the rate counts the claims of the last ``RATE_WINDOW`` through
+``ix_job_events_at``. Broker depth is one passive declare per queue on one connection
+(Redis: the lengths of the queue's lists, priorities included; RabbitMQ: the queue's
+message count), so a queue the broker does not know says so instead of being created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import Connection, Engine, func, or_, select
+
+from jobsapp.db import utcnow
+from jobsapp.lifecycle.journal import EVENTS
+from jobsapp.lifecycle.states import State, Transition
+from jobsapp.monitor import workers
+from jobsapp.monitor.summary import checked_tables
+
+log = logging.getLogger(__name__)
+
+RATE_WINDOW = timedelta(minutes=5)
+BROKER_TIMEOUT = 3
+# Transports whose empty queue is no key at all: a passive declare of it fails, and
+# that means zero messages, not an unknown queue.
+_KEYS_VANISH = frozenset({"redis", "filesystem"})
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    queue: str
+    module: str
+    # Queued and due now / queued for later (a retry's backoff, a countdown).
+    due: int
+    later: int
+    oldest_due: datetime | None
+    claims_per_minute: float
+
+
+@dataclass(frozen=True)
+class BrokerDepth:
+    messages: int | None
+    consumers: int | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class QueuesView:
+    rows: list[QueueRow]
+    broker: dict[str, BrokerDepth]
+    # Live workers consuming each queue (the registry); None: no worker ever registered.
+    consumers: dict[str, int] | None
+
+
+def queues_view(engine: Engine, app: Celery, default_queue: str) -> QueuesView:
+    now = utcnow()
+    with engine.connect() as conn:
+        rows = journal_depths(conn, default_queue, now)
+        consumers = _registry_consumers(conn, now)
+    names = sorted({r.queue for r in rows} | set(consumers or {}) | {default_queue})
+    return QueuesView(rows, broker_depths(app, names), consumers)
+
+
+def journal_depths(conn: Connection, default_queue: str, now: datetime) -> list[QueueRow]:
+    rates = _claims(conn, now)
+    found: list[QueueRow] = []
+    for spec in checked_tables(None):
+        t = spec.table
+        due = or_(t.c.next_retry_at.is_(None), t.c.next_retry_at <= now)
+        stmt = (
+            select(t.c.queue, func.count().filter(due), func.count().filter(~due),
+                   func.min(t.c.updated_at).filter(due))
+            .where(t.c.state == State.QUEUED.value).group_by(t.c.queue)
+        )  # fmt: skip
+        for queue, n_due, n_later, oldest in conn.execute(stmt):
+            name = queue or default_queue
+            rate = rates.get((spec.module, queue), 0) / (RATE_WINDOW.total_seconds() / 60)
+            found.append(QueueRow(name, spec.module, n_due, n_later, oldest, rate))
+        found += _idle(spec.module, rates, {r.queue for r in found if r.module == spec.module},
+                       default_queue)  # fmt: skip
+    return sorted(found, key=lambda r: (r.queue, r.module))
+
+
+def _idle(
+    module: str, rates: dict[tuple[str, str | None], int], listed: set[str], default: str
+) -> list[QueueRow]:
+    """Queues with claims in the window but nothing queued now: their rate still shows."""
+    window = RATE_WINDOW.total_seconds() / 60
+    mine = [(q or default, n) for (m, q), n in rates.items() if m == module]
+    return [QueueRow(q, module, 0, 0, None, n / window) for q, n in mine if q not in listed]
+
+
+def _claims(conn: Connection, now: datetime) -> dict[tuple[str, str | None], int]:
+    """Claims in ``RATE_WINDOW`` by (module, queue): the window's events, joined to their runs."""
+    found: dict[tuple[str, str | None], int] = {}
+    for spec in checked_tables(None):
+        t = spec.table
+        stmt = (
+            select(t.c.queue, func.count())
+            .select_from(EVENTS.join(t, t.c.job_id == EVENTS.c.job_id))
+            .where(EVENTS.c.at >= now - RATE_WINDOW, EVENTS.c.module == spec.module,
+                   EVENTS.c.transition == Transition.CLAIM.value)
+            .group_by(t.c.queue)
+        )  # fmt: skip
+        for queue, n in conn.execute(stmt):
+            found[(spec.module, queue)] = int(n)
+    return found
+
+
+def _registry_consumers(conn: Connection, now: datetime) -> dict[str, int] | None:
+    alive = [w for w in workers.registered(conn, now) if w.status == "alive"]
+    if not alive and not workers.any_registered(conn):
+        return None
+    counts: dict[str, int] = {}
+    for w in alive:
+        for q in w.queues:
+            counts[q] = counts.get(q, 0) + 1
+    return counts
+
+
+def broker_depths(app: Celery, names: Iterable[str]) -> dict[str, BrokerDepth]:
+    """Messages waiting in the broker per queue (a passive declare: nothing is created)."""
+    out: dict[str, BrokerDepth] = {}
+    try:
+        with app.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1, timeout=BROKER_TIMEOUT)
+            for name in names:
+                out[name] = _depth(conn, name)
+    except Exception as exc:  # noqa: BLE001 - a broker that is down is a cell, not a 500
+        log.warning("queues page: broker unavailable (%s)", type(exc).__name__)
+        return {n: BrokerDepth(None, None, "broker unavailable") for n in names}
+    return out
+
+
+def _depth(conn: Any, name: str) -> BrokerDepth:
+    channel = conn.channel()
+    try:
+        _, messages, consumers = channel.queue_declare(queue=name, passive=True)
+    except Exception as exc:  # noqa: BLE001 - RabbitMQ closes the channel on an unknown queue
+        if conn.transport.driver_type in _KEYS_VANISH:
+            return BrokerDepth(0, None)
+        return BrokerDepth(None, None, f"not declared on the broker ({type(exc).__name__})")
+    finally:
+        _close(channel)
+    # kombu's virtual transports count no consumers: only AMQP's number means something.
+    return BrokerDepth(int(messages), None if conn.transport.driver_type in _KEYS_VANISH
+                       else int(consumers))  # fmt: skip
+
+
+def _close(channel: Any) -> None:
+    # A channel the broker closed already (an unknown queue on RabbitMQ) is closed.
+    with contextlib.suppress(Exception):
+        channel.close()
