@@ -1,9 +1,15 @@
-"""Every statement that writes a run row, an outbox row or a job event.
+"""Every statement that moves a run between states, with its event and outbox rows.
 
-Nothing else in jobsapp writes these tables. Each transition is one guarded UPDATE (or an
-INSERT that conflicts) fenced by state and attempt, plus its ``job_events`` row and, where
-the transition needs a message, its ``outbox`` row, all in the caller's transaction. The
-writes of a running attempt are fenced by its claim's token too (``claim_token``).
+Each transition is one guarded UPDATE (or an INSERT that conflicts) fenced by state and
+attempt, plus its ``job_events`` row and, where the transition needs a message, its
+``outbox`` row, all in the caller's transaction. The writes of a running attempt are
+fenced by its claim's token too (``claim_token``).
+
+Nothing else in jobsapp moves a run between states. Two writers outside the journal touch
+these tables without a transition of ``states.ALLOWED``: lifecycle/outbox_queries.py marks
+an outbox row after the journal wrote it (published, backed off, dead, revived, with an
+``outbox_retry`` event), and lifecycle/run_now.py makes a queued run due at once (its
+``next_retry_at``, its outbox row and a ``run_now`` event).
 
 Time is the database's: a transition given no ``now`` stamps and compares with
 PostgreSQL's ``now()`` inside its own statement (no extra round trip), so workers, beat
