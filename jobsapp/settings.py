@@ -29,6 +29,7 @@ _WELL_KNOWN_TOKENS = frozenset(
 _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "pyamqp", "memory")
 _MIB = 1024 * 1024
 DEFAULT_IMAGE_MEMORY_BUDGET_MB = 512
+DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class Settings:
     log_format: str = "text"
     # The deployment's own modules (tasks, run tables) every process imports: JOBSAPP_IMPORTS.
     imports: tuple[str, ...] = ()
+    # The largest return value a lifecycle task's run keeps, as compact UTF-8 JSON.
+    result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -175,6 +178,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         metrics_token=env.get("JOBSAPP_METRICS_TOKEN", "").strip() or None,
         log_format=_log_format(env),
         imports=tuple(m.strip() for m in env.get("JOBSAPP_IMPORTS", "").split(",") if m.strip()),
+        result_max_bytes=whole_number(env, "JOBSAPP_RESULT_MAX_BYTES", DEFAULT_RESULT_MAX_BYTES),
     )
 
 

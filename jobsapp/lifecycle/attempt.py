@@ -6,7 +6,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -17,13 +17,14 @@ from sqlalchemy.exc import OperationalError
 
 from jobsapp import crashpoints
 from jobsapp.db import autocommit
-from jobsapp.lifecycle import journal, outbox
+from jobsapp.lifecycle import journal, outbox, results
 from jobsapp.lifecycle.context import RunContext, entered
 from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, RetryRequested
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.retry import Action, RetryPolicy, decide_failure, decide_retry_after
 from jobsapp.lifecycle.scrub import describe_exception, scrub
 from jobsapp.lifecycle.states import Outcome, Transition
+from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class AttemptRules:
     # False when the caller runs the next attempt itself (eager ``apply()``): a requeue
     # leaves its message to the relay instead of handing it to a worker now.
     publish_retry: bool = True
+    # The largest return value the run keeps (JOBSAPP_RESULT_MAX_BYTES).
+    result_max_bytes: int = field(default_factory=lambda: get_settings().result_max_bytes)
 
 
 def run_attempt(
@@ -77,6 +80,8 @@ def run_attempt(
     with ctx.heartbeat, entered(ctx):
         try:
             value = _call_with_waits(ctx, body, rules)
+            if not ctx.finished:
+                results.checked(ctx.row["task_name"], value, rules.result_max_bytes)
         except LeaseLost as lost:
             log.warning("%s; nothing published", lost)
             return Ended(End.LEASE_LOST, f"{lost}; nothing published")
@@ -108,7 +113,7 @@ def _succeed(ctx: RunContext, value: Any) -> Ended:
     def write() -> bool:
         with autocommit(ctx.engine) as conn:
             return journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
-                                   actor=ctx.worker)  # fmt: skip
+                                   actor=ctx.worker, result=value)  # fmt: skip
 
     if _persistently(write):
         return Ended(End.SUCCEEDED, value=value)

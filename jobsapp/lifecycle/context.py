@@ -11,10 +11,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from jobsapp.lifecycle import journal
+from jobsapp.lifecycle import journal, results
 from jobsapp.lifecycle.errors import LeaseLost
 from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.registry import RunTable
+from jobsapp.settings import get_settings
 
 
 @dataclass
@@ -44,15 +45,18 @@ class RunContext:
         self.heartbeat.check()
 
     @contextmanager
-    def completing(self) -> Iterator[Connection]:
-        """A transaction that commits the body's result together with ``succeeded``.
+    def completing(self, result: Any = None) -> Iterator[Connection]:
+        """A transaction that commits the body's writes together with ``succeeded``, and
+        ``result`` as the run's result (the body's return value is not kept: the run
+        succeeded before the body returned).
 
         The fenced finish runs first: if the lease is lost nothing the body writes in
         this transaction lands.
         """
+        kept = results.checked(self.row["task_name"], result, get_settings().result_max_bytes)
         with self.engine.begin() as conn:
             if not journal.succeed(conn, self.spec, self.job_id, self.attempt, token=self.token,
-                                   actor=self.worker):  # fmt: skip
+                                   actor=self.worker, result=kept):  # fmt: skip
                 raise LeaseLost(f"job {self.job_id} attempt {self.attempt}: finish refused")
             yield conn
         self.finished = True

@@ -36,6 +36,7 @@ def _columns() -> list[sa.Column[Any]]:
         sa.Column("worker", sa.String(length=200), nullable=True),
         queue_column(),
         claim_token_column(),
+        result_column(),
     ]
 
 
@@ -47,6 +48,11 @@ def queue_column() -> sa.Column[Any]:
 def claim_token_column() -> sa.Column[Any]:
     """Added to the contract by migration 0009."""
     return sa.Column("claim_token", sa.Uuid(), nullable=True)
+
+
+def result_column() -> sa.Column[Any]:
+    """Added to the contract by migration 0012."""
+    return sa.Column("result", sa.JSON(none_as_null=True), nullable=True)
 
 
 def _checks(name: str) -> list[sa.CheckConstraint]:

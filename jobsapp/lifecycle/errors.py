@@ -56,3 +56,9 @@ class DatabaseNotMigrated(Exception):
     Its message is the line every jobsapp process prints at start for the same database:
     ``database not migrated: JOBSAPP_DATABASE_URL=...: ...; run `jobsapp db upgrade```.
     """
+
+
+class ResultRefused(PermanentError):
+    """The body returned what its run cannot keep: not JSON (``result_not_json``) or over
+    ``JOBSAPP_RESULT_MAX_BYTES`` (``result_too_large``). The body's work is done; running
+    it again would return the same, so the run fails without a retry."""

@@ -2,8 +2,9 @@
 
 It answers the calls code written against Celery's ``AsyncResult`` makes (``id``,
 ``state``/``status`` in Celery's names, ``ready()``, ``successful()``, ``failed()``,
-``get()``) from the journal, whose own state stays at hand as ``journal_state``; there is
-no result backend, so ``get()`` of a success returns None.
+``get()``, ``result``, ``traceback``, ``date_done``) from the journal, whose own state stays
+at hand as ``journal_state``. The run row keeps the body's return value (``result``, see
+lifecycle/results.py): there is no result backend to run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from celery import exceptions as celery_exceptions
@@ -34,6 +36,18 @@ class JobFailed(Exception):
     def __init__(self, job_id: uuid.UUID, outcome: str | None, error: str | None) -> None:
         super().__init__(f"job {job_id} failed ({outcome}): {error}")
         self.job_id, self.outcome, self.error = job_id, outcome, error
+
+
+def _failure(row: Mapping[str, Any]) -> JobFailed:
+    return JobFailed(row["job_id"], row["outcome"], row["last_error"])
+
+
+def _answer(row: Mapping[str, Any] | None) -> Any:
+    """Celery's ``result`` of a row: the kept return value once succeeded, the failure (an
+    exception, as Celery gives it) once failed, None before."""
+    if row is None or not is_terminal(row["state"]):
+        return None
+    return _failure(row) if row["state"] == State.FAILED.value else row["result"]
 
 
 def celery_state(row: Mapping[str, Any] | None) -> str:
@@ -127,9 +141,39 @@ class JobHandle:
 
     def get(
         self, timeout: float | None = None, propagate: bool = True, interval: float = 0.5
-    ) -> None:
-        """Celery's ``get``: None once succeeded; ``JobFailed`` with the stored error once
-        failed (unless ``propagate`` is false); ``JobTimeout`` after ``timeout`` seconds."""
+    ) -> Any:
+        """Celery's ``get``: the body's return value once succeeded (as JSON gives it back:
+        a tuple comes back a list); ``JobFailed`` with the stored error once failed (returned
+        instead when ``propagate`` is false); ``JobTimeout`` after ``timeout`` seconds."""
         row = self.wait(timeout, interval)
         if propagate and row["state"] == State.FAILED.value:
-            raise JobFailed(self.job_id, row["outcome"], row["last_error"])
+            raise _failure(row)
+        return _answer(row)
+
+    @property
+    def result(self) -> Any:
+        """Celery's ``result`` now, without waiting (``_answer``)."""
+        return _answer(self.row())
+
+    @property
+    def date_done(self) -> datetime | None:
+        """When the job ended (the run's ``finished_at``); None while it has not."""
+        row = self.row()
+        if row is None or not is_terminal(row["state"]):
+            return None
+        finished: datetime = row["finished_at"]
+        return finished
+
+    @property
+    def traceback(self) -> str | None:
+        """Celery's ``traceback``: the body's (scrubbed, bounded) traceback of the attempt
+        that failed, while the job is ``FAILURE`` or ``RETRY``; None otherwise, and for a
+        failure with no traceback (a reaped or cancelled run)."""
+        with get_engine().connect() as conn:
+            row = journal.load(conn, self.spec, self.job_id)
+            if celery_state(row) not in (celery_states.FAILURE, celery_states.RETRY):
+                return None
+            assert row is not None
+            detail = journal.attempt_failure(conn, self.spec, self.job_id, row["attempts"])
+        shown = None if detail is None else detail.get("traceback")
+        return shown if isinstance(shown, str) else None

@@ -71,6 +71,9 @@ class RunMixin:
     # The broker queue the producer chose (apply_async(queue=...), a task's queue); NULL is
     # the app's default. Every message of the job, republished or retried, goes there.
     queue: Mapped[str | None] = mapped_column(String(200))
+    # What the body of the succeeded attempt returned (JSON, bounded by
+    # JOBSAPP_RESULT_MAX_BYTES); NULL otherwise, and for a body that returned None.
+    result: Mapped[Any | None] = mapped_column(JSON(none_as_null=True))
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:  # noqa: N805 - SQLAlchemy passes the class

@@ -10,7 +10,6 @@ name, ``apply()``) becomes a run of its own, keyed by its Celery task id. Idioma
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
 import os
@@ -41,6 +40,7 @@ from jobsapp.lifecycle.errors import InvalidMessage, RetryRequested
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
+from jobsapp.lifecycle.results import hint, non_json
 from jobsapp.lifecycle.retry import RetryPolicy
 from jobsapp.lifecycle.scrub import known_secrets_from_env
 from jobsapp.monitor import rollup
@@ -76,10 +76,6 @@ _UNSUPPORTED = {
     "retry": "the outbox retries every publish",
     "retry_policy": "the outbox retries every publish",
 }
-_JSON_HINTS = {
-    "datetime": "pass an ISO string (.isoformat())", "date": "pass an ISO string (.isoformat())",
-    "UUID": "pass str(value)", "Decimal": "pass str(value)", "bytes": "pass base64 text",
-}  # fmt: skip
 
 
 def _refuse(name: str, options: Mapping[str, Any]) -> None:
@@ -89,30 +85,15 @@ def _refuse(name: str, options: Mapping[str, Any]) -> None:
     raise TypeError(f"{name}.apply_async: jobsapp does not support {sorted(options)} ({hints})")
 
 
-def _non_json(value: Any) -> type | None:
-    """The type of the first value in ``value`` that JSON cannot carry, or None."""
-    found: list[type] = []
-
-    def refuse(leaf: Any) -> Any:
-        found.append(type(leaf))
-        raise TypeError
-
-    try:
-        json.dumps(value, default=refuse, allow_nan=False)
-    except (TypeError, ValueError):
-        return found[0] if found else float
-    return None
-
-
 def require_json(task: str, named: Mapping[str, Any]) -> None:
     """Refuse an argument the journal cannot store, before anything is written."""
-    if not named or _non_json(named) is None:  # one pass over all; per argument to name it
+    if not named or non_json(named) is None:  # one pass over all; per argument to name it
         return
     for name, value in named.items():
-        bad = _non_json(value)
+        bad = non_json(value)
         if bad is not None:
-            hint = _JSON_HINTS.get(bad.__name__, "pass str, int, float, bool, None, list, dict")
-            raise TypeError(f"argument {name!r} of {task} is a {bad.__name__}, not JSON: {hint}")
+            raise TypeError(f"argument {name!r} of {task} is a {bad.__name__}, not JSON: "
+                            f"{hint(bad)}")  # fmt: skip
 
 
 class LifecycleTask(Task):  # type: ignore[type-arg]

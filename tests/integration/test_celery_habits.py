@@ -124,7 +124,8 @@ def test_get_returns_on_success_raises_the_stored_error_on_failure_and_times_out
     with pytest.raises(handle.JobFailed, match="this never works") as failed:
         doomed.get(timeout=30)
     assert failed.value.outcome == "exhausted"
-    assert tasks.doomed.AsyncResult(doomed.id).get(propagate=False) is None
+    # As Celery's get(propagate=False): the failure is returned, not raised.
+    assert isinstance(tasks.doomed.AsyncResult(doomed.id).get(propagate=False), handle.JobFailed)
 
     later = tasks.echo.apply_async(args=(f"{token}-later",), countdown=3600)
     with pytest.raises(celery.exceptions.TimeoutError):

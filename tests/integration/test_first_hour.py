@@ -144,6 +144,9 @@ def test_apply_runs_the_body_through_the_journal_and_returns_its_value(pg: Engin
     row = run_row(pg, uuid.UUID(ours.id))
     assert (row["state"], row["attempts"], row["params"]) == ("succeeded", 1, {
         "args": [11, 1], "kwargs": {}})  # fmt: skip
+    # The run keeps the value too: a handle of the job answers as the EagerResult did.
+    assert row["result"] == 12
+    assert hour.add.AsyncResult(ours.id).get() == 12
     # The journal's idempotency by id, where Celery would run the body again.
     again = hour.add.apply((11, 1), task_id=ours.id)
     assert again.get() == "not run: the job is already terminal"

@@ -65,7 +65,13 @@ from jobsapp.lifecycle.journal.outbox_rows import (
     outgoing,
 )
 from jobsapp.lifecycle.journal.plans import Plan
-from jobsapp.lifecycle.journal.reads import active_holder, load, load_with_clock, snoozes
+from jobsapp.lifecycle.journal.reads import (
+    active_holder,
+    attempt_failure,
+    load,
+    load_with_clock,
+    snoozes,
+)
 from jobsapp.lifecycle.journal.reap import StaleRun, find_stale, reap
 from jobsapp.lifecycle.journal.reopen import KeyBusy, reopen
 
@@ -83,6 +89,7 @@ __all__ = [
     "StaleRun",
     "active_holder",
     "add_outbox",
+    "attempt_failure",
     "cancel",
     "claim",
     "claim_by_insert",

@@ -36,25 +36,27 @@ def _finish(
     actor: str,
     now: datetime | None,
     detail: Mapping[str, Any] | None = None,
+    result: Any = None,
 ) -> bool:
     now = _stamp(conn, now)
     state = State.SUCCEEDED if outcome is Outcome.SUCCEEDED else State.FAILED
     params = {"r_job_id": job_id, "r_attempts": attempt, "r_claim_token": token,
               "r_state": state.value, "r_outcome": outcome.value, "r_last_error": error,
-              "r_now": now}  # fmt: skip
+              "r_result": result, "r_now": now}  # fmt: skip
     event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error, detail)
     return _run(conn, _finish_plan(spec, conn.dialect.name), params, event, None)[0] is not None
 
 
 def succeed(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, token: uuid.UUID,
-    actor: str, now: datetime | None = None,
+    actor: str, now: datetime | None = None, result: Any = None,
 ) -> bool:  # fmt: skip
-    """running -> succeeded, fenced by the attempt and its claim ``token``; False means
-    the lease was lost."""
+    """running -> succeeded with the body's ``result`` (checked by lifecycle/results.py),
+    in the same statement; fenced by the attempt and its claim ``token``; False means the
+    lease was lost."""
     return _finish(
         conn, spec, job_id, attempt, token=token, transition=Transition.SUCCEED,
-        outcome=Outcome.SUCCEEDED, error=None, actor=actor, now=now,
+        outcome=Outcome.SUCCEEDED, error=None, actor=actor, now=now, result=result,
     )  # fmt: skip
 
 
@@ -63,8 +65,8 @@ def fail(
     outcome: Outcome, error: str, actor: str, now: datetime | None = None,
     detail: Mapping[str, Any] | None = None,
 ) -> bool:  # fmt: skip
-    """running -> failed with ``outcome``, fenced as ``succeed``; ``detail`` goes on its
-    event."""
+    """running -> failed with ``outcome`` and no result, fenced as ``succeed``; ``detail``
+    goes on its event."""
     return _finish(
         conn, spec, job_id, attempt, token=token, transition=Transition.FAIL,
         outcome=outcome, error=error, actor=actor, now=now, detail=detail,

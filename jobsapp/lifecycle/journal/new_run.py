@@ -71,6 +71,7 @@ def _new_row(job: NewJob, now: datetime | None, state: State, attempts: int) -> 
         "worker": None,
         "queue": job.queue,
         "claim_token": new_claim_token() if running else None,
+        "result": None,
         **job.values,
     }
 

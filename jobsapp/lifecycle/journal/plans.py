@@ -202,8 +202,8 @@ def _finish_plan(spec: RunTable, dialect: str) -> Plan:
         .where(*_fence_params(table))
         .values(
             state=_bind(table, "state"), outcome=_bind(table, "outcome"),
-            last_error=_bind(table, "last_error"), finished_at=now, updated_at=now,
-            next_retry_at=None,
+            last_error=_bind(table, "last_error"), result=_bind(table, "result"),
+            finished_at=now, updated_at=now, next_retry_at=None,
         )
         .returning(table.c.job_id, table.c.updated_at)
     )  # fmt: skip

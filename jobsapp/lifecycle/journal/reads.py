@@ -1,7 +1,8 @@
 """The journal's reads of one run; no transition, no write.
 
 ``load`` (lifecycle/handle.py, lifecycle/task.py, lifecycle/claim.py, operator.py),
-``load_with_clock`` (lifecycle/claim.py, to explain a refused claim), ``snoozes``
+``load_with_clock`` (lifecycle/claim.py, to explain a refused claim), ``attempt_failure``
+(lifecycle/handle.py, Celery's ``traceback``), ``snoozes``
 (lifecycle/attempt.py, the limit of Transition.SNOOZE), ``active_holder`` (the run holding a
 concurrency key: enqueue.py, reopen.py, and lifecycle/claim.py's Transition.SKIP).
 """
@@ -53,6 +54,22 @@ def load_with_clock(
         return None, utcnow()  # no row: nothing to time
     return row, row.pop("_db_now")
 
+
+
+def attempt_failure(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int
+) -> Mapping[str, Any] | None:
+    """The failure detail (type, message, traceback) an event of ``attempt`` recorded, the
+    latest if several did; None when none did (a reaped or cancelled run)."""
+    stmt = (
+        select(EVENTS.c.detail)
+        .where(EVENTS.c.module == spec.module, EVENTS.c.job_id == job_id,
+               EVENTS.c.attempt == attempt, EVENTS.c.detail.is_not(None))
+        .order_by(EVENTS.c.id.desc())
+        .limit(1)
+    )  # fmt: skip
+    found = conn.execute(stmt).scalar()
+    return found if isinstance(found, Mapping) else None
 
 
 def active_holder(conn: Connection, spec: RunTable, key: str) -> uuid.UUID | None:

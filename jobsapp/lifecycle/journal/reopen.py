@@ -66,7 +66,7 @@ def reopen(
         .values(
             state=State.QUEUED.value, outcome=None, finished_at=None, heartbeat_at=None,
             next_retry_at=None, max_attempts=table.c.attempts + budget, rescues=0,
-            updated_at=at,
+            result=None, updated_at=at,
         )
         .returning(*table.c)
     )  # fmt: skip
