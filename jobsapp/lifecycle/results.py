@@ -35,7 +35,8 @@ def encode(value: Any) -> str:
         raise TypeError
 
     try:
-        return json.dumps(value, default=refuse, allow_nan=False, separators=(",", ":"))
+        return json.dumps(value, default=refuse, allow_nan=False, ensure_ascii=False,
+                          separators=(",", ":"))  # fmt: skip
     except (TypeError, ValueError):
         raise NotJson(found[0] if found else float) from None
 
@@ -61,10 +62,9 @@ def checked(task: str, value: Any, max_bytes: int) -> Any:
     try:
         size = len(encode(value).encode())
     except NotJson as bad:
-        raise ResultRefused(
-            f"{task} returned a {bad.kind.__name__}, not JSON: {hint(bad.kind)}",
-            error_code="result_not_json",
-        ) from None
+        raise _not_json(task, f"a {bad.kind.__name__}", hint(bad.kind)) from None
+    except UnicodeEncodeError:  # PostgreSQL's json refuses an unpaired surrogate too
+        raise _not_json(task, "text with a lone surrogate", "pass valid Unicode") from None
     if size > max_bytes:
         raise ResultRefused(
             f"{task} returned {size} bytes of JSON, over the result cap of {max_bytes} bytes "
@@ -72,3 +72,8 @@ def checked(task: str, value: Any, max_bytes: int) -> Any:
             error_code="result_too_large",
         )
     return value
+
+
+def _not_json(task: str, what: str, instead: str) -> ResultRefused:
+    return ResultRefused(f"{task} returned {what}, not JSON: {instead}",
+                         error_code="result_not_json")  # fmt: skip

@@ -11,7 +11,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import lifecycle_task
+from jobsapp.lifecycle import current_run, lifecycle_task
 from tests.support.env import SESSION, service
 from tests.support.first_hour_tasks import _add, _refuse
 from tests.support.tasks import record
@@ -40,6 +40,13 @@ def stamp(token: str) -> datetime:
 @lifecycle_task(app, name="tests.results.structured")
 def structured(x: int) -> dict[str, object]:
     return {"pair": (x, x + 1), "nested": {"ok": True, "none": None}}
+
+
+@lifecycle_task(app, name="tests.results.completes")
+def completes(x: int) -> str:
+    with current_run().completing(result={"kept": x}):
+        pass
+    return "returned after the run succeeded: not kept"
 
 
 opaque = lifecycle_task(app, name="tests.results.opaque")(_opaque)
