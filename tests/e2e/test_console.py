@@ -27,16 +27,19 @@ from jobsapp import operator
 from jobsapp.attachments.models import ATTACHMENT_RUNS
 from jobsapp.lifecycle import journal, registry
 from jobsapp.lifecycle.states import ALL_STATES, Transition
+from tests.chaos.harness import RedisServer
 from tests.e2e.test_admin_ui import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, log_in, wait_state
 from tests.e2e.test_admin_web import enqueue, operator_env, operator_events
 from tests.e2e.test_web import png
 from tests.e2e.webserver import REPO, Http, running_web, running_worker
 from tests.integration.test_operator import claimed, failed_job, queued_attachment_job
 from tests.support import tasks
-from tests.support.env import IN_CI
+from tests.support.env import IN_CI, SESSION
 
-DATABASE = "jobsapp_e2e_console"
-# Its own Redis database (see test_admin_web.py for the others').
+# Per test session, with a private redis-server: another session running this module must
+# not drop the database or flush the broker under us. (operator_env flushes database 9 of
+# the shared Redis, which nothing uses now.)
+DATABASE = f"jobsapp_e2e_console_{SESSION}"
 REDIS_DB = 9
 DESKTOP = {"width": 1280, "height": 900}
 NARROW = {"width": 390, "height": 844}
@@ -54,8 +57,14 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    with operator_env(tmp_path_factory, DATABASE, REDIS_DB) as found:
-        yield found
+    redis = RedisServer(tmp_path_factory.mktemp("redis"))
+    redis.start()
+    try:
+        with operator_env(tmp_path_factory, DATABASE, REDIS_DB) as found:
+            yield found | {name: redis.url for name in ("JOBSAPP_BROKER_URL", "JOBSAPP_REDIS_URL",
+                                                        "JOBSAPP_TEST_REDIS_URL")}  # fmt: skip
+    finally:
+        redis.close()
 
 
 @pytest.fixture(scope="module")
