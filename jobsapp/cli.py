@@ -259,7 +259,9 @@ def _add_reconcile_command(sub: Any) -> None:
     again.add_argument("--module", help="only this run table (jobs, attachments, ...)")
     again.add_argument("--error-code", help="only failures with this code (any code the "
                        "domain does not forbid)")  # fmt: skip
-    again.add_argument("--dry-run", action="store_true", help="list, take nothing again")
+    again.add_argument("--dry-run", action="store_true",
+                       help="take nothing again: list what a pass would take and, for each "
+                       "failed run it leaves alone, the rule that holds it back")  # fmt: skip
     again.add_argument("--actor", help="who acts (default: $USER), for the audit rows")
     again.set_defaults(handler=reconcile)
 

@@ -276,7 +276,7 @@ def left_alone(
 # ---------------------------------------------------------------------------- pass
 
 
-def _failure(row: Mapping[str, Any]) -> Failure:
+def failure_of(row: Mapping[str, Any]) -> Failure:
     return Failure(row["outcome"], row["last_error"], row["finished_at"], int(row["rounds"]))
 
 
@@ -292,7 +292,7 @@ def run_once(engine: Engine, app: Celery, spec: RunTable, request: Request) -> R
     budget = for_pass(DEFAULT_BUDGET)
     now = request.now or utcnow()
     for row in candidates(engine, spec, policy, wanted, now):
-        decision = decide(_failure(row), policy, wanted, now)
+        decision = decide(failure_of(row), policy, wanted, now)
         if not isinstance(decision, Retake):
             continue
         if not budget.allows_more():
@@ -315,7 +315,7 @@ def _explain(
     rows = left_alone(engine, spec, [job for job, _ in report.retaken], HELD_BACK_SHOWN)
     report.held_back_more = len(rows) > HELD_BACK_SHOWN
     for row in rows[:HELD_BACK_SHOWN]:
-        decision = decide(_failure(row), policy, wanted, now)
+        decision = decide(failure_of(row), policy, wanted, now)
         report.held_back.append(
             (row["job_id"], BATCH_FULL if isinstance(decision, Retake) else decision)
         )

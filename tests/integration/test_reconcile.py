@@ -6,6 +6,7 @@ processed with one attempt each; the reconcile pass runs once the store is back.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Iterator
@@ -198,13 +199,18 @@ def test_an_operator_reconciles_by_hand_from_the_cli(
     assert run_row(db, outage)["state"] == "failed"
 
 
-def failed_again(engine: Engine, job_id: uuid.UUID, error: str) -> None:
-    """The replayed job's next attempt fails too."""
+def reconciled_and_failed_again(engine: Engine, job_id: uuid.UUID, error: str,
+                                *, hours: float = 0.0) -> None:  # fmt: skip
+    """An earlier reconcile pass replayed the job; its next attempt failed ``hours`` ago."""
+    operator.replay(engine, "jobs", job_id, actor=reconcile.ACTOR, reason="an earlier pass",
+                    app=Celery("memory", broker="memory://"))  # fmt: skip
+    at = utcnow() - timedelta(hours=hours)
     with engine.begin() as conn:
         attempt = int(run_row(engine, job_id)["attempts"]) + 1
-        assert journal.claim(conn, JOBS, job_id, attempt, worker="w@h:1")
+        assert journal.claim(conn, JOBS, job_id, attempt, worker="w@h:1", now=at)
         assert journal.fail(conn, JOBS, job_id, attempt, token=held_by(conn, JOBS, job_id),
-                            outcome=Outcome.EXHAUSTED, error=error, actor="w@h:1")  # fmt: skip
+                            outcome=Outcome.EXHAUSTED, error=error, actor="w@h:1",
+                            now=at)  # fmt: skip
 
 
 def failed_attachment_run(engine: Engine, error: str) -> uuid.UUID:
@@ -229,9 +235,7 @@ def test_a_dry_run_names_the_rule_that_holds_back_each_failed_run(
     recent = failed_generic_job(db, outage, hours=5 / 60)
     not_retryable = failed_generic_job(db, "KeyError: 'x'")
     capped = failed_generic_job(db, outage, hours=3)
-    operator.replay(db, "jobs", capped, actor=reconcile.ACTOR, reason="an earlier pass",
-                    app=Celery("memory", broker="memory://"))  # fmt: skip
-    failed_again(db, capped, outage)
+    reconciled_and_failed_again(db, capped, outage)
     cancelled = tasks.echo.new_job(("m",), {}, uuid.uuid4())
     with db.begin() as conn:
         journal.enqueue(conn, cancelled, now=utcnow(), actor="test")
@@ -262,6 +266,40 @@ def test_a_dry_run_names_the_rule_that_holds_back_each_failed_run(
     assert (jobs["held_back_more"], attachments["held_back_more"]) == (False, False)
     # A dry run: nothing moved.
     assert {run_row(db, j)["state"] for j in (*batch, next_pass, recent, capped)} == {"failed"}
+
+
+def test_the_query_selects_exactly_the_runs_the_decision_retakes(db: Engine) -> None:
+    """The SQL of ``candidates`` and the Python of ``decide`` state the same rules twice:
+    over every combination of outcome, error, age and rounds they agree."""
+    policy = JOBS.reconcile
+    assert policy is not None
+    errors = ["TransientError: upstream down", "NonTransientError: bad", "KeyError: 'x'"]
+    for error, hours, rounds in itertools.product(errors, (0.1, 0.4, 2.0), (0, 1)):
+        job_id = failed_generic_job(db, error, hours=hours + rounds)
+        if rounds:
+            reconciled_and_failed_again(db, job_id, error, hours=hours)
+    for error in errors:  # a cancel's reason is its last_error: an outcome, not a failure
+        job, at = tasks.echo.new_job(("m",), {}, uuid.uuid4()), utcnow() - timedelta(hours=2)
+        with db.begin() as conn:
+            journal.enqueue(conn, job, now=at, actor="test")
+            assert journal.cancel(conn, JOBS, job.job_id, attempts=0, actor="test",
+                                  reason=error, now=at)  # fmt: skip
+    now = utcnow()
+
+    chosen = reconcile.candidates(db, JOBS, policy, policy.retake, now)
+    every = reconcile.left_alone(db, JOBS, [], limit=1000)
+    decided = {r["job_id"]: reconcile.decide(reconcile.failure_of(r), policy, policy.retake, now)
+               for r in every}  # fmt: skip
+
+    assert len(every) == 3 * 3 * 2 + 3
+    assert {r["job_id"] for r in chosen} == {
+        j for j, d in decided.items() if isinstance(d, reconcile.Retake)
+    }
+    assert len(chosen) == 1  # TransientError, 2 hours ago, no round yet
+    assert {d.rule for d in decided.values() if isinstance(d, reconcile.HeldBack)} == {
+        reconcile.Rule.NOT_A_FAILURE, reconcile.Rule.NOT_RETRYABLE, reconcile.Rule.ROUNDS_CAP,
+        reconcile.Rule.COOL_DOWN,
+    }  # fmt: skip
 
 
 def test_the_admin_api_runs_a_pass_and_refuses_a_never_code(db: Engine) -> None:
