@@ -33,7 +33,16 @@ from sqlalchemy.orm import Session
 
 from jobsapp import logs
 from jobsapp.db import get_engine
-from jobsapp.lifecycle import claim, enqueue, journal, message, publisher, registry, tracing
+from jobsapp.lifecycle import (
+    claim,
+    enqueue,
+    journal,
+    message,
+    publisher,
+    registry,
+    totals,
+    tracing,
+)
 from jobsapp.lifecycle.attempt import AttemptRules, End, Ended, run_attempt
 from jobsapp.lifecycle.celery_view import EVENTS_ON, AttemptFailed, call_fields, shown_failure
 from jobsapp.lifecycle.context import RunContext
@@ -43,7 +52,6 @@ from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
 from jobsapp.lifecycle.retry import RetryPolicy
 from jobsapp.lifecycle.scrub import known_secrets_from_env
-from jobsapp.monitor import rollup
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -238,7 +246,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
                       priority=job.priority if priority is None else priority)  # fmt: skip
         handle = enqueue.enqueue(self.app, job, session=session, connection=connection)
         if handle.outcome is EnqueueOutcome.DUPLICATE:
-            rollup.count_dedup_hit(get_engine(), self.run_table.module, self.name)
+            totals.count_dedup_hit(get_engine(), self.run_table.module, self.name)
         return handle if job_id or not task_id else replace(handle, task_id=str(task_id))
 
     def _job_id(self, job_id: uuid.UUID | str | None, task_id: str | None) -> uuid.UUID | None:
