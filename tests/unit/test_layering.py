@@ -99,6 +99,10 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
+# What holds statements: ``except`` clauses and ``case`` arms are not statements themselves.
+_BLOCKS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
 def _walk(importer: str, nodes: list[ast.stmt], top: bool) -> Iterator[Import]:
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -112,7 +116,7 @@ def _walk(importer: str, nodes: list[ast.stmt], top: bool) -> Iterator[Import]:
             here = top and not isinstance(
                 node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
             ) and not (isinstance(node, ast.If) and _is_type_checking(node))  # fmt: skip
-            children = [c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt)]
+            children = [c for c in ast.iter_child_nodes(node) if isinstance(c, _BLOCKS)]
             yield from _walk(importer, children, here)
 
 
