@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import __main__ as bench_main
 from bench import bench_lifecycle, bench_validation
 from bench.bench_lifecycle import (
     OFF,
@@ -117,3 +118,10 @@ def test_the_validation_bench_times_every_body_with_checks_that_agree() -> None:
     lines = bench_validation.table(n=3)
     assert len(lines) == 2 + 6 + 1  # header, separator, six bodies, validate_body
     assert lines[-1].startswith("validate_body of the typical valid body: ")
+
+
+def test_a_relative_state_dir_is_taken_from_where_the_bench_was_started() -> None:
+    # services.sh runs Postgres from another directory: a relative data dir would miss.
+    args = bench_main.parse(["lifecycle", "--state-dir", "var/here", "--out", "var/out"])
+    assert args.state_dir == Path.cwd() / "var" / "here"
+    assert args.out == Path.cwd() / "var" / "out"
