@@ -207,10 +207,17 @@ class Producer:
         return result
 
     def close(self) -> None:
+        """Ends it after its last batch; returns once it exited (its exit flushes its last
+        publish marks, a part of the jobs' cost)."""
         assert self.process.stdin is not None
         self.process.stdin.close()
         if self.process.wait(timeout=60) != 0:
             raise RuntimeError(f"producer exited {self.process.returncode}")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
 
 class Run:
@@ -229,14 +236,6 @@ class Run:
             "JOBSAPP_IMPORTS": "bench.lifecycle_tasks", "BENCH_COUNTER_URL": broker.redis_url(6),
             "BENCH_NAIVE_DSN": dsn, "BENCH_PEER_DSN": dsn, **(events or OFF).env(),
         }  # fmt: skip
-
-    @contextlib.contextmanager
-    def producer(self) -> Iterator[Producer]:
-        producer = Producer(self)
-        try:
-            yield producer
-        finally:
-            producer.close()
 
     def worker(self) -> subprocess.Popen[bytes]:
         log = (self.out / f"worker-{self.system}-{self.instance.name}.log").open("ab")
@@ -326,21 +325,24 @@ def measure(run: Run, n: int) -> Sample:
     limit = 120 + n / 5  # a stuck system fails the run instead of hanging it
     run.counter.delete(DONE_KEY)
     rows0 = run.journal_rows()
-    with run.producer() as producer:
+    producer, worker = Producer(run), None
+    try:
         producer.send(n)
         enqueue = n / producer.result()["seconds"]
         worker = run.worker()
-        try:
-            first = run.wait_done(1, worker, limit)
-            drain = (n - 1) / max(run.wait_done(n, worker, limit) - first, 1e-6) if n > 1 else 0.0
-            run.counter.delete(DONE_KEY)
-            cpu0, wal0 = cpu_now(run, worker), wal_syncs(run.instance)
-            producer.send(n)
-            done = run.wait_done(n, worker, limit)
-            sent = producer.result()
-            run.settle(limit)  # the last finishes are part of the jobs' cost
-            cpu1, wal1 = cpu_now(run, worker), wal_syncs(run.instance)
-        finally:
+        first = run.wait_done(1, worker, limit)
+        drain = (n - 1) / max(run.wait_done(n, worker, limit) - first, 1e-6) if n > 1 else 0.0
+        run.counter.delete(DONE_KEY)
+        cpu0, wal0 = cpu_now(run, worker), wal_syncs(run.instance)
+        producer.send(n)
+        done = run.wait_done(n, worker, limit)
+        sent = producer.result()
+        producer.close()
+        run.settle(limit)  # the last finishes are part of the jobs' cost
+        cpu1, wal1 = cpu_now(run, worker), wal_syncs(run.instance)
+    finally:
+        producer.kill()
+        if worker is not None:
             stop(worker)
     cpu_ms = {"producer": sent["cpu"] * 1000 / n}
     cpu_ms.update({k: (cpu1[k] - cpu0[k]) * 1000 / n for k in cpu0})
@@ -349,13 +351,21 @@ def measure(run: Run, n: int) -> Sample:
     return Sample(enqueue, drain, n / (done - sent["start"]), cpu_ms, (wal1 - wal0) / n, rows)
 
 
-def prepare(instance: Instance, env: Mapping[str, str]) -> None:
-    """jobsapp's schema (its migrations), the naive tables and Procrastinate's schema."""
-    subprocess.run([sys.executable, "-m", "jobsapp.cli", "db", "upgrade"], env=env, cwd=ROOT,
-                   check=True, capture_output=True)  # fmt: skip
-    naive.create_schema(instance.pg_dsn("bench"))
-    subprocess.run([str(BIN / "procrastinate"), "--app=bench.peer_procrastinate.app", "schema",
-                    "--apply"], env=env, cwd=ROOT, check=True, capture_output=True)  # fmt: skip
+def prepare(envs: Mapping[Instance, Mapping[str, str]]) -> None:
+    """jobsapp's schema (its migrations), the naive tables and Procrastinate's schema, on
+    every cluster at once (each command is mostly its own start-up)."""
+    commands = ([sys.executable, "-m", "jobsapp.cli", "db", "upgrade"],
+                [str(BIN / "procrastinate"), "--app=bench.peer_procrastinate.app", "schema",
+                 "--apply"])  # fmt: skip
+    started = [subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT) for env in envs.values()
+               for command in commands]  # fmt: skip
+    for instance in envs:
+        naive.create_schema(instance.pg_dsn("bench"))
+    for process in started:
+        output, _ = process.communicate(timeout=300)
+        if process.returncode != 0:
+            raise RuntimeError(f"{process.args} exited {process.returncode}: {output.decode()}")
 
 
 Results = dict[tuple[str, str], list[Sample]]  # (cluster, system) -> one sample per round
@@ -371,8 +381,7 @@ def run(services: Services, n: int, rounds: int, out: Path) -> Results:
     instances = {"on": services.durable}
     if services.fast is not None:
         instances["off"] = services.fast
-    for instance in instances.values():
-        prepare(instance, Run("lifecycle", instance, services.durable, out).env)
+    prepare({i: Run("lifecycle", i, services.durable, out).env for i in instances.values()})
     for db in (5, 9):
         redis.Redis.from_url(services.durable.redis_url(db)).flushdb()
     print(f"jobsapp's celeryconfig.py ships task events {SHIPPED.label}; the table's "
