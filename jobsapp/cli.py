@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from alembic import command
-from alembic.config import Config
 
 from jobsapp import __version__, logs, preflight
 from jobsapp.attachments.commands import register as add_attachment_commands
 from jobsapp.preflight import Need, StartupFailure
 from jobsapp.progress import working
 from jobsapp.settings import SettingsError, get_settings
+from jobsapp.shipped import alembic_config
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -40,16 +40,6 @@ _NEEDS: dict[str, tuple[Need, ...]] = {
     "reconcile": (Need.SCHEMA,),
     "verify": (Need.SCHEMA, Need.STORAGE),
 }
-
-
-def alembic_config() -> Config:
-    """Alembic's settings, built here, so an installation needs no ini file: the migrations
-    are the checkout's top-level folder or the wheel's packaged copy (``jobsapp.shipped``)."""
-    from jobsapp.shipped import MIGRATIONS
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    return cfg
 
 
 def db_upgrade(_args: argparse.Namespace) -> int:

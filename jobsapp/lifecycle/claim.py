@@ -1,4 +1,8 @@
-"""Claiming a run before the body: queued -> running, or a reasoned no-op ack."""
+"""Claiming a run before the body: queued -> running, or a reasoned no-op ack.
+
+The statements are journal/claim.py's (Transition.CLAIM); this module decides what a refused
+claim means, waits for an early message, and journals Transition.SKIP for a held key.
+"""
 
 from __future__ import annotations
 

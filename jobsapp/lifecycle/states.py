@@ -1,6 +1,7 @@
 """The states of a run, who moves a job out of each, and the allowed transitions.
 
-Pure rules: no I/O. ``docs/lifecycle.md`` draws the same machine.
+Pure rules: no I/O. ``docs/lifecycle.md`` draws the same machine. Each transition's
+statement is in one file of ``lifecycle/journal/``, named beside it in ``ALLOWED``.
 """
 
 from __future__ import annotations
@@ -60,19 +61,24 @@ ALL_STATES: tuple[str, ...] = ACTIVE_STATES + TERMINAL_STATES
 
 # For each transition: the states it may leave (None: no row yet) and the state it enters.
 # The journal's guards encode the same table; tests/unit/test_states.py keeps them honest.
+# Beside each, the file of lifecycle/journal/ that writes it (``journal.X`` re-exports them).
+# SKIP, not in the table, is an event only: journal/events.py ``record_event``, called by
+# lifecycle/claim.py. The heartbeat (running -> running) is journal/heartbeat.py.
 ALLOWED: dict[Transition, tuple[tuple[State | None, ...], State]] = {
+    # journal/enqueue.py (enqueue, enqueue_new); a batch: journal/enqueue_many.py
     Transition.ENQUEUE: ((None,), State.QUEUED),
-    # A foreign producer's message with no row is claimed by inserting it as running.
+    # journal/claim.py: claim; a foreign producer's message with no row is claimed by
+    # inserting it as running (claim_by_insert).
     Transition.CLAIM: ((State.QUEUED, None), State.RUNNING),
-    Transition.SUCCEED: ((State.RUNNING,), State.SUCCEEDED),
-    Transition.RETRY: ((State.RUNNING,), State.QUEUED),
-    Transition.SNOOZE: ((State.RUNNING,), State.QUEUED),
-    Transition.FAIL: ((State.RUNNING,), State.FAILED),
-    Transition.REAP_REQUEUE: ((State.RUNNING,), State.QUEUED),
-    Transition.REAP_FAIL: ((State.RUNNING,), State.FAILED),
-    Transition.REPLAY: ((State.FAILED,), State.QUEUED),
-    Transition.RERUN: ((State.SUCCEEDED, State.FAILED), State.QUEUED),
-    Transition.CANCEL: ((State.QUEUED,), State.FAILED),
+    Transition.SUCCEED: ((State.RUNNING,), State.SUCCEEDED),  # journal/finish.py succeed
+    Transition.RETRY: ((State.RUNNING,), State.QUEUED),  # journal/finish.py requeue
+    Transition.SNOOZE: ((State.RUNNING,), State.QUEUED),  # journal/finish.py requeue
+    Transition.FAIL: ((State.RUNNING,), State.FAILED),  # journal/finish.py fail
+    Transition.REAP_REQUEUE: ((State.RUNNING,), State.QUEUED),  # journal/reap.py reap
+    Transition.REAP_FAIL: ((State.RUNNING,), State.FAILED),  # journal/reap.py reap
+    Transition.REPLAY: ((State.FAILED,), State.QUEUED),  # journal/reopen.py reopen
+    Transition.RERUN: ((State.SUCCEEDED, State.FAILED), State.QUEUED),  # journal/reopen.py
+    Transition.CANCEL: ((State.QUEUED,), State.FAILED),  # journal/cancel.py cancel
 }
 
 

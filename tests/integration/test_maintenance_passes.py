@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, func, insert, select, text, update
 
 from jobsapp import db as jobsapp_db
@@ -38,6 +39,14 @@ from tests.support.journal_view import held_by, outbox_rows, run_row, transition
 from tests.support.waiting import eventually
 
 RUNS = JobRun.__table__
+
+
+def cluster_registry(db: Engine) -> CollectorRegistry:
+    return metrics.journal_registry(lambda: db, lambda: 30.0, metrics.celery_app)
+
+
+def cluster_scrape(db: Engine) -> str:
+    return metrics.exposition(cluster_registry(db)).decode()
 JOBS = registry.JOBS
 STALE = timedelta(seconds=30)
 UNCLAIMED = timedelta(seconds=60)
@@ -538,7 +547,7 @@ def test_a_row_that_keeps_failing_is_dead_listed_counted_and_retried_by_an_opera
     assert not any(relay.run_once(relay_app, db, RELAY).values())  # dead: never tried again
     with db.connect() as conn:
         assert [r.job_id for r in outbox_queries.dead_rows(conn, limit=10)] == [job_id]
-    scraped = metrics.exposition(metrics.journal_registry(lambda: db, lambda: 30.0)).decode()
+    scraped = cluster_scrape(db)
     assert "jobsapp_outbox_dead 1.0" in scraped
     assert summary.outbox_backlog(db) == 0  # dead is not backlog
 
@@ -621,7 +630,7 @@ def test_a_dead_row_whose_run_then_ran_is_settled(
     set_outbox(db, job_id, 1, published_at=ago(600), available_at=ago(1),
                publish_count=outbox.MAX_UNCLAIMED_PUBLISHES)  # fmt: skip
     assert relay.run_once(relay_app, db, RELAY)["dead"] == 1
-    registry = metrics.journal_registry(lambda: db, lambda: 30.0)
+    registry = cluster_registry(db)
     assert "jobsapp_outbox_dead 1.0" in metrics.exposition(registry).decode()
 
     # One of its copies reached a worker after all.
@@ -654,7 +663,7 @@ def test_a_queued_run_without_a_message_is_repaired_and_counted(
     (row,) = outbox_rows(db, orphan)
     assert (row["attempt"], row["published_at"], row["dead_at"]) == (1, None, None)
     assert len(outbox_rows(db, waiting)) == 1
-    scraped = metrics.exposition(metrics.journal_registry(lambda: db, lambda: 30.0)).decode()
+    scraped = cluster_scrape(db)
     assert "jobsapp_outbox_repaired_total 1.0" in scraped
     # Repaired once: the next pass finds the invariant kept, and publishes the message.
     set_outbox(db, orphan, 1, available_at=ago(10))

@@ -1,0 +1,109 @@
+"""Every statement that moves a run between states, with its event and outbox rows.
+
+Each transition is one guarded UPDATE (or an INSERT that conflicts) fenced by state and
+attempt, plus its ``job_events`` row and, where the transition needs a message, its
+``outbox`` row, all in the caller's transaction. The writes of a running attempt are
+fenced by its claim's token too (``claim_token``).
+
+Nothing else in jobsapp moves a run between states. Two writers outside the journal touch
+these tables without a transition of ``states.ALLOWED``: lifecycle/outbox_queries.py marks
+an outbox row after the journal wrote it (published, backed off, dead, revived, with an
+``outbox_retry`` event), and lifecycle/run_now.py makes a queued run due at once (its
+``next_retry_at``, its outbox row and a ``run_now`` event).
+
+Time is the database's: a transition given no ``now`` stamps and compares with
+PostgreSQL's ``now()`` inside its own statement (no extra round trip), so workers, beat
+and producers with skewed clocks agree. SQLite has no clock of its own; it is one file on
+one host, and the host's clock stands in (docs/lifecycle.md). An explicit ``now`` (tests,
+backfills) is used as given.
+
+One file per transition (``states.ALLOWED`` names the file of each), over what they share:
+
+- enqueue.py: Transition.ENQUEUE one job at a time; enqueue_many.py: a batch
+- reopen.py: Transition.RERUN, REPLAY (terminal -> queued)
+- claim.py: Transition.CLAIM (and by insert, for a foreign message)
+- heartbeat.py: the heartbeat (running -> running, no event)
+- finish.py: Transition.SUCCEED, FAIL, RETRY, SNOOZE
+- cancel.py: Transition.CANCEL
+- reap.py: Transition.REAP_REQUEUE, REAP_FAIL (the reaper's queries)
+- reads.py: the reads of one run (load, snoozes, the holder of a key)
+- new_run.py: ``NewJob`` and the row a new run starts as
+- events.py, outbox_rows.py: the event and outbox rows a transition writes
+- plans.py: the statement compiler (prebuilt plans per run table and dialect, ``_run``)
+- clock.py, _sql.py: whose clock, the two tables and the statement helpers
+
+Callers use this package's names (``journal.claim``, ``journal.OUTBOX``); the files import
+only downward (the clock and ``_sql`` at the bottom, the transitions at the top). A file
+named like the function it exports is shadowed by it here (``journal.claim`` is the
+function): reach a file's own names with ``from jobsapp.lifecycle.journal.claim import ...``.
+"""
+
+from __future__ import annotations
+
+from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX
+from jobsapp.lifecycle.journal._sql import _upsert as _upsert
+from jobsapp.lifecycle.journal.cancel import cancel
+from jobsapp.lifecycle.journal.claim import claim, claim_by_insert
+from jobsapp.lifecycle.journal.clock import clock
+from jobsapp.lifecycle.journal.enqueue import (
+    EnqueueOutcome,
+    EnqueueResult,
+    enqueue,
+    enqueue_existing,
+    enqueue_new,
+)
+from jobsapp.lifecycle.journal.enqueue_many import conflict_outcome, enqueue_many
+from jobsapp.lifecycle.journal.events import Event, record_event
+from jobsapp.lifecycle.journal.finish import fail, requeue, succeed
+from jobsapp.lifecycle.journal.heartbeat import heartbeat
+from jobsapp.lifecycle.journal.new_run import NewJob, new_claim_token
+from jobsapp.lifecycle.journal.outbox_rows import (
+    Outgoing,
+    PendingMessage,
+    add_outbox,
+    on_local_clock,
+    outgoing,
+)
+from jobsapp.lifecycle.journal.plans import Plan
+from jobsapp.lifecycle.journal.reads import active_holder, load, load_with_clock, snoozes
+from jobsapp.lifecycle.journal.reap import StaleRun, find_stale, reap
+from jobsapp.lifecycle.journal.reopen import KeyBusy, reopen
+
+__all__ = [
+    "EVENTS",
+    "OUTBOX",
+    "EnqueueOutcome",
+    "EnqueueResult",
+    "Event",
+    "KeyBusy",
+    "NewJob",
+    "Outgoing",
+    "PendingMessage",
+    "Plan",
+    "StaleRun",
+    "active_holder",
+    "add_outbox",
+    "cancel",
+    "claim",
+    "claim_by_insert",
+    "clock",
+    "conflict_outcome",
+    "enqueue",
+    "enqueue_existing",
+    "enqueue_many",
+    "enqueue_new",
+    "fail",
+    "find_stale",
+    "heartbeat",
+    "load",
+    "load_with_clock",
+    "new_claim_token",
+    "on_local_clock",
+    "outgoing",
+    "reap",
+    "record_event",
+    "reopen",
+    "requeue",
+    "snoozes",
+    "succeed",
+]

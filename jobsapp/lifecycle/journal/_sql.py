@@ -1,0 +1,52 @@
+"""The two tables every transition appends to, and what every journal statement shares.
+
+``EVENTS`` (a transition's ``job_events`` row, events.py) and ``OUTBOX`` (the message of
+the attempt it schedules, outbox_rows.py); the dialect's INSERT with ON CONFLICT
+(``_upsert``), a statement's first row (``_first``), and the refusal of a transition of
+several statements on an autocommit connection (``_require_transaction``: reopen.py,
+cancel.py, enqueue_many.py). No transition of its own; only this package's modules import
+it (``_upsert`` is re-exported as ``journal._upsert`` for the monitor's upserts and
+lifecycle/outbox_queries.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Connection, CursorResult, Table
+from sqlalchemy.dialects.postgresql import dml as pg_dml
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import dml as sqlite_dml
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from jobsapp.db import is_autocommit
+from jobsapp.lifecycle.tables import JobEvent, OutboxMessage
+
+OUTBOX: Table = OutboxMessage.__table__  # type: ignore[assignment]
+EVENTS: Table = JobEvent.__table__  # type: ignore[assignment]
+
+
+
+def _upsert(conn: Connection, table: Table) -> pg_dml.Insert | sqlite_dml.Insert:
+    """INSERT with the dialect's ON CONFLICT support (both spell it the same)."""
+    return pg_insert(table) if conn.dialect.name == "postgresql" else sqlite_insert(table)
+
+
+def _first(
+    conn: Connection, stmt: Any, params: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    return _first_row(conn.execute(stmt, params))
+
+
+def _first_row(result: CursorResult[Any]) -> dict[str, Any] | None:
+    row = result.mappings().first()
+    return None if row is None else dict(row)
+
+
+
+def _require_transaction(conn: Connection, transition: str) -> None:
+    """Refuse a multi-statement transition on an autocommit connection, where a crash
+    between its statements would commit a part (a row queued with no message)."""
+    if is_autocommit(conn):
+        raise RuntimeError(f"{transition} takes several statements: run it in a transaction")

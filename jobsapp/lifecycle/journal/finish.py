@@ -1,0 +1,97 @@
+"""The worker's end of an attempt, fenced by the attempt and its claim's token.
+
+Transition.SUCCEED (``succeed``), Transition.FAIL (``fail``), and Transition.RETRY and
+Transition.SNOOZE (``requeue``: running -> queued, with the next attempt's message).
+Called by lifecycle/attempt.py; ``succeed`` also by lifecycle/context.py
+(``RunContext.completing``), ``fail`` also by attachments/tasks.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+
+from jobsapp.lifecycle.journal.clock import _later, _stamp
+from jobsapp.lifecycle.journal.events import Event
+from jobsapp.lifecycle.journal.outbox_rows import PendingMessage, outgoing
+from jobsapp.lifecycle.journal.plans import _finish_plan, _requeue_plan, _run
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import Outcome, State, Transition
+
+
+def _finish(
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    attempt: int,
+    *,
+    token: uuid.UUID,
+    transition: Transition,
+    outcome: Outcome,
+    error: str | None,
+    actor: str,
+    now: datetime | None,
+    detail: Mapping[str, Any] | None = None,
+) -> bool:
+    now = _stamp(conn, now)
+    state = State.SUCCEEDED if outcome is Outcome.SUCCEEDED else State.FAILED
+    params = {"r_job_id": job_id, "r_attempts": attempt, "r_claim_token": token,
+              "r_state": state.value, "r_outcome": outcome.value, "r_last_error": error,
+              "r_now": now}  # fmt: skip
+    event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error, detail)
+    return _run(conn, _finish_plan(spec, conn.dialect.name), params, event, None)[0] is not None
+
+
+def succeed(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, token: uuid.UUID,
+    actor: str, now: datetime | None = None,
+) -> bool:  # fmt: skip
+    """running -> succeeded, fenced by the attempt and its claim ``token``; False means
+    the lease was lost."""
+    return _finish(
+        conn, spec, job_id, attempt, token=token, transition=Transition.SUCCEED,
+        outcome=Outcome.SUCCEEDED, error=None, actor=actor, now=now,
+    )  # fmt: skip
+
+
+def fail(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, token: uuid.UUID,
+    outcome: Outcome, error: str, actor: str, now: datetime | None = None,
+    detail: Mapping[str, Any] | None = None,
+) -> bool:  # fmt: skip
+    """running -> failed with ``outcome``, fenced as ``succeed``; ``detail`` goes on its
+    event."""
+    return _finish(
+        conn, spec, job_id, attempt, token=token, transition=Transition.FAIL,
+        outcome=outcome, error=error, actor=actor, now=now, detail=detail,
+    )  # fmt: skip
+
+
+def requeue(
+    conn: Connection, spec: RunTable, run: Mapping[str, Any], *, error: str,
+    transition: Transition, actor: str, delay: timedelta | None = None,
+    retry_at: datetime | None = None, now: datetime | None = None, refund: bool = False,
+    detail: Mapping[str, Any] | None = None,
+) -> PendingMessage | None:  # fmt: skip
+    """running -> queued for the next attempt, due ``delay`` after the database's now (or
+    at ``retry_at``); returns its outbox row.
+
+    ``run`` is the row as claimed (the fence is its ``attempts`` and ``claim_token``).
+    ``refund`` (a long Retry-After) raises the ceiling by one, so the pause does not spend
+    an attempt while ``attempts`` itself still only grows.
+    """
+    now = _stamp(conn, now)
+    attempt = int(run["attempts"])
+    due = retry_at or _later(now, delay or timedelta(0))
+    params = {"r_job_id": run["job_id"], "r_attempts": attempt,
+              "r_claim_token": run["claim_token"], "r_next_retry_at": due,
+              "r_delay": delay or timedelta(0), "r_last_error": error, "r_now": now,
+              "r_refund": int(refund)}  # fmt: skip
+    event = Event(spec, attempt, transition, State.RUNNING, State.QUEUED, actor, now, error,
+                  detail)  # fmt: skip
+    out = outgoing(spec, run, attempt=attempt + 1, now=now, available_at=due)
+    return _run(conn, _requeue_plan(spec, conn.dialect.name), params, event, out)[1]

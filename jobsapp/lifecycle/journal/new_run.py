@@ -1,0 +1,79 @@
+"""What a producer asks for (``NewJob``) and the run row a new job starts as.
+
+The row is inserted queued by Transition.ENQUEUE (enqueue.py, enqueue_many.py) or running
+by Transition.CLAIM of a foreign producer's message (claim.py), then with a claim's token
+(``new_claim_token``, which claim.py's ``claim`` also sends). No statement of its own;
+``NewJob`` is built by lifecycle/task.py, lifecycle/dedup.py and attachments/reprocess.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from jobsapp.lifecycle.journal.clock import _later
+from jobsapp.lifecycle.journal.plans import _prefixed
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import State
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """What a producer asks for; ``values`` are the run table's own columns."""
+
+    spec: RunTable
+    job_id: uuid.UUID
+    task_name: str
+    concurrency_key: str
+    max_attempts: int
+    values: Mapping[str, Any]
+    dedup_window: timedelta = timedelta(0)
+    traceparent: str | None = None
+    # A delayed first attempt, claimable from then on: an absolute eta (the caller's
+    # clock), or a countdown counted on the database's clock.
+    not_before: datetime | None = None
+    delay: timedelta | None = None
+    # The broker queue every attempt's message goes to (None: the app's routing decides);
+    # a priority rides only the first publish (the relay republishes at the default).
+    queue: str | None = None
+    priority: int | None = None
+
+
+
+def new_claim_token() -> uuid.UUID:
+    """A claim's token: made here, not by the database, so the claim's statement (and its
+    prepared plan) stays as it was, and unique to the claim whatever befalls the journal."""
+    return uuid.uuid4()
+
+
+
+def _new_row(job: NewJob, now: datetime | None, state: State, attempts: int) -> dict[str, Any]:
+    running = state is State.RUNNING
+    return {
+        "job_id": job.job_id,
+        "task_name": job.task_name,
+        "concurrency_key": job.concurrency_key,
+        "state": state.value,
+        "attempts": attempts,
+        "max_attempts": job.max_attempts,
+        "rescues": 0,
+        "next_retry_at": job.not_before or _later(now, job.delay),
+        "started_at": now if running else None,
+        "heartbeat_at": now if running else None,
+        "created_at": now,
+        "updated_at": now,
+        "outcome": None,
+        "last_error": None,
+        "finished_at": None,
+        "worker": None,
+        "queue": job.queue,
+        "claim_token": new_claim_token() if running else None,
+        **job.values,
+    }
+
+
+def _insert_params(row: Mapping[str, Any], now: datetime | None, job: NewJob) -> dict[str, Any]:
+    return {**_prefixed(row, "r_"), "r_now": now, "r_delay": job.delay}

@@ -1,0 +1,117 @@
+"""The outbox row a transition writes for the attempt it schedules.
+
+``Outgoing`` (built by ``outgoing``) is the row a prebuilt plan (plans.py) inserts in the
+transition's own statement: Transition.ENQUEUE (enqueue.py, enqueue_many.py), RETRY and
+SNOOZE (finish.py). ``add_outbox`` writes (or re-arms) it after a statement built per call:
+reopen.py (Transition.RERUN, REPLAY), reap.py (Transition.REAP_REQUEUE), and
+maintenance/relay.py's repair of a queued run that has no message. ``PendingMessage`` is a
+row on its way to the broker (lifecycle/outbox.py publishes it); ``on_local_clock`` dates it
+for a fast-path publish (lifecycle/enqueue.py, lifecycle/attempt.py, operator.py).
+Everything that happens to the row afterwards is lifecycle/outbox_queries.py's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+
+from jobsapp.db import utcnow
+from jobsapp.lifecycle.journal._sql import OUTBOX, _upsert
+from jobsapp.lifecycle.message import build_body
+from jobsapp.lifecycle.registry import RunTable
+
+
+@dataclass(frozen=True)
+class PendingMessage:
+    """An outbox row on its way to the broker."""
+
+    id: int
+    job_id: uuid.UUID
+    attempt: int
+    task_name: str
+    body: Mapping[str, Any]
+    available_at: datetime
+    publish_count: int = 0
+    publish_failures: int = 0
+    queue: str | None = None
+    priority: int | None = None
+
+
+def on_local_clock(message: PendingMessage, due_in: timedelta) -> PendingMessage:
+    """``message`` for this process's fast path, due ``due_in`` from now on this process's
+    clock: the broker countdown is counted on it, never against the database's."""
+    return replace(message, available_at=utcnow() + due_in)
+
+
+def add_outbox(
+    conn: Connection,
+    spec: RunTable,
+    row: Mapping[str, Any],
+    *,
+    attempt: int,
+    now: datetime,
+    available_at: datetime,
+) -> PendingMessage:
+    """The message that starts ``attempt`` of the run in ``row``; published when due.
+
+    An attempt that never started (cancelled while queued, then replayed) already has a
+    row: it is re-armed as a fresh row, live again even if the relay had given it up, so
+    the relay publishes it and any old copy still in the broker claims the same attempt.
+    """
+    out = outgoing(spec, row, attempt=attempt, now=now, available_at=available_at)
+    values = out.values(spec.module)
+    stmt = _upsert(conn, OUTBOX).values(values)
+    rearm = {"body": values["body"], "created_at": now, "available_at": available_at,
+             "published_at": None, "delivered_at": None, "publish_count": 0,
+             "publish_failures": 0, "last_error": None, "dead_at": None,
+             "queue": values["queue"]}  # fmt: skip
+    upsert = stmt.on_conflict_do_update(
+        index_elements=[OUTBOX.c.module, OUTBOX.c.job_id, OUTBOX.c.attempt], set_=rearm
+    ).returning(OUTBOX.c.id)
+    return out.pending(int(conn.execute(upsert).scalar_one()), available_at)
+
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """The outbox row a transition writes for the attempt it schedules."""
+
+    job_id: uuid.UUID
+    attempt: int
+    task_name: str
+    body: Mapping[str, Any]
+    now: datetime | None  # None: the statement takes the database's clock
+    available_at: datetime | None
+    queue: str | None = None
+
+    def values(self, module: str) -> dict[str, Any]:
+        return {
+            "module": module, "job_id": self.job_id, "attempt": self.attempt,
+            "task_name": self.task_name, "body": dict(self.body), "created_at": self.now,
+            "available_at": self.available_at, "queue": self.queue,
+        }  # fmt: skip
+
+    def pending(self, outbox_id: int, available_at: datetime) -> PendingMessage:
+        return PendingMessage(
+            outbox_id, self.job_id, self.attempt, self.task_name, self.body, available_at,
+            queue=self.queue,
+        )  # fmt: skip
+
+
+def outgoing(
+    spec: RunTable, row: Mapping[str, Any], *, attempt: int, now: datetime | None,
+    available_at: datetime | None, traceparent: str | None = None,
+) -> Outgoing:  # fmt: skip
+    # The body's enqueued_at is informational (nothing compares it): the process clock.
+    body = build_body(
+        job_id=row["job_id"], module=spec.module, attempt=attempt, ids=spec.ids_from_row(row),
+        enqueued_at=now or utcnow(), traceparent=traceparent,
+    )  # fmt: skip
+    # Every attempt goes to the queue the producer chose, whoever writes its message.
+    return Outgoing(row["job_id"], attempt, row["task_name"], body, now, available_at,
+                    row.get("queue"))  # fmt: skip

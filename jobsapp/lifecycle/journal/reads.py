@@ -1,0 +1,64 @@
+"""The journal's reads of one run; no transition, no write.
+
+``load`` (lifecycle/handle.py, lifecycle/task.py, lifecycle/claim.py, operator.py),
+``load_with_clock`` (lifecycle/claim.py, to explain a refused claim), ``snoozes``
+(lifecycle/attempt.py, the limit of Transition.SNOOZE), ``active_holder`` (the run holding a
+concurrency key: enqueue.py, reopen.py, and lifecycle/claim.py's Transition.SKIP).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from jobsapp.db import utcnow
+from jobsapp.lifecycle.journal._sql import EVENTS, _first
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import ACTIVE_STATES, Transition
+
+
+def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, Any] | None:
+    table = spec.table
+    return _first(conn, select(table).where(table.c.job_id == job_id))
+
+
+def snoozes(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> int:
+    """Long Retry-After pauses since the job was last (re)started: its ``snooze`` events
+    from the attempt its last rerun or replay opened (derived, no counter column)."""
+    mine = (EVENTS.c.module == spec.module, EVENTS.c.job_id == job_id)
+    reopened = select(func.coalesce(func.max(EVENTS.c.attempt), 0)).where(
+        *mine, EVENTS.c.transition.in_((Transition.RERUN.value, Transition.REPLAY.value))
+    )
+    stmt = select(func.count()).where(
+        *mine, EVENTS.c.transition == Transition.SNOOZE.value,
+        EVENTS.c.attempt >= reopened.scalar_subquery(),
+    )  # fmt: skip
+    return int(conn.execute(stmt).scalar_one())
+
+
+def load_with_clock(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID
+) -> tuple[Mapping[str, Any] | None, datetime]:
+    """The row and the database's clock, read in one statement."""
+    if conn.dialect.name != "postgresql":
+        return load(conn, spec, job_id), utcnow()
+    table = spec.table
+    stmt = select(table, func.now().label("_db_now")).where(table.c.job_id == job_id)
+    row = _first(conn, stmt)
+    if row is None:
+        return None, utcnow()  # no row: nothing to time
+    return row, row.pop("_db_now")
+
+
+
+def active_holder(conn: Connection, spec: RunTable, key: str) -> uuid.UUID | None:
+    table = spec.table
+    stmt = select(table.c.job_id).where(
+        table.c.concurrency_key == key, table.c.state.in_(ACTIVE_STATES)
+    )
+    found = conn.execute(stmt).scalar()
+    return found if isinstance(found, uuid.UUID) else None

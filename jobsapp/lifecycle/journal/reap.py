@@ -1,0 +1,111 @@
+"""The reaper's queries: Transition.REAP_REQUEUE and Transition.REAP_FAIL.
+
+A running run whose heartbeat is stale goes back to queued (with its next message) or to
+failed/stale, as its run table's policy says. ``find_stale`` reads and locks a batch;
+``reap`` writes it in one guarded statement. Called by maintenance/reaper.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, select, tuple_, update
+
+from jobsapp.lifecycle.journal.events import record_event
+from jobsapp.lifecycle.journal.outbox_rows import add_outbox
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import Outcome, State, Transition
+
+
+@dataclass(frozen=True)
+class StaleRun:
+    job_id: uuid.UUID
+    attempt: int
+    rescues: int
+    max_attempts: int
+    task_name: str
+    ids: Mapping[str, Any]
+    queue: str | None = None
+
+
+def find_stale(
+    conn: Connection, spec: RunTable, *, cutoff: datetime, limit: int,
+    skip: Collection[uuid.UUID] = (),
+) -> list[StaleRun]:  # fmt: skip
+    """Running rows whose heartbeat is older than ``cutoff``, oldest first, locked.
+
+    ``skip`` names runs this pass already found blocked, so they do not fill every batch.
+    """
+    table = spec.table
+    stmt = (
+        select(table)
+        .where(
+            table.c.state == State.RUNNING.value,
+            table.c.heartbeat_at < cutoff,
+            table.c.job_id.not_in(list(skip)),
+        )
+        .order_by(table.c.heartbeat_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return [
+        StaleRun(
+            job_id=r["job_id"], attempt=r["attempts"], rescues=r["rescues"],
+            max_attempts=r["max_attempts"], task_name=r["task_name"],
+            ids=spec.ids_from_row(dict(r)), queue=r["queue"],
+        )
+        for r in conn.execute(stmt).mappings()
+    ]  # fmt: skip
+
+
+def reap(
+    conn: Connection, spec: RunTable, runs: Sequence[StaleRun], *, requeue_them: bool,
+    cutoff: datetime, reason: str, now: datetime,
+) -> list[StaleRun]:  # fmt: skip
+    """One batched, guarded write: still running, same attempt, heartbeat still stale."""
+    if not runs:
+        return []
+    table = spec.table
+    values: dict[str, Any] = {"updated_at": now, "last_error": reason, "heartbeat_at": None}
+    if requeue_them:
+        values |= {"state": State.QUEUED.value, "next_retry_at": None,
+                   "rescues": table.c.rescues + 1}  # fmt: skip
+    else:
+        values |= {"state": State.FAILED.value, "outcome": Outcome.STALE.value,
+                   "finished_at": now}  # fmt: skip
+    stmt = (
+        update(table)
+        .where(
+            table.c.state == State.RUNNING.value,
+            table.c.heartbeat_at < cutoff,
+            tuple_(table.c.job_id, table.c.attempts).in_([(r.job_id, r.attempt) for r in runs]),
+        )
+        .values(**values)
+        .returning(table.c.job_id)
+    )
+    done = set(conn.execute(stmt).scalars())
+    reaped = [r for r in runs if r.job_id in done]
+    _after_reap(conn, spec, reaped, requeued=requeue_them, reason=reason, now=now)
+    return reaped
+
+
+def _after_reap(
+    conn: Connection, spec: RunTable, reaped: Sequence[StaleRun], *, requeued: bool,
+    reason: str, now: datetime,
+) -> None:  # fmt: skip
+    to_state = State.QUEUED if requeued else State.FAILED
+    transition = Transition.REAP_REQUEUE if requeued else Transition.REAP_FAIL
+    for run in reaped:
+        record_event(
+            conn, spec, run.job_id, run.attempt, transition,
+            from_state=State.RUNNING, to_state=to_state, actor="reaper", now=now, reason=reason,
+        )  # fmt: skip
+        if requeued:
+            row = {"job_id": run.job_id, "task_name": run.task_name, "queue": run.queue,
+                   **run.ids}  # fmt: skip
+            add_outbox(conn, spec, row, attempt=run.attempt + 1, now=now, available_at=now)
+    spec.changed(conn, transition, [{"job_id": r.job_id, **r.ids} for r in reaped])

@@ -1,0 +1,88 @@
+"""Transition.RERUN and Transition.REPLAY: a terminal run back to queued, as a new attempt.
+
+``reopen`` is called by enqueue.py's ``enqueue_existing`` (RERUN: the same job_id enqueued
+again after its dedup window, also from enqueue_many.py) and by operator.py's ``replay``
+(REPLAY: a failed run). It raises ``KeyBusy`` when another run holds the concurrency key.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, select, update
+from sqlalchemy.exc import IntegrityError
+
+from jobsapp import crashpoints
+from jobsapp.lifecycle.journal._sql import _first, _require_transaction
+from jobsapp.lifecycle.journal.clock import clock
+from jobsapp.lifecycle.journal.events import record_event
+from jobsapp.lifecycle.journal.outbox_rows import PendingMessage, add_outbox
+from jobsapp.lifecycle.journal.reads import active_holder
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import State, Transition
+
+
+class KeyBusy(Exception):
+    """Another run with the same concurrency key is active."""
+
+    def __init__(self, holder: uuid.UUID | None) -> None:
+        super().__init__(f"concurrency key held by job {holder}")
+        self.holder = holder
+
+
+
+def reopen(
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    *,
+    from_state: State,
+    attempts: int,
+    budget: int,
+    transition: Transition,
+    actor: str,
+    reason: str,
+    now: datetime | None = None,
+    finished_before: timedelta | None = None,
+) -> PendingMessage | None:
+    """terminal -> queued as a new attempt of the same job; None if the row moved on, or
+    finished less than ``finished_before`` ago (a dedup window, on the database's clock).
+
+    Raises KeyBusy when another run holds the concurrency key. A savepoint keeps that
+    conflict from aborting the caller's transaction, which must exist: the move, its
+    event, the domain's mirror and the next attempt's message commit together or not at all.
+    """
+    _require_transaction(conn, "reopen")
+    table = spec.table
+    at = clock(conn, now)
+    guard = [table.c.job_id == job_id, table.c.state == from_state.value,
+             table.c.attempts == attempts]  # fmt: skip
+    if finished_before is not None:
+        guard.append(table.c.finished_at <= at - finished_before)
+    stmt = (
+        update(table)
+        .where(*guard)
+        .values(
+            state=State.QUEUED.value, outcome=None, finished_at=None, heartbeat_at=None,
+            next_retry_at=None, max_attempts=table.c.attempts + budget, rescues=0,
+            updated_at=at,
+        )
+        .returning(*table.c)
+    )  # fmt: skip
+    try:
+        with conn.begin_nested():
+            row = _first(conn, stmt)
+    except IntegrityError:
+        key = conn.execute(select(table.c.concurrency_key).where(table.c.job_id == job_id))
+        raise KeyBusy(active_holder(conn, spec, key.scalar_one())) from None
+    if row is None:
+        return None
+    crashpoints.hit("reopen_after_update")
+    at = row["updated_at"]  # the database's clock, read by the UPDATE itself
+    record_event(
+        conn, spec, job_id, attempts + 1, transition,
+        from_state=from_state, to_state=State.QUEUED, actor=actor, now=at, reason=reason,
+    )  # fmt: skip
+    spec.changed(conn, transition, [row])
+    return add_outbox(conn, spec, row, attempt=attempts + 1, now=at, available_at=at)
