@@ -3,9 +3,10 @@
 Each run table declares its ``ReconcilePolicy`` beside its registration; one pass per
 domain picks failed runs whose failure carries a retaken code (and no ``never`` code),
 that failed longer ago than the cool-down and have had fewer reconcile rounds than the
-cap, oldest first, at most a batch. "Carries" is one rule (``_word_pattern``) that the
-query applies in SQL and the decision in Python, so a batch holds only runs the decision
-takes: failures it never retakes cannot fill it and starve the rest.
+cap, oldest first, at most a batch. The query (``candidates``, SQL) and the decision
+(``decide``, pure Python) state these rules alike, "carries" as one regular expression
+(``_word_pattern``), so a batch holds only runs the decision takes: failures it never
+retakes cannot fill it and starve the rest.
 
 Each one goes through the operator's replay (``jobsapp.operator.replay``): a new attempt
 of the same job_id, the domain's mirror of the move, and an audit row whose actor is
