@@ -119,7 +119,7 @@ def test_cancel_is_fenced_by_the_attempt_the_operator_saw(db: Engine) -> None:
 
 def test_a_heartbeat_that_cannot_reach_the_database_gives_up_at_the_stale_limit() -> None:
     unreachable = make_engine("postgresql+psycopg2://jobsapp@127.0.0.1:9/nowhere")
-    with Heartbeat(unreachable, JOBS, uuid.uuid4(), 1, interval=0.1, stale_after=1.5,
+    with Heartbeat(unreachable, JOBS, uuid.uuid4(), 1, interval=0.1, stale_after=3.0,
                    token=uuid.uuid4()) as beat:
         time.sleep(0.5)
         beat.check()  # a failed stamp or two is not a lost lease
