@@ -36,6 +36,7 @@ def _columns() -> list[sa.Column[Any]]:
         sa.Column("worker", sa.String(length=200), nullable=True),
         queue_column(),
         claim_token_column(),
+        *expiry_and_cancel_columns(),
     ]
 
 
@@ -47,6 +48,14 @@ def queue_column() -> sa.Column[Any]:
 def claim_token_column() -> sa.Column[Any]:
     """Added to the contract by migration 0009."""
     return sa.Column("claim_token", sa.Uuid(), nullable=True)
+
+
+def expiry_and_cancel_columns() -> list[sa.Column[Any]]:
+    """Added to the contract by migration 0013."""
+    return [
+        sa.Column("expires_at", UtcDateTime(timezone=True), nullable=True),
+        sa.Column("cancel_requested_at", UtcDateTime(timezone=True), nullable=True),
+    ]
 
 
 def _checks(name: str) -> list[sa.CheckConstraint]:

@@ -11,9 +11,10 @@ from enum import StrEnum
 
 class State(StrEnum):
     QUEUED = "queued"
-    """Waiting for a worker. Left by the worker's claim (-> running) or by an operator's
-    cancel (-> failed/cancelled); nobody claims it while ``next_retry_at`` is in the future,
-    and the outbox relay publishes it when due."""
+    """Waiting for a worker. Left by the worker's claim (-> running), by an operator's
+    cancel or a revoke (-> failed/cancelled), or, past its ``expires_at``, by the worker
+    its message reaches or the reaper (-> failed/expired); nobody claims it while
+    ``next_retry_at`` is in the future, and the outbox relay publishes it when due."""
 
     RUNNING = "running"
     """A worker holds the lease and stamps ``heartbeat_at``. Left by that worker's finish
@@ -38,6 +39,7 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     SKIPPED = "skipped"
     SNOOZE_LIMIT = "snooze_limit"
+    EXPIRED = "expired"
 
 
 class Transition(StrEnum):
@@ -53,6 +55,7 @@ class Transition(StrEnum):
     RERUN = "rerun"
     CANCEL = "cancel"
     SKIP = "skip"
+    EXPIRE = "expire"
 
 
 ACTIVE_STATES: tuple[str, ...] = (State.QUEUED.value, State.RUNNING.value)
@@ -79,6 +82,8 @@ ALLOWED: dict[Transition, tuple[tuple[State | None, ...], State]] = {
     Transition.REPLAY: ((State.FAILED,), State.QUEUED),  # journal/reopen.py reopen
     Transition.RERUN: ((State.SUCCEEDED, State.FAILED), State.QUEUED),  # journal/reopen.py
     Transition.CANCEL: ((State.QUEUED,), State.FAILED),  # journal/cancel.py cancel
+    # journal/expire.py: by the worker whose claim met an expired row, or the reaper.
+    Transition.EXPIRE: ((State.QUEUED,), State.FAILED),
 }
 
 

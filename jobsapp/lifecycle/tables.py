@@ -71,6 +71,12 @@ class RunMixin:
     # The broker queue the producer chose (apply_async(queue=...), a task's queue); NULL is
     # the app's default. Every message of the job, republished or retried, goes there.
     queue: Mapped[str | None] = mapped_column(String(200))
+    # Celery's ``expires``: past it, an attempt still queued never runs (outcome
+    # ``expired``); every attempt of the job shares it, as a Celery task's retries do.
+    expires_at: Mapped[datetime | None]
+    # A revoke or cancel of the running attempt, asked for and not yet honoured: the
+    # attempt's heartbeat stops the body, and its success is refused (journal/revoke.py).
+    cancel_requested_at: Mapped[datetime | None]
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:  # noqa: N805 - SQLAlchemy passes the class

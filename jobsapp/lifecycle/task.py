@@ -66,11 +66,18 @@ def _countdown(countdown: float | None) -> timedelta | None:
     return timedelta(seconds=countdown) if countdown else None
 
 
+def _expiry(expires: float | datetime | None) -> datetime | None:
+    """Celery's ``expires`` (seconds from now, or a datetime) as an absolute time; as in
+    Celery, seconds count on the producer's clock."""
+    if expires is None or isinstance(expires, datetime):
+        return _absolute(expires)
+    return datetime.now(UTC) + timedelta(seconds=expires)
+
+
 # Celery options a lifecycle task cannot honour, and what to do instead.
 _UNSUPPORTED = {
     "link": "chain work inside the task body, or enqueue the next task from it",
     "link_error": "read the failure with JobHandle.get() or the journal",
-    "expires": "cancel the queued job with the operator API",
     "exchange": "pass queue=, or route the task with task_routes",
     "routing_key": "pass queue=, or route the task with task_routes",
     "retry": "the outbox retries every publish",
@@ -213,6 +220,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         headers: Mapping[str, Any] | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        expires: float | datetime | None = None,
         **options: Any,
     ) -> JobHandle | EagerResult:  # type: ignore[type-arg]
         """Enqueue through the journal (idempotent by job_id); publish after COMMIT.
@@ -222,7 +230,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         ``countdown``/``eta`` delay the first attempt in the journal, never in the broker;
         a ``traceparent`` header continues the caller's trace. ``queue`` is stored on the
         run, so retries and republishes go there too; ``priority`` rides the first publish
-        (see docs/integrations.md). Other Celery options are refused with what to do instead.
+        (see docs/integrations.md). ``expires`` (seconds or a datetime, as Celery takes it)
+        ends a job still queued then with outcome ``expired``. Other Celery options are
+        refused with what to do instead.
         Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
         """
         _refuse(self.name, options)
@@ -235,7 +245,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         job = replace(job, not_before=_absolute(eta), traceparent=traceparent,
                       delay=None if eta is not None else _countdown(countdown),
                       queue=queue or job.queue,
-                      priority=job.priority if priority is None else priority)  # fmt: skip
+                      priority=job.priority if priority is None else priority,
+                      expires_at=_expiry(expires))  # fmt: skip
         handle = enqueue.enqueue(self.app, job, session=session, connection=connection)
         if handle.outcome is EnqueueOutcome.DUPLICATE:
             rollup.count_dedup_hit(get_engine(), self.run_table.module, self.name)

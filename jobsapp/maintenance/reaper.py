@@ -1,4 +1,5 @@
-"""The reaper: frees runs whose heartbeat went stale (a dead or frozen worker).
+"""The reaper: frees runs whose heartbeat went stale (a dead or frozen worker), and
+expires queued runs past their ``expires_at`` whose message no worker took in time.
 
 Per run table: requeue while attempts and rescues remain, else fail with ``stale``.
 The decision is pure; each run is written by one guarded statement in a savepoint of its
@@ -147,6 +148,21 @@ def _reap_module(
     return total, published
 
 
+def _expire_module(engine: Engine, spec: RunTable, cfg: ReaperConfig) -> int:
+    """One batch of queued runs past their expiry; a worker that gets their message would
+    expire them too, but a message may never come (a broker that lost it, no worker)."""
+    try:
+        with engine.begin() as conn:
+            expired = journal.expire_due(conn, spec, limit=cfg.batch, actor="reaper")
+    except OperationalError as exc:
+        log.warning("reaper: %s expiry gave up (%s); next tick retries", spec.module,
+                    type(exc.orig).__name__)  # fmt: skip
+        return 0
+    if expired:
+        log.info("reaper: %s: %d queued jobs expired", spec.module, expired)
+    return expired
+
+
 def run_once(
     engine: Engine, cfg: ReaperConfig, app: Celery | None = None, budget: Budget | None = None
 ) -> dict[str, int]:
@@ -160,6 +176,7 @@ def run_once(
     for spec in registry.all_tables():
         counts[spec.module], sent = _reap_module(engine, spec, cfg, app, budget)
         published += sent
+        _expire_module(engine, spec, cfg)
     # An idle pass every few seconds is noise; a pass that reaped is worth a line.
     level = logging.INFO if any(counts.values()) else logging.DEBUG
     log.log(level, "reaper: %s (published %d requeued attempts)", counts, published)

@@ -36,6 +36,7 @@ ACTOR_WORD = {
     Transition.REPLAY: "replay",
     Transition.RERUN: "enqueue",
     Transition.CANCEL: "cancel",
+    Transition.EXPIRE: "expire",
 }
 
 
@@ -136,6 +137,7 @@ def test_only_enqueue_and_foreign_claim_start_from_no_row() -> None:
         (Transition.REPLAY, {State.FAILED}, State.QUEUED),
         (Transition.RERUN, {State.SUCCEEDED, State.FAILED}, State.QUEUED),
         (Transition.CANCEL, {State.QUEUED}, State.FAILED),
+        (Transition.EXPIRE, {State.QUEUED}, State.FAILED),
     ],
 )
 def test_table_matches_the_design(

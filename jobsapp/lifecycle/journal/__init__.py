@@ -25,6 +25,7 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - heartbeat.py: the heartbeat (running -> running, no event)
 - finish.py: Transition.SUCCEED, FAIL, RETRY, SNOOZE
 - cancel.py: Transition.CANCEL
+- expire.py: Transition.EXPIRE (queued past ``expires_at``)
 - reap.py: Transition.REAP_REQUEUE, REAP_FAIL (the reaper's queries)
 - reads.py: the reads of one run (load, snoozes, the holder of a key)
 - new_run.py: ``NewJob`` and the row a new run starts as
@@ -54,6 +55,7 @@ from jobsapp.lifecycle.journal.enqueue import (
 )
 from jobsapp.lifecycle.journal.enqueue_many import conflict_outcome, enqueue_many
 from jobsapp.lifecycle.journal.events import Event, record_event
+from jobsapp.lifecycle.journal.expire import expire, expire_due
 from jobsapp.lifecycle.journal.finish import fail, requeue, succeed
 from jobsapp.lifecycle.journal.heartbeat import heartbeat
 from jobsapp.lifecycle.journal.new_run import NewJob, new_claim_token
@@ -92,6 +94,8 @@ __all__ = [
     "enqueue_existing",
     "enqueue_many",
     "enqueue_new",
+    "expire",
+    "expire_due",
     "fail",
     "find_stale",
     "heartbeat",

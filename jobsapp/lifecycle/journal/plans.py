@@ -182,6 +182,8 @@ def _claim_plan(spec: RunTable, dialect: str) -> Plan:
             table.c.state == State.QUEUED.value,
             table.c.attempts == bindparam("r_previous", type_=table.c.attempts.type),
             or_(table.c.next_retry_at.is_(None), table.c.next_retry_at <= now),
+            # Past its expiry a queued run is not claimed; the refused claim expires it.
+            or_(table.c.expires_at.is_(None), table.c.expires_at > now),
         )
         .values(
             state=State.RUNNING.value, attempts=_bind(table, "attempts"), started_at=now,
