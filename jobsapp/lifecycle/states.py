@@ -18,8 +18,10 @@ class State(StrEnum):
 
     RUNNING = "running"
     """A worker holds the lease and stamps ``heartbeat_at``. Left by that worker's finish
-    (-> succeeded, failed, or queued for a retry or a long Retry-After), or by the reaper
-    when the heartbeat goes stale (-> queued or failed/stale, per the run table)."""
+    (-> succeeded, failed, or queued for a retry or a long Retry-After), by that worker's
+    cancel once a revoke asked for one (-> failed/cancelled), or by the reaper when the
+    heartbeat goes stale (-> queued, failed/stale, or failed/cancelled if a cancel was
+    asked for)."""
 
     SUCCEEDED = "succeeded"
     """Terminal. Left only by a new enqueue of the same job_id after its dedup window."""
@@ -56,6 +58,7 @@ class Transition(StrEnum):
     CANCEL = "cancel"
     SKIP = "skip"
     EXPIRE = "expire"
+    CANCEL_REQUEST = "cancel_request"
 
 
 ACTIVE_STATES: tuple[str, ...] = (State.QUEUED.value, State.RUNNING.value)
@@ -65,8 +68,9 @@ ALL_STATES: tuple[str, ...] = ACTIVE_STATES + TERMINAL_STATES
 # For each transition: the states it may leave (None: no row yet) and the state it enters.
 # The journal's guards encode the same table; tests/unit/test_states.py keeps them honest.
 # Beside each, the file of lifecycle/journal/ that writes it (``journal.X`` re-exports them).
-# SKIP, not in the table, is an event only: journal/events.py ``record_event``, called by
-# lifecycle/claim.py. The heartbeat (running -> running) is journal/heartbeat.py.
+# SKIP and CANCEL_REQUEST, not in the table, are events only: SKIP by journal/events.py
+# ``record_event``, called by lifecycle/claim.py; CANCEL_REQUEST (a running attempt asked
+# to stop) by journal/revoke.py. The heartbeat (running -> running) is journal/heartbeat.py.
 ALLOWED: dict[Transition, tuple[tuple[State | None, ...], State]] = {
     # journal/enqueue.py (enqueue, enqueue_new); a batch: journal/enqueue_many.py
     Transition.ENQUEUE: ((None,), State.QUEUED),
@@ -81,7 +85,9 @@ ALLOWED: dict[Transition, tuple[tuple[State | None, ...], State]] = {
     Transition.REAP_FAIL: ((State.RUNNING,), State.FAILED),  # journal/reap.py reap
     Transition.REPLAY: ((State.FAILED,), State.QUEUED),  # journal/reopen.py reopen
     Transition.RERUN: ((State.SUCCEEDED, State.FAILED), State.QUEUED),  # journal/reopen.py
-    Transition.CANCEL: ((State.QUEUED,), State.FAILED),  # journal/cancel.py cancel
+    # journal/cancel.py cancel (queued, an operator or a revoke); journal/revoke.py
+    # honour_cancel (running: its worker, once a revoke asked for it, CANCEL_REQUEST).
+    Transition.CANCEL: ((State.QUEUED, State.RUNNING), State.FAILED),
     # journal/expire.py: by the worker whose claim met an expired row, or the reaper.
     Transition.EXPIRE: ((State.QUEUED,), State.FAILED),
 }

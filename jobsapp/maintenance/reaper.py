@@ -47,9 +47,11 @@ class ReaperConfig:
 
 
 def should_requeue(run: StaleRun, spec: RunTable) -> bool:
-    """Requeue only under a requeue policy, with attempts and rescues to spare."""
+    """Requeue only under a requeue policy, with attempts and rescues to spare, and never a
+    run a revoke asked to stop (it fails cancelled)."""
     return (
-        spec.stale_policy is StalePolicy.REQUEUE
+        not run.cancel_requested
+        and spec.stale_policy is StalePolicy.REQUEUE
         and run.attempt < run.max_attempts
         and run.rescues < spec.rescue_limit
     )
@@ -60,6 +62,8 @@ def reason_for(run: StaleRun, spec: RunTable, stale_after: timedelta) -> str:
     base = f"heartbeat older than {stale_after.total_seconds():g}s: the worker died or froze"
     if should_requeue(run, spec):
         return f"{base}; requeued"
+    if run.cancel_requested:
+        return f"{base}; a revoke had asked it to stop: cancelled"
     if spec.stale_policy is StalePolicy.FAIL:
         return f"{base}; this run table fails stale runs"
     if run.rescues >= spec.rescue_limit:

@@ -24,7 +24,9 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - claim.py: Transition.CLAIM (and by insert, for a foreign message)
 - heartbeat.py: the heartbeat (running -> running, no event)
 - finish.py: Transition.SUCCEED, FAIL, RETRY, SNOOZE
-- cancel.py: Transition.CANCEL
+- cancel.py: Transition.CANCEL of a queued run
+- revoke.py: a revoke: CANCEL of a queued run, or a running one's cancel request
+  (CANCEL_REQUEST) and its worker's Transition.CANCEL (``honour_cancel``)
 - expire.py: Transition.EXPIRE (queued past ``expires_at``)
 - reap.py: Transition.REAP_REQUEUE, REAP_FAIL (the reaper's queries)
 - reads.py: the reads of one run (load, snoozes, the holder of a key)
@@ -70,6 +72,7 @@ from jobsapp.lifecycle.journal.plans import Plan
 from jobsapp.lifecycle.journal.reads import active_holder, load, load_with_clock, snoozes
 from jobsapp.lifecycle.journal.reap import StaleRun, find_stale, reap
 from jobsapp.lifecycle.journal.reopen import KeyBusy, reopen
+from jobsapp.lifecycle.journal.revoke import Revoked, cancel_requested, honour_cancel, revoke
 
 __all__ = [
     "EVENTS",
@@ -82,10 +85,12 @@ __all__ = [
     "Outgoing",
     "PendingMessage",
     "Plan",
+    "Revoked",
     "StaleRun",
     "active_holder",
     "add_outbox",
     "cancel",
+    "cancel_requested",
     "claim",
     "claim_by_insert",
     "clock",
@@ -99,6 +104,7 @@ __all__ = [
     "fail",
     "find_stale",
     "heartbeat",
+    "honour_cancel",
     "load",
     "load_with_clock",
     "new_claim_token",
@@ -108,6 +114,7 @@ __all__ = [
     "record_event",
     "reopen",
     "requeue",
+    "revoke",
     "snoozes",
     "succeed",
 ]
