@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,11 @@ from celery import states as celery_states
 from sqlalchemy import Engine
 
 from jobsapp.celery_app import app
+from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.handle import JobHandle
+from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import Outcome, State, Transition
+from jobsapp.maintenance import reaper
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready
 from tests.support import tasks
 from tests.support.journal_view import events, run_row, transitions
@@ -105,3 +109,22 @@ def test_a_worker_restart_between_revoke_and_delivery_does_not_forget_it(
     _handle(tasks.echo.delay(after)).wait(timeout=30)
     assert tasks.calls(after) == 1
     _assert_cancelled_unrun(pg, revoked, token)
+
+
+@pytest.mark.usefixtures("redis_clean")
+def test_a_revoked_run_whose_worker_died_is_failed_cancelled_by_the_reaper(pg: Engine) -> None:
+    token = uuid.uuid4().hex
+    running = _handle(tasks.echo.delay(token))
+    with pg.begin() as conn:  # a worker claims it, then dies without a beat
+        assert journal.claim(conn, JOBS, running.job_id, 1, worker="gone:1") is not None
+    app.control.revoke(running.id)
+    cfg = reaper.ReaperConfig(stale_after=timedelta(milliseconds=1))
+
+    def reaped() -> bool:
+        reaper.run_once(pg, cfg)
+        return _state(pg, running) == State.FAILED
+
+    eventually(reaped)
+    assert run_row(pg, running.job_id)["outcome"] == Outcome.CANCELLED  # not requeued
+    assert transitions(pg, running.job_id) == [Transition.ENQUEUE, Transition.CLAIM,
+                                               Transition.CANCEL_REQUEST, Transition.REAP_FAIL]
