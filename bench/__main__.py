@@ -92,6 +92,11 @@ def _test_env(svc: services.Services) -> None:
     })  # fmt: skip
 
 
+def _absolute(text: str) -> Path:
+    """services.sh starts the servers from elsewhere: a relative path would miss."""
+    return Path(text).resolve()
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=[*BENCHMARKS, "all"])
@@ -103,9 +108,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.set_defaults(size="full")
     parser.add_argument("--port-base", type=int, default=services.DEFAULT_PORT_BASE,
                         help="first of 13 ports (and those +10000 for S3's gRPC)")  # fmt: skip
-    parser.add_argument("--state-dir", type=Path, default=services.ROOT / "var" / "bench",
+    parser.add_argument("--state-dir", type=_absolute, default=services.ROOT / "var" / "bench",
                         help="server state; wiped at start (must be readable by postgres)")
-    parser.add_argument("--out", type=Path, default=services.ROOT / "var" / "bench" / "out",
+    parser.add_argument("--out", type=_absolute, default=services.ROOT / "var" / "bench" / "out",
                         help="plots and worker logs")  # fmt: skip
     parser.add_argument("--ref", action="append", default=[],
                         help="profile: a commit to profile instead of this checkout (checked "

@@ -32,10 +32,10 @@ from sqlalchemy import Engine, create_engine, event, text
 
 from bench import plots
 from bench.services import Services
-from jobsapp.cli import alembic_config
 from jobsapp.db import make_engine
 from jobsapp.lifecycle.message import build_body
 from jobsapp.maintenance import reaper, relay
+from jobsapp.shipped import alembic_config
 
 DB_NAME = "jobsapp_bench_maintenance"
 ACTIVE_RUNNING, STALE, QUEUED_DUE, QUEUED_WAITING = 40, 20, 20, 20

@@ -1,17 +1,23 @@
-"""One producer run: ``python -m bench.producer SYSTEM N`` enqueues N no-op jobs.
+"""A producer: ``python -m bench.producer SENDER [N]`` enqueues no-op jobs.
 
-Each system's producer runs in a process of its own, so that each system's globals
-(jobsapp's settings and engine, Celery apps, Procrastinate's pool) meet only the database
-given in its environment. Prints one JSON line: the wall clock when sending started,
-the seconds it took and the producer's CPU seconds.
+With N it enqueues N jobs and exits; without, it reads one count a line from stdin and
+enqueues that many each time, until stdin closes (one process serves a measurement's
+phases, so its start-up is paid once). Each system's producer runs in a process of its
+own, so that each system's globals (jobsapp's settings and engine, Celery apps,
+Procrastinate's pool) meet only the database given in its environment. Per count it
+prints one JSON line: the wall clock when sending started, the seconds it took and the
+producer's CPU seconds. Stdout holds these lines alone (anything else printed goes to
+stderr), so a driver can read them as they come.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
+from typing import TextIO
 
 BATCH = 100
 
@@ -69,18 +75,28 @@ def _procrastinate() -> Callable[[int], None]:
 
 
 SENDERS: dict[str, Callable[[], Callable[[int], None]]] = {
-    "bare": _bare, "bare+events": _bare, "naive": _naive, "lifecycle": _lifecycle,
+    "bare": _bare, "naive": _naive, "lifecycle": _lifecycle,
     "lifecycle-batch": _lifecycle_batch, "procrastinate": _procrastinate,
 }  # fmt: skip
 
 
-def main(system: str, n: int) -> None:
-    send = SENDERS[system]()
-    wall, started, cpu = time.time(), time.perf_counter(), time.process_time()
-    send(n)
-    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-    print(json.dumps({"start": wall, "seconds": seconds, "cpu": cpu}))
+def _results() -> TextIO:
+    """The original stdout, for the figures alone; print() and libraries get stderr."""
+    results = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return results
+
+
+def main(sender: str, counts: list[int] | None) -> None:
+    results = _results()
+    send = SENDERS[sender]()
+    for n in counts if counts is not None else (int(line) for line in sys.stdin):
+        wall, started, cpu = time.time(), time.perf_counter(), time.process_time()
+        send(n)
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        results.write(json.dumps({"start": wall, "seconds": seconds, "cpu": cpu}) + "\n")
+        results.flush()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], [int(sys.argv[2])] if len(sys.argv) > 2 else None)

@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from alembic import command
-from alembic.config import Config
 
 from jobsapp import __version__, logs, preflight
 from jobsapp.attachments.commands import register as add_attachment_commands
 from jobsapp.preflight import Need, StartupFailure
 from jobsapp.progress import working
 from jobsapp.settings import SettingsError, get_settings
+from jobsapp.shipped import alembic_config
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -40,16 +40,6 @@ _NEEDS: dict[str, tuple[Need, ...]] = {
     "reconcile": (Need.SCHEMA,),
     "verify": (Need.SCHEMA, Need.STORAGE),
 }
-
-
-def alembic_config() -> Config:
-    """Alembic's settings, built here, so an installation needs no ini file: the migrations
-    are the checkout's top-level folder or the wheel's packaged copy (``jobsapp.shipped``)."""
-    from jobsapp.shipped import MIGRATIONS
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    return cfg
 
 
 def db_upgrade(_args: argparse.Namespace) -> int:
@@ -259,7 +249,9 @@ def _add_reconcile_command(sub: Any) -> None:
     again.add_argument("--module", help="only this run table (jobs, attachments, ...)")
     again.add_argument("--error-code", help="only failures with this code (any code the "
                        "domain does not forbid)")  # fmt: skip
-    again.add_argument("--dry-run", action="store_true", help="list, take nothing again")
+    again.add_argument("--dry-run", action="store_true",
+                       help="take nothing again: list what a pass would take and, for each "
+                       "failed run it leaves alone, the rule that holds it back")  # fmt: skip
     again.add_argument("--actor", help="who acts (default: $USER), for the audit rows")
     again.set_defaults(handler=reconcile)
 

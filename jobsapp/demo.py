@@ -33,8 +33,8 @@ from werkzeug.serving import make_server
 
 from jobsapp.attachments import service
 from jobsapp.attachments.store import get_store
-from jobsapp.cli import alembic_config
 from jobsapp.settings import get_settings
+from jobsapp.shipped import alembic_config
 from jobsapp.storage.local import LocalObjectStore
 from jobsapp.web.app import create_app
 

@@ -346,23 +346,3 @@ def check_served_web() -> None:
 
 def _under_gunicorn() -> bool:
     return os.environ.get("SERVER_SOFTWARE", "").startswith("gunicorn/")
-
-
-def standby_line(me: str, lease_name: str) -> str:
-    """What a beat that does not lead says: who holds the lease, or that the database is
-    out of reach (then nobody can be known to lead). One query, at the standby log's pace."""
-    from sqlalchemy.exc import DBAPIError
-
-    from jobsapp.db import get_engine
-    from jobsapp.maintenance import lease
-
-    settings = get_settings()
-    try:
-        with get_engine().connect() as conn:
-            held, now = lease.holder_of(conn, lease_name), lease.database_now(conn)
-    except DBAPIError as exc:
-        where = database_setting(settings.database_url)
-        return f"beat {me} standing by: cannot reach the database at {where}: {reason_of(exc)}"
-    if held is None or held[1] <= now:
-        return f"beat {me} standing by: the lease is free; taking it on the next tick"
-    return f"beat {me} standing by: the lease is held by beat {held[0]} until {held[1]:%H:%M:%S}Z"

@@ -11,6 +11,10 @@ folder would belong to somebody else.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -24,3 +28,13 @@ def _shipped(name: str, marker: str) -> Path:
 
 MIGRATIONS = _shipped("migrations", "migrations/env.py")
 CELERYCONFIG = _shipped("celeryconfig.py", "celeryconfig.py")
+
+
+def alembic_config() -> Config:
+    """Alembic's settings, built here, so an installation needs no ini file: the migrations
+    are the checkout's top-level folder or the wheel's packaged copy."""
+    from alembic.config import Config  # only where migrations run: it loads Alembic
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return cfg

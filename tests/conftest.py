@@ -17,9 +17,9 @@ from hypothesis import settings  # noqa: E402
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
 
 from jobsapp.celery_app import app  # noqa: E402
-from jobsapp.cli import alembic_config  # noqa: E402
 from jobsapp.db import get_engine  # noqa: E402
 from jobsapp.settings import get_settings  # noqa: E402
+from jobsapp.shipped import alembic_config  # noqa: E402
 
 pytest_plugins = ("celery.contrib.pytest",)
 

@@ -4,7 +4,8 @@ A lifecycle task's Celery message carries jobsapp's envelope, and its task raise
 the journal recorded the outcome; left alone, Flower would show the envelope as the
 arguments and jobsapp's wrapper as the exception. Instead:
 
-- a failed or requeued attempt raises ``AttemptFailed`` dressed as the body's exception:
+- an attempt's end is reported by ``report``: a failed or requeued attempt raises
+  ``AttemptFailed`` dressed as the body's exception:
   the body's class name, its scrubbed message and the traceback of the body's own frames,
   with a note naming the job and attempt (the last lines of Flower's traceback);
 - where the worker sends task events (Flower watching, or ``-E``), the claimed attempt sends
@@ -19,9 +20,12 @@ from functools import cache
 from types import CodeType, TracebackType
 from typing import Any, Final
 
+from celery.exceptions import Retry
 from celery.utils.saferepr import saferepr
 from celery.worker.request import Request
 
+from jobsapp.lifecycle.attempt import End, Ended
+from jobsapp.lifecycle.message import Envelope, task_id_for
 from jobsapp.lifecycle.scrub import scrub
 
 # The request field that tells the pool child whether this worker sends task events now.
@@ -79,6 +83,40 @@ def _below(tb: TracebackType | None, entry: CodeType) -> TracebackType | None:
             return walk.tb_next
         walk = walk.tb_next
     return tb
+
+
+def report(
+    env: Envelope, ended: Ended | str, *, entry: CodeType, secrets: Sequence[str]
+) -> str:
+    """The attempt's Celery result, or the exception that gives its task Flower's state.
+
+    A requeued attempt raises ``Retry`` (RETRY, acked, nothing re-sent: the journal already
+    scheduled the next attempt, whose task id its note names); a failed one raises
+    ``AttemptFailed`` dressed as the body's exception (FAILURE, acked); a delivery that
+    started no work returns what happened instead. ``entry`` is the frame that called
+    the body: the traceback Flower shows starts below it.
+    """
+    if isinstance(ended, str):
+        return ended
+    label = f"job {env.job_id} attempt {env.attempt}"
+    if ended.end is End.REQUEUED:
+        following = task_id_for(env.job_id, env.attempt + 1)
+        shown = _shown(ended, f"jobsapp: {env.module} {label} requeued; next: attempt "
+                              f"{env.attempt + 1}, task {following}", entry, secrets)  # fmt: skip
+        raise Retry(f"{label} requeued", exc=shown) from shown
+    if ended.end is End.FAILED:
+        raise _shown(ended, f"jobsapp: {env.module} {label} {ended.summary}", entry, secrets)
+    return f"{label}: {ended.end.value}{': ' if ended.summary else ''}{ended.summary}"
+
+
+def _shown(ended: Ended, note: str, entry: CodeType, secrets: Sequence[str]) -> AttemptFailed:
+    """The attempt's failure as Celery reports it: the body's exception where there is one
+    (a snooze has none), with ``note`` naming the job."""
+    if ended.error is None:
+        failed = AttemptFailed(ended.summary)
+        failed.add_note(note)
+        return failed
+    return shown_failure(ended.error, entry=entry, note=note, secrets=secrets)
 
 
 def call_fields(

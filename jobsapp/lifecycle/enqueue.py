@@ -13,7 +13,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
 
 from celery import Celery
 from sqlalchemy import Connection, event
@@ -44,7 +43,7 @@ def enqueue(
         return JobHandle(job.job_id, EnqueueOutcome.DUPLICATE, job.spec, task=job.task_name)
     if session is not None:
         with _schema_checked(session.connection()):
-            result = _in_session(session, job)
+            result = _in_session(app, session, job)
     elif connection is not None:
         with _schema_checked(connection):
             result = journal.enqueue(connection, job, actor="producer")
@@ -202,27 +201,28 @@ def _due_in(job: NewJob) -> timedelta:
     return job.delay or timedelta(0)
 
 
-def _in_session(session: Session, job: NewJob) -> EnqueueResult:
+def _in_session(app: Celery, session: Session, job: NewJob) -> EnqueueResult:
     result = journal.enqueue(session.connection(), job, actor="producer")
     if result.outcome is EnqueueOutcome.ENQUEUED and result.message is not None:
-        _pending(session).append((job, result))
+        _pending(session, app).append((job, result))
     return result
 
 
-def _pending(session: Session) -> list[Any]:
+def _pending(session: Session, app: Celery) -> list[tuple[NewJob, EnqueueResult]]:
+    """What ``app`` publishes when the session commits."""
     # Listeners stay for the session's life (removing one while it fires is an error);
     # with nothing pending they do nothing.
     if not event.contains(session, "after_commit", _publish_session):
         event.listen(session, "after_commit", _publish_session)
         event.listen(session, "after_rollback", _drop_session)
-    pending: list[Any] = session.info.setdefault(_PENDING, [])
-    return pending
+    by_app: dict[Celery, list[tuple[NewJob, EnqueueResult]]]
+    by_app = session.info.setdefault(_PENDING, {})
+    return by_app.setdefault(app, [])
 
 
 def _publish_session(session: Session) -> None:
-    from jobsapp.celery_app import app
-
-    _after_commit(app, session.info.pop(_PENDING, []))
+    for app, done in session.info.pop(_PENDING, {}).items():
+        _after_commit(app, done)
 
 
 def _drop_session(session: Session) -> None:

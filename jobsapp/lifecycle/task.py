@@ -5,12 +5,15 @@
 attempt to ``attempt.run_attempt``. A plain Celery call of the task (``send_task`` by
 name, ``apply()``) becomes a run of its own, keyed by its Celery task id. Idiomatic
 ``self.retry()`` and ``autoretry_for`` map to the same journal semantics.
+
+The class is the Celery-facing surface; what it hands the journal (the job id, the row's
+values, the argument checks, the concurrency key) is built in ``newjob``, and what Celery
+and Flower show of an attempt's end in ``celery_view``.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
 import os
@@ -20,12 +23,12 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from functools import cache, cached_property
 from typing import Any, ClassVar, NoReturn
 
 from celery import Task
-from celery.exceptions import Reject, Retry
+from celery.exceptions import Reject
 from celery.result import EagerResult
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
@@ -33,9 +36,19 @@ from sqlalchemy.orm import Session
 
 from jobsapp import logs
 from jobsapp.db import get_engine
-from jobsapp.lifecycle import claim, enqueue, journal, message, publisher, registry, tracing
+from jobsapp.lifecycle import (
+    claim,
+    enqueue,
+    journal,
+    message,
+    newjob,
+    publisher,
+    registry,
+    totals,
+    tracing,
+)
 from jobsapp.lifecycle.attempt import AttemptRules, End, Ended, run_attempt
-from jobsapp.lifecycle.celery_view import EVENTS_ON, AttemptFailed, call_fields, shown_failure
+from jobsapp.lifecycle.celery_view import EVENTS_ON, AttemptFailed, call_fields, report
 from jobsapp.lifecycle.context import RunContext
 from jobsapp.lifecycle.errors import InvalidMessage, RetryRequested
 from jobsapp.lifecycle.handle import JobHandle
@@ -43,7 +56,6 @@ from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
 from jobsapp.lifecycle.retry import RetryPolicy
 from jobsapp.lifecycle.scrub import known_secrets_from_env
-from jobsapp.monitor import rollup
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -55,25 +67,6 @@ def _process_secrets() -> tuple[str, ...]:
     return known_secrets_from_env(os.environ)
 
 
-def _absolute(eta: datetime | None) -> datetime | None:
-    if eta is None:
-        return None
-    return eta if eta.tzinfo else eta.replace(tzinfo=UTC)
-
-
-def _countdown(countdown: float | None) -> timedelta | None:
-    """A countdown stays a duration: the database adds it to its own clock."""
-    return timedelta(seconds=countdown) if countdown else None
-
-
-def _expiry(expires: float | datetime | None) -> datetime | None:
-    """Celery's ``expires`` (seconds from now, or a datetime) as an absolute time; as in
-    Celery, seconds count on the producer's clock."""
-    if expires is None or isinstance(expires, datetime):
-        return _absolute(expires)
-    return datetime.now(UTC) + timedelta(seconds=expires)
-
-
 # Celery options a lifecycle task cannot honour, and what to do instead.
 _UNSUPPORTED = {
     "link": "chain work inside the task body, or enqueue the next task from it",
@@ -83,10 +76,6 @@ _UNSUPPORTED = {
     "retry": "the outbox retries every publish",
     "retry_policy": "the outbox retries every publish",
 }
-_JSON_HINTS = {
-    "datetime": "pass an ISO string (.isoformat())", "date": "pass an ISO string (.isoformat())",
-    "UUID": "pass str(value)", "Decimal": "pass str(value)", "bytes": "pass base64 text",
-}  # fmt: skip
 
 
 def _refuse(name: str, options: Mapping[str, Any]) -> None:
@@ -94,32 +83,6 @@ def _refuse(name: str, options: Mapping[str, Any]) -> None:
         return
     hints = "; ".join(f"{o}: {_UNSUPPORTED.get(o, 'not supported')}" for o in sorted(options))
     raise TypeError(f"{name}.apply_async: jobsapp does not support {sorted(options)} ({hints})")
-
-
-def _non_json(value: Any) -> type | None:
-    """The type of the first value in ``value`` that JSON cannot carry, or None."""
-    found: list[type] = []
-
-    def refuse(leaf: Any) -> Any:
-        found.append(type(leaf))
-        raise TypeError
-
-    try:
-        json.dumps(value, default=refuse, allow_nan=False)
-    except (TypeError, ValueError):
-        return found[0] if found else float
-    return None
-
-
-def require_json(task: str, named: Mapping[str, Any]) -> None:
-    """Refuse an argument the journal cannot store, before anything is written."""
-    if not named or _non_json(named) is None:  # one pass over all; per argument to name it
-        return
-    for name, value in named.items():
-        bad = _non_json(value)
-        if bad is not None:
-            hint = _JSON_HINTS.get(bad.__name__, "pass str, int, float, bool, None, list, dict")
-            raise TypeError(f"argument {name!r} of {task} is a {bad.__name__}, not JSON: {hint}")
 
 
 class LifecycleTask(Task):  # type: ignore[type-arg]
@@ -154,9 +117,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
 
     def concurrency_key(self, job_id: uuid.UUID, values: Mapping[str, Any]) -> str:
         """Jobs with the same key exclude each other while active (default: none do)."""
-        if self.key is None:
-            return f"{self.name}:{job_id}"
-        return self.key.format(job_id=job_id, **values)
+        return newjob.key_of(self.name, self.key, job_id, values)
 
     def derive_job_id(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> uuid.UUID | None:
         """Override to make the job id a function of the arguments (natural idempotency)."""
@@ -168,43 +129,15 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         """``run``'s signature, read once per task (inspect takes longer than the bind)."""
         return inspect.signature(self.run)
 
-    def _named(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """The body's arguments by name, defaults included, for the key template."""
-        try:
-            bound = self._signature.bind(*args, **kwargs)
-        except TypeError as bad:
-            raise TypeError(f"{self.name}: {bad}") from None
-        bound.apply_defaults()
-        return dict(bound.arguments)
-
     def row_values(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        spec = self.run_table
-        if spec.params_column is not None:
-            return {spec.params_column: {"args": list(args), "kwargs": dict(kwargs)}}
-        if args or set(kwargs) != set(spec.id_columns):
-            raise TypeError(f"{self.name} takes exactly the keyword ids {spec.id_columns}")
-        return dict(kwargs)
+        """The run row's own columns (override to write a domain's ids differently)."""
+        return newjob.row_values(self.run_table, self.name, args, kwargs)
 
     def new_job(
         self, args: tuple[Any, ...], kwargs: Mapping[str, Any], job_id: uuid.UUID | None
     ) -> NewJob:
-        job_id = job_id or self.derive_job_id(args, kwargs) or uuid.uuid4()
-        named = self._named(args, kwargs)
-        if self.run_table.params_column is not None:
-            require_json(self.name, named)
-        values = self.row_values(args, kwargs)
-        return NewJob(
-            spec=self.run_table,
-            job_id=job_id,
-            task_name=self.name,
-            concurrency_key=self.concurrency_key(job_id, named),
-            max_attempts=self.max_attempts,
-            values=values,
-            dedup_window=timedelta(seconds=self.dedup_window),
-            traceparent=tracing.outgoing().get("traceparent"),
-            queue=getattr(self, "queue", None),
-            priority=getattr(self, "priority", None),
-        )
+        """The run a call of this task writes (see ``newjob``)."""
+        return newjob.build(self, args, kwargs, job_id)
 
     def apply_async(  # type: ignore[override]
         self,
@@ -240,28 +173,14 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             wanted = job_id or task_id
             return self.apply(tuple(args or ()), dict(kwargs or {}),
                               task_id=str(wanted) if wanted else None)  # fmt: skip
-        job = self.new_job(tuple(args or ()), dict(kwargs or {}), self._job_id(job_id, task_id))
-        traceparent = (headers or {}).get("traceparent") or job.traceparent
-        job = replace(job, not_before=_absolute(eta), traceparent=traceparent,
-                      delay=None if eta is not None else _countdown(countdown),
-                      queue=queue or job.queue,
-                      priority=job.priority if priority is None else priority,
-                      expires_at=_expiry(expires))  # fmt: skip
+        wanted = newjob.job_id_of(self.name, job_id, task_id)
+        job = newjob.scheduled(self.new_job(tuple(args or ()), dict(kwargs or {}), wanted),
+                               countdown=countdown, eta=eta, headers=headers, queue=queue,
+                               priority=priority, expires=expires)  # fmt: skip
         handle = enqueue.enqueue(self.app, job, session=session, connection=connection)
         if handle.outcome is EnqueueOutcome.DUPLICATE:
-            rollup.count_dedup_hit(get_engine(), self.run_table.module, self.name)
+            totals.count_dedup_hit(get_engine(), self.run_table.module, self.name)
         return handle if job_id or not task_id else replace(handle, task_id=str(task_id))
-
-    def _job_id(self, job_id: uuid.UUID | str | None, task_id: str | None) -> uuid.UUID | None:
-        """``job_id`` (a UUID), else the job ``task_id`` names (message.job_id_of_task)."""
-        if not job_id:
-            return message.job_id_of_task(str(task_id)) if task_id else None
-        try:
-            return uuid.UUID(str(job_id))
-        except ValueError:
-            hint = f"pass task_id={str(job_id)!r} for an id of your own"
-            raise ValueError(f"{self.name}.apply_async: job_id must be a UUID, not {job_id!r}; "
-                             f"{hint}") from None  # fmt: skip
 
     def AsyncResult(self, task_id: str, **kwargs: Any) -> JobHandle:  # type: ignore[override]  # noqa: N802
         """The job's handle (its journal row), for code written against Celery's results.
@@ -324,34 +243,12 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     ) -> tuple[message.Envelope, NewJob | None]:
         """The attempt a delivery asks for, and the row to insert if the journal has none."""
         if eager or not message.is_envelope(args, kwargs):
-            return self._adopt(args, kwargs)
+            return newjob.adopted(self, str(self.request.id), self.request.get("traceparent"),
+                                  args, kwargs)  # fmt: skip
         env = message.parse(args, kwargs)
         if env.module != self.run_table.module:
             raise InvalidMessage(f"module {env.module!r} is not {self.run_table.module!r}")
-        return env, self._foreign_job(env)
-
-    def _adopt(
-        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-    ) -> tuple[message.Envelope, NewJob]:
-        """A plain Celery call (``send_task`` by name, ``apply()``) as a run of its own:
-        the job id is the Celery task id, the arguments are bound to the body's signature.
-        Only a task whose arguments the journal keeps (``params_column``) takes one."""
-        if self.run_table.params_column is None:
-            raise InvalidMessage(f"{self.run_table.module} tasks take the jobsapp message "
-                                 "only: enqueue with apply_async from code that imports "
-                                 "the task")  # fmt: skip
-        try:
-            self._signature.bind(*args, **kwargs)
-        except TypeError as bad:
-            # The reason first: "token): missing" would read as a secret to the scrubber.
-            raise InvalidMessage(f"{bad}; {self.name} takes {_parameters(self)}") from None
-        job_id = message.job_id_of_task(str(self.request.id))
-        try:
-            job = self.new_job(tuple(args), dict(kwargs), job_id)
-        except (TypeError, ValueError) as bad:
-            raise InvalidMessage(str(bad)) from None
-        env = message.adopted(job_id, self.run_table.module, self.request.get("traceparent"))
-        return env, job
+        return env, newjob.foreign(self, env)
 
     def _run_eagerly(self, env: message.Envelope, foreign: NewJob | None) -> Any:
         """``apply()``: attempt after attempt here, through the journal, until the job
@@ -382,18 +279,6 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
 
     def _worker_name(self) -> str:
         return f"{self.request.hostname or socket.gethostname()}:{os.getpid()}"
-
-    def _foreign_job(self, env: message.Envelope) -> NewJob | None:
-        """The row to insert for a message whose producer kept no journal row."""
-        if env.outbox_id is not None:
-            return None
-        try:
-            job = self.new_job((), env.ids, env.job_id)
-        except (TypeError, ValueError) as bad:
-            raise InvalidMessage(f"cannot build a run from the message: {bad}") from None
-        if env.concurrency_key:
-            return replace(job, concurrency_key=env.concurrency_key)
-        return job
 
     def _run_envelope(
         self, env: message.Envelope, foreign: NewJob | None, *, eager: bool = False
@@ -491,43 +376,11 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             log.info("task event of job %s not sent: %s", env.job_id, type(down).__name__)
 
 
-def _parameters(task: LifecycleTask) -> inspect.Signature:
-    """The body's parameters as a person writes the call: names and defaults."""
-    sig = task._signature
-    bare = [p.replace(annotation=p.empty) for p in sig.parameters.values()]
-    return sig.replace(parameters=bare, return_annotation=sig.empty)
-
-
 # The frame that calls the body: Flower's traceback of a failed attempt starts below it.
 _BODY_CALL = LifecycleTask._call_body.__code__
 
 
 def _report(env: message.Envelope, ended: Ended | str) -> str:
-    """The attempt's Celery result, or the exception that gives its task Flower's state.
-
-    A requeued attempt raises ``Retry`` (RETRY, acked, nothing re-sent: the journal already
-    scheduled the next attempt, whose task id its note names); a failed one raises
-    ``AttemptFailed`` dressed as the body's exception (FAILURE, acked); a delivery that
-    started no work returns what happened instead.
-    """
-    if isinstance(ended, str):
-        return ended
-    label = f"job {env.job_id} attempt {env.attempt}"
-    if ended.end is End.REQUEUED:
-        following = message.task_id_for(env.job_id, env.attempt + 1)
-        shown = _shown(ended, f"jobsapp: {env.module} {label} requeued; next: attempt "
-                              f"{env.attempt + 1}, task {following}")  # fmt: skip
-        raise Retry(f"{label} requeued", exc=shown) from shown
-    if ended.end is End.FAILED:
-        raise _shown(ended, f"jobsapp: {env.module} {label} {ended.summary}")
-    return f"{label}: {ended.end.value}{': ' if ended.summary else ''}{ended.summary}"
-
-
-def _shown(ended: Ended, note: str) -> AttemptFailed:
-    """The attempt's failure as Celery reports it: the body's exception where there is one
-    (a snooze has none), with ``note`` naming the job."""
-    if ended.error is None:
-        failed = AttemptFailed(ended.summary)
-        failed.add_note(note)
-        return failed
-    return shown_failure(ended.error, entry=_BODY_CALL, note=note, secrets=_process_secrets())
+    """The attempt's Celery result or exception (``celery_view.report``), its traceback
+    starting below the body's call."""
+    return report(env, ended, entry=_BODY_CALL, secrets=_process_secrets())

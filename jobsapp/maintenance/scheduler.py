@@ -28,11 +28,12 @@ from typing import Any
 
 from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import schedule
+from sqlalchemy.exc import DBAPIError
 
 from jobsapp import preflight
 from jobsapp.db import get_engine
 from jobsapp.maintenance import budget, lease, periodic
-from jobsapp.settings import SettingsError, optional_number, positive_number
+from jobsapp.settings import SettingsError, get_settings, optional_number, positive_number
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ class LeasedScheduler(Scheduler):
                 log.warning("beat %s lost the lease; standing by", self.holder)
             now = time.monotonic()
             if self._last_standby_log is None or now - self._last_standby_log > STANDBY_LOG_EVERY:
-                log.warning("%s", preflight.standby_line(self.holder, LEASE_NAME))
+                log.warning("%s", standby_line(self.holder, LEASE_NAME))
                 self._last_standby_log = now
         self.leading = leading
 
@@ -213,3 +214,18 @@ class LeasedScheduler(Scheduler):
             except Exception as exc:  # noqa: BLE001 - the lease then simply expires
                 log.warning("beat lease not released: %s", type(exc).__name__)
         super().close()
+
+
+def standby_line(me: str, lease_name: str) -> str:
+    """What a beat that does not lead says: who holds the lease, or that the database is
+    out of reach (then nobody can be known to lead). One query, at the standby log's pace."""
+    settings = get_settings()
+    try:
+        with get_engine().connect() as conn:
+            held, now = lease.holder_of(conn, lease_name), lease.database_now(conn)
+    except DBAPIError as exc:
+        where, why = preflight.database_setting(settings.database_url), preflight.reason_of(exc)
+        return f"beat {me} standing by: cannot reach the database at {where}: {why}"
+    if held is None or held[1] <= now:
+        return f"beat {me} standing by: the lease is free; taking it on the next tick"
+    return f"beat {me} standing by: the lease is held by beat {held[0]} until {held[1]:%H:%M:%S}Z"

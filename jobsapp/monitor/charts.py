@@ -22,6 +22,7 @@ from sqlalchemy.orm import aliased
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import EVENTS
 from jobsapp.lifecycle.states import Transition
+from jobsapp.lifecycle.totals import Key
 from jobsapp.monitor import rollup
 
 # The window, its bucket width.
@@ -163,7 +164,7 @@ def error_code(reason: str | None, detail: Mapping[str, Any] | None) -> str:
     return found[1] if found else "other"
 
 
-def distributions(totals: Mapping[rollup.Key, int]) -> dict[str, list[tuple[str, int]]]:
+def distributions(totals: Mapping[Key, int]) -> dict[str, list[tuple[str, int]]]:
     """Each histogram's bucket counts (not cumulative), summed over modules and tasks."""
     out: dict[str, list[tuple[str, int]]] = {}
     for histogram in rollup.HISTOGRAMS:

@@ -40,6 +40,7 @@ from sqlalchemy import Engine
 from jobsapp import __version__
 from jobsapp.lifecycle import outbox_queries
 from jobsapp.lifecycle.states import ALL_STATES
+from jobsapp.lifecycle.totals import DEDUP_HITS, Key
 from jobsapp.maintenance import relay
 from jobsapp.monitor import labels, rollup
 from jobsapp.monitor.labels import Labels
@@ -111,7 +112,7 @@ def _outbox_upkeep(engine: Engine) -> Iterator[Metric]:
 _COUNTERS = {
     rollup.ATTEMPTS: ("jobsapp_attempts", "Attempts ended, by outcome.", "outcome"),
     rollup.REAPED: ("jobsapp_reaped", "Runs the reaper took back, requeued or failed.", "outcome"),
-    rollup.DEDUP_HITS: ("jobsapp_dedup_hits", "Enqueues absorbed as duplicates of a job_id.", ""),
+    DEDUP_HITS: ("jobsapp_dedup_hits", "Enqueues absorbed as duplicates of a job_id.", ""),
 }  # fmt: skip
 _HISTOGRAMS = {
     rollup.QUEUE_WAIT: ("jobsapp_queue_wait_seconds",
@@ -125,7 +126,7 @@ _HISTOGRAMS = {
 _STARTING = {
     rollup.ATTEMPTS: sorted(set(rollup.ENDINGS.values())),
     rollup.REAPED: sorted(set(rollup.REAPS.values())),
-    rollup.DEDUP_HITS: [""],
+    DEDUP_HITS: [""],
 }
 
 
@@ -145,7 +146,7 @@ def _rolled_up(engine: Engine, names: Labels) -> Iterator[Metric]:
         yield _histogram(name, doc, cells, names)
 
 
-def _folded(totals: Mapping[rollup.Key, int], names: Labels) -> dict[rollup.Key, int]:
+def _folded(totals: Mapping[Key, int], names: Labels) -> dict[Key, int]:
     """Totals with unregistered task names folded into ``other``, and every registered
     task's counter series present from the start."""
     out = {(metric, module, task, value): 0

@@ -19,21 +19,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, Engine, Table, func, select, update
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import Connection, Engine, func, select, update
 
 from jobsapp.lifecycle import registry
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, _upsert
 from jobsapp.lifecycle.outbox_queries import COUNTERS, bump
 from jobsapp.lifecycle.states import Transition
-from jobsapp.lifecycle.tables import MetricTotal
+from jobsapp.lifecycle.totals import TOTALS, Key, add
 from jobsapp.maintenance import lease
 
 log = logging.getLogger(__name__)
 
-TOTALS: Table = MetricTotal.__table__  # type: ignore[assignment]
-
-ATTEMPTS, REAPED, DEDUP_HITS = "attempts", "reaped", "dedup_hits"
+ATTEMPTS, REAPED = "attempts", "reaped"
 QUEUE_WAIT, RUN_DURATION = "queue_wait", "run_duration"
 HISTOGRAMS = (QUEUE_WAIT, RUN_DURATION)
 # Upper bounds in seconds: from a hot queue's sub-second wait to an hour-long render.
@@ -56,7 +53,6 @@ ENDINGS = {
 }
 REAPS = {Transition.REAP_REQUEUE.value: "requeued", Transition.REAP_FAIL.value: "failed"}
 
-Key = tuple[str, str, str, str]  # metric, module, task, label
 Attempt = tuple[uuid.UUID, int]
 # An attempt's outbox row: when it was written, and when it was last handed to the broker.
 Sent = tuple[datetime, datetime | None]
@@ -221,30 +217,6 @@ def _sent_times(
         .where(cols.module == module, cols.job_id.in_(ids))
     )  # fmt: skip
     return {(job_id, attempt): (created, published) for job_id, attempt, created, published in rows}
-
-
-def add(conn: Connection, totals: Mapping[Key, int]) -> None:
-    """Add ``totals`` to ``metric_totals`` (rows created at zero)."""
-    rows = [{"metric": m, "module": mod, "task": t, "label": lab, "value": v}
-            for (m, mod, t, lab), v in totals.items() if v]  # fmt: skip
-    if not rows:
-        return
-    stmt = _upsert(conn, TOTALS).values(rows)
-    conn.execute(stmt.on_conflict_do_update(
-        index_elements=[TOTALS.c.metric, TOTALS.c.module, TOTALS.c.task, TOTALS.c.label],
-        set_={"value": TOTALS.c.value + stmt.excluded.value},
-    ))  # fmt: skip
-
-
-def count_dedup_hit(engine: Engine, module: str, task: str) -> None:
-    """A producer's enqueue absorbed as a duplicate: it has no event, so it counts here.
-
-    Only duplicates pay this write; losing it must not fail the producer's call."""
-    try:
-        with engine.begin() as conn:
-            add(conn, {(DEDUP_HITS, module, task[:200], ""): 1})
-    except SQLAlchemyError as exc:
-        log.warning("dedup hit not counted: %s", type(exc).__name__)
 
 
 def read(conn: Connection) -> dict[Key, int]:

@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from jobsapp.maintenance import reconcile
 from jobsapp.monitor import summary
 from jobsapp.web.urls import VARIANT_NAME
 
@@ -326,6 +327,12 @@ class Retaken(Closed):
     error_code: str
 
 
+class HeldBack(Closed):
+    job_id: UUID
+    rule: reconcile.Rule
+    why: str = Field(description="The rule in one line, e.g. 'cool-down until <time>'")
+
+
 class ReconcilePass(Closed):
     module: str
     pass_id: str
@@ -333,6 +340,11 @@ class ReconcilePass(Closed):
     retaken: list[Retaken]
     refused: dict[str, NonNegative] = Field(description="Candidates not taken, by why")
     cut_short: bool = Field(description="The budget ran out; the next pass continues")
+    held_back: list[HeldBack] = Field(
+        description="A dry run: the domain's newest failed runs it leaves alone, each with "
+        "the rule that holds it back (empty when not a dry run)"
+    )
+    held_back_more: bool = Field(description="More failed runs are left alone than listed")
 
 
 class Reconciled(Closed):

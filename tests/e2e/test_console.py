@@ -12,24 +12,34 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
 from playwright.sync_api import Browser, Page, Request
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, func, literal, select, text, union_all
 
+from jobsapp import operator
+from jobsapp.attachments.models import ATTACHMENT_RUNS
+from jobsapp.lifecycle import journal, registry
+from jobsapp.lifecycle.states import ALL_STATES, Transition
+from tests.chaos.harness import RedisServer
 from tests.e2e.test_admin_ui import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, log_in, wait_state
 from tests.e2e.test_admin_web import enqueue, operator_env, operator_events
 from tests.e2e.test_web import png
 from tests.e2e.webserver import REPO, Http, running_web, running_worker
+from tests.integration.test_operator import claimed, failed_job, queued_attachment_job
 from tests.support import tasks
-from tests.support.env import IN_CI
+from tests.support.env import IN_CI, SESSION
 
-DATABASE = "jobsapp_e2e_console"
-# Its own Redis database (see test_admin_web.py for the others').
+# Per test session, with a private redis-server: another session running this module must
+# not drop the database or flush the broker under us. (operator_env flushes database 9 of
+# the shared Redis, which nothing uses now.)
+DATABASE = f"jobsapp_e2e_console_{SESSION}"
 REDIS_DB = 9
 DESKTOP = {"width": 1280, "height": 900}
 NARROW = {"width": 390, "height": 844}
@@ -37,6 +47,7 @@ NARROW = {"width": 390, "height": 844}
 SECRET = "pw-" + uuid.uuid4().hex[:12]
 SECRET_URL = f"postgresql://app:{SECRET}@db.internal/jobs"
 NOBODY_QUEUE = "nobody-consumes-this"
+DOMAINS = ("jobs", "attachments")
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -46,8 +57,14 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    with operator_env(tmp_path_factory, DATABASE, REDIS_DB) as found:
-        yield found
+    redis = RedisServer(tmp_path_factory.mktemp("redis"))
+    redis.start()
+    try:
+        with operator_env(tmp_path_factory, DATABASE, REDIS_DB) as found:
+            yield found | {name: redis.url for name in ("JOBSAPP_BROKER_URL", "JOBSAPP_REDIS_URL",
+                                                        "JOBSAPP_TEST_REDIS_URL")}  # fmt: skip
+    finally:
+        redis.close()
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +125,9 @@ def page(browser: Browser, http: Http) -> Iterator[Page]:
 
 @pytest.fixture(scope="module")
 def seeded(db: Engine, broker: Celery, worker: Path, http: Http) -> dict[str, uuid.UUID]:
-    """Jobs in every state on two domains (generic jobs and attachments)."""
+    """Jobs in every state on two domains: generic jobs through the worker, attachment runs
+    planted in the journal beside one upload the worker processes (a failing, a slow or a
+    retrying pipeline would cost minutes; the pages read the journal the same way)."""
     jobs = {
         "succeeded": enqueue(db, tasks.echo, f"ok-{uuid.uuid4()}", publish=broker),
         "failed": enqueue(db, tasks.fails_once, f"bad-{uuid.uuid4()}", publish=broker),
@@ -117,6 +136,7 @@ def seeded(db: Engine, broker: Celery, worker: Path, http: Http) -> dict[str, uu
         "secret": enqueue(db, tasks.flaky, f"args-{uuid.uuid4()}", 0, SECRET_URL),
         "queued": enqueue(db, tasks.echo, f"waits-{uuid.uuid4()}"),
         "dead": enqueue(db, tasks.echo, f"dead-{uuid.uuid4()}"),
+        "cancelled": enqueue(db, tasks.echo, f"dropped-{uuid.uuid4()}"),
     }
     with db.begin() as conn:
         conn.execute(text("UPDATE outbox SET dead_at = now(), publish_failures = 5, "
@@ -124,14 +144,57 @@ def seeded(db: Engine, broker: Celery, worker: Path, http: Http) -> dict[str, uu
                      {"j": jobs["dead"]})  # fmt: skip
         conn.execute(text("UPDATE job_runs SET queue = :q WHERE job_id = :j"),
                      {"q": NOBODY_QUEUE, "j": jobs["queued"]})  # fmt: skip
+    operator.cancel(db, "jobs", jobs["cancelled"], actor="seed", reason="a duplicate")
     upload = http.post_file(png(), "cat.png", "image/png")
     assert upload.status == 202, upload.body
+    attachments = _attachment_runs(db)
     for name in ("succeeded", "failed"):
         wait_state(db, jobs[name], name, worker)
     _wait(lambda: _state(db, jobs["running"]) == "running", "sleepy never ran")
     _wait(lambda: _next_retry(db, jobs["scheduled"]) is not None, "paused never snoozed")
     _wait(lambda: _count(db, "attachment_runs", "succeeded") >= 1, "the upload never ran")
-    return jobs
+    return jobs | {f"attachment-{name}": job_id for name, job_id in attachments.items()}
+
+
+def _attachment_runs(db: Engine) -> dict[str, uuid.UUID]:
+    """Attachment runs queued (unpublished: no beat runs here), running (a worker that is
+    not this test's), failed, cancelled and waiting for a retry an hour away."""
+    runs = {name: queued_attachment_job(db) for name in ("queued", "running", "cancelled",
+                                                         "scheduled")}  # fmt: skip
+    claimed(db, ATTACHMENT_RUNS, runs["running"])
+    runs["failed"] = failed_job(db, ATTACHMENT_RUNS, queued_attachment_job(db))
+    operator.cancel(db, "attachments", runs["cancelled"], actor="seed", reason="wrong file")
+    with db.begin() as conn:
+        run = journal.claim(conn, ATTACHMENT_RUNS, runs["scheduled"], 1, worker="w1@host")
+        assert run is not None
+        journal.requeue(conn, ATTACHMENT_RUNS, run, error="storage_unavailable",
+                        transition=Transition.RETRY, actor="w1@host",
+                        delay=timedelta(hours=1))  # fmt: skip
+    return runs
+
+
+def _journal(db: Engine) -> list[dict[str, Any]]:
+    """Every run of every domain, as the pages should show it."""
+    parts = [
+        select(literal(spec.module).label("module"), t.c.job_id, t.c.state, t.c.outcome,
+               t.c.queue, func.coalesce(t.c.next_retry_at > func.now(), False).label("later"))
+        for spec in registry.all_tables() for t in (spec.table,)
+    ]  # fmt: skip
+    with db.connect() as conn:
+        return [dict(r) for r in conn.execute(union_all(*parts)).mappings()]
+
+
+def _agree(shown: Callable[[], Any], held: Callable[[], Any], what: str) -> None:
+    """Poll until the page shows what the journal holds (a worker may move a job between
+    the two reads); on the deadline, fail with both."""
+    deadline = time.monotonic() + 30
+    while True:
+        seen, expected = shown(), held()
+        if seen == expected:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: the page shows {seen}, the journal {expected}")
+        time.sleep(0.5)
 
 
 def _wait(ready: Callable[[], bool], why: str, seconds: float = 60) -> None:
@@ -187,6 +250,61 @@ def shots(page: Page, name: str) -> None:
 
 
 # ------------------------------------------------------------------------------ tests
+
+
+def test_the_journal_holds_every_state_on_two_domains(
+    db: Engine, seeded: dict[str, uuid.UUID]
+) -> None:
+    held = Counter((r["module"], r["state"], r["outcome"]) for r in _journal(db))
+    for module in DOMAINS:
+        assert all(held[(module, s, o)] for s, o in (("queued", None), ("running", None),
+                   ("succeeded", "succeeded"), ("failed", "permanent"),
+                   ("failed", "cancelled"))), held  # fmt: skip
+    later = {(r["module"], r["state"]) for r in _journal(db) if r["later"]}
+    assert later >= {("jobs", "queued"), ("attachments", "queued")}
+
+
+def test_the_overview_counts_each_state_of_each_domain_as_the_journal(
+    page: Page, db: Engine, seeded: dict[str, uuid.UUID]
+) -> None:
+    log_in(page)
+
+    def shown() -> dict[str, dict[str, int]]:
+        page.goto("/admin")
+        return {r["module"]: {s: int(r[s]) for s in ALL_STATES} for r in _cells(page, "counts")}
+
+    def held() -> dict[str, dict[str, int]]:
+        rows = _journal(db)
+        return {spec.module: {s: sum(1 for r in rows if (r["module"], r["state"]) ==
+                                     (spec.module, s)) for s in ALL_STATES}
+                for spec in registry.all_tables()}  # fmt: skip
+
+    _agree(shown, held, "overview counts")
+
+
+@pytest.mark.parametrize("module", DOMAINS)
+def test_the_jobs_list_of_each_domain_and_state_is_the_journal(
+    page: Page, db: Engine, seeded: dict[str, uuid.UUID], module: str
+) -> None:
+    log_in(page)
+
+    def listed(query: str) -> Callable[[], dict[str, tuple[str, str]]]:
+        def read() -> dict[str, tuple[str, str]]:
+            page.goto(f"/admin/jobs?module={module}{query}")
+            return {r["job_id"]: (r["state"], r["outcome"]) for r in _cells(page, "jobs")
+                    if r.get("module") == module}  # fmt: skip
+
+        return read
+
+    def held(state: str | None = None) -> Callable[[], dict[str, tuple[str, str]]]:
+        return lambda: {str(r["job_id"]): (r["state"], r["outcome"] or "")
+                        for r in _journal(db) if r["module"] == module
+                        and state in (None, r["state"])}  # fmt: skip
+
+    _agree(listed(""), held(), f"{module} jobs")
+    for state in ALL_STATES:
+        _agree(listed(f"&state={state}"), held(state), f"{module} {state} jobs")
+        assert page.inner_text("#total").startswith(f"{len(held(state)())} matching")
 
 
 def test_the_jobs_list_shows_queue_scrubbed_arguments_and_why_a_job_waits(
@@ -251,6 +369,22 @@ def test_a_job_page_shows_each_traceback_once_folded_and_the_celery_task_ids(
     shots(page, "job")
 
 
+def test_the_job_page_of_each_attachment_run_is_its_journal_row(
+    page: Page, db: Engine, seeded: dict[str, uuid.UUID]
+) -> None:
+    log_in(page)
+    runs = {
+        k.removeprefix("attachment-"): v for k, v in seeded.items() if k.startswith("attachment-")
+    }
+    rows = {r["job_id"]: r for r in _journal(db) if r["module"] == "attachments"}
+    for name, job_id in runs.items():
+        page.goto(f"/admin/jobs/attachments/{job_id}")
+        terms = page.locator("#run dt").all_inner_texts()
+        shown = dict(zip(terms, page.locator("#run dd").all_inner_texts(), strict=True))
+        row = rows[job_id]
+        assert (shown["state"], shown["outcome"]) == (row["state"], row["outcome"] or ""), name
+
+
 def test_a_page_refreshes_in_place_until_paused(
     page: Page, db: Engine, seeded: dict[str, uuid.UUID]
 ) -> None:
@@ -281,20 +415,25 @@ def test_the_queues_page_matches_the_journal_and_the_broker(
     page: Page, db: Engine, seeded: dict[str, uuid.UUID]
 ) -> None:
     log_in(page)
-    page.goto("/admin/queues")
 
+    def shown() -> dict[tuple[str, str], tuple[int, int]]:
+        page.goto("/admin/queues")
+        rows = {(r["queue"], r["module"]): (int(r["queued, due"]), int(r["queued for later"]))
+                for r in _cells(page, "queues")}  # fmt: skip
+        # A domain that claimed lately is listed with nothing queued.
+        return {key: depth for key, depth in rows.items() if depth != (0, 0)}
+
+    def held() -> dict[tuple[str, str], tuple[int, int]]:
+        queued = [r for r in _journal(db) if r["state"] == "queued"]
+        keys = Counter((r["queue"] or "celery", r["module"], bool(r["later"])) for r in queued)
+        return {(q, m): (keys[(q, m, False)], keys[(q, m, True)]) for q, m, _ in keys}
+
+    _agree(shown, held, "queue depths")
+    assert {m for _, m in held()} == set(DOMAINS)
     rows = {(r["queue"], r["module"]): r for r in _cells(page, "queues")}
-    nobody = rows[(NOBODY_QUEUE, "jobs")]
-    due = _scalar(db, "SELECT count(*) FROM job_runs WHERE state = 'queued' AND queue = :q "
-                  "AND (next_retry_at IS NULL OR next_retry_at <= now())",
-                  q=NOBODY_QUEUE)  # fmt: skip
-    assert int(nobody["queued, due"]) == due
-    assert nobody["live workers consuming"] == "0"
-    celery = rows[("celery", "jobs")]
-    later = _scalar(db, "SELECT count(*) FROM job_runs WHERE state = 'queued' "
-                    "AND queue IS NULL AND next_retry_at > now()")  # fmt: skip
-    assert int(celery["queued for later"]) == later
-    assert celery["live workers consuming"] == "1"
+    assert rows[(NOBODY_QUEUE, "jobs")]["live workers consuming"] == "0"
+    assert rows[("celery", "jobs")]["live workers consuming"] == "1"
+    assert rows[("celery", "attachments")]["live workers consuming"] == "1"
     assert _cells(page, "broker")[0]["messages"].strip().isdigit()
     shots(page, "queues")
 
@@ -319,9 +458,9 @@ def test_the_scheduled_page_lists_a_snoozed_job_and_runs_it_now(
 ) -> None:
     log_in(page, name="ed")
     page.goto("/admin/scheduled")
-    waiting = _scalar(db, "SELECT count(*) FROM job_runs WHERE state = 'queued' "
-                      "AND next_retry_at > now()")  # fmt: skip
-    assert page.inner_text("#total").startswith(f"{waiting} queued job")
+    waiting = Counter(r["module"] for r in _journal(db) if r["later"])
+    assert page.inner_text("#total").startswith(f"{waiting.total()} queued job")
+    assert Counter(r["module"] for r in _cells(page, "scheduled")) == waiting
     row = page.locator("#scheduled tr", has_text=str(seeded["scheduled"]))
     shots(page, "scheduled")
 
@@ -349,6 +488,28 @@ def test_the_charts_count_what_the_journal_holds(
     shots(page, "charts")
 
 
+def test_a_dry_run_reconcile_names_why_each_failed_run_is_left_alone(
+    page: Page, db: Engine, seeded: dict[str, uuid.UUID]
+) -> None:
+    from axe_playwright_python.sync_playwright import Axe
+
+    log_in(page)
+    page.goto("/admin")
+    page.check("#reconcile input[name=dry_run]")
+    page.click("#reconcile button")
+
+    assert page.inner_text("h1") == "Reconcile pass (dry run)"
+    shown = {(r["module"], r["job_id"]): r["rule"] for r in _cells(page, "held-back")}
+    # No failure here carries a code its domain retakes: each is held back, a cancel as
+    # no failure at all, the others for their error.
+    held = {(r["module"], str(r["job_id"])): "not_a_failure" if r["outcome"] == "cancelled"
+            else "not_retryable" for r in _journal(db) if r["state"] == "failed"}  # fmt: skip
+    assert shown == held
+    assert {m for m, _ in shown} >= set(DOMAINS)
+    assert Axe().run(page).response["violations"] == []
+    shots(page, "reconcile")
+
+
 @pytest.mark.parametrize("size", [DESKTOP, NARROW], ids=["desktop", "narrow"])
 def test_every_page_passes_axe(
     browser: Browser, http: Http, seeded: dict[str, uuid.UUID], size: dict[str, int]
@@ -359,7 +520,8 @@ def test_every_page_passes_axe(
     page = context.new_page()
     log_in(page)
     found = {}
-    paths = ["/admin", "/admin/jobs", f"/admin/jobs/jobs/{seeded['failed']}", "/admin/queues",
+    paths = ["/admin", "/admin/jobs", f"/admin/jobs/jobs/{seeded['failed']}",
+             f"/admin/jobs/attachments/{seeded['attachment-failed']}", "/admin/queues",
              "/admin/workers", "/admin/scheduled", "/admin/charts"]  # fmt: skip
     try:
         for path in paths:

@@ -32,6 +32,7 @@ def signed_in(client: FlaskClient) -> str:
 
 def test_the_overview_offers_a_pass_that_takes_failures_again(db: Engine) -> None:
     outage = failed_generic_job(db, "TransientError: upstream down")
+    other = failed_generic_job(db, "KeyError: 'x'")
     with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
         client = create_app().test_client()
         overview = signed_in(client)
@@ -46,6 +47,10 @@ def test_the_overview_offers_a_pass_that_takes_failures_again(db: Engine) -> Non
     assert forged.status_code == 400
     assert dry.status_code == 200
     assert str(outage) in dry.get_data(as_text=True)
+    held = re.search(r'<table id="held-back">.*?</table>', dry.get_data(as_text=True), re.S)
+    assert held is not None
+    assert str(other) in held[0]
+    assert "error code not retryable: the error carries none of TransientError" in held[0]
     assert real.status_code == 200
     assert str(outage) in real.get_data(as_text=True)
     assert run_row(db, outage)["state"] == "queued"

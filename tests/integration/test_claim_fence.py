@@ -21,7 +21,6 @@ from jobsapp.attachments import reprocess
 from jobsapp.attachments import tasks as attachment_tasks
 from jobsapp.attachments.models import ATTACHMENT_RUNS, REPROCESS, REPROCESS_RUNS, RUNS
 from jobsapp.attachments.service import accept_upload
-from jobsapp.cli import alembic_config
 from jobsapp.db import autocommit, relaxed_autocommit
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.context import RunContext
@@ -29,6 +28,7 @@ from jobsapp.lifecycle.errors import LeaseLost
 from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.registry import JOBS, RunTable
 from jobsapp.lifecycle.states import Outcome, Transition
+from jobsapp.shipped import alembic_config
 from jobsapp.storage import ObjectStore
 from tests.conftest import migrate, migrated_postgres
 from tests.support import tasks

@@ -6,18 +6,19 @@ processed with one attempt each; the reconcile pass runs once the store is back.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
 from sqlalchemy import Engine, func, select, update
 
-from jobsapp import cli
+from jobsapp import cli, operator
 from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS, RUNS, VARIANTS
 from jobsapp.attachments.service import accept_upload
 from jobsapp.attachments.tasks import process_attachment
@@ -31,6 +32,7 @@ from jobsapp.maintenance import reconcile
 from jobsapp.storage import ObjectStore
 from jobsapp.web.app import create_app
 from tests.conftest import use_database
+from tests.integration.test_operator import claimed, queued_attachment_job
 from tests.support import tasks
 from tests.support.attachments import DEAD_S3_ENDPOINT, environment, sha256
 from tests.support.journal_view import events, held_by, run_row
@@ -195,6 +197,109 @@ def test_an_operator_reconciles_by_hand_from_the_cli(
     replayed = [e for e in events(db, other) if e["transition"] == "replay"]
     assert [e["actor"] for e in replayed] == ["operator:reconcile:alice"]
     assert run_row(db, outage)["state"] == "failed"
+
+
+def reconciled_and_failed_again(engine: Engine, job_id: uuid.UUID, error: str,
+                                *, hours: float = 0.0) -> None:  # fmt: skip
+    """An earlier reconcile pass replayed the job; its next attempt failed ``hours`` ago."""
+    operator.replay(engine, "jobs", job_id, actor=reconcile.ACTOR, reason="an earlier pass",
+                    app=Celery("memory", broker="memory://"))  # fmt: skip
+    at = utcnow() - timedelta(hours=hours)
+    with engine.begin() as conn:
+        attempt = int(run_row(engine, job_id)["attempts"]) + 1
+        assert journal.claim(conn, JOBS, job_id, attempt, worker="w@h:1", now=at)
+        assert journal.fail(conn, JOBS, job_id, attempt, token=held_by(conn, JOBS, job_id),
+                            outcome=Outcome.EXHAUSTED, error=error, actor="w@h:1",
+                            now=at)  # fmt: skip
+
+
+def failed_attachment_run(engine: Engine, error: str) -> uuid.UUID:
+    job_id = queued_attachment_job(engine)
+    attempt = claimed(engine, ATTACHMENT_RUNS, job_id)
+    with engine.begin() as conn:
+        assert journal.fail(conn, ATTACHMENT_RUNS, job_id, attempt,
+                            token=held_by(conn, ATTACHMENT_RUNS, job_id),
+                            outcome=Outcome.PERMANENT, error=error, actor="w1@host")  # fmt: skip
+    return job_id
+
+
+def test_a_dry_run_names_the_rule_that_holds_back_each_failed_run(
+    db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = JOBS.reconcile  # TransientError, 30 minutes' cool-down, one round
+    assert policy is not None
+    outage = "TransientError: upstream down"
+    # Older outage victims than the batch holds: the newest one waits for the next pass.
+    batch = [failed_generic_job(db, outage, hours=5 + i / 1000) for i in range(policy.batch)]
+    next_pass = failed_generic_job(db, outage, hours=4)
+    recent = failed_generic_job(db, outage, hours=5 / 60)
+    not_retryable = failed_generic_job(db, "KeyError: 'x'")
+    capped = failed_generic_job(db, outage, hours=3)
+    reconciled_and_failed_again(db, capped, outage)
+    cancelled = tasks.echo.new_job(("m",), {}, uuid.uuid4())
+    with db.begin() as conn:
+        journal.enqueue(conn, cancelled, now=utcnow(), actor="test")
+    operator.cancel(db, "jobs", cancelled.job_id, actor="test", reason="a duplicate")
+    corrupt = failed_attachment_run(db, "[corrupt_image] AttachmentFailed: cannot decode")
+
+    assert cli.main(["reconcile", "--dry-run"]) == 0
+
+    passes = {p["module"]: p for p in map(json.loads, capsys.readouterr().out.splitlines())}
+    jobs, attachments = passes["jobs"], passes["attachments"]
+    assert {r["job_id"] for r in jobs["retaken"]} == {str(j) for j in batch}
+    held = {h["job_id"]: (h["rule"], h["why"]) for h in jobs["held_back"]}
+    until = (run_row(db, recent)["finished_at"] + policy.cool_down).astimezone(UTC)
+    assert held == {
+        str(next_pass): ("batch_full", "batch full: a later pass takes it"),
+        str(recent): ("cool_down", f"cool-down until {until.isoformat(timespec='seconds')}"),
+        str(not_retryable): ("not_retryable",
+                             "error code not retryable: the error carries none of TransientError"),
+        str(capped): ("rounds_cap", "rounds cap reached: 1 of 1 reconcile rounds spent"),
+        str(cancelled.job_id): ("not_a_failure", "outcome cancelled: reconcile retakes only "
+                                "exhausted, permanent or stale runs"),
+    }  # fmt: skip
+    assert attachments["retaken"] == []
+    never = "error code corrupt_image is never retaken"
+    assert attachments["held_back"] == [
+        {"job_id": str(corrupt), "rule": "never_retaken", "why": never}
+    ]
+    assert (jobs["held_back_more"], attachments["held_back_more"]) == (False, False)
+    # A dry run: nothing moved.
+    assert {run_row(db, j)["state"] for j in (*batch, next_pass, recent, capped)} == {"failed"}
+
+
+def test_the_query_selects_exactly_the_runs_the_decision_retakes(db: Engine) -> None:
+    """The SQL of ``candidates`` and the Python of ``decide`` state the same rules twice:
+    over every combination of outcome, error, age and rounds they agree."""
+    policy = JOBS.reconcile
+    assert policy is not None
+    errors = ["TransientError: upstream down", "NonTransientError: bad", "KeyError: 'x'"]
+    for error, hours, rounds in itertools.product(errors, (0.1, 0.4, 2.0), (0, 1)):
+        job_id = failed_generic_job(db, error, hours=hours + rounds)
+        if rounds:
+            reconciled_and_failed_again(db, job_id, error, hours=hours)
+    for error in errors:  # a cancel's reason is its last_error: an outcome, not a failure
+        job, at = tasks.echo.new_job(("m",), {}, uuid.uuid4()), utcnow() - timedelta(hours=2)
+        with db.begin() as conn:
+            journal.enqueue(conn, job, now=at, actor="test")
+            assert journal.cancel(conn, JOBS, job.job_id, attempts=0, actor="test",
+                                  reason=error, now=at)  # fmt: skip
+    now = utcnow()
+
+    chosen = reconcile.candidates(db, JOBS, policy, policy.retake, now)
+    every = reconcile.left_alone(db, JOBS, [], limit=1000)
+    decided = {r["job_id"]: reconcile.decide(reconcile.failure_of(r), policy, policy.retake, now)
+               for r in every}  # fmt: skip
+
+    assert len(every) == 3 * 3 * 2 + 3
+    assert {r["job_id"] for r in chosen} == {
+        j for j, d in decided.items() if isinstance(d, reconcile.Retake)
+    }
+    assert len(chosen) == 1  # TransientError, 2 hours ago, no round yet
+    assert {d.rule for d in decided.values() if isinstance(d, reconcile.HeldBack)} == {
+        reconcile.Rule.NOT_A_FAILURE, reconcile.Rule.NOT_RETRYABLE, reconcile.Rule.ROUNDS_CAP,
+        reconcile.Rule.COOL_DOWN,
+    }  # fmt: skip
 
 
 def test_the_admin_api_runs_a_pass_and_refuses_a_never_code(db: Engine) -> None:

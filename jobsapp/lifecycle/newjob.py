@@ -1,0 +1,225 @@
+"""A run's row from a task's declaration and one call's arguments (``journal.NewJob``).
+
+What ``LifecycleTask`` hands the journal, decided before anything is written: the job id
+(the caller's, the task's ``derive_job_id``, or a new one), the arguments bound to the
+body's signature by name and checked for JSON, the concurrency key rendered from them, the
+row's values, and when the first attempt is due. The producer builds one in
+``apply_async``/``enqueue_in`` (and beat's periodic entries through ``new_job``); the worker
+builds one for a delivery the journal has no row for, a plain Celery call (``send_task``
+by name, ``apply()``) or a foreign producer's message, and ``claim`` inserts it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from jobsapp.lifecycle import message, tracing
+from jobsapp.lifecycle.errors import InvalidMessage
+from jobsapp.lifecycle.journal import NewJob
+from jobsapp.lifecycle.registry import RunTable
+
+_JSON_HINTS = {
+    "datetime": "pass an ISO string (.isoformat())", "date": "pass an ISO string (.isoformat())",
+    "UUID": "pass str(value)", "Decimal": "pass str(value)", "bytes": "pass base64 text",
+}  # fmt: skip
+
+
+class Declared(Protocol):
+    """What a task declares about its runs (``LifecycleTask`` is one)."""
+
+    name: str
+
+    # Read-only, so that the class-level declarations of a task satisfy them.
+    @property
+    def run_table(self) -> RunTable: ...
+
+    @property
+    def max_attempts(self) -> int: ...
+
+    @property
+    def dedup_window(self) -> float: ...
+
+    @property
+    def _signature(self) -> inspect.Signature: ...
+
+    def concurrency_key(self, job_id: uuid.UUID, values: Mapping[str, Any]) -> str: ...
+
+    def derive_job_id(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> uuid.UUID | None: ...
+
+    def row_values(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+def _non_json(value: Any) -> type | None:
+    """The type of the first value in ``value`` that JSON cannot carry, or None."""
+    found: list[type] = []
+
+    def refuse(leaf: Any) -> Any:
+        found.append(type(leaf))
+        raise TypeError
+
+    try:
+        json.dumps(value, default=refuse, allow_nan=False)
+    except (TypeError, ValueError):
+        return found[0] if found else float
+    return None
+
+
+def require_json(task: str, named: Mapping[str, Any]) -> None:
+    """Refuse an argument the journal cannot store, before anything is written."""
+    if not named or _non_json(named) is None:  # one pass over all; per argument to name it
+        return
+    for name, value in named.items():
+        bad = _non_json(value)
+        if bad is not None:
+            hint = _JSON_HINTS.get(bad.__name__, "pass str, int, float, bool, None, list, dict")
+            raise TypeError(f"argument {name!r} of {task} is a {bad.__name__}, not JSON: {hint}")
+
+
+def key_of(task: str, template: str | None, job_id: uuid.UUID, values: Mapping[str, Any]) -> str:
+    """The concurrency key ``template`` renders over the body's arguments by name; with no
+    template, a key of the job's own (no other job waits for it)."""
+    if template is None:
+        return f"{task}:{job_id}"
+    return template.format(job_id=job_id, **values)
+
+
+def row_values(
+    spec: RunTable, task: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The run row's own columns: the arguments (``params_column``) or the domain's ids."""
+    if spec.params_column is not None:
+        return {spec.params_column: {"args": list(args), "kwargs": dict(kwargs)}}
+    if args or set(kwargs) != set(spec.id_columns):
+        raise TypeError(f"{task} takes exactly the keyword ids {spec.id_columns}")
+    return dict(kwargs)
+
+
+def named(task: Declared, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The body's arguments by name, defaults included, for the key template."""
+    try:
+        bound = task._signature.bind(*args, **kwargs)
+    except TypeError as bad:
+        raise TypeError(f"{task.name}: {bad}") from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def build(
+    task: Declared, args: tuple[Any, ...], kwargs: Mapping[str, Any], job_id: uuid.UUID | None
+) -> NewJob:
+    job_id = job_id or task.derive_job_id(args, kwargs) or uuid.uuid4()
+    values_by_name = named(task, args, kwargs)
+    if task.run_table.params_column is not None:
+        require_json(task.name, values_by_name)
+    values = task.row_values(args, kwargs)
+    return NewJob(
+        spec=task.run_table,
+        job_id=job_id,
+        task_name=task.name,
+        concurrency_key=task.concurrency_key(job_id, values_by_name),
+        max_attempts=task.max_attempts,
+        values=values,
+        dedup_window=timedelta(seconds=task.dedup_window),
+        traceparent=tracing.outgoing().get("traceparent"),
+        queue=getattr(task, "queue", None),
+        priority=getattr(task, "priority", None),
+    )
+
+
+def job_id_of(task: str, job_id: uuid.UUID | str | None, task_id: str | None) -> uuid.UUID | None:
+    """``job_id`` (a UUID), else the job ``task_id`` names (message.job_id_of_task)."""
+    if not job_id:
+        return message.job_id_of_task(str(task_id)) if task_id else None
+    try:
+        return uuid.UUID(str(job_id))
+    except ValueError:
+        hint = f"pass task_id={str(job_id)!r} for an id of your own"
+        raise ValueError(f"{task}.apply_async: job_id must be a UUID, not {job_id!r}; "
+                         f"{hint}") from None  # fmt: skip
+
+
+def _absolute(eta: datetime | None) -> datetime | None:
+    if eta is None:
+        return None
+    return eta if eta.tzinfo else eta.replace(tzinfo=UTC)
+
+
+def _countdown(countdown: float | None) -> timedelta | None:
+    """A countdown stays a duration: the database adds it to its own clock."""
+    return timedelta(seconds=countdown) if countdown else None
+
+
+def _expiry(expires: float | datetime | None) -> datetime | None:
+    """Celery's ``expires`` (seconds from now, or a datetime) as an absolute time; as in
+    Celery, seconds count on the producer's clock."""
+    if expires is None or isinstance(expires, datetime):
+        return _absolute(expires)
+    return datetime.now(UTC) + timedelta(seconds=expires)
+
+
+def scheduled(
+    job: NewJob, *, countdown: float | None, eta: datetime | None,
+    headers: Mapping[str, Any] | None, queue: str | None, priority: int | None,
+    expires: float | datetime | None = None,
+) -> NewJob:  # fmt: skip
+    """``job`` with ``apply_async``'s options: when it is due (and when it expires), the
+    caller's trace, and where (and how urgently) its first message goes."""
+    traceparent = (headers or {}).get("traceparent") or job.traceparent
+    return replace(job, not_before=_absolute(eta), traceparent=traceparent,
+                   delay=None if eta is not None else _countdown(countdown),
+                   queue=queue or job.queue,
+                   priority=job.priority if priority is None else priority,
+                   expires_at=_expiry(expires))  # fmt: skip
+
+
+def adopted(
+    task: Declared, task_id: str, traceparent: str | None, args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> tuple[message.Envelope, NewJob]:  # fmt: skip
+    """A plain Celery call (``send_task`` by name, ``apply()``) as a run of its own:
+    the job id is the Celery task id, the arguments are bound to the body's signature.
+    Only a task whose arguments the journal keeps (``params_column``) takes one."""
+    if task.run_table.params_column is None:
+        raise InvalidMessage(f"{task.run_table.module} tasks take the jobsapp message "
+                             "only: enqueue with apply_async from code that imports "
+                             "the task")  # fmt: skip
+    try:
+        task._signature.bind(*args, **kwargs)
+    except TypeError as bad:
+        # The reason first: "token): missing" would read as a secret to the scrubber.
+        raise InvalidMessage(f"{bad}; {task.name} takes {_parameters(task)}") from None
+    job_id = message.job_id_of_task(task_id)
+    try:
+        job = build(task, tuple(args), dict(kwargs), job_id)
+    except (TypeError, ValueError) as bad:
+        raise InvalidMessage(str(bad)) from None
+    env = message.adopted(job_id, task.run_table.module, traceparent)
+    return env, job
+
+
+def _parameters(task: Declared) -> inspect.Signature:
+    """The body's parameters as a person writes the call: names and defaults."""
+    sig = task._signature
+    bare = [p.replace(annotation=p.empty) for p in sig.parameters.values()]
+    return sig.replace(parameters=bare, return_annotation=sig.empty)
+
+
+def foreign(task: Declared, env: message.Envelope) -> NewJob | None:
+    """The row to insert for a message whose producer kept no journal row."""
+    if env.outbox_id is not None:
+        return None
+    try:
+        job = build(task, (), env.ids, env.job_id)
+    except (TypeError, ValueError) as bad:
+        raise InvalidMessage(f"cannot build a run from the message: {bad}") from None
+    if env.concurrency_key:
+        return replace(job, concurrency_key=env.concurrency_key)
+    return job
