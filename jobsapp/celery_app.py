@@ -97,7 +97,8 @@ def _transport(broker_url: str) -> str | None:
 
 def create_app() -> Celery:
     settings = get_settings()
-    celery_app = Celery("jobsapp")
+    # Revokes of lifecycle jobs are kept in the journal (lifecycle/revoke.py).
+    celery_app = Celery("jobsapp", control="jobsapp.lifecycle.revoke:JournalControl")
     celery_app.config_from_object(celery_settings())
     celery_app.steps["consumer"].add("jobsapp.lifecycle.guard:DeadLetterQueue")
     celery_app.conf.update(

@@ -169,6 +169,7 @@ _MIRROR: dict[Transition, tuple[tuple[AttachmentState, ...], AttachmentState, st
     Transition.CANCEL: (
         (AttachmentState.QUEUED, AttachmentState.PROCESSING), AttachmentState.FAILED, "cancelled"
     ),
+    Transition.EXPIRE: ((AttachmentState.QUEUED,), AttachmentState.FAILED, "expired"),
     Transition.REPLAY: ((AttachmentState.FAILED,), AttachmentState.QUEUED, None),
     Transition.RERUN: ((AttachmentState.FAILED,), AttachmentState.QUEUED, None),
 }

@@ -45,6 +45,7 @@ class End(StrEnum):
     REQUEUED = "requeued"
     FAILED = "failed"
     LEASE_LOST = "lease lost"
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,28 @@ class AttemptRules:
 def run_attempt(
     app: Celery, ctx: RunContext, body: Callable[[], Any], rules: AttemptRules
 ) -> Ended:
-    """Run the body under the heartbeat, then write the one outcome it earned."""
+    """Run the body under the heartbeat, then write the one outcome it earned; a write
+    refused because a revoke asked the attempt to stop ends it cancelled instead."""
+    ended = _attempt(app, ctx, body, rules)
+    return _honour_cancel(ctx, ended) if ended.end is End.LEASE_LOST else ended
+
+
+def _honour_cancel(ctx: RunContext, lost: Ended) -> Ended:
+    """After a refused write (one statement more, on that path only): a cancel request
+    ends the attempt cancelled; anything else left the lease lost."""
+    def write() -> bool:
+        with ctx.engine.begin() as conn:
+            return journal.honour_cancel(conn, ctx.spec, ctx.job_id, ctx.attempt,
+                                         token=ctx.token, actor=ctx.worker)  # fmt: skip
+
+    if not _persistently(write):
+        return lost
+    log.warning("job %s attempt %s: cancelled by a revoke; nothing published", ctx.job_id,
+                ctx.attempt)  # fmt: skip
+    return Ended(End.CANCELLED, "cancelled by a revoke; nothing published")
+
+
+def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> Ended:
     with ctx.heartbeat, entered(ctx):
         try:
             value = _call_with_waits(ctx, body, rules)
@@ -99,7 +121,8 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
     while True:
         try:
             crashpoints.hit("mid_run")
-            return body()
+            with ctx.heartbeat.interruptible():
+                return body()
         except RetryAfter as pause:
             decision = decide_retry_after(pause.seconds, rules.inline_wait_max)
             waits += 1

@@ -38,6 +38,7 @@ class Refusal(StrEnum):
     EARLY = "the attempt is not due yet; the relay publishes it when it is"
     AHEAD = "the message names an attempt the journal never scheduled"
     SKIPPED = "another run holds the concurrency key"
+    EXPIRED = "the job expired before it started"
 
 
 def explain(row: Mapping[str, Any] | None, attempt: int) -> Refusal:
@@ -76,6 +77,13 @@ def claim_lost(
     if row["attempts"] == attempt and row["claim_token"] != token:
         return LostClaim.RECLAIMED
     return None
+
+
+def is_expired(row: Mapping[str, Any] | None, db_now: datetime) -> bool:
+    """Whether a refused claim met a queued run past its ``expires_at`` (pure)."""
+    if row is None or row["state"] != "queued" or row["expires_at"] is None:
+        return False
+    return bool(row["expires_at"] <= db_now)
 
 
 def seconds_early(row: Mapping[str, Any], db_now: datetime) -> float:
@@ -135,6 +143,8 @@ def _claim_once(
         if row is not None:
             return Claimed(row)
         current, db_now = journal.load_with_clock(conn, spec, env.job_id)
+    if is_expired(current, db_now):
+        return _expire(engine, spec, env, worker)
     if current is None and foreign is not None:
         if refused := foreign_refusal(env.attempt):
             return refused
@@ -144,6 +154,15 @@ def _claim_once(
     if refusal is Refusal.EARLY and current is not None:
         return Early(seconds_early(current, db_now))
     return refusal
+
+
+def _expire(engine: Engine, spec: RunTable, env: Envelope, worker: str) -> Refusal:
+    """The delivery of an expired run records the expiry instead of running it (whoever
+    wrote it first, this worker or the reaper, the run is expired)."""
+    with engine.begin() as conn:
+        if journal.expire(conn, spec, env.job_id, actor=worker):
+            log.info("job %s expired before attempt %s started", env.job_id, env.attempt)
+    return Refusal.EXPIRED
 
 
 def _claim_foreign(

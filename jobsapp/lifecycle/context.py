@@ -40,6 +40,12 @@ class RunContext:
         """The claim's token: with ``attempt``, the fence of every write of this run."""
         return uuid.UUID(str(self.row["claim_token"]))
 
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether a revoke (or an operator's cancel) asked this attempt to stop, as of the
+        heartbeat's last beat; the next beat raises CancelRequested in the body anyway."""
+        return self.heartbeat.cancelled
+
     def check_lease(self) -> None:
         """Raise LeaseLost before publishing effects if the run was taken from us."""
         self.heartbeat.check()

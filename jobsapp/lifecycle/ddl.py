@@ -37,6 +37,7 @@ def _columns() -> list[sa.Column[Any]]:
         queue_column(),
         claim_token_column(),
         result_column(),
+        *expiry_and_cancel_columns(),
     ]
 
 
@@ -53,6 +54,14 @@ def claim_token_column() -> sa.Column[Any]:
 def result_column() -> sa.Column[Any]:
     """Added to the contract by migration 0012."""
     return sa.Column("result", sa.JSON(none_as_null=True), nullable=True)
+
+
+def expiry_and_cancel_columns() -> list[sa.Column[Any]]:
+    """Added to the contract by migration 0013."""
+    return [
+        sa.Column("expires_at", UtcDateTime(timezone=True), nullable=True),
+        sa.Column("cancel_requested_at", UtcDateTime(timezone=True), nullable=True),
+    ]
 
 
 def _checks(name: str) -> list[sa.CheckConstraint]:

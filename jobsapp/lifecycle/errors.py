@@ -37,6 +37,14 @@ class LeaseLost(Exception):
     """The run's row moved on without this worker (reaped or replayed): publish nothing."""
 
 
+class CancelRequested(LeaseLost):
+    """A revoke or an operator asked the running attempt to stop (``app.control.revoke``):
+    raised in the body at the heartbeat's next beat, and by ``check_lease()``."""
+
+    def __init__(self, message: str = "a revoke asked this attempt to stop") -> None:
+        super().__init__(message)
+
+
 class InvalidMessage(Exception):
     """A broker message that violates ``jobs.schema.json``: rejected, never retried."""
 

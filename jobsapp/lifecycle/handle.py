@@ -50,13 +50,16 @@ def _answer(row: Mapping[str, Any] | None) -> Any:
     return _failure(row) if row["state"] == State.FAILED.value else row["result"]
 
 
+_REVOKED = (Outcome.CANCELLED.value, Outcome.EXPIRED.value)
+
+
 def celery_state(row: Mapping[str, Any] | None) -> str:
     """The journal row's state in Celery's names, as ``AsyncResult.state`` would say it.
 
     No row is ``PENDING`` (Celery's answer for an id it does not know); a queued job is
-    ``PENDING`` before its first attempt and ``RETRY`` after one; a cancelled one is
-    ``REVOKED``; every other failure (exhausted, permanent, stale, skipped, ...) is
-    ``FAILURE``, its journal outcome saying which.
+    ``PENDING`` before its first attempt and ``RETRY`` after one; a cancelled or expired
+    one is ``REVOKED`` (Celery's state for both); every other failure (exhausted,
+    permanent, stale, skipped, ...) is ``FAILURE``, its journal outcome saying which.
     """
     if row is None:
         return celery_states.PENDING
@@ -67,7 +70,7 @@ def celery_state(row: Mapping[str, Any] | None) -> str:
         return celery_states.STARTED
     if state == State.SUCCEEDED.value:
         return celery_states.SUCCESS
-    if row["outcome"] == Outcome.CANCELLED.value:
+    if row["outcome"] in _REVOKED:
         return celery_states.REVOKED
     return celery_states.FAILURE
 

@@ -1,6 +1,10 @@
 """The pulse of running attempts: one thread per process stamps ``heartbeat_at`` of every
 run registered with it, each under its own fence.
 
+A stamp refused because a revoke asked the attempt to stop raises ``CancelRequested`` in
+the body's thread (``interruptible``): at its next bytecode once it is back from a blocking
+call, as a signal handler would.
+
 A prefork child runs one job at a time and a threads pool several; either way a run costs
 a registration, not a thread started and joined. The thread starts with the first run of a
 process and is rebuilt in a forked child (a thread does not survive ``fork``).
@@ -8,18 +12,21 @@ process and is rebuilt in a forked child (a thread does not survive ``fork``).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from sqlalchemy import Engine
 
 from jobsapp import crashpoints
 from jobsapp.db import relaxed_autocommit
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.errors import LeaseLost
+from jobsapp.lifecycle.errors import CancelRequested, LeaseLost
 from jobsapp.lifecycle.registry import RunTable
 
 log = logging.getLogger(__name__)
@@ -51,6 +58,10 @@ class Heartbeat:
         self._landed = time.monotonic()
         self.due = self._landed + interval
         self._lost = threading.Event()
+        self._cancelled = threading.Event()
+        # The body's thread while it may be interrupted (``interruptible``), under the lock.
+        self._body: int | None = None
+        self._body_lock = threading.Lock()
         self.beats = 0
 
     def __enter__(self) -> Heartbeat:
@@ -66,8 +77,17 @@ class Heartbeat:
     def lost(self) -> bool:
         return self._lost.is_set() or self._overdue()
 
+    @property
+    def cancelled(self) -> bool:
+        """Whether a revoke asked this attempt to stop (as of the last beat)."""
+        return self._cancelled.is_set()
+
     def check(self) -> None:
-        """Raise LeaseLost if another actor has taken this run, or may have."""
+        """Raise CancelRequested if a revoke asked this attempt to stop, LeaseLost if
+        another actor has taken this run, or may have."""
+        if self._cancelled.is_set():
+            raise CancelRequested(f"job {self._job_id} attempt {self._attempt}: a revoke "
+                                  "asked it to stop")  # fmt: skip
         if self._lost.is_set():
             raise LeaseLost(f"job {self._job_id} attempt {self._attempt} lost its lease")
         if self._overdue():
@@ -88,10 +108,44 @@ class Heartbeat:
         """One stamp (called by the ticker); False once the lease is lost."""
         crashpoints.hit("before_heartbeat")
         if not self._stamp() or self._overdue():
+            if self._revoked():
+                self._cancelled.set()
+                self._interrupt()
             self._lost.set()
             log.warning("job %s attempt %s: lease lost", self._job_id, self._attempt)
             return False
         return True
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """While the body runs in this thread, a revoke found by a beat raises
+        ``CancelRequested`` in it; none is left pending once the body is done."""
+        with self._body_lock:
+            self._body = threading.get_ident()
+        try:
+            if self._cancelled.is_set():
+                raise CancelRequested()
+            yield
+        finally:
+            with self._body_lock:
+                _async_raise(self._body, None)
+                self._body = None
+
+    def _interrupt(self) -> None:
+        with self._body_lock:
+            if self._body is not None:
+                _async_raise(self._body, CancelRequested)
+
+    def _revoked(self) -> bool:
+        """After a refused stamp: whether a revoke's request refused it (one read, only
+        then; the hot stamp stays one statement)."""
+        try:
+            with relaxed_autocommit(self._engine, bound=self.interval) as conn:
+                return journal.cancel_requested(conn, self._spec, self._job_id, self._attempt,
+                                                token=self._token)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the lease is lost either way
+            log.warning("revoke check of job %s failed: %s", self._job_id, type(exc).__name__)
+            return False
 
     def _stamp(self) -> bool:
         try:
@@ -107,6 +161,13 @@ class Heartbeat:
             self.beats += 1
             self._landed = time.monotonic()
         return alive
+
+
+def _async_raise(thread: int | None, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in ``thread`` at its next bytecode (None: clear one pending)."""
+    if thread is not None:
+        raised = None if exc is None else ctypes.py_object(exc)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), raised)
 
 
 class Ticker:

@@ -137,17 +137,27 @@ def _countdown(countdown: float | None) -> timedelta | None:
     return timedelta(seconds=countdown) if countdown else None
 
 
+def _expiry(expires: float | datetime | None) -> datetime | None:
+    """Celery's ``expires`` (seconds from now, or a datetime) as an absolute time; as in
+    Celery, seconds count on the producer's clock."""
+    if expires is None or isinstance(expires, datetime):
+        return _absolute(expires)
+    return datetime.now(UTC) + timedelta(seconds=expires)
+
+
 def scheduled(
     job: NewJob, *, countdown: float | None, eta: datetime | None,
     headers: Mapping[str, Any] | None, queue: str | None, priority: int | None,
+    expires: float | datetime | None = None,
 ) -> NewJob:  # fmt: skip
-    """``job`` with ``apply_async``'s options: when it is due, the caller's trace, and
-    where (and how urgently) its first message goes."""
+    """``job`` with ``apply_async``'s options: when it is due (and when it expires), the
+    caller's trace, and where (and how urgently) its first message goes."""
     traceparent = (headers or {}).get("traceparent") or job.traceparent
     return replace(job, not_before=_absolute(eta), traceparent=traceparent,
                    delay=None if eta is not None else _countdown(countdown),
                    queue=queue or job.queue,
-                   priority=job.priority if priority is None else priority)  # fmt: skip
+                   priority=job.priority if priority is None else priority,
+                   expires_at=_expiry(expires))  # fmt: skip
 
 
 def adopted(

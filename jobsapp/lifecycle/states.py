@@ -11,14 +11,17 @@ from enum import StrEnum
 
 class State(StrEnum):
     QUEUED = "queued"
-    """Waiting for a worker. Left by the worker's claim (-> running) or by an operator's
-    cancel (-> failed/cancelled); nobody claims it while ``next_retry_at`` is in the future,
-    and the outbox relay publishes it when due."""
+    """Waiting for a worker. Left by the worker's claim (-> running), by an operator's
+    cancel or a revoke (-> failed/cancelled), or, past its ``expires_at``, by the worker
+    its message reaches or the reaper (-> failed/expired); nobody claims it while
+    ``next_retry_at`` is in the future, and the outbox relay publishes it when due."""
 
     RUNNING = "running"
     """A worker holds the lease and stamps ``heartbeat_at``. Left by that worker's finish
-    (-> succeeded, failed, or queued for a retry or a long Retry-After), or by the reaper
-    when the heartbeat goes stale (-> queued or failed/stale, per the run table)."""
+    (-> succeeded, failed, or queued for a retry or a long Retry-After), by that worker's
+    cancel once a revoke asked for one (-> failed/cancelled), or by the reaper when the
+    heartbeat goes stale (-> queued, failed/stale, or failed/cancelled if a cancel was
+    asked for)."""
 
     SUCCEEDED = "succeeded"
     """Terminal. Left only by a new enqueue of the same job_id after its dedup window."""
@@ -38,6 +41,7 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     SKIPPED = "skipped"
     SNOOZE_LIMIT = "snooze_limit"
+    EXPIRED = "expired"
 
 
 class Transition(StrEnum):
@@ -53,6 +57,8 @@ class Transition(StrEnum):
     RERUN = "rerun"
     CANCEL = "cancel"
     SKIP = "skip"
+    EXPIRE = "expire"
+    CANCEL_REQUEST = "cancel_request"
 
 
 ACTIVE_STATES: tuple[str, ...] = (State.QUEUED.value, State.RUNNING.value)
@@ -62,8 +68,9 @@ ALL_STATES: tuple[str, ...] = ACTIVE_STATES + TERMINAL_STATES
 # For each transition: the states it may leave (None: no row yet) and the state it enters.
 # The journal's guards encode the same table; tests/unit/test_states.py keeps them honest.
 # Beside each, the file of lifecycle/journal/ that writes it (``journal.X`` re-exports them).
-# SKIP, not in the table, is an event only: journal/events.py ``record_event``, called by
-# lifecycle/claim.py. The heartbeat (running -> running) is journal/heartbeat.py.
+# SKIP and CANCEL_REQUEST, not in the table, are events only: SKIP by journal/events.py
+# ``record_event``, called by lifecycle/claim.py; CANCEL_REQUEST (a running attempt asked
+# to stop) by journal/revoke.py. The heartbeat (running -> running) is journal/heartbeat.py.
 ALLOWED: dict[Transition, tuple[tuple[State | None, ...], State]] = {
     # journal/enqueue.py (enqueue, enqueue_new); a batch: journal/enqueue_many.py
     Transition.ENQUEUE: ((None,), State.QUEUED),
@@ -78,7 +85,11 @@ ALLOWED: dict[Transition, tuple[tuple[State | None, ...], State]] = {
     Transition.REAP_FAIL: ((State.RUNNING,), State.FAILED),  # journal/reap.py reap
     Transition.REPLAY: ((State.FAILED,), State.QUEUED),  # journal/reopen.py reopen
     Transition.RERUN: ((State.SUCCEEDED, State.FAILED), State.QUEUED),  # journal/reopen.py
-    Transition.CANCEL: ((State.QUEUED,), State.FAILED),  # journal/cancel.py cancel
+    # journal/cancel.py cancel (queued, an operator or a revoke); journal/revoke.py
+    # honour_cancel (running: its worker, once a revoke asked for it, CANCEL_REQUEST).
+    Transition.CANCEL: ((State.QUEUED, State.RUNNING), State.FAILED),
+    # journal/expire.py: by the worker whose claim met an expired row, or the reaper.
+    Transition.EXPIRE: ((State.QUEUED,), State.FAILED),
 }
 
 

@@ -74,6 +74,12 @@ class RunMixin:
     # What the body of the succeeded attempt returned (JSON, bounded by
     # JOBSAPP_RESULT_MAX_BYTES); NULL otherwise, and for a body that returned None.
     result: Mapped[Any | None] = mapped_column(JSON(none_as_null=True))
+    # Celery's ``expires``: past it, an attempt still queued never runs (outcome
+    # ``expired``); every attempt of the job shares it, as a Celery task's retries do.
+    expires_at: Mapped[datetime | None]
+    # A revoke or cancel of the running attempt, asked for and not yet honoured: the
+    # attempt's heartbeat stops the body, and its success is refused (journal/revoke.py).
+    cancel_requested_at: Mapped[datetime | None]
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:  # noqa: N805 - SQLAlchemy passes the class

@@ -71,7 +71,6 @@ def _process_secrets() -> tuple[str, ...]:
 _UNSUPPORTED = {
     "link": "chain work inside the task body, or enqueue the next task from it",
     "link_error": "read the failure with JobHandle.get() or the journal",
-    "expires": "cancel the queued job with the operator API",
     "exchange": "pass queue=, or route the task with task_routes",
     "routing_key": "pass queue=, or route the task with task_routes",
     "retry": "the outbox retries every publish",
@@ -154,6 +153,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         headers: Mapping[str, Any] | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        expires: float | datetime | None = None,
         **options: Any,
     ) -> JobHandle | EagerResult:  # type: ignore[type-arg]
         """Enqueue through the journal (idempotent by job_id); publish after COMMIT.
@@ -163,7 +163,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         ``countdown``/``eta`` delay the first attempt in the journal, never in the broker;
         a ``traceparent`` header continues the caller's trace. ``queue`` is stored on the
         run, so retries and republishes go there too; ``priority`` rides the first publish
-        (see docs/integrations.md). Other Celery options are refused with what to do instead.
+        (see docs/integrations.md). ``expires`` (seconds or a datetime, as Celery takes it)
+        ends a job still queued then with outcome ``expired``. Other Celery options are
+        refused with what to do instead.
         Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
         """
         _refuse(self.name, options)
@@ -174,7 +176,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         wanted = newjob.job_id_of(self.name, job_id, task_id)
         job = newjob.scheduled(self.new_job(tuple(args or ()), dict(kwargs or {}), wanted),
                                countdown=countdown, eta=eta, headers=headers, queue=queue,
-                               priority=priority)  # fmt: skip
+                               priority=priority, expires=expires)  # fmt: skip
         handle = enqueue.enqueue(self.app, job, session=session, connection=connection)
         if handle.outcome is EnqueueOutcome.DUPLICATE:
             totals.count_dedup_hit(get_engine(), self.run_table.module, self.name)

@@ -1,4 +1,5 @@
-"""The reaper: frees runs whose heartbeat went stale (a dead or frozen worker).
+"""The reaper: frees runs whose heartbeat went stale (a dead or frozen worker), and
+expires queued runs past their ``expires_at`` whose message no worker took in time.
 
 Per run table: requeue while attempts and rescues remain, else fail with ``stale``.
 The decision is pure; each run is written by one guarded statement in a savepoint of its
@@ -46,9 +47,11 @@ class ReaperConfig:
 
 
 def should_requeue(run: StaleRun, spec: RunTable) -> bool:
-    """Requeue only under a requeue policy, with attempts and rescues to spare."""
+    """Requeue only under a requeue policy, with attempts and rescues to spare, and never a
+    run a revoke asked to stop (it fails cancelled)."""
     return (
-        spec.stale_policy is StalePolicy.REQUEUE
+        not run.cancel_requested
+        and spec.stale_policy is StalePolicy.REQUEUE
         and run.attempt < run.max_attempts
         and run.rescues < spec.rescue_limit
     )
@@ -59,6 +62,8 @@ def reason_for(run: StaleRun, spec: RunTable, stale_after: timedelta) -> str:
     base = f"heartbeat older than {stale_after.total_seconds():g}s: the worker died or froze"
     if should_requeue(run, spec):
         return f"{base}; requeued"
+    if run.cancel_requested:
+        return f"{base}; a revoke had asked it to stop: cancelled"
     if spec.stale_policy is StalePolicy.FAIL:
         return f"{base}; this run table fails stale runs"
     if run.rescues >= spec.rescue_limit:
@@ -147,6 +152,21 @@ def _reap_module(
     return total, published
 
 
+def _expire_module(engine: Engine, spec: RunTable, cfg: ReaperConfig) -> int:
+    """One batch of queued runs past their expiry; a worker that gets their message would
+    expire them too, but a message may never come (a broker that lost it, no worker)."""
+    try:
+        with engine.begin() as conn:
+            expired = journal.expire_due(conn, spec, limit=cfg.batch, actor="reaper")
+    except OperationalError as exc:
+        log.warning("reaper: %s expiry gave up (%s); next tick retries", spec.module,
+                    type(exc.orig).__name__)  # fmt: skip
+        return 0
+    if expired:
+        log.info("reaper: %s: %d queued jobs expired", spec.module, expired)
+    return expired
+
+
 def run_once(
     engine: Engine, cfg: ReaperConfig, app: Celery | None = None, budget: Budget | None = None
 ) -> dict[str, int]:
@@ -160,6 +180,7 @@ def run_once(
     for spec in registry.all_tables():
         counts[spec.module], sent = _reap_module(engine, spec, cfg, app, budget)
         published += sent
+        _expire_module(engine, spec, cfg)
     # An idle pass every few seconds is noise; a pass that reaped is worth a line.
     level = logging.INFO if any(counts.values()) else logging.DEBUG
     log.log(level, "reaper: %s (published %d requeued attempts)", counts, published)

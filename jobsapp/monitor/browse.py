@@ -49,6 +49,7 @@ ENDINGS = {
     Transition.SNOOZE.value: "paused (Retry-After)",
     Transition.REAP_REQUEUE.value: "stale, requeued by the reaper",
     Transition.REAP_FAIL.value: "stale, failed by the reaper",
+    Transition.CANCEL.value: "cancelled by a revoke",
 }
 
 

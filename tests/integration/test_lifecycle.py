@@ -298,5 +298,5 @@ def test_the_callers_trace_continues_and_unknown_options_are_refused(db: Engine)
     handle = tasks.echo.apply_async(("traced",), headers={"traceparent": traceparent})
     (message,) = outbox_rows(db, handle.job_id)
     assert message["body"]["traceparent"] == traceparent
-    with pytest.raises(TypeError, match="expires"):
-        tasks.echo.apply_async(("expiring",), expires=60)
+    with pytest.raises(TypeError, match="link_error"):
+        tasks.echo.apply_async(("refused",), link_error=None)

@@ -190,3 +190,14 @@ def gated(token: str, seconds: float) -> None:
         time.sleep(0.05)
     if current_run().heartbeat.lost:
         record(f"{token}:told")
+
+
+@lifecycle_task(app, name="tests.looping", heartbeat_interval=0.2)
+def looping(token: str, seconds: float = 60.0) -> None:
+    """A body that loops and sleeps, never asking its context: only the heartbeat's raise
+    stops it early. Counts its start under ``token`` and its end under ``token-done``."""
+    record(token)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.05)
+    record(f"{token}-done")

@@ -16,6 +16,7 @@ from jobsapp.lifecycle.claim import (
     claim_lost,
     explain,
     foreign_refusal,
+    is_expired,
     seconds_early,
 )
 from jobsapp.lifecycle.states import State
@@ -107,7 +108,7 @@ def test_explain_agrees_with_the_rules(state: State, attempts: int, attempt: int
     assert explain(row(state, attempts, LATER), attempt) is expected
 
 
-def test_every_refusal_but_skipped_comes_from_explain() -> None:
+def test_every_refusal_but_skipped_and_expired_comes_from_explain() -> None:
     seen = {
         explain(None, 1),
         explain(row(State.FAILED, 1), 1),
@@ -116,7 +117,20 @@ def test_every_refusal_but_skipped_comes_from_explain() -> None:
         explain(row(State.QUEUED, 3, LATER), 4),
         explain(row(State.QUEUED, 3), 5),
     }
-    assert seen == set(Refusal) - {Refusal.SKIPPED}
+    # EXPIRED is decided before explain, by is_expired (the claim refused an expired row).
+    assert seen == set(Refusal) - {Refusal.SKIPPED, Refusal.EXPIRED}
+
+
+def test_only_a_queued_row_past_its_expiry_is_expired() -> None:
+    now = LATER
+    past, future = now - timedelta(seconds=1), now + timedelta(seconds=1)
+    assert is_expired({**row(State.QUEUED, 0), "expires_at": past}, now)
+    assert is_expired({**row(State.QUEUED, 2), "expires_at": now}, now)
+    assert not is_expired({**row(State.QUEUED, 0), "expires_at": future}, now)
+    assert not is_expired({**row(State.QUEUED, 0), "expires_at": None}, now)
+    assert not is_expired({**row(State.RUNNING, 1), "expires_at": past}, now)
+    assert not is_expired({**row(State.FAILED, 1), "expires_at": past}, now)
+    assert not is_expired(None, now)
 
 
 def test_refusals_read_as_reasons() -> None:

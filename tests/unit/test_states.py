@@ -36,6 +36,7 @@ ACTOR_WORD = {
     Transition.REPLAY: "replay",
     Transition.RERUN: "enqueue",
     Transition.CANCEL: "cancel",
+    Transition.EXPIRE: "expire",
 }
 
 
@@ -101,7 +102,7 @@ def test_docstring_names_every_actor_that_moves_a_job_out(state: State) -> None:
 
 def test_every_state_changing_transition_is_in_the_table() -> None:
     # SKIP is journaled as an event but changes no state (the run never started).
-    assert set(ALLOWED) == set(Transition) - {Transition.SKIP}
+    assert set(ALLOWED) == set(Transition) - {Transition.SKIP, Transition.CANCEL_REQUEST}
     assert set(ACTOR_WORD) == set(ALLOWED)
 
 
@@ -135,7 +136,8 @@ def test_only_enqueue_and_foreign_claim_start_from_no_row() -> None:
         (Transition.REAP_FAIL, {State.RUNNING}, State.FAILED),
         (Transition.REPLAY, {State.FAILED}, State.QUEUED),
         (Transition.RERUN, {State.SUCCEEDED, State.FAILED}, State.QUEUED),
-        (Transition.CANCEL, {State.QUEUED}, State.FAILED),
+        (Transition.CANCEL, {State.QUEUED, State.RUNNING}, State.FAILED),
+        (Transition.EXPIRE, {State.QUEUED}, State.FAILED),
     ],
 )
 def test_table_matches_the_design(
@@ -184,7 +186,8 @@ def test_can_examples() -> None:
     assert not can(Transition.FAIL, State.SUCCEEDED)
     assert not can(Transition.REPLAY, State.SUCCEEDED)
     assert can(Transition.RERUN, State.SUCCEEDED)
-    assert not can(Transition.CANCEL, State.RUNNING)
+    assert can(Transition.CANCEL, State.RUNNING)
+    assert not can(Transition.CANCEL, State.SUCCEEDED)
     assert not can(Transition.ENQUEUE, State.FAILED)
 
 

@@ -24,7 +24,10 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - claim.py: Transition.CLAIM (and by insert, for a foreign message)
 - heartbeat.py: the heartbeat (running -> running, no event)
 - finish.py: Transition.SUCCEED, FAIL, RETRY, SNOOZE
-- cancel.py: Transition.CANCEL
+- cancel.py: Transition.CANCEL of a queued run
+- revoke.py: a revoke: CANCEL of a queued run, or a running one's cancel request
+  (CANCEL_REQUEST) and its worker's Transition.CANCEL (``honour_cancel``)
+- expire.py: Transition.EXPIRE (queued past ``expires_at``)
 - reap.py: Transition.REAP_REQUEUE, REAP_FAIL (the reaper's queries)
 - reads.py: the reads of one run (load, snoozes, the holder of a key)
 - new_run.py: ``NewJob`` and the row a new run starts as
@@ -54,6 +57,7 @@ from jobsapp.lifecycle.journal.enqueue import (
 )
 from jobsapp.lifecycle.journal.enqueue_many import conflict_outcome, enqueue_many
 from jobsapp.lifecycle.journal.events import Event, record_event
+from jobsapp.lifecycle.journal.expire import expire, expire_due
 from jobsapp.lifecycle.journal.finish import fail, requeue, succeed
 from jobsapp.lifecycle.journal.heartbeat import heartbeat
 from jobsapp.lifecycle.journal.new_run import NewJob, new_claim_token
@@ -74,6 +78,7 @@ from jobsapp.lifecycle.journal.reads import (
 )
 from jobsapp.lifecycle.journal.reap import StaleRun, find_stale, reap
 from jobsapp.lifecycle.journal.reopen import KeyBusy, reopen
+from jobsapp.lifecycle.journal.revoke import Revoked, cancel_requested, honour_cancel, revoke
 
 __all__ = [
     "EVENTS",
@@ -86,11 +91,13 @@ __all__ = [
     "Outgoing",
     "PendingMessage",
     "Plan",
+    "Revoked",
     "StaleRun",
     "active_holder",
     "add_outbox",
     "attempt_failure",
     "cancel",
+    "cancel_requested",
     "claim",
     "claim_by_insert",
     "clock",
@@ -99,9 +106,12 @@ __all__ = [
     "enqueue_existing",
     "enqueue_many",
     "enqueue_new",
+    "expire",
+    "expire_due",
     "fail",
     "find_stale",
     "heartbeat",
+    "honour_cancel",
     "load",
     "load_with_clock",
     "new_claim_token",
@@ -111,6 +121,7 @@ __all__ = [
     "record_event",
     "reopen",
     "requeue",
+    "revoke",
     "snoozes",
     "succeed",
 ]

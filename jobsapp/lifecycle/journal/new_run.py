@@ -40,7 +40,9 @@ class NewJob:
     # a priority rides only the first publish (the relay republishes at the default).
     queue: str | None = None
     priority: int | None = None
-
+    # Celery's ``expires``, absolute (the producer's clock, as Celery counts it): an
+    # attempt still queued then never runs (journal/expire.py).
+    expires_at: datetime | None = None
 
 
 def new_claim_token() -> uuid.UUID:
@@ -72,6 +74,8 @@ def _new_row(job: NewJob, now: datetime | None, state: State, attempts: int) -> 
         "queue": job.queue,
         "claim_token": new_claim_token() if running else None,
         "result": None,
+        "expires_at": job.expires_at,
+        "cancel_requested_at": None,
         **job.values,
     }
 

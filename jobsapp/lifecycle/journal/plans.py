@@ -162,7 +162,12 @@ def _insert_plan(spec: RunTable, dialect: str, state: State) -> Plan:
 
 def _fence_params(table: Table) -> tuple[Any, ...]:
     """The fence of a running attempt's writes: its attempt, and the token of the claim
-    that took it (two claims of one attempt exist once a database crash lost the first)."""
+    that took it (two claims of one attempt exist once a database crash lost the first);
+    a revoke's cancel request closes it too: the attempt may only end cancelled then."""
+    return (*_claim_fence(table), table.c.cancel_requested_at.is_(None))
+
+
+def _claim_fence(table: Table) -> tuple[Any, ...]:
     return (
         table.c.job_id == _bind(table, "job_id"),
         table.c.state == State.RUNNING.value,
@@ -182,6 +187,8 @@ def _claim_plan(spec: RunTable, dialect: str) -> Plan:
             table.c.state == State.QUEUED.value,
             table.c.attempts == bindparam("r_previous", type_=table.c.attempts.type),
             or_(table.c.next_retry_at.is_(None), table.c.next_retry_at <= now),
+            # Past its expiry a queued run is not claimed; the refused claim expires it.
+            or_(table.c.expires_at.is_(None), table.c.expires_at > now),
         )
         .values(
             state=State.RUNNING.value, attempts=_bind(table, "attempts"), started_at=now,

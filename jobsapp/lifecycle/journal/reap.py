@@ -1,8 +1,10 @@
 """The reaper's queries: Transition.REAP_REQUEUE and Transition.REAP_FAIL.
 
 A running run whose heartbeat is stale goes back to queued (with its next message) or to
-failed/stale, as its run table's policy says. ``find_stale`` reads and locks a batch;
-``reap`` writes it in one guarded statement. Called by maintenance/reaper.py.
+failed/stale, as its run table's policy says; one a revoke asked to stop ends
+failed/cancelled (its worker died before it could honour the request). ``find_stale``
+reads and locks a batch; ``reap`` writes it in one guarded statement. Called by
+maintenance/reaper.py.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, select, tuple_, update
+from sqlalchemy import Connection, case, select, tuple_, update
 
 from jobsapp.lifecycle.journal.events import record_event
 from jobsapp.lifecycle.journal.outbox_rows import add_outbox
@@ -30,6 +32,7 @@ class StaleRun:
     task_name: str
     ids: Mapping[str, Any]
     queue: str | None = None
+    cancel_requested: bool = False
 
 
 def find_stale(
@@ -57,6 +60,7 @@ def find_stale(
             job_id=r["job_id"], attempt=r["attempts"], rescues=r["rescues"],
             max_attempts=r["max_attempts"], task_name=r["task_name"],
             ids=spec.ids_from_row(dict(r)), queue=r["queue"],
+            cancel_requested=r["cancel_requested_at"] is not None,
         )
         for r in conn.execute(stmt).mappings()
     ]  # fmt: skip
@@ -75,7 +79,9 @@ def reap(
         values |= {"state": State.QUEUED.value, "next_retry_at": None,
                    "rescues": table.c.rescues + 1}  # fmt: skip
     else:
-        values |= {"state": State.FAILED.value, "outcome": Outcome.STALE.value,
+        asked = table.c.cancel_requested_at.is_not(None)
+        outcome = case((asked, Outcome.CANCELLED.value), else_=Outcome.STALE.value)
+        values |= {"state": State.FAILED.value, "outcome": outcome,
                    "finished_at": now}  # fmt: skip
     stmt = (
         update(table)

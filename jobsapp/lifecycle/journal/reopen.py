@@ -52,6 +52,7 @@ def reopen(
     Raises KeyBusy when another run holds the concurrency key. A savepoint keeps that
     conflict from aborting the caller's transaction, which must exist: the move, its
     event, the domain's mirror and the next attempt's message commit together or not at all.
+    A reopened run is asked to run: it carries no expiry and no cancel request.
     """
     _require_transaction(conn, "reopen")
     table = spec.table
@@ -66,7 +67,7 @@ def reopen(
         .values(
             state=State.QUEUED.value, outcome=None, finished_at=None, heartbeat_at=None,
             next_retry_at=None, max_attempts=table.c.attempts + budget, rescues=0,
-            result=None, updated_at=at,
+            result=None, updated_at=at, expires_at=None, cancel_requested_at=None,
         )
         .returning(*table.c)
     )  # fmt: skip

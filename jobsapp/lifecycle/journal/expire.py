@@ -1,0 +1,74 @@
+"""Transition.EXPIRE: queued -> failed/expired, once the run's ``expires_at`` has passed.
+
+Two writers: lifecycle/claim.py, when the claim of a delivered message was refused on an
+expired row (``expire``), and the reaper (maintenance/reaper.py, ``expire_due``), for a
+run whose message never came, so that it does not wait in ``queued`` forever.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, select, update
+
+from jobsapp.lifecycle.journal._sql import _require_transaction
+from jobsapp.lifecycle.journal.clock import clock
+from jobsapp.lifecycle.journal.events import record_event
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import Outcome, State, Transition
+
+REASON = "expired before a worker started it"
+
+
+def expire(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, actor: str,
+    now: datetime | None = None,
+) -> bool:  # fmt: skip
+    """The one run ``job_id``, if still queued and past its expiry."""
+    return bool(_expire(conn, spec, spec.table.c.job_id == job_id, actor=actor, now=now))
+
+
+def expire_due(
+    conn: Connection, spec: RunTable, *, limit: int, actor: str, now: datetime | None = None
+) -> int:
+    """Up to ``limit`` queued runs past their expiry (rows another writer holds are left
+    for the next pass); how many were expired."""
+    table = spec.table
+    due = (
+        select(table.c.job_id)
+        .where(table.c.state == State.QUEUED.value, table.c.expires_at <= clock(conn, now))
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return len(_expire(conn, spec, table.c.job_id.in_(due.scalar_subquery()), actor=actor,
+                       now=now))  # fmt: skip
+
+
+def _expire(
+    conn: Connection, spec: RunTable, which: ColumnElement[bool], *, actor: str,
+    now: datetime | None,
+) -> Sequence[Mapping[str, Any]]:  # fmt: skip
+    _require_transaction(conn, "expire")
+    table = spec.table
+    at = clock(conn, now)
+    stmt = (
+        update(table)
+        .where(which, table.c.state == State.QUEUED.value, table.c.expires_at <= at)
+        .values(
+            state=State.FAILED.value, outcome=Outcome.EXPIRED.value, finished_at=at,
+            updated_at=at, next_retry_at=None, last_error=REASON,
+        )
+        .returning(*table.c)
+    )  # fmt: skip
+    rows = [dict(r) for r in conn.execute(stmt).mappings()]
+    for row in rows:
+        record_event(
+            conn, spec, row["job_id"], row["attempts"] + 1, Transition.EXPIRE,
+            from_state=State.QUEUED, to_state=State.FAILED, actor=actor,
+            now=row["updated_at"], reason=REASON,
+        )  # fmt: skip
+    spec.changed(conn, Transition.EXPIRE, rows)
+    return rows
