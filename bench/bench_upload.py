@@ -44,7 +44,7 @@ from jobsapp.demo import multipart_body
 BIN = Path(sys.executable).parent
 POLL = 0.01
 SIZES = {  # idle uploads, burst, seconds per load level
-    "full": (10, 300, 120.0), "quick": (3, 30, 12.0), "smoke": (1, 4, 2.0),
+    "full": (10, 300, 120.0), "quick": (3, 30, 12.0), "smoke": (1, 4, 1.0),
 }  # fmt: skip
 LOADS = (0.5, 0.8)
 

@@ -8,7 +8,13 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.support.env import SESSION, VAR_DIR, configure_process_env, service
+from tests.support.env import (
+    HYPOTHESIS_PROFILE,
+    SESSION,
+    VAR_DIR,
+    configure_process_env,
+    service,
+)
 
 configure_process_env()
 
@@ -28,7 +34,7 @@ pytest_plugins = ("celery.contrib.pytest",)
 # HYPOTHESIS_PROFILE=explore (README, "Tests"); pin what it finds with @example.
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
 settings.register_profile("explore", deadline=None, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+settings.load_profile(HYPOTHESIS_PROFILE)
 
 app.conf.task_default_queue = f"jobsapp-tests-{SESSION}"
 

@@ -27,6 +27,7 @@ from jobsapp import operator
 from jobsapp.attachments.models import ATTACHMENT_RUNS
 from jobsapp.lifecycle import journal, registry
 from jobsapp.lifecycle.states import ALL_STATES, Transition
+from jobsapp.web.ui import LIVE_EVERY_MS
 from tests.chaos.harness import RedisServer
 from tests.e2e.test_admin_ui import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, log_in, wait_state
 from tests.e2e.test_admin_web import enqueue, operator_env, operator_events
@@ -390,11 +391,15 @@ def test_a_page_refreshes_in_place_until_paused(
 ) -> None:
     polls: list[Request] = []
     page.on("request", lambda r: polls.append(r) if r.headers.get("x-jobsapp-live") else None)
+    # The page's timers run on a clock the test moves: a polling period passes at once, not
+    # in five real seconds (between moves its time still flows as usual).
+    page.clock.install()
     log_in(page)
     page.goto("/admin/jobs?module=jobs&state=queued")
     page.evaluate("window.sameDocument = true")
 
     newcomer = enqueue(db, tasks.echo, f"live-{uuid.uuid4()}")
+    page.clock.run_for(LIVE_EVERY_MS)
     page.wait_for_selector(f"text={newcomer}", timeout=30_000)
     assert page.evaluate("window.sameDocument") is True
 
@@ -402,7 +407,8 @@ def test_a_page_refreshes_in_place_until_paused(
     assert page.inner_text("#live") == "Resume live updates"
     asked = len(polls)
     later = enqueue(db, tasks.echo, f"paused-{uuid.uuid4()}")
-    page.wait_for_timeout(12_000)  # two polling periods and more: none may be sent
+    page.clock.run_for(2 * LIVE_EVERY_MS + 2_000)  # two polling periods and more: none may be sent
+    page.wait_for_timeout(500)  # a request a tick would have sent has left the page by now
     assert len(polls) == asked
     assert str(later) not in page.inner_text("#jobs")
     page.locator("#live").focus()  # by keyboard: a real button, in the tab order

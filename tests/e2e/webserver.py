@@ -163,7 +163,11 @@ def running_worker(env: Mapping[str, str], log_path: Path) -> Iterator[Path]:
     try:
         yield log_path
     finally:
-        stop(proc)
+        # The tests are over: a warm shutdown would wait (15 s, until the SIGKILL of stop())
+        # for the jobs they left running on purpose, and a cold one cannot end a thread.
+        # A threads pool is one process: its SIGKILL leaves nothing behind.
+        proc.kill()
+        proc.wait()
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -13,6 +13,14 @@ VAR_DIR = tempfile.mkdtemp(prefix="jobsapp-tests-")
 # Names of this session's database, queue and counters, so two test sessions on one set
 # of services (a developer's and a helper's) never see each other's jobs.
 SESSION = f"s{os.getpid()}"
+# The hypothesis profile tests/conftest.py loads: "ci" (derandomized) or "explore".
+HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+
+
+def examples(ci: int, explore: int) -> int:
+    """A heavy property's max_examples: ``ci`` replays the same fixed set on every run (more
+    would only repeat its cost), ``explore`` looks further for new failures."""
+    return explore if HYPOTHESIS_PROFILE == "explore" else ci
 
 
 def service(name: str) -> str:

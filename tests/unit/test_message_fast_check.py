@@ -13,6 +13,7 @@ from jsonschema import Draft202012Validator
 
 from jobsapp.lifecycle import message
 from jobsapp.lifecycle.message import fast_valid
+from tests.support.env import examples
 
 SCHEMA = json.loads(resources.files("jobsapp.schemas").joinpath("jobs.schema.json").read_text())
 VALIDATOR = Draft202012Validator(SCHEMA)
@@ -96,7 +97,8 @@ def test_valid_bodies_pass_the_fast_check(body: dict[str, Any]) -> None:
     _agrees(body)
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(ci=150, explore=400),
+          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 @given(mutated_bodies())
 def test_the_fast_check_agrees_with_jsonschema_on_mutated_bodies(body: dict[str, Any]) -> None:
     _agrees(body)
