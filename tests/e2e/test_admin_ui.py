@@ -23,10 +23,11 @@ from urllib.parse import quote, urlencode
 
 import pytest
 from celery import Celery
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 from sqlalchemy import Engine, create_engine, text
 
 from jobsapp import operator
+from tests.e2e.browser import chromium
 from tests.e2e.test_admin_web import (
     REFUSAL,
     TOKEN,
@@ -37,14 +38,10 @@ from tests.e2e.test_admin_web import (
 from tests.e2e.test_web import png
 from tests.e2e.webserver import REPO, Http, running_web, running_worker
 from tests.support import tasks
-from tests.support.env import IN_CI
 
 DATABASE = "jobsapp_e2e_admin_ui"
 # Its own Redis database: see test_admin_web.py for the others' numbers.
 REDIS_DB = 11
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync"]  # fmt: skip
 VIEWPORT = {"width": 1280, "height": 800}
 SCREENSHOTS = os.environ.get("JOBSAPP_SCREENSHOTS")
 
@@ -93,13 +90,8 @@ def broker(env: dict[str, str]) -> Celery:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        message = f"{CHROMIUM} is missing: scripts/install-services.sh installs chromium"
-        pytest.fail(message) if IN_CI else pytest.skip(message)
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+    with chromium() as found:
+        yield found
 
 
 @pytest.fixture

@@ -29,13 +29,14 @@ from jobsapp.lifecycle import journal, registry
 from jobsapp.lifecycle.states import ALL_STATES, Transition
 from jobsapp.web.ui import LIVE_EVERY_MS
 from tests.chaos.harness import RedisServer
-from tests.e2e.test_admin_ui import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, log_in, wait_state
+from tests.e2e.browser import chromium
+from tests.e2e.test_admin_ui import SCREENSHOTS, log_in, wait_state
 from tests.e2e.test_admin_web import enqueue, operator_env, operator_events
 from tests.e2e.test_web import png
 from tests.e2e.webserver import REPO, Http, running_web, running_worker
 from tests.integration.test_operator import claimed, failed_job, queued_attachment_job
 from tests.support import tasks
-from tests.support.env import IN_CI, SESSION
+from tests.support.env import SESSION
 
 # Per test session, with a private redis-server: another session running this module must
 # not drop the database or flush the broker under us. (operator_env flushes database 9 of
@@ -101,15 +102,8 @@ def broker(env: dict[str, str]) -> Celery:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    from playwright.sync_api import sync_playwright
-
-    if not CHROMIUM.exists():
-        message = f"{CHROMIUM} is missing: scripts/install-services.sh installs chromium"
-        pytest.fail(message) if IN_CI else pytest.skip(message)
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+    with chromium() as found:
+        yield found
 
 
 @pytest.fixture

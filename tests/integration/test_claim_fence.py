@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic import command
-from sqlalchemy import Engine, create_engine, inspect, select, text
+from sqlalchemy import Engine, select
 
 from jobsapp.attachments import reprocess
 from jobsapp.attachments import tasks as attachment_tasks
@@ -28,13 +27,11 @@ from jobsapp.lifecycle.errors import LeaseLost
 from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.registry import JOBS, RunTable
 from jobsapp.lifecycle.states import Outcome, Transition
-from jobsapp.shipped import alembic_config
 from jobsapp.storage import ObjectStore
-from tests.conftest import migrate, migrated_postgres
 from tests.support import tasks
 from tests.support.attachments import attachment_row, configured_store
-from tests.support.env import SESSION
 from tests.support.journal_view import events, run_row
+from tests.support.migrations import sqlite_then_postgres
 from tests.support.waiting import eventually
 from tests.unit import images
 
@@ -143,31 +140,5 @@ def test_a_backfill_step_of_a_lost_claim_is_refused(db: Engine) -> None:
     assert tuple(moved) == (cursor, 1)
 
 
-def _tokens_and_view(url: str) -> tuple[list[bool], int]:
-    engine = create_engine(url)
-    try:
-        tables = ("job_runs", "attachment_runs", "reprocess_runs")
-        has = [any(c["name"] == "claim_token" for c in inspect(engine).get_columns(t))
-               for t in tables]  # fmt: skip
-        with engine.connect() as conn:
-            rows = conn.execute(text("SELECT count(*) FROM job_runs_all")).scalar_one()
-        return has, int(rows)
-    finally:
-        engine.dispose()
-
-
-def _down_and_up(url: str) -> None:
-    cfg = alembic_config()
-    cfg.set_main_option("sqlalchemy.url", url)
-    command.downgrade(cfg, "0008")
-    assert _tokens_and_view(url) == ([False] * 3, 0)
-    command.upgrade(cfg, "head")
-    assert _tokens_and_view(url) == ([True] * 3, 0)
-
-
 def test_migration_0009_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
-    sqlite = f"sqlite:///{tmp_path}/fence.db"
-    migrate(sqlite)
-    _down_and_up(sqlite)
-    with migrated_postgres(f"jobsapp_fence_{SESSION}") as postgres:
-        _down_and_up(postgres)
+    sqlite_then_postgres(tmp_path, "fence", "claim_token", below="0008")

@@ -15,21 +15,18 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from alembic import command
 from kombu.exceptions import EncodeError
-from sqlalchemy import Engine, create_engine, inspect, text
+from sqlalchemy import Engine
 
-from jobsapp.cli import alembic_config
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.errors import ResultRefused
 from jobsapp.lifecycle.handle import JobFailed
 from jobsapp.lifecycle.states import State, Transition
 from jobsapp.settings import DEFAULT_RESULT_MAX_BYTES
-from tests.conftest import migrate, migrated_postgres
 from tests.support import first_hour_tasks as hour
 from tests.support import result_tasks
-from tests.support.env import SESSION
 from tests.support.journal_view import run_row
+from tests.support.migrations import sqlite_then_postgres
 from tests.support.tasks import calls
 from tests.support.workers import in_process_worker
 
@@ -167,30 +164,5 @@ def test_apply_of_a_body_over_the_cap_fails_as_the_worker_would(pg: Engine) -> N
     assert (row["outcome"], row["result"], calls(token)) == ("permanent", None, 1)
 
 
-def _results_and_view(url: str) -> tuple[list[bool], int]:
-    engine = create_engine(url)
-    try:
-        has = [any(c["name"] == "result" for c in inspect(engine).get_columns(t))
-               for t in ("job_runs", "attachment_runs", "reprocess_runs")]  # fmt: skip
-        with engine.connect() as conn:
-            rows = conn.execute(text("SELECT count(*) FROM job_runs_all")).scalar_one()
-        return has, int(rows)
-    finally:
-        engine.dispose()
-
-
-def _down_and_up(url: str) -> None:
-    cfg = alembic_config()
-    cfg.set_main_option("sqlalchemy.url", url)
-    command.downgrade(cfg, "0011")
-    assert _results_and_view(url) == ([False] * 3, 0)
-    command.upgrade(cfg, "head")
-    assert _results_and_view(url) == ([True] * 3, 0)
-
-
 def test_migration_0012_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
-    sqlite = f"sqlite:///{tmp_path}/results.db"
-    migrate(sqlite)
-    _down_and_up(sqlite)
-    with migrated_postgres(f"jobsapp_results_{SESSION}") as postgres:
-        _down_and_up(postgres)
+    sqlite_then_postgres(tmp_path, "results", "result", below="0011")
