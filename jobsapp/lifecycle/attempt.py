@@ -6,6 +6,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import StrEnum
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from jobsapp import crashpoints
@@ -113,7 +115,7 @@ def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: Attem
             return _settle_failure(app, ctx, exc, rules)
     if ctx.finished:
         return Ended(End.SUCCEEDED, "finished by the body", value=value)
-    return _succeed(ctx, value)
+    return _succeed(app, ctx, value)
 
 
 def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> Any:
@@ -132,16 +134,32 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
             ctx.heartbeat.wait(pause.seconds)
 
 
-def _succeed(ctx: RunContext, value: Any) -> Ended:
-    def write() -> bool:
-        with autocommit(ctx.engine) as conn:
-            return journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
-                                   actor=ctx.worker, result=value)  # fmt: skip
+def _succeed(app: Celery, ctx: RunContext, value: Any) -> Ended:
+    def write() -> tuple[bool, list[PendingMessage]]:
+        started: list[PendingMessage] = []
+        with _outcome_connection(ctx) as conn:
+            done = journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
+                                   actor=ctx.worker, result=value, started=started)  # fmt: skip
+        return done, started
 
-    if _persistently(write):
+    done, started = _persistently(write)
+    if done:
+        _publish_started(app, started)
         return Ended(End.SUCCEEDED, value=value)
     log.warning("job %s attempt %s: finish refused, lease lost", ctx.job_id, ctx.attempt)
     return Ended(End.LEASE_LOST, "finish refused, lease lost")
+
+
+def _outcome_connection(ctx: RunContext) -> AbstractContextManager[Connection]:
+    """One statement for a job of its own; a workflow step's end also writes the steps it
+    starts, in the same transaction (journal/workflow.py)."""
+    return ctx.engine.begin() if ctx.row.get("workflow_id") else autocommit(ctx.engine)
+
+
+def _publish_started(app: Celery, started: list[PendingMessage]) -> None:
+    """The fast path for the steps a workflow step's end started (the relay otherwise)."""
+    if started:
+        outbox.publish_now(app, [journal.on_local_clock(m, timedelta(0)) for m in started])
 
 
 def _persistently(write: Callable[[], T]) -> T:
@@ -194,7 +212,7 @@ def _settle_failure(
     cause = cause_of(exc)
     if decision.action is Action.FAIL:
         assert decision.outcome is not None
-        ended = _fail(ctx, decision.outcome, error, detail, cause)
+        ended = _fail(app, ctx, decision.outcome, error, detail, cause)
     else:
         ended = _requeue(app, ctx, delay, error, Transition.RETRY, rules, refund=False,
                          detail=detail, cause=cause)  # fmt: skip
@@ -207,18 +225,22 @@ def cause_of(exc: BaseException) -> BaseException:
 
 
 def _fail(
-    ctx: RunContext, outcome: Outcome, error: str, detail: dict[str, str],
+    app: Celery, ctx: RunContext, outcome: Outcome, error: str, detail: dict[str, str],
     cause: BaseException | None = None,
 ) -> Ended:  # fmt: skip
-    def write() -> bool:
-        with autocommit(ctx.engine) as conn:
-            return journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
+    def write() -> tuple[bool, list[PendingMessage]]:
+        started: list[PendingMessage] = []
+        with _outcome_connection(ctx) as conn:
+            done = journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
                                 outcome=outcome, error=error, actor=ctx.worker,
-                                detail=detail)  # fmt: skip
+                                detail=detail, started=started)  # fmt: skip
+        return done, started
 
-    if not _persistently(write):
+    done, started = _persistently(write)
+    if not done:
         log.warning("job %s attempt %s: failure refused, lease lost", ctx.job_id, ctx.attempt)
         return Ended(End.LEASE_LOST, f"failure refused, lease lost: {error}")
+    _publish_started(app, started)
     # The body's own exception and traceback (scrubbed by the handlers' filter), for the
     # log line and for what reads exc_info (Sentry's logging integration, JSON fields).
     log.error("job %s failed (%s) at attempt %s: %s", ctx.job_id, outcome, ctx.attempt, error,
@@ -235,7 +257,8 @@ def _snooze(app: Celery, ctx: RunContext, pause: RetryAfter, rules: AttemptRules
 
     if _persistently(taken) >= rules.max_snoozes:
         gave_up = f"{reason}; gave up after {rules.max_snoozes} snoozes"
-        return _fail(ctx, Outcome.SNOOZE_LIMIT, gave_up, failure_detail(pause, rules.secrets))
+        return _fail(app, ctx, Outcome.SNOOZE_LIMIT, gave_up,
+                     failure_detail(pause, rules.secrets))  # fmt: skip
     return _requeue(app, ctx, pause.seconds, reason, Transition.SNOOZE, rules, refund=True)
 
 

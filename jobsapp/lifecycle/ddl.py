@@ -38,6 +38,7 @@ def _columns() -> list[sa.Column[Any]]:
         claim_token_column(),
         result_column(),
         *expiry_and_cancel_columns(),
+        workflow_column(),
     ]
 
 
@@ -62,6 +63,11 @@ def expiry_and_cancel_columns() -> list[sa.Column[Any]]:
         sa.Column("expires_at", UtcDateTime(timezone=True), nullable=True),
         sa.Column("cancel_requested_at", UtcDateTime(timezone=True), nullable=True),
     ]
+
+
+def workflow_column() -> sa.Column[Any]:
+    """Added to the contract by migration 0014."""
+    return sa.Column("workflow_id", sa.Uuid(), nullable=True)
 
 
 def _checks(name: str) -> list[sa.CheckConstraint]:

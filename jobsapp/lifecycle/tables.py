@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Index,
     Integer,
@@ -80,6 +81,10 @@ class RunMixin:
     # A revoke or cancel of the running attempt, asked for and not yet honoured: the
     # attempt's heartbeat stops the body, and its success is refused (journal/revoke.py).
     cancel_requested_at: Mapped[datetime | None]
+    # The canvas (chain, group, chord, link) this run is a step of (``workflow_steps``);
+    # NULL for a job of its own. The finish statement returns it, so only a step's finish
+    # looks for what comes next.
+    workflow_id: Mapped[uuid.UUID | None]
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:  # noqa: N805 - SQLAlchemy passes the class
@@ -185,6 +190,52 @@ class OutboxMessage(Base):
             "dead_at",
             postgresql_where=text("dead_at IS NOT NULL"),
             sqlite_where=text("dead_at IS NOT NULL"),
+        ),
+    )
+
+
+class WorkflowStep(Base):
+    """One step of a canvas (docs/workflows.md): what to run once what it waits for is done.
+
+    Written with the canvas's first runs; a step's run row is inserted, under the step's
+    ``job_id``, in the transaction that records the success (or the failure, for an
+    errback) it waits for (journal/workflow.py).
+    """
+
+    __tablename__ = "workflow_steps"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    workflow_id: Mapped[uuid.UUID]
+    # Where the step sits in the canvas ("0.1", "2.body", "0.err0"): its job id derives
+    # from the workflow id and this, so the same canvas written twice is the same steps.
+    path: Mapped[str] = mapped_column(String(200))
+    module: Mapped[str] = mapped_column(String(64))
+    task_name: Mapped[str] = mapped_column(String(200))
+    # The signature's own (partial) arguments; unless immutable, what it waits for comes first.
+    args: Mapped[list[Any]] = mapped_column(JSON)
+    kwargs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    immutable: Mapped[bool] = mapped_column(Boolean)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    queue: Mapped[str | None] = mapped_column(String(200))
+    priority: Mapped[int | None] = mapped_column(Integer)
+    # "start" (written at once), "success" of what ``after`` names, or "failure" (an errback).
+    trigger: Mapped[str] = mapped_column(String(16))
+    # The job id it waits for, or a (nested) list of them: a group's results in order.
+    after: Mapped[Any | None] = mapped_column(JSON(none_as_null=True))
+    # The steps this step's success (``next``) and its failure (``errbacks``) may start.
+    next: Mapped[list[str]] = mapped_column(JSON)
+    errbacks: Mapped[list[str]] = mapped_column(JSON)
+    # Set when what the step waits for failed for good: it will not run (``upstream_failed``,
+    # or ``chord_failed`` for a chord's body), unless a replay of that step succeeds.
+    blocked_at: Mapped[datetime | None]
+    blocked_outcome: Mapped[str | None] = mapped_column(String(32))
+    blocked_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+    __table_args__ = (
+        Index("ix_workflow_steps_workflow", "workflow_id"),
+        CheckConstraint(
+            "trigger IN ('start', 'success', 'failure')", name="ck_workflow_steps_trigger"
         ),
     )
 

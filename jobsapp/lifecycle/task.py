@@ -20,7 +20,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session
 from jobsapp import logs
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import (
+    canvas,
     claim,
     enqueue,
     journal,
@@ -69,8 +70,6 @@ def _process_secrets() -> tuple[str, ...]:
 
 # Celery options a lifecycle task cannot honour, and what to do instead.
 _UNSUPPORTED = {
-    "link": "chain work inside the task body, or enqueue the next task from it",
-    "link_error": "read the failure with JobHandle.get() or the journal",
     "exchange": "pass queue=, or route the task with task_routes",
     "routing_key": "pass queue=, or route the task with task_routes",
     "retry": "the outbox retries every publish",
@@ -78,7 +77,7 @@ _UNSUPPORTED = {
 }
 
 
-def _refuse(name: str, options: Mapping[str, Any]) -> None:
+def _refuse(name: str, options: Collection[str]) -> None:
     if not options:
         return
     hints = "; ".join(f"{o}: {_UNSUPPORTED.get(o, 'not supported')}" for o in sorted(options))
@@ -164,11 +163,21 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         a ``traceparent`` header continues the caller's trace. ``queue`` is stored on the
         run, so retries and republishes go there too; ``priority`` rides the first publish
         (see docs/integrations.md). ``expires`` (seconds or a datetime, as Celery takes it)
-        ends a job still queued then with outcome ``expired``. Other Celery options are
-        refused with what to do instead.
+        ends a job still queued then with outcome ``expired``. ``link``/``link_error``
+        make the call a workflow (lifecycle/canvas.py). Other Celery options are refused
+        with what to do instead.
         Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
         """
+        callbacks = {o: options.pop(o) for o in ("link", "link_error") if options.get(o)}
         _refuse(self.name, options)
+        if callbacks and not self.app.conf.task_always_eager:
+            plain = {"job_id": job_id, "session": session, "connection": connection,
+                     "countdown": countdown, "eta": eta, "headers": headers, "expires": expires}
+            _refuse(f"{self.name} with link/link_error", {k for k, v in plain.items() if v})
+            given: dict[str, Any] = {"task_id": task_id, "queue": queue, "priority": priority}
+            step = self.s(*(args or ()), **(kwargs or {}))
+            step.set(**{k: v for k, v in given.items() if v is not None})
+            return canvas.start(step, None, callbacks)  # type: ignore[no-any-return]
         if self.app.conf.task_always_eager:
             wanted = job_id or task_id
             return self.apply(tuple(args or ()), dict(kwargs or {}),
@@ -375,6 +384,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         except publisher.BROKER_ERRORS as down:  # a live view; the attempt goes on
             log.info("task event of job %s not sent: %s", env.job_id, type(down).__name__)
 
+
+# chain, group and chord of lifecycle tasks go through the journal (lifecycle/canvas.py).
+canvas.install()
 
 # The frame that calls the body: Flower's traceback of a failed attempt starts below it.
 _BODY_CALL = LifecycleTask._call_body.__code__

@@ -3,9 +3,10 @@ backend (Redis), so a test can put Celery's answer beside jobsapp's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import Any
 
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
@@ -53,14 +54,18 @@ opaque = lifecycle_task(app, name="tests.results.opaque")(_opaque)
 sized = lifecycle_task(app, name="tests.results.sized")(_sized)
 
 
+BODIES: Mapping[str, Callable[..., Any]] = {"add": _add, "refuse": _refuse, "opaque": _opaque}
+
+
 @contextmanager
-def bare_worker() -> Iterator[Celery]:
+def bare_worker(bodies: Mapping[str, Callable[..., Any]] = BODIES) -> Iterator[Celery]:
     """A bare Celery app with a Redis result backend and an in-process worker of its own,
-    on a queue of this test session; jobsapp's app stays the current one."""
+    on a queue of this test session, running ``bodies`` as ``bare.results.<name>``;
+    jobsapp's app stays the current one."""
     url = service("JOBSAPP_TEST_REDIS_URL")
     bare = Celery("bare-results", broker=url, backend=url)
     bare.conf.task_default_queue = f"bare-results-{SESSION}"
-    for name, body in (("add", _add), ("refuse", _refuse), ("opaque", _opaque)):
+    for name, body in bodies.items():
         bare.task(name=f"bare.results.{name}")(body)
     try:
         with start_worker(bare, pool="threads", concurrency=2, perform_ping_check=False):

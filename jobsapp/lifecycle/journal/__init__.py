@@ -29,6 +29,8 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
   (CANCEL_REQUEST) and its worker's Transition.CANCEL (``honour_cancel``)
 - expire.py: Transition.EXPIRE (queued past ``expires_at``)
 - reap.py: Transition.REAP_REQUEUE, REAP_FAIL (the reaper's queries)
+- workflow.py: a canvas's steps, and the runs a step's SUCCEED or FAIL starts (in its
+  transaction)
 - reads.py: the reads of one run (load, snoozes, the holder of a key)
 - new_run.py: ``NewJob`` and the row a new run starts as
 - events.py, outbox_rows.py: the event and outbox rows a transition writes

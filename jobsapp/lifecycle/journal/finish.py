@@ -3,7 +3,9 @@
 Transition.SUCCEED (``succeed``), Transition.FAIL (``fail``), and Transition.RETRY and
 Transition.SNOOZE (``requeue``: running -> queued, with the next attempt's message).
 Called by lifecycle/attempt.py; ``succeed`` also by lifecycle/context.py
-(``RunContext.completing``), ``fail`` also by attachments/tasks.py.
+(``RunContext.completing``), ``fail`` also by attachments/tasks.py. The end of a workflow
+step (a run with a ``workflow_id``) also starts, in the same transaction, what waited for
+it (workflow.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from jobsapp.lifecycle.journal import workflow
 from jobsapp.lifecycle.journal.clock import _later, _stamp
 from jobsapp.lifecycle.journal.events import Event
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage, outgoing
@@ -37,40 +40,55 @@ def _finish(
     now: datetime | None,
     detail: Mapping[str, Any] | None = None,
     result: Any = None,
-) -> bool:
+) -> dict[str, Any] | None:
     now = _stamp(conn, now)
     state = State.SUCCEEDED if outcome is Outcome.SUCCEEDED else State.FAILED
     params = {"r_job_id": job_id, "r_attempts": attempt, "r_claim_token": token,
               "r_state": state.value, "r_outcome": outcome.value, "r_last_error": error,
               "r_result": result, "r_now": now}  # fmt: skip
     event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error, detail)
-    return _run(conn, _finish_plan(spec, conn.dialect.name), params, event, None)[0] is not None
+    return _run(conn, _finish_plan(spec, conn.dialect.name), params, event, None)[0]
 
 
 def succeed(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, token: uuid.UUID,
     actor: str, now: datetime | None = None, result: Any = None,
+    started: list[PendingMessage] | None = None,
 ) -> bool:  # fmt: skip
     """running -> succeeded with the body's ``result`` (checked by lifecycle/results.py),
     in the same statement; fenced by the attempt and its claim ``token``; False means the
-    lease was lost."""
-    return _finish(
+    lease was lost. A workflow step's success inserts the steps now due after it; their
+    messages are appended to ``started``, for the caller to publish after COMMIT (else
+    the relay publishes them)."""
+    row = _finish(
         conn, spec, job_id, attempt, token=token, transition=Transition.SUCCEED,
         outcome=Outcome.SUCCEEDED, error=None, actor=actor, now=now, result=result,
     )  # fmt: skip
+    if row is not None and row["workflow_id"] is not None:
+        _started(started, workflow.succeeded(conn, job_id, result, actor=actor))
+    return row is not None
 
 
 def fail(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, token: uuid.UUID,
     outcome: Outcome, error: str, actor: str, now: datetime | None = None,
-    detail: Mapping[str, Any] | None = None,
+    detail: Mapping[str, Any] | None = None, started: list[PendingMessage] | None = None,
 ) -> bool:  # fmt: skip
     """running -> failed with ``outcome`` and no result, fenced as ``succeed``; ``detail``
-    goes on its event."""
-    return _finish(
+    goes on its event. A workflow step's failure starts its errbacks and blocks what
+    waited for it (``started`` as for ``succeed``)."""
+    row = _finish(
         conn, spec, job_id, attempt, token=token, transition=Transition.FAIL,
         outcome=outcome, error=error, actor=actor, now=now, detail=detail,
     )  # fmt: skip
+    if row is not None and row["workflow_id"] is not None:
+        _started(started, workflow.failed(conn, job_id, error, actor=actor, now=now))
+    return row is not None
+
+
+def _started(into: list[PendingMessage] | None, messages: list[PendingMessage]) -> None:
+    if into is not None:
+        into.extend(messages)
 
 
 def requeue(

@@ -43,6 +43,8 @@ class NewJob:
     # Celery's ``expires``, absolute (the producer's clock, as Celery counts it): an
     # attempt still queued then never runs (journal/expire.py).
     expires_at: datetime | None = None
+    # The canvas this run is a step of (journal/workflow.py); None for a job of its own.
+    workflow_id: uuid.UUID | None = None
 
 
 def new_claim_token() -> uuid.UUID:
@@ -76,6 +78,7 @@ def _new_row(job: NewJob, now: datetime | None, state: State, attempts: int) -> 
         "result": None,
         "expires_at": job.expires_at,
         "cancel_requested_at": None,
+        "workflow_id": job.workflow_id,
         **job.values,
     }
 

@@ -212,7 +212,7 @@ def _finish_plan(spec: RunTable, dialect: str) -> Plan:
             last_error=_bind(table, "last_error"), result=_bind(table, "result"),
             finished_at=now, updated_at=now, next_retry_at=None,
         )
-        .returning(table.c.job_id, table.c.updated_at)
+        .returning(table.c.job_id, table.c.updated_at, table.c.workflow_id)
     )  # fmt: skip
     return _plan(dialect, dml, with_outbox=False)
 

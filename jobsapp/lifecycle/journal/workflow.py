@@ -1,0 +1,251 @@
+"""A canvas's steps (``workflow_steps``) and the runs their parents' ends start.
+
+``write_steps`` records a whole canvas in the producer's transaction (lifecycle/canvas.py
+enqueues its first runs in the same one). Then, inside the transaction of a step's
+Transition.SUCCEED (finish.py), ``succeeded`` inserts the run of every step that waited
+for it and is now due, with its ENQUEUE event and outbox row; inside a Transition.FAIL,
+``failed`` inserts the step's errbacks and marks what waited for it blocked. So no step
+succeeds (or fails) without its successors (or errbacks) written: they commit together.
+
+A step's run takes the step's job id, inserted with ON CONFLICT DO NOTHING: a successor
+written once is never written again, whatever finishes twice. A chord's body (a step that
+waits for several) is inserted once the database says all of them succeeded: the finish
+locks the body's step row, then reads its members' run rows, so of two members finishing
+at once the second sees the first (docs/workflows.md).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Table, select, update
+
+from jobsapp.lifecycle import registry
+from jobsapp.lifecycle.journal._sql import _require_transaction, _upsert
+from jobsapp.lifecycle.journal.clock import clock
+from jobsapp.lifecycle.journal.enqueue import enqueue_new
+from jobsapp.lifecycle.journal.new_run import NewJob
+from jobsapp.lifecycle.journal.outbox_rows import PendingMessage
+from jobsapp.lifecycle.states import State
+from jobsapp.lifecycle.tables import WorkflowStep
+
+STEPS: Table = WorkflowStep.__table__  # type: ignore[assignment]
+
+START, SUCCESS, FAILURE = "start", "success", "failure"
+# What a blocked step's handle reports as its outcome.
+UPSTREAM_FAILED, CHORD_FAILED = "upstream_failed", "chord_failed"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step as the canvas compiler writes it (a ``workflow_steps`` row)."""
+
+    job_id: uuid.UUID
+    workflow_id: uuid.UUID
+    path: str
+    module: str
+    task_name: str
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any]
+    immutable: bool
+    max_attempts: int
+    trigger: str
+    queue: str | None = None
+    priority: int | None = None
+    # A job id (as a string), or a nested list of them (a group's results, in order).
+    after: Any = None
+    next: Sequence[str] = ()
+    errbacks: Sequence[str] = ()
+
+    def row(self, now: Any) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id, "workflow_id": self.workflow_id, "path": self.path,
+            "module": self.module, "task_name": self.task_name, "args": list(self.args),
+            "kwargs": dict(self.kwargs), "immutable": self.immutable,
+            "max_attempts": self.max_attempts, "queue": self.queue, "priority": self.priority,
+            "trigger": self.trigger, "after": self.after, "next": list(self.next),
+            "errbacks": list(self.errbacks), "created_at": now, "blocked_at": None,
+        }  # fmt: skip
+
+
+def write_steps(conn: Connection, steps: Sequence[Step], *, now: datetime | None = None) -> None:
+    """Record a canvas; a step already recorded (the same canvas again) stays as it is."""
+    _require_transaction(conn, "a workflow's steps")
+    at = clock(conn, now)
+    rows = [step.row(at) for step in steps]
+    conn.execute(_upsert(conn, STEPS).values(rows).on_conflict_do_nothing(
+        index_elements=[STEPS.c.job_id]))  # fmt: skip
+
+
+def new_job(step: Mapping[str, Any], given: Sequence[Any]) -> NewJob:
+    """The run a step starts as: ``given`` (its parent's result, its members' results, a
+    failed step's id) comes before the step's own arguments unless it is immutable."""
+    spec = registry.get(step["module"])
+    assert spec.params_column is not None  # canvas.py takes no other step
+    args = list(step["args"]) if step["immutable"] else [*given, *step["args"]]
+    job_id = uuid.UUID(str(step["job_id"]))
+    return NewJob(
+        spec=spec, job_id=job_id, task_name=step["task_name"],
+        # A step's key is its own: a successor never waits on another job's key.
+        concurrency_key=f"{step['task_name']}:{job_id}", max_attempts=step["max_attempts"],
+        values={spec.params_column: {"args": args, "kwargs": dict(step["kwargs"])}},
+        dedup_window=timedelta(0), queue=step["queue"], priority=step["priority"],
+        workflow_id=uuid.UUID(str(step["workflow_id"])),
+    )  # fmt: skip
+
+
+def start(conn: Connection, step: Mapping[str, Any], given: Sequence[Any], *,
+          actor: str) -> PendingMessage | None:  # fmt: skip
+    """Insert the step's run (none -> queued, with its event and message), unless it has
+    one already; returns its message, carrying the step's priority."""
+    inserted = enqueue_new(conn, new_job(step, given), actor=actor)
+    if inserted is None or inserted.message is None:
+        return None
+    if step["blocked_at"] is not None:
+        _unblock(conn, step["job_id"])
+    return replace(inserted.message, priority=step["priority"])
+
+
+def succeeded(
+    conn: Connection, job_id: uuid.UUID, result: Any, *, actor: str
+) -> list[PendingMessage]:
+    """In Transition.SUCCEED's transaction: start every step now due after ``job_id``."""
+    _require_transaction(conn, "a workflow step's success")
+    done = _steps(conn, [str(job_id)])
+    if not done:
+        return []
+    started = []
+    for step in _steps(conn, done[0]["next"], lock=True):
+        value = _given(conn, step["after"], {str(job_id): result})
+        if value is not _NOT_YET:
+            started.append(start(conn, step, [value], actor=actor))
+    return [message for message in started if message is not None]
+
+
+def failed(
+    conn: Connection, job_id: uuid.UUID, error: str, *, actor: str, now: datetime | None = None
+) -> list[PendingMessage]:
+    """In Transition.FAIL's transaction (the last attempt): start the step's errbacks, and
+    block what waited for it: a chord's body ends ``chord_failed`` and starts its own
+    errbacks, as Celery's chord error does; the rest of a chain ``upstream_failed``."""
+    _require_transaction(conn, "a workflow step's failure")
+    done = _steps(conn, [str(job_id)])
+    if not done:
+        return []
+    messages = _errbacks(conn, done[0], actor=actor)
+    reason = f"step {job_id} failed: {error}"
+    for step in _steps(conn, done[0]["next"]):
+        messages += _block(conn, step, reason, actor=actor, now=now)
+    return messages
+
+
+def blocked_row(conn: Connection, job_id: uuid.UUID) -> dict[str, Any] | None:
+    """A blocked step with no run, as the failed run a handle reads (None otherwise)."""
+    found = _steps(conn, [str(job_id)])
+    if not found or found[0]["blocked_at"] is None:
+        return None
+    step = found[0]
+    return {"job_id": job_id, "task_name": step["task_name"], "state": State.FAILED.value,
+            "outcome": step["blocked_outcome"], "last_error": step["blocked_reason"],
+            "attempts": 0, "result": None, "finished_at": step["blocked_at"]}  # fmt: skip
+
+
+def _errbacks(conn: Connection, step: Mapping[str, Any], *, actor: str) -> list[PendingMessage]:
+    """Celery's old-style errback call: the failed task's id first."""
+    started = [start(conn, errback, [str(step["job_id"])], actor=actor)
+               for errback in _steps(conn, step["errbacks"])]  # fmt: skip
+    return [message for message in started if message is not None]
+
+
+def _block(
+    conn: Connection, step: Mapping[str, Any], reason: str, *, actor: str,
+    now: datetime | None,
+) -> list[PendingMessage]:  # fmt: skip
+    """Mark ``step`` and what waits on it blocked (once: a guarded update); a chord's
+    body starts its errbacks, once."""
+    chord = isinstance(step["after"], list)
+    outcome = CHORD_FAILED if chord else UPSTREAM_FAILED
+    stmt = (
+        update(STEPS)
+        .where(STEPS.c.job_id == step["job_id"], STEPS.c.blocked_at.is_(None))
+        .values(blocked_at=clock(conn, now), blocked_outcome=outcome, blocked_reason=reason)
+    )
+    if conn.execute(stmt).rowcount != 1:
+        return []
+    messages = _errbacks(conn, step, actor=actor) if chord else []
+    for later in _steps(conn, step["next"]):
+        messages += _block(conn, later, reason, actor=actor, now=now)
+    return messages
+
+
+def _unblock(conn: Connection, job_id: Any) -> None:
+    """A replayed step succeeded after all: what waited for it runs after all."""
+    conn.execute(
+        update(STEPS).where(STEPS.c.job_id == job_id, STEPS.c.blocked_at.is_not(None))
+        .values(blocked_at=None, blocked_outcome=None, blocked_reason=None)
+    )  # fmt: skip
+
+
+def _steps(conn: Connection, ids: Iterable[str], *, lock: bool = False) -> list[dict[str, Any]]:
+    """The step rows of ``ids``, in that order; ``lock`` holds them to the commit, so two
+    members of one chord finishing at once decide about its body one after the other."""
+    wanted = [uuid.UUID(str(i)) for i in ids]
+    if not wanted:
+        return []
+    stmt = select(STEPS).where(STEPS.c.job_id.in_(wanted))
+    if lock:
+        stmt = stmt.order_by(STEPS.c.job_id).with_for_update()
+    found = {row["job_id"]: dict(row) for row in conn.execute(stmt).mappings()}
+    return [found[i] for i in wanted if i in found]
+
+
+class _NotYet:
+    """A member of a chord that has not succeeded (yet)."""
+
+
+_NOT_YET: Any = _NotYet()
+
+
+def _given(conn: Connection, after: Any, known: Mapping[str, Any]) -> Any:
+    """What a step waiting for ``after`` is given: the result of the step it names, or
+    the list of its members' results in order; _NOT_YET while one has not succeeded."""
+    ids = list(_flat(after))
+    missing = [i for i in ids if i not in known]
+    results = {**_results(conn, missing), **known}
+    if any(i not in results for i in ids):
+        return _NOT_YET
+    return _shaped(after, results)
+
+
+def _flat(after: Any) -> Iterator[str]:
+    if isinstance(after, list):
+        for item in after:
+            yield from _flat(item)
+    elif after is not None:
+        yield str(after)
+
+
+def _shaped(after: Any, results: Mapping[str, Any]) -> Any:
+    if isinstance(after, list):
+        return [_shaped(item, results) for item in after]
+    return results[str(after)]
+
+
+def _results(conn: Connection, ids: Sequence[str]) -> dict[str, Any]:
+    """The results of those of ``ids`` whose runs succeeded, read from their run rows."""
+    found: dict[str, Any] = {}
+    by_module: dict[str, list[uuid.UUID]] = {}
+    for step in _steps(conn, ids):
+        by_module.setdefault(step["module"], []).append(step["job_id"])
+    for module, job_ids in by_module.items():
+        table = registry.get(module).table
+        rows = conn.execute(
+            select(table.c.job_id, table.c.result)
+            .where(table.c.job_id.in_(job_ids), table.c.state == State.SUCCEEDED.value)
+        )  # fmt: skip
+        found |= {str(row.job_id): row.result for row in rows}
+    return found

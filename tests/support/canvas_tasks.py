@@ -1,0 +1,53 @@
+"""The small tasks of Celery's own canvas tests (t/integration/tasks.py: add, tsum,
+identity, fail), as lifecycle tasks and as bodies a bare Celery app runs the same."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from jobsapp.celery_app import app
+from jobsapp.lifecycle import lifecycle_task
+from tests.support.tasks import FAST_RETRY, record
+
+
+def _add(x: int, y: int) -> int:
+    return x + y
+
+
+def _tsum(nums: list[int]) -> int:
+    return sum(nums)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _fail(token: str) -> None:
+    record(token)
+    raise ValueError(f"expected failure of {token}")
+
+
+def _counted(token: str, x: int) -> int:
+    """``x`` back, counting each run of the body under ``token``."""
+    record(token)
+    return x
+
+
+def _flaky_add(token: str, x: int, fail_times: int) -> int:
+    if record(token) <= fail_times:
+        raise ConnectionError("upstream down")
+    return x + 1
+
+
+BODIES: dict[str, Callable[..., Any]] = {
+    "add": _add, "tsum": _tsum, "identity": _identity, "fail": _fail,
+}  # fmt: skip
+
+add = lifecycle_task(app, name="tests.canvas.add")(_add)
+tsum = lifecycle_task(app, name="tests.canvas.tsum")(_tsum)
+identity = lifecycle_task(app, name="tests.canvas.identity")(_identity)
+fail = lifecycle_task(app, name="tests.canvas.fail", max_attempts=1)(_fail)
+counted = lifecycle_task(app, name="tests.canvas.counted")(_counted)
+flaky_add = lifecycle_task(app, name="tests.canvas.flaky_add", max_attempts=3,
+                           retry_policy=FAST_RETRY)(_flaky_add)  # fmt: skip
