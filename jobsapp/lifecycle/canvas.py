@@ -342,18 +342,25 @@ def handle_of(out: Output, steps: Mapping[str, Step], workflow_id: uuid.UUID) ->
 def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
     def apply_async(self: Signature, args: Any = None, kwargs: Any = None,
                     **options: Any) -> Any:  # fmt: skip
-        if self.app.conf.task_always_eager or not is_lifecycle_canvas(self):
+        canvas = _with_body(self, kwargs)
+        if self.app.conf.task_always_eager or not is_lifecycle_canvas(canvas):
             return original(self, args, kwargs, **options)
-        if isinstance(self, chord) and kwargs and kwargs.get("body") is not None:
-            self = self.clone()  # chord(header)(body) passes the body here
-            self.kwargs["body"] = kwargs.pop("body")
-        if kwargs:
+        if kwargs and set(kwargs) != {"body"}:
             raise TypeError(f"{type(self).__name__}.apply_async: keyword arguments for a "
                             "whole canvas are not supported; give them to its steps")  # fmt: skip
-        return start(self, args, options)
+        return start(canvas, args, options)
 
     apply_async.__wrapped__ = original  # type: ignore[attr-defined]
     return apply_async
+
+
+def _with_body(sig: Signature, kwargs: Any) -> Signature:
+    """``chord(header)(body)`` passes the body in apply_async's kwargs."""
+    if not isinstance(sig, chord) or not kwargs or kwargs.get("body") is None:
+        return sig
+    whole = sig.clone()
+    whole.kwargs["body"] = kwargs["body"]
+    return whole
 
 
 def install() -> None:

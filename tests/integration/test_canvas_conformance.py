@@ -1,0 +1,129 @@
+"""Celery's canvas programs, run on bare Celery (Redis result backend) and on lifecycle
+tasks: the same answers.
+
+The programs are a selection of Celery's own t/integration/test_canvas.py, over the same
+small tasks (add, tsum, identity, fail; tests/support/canvas_tasks.py): a chain of 3, a
+group of 5, a chord of 5 with a body, ``link``, ``link_error``, a nested chain in a group,
+a group inside a chain, partial arguments, ``.si()`` and ``|``. Each program is written
+once, as a Celery user writes it, and run against both task sets; the bare app runs first
+on a worker of its own (two in-process workers cannot share a process). What jobsapp adds
+(every step a run of one workflow) is checked in the journal afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from celery import Celery, chain, chord, group
+from sqlalchemy import Engine, select
+
+from jobsapp.lifecycle.tables import JobRun
+from tests.support import canvas_tasks
+from tests.support.result_tasks import bare_worker
+from tests.support.workers import in_process_worker
+
+pytestmark = pytest.mark.timeout(120)
+
+WAIT = 20
+
+
+@dataclass(frozen=True)
+class Tasks:
+    """One task set: the canvas tasks, and Celery's ``AsyncResult`` lookup by id."""
+
+    add: Any
+    tsum: Any
+    identity: Any
+    fail: Any
+    result: Callable[[str], Any]
+
+
+def _bare(app: Celery) -> Tasks:
+    named = {name: app.tasks[f"bare.results.{name}"] for name in canvas_tasks.BODIES}
+    return Tasks(**named, result=app.AsyncResult)
+
+
+LIFECYCLE = Tasks(canvas_tasks.add, canvas_tasks.tsum, canvas_tasks.identity,
+                  canvas_tasks.fail, canvas_tasks.identity.AsyncResult)  # fmt: skip
+
+
+def chain_of_3(t: Tasks) -> Any:
+    return chain(t.add.s(1, 2), t.add.s(3), t.add.s(4)).apply_async().get(timeout=WAIT)
+
+
+def pipe_with_partial_and_immutable(t: Tasks) -> Any:
+    first = (t.add.s(2, 2) | t.add.s(4)).apply_async().get(timeout=WAIT)
+    second = (t.add.s(2, 2) | t.add.si(5, 5)).apply_async().get(timeout=WAIT)
+    partial = chain(t.add.s(3), t.add.s(4)).apply_async((1,)).get(timeout=WAIT)
+    return [first, second, partial]
+
+
+def group_of_5(t: Tasks) -> Any:
+    return group(t.add.s(i, i) for i in range(5)).apply_async().get(timeout=WAIT)
+
+
+def chord_of_5(t: Tasks) -> Any:
+    header = [t.add.s(i, i) for i in range(5)]
+    applied = chord(header, t.tsum.s()).apply_async().get(timeout=WAIT)
+    called = chord([t.add.s(i, 1) for i in range(5)])(t.tsum.s()).get(timeout=WAIT)
+    return [applied, called]
+
+
+def nested_chain_in_group(t: Tasks) -> Any:
+    members = [chain(t.add.s(1, 1), t.add.s(1)), t.add.s(5, 5), t.add.s(2, 2) | t.add.s(3)]
+    return group(members).apply_async().get(timeout=WAIT)
+
+
+def group_inside_a_chain(t: Tasks) -> Any:
+    return chain(t.add.s(1, 1), group(t.add.s(1), t.add.s(2)), t.tsum.s()).apply_async().get(
+        timeout=WAIT
+    )
+
+
+def link(t: Tasks) -> Any:
+    callback = str(uuid.uuid4())
+    parent = t.add.apply_async((2, 2), link=t.add.s(10).set(task_id=callback))
+    return [parent.get(timeout=WAIT), t.result(callback).get(timeout=WAIT)]
+
+
+def link_error(t: Tasks) -> Any:
+    errback = str(uuid.uuid4())
+    token = f"canvas-fail-{uuid.uuid4().hex[:8]}"
+    failing = t.fail.apply_async((token,), link_error=t.identity.s().set(task_id=errback))
+    # Celery's old-style errback is called with the failed task's id.
+    return t.result(errback).get(timeout=WAIT) == failing.id
+
+
+PROGRAMS: dict[str, tuple[Callable[[Tasks], Any], Any]] = {
+    "chain of 3": (chain_of_3, 10),
+    "| with partial and immutable": (pipe_with_partial_and_immutable, [8, 10, 8]),
+    "group of 5": (group_of_5, [0, 2, 4, 6, 8]),
+    "chord of 5 with a body": (chord_of_5, [20, 15]),
+    "nested chain in a group": (nested_chain_in_group, [3, 10, 7]),
+    "group inside a chain": (group_inside_a_chain, 7),
+    "link": (link, [4, 14]),
+    "link_error": (link_error, True),
+}
+
+
+def _run_all(tasks: Tasks) -> dict[str, Any]:
+    return {name: program(tasks) for name, (program, _) in PROGRAMS.items()}
+
+
+def test_canvas_programs_answer_as_on_bare_celery(pg: Engine, redis_clean: None) -> None:
+    with bare_worker(canvas_tasks.BODIES) as bare:
+        celerys = _run_all(_bare(bare))
+    assert celerys == {name: expected for name, (_, expected) in PROGRAMS.items()}
+    with in_process_worker():
+        ours = _run_all(LIFECYCLE)
+    assert ours == celerys
+    runs = JobRun.__table__
+    with pg.connect() as conn:
+        rows = conn.execute(select(runs.c.state, runs.c.workflow_id)).all()
+    # Every step was a journaled run of a workflow; only the failing one failed.
+    assert all(row.workflow_id is not None for row in rows)
+    assert sorted(row.state for row in rows if row.state != "succeeded") == ["failed"]
