@@ -114,7 +114,7 @@ def _run_all(tasks: Tasks) -> dict[str, Any]:
     return {name: program(tasks) for name, (program, _) in PROGRAMS.items()}
 
 
-def test_canvas_programs_answer_as_on_bare_celery(pg: Engine, redis_clean: None) -> None:
+def test_canvas_programs_answer_as_on_bare_celery(db: Engine, redis_clean: None) -> None:
     with bare_worker(canvas_tasks.BODIES) as bare:
         celerys = _run_all(_bare(bare))
     assert celerys == {name: expected for name, (_, expected) in PROGRAMS.items()}
@@ -122,7 +122,7 @@ def test_canvas_programs_answer_as_on_bare_celery(pg: Engine, redis_clean: None)
         ours = _run_all(LIFECYCLE)
     assert ours == celerys
     runs = JobRun.__table__
-    with pg.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(select(runs.c.state, runs.c.workflow_id)).all()
     # Every step was a journaled run of a workflow; only the failing one failed.
     assert all(row.workflow_id is not None for row in rows)

@@ -28,13 +28,14 @@ def _fail(token: str) -> None:
     raise ValueError(f"expected failure of {token}")
 
 
-def _counted(token: str, x: int) -> int:
-    """``x`` back, counting each run of the body under ``token``."""
+def _counted(x: int, token: str) -> int:
+    """``x`` back (a parent's result comes first), counting each run under ``token``."""
     record(token)
     return x
 
 
-def _flaky_add(token: str, x: int, fail_times: int) -> int:
+def _flaky_add(x: int, token: str, fail_times: int) -> int:
+    """``x + 1``, after failing its first ``fail_times`` runs."""
     if record(token) <= fail_times:
         raise ConnectionError("upstream down")
     return x + 1
@@ -51,3 +52,5 @@ fail = lifecycle_task(app, name="tests.canvas.fail", max_attempts=1)(_fail)
 counted = lifecycle_task(app, name="tests.canvas.counted")(_counted)
 flaky_add = lifecycle_task(app, name="tests.canvas.flaky_add", max_attempts=3,
                            retry_policy=FAST_RETRY)(_flaky_add)  # fmt: skip
+# Fails for good at its first failure: the operator's replay is what takes it again.
+flaky_once = lifecycle_task(app, name="tests.canvas.flaky_once", max_attempts=1)(_flaky_add)

@@ -1,0 +1,246 @@
+"""Canvas workflows kept in the journal: what Celery's canvas loses, checked where it would.
+
+The successor of a step is written in the transaction of the step's success (a rolled
+back success leaves neither); a chord's body is written once when two members finish at
+the same moment; a retried step redoes only itself; a failed step replayed by the operator
+resumes the chain (celery#5970); a chord whose member fails blocks its body visibly and
+calls the body's errback; ``queue`` and ``priority`` given on a step are kept for it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, chain, chord, group
+from sqlalchemy import Engine, select, text
+
+from jobsapp import operator
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.canvas import GroupHandle, MixedCanvas, StepHandle
+from jobsapp.lifecycle.handle import JobFailed
+from jobsapp.lifecycle.journal.workflow import STEPS
+from jobsapp.lifecycle.registry import JOBS
+from jobsapp.lifecycle.states import Transition
+from tests.support import canvas_tasks as t
+from tests.support.env import SESSION, service
+from tests.support.journal_view import outbox_rows, run_row, transitions
+from tests.support.migrations import sqlite_then_postgres
+from tests.support.tasks import calls
+from tests.support.waiting import eventually
+from tests.support.workers import in_process_worker
+
+pytestmark = pytest.mark.timeout(120)
+
+WAIT = 20
+
+
+def _token(what: str) -> str:
+    return f"{what}-{uuid.uuid4().hex[:8]}"
+
+
+def _steps(engine: Engine, workflow_id: uuid.UUID) -> dict[str, Mapping[str, Any]]:
+    """The workflow's steps by their place in the canvas."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(STEPS).where(STEPS.c.workflow_id == workflow_id)).mappings()
+        return {row["path"]: row for row in rows}
+
+
+def _run(engine: Engine, job_id: uuid.UUID) -> Mapping[str, Any] | None:
+    with engine.connect() as conn:
+        return journal.load(conn, JOBS, job_id)
+
+
+def _claim(engine: Engine, job_id: uuid.UUID) -> uuid.UUID:
+    """Claim the step's first attempt as a worker would; returns the claim's token."""
+    with engine.begin() as conn:
+        row = journal.claim(conn, JOBS, job_id, 1, worker="test-worker")
+    assert row is not None
+    return uuid.UUID(str(row["claim_token"]))
+
+
+def _succeed(conn: Any, job_id: uuid.UUID, token: uuid.UUID, result: Any) -> bool:
+    return journal.succeed(conn, JOBS, job_id, 1, token=token, actor="test-worker",
+                           result=result)  # fmt: skip
+
+
+def _succeed_then_die(engine: Engine, job_id: uuid.UUID, token: uuid.UUID,
+                      successor: uuid.UUID) -> None:  # fmt: skip
+    with engine.begin() as conn:
+        assert _succeed(conn, job_id, token, 3)
+        assert journal.load(conn, JOBS, successor) is not None  # written, not committed
+        raise RuntimeError("the worker died before COMMIT")
+
+
+def test_a_successor_is_written_in_the_transaction_of_its_parents_success(
+    pg: Engine, redis_clean: None
+) -> None:
+    handle = chain(t.add.s(1, 2), t.add.s(3)).apply_async()
+    assert isinstance(handle, StepHandle)
+    first = _steps(pg, handle.workflow_id)["0.0"]["job_id"]
+    token = _claim(pg, first)
+    with pytest.raises(RuntimeError, match="died before COMMIT"):
+        _succeed_then_die(pg, first, token, handle.job_id)
+    # Rolled back together: the parent still running, no successor, no message for it.
+    assert run_row(pg, first)["state"] == "running"
+    assert _run(pg, handle.job_id) is None
+    assert outbox_rows(pg, handle.job_id) == []
+    with pg.begin() as conn:
+        assert _succeed(conn, first, token, 3)
+    successor = run_row(pg, handle.job_id)
+    assert (successor["state"], successor["params"]["args"]) == ("queued", [3, 3])
+    assert [row["attempt"] for row in outbox_rows(pg, handle.job_id)] == [1]
+
+
+def _waiting_for_a_lock(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        waiting = conn.execute(text(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )).scalar_one()  # fmt: skip
+    return bool(waiting)
+
+
+def test_a_chords_body_is_written_once_when_two_members_finish_at_once(
+    pg: Engine, redis_clean: None
+) -> None:
+    handle = chord([t.add.s(1, 1), t.add.s(2, 2)], t.tsum.s()).apply_async()
+    steps = _steps(pg, handle.workflow_id)
+    members = [steps["0.h.0"]["job_id"], steps["0.h.1"]["job_id"]]
+    tokens = [_claim(pg, member) for member in members]
+    first_written, release = threading.Event(), threading.Event()
+    outcomes: list[bool] = []
+
+    def finish(index: int, result: int) -> None:
+        with pg.begin() as conn:
+            outcomes.append(_succeed(conn, members[index], tokens[index], result))
+            if index == 0:  # holds its transaction open while the second member finishes
+                first_written.set()
+                release.wait(WAIT)
+
+    threads = [threading.Thread(target=finish, args=(0, 2)),
+               threading.Thread(target=finish, args=(1, 4))]  # fmt: skip
+    threads[0].start()
+    assert first_written.wait(WAIT)
+    threads[1].start()
+    # The second member's finish waits on the body's step row until the first commits
+    # (or, without that lock, has already decided without seeing the first's success).
+    eventually(lambda: _waiting_for_a_lock(pg) or not threads[1].is_alive())
+    release.set()
+    for thread in threads:
+        thread.join(WAIT)
+    assert outcomes == [True, True]
+    body = run_row(pg, handle.job_id)
+    assert (body["state"], body["params"]["args"]) == ("queued", [[2, 4]])
+    assert transitions(pg, handle.job_id) == [Transition.ENQUEUE.value]
+    assert len(outbox_rows(pg, handle.job_id)) == 1
+
+
+def test_a_retried_step_redoes_only_itself(pg: Engine, redis_clean: None) -> None:
+    first, flaky, last = _token("first"), _token("flaky"), _token("last")
+    with in_process_worker():
+        handle = chain(t.counted.s(1, first), t.flaky_add.s(flaky, 2),
+                       t.counted.s(last)).apply_async()  # fmt: skip
+        assert handle.get(timeout=WAIT) == 2
+    assert (calls(first), calls(flaky), calls(last)) == (1, 3, 1)
+    retried = _steps(pg, handle.workflow_id)["0.1"]["job_id"]
+    assert run_row(pg, retried)["attempts"] == 3
+
+
+def test_a_failed_step_replayed_by_the_operator_resumes_the_chain(
+    pg: Engine, redis_clean: None
+) -> None:
+    first, once, last = _token("first"), _token("once"), _token("last")
+    with in_process_worker():
+        handle = chain(t.counted.s(1, first), t.flaky_once.s(once, 1),
+                       t.counted.s(last)).apply_async()  # fmt: skip
+        with pytest.raises(JobFailed, match="upstream_failed"):
+            handle.get(timeout=WAIT)
+        assert handle.state == "FAILURE"
+        failed = _steps(pg, handle.workflow_id)["0.1"]["job_id"]
+        assert run_row(pg, failed)["state"] == "failed"
+        operator.replay(pg, "jobs", failed, actor="ops", reason="upstream is back",
+                        app=t.add.app)  # fmt: skip
+        eventually(lambda: _run(pg, handle.job_id) is not None)
+        assert handle.get(timeout=WAIT) == 2
+    assert (calls(first), calls(once), calls(last)) == (1, 2, 1)
+    assert _steps(pg, handle.workflow_id)["0.2"]["blocked_at"] is None
+
+
+def test_a_chord_whose_member_fails_blocks_its_body_and_calls_its_errback(
+    pg: Engine, redis_clean: None
+) -> None:
+    errback, token = str(uuid.uuid4()), _token("member")
+    body = t.tsum.s().on_error(t.identity.s().set(task_id=errback))
+    with in_process_worker():
+        handle = chord([t.add.s(1, 1), t.fail.s(token)], body).apply_async()
+        assert t.identity.AsyncResult(errback).get(timeout=WAIT) == str(handle.job_id)
+        with pytest.raises(JobFailed, match="chord_failed"):
+            handle.get(timeout=WAIT)
+    assert _run(pg, handle.job_id) is None  # the body never ran
+    steps = _steps(pg, handle.workflow_id)
+    assert steps["0.body"]["blocked_outcome"] == "chord_failed"
+    assert run_row(pg, steps["0.h.0"]["job_id"])["state"] == "succeeded"
+
+
+def _published_priority(queue: str) -> int | None:
+    """The priority of the one message waiting in ``queue`` (kombu's Redis lists)."""
+    client = redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL"))
+    for key in client.scan_iter(f"{queue}*"):
+        for raw in client.lrange(key, 0, -1):
+            return int(json.loads(raw)["properties"]["priority"])
+    return None
+
+
+def test_queue_and_priority_given_on_a_step_are_kept_for_it(
+    pg: Engine, redis_clean: None
+) -> None:
+    elsewhere = f"jobsapp-tests-{SESSION}-canvas-{uuid.uuid4().hex[:6]}"
+    with in_process_worker():
+        handle = chain(t.add.s(1, 1), t.add.s(2).set(queue=elsewhere, priority=7)).apply_async()
+        eventually(lambda: _run(pg, handle.job_id) is not None)
+    step = _steps(pg, handle.workflow_id)["0.1"]
+    assert (step["queue"], step["priority"]) == (elsewhere, 7)
+    assert run_row(pg, handle.job_id)["queue"] == elsewhere
+    assert [row["queue"] for row in outbox_rows(pg, handle.job_id)] == [elsewhere]
+    assert eventually(lambda: _published_priority(elsewhere)) == 7
+
+
+def test_a_canvas_mixing_a_plain_celery_task_is_refused_naming_it(pg: Engine) -> None:
+    plain = Celery("plain-canvas")
+    plain_add = plain.task(name="plain.add")(t.BODIES["add"])
+    with pytest.raises(MixedCanvas, match=r"^plain\.add is a plain Celery task"):
+        chain(t.add.s(1, 1), plain_add.s(2)).apply_async()
+    with pg.connect() as conn:
+        assert conn.execute(select(STEPS.c.job_id)).first() is None
+
+
+def test_a_canvas_sent_twice_with_one_task_id_is_one_workflow(
+    pg: Engine, redis_clean: None
+) -> None:
+    canvas = chord([t.add.s(i, i) for i in range(3)], t.tsum.s())
+    once = canvas.apply_async(task_id="nightly-2026-12-01")
+    again = canvas.apply_async(task_id="nightly-2026-12-01")
+    assert (again.job_id, again.workflow_id) == (once.job_id, once.workflow_id)
+    with pg.connect() as conn:
+        runs = conn.execute(select(JOBS.table.c.job_id)).all()
+    assert len(_steps(pg, once.workflow_id)) == 4
+    assert len(runs) == 3  # the members; the body waits for them
+
+
+def test_a_groups_handle_answers_in_order(pg: Engine, redis_clean: None) -> None:
+    with in_process_worker():
+        handle = group(t.add.s(i, 10) for i in range(3)).apply_async()
+        assert isinstance(handle, GroupHandle)
+        assert handle.get(timeout=WAIT) == [10, 11, 12]
+        assert (len(handle), handle.ready(), handle.successful()) == (3, True, True)
+
+
+def test_migration_0014_down_and_up(tmp_path: Path) -> None:
+    sqlite_then_postgres(tmp_path, "m0014", "workflow_id", "0013")
