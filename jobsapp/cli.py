@@ -123,6 +123,8 @@ def summary(args: argparse.Namespace) -> int:
     from jobsapp.db import get_engine
     from jobsapp.monitor import summary as monitor
 
+    if args.workflow is not None:
+        return _workflow_summary(args.workflow, as_json=args.json)
     try:
         rows = _summary_rows(args)
     except monitor.BadFilter as bad:
@@ -134,6 +136,23 @@ def summary(args: argparse.Namespace) -> int:
         print(_summary_table(rows))
         print()
         print(_counts_table(monitor.outcome_counts(get_engine(), module=args.module)))
+    return 0
+
+
+def _workflow_summary(workflow_id: uuid.UUID, *, as_json: bool) -> int:
+    """A workflow's steps and their states (docs/workflows.md)."""
+    from jobsapp.db import get_engine
+    from jobsapp.monitor.workflows import workflow_steps
+
+    steps = workflow_steps(get_engine(), workflow_id)
+    if not steps:
+        print(f"jobsapp: no workflow {workflow_id}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps([step.as_json() for step in steps], indent=2))
+        return 0
+    lines = [(s.path, s.task_name, str(s.job_id), s.state, s.outcome or "") for s in steps]
+    print(_aligned(("STEP", "TASK", "JOB_ID", "STATE", "OUTCOME"), lines))
     return 0
 
 
@@ -266,6 +285,7 @@ def _add_operator_commands(sub: Any) -> None:
     show.add_argument("--attachment", type=uuid.UUID, help="only the jobs of this attachment")
     show.add_argument("--limit", type=int, default=100)
     show.add_argument("--json", action="store_true", help="JSON instead of a table")
+    show.add_argument("--workflow", type=uuid.UUID, help="the steps of this workflow instead")
     show.set_defaults(handler=summary)
     for name, handler, what in (("replay", replay, "failed -> queued, a new attempt"),
                                 ("cancel", cancel, "queued -> failed/cancelled")):  # fmt: skip

@@ -39,7 +39,7 @@ from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.scrub import known_secrets_from_env, scrub
 from jobsapp.lifecycle.states import ALL_STATES, State, Transition
 from jobsapp.maintenance import periodic
-from jobsapp.monitor import browse, queues, summary, workers
+from jobsapp.monitor import browse, queues, summary, workers, workflows
 from jobsapp.monitor import charts as charts_data
 from jobsapp.settings import get_settings
 from jobsapp.web import auth
@@ -271,9 +271,11 @@ def job(path: JobPath) -> Answer:
     for attempt in detail.attempts:
         if attempt.detail:
             tracebacks.setdefault(attempt.detail, attempt.number)
+    workflow_id = detail.run.get("workflow_id")
+    steps = workflows.workflow_steps(get_engine(), workflow_id) if workflow_id else []
     return _page("job.html", live=True, job=detail, run=detail.run, attachment=attachment,
                  params=_params(detail.run.get(spec.params_column or "")),
-                 tracebacks=tracebacks,
+                 tracebacks=tracebacks, workflow=steps,
                  task_ids=attempt_task_ids(path.job_id, detail.events))  # fmt: skip
 
 

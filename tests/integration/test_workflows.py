@@ -10,6 +10,7 @@ calls the body's errback; ``queue`` and ``priority`` given on a step are kept fo
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from collections.abc import Mapping
@@ -21,14 +22,17 @@ import redis
 from celery import Celery, chain, chord, group
 from sqlalchemy import Engine, select, text
 
-from jobsapp import operator
+from jobsapp import cli, operator
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.canvas import GroupHandle, MixedCanvas, StepHandle
 from jobsapp.lifecycle.handle import JobFailed
 from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import Transition
+from jobsapp.web.app import create_app
+from tests.integration.test_admin_login import log_in
 from tests.support import canvas_tasks as t
+from tests.support.attachments import environment
 from tests.support.env import SESSION, service
 from tests.support.journal_view import outbox_rows, run_row, transitions
 from tests.support.migrations import sqlite_then_postgres
@@ -39,6 +43,8 @@ from tests.support.workers import in_process_worker
 pytestmark = pytest.mark.timeout(120)
 
 WAIT = 20
+ADMIN_TOKEN = "workflow-admin-token"
+ADMIN_BASE = "http://admin.local"
 
 
 def _token(what: str) -> str:
@@ -240,6 +246,30 @@ def test_a_groups_handle_answers_in_order(pg: Engine, redis_clean: None) -> None
         assert isinstance(handle, GroupHandle)
         assert handle.get(timeout=WAIT) == [10, 11, 12]
         assert (len(handle), handle.ready(), handle.successful()) == (3, True, True)
+
+
+def test_an_operator_sees_a_workflows_steps_on_the_job_page_and_in_the_summary(
+    pg: Engine, redis_clean: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with in_process_worker():
+        handle = chain(t.counted.s(1, _token("first")), t.flaky_once.s(_token("once"), 1),
+                       t.counted.s(_token("last"))).apply_async()  # fmt: skip
+        with pytest.raises(JobFailed):
+            handle.get(timeout=WAIT)
+    failed = _steps(pg, handle.workflow_id)["0.1"]["job_id"]
+    with environment(JOBSAPP_ADMIN_TOKEN=ADMIN_TOKEN):
+        client = create_app().test_client()
+        log_in(client, ADMIN_BASE, ADMIN_TOKEN)
+        page = client.get(f"/admin/jobs/jobs/{failed}", base_url=ADMIN_BASE).get_data(True)
+    shown = re.findall(r'<td class="(\w+)">\w+</td><td>(\w*)</td></tr>', page)
+    assert shown == [("succeeded", "succeeded"), ("failed", "exhausted"),
+                     ("blocked", "upstream_failed")]  # fmt: skip
+    assert f'href="/admin/jobs/jobs/{failed}"' in page  # each step with a run links to it
+
+    assert cli.main(["summary", "--workflow", str(handle.workflow_id)]) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [(line[0], line[3]) for line in lines[1:]] == [
+        ("0.0", "succeeded"), ("0.1", "failed"), ("0.2", "blocked")]
 
 
 def test_migration_0014_down_and_up(tmp_path: Path) -> None:
