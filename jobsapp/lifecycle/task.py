@@ -208,8 +208,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         id is taken."""
         del kwargs
         job_id = message.job_id_of_task(str(task_id))
-        return JobHandle(job_id, EnqueueOutcome.DUPLICATE, self.run_table, task=self.name,
-                         task_id=str(task_id))  # fmt: skip
+        # A workflow step that will not run (what it waited for failed) answers FAILURE.
+        return canvas.StepHandle(job_id, EnqueueOutcome.DUPLICATE, self.run_table,
+                                 task=self.name, task_id=str(task_id))  # fmt: skip
 
     def enqueue_in(
         self,
