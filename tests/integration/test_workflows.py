@@ -14,6 +14,7 @@ import re
 import threading
 import uuid
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from celery import Celery, chain, chord, group
 from sqlalchemy import Engine, select, text
 
 from jobsapp import cli, operator
+from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.canvas import GroupHandle, MixedCanvas, StepHandle
 from jobsapp.lifecycle.handle import JobFailed
@@ -195,6 +197,25 @@ def test_a_chord_whose_member_fails_blocks_its_body_and_calls_its_errback(
     steps = _steps(pg, handle.workflow_id)
     assert steps["0.body"]["blocked_outcome"] == "chord_failed"
     assert run_row(pg, steps["0.h.0"]["job_id"])["state"] == "succeeded"
+
+
+def test_a_step_the_reaper_fails_blocks_what_waits_for_it_and_starts_its_errback(
+    pg: Engine, redis_clean: None
+) -> None:
+    errback = str(uuid.uuid4())
+    first_step = t.add.s(1, 1).on_error(t.identity.s().set(task_id=errback))
+    handle = chain(first_step, t.add.s(2)).apply_async()
+    first = _steps(pg, handle.workflow_id)["0.0"]["job_id"]
+    _claim(pg, first)
+    now = utcnow() + timedelta(seconds=1)  # its heartbeat is older than this cutoff
+    with pg.begin() as conn:
+        stale = journal.find_stale(conn, JOBS, cutoff=now, limit=10)
+        journal.reap(conn, JOBS, stale, requeue_them=False, cutoff=now,
+                     reason="stale: its worker was lost", now=now)  # fmt: skip
+    assert run_row(pg, first)["outcome"] == "stale"
+    assert (handle.state, handle.row()["outcome"]) == ("FAILURE", "upstream_failed")
+    called = run_row(pg, uuid.UUID(errback))
+    assert (called["state"], called["params"]["args"]) == ("queued", [str(first)])
 
 
 def _published_priority(queue: str) -> int | None:
