@@ -22,6 +22,7 @@ POINTS = frozenset(
         "mid_run",
         "before_heartbeat",
         "reopen_after_update",
+        "step_after_commit_before_successors",
     }
 )
 

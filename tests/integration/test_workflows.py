@@ -31,6 +31,7 @@ from jobsapp.lifecycle.handle import JobFailed
 from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import Transition
+from jobsapp.maintenance import relay
 from jobsapp.web.app import create_app
 from tests.integration.test_admin_login import log_in
 from tests.support import canvas_tasks as t
@@ -104,6 +105,20 @@ def test_a_successor_is_written_in_the_transaction_of_its_parents_success(
     successor = run_row(pg, handle.job_id)
     assert (successor["state"], successor["params"]["args"]) == ("queued", [3, 3])
     assert [row["attempt"] for row in outbox_rows(pg, handle.job_id)] == [1]
+
+
+def test_a_successor_whose_worker_died_before_publishing_is_published_by_the_relay(
+    pg: Engine, redis_clean: None
+) -> None:
+    handle = chain(t.add.s(1, 2), t.add.s(3)).apply_async()
+    first = _steps(pg, handle.workflow_id)["0.0"]["job_id"]
+    token = _claim(pg, first)
+    with pg.begin() as conn:  # committed; the worker that would publish is gone
+        assert _succeed(conn, first, token, 3)
+    assert outbox_rows(pg, handle.job_id)[0]["published_at"] is None
+    with in_process_worker():
+        assert relay.run_once(t.add.app, pg, relay.RelayConfig(grace=timedelta(0)))["published"]
+        assert handle.get(timeout=WAIT) == 6
 
 
 def _waiting_for_a_lock(engine: Engine) -> bool:
