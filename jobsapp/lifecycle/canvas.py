@@ -272,7 +272,7 @@ def _workflow_id(task_id: Any) -> uuid.UUID:
 # --- what the caller gets back -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # JobHandle's one-line repr
 class StepHandle(JobHandle):
     """A step's handle: its run row once it has one; before that, a step that will not run
     (what it waited for failed) answers as a failed job with the step's outcome."""

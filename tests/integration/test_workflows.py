@@ -174,6 +174,7 @@ def test_a_retried_step_redoes_only_itself(pg: Engine, redis_clean: None) -> Non
     assert (calls(first), calls(flaky), calls(last)) == (1, 3, 1)
     retried = _steps(pg, handle.workflow_id)["0.1"]["job_id"]
     assert run_row(pg, retried)["attempts"] == 3
+    assert repr(handle) == f"<JobHandle tests.canvas.counted {handle.job_id} enqueued>"
 
 
 def test_a_failed_step_replayed_by_the_operator_resumes_the_chain(
