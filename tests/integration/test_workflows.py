@@ -313,3 +313,16 @@ def test_an_operator_sees_a_workflows_steps_on_the_job_page_and_in_the_summary(
 
 def test_migration_0014_down_and_up(tmp_path: Path) -> None:
     sqlite_then_postgres(tmp_path, "m0014", "workflow_id", "0013")
+
+
+def test_a_canvas_under_task_always_eager_runs_here_as_celerys_does(pg: Engine) -> None:
+    t.add.app.conf.task_always_eager = True
+    try:
+        assert chain(t.add.s(1, 2), t.add.s(3)).apply_async().get() == 6
+        assert group(t.add.s(i, i) for i in range(3)).apply_async().get() == [0, 2, 4]
+        assert chord([t.add.s(1, 1), t.add.s(2, 2)], t.tsum.s()).apply_async().get() == 6
+    finally:
+        t.add.app.conf.task_always_eager = False
+    with pg.connect() as conn:  # each call a run of its own, through the journal
+        states = conn.execute(select(JOBS.table.c.state)).scalars().all()
+    assert states == ["succeeded"] * 8
