@@ -78,8 +78,9 @@ def test_one_active_job_per_key_under_a_thundering_herd(worker: object, db: Engi
 
     def enqueue(i: int) -> None:
         barrier.wait()
-        handles.append(tasks.keyed.apply_async(kwargs={"account": "acme", "token": f"k{i}",
-                                                       "seconds": 0.5}))  # fmt: skip
+        # The winner's body runs until the gate opens, so no enqueue can come after its end
+        # however slowly the machine schedules the threads.
+        handles.append(tasks.gated.apply_async(("herd", 60.0)))
 
     threads = [threading.Thread(target=enqueue, args=(i,)) for i in range(20)]
     for t in threads:
@@ -91,8 +92,10 @@ def test_one_active_job_per_key_under_a_thundering_herd(worker: object, db: Engi
     assert len(winners) == 1
     assert len(skipped) == 19
     assert {h.holder for h in skipped} == {winners[0].job_id}
+    tasks.open_gate("herd", 1)
     winners[0].wait()
-    after = tasks.keyed.apply_async(kwargs={"account": "acme", "token": "late"})
+    assert tasks.calls("herd") == 1
+    after = tasks.gated.apply_async(("herd", 0.0))
     assert after.outcome == EnqueueOutcome.ENQUEUED
     after.wait()
 
