@@ -129,10 +129,16 @@ def call_fields(
     args: Sequence[Any], kwargs: Mapping[str, Any], secrets: Sequence[str]
 ) -> dict[str, str]:
     """The body's arguments as Flower's args and kwargs columns, scrubbed."""
-    return {
-        "args": scrub(saferepr(tuple(args), REPR_MAX), secrets=secrets),
-        "kwargs": scrub(saferepr(dict(kwargs), REPR_MAX), secrets=secrets),
-    }
+    return {"args": _call_part(tuple(args), secrets),
+            "kwargs": _call_part(dict(kwargs), secrets)}  # fmt: skip
+
+
+def _call_part(part: tuple[Any, ...] | dict[str, Any], secrets: Sequence[str]) -> str:
+    # An empty part is what saferepr and scrub make of it, without their ~30 us: a
+    # domain's body never has positional arguments.
+    if not part:
+        return "()" if isinstance(part, tuple) else "{}"
+    return scrub(saferepr(part, REPR_MAX), secrets=secrets)
 
 
 # The dispatcher of each (process, worker name), with the connection it owns: a forked
