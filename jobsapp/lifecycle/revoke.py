@@ -62,6 +62,8 @@ def _revoke(engine: Engine, job_id: uuid.UUID, actor: str) -> str | None:
 
 def _revoke_attempt(engine: Engine, task_id: str, actor: str) -> str | None:
     """Revoke the active job one of whose attempts is ``task_id`` (as ``_revoke``)."""
+    if not _name_based(task_id):
+        return None
     for spec in registry.all_tables():
         with engine.begin() as conn:
             job_id = journal.job_of_attempt(conn, spec, task_id)
@@ -69,6 +71,15 @@ def _revoke_attempt(engine: Engine, task_id: str, actor: str) -> str | None:
         if done is not None:
             return done
     return None
+
+
+def _name_based(task_id: str) -> bool:
+    """An attempt's task id is a name-based UUID (version 5, ``message.task_id_for``);
+    Celery's own are random (version 4): a plain task's revoke costs no look-up."""
+    try:
+        return uuid.UUID(task_id).version == 5
+    except ValueError:
+        return False
 
 
 def _revoke_in(conn: Connection, spec: RunTable, job_id: uuid.UUID, actor: str) -> str | None:
