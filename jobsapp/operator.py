@@ -112,8 +112,9 @@ def register_replay_hook(module: str, hook: Hook | None) -> Hook | None:
 
 
 def register_cancel_hook(module: str, hook: Hook | None) -> Hook | None:
-    """Make ``hook`` part of every cancel of ``module``'s jobs (None: no hook any more);
-    returns the one it replaced."""
+    """Make ``hook`` part of every cancel of a queued job of ``module`` (None: no hook
+    any more); returns the one it replaced. A running job's cancel ends in its worker
+    (journal ``honour_cancel``), where the domain's ``on_change`` follows it."""
     previous = _CANCEL_HOOKS.pop(module, None)
     if hook is not None:
         _CANCEL_HOOKS[module] = hook

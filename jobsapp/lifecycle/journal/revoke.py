@@ -5,7 +5,9 @@ cancel request (``cancel_requested_at``, a CANCEL_REQUEST event): from then on i
 attempt's fenced writes (heartbeat, succeed, fail, requeue: plans.py ``_fence_params``)
 are refused, and its worker ends it with ``honour_cancel`` (Transition.CANCEL, running
 -> failed/cancelled); a worker that died first leaves it to the reaper (reap.py), which
-fails it cancelled rather than requeue it. Called by lifecycle/revoke.py and operator.py.
+fails it cancelled rather than requeue it. An operator who asks again, to terminate, leaves
+another CANCEL_REQUEST event (``repeat_request``). Called by lifecycle/revoke.py and
+operator.py.
 """
 
 from __future__ import annotations
