@@ -214,8 +214,12 @@ def cancel(args: argparse.Namespace) -> int:
 
     def act() -> str:
         done = operator.cancel(get_engine(), args.module, args.job_id, actor=_actor(args),
-                               reason=args.reason)  # fmt: skip
-        return f"cancelled {done.module} job {done.job_id}"
+                               reason=args.reason, terminate=args.terminate)  # fmt: skip
+        if not done.running:
+            return f"cancelled {done.module} job {done.job_id}"
+        sent = "; terminate sent to its worker process" if done.terminate_sent else ""
+        return (f"{done.module} job {done.job_id} (attempt {done.attempts}) asked to stop at "
+                f"its next heartbeat{sent}")  # fmt: skip
 
     return _operator_action(act)
 
@@ -287,14 +291,19 @@ def _add_operator_commands(sub: Any) -> None:
     show.add_argument("--json", action="store_true", help="JSON instead of a table")
     show.add_argument("--workflow", type=uuid.UUID, help="the steps of this workflow instead")
     show.set_defaults(handler=summary)
-    for name, handler, what in (("replay", replay, "failed -> queued, a new attempt"),
-                                ("cancel", cancel, "queued -> failed/cancelled")):  # fmt: skip
+    for name, handler, what in (
+        ("replay", replay, "failed -> queued, a new attempt"),
+        ("cancel", cancel, "queued -> failed/cancelled; a running job is asked to stop"),
+    ):
         action = sub.add_parser(name, help=f"{what}; leaves an audit row")
         action.add_argument("job_id", type=uuid.UUID, help="the job's id")
         action.add_argument("--module", required=True, help="its run table (jobs, attachments)")
         action.add_argument("--reason", required=True, help="why, for the audit row")
         action.add_argument("--actor", help="who acts (default: $USER), as operator:<actor>")
         action.set_defaults(handler=handler)
+        if name == "cancel":
+            action.add_argument("--terminate", action="store_true",
+                                help="a running job: also kill its worker process")  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:

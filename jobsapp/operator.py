@@ -1,4 +1,4 @@
-"""Operator actions on one run: replay a failed job, cancel a queued one.
+"""Operator actions on one run: replay a failed job, cancel a queued or running one.
 
 Each action is one transaction: the journal's guarded transition with its audit row in
 ``job_events`` (actor ``operator:<name>``, the operator's reason), the run table's own
@@ -14,6 +14,7 @@ holds its concurrency key).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,14 +23,19 @@ from functools import cache
 from typing import Any
 
 from celery import Celery
+from kombu.exceptions import OperationalError
 from sqlalchemy import Connection, Engine
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox, outbox_queries, registry
 from jobsapp.lifecycle import run_now as run_now_queries
-from jobsapp.lifecycle.journal import KeyBusy, PendingMessage
+from jobsapp.lifecycle.journal import KeyBusy, PendingMessage, Revoked
+from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.revoke import JournalControl
 from jobsapp.lifecycle.states import State, Transition
+
+log = logging.getLogger(__name__)
 
 ACTOR_PREFIX = "operator:"
 MAX_REASON = 500
@@ -79,6 +85,12 @@ class CancelResult:
     module: str
     job_id: uuid.UUID
     attempts: int
+    # False: it was queued and is failed/cancelled now. True: it is running, and its
+    # attempt is told to stop at its next heartbeat (it then ends failed/cancelled).
+    running: bool = False
+    # Celery's terminate went to the running attempt's task id (the fallback for a body
+    # that never returns to Python); False when not asked or the broker was not reached.
+    terminate_sent: bool = False
 
 
 # ------------------------------------------------------------------------ domain hooks
@@ -100,8 +112,9 @@ def register_replay_hook(module: str, hook: Hook | None) -> Hook | None:
 
 
 def register_cancel_hook(module: str, hook: Hook | None) -> Hook | None:
-    """Make ``hook`` part of every cancel of ``module``'s jobs (None: no hook any more);
-    returns the one it replaced."""
+    """Make ``hook`` part of every cancel of a queued job of ``module`` (None: no hook
+    any more); returns the one it replaced. A running job's cancel ends in its worker
+    (journal ``honour_cancel``), where the domain's ``on_change`` follows it."""
     previous = _CANCEL_HOOKS.pop(module, None)
     if hook is not None:
         _CANCEL_HOOKS[module] = hook
@@ -198,21 +211,28 @@ def _key_busy(run: Mapping[str, Any], holder: uuid.UUID | None) -> str:
 
 def cancel(
     engine: Engine, module: str, job_id: uuid.UUID, *, actor: str, reason: str,
-    attempts: int | None = None,
+    attempts: int | None = None, terminate: bool = False, app: Celery | None = None,
 ) -> CancelResult:  # fmt: skip
-    """queued -> failed/cancelled; a running job is left to finish or to the reaper.
+    """queued -> failed/cancelled at once; a running job is asked to stop, through the
+    journal path of ``app.control.revoke`` (journal/revoke.py): its attempt is told at its
+    next heartbeat and ends failed/cancelled, its success refused.
 
     ``attempts``: the attempts the operator saw; a job that ran another attempt since is
-    not cancelled blind (default: the row as read in this transaction).
+    not cancelled blind (default: the row as read in this transaction). ``terminate``:
+    also send Celery's terminate to the running attempt, the fallback for a body that
+    never comes back to Python; asked again of a job already told to stop, it is audited
+    and sent again.
     """
     spec, who, why = run_table(module), operator_actor(actor), checked_reason(reason)
     with engine.begin() as conn:
         run = _current(conn, spec, job_id)
         seen = int(run["attempts"]) if attempts is None else attempts
-        if not journal.cancel(conn, spec, job_id, attempts=seen, actor=who, reason=why):
-            _refuse_cancel(spec, job_id, _current(conn, spec, job_id), seen)
-        attempts = _run_hook(_CANCEL_HOOKS.get(spec.module), conn, spec, job_id)
-    return CancelResult(spec.module, job_id, attempts)
+        done = _revoke(conn, spec, job_id, seen, who, why, terminate=terminate)
+        if done is Revoked.CANCELLED:
+            return CancelResult(spec.module, job_id,
+                                _run_hook(_CANCEL_HOOKS.get(spec.module), conn, spec, job_id))
+    sent = terminate and _terminate(app or _default_app(), job_id, seen)
+    return CancelResult(spec.module, job_id, seen, running=True, terminate_sent=sent)
 
 
 def cancel_workflow(
@@ -228,17 +248,55 @@ def cancel_workflow(
         return journal.cancel_rest(conn, workflow_id, actor=who, reason=why)
 
 
-def _refuse_cancel(spec: RunTable, job_id: uuid.UUID, run: Mapping[str, Any], seen: int) -> None:
-    state = run["state"]
-    if state != State.QUEUED.value:
-        raise Conflict("not_queued", _not_queued(spec, job_id, state), state=state)
-    raise Conflict("moved", f"{spec.module} job {job_id} is at attempt {run['attempts']}, "
-                   f"not {seen}; look again", state=state)  # fmt: skip
+
+def _revoke(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, seen: int, who: str, why: str, *,
+    terminate: bool,
+) -> Revoked:  # fmt: skip
+    """The journal's revoke; a refusal (Conflict) unless the run is cancelled now or its
+    attempt is asked to stop (now, or again with terminate, audited)."""
+    why = f"{why} [terminate]" if terminate else why
+    done = journal.revoke(conn, spec, job_id, actor=who, reason=why, seen=seen)
+    if done in (Revoked.CANCELLED, Revoked.REQUESTED):
+        return done
+    run = _current(conn, spec, job_id)
+    if done is Revoked.MOVED or int(run["attempts"]) != seen:
+        raise Conflict("moved", f"{spec.module} job {job_id} is at attempt {run['attempts']}, "
+                       f"not {seen}; look again", state=run["state"])  # fmt: skip
+    if run["state"] != State.RUNNING.value:
+        raise Conflict("not_active", _not_active(spec, job_id, run["state"]), state=run["state"])
+    if not terminate:
+        raise Conflict("cancel_pending", _pending(spec, job_id, run), state=run["state"])
+    if not journal.repeat_request(conn, spec, job_id, seen, actor=who, reason=why):
+        raise Conflict("moved", f"{spec.module} job {job_id} changed meanwhile; look again")
+    return Revoked.REQUESTED
 
 
-def _not_queued(spec: RunTable, job_id: uuid.UUID, state: str) -> str:
-    hint = _RUNNING_HINT if state == State.RUNNING.value else ""
-    return f"only a queued job can be cancelled; {spec.module} job {job_id} is {state}{hint}"
+def _not_active(spec: RunTable, job_id: uuid.UUID, state: str) -> str:
+    return f"only a queued or running job can be cancelled; {spec.module} job {job_id} is {state}"
+
+
+def _pending(spec: RunTable, job_id: uuid.UUID, run: Mapping[str, Any]) -> str:
+    asked = run["cancel_requested_at"]
+    return (f"{spec.module} job {job_id} was asked to stop at {asked} and is still running; "
+            "cancel again with terminate to kill its worker process")  # fmt: skip
+
+
+def _terminate(app: Celery, job_id: uuid.UUID, attempt: int) -> bool:
+    """Celery's terminate of the attempt (its pool kills the process; the reaper then ends
+    the run cancelled); False when the broker cannot take the broadcast now."""
+    # A run a plain Celery message started (send_task) ran attempt 1 under the job's id.
+    ids = [task_id_for(job_id, attempt), str(job_id)]
+    control = app.control
+    try:
+        if isinstance(control, JournalControl):
+            control.tell_workers(ids, terminate=True)
+        else:
+            control.revoke(ids, terminate=True)
+    except (OSError, OperationalError) as down:
+        log.warning("terminate of job %s not sent: %s", job_id, type(down).__name__)
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- run now

@@ -10,21 +10,25 @@ reaper then ends the run cancelled). Hooked on the producer's side, not in the w
 control handler: a broadcast no worker was up to receive is lost, the journal is not.
 
 An id names a job the way ``AsyncResult`` reads it (``message.job_id_of_task``: the job
-id, or the caller's own task id). An attempt's own task id (Flower's) names no row and
-goes to Celery's revoke unchanged.
+id, or the caller's own task id), or is one of its attempts' own task ids (the ones
+Flower lists, whose revoke button sends them): an id that names no run is looked for among
+the active runs' attempts (journal/task_ids.py), then goes to Celery's revoke as well.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from celery.app.control import Control
+from sqlalchemy import Connection, Engine
 
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal, message, registry
 from jobsapp.lifecycle.journal import Revoked
+from jobsapp.lifecycle.registry import RunTable
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +40,57 @@ def revoke_jobs(task_ids: Iterable[str], *, actor: str = "revoke") -> list[str]:
     stop (for Celery's own revoke)."""
     running: list[str] = []
     engine = get_engine()
-    for task_id in task_ids:
-        job_id = message.job_id_of_task(str(task_id))
-        for spec in registry.all_tables():
-            with engine.begin() as conn:
-                done = journal.revoke(conn, spec, job_id, actor=actor, reason=REASON)
-                row = journal.load(conn, spec, job_id) if done is Revoked.REQUESTED else None
-            if done is Revoked.UNKNOWN:
-                continue
-            log.info("%s job %s: revoke %s", spec.module, job_id, done.value)
-            if row is not None:
-                running.append(message.task_id_for(job_id, int(row["attempts"])))
-            break
+    for task_id in map(str, task_ids):
+        found = _revoke(engine, message.job_id_of_task(task_id), actor)
+        if found is None:
+            found = _revoke_attempt(engine, task_id, actor)
+        if found:
+            running.append(found)
     return running
+
+
+def _revoke(engine: Engine, job_id: uuid.UUID, actor: str) -> str | None:
+    """Revoke the job in whichever run table holds it; the task id of its attempt asked
+    to stop, "" when it was not running, None when no table holds it."""
+    for spec in registry.all_tables():
+        with engine.begin() as conn:
+            done = _revoke_in(conn, spec, job_id, actor)
+        if done is not None:
+            return done
+    return None
+
+
+def _revoke_attempt(engine: Engine, task_id: str, actor: str) -> str | None:
+    """Revoke the active job one of whose attempts is ``task_id`` (as ``_revoke``)."""
+    if not _name_based(task_id):
+        return None
+    for spec in registry.all_tables():
+        with engine.begin() as conn:
+            job_id = journal.job_of_attempt(conn, spec, task_id)
+            done = None if job_id is None else _revoke_in(conn, spec, job_id, actor)
+        if done is not None:
+            return done
+    return None
+
+
+def _name_based(task_id: str) -> bool:
+    """An attempt's task id is a name-based UUID (version 5, ``message.task_id_for``);
+    Celery's own are random (version 4): a plain task's revoke costs no look-up."""
+    try:
+        return uuid.UUID(task_id).version == 5
+    except ValueError:
+        return False
+
+
+def _revoke_in(conn: Connection, spec: RunTable, job_id: uuid.UUID, actor: str) -> str | None:
+    done = journal.revoke(conn, spec, job_id, actor=actor, reason=REASON)
+    if done is Revoked.UNKNOWN:
+        return None
+    log.info("%s job %s: revoke %s", spec.module, job_id, done.value)
+    if done is not Revoked.REQUESTED:
+        return ""
+    row = journal.load(conn, spec, job_id)
+    return "" if row is None else message.task_id_for(job_id, int(row["attempts"]))
 
 
 class JournalControl(Control):
@@ -60,6 +102,14 @@ class JournalControl(Control):
         signal: str = "SIGTERM", **kwargs: Any,
     ) -> Any:  # fmt: skip
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
-        attempts = revoke_jobs(ids)
-        return super().revoke(ids + attempts, destination=destination, terminate=terminate,
-                              signal=signal, **kwargs)  # fmt: skip
+        attempts = [found for found in revoke_jobs(ids) if found not in ids]
+        return self.tell_workers(ids + attempts, destination=destination, terminate=terminate,
+                                 signal=signal, **kwargs)  # fmt: skip
+
+    def tell_workers(
+        self, task_ids: Sequence[str], *, terminate: bool = False, signal: str = "SIGTERM",
+        **kwargs: Any,
+    ) -> Any:  # fmt: skip
+        """Celery's own revoke only (each worker's memory; terminate where the pool can):
+        for a caller that already wrote the journal (operator.py's cancel)."""
+        return super().revoke(list(task_ids), terminate=terminate, signal=signal, **kwargs)

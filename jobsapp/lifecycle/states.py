@@ -19,9 +19,9 @@ class State(StrEnum):
     RUNNING = "running"
     """A worker holds the lease and stamps ``heartbeat_at``. Left by that worker's finish
     (-> succeeded, failed, or queued for a retry or a long Retry-After), by that worker's
-    cancel once a revoke asked for one (-> failed/cancelled), or by the reaper when the
-    heartbeat goes stale (-> queued, failed/stale, or failed/cancelled if a cancel was
-    asked for)."""
+    cancel once a revoke or an operator asked for one (-> failed/cancelled), or by the
+    reaper when the heartbeat goes stale (-> queued, failed/stale, or failed/cancelled if
+    a cancel was asked for)."""
 
     SUCCEEDED = "succeeded"
     """Terminal. Left only by a new enqueue of the same job_id after its dedup window."""

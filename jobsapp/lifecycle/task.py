@@ -49,7 +49,13 @@ from jobsapp.lifecycle import (
     tracing,
 )
 from jobsapp.lifecycle.attempt import AttemptRules, End, Ended, run_attempt
-from jobsapp.lifecycle.celery_view import EVENTS_ON, AttemptFailed, call_fields, report
+from jobsapp.lifecycle.celery_view import (
+    EVENTS_ON,
+    AttemptFailed,
+    call_fields,
+    report,
+    send_started,
+)
 from jobsapp.lifecycle.context import RunContext
 from jobsapp.lifecycle.errors import InvalidMessage, RetryRequested
 from jobsapp.lifecycle.handle import JobHandle
@@ -389,9 +395,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         args, kwargs = self._call_of(row)
         shown = call_fields(args, kwargs, _process_secrets())
         try:
-            self.send_event("task-started", retry=False, args=shown["args"],
-                            kwargs=shown["kwargs"], job_id=str(env.job_id),
-                            attempt=env.attempt)  # fmt: skip
+            send_started(self.app, str(self.request.id), str(self.request.hostname),
+                         {**shown, "job_id": str(env.job_id), "attempt": env.attempt})  # fmt: skip
         except publisher.BROKER_ERRORS as down:  # a live view; the attempt goes on
             log.info("task event of job %s not sent: %s", env.job_id, type(down).__name__)
 

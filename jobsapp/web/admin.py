@@ -164,18 +164,24 @@ def replay(path: schemas.JobPath, body: schemas.OperatorAction) -> Answer:
 
 @admin.post(
     "/v1/admin/jobs/<module>/<uuid:job_id>/cancel",
-    summary="Cancel a queued job",
-    description="queued -> failed with outcome `cancelled`, with an audit row. A running "
-    "job cannot be cancelled: it finishes or the reaper frees it.",
+    summary="Cancel a queued or running job",
+    description="A queued job: queued -> failed with outcome `cancelled`. A running job: "
+    "asked to stop, as `app.control.revoke` asks (kept in the journal): its attempt is told "
+    "at its next heartbeat and ends failed/cancelled; `terminate` also kills it where the "
+    "pool can. Each with an audit row. 409 `cancel_pending`: already asked to stop (send "
+    "`terminate`); `not_active`: it has ended.",
     operation_id="adminCancel",
-    responses={200: json_answer(schemas.Cancelled, "Cancelled"),
+    responses={200: json_answer(schemas.Cancelled, "Cancelled, or asked to stop"),
                **admin_errors(400, 404, 409)},
 )  # fmt: skip
-def cancel(path: schemas.JobPath, body: schemas.OperatorAction) -> Answer:
+def cancel(path: schemas.JobPath, body: schemas.CancelAction) -> Answer:
     done = operator.cancel(get_engine(), path.module, path.job_id, actor=body.actor,
-                           reason=body.reason)  # fmt: skip
-    return jsonify({"module": done.module, "job_id": str(done.job_id), "state": "failed",
-                    "outcome": "cancelled", "attempts": done.attempts})  # fmt: skip
+                           reason=body.reason, terminate=body.terminate)  # fmt: skip
+    return jsonify({"module": done.module, "job_id": str(done.job_id),
+                    "state": "running" if done.running else "failed",
+                    "outcome": None if done.running else "cancelled",
+                    "attempts": done.attempts, "cancel_requested": done.running,
+                    "terminate_sent": done.terminate_sent})  # fmt: skip
 
 
 @admin.post(

@@ -146,6 +146,15 @@ class OperatorAction(Body):
     )
 
 
+class CancelAction(OperatorAction):
+    terminate: StrictBool = Field(
+        default=False,
+        description="A running job: also send Celery's terminate to its attempt (the "
+        "fallback for a body that never returns to Python; prefork pool). Asked again of a "
+        "job already told to stop, it is sent again, audited.",
+    )
+
+
 class RetryDeadOutbox(OperatorAction):
     ids: list[StrictInt] | None = Field(
         default=None, description="Outbox row ids; none: every dead row."
@@ -295,9 +304,16 @@ class Replayed(Closed):
 class Cancelled(Closed):
     module: str
     job_id: UUID
-    state: Literal["failed"]
-    outcome: Literal["cancelled"]
+    state: Literal["failed", "running"] = Field(
+        description="`failed`: it was queued and is cancelled; `running`: it is told to stop"
+    )
+    outcome: Literal["cancelled"] | None
     attempts: NonNegative
+    cancel_requested: bool = Field(
+        description="true: the running attempt stops at its next heartbeat and its job ends "
+        "failed/cancelled (its success refused)"
+    )
+    terminate_sent: bool = Field(description="Celery's terminate went to the running attempt")
 
 
 class DeadRow(Closed):

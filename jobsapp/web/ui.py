@@ -64,6 +64,8 @@ PARAMS_LIMIT = 20_000
 MAX_QUEUE = 200
 # A list row's arguments are cut here (the job page shows them whole).
 ARGS_SHOWN = 160
+# A job's result is shown on one line up to here; the whole value unfolds below it.
+RESULT_SHOWN = 200
 _PAGE_HEADERS = {
     # Only our own script, fetching only from us; no other site may frame a page or
     # receive a form, none is cached.
@@ -80,6 +82,15 @@ LIVE_EVERY_MS = 5000
 LIVE_HEADER = "X-Jobsapp-Live"
 _SCRIPT = Path(__file__).with_name("static") / "live.js"
 _DB_DOWN = (OperationalError, InterfaceError, PoolTimeout)
+
+
+@dataclass(frozen=True)
+class ShownResult:
+    """A run's stored result as the job page shows it: one line, and the whole value
+    (indented) when the line had to be cut; both scrubbed as the parameters are."""
+
+    line: str
+    whole: str | None
 
 
 @dataclass(frozen=True)
@@ -275,8 +286,26 @@ def job(path: JobPath) -> Answer:
     steps = workflows.workflow_steps(get_engine(), workflow_id) if workflow_id else []
     return _page("job.html", live=True, job=detail, run=detail.run, attachment=attachment,
                  params=_params(detail.run.get(spec.params_column or "")),
-                 tracebacks=tracebacks, workflow=steps,
+                 tracebacks=tracebacks, workflow=steps, result=shown_result(detail.run),
                  task_ids=attempt_task_ids(path.job_id, detail.events))  # fmt: skip
+
+
+def shown_result(run: Mapping[str, Any]) -> ShownResult | None:
+    """What the body returned, for a succeeded run (or any run that kept a result)."""
+    value = run.get("result")
+    if value is None and run["state"] != State.SUCCEEDED.value:
+        return None
+    line = _scrubbed(json.dumps(value, sort_keys=True, ensure_ascii=False,
+                                separators=(", ", ": ")))  # fmt: skip
+    if len(line) <= RESULT_SHOWN:
+        return ShownResult(line, None)
+    whole = _scrubbed(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+    return ShownResult(line[:RESULT_SHOWN], whole)
+
+
+def _scrubbed(text: str) -> str:
+    # The value is bounded by the result cap when stored: mask secrets, never cut it.
+    return scrub(text, limit=2 * len(text) + 100, secrets=_secrets())
 
 
 def attempt_task_ids(job_id: uuid.UUID, events: Sequence[browse.EventRow]) -> dict[int, str]:
@@ -355,12 +384,14 @@ def replay(path: JobPath) -> Answer:
     return _act(path.module, path.job_id, act)
 
 
-@_form_route("/jobs/<module>/<uuid:job_id>/cancel", "adminJobCancel", "Cancel a queued job")
+@_form_route("/jobs/<module>/<uuid:job_id>/cancel", "adminJobCancel",
+             "Cancel a queued job, or ask a running one to stop")  # fmt: skip
 def cancel(path: JobPath) -> Answer:
     def act(reason: str) -> str:
-        operator.cancel(get_engine(), path.module, path.job_id, actor=auth.actor(),
-                        reason=reason)  # fmt: skip
-        return "Cancelled."
+        done = operator.cancel(get_engine(), path.module, path.job_id, actor=auth.actor(),
+                               reason=reason, attempts=_seen_attempts(),
+                               terminate=bool(request.form.get("terminate")))  # fmt: skip
+        return cancel_message(done)
 
     return _act(path.module, path.job_id, act)
 
@@ -386,6 +417,15 @@ def run_now(path: JobPath) -> Answer:
         return f"Due now{later}."
 
     return _act(path.module, path.job_id, act, back=request.form.get("back"))
+
+
+def cancel_message(done: operator.CancelResult) -> str:
+    if not done.running:
+        return "Cancelled."
+    asked = "Asked to stop: the attempt is told at its next heartbeat and ends cancelled."
+    if not done.terminate_sent:
+        return asked
+    return f"{asked} Terminate sent to its worker process (the reaper then ends the run)."
 
 
 def _seen_attempts() -> int | None:
@@ -519,8 +559,9 @@ def bulk_cancel() -> Answer:
     """Cancels exactly the jobs the confirmation page listed, each audited."""
 
     def one(module: str, job_id: uuid.UUID, reason: str) -> str:
-        operator.cancel(get_engine(), module, job_id, actor=auth.actor(), reason=reason)
-        return "cancelled"
+        done = operator.cancel(get_engine(), module, job_id, actor=auth.actor(), reason=reason)
+        # A job that started since the confirmation page is asked to stop instead.
+        return "asked to stop at its next heartbeat" if done.running else "cancelled"
 
     return _bulk(CANCEL, one)
 

@@ -269,6 +269,23 @@ def test_cancel_from_the_job_page(page: Page, db: Engine) -> None:
     assert page.locator("#cancel").count() == 0
 
 
+def test_cancel_of_a_running_job_from_the_job_page(
+    page: Page, db: Engine, broker: Celery, worker: Path
+) -> None:
+    job_id = enqueue(db, tasks.looping, f"ui-loop-{uuid.uuid4().hex[:8]}", 60.0, publish=broker)
+    wait_state(db, job_id, "running", worker)
+    log_in(page, name="bob")
+    page.goto(f"/admin/jobs/jobs/{job_id}")
+
+    page.fill("#cancel input[name=reason]", "runaway report")
+    page.click("#cancel button")
+
+    assert "Asked to stop" in page.inner_text(".flash.ok")
+    assert page_shows_state(page, "failed")  # told at its next heartbeat, ended cancelled
+    assert operator_events(db, job_id) == [("cancel_request", "operator:bob", "runaway report")]
+    assert page.locator("#cancel").count() == 0
+
+
 def test_bulk_replay_of_a_filtered_set_asks_for_confirmation(
     page: Page, db: Engine, broker: Celery, worker: Path
 ) -> None:

@@ -258,7 +258,7 @@ def test_cancel_through_the_api(http: Http, db: Engine) -> None:
     assert (row["outcome"], row["last_error"]) == ("cancelled", "not wanted")
     assert operator_events(db, job_id) == [("cancel", "operator:api", "not wanted")]
     again = post_json(http, action("jobs", job_id, "cancel"), {"reason": "again"})
-    assert (again.status, again.json()["error"]) == (409, "not_queued")
+    assert (again.status, again.json()["error"]) == (409, "not_active")
 
 
 @pytest.mark.parametrize(

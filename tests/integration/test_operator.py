@@ -338,16 +338,19 @@ def test_cancel_of_a_queued_job_fails_it_as_cancelled(db: Engine) -> None:
     queued_job(db, key="report:42")
 
 
-def test_cancel_refuses_a_running_job(db: Engine) -> None:
+def test_cancel_of_a_running_job_asks_it_to_stop(db: Engine) -> None:
     job_id = queued_job(db)
     claimed(db, JOBS, job_id)
 
-    with pytest.raises(operator.Conflict) as refused:
-        operator.cancel(db, "jobs", job_id, actor="bob", reason="stop")
+    done = operator.cancel(db, "jobs", job_id, actor="bob", reason="stop")
 
-    assert refused.value.code == "not_queued"
-    assert "is running" in str(refused.value)
-    assert run_row(db, job_id)["state"] == "running"
+    assert (done.running, done.attempts) == (True, 1)
+    row = run_row(db, job_id)
+    assert (row["state"], row["cancel_requested_at"] is not None) == ("running", True)
+    audit = events(db, job_id)[-1]
+    assert (audit["transition"], audit["actor"], audit["reason"]) == (
+        "cancel_request", "operator:bob", "stop",
+    )  # fmt: skip
 
 
 def test_a_cancelled_job_can_be_replayed(db: Engine, broker: Celery) -> None:
@@ -449,7 +452,7 @@ def test_cli_cancel_and_a_refused_replay(
     assert cli.main(["cancel", str(job_id), "--module", "jobs", "--reason", "not needed"]) == 0
     assert events(db, job_id)[-1]["actor"] == "operator:carol"
     assert cli.main(["cancel", str(job_id), "--module", "jobs", "--reason", "again"]) == 1
-    assert "refused (not_queued)" in capsys.readouterr().err
+    assert "refused (not_active)" in capsys.readouterr().err
 
     done = succeeded_job(db)
     assert cli.main(["replay", str(done), "--module", "jobs", "--reason", "x"]) == 1

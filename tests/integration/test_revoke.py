@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.handle import JobHandle
+from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import Outcome, State, Transition
 from jobsapp.maintenance import reaper
@@ -128,3 +129,51 @@ def test_a_revoked_run_whose_worker_died_is_failed_cancelled_by_the_reaper(pg: E
     assert run_row(pg, running.job_id)["outcome"] == Outcome.CANCELLED  # not requeued
     assert transitions(pg, running.job_id) == [Transition.ENQUEUE, Transition.CLAIM,
                                                Transition.CANCEL_REQUEST, Transition.REAP_FAIL]
+
+
+# ------------------------------------------------- an attempt's own task id (Flower's)
+
+
+@pytest.mark.usefixtures("redis_clean")
+def test_an_attempts_task_id_revokes_its_queued_job(pg: Engine) -> None:
+    """The id Flower lists for a received attempt, sent by its revoke button."""
+    token, after = uuid.uuid4().hex, uuid.uuid4().hex
+    revoked = _handle(tasks.echo.delay(token))
+    app.control.revoke(task_id_for(revoked.job_id, 1))
+    assert _state(pg, revoked) == State.FAILED
+    with in_process_worker(concurrency=1):
+        _handle(tasks.echo.delay(after)).wait(timeout=30)
+    _assert_cancelled_unrun(pg, revoked, token)
+
+
+@pytest.mark.usefixtures("worker")
+def test_a_running_attempts_task_id_stops_its_job(db: Engine) -> None:
+    token = uuid.uuid4().hex
+    running = _handle(tasks.looping.delay(token, 60.0))
+    eventually(lambda: tasks.calls(token) == 1 and _state(db, running) == State.RUNNING)
+    app.control.revoke(task_id_for(running.job_id, 1), terminate=True)
+    row = running.wait(timeout=30)
+    assert (row["state"], row["outcome"]) == (State.FAILED, Outcome.CANCELLED)
+    assert tasks.calls(f"{token}-done") == 0
+
+
+@pytest.mark.usefixtures("redis_clean")
+def test_an_earlier_attempts_task_id_names_the_job_queued_for_its_retry(pg: Engine) -> None:
+    """A retried attempt's id (RETRY in Flower) revokes the job's next, queued attempt."""
+    queued = _handle(tasks.echo.delay(uuid.uuid4().hex))
+    with pg.begin() as conn:
+        assert journal.claim(conn, JOBS, queued.job_id, 1, worker="w:1")
+        run = journal.load(conn, JOBS, queued.job_id)
+        assert run is not None
+        assert journal.requeue(conn, JOBS, run, error="later", transition=Transition.RETRY,
+                               actor="w:1")  # fmt: skip
+    app.control.revoke(task_id_for(queued.job_id, 1))
+    row = run_row(pg, queued.job_id)
+    assert (row["state"], row["outcome"], row["attempts"]) == ("failed", "cancelled", 1)
+
+
+@pytest.mark.usefixtures("redis_clean")
+def test_a_task_id_that_names_no_active_job_changes_nothing(pg: Engine) -> None:
+    done = _handle(tasks.echo.delay(uuid.uuid4().hex))
+    app.control.revoke(task_id_for(uuid.uuid4(), 1))
+    assert _state(pg, done) == State.QUEUED

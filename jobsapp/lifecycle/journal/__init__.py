@@ -32,6 +32,7 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - workflow.py: a canvas's steps, and the runs a step's SUCCEED or FAIL starts (in its
   transaction)
 - reads.py: the reads of one run (load, snoozes, the holder of a key)
+- task_ids.py: the active run an attempt's Celery task id names (a revoke by that id)
 - new_run.py: ``NewJob`` and the row a new run starts as
 - events.py, outbox_rows.py: the event and outbox rows a transition writes
 - plans.py: the statement compiler (prebuilt plans per run table and dialect, ``_run``)
@@ -80,7 +81,14 @@ from jobsapp.lifecycle.journal.reads import (
 )
 from jobsapp.lifecycle.journal.reap import StaleRun, find_stale, reap
 from jobsapp.lifecycle.journal.reopen import KeyBusy, reopen
-from jobsapp.lifecycle.journal.revoke import Revoked, cancel_requested, honour_cancel, revoke
+from jobsapp.lifecycle.journal.revoke import (
+    Revoked,
+    cancel_requested,
+    honour_cancel,
+    repeat_request,
+    revoke,
+)
+from jobsapp.lifecycle.journal.task_ids import job_of_attempt
 from jobsapp.lifecycle.journal.workflow import cancel_rest
 
 __all__ = [
@@ -116,6 +124,7 @@ __all__ = [
     "find_stale",
     "heartbeat",
     "honour_cancel",
+    "job_of_attempt",
     "load",
     "load_with_clock",
     "new_claim_token",
@@ -124,6 +133,7 @@ __all__ = [
     "reap",
     "record_event",
     "reopen",
+    "repeat_request",
     "requeue",
     "revoke",
     "snoozes",

@@ -5,7 +5,9 @@ cancel request (``cancel_requested_at``, a CANCEL_REQUEST event): from then on i
 attempt's fenced writes (heartbeat, succeed, fail, requeue: plans.py ``_fence_params``)
 are refused, and its worker ends it with ``honour_cancel`` (Transition.CANCEL, running
 -> failed/cancelled); a worker that died first leaves it to the reaper (reap.py), which
-fails it cancelled rather than requeue it. Called by lifecycle/revoke.py and operator.py.
+fails it cancelled rather than requeue it. An operator who asks again, to terminate, leaves
+another CANCEL_REQUEST event (``repeat_request``). Called by lifecycle/revoke.py and
+operator.py.
 """
 
 from __future__ import annotations
@@ -33,18 +35,25 @@ class Revoked(StrEnum):
     REQUESTED = "requested"  # it is running: its attempt is told at its next beat
     ENDED = "ended"  # already terminal (or asked before): nothing to do
     UNKNOWN = "unknown"  # no such run in this table
+    MOVED = "moved"  # at another attempt than the caller saw: nothing done
 
 
 def revoke(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, actor: str, reason: str
-) -> Revoked:
-    """Cancel a queued run, or ask its running attempt to stop."""
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, actor: str, reason: str,
+    seen: int | None = None,
+) -> Revoked:  # fmt: skip
+    """Cancel a queued run, or ask its running attempt to stop.
+
+    ``seen``: the attempts the caller saw (an operator's page); a run at another attempt
+    is not revoked blind (MOVED). None: whatever attempt the run is at."""
     _require_transaction(conn, "revoke")
     for _ in range(_TRIES):
         row = load(conn, spec, job_id)
         if row is None:
             return Revoked.UNKNOWN
         attempts = int(row["attempts"])
+        if seen is not None and attempts != seen:
+            return Revoked.MOVED
         if row["state"] == State.QUEUED.value:
             if cancel(conn, spec, job_id, attempts=attempts, actor=actor, reason=reason):
                 return Revoked.CANCELLED
@@ -75,6 +84,30 @@ def _request(
     record_event(
         conn, spec, job_id, attempts, Transition.CANCEL_REQUEST, from_state=State.RUNNING,
         to_state=State.RUNNING, actor=actor, now=row["cancel_requested_at"], reason=reason,
+    )  # fmt: skip
+    return True
+
+
+def repeat_request(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, actor: str,
+    reason: str,
+) -> bool:  # fmt: skip
+    """The audit row of a cancel asked again of a running attempt that was already asked
+    to stop (an operator escalating to terminate); False: the run moved on meanwhile."""
+    _require_transaction(conn, "repeat_request")
+    table = spec.table
+    # Locked, so the audit row cannot land after the run's end (SQLite: one writer anyway).
+    stmt = (
+        select(table.c.job_id)
+        .where(table.c.job_id == job_id, table.c.state == State.RUNNING.value,
+               table.c.attempts == attempt, table.c.cancel_requested_at.is_not(None))
+        .with_for_update()
+    )  # fmt: skip
+    if conn.execute(stmt).first() is None:
+        return False
+    record_event(
+        conn, spec, job_id, attempt, Transition.CANCEL_REQUEST, from_state=State.RUNNING,
+        to_state=State.RUNNING, actor=actor, reason=reason,
     )  # fmt: skip
     return True
 
