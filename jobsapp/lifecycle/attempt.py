@@ -13,11 +13,12 @@ from typing import Any, TypeVar
 
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from jobsapp import crashpoints
 from jobsapp.db import autocommit
-from jobsapp.lifecycle import journal, outbox, results
+from jobsapp.lifecycle import journal, limits, outbox, results
 from jobsapp.lifecycle.context import RunContext, entered
 from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, RetryRequested
 from jobsapp.lifecycle.journal import PendingMessage
@@ -80,6 +81,7 @@ def run_attempt(
     """Run the body under the heartbeat, then write the one outcome it earned; a write
     refused because a revoke asked the attempt to stop ends it cancelled instead."""
     ended = _attempt(app, ctx, body, rules)
+    limits.publish_granted(app, ctx.granted)
     return _honour_cancel(ctx, ended) if ended.end is End.LEASE_LOST else ended
 
 
@@ -134,14 +136,21 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
 
 def _succeed(ctx: RunContext, value: Any) -> Ended:
     def write() -> bool:
-        with autocommit(ctx.engine) as conn:
-            return journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
+        with limits.outcome_connection(ctx.engine, ctx.row) as conn:
+            done = journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
                                    actor=ctx.worker, result=value)  # fmt: skip
+            return _let_go(conn, ctx, done)
 
     if _persistently(write):
         return Ended(End.SUCCEEDED, value=value)
     log.warning("job %s attempt %s: finish refused, lease lost", ctx.job_id, ctx.attempt)
     return Ended(End.LEASE_LOST, "finish refused, lease lost")
+
+
+def _let_go(conn: Connection, ctx: RunContext, written: bool) -> bool:
+    """A limited run's outcome frees its key's slot in the same transaction."""
+    done, ctx.granted = limits.let_go(conn, ctx.spec, ctx.row, written)
+    return done
 
 
 def _persistently(write: Callable[[], T]) -> T:
@@ -211,10 +220,11 @@ def _fail(
     cause: BaseException | None = None,
 ) -> Ended:  # fmt: skip
     def write() -> bool:
-        with autocommit(ctx.engine) as conn:
-            return journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
+        with limits.outcome_connection(ctx.engine, ctx.row) as conn:
+            done = journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
                                 outcome=outcome, error=error, actor=ctx.worker,
                                 detail=detail)  # fmt: skip
+            return _let_go(conn, ctx, done)
 
     if not _persistently(write):
         log.warning("job %s attempt %s: failure refused, lease lost", ctx.job_id, ctx.attempt)

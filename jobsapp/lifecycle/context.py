@@ -14,6 +14,7 @@ from sqlalchemy import Connection, Engine
 from jobsapp.lifecycle import journal, results
 from jobsapp.lifecycle.errors import LeaseLost
 from jobsapp.lifecycle.heartbeat import Heartbeat
+from jobsapp.lifecycle.journal import slots
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.settings import get_settings
 
@@ -26,6 +27,8 @@ class RunContext:
     worker: str
     heartbeat: Heartbeat
     finished: bool = field(default=False)
+    # The runs this attempt's outcome gave its key's slot (a limited key), to publish.
+    granted: slots.Granted = field(default_factory=slots.Granted)
 
     @property
     def job_id(self) -> uuid.UUID:

@@ -72,7 +72,7 @@ def key_limit_column() -> sa.Column[Any]:
 
 def key_limit_check(name: str) -> sa.CheckConstraint:
     """Added to the contract by migration 0016."""
-    return sa.CheckConstraint("key_limit IS NULL OR key_limit >= 2", name=f"ck_{name}_key_limit")
+    return sa.CheckConstraint("key_limit IS NULL OR key_limit >= 1", name=f"ck_{name}_key_limit")
 
 
 def create_active_key_index(batch: Any, name: str, where: str) -> None:

@@ -84,7 +84,7 @@ class RunMixin:
     # attempt's heartbeat stops the body, and its success is refused (journal/revoke.py).
     cancel_requested_at: Mapped[datetime | None]
     # The task's ``limit`` (or ``fair`` window): NULL for one active run per key (the
-    # unique index); N >= 2 for at most N holders of the key's slots (``key_slots``).
+    # unique index); N >= 1 for at most N holders of the key's slots (``key_slots``).
     key_limit: Mapped[int | None] = mapped_column(Integer)
 
     @declared_attr.directive
@@ -104,7 +104,7 @@ class RunMixin:
                 "attempts >= 0 AND max_attempts >= 1 AND rescues >= 0",
                 name=f"ck_{name}_counters",
             ),
-            CheckConstraint("key_limit IS NULL OR key_limit >= 2", name=f"ck_{name}_key_limit"),
+            CheckConstraint("key_limit IS NULL OR key_limit >= 1", name=f"ck_{name}_key_limit"),
             # The mutual exclusion of the contract: one active run per key.
             Index(
                 f"uq_{name}_active_key",
@@ -163,10 +163,19 @@ class KeySlot(Base):
     __table_args__ = (
         UniqueConstraint("run_table", "job_id", name="uq_key_slots_job"),
         UniqueConstraint("run_table", "concurrency_key", "slot_no", name="uq_key_slots_slot"),
-        CheckConstraint("slot_no IS NULL OR (slot_no >= 0 AND slot_no < key_limit)",
-                        name="ck_key_slots_slot_no"),  # fmt: skip
-        Index("ix_key_slots_waiting", "run_table", "concurrency_key", "id",
-              postgresql_where=text("slot_no IS NULL"), sqlite_where=text("slot_no IS NULL")),
+        CheckConstraint(
+            "slot_no IS NULL OR (slot_no >= 0 AND slot_no < key_limit)",
+            name="ck_key_slots_slot_no",
+        ),
+        # The waiters of a key, oldest first.
+        Index(
+            "ix_key_slots_waiting",
+            "run_table",
+            "concurrency_key",
+            "id",
+            postgresql_where=text("slot_no IS NULL"),
+            sqlite_where=text("slot_no IS NULL"),
+        ),
     )
 
 

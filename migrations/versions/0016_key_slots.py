@@ -76,7 +76,7 @@ def upgrade() -> None:
         with op.batch_alter_table(table) as batch:
             batch.add_column(key_limit_column())
             batch.create_check_constraint(f"ck_{table}_key_limit",
-                                          "key_limit IS NULL OR key_limit >= 2")
+                                          "key_limit IS NULL OR key_limit >= 1")
             batch.drop_index(f"uq_{table}_active_key")
         with op.batch_alter_table(table) as batch:
             create_active_key_index(batch, table, EXCLUSIVE)

@@ -43,6 +43,9 @@ class NewJob:
     # Celery's ``expires``, absolute (the producer's clock, as Celery counts it): an
     # attempt still queued then never runs (journal/expire.py).
     expires_at: datetime | None = None
+    # The task's ``limit`` (or ``fair`` window) on its key: None is one active run per key
+    # (the unique index); a number queues the run through the key's slots (slots.py).
+    key_limit: int | None = None
 
 
 def new_claim_token() -> uuid.UUID:
@@ -76,6 +79,7 @@ def _new_row(job: NewJob, now: datetime | None, state: State, attempts: int) -> 
         "result": None,
         "expires_at": job.expires_at,
         "cancel_requested_at": None,
+        "key_limit": job.key_limit,
         **job.values,
     }
 
