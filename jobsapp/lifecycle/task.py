@@ -121,7 +121,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         if "max_retries" in cls.__dict__ and "max_attempts" not in cls.__dict__:
             retries = cls.__dict__["max_retries"]
             cls.max_attempts = 1_000_000 if retries is None else int(retries) + 1
-        newjob.key_limit_of(str(cls.__dict__.get("name", cls.__qualname__)), cls.limit, cls.fair, cls.fair_window)  # refuse early
+        # A wrong limit is refused where the task is declared, not at its first enqueue.
+        name = str(cls.__dict__.get("name", cls.__qualname__))
+        newjob.key_limit_of(name, cls.limit, cls.fair, cls.fair_window)
 
     # --- producer side -------------------------------------------------------------
 

@@ -1,10 +1,96 @@
-"""``limit=N`` and ``fair``: the key's slots in the journal (journal/slots.py)."""
+"""``limit=N`` and ``fair``: a key's slots in the journal (journal/slots.py), on both dialects.
+
+What a user checks: how many runs of a key may start (their messages published), which
+ones wait (parked: no message, no worker), that a freed slot goes to the oldest waiter,
+that duplicates by job_id are still one job and that nothing over the limit is skipped.
+The many-host measurement is tests/e2e/test_key_limits_hosts.py.
+"""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
+from typing import Any
 
+from sqlalchemy import Engine, select
+
+from jobsapp.celery_app import app
+from jobsapp.lifecycle import EnqueueOutcome, journal, registry
+from jobsapp.lifecycle.journal.slots import PARKED, SLOTS
+from jobsapp.maintenance import key_slots
+from tests.support import limit_tasks
+from tests.support.journal_view import outbox_rows, run_row
 from tests.support.migrations import sqlite_then_postgres
+from tests.support.waiting import eventually
+
+
+def _enqueue(tenant: str, n: int, seconds: float = 0.0) -> list[uuid.UUID]:
+    handles = [limit_tasks.limited_plain.apply_async((tenant, seconds)) for _ in range(n)]
+    assert {h.outcome for h in handles} == {EnqueueOutcome.ENQUEUED}
+    return [h.job_id for h in handles]
+
+
+def _parked(db: Engine, job_id: uuid.UUID) -> bool:
+    run, (message,) = run_row(db, job_id), outbox_rows(db, job_id)
+    return bool(run["next_retry_at"] == PARKED and message["available_at"] == PARKED)
+
+
+def _slots(db: Engine, tenant: str) -> dict[uuid.UUID, Any]:
+    with db.connect() as conn:
+        rows = conn.execute(select(SLOTS.c.job_id, SLOTS.c.slot_no)
+                            .where(SLOTS.c.concurrency_key == tenant)).all()  # fmt: skip
+    return {job_id: slot_no for job_id, slot_no in rows}
+
+
+def test_a_limited_key_publishes_n_runs_and_parks_the_rest_in_arrival_order(
+    db: Engine, redis_clean: None
+) -> None:
+    jobs = _enqueue("t1", 5)
+    other = _enqueue("t2", 1)
+    assert [_parked(db, j) for j in jobs] == [False, False, False, True, True]
+    assert sorted(s for s in _slots(db, "t1").values() if s is not None) == [0, 1, 2]
+    assert _slots(db, "t2") == {other[0]: 0}
+    assert all(run_row(db, j)["state"] == "queued" for j in jobs)
+    # Over the limit is a wait, never a skip; the same job_id is still one job.
+    again = limit_tasks.limited_plain.apply_async(("t1", 0.0), job_id=jobs[4])
+    assert again.outcome == EnqueueOutcome.DUPLICATE
+
+
+def test_a_freed_slot_goes_to_the_oldest_waiter_in_the_finishing_transaction(
+    db: Engine, redis_clean: None
+) -> None:
+    jobs = _enqueue("t1", 5)
+    spec = registry.JOBS
+    with db.begin() as conn:
+        claimed = journal.claim(conn, spec, jobs[1], 1, worker="w1")
+        assert claimed is not None
+        assert journal.succeed(conn, spec, jobs[1], 1, token=claimed["claim_token"], actor="w1")
+        granted = journal.slots.release(conn, spec, jobs[1])
+    assert granted.job_ids == {jobs[3]}
+    assert [m.job_id for m in granted.messages] == [jobs[3]]
+    assert [_parked(db, j) for j in jobs[2:]] == [False, False, True]
+    assert _slots(db, "t1")[jobs[3]] == 1  # the slot jobs[1] held
+
+
+def test_the_sweep_frees_the_slot_of_a_run_cancelled_while_queued(
+    db: Engine, redis_clean: None
+) -> None:
+    jobs = _enqueue("t1", 4)
+    with db.begin() as conn:
+        assert journal.cancel(conn, registry.JOBS, jobs[0], attempts=0, actor="operator",
+                              reason="test")  # fmt: skip
+    assert _parked(db, jobs[3])
+    assert key_slots.run_once(app, db) == {"slots_freed": 1, "slots_granted": 1}
+    assert not _parked(db, jobs[3])
+    assert set(_slots(db, "t1")) == set(jobs[1:])
+
+
+def test_limited_runs_all_finish_with_a_worker_and_leave_no_slot(
+    db: Engine, worker: object
+) -> None:
+    jobs = _enqueue("t1", 7, 0.05) + _enqueue("t2", 2)
+    eventually(lambda: all(run_row(db, j)["state"] == "succeeded" for j in jobs), timeout=60)
+    assert _slots(db, "t1") == {} and _slots(db, "t2") == {}
 
 
 def test_migration_0016_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:

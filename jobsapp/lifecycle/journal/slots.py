@@ -87,13 +87,21 @@ def admit(
 
 
 def release(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, now: datetime | None = None
-) -> Granted:
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, now: datetime | None = None,
+    if_ended: bool = False,
+) -> Granted:  # fmt: skip
     """The run ``job_id`` stops holding (or waiting for) its key's slot; the oldest waiter
-    takes the slot. Its message is for the caller to publish after COMMIT."""
+    takes the slot. Its message is for the caller to publish after COMMIT.
+
+    ``if_ended`` (the sweep) lets go only of a run that is not active in the statement's
+    own snapshot, so a rerun that joined the line meanwhile keeps its place.
+    """
+    table = spec.table
+    guard = [] if not if_ended else [~select(table.c.job_id).where(
+        table.c.job_id == job_id, table.c.state.in_(ACTIVE_STATES)).exists()]  # fmt: skip
     stmt = (
         delete(SLOTS)
-        .where(SLOTS.c.run_table == spec.table.name, SLOTS.c.job_id == job_id)
+        .where(SLOTS.c.run_table == table.name, SLOTS.c.job_id == job_id, *guard)
         .returning(SLOTS.c.concurrency_key, SLOTS.c.slot_no, SLOTS.c.key_limit)
     )
     gone = conn.execute(stmt).first()
