@@ -90,7 +90,7 @@ def test_limited_runs_all_finish_with_a_worker_and_leave_no_slot(
 ) -> None:
     jobs = _enqueue("t1", 7, 0.05) + _enqueue("t2", 2)
     eventually(lambda: all(run_row(db, j)["state"] == "succeeded" for j in jobs), timeout=60)
-    assert _slots(db, "t1") == {} and _slots(db, "t2") == {}
+    assert (_slots(db, "t1"), _slots(db, "t2")) == ({}, {})
 
 
 def test_migration_0016_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
