@@ -4,6 +4,8 @@ own database, so a test reads every host's bodies in one place."""
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 
 from sqlalchemy import text
@@ -51,3 +53,16 @@ def fair_tenant(tenant: str, seconds: float) -> None:
 def limited_plain(tenant: str, seconds: float) -> None:
     del tenant
     time.sleep(seconds)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.support.limit_tasks TASK '<json list of [tenant, seconds]>'``:
+    a producer process, enqueuing in the given order (fast-path publish after COMMIT)."""
+    task, calls = app.tasks[argv[0]], json.loads(argv[1])
+    for tenant, seconds in calls:
+        task.apply_async((tenant, seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
