@@ -75,13 +75,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             env = service_env(database_url=url, broker_url=server.url, var_dir=tmp_path,
                               settings={"JOBSAPP_IMPORTS": IMPORTS})  # fmt: skip
             with launching(env, tmp_path) as launcher:
-                yield _started(Cluster(launcher, engine))
+                yield Cluster(launcher, engine)
             engine.dispose()
     finally:
         server.close()
 
 
-def _started(cluster: Cluster) -> Cluster:
+def start_hosts(cluster: Cluster) -> None:
     flags = list(WORKER_FLAGS)
     flags[flags.index("-c") + 1] = str(CHILDREN)
     argv = [str(BIN / "celery"), "-A", "jobsapp", "worker", *flags]
@@ -89,7 +89,6 @@ def _started(cluster: Cluster) -> Cluster:
                        for i in range(HOSTS)]  # fmt: skip
     beat = cluster.launcher.beat("beat")
     ready(*cluster.workers, beat, timeout=120)
-    return cluster
 
 
 def most_at_once(spans: Sequence[tuple[datetime, datetime]]) -> int:
@@ -131,6 +130,7 @@ class SlotSampler(threading.Thread):
 def test_200_jobs_over_4_keys_with_limit_3_on_4_hosts_run_exactly_3_per_key(
     cluster: Cluster,
 ) -> None:
+    start_hosts(cluster)
     keys = [f"k{i}" for i in range(4)]
     sampler = SlotSampler(cluster.engine, limit_tasks.LIMIT)
     sampler.start()
@@ -147,3 +147,19 @@ def test_200_jobs_over_4_keys_with_limit_3_on_4_hosts_run_exactly_3_per_key(
     assert sampler.longest < RELAY_TICK, sampler.longest
     with cluster.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM key_slots")).scalar_one() == 0
+
+
+def test_a_fair_task_serves_a_tenant_of_10_before_another_tenants_backlog_of_500(
+    cluster: Cluster,
+) -> None:
+    # Both backlogs are in the journal before any worker listens: the worst case for B.
+    cluster.produce("tests.fair_tenant", [("A", 0.02)] * 500 + [("B", 0.02)] * 10)
+    start_hosts(cluster)
+    eventually(lambda: cluster.finished(510), timeout=180, interval=0.5)
+    with cluster.engine.connect() as conn:
+        order = conn.execute(text(
+            "SELECT concurrency_key FROM job_runs WHERE task_name = 'tests.fair_tenant' "
+            "ORDER BY finished_at")).scalars().all()  # fmt: skip
+    a_before_last_b = order[: max(i for i, key in enumerate(order) if key == "B")].count("A")
+    print(f"fair: A finished {a_before_last_b} of 500 before B's last of 10")
+    assert a_before_last_b < 100, a_before_last_b
