@@ -8,6 +8,7 @@ The many-host measurement is tests/e2e/test_key_limits_hosts.py.
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,10 @@ from jobsapp.celery_app import app
 from jobsapp.lifecycle import EnqueueOutcome, journal, registry
 from jobsapp.lifecycle.journal.slots import PARKED, SLOTS
 from jobsapp.maintenance import key_slots
+from jobsapp.web.app import create_app
+from tests.integration.test_admin_login import TOKEN, log_in
 from tests.support import limit_tasks
+from tests.support.attachments import environment
 from tests.support.journal_view import outbox_rows, run_row
 from tests.support.migrations import sqlite_then_postgres
 from tests.support.waiting import eventually
@@ -91,6 +95,21 @@ def test_limited_runs_all_finish_with_a_worker_and_leave_no_slot(
     jobs = _enqueue("t1", 7, 0.05) + _enqueue("t2", 2)
     eventually(lambda: all(run_row(db, j)["state"] == "succeeded" for j in jobs), timeout=60)
     assert (_slots(db, "t1"), _slots(db, "t2")) == ({}, {})
+
+
+def test_the_queues_page_shows_each_limited_keys_slots_and_waiting_runs(
+    db: Engine, redis_clean: None
+) -> None:
+    _enqueue("t1", 5)
+    _enqueue("t2", 1)
+    with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
+        client = create_app().test_client()
+        assert log_in(client, "http://admin.local")[0] == 303
+        page = client.get("/admin/queues", base_url="http://admin.local").get_data(as_text=True)
+    table = page.split('id="keys"', 1)[1].split("</table>", 1)[0]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in table.split("<tr>")[2:]]
+    shown = [(module, key, n, held, waiting) for module, key, n, held, waiting, _ in rows]
+    assert shown == [("jobs", "t1", "3", "3", "2"), ("jobs", "t2", "3", "1", "0")]
 
 
 def test_migration_0016_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
