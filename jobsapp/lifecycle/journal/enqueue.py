@@ -54,17 +54,17 @@ def enqueue(
     result = inserted or enqueue_existing(conn, job, now=now, actor=actor)
     if job.key_limit is None or result.outcome is not EnqueueOutcome.ENQUEUED:
         return result
-    return _in_line(conn, job, result, now)
+    return _in_line(conn, job, result, rerun=inserted is None, now=now)
 
 
 def _in_line(
-    conn: Connection, job: NewJob, result: EnqueueResult, now: datetime | None
+    conn: Connection, job: NewJob, result: EnqueueResult, *, rerun: bool, now: datetime | None
 ) -> EnqueueResult:
     """A limited key's run holds a slot, or waits parked with no message to publish."""
     delayed = job.not_before is not None or job.delay is not None
     due_at = result.message.available_at if delayed and result.message else None
-    granted = slots.admit(conn, job.spec, job.job_id, job.concurrency_key, job.key_limit or 2,
-                          due_at=due_at, now=now)  # fmt: skip
+    granted = slots.admit(conn, job.spec, job.job_id, job.concurrency_key, job.key_limit or 1,
+                          due_at=due_at, rerun=rerun, now=now)  # fmt: skip
     return result if job.job_id in granted.job_ids else replace(result, message=None)
 
 

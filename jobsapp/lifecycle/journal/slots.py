@@ -68,19 +68,20 @@ def free_slots(held: Sequence[int], limit: int) -> list[int]:
 
 def admit(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, key: str, limit: int, *,
-    due_at: datetime | None, now: datetime | None = None,
+    due_at: datetime | None, rerun: bool = False, now: datetime | None = None,
 ) -> Granted:  # fmt: skip
     """Join ``key``'s line for a run just queued (its outbox row written, unpublished):
     it holds a slot if one was free and nobody waited before it, else it waits, parked.
 
-    A run queued again (a rerun) leaves the line it was in first.
+    A run queued again (a ``rerun``) leaves the line it was in first.
     """
-    release(conn, spec, job_id, now=now)
+    if rerun:
+        release(conn, spec, job_id, now=now)
     conn.execute(insert(SLOTS).values(
         run_table=spec.table.name, concurrency_key=key, job_id=job_id, key_limit=limit,
         slot_no=None, due_at=due_at, created_at=clock(conn, now),
     ))  # fmt: skip
-    granted = grant(conn, spec, key, limit, now=now)
+    granted = grant(conn, spec, key, limit, now=now, fresh=job_id)
     if job_id not in granted.job_ids:
         _park(conn, spec, job_id)
     return granted
@@ -111,21 +112,24 @@ def release(
 
 
 def grant(
-    conn: Connection, spec: RunTable, key: str, limit: int, *, now: datetime | None = None
-) -> Granted:
-    """Give ``key``'s free slots (of ``limit``) to its oldest waiters and make them due."""
+    conn: Connection, spec: RunTable, key: str, limit: int, *, now: datetime | None = None,
+    fresh: uuid.UUID | None = None,
+) -> Granted:  # fmt: skip
+    """Give ``key``'s free slots (of ``limit``) to its oldest waiters and make them due;
+    ``fresh`` (a run joining the line now) was never parked."""
     _lock(conn, spec, key)
+    # Read after the lock: a waiter whose line-joining commits later grants itself then.
     mine = (SLOTS.c.run_table == spec.table.name, SLOTS.c.concurrency_key == key)
-    held = conn.execute(select(SLOTS.c.slot_no).where(*mine, SLOTS.c.slot_no.is_not(None)))
-    free = free_slots([int(n) for n, in held], limit)
-    if not free:
-        return Granted()
     waiting = conn.execute(
         select(SLOTS.c.id, SLOTS.c.job_id, SLOTS.c.key_limit, SLOTS.c.due_at)
         .where(*mine, SLOTS.c.slot_no.is_(None))
         .order_by(SLOTS.c.id)
-        .limit(len(free))
+        .limit(limit)
     ).all()
+    if not waiting:
+        return Granted()
+    held = conn.execute(select(SLOTS.c.slot_no).where(*mine, SLOTS.c.slot_no.is_not(None)))
+    free = free_slots([int(n) for n, in held], limit)
     granted = Granted()
     for waiter, slot_no in zip((Waiter(*w) for w in waiting), free, strict=False):
         taken = conn.execute(
@@ -133,7 +137,8 @@ def grant(
             .values(slot_no=slot_no)
         ).rowcount  # fmt: skip
         if taken:
-            granted += Granted(frozenset({waiter.job_id}), _unpark(conn, spec, waiter, now))
+            due = () if waiter.job_id == fresh else _unpark(conn, spec, waiter, now)
+            granted += Granted(frozenset({waiter.job_id}), due)
     return granted
 
 
