@@ -22,7 +22,6 @@ from jobsapp.db import UtcDateTime
 from jobsapp.lifecycle.ddl import (
     RUNS_VIEW,
     create_active_key_index,
-    key_limit_check,
     key_limit_column,
     replace_runs_view,
 )
@@ -94,7 +93,7 @@ def downgrade() -> None:
         with op.batch_alter_table(table) as batch:
             batch.drop_index(f"uq_{table}_active_key")
         with op.batch_alter_table(table) as batch:
-            batch.drop_constraint(key_limit_check(table).name, type_="check")
+            batch.drop_constraint(f"ck_{table}_key_limit", type_="check")
             batch.drop_column("key_limit")
             create_active_key_index(batch, table, ACTIVE)
     replace_runs_view(RUNS)

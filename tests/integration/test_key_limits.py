@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, select
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import EnqueueOutcome, journal, registry
+from jobsapp.lifecycle import EnqueueOutcome, journal, limits, registry
 from jobsapp.lifecycle.journal.slots import PARKED, SLOTS
 from jobsapp.maintenance import key_slots
 from jobsapp.web.app import create_app
@@ -58,6 +59,9 @@ def test_a_limited_key_publishes_n_runs_and_parks_the_rest_in_arrival_order(
     # Over the limit is a wait, never a skip; the same job_id is still one job.
     again = limit_tasks.limited_plain.apply_async(("t1", 0.0), job_id=jobs[4])
     assert again.outcome == EnqueueOutcome.DUPLICATE
+    # A stray message of a waiting run (a duplicate publish) starts nothing.
+    with db.begin() as conn:
+        assert journal.claim(conn, registry.JOBS, jobs[4], 1, worker="w") is None
 
 
 def test_a_freed_slot_goes_to_the_oldest_waiter_in_the_finishing_transaction(
@@ -87,6 +91,38 @@ def test_the_sweep_frees_the_slot_of_a_run_cancelled_while_queued(
     assert key_slots.run_once(app, db) == {"slots_freed": 1, "slots_granted": 1}
     assert not _parked(db, jobs[3])
     assert set(_slots(db, "t1")) == set(jobs[1:])
+
+
+def test_the_reapers_fail_frees_the_slot_for_the_oldest_waiter(
+    db: Engine, redis_clean: None
+) -> None:
+    jobs = _enqueue("t1", 4)
+    spec = registry.JOBS
+    with db.begin() as conn:
+        assert journal.claim(conn, spec, jobs[0], 1, worker="w") is not None
+    later = datetime.now(UTC) + timedelta(hours=1)
+    with db.begin() as conn:
+        stale = journal.find_stale(conn, spec, cutoff=later, limit=10)
+        reaped = journal.reap(conn, spec, stale, requeue_them=False, cutoff=later,
+                              reason="stale", now=datetime.now(UTC))  # fmt: skip
+    assert [r.job_id for r in reaped] == [jobs[0]]
+    assert not _parked(db, jobs[3])
+    assert set(_slots(db, "t1")) == set(jobs[1:])
+
+
+def test_a_fair_run_lets_its_keys_next_run_be_published_once_claimed(
+    db: Engine, redis_clean: None
+) -> None:
+    handles = [limit_tasks.fair_tenant.apply_async(("A", 0.0)) for _ in range(3)]
+    jobs = [h.job_id for h in handles]
+    assert [_parked(db, j) for j in jobs] == [False, False, True]
+    spec = registry.JOBS
+    with db.begin() as conn:
+        row = journal.claim(conn, spec, jobs[0], 1, worker="w")
+    assert row is not None
+    limits.after_fair_claim(app, db, spec, row)
+    assert not _parked(db, jobs[2])
+    assert set(_slots(db, "A")) == set(jobs[1:])
 
 
 def test_limited_runs_all_finish_with_a_worker_and_leave_no_slot(
