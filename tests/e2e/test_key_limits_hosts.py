@@ -37,6 +37,8 @@ HOSTS, CHILDREN = 4, 2
 # The relay's default tick (celeryconfig.py): a free slot may wait at most this long.
 RELAY_TICK = 2.0
 IMPORTS = "tests.support.tasks,tests.support.limit_tasks"
+# Long enough that a published message is claimed well within a body of its key.
+BODY = 0.3
 
 
 @dataclass
@@ -134,7 +136,12 @@ def test_200_jobs_over_4_keys_with_limit_3_on_4_hosts_run_exactly_3_per_key(
     keys = [f"k{i}" for i in range(4)]
     sampler = SlotSampler(cluster.engine, limit_tasks.LIMIT)
     sampler.start()
-    cluster.produce("tests.limited", [(keys[i % 4], 0.15) for i in range(200)])
+    # Two keys first: their 6 slots fit the 8 children, so each runs 3 at once. Then two
+    # more while those run: 12 slots for 8 children, the limit under contention, until
+    # the first two drain and the last two have the children to run 3 at once each.
+    cluster.produce("tests.limited", [(keys[i % 2], BODY) for i in range(100)])
+    eventually(lambda: cluster.finished(30), timeout=60, interval=0.1)
+    cluster.produce("tests.limited", [(keys[2 + i % 2], BODY) for i in range(100)])
     eventually(lambda: cluster.finished(200), timeout=150, interval=0.5)
     sampler.stop.set()
     sampler.join()
@@ -143,6 +150,9 @@ def test_200_jobs_over_4_keys_with_limit_3_on_4_hosts_run_exactly_3_per_key(
     peaks = {k: most_at_once([(p["started_at"], p["ended_at"]) for p in probes if p["key"] == k])
              for k in keys}  # fmt: skip
     assert peaks == dict.fromkeys(keys, limit_tasks.LIMIT), peaks
+    # The four keys did contend: the last two started before the first two drained.
+    first_two_done = max(p["ended_at"] for p in probes if p["key"] in keys[:2])
+    assert min(p["started_at"] for p in probes if p["key"] in keys[2:]) < first_two_done
     assert sampler.samples > 10
     assert sampler.longest < RELAY_TICK, sampler.longest
     with cluster.engine.connect() as conn:
