@@ -30,6 +30,8 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - expire.py: Transition.EXPIRE (queued past ``expires_at``)
 - reap.py: Transition.REAP_REQUEUE, REAP_FAIL (the reaper's queries)
 - reads.py: the reads of one run (load, snoozes, the holder of a key)
+- slots.py: a limited key's line (``limit=N``, ``fair``): admit, grant, release; the run
+  stays queued (parked while it waits), so no transition of its own
 - new_run.py: ``NewJob`` and the row a new run starts as
 - events.py, outbox_rows.py: the event and outbox rows a transition writes
 - plans.py: the statement compiler (prebuilt plans per run table and dialect, ``_run``)

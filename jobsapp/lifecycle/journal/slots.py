@@ -7,8 +7,9 @@ no claim takes it and no relay publishes it; it holds no worker. When a holder l
 (``release``: its finish, its reap, a fair run's claim) the oldest waiter of the key takes
 the slot in the same transaction and is made due (``grant``); its message is returned for
 the caller to publish after COMMIT, and the relay publishes it anyway if that fails.
-``sweep`` (maintenance/key_slots.py) frees the slots of runs that ended another way
-(cancel, expiry, revoke, a crash between statements) and grants them within one tick.
+The relay tick's sweep (maintenance/key_slots.py, through ``ended_holders`` and
+``keys_with_room``) frees the slots of runs that ended another way (cancel, expiry, revoke,
+a crash between statements) and grants them within one tick.
 
 The limit is the unique (run_table, concurrency_key, slot_no) of ``key_slots``: there are
 N slot numbers, so no transaction on any host makes an N+1st holder. Grants of one key are
@@ -45,7 +46,6 @@ PARKED = datetime(9999, 1, 1, tzinfo=UTC)
 class Waiter:
     id: int
     job_id: uuid.UUID
-    key_limit: int
     due_at: datetime | None
 
 
@@ -121,7 +121,7 @@ def grant(
     # Read after the lock: a waiter whose line-joining commits later grants itself then.
     mine = (SLOTS.c.run_table == spec.table.name, SLOTS.c.concurrency_key == key)
     waiting = conn.execute(
-        select(SLOTS.c.id, SLOTS.c.job_id, SLOTS.c.key_limit, SLOTS.c.due_at)
+        select(SLOTS.c.id, SLOTS.c.job_id, SLOTS.c.due_at)
         .where(*mine, SLOTS.c.slot_no.is_(None))
         .order_by(SLOTS.c.id)
         .limit(limit)
