@@ -133,6 +133,15 @@ def test_limited_runs_all_finish_with_a_worker_and_leave_no_slot(
     assert (_slots(db, "t1"), _slots(db, "t2")) == ({}, {})
 
 
+def test_a_body_that_commits_its_own_success_hands_its_slot_on_too(
+    db: Engine, worker: object
+) -> None:
+    handles = [limit_tasks.limited_completing.apply_async(("t3",)) for _ in range(5)]
+    jobs = [h.job_id for h in handles]
+    eventually(lambda: all(run_row(db, j)["state"] == "succeeded" for j in jobs), timeout=30)
+    assert _slots(db, "t3") == {}
+
+
 def test_the_queues_page_shows_each_limited_keys_slots_and_waiting_runs(
     db: Engine, redis_clean: None
 ) -> None:

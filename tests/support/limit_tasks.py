@@ -66,3 +66,11 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+
+
+@lifecycle_task(app, name="tests.limited_completing", key="{tenant}", limit=LIMIT)
+def limited_completing(tenant: str) -> None:
+    """Commits its own writes with the success (``RunContext.completing``)."""
+    del tenant
+    with current_run().completing():
+        pass
