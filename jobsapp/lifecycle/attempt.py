@@ -81,8 +81,10 @@ def run_attempt(
     """Run the body under the heartbeat, then write the one outcome it earned; a write
     refused because a revoke asked the attempt to stop ends it cancelled instead."""
     ended = _attempt(app, ctx, body, rules)
+    if ended.end is End.LEASE_LOST:
+        ended = _honour_cancel(ctx, ended)
     limits.publish_granted(app, ctx.granted)
-    return _honour_cancel(ctx, ended) if ended.end is End.LEASE_LOST else ended
+    return ended
 
 
 def _honour_cancel(ctx: RunContext, lost: Ended) -> Ended:
@@ -90,8 +92,9 @@ def _honour_cancel(ctx: RunContext, lost: Ended) -> Ended:
     ends the attempt cancelled; anything else left the lease lost."""
     def write() -> bool:
         with ctx.engine.begin() as conn:
-            return journal.honour_cancel(conn, ctx.spec, ctx.job_id, ctx.attempt,
+            done = journal.honour_cancel(conn, ctx.spec, ctx.job_id, ctx.attempt,
                                          token=ctx.token, actor=ctx.worker)  # fmt: skip
+            return _let_go(conn, ctx, done)
 
     if not _persistently(write):
         return lost

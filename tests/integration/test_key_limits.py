@@ -142,6 +142,23 @@ def test_a_body_that_commits_its_own_success_hands_its_slot_on_too(
     assert _slots(db, "t3") == {}
 
 
+def test_a_revoked_running_run_lets_go_of_its_slot_as_it_stops(
+    db: Engine, worker: object
+) -> None:
+    looping = [limit_tasks.limited_looping.apply_async(("t4", 60.0)) for _ in range(2)]
+    quick = [limit_tasks.limited_looping.apply_async(("t4", 0.0)) for _ in range(2)]
+    # Two slots loop (the in-process worker has two threads), the third one's run waits
+    # for a thread, the fourth for a slot.
+    eventually(lambda: all(run_row(db, h.job_id)["state"] == "running" for h in looping))
+    assert _parked(db, quick[1].job_id)
+    app.control.revoke(str(looping[0].job_id), terminate=True)
+    eventually(lambda: run_row(db, looping[0].job_id)["outcome"] == "cancelled")
+    eventually(lambda: all(run_row(db, h.job_id)["state"] == "succeeded" for h in quick))
+    app.control.revoke(str(looping[1].job_id), terminate=True)
+    # No relay runs here: only the cancel's own transaction can have freed the slots.
+    eventually(lambda: _slots(db, "t4") == {})
+
+
 def test_the_queues_page_shows_each_limited_keys_slots_and_waiting_runs(
     db: Engine, redis_clean: None
 ) -> None:

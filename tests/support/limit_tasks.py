@@ -74,3 +74,13 @@ def limited_completing(tenant: str) -> None:
     del tenant
     with current_run().completing():
         pass
+
+
+@lifecycle_task(app, name="tests.limited_looping", key="{tenant}", limit=LIMIT,
+                heartbeat_interval=0.2)  # fmt: skip
+def limited_looping(tenant: str, seconds: float) -> None:
+    """Loops until ``seconds`` pass or its heartbeat stops it (a revoke)."""
+    del tenant
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.05)
