@@ -1,9 +1,10 @@
 """A worker's side of a limited key (``limit=N``, ``fair``): letting go of the key's slot.
 
 A limited run frees its slot in the transaction that ends it (its succeed or fail, a
-body's ``completing``, a revoke's cancel), and a ``fair`` run in the one after its claim; the oldest waiter of the key is granted the slot
-there (journal/slots.py) and its message is published after COMMIT by this worker, as a
-producer publishes its own. Runs of other tasks keep their one-statement autocommit writes.
+body's ``completing``, a revoke's cancel), and a ``fair`` run in the one after its claim;
+the oldest waiter of the key is granted the slot there (journal/slots.py) and its message
+is published after COMMIT by this worker, as a producer publishes its own. Runs of other
+tasks keep their one-statement autocommit writes.
 """
 
 from __future__ import annotations

@@ -136,12 +136,12 @@ def test_200_jobs_over_4_keys_with_limit_3_on_4_hosts_run_exactly_3_per_key(
     keys = [f"k{i}" for i in range(4)]
     sampler = SlotSampler(cluster.engine, limit_tasks.LIMIT)
     sampler.start()
-    # Two keys first: their 6 slots fit the 8 children, so each runs 3 at once. Then two
-    # more while those run: 12 slots for 8 children, the limit under contention, until
-    # the first two drain and the last two have the children to run 3 at once each.
-    cluster.produce("tests.limited", [(keys[i % 2], BODY) for i in range(100)])
-    eventually(lambda: cluster.finished(30), timeout=60, interval=0.1)
-    cluster.produce("tests.limited", [(keys[2 + i % 2], BODY) for i in range(100)])
+    # One producer, two keys first: while it enqueues their 100 jobs, their 6 slots fit
+    # the 8 children, so each runs 3 at once. Then two more keys, at once: 12 slots for 8
+    # children, the limit under contention, until the first two drain (they started
+    # ahead) and the last two have the children to run 3 at once each.
+    cluster.produce("tests.limited", [(keys[i % 2], BODY) for i in range(100)]
+                    + [(keys[2 + i % 2], BODY) for i in range(100)])  # fmt: skip
     eventually(lambda: cluster.finished(200), timeout=150, interval=0.5)
     sampler.stop.set()
     sampler.join()
