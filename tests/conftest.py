@@ -38,7 +38,9 @@ settings.load_profile(HYPOTHESIS_PROFILE)
 
 app.conf.task_default_queue = f"jobsapp-tests-{SESSION}"
 
-TABLES_IN_DELETE_ORDER = ("job_events", "outbox", "leases", "job_runs", "workflow_steps")
+TABLES_IN_DELETE_ORDER = (
+    "job_events", "outbox", "leases", "key_slots", "job_runs", "workflow_steps"
+)
 
 
 def migrate(url: str) -> None:

@@ -19,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 
 from jobsapp import crashpoints
 from jobsapp.db import autocommit
-from jobsapp.lifecycle import journal, outbox, results
+from jobsapp.lifecycle import journal, limits, outbox, results
 from jobsapp.lifecycle.context import RunContext, entered
 from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, RetryRequested
 from jobsapp.lifecycle.journal import PendingMessage
@@ -82,7 +82,10 @@ def run_attempt(
     """Run the body under the heartbeat, then write the one outcome it earned; a write
     refused because a revoke asked the attempt to stop ends it cancelled instead."""
     ended = _attempt(app, ctx, body, rules)
-    return _honour_cancel(ctx, ended) if ended.end is End.LEASE_LOST else ended
+    if ended.end is End.LEASE_LOST:
+        ended = _honour_cancel(ctx, ended)
+    limits.publish_granted(app, ctx.granted)
+    return ended
 
 
 def _honour_cancel(ctx: RunContext, lost: Ended) -> Ended:
@@ -90,8 +93,9 @@ def _honour_cancel(ctx: RunContext, lost: Ended) -> Ended:
     ends the attempt cancelled; anything else left the lease lost."""
     def write() -> bool:
         with ctx.engine.begin() as conn:
-            return journal.honour_cancel(conn, ctx.spec, ctx.job_id, ctx.attempt,
+            done = journal.honour_cancel(conn, ctx.spec, ctx.job_id, ctx.attempt,
                                          token=ctx.token, actor=ctx.worker)  # fmt: skip
+            return _let_go(conn, ctx, done)
 
     if not _persistently(write):
         return lost
@@ -140,7 +144,7 @@ def _succeed(app: Celery, ctx: RunContext, value: Any) -> Ended:
         with _outcome_connection(ctx) as conn:
             done = journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
                                    actor=ctx.worker, result=value, started=started)  # fmt: skip
-        return done, started
+            return _let_go(conn, ctx, done), started
 
     done, started = _persistently(write)
     if done:
@@ -152,8 +156,11 @@ def _succeed(app: Celery, ctx: RunContext, value: Any) -> Ended:
 
 def _outcome_connection(ctx: RunContext) -> AbstractContextManager[Connection]:
     """One statement for a job of its own; a workflow step's end also writes the steps it
-    starts, in the same transaction (journal/workflow.py)."""
-    return ctx.engine.begin() if ctx.row.get("workflow_id") else autocommit(ctx.engine)
+    starts (journal/workflow.py), and a limited run's frees its key's slot, in the same
+    transaction."""
+    if ctx.row.get("workflow_id") or limits.is_limited(ctx.row):
+        return ctx.engine.begin()
+    return autocommit(ctx.engine)
 
 
 def _publish_started(app: Celery, started: list[PendingMessage]) -> None:
@@ -161,6 +168,12 @@ def _publish_started(app: Celery, started: list[PendingMessage]) -> None:
     if started:
         crashpoints.hit("step_after_commit_before_successors")
         outbox.publish_now(app, [journal.on_local_clock(m, timedelta(0)) for m in started])
+
+
+def _let_go(conn: Connection, ctx: RunContext, written: bool) -> bool:
+    """A limited run's outcome frees its key's slot in the same transaction."""
+    done, ctx.granted = limits.let_go(conn, ctx.spec, ctx.row, written)
+    return done
 
 
 def _persistently(write: Callable[[], T]) -> T:
@@ -235,7 +248,7 @@ def _fail(
             done = journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
                                 outcome=outcome, error=error, actor=ctx.worker,
                                 detail=detail, started=started)  # fmt: skip
-        return done, started
+            return _let_go(conn, ctx, done), started
 
     done, started = _persistently(write)
     if not done:

@@ -11,9 +11,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from jobsapp.lifecycle import journal, results
+from jobsapp.lifecycle import journal, limits, results
 from jobsapp.lifecycle.errors import LeaseLost
 from jobsapp.lifecycle.heartbeat import Heartbeat
+from jobsapp.lifecycle.journal import slots
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.settings import get_settings
 
@@ -26,6 +27,8 @@ class RunContext:
     worker: str
     heartbeat: Heartbeat
     finished: bool = field(default=False)
+    # The runs this attempt's outcome gave its key's slot (a limited key), to publish.
+    granted: slots.Granted = field(default_factory=slots.Granted)
 
     @property
     def job_id(self) -> uuid.UUID:
@@ -64,6 +67,8 @@ class RunContext:
             if not journal.succeed(conn, self.spec, self.job_id, self.attempt, token=self.token,
                                    actor=self.worker, result=kept):  # fmt: skip
                 raise LeaseLost(f"job {self.job_id} attempt {self.attempt}: finish refused")
+            # A limited key's slot goes with the success, in this transaction.
+            _, self.granted = limits.let_go(conn, self.spec, self.row, True)
             yield conn
         self.finished = True
 

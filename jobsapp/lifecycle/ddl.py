@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from jobsapp.db import UtcDateTime
-from jobsapp.lifecycle.tables import ACTIVE_SQL
+from jobsapp.lifecycle.tables import EXCLUSIVE_SQL
 
 
 def _columns() -> list[sa.Column[Any]]:
@@ -39,6 +39,7 @@ def _columns() -> list[sa.Column[Any]]:
         result_column(),
         *expiry_and_cancel_columns(),
         workflow_column(),
+        key_limit_column(),
     ]
 
 
@@ -70,6 +71,22 @@ def workflow_column() -> sa.Column[Any]:
     return sa.Column("workflow_id", sa.Uuid(), nullable=True)
 
 
+def key_limit_column() -> sa.Column[Any]:
+    """Added to the contract by migration 0016."""
+    return sa.Column("key_limit", sa.Integer(), nullable=True)
+
+
+def key_limit_check(name: str) -> sa.CheckConstraint:
+    """Added to the contract by migration 0016."""
+    return sa.CheckConstraint("key_limit IS NULL OR key_limit >= 1", name=f"ck_{name}_key_limit")
+
+
+def create_active_key_index(batch: Any, name: str, where: str) -> None:
+    """The one-active-run-per-key index; since 0016 ``where`` leaves limited runs out."""
+    batch.create_index(f"uq_{name}_active_key", ["concurrency_key"], unique=True,
+                       postgresql_where=sa.text(where), sqlite_where=sa.text(where))  # fmt: skip
+
+
 def _checks(name: str) -> list[sa.CheckConstraint]:
     return [
         sa.CheckConstraint(
@@ -85,6 +102,7 @@ def _checks(name: str) -> list[sa.CheckConstraint]:
         sa.CheckConstraint(
             "attempts >= 0 AND max_attempts >= 1 AND rescues >= 0", name=f"ck_{name}_counters"
         ),
+        key_limit_check(name),
     ]
 
 
@@ -92,7 +110,6 @@ def create_run_table(name: str, *extra: Any) -> None:
     """Create a run table with the lifecycle contract plus the domain's ``extra`` items."""
     op.create_table(name, *extra, *_columns(), *_checks(name), sa.PrimaryKeyConstraint("job_id"))
     running = sa.text("state = 'running'")
-    active = sa.text(ACTIVE_SQL)
     finished = sa.text("finished_at IS NOT NULL")
     with op.batch_alter_table(name) as batch:
         batch.create_index(f"ix_{name}_finished", ["finished_at"],
@@ -100,8 +117,7 @@ def create_run_table(name: str, *extra: Any) -> None:
         batch.create_index(f"ix_{name}_running_heartbeat", ["heartbeat_at"],
                            postgresql_where=running, sqlite_where=running)  # fmt: skip
         batch.create_index(f"ix_{name}_state_updated", ["state", "updated_at"])
-        batch.create_index(f"uq_{name}_active_key", ["concurrency_key"], unique=True,
-                           postgresql_where=active, sqlite_where=active)  # fmt: skip
+        create_active_key_index(batch, name, EXCLUSIVE_SQL)
 
 
 # The UNION ALL projection over every run table, for ad-hoc SQL and dashboards.

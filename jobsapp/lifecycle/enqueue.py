@@ -166,6 +166,12 @@ def transaction(app: Celery) -> Iterator[Batch]:
 
 def _own_transaction(app: Celery, job: NewJob) -> EnqueueResult:
     engine = get_engine()
+    if job.key_limit is not None:
+        # The run and its place in its key's line commit together.
+        with engine.begin() as conn:
+            in_line = journal.enqueue(conn, job, actor="producer")
+        _after_commit(app, [(job, in_line)])
+        return in_line
     with autocommit(engine) as conn:
         result = journal.enqueue_new(conn, job, actor="producer")
     if result is None:

@@ -51,6 +51,9 @@ class Declared(Protocol):
 
     def row_values(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]: ...
 
+    @property
+    def key_limit(self) -> int | None: ...
+
 
 def require_json(task: str, named: Mapping[str, Any]) -> None:
     """Refuse an argument the journal cannot store, before anything is written."""
@@ -69,6 +72,19 @@ def key_of(task: str, template: str | None, job_id: uuid.UUID, values: Mapping[s
     if template is None:
         return f"{task}:{job_id}"
     return template.format(job_id=job_id, **values)
+
+
+def key_limit_of(name: str, limit: int, fair: bool, fair_window: int) -> int | None:
+    """What a task's runs write as ``key_limit`` (pure): None for one active run per key
+    (the unique index), else how many slots its key has (docs/flow-control.md)."""
+    if limit < 1 or fair_window < 1:
+        raise ValueError(f"{name}: limit and fair_window count runs: at least 1")
+    if fair and limit > 1:
+        raise ValueError(f"{name}: limit={limit} already bounds each key's messages in the "
+                         "broker; fair=True is for keys with no limit")  # fmt: skip
+    if fair:
+        return fair_window
+    return limit if limit > 1 else None
 
 
 def row_values(
@@ -111,6 +127,7 @@ def build(
         traceparent=tracing.outgoing().get("traceparent"),
         queue=getattr(task, "queue", None),
         priority=getattr(task, "priority", None),
+        key_limit=task.key_limit,
     )
 
 

@@ -15,6 +15,7 @@ from datetime import datetime
 from sqlalchemy import Connection, insert, update
 
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, PendingMessage
+from jobsapp.lifecycle.journal.slots import PARKED
 from jobsapp.lifecycle.outbox_queries import _pending
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import State
@@ -33,7 +34,8 @@ def bring_forward(
     moved = conn.execute(
         update(t)
         .where(t.c.job_id == job_id, t.c.state == State.QUEUED.value, t.c.attempts == attempts,
-               t.c.next_retry_at > now)
+               # A run waiting for its key's slot starts when the slot frees, not sooner.
+               t.c.next_retry_at > now, t.c.next_retry_at != PARKED)
         .values(next_retry_at=now, updated_at=now)
         .returning(t.c.job_id)
     ).first()  # fmt: skip

@@ -37,6 +37,9 @@ def _in_list(states: tuple[str, ...]) -> str:
 
 
 ACTIVE_SQL = f"state IN ({_in_list(ACTIVE_STATES)})"
+# The one-run-per-key index covers the runs of tasks with no ``limit``; a limited task's
+# runs share their key through ``key_slots`` instead (journal/slots.py).
+EXCLUSIVE_SQL = f"{ACTIVE_SQL} AND key_limit IS NULL"
 # The relay's two working sets of outbox rows; a dead row is in neither.
 OUTBOX_PENDING_SQL = "published_at IS NULL AND dead_at IS NULL"
 OUTBOX_INFLIGHT_SQL = "published_at IS NOT NULL AND delivered_at IS NULL AND dead_at IS NULL"
@@ -85,6 +88,9 @@ class RunMixin:
     # NULL for a job of its own. The finish statement returns it, so only a step's finish
     # looks for what comes next.
     workflow_id: Mapped[uuid.UUID | None]
+    # The task's ``limit`` (or ``fair`` window): NULL for one active run per key (the
+    # unique index); N >= 1 for at most N holders of the key's slots (``key_slots``).
+    key_limit: Mapped[int | None] = mapped_column(Integer)
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:  # noqa: N805 - SQLAlchemy passes the class
@@ -103,13 +109,14 @@ class RunMixin:
                 "attempts >= 0 AND max_attempts >= 1 AND rescues >= 0",
                 name=f"ck_{name}_counters",
             ),
+            CheckConstraint("key_limit IS NULL OR key_limit >= 1", name=f"ck_{name}_key_limit"),
             # The mutual exclusion of the contract: one active run per key.
             Index(
                 f"uq_{name}_active_key",
                 "concurrency_key",
                 unique=True,
-                postgresql_where=text(ACTIVE_SQL),
-                sqlite_where=text(ACTIVE_SQL),
+                postgresql_where=text(EXCLUSIVE_SQL),
+                sqlite_where=text(EXCLUSIVE_SQL),
             ),
             # The reaper's scan follows the number of running rows, not the journal.
             Index(
@@ -136,6 +143,45 @@ class JobRun(RunMixin, Base):
     __tablename__ = "job_runs"
 
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class KeySlot(Base):
+    """A run of a limited key (``limit=N``, ``fair``): holding slot ``slot_no`` (< N) or,
+    with none, waiting for one in ``id`` order; the row goes when the run stops holding.
+
+    The unique (run_table, concurrency_key, slot_no) is the limit itself: N distinct slot
+    numbers exist, so no transaction, on any host, can make an N+1st holder.
+    """
+
+    __tablename__ = "key_slots"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    run_table: Mapped[str] = mapped_column(String(64))
+    concurrency_key: Mapped[str] = mapped_column(String(200))
+    job_id: Mapped[uuid.UUID]
+    key_limit: Mapped[int] = mapped_column(Integer)
+    slot_no: Mapped[int | None] = mapped_column(Integer)
+    # When the run was to start had it not waited (a countdown); NULL: at once.
+    due_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+
+    __table_args__ = (
+        UniqueConstraint("run_table", "job_id", name="uq_key_slots_job"),
+        UniqueConstraint("run_table", "concurrency_key", "slot_no", name="uq_key_slots_slot"),
+        CheckConstraint(
+            "slot_no IS NULL OR (slot_no >= 0 AND slot_no < key_limit)",
+            name="ck_key_slots_slot_no",
+        ),
+        # The waiters of a key, oldest first.
+        Index(
+            "ix_key_slots_waiting",
+            "run_table",
+            "concurrency_key",
+            "id",
+            postgresql_where=text("slot_no IS NULL"),
+            sqlite_where=text("slot_no IS NULL"),
+        ),
+    )
 
 
 class OutboxMessage(Base):

@@ -41,6 +41,7 @@ from jobsapp.lifecycle import (
     claim,
     enqueue,
     journal,
+    limits,
     message,
     newjob,
     publisher,
@@ -101,6 +102,14 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     # A format string over the body's arguments by name; override concurrency_key() for more.
     key: ClassVar[str | None] = None
     inline_wait_max: ClassVar[float | None] = None
+    # At most ``limit`` runs of one key running or published at once, on every host; the
+    # rest wait in the journal, holding no worker. 1 is the contract's one active run per
+    # key, where a second is ``skipped`` (docs/flow-control.md).
+    limit: ClassVar[int] = 1
+    # Round-robin between the keys: each key has at most ``fair_window`` messages waiting
+    # in the broker, so one tenant's backlog queues behind nobody else's.
+    fair: ClassVar[bool] = False
+    fair_window: ClassVar[int] = 2
     # Long Retry-After pauses before the job fails with outcome ``snooze_limit``.
     max_snoozes: ClassVar[int] = 10
     heartbeat_interval: ClassVar[float | None] = None
@@ -117,8 +126,16 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         if "max_retries" in cls.__dict__ and "max_attempts" not in cls.__dict__:
             retries = cls.__dict__["max_retries"]
             cls.max_attempts = 1_000_000 if retries is None else int(retries) + 1
+        # A wrong limit is refused where the task is declared, not at its first enqueue.
+        name = str(cls.__dict__.get("name", cls.__qualname__))
+        newjob.key_limit_of(name, cls.limit, cls.fair, cls.fair_window)
 
     # --- producer side -------------------------------------------------------------
+
+    @property
+    def key_limit(self) -> int | None:
+        """How many slots a key of this task has (None: the one-run-per-key index)."""
+        return newjob.key_limit_of(self.name, self.limit, self.fair, self.fair_window)
 
     def concurrency_key(self, job_id: uuid.UUID, values: Mapping[str, Any]) -> str:
         """Jobs with the same key exclude each other while active (default: none do)."""
@@ -316,6 +333,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         if isinstance(outcome, claim.Refusal):
             log.info("job %s attempt %s: no work, %s", env.job_id, env.attempt, outcome.value)
             return f"not run: {outcome.value}"
+        if self.fair:
+            limits.after_fair_claim(self.app, engine, self.run_table, outcome.row)
         self._show_call(env, outcome.row)
         interval = self.heartbeat_interval or settings.heartbeat_interval
         ctx = RunContext(

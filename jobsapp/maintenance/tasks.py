@@ -16,7 +16,7 @@ from typing import Any
 from jobsapp.attachments.store import get_store
 from jobsapp.celery_app import app
 from jobsapp.db import get_engine
-from jobsapp.maintenance import reaper, reconcile, relay, retention, staging
+from jobsapp.maintenance import key_slots, reaper, reconcile, relay, retention, staging
 from jobsapp.monitor import rollup
 from jobsapp.settings import get_settings, positive_number, whole_number
 
@@ -56,7 +56,9 @@ def reap() -> dict[str, int]:
 
 @app.task(name="jobsapp.maintenance.relay", ignore_result=True)
 def relay_outbox() -> dict[str, int]:
-    return relay.run_once(app, get_engine(), relay_config())
+    # The key slots' net first: a slot it frees is published in this same tick.
+    freed = key_slots.run_once(app, get_engine())
+    return freed | relay.run_once(app, get_engine(), relay_config())
 
 
 @app.task(name="jobsapp.maintenance.retention", ignore_result=True)

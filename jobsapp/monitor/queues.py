@@ -5,6 +5,8 @@ narrows the read to them); the rate counts the claims of the last ``RATE_WINDOW`
 ``ix_job_events_at``. Broker depth is one passive declare per queue on one connection
 (Redis: the lengths of the queue's lists, priorities included; RabbitMQ: the queue's
 message count), so a queue the broker does not know says so instead of being created.
+Limited keys (``limit=N``, ``fair``) show their slots held and their runs waiting, from
+``key_slots``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sqlalchemy import Connection, Engine, func, or_, select
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import EVENTS
+from jobsapp.lifecycle.journal.slots import SLOTS
 from jobsapp.lifecycle.states import State, Transition
 from jobsapp.monitor import workers
 from jobsapp.monitor.summary import checked_tables
@@ -28,6 +31,7 @@ from jobsapp.monitor.summary import checked_tables
 log = logging.getLogger(__name__)
 
 RATE_WINDOW = timedelta(minutes=5)
+KEY_LINES = 50
 BROKER_TIMEOUT = 3
 # Transports whose empty queue is no key at all: a passive declare of it fails, and
 # that means zero messages, not an unknown queue.
@@ -53,11 +57,25 @@ class BrokerDepth:
 
 
 @dataclass(frozen=True)
+class KeyLine:
+    """A limited key (``limit=N`` or ``fair``): its runs holding a slot, and those waiting."""
+
+    module: str
+    key: str
+    limit: int
+    holding: int
+    waiting: int
+    oldest_wait: datetime | None
+
+
+@dataclass(frozen=True)
 class QueuesView:
     rows: list[QueueRow]
     broker: dict[str, BrokerDepth]
     # Live workers consuming each queue (the registry); None: no worker ever registered.
     consumers: dict[str, int] | None
+    # The busiest limited keys, most waiting first (at most ``KEY_LINES``).
+    keys: list[KeyLine]
 
 
 def queues_view(engine: Engine, app: Celery, default_queue: str) -> QueuesView:
@@ -65,8 +83,26 @@ def queues_view(engine: Engine, app: Celery, default_queue: str) -> QueuesView:
     with engine.connect() as conn:
         rows = journal_depths(conn, default_queue, now)
         consumers = _registry_consumers(conn, now)
+        keys = key_lines(conn)
     names = sorted({r.queue for r in rows} | set(consumers or {}) | {default_queue})
-    return QueuesView(rows, broker_depths(app, names), consumers)
+    return QueuesView(rows, broker_depths(app, names), consumers, keys)
+
+
+def key_lines(conn: Connection, limit: int = KEY_LINES) -> list[KeyLine]:
+    """The limited keys with the longest lines, from ``key_slots`` alone (one small table:
+    a row per active run of a limited key)."""
+    modules = {spec.table.name: spec.module for spec in checked_tables(None)}
+    s = SLOTS.c
+    waiting = func.count() - func.count(s.slot_no)
+    stmt = (
+        select(s.run_table, s.concurrency_key, func.max(s.key_limit), func.count(s.slot_no),
+               waiting, func.min(s.created_at).filter(s.slot_no.is_(None)))
+        .group_by(s.run_table, s.concurrency_key)
+        .order_by(waiting.desc(), s.concurrency_key)
+        .limit(limit)
+    )  # fmt: skip
+    return [KeyLine(modules.get(table, table), key, int(n), int(held), int(wait), oldest)
+            for table, key, n, held, wait, oldest in conn.execute(stmt)]  # fmt: skip
 
 
 def journal_depths(conn: Connection, default_queue: str, now: datetime) -> list[QueueRow]:

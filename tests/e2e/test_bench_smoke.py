@@ -94,7 +94,10 @@ def test_every_benchmark_runs_and_prints_its_ratios(place: Place, tmp_path: Path
                  f"scale rabbitmq-quorum 2/1 workers throughput ratio: {NUMBER}",
                  "scale every job ran once \\(PgBouncer transaction pooling\\): True",
                  f"profile producer CPU ms/job \\(here\\): {NUMBER}",
-                 f"profile worker CPU ms/job \\(here\\): {NUMBER}"]  # fmt: skip
+                 f"profile worker CPU ms/job \\(here\\): {NUMBER}",
+                 f"limits: enqueue\\+claim\\+finish ms/job \\(fsync on, .*\\): no limit {NUMBER}, "
+                 f"limit=3, slot free {NUMBER}, limit=3, waiting in line {NUMBER}; "
+                 f"a limit check costs [+-]{NUMBER} ms/job"]  # fmt: skip
     assert "==== images (smoke)" in run.stdout
     expected += [f"images: jobsapp/{peer} \\d+MP JPEG ratio: {NUMBER}"
                  for peer in ("naive", "pyvips")]  # fmt: skip

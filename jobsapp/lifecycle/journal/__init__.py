@@ -33,6 +33,8 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
   transaction)
 - reads.py: the reads of one run (load, snoozes, the holder of a key)
 - task_ids.py: the active run an attempt's Celery task id names (a revoke by that id)
+- slots.py: a limited key's line (``limit=N``, ``fair``): admit, grant, release; the run
+  stays queued (parked while it waits), so no transition of its own
 - new_run.py: ``NewJob`` and the row a new run starts as
 - events.py, outbox_rows.py: the event and outbox rows a transition writes
 - plans.py: the statement compiler (prebuilt plans per run table and dialect, ``_run``)

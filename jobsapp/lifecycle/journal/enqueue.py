@@ -2,19 +2,21 @@
 
 ``enqueue_new`` inserts the run (one statement on PostgreSQL); ``enqueue_existing`` answers
 an insert that conflicted: duplicate, skipped (``active_holder``), or a rerun (reopen.py,
-Transition.RERUN); ``enqueue`` does both. Called by lifecycle/enqueue.py (the producer's
+Transition.RERUN); ``enqueue`` does both, and puts a limited key's run in its key's line
+(slots.py): it holds a slot, or waits parked. Called by lifecycle/enqueue.py (the producer's
 paths behind ``LifecycleTask``); a batch of jobs is enqueue_many.py's.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 
 from sqlalchemy import Connection, select
 
+from jobsapp.lifecycle.journal import slots
 from jobsapp.lifecycle.journal.clock import _stamp
 from jobsapp.lifecycle.journal.events import Event
 from jobsapp.lifecycle.journal.new_run import NewJob, _insert_params, _new_row
@@ -49,7 +51,21 @@ def enqueue(
     ``conn`` is in a transaction: a rerun takes several statements.
     """
     inserted = enqueue_new(conn, job, now=now, actor=actor)
-    return inserted or enqueue_existing(conn, job, now=now, actor=actor)
+    result = inserted or enqueue_existing(conn, job, now=now, actor=actor)
+    if job.key_limit is None or result.outcome is not EnqueueOutcome.ENQUEUED:
+        return result
+    return _in_line(conn, job, result, rerun=inserted is None, now=now)
+
+
+def _in_line(
+    conn: Connection, job: NewJob, result: EnqueueResult, *, rerun: bool, now: datetime | None
+) -> EnqueueResult:
+    """A limited key's run holds a slot, or waits parked with no message to publish."""
+    delayed = job.not_before is not None or job.delay is not None
+    due_at = result.message.available_at if delayed and result.message else None
+    granted = slots.admit(conn, job.spec, job.job_id, job.concurrency_key, job.key_limit or 1,
+                          due_at=due_at, rerun=rerun, now=now)  # fmt: skip
+    return result if job.job_id in granted.job_ids else replace(result, message=None)
 
 
 def enqueue_new(

@@ -56,8 +56,9 @@ def _enqueue_into(
     conn: Connection, spec: RunTable, jobs: Sequence[NewJob], actor: str, now: datetime | None
 ) -> list[EnqueueResult]:
     # One job: its one-statement plan. A rerun takes its key at its turn, ahead of any later
-    # job of the batch: one by one.
-    if len(jobs) == 1 or _finished_among(conn, spec, jobs):
+    # job of the batch: one by one; so does a limited key's run, into its key's line.
+    limited = any(job.key_limit is not None for job in jobs)
+    if len(jobs) == 1 or limited or _finished_among(conn, spec, jobs):
         return [enqueue(conn, job, actor=actor, now=now) for job in jobs]
     now = _stamp(conn, now)
     rows = [_new_row(job, now, State.QUEUED, 0) for job in jobs]

@@ -45,6 +45,9 @@ class NewJob:
     expires_at: datetime | None = None
     # The canvas this run is a step of (journal/workflow.py); None for a job of its own.
     workflow_id: uuid.UUID | None = None
+    # The task's ``limit`` (or ``fair`` window) on its key: None is one active run per key
+    # (the unique index); a number queues the run through the key's slots (slots.py).
+    key_limit: int | None = None
 
 
 def new_claim_token() -> uuid.UUID:
@@ -79,6 +82,7 @@ def _new_row(job: NewJob, now: datetime | None, state: State, attempts: int) -> 
         "expires_at": job.expires_at,
         "cancel_requested_at": None,
         "workflow_id": job.workflow_id,
+        "key_limit": job.key_limit,
         **job.values,
     }
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, case, select, tuple_, update
 
-from jobsapp.lifecycle.journal import workflow
+from jobsapp.lifecycle.journal import slots, workflow
 from jobsapp.lifecycle.journal.events import record_event
 from jobsapp.lifecycle.journal.outbox_rows import add_outbox
 from jobsapp.lifecycle.registry import RunTable
@@ -122,4 +122,7 @@ def _after_reap(
             row = {"job_id": run.job_id, "task_name": run.task_name, "queue": run.queue,
                    **run.ids}  # fmt: skip
             add_outbox(conn, spec, row, attempt=run.attempt + 1, now=now, available_at=now)
+        else:
+            # A limited key's slot goes with the run; the relay publishes the waiter granted.
+            slots.release(conn, spec, run.job_id, now=now)
     spec.changed(conn, transition, [{"job_id": r.job_id, **r.ids} for r in reaped])

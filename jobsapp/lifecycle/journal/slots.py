@@ -1,0 +1,230 @@
+"""The slots of a limited key (``limit=N``, ``fair``): who holds one, who waits, in order.
+
+A run of a limited task joins its key's line in the transaction that queues it
+(``admit``): it takes a free slot number below N, or waits with none. A waiting run is
+*parked*: its ``next_retry_at`` and its outbox row's ``available_at`` are ``PARKED``, so
+no claim takes it and no relay publishes it; it holds no worker. When a holder lets go
+(``release``: its finish, its reap, a fair run's claim) the oldest waiter of the key takes
+the slot in the same transaction and is made due (``grant``); its message is returned for
+the caller to publish after COMMIT, and the relay publishes it anyway if that fails.
+The relay tick's sweep (maintenance/key_slots.py, through ``ended_holders`` and
+``keys_with_room``) frees the slots of runs that ended another way (cancel, expiry, revoke,
+a crash between statements) and grants them within one tick.
+
+The limit is the unique (run_table, concurrency_key, slot_no) of ``key_slots``: there are
+N slot numbers, so no transaction on any host makes an N+1st holder. Grants of one key are
+serialised by a transaction-scoped advisory lock on PostgreSQL (SQLite has one writer), so
+two releases never race for the same waiter or slot number.
+
+Park, grant and release write no state: the run stays ``queued`` throughout; each of their
+UPDATEs is guarded on the run still being queued and parked, the outbox row unpublished.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Table, delete, func, insert, literal, select, text, update
+
+from jobsapp.lifecycle.journal._sql import OUTBOX
+from jobsapp.lifecycle.journal.clock import clock
+from jobsapp.lifecycle.journal.outbox_rows import PendingMessage
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import ACTIVE_STATES, State
+from jobsapp.lifecycle.tables import KeySlot
+
+SLOTS: Table = KeySlot.__table__  # type: ignore[assignment]
+# When a waiting run is due: never, until a slot is granted to it.
+PARKED = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Waiter:
+    id: int
+    job_id: uuid.UUID
+    due_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Granted:
+    """The runs a grant gave a slot, and the messages of those it made due."""
+
+    job_ids: frozenset[uuid.UUID] = frozenset()
+    messages: tuple[PendingMessage, ...] = ()
+
+    def __add__(self, other: Granted) -> Granted:
+        return Granted(self.job_ids | other.job_ids, self.messages + other.messages)
+
+
+def free_slots(held: Sequence[int], limit: int) -> list[int]:
+    """The slot numbers below ``limit`` nobody holds, lowest first (pure)."""
+    taken = set(held)
+    return [n for n in range(limit) if n not in taken]
+
+
+def admit(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, key: str, limit: int, *,
+    due_at: datetime | None, rerun: bool = False, now: datetime | None = None,
+) -> Granted:  # fmt: skip
+    """Join ``key``'s line for a run just queued (its outbox row written, unpublished):
+    it holds a slot if one was free and nobody waited before it, else it waits, parked.
+
+    A run queued again (a ``rerun``) leaves the line it was in first.
+    """
+    if rerun:
+        release(conn, spec, job_id, now=now)
+    conn.execute(insert(SLOTS).values(
+        run_table=spec.table.name, concurrency_key=key, job_id=job_id, key_limit=limit,
+        slot_no=None, due_at=due_at, created_at=clock(conn, now),
+    ))  # fmt: skip
+    granted = grant(conn, spec, key, limit, now=now, fresh=job_id)
+    if job_id not in granted.job_ids:
+        _park(conn, spec, job_id)
+    return granted
+
+
+def release(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, now: datetime | None = None,
+    if_ended: bool = False,
+) -> Granted:  # fmt: skip
+    """The run ``job_id`` stops holding (or waiting for) its key's slot; the oldest waiter
+    takes the slot. Its message is for the caller to publish after COMMIT.
+
+    ``if_ended`` (the sweep) lets go only of a run that is not active in the statement's
+    own snapshot, so a rerun that joined the line meanwhile keeps its place.
+    """
+    table = spec.table
+    guard = [] if not if_ended else [~select(table.c.job_id).where(
+        table.c.job_id == job_id, table.c.state.in_(ACTIVE_STATES)).exists()]  # fmt: skip
+    stmt = (
+        delete(SLOTS)
+        .where(SLOTS.c.run_table == table.name, SLOTS.c.job_id == job_id, *guard)
+        .returning(SLOTS.c.concurrency_key, SLOTS.c.slot_no, SLOTS.c.key_limit)
+    )
+    gone = conn.execute(stmt).first()
+    if gone is None or gone.slot_no is None:
+        return Granted()
+    return grant(conn, spec, gone.concurrency_key, int(gone.key_limit), now=now)
+
+
+def grant(
+    conn: Connection, spec: RunTable, key: str, limit: int, *, now: datetime | None = None,
+    fresh: uuid.UUID | None = None,
+) -> Granted:  # fmt: skip
+    """Give ``key``'s free slots (of ``limit``) to its oldest waiters and make them due;
+    ``fresh`` (a run joining the line now) was never parked."""
+    _lock(conn, spec, key)
+    # Read after the lock: a waiter whose line-joining commits later grants itself then.
+    mine = (SLOTS.c.run_table == spec.table.name, SLOTS.c.concurrency_key == key)
+    waiting = conn.execute(
+        select(SLOTS.c.id, SLOTS.c.job_id, SLOTS.c.due_at)
+        .where(*mine, SLOTS.c.slot_no.is_(None))
+        .order_by(SLOTS.c.id)
+        .limit(limit)
+    ).all()
+    if not waiting:
+        return Granted()
+    held = conn.execute(select(SLOTS.c.slot_no).where(*mine, SLOTS.c.slot_no.is_not(None)))
+    free = free_slots([int(n) for n, in held], limit)
+    granted = Granted()
+    for waiter, slot_no in zip((Waiter(*w) for w in waiting), free, strict=False):
+        taken = conn.execute(
+            update(SLOTS).where(SLOTS.c.id == waiter.id, SLOTS.c.slot_no.is_(None))
+            .values(slot_no=slot_no)
+        ).rowcount  # fmt: skip
+        if taken:
+            due = () if waiter.job_id == fresh else _unpark(conn, spec, waiter, now)
+            granted += Granted(frozenset({waiter.job_id}), due)
+    return granted
+
+
+def _lock(conn: Connection, spec: RunTable, key: str) -> None:
+    """Serialise the grants of one key until COMMIT (PostgreSQL; SQLite has one writer)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
+            {"k": f"key_slots:{spec.table.name}:{key}"},
+        )
+
+
+def _park(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> None:
+    table = spec.table
+    conn.execute(
+        update(table)
+        .where(table.c.job_id == job_id, table.c.state == State.QUEUED.value)
+        .values(next_retry_at=PARKED)
+    )
+    conn.execute(
+        update(OUTBOX)
+        .where(*_unpublished(spec, job_id))
+        .values(available_at=PARKED)
+    )  # fmt: skip
+
+
+def _unpublished(spec: RunTable, job_id: uuid.UUID) -> tuple[Any, ...]:
+    return (OUTBOX.c.module == spec.module, OUTBOX.c.job_id == job_id,
+            OUTBOX.c.published_at.is_(None), OUTBOX.c.dead_at.is_(None))  # fmt: skip
+
+
+def _unpark(
+    conn: Connection, spec: RunTable, waiter: Waiter, now: datetime | None
+) -> tuple[PendingMessage, ...]:
+    """Make a run granted a slot due (at its own countdown's end, if it had one)."""
+    table = spec.table
+    at = clock(conn, now)
+    due = literal(waiter.due_at, type_=table.c.next_retry_at.type) if waiter.due_at else at
+    conn.execute(
+        update(table)
+        .where(table.c.job_id == waiter.job_id, table.c.state == State.QUEUED.value,
+               table.c.next_retry_at == PARKED)
+        .values(next_retry_at=waiter.due_at)
+    )  # fmt: skip
+    rows = conn.execute(
+        update(OUTBOX)
+        .where(*_unpublished(spec, waiter.job_id), OUTBOX.c.available_at == PARKED)
+        .values(available_at=due)
+        .returning(OUTBOX.c.id, OUTBOX.c.job_id, OUTBOX.c.attempt, OUTBOX.c.task_name,
+                   OUTBOX.c.body, OUTBOX.c.available_at, OUTBOX.c.queue)
+    ).mappings()  # fmt: skip
+    return tuple(PendingMessage(r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"],
+                                r["available_at"], queue=r["queue"]) for r in rows)  # fmt: skip
+
+
+# ------------------------------------------------------------------ the sweep
+
+
+def ended_holders(conn: Connection, spec: RunTable, *, limit: int) -> list[uuid.UUID]:
+    """Runs with a row in ``key_slots`` that are no longer active (ended another way than
+    a finish or a reap: a cancel, an expiry, a revoke), a bounded page."""
+    table = spec.table
+    stmt = (
+        select(SLOTS.c.job_id)
+        .select_from(SLOTS.outerjoin(table, table.c.job_id == SLOTS.c.job_id))
+        .where(SLOTS.c.run_table == table.name,
+               table.c.job_id.is_(None) | table.c.state.not_in(ACTIVE_STATES))
+        .limit(limit)
+    )  # fmt: skip
+    return [job_id for job_id, in conn.execute(stmt)]
+
+
+def keys_with_room(conn: Connection, spec: RunTable, *, limit: int) -> list[tuple[str, int]]:
+    """Keys that have a waiter and fewer holders than their limit, a bounded page."""
+    held = SLOTS.alias("held")
+    holders = (
+        select(func.count())
+        .where(held.c.run_table == SLOTS.c.run_table,
+               held.c.concurrency_key == SLOTS.c.concurrency_key, held.c.slot_no.is_not(None))
+        .scalar_subquery()
+    )  # fmt: skip
+    stmt = (
+        select(SLOTS.c.concurrency_key, SLOTS.c.key_limit)
+        .where(SLOTS.c.run_table == spec.table.name, SLOTS.c.slot_no.is_(None),
+               holders < SLOTS.c.key_limit)
+        .distinct()
+        .limit(limit)
+    )  # fmt: skip
+    return [(key, int(n)) for key, n in conn.execute(stmt)]

@@ -1,0 +1,178 @@
+"""``limit=N`` and ``fair``: a key's slots in the journal (journal/slots.py), on both dialects.
+
+What a user checks: how many runs of a key may start (their messages published), which
+ones wait (parked: no message, no worker), that a freed slot goes to the oldest waiter,
+that duplicates by job_id are still one job and that nothing over the limit is skipped.
+The many-host measurement is tests/e2e/test_key_limits_hosts.py.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from jobsapp.celery_app import app
+from jobsapp.lifecycle import EnqueueOutcome, journal, limits, registry
+from jobsapp.lifecycle.journal.slots import PARKED, SLOTS
+from jobsapp.maintenance import key_slots
+from jobsapp.web.app import create_app
+from tests.integration.test_admin_login import TOKEN, log_in
+from tests.support import limit_tasks
+from tests.support.attachments import environment
+from tests.support.journal_view import outbox_rows, run_row
+from tests.support.migrations import sqlite_then_postgres
+from tests.support.waiting import eventually
+
+
+def _enqueue(tenant: str, n: int, seconds: float = 0.0) -> list[uuid.UUID]:
+    handles = [limit_tasks.limited_plain.apply_async((tenant, seconds)) for _ in range(n)]
+    assert {h.outcome for h in handles} == {EnqueueOutcome.ENQUEUED}
+    return [h.job_id for h in handles]
+
+
+def _parked(db: Engine, job_id: uuid.UUID) -> bool:
+    run, (message,) = run_row(db, job_id), outbox_rows(db, job_id)
+    return bool(run["next_retry_at"] == PARKED and message["available_at"] == PARKED)
+
+
+def _slots(db: Engine, tenant: str) -> dict[uuid.UUID, Any]:
+    with db.connect() as conn:
+        rows = conn.execute(select(SLOTS.c.job_id, SLOTS.c.slot_no)
+                            .where(SLOTS.c.concurrency_key == tenant)).all()  # fmt: skip
+    return {job_id: slot_no for job_id, slot_no in rows}
+
+
+def test_a_limited_key_publishes_n_runs_and_parks_the_rest_in_arrival_order(
+    db: Engine, redis_clean: None
+) -> None:
+    jobs = _enqueue("t1", 5)
+    other = _enqueue("t2", 1)
+    assert [_parked(db, j) for j in jobs] == [False, False, False, True, True]
+    assert sorted(s for s in _slots(db, "t1").values() if s is not None) == [0, 1, 2]
+    assert _slots(db, "t2") == {other[0]: 0}
+    assert all(run_row(db, j)["state"] == "queued" for j in jobs)
+    # Over the limit is a wait, never a skip; the same job_id is still one job.
+    again = limit_tasks.limited_plain.apply_async(("t1", 0.0), job_id=jobs[4])
+    assert again.outcome == EnqueueOutcome.DUPLICATE
+    # A stray message of a waiting run (a duplicate publish) starts nothing.
+    with db.begin() as conn:
+        assert journal.claim(conn, registry.JOBS, jobs[4], 1, worker="w") is None
+
+
+def test_a_freed_slot_goes_to_the_oldest_waiter_in_the_finishing_transaction(
+    db: Engine, redis_clean: None
+) -> None:
+    jobs = _enqueue("t1", 5)
+    spec = registry.JOBS
+    with db.begin() as conn:
+        claimed = journal.claim(conn, spec, jobs[1], 1, worker="w1")
+        assert claimed is not None
+        assert journal.succeed(conn, spec, jobs[1], 1, token=claimed["claim_token"], actor="w1")
+        granted = journal.slots.release(conn, spec, jobs[1])
+    assert granted.job_ids == {jobs[3]}
+    assert [m.job_id for m in granted.messages] == [jobs[3]]
+    assert [_parked(db, j) for j in jobs[2:]] == [False, False, True]
+    assert _slots(db, "t1")[jobs[3]] == 1  # the slot jobs[1] held
+
+
+def test_the_sweep_frees_the_slot_of_a_run_cancelled_while_queued(
+    db: Engine, redis_clean: None
+) -> None:
+    jobs = _enqueue("t1", 4)
+    with db.begin() as conn:
+        assert journal.cancel(conn, registry.JOBS, jobs[0], attempts=0, actor="operator",
+                              reason="test")  # fmt: skip
+    assert _parked(db, jobs[3])
+    assert key_slots.run_once(app, db) == {"slots_freed": 1, "slots_granted": 1}
+    assert not _parked(db, jobs[3])
+    assert set(_slots(db, "t1")) == set(jobs[1:])
+
+
+def test_the_reapers_fail_frees_the_slot_for_the_oldest_waiter(
+    db: Engine, redis_clean: None
+) -> None:
+    jobs = _enqueue("t1", 4)
+    spec = registry.JOBS
+    with db.begin() as conn:
+        assert journal.claim(conn, spec, jobs[0], 1, worker="w") is not None
+    later = datetime.now(UTC) + timedelta(hours=1)
+    with db.begin() as conn:
+        stale = journal.find_stale(conn, spec, cutoff=later, limit=10)
+        reaped = journal.reap(conn, spec, stale, requeue_them=False, cutoff=later,
+                              reason="stale", now=datetime.now(UTC))  # fmt: skip
+    assert [r.job_id for r in reaped] == [jobs[0]]
+    assert not _parked(db, jobs[3])
+    assert set(_slots(db, "t1")) == set(jobs[1:])
+
+
+def test_a_fair_run_lets_its_keys_next_run_be_published_once_claimed(
+    db: Engine, redis_clean: None
+) -> None:
+    handles = [limit_tasks.fair_tenant.apply_async(("A", 0.0)) for _ in range(3)]
+    jobs = [h.job_id for h in handles]
+    assert [_parked(db, j) for j in jobs] == [False, False, True]
+    spec = registry.JOBS
+    with db.begin() as conn:
+        row = journal.claim(conn, spec, jobs[0], 1, worker="w")
+    assert row is not None
+    limits.after_fair_claim(app, db, spec, row)
+    assert not _parked(db, jobs[2])
+    assert set(_slots(db, "A")) == set(jobs[1:])
+
+
+def test_limited_runs_all_finish_with_a_worker_and_leave_no_slot(
+    db: Engine, worker: object
+) -> None:
+    jobs = _enqueue("t1", 7, 0.05) + _enqueue("t2", 2)
+    eventually(lambda: all(run_row(db, j)["state"] == "succeeded" for j in jobs), timeout=60)
+    assert (_slots(db, "t1"), _slots(db, "t2")) == ({}, {})
+
+
+def test_a_body_that_commits_its_own_success_hands_its_slot_on_too(
+    db: Engine, worker: object
+) -> None:
+    handles = [limit_tasks.limited_completing.apply_async(("t3",)) for _ in range(5)]
+    jobs = [h.job_id for h in handles]
+    eventually(lambda: all(run_row(db, j)["state"] == "succeeded" for j in jobs), timeout=30)
+    assert _slots(db, "t3") == {}
+
+
+def test_a_revoked_running_run_lets_go_of_its_slot_as_it_stops(
+    db: Engine, worker: object
+) -> None:
+    looping = [limit_tasks.limited_looping.apply_async(("t4", 60.0)) for _ in range(2)]
+    quick = [limit_tasks.limited_looping.apply_async(("t4", 0.0)) for _ in range(2)]
+    # Two slots loop (the in-process worker has two threads), the third one's run waits
+    # for a thread, the fourth for a slot.
+    eventually(lambda: all(run_row(db, h.job_id)["state"] == "running" for h in looping))
+    assert _parked(db, quick[1].job_id)
+    app.control.revoke(str(looping[0].job_id), terminate=True)
+    eventually(lambda: run_row(db, looping[0].job_id)["outcome"] == "cancelled")
+    eventually(lambda: all(run_row(db, h.job_id)["state"] == "succeeded" for h in quick))
+    app.control.revoke(str(looping[1].job_id), terminate=True)
+    # No relay runs here: only the cancel's own transaction can have freed the slots.
+    eventually(lambda: _slots(db, "t4") == {})
+
+
+def test_the_queues_page_shows_each_limited_keys_slots_and_waiting_runs(
+    db: Engine, redis_clean: None
+) -> None:
+    _enqueue("t1", 5)
+    _enqueue("t2", 1)
+    with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
+        client = create_app().test_client()
+        assert log_in(client, "http://admin.local")[0] == 303
+        page = client.get("/admin/queues", base_url="http://admin.local").get_data(as_text=True)
+    table = page.split('id="keys"', 1)[1].split("</table>", 1)[0]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in table.split("<tr>")[2:]]
+    shown = [(module, key, n, held, waiting) for module, key, n, held, waiting, _ in rows]
+    assert shown == [("jobs", "t1", "3", "3", "2"), ("jobs", "t2", "3", "1", "0")]
+
+
+def test_migration_0016_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
+    sqlite_then_postgres(tmp_path, "key_slots", "key_limit", below="0013")

@@ -1,0 +1,86 @@
+"""Tasks of limited keys (``limit=N``) and of fair tenants (``fair=True``); each body
+records its start and end, on the database's clock, in ``limit_probe`` of the journal's
+own database, so a test reads every host's bodies in one place."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from sqlalchemy import text
+
+from jobsapp.celery_app import app
+from jobsapp.db import get_engine
+from jobsapp.lifecycle import current_run, lifecycle_task
+
+LIMIT = 3
+PROBE_DDL = """CREATE TABLE IF NOT EXISTS limit_probe (
+    job_id uuid PRIMARY KEY, task text NOT NULL, key text NOT NULL,
+    started_at timestamptz NOT NULL, ended_at timestamptz)"""
+
+
+def _started(job_id: str, task: str, key: str) -> None:
+    with get_engine().begin() as conn:
+        conn.execute(text("INSERT INTO limit_probe (job_id, task, key, started_at) "
+                          "VALUES (:j, :t, :k, clock_timestamp())"),
+                     {"j": job_id, "t": task, "k": key})  # fmt: skip
+
+
+def _ended(job_id: str) -> None:
+    with get_engine().begin() as conn:
+        conn.execute(text("UPDATE limit_probe SET ended_at = clock_timestamp() WHERE job_id = :j"),
+                     {"j": job_id})  # fmt: skip
+
+
+def probed(job_id: str, task: str, key: str, seconds: float) -> None:
+    _started(job_id, task, key)
+    time.sleep(seconds)
+    _ended(job_id)
+
+
+@lifecycle_task(app, name="tests.limited", key="{tenant}", limit=LIMIT)
+def limited(tenant: str, seconds: float) -> None:
+    probed(str(current_run().job_id), "limited", tenant, seconds)
+
+
+@lifecycle_task(app, name="tests.fair_tenant", key="{tenant}", fair=True)
+def fair_tenant(tenant: str, seconds: float) -> None:
+    probed(str(current_run().job_id), "fair", tenant, seconds)
+
+
+@lifecycle_task(app, name="tests.limited_plain", key="{tenant}", limit=LIMIT)
+def limited_plain(tenant: str, seconds: float) -> None:
+    del tenant
+    time.sleep(seconds)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.support.limit_tasks TASK '<json list of [tenant, seconds]>'``:
+    a producer process, enqueuing in the given order (fast-path publish after COMMIT)."""
+    task, calls = app.tasks[argv[0]], json.loads(argv[1])
+    for tenant, seconds in calls:
+        task.apply_async((tenant, seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+
+
+@lifecycle_task(app, name="tests.limited_completing", key="{tenant}", limit=LIMIT)
+def limited_completing(tenant: str) -> None:
+    """Commits its own writes with the success (``RunContext.completing``)."""
+    del tenant
+    with current_run().completing():
+        pass
+
+
+@lifecycle_task(app, name="tests.limited_looping", key="{tenant}", limit=LIMIT,
+                heartbeat_interval=0.2)  # fmt: skip
+def limited_looping(tenant: str, seconds: float) -> None:
+    """Loops until ``seconds`` pass or its heartbeat stops it (a revoke)."""
+    del tenant
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.05)
