@@ -1,0 +1,258 @@
+"""Canvas under chaos (issue 20): workers SIGKILLed while chains and chords run.
+
+Two supervised workers (a dead one is replaced), beat with the short cadences (reaper and
+relay every second), and a producer process that sends chains of four steps and chords of
+five members with a body (tests/chaos/canvas_work.py). While they run, workers are
+SIGKILLed (process group) at points of progress drawn from a seeded random, so a run is
+the same run every time. Then, over every workflow:
+
+- it ended complete: each of its steps has a run that succeeded, and its last step (the
+  chord's body) returned the expected value;
+- no body ran twice in one attempt: every ``(job_id, attempt)`` a body recorded is unique,
+  is one the journal's attempt counter reached, and the succeeding attempt is among them;
+- a chord's body was enqueued once and succeeded once.
+
+The quick variant runs in CI on Redis and on RabbitMQ. The full sizes of the issue (50
+chains, 20 chords) are marked ``soak``: ``pytest tests/chaos/test_canvas_chaos.py -m soak``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from jobsapp.lifecycle.journal import EVENTS
+from jobsapp.lifecycle.journal.workflow import STEPS
+from jobsapp.lifecycle.registry import JOBS
+from jobsapp.lifecycle.states import State, Transition
+from tests.chaos.canvas_work import CHAIN_INCREMENTS, CHORD_MEMBERS, LOG_ENV
+from tests.chaos.harness import Cluster
+from tests.e2e.procs import Proc, Supervisor, ready
+
+RUNS = JOBS.table
+WORKERS = 2
+SEED = 20
+
+
+@dataclass(frozen=True)
+class Size:
+    chains: int
+    chords: int
+    kills: int
+
+    @property
+    def steps(self) -> int:
+        return self.chains * len(CHAIN_INCREMENTS) + self.chords * (CHORD_MEMBERS + 1)
+
+
+QUICK = Size(chains=10, chords=4, kills=2)
+FULL = Size(chains=50, chords=20, kills=12)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One workflow as the producer printed it."""
+
+    kind: str
+    workflow_id: uuid.UUID
+    final: uuid.UUID
+    expected: int
+
+    @classmethod
+    def parse(cls, line: str) -> Sent:
+        data = json.loads(line)
+        return cls(data["kind"], uuid.UUID(data["workflow_id"]), uuid.UUID(data["final"]),
+                   data["expected"])  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def _succeeded(cluster: Cluster) -> int:
+    stmt = select(func.count()).select_from(RUNS).where(RUNS.c.state == State.SUCCEEDED.value)
+    with cluster.engine.connect() as conn:
+        return int(conn.execute(stmt).scalar_one())
+
+
+def _reached(cluster: Cluster, point: int) -> bool:
+    return _succeeded(cluster) >= point
+
+
+def _consuming(supervisor: Supervisor) -> list[Proc]:
+    return [p for p in supervisor.workers if p.alive() and " ready." in p.log()]
+
+
+def _kill_during(cluster: Cluster, supervisor: Supervisor, size: Size) -> int:
+    """SIGKILL a consuming worker each time the succeeded steps reach a point drawn from
+    the seeded random (within the first three quarters of the work, so each kill lands
+    while steps are still running or queued)."""
+    rng = random.Random(SEED)
+    points = sorted(rng.sample(range(1, size.steps * 3 // 4), size.kills))
+    for point in points:
+        cluster.wait_for(partial(_reached, cluster, point), f"{point} steps done", 120)
+        victim = cluster.wait_for(lambda: _consuming(supervisor), "a consuming worker", 60)
+        rng.choice(victim).kill()
+    return len(points)
+
+
+def _sent(producer: Proc, size: Size) -> list[Sent]:
+    assert producer.wait(120) == 0, producer.log()[-3000:]
+    sent = [Sent.parse(line) for line in producer.log().splitlines() if line.startswith("{")]
+    assert len(sent) == size.chains + size.chords, producer.log()[-3000:]
+    return sent
+
+
+def _finals(cluster: Cluster, sent: list[Sent]) -> dict[uuid.UUID, Any]:
+    stmt = select(RUNS.c.job_id, RUNS.c.result).where(
+        RUNS.c.job_id.in_([s.final for s in sent]), RUNS.c.state == State.SUCCEEDED.value
+    )
+    with cluster.engine.connect() as conn:
+        return {row.job_id: row.result for row in conn.execute(stmt)}
+
+
+def run_workflows(cluster: Cluster, size: Size, tmp_path: Path) -> tuple[list[Sent], Path, int]:
+    """Send ``size``'s workflows while killing workers; returns once every last step
+    succeeded (what was sent, the bodies' log, the kills)."""
+    log = tmp_path / "bodies.log"
+    cluster.launcher.env |= {"JOBSAPP_IMPORTS": "tests.chaos.canvas_work", LOG_ENV: str(log)}
+    beat = cluster.beat()
+    supervisor = Supervisor(cluster.launcher, size=WORKERS, prefix="canvas")
+    try:
+        ready(beat, *supervisor.workers, timeout=45)
+        producer = cluster.launcher.start(
+            "producer", [sys.executable, "-m", "tests.chaos.canvas_work",
+                         str(size.chains), str(size.chords)],
+        )  # fmt: skip
+        kills = _kill_during(cluster, supervisor, size)
+        sent = _sent(producer, size)
+        cluster.wait_for(lambda: len(_finals(cluster, sent)) == len(sent),
+                         "every workflow's last step succeeded", 60 + size.steps)  # fmt: skip
+    finally:
+        supervisor.stop()
+    return sent, log, kills
+
+
+# --------------------------------------------------------------------------- invariants
+
+
+Row = Mapping[str, Any]
+
+
+def _steps_and_runs(cluster: Cluster, sent: list[Sent]) -> Iterator[tuple[Sent, Row, Row]]:
+    """Every step of every workflow, with its run (KeyError: a step that never ran)."""
+    by_id = {s.workflow_id: s for s in sent}
+    with cluster.engine.connect() as conn:
+        steps = [dict(r) for r in conn.execute(
+            select(STEPS).where(STEPS.c.workflow_id.in_(list(by_id)))).mappings()]  # fmt: skip
+        runs = {r["job_id"]: dict(r) for r in conn.execute(
+            select(RUNS).where(RUNS.c.workflow_id.in_(list(by_id)))).mappings()}  # fmt: skip
+    for step in steps:
+        yield by_id[step["workflow_id"]], step, runs[step["job_id"]]
+
+
+def check_complete(cluster: Cluster, sent: list[Sent]) -> list[Row]:
+    """Each workflow's steps all succeeded; its last one returned the expected value."""
+    finals = _finals(cluster, sent)
+    assert {s.final: finals[s.final] for s in sent} == {s.final: s.expected for s in sent}
+    per_workflow: Counter[uuid.UUID] = Counter()
+    runs = []
+    for workflow, _step, run in _steps_and_runs(cluster, sent):
+        assert (run["state"], run["workflow_id"]) == (State.SUCCEEDED.value, workflow.workflow_id)
+        per_workflow[workflow.workflow_id] += 1
+        runs.append(run)
+    wanted = {"chain": len(CHAIN_INCREMENTS), "chord": CHORD_MEMBERS + 1}
+    assert per_workflow == {s.workflow_id: wanted[s.kind] for s in sent}
+    return runs
+
+
+def check_bodies(log: Path, runs: list[Row]) -> int:
+    """Every body run is an attempt the journal counted, once; returns the steps whose
+    body ran more than once (each time as a new attempt)."""
+    recorded = Counter(tuple(line.split()) for line in log.read_text().splitlines())
+    twice = {key: n for key, n in recorded.items() if n > 1}
+    assert not twice, f"a body ran twice in one attempt: {twice}"
+    attempts: dict[str, set[int]] = {}
+    for job_id, attempt in recorded:
+        attempts.setdefault(job_id, set()).add(int(attempt))
+    for run in runs:
+        ran = attempts.pop(str(run["job_id"]), set())
+        assert run["attempts"] in ran, (run, ran)  # the succeeding attempt ran its body
+        assert ran <= set(range(1, run["attempts"] + 1)), (run, ran)
+    assert not attempts, f"bodies ran for jobs of no step: {attempts}"
+    return sum(1 for run in runs if run["attempts"] > 1)
+
+
+def check_chord_bodies(cluster: Cluster, sent: list[Sent]) -> None:
+    """A chord's body: enqueued once, succeeded once."""
+    bodies = [s.final for s in sent if s.kind == "chord"]
+    stmt = (
+        select(EVENTS.c.job_id, EVENTS.c.transition, func.count())
+        .where(EVENTS.c.job_id.in_(bodies),
+               EVENTS.c.transition.in_([Transition.ENQUEUE.value, Transition.SUCCEED.value]))
+        .group_by(EVENTS.c.job_id, EVENTS.c.transition)
+    )  # fmt: skip
+    with cluster.engine.connect() as conn:
+        counts = {(job_id, t): n for job_id, t, n in conn.execute(stmt)}
+    expected = {(b, t.value): 1 for b in bodies for t in (Transition.ENQUEUE, Transition.SUCCEED)}
+    assert counts == expected
+
+
+def canvas_chaos(cluster: Cluster, size: Size, tmp_path: Path,
+                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    started = time.monotonic()
+    sent, log, kills = run_workflows(cluster, size, tmp_path)
+    runs = check_complete(cluster, sent)
+    retaken = check_bodies(log, runs)
+    check_chord_bodies(cluster, sent)
+    with capsys.disabled():
+        print(f"\ncanvas chaos: {size.chains} chains x {len(CHAIN_INCREMENTS)}, {size.chords} "
+              f"chords x {CHORD_MEMBERS} on {WORKERS} workers: {kills} kills, {retaken} steps "
+              f"taken again as a new attempt, {time.monotonic() - started:.1f}s")  # fmt: skip
+    assert kills == size.kills
+
+
+# -------------------------------------------------------------------------------- tests
+
+
+@pytest.mark.timeout(180)
+def test_workflows_complete_despite_worker_kills_on_redis(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    canvas_chaos(cluster, QUICK, tmp_path, capsys)
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.timeout(180)
+def test_workflows_complete_despite_worker_kills_on_rabbitmq(
+    amqp_cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    canvas_chaos(amqp_cluster, QUICK, tmp_path, capsys)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_canvas_soak_on_redis(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    canvas_chaos(cluster, FULL, tmp_path, capsys)
+
+
+@pytest.mark.soak
+@pytest.mark.rabbitmq
+@pytest.mark.timeout(900)
+def test_canvas_soak_on_rabbitmq(
+    amqp_cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    canvas_chaos(amqp_cluster, FULL, tmp_path, capsys)
