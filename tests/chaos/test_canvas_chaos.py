@@ -38,7 +38,7 @@ from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import State, Transition
 from tests.chaos.canvas_work import CHAIN_INCREMENTS, CHORD_MEMBERS, LOG_ENV
-from tests.chaos.harness import Cluster
+from tests.chaos.harness import Cluster, start_all, wait_log
 from tests.e2e.procs import Proc, Supervisor, ready
 
 RUNS = JOBS.table
@@ -122,23 +122,36 @@ def _finals(cluster: Cluster, sent: list[Sent]) -> dict[uuid.UUID, Any]:
         return {row.job_id: row.result for row in conn.execute(stmt)}
 
 
+def _with_bodies(cluster: Cluster, tmp_path: Path) -> Path:
+    """Every process started from now on imports the bodies, which log to the path returned."""
+    log = tmp_path / "bodies.log"
+    cluster.launcher.env |= {"JOBSAPP_IMPORTS": "tests.chaos.canvas_work", LOG_ENV: str(log)}
+    return log
+
+
+def _producer(cluster: Cluster, size: Size) -> Proc:
+    argv = [sys.executable, "-m", "tests.chaos.canvas_work", str(size.chains), str(size.chords)]
+    return cluster.launcher.start("producer", argv)
+
+
+def _all_done(cluster: Cluster, sent: list[Sent], timeout: float) -> None:
+    cluster.wait_for(lambda: len(_finals(cluster, sent)) == len(sent),
+                     "every workflow's last step succeeded", timeout)  # fmt: skip
+
+
 def run_workflows(cluster: Cluster, size: Size, tmp_path: Path) -> tuple[list[Sent], Path, int]:
     """Send ``size``'s workflows while killing workers; returns once every last step
     succeeded (what was sent, the bodies' log, the kills)."""
-    log = tmp_path / "bodies.log"
-    cluster.launcher.env |= {"JOBSAPP_IMPORTS": "tests.chaos.canvas_work", LOG_ENV: str(log)}
+    log = _with_bodies(cluster, tmp_path)
+    # Started together: each process takes seconds to import on a loaded CI core.
+    producer = _producer(cluster, size)
     beat = cluster.beat()
     supervisor = Supervisor(cluster.launcher, size=WORKERS, prefix="canvas")
     try:
         ready(beat, *supervisor.workers, timeout=45)
-        producer = cluster.launcher.start(
-            "producer", [sys.executable, "-m", "tests.chaos.canvas_work",
-                         str(size.chains), str(size.chords)],
-        )  # fmt: skip
         kills = _kill_during(cluster, supervisor, size)
         sent = _sent(producer, size)
-        cluster.wait_for(lambda: len(_finals(cluster, sent)) == len(sent),
-                         "every workflow's last step succeeded", 60 + size.steps)  # fmt: skip
+        _all_done(cluster, sent, 60 + size.steps)
     finally:
         supervisor.stop()
     return sent, log, kills
@@ -223,6 +236,46 @@ def canvas_chaos(cluster: Cluster, size: Size, tmp_path: Path,
     assert kills == size.kills
 
 
+# ------------------------------------------------------------------------------ a window
+
+
+def _step_run(cluster: Cluster, workflow_id: uuid.UUID, path: str) -> Row:
+    with cluster.engine.connect() as conn:
+        job_id = conn.execute(select(STEPS.c.job_id).where(
+            STEPS.c.workflow_id == workflow_id, STEPS.c.path == path)).scalar_one()  # fmt: skip
+        return dict(conn.execute(select(RUNS).where(RUNS.c.job_id == job_id)).mappings().one())
+
+
+def member_dies_after_commit_before_publish(cluster: Cluster, tmp_path: Path) -> None:
+    """A worker's pool process dies right after the COMMIT of the chord member's success
+    that wrote the chord's body, before publishing it (the same code path publishes a
+    chain's next step). The body waits in the outbox, unpublished; beat's relay publishes
+    it, and the chord completes with every body run once."""
+    log = _with_bodies(cluster, tmp_path)
+    size = Size(chains=0, chords=1, kills=0)
+    producer = _producer(cluster, size)
+    (a,) = start_all(cluster, "a", beat=False, crash_at={"a": "after_step_commit_before_publish"})
+    (sent,) = _sent(producer, size)
+    wait_log([a], r"exited with 'signal 9 \(SIGKILL\)'")
+    # The last member's message, handed back by the main process, is a no-op now.
+    wait_log([a], "no work, the job is already terminal")
+    a.kill()
+
+    body = _step_run(cluster, sent.workflow_id, "0.body")
+    assert (body["job_id"], body["state"], body["attempts"]) == (sent.final, "queued", 0)
+    (message,) = cluster.outbox(sent.final)
+    assert (message["published_at"], message["publish_count"]) == (None, 0)
+    assert cluster.broker.pending() == 0
+
+    ready(*start_all(cluster, "b"))
+    _all_done(cluster, [sent], 30)
+    runs = check_complete(cluster, [sent])
+    assert check_bodies(log, runs) == 0  # no step taken twice
+    check_chord_bodies(cluster, [sent])
+    (message,) = cluster.outbox(sent.final)
+    assert message["publish_count"] == 1
+
+
 # -------------------------------------------------------------------------------- tests
 
 
@@ -239,6 +292,21 @@ def test_workflows_complete_despite_worker_kills_on_rabbitmq(
     amqp_cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     canvas_chaos(amqp_cluster, QUICK, tmp_path, capsys)
+
+
+@pytest.mark.timeout(120)
+def test_worker_dies_after_a_chord_members_commit_before_publishing_the_body_on_redis(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    member_dies_after_commit_before_publish(cluster, tmp_path)
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.timeout(120)
+def test_worker_dies_after_a_chord_members_commit_before_publishing_the_body_on_rabbitmq(
+    amqp_cluster: Cluster, tmp_path: Path
+) -> None:
+    member_dies_after_commit_before_publish(amqp_cluster, tmp_path)
 
 
 @pytest.mark.soak
