@@ -141,7 +141,8 @@ class Compiler:
 
     def _task(self, sig: Signature, path: str, after: Output | None, args: tuple[Any, ...],
               errbacks: tuple[Signature, ...]) -> str:  # fmt: skip
-        job_id = self._add(sig, path, after, args, START if after is None else SUCCESS)
+        waits = after is not None and any(True for _ in _flat(after))
+        job_id = self._add(sig, path, after, args, SUCCESS if waits else START)
         for previous in _flat(after):
             self.drafts[previous].next.append(job_id)
         for i, errback in enumerate(errbacks):
@@ -239,6 +240,7 @@ def _require_arguments(name: str, spec: RunTable, args: Sequence[Any],
 def start(sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any]) -> Any:
     """Write the canvas's steps and first runs in one transaction, publish after COMMIT,
     and return what Celery returns for it: the last step's handle, or a group's list."""
+    sig = sig.clone()  # the caller's signature keeps its own callbacks
     for name in ("link", "link_error"):
         if options.get(name):
             sig.options[name] = [*(sig.options.get(name) or ()), *_listed(options[name])]
@@ -252,12 +254,18 @@ def start(sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any]
     steps = compiler.steps()
     with get_engine().begin() as conn:
         workflow.write_steps(conn, steps)
-        started = [workflow.start(conn, step.row(None), [], actor="producer")
+        started = [workflow.start(conn, step.row(None), _given_at_start(step), actor="producer")
                    for step in steps if step.trigger == START]  # fmt: skip
     messages = [m for m in started if m is not None]
     if messages:
         outbox.publish_now(sig.app, [journal.on_local_clock(m, timedelta(0)) for m in messages])
     return handle_of(out, {str(s.job_id): s for s in steps}, workflow_id)
+
+
+def _given_at_start(step: Step) -> list[Any]:
+    """Nothing for a first step; the empty list for a chord of an empty header (Celery
+    calls its body with ``[]``)."""
+    return [] if step.after is None else [step.after]
 
 
 def _listed(value: Any) -> list[Any]:

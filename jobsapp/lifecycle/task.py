@@ -171,13 +171,12 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         callbacks = {o: options.pop(o) for o in ("link", "link_error") if options.get(o)}
         _refuse(self.name, options)
         if callbacks and not self.app.conf.task_always_eager:
-            plain = {"job_id": job_id, "session": session, "connection": connection,
-                     "countdown": countdown, "eta": eta, "headers": headers, "expires": expires}
-            _refuse(f"{self.name} with link/link_error", {k for k, v in plain.items() if v})
-            given: dict[str, Any] = {"task_id": task_id, "queue": queue, "priority": priority}
-            step = self.s(*(args or ()), **(kwargs or {}))
-            step.set(**{k: v for k, v in given.items() if v is not None})
-            return canvas.start(step, None, callbacks)  # type: ignore[no-any-return]
+            others = {"job_id": job_id, "session": session, "connection": connection,
+                      "countdown": countdown, "eta": eta, "headers": headers,
+                      "expires": expires}  # fmt: skip
+            _refuse(f"{self.name} with link/link_error", {k for k, v in others.items() if v})
+            step = {"task_id": task_id, "queue": queue, "priority": priority}
+            return self._with_callbacks(args, kwargs, step, callbacks)
         if self.app.conf.task_always_eager:
             wanted = job_id or task_id
             return self.apply(tuple(args or ()), dict(kwargs or {}),
@@ -191,6 +190,17 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             totals.count_dedup_hit(get_engine(), self.run_table.module, self.name)
         return handle if job_id or not task_id else replace(handle, task_id=str(task_id))
 
+    def _with_callbacks(
+        self, args: tuple[Any, ...] | list[Any] | None, kwargs: Mapping[str, Any] | None,
+        step: Mapping[str, Any], callbacks: Mapping[str, Any],
+    ) -> JobHandle:  # fmt: skip
+        """A call with ``link``/``link_error``: a workflow of this step and its callbacks
+        (lifecycle/canvas.py); ``step`` holds the options a step keeps."""
+        sig = self.s(*(args or ()), **(kwargs or {}))
+        sig.set(**{k: v for k, v in step.items() if v is not None})
+        handle: JobHandle = canvas.start(sig, None, callbacks)
+        return handle
+
     def AsyncResult(self, task_id: str, **kwargs: Any) -> JobHandle:  # type: ignore[override]  # noqa: N802
         """The job's handle (its journal row), for code written against Celery's results.
 
@@ -198,8 +208,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         id is taken."""
         del kwargs
         job_id = message.job_id_of_task(str(task_id))
-        return JobHandle(job_id, EnqueueOutcome.DUPLICATE, self.run_table, task=self.name,
-                         task_id=str(task_id))  # fmt: skip
+        # A workflow step that will not run (what it waited for failed) answers FAILURE.
+        return canvas.StepHandle(job_id, EnqueueOutcome.DUPLICATE, self.run_table,
+                                 task=self.name, task_id=str(task_id))  # fmt: skip
 
     def enqueue_in(
         self,

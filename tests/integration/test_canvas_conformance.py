@@ -70,7 +70,8 @@ def chord_of_5(t: Tasks) -> Any:
     header = [t.add.s(i, i) for i in range(5)]
     applied = chord(header, t.tsum.s()).apply_async().get(timeout=WAIT)
     called = chord([t.add.s(i, 1) for i in range(5)])(t.tsum.s()).get(timeout=WAIT)
-    return [applied, called]
+    empty = chord([], t.tsum.s()).apply_async().get(timeout=WAIT)
+    return [applied, called, empty]
 
 
 def nested_chain_in_group(t: Tasks) -> Any:
@@ -102,7 +103,7 @@ PROGRAMS: dict[str, tuple[Callable[[Tasks], Any], Any]] = {
     "chain of 3": (chain_of_3, 10),
     "| with partial and immutable": (pipe_with_partial_and_immutable, [8, 10, 8]),
     "group of 5": (group_of_5, [0, 2, 4, 6, 8]),
-    "chord of 5 with a body": (chord_of_5, [20, 15]),
+    "chord of 5 with a body": (chord_of_5, [20, 15, 0]),
     "nested chain in a group": (nested_chain_in_group, [3, 10, 7]),
     "group inside a chain": (group_inside_a_chain, 7),
     "link": (link, [4, 14]),

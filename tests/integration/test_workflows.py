@@ -190,6 +190,8 @@ def test_a_chord_whose_member_fails_blocks_its_body_and_calls_its_errback(
         with pytest.raises(JobFailed, match="chord_failed"):
             handle.get(timeout=WAIT)
     assert _run(pg, handle.job_id) is None  # the body never ran
+    # Looked up later by its id, as a Celery user would: failed, not pending forever.
+    assert t.tsum.AsyncResult(str(handle.job_id)).state == "FAILURE"
     steps = _steps(pg, handle.workflow_id)
     assert steps["0.body"]["blocked_outcome"] == "chord_failed"
     assert run_row(pg, steps["0.h.0"]["job_id"])["state"] == "succeeded"

@@ -1,0 +1,81 @@
+"""A canvas compiled into steps (no database): what each step waits for, what it starts,
+its derived job id, and the canvases refused before anything is written."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery, chain, chord, group
+
+from jobsapp.attachments.tasks import TASK_NAME as ATTACHMENT_TASK
+from jobsapp.celery_app import app
+from jobsapp.lifecycle.canvas import Compiler, MixedCanvas, is_lifecycle_canvas
+from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step
+from tests.support import canvas_tasks as t
+
+WORKFLOW = uuid.UUID(int=20)
+
+
+def compiled(sig: Any) -> dict[str, Step]:
+    compiler = Compiler(WORKFLOW)
+    compiler.node(sig, "0", None, ())
+    return {step.path: step for step in compiler.steps()}
+
+
+def job(path: str) -> str:
+    return str(uuid.uuid5(WORKFLOW, path))
+
+
+def test_a_group_inside_a_chain_is_a_fork_then_a_join_in_order() -> None:
+    # Celery's chain makes the group and the step after it a chord.
+    steps = compiled(chain(t.add.s(1, 1), group(t.add.s(1), t.add.s(2)), t.tsum.s()))
+    assert steps["0.0"].trigger == START
+    assert list(steps["0.0"].next) == [job("0.1.h.0"), job("0.1.h.1")]
+    assert (steps["0.1.h.1"].trigger, steps["0.1.h.1"].after) == (SUCCESS, job("0.0"))
+    assert steps["0.1.body"].after == [job("0.1.h.0"), job("0.1.h.1")]
+    assert steps["0.1.body"].job_id == uuid.UUID(job("0.1.body"))
+
+
+def test_a_chains_errback_is_every_steps_and_a_chords_is_its_bodys() -> None:
+    steps = compiled(chain(t.add.s(1, 1), t.add.s(2)).on_error(t.identity.s()))
+    assert [len(steps[p].errbacks) for p in ("0.0", "0.1")] == [1, 1]
+    assert (steps["0.0.err0"].trigger, steps["0.0.err0"].after) == (FAILURE, job("0.0"))
+    steps = compiled(chord([t.add.s(1, 1), t.add.s(2, 2)], t.tsum.s().on_error(t.identity.s())))
+    assert [len(steps[p].errbacks) for p in ("0.h.0", "0.h.1", "0.body")] == [0, 0, 1]
+
+
+def test_immutable_and_partial_arguments_and_step_options_are_kept() -> None:
+    steps = compiled(chain(t.add.s(1), t.add.si(5, 5).set(queue="b", priority=3)))
+    assert (list(steps["0.0"].args), steps["0.0"].immutable) == ([1], False)
+    step = steps["0.1"]
+    assert (list(step.args), step.immutable, step.queue, step.priority) == ([5, 5], True, "b", 3)
+
+
+def test_the_body_of_an_empty_header_starts_at_once() -> None:
+    steps = compiled(chord([], t.tsum.s()))
+    assert (steps["0.body"].trigger, steps["0.body"].after) == (START, [])
+
+
+def test_the_same_canvas_compiles_to_the_same_steps() -> None:
+    canvas = chord([t.add.s(i, i) for i in range(3)], t.tsum.s())
+    assert compiled(canvas) == compiled(canvas)
+
+
+def test_refused_before_anything_is_written() -> None:
+    with pytest.raises(TypeError, match=r"does not support \['countdown'\] on a step"):
+        compiled(chain(t.add.s(1, 1), t.add.s(2).set(countdown=5)))
+    with pytest.raises(TypeError, match="only tasks of the jobs table run in a canvas"):
+        compiled(chain(t.add.s(1, 1), app.tasks[ATTACHMENT_TASK].si(attachment_id="a")))
+    with pytest.raises(TypeError, match="cannot link a callback to group"):
+        compiled(group(t.add.s(1, 1)).set(link=[t.identity.s()]))
+
+
+def test_a_canvas_is_ours_theirs_or_refused_as_mixed() -> None:
+    plain = Celery("plain-compile")
+    plain_add = plain.task(name="plain.compile.add")(t.BODIES["add"])
+    assert is_lifecycle_canvas(chain(t.add.s(1, 1), t.add.s(2)))
+    assert not is_lifecycle_canvas(chain(plain_add.s(1, 1), plain_add.s(2)))
+    with pytest.raises(MixedCanvas, match=r"^plain\.compile\.add is a plain Celery task"):
+        is_lifecycle_canvas(group(t.add.s(1, 1), plain_add.s(2, 2)))
