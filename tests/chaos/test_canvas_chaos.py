@@ -3,8 +3,9 @@
 Two supervised workers (a dead one is replaced), beat with the short cadences (reaper and
 relay every second), and a producer process that sends chains of four steps and chords of
 five members with a body (tests/chaos/canvas_work.py). While they run, workers are
-SIGKILLed (process group) at points of progress drawn from a seeded random, so a run is
-the same run every time. Then, over every workflow:
+SIGKILLed (process group) at points of progress drawn from a seeded random: every run
+kills at the same numbers of finished steps, and waits for them instead of a clock. Then,
+over every workflow:
 
 - it ended complete: each of its steps has a run that succeeded, and its last step (the
   chord's body) returned the expected value;
@@ -12,7 +13,9 @@ the same run every time. Then, over every workflow:
   is one the journal's attempt counter reached, and the succeeding attempt is among them;
 - a chord's body was enqueued once and succeeded once.
 
-The quick variant runs in CI on Redis and on RabbitMQ. The full sizes of the issue (50
+One window a random kill almost never hits has a crash point of its own: the pool process
+dies right after the COMMIT in which a chord's last member wrote the body, before
+publishing it. The quick variant and that window run in CI on Redis and on RabbitMQ. The full sizes of the issue (50
 chains, 20 chords) are marked ``soak``: ``pytest tests/chaos/test_canvas_chaos.py -m soak``.
 """
 
@@ -33,10 +36,10 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from jobsapp.lifecycle.journal import EVENTS
 from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import State, Transition
+from jobsapp.monitor import browse
 from tests.chaos.canvas_work import CHAIN_INCREMENTS, CHORD_MEMBERS, LOG_ENV
 from tests.chaos.harness import Cluster, start_all, wait_log
 from tests.e2e.procs import Proc, Supervisor, ready
@@ -208,18 +211,13 @@ def check_bodies(log: Path, runs: list[Row]) -> int:
 
 
 def check_chord_bodies(cluster: Cluster, sent: list[Sent]) -> None:
-    """A chord's body: enqueued once, succeeded once."""
-    bodies = [s.final for s in sent if s.kind == "chord"]
-    stmt = (
-        select(EVENTS.c.job_id, EVENTS.c.transition, func.count())
-        .where(EVENTS.c.job_id.in_(bodies),
-               EVENTS.c.transition.in_([Transition.ENQUEUE.value, Transition.SUCCEED.value]))
-        .group_by(EVENTS.c.job_id, EVENTS.c.transition)
-    )  # fmt: skip
-    with cluster.engine.connect() as conn:
-        counts = {(job_id, t): n for job_id, t, n in conn.execute(stmt)}
-    expected = {(b, t.value): 1 for b in bodies for t in (Transition.ENQUEUE, Transition.SUCCEED)}
-    assert counts == expected
+    """A chord's body: enqueued once, succeeded once, as its job page's timeline shows
+    (the operators' reader of the journal, whichever rows hold the happy path)."""
+    for body in (s.final for s in sent if s.kind == "chord"):
+        detail = browse.job_detail(cluster.engine, JOBS.module, body)
+        assert detail is not None
+        moves = Counter(event.transition for event in detail.events)
+        assert (moves[Transition.ENQUEUE], moves[Transition.SUCCEED]) == (1, 1), moves
 
 
 def canvas_chaos(cluster: Cluster, size: Size, tmp_path: Path,
