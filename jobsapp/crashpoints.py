@@ -18,11 +18,11 @@ POINTS = frozenset(
         "before_publish_mark",
         "after_s3_write_before_commit",
         "after_result_commit_before_ack",
-        "after_step_commit_before_publish",
         "after_attachment_failed_before_run_outcome",
         "mid_run",
         "before_heartbeat",
         "reopen_after_update",
+        "step_after_commit_before_successors",
     }
 )
 

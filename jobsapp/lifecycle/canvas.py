@@ -26,7 +26,7 @@ from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal, message, outbox, registry
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, workflow
-from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step
+from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step, waited_for
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.results import non_json
 
@@ -141,9 +141,9 @@ class Compiler:
 
     def _task(self, sig: Signature, path: str, after: Output | None, args: tuple[Any, ...],
               errbacks: tuple[Signature, ...]) -> str:  # fmt: skip
-        waits = after is not None and any(True for _ in _flat(after))
+        waits = after is not None and any(True for _ in waited_for(after))
         job_id = self._add(sig, path, after, args, SUCCESS if waits else START)
-        for previous in _flat(after):
+        for previous in waited_for(after):
             self.drafts[previous].next.append(job_id)
         for i, errback in enumerate(errbacks):
             self.drafts[job_id].errbacks.append(self._errback(errback, f"{path}.err{i}", job_id))
@@ -200,14 +200,6 @@ def _single(out: Output, sig: Signature) -> str:
     if isinstance(out, list):
         raise TypeError(f"cannot link a callback to {type(sig).__name__}: use a chord")
     return out
-
-
-def _flat(after: Output | None) -> Iterator[str]:
-    if isinstance(after, list):
-        for item in after:
-            yield from _flat(item)
-    elif after is not None:
-        yield after
 
 
 def _options(sig: Signature) -> Mapping[str, Any]:
@@ -280,7 +272,7 @@ def _workflow_id(task_id: Any) -> uuid.UUID:
 # --- what the caller gets back -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # JobHandle's one-line repr
 class StepHandle(JobHandle):
     """A step's handle: its run row once it has one; before that, a step that will not run
     (what it waited for failed) answers as a failed job with the step's outcome."""

@@ -15,8 +15,9 @@ over every workflow:
 
 One window a random kill almost never hits has a crash point of its own: the pool process
 dies right after the COMMIT in which a chord's last member wrote the body, before
-publishing it. The quick variant and that window run in CI on Redis and on RabbitMQ. The full sizes of the issue (50
-chains, 20 chords) are marked ``soak``: ``pytest tests/chaos/test_canvas_chaos.py -m soak``.
+publishing it. The quick variant and that window run in CI on Redis and on RabbitMQ. The
+full sizes of the issue (50 chains, 20 chords) are marked ``soak``:
+``pytest tests/chaos/test_canvas_chaos.py -m soak``.
 """
 
 from __future__ import annotations
@@ -252,7 +253,8 @@ def member_dies_after_commit_before_publish(cluster: Cluster, tmp_path: Path) ->
     log = _with_bodies(cluster, tmp_path)
     size = Size(chains=0, chords=1, kills=0)
     producer = _producer(cluster, size)
-    (a,) = start_all(cluster, "a", beat=False, crash_at={"a": "after_step_commit_before_publish"})
+    crash_at = {"a": "step_after_commit_before_successors"}
+    (a,) = start_all(cluster, "a", beat=False, crash_at=crash_at)
     (sent,) = _sent(producer, size)
     wait_log([a], r"exited with 'signal 9 \(SIGKILL\)'")
     # The last member's message, handed back by the main process, is a no-op now.

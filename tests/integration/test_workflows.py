@@ -14,6 +14,7 @@ import re
 import threading
 import uuid
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,14 @@ from celery import Celery, chain, chord, group
 from sqlalchemy import Engine, select, text
 
 from jobsapp import cli, operator
+from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.canvas import GroupHandle, MixedCanvas, StepHandle
 from jobsapp.lifecycle.handle import JobFailed
 from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import Transition
+from jobsapp.maintenance import relay
 from jobsapp.web.app import create_app
 from tests.integration.test_admin_login import log_in
 from tests.support import canvas_tasks as t
@@ -104,6 +107,20 @@ def test_a_successor_is_written_in_the_transaction_of_its_parents_success(
     assert [row["attempt"] for row in outbox_rows(pg, handle.job_id)] == [1]
 
 
+def test_a_successor_whose_worker_died_before_publishing_is_published_by_the_relay(
+    pg: Engine, redis_clean: None
+) -> None:
+    handle = chain(t.add.s(1, 2), t.add.s(3)).apply_async()
+    first = _steps(pg, handle.workflow_id)["0.0"]["job_id"]
+    token = _claim(pg, first)
+    with pg.begin() as conn:  # committed; the worker that would publish is gone
+        assert _succeed(conn, first, token, 3)
+    assert outbox_rows(pg, handle.job_id)[0]["published_at"] is None
+    with in_process_worker():
+        assert relay.run_once(t.add.app, pg, relay.RelayConfig(grace=timedelta(0)))["published"]
+        assert handle.get(timeout=WAIT) == 6
+
+
 def _waiting_for_a_lock(engine: Engine) -> bool:
     with engine.connect() as conn:
         waiting = conn.execute(text(
@@ -157,6 +174,7 @@ def test_a_retried_step_redoes_only_itself(pg: Engine, redis_clean: None) -> Non
     assert (calls(first), calls(flaky), calls(last)) == (1, 3, 1)
     retried = _steps(pg, handle.workflow_id)["0.1"]["job_id"]
     assert run_row(pg, retried)["attempts"] == 3
+    assert repr(handle) == f"<JobHandle tests.canvas.counted {handle.job_id} enqueued>"
 
 
 def test_a_failed_step_replayed_by_the_operator_resumes_the_chain(
@@ -195,6 +213,25 @@ def test_a_chord_whose_member_fails_blocks_its_body_and_calls_its_errback(
     steps = _steps(pg, handle.workflow_id)
     assert steps["0.body"]["blocked_outcome"] == "chord_failed"
     assert run_row(pg, steps["0.h.0"]["job_id"])["state"] == "succeeded"
+
+
+def test_a_step_the_reaper_fails_blocks_what_waits_for_it_and_starts_its_errback(
+    pg: Engine, redis_clean: None
+) -> None:
+    errback = str(uuid.uuid4())
+    first_step = t.add.s(1, 1).on_error(t.identity.s().set(task_id=errback))
+    handle = chain(first_step, t.add.s(2)).apply_async()
+    first = _steps(pg, handle.workflow_id)["0.0"]["job_id"]
+    _claim(pg, first)
+    now = utcnow() + timedelta(seconds=1)  # its heartbeat is older than this cutoff
+    with pg.begin() as conn:
+        stale = journal.find_stale(conn, JOBS, cutoff=now, limit=10)
+        journal.reap(conn, JOBS, stale, requeue_them=False, cutoff=now,
+                     reason="stale: its worker was lost", now=now)  # fmt: skip
+    assert run_row(pg, first)["outcome"] == "stale"
+    assert (handle.state, handle.row()["outcome"]) == ("FAILURE", "upstream_failed")
+    called = run_row(pg, uuid.UUID(errback))
+    assert (called["state"], called["params"]["args"]) == ("queued", [str(first)])
 
 
 def _published_priority(queue: str) -> int | None:
@@ -276,3 +313,16 @@ def test_an_operator_sees_a_workflows_steps_on_the_job_page_and_in_the_summary(
 
 def test_migration_0014_down_and_up(tmp_path: Path) -> None:
     sqlite_then_postgres(tmp_path, "m0014", "workflow_id", "0013")
+
+
+def test_a_canvas_under_task_always_eager_runs_here_as_celerys_does(pg: Engine) -> None:
+    t.add.app.conf.task_always_eager = True
+    try:
+        assert chain(t.add.s(1, 2), t.add.s(3)).apply_async().get() == 6
+        assert group(t.add.s(i, i) for i in range(3)).apply_async().get() == [0, 2, 4]
+        assert chord([t.add.s(1, 1), t.add.s(2, 2)], t.tsum.s()).apply_async().get() == 6
+    finally:
+        t.add.app.conf.task_always_eager = False
+    with pg.connect() as conn:  # each call a run of its own, through the journal
+        states = conn.execute(select(JOBS.table.c.state)).scalars().all()
+    assert states == ["succeeded"] * 8

@@ -2,7 +2,8 @@
 
 A running run whose heartbeat is stale goes back to queued (with its next message) or to
 failed/stale, as its run table's policy says; one a revoke asked to stop ends
-failed/cancelled (its worker died before it could honour the request). ``find_stale``
+failed/cancelled (its worker died before it could honour the request); a workflow step
+failed so starts its errbacks and blocks what waited for it (workflow.py). ``find_stale``
 reads and locks a batch; ``reap`` writes it in one guarded statement. Called by
 maintenance/reaper.py.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, case, select, tuple_, update
 
+from jobsapp.lifecycle.journal import workflow
 from jobsapp.lifecycle.journal.events import record_event
 from jobsapp.lifecycle.journal.outbox_rows import add_outbox
 from jobsapp.lifecycle.registry import RunTable
@@ -91,11 +93,17 @@ def reap(
             tuple_(table.c.job_id, table.c.attempts).in_([(r.job_id, r.attempt) for r in runs]),
         )
         .values(**values)
-        .returning(table.c.job_id)
+        .returning(table.c.job_id, table.c.workflow_id)
     )
-    done = set(conn.execute(stmt).scalars())
+    done = {row.job_id: row.workflow_id for row in conn.execute(stmt)}
     reaped = [r for r in runs if r.job_id in done]
     _after_reap(conn, spec, reaped, requeued=requeue_them, reason=reason, now=now)
+    if not requeue_them:
+        # A workflow step failed for good: its errbacks and blocks, as a worker's FAIL
+        # writes them (the relay publishes the errbacks).
+        for run in reaped:
+            if done[run.job_id] is not None:
+                workflow.failed(conn, run.job_id, reason, actor="reaper", now=now)
     return reaped
 
 

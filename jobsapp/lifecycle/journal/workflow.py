@@ -11,7 +11,9 @@ A step's run takes the step's job id, inserted with ON CONFLICT DO NOTHING: a su
 written once is never written again, whatever finishes twice. A chord's body (a step that
 waits for several) is inserted once the database says all of them succeeded: the finish
 locks the body's step row, then reads its members' run rows, so of two members finishing
-at once the second sees the first (docs/workflows.md).
+at once the second sees the first: each statement of PostgreSQL's READ COMMITTED (the
+level of jobsapp's engines) reads what committed before it, the lock's wait included
+(docs/workflows.md). SQLite's immediate transactions run one at a time.
 """
 
 from __future__ import annotations
@@ -213,7 +215,7 @@ _NOT_YET: Any = _NotYet()
 def _given(conn: Connection, after: Any, known: Mapping[str, Any]) -> Any:
     """What a step waiting for ``after`` is given: the result of the step it names, or
     the list of its members' results in order; _NOT_YET while one has not succeeded."""
-    ids = list(_flat(after))
+    ids = list(waited_for(after))
     missing = [i for i in ids if i not in known]
     results = {**_results(conn, missing), **known}
     if any(i not in results for i in ids):
@@ -221,10 +223,11 @@ def _given(conn: Connection, after: Any, known: Mapping[str, Any]) -> Any:
     return _shaped(after, results)
 
 
-def _flat(after: Any) -> Iterator[str]:
+def waited_for(after: Any) -> Iterator[str]:
+    """The job ids a step's ``after`` names, in order (none for a first step)."""
     if isinstance(after, list):
         for item in after:
-            yield from _flat(item)
+            yield from waited_for(item)
     elif after is not None:
         yield str(after)
 
