@@ -28,6 +28,8 @@ LOG_ENV = "JOBSAPP_TEST_CANVAS_LOG"
 BODY_SECONDS = 0.05
 CHAIN_INCREMENTS = (1, 10, 100, 1000)
 CHORD_MEMBERS = 5
+# Where a workflow's flaky step sits in its canvas (see is_flaky).
+FLAKY_PATHS = {"chain": "0.1", "chord": "0.h.0"}
 QUICK_RETRY = RetryPolicy(base_delay=0.3, max_delay=1.0, jitter=0.0)
 
 

@@ -42,13 +42,11 @@ from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import State, Transition
 from jobsapp.monitor import browse
-from tests.chaos.canvas_work import CHAIN_INCREMENTS, CHORD_MEMBERS, LOG_ENV
+from tests.chaos.canvas_work import CHAIN_INCREMENTS, CHORD_MEMBERS, FLAKY_PATHS, LOG_ENV
 from tests.chaos.harness import Cluster, start_all, wait_log
 from tests.e2e.procs import Proc, Supervisor, ready
 
 RUNS = JOBS.table
-# Where canvas_work puts a workflow's flaky step: a chain's second, a chord's first member.
-FLAKY_PATHS = {"chain": "0.1", "chord": "0.h.0"}
 WORKERS = 2
 SEED = 20
 
@@ -114,8 +112,8 @@ def _kill_during(cluster: Cluster, supervisor: Supervisor, size: Size) -> int:
     points = sorted(rng.sample(range(1, size.steps * 3 // 4), size.kills))
     for point in points:
         cluster.wait_for(partial(_reached, cluster, point), f"{point} steps done", 120)
-        victim = cluster.wait_for(lambda: _consuming(supervisor), "a consuming worker", 60)
-        rng.choice(victim).kill()
+        consuming = cluster.wait_for(lambda: _consuming(supervisor), "a consuming worker", 60)
+        rng.choice(consuming).kill()
     return len(points)
 
 
