@@ -104,16 +104,25 @@ def _consuming(supervisor: Supervisor) -> list[Proc]:
     return [p for p in supervisor.workers if p.alive() and " ready." in p.log()]
 
 
+def _busy(cluster: Cluster, workers: list[Proc]) -> list[Proc]:
+    """Those of ``workers`` running a step now (the run's ``worker`` is ``name@host:pid``),
+    or all of them when none is: a kill mid-step is the one that costs an attempt."""
+    stmt = select(RUNS.c.worker).where(RUNS.c.state == State.RUNNING.value)
+    with cluster.engine.connect() as conn:
+        names = {str(w).split("@", 1)[0] for w in conn.execute(stmt).scalars()}
+    return [p for p in workers if p.name in names] or workers
+
+
 def _kill_during(cluster: Cluster, supervisor: Supervisor, size: Size) -> int:
-    """SIGKILL a consuming worker each time the succeeded steps reach a point drawn from
-    the seeded random (within the first three quarters of the work, so each kill lands
-    while steps are still running or queued)."""
+    """SIGKILL a consuming worker (one running a step, if any) each time the succeeded
+    steps reach a point drawn from the seeded random (within the first three quarters of
+    the work, so each kill lands while steps are still running or queued)."""
     rng = random.Random(SEED)
     points = sorted(rng.sample(range(1, size.steps * 3 // 4), size.kills))
     for point in points:
         cluster.wait_for(partial(_reached, cluster, point), f"{point} steps done", 120)
         consuming = cluster.wait_for(lambda: _consuming(supervisor), "a consuming worker", 60)
-        rng.choice(consuming).kill()
+        rng.choice(_busy(cluster, consuming)).kill()
     return len(points)
 
 
