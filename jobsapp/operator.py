@@ -215,6 +215,19 @@ def cancel(
     return CancelResult(spec.module, job_id, attempts)
 
 
+def cancel_workflow(
+    engine: Engine, module: str, job_id: uuid.UUID, *, actor: str, reason: str
+) -> int:  # fmt: skip
+    """The rest of the workflow the job is a step of: no step starts from now on, its
+    queued steps end cancelled (docs/workflows.md); returns how many were cancelled."""
+    spec, who, why = run_table(module), operator_actor(actor), checked_reason(reason)
+    with engine.begin() as conn:
+        workflow_id = _current(conn, spec, job_id)["workflow_id"]
+        if workflow_id is None:
+            raise Conflict("not_a_step", f"{spec.module} job {job_id} is no workflow's step")
+        return journal.cancel_rest(conn, workflow_id, actor=who, reason=why)
+
+
 def _refuse_cancel(spec: RunTable, job_id: uuid.UUID, run: Mapping[str, Any], seen: int) -> None:
     state = run["state"]
     if state != State.QUEUED.value:

@@ -365,6 +365,17 @@ def cancel(path: JobPath) -> Answer:
     return _act(path.module, path.job_id, act)
 
 
+@_form_route("/jobs/<module>/<uuid:job_id>/cancel-workflow", "adminWorkflowCancel",
+             "Cancel the rest of the workflow a job is a step of")  # fmt: skip
+def cancel_workflow(path: JobPath) -> Answer:
+    def act(reason: str) -> str:
+        done = operator.cancel_workflow(get_engine(), path.module, path.job_id,
+                                        actor=auth.actor(), reason=reason)  # fmt: skip
+        return f"Workflow cancelled: no step starts from now on; {done} queued cancelled."
+
+    return _act(path.module, path.job_id, act)
+
+
 @_form_route("/jobs/<module>/<uuid:job_id>/run-now", "adminJobRunNow",
              "Run a job waiting for a retry or countdown now")  # fmt: skip
 def run_now(path: JobPath) -> Answer:

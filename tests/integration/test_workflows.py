@@ -311,6 +311,41 @@ def test_an_operator_sees_a_workflows_steps_on_the_job_page_and_in_the_summary(
         ("0.0", "succeeded"), ("0.1", "failed"), ("0.2", "blocked")]
 
 
+def test_an_operator_cancels_the_rest_of_a_workflow_from_a_steps_page(
+    pg: Engine, redis_clean: None
+) -> None:
+    handle = chain(t.add.s(1, 1), t.add.s(2), t.add.s(3)).apply_async()  # no worker runs
+    first = _steps(pg, handle.workflow_id)["0.0"]["job_id"]
+    with environment(JOBSAPP_ADMIN_TOKEN=ADMIN_TOKEN):
+        client = create_app().test_client()
+        log_in(client, ADMIN_BASE, ADMIN_TOKEN)
+        page = client.get(f"/admin/jobs/jobs/{first}", base_url=ADMIN_BASE).get_data(True)
+        csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
+        assert csrf is not None
+        assert 'id="cancel-workflow"' in page
+        client.post(f"/admin/jobs/jobs/{first}/cancel-workflow", base_url=ADMIN_BASE,
+                    data={"csrf_token": csrf[1], "reason": "wrong input"})  # fmt: skip
+        shown = client.get(f"/admin/jobs/jobs/{first}", base_url=ADMIN_BASE).get_data(True)
+    assert "Workflow cancelled: no step starts from now on; 1 queued cancelled." in shown
+    assert run_row(pg, first)["outcome"] == "cancelled"
+    assert [s["blocked_outcome"] for s in _steps(pg, handle.workflow_id).values()] == [
+        "cancelled"] * 3  # fmt: skip
+    assert handle.state == "REVOKED"
+
+
+def test_a_step_running_when_its_workflow_is_cancelled_finishes_and_starts_nothing(
+    pg: Engine, redis_clean: None
+) -> None:
+    handle = chain(t.add.s(1, 1), t.add.s(2)).apply_async()
+    first = _steps(pg, handle.workflow_id)["0.0"]["job_id"]
+    token = _claim(pg, first)
+    assert operator.cancel_workflow(pg, "jobs", first, actor="ops", reason="stop") == 0
+    with pg.begin() as conn:
+        assert _succeed(conn, first, token, 2)
+    assert run_row(pg, first)["state"] == "succeeded"
+    assert _run(pg, handle.job_id) is None
+
+
 def test_migration_0014_down_and_up(tmp_path: Path) -> None:
     sqlite_then_postgres(tmp_path, "m0014", "workflow_id", "0013")
 

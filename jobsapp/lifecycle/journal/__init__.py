@@ -81,6 +81,7 @@ from jobsapp.lifecycle.journal.reads import (
 from jobsapp.lifecycle.journal.reap import StaleRun, find_stale, reap
 from jobsapp.lifecycle.journal.reopen import KeyBusy, reopen
 from jobsapp.lifecycle.journal.revoke import Revoked, cancel_requested, honour_cancel, revoke
+from jobsapp.lifecycle.journal.workflow import cancel_rest
 
 __all__ = [
     "EVENTS",
@@ -100,6 +101,7 @@ __all__ = [
     "attempt_failure",
     "cancel",
     "cancel_requested",
+    "cancel_rest",
     "claim",
     "claim_by_insert",
     "clock",

@@ -24,10 +24,11 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Table, select, update
+from sqlalchemy import Connection, Table, or_, select, update
 
 from jobsapp.lifecycle import registry
 from jobsapp.lifecycle.journal._sql import _require_transaction, _upsert
+from jobsapp.lifecycle.journal.cancel import cancel
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.enqueue import enqueue_new
 from jobsapp.lifecycle.journal.new_run import NewJob
@@ -38,8 +39,8 @@ from jobsapp.lifecycle.tables import WorkflowStep
 STEPS: Table = WorkflowStep.__table__  # type: ignore[assignment]
 
 START, SUCCESS, FAILURE = "start", "success", "failure"
-# What a blocked step's handle reports as its outcome.
-UPSTREAM_FAILED, CHORD_FAILED = "upstream_failed", "chord_failed"
+# What a blocked step's handle reports as its outcome; a cancelled step never starts.
+UPSTREAM_FAILED, CHORD_FAILED, CANCELLED = "upstream_failed", "chord_failed", "cancelled"
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Step:
             "max_attempts": self.max_attempts, "queue": self.queue, "priority": self.priority,
             "trigger": self.trigger, "after": self.after, "next": list(self.next),
             "errbacks": list(self.errbacks), "created_at": now, "blocked_at": None,
+            "blocked_outcome": None,
         }  # fmt: skip
 
 
@@ -104,6 +106,8 @@ def start(conn: Connection, step: Mapping[str, Any], given: Sequence[Any], *,
           actor: str) -> PendingMessage | None:  # fmt: skip
     """Insert the step's run (none -> queued, with its event and message), unless it has
     one already; returns its message, carrying the step's priority."""
+    if step["blocked_outcome"] == CANCELLED:
+        return None
     inserted = enqueue_new(conn, new_job(step, given), actor=actor)
     if inserted is None or inserted.message is None:
         return None
@@ -143,6 +147,46 @@ def failed(
     for step in _steps(conn, done[0]["next"]):
         messages += _block(conn, step, reason, actor=actor, now=now)
     return messages
+
+
+def cancel_rest(
+    conn: Connection, workflow_id: uuid.UUID, *, actor: str, reason: str,
+    now: datetime | None = None,
+) -> int:  # fmt: skip
+    """An operator's cancel of what is left of a workflow: no step starts from now on
+    (a step still running finishes, and starts nothing), and its queued runs end
+    cancelled (Transition.CANCEL each). Returns how many runs were cancelled.
+
+    The steps are marked first, under their rows' locks: a step's success that starts a
+    successor holds the successor's lock, so its queued run is seen and cancelled here,
+    or it sees the mark and starts nothing."""
+    _require_transaction(conn, "a workflow's cancel")
+    marked = conn.execute(
+        update(STEPS)
+        .where(STEPS.c.workflow_id == workflow_id,
+               or_(STEPS.c.blocked_outcome.is_(None), STEPS.c.blocked_outcome != CANCELLED))
+        .values(blocked_at=clock(conn, now), blocked_outcome=CANCELLED, blocked_reason=reason)
+        .returning(STEPS.c.job_id, STEPS.c.module)
+    ).all()  # fmt: skip
+    by_module: dict[str, list[uuid.UUID]] = {}
+    for job_id, module in marked:
+        by_module.setdefault(module, []).append(job_id)
+    return sum(_cancel_queued(conn, module, ids, actor=actor, reason=reason, now=now)
+               for module, ids in by_module.items())  # fmt: skip
+
+
+def _cancel_queued(
+    conn: Connection, module: str, job_ids: Sequence[uuid.UUID], *, actor: str, reason: str,
+    now: datetime | None,
+) -> int:  # fmt: skip
+    spec = registry.get(module)
+    table = spec.table
+    queued = conn.execute(
+        select(table.c.job_id, table.c.attempts)
+        .where(table.c.job_id.in_(job_ids), table.c.state == State.QUEUED.value)
+    ).all()  # fmt: skip
+    return sum(cancel(conn, spec, job_id, attempts=attempts, actor=actor, reason=reason, now=now)
+               for job_id, attempts in queued)  # fmt: skip
 
 
 def blocked_row(conn: Connection, job_id: uuid.UUID) -> dict[str, Any] | None:
