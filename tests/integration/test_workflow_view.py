@@ -1,6 +1,7 @@
 """A workflow as an operator sees it (issue 20 item 1): ``jobsapp summary``'s workflows line
-counts workflows by state, and the replay form on a failed step's admin job page resumes
-its workflow, whose steps the same page then shows succeeded."""
+counts workflows by state (a cancelled one as failed), and the replay form on a failed
+step's admin job page resumes its workflow, whose steps the same page then shows
+succeeded."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from celery import chain
 from flask.testing import FlaskClient
 from sqlalchemy import Engine, select
 
-from jobsapp import cli
+from jobsapp import cli, operator
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.canvas import StepHandle
 from jobsapp.lifecycle.handle import JobFailed
@@ -96,7 +97,7 @@ def test_the_summary_counts_workflows_by_state(
         assert done.get(timeout=WAIT) == 6
         failed, _ = _chain_failing_in_the_middle()
         _failed(failed)
-    chain(t.add.s(1, 1), t.add.s(1)).apply_async()  # no worker any more: it stays queued
+    queued = chain(t.add.s(1, 1), t.add.s(1)).apply_async()  # no worker now: stays queued
 
     assert _workflows_line(capsys) == "workflows: 1 running, 1 succeeded, 1 failed"
 
@@ -105,6 +106,10 @@ def test_the_summary_counts_workflows_by_state(
     assert cli.main(replay) == 0
     # A replayed step is queued again: its workflow runs again.
     assert _workflows_line(capsys) == "workflows: 2 running, 1 succeeded, 0 failed"
+
+    first = _step(pg, queued.workflow_id, "0.0")
+    operator.cancel_workflow(pg, "jobs", first, actor="ops", reason="not needed")
+    assert _workflows_line(capsys) == "workflows: 1 running, 1 succeeded, 1 failed"
 
 
 def test_a_failed_step_replayed_from_its_job_page_resumes_the_workflow(
