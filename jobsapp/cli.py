@@ -136,7 +136,19 @@ def summary(args: argparse.Namespace) -> int:
         print(_summary_table(rows))
         print()
         print(_counts_table(monitor.outcome_counts(get_engine(), module=args.module)))
+        _print_workflows_line()
     return 0
+
+
+def _print_workflows_line() -> None:
+    """``workflows: 2 running, 40 succeeded, 1 failed``, when there are any."""
+    from jobsapp.db import get_engine
+    from jobsapp.monitor.workflows import workflow_counts
+
+    counts = workflow_counts(get_engine())
+    if any(counts.values()):
+        print()
+        print("workflows: " + ", ".join(f"{n} {state}" for state, n in counts.items()))
 
 
 def _workflow_summary(workflow_id: uuid.UUID, *, as_json: bool) -> int:
