@@ -1,0 +1,39 @@
+"""Flow control's rules that need no server: rates as written, and the options refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobsapp.celery_app import app
+from jobsapp.lifecycle import lifecycle_task
+from jobsapp.lifecycle.flow import Rate, parse_rate
+
+
+@pytest.mark.parametrize(("text", "rate", "interval"), [
+    ("10/s", Rate(10, 1.0), 0.1), ("100/m", Rate(100, 60.0), 0.6),
+    ("5/30s", Rate(5, 30.0), 6.0), ("1/h", Rate(1, 3600.0), 3600.0),
+    (" 3 / d ", Rate(3, 86400.0), 28800.0),
+])  # fmt: skip
+def test_a_rate_is_a_count_over_a_period(text: str, rate: Rate, interval: float) -> None:
+    assert parse_rate(text) == rate
+    assert parse_rate(text).interval == pytest.approx(interval)
+
+
+@pytest.mark.parametrize("text", ["", "10", "0/s", "-1/s", "10/w", "ten/s", "10/1.5s"])
+def test_a_rate_that_says_nothing_clear_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="rate"):
+        parse_rate(text)
+
+
+def test_celerys_per_worker_rate_limit_is_refused_with_what_to_use() -> None:
+    with pytest.raises(TypeError, match=r"rate_limit is per worker process.*rate='100/m'"):
+        lifecycle_task(app, name="tests.flow.local_cap", rate_limit="10/s", lazy=False)(_body)
+
+
+def test_a_bad_rate_is_refused_when_the_task_is_declared() -> None:
+    with pytest.raises(ValueError, match="rate"):
+        lifecycle_task(app, name="tests.flow.bad_rate", rate="fast", lazy=False)(_body)
+
+
+def _body() -> None:
+    """A task body; ``lazy=False`` builds the task class (and runs its checks) at once."""
