@@ -1,6 +1,6 @@
 """``python -m bench NAME [--quick | --smoke]``: every benchmark, on servers of its own.
 
-NAME is lifecycle, images, upload, maintenance, scale, profile or all. The run starts its
+NAME is lifecycle, images, upload, maintenance, scale, profile, flow or all. The run starts its
 own Postgres clusters (fsync on, as production runs it, and fsync off, as the tests run
 it), Redis and S3 with scripts/services.sh (state under var/bench/, ports from
 --port-base), runs the benchmarks, writes PNG plots to --out, prints every ratio line at
@@ -52,6 +52,12 @@ def _scale(svc: services.Services, size: str, out: Path) -> list[str]:
     return bench_scale.main(svc, size, out)
 
 
+def _flow(svc: services.Services, size: str, out: Path) -> list[str]:
+    from bench import bench_flow
+
+    return bench_flow.main(svc, size, out)
+
+
 def _profile(svc: services.Services, size: str, out: Path, refs: Sequence[str] = ()) -> list[str]:
     from bench import bench_profile
 
@@ -78,7 +84,7 @@ def _images(_svc: services.Services, size: str, _out: Path) -> list[str]:
 
 BENCHMARKS: dict[str, Benchmark] = {
     "lifecycle": _lifecycle, "images": _images, "upload": _upload, "maintenance": _maintenance,
-    "scale": _scale, "profile": _profile,
+    "scale": _scale, "profile": _profile, "flow": _flow,
 }  # fmt: skip
 
 

@@ -27,13 +27,16 @@ def test_a_rate_that_says_nothing_clear_is_refused(text: str) -> None:
 
 def test_celerys_per_worker_rate_limit_is_refused_with_what_to_use() -> None:
     with pytest.raises(TypeError, match=r"rate_limit is per worker process.*rate='100/m'"):
-        lifecycle_task(app, name="tests.flow.local_cap", rate_limit="10/s", lazy=False)(_body)
+        lifecycle_task(app, name="tests.flow.local_cap", rate_limit="10/s", lazy=False,
+                       shared=False)(_body)
 
 
 def test_a_bad_rate_is_refused_when_the_task_is_declared() -> None:
     with pytest.raises(ValueError, match="rate"):
-        lifecycle_task(app, name="tests.flow.bad_rate", rate="fast", lazy=False)(_body)
+        lifecycle_task(app, name="tests.flow.bad_rate", rate="fast", lazy=False,
+                       shared=False)(_body)
 
 
 def _body() -> None:
-    """A task body; ``lazy=False`` builds the task class (and runs its checks) at once."""
+    """A task body. ``lazy=False`` builds the task class (and runs its checks) at once;
+    ``shared=False`` keeps a refused declaration from being retried at every finalize."""
