@@ -18,7 +18,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from jobsapp.db import relaxed_autocommit
+from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.journal import flow as statements
 from jobsapp.lifecycle.registry import RunTable
 
@@ -98,6 +99,7 @@ def gated_claim(engine: Engine, spec: RunTable, gate: Gate | None, claim: Claim
             return claim(conn)
     try:
         with engine.begin() as conn:
+            _without_flush_wait(conn)
             row = claim(conn)
             held = None if row is None else _check(conn, spec, gate, row, watching)
             if held is not None:
@@ -105,6 +107,13 @@ def gated_claim(engine: Engine, spec: RunTable, gate: Gate | None, claim: Claim
             return row
     except _Undo as undo:
         return undo.held
+
+
+def _without_flush_wait(conn: Connection) -> None:
+    """As the ungated claim's commit: a claim a database crash lost is caught by its
+    fence, and its token goes with it (docs/flow-control.md)."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
 
 
 def _check(
@@ -121,6 +130,17 @@ def _check(
 def _pairs_of(spec: RunTable, gate: Gate, row: Mapping[str, Any]) -> set[tuple[str, str]]:
     queue = row["queue"] or gate.default_queue
     return {(Kind.DOMAIN.value, spec.module), (Kind.QUEUE.value, queue)}
+
+
+def publishable(engine: Engine, default_queue: str, messages: Sequence[PendingMessage]
+                ) -> Sequence[PendingMessage]:  # fmt: skip
+    """The producer's fast path leaves the messages of a paused queue or domain (as this
+    process last saw the pauses) to the relay, which holds them until the resume."""
+    pairs = paused_pairs(engine)
+    if not pairs:
+        return messages
+    return [m for m in messages if pairs.isdisjoint(
+        {(Kind.DOMAIN.value, m.body.get("module")), (Kind.QUEUE.value, m.queue or default_queue)})]
 
 
 def hand_back(engine: Engine, spec: RunTable, job_id: uuid.UUID, attempt: int, held: Held

@@ -1,8 +1,9 @@
 """Flow control with real workers: a global rate limit, and pausing a queue or a domain.
 
 The rate holds across four worker processes (the journal keeps it, not a worker); a run
-over its rate takes no attempt. A paused queue's messages, published before or after the
-pause, are handed back to the journal untouched, and run once each after the resume.
+over its rate takes no attempt. A paused queue's messages already in the broker are handed
+back to the journal untouched, those enqueued later wait there unpublished, and all run
+once each after the resume.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def test_a_paused_queue_runs_nothing_and_loses_nothing(
     assert flow.pause(pg, flow.Kind.QUEUE, queue, actor="operator:test", reason="deploy")
     after = [_handle(flow_tasks.plain.apply_async((token,), queue=queue)) for _ in range(3)]
     _workers(subprocesses, 2, queue)
-    # Every message, published before the pause or after, is handed back to the journal.
+    # The messages published before the pause are handed back to the journal by the
+    # workers; those enqueued after it were never published (the producer saw the pause).
     eventually(lambda: _pending_in_outbox(pg, before + after), timeout=30)
     assert relay.run_once(app, pg, RELAY)["published"] == 0
     assert tasks.calls(token) == 0
