@@ -308,7 +308,8 @@ def prometheus() -> Answer:
     summary="The journal's Prometheus metrics, the same from every replica",
     description="`jobsapp_jobs{module,task,queue,state}`, "
     "`jobsapp_oldest_queued_seconds{module,task,queue}`, `jobsapp_stale_running{module}`, "
-    "`jobsapp_outbox_backlog`, `jobsapp_outbox_lag_seconds` and the counters and histograms "
+    "`jobsapp_outbox_backlog`, `jobsapp_outbox_lag_seconds`, `jobsapp_queue_paused{queue}`, "
+    "`jobsapp_domain_paused{module}` and the counters and histograms "
     "of docs/operators.md, read from the database at scrape time. Every replica answers "
     "the same numbers: scrape one target (the load-balanced address), not each replica. "
     "Open unless `JOBSAPP_METRICS_TOKEN` is set, then that bearer token.",
