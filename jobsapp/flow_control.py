@@ -9,15 +9,17 @@ lifecycle/flow.py's (the relay holds the outbox rows, workers hand deliveries ba
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+from celery import Celery
 from sqlalchemy import Engine
 
 from jobsapp import operator
 from jobsapp.lifecycle import flow
 from jobsapp.lifecycle.flow import Kind
 from jobsapp.lifecycle.journal import flow as statements
+from jobsapp.lifecycle.task import LifecycleTask
 
 MAX_QUEUE = 200
 
@@ -62,6 +64,31 @@ def resume(engine: Engine, kind: Kind, name: str, *, actor: str, reason: str) ->
 def paused(engine: Engine) -> list[Paused]:
     """Every paused queue and domain, oldest pause first."""
     return [Paused(**row) for row in flow.paused(engine)]
+
+
+@dataclass(frozen=True)
+class RateRow:
+    task: str
+    rate: str
+    rate_key: str | None
+    keys: int  # rate keys that have started runs
+    next_start: datetime | None  # the latest next allowed start among them
+
+
+def rates(engine: Engine, app: Celery) -> list[RateRow]:
+    """Every registered task with a global rate limit, and its state in the journal."""
+    limited = {name: t for name, t in app.tasks.items()
+               if isinstance(t, LifecycleTask) and t.rate}  # fmt: skip
+    if not limited:
+        return []
+    with engine.connect() as conn:
+        state = statements.rate_state(conn, limited)
+    rows = []
+    for name, task in sorted(limited.items()):
+        keys, at = state.get(name, (0, None))
+        when = None if at is None else datetime.fromtimestamp(at, UTC)
+        rows.append(RateRow(name, str(task.rate), task.rate_key, keys, when))
+    return rows
 
 
 def history(engine: Engine, limit: int = 20) -> list[dict[str, Any]]:

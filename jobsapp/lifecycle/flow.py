@@ -14,6 +14,7 @@ returned no worker starts a run of the paused queue (docs/flow-control.md).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 import time
@@ -31,6 +32,7 @@ from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.journal import flow as statements
 from jobsapp.lifecycle.registry import RunTable
 
+MAX_RATE_KEY = 200  # flow_rates.rate_key
 # How stale a process's view of the paused queues may be.
 PAUSES_SEEN_WITHIN = 1.0
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -123,8 +125,14 @@ def _check(
         return Held(None)
     if gate.rate is None:
         return None
-    wait = statements.take_token(conn, gate.task, gate.rate_key(row), gate.rate.interval)
+    wait = statements.take_token(conn, gate.task, _bounded(gate.rate_key(row)),
+                                 gate.rate.interval)  # fmt: skip
     return None if wait is None else Held(wait)
+
+
+def _bounded(key: str) -> str:
+    """A rate key that fits its column: a long one is named by its digest."""
+    return key if len(key) <= MAX_RATE_KEY else hashlib.sha256(key.encode()).hexdigest()
 
 
 def _pairs_of(spec: RunTable, gate: Gate, row: Mapping[str, Any]) -> set[tuple[str, str]]:

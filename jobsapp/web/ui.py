@@ -303,7 +303,8 @@ def queues_page() -> Answer:
 
     view = queues.queues_view(get_engine(), celery_app, default_queue())
     return _page("queues.html", live=True, view=view, window=queues.RATE_WINDOW,
-                 paused=_paused_by_pair(), modules=_modules())  # fmt: skip
+                 paused=_paused_by_pair(), modules=_modules(),
+                 rates=flow_control.rates(get_engine(), celery_app))  # fmt: skip
 
 
 def _paused_by_pair() -> dict[tuple[str, str], flow_control.Paused]:

@@ -3,6 +3,7 @@ line, and the gauges of /metrics/cluster; every action leaves an audit row."""
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
@@ -15,6 +16,7 @@ from jobsapp.lifecycle.journal import flow as statements
 from jobsapp.web.app import create_app
 from tests.integration.test_admin_reconcile import BASE, _csrf
 from tests.integration.test_metrics import sample, scrape
+from tests.support import flow_tasks
 from tests.support.attachments import environment
 
 TOKEN = "flow-admin-token"
@@ -67,6 +69,9 @@ def test_the_admin_pages_show_and_change_what_is_paused(pg: Engine) -> None:
                     data={"csrf_token": _csrf(form), "token": TOKEN, "name": "rita"})  # fmt: skip
         page = client.get("/admin/queues", base_url=BASE).get_data(as_text=True)
         assert "Pause domain" in page
+        rates = re.search(r'<table id="rates">.*?</table>', page, re.S)
+        assert rates is not None
+        assert f"<td>{flow_tasks.rated.name}</td><td>{flow_tasks.RATE}/s</td>" in rates[0]
         done = client.post("/admin/flow", base_url=BASE, follow_redirects=True, data={
             "csrf_token": _csrf(page), "kind": "domain", "name": "jobs", "action": "pause",
             "reason": "migrating"})  # fmt: skip

@@ -136,3 +136,14 @@ def audit_trail(conn: Connection, *, limit: int) -> list[dict[str, Any]]:
     return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
+
+
+def rate_state(conn: Connection, tasks: Collection[str]) -> dict[str, tuple[int, float]]:
+    """Per rate-limited task: the rate keys it has started runs under, and the latest
+    next allowed start among them (epoch seconds)."""
+    stmt = (
+        select(RATES.c.task_name, func.count(), func.max(RATES.c.next_at))
+        .where(RATES.c.task_name.in_(list(tasks)))
+        .group_by(RATES.c.task_name)
+    )
+    return {str(t): (int(n), float(at)) for t, n, at in conn.execute(stmt)}
