@@ -1,11 +1,19 @@
-"""Flow control's statements on both dialects: the rate's token, pauses and their audit."""
+"""Flow control's statements on both dialects: the rate's token, pauses and their audit;
+its migration down and up again."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from sqlalchemy import Engine
+from alembic import command
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, inspect
 
 from jobsapp.lifecycle.journal import flow as statements
+from jobsapp.shipped import alembic_config
+from tests.conftest import migrate, migrated_postgres
+from tests.support.env import SESSION
 
 
 def test_a_token_is_taken_once_per_interval_and_a_refusal_says_how_long(db: Engine) -> None:
@@ -38,3 +46,33 @@ def test_pause_and_resume_write_once_each_with_an_audit_row(db: Engine) -> None:
         trail = statements.audit_trail(conn, limit=5)
     assert [(a["action"], a["actor"]) for a in trail] == [("resume", "operator:a"),
                                                           ("pause", "operator:a")]  # fmt: skip
+
+
+FLOW_TABLES = {"flow_pauses", "flow_actions", "flow_rates"}
+
+
+def _flow_tables(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return FLOW_TABLES & set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _down_and_up(url: str) -> None:
+    cfg = alembic_config()
+    cfg.set_main_option("sqlalchemy.url", url)
+    below = ScriptDirectory.from_config(cfg).get_revision("0017").down_revision
+    assert isinstance(below, str)
+    command.downgrade(cfg, below)
+    assert _flow_tables(url) == set()
+    command.upgrade(cfg, "head")
+    assert _flow_tables(url) == FLOW_TABLES
+
+
+def test_migration_0017_goes_down_and_up_again(tmp_path: Path) -> None:
+    sqlite = f"sqlite:///{tmp_path}/flow.db"
+    migrate(sqlite)
+    _down_and_up(sqlite)
+    with migrated_postgres(f"jobsapp_flow_{SESSION}") as postgres:
+        _down_and_up(postgres)
