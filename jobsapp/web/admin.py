@@ -243,7 +243,8 @@ def retry_dead_outbox(body: schemas.RetryDeadOutbox) -> Answer:
     "/v1/admin/flow",
     summary="Paused queues and domains, and the newest pauses and resumes",
     operation_id="adminFlow",
-    responses={200: json_answer(schemas.FlowState, "What is paused, and the audit trail")},
+    responses={200: json_answer(schemas.FlowState, "What is paused, and the audit trail"),
+               **admin_errors()},
 )
 def flow_state() -> Answer:
     engine = get_engine()

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 from flask.testing import FlaskClient
+from jsonschema import Draft202012Validator
 from sqlalchemy import Engine
 
 from jobsapp import cli, flow_control
@@ -29,6 +30,13 @@ def _no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(flow, "PAUSES_SEEN_WITHIN", 0.0)
 
 
+def documented(client: FlaskClient, schema: str, instance: object) -> None:
+    """The answer has the shape /openapi.json promises for it."""
+    components = client.get("/openapi.json").get_json()["components"]
+    Draft202012Validator({"$ref": f"#/components/schemas/{schema}",
+                          "components": components}).validate(instance)  # fmt: skip
+
+
 def _api(client: FlaskClient, kind: str, name: str, action: str, **body: str) -> dict[str, object]:
     reply = client.post(f"/v1/admin/flow/{kind}/{name}/{action}", headers=AUTH,
                         json={"reason": "deploy", "actor": "dana", **body})  # fmt: skip
@@ -48,6 +56,8 @@ def test_the_api_pauses_and_resumes_a_queue_audited_and_the_gauge_follows(pg: En
         unknown = client.post("/v1/admin/flow/domain/nosuch/pause", headers=AUTH,
                               json={"reason": "x"})  # fmt: skip
         no_reason = client.post(f"/v1/admin/flow/queue/{queue}/pause", headers=AUTH, json={})
+    documented(client, "FlowChanged", first)
+    documented(client, "FlowState", state)
     assert (first["paused"], first["changed"], again["changed"]) == (True, True, False)
     assert [(p["kind"], p["name"], p["paused_by"]) for p in state["paused"]] == [
         ("queue", queue, "operator:dana")]  # fmt: skip
