@@ -175,14 +175,14 @@ def _claim_once(
     row = flow.gated_claim(engine, spec, gate, lambda conn: journal.claim(
         conn, spec, env.job_id, env.attempt, worker=worker))  # fmt: skip
     if row is None:
-        return _refused(engine, spec, env, foreign=foreign, worker=worker)
+        return _refused(engine, spec, env, foreign=foreign, worker=worker, gate=gate)
     return row if isinstance(row, flow.Held) else Claimed(row)
 
 
 def _refused(
     engine: Engine, spec: RunTable, env: Envelope, *, foreign: journal.NewJob | None,
-    worker: str,
-) -> Claimed | Refusal | Early:  # fmt: skip
+    worker: str, gate: flow.Gate | None,
+) -> Tried:  # fmt: skip
     """Why the claim matched nothing; or the claim of a foreign message that has no row."""
     with autocommit(engine) as conn:
         current, db_now = journal.load_with_clock(conn, spec, env.job_id)
@@ -191,12 +191,31 @@ def _refused(
     if current is None and foreign is not None:
         if refused := foreign_refusal(env.attempt):
             return refused
+        if gate is not None and flow.gates(engine, gate):
+            return _adopt(engine, spec, env, foreign, worker, gate)
         with autocommit(engine) as conn:
             return _claim_foreign(conn, foreign, env, worker)
     refusal = explain(current, env.attempt)
     if refusal is Refusal.EARLY and current is not None:
         return Early(seconds_early(current, db_now))
     return refusal
+
+
+def _adopt(
+    engine: Engine, spec: RunTable, env: Envelope, job: journal.NewJob, worker: str,
+    gate: flow.Gate,
+) -> Tried:  # fmt: skip
+    """A foreign message that flow control may hold back: its run is journaled as queued
+    first, then claimed through the gate like any run, so a pause or a rate hands it back
+    to the journal (its pending outbox row is published again later: a copy the claim's
+    guard refuses if this claim took the run)."""
+    with engine.begin() as conn:
+        adopted = journal.enqueue(conn, job, actor=worker)
+    if adopted.outcome is journal.EnqueueOutcome.SKIPPED:
+        log.info("job %s: concurrency key %s held by job %s", env.job_id, job.concurrency_key,
+                 adopted.holder)  # fmt: skip
+        return Refusal.SKIPPED
+    return _claim_once(engine, spec, env, foreign=None, worker=worker, gate=gate)
 
 
 def _expire(engine: Engine, spec: RunTable, env: Envelope, worker: str) -> Refusal:

@@ -92,13 +92,18 @@ class _Undo(Exception):
 Claim = Callable[[Connection], Mapping[str, Any] | None]
 
 
+def gates(engine: Engine, gate: Gate) -> bool:
+    """Whether a claim through ``gate`` may be refused: a rate, or a pause anywhere."""
+    return gate.rate is not None or bool(paused_pairs(engine))
+
+
 def gated_claim(engine: Engine, spec: RunTable, gate: Gate | None, claim: Claim
                 ) -> Mapping[str, Any] | Held | None:  # fmt: skip
     """``claim`` (one guarded statement) with the gate's checks in its transaction."""
-    watching = gate is not None and bool(paused_pairs(engine))
-    if gate is None or (gate.rate is None and not watching):
+    if gate is None or not gates(engine, gate):
         with relaxed_autocommit(engine) as conn:
             return claim(conn)
+    watching = bool(paused_pairs(engine))
     try:
         with engine.begin() as conn:
             _without_flush_wait(conn)

@@ -15,11 +15,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from celery import Celery
 from sqlalchemy import Engine
 
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import flow
 from jobsapp.lifecycle.handle import JobHandle
+from jobsapp.lifecycle.journal import EnqueueOutcome
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.maintenance import relay
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready
@@ -141,3 +143,26 @@ def test_a_paused_domain_is_not_published_by_the_relay(pg: Engine, redis_clean: 
     with in_process_worker(concurrency=1):
         handle.wait(timeout=30)
     assert tasks.calls(token) == 1
+
+
+def test_a_foreign_producers_message_is_held_by_a_pause_too(pg: Engine, redis_clean: None) -> None:
+    """``send_task`` by name from a service without the journal: no row, no outbox row. The
+    worker journals it as queued before its claim, so the pause holds it like any run."""
+    token = uuid.uuid4().hex
+    elsewhere = Celery("elsewhere", broker=app.conf.broker_url)
+    elsewhere.conf.task_default_queue = app.conf.task_default_queue
+    assert flow.pause(pg, flow.Kind.DOMAIN, JOBS.module, actor="operator:test", reason="x")
+    try:
+        sent = elsewhere.send_task(flow_tasks.plain.name, (token,))
+        held = JobHandle(uuid.UUID(sent.id), EnqueueOutcome.ENQUEUED, JOBS)
+        with in_process_worker(concurrency=1):
+            eventually(lambda: _pending_in_outbox(pg, [held]))
+        row = run_row(pg, held.job_id)
+        assert (row["state"], row["attempts"]) == ("queued", 0)
+        assert tasks.calls(token) == 0
+    finally:
+        flow.resume(pg, flow.Kind.DOMAIN, JOBS.module, actor="operator:test", reason="x")
+    with in_process_worker(concurrency=1):
+        eventually(lambda: _all_succeeded(pg, [held]))
+    assert tasks.calls(token) == 1
+    assert run_row(pg, held.job_id)["attempts"] == 1
