@@ -1,7 +1,9 @@
 """Claiming a run before the body: queued -> running, or a reasoned no-op ack.
 
 The statements are journal/claim.py's (Transition.CLAIM); this module decides what a refused
-claim means, waits for an early message, and journals Transition.SKIP for a held key.
+claim means, waits for an early message, and journals Transition.SKIP for a held key. Flow
+control (lifecycle/flow.py) may refuse a claim that matched, for a paused queue or a rate:
+the claim rolls back and the delivery is handed back to the journal (docs/flow-control.md).
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def claim(
     counted on the publisher's clock, an ETA on this worker's) waits and claims when due;
     so does one whose rate limit (``gate``) allows it within that time.
     """
-    def once() -> Claimed | Refusal | Early | flow.Held:
+    def once() -> Tried:
         return _claim_once(engine, spec, env, foreign=foreign, worker=worker, gate=gate)
 
     outcome = once()

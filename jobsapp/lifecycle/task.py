@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import socket
+import string
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -94,6 +95,11 @@ def flow_options(cls: type[Task]) -> None:  # type: ignore[type-arg]
                         "process in Celery; use rate='100/m', global across workers")
     if rate := cls.__dict__.get("rate"):
         flow.parse_rate(rate)
+    if (template := cls.__dict__.get("rate_key")) and "run" in cls.__dict__:
+        named = set(inspect.signature(cls.__dict__["run"]).parameters) | {"concurrency_key"}
+        if unknown := {f for _, f, _, _ in string.Formatter().parse(template) if f} - named:
+            raise TypeError(f"{cls.__dict__.get('name', cls.__name__)}: rate_key names "
+                            f"{sorted(unknown)}, not arguments of the task")
 
 
 class LifecycleTask(Task):  # type: ignore[type-arg]

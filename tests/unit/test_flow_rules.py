@@ -37,6 +37,12 @@ def test_a_bad_rate_is_refused_when_the_task_is_declared() -> None:
                        shared=False)(_body)
 
 
+def test_a_rate_key_naming_no_argument_is_refused_when_the_task_is_declared() -> None:
+    with pytest.raises(TypeError, match=r"rate_key names \['tenant'\]"):
+        lifecycle_task(app, name="tests.flow.bad_key", rate="1/s", rate_key="{tenant}",
+                       lazy=False, shared=False)(_body)
+
+
 def _body() -> None:
     """A task body. ``lazy=False`` builds the task class (and runs its checks) at once;
     ``shared=False`` keeps a refused declaration from being retried at every finalize."""
