@@ -3,6 +3,8 @@ its migration down and up again."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -10,10 +12,14 @@ from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, inspect
 
+from jobsapp.lifecycle import flow, journal
 from jobsapp.lifecycle.journal import flow as statements
+from jobsapp.lifecycle.registry import JOBS
 from jobsapp.shipped import alembic_config
 from tests.conftest import migrate, migrated_postgres
+from tests.support import flow_tasks
 from tests.support.env import SESSION
+from tests.support.journal_view import outbox_rows, run_row
 
 
 def test_a_token_is_taken_once_per_interval_and_a_refusal_says_how_long(db: Engine) -> None:
@@ -76,3 +82,25 @@ def test_migration_0017_goes_down_and_up_again(tmp_path: Path) -> None:
     _down_and_up(sqlite)
     with migrated_postgres(f"jobsapp_flow_{SESSION}") as postgres:
         _down_and_up(postgres)
+
+
+def _claim(job_id: uuid.UUID) -> flow.Claim:
+    return lambda conn: journal.claim(conn, JOBS, job_id, 1, worker="w")
+
+
+def test_a_claim_over_its_rate_rolls_back_and_is_handed_back(db: Engine, redis_clean: None) -> None:
+    tenant = uuid.uuid4().hex
+    first, second = (flow_tasks.per_tenant.delay(tenant, "t") for _ in range(2))
+    gate = flow_tasks.per_tenant._gate
+    assert isinstance(flow.gated_claim(db, JOBS, gate, _claim(first.job_id)), Mapping)
+    held = flow.gated_claim(db, JOBS, gate, _claim(second.job_id))
+    assert isinstance(held, flow.Held)
+    assert held.delay == pytest.approx(60.0, abs=5.0)
+    assert run_row(db, second.job_id)["attempts"] == 0  # the claim rolled back
+    assert flow.hand_back(db, JOBS, second.job_id, 1, held)
+    row = run_row(db, second.job_id)
+    assert (row["state"], row["attempts"]) == ("queued", 0)
+    assert row["next_retry_at"] is not None
+    [message] = outbox_rows(db, second.job_id)
+    assert message["published_at"] is None
+    assert message["available_at"] == row["next_retry_at"]
