@@ -139,7 +139,7 @@ def claim(
         outcome = once()
     outcome = _wait_for_rate(outcome, once, wait_early)
     if isinstance(outcome, flow.Held):
-        return _hand_back(engine, spec, env, outcome)
+        return _hand_back(engine, spec, env, outcome, gate)
     return Refusal.EARLY if isinstance(outcome, Early) else outcome
 
 
@@ -158,9 +158,12 @@ def _wait_for_rate(outcome: Tried, again: Callable[[], Tried], budget: float) ->
     return outcome
 
 
-def _hand_back(engine: Engine, spec: RunTable, env: Envelope, held: flow.Held) -> Refusal:
+def _hand_back(
+    engine: Engine, spec: RunTable, env: Envelope, held: flow.Held, gate: flow.Gate | None
+) -> Refusal:
     """No attempt taken: the run waits in the journal, its message is acked."""
-    if not flow.hand_back(engine, spec, env.job_id, env.attempt, held):
+    assert gate is not None, "only a gate holds a claim back"
+    if not flow.hand_back(engine, spec, gate, env.job_id, env.attempt, held):
         log.info("job %s attempt %s: moved on before it was handed back", env.job_id,
                  env.attempt)  # fmt: skip
     return Refusal.PAUSED if held.delay is None else Refusal.THROTTLED

@@ -77,15 +77,18 @@ class Gate:
 
 @dataclass(frozen=True)
 class Held:
-    """A claim flow control refused: ``delay`` seconds until the rate allows a start, or
-    None for a paused queue or domain."""
+    """A claim flow control refused: ``delay`` seconds until the rate allows a start (of
+    ``rate_key``), or None for a paused queue or domain."""
 
     delay: float | None
+    rate_key: str = ""
 
 
 class _Undo(Exception):
+    """Rolls back the transaction it leaves: a refused claim, a reservation not used."""
+
     def __init__(self, held: Held) -> None:
-        super().__init__("flow control refused the claim")
+        super().__init__("flow control undid the transaction")
         self.held = held
 
 
@@ -130,9 +133,9 @@ def _check(
         return Held(None)
     if gate.rate is None:
         return None
-    wait = statements.take_token(conn, gate.task, _bounded(gate.rate_key(row)),
-                                 gate.rate.interval)  # fmt: skip
-    return None if wait is None else Held(wait)
+    key = _bounded(gate.rate_key(row))
+    wait = statements.take_token(conn, gate.task, key, gate.rate.interval)
+    return None if wait is None else Held(wait, key)
 
 
 def _bounded(key: str) -> str:
@@ -156,12 +159,23 @@ def publishable(engine: Engine, default_queue: str, messages: Sequence[PendingMe
         {(Kind.DOMAIN.value, m.body.get("module")), (Kind.QUEUE.value, m.queue or default_queue)})]
 
 
-def hand_back(engine: Engine, spec: RunTable, job_id: uuid.UUID, attempt: int, held: Held
-              ) -> bool:  # fmt: skip
-    """The refused delivery back to the journal (the caller then acks its message)."""
-    delay = None if held.delay is None else timedelta(seconds=held.delay)
-    with engine.begin() as conn:
-        return statements.hand_back(conn, spec, job_id, attempt, delay=delay)
+def hand_back(
+    engine: Engine, spec: RunTable, gate: Gate, job_id: uuid.UUID, attempt: int, held: Held
+) -> bool:
+    """The refused delivery back to the journal (the caller then acks its message). A run
+    over its rate waits for a start reserved for it, so a backlog is published one start
+    after another, not all of it at every start."""
+    try:
+        with engine.begin() as conn:
+            delay = None
+            if held.delay is not None and gate.rate is not None:
+                seconds = statements.reserve(conn, gate.task, held.rate_key, gate.rate.interval)
+                delay = timedelta(seconds=seconds)
+            if not statements.hand_back(conn, spec, job_id, attempt, delay=delay):
+                raise _Undo(held)  # the run moved on: its reservation rolls back
+    except _Undo:
+        return False
+    return True
 
 
 # ------------------------------------------------------------------ pauses

@@ -48,6 +48,8 @@ class FlowRate(Base):
     task_name: Mapped[str] = mapped_column(String(200), primary_key=True)
     rate_key: Mapped[str] = mapped_column(String(200), primary_key=True)
     next_at: Mapped[float] = mapped_column(Float)
+    # The start after the last one reserved by a run handed back to wait (NULL: none yet).
+    reserved_at: Mapped[float | None] = mapped_column(Float)
 
 
 PAUSES: Table = FlowPause.__table__  # type: ignore[assignment]

@@ -8,7 +8,9 @@ Create Date: 2026-12-01 19:00:00.000000
 it, workers claim nothing from it). ``flow_actions`` is the audit trail of pauses and
 resumes (no job to hang a ``job_events`` row on). ``flow_rates`` keeps, per rate-limited
 task and rate key, the earliest time the next run may start (GCRA's theoretical arrival
-time, in epoch seconds on the database's clock): one guarded upsert per claim.
+time, in epoch seconds on the database's clock): one guarded upsert per claim; and how far
+runs handed back to wait for it have reserved starts (``reserved_at``), so that a backlog
+is published one start after another rather than all at each start.
 """
 
 from collections.abc import Sequence
@@ -52,6 +54,7 @@ def upgrade() -> None:
         sa.Column("task_name", sa.String(length=200), nullable=False),
         sa.Column("rate_key", sa.String(length=200), nullable=False),
         sa.Column("next_at", sa.Float(), nullable=False),
+        sa.Column("reserved_at", sa.Float(), nullable=True),
         sa.PrimaryKeyConstraint("task_name", "rate_key"),
     )
 

@@ -86,9 +86,10 @@ def test_a_run_over_its_rate_waits_in_the_journal_without_an_attempt(pg: Engine)
     tenant, other, token = uuid.uuid4().hex, uuid.uuid4().hex, uuid.uuid4().hex
     first = _handle(flow_tasks.per_tenant.delay(tenant, token))
     second = _handle(flow_tasks.per_tenant.delay(tenant, token))
+    third = _handle(flow_tasks.per_tenant.delay(tenant, token))
     elsewhere = _handle(flow_tasks.per_tenant.delay(other, token))  # a rate of its own
     with in_process_worker(concurrency=1):
-        eventually(lambda: run_row(pg, second.job_id)["next_retry_at"] is not None)
+        eventually(lambda: run_row(pg, third.job_id)["next_retry_at"] is not None)
         eventually(lambda: tasks.calls(token) == 2)
     assert run_row(pg, first.job_id)["state"] == run_row(pg, elsewhere.job_id)["state"] == (
         "succeeded")  # fmt: skip
@@ -100,6 +101,11 @@ def test_a_run_over_its_rate_waits_in_the_journal_without_an_attempt(pg: Engine)
     [row] = outbox_rows(pg, second.job_id)
     assert row["published_at"] is None
     assert row["available_at"] == waiting["next_retry_at"]
+    # The third waits for the start after the second's: a backlog is not published all at
+    # once at every start, to be handed back again but one.
+    later = run_row(pg, third.job_id)
+    assert (later["state"], later["attempts"]) == ("queued", 0)
+    assert later["next_retry_at"] >= waiting["next_retry_at"] + timedelta(seconds=59)
 
 
 def _pending_in_outbox(pg: Engine, handles: list[JobHandle]) -> bool:

@@ -97,7 +97,7 @@ def test_a_claim_over_its_rate_rolls_back_and_is_handed_back(db: Engine, redis_c
     assert isinstance(held, flow.Held)
     assert held.delay == pytest.approx(60.0, abs=5.0)
     assert run_row(db, second.job_id)["attempts"] == 0  # the claim rolled back
-    assert flow.hand_back(db, JOBS, second.job_id, 1, held)
+    assert flow.hand_back(db, JOBS, gate, second.job_id, 1, held)
     row = run_row(db, second.job_id)
     assert (row["state"], row["attempts"]) == ("queued", 0)
     assert row["next_retry_at"] is not None

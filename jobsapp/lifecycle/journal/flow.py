@@ -1,7 +1,8 @@
 """Flow control's statements: a rate limit's token, a delivery handed back, pauses.
 
 ``take_token`` is one guarded upsert of ``flow_rates`` in the claim's transaction (the
-claim and the token commit or roll back together); ``hand_back`` puts a delivery that flow
+claim and the token commit or roll back together); ``reserve`` gives a run that must wait
+for its rate a start of its own; ``hand_back`` puts a delivery that flow
 control refused back in the journal (no attempt taken: the run stays queued at its
 attempt, its outbox row pending again); ``pause`` and ``resume`` write ``flow_pauses`` with
 their ``flow_actions`` audit row. No transition of ``states.ALLOWED``: a handed-back run
@@ -15,7 +16,17 @@ from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, literal, select, tuple_, update
+from sqlalchemy import (
+    Connection,
+    case,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    tuple_,
+    update,
+)
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.flow_tables import ACTIONS, PAUSES, RATES
@@ -52,6 +63,24 @@ def take_token(conn: Connection, task: str, key: str, interval: float) -> float 
     return max(0.0, float(conn.execute(wait).scalar_one()))
 
 
+def reserve(conn: Connection, task: str, key: str, interval: float) -> float:
+    """A start for a run handed back to wait for its rate: the first not reserved yet, at
+    or after the next allowed one; returns the seconds until it. Guarded by the row's lock:
+    each reservation moves ``reserved_at`` one interval on."""
+    now = _epoch(conn)
+    start = func.greatest(func.coalesce(RATES.c.reserved_at, 0.0), RATES.c.next_at, now)
+    if conn.dialect.name != "postgresql":
+        start = func.max(func.coalesce(RATES.c.reserved_at, 0.0), RATES.c.next_at, now)
+    stmt = (
+        update(RATES)
+        .where(RATES.c.task_name == task, RATES.c.rate_key == key)
+        .values(reserved_at=start + interval)
+        .returning(RATES.c.reserved_at - interval - now)
+    )
+    found = conn.execute(stmt).scalar()
+    return max(0.0, float(found or 0.0))
+
+
 def hand_back(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *,
     delay: timedelta | None,
@@ -76,7 +105,10 @@ def hand_back(
         .where(o.module == spec.module, o.job_id == job_id, o.attempt == attempt,
                o.dead_at.is_(None), o.delivered_at.is_(None),
                select(t.c.job_id).where(*waiting).exists())
-        .values(published_at=None, available_at=due)
+        # A publish not marked yet (the producer's marker batches its marks) is counted
+        # here, so that its late mark, guarded by the count it saw, leaves the row pending.
+        .values(published_at=None, available_at=due, publish_count=case(
+            (o.published_at.is_(None), o.publish_count + 1), else_=o.publish_count))
     )  # fmt: skip
     return conn.execute(back).rowcount > 0
 
