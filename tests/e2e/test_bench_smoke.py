@@ -94,7 +94,9 @@ def test_every_benchmark_runs_and_prints_its_ratios(place: Place, tmp_path: Path
                  f"scale rabbitmq-quorum 2/1 workers throughput ratio: {NUMBER}",
                  "scale every job ran once \\(PgBouncer transaction pooling\\): True",
                  f"profile producer CPU ms/job \\(here\\): {NUMBER}",
-                 f"profile worker CPU ms/job \\(here\\): {NUMBER}"]  # fmt: skip
+                 f"profile worker CPU ms/job \\(here\\): {NUMBER}",
+                 f"flow: a claim with a rate check {NUMBER} ms/job vs {NUMBER} ms/job with no "
+                 f"limit \\({NUMBER}x; fsync on\\)"]  # fmt: skip
     assert "==== images (smoke)" in run.stdout
     expected += [f"images: jobsapp/{peer} \\d+MP JPEG ratio: {NUMBER}"
                  for peer in ("naive", "pyvips")]  # fmt: skip
