@@ -1,6 +1,7 @@
 """Flow control with real workers: a global rate limit, and pausing a queue or a domain.
 
-The rate holds across four worker processes (the journal keeps it, not a worker); a run
+The rate holds across four worker processes, two of them restarted mid-run (the journal
+keeps it, not a worker); a run
 over its rate takes no attempt. A paused queue's messages already in the broker are handed
 back to the journal untouched, those enqueued later wait there unpublished, and all run
 once each after the resume.
@@ -9,6 +10,7 @@ once each after the resume.
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -45,12 +47,12 @@ def subprocesses(pg: Engine, redis_clean: None, tmp_path: Path) -> Iterator[Laun
         yield launcher
 
 
-def _workers(launcher: Launcher, count: int, queue: str) -> list[Proc]:
+def _workers(launcher: Launcher, count: int, queue: str, prefix: str = "flow") -> list[Proc]:
     """``count`` worker processes (distinct names: distinct hosts) consuming ``queue``."""
     started = [
-        launcher.start(f"flow{i}", [str(BIN / "celery"), "-A", "jobsapp", "worker",
-                                    *WORKER_FLAGS, "-Q", queue,
-                                    "-n", f"flow{i}-{uuid.uuid4().hex[:6]}@%h"])
+        launcher.start(f"{prefix}{i}", [str(BIN / "celery"), "-A", "jobsapp", "worker",
+                                        *WORKER_FLAGS, "-Q", queue,
+                                        "-n", f"{prefix}{i}-{uuid.uuid4().hex[:6]}@%h"])
         for i in range(count)
     ]  # fmt: skip
     ready(*started, timeout=90)
@@ -67,10 +69,22 @@ def _all_succeeded(pg: Engine, handles: list[JobHandle]) -> bool:
     return all(run_row(pg, h.job_id)["state"] == "succeeded" for h in handles)
 
 
-def test_a_rate_holds_across_four_worker_processes(subprocesses: Launcher, pg: Engine) -> None:
+def _stop(worker: Proc) -> None:
+    """A warm shutdown (SIGTERM): the current task ends, unstarted messages go back."""
+    os.killpg(worker.pid, signal.SIGTERM)
+    worker.wait(timeout=60)
+
+
+def test_a_rate_holds_across_four_worker_processes_and_restarts(
+    subprocesses: Launcher, pg: Engine
+) -> None:
     queue, token = f"flow-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     handles = [_handle(flow_tasks.rated.apply_async((token,), queue=queue)) for _ in range(30)]
-    _workers(subprocesses, 4, queue)
+    first = _workers(subprocesses, 4, queue)
+    eventually(lambda: tasks.calls(token) >= 10, timeout=90)
+    for worker in first[:2]:  # two hosts restart mid-run: the rate is not theirs to forget
+        _stop(worker)
+    _workers(subprocesses, 2, queue, prefix="again")
     eventually(lambda: _all_succeeded(pg, handles), timeout=90, interval=0.5)
     assert tasks.calls(token) == 30  # each job's body ran once
     assert {run_row(pg, h.job_id)["attempts"] for h in handles} == {1}  # no attempt spent waiting
