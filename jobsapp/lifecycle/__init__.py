@@ -48,7 +48,8 @@ def lifecycle_task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]]
     Options besides Celery's: ``run_table``, ``key`` (a format string over the task's
     keyword values, or a function), ``max_attempts``, ``dedup_window`` (seconds),
     ``retry_policy``, ``permanent_errors``, ``heartbeat_interval``, ``inline_wait_max``,
-    ``max_snoozes``.
+    ``max_snoozes``, ``rate`` (a global rate limit, ``"100/m"``) and ``rate_key`` (one rate
+    per key: a format string like ``key``); Celery's per-worker ``rate_limit`` is refused.
     """
     options.setdefault("base", LifecycleTask)
     return app.task(**options)  # type: ignore[no-any-return]
