@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
+
 import pytest
+from sqlalchemy import create_engine
 
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import lifecycle_task
-from jobsapp.lifecycle.flow import Rate, parse_rate
+from jobsapp.lifecycle.flow import Rate, parse_rate, publishable
+from jobsapp.lifecycle.journal import PendingMessage
 
 
 @pytest.mark.parametrize(("text", "rate", "interval"), [
@@ -46,3 +51,11 @@ def test_a_rate_key_naming_no_argument_is_refused_when_the_task_is_declared() ->
 def _body() -> None:
     """A task body. ``lazy=False`` builds the task class (and runs its checks) at once;
     ``shared=False`` keeps a refused declaration from being retried at every finalize."""
+
+
+def test_the_fast_path_publishes_when_the_pauses_cannot_be_read() -> None:
+    """The enqueue has committed; a database gone since cannot make it fail."""
+    gone = create_engine("postgresql+psycopg2://postgres@127.0.0.1:1/none")
+    messages = [PendingMessage(1, uuid.uuid4(), 1, "t", {"module": "jobs"}, datetime.now(UTC),
+                               0, 0, queue=None)]  # fmt: skip
+    assert publishable(gone, "celery", messages) == messages
