@@ -1,7 +1,7 @@
 """``python -m bench NAME [--quick | --smoke]``: every benchmark, on servers of its own.
 
-NAME is lifecycle, images, upload, maintenance, scale, profile, limits or all. The run starts its
-own Postgres clusters (fsync on, as production runs it, and fsync off, as the tests run
+NAME is lifecycle, images, upload, maintenance, scale, profile, limits, flow or all. The run
+starts its own Postgres clusters (fsync on, as production runs it, and fsync off, as the tests run
 it), Redis and S3 with scripts/services.sh (state under var/bench/, ports from
 --port-base), runs the benchmarks, writes PNG plots to --out, prints every ratio line at
 the end and stops the servers, also on failure or Ctrl-C. Must run as root (Postgres runs
@@ -58,6 +58,12 @@ def _limits(svc: services.Services, size: str, out: Path) -> list[str]:
     return bench_limits.main(svc, size, out)
 
 
+def _flow(svc: services.Services, size: str, out: Path) -> list[str]:
+    from bench import bench_flow
+
+    return bench_flow.main(svc, size, out)
+
+
 def _profile(svc: services.Services, size: str, out: Path, refs: Sequence[str] = ()) -> list[str]:
     from bench import bench_profile
 
@@ -84,7 +90,7 @@ def _images(_svc: services.Services, size: str, _out: Path) -> list[str]:
 
 BENCHMARKS: dict[str, Benchmark] = {
     "lifecycle": _lifecycle, "images": _images, "upload": _upload, "maintenance": _maintenance,
-    "scale": _scale, "profile": _profile, "limits": _limits,
+    "scale": _scale, "profile": _profile, "limits": _limits, "flow": _flow,
 }  # fmt: skip
 
 

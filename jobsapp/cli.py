@@ -16,6 +16,7 @@ from alembic import command
 
 from jobsapp import __version__, logs, preflight
 from jobsapp.attachments.commands import register as add_attachment_commands
+from jobsapp.cli_flow import register as add_flow_commands
 from jobsapp.preflight import Need, StartupFailure
 from jobsapp.progress import working
 from jobsapp.settings import SettingsError, get_settings
@@ -39,6 +40,8 @@ _NEEDS: dict[str, tuple[Need, ...]] = {
     "reprocess": (Need.SCHEMA,),
     "reconcile": (Need.SCHEMA,),
     "verify": (Need.SCHEMA, Need.STORAGE),
+    "queue": (Need.SCHEMA,),
+    "domain": (Need.SCHEMA,),
 }
 
 
@@ -344,6 +347,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_operator_commands(sub)
     _add_reconcile_command(sub)
     add_attachment_commands(sub)
+    add_flow_commands(sub, _operator_action, _actor)
     return parser
 
 

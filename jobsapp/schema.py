@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jobsapp.attachments.models  # noqa: F401 - registers the attachment tables on Base
+from jobsapp.lifecycle import flow_tables  # noqa: F401 - registers the flow-control tables
 from jobsapp.lifecycle.tables import Base
 
 metadata = Base.metadata

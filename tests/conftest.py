@@ -104,7 +104,8 @@ def use_database(url: str) -> Engine:
 
 def extra_tables() -> tuple[str, ...]:
     """Domain tables that exist once their migrations do, children first."""
-    return ("attachment_variants", "attachment_runs", "attachments", "reprocess_runs")
+    return ("attachment_variants", "attachment_runs", "attachments", "reprocess_runs",
+            "flow_pauses", "flow_actions", "flow_rates")  # fmt: skip
 
 
 @pytest.fixture(params=["postgres", "sqlite"])

@@ -49,7 +49,9 @@ def lifecycle_task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]]
     keyword values, or a function), ``max_attempts``, ``dedup_window`` (seconds),
     ``retry_policy``, ``permanent_errors``, ``heartbeat_interval``, ``inline_wait_max``,
     ``max_snoozes``, ``limit`` (runs of one key at once), ``fair`` and ``fair_window``
-    (round-robin between keys; docs/flow-control.md).
+    (round-robin between keys; docs/flow-control.md),
+    ``rate`` (a global rate limit, ``"100/m"``) and ``rate_key`` (one rate
+    per key: a format string like ``key``); Celery's per-worker ``rate_limit`` is refused.
     """
     options.setdefault("base", LifecycleTask)
     return app.task(**options)  # type: ignore[no-any-return]

@@ -1,7 +1,9 @@
 """Claiming a run before the body: queued -> running, or a reasoned no-op ack.
 
 The statements are journal/claim.py's (Transition.CLAIM); this module decides what a refused
-claim means, waits for an early message, and journals Transition.SKIP for a held key.
+claim means, waits for an early message, and journals Transition.SKIP for a held key. Flow
+control (lifecycle/flow.py) may refuse a claim that matched, for a paused queue or a rate:
+the claim rolls back and the delivery is handed back to the journal (docs/flow-control.md).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -18,8 +20,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from jobsapp.db import autocommit, relaxed_autocommit
-from jobsapp.lifecycle import journal
+from jobsapp.db import autocommit
+from jobsapp.lifecycle import flow, journal
 from jobsapp.lifecycle.errors import InvalidMessage
 from jobsapp.lifecycle.message import Envelope
 from jobsapp.lifecycle.registry import RunTable
@@ -39,6 +41,8 @@ class Refusal(StrEnum):
     AHEAD = "the message names an attempt the journal never scheduled"
     SKIPPED = "another run holds the concurrency key"
     EXPIRED = "the job expired before it started"
+    PAUSED = "its queue or domain is paused; the relay publishes it on resume"
+    THROTTLED = "over its rate limit; the relay publishes it when the rate allows"
 
 
 def explain(row: Mapping[str, Any] | None, attempt: int) -> Refusal:
@@ -116,44 +120,107 @@ def claim(
     foreign: journal.NewJob | None,
     worker: str,
     wait_early: float = 0.0,
+    gate: flow.Gate | None = None,
 ) -> Claimed | Refusal:
     """Take the run for ``env.attempt``; ``foreign`` is the row to insert if none exists.
 
     A message at most ``wait_early`` seconds early on the database's clock (a countdown is
-    counted on the publisher's clock, an ETA on this worker's) waits and claims when due.
+    counted on the publisher's clock, an ETA on this worker's) waits and claims when due;
+    so does one whose rate limit (``gate``) allows it within that time.
     """
-    outcome = _claim_once(engine, spec, env, foreign=foreign, worker=worker)
+    def once() -> Tried:
+        return _claim_once(engine, spec, env, foreign=foreign, worker=worker, gate=gate)
+
+    outcome = once()
     if isinstance(outcome, Early) and outcome.seconds <= wait_early:
         log.info("job %s attempt %s came %.2fs early; waiting", env.job_id, env.attempt,
                  outcome.seconds)  # fmt: skip
         time.sleep(outcome.seconds)
-        outcome = _claim_once(engine, spec, env, foreign=foreign, worker=worker)
+        outcome = once()
+    outcome = _wait_for_rate(outcome, once, wait_early)
+    if isinstance(outcome, flow.Held):
+        return _hand_back(engine, spec, env, outcome, gate)
     return Refusal.EARLY if isinstance(outcome, Early) else outcome
+
+
+Tried = Claimed | Refusal | Early | flow.Held
+
+
+def _wait_for_rate(outcome: Tried, again: Callable[[], Tried], budget: float) -> Tried:
+    """A start the rate allows within ``budget`` seconds is waited for here, as an early
+    message is; competing workers may take it first, so each wait is followed by a claim."""
+    deadline = time.monotonic() + budget
+    while isinstance(outcome, flow.Held) and outcome.delay is not None and (
+        outcome.delay <= deadline - time.monotonic()
+    ):
+        time.sleep(outcome.delay)
+        outcome = again()
+    return outcome
+
+
+def _hand_back(
+    engine: Engine, spec: RunTable, env: Envelope, held: flow.Held, gate: flow.Gate | None
+) -> Refusal:
+    """No attempt taken: the run waits in the journal, its message is acked."""
+    assert gate is not None, "only a gate holds a claim back"
+    if not flow.hand_back(engine, spec, gate, env.job_id, env.attempt, held):
+        log.info("job %s attempt %s: moved on before it was handed back", env.job_id,
+                 env.attempt)  # fmt: skip
+    return Refusal.PAUSED if held.delay is None else Refusal.THROTTLED
 
 
 def _claim_once(
     engine: Engine, spec: RunTable, env: Envelope, *, foreign: journal.NewJob | None,
-    worker: str,
-) -> Claimed | Refusal | Early:  # fmt: skip
-    # The claim's commit does not wait for the WAL flush: the finish's synchronous commit
-    # flushes it; one lost in a crash is caught by the claim token's fence, and named by
-    # ``claim_lost`` after the refused write.
-    with relaxed_autocommit(engine) as conn:
-        row = journal.claim(conn, spec, env.job_id, env.attempt, worker=worker)
-        if row is not None:
-            return Claimed(row)
+    worker: str, gate: flow.Gate | None = None,
+) -> Tried:  # fmt: skip
+    # The claim's commit does not wait for the WAL flush (unless flow control checks it in
+    # the same transaction): the finish's synchronous commit flushes it; one lost in a
+    # crash is caught by the claim token's fence, and named by ``claim_lost`` after the
+    # refused write.
+    row = flow.gated_claim(engine, spec, gate, lambda conn: journal.claim(
+        conn, spec, env.job_id, env.attempt, worker=worker))  # fmt: skip
+    if row is None:
+        return _refused(engine, spec, env, foreign=foreign, worker=worker, gate=gate)
+    return row if isinstance(row, flow.Held) else Claimed(row)
+
+
+def _refused(
+    engine: Engine, spec: RunTable, env: Envelope, *, foreign: journal.NewJob | None,
+    worker: str, gate: flow.Gate | None,
+) -> Tried:  # fmt: skip
+    """Why the claim matched nothing; or the claim of a foreign message that has no row."""
+    with autocommit(engine) as conn:
         current, db_now = journal.load_with_clock(conn, spec, env.job_id)
     if is_expired(current, db_now):
         return _expire(engine, spec, env, worker)
     if current is None and foreign is not None:
         if refused := foreign_refusal(env.attempt):
             return refused
+        if gate is not None and flow.gates(engine, gate):
+            return _adopt(engine, spec, env, foreign, worker, gate)
         with autocommit(engine) as conn:
             return _claim_foreign(conn, foreign, env, worker)
     refusal = explain(current, env.attempt)
     if refusal is Refusal.EARLY and current is not None:
         return Early(seconds_early(current, db_now))
     return refusal
+
+
+def _adopt(
+    engine: Engine, spec: RunTable, env: Envelope, job: journal.NewJob, worker: str,
+    gate: flow.Gate,
+) -> Tried:  # fmt: skip
+    """A foreign message that flow control may hold back: its run is journaled as queued
+    first, then claimed through the gate like any run, so a pause or a rate hands it back
+    to the journal (its pending outbox row is published again later: a copy the claim's
+    guard refuses if this claim took the run)."""
+    with engine.begin() as conn:
+        adopted = journal.enqueue(conn, job, actor=worker)
+    if adopted.outcome is journal.EnqueueOutcome.SKIPPED:
+        log.info("job %s: concurrency key %s held by job %s", env.job_id, job.concurrency_key,
+                 adopted.holder)  # fmt: skip
+        return Refusal.SKIPPED
+    return _claim_once(engine, spec, env, foreign=None, worker=worker, gate=gate)
 
 
 def _expire(engine: Engine, spec: RunTable, env: Envelope, worker: str) -> Refusal:

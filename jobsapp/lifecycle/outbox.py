@@ -20,8 +20,8 @@ from celery import Celery
 from sqlalchemy import Connection, Engine
 
 from jobsapp import crashpoints
-from jobsapp.db import get_relaxed_engine, is_autocommit, utcnow
-from jobsapp.lifecycle import marker, outbox_queries, publisher, tracing
+from jobsapp.db import get_engine, get_relaxed_engine, is_autocommit, utcnow
+from jobsapp.lifecycle import flow, marker, outbox_queries, publisher, tracing
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.message import BuiltBody, task_id_for, trace_headers, validate_body
 from jobsapp.settings import get_settings
@@ -246,6 +246,7 @@ def publish_now(app: Celery, messages: Sequence[PendingMessage]) -> int:
     PostgreSQL the accepted rows are marked in bulk by this process's marker; SQLite
     marks them here, as a second writer thread would only queue on its one write lock.
     """
+    messages = flow.publishable(get_engine(), app.conf.task_default_queue, messages)
     if not messages or not publisher.fast_path_open():
         return 0
     unclaimed_after = timedelta(seconds=get_settings().unclaimed_after)

@@ -31,6 +31,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, PendingMessage, _upsert
+from jobsapp.lifecycle.journal.flow import not_paused
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import State
 from jobsapp.lifecycle.tables import MaintenanceCounter
@@ -54,11 +55,19 @@ def _pending(rows: Any) -> list[PendingMessage]:
     ]  # fmt: skip
 
 
-def due_messages(conn: Connection, *, now: datetime, limit: int) -> list[PendingMessage]:
+def _unpaused(default_queue: str) -> Any:
+    """Rows of a paused queue or domain wait in the outbox (docs/flow-control.md)."""
+    return not_paused(OUTBOX.c.module, OUTBOX.c.queue, default_queue)
+
+
+def due_messages(
+    conn: Connection, *, now: datetime, limit: int, default_queue: str
+) -> list[PendingMessage]:
     """Unpublished live rows that are due (a crash before publish, a retry whose time came)."""
     stmt = (
         select(OUTBOX)
-        .where(OUTBOX.c.published_at.is_(None), _LIVE, OUTBOX.c.available_at <= now)
+        .where(OUTBOX.c.published_at.is_(None), _LIVE, OUTBOX.c.available_at <= now,
+               _unpaused(default_queue))
         .order_by(OUTBOX.c.available_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
@@ -67,14 +76,15 @@ def due_messages(conn: Connection, *, now: datetime, limit: int) -> list[Pending
 
 
 def rows_by_attempt(
-    conn: Connection, spec: RunTable, keys: Sequence[tuple[uuid.UUID, int]]
-) -> list[PendingMessage]:
+    conn: Connection, spec: RunTable, keys: Sequence[tuple[uuid.UUID, int]], *,
+    default_queue: str,
+) -> list[PendingMessage]:  # fmt: skip
     """The named unpublished live rows, locked (SKIP LOCKED: another relay has them)."""
     stmt = (
         select(OUTBOX)
         .where(
             OUTBOX.c.module == spec.module, OUTBOX.c.published_at.is_(None), _LIVE,
-            tuple_(OUTBOX.c.job_id, OUTBOX.c.attempt).in_(list(keys)),
+            tuple_(OUTBOX.c.job_id, OUTBOX.c.attempt).in_(list(keys)), _unpaused(default_queue),
         )
         .with_for_update(skip_locked=True)
     )  # fmt: skip
@@ -97,14 +107,14 @@ def _due_inflight(spec: RunTable, now: datetime) -> tuple[Any, ...]:
 
 
 def unclaimed_messages(
-    conn: Connection, spec: RunTable, *, now: datetime, limit: int
+    conn: Connection, spec: RunTable, *, now: datetime, limit: int, default_queue: str
 ) -> list[PendingMessage]:
     """Published rows due for a check whose job still waits for that attempt's claim."""
     table = spec.table
     stmt = (
         select(OUTBOX)
         .join(table, table.c.job_id == OUTBOX.c.job_id)
-        .where(*_due_inflight(spec, now), _waiting_for_claim(spec))
+        .where(*_due_inflight(spec, now), _waiting_for_claim(spec), _unpaused(default_queue))
         .order_by(OUTBOX.c.available_at)
         .limit(limit)
         .with_for_update(of=OUTBOX, skip_locked=True)

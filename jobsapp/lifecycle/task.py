@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import socket
+import string
 import time
 import uuid
 from collections.abc import Collection, Iterator, Mapping
@@ -40,6 +41,7 @@ from jobsapp.lifecycle import (
     canvas,
     claim,
     enqueue,
+    flow,
     journal,
     limits,
     message,
@@ -91,6 +93,21 @@ def _refuse(name: str, options: Collection[str]) -> None:
     raise TypeError(f"{name}.apply_async: jobsapp does not support {sorted(options)} ({hints})")
 
 
+def flow_options(cls: type[Task]) -> None:  # type: ignore[type-arg]
+    """Refuse Celery's ``rate_limit`` (a cap per worker process: celery#5732) and check
+    ``rate`` when the task is declared, not at its first run."""
+    if cls.__dict__.get("rate_limit"):
+        raise TypeError(f"{cls.__dict__.get('name', cls.__name__)}: rate_limit is per worker "
+                        "process in Celery; use rate='100/m', global across workers")
+    if rate := cls.__dict__.get("rate"):
+        flow.parse_rate(rate)
+    if (template := cls.__dict__.get("rate_key")) and "run" in cls.__dict__:
+        named = set(inspect.signature(cls.__dict__["run"]).parameters) | {"concurrency_key"}
+        if unknown := {f for _, f, _, _ in string.Formatter().parse(template) if f} - named:
+            raise TypeError(f"{cls.__dict__.get('name', cls.__name__)}: rate_key names "
+                            f"{sorted(unknown)}, not arguments of the task")
+
+
 class LifecycleTask(Task):  # type: ignore[type-arg]
     """Base class of jobsapp tasks; configure with ``jobsapp.lifecycle.lifecycle_task``."""
 
@@ -113,6 +130,11 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     # Long Retry-After pauses before the job fails with outcome ``snooze_limit``.
     max_snoozes: ClassVar[int] = 10
     heartbeat_interval: ClassVar[float | None] = None
+    # A global rate limit ("100/m", kept in the journal: docs/flow-control.md), one per
+    # task or, with ``rate_key`` (a format string over the body's arguments by name and
+    # ``concurrency_key``), one per key.
+    rate: ClassVar[str | None] = None
+    rate_key: ClassVar[str | None] = None
     # Celery would check the message kwargs against run()'s signature; ours differ.
     typing = False
     ignore_result = True
@@ -129,6 +151,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         # A wrong limit is refused where the task is declared, not at its first enqueue.
         name = str(cls.__dict__.get("name", cls.__qualname__))
         newjob.key_limit_of(name, cls.limit, cls.fair, cls.fair_window)
+        flow_options(cls)
 
     # --- producer side -------------------------------------------------------------
 
@@ -329,7 +352,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         worker, engine, settings = self._worker_name(), get_engine(), get_settings()
         rules = replace(self._rules(settings.inline_wait_max), publish_retry=not eager)
         wait_early = math.inf if eager else rules.inline_wait_max
-        outcome = self._claim(engine, env, foreign, worker, wait_early)
+        outcome = self._claim(engine, env, foreign, worker, wait_early, self._gate)
         if isinstance(outcome, claim.Refusal):
             log.info("job %s attempt %s: no work, %s", env.job_id, env.attempt, outcome.value)
             return f"not run: {outcome.value}"
@@ -370,11 +393,11 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
 
     def _claim(
         self, engine: Engine, env: message.Envelope, foreign: NewJob | None, worker: str,
-        wait_early: float,
+        wait_early: float, gate: flow.Gate,
     ) -> claim.Claimed | claim.Refusal:  # fmt: skip
         try:
             return claim.claim(engine, self.run_table, env, foreign=foreign, worker=worker,
-                               wait_early=wait_early)  # fmt: skip
+                               wait_early=wait_early, gate=gate)  # fmt: skip
         except InvalidMessage as bad:
             log.error("rejected message %s for %s: %s", self.request.id, self.name, bad)
             raise Reject(str(bad), requeue=False) from None
@@ -384,6 +407,20 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
                         type(down.orig).__name__)  # fmt: skip
             time.sleep(1.0)
             raise Reject("journal unavailable", requeue=True) from None
+
+    @cached_property
+    def _gate(self) -> flow.Gate:
+        """What flow control checks before a run of this task starts."""
+        rate = flow.parse_rate(self.rate) if self.rate else None
+        return flow.Gate(self.name, str(self.app.conf.task_default_queue), rate,
+                         self._rate_key_of)  # fmt: skip
+
+    def _rate_key_of(self, row: Mapping[str, Any]) -> str:
+        if self.rate_key is None:
+            return ""
+        args, kwargs = self._call_of(row)
+        values = newjob.named(self, args, kwargs)
+        return self.rate_key.format(**{"concurrency_key": row["concurrency_key"], **values})
 
     def _rules(self, inline_wait_max: float) -> AttemptRules:
         return AttemptRules(

@@ -124,8 +124,9 @@ def _select_and_send(app: Celery, engine: Engine, unclaimed_after: timedelta, pi
     return Done(found, len(report.accepted), dead + buried, report.broker_error is not None)
 
 
-def _due(cfg: RelayConfig, conn: Connection, now: datetime) -> Picked:
-    due = queries.due_messages(conn, now=now - cfg.grace, limit=cfg.batch)
+def _due(cfg: RelayConfig, app: Celery, conn: Connection, now: datetime) -> Picked:
+    due = queries.due_messages(conn, now=now - cfg.grace, limit=cfg.batch,
+                               default_queue=app.conf.task_default_queue)  # fmt: skip
     return due, len(due), 0
 
 
@@ -160,7 +161,8 @@ def _lost(
 ) -> Picked:
     """Unclaimed rows the broker lost, to republish; those republished too often are
     buried instead. Rows whose message may still wait in its queue are checked later."""
-    unclaimed = queries.unclaimed_messages(conn, spec, now=now, limit=cfg.batch)
+    unclaimed = queries.unclaimed_messages(conn, spec, now=now, limit=cfg.batch,
+                                           default_queue=app.conf.task_default_queue)  # fmt: skip
     lost, waiting = _tell_lost(app, unclaimed)
     queries.check_later(conn, waiting, now=now,
                         wait=partial(_wait_again, cfg.unclaimed_after))  # fmt: skip
@@ -200,7 +202,7 @@ def _wait_again(unclaimed_after: timedelta, publish_count: int) -> timedelta:
 
 
 def _publish_due(app: Celery, engine: Engine, cfg: RelayConfig) -> Done:
-    return _select_and_send(app, engine, cfg.unclaimed_after, partial(_due, cfg))
+    return _select_and_send(app, engine, cfg.unclaimed_after, partial(_due, cfg, app))
 
 
 def _republish_lost(
@@ -239,7 +241,8 @@ def publish_rows(
         return 0
 
     def pick(conn: Connection, _now: datetime) -> Picked:
-        rows = queries.rows_by_attempt(conn, spec, keys)
+        rows = queries.rows_by_attempt(conn, spec, keys,
+                                       default_queue=app.conf.task_default_queue)  # fmt: skip
         return rows, len(rows), 0
 
     return _select_and_send(app, engine, unclaimed_after, pick).done

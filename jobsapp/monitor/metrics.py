@@ -37,8 +37,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
-from jobsapp import __version__
+from jobsapp import __version__, flow_control
 from jobsapp.lifecycle import outbox_queries
+from jobsapp.lifecycle.flow import Kind
 from jobsapp.lifecycle.states import ALL_STATES
 from jobsapp.lifecycle.totals import DEDUP_HITS, Key
 from jobsapp.maintenance import relay
@@ -77,6 +78,21 @@ class JournalCollector(Collector):
         )
         yield from _outbox_upkeep(engine)
         yield from _rolled_up(engine, names)
+        yield from _paused(engine, names, numbers)
+
+
+def _paused(engine: Engine, names: Labels, numbers: Health) -> Iterator[Metric]:
+    """1 for each paused queue and domain; 0 for the app's other queues and domains."""
+    paused = {(p.kind, p.name) for p in flow_control.paused(engine)}
+    for kind, label, known, what in (
+        (Kind.QUEUE, "queue", names.queues, "broker queue"),
+        (Kind.DOMAIN, "module", numbers.counts.keys(), "domain (run table)"),
+    ):  # fmt: skip
+        doc = f"1 while the {what} is paused: nothing is published or claimed for it."
+        family = GaugeMetricFamily(f"jobsapp_{kind.value}_paused", doc, labels=[label])
+        for name in sorted(set(known) | {n for k, n in paused if k == kind.value}):
+            family.add_metric([name], int((kind.value, name) in paused))
+        yield family
 
 
 def _outbox_upkeep(engine: Engine) -> Iterator[Metric]:

@@ -25,9 +25,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from jobsapp import operator
+from jobsapp import flow_control, operator
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import outbox_queries
+from jobsapp.lifecycle.flow import Kind
 from jobsapp.monitor import metrics, summary
 from jobsapp.settings import get_settings
 from jobsapp.web import auth, schemas, ui
@@ -241,6 +242,54 @@ def retry_dead_outbox(body: schemas.RetryDeadOutbox) -> Answer:
     return jsonify({"revived": revived})
 
 
+# -------------------------------------------------------------------- flow control
+
+
+@admin.get(
+    "/v1/admin/flow",
+    summary="Paused queues and domains, and the newest pauses and resumes",
+    operation_id="adminFlow",
+    responses={200: json_answer(schemas.FlowState, "What is paused, and the audit trail"),
+               **admin_errors()},
+)
+def flow_state() -> Answer:
+    engine = get_engine()
+    paused = [p.as_json() for p in flow_control.paused(engine)]
+    history = [{**row, "at": row["at"].isoformat()} for row in flow_control.history(engine)]
+    return jsonify({"paused": paused, "history": history})
+
+
+def _flow_changed(path: schemas.FlowPath, paused: bool, changed: bool) -> Answer:
+    return jsonify({"kind": path.kind, "name": path.name, "paused": paused, "changed": changed})
+
+
+@admin.post(
+    "/v1/admin/flow/<kind>/<name>/pause",
+    summary="Pause a queue or a domain: nothing is published or claimed for it",
+    description="Audited. Returns once every worker sees the pause (about a second); a "
+    "message already in the broker is handed back to the journal when a worker receives it.",
+    operation_id="adminFlowPause",
+    responses={200: json_answer(schemas.FlowChanged, "Paused"), **admin_errors(400, 404)},
+)  # fmt: skip
+def flow_pause(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
+    changed = flow_control.pause(get_engine(), Kind(path.kind), path.name, actor=body.actor,
+                                 reason=body.reason)  # fmt: skip
+    return _flow_changed(path, True, changed)
+
+
+@admin.post(
+    "/v1/admin/flow/<kind>/<name>/resume",
+    summary="Resume a paused queue or domain: the relay publishes what waited",
+    description="Audited.",
+    operation_id="adminFlowResume",
+    responses={200: json_answer(schemas.FlowChanged, "Resumed"), **admin_errors(400, 404)},
+)  # fmt: skip
+def flow_resume(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
+    changed = flow_control.resume(get_engine(), Kind(path.kind), path.name, actor=body.actor,
+                                  reason=body.reason)  # fmt: skip
+    return _flow_changed(path, False, changed)
+
+
 # ------------------------------------------------------------------------- metrics
 
 
@@ -266,7 +315,8 @@ def prometheus() -> Answer:
     summary="The journal's Prometheus metrics, the same from every replica",
     description="`jobsapp_jobs{module,task,queue,state}`, "
     "`jobsapp_oldest_queued_seconds{module,task,queue}`, `jobsapp_stale_running{module}`, "
-    "`jobsapp_outbox_backlog`, `jobsapp_outbox_lag_seconds` and the counters and histograms "
+    "`jobsapp_outbox_backlog`, `jobsapp_outbox_lag_seconds`, `jobsapp_queue_paused{queue}`, "
+    "`jobsapp_domain_paused{module}` and the counters and histograms "
     "of docs/operators.md, read from the database at scrape time. Every replica answers "
     "the same numbers: scrape one target (the load-balanced address), not each replica. "
     "Open unless `JOBSAPP_METRICS_TOKEN` is set, then that bearer token.",

@@ -365,3 +365,41 @@ class ReconcilePass(Closed):
 
 class Reconciled(Closed):
     passes: list[ReconcilePass]
+
+
+# ------------------------------------------------------------------ flow control
+
+
+class FlowPath(BaseModel):
+    kind: Literal["queue", "domain"] = Field(description="`queue` (a broker queue) or `domain`")
+    name: str = Field(description="The queue's name, or the domain's module (`jobs`, ...)")
+
+
+class PausedItem(Closed):
+    kind: Literal["queue", "domain"]
+    name: str
+    paused_at: datetime
+    paused_by: str = Field(description="Who paused it: `operator:<actor>`")
+    reason: str | None
+
+
+class FlowAction(Closed):
+    id: int
+    action: Literal["pause", "resume"]
+    kind: Literal["queue", "domain"]
+    name: str
+    actor: str
+    reason: str | None
+    at: datetime
+
+
+class FlowState(Closed):
+    paused: list[PausedItem]
+    history: list[FlowAction] = Field(description="The newest pauses and resumes first")
+
+
+class FlowChanged(Closed):
+    kind: Literal["queue", "domain"]
+    name: str
+    paused: bool = Field(description="Whether it is paused now")
+    changed: bool = Field(description="False: it already was (nothing written)")

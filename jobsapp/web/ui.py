@@ -32,9 +32,10 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.datastructures import MultiDict
 
-from jobsapp import operator
+from jobsapp import flow_control, operator
 from jobsapp.attachments import service
 from jobsapp.db import get_engine, utcnow
+from jobsapp.lifecycle.flow import Kind
 from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.scrub import known_secrets_from_env, scrub
 from jobsapp.lifecycle.states import ALL_STATES, State, Transition
@@ -252,6 +253,7 @@ def overview() -> Answer:
     dead_total, dead = browse.dead_outbox(get_engine(), limit=DEAD_SHOWN)
     return _page("overview.html", live=True, health=health, stale_after=stale_after,
                  dead_total=dead_total, dead=dead, modules=_modules(),
+                 paused=flow_control.paused(get_engine()),
                  periodic=periodic.overview(get_engine(), celery_app))  # fmt: skip
 
 
@@ -331,7 +333,13 @@ def queues_page() -> Answer:
     from jobsapp.celery_app import app as celery_app
 
     view = queues.queues_view(get_engine(), celery_app, default_queue())
-    return _page("queues.html", live=True, view=view, window=queues.RATE_WINDOW)
+    return _page("queues.html", live=True, view=view, window=queues.RATE_WINDOW,
+                 paused=_paused_by_pair(), modules=_modules(),
+                 rates=flow_control.rates(get_engine(), celery_app))  # fmt: skip
+
+
+def _paused_by_pair() -> dict[tuple[str, str], flow_control.Paused]:
+    return {(p.kind, p.name): p for p in flow_control.paused(get_engine())}
 
 
 @_page_route("/workers", "adminWorkers", "Worker processes seen through their beats")
@@ -444,6 +452,24 @@ def _act(
     if back == "scheduled":
         return redirect(url_for("ui.scheduled"), 303)
     return redirect(url_for("ui.job", module=module, job_id=job_id), 303)
+
+
+@_form_route("/flow", "adminFlowForm", "Pause or resume a queue or a domain")
+def flow_action() -> Answer:
+    """Pause or resume (audited); the queues page says what is paused now."""
+    form = request.form
+    pausing = form.get("action") == "pause"
+    try:
+        kind = Kind(form.get("kind", ""))
+        act = flow_control.pause if pausing else flow_control.resume
+        changed = act(get_engine(), kind, form.get("name", ""), actor=auth.actor(),
+                      reason=form.get("reason", ""))  # fmt: skip
+        verb = "paused" if pausing else "resumed"
+        flash(f"{kind} {form.get('name')} {verb}." if changed
+              else f"{kind} {form.get('name')} was already {verb}.", "ok")  # fmt: skip
+    except (ValueError, operator.Refused) as refused:
+        flash(str(refused), "error")
+    return redirect(url_for("ui.queues_page"), 303)
 
 
 @_form_route("/outbox/retry", "adminRetryDead", "Dead outbox rows back")

@@ -1,0 +1,86 @@
+"""What flow control costs a claim: a rate check per job beside no limit, Postgres fsync on.
+
+Run through the entry point, on the bench's own Postgres with fsync on:
+    .venv/bin/python -m bench flow [--quick | --smoke]
+(full: 2,000 jobs a round, median of 5 rounds; quick: 1,000, median of 3; smoke: 200, once).
+
+Each round queues its jobs in a fresh database, then claims every one from one process
+through the claim path a worker takes (``flow.gated_claim`` around the journal's claim),
+three ways: no flow control (the claim's one statement, its commit not waiting for the
+flush); a task with no rate while nothing is paused (the same statement after a cached
+look at the pauses); a task with a rate high enough never to refuse (the claim, the pause
+check and the rate's token in one transaction, whose commit waits for the flush). The
+body and the finish are left out: they cost the same either way.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, text
+
+from bench.bench_maintenance import fresh_database
+from bench.services import Services
+from jobsapp.lifecycle import flow, journal
+from jobsapp.lifecycle.registry import JOBS
+from jobsapp.lifecycle.task import LifecycleTask
+
+DB_NAME = "jobsapp_bench_flow"
+SIZES = {"full": (2000, 5), "quick": (1000, 3), "smoke": (200, 1)}
+NEVER_REFUSES = flow.parse_rate("1000000/s")
+Gate = flow.Gate | None
+
+
+def _queued(engine: Engine, task: LifecycleTask, n: int) -> list[uuid.UUID]:
+    jobs = [task.new_job((), {}, None) for _ in range(n)]
+    with engine.begin() as conn:
+        journal.enqueue_many(conn, jobs, actor="bench")
+    return [job.job_id for job in jobs]
+
+
+def _claim_of(job_id: uuid.UUID) -> flow.Claim:
+    return lambda conn: journal.claim(conn, JOBS, job_id, 1, worker="bench")
+
+
+def per_job_ms(engine: Engine, task: LifecycleTask, gate: Gate, n: int) -> float:
+    """Milliseconds per claim of ``n`` queued jobs through ``gate``."""
+    ids = _queued(engine, task, n)
+    began = time.perf_counter()
+    for job_id in ids:
+        row = flow.gated_claim(engine, JOBS, gate, _claim_of(job_id))
+        if row is None or isinstance(row, flow.Held):
+            raise RuntimeError(f"the claim of {job_id} was refused: nothing to measure")
+    return (time.perf_counter() - began) / n * 1000
+
+
+def main(services: Services, size: str, out: Path) -> list[str]:
+    """Returns the ratio line: a claim with a rate check against one with no limit."""
+    del out
+    from bench.lifecycle_tasks import with_lifecycle
+
+    n, rounds = SIZES[size]
+    pg_base = services.durable.pg_url("postgres").rsplit("/", 1)[0]
+    engine = fresh_database(pg_base, DB_NAME)
+    ways: dict[str, Gate] = {
+        "none": None,
+        "idle": flow.Gate(with_lifecycle.name, "celery"),
+        "rate": flow.Gate(with_lifecycle.name, "celery", NEVER_REFUSES),
+    }
+    samples: dict[str, list[float]] = {way: [] for way in ways}
+    for number in range(rounds):
+        for way, gate in ways.items():  # interleaved: a drift of the machine hits all three
+            samples[way].append(per_job_ms(engine, with_lifecycle, gate, n))
+        print(f"round {number}: " + ", ".join(f"{w} {s[-1]:.3f} ms" for w, s in samples.items()),
+              flush=True)  # fmt: skip
+    engine.dispose()
+    admin = create_engine(pg_base + "/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
+    admin.dispose()
+    none, idle, rate = (statistics.median(samples[w]) for w in ways)
+    return [f"flow: a claim with a rate check {rate:.3f} ms/job vs {none:.3f} ms/job with no "
+            f"limit ({rate / none:.2f}x; fsync on); flow control on, nothing paused: "
+            f"{idle:.3f} ms/job ({idle / none:.2f}x)"]  # fmt: skip
