@@ -38,6 +38,7 @@ def _columns() -> list[sa.Column[Any]]:
         claim_token_column(),
         result_column(),
         *expiry_and_cancel_columns(),
+        *row_fact_columns(),
     ]
 
 
@@ -61,6 +62,14 @@ def expiry_and_cancel_columns() -> list[sa.Column[Any]]:
     return [
         sa.Column("expires_at", UtcDateTime(timezone=True), nullable=True),
         sa.Column("cancel_requested_at", UtcDateTime(timezone=True), nullable=True),
+    ]
+
+
+def row_fact_columns() -> list[sa.Column[Any]]:
+    """Added to the contract by migration 0015."""
+    return [
+        sa.Column("enqueued_by", sa.String(length=200), nullable=True),
+        sa.Column("attempted_at", UtcDateTime(timezone=True), nullable=True),
     ]
 
 

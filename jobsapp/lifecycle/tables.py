@@ -80,6 +80,11 @@ class RunMixin:
     # A revoke or cancel of the running attempt, asked for and not yet honoured: the
     # attempt's heartbeat stops the body, and its success is refused (journal/revoke.py).
     cancel_requested_at: Mapped[datetime | None]
+    # The happy path kept on the row instead of event rows (journal/row_events.py): who
+    # enqueued the job, and when the current attempt was claimed. NULL on rows whose
+    # enqueue and claim were journaled as events (before migration 0015, a foreign claim).
+    enqueued_by: Mapped[str | None] = mapped_column(String(200))
+    attempted_at: Mapped[datetime | None]
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:  # noqa: N805 - SQLAlchemy passes the class

@@ -8,8 +8,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select
 
+from jobsapp.lifecycle import journal, registry
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.tables import JobEvent, JobRun, OutboxMessage
+from jobsapp.lifecycle.tables import JobRun, OutboxMessage
 
 
 def run_row(engine: Engine, job_id: uuid.UUID) -> Mapping[str, Any]:
@@ -24,10 +25,10 @@ def run_count(engine: Engine) -> int:
 
 
 def events(engine: Engine, job_id: uuid.UUID) -> list[Mapping[str, Any]]:
-    table = JobEvent.__table__
-    stmt = select(table).where(table.c.job_id == job_id).order_by(table.c.id)
+    """The job's history as the timeline shows it, whatever its run table: its event rows
+    and the enqueue, claim and success its run row carries, in order."""
     with engine.connect() as conn:
-        return list(conn.execute(stmt).mappings())
+        return [e for spec in registry.all_tables() for e in journal.history(conn, spec, job_id)]
 
 
 def transitions(engine: Engine, job_id: uuid.UUID) -> list[str]:

@@ -44,7 +44,8 @@ def _finish(
               "r_state": state.value, "r_outcome": outcome.value, "r_last_error": error,
               "r_result": result, "r_now": now}  # fmt: skip
     event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error, detail)
-    return _run(conn, _finish_plan(spec, conn.dialect.name), params, event, None)[0] is not None
+    plan = _finish_plan(spec, conn.dialect.name, outcome is Outcome.SUCCEEDED)
+    return _run(conn, plan, params, event, None)[0] is not None
 
 
 def succeed(
@@ -53,7 +54,8 @@ def succeed(
 ) -> bool:  # fmt: skip
     """running -> succeeded with the body's ``result`` (checked by lifecycle/results.py),
     in the same statement; fenced by the attempt and its claim ``token``; False means the
-    lease was lost."""
+    lease was lost. No event row where the run row carries the claim: ``finished_at``
+    and ``attempted_at`` are the success and its claim (row_events.py reads them back)."""
     return _finish(
         conn, spec, job_id, attempt, token=token, transition=Transition.SUCCEED,
         outcome=Outcome.SUCCEEDED, error=None, actor=actor, now=now, result=result,
