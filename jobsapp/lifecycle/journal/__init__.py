@@ -81,8 +81,8 @@ from jobsapp.lifecycle.journal.reads import (
 )
 from jobsapp.lifecycle.journal.reap import StaleRun, find_stale, reap
 from jobsapp.lifecycle.journal.reopen import KeyBusy, reopen
-from jobsapp.lifecycle.journal.row_events import history
 from jobsapp.lifecycle.journal.revoke import Revoked, cancel_requested, honour_cancel, revoke
+from jobsapp.lifecycle.journal.row_events import history
 
 __all__ = [
     "EVENTS",

@@ -11,21 +11,22 @@ while running or succeeded, and the two sources never tell one transition twice.
 written before migration 0015 (both columns NULL) have all their event rows.
 
 Readers take the union, ordered by time: ``history`` (one job: the timeline, tests),
-``carried`` (the rows' events of a time window, as ``job_events``-shaped rows: charts,
-queues). The metrics rollup counts successes from the rows, after a cursor on
-``finished_at`` per run table (``finish_cursor``); a rerun of a success the rollup already
-counted marks its kept events ``COUNTED`` so the event pass does not count them again.
+``window`` (the events of a time window: charts, queues). The metrics rollup counts
+successes from the rows, after a cursor on ``finished_at`` per run table
+(``finish_cursor``); a rerun of a success the rollup already counted marks its kept
+events ``COUNTED`` so the event pass does not count them again.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, String, Table, and_, cast, literal, select, union_all, update
 
+from jobsapp.lifecycle import registry
 from jobsapp.lifecycle.journal._sql import EVENTS, _upsert
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import ALL_STATES, State, Transition
@@ -84,36 +85,48 @@ def history(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> list[dict[st
     return sorted([*enqueue, *rows, *rest], key=lambda e: e["at"])
 
 
-def carried(spec: RunTable, since: datetime, kinds: tuple[Transition, ...]) -> Any:
-    """The ``kinds`` of events the rows of ``spec`` carry from ``since`` on, as a SELECT of
-    (module, job_id, attempt, transition, at): one branch per kind. Every such event is no
-    later than its row's ``updated_at``, so each branch reads the (state, updated_at) index."""
+def carries_claim(table: Table) -> Any:
+    """Whether a run row carries its current attempt's claim (``attempted_at``)."""
+    return and_(table.c.attempted_at.is_not(None), table.c.state.in_(CARRYING))
+
+
+def carries_success(table: Table) -> Any:
+    return and_(table.c.attempted_at.is_not(None), table.c.state == State.SUCCEEDED.value)
+
+
+def carried(spec: RunTable, since: datetime, kinds: Iterable[str]) -> list[Any]:
+    """The events of ``kinds`` the rows of ``spec`` carry from ``since`` on, as SELECTs of
+    (module, job_id, attempt, transition, at), one per kind. Every such event is no later
+    than its row's ``updated_at``, so each reads the (state, updated_at) index."""
     t = spec.table
     recent = and_(t.c.state.in_(ALL_STATES), t.c.updated_at >= since)
-    claimed = t.c.attempted_at.is_not(None)
     branches = {
-        Transition.ENQUEUE: (literal(1), t.c.created_at, t.c.enqueued_by.is_not(None)),
-        Transition.CLAIM: (t.c.attempts, t.c.attempted_at,
-                           and_(claimed, t.c.state.in_(CARRYING))),
-        Transition.SUCCEED: (t.c.attempts, t.c.finished_at,
-                             and_(claimed, t.c.state == State.SUCCEEDED.value)),
-    }  # fmt: skip
+        Transition.ENQUEUE.value: (literal(1), t.c.created_at, t.c.enqueued_by.is_not(None)),
+        Transition.CLAIM.value: (t.c.attempts, t.c.attempted_at, carries_claim(t)),
+        Transition.SUCCEED.value: (t.c.attempts, t.c.finished_at, carries_success(t)),
+    }
     selects = []
-    for kind in kinds:
+    for kind in (k for k in kinds if k in branches):
         attempt, at, carries = branches[kind]
         selects.append(
             select(cast(literal(spec.module), String(64)).label("module"), t.c.job_id,
-                   attempt.label("attempt"), cast(literal(kind.value), String(32))
+                   attempt.label("attempt"), cast(literal(kind), String(32))
                    .label("transition"), at.label("at"))
             .where(recent, carries, at >= since)
         )  # fmt: skip
-    return union_all(*selects)
+    return selects
 
 
-def event_rows(since: datetime) -> Any:
-    """``job_events`` from ``since`` on, in the columns ``carried`` has."""
+def window(since: datetime, kinds: Iterable[str]) -> Any:
+    """Every event of ``kinds`` from ``since`` on, event rows and the rows' alike, as a
+    subquery of (module, job_id, attempt, transition, at)."""
+    kinds = list(kinds)
     e = EVENTS.c
-    return select(e.module, e.job_id, e.attempt, e.transition, e.at).where(e.at >= since)
+    rows = select(e.module, e.job_id, e.attempt, e.transition, e.at).where(
+        e.at >= since, e.transition.in_(kinds)
+    )
+    spread = [s for spec in registry.all_tables() for s in carried(spec, since, kinds)]
+    return union_all(rows, *spread).subquery("journal_window")
 
 
 # ------------------------------------------------------------- the rollup's cursor
