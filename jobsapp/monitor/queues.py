@@ -3,9 +3,10 @@
 Journal depth and the oldest wait come from the queued rows (``ix_<table>_state_updated``
 narrows the read to them); the rate counts the claims of the last ``RATE_WINDOW``
 (``row_events.window``: event rows through ``ix_job_events_at``, the claims run rows carry
-through ``ix_<table>_state_updated``). Broker depth is one passive declare per queue on one connection
-(Redis: the lengths of the queue's lists, priorities included; RabbitMQ: the queue's
-message count), so a queue the broker does not know says so instead of being created.
+through ``ix_<table>_state_updated``). Broker depth is one passive declare per queue on
+one connection (Redis: the lengths of the queue's lists, priorities included; RabbitMQ: the
+queue's message count), so a queue the broker does not know says so instead of being
+created.
 """
 
 from __future__ import annotations
