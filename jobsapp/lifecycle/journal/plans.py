@@ -99,9 +99,16 @@ def _insert_from_changed(
 ) -> Any:
     """INSERT one row per changed run row; ``derived`` columns come from that row (its
     job_id, and its timestamps: the database's clock, read once for all parts)."""
+    return insert(table).from_select(list(columns), _selected(table, columns, prefix, derived))
+
+
+def _selected(
+    table: Table, columns: tuple[str, ...], prefix: str, derived: Mapping[str, Any]
+) -> Any:
+    """SELECT ``columns`` of a row of ``table``: ``derived`` ones as given, the others bound."""
     cols = [derived[c].label(c) if c in derived else _bind(table, c, prefix).label(c)
             for c in columns]  # fmt: skip
-    return insert(table).from_select(list(columns), select(*cols))
+    return select(*cols)
 
 
 def _available_at(row: Mapping[str, Any]) -> datetime:
@@ -135,25 +142,24 @@ def _plan(
 def _events_from_changed(changed: Any, journaled: Journaled) -> Any:
     """The INSERT of a plan's event rows, reading the changed run row (PostgreSQL)."""
     carried = changed.c.attempted_at.is_not(None)
-    mine = select(*_event_values(EVENTS, {"job_id": changed.c.job_id, "at": changed.c.updated_at}))
+    mine = _event_select({"job_id": changed.c.job_id, "at": changed.c.updated_at})
     if journaled is Journaled.EVENT_UNLESS_ROW:
         mine = mine.where(~carried)
     if journaled is not Journaled.CLAIM_AND_EVENT:
         return insert(EVENTS).from_select(list(_EVENT_COLUMNS), mine)
     # One INSERT of both rows, claim first: the ids keep the order the timeline shows.
-    claim = select(*_event_values(EVENTS, {
+    claim = _event_select({
         "job_id": changed.c.job_id, "attempt": changed.c.attempts,
         "transition": literal(Transition.CLAIM.value), "from_state": literal(State.QUEUED.value),
         "to_state": literal(State.RUNNING.value), "actor": changed.c.worker,
         "reason": cast(null(), EVENTS.c.reason.type), "at": changed.c.attempted_at,
         "detail": cast(null(), EVENTS.c.detail.type),
-    })).where(carried)  # fmt: skip
+    }).where(carried)  # fmt: skip
     return insert(EVENTS).from_select(list(_EVENT_COLUMNS), union_all(claim, mine))
 
 
-def _event_values(table: Table, derived: Mapping[str, Any]) -> list[Any]:
-    return [derived[c].label(c) if c in derived else _bind(table, c, "e_").label(c)
-            for c in _EVENT_COLUMNS]  # fmt: skip
+def _event_select(derived: Mapping[str, Any]) -> Any:
+    return _selected(EVENTS, _EVENT_COLUMNS, "e_", derived)
 
 
 def _run(
