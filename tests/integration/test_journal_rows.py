@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 from sqlalchemy import Engine, func, select
 
@@ -17,6 +18,7 @@ from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import Transition
 from jobsapp.monitor import browse, rollup
 from tests.support import tasks
+from tests.support.migrations import sqlite_then_postgres
 
 JOURNAL = (journal.EVENTS, journal.OUTBOX, *(spec.table for spec in registry.all_tables()))
 HAPPY = [Transition.ENQUEUE.value, Transition.CLAIM.value, Transition.SUCCEED.value]
@@ -121,3 +123,7 @@ def test_a_rerun_success_is_counted_once_whether_or_not_the_rollup_saw_its_row(
 
         assert totals == {"succeeded": 2, "durations": 2, "waits": 2}, roll_between
         assert timeline == [*HAPPY, Transition.RERUN.value, "claim", "succeed"], roll_between
+
+
+def test_migration_0015_goes_down_and_up_on_both_dialects(tmp_path: Path) -> None:
+    sqlite_then_postgres(tmp_path, "rowfacts", "attempted_at", below="0013")
