@@ -160,7 +160,9 @@ def run_once(engine: Engine, batch: int = BATCH, settle: timedelta = SETTLE) -> 
 def _roll_successes(conn: Connection, spec: RunTable, horizon: datetime, batch: int) -> int:
     """The successes ``spec``'s rows carry, finished after the table's cursor and by
     ``horizon``; each counts as its claim and its success would as events."""
-    through = finish_cursor(conn, spec.module, share=False)
+    through = finish_cursor(conn, spec.module)
+    if through is None:
+        return 0
     t = spec.table
     rows = conn.execute(
         select(t.c.job_id, t.c.attempts, t.c.attempted_at, t.c.finished_at)

@@ -20,7 +20,7 @@ from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage, add_outbox
 from jobsapp.lifecycle.journal.reads import active_holder, load
-from jobsapp.lifecycle.journal.row_events import finish_cursor, kept_at_rerun
+from jobsapp.lifecycle.journal.row_events import counted_through, kept_at_rerun
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import State, Transition
 
@@ -107,4 +107,4 @@ def _carried_success(
     if (row is None or row["attempted_at"] is None or row["attempts"] != attempts
             or row["state"] != from_state.value):  # fmt: skip
         return None
-    return dict(row), finish_cursor(conn, spec.module, share=True)
+    return dict(row), counted_through(conn, spec.module)

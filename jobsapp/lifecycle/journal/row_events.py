@@ -13,8 +13,8 @@ written before migration 0015 (both columns NULL) have all their event rows.
 Readers take the union, ordered by time: ``history`` (one job: the timeline, tests),
 ``window`` (the events of a time window: charts, queues). The metrics rollup counts
 successes from the rows, after a cursor on ``finished_at`` per run table
-(``finish_cursor``); a rerun of a success the rollup already counted marks its kept
-events ``COUNTED`` so the event pass does not count them again.
+(``finish_cursor``); a rerun of a success the rollup already counted
+(``counted_through``) marks its kept events ``COUNTED`` so the event pass does not count them again.
 """
 
 from __future__ import annotations
@@ -140,16 +140,28 @@ def _encode(at: datetime) -> int:
     return (at.astimezone(UTC) - _EPOCH) // _MICRO
 
 
-def finish_cursor(conn: Connection, module: str, *, share: bool) -> datetime:
+def counted_through(conn: Connection, module: str) -> datetime:
     """The ``finished_at`` through which the rollup counted ``module``'s successes from
-    their rows, locked: for update by the rollup (one pass at a time), for share by a
-    rerun of a success (so no pass counts the row while the rerun decides)."""
+    their rows, locked for share by a rerun of a success: no pass counts the row while the
+    rerun decides (a pass in progress is waited out)."""
+    return _finish_cursor(conn, module, share=True) or _EPOCH
+
+
+def finish_cursor(conn: Connection, module: str) -> datetime | None:
+    """The same cursor locked for update by the rollup, or None while a rerun or another
+    pass holds it: the table is skipped this pass, so a rerun inside a long application
+    transaction delays that table's count, never the rollup itself."""
+    return _finish_cursor(conn, module, share=False)
+
+
+def _finish_cursor(conn: Connection, module: str, *, share: bool) -> datetime | None:
     name = _cursor_name(module)
     conn.execute(_upsert(conn, COUNTERS).values(name=name, value=0).on_conflict_do_nothing())
     stmt = select(COUNTERS.c.value).where(COUNTERS.c.name == name)
     if conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update(read=share)
-    return _EPOCH + int(conn.execute(stmt).scalar_one()) * _MICRO
+        stmt = stmt.with_for_update(read=share, skip_locked=not share)
+    value = conn.execute(stmt).scalar()
+    return None if value is None else _EPOCH + int(value) * _MICRO
 
 
 def move_finish_cursor(conn: Connection, module: str, through: datetime) -> None:
