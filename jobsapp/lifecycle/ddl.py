@@ -40,6 +40,7 @@ def _columns() -> list[sa.Column[Any]]:
         *expiry_and_cancel_columns(),
         workflow_column(),
         key_limit_column(),
+        *row_fact_columns(),
     ]
 
 
@@ -85,6 +86,14 @@ def create_active_key_index(batch: Any, name: str, where: str) -> None:
     """The one-active-run-per-key index; since 0016 ``where`` leaves limited runs out."""
     batch.create_index(f"uq_{name}_active_key", ["concurrency_key"], unique=True,
                        postgresql_where=sa.text(where), sqlite_where=sa.text(where))  # fmt: skip
+
+
+def row_fact_columns() -> list[sa.Column[Any]]:
+    """Added to the contract by migration 0015."""
+    return [
+        sa.Column("enqueued_by", sa.String(length=200), nullable=True),
+        sa.Column("attempted_at", UtcDateTime(timezone=True), nullable=True),
+    ]
 
 
 def _checks(name: str) -> list[sa.CheckConstraint]:

@@ -91,6 +91,11 @@ class RunMixin:
     # The task's ``limit`` (or ``fair`` window): NULL for one active run per key (the
     # unique index); N >= 1 for at most N holders of the key's slots (``key_slots``).
     key_limit: Mapped[int | None] = mapped_column(Integer)
+    # The happy path kept on the row instead of event rows (journal/row_events.py): who
+    # enqueued the job, and when the current attempt was claimed. NULL on rows whose
+    # enqueue and claim were journaled as events (before migration 0015, a foreign claim).
+    enqueued_by: Mapped[str | None] = mapped_column(String(200))
+    attempted_at: Mapped[datetime | None]
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:  # noqa: N805 - SQLAlchemy passes the class

@@ -22,15 +22,13 @@ from sqlalchemy import Connection, Engine, String, and_, cast, func, or_, select
 from sqlalchemy.sql import ColumnElement
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import outbox_queries, registry
+from jobsapp.lifecycle import journal, outbox_queries, registry
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import ALL_STATES, State, Transition
-from jobsapp.lifecycle.tables import JobEvent
 from jobsapp.monitor import workers
 from jobsapp.monitor.summary import BadFilter, SummaryRow, checked_tables, summary_row
 
-EVENTS = JobEvent.__table__
 PAGE_SIZE = 50
 # Counting stops here: an exact count of a large journal costs a scan per page view.
 COUNT_CAP = 10_000
@@ -360,24 +358,16 @@ _LISTED = ("job_id", "task_name", "state", "outcome", "attempts", "max_attempts"
 
 
 def job_detail(engine: Engine, module: str, job_id: uuid.UUID) -> JobDetail | None:
-    """The run row and its whole ``job_events`` history; None when there is no such job."""
+    """The run row and its whole history (its ``job_events`` rows and the enqueue, claim
+    and success the row carries: ``journal.history``); None when there is no such job."""
     (spec,) = checked_tables(module)
     table = spec.table
     with engine.connect() as conn:
         run = conn.execute(select(table).where(table.c.job_id == job_id)).mappings().first()
         if run is None:
             return None
-        events = _events(conn, spec.module, job_id)
+        events = [_event_row(e) for e in journal.history(conn, spec, job_id)]
     return JobDetail(spec.module, dict(run), events, attempts_of(events))
-
-
-def _events(conn: Connection, module: str, job_id: uuid.UUID) -> list[EventRow]:
-    stmt = (
-        select(EVENTS)
-        .where(EVENTS.c.module == module, EVENTS.c.job_id == job_id)
-        .order_by(EVENTS.c.id)
-    )
-    return [_event_row(dict(row)) for row in conn.execute(stmt).mappings()]
 
 
 def _event_row(row: Mapping[str, Any]) -> EventRow:

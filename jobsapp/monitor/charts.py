@@ -2,9 +2,11 @@
 
 ``metric_totals`` (``monitor.rollup``) holds running totals with no time axis: it gives
 the distributions since the totals began (histogram buckets), read as they are. A series
-over time is read from ``job_events`` through its time index (``ix_job_events_at``): one
-range of the window's events, grouped by the database into buckets, never a scan of the
-table. The window's percentiles pair each ending with its claim, newest ``SAMPLE`` endings.
+over time is read from the journal's events of the window (``row_events.window``: the
+``job_events`` rows through their time index ``ix_job_events_at``, and the enqueues,
+claims and successes the run rows carry through ``ix_<table>_state_updated``), grouped by
+the database into buckets, never a scan of a table. The window's percentiles pair each
+ending with its claim, newest ``SAMPLE`` endings.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from sqlalchemy import Connection, Engine, Integer, and_, cast, func, select
 from sqlalchemy.orm import aliased
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.journal import EVENTS
+from jobsapp.lifecycle import registry
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX, row_events
 from jobsapp.lifecycle.states import Transition
 from jobsapp.lifecycle.totals import Key
 from jobsapp.monitor import rollup
@@ -86,11 +89,10 @@ def throughput(
     conn: Connection, start: datetime, step: timedelta, now: datetime
 ) -> list[dict[str, int]]:
     width = int(step.total_seconds())
-    bucket = func.floor((_epoch(conn, EVENTS.c.at) - int(start.timestamp())) / width)
-    kinds = [*rollup.ENDINGS, Transition.ENQUEUE.value]
-    stmt = (select(bucket, EVENTS.c.transition, func.count())
-            .where(EVENTS.c.at >= start, EVENTS.c.transition.in_(kinds))
-            .group_by(bucket, EVENTS.c.transition))  # fmt: skip
+    events = row_events.window(start, [*rollup.ENDINGS, Transition.ENQUEUE.value])
+    bucket = func.floor((_epoch(conn, events.c.at) - int(start.timestamp())) / width)
+    stmt = (select(bucket, events.c.transition, func.count())
+            .group_by(bucket, events.c.transition))  # fmt: skip
     n = int((now - start) / step) + 1
     out: list[dict[str, int]] = [dict.fromkeys((*OUTCOMES, "enqueued"), 0) for _ in range(n)]
     for index, transition, count in conn.execute(stmt):
@@ -114,6 +116,7 @@ def percentiles(conn: Connection, start: datetime) -> dict[str, dict[int, float 
                end.c.transition.not_in(list(rollup.REAPS)))
         .order_by(end.c.at.desc()).limit(SAMPLE)
     ).all()  # fmt: skip
+    runs = _newest([*runs, *_carried_runs(conn, start)], 1)
     waits = _queue_waits(conn, start)
     return {rollup.RUN_DURATION: _ranks([(e - c).total_seconds() for c, e in runs]),
             rollup.QUEUE_WAIT: _ranks(waits)}  # fmt: skip
@@ -122,8 +125,6 @@ def percentiles(conn: Connection, start: datetime) -> dict[str, dict[int, float 
 def _queue_waits(conn: Connection, start: datetime) -> list[float]:
     """Claims of the window, each against when its message was handed to the broker
     (``rollup``'s rule: the publish, or the outbox row's creation)."""
-    from jobsapp.lifecycle.journal import OUTBOX
-
     o = OUTBOX.c
     same = and_(o.module == EVENTS.c.module, o.job_id == EVENTS.c.job_id,
                 o.attempt == EVENTS.c.attempt)  # fmt: skip
@@ -132,10 +133,45 @@ def _queue_waits(conn: Connection, start: datetime) -> list[float]:
         .where(EVENTS.c.at >= start, EVENTS.c.transition == Transition.CLAIM.value)
         .order_by(EVENTS.c.at.desc()).limit(SAMPLE)
     ).all()  # fmt: skip
+    rows = _newest([*rows, *_carried_claims(conn, start)], 0)
     return [
         max((at - rollup._handed_over((created, published), at)).total_seconds(), 0.0)
         for at, created, published in rows
     ]
+
+
+def _carried_runs(conn: Connection, start: datetime) -> list[Any]:
+    """(claim, success) of the window's newest ``SAMPLE`` successes each run table carries."""
+    found: list[Any] = []
+    for spec in registry.all_tables():
+        t = spec.table
+        found += conn.execute(
+            select(t.c.attempted_at, t.c.finished_at)
+            .where(row_events.carries_success(t), t.c.finished_at >= start)
+            .order_by(t.c.finished_at.desc()).limit(SAMPLE)
+        ).all()  # fmt: skip
+    return found
+
+
+def _carried_claims(conn: Connection, start: datetime) -> list[Any]:
+    """The window's newest ``SAMPLE`` claims each run table carries, with their outbox row's
+    creation and publish (as ``_queue_waits``)."""
+    o = OUTBOX.c
+    found: list[Any] = []
+    for spec in registry.all_tables():
+        t = spec.table
+        same = and_(o.module == spec.module, o.job_id == t.c.job_id, o.attempt == t.c.attempts)
+        found += conn.execute(
+            select(t.c.attempted_at, o.created_at, o.published_at).join(OUTBOX, same)
+            .where(row_events.carries_claim(t), t.c.attempted_at >= start)
+            .order_by(t.c.attempted_at.desc()).limit(SAMPLE)
+        ).all()  # fmt: skip
+    return found
+
+
+def _newest(rows: Sequence[Any], at: int) -> list[Any]:
+    """The ``SAMPLE`` rows newest by their column ``at``, of samples from several sources."""
+    return sorted(rows, key=lambda row: row[at], reverse=True)[:SAMPLE]
 
 
 def _ranks(values: Sequence[float]) -> dict[int, float | None]:

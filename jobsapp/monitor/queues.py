@@ -1,10 +1,12 @@
 """The queues page: per broker queue and domain, what waits in the journal and in the broker.
 
 Journal depth and the oldest wait come from the queued rows (``ix_<table>_state_updated``
-narrows the read to them); the rate counts the claims of the last ``RATE_WINDOW`` through
-``ix_job_events_at``. Broker depth is one passive declare per queue on one connection
-(Redis: the lengths of the queue's lists, priorities included; RabbitMQ: the queue's
-message count), so a queue the broker does not know says so instead of being created.
+narrows the read to them); the rate counts the claims of the last ``RATE_WINDOW``
+(``row_events.window``: event rows through ``ix_job_events_at``, the claims run rows carry
+through ``ix_<table>_state_updated``). Broker depth is one passive declare per queue on
+one connection (Redis: the lengths of the queue's lists, priorities included; RabbitMQ: the
+queue's message count), so a queue the broker does not know says so instead of being
+created.
 Limited keys (``limit=N``, ``fair``) show their slots held and their runs waiting, from
 ``key_slots``.
 """
@@ -22,7 +24,7 @@ from celery import Celery
 from sqlalchemy import Connection, Engine, func, or_, select
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.journal import EVENTS
+from jobsapp.lifecycle.journal import row_events
 from jobsapp.lifecycle.journal.slots import SLOTS
 from jobsapp.lifecycle.states import State, Transition
 from jobsapp.monitor import workers
@@ -135,15 +137,16 @@ def _idle(
 
 
 def _claims(conn: Connection, now: datetime) -> dict[tuple[str, str | None], int]:
-    """Claims in ``RATE_WINDOW`` by (module, queue): the window's events, joined to their runs."""
+    """Claims in ``RATE_WINDOW`` by (module, queue): the window's claims (event rows and
+    those the run rows carry), joined to their runs."""
     found: dict[tuple[str, str | None], int] = {}
+    claims = row_events.window(now - RATE_WINDOW, [Transition.CLAIM.value])
     for spec in checked_tables(None):
         t = spec.table
         stmt = (
             select(t.c.queue, func.count())
-            .select_from(EVENTS.join(t, t.c.job_id == EVENTS.c.job_id))
-            .where(EVENTS.c.at >= now - RATE_WINDOW, EVENTS.c.module == spec.module,
-                   EVENTS.c.transition == Transition.CLAIM.value)
+            .select_from(claims.join(t, t.c.job_id == claims.c.job_id))
+            .where(claims.c.module == spec.module)
             .group_by(t.c.queue)
         )  # fmt: skip
         for queue, n in conn.execute(stmt):

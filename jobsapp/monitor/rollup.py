@@ -1,13 +1,16 @@
-"""Counters and histograms for /metrics, rolled up from ``job_events`` by beat.
+"""Counters and histograms for /metrics, rolled up from the journal by beat.
 
 Where the numbers live: workers, beat and web are separate processes, often on separate
-hosts, and /metrics is scraped from web. Every transition already appends a
-``job_events`` row in its own transaction, so beat (the singleton) reads the events after
-a cursor, in bounded pages, and adds them to ``metric_totals``: a worker pays nothing per
-job for its metrics, every process's work is counted once, and a scrape reads a few
-rows. The price is lag: numbers move once per rollup tick, and an event whose
-transaction commits more than ``SETTLE`` after it was written is not counted (the journal
-itself stays right).
+hosts, and /metrics is scraped from web. Every transition is already in the journal, so
+beat (the singleton) reads it after cursors, in bounded pages, and adds it to
+``metric_totals``: a worker pays nothing per job for its metrics, every process's work is
+counted once, and a scrape reads a few rows. Two cursors: the ``job_events`` id, and per
+run table the ``finished_at`` of succeeded rows that carry their claim and success
+(journal/row_events.py; such a success and its claim have no event row). A success kept
+as event rows at its rerun after its row was counted says so (``row_events.COUNTED``) and
+is not counted again. The price is lag: numbers move once per rollup tick, and a
+transition whose transaction commits more than ``SETTLE`` after it was stamped is not
+counted (the journal itself stays right).
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, update
 
 from jobsapp.lifecycle import registry
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, _upsert
+from jobsapp.lifecycle.journal.row_events import COUNTED, finish_cursor, move_finish_cursor
 from jobsapp.lifecycle.outbox_queries import COUNTERS, bump
-from jobsapp.lifecycle.states import Transition
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import State, Transition
 from jobsapp.lifecycle.totals import TOTALS, Key, add
 from jobsapp.maintenance import lease
 
@@ -66,6 +72,8 @@ class Event:
     attempt: int
     transition: str
     at: datetime
+    # Kept at a rerun after the rollup counted it from the run row.
+    counted: bool = False
 
 
 def bucket_label(seconds: float) -> str:
@@ -132,18 +140,57 @@ def settled(events: Sequence[Event], horizon: datetime) -> list[Event]:
 
 
 def run_once(engine: Engine, batch: int = BATCH, settle: timedelta = SETTLE) -> int:
-    """Roll up one page of events; returns how many were counted."""
+    """Roll up one page of events and one page of succeeded rows per run table; returns
+    how many transitions were counted."""
     with engine.begin() as conn:
+        horizon = lease.database_now(conn) - settle
+        counted = sum(_roll_successes(conn, spec, horizon, batch)
+                      for spec in registry.all_tables())  # fmt: skip
         cursor = _locked_cursor(conn)
-        page = _events_after(conn, cursor, batch)
-        events = settled(page, lease.database_now(conn) - settle)
+        events = settled(_events_after(conn, cursor, batch), horizon)
         if not events:
             _rewind_if_ids_restarted(conn, cursor)
-            return 0
-        totals = tally(events, *_lookups(conn, events))
-        add(conn, totals)
+            return counted
+        fresh = [e for e in events if not e.counted]
+        add(conn, tally(fresh, *_lookups(conn, fresh)))
         bump(conn, CURSOR, events[-1].id - cursor)
+    return counted + len(fresh)
+
+
+def _roll_successes(conn: Connection, spec: RunTable, horizon: datetime, batch: int) -> int:
+    """The successes ``spec``'s rows carry, finished after the table's cursor and by
+    ``horizon``; each counts as its claim and its success would as events."""
+    through = finish_cursor(conn, spec.module)
+    if through is None:
+        return 0
+    t = spec.table
+    rows = conn.execute(
+        select(t.c.job_id, t.c.attempts, t.c.attempted_at, t.c.finished_at)
+        .where(t.c.finished_at > through, t.c.finished_at <= horizon,
+               t.c.state == State.SUCCEEDED.value, t.c.attempted_at.is_not(None))
+        .order_by(t.c.finished_at).limit(batch)
+    ).all()  # fmt: skip
+    rows = _whole_instants(rows, batch)
+    if not rows:
+        return 0
+    events = [Event(0, spec.module, job_id, attempts, kind.value, at)
+              for job_id, attempts, claimed, finished in rows
+              for kind, at in ((Transition.CLAIM, claimed), (Transition.SUCCEED, finished))]
+    tasks, claims, sent = _lookups(conn, events)
+    claims |= {(r.job_id, r.attempts): r.attempted_at for r in rows}
+    add(conn, tally(events, tasks, claims, sent))
+    move_finish_cursor(conn, spec.module, rows[-1].finished_at)
     return len(events)
+
+
+def _whole_instants(rows: Sequence[Any], batch: int) -> Sequence[Any]:
+    """A full page without the rows of its last instant (the next page starts there), so
+    the cursor never passes rows of one ``finished_at`` it did not count; unless the page
+    is that one instant."""
+    if len(rows) < batch:
+        return rows
+    whole = [r for r in rows if r.finished_at < rows[-1].finished_at]
+    return whole or rows
 
 
 def _locked_cursor(conn: Connection) -> int:
@@ -158,10 +205,12 @@ def _locked_cursor(conn: Connection) -> int:
 def _events_after(conn: Connection, cursor: int, batch: int) -> list[Event]:
     cols = EVENTS.c
     rows = conn.execute(
-        select(cols.id, cols.module, cols.job_id, cols.attempt, cols.transition, cols.at)
+        select(cols.id, cols.module, cols.job_id, cols.attempt, cols.transition, cols.at,
+               cols.reason == COUNTED)
         .where(cols.id > cursor).order_by(cols.id).limit(batch)
     )  # fmt: skip
-    return [Event(*row) for row in rows]
+    return [Event(i, module, job_id, attempt, transition, at, bool(counted))
+            for i, module, job_id, attempt, transition, at, counted in rows]  # fmt: skip
 
 
 def _rewind_if_ids_restarted(conn: Connection, cursor: int) -> None:

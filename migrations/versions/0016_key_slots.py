@@ -1,7 +1,7 @@
 """Up to N active runs per concurrency key: ``key_limit`` on every run row, ``key_slots``
 
 Revision ID: 0016
-Revises: 0013
+Revises: 0015
 Create Date: 2026-12-01 19:00:00.000000
 
 A task declared with ``limit=N`` (N >= 2) or ``fair=True`` writes ``key_limit`` on its
@@ -27,7 +27,7 @@ from jobsapp.lifecycle.ddl import (
 )
 
 revision: str = "0016"
-down_revision: str | None = "0014"
+down_revision: str | None = "0015"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """flow control: paused queues and domains, their audit trail, and global rate state
 
 Revision ID: 0017
-Revises: 0013
+Revises: 0016
 Create Date: 2026-12-01 19:00:00.000000
 
 ``flow_pauses`` holds one row per paused queue or domain (the relay publishes nothing for

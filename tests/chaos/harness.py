@@ -45,10 +45,11 @@ from sqlalchemy.pool import NullPool
 from jobsapp.attachments.models import ATTACHMENTS, RUNS, VARIANTS
 from jobsapp.attachments.pipeline import get_pipeline, original_key, variant_key
 from jobsapp.attachments.store import PUBLISHED_PREFIX, STAGING_PREFIX
-from jobsapp.lifecycle.journal import EVENTS, OUTBOX
+from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.storage import ObjectStore
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, ready
 from tests.e2e.webserver import Http, Reply, free_port
+from tests.support import journal_view
 from tests.support.attachments import sha256
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -530,7 +531,8 @@ class Cluster:
                           .order_by(VARIANTS.c.variant))  # fmt: skip
 
     def events(self, job_id: uuid.UUID) -> list[dict[str, Any]]:
-        return self._rows(select(EVENTS).where(EVENTS.c.job_id == job_id).order_by(EVENTS.c.id))
+        """The job's history: its event rows and what its run row carries, in order."""
+        return [dict(e) for e in journal_view.events(self.engine, job_id)]
 
     def transitions(self, job_id: uuid.UUID) -> list[tuple[str, int]]:
         return [(e["transition"], e["attempt"]) for e in self.events(job_id)]

@@ -24,9 +24,8 @@ import redis
 from PIL import Image
 from sqlalchemy import Engine, func, select
 
-from jobsapp.attachments.models import ATTACHMENTS, RUNS, VARIANTS
+from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS, RUNS, VARIANTS
 from jobsapp.db import make_engine
-from jobsapp.lifecycle.journal import EVENTS
 from jobsapp.schema import metadata
 from jobsapp.storage import ObjectStore, store_from_url
 from tests.conftest import _drop_postgres, _fresh_postgres, migrate
@@ -35,6 +34,7 @@ from tests.integration.test_reprocess import all_on, plant_ready
 from tests.integration.test_staging_retention import plant, stage
 from tests.support.attachments import sha256
 from tests.support.env import redis_url, service
+from tests.support.journal_view import per_job
 from tests.support.waiting import eventually
 from tests.unit import images
 
@@ -131,13 +131,7 @@ def v2_jobs(db: Engine) -> list[uuid.UUID]:
 
 
 def transitions_per_job(db: Engine, transition: str) -> set[int]:
-    stmt = (
-        select(func.count())
-        .where(EVENTS.c.module == "attachments", EVENTS.c.transition == transition)
-        .group_by(EVENTS.c.job_id)
-    )
-    with db.connect() as conn:
-        return set(conn.execute(stmt).scalars())
+    return set(per_job(db, transition, ATTACHMENT_RUNS).values())
 
 
 # ------------------------------------------------------------------ reprocess

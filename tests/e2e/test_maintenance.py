@@ -26,7 +26,7 @@ from sqlalchemy import Engine, create_engine, func, select, text, update
 
 from jobsapp.db import make_engine, utcnow
 from jobsapp.lifecycle import journal, registry
-from jobsapp.lifecycle.journal import EVENTS, OUTBOX
+from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.lifecycle.tables import JobRun
 from jobsapp.maintenance import lease, slots
 from jobsapp.schema import metadata
@@ -34,7 +34,7 @@ from tests.chaos.harness import RedisServer
 from tests.e2e.procs import BIN, Launcher, Supervisor, ready, service_env
 from tests.support import tasks
 from tests.support.env import SESSION, service
-from tests.support.journal_view import events, outbox_rows, run_row, transitions
+from tests.support.journal_view import events, outbox_rows, per_job, run_row, transitions
 from tests.support.waiting import eventually
 
 HEARTBEAT = 0.5
@@ -419,11 +419,8 @@ def test_two_maintenance_passes_at_once_touch_each_row_once(
     assert sum(c["reaper"]["jobs"] for c in counts) == 200
     assert sum(c["relay"]["published"] for c in counts) == 200
 
+    reaps = per_job(db, "reap_requeue").items()
     with db.connect() as conn:
-        reaps = conn.execute(
-            select(EVENTS.c.job_id, func.count()).where(EVENTS.c.transition == "reap_requeue")
-            .group_by(EVENTS.c.job_id)
-        ).all()  # fmt: skip
         publish_counts = conn.execute(select(OUTBOX.c.publish_count, func.count())
                                       .group_by(OUTBOX.c.publish_count)).all()  # fmt: skip
         states = conn.execute(
@@ -445,11 +442,7 @@ def test_two_maintenance_passes_at_once_touch_each_row_once(
     workers = [procs.worker(f"w{i}") for i in range(2)]
     ready(procs.beat("beat"), *workers)
     eventually(lambda: _count(db, RUNS.c.state == "succeeded") == 400, timeout=60)
-    with db.connect() as conn:
-        succeeded = conn.execute(
-            select(EVENTS.c.job_id, func.count()).where(EVENTS.c.transition == "succeed")
-            .group_by(EVENTS.c.job_id)
-        ).all()  # fmt: skip
+    succeeded = list(per_job(db, "succeed").items())
     assert {n for _, n in succeeded} == {1}
     assert len(succeeded) == 400
     tokens = [f"stale-{j}" for j in stale] + [f"pending-{j}" for j in pending]

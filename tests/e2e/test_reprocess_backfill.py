@@ -18,11 +18,11 @@ from sqlalchemy import Engine, func, select
 
 from jobsapp.attachments.models import REPROCESS, RUNS
 from jobsapp.db import make_engine
-from jobsapp.lifecycle.journal import EVENTS
 from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.procs import Launcher, Proc, launching, ready, service_env
 from tests.integration.test_reprocess_runs import plant_rows
 from tests.support.env import SESSION, redis_url, service
+from tests.support.journal_view import events
 from tests.support.waiting import eventually
 
 ATTACHMENT_COUNT = 2000
@@ -119,9 +119,7 @@ def test_a_backfill_killed_twice_resumes_from_its_cursor(procs: Launcher, db: En
     with db.connect() as conn:
         jobs = conn.execute(select(func.count()).where(RUNS.c.pipeline_version == 2))
         assert jobs.scalar_one() == ATTACHMENT_COUNT
-        moves = conn.execute(select(EVENTS.c.transition, EVENTS.c.attempt)
-                             .where(EVENTS.c.job_id == done["job_id"])
-                             .order_by(EVENTS.c.id)).all()  # fmt: skip
+    moves = [(e["transition"], e["attempt"]) for e in events(db, done["job_id"])]
     assert [tuple(m) for m in moves] == [
         ("enqueue", 1), ("claim", 1), ("reap_requeue", 1), ("claim", 2), ("reap_requeue", 2),
         ("claim", 3), ("succeed", 3),

@@ -175,4 +175,4 @@ def test_the_queues_page_shows_each_limited_keys_slots_and_waiting_runs(
 
 
 def test_migration_0016_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
-    sqlite_then_postgres(tmp_path, "key_slots", "key_limit", below="0013")
+    sqlite_then_postgres(tmp_path, "key_slots", "key_limit", below="0015")

@@ -8,8 +8,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select
 
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.tables import JobEvent, JobRun, OutboxMessage
+from jobsapp.lifecycle import journal, registry
+from jobsapp.lifecycle.registry import JOBS, RunTable
+from jobsapp.lifecycle.tables import JobRun, OutboxMessage
 
 
 def run_row(engine: Engine, job_id: uuid.UUID) -> Mapping[str, Any]:
@@ -24,10 +25,19 @@ def run_count(engine: Engine) -> int:
 
 
 def events(engine: Engine, job_id: uuid.UUID) -> list[Mapping[str, Any]]:
-    table = JobEvent.__table__
-    stmt = select(table).where(table.c.job_id == job_id).order_by(table.c.id)
+    """The job's history as the timeline shows it, whatever its run table: its event rows
+    and the enqueue, claim and success its run row carries, in order."""
     with engine.connect() as conn:
-        return list(conn.execute(stmt).mappings())
+        return [e for spec in registry.all_tables() for e in journal.history(conn, spec, job_id)]
+
+
+def per_job(engine: Engine, transition: str, spec: RunTable = JOBS) -> dict[uuid.UUID, int]:
+    """How many times each of ``spec``'s jobs went through ``transition``, in its history
+    (jobs that never did are left out)."""
+    with engine.connect() as conn:
+        ids = conn.execute(select(spec.table.c.job_id)).scalars().all()
+        seen = {j: [e["transition"] for e in journal.history(conn, spec, j)] for j in ids}
+    return {j: moves.count(transition) for j, moves in seen.items() if transition in moves}
 
 
 def transitions(engine: Engine, job_id: uuid.UUID) -> list[str]:

@@ -1,7 +1,8 @@
 """Every statement that moves a run between states, with its event and outbox rows.
 
 Each transition is one guarded UPDATE (or an INSERT that conflicts) fenced by state and
-attempt, plus its ``job_events`` row and, where the transition needs a message, its
+attempt, plus its ``job_events`` row (none for the happy path's enqueue, claim and success,
+which the run row carries: row_events.py) and, where the transition needs a message, its
 ``outbox`` row, all in the caller's transaction. The writes of a running attempt are
 fenced by its claim's token too (``claim_token``).
 
@@ -37,6 +38,8 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
   stays queued (parked while it waits), so no transition of its own
 - new_run.py: ``NewJob`` and the row a new run starts as
 - events.py, outbox_rows.py: the event and outbox rows a transition writes
+- row_events.py: the enqueue, claim and success a run row carries instead of event rows,
+  read back as events (``history``), and the rollup's cursor over them
 - plans.py: the statement compiler (prebuilt plans per run table and dialect, ``_run``)
 - clock.py, _sql.py: whose clock, the two tables and the statement helpers
 
@@ -90,6 +93,7 @@ from jobsapp.lifecycle.journal.revoke import (
     repeat_request,
     revoke,
 )
+from jobsapp.lifecycle.journal.row_events import history
 from jobsapp.lifecycle.journal.task_ids import job_of_attempt
 from jobsapp.lifecycle.journal.workflow import cancel_rest
 
@@ -125,6 +129,7 @@ __all__ = [
     "fail",
     "find_stale",
     "heartbeat",
+    "history",
     "honour_cancel",
     "job_of_attempt",
     "load",

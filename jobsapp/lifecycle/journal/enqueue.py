@@ -1,4 +1,5 @@
-"""Transition.ENQUEUE, one job at a time: none -> queued, with its event and first message.
+"""Transition.ENQUEUE, one job at a time: none -> queued, with its first message; the row
+carries the enqueue (``enqueued_by``, its ``created_at``), no event row.
 
 ``enqueue_new`` inserts the run (one statement on PostgreSQL); ``enqueue_existing`` answers
 an insert that conflicted: duplicate, skipped (``active_holder``), or a rerun (reopen.py,
@@ -74,7 +75,7 @@ def enqueue_new(
     """none -> queued in one statement (autocommit allowed); None if the job_id or the
     concurrency key is taken: ``enqueue_existing`` then decides, in a transaction."""
     now = _stamp(conn, now)
-    row = _new_row(job, now, State.QUEUED, 0)
+    row = _new_row(job, now, State.QUEUED, 0, enqueued_by=actor)
     plan = _insert_plan(job.spec, conn.dialect.name, State.QUEUED)
     event = Event(job.spec, 1, Transition.ENQUEUE, None, State.QUEUED, actor, now)
     out = outgoing(job.spec, row, attempt=1, now=now, available_at=row["next_retry_at"] or now,

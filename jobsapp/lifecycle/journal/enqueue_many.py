@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
-from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, _require_transaction
+from jobsapp.lifecycle.journal._sql import OUTBOX, _require_transaction
 from jobsapp.lifecycle.journal.clock import _stamp
 from jobsapp.lifecycle.journal.enqueue import (
     EnqueueOutcome,
@@ -25,14 +25,12 @@ from jobsapp.lifecycle.journal.enqueue import (
     enqueue,
     enqueue_existing,
 )
-from jobsapp.lifecycle.journal.events import Event
 from jobsapp.lifecycle.journal.new_run import NewJob, _insert_params, _new_row
 from jobsapp.lifecycle.journal.outbox_rows import Outgoing, PendingMessage, outgoing
 from jobsapp.lifecycle.journal.plans import _available_at, _insert_plan
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import ACTIVE_STATES, TERMINAL_STATES, State, Transition
+from jobsapp.lifecycle.states import ACTIVE_STATES, TERMINAL_STATES, State
 
-_EVENTS_INSERT = insert(EVENTS)
 _OUTBOX_INSERT = insert(OUTBOX).returning(OUTBOX.c.id, OUTBOX.c.job_id)
 
 
@@ -61,13 +59,13 @@ def _enqueue_into(
     if len(jobs) == 1 or limited or _finished_among(conn, spec, jobs):
         return [enqueue(conn, job, actor=actor, now=now) for job in jobs]
     now = _stamp(conn, now)
-    rows = [_new_row(job, now, State.QUEUED, 0) for job in jobs]
+    rows = [_new_row(job, now, State.QUEUED, 0, enqueued_by=actor) for job in jobs]
     params = [_insert_params(row, now, job) for row, job in zip(rows, jobs, strict=True)]
     result = conn.execute(_many_insert(spec, conn.dialect.name), params)
     inserted = [dict(row) for row in result.mappings()]
     # The run as inserted: what the producer wrote, with the database's clock readings.
     won = {i: {**rows[i], **row} for i, row in _winners(jobs, inserted).items()}
-    messages = _events_and_outbox(conn, spec, jobs, won, actor)
+    messages = _first_messages(conn, spec, jobs, won)
     answers = {i: EnqueueResult(EnqueueOutcome.ENQUEUED, jobs[i].job_id, message=m)
                for i, m in messages.items()}  # fmt: skip
     answers |= _conflicts(conn, spec, jobs, won, actor, now)
@@ -100,24 +98,20 @@ def _winners(
     return {first[(row["job_id"], row["concurrency_key"])]: row for row in inserted}
 
 
-def _events_and_outbox(
+def _first_messages(
     conn: Connection, spec: RunTable, jobs: Sequence[NewJob],
-    won: Mapping[int, Mapping[str, Any]], actor: str,
+    won: Mapping[int, Mapping[str, Any]],
 ) -> dict[int, PendingMessage]:  # fmt: skip
-    """The enqueue event and first message of every inserted run, stamped with the run's
-    own clock reading, in one statement each."""
+    """The first message of every inserted run, stamped with the run's own clock reading,
+    in one statement (the row carries the enqueue: ``enqueued_by``, no event row)."""
     if not won:
         return {}
     outgoing_by_position: dict[int, Outgoing] = {}
-    events = []
     for i, row in won.items():
         at = row["updated_at"]
-        event = Event(spec, 1, Transition.ENQUEUE, None, State.QUEUED, actor, at)
-        events.append(event.values(row["job_id"]))
         outgoing_by_position[i] = outgoing(spec, row, attempt=1, now=at,
                                            available_at=_available_at(row),
                                            traceparent=jobs[i].traceparent)  # fmt: skip
-    conn.execute(_EVENTS_INSERT, events)
     values = [out.values(spec.module) for out in outgoing_by_position.values()]
     by_job = {job_id: int(outbox_id) for outbox_id, job_id in conn.execute(_OUTBOX_INSERT, values)}
     return {i: out.pending(by_job[out.job_id], _available_at(won[i]))

@@ -1,7 +1,10 @@
 """The ``job_events`` row a transition appends, in the transition's own transaction.
 
 ``Event`` is that row; a prebuilt plan (plans.py) writes it in the transition's statement
-(Transition.ENQUEUE, CLAIM, SUCCEED, FAIL, RETRY, SNOOZE). ``record_event`` appends one
+(Transition.FAIL, RETRY, SNOOZE; CLAIM by insert; SUCCEED of a row that does not carry its
+claim). Transition.ENQUEUE, CLAIM and SUCCEED are otherwise carried by the run row
+(row_events.py); ``kept_claim`` is the claim a row carried, written as an event row by
+every end of an attempt other than a success. ``record_event`` appends one
 after a statement built per call: reopen.py (Transition.RERUN, REPLAY), cancel.py
 (Transition.CANCEL), reap.py (Transition.REAP_REQUEUE, REAP_FAIL), and lifecycle/claim.py
 for Transition.SKIP (a foreign message refused by a held concurrency key: no state changes,
@@ -49,6 +52,23 @@ class Event:
             "detail": None if self.detail is None else dict(self.detail),
         }  # fmt: skip
 
+
+def kept_claim(spec: RunTable, row: Mapping[str, Any]) -> Event | None:
+    """The claim ``row`` carries (``attempted_at``), as the event row an end of its attempt
+    other than a success writes before its own; None when the claim has its event row."""
+    at = row.get("attempted_at")
+    if at is None:
+        return None
+    return Event(spec, int(row["attempts"]), Transition.CLAIM, State.QUEUED, State.RUNNING,
+                 str(row["worker"]), at)  # fmt: skip
+
+
+def record_kept_claim(conn: Connection, spec: RunTable, row: Mapping[str, Any]) -> None:
+    """``kept_claim`` written, for an end of an attempt built per call (reap.py, revoke.py)
+    and a rerun of a success (reopen.py)."""
+    claim = kept_claim(spec, row)
+    if claim is not None:
+        conn.execute(insert(EVENTS).values(claim.values(row["job_id"])))
 
 
 def record_event(

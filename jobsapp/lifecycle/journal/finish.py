@@ -47,7 +47,8 @@ def _finish(
               "r_state": state.value, "r_outcome": outcome.value, "r_last_error": error,
               "r_result": result, "r_now": now}  # fmt: skip
     event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error, detail)
-    return _run(conn, _finish_plan(spec, conn.dialect.name), params, event, None)[0]
+    plan = _finish_plan(spec, conn.dialect.name, outcome is Outcome.SUCCEEDED)
+    return _run(conn, plan, params, event, None)[0]
 
 
 def succeed(
@@ -57,9 +58,11 @@ def succeed(
 ) -> bool:  # fmt: skip
     """running -> succeeded with the body's ``result`` (checked by lifecycle/results.py),
     in the same statement; fenced by the attempt and its claim ``token``; False means the
-    lease was lost. A workflow step's success inserts the steps now due after it; their
-    messages are appended to ``started``, for the caller to publish after COMMIT (else
-    the relay publishes them)."""
+    lease was lost. No event row where the run row carries the claim: ``finished_at``
+    and ``attempted_at`` are the success and its claim (row_events.py reads them back).
+    A workflow step's success inserts the steps now due after it; their messages are
+    appended to ``started``, for the caller to publish after COMMIT (else the relay
+    publishes them)."""
     row = _finish(
         conn, spec, job_id, attempt, token=token, transition=Transition.SUCCEED,
         outcome=Outcome.SUCCEEDED, error=None, actor=actor, now=now, result=result,

@@ -57,7 +57,11 @@ def new_claim_token() -> uuid.UUID:
 
 
 
-def _new_row(job: NewJob, now: datetime | None, state: State, attempts: int) -> dict[str, Any]:
+def _new_row(
+    job: NewJob, now: datetime | None, state: State, attempts: int,
+    enqueued_by: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """``enqueued_by``: the producer of an enqueue the row carries (no event row)."""
     running = state is State.RUNNING
     return {
         "job_id": job.job_id,
@@ -83,6 +87,8 @@ def _new_row(job: NewJob, now: datetime | None, state: State, attempts: int) -> 
         "cancel_requested_at": None,
         "workflow_id": job.workflow_id,
         "key_limit": job.key_limit,
+        "enqueued_by": enqueued_by,
+        "attempted_at": None,
         **job.values,
     }
 

@@ -10,6 +10,11 @@ one statement.
 (Transition.RETRY, SNOOZE) and ``_heartbeat_stmt`` (the heartbeat) are each a ``Plan``;
 ``_run`` binds and runs one. Writes nothing itself: the transition modules of this package
 (enqueue.py, enqueue_many.py, claim.py, heartbeat.py, finish.py) call it.
+
+Each plan says which event rows it writes (``Journaled``): the happy path's enqueue, claim
+and success are carried by the run row (``enqueued_by``, ``attempted_at``; row_events.py
+reads them back as events), so those plans write none; an attempt that ends otherwise
+writes the claim its row carried as an event row first, since the next claim overwrites it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from functools import cache
 from typing import Any
 
@@ -26,10 +32,14 @@ from sqlalchemy import (
     Interval,
     Table,
     bindparam,
+    cast,
     func,
     insert,
+    literal,
+    null,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -38,10 +48,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from jobsapp.lifecycle import prepared
 from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, _first, _first_row
 from jobsapp.lifecycle.journal.clock import _clock_param
-from jobsapp.lifecycle.journal.events import Event
+from jobsapp.lifecycle.journal.events import Event, kept_claim
 from jobsapp.lifecycle.journal.outbox_rows import Outgoing, PendingMessage
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import State
+from jobsapp.lifecycle.states import State, Transition
 
 _EVENT_COLUMNS = ("module", "job_id", "attempt", "transition", "from_state", "to_state",
                   "actor", "reason", "at", "detail")  # fmt: skip
@@ -57,6 +67,18 @@ def _prefixed(values: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     return {prefix + k: v for k, v in values.items()}
 
 
+class Journaled(Enum):
+    """The event rows a plan writes beside its run row."""
+
+    EVENT = "event"  # the transition's event (a foreign claim: its row is not the record)
+    ROW = "row"  # none: the row carries the transition (an enqueue, a claim)
+    # A success: its event only where the row does not carry the claim (claimed before
+    # migration 0015, or by insert), so the row cannot stand for the attempt.
+    EVENT_UNLESS_ROW = "event_unless_row"
+    # Any other end of an attempt: the claim the row carried, then the transition's event.
+    CLAIM_AND_EVENT = "claim_and_event"
+
+
 @dataclass(frozen=True)
 class Plan:
     """One transition's statements: the guarded DML, then its event and outbox rows."""
@@ -65,6 +87,7 @@ class Plan:
     event: Any
     outbox: Any | None
     combined: Any | None  # PostgreSQL: all parts as one statement
+    journaled: Journaled = Journaled.EVENT
 
 
 def _sequential_insert(table: Table, columns: tuple[str, ...], prefix: str) -> Any:
@@ -76,9 +99,16 @@ def _insert_from_changed(
 ) -> Any:
     """INSERT one row per changed run row; ``derived`` columns come from that row (its
     job_id, and its timestamps: the database's clock, read once for all parts)."""
+    return insert(table).from_select(list(columns), _selected(table, columns, prefix, derived))
+
+
+def _selected(
+    table: Table, columns: tuple[str, ...], prefix: str, derived: Mapping[str, Any]
+) -> Any:
+    """SELECT ``columns`` of a row of ``table``: ``derived`` ones as given, the others bound."""
     cols = [derived[c].label(c) if c in derived else _bind(table, c, prefix).label(c)
             for c in columns]  # fmt: skip
-    return insert(table).from_select(list(columns), select(*cols))
+    return select(*cols)
 
 
 def _available_at(row: Mapping[str, Any]) -> datetime:
@@ -87,11 +117,13 @@ def _available_at(row: Mapping[str, Any]) -> datetime:
     return due if isinstance(due, datetime) else row["updated_at"]
 
 
-def _plan(dialect: str, dml: Any, with_outbox: bool) -> Plan:
+def _plan(
+    dialect: str, dml: Any, with_outbox: bool, journaled: Journaled = Journaled.EVENT
+) -> Plan:
     event = _sequential_insert(EVENTS, _EVENT_COLUMNS, "e_")
     outbox = _sequential_insert(OUTBOX, _OUTBOX_COLUMNS, "o_").returning(OUTBOX.c.id)
     if dialect != "postgresql":
-        return Plan(dml, event, outbox if with_outbox else None, None)
+        return Plan(dml, event, outbox if with_outbox else None, None, journaled)
     changed = dml.cte("changed")
     at = changed.c.updated_at
     combined = select(changed)
@@ -101,9 +133,33 @@ def _plan(dialect: str, dml: Any, with_outbox: bool) -> Plan:
             "job_id": changed.c.job_id, "created_at": at, "available_at": due})  # fmt: skip
         ob_cte = ob.returning(OUTBOX.c.id).cte("ob")
         combined = select(changed, select(ob_cte.c.id).scalar_subquery().label("_outbox_id"))
-    ev = _insert_from_changed(EVENTS, _EVENT_COLUMNS, "e_", {"job_id": changed.c.job_id,
-                                                             "at": at})  # fmt: skip
-    return Plan(dml, event, outbox, combined.add_cte(ev.cte("ev")))
+    if journaled is Journaled.ROW:
+        return Plan(dml, event, outbox, combined, journaled)
+    ev = _events_from_changed(changed, journaled)
+    return Plan(dml, event, outbox, combined.add_cte(ev.cte("ev")), journaled)
+
+
+def _events_from_changed(changed: Any, journaled: Journaled) -> Any:
+    """The INSERT of a plan's event rows, reading the changed run row (PostgreSQL)."""
+    carried = changed.c.attempted_at.is_not(None)
+    mine = _event_select({"job_id": changed.c.job_id, "at": changed.c.updated_at})
+    if journaled is Journaled.EVENT_UNLESS_ROW:
+        mine = mine.where(~carried)
+    if journaled is not Journaled.CLAIM_AND_EVENT:
+        return insert(EVENTS).from_select(list(_EVENT_COLUMNS), mine)
+    # One INSERT of both rows, claim first: the ids keep the order the timeline shows.
+    claim = _event_select({
+        "job_id": changed.c.job_id, "attempt": changed.c.attempts,
+        "transition": literal(Transition.CLAIM.value), "from_state": literal(State.QUEUED.value),
+        "to_state": literal(State.RUNNING.value), "actor": changed.c.worker,
+        "reason": cast(null(), EVENTS.c.reason.type), "at": changed.c.attempted_at,
+        "detail": cast(null(), EVENTS.c.detail.type),
+    }).where(carried)  # fmt: skip
+    return insert(EVENTS).from_select(list(_EVENT_COLUMNS), union_all(claim, mine))
+
+
+def _event_select(derived: Mapping[str, Any]) -> Any:
+    return _selected(EVENTS, _EVENT_COLUMNS, "e_", derived)
 
 
 def _run(
@@ -125,11 +181,25 @@ def _run(
     row = _first(conn, plan.dml, params)
     if row is None:
         return None, None
-    conn.execute(plan.event, {**params, "e_job_id": row["job_id"]})
+    _sequential_events(conn, plan, params, event, row)
     if out is None or plan.outbox is None:
         return row, None
     outbox_id = conn.execute(plan.outbox, {**params, "o_job_id": row["job_id"]}).scalar_one()
     return row, out.pending(int(outbox_id), _available_at(row))
+
+
+def _sequential_events(
+    conn: Connection, plan: Plan, params: dict[str, Any], event: Event, row: Mapping[str, Any]
+) -> None:
+    """The plan's event rows after its DML (not PostgreSQL), as ``_events_from_changed``."""
+    carried = row.get("attempted_at") is not None
+    if plan.journaled is Journaled.ROW or (plan.journaled is Journaled.EVENT_UNLESS_ROW
+                                          and carried):  # fmt: skip
+        return
+    claim = kept_claim(event.spec, row) if plan.journaled is Journaled.CLAIM_AND_EVENT else None
+    if claim is not None:
+        conn.execute(plan.event, _prefixed(claim.values(row["job_id"]), "e_"))
+    conn.execute(plan.event, {**params, "e_job_id": row["job_id"]})
 
 
 def _row_columns(spec: RunTable) -> tuple[str, ...]:
@@ -157,7 +227,8 @@ def _insert_plan(spec: RunTable, dialect: str, state: State) -> Plan:
     queued = (table.c.job_id, table.c.next_retry_at, table.c.updated_at)
     returned = queued if state is State.QUEUED else tuple(table.c)
     dml = insert_stmt.values(values).on_conflict_do_nothing().returning(*returned)
-    return _plan(dialect, dml, with_outbox=state is State.QUEUED)
+    journaled = Journaled.ROW if state is State.QUEUED else Journaled.EVENT
+    return _plan(dialect, dml, with_outbox=state is State.QUEUED, journaled=journaled)
 
 
 def _fence_params(table: Table) -> tuple[Any, ...]:
@@ -193,15 +264,15 @@ def _claim_plan(spec: RunTable, dialect: str) -> Plan:
         .values(
             state=State.RUNNING.value, attempts=_bind(table, "attempts"), started_at=now,
             heartbeat_at=now, next_retry_at=None, worker=_bind(table, "worker"), updated_at=now,
-            claim_token=_bind(table, "claim_token"),
+            claim_token=_bind(table, "claim_token"), attempted_at=now,
         )
         .returning(*table.c)
     )  # fmt: skip
-    return _plan(dialect, dml, with_outbox=False)
+    return _plan(dialect, dml, with_outbox=False, journaled=Journaled.ROW)
 
 
 @cache
-def _finish_plan(spec: RunTable, dialect: str) -> Plan:
+def _finish_plan(spec: RunTable, dialect: str, success: bool) -> Plan:
     table = spec.table
     now = _clock_param(dialect)
     dml = (
@@ -212,9 +283,11 @@ def _finish_plan(spec: RunTable, dialect: str) -> Plan:
             last_error=_bind(table, "last_error"), result=_bind(table, "result"),
             finished_at=now, updated_at=now, next_retry_at=None,
         )
-        .returning(table.c.job_id, table.c.updated_at, table.c.workflow_id)
+        .returning(table.c.job_id, table.c.updated_at, table.c.attempts,
+                   table.c.attempted_at, table.c.worker, table.c.workflow_id)
     )  # fmt: skip
-    return _plan(dialect, dml, with_outbox=False)
+    journaled = Journaled.EVENT_UNLESS_ROW if success else Journaled.CLAIM_AND_EVENT
+    return _plan(dialect, dml, with_outbox=False, journaled=journaled)
 
 
 @cache
@@ -234,7 +307,7 @@ def _requeue_plan(spec: RunTable, dialect: str) -> Plan:
         )
         .returning(*table.c)
     )  # fmt: skip
-    return _plan(dialect, dml, with_outbox=True)
+    return _plan(dialect, dml, with_outbox=True, journaled=Journaled.CLAIM_AND_EVENT)
 
 
 @cache

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Connection, case, select, tuple_, update
 
 from jobsapp.lifecycle.journal import slots, workflow
-from jobsapp.lifecycle.journal.events import record_event
+from jobsapp.lifecycle.journal.events import record_event, record_kept_claim
 from jobsapp.lifecycle.journal.outbox_rows import add_outbox
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import Outcome, State, Transition
@@ -72,7 +72,8 @@ def reap(
     conn: Connection, spec: RunTable, runs: Sequence[StaleRun], *, requeue_them: bool,
     cutoff: datetime, reason: str, now: datetime,
 ) -> list[StaleRun]:  # fmt: skip
-    """One batched, guarded write: still running, same attempt, heartbeat still stale."""
+    """One batched, guarded write: still running, same attempt, heartbeat still stale; each
+    reaped attempt's claim its row carried becomes an event row before the reap's."""
     if not runs:
         return []
     table = spec.table
@@ -93,16 +94,19 @@ def reap(
             tuple_(table.c.job_id, table.c.attempts).in_([(r.job_id, r.attempt) for r in runs]),
         )
         .values(**values)
-        .returning(table.c.job_id, table.c.workflow_id)
+        .returning(table.c.job_id, table.c.attempts, table.c.attempted_at, table.c.worker,
+                   table.c.workflow_id)
     )
-    done = {row.job_id: row.workflow_id for row in conn.execute(stmt)}
+    done = {row["job_id"]: dict(row) for row in conn.execute(stmt).mappings()}
     reaped = [r for r in runs if r.job_id in done]
+    for run in reaped:
+        record_kept_claim(conn, spec, done[run.job_id])
     _after_reap(conn, spec, reaped, requeued=requeue_them, reason=reason, now=now)
     if not requeue_them:
         # A workflow step failed for good: its errbacks and blocks, as a worker's FAIL
         # writes them (the relay publishes the errbacks).
         for run in reaped:
-            if done[run.job_id] is not None:
+            if done[run.job_id]["workflow_id"] is not None:
                 workflow.failed(conn, run.job_id, reason, actor="reaper", now=now)
     return reaped
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
@@ -18,7 +19,8 @@ from jobsapp.lifecycle.journal._sql import _first, _require_transaction
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage, add_outbox
-from jobsapp.lifecycle.journal.reads import active_holder
+from jobsapp.lifecycle.journal.reads import active_holder, load
+from jobsapp.lifecycle.journal.row_events import counted_through, kept_at_rerun
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import State, Transition
 
@@ -52,10 +54,12 @@ def reopen(
     Raises KeyBusy when another run holds the concurrency key. A savepoint keeps that
     conflict from aborting the caller's transaction, which must exist: the move, its
     event, the domain's mirror and the next attempt's message commit together or not at all.
-    A reopened run is asked to run: it carries no expiry and no cancel request.
+    A reopened run is asked to run: it carries no expiry and no cancel request. A success
+    the row carried (row_events.py) becomes event rows first: its claim and its success.
     """
     _require_transaction(conn, "reopen")
     table = spec.table
+    kept = _carried_success(conn, spec, job_id, from_state, attempts)
     at = clock(conn, now)
     guard = [table.c.job_id == job_id, table.c.state == from_state.value,
              table.c.attempts == attempts]  # fmt: skip
@@ -80,6 +84,8 @@ def reopen(
     if row is None:
         return None
     crashpoints.hit("reopen_after_update")
+    if kept is not None:
+        kept_at_rerun(conn, spec, kept[0], kept[1])
     at = row["updated_at"]  # the database's clock, read by the UPDATE itself
     record_event(
         conn, spec, job_id, attempts + 1, transition,
@@ -87,3 +93,18 @@ def reopen(
     )  # fmt: skip
     spec.changed(conn, transition, [row])
     return add_outbox(conn, spec, row, attempt=attempts + 1, now=at, available_at=at)
+
+
+def _carried_success(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, from_state: State, attempts: int
+) -> tuple[dict[str, Any], datetime] | None:
+    """The succeeded row whose claim and success the rerun is about to clear, with the
+    rollup's cursor (locked for share, before the UPDATE: no pass counts the row between);
+    None when the row carries no success (its events are rows already)."""
+    if from_state is not State.SUCCEEDED:
+        return None
+    row = load(conn, spec, job_id)
+    if (row is None or row["attempted_at"] is None or row["attempts"] != attempts
+            or row["state"] != from_state.value):  # fmt: skip
+        return None
+    return dict(row), counted_through(conn, spec.module)

@@ -21,7 +21,7 @@ from sqlalchemy import Connection, select, update
 from jobsapp.lifecycle.journal._sql import _first, _require_transaction
 from jobsapp.lifecycle.journal.cancel import cancel
 from jobsapp.lifecycle.journal.clock import clock
-from jobsapp.lifecycle.journal.events import record_event
+from jobsapp.lifecycle.journal.events import record_event, record_kept_claim
 from jobsapp.lifecycle.journal.reads import load
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import Outcome, State, Transition
@@ -147,6 +147,7 @@ def honour_cancel(
     row = _first(conn, stmt)
     if row is None:
         return False
+    record_kept_claim(conn, spec, row)
     record_event(
         conn, spec, job_id, attempt, Transition.CANCEL, from_state=State.RUNNING,
         to_state=State.FAILED, actor=actor, now=row["updated_at"], reason=reason,
