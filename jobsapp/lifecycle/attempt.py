@@ -158,9 +158,9 @@ def _outcome_connection(ctx: RunContext) -> AbstractContextManager[Connection]:
     """One statement for a job of its own; a workflow step's end also writes the steps it
     starts (journal/workflow.py), and a limited run's frees its key's slot, in the same
     transaction."""
-    if ctx.row.get("workflow_id") or limits.is_limited(ctx.row):
+    if ctx.row.get("workflow_id"):
         return ctx.engine.begin()
-    return autocommit(ctx.engine)
+    return limits.outcome_connection(ctx.engine, ctx.row)
 
 
 def _publish_started(app: Celery, started: list[PendingMessage]) -> None:

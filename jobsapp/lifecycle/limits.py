@@ -9,13 +9,15 @@ tasks keep their one-statement autocommit writes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 from celery import Celery
 from sqlalchemy import Connection, Engine
 
+from jobsapp.db import autocommit
 from jobsapp.lifecycle import journal, outbox
 from jobsapp.lifecycle.journal import slots
 from jobsapp.lifecycle.registry import RunTable
@@ -23,6 +25,18 @@ from jobsapp.lifecycle.registry import RunTable
 
 def is_limited(row: Mapping[str, Any]) -> bool:
     return row.get("key_limit") is not None
+
+
+@contextmanager
+def outcome_connection(engine: Engine, row: Mapping[str, Any]) -> Iterator[Connection]:
+    """Where an attempt's outcome is written: a transaction for a limited run (the slot
+    goes with the outcome), autocommit for any other."""
+    if not is_limited(row):
+        with autocommit(engine) as conn:
+            yield conn
+        return
+    with engine.begin() as conn:
+        yield conn
 
 
 def let_go(
