@@ -42,6 +42,9 @@ MAX_PUBLISH_FAILURES = 8
 MAX_UNCLAIMED_PUBLISHES = 10
 # Celery's own bound on a task's kwargs text (``AMQP.kwargsrepr_maxsize``).
 KWARGSREPR_MAX = 1024
+# Messages per broker round trip: a batch of 1,000 goes in one; a larger one is cut so the
+# pipeline buffered in memory stays a few MB.
+PIPELINE_MAX = 1000
 
 
 def retry_after_refusal(failures: int) -> timedelta | None:
@@ -116,7 +119,8 @@ def _attempt_links(message: PendingMessage) -> dict[str, Any]:
 
 
 def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any) -> None:
-    """Hand one message to the broker, once; returns once the broker accepted it."""
+    """Hand one message to the broker, once; inside ``publisher.batch`` it is sent and
+    accepted at the batch's end, else before this returns."""
     body = {**message.body, "outbox_id": message.id}
     if not isinstance(message.body, BuiltBody):  # checked when built; outbox ids are >= 1
         validate_body(body)
@@ -137,7 +141,6 @@ def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any) 
             retry=False,
             **options,
         )
-    crashpoints.hit("after_publish_before_confirm")
 
 
 def _kwargsrepr(body: dict[str, Any]) -> str | None:
@@ -185,15 +188,19 @@ def publish(
     *,
     unclaimed_after: timedelta = UNCLAIMED_AFTER,
 ) -> Report:
-    """Send each message; stop at the first broker error (the rest would wait as long)."""
+    """Send the messages, up to ``PIPELINE_MAX`` per broker round trip; stop at the first
+    broker error (the rest would wait as long)."""
     report = Report()
     pending = list(messages)
     if not pending:
         return report
     try:
         with publisher.producer(app) as producer:
-            for message in pending:
-                _publish_one(app, message, producer, unclaimed_after, report)
+            for start in range(0, len(pending), PIPELINE_MAX):
+                if start:
+                    crashpoints.hit("between_publish_round_trips")
+                chunk = pending[start : start + PIPELINE_MAX]
+                _publish_chunk(app, chunk, producer, unclaimed_after, report)
     except publisher.BROKER_ERRORS as exc:
         report.broker_error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
         log.warning("broker refused a publish (%s); %d of %d messages left for the relay",
@@ -201,11 +208,31 @@ def publish(
     return report
 
 
-def _publish_one(
-    app: Celery, message: PendingMessage, producer: Any, unclaimed_after: timedelta,
+def _publish_chunk(
+    app: Celery, chunk: Sequence[PendingMessage], producer: Any, unclaimed_after: timedelta,
     report: Report,
 ) -> None:  # fmt: skip
+    """One round trip: kombu's publish batch holds the messages (and their sent events)
+    until its end, where Redis takes them as one pipeline and RabbitMQ confirms them all
+    (``amqp_transport``). Only then are they accepted: a batch cut short by a broker error
+    leaves every row of it to the relay, a copy of what did arrive is absorbed by the claim."""
     now = utcnow()
+    sent: list[outbox_queries.Accepted] = []
+    # kombu counts Redis commands (a message and its sent event are two): room for all.
+    with publisher.batch(producer, 4 * len(chunk)):
+        for message in chunk:
+            if _send_or_refuse(app, message, now, producer, report):
+                wait = check_wait(message.publish_count, unclaimed_after)
+                sent.append(outbox_queries.Accepted(message.id, message.publish_count, wait,
+                                                    message.available_at))  # fmt: skip
+    crashpoints.hit("after_publish_before_confirm")
+    report.accepted.extend(sent)
+
+
+def _send_or_refuse(
+    app: Celery, message: PendingMessage, now: datetime, producer: Any, report: Report
+) -> bool:
+    """Hand the message to the batch; False (reported) if it fails on its own."""
     try:
         send(app, message, now=now, producer=producer)
     except publisher.BROKER_ERRORS:
@@ -213,11 +240,8 @@ def _publish_one(
     except Exception as exc:  # noqa: BLE001 - the row's own fault: counted against the row
         log.warning("outbox row %s refused: %s", message.id, type(exc).__name__)
         report.refused.append((message.id, f"{type(exc).__name__}: {exc}"[:MAX_ERROR]))
-        return
-    wait = check_wait(message.publish_count, unclaimed_after)
-    report.accepted.append(
-        outbox_queries.Accepted(message.id, message.publish_count, wait, message.available_at)
-    )
+        return False
+    return True
 
 
 def mark(conn: Connection, accepted: Sequence[outbox_queries.Accepted]) -> None:
