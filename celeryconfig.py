@@ -36,10 +36,17 @@ task_soft_time_limit = 3300
 # longest run or a healthy long job would be delivered twice.
 VISIBILITY_TIMEOUT = 2 * task_time_limit
 # RabbitMQ: publish returns only after the broker confirms (the outbox marks after it).
+# Redis: one list per priority 0-9 (kombu's default buckets them by 4), so every level of
+# ``priority`` is served apart (docs/flow-control.md, "Priorities").
 broker_transport_options = {
     "visibility_timeout": VISIBILITY_TIMEOUT,
     "confirm_publish": True,
+    "priority_steps": list(range(10)),
 }
+# RabbitMQ: queues are declared with x-max-priority 9, so a message's priority (0-9, 9 the
+# most urgent, as on Redis) orders its queue. A queue declared before without it must be
+# deleted or drained first: RabbitMQ refuses to redeclare it with a different argument.
+task_queue_max_priority = 9
 worker_hijack_root_logger = False
 worker_redirect_stdouts = False
 

@@ -38,6 +38,7 @@ def _columns() -> list[sa.Column[Any]]:
         claim_token_column(),
         result_column(),
         *expiry_and_cancel_columns(),
+        priority_column(),
     ]
 
 
@@ -62,6 +63,16 @@ def expiry_and_cancel_columns() -> list[sa.Column[Any]]:
         sa.Column("expires_at", UtcDateTime(timezone=True), nullable=True),
         sa.Column("cancel_requested_at", UtcDateTime(timezone=True), nullable=True),
     ]
+
+
+def priority_column() -> sa.Column[Any]:
+    """Added to the contract by migration 0018 (NULL: no priority given)."""
+    return sa.Column("priority", sa.SmallInteger(), nullable=True)
+
+
+def outbox_priority_column() -> sa.Column[Any]:
+    """The outbox's copy, by migration 0018: 0 (the lowest) when none was given."""
+    return sa.Column("priority", sa.SmallInteger(), server_default=sa.text("0"), nullable=False)
 
 
 def _checks(name: str) -> list[sa.CheckConstraint]:

@@ -75,14 +75,16 @@ def lost_and_waiting(
     """Split unclaimed messages (oldest first) into those the broker lost and those that
     may still wait in their queue.
 
-    A queue is first in, first out: if it holds n messages, they may be the n newest of
-    its unclaimed ones, and only the older ones are certainly gone. Nothing in a queue
-    names its job, so a message that may still be waiting is never taken for lost: a slow
-    queue gets no copies, and a lost message behind a backlog is republished once the
-    backlog has shrunk below it.
+    A queue serves its most urgent messages first and, within a priority, the oldest: if
+    it holds n messages, they may be the n its consumers would take last, and only the
+    others are certainly gone. Nothing in a queue names its job, so a message that may
+    still be waiting is never taken for lost: a slow queue gets no copies (nor a low
+    priority one starved by urgent traffic), and a lost message behind a backlog is
+    republished once the backlog has shrunk below it.
     """
     by_queue: dict[str, list[PendingMessage]] = {}
-    for message in unclaimed:
+    # In the order the queue serves them (a stable sort keeps the oldest first).
+    for message in sorted(unclaimed, key=lambda m: -(m.priority or 0)):
         by_queue.setdefault(queue_of(message), []).append(message)
     lost: list[PendingMessage] = []
     waiting: list[PendingMessage] = []
@@ -159,11 +161,11 @@ def queue_name(app: Celery, message: PendingMessage) -> str:
 
 def _routing(message: PendingMessage) -> dict[str, Any]:
     """The queue the producer chose (else ``task_routes`` and the default queue decide),
-    and the priority of a first publish."""
+    and the job's priority (0, the lowest, is what a message without one gets)."""
     options: dict[str, Any] = {}
     if message.queue is not None:
         options["queue"] = message.queue
-    if message.priority is not None:
+    if message.priority:
         options["priority"] = message.priority
     return options
 
