@@ -42,11 +42,10 @@ broker_transport_options = {
     "visibility_timeout": VISIBILITY_TIMEOUT,
     "confirm_publish": True,
     "priority_steps": list(range(10)),
-}
-# RabbitMQ: queues are declared with x-max-priority 9, so a message's priority (0-9, 9 the
-# most urgent, as on Redis) orders its queue. A queue declared before without it must be
-# deleted or drained first: RabbitMQ refuses to redeclare it with a different argument.
-task_queue_max_priority = 9
+}# RabbitMQ orders a queue by priority only if it was declared with x-max-priority: a
+# deployment sets ``task_queue_max_priority = 9`` for that. Not set here: RabbitMQ refuses
+# to redeclare an existing queue with another argument, so it would stop every worker of
+# a deployment whose queues exist (docs/flow-control.md, "Priorities").
 worker_hijack_root_logger = False
 worker_redirect_stdouts = False
 

@@ -4,11 +4,13 @@ The batch is timed from the block's start until its messages are in the broker (
 fast path's publish returned), no worker running; its publish marks are then written
 (untimed) and the queue emptied, so rounds do not meet each other's work. Reads the
 database (migrated), broker and imports from the usual ``JOBSAPP_*`` variables, as the
-bench's producers do; prints the median and every round.
+bench's producers do; prints one JSON line, the median and every round's jobs/s
+(``bench_lifecycle`` turns it into its batch line).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
@@ -51,6 +53,4 @@ def main(rounds: int) -> list[float]:
 
 if __name__ == "__main__":
     found = main(int(sys.argv[1]) if len(sys.argv) > 1 else 9)
-    print(f"lifecycle batch of {BATCH} (published included): "
-          f"{statistics.median(found):.0f} jobs/s median; rounds "
-          + " ".join(f"{r:.0f}" for r in found))  # fmt: skip
+    print(json.dumps({"median": statistics.median(found), "rounds": found}))

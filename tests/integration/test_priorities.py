@@ -9,6 +9,7 @@ the relay publishes the most urgent due rows first.
 from __future__ import annotations
 
 import os
+import shlex
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -37,6 +38,11 @@ LOW, HIGH = 1, 8
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# A deployment's settings (its celeryconfig.py over jobsapp's): RabbitMQ orders a queue
+# only if it was declared with x-max-priority (Redis ignores the argument).
+DEPLOYMENT = "task_queue_max_priority = 9\n"
+
+
 @dataclass(frozen=True)
 class Broker:
     producer: Celery  # jobsapp's app on this broker, publishing to ``queue``
@@ -53,7 +59,7 @@ def broker(
     get_settings.cache_clear()
     queue = f"priorities-{uuid.uuid4().hex}"
     producer = create_app()
-    producer.conf.task_default_queue = queue
+    producer.conf.update(task_default_queue=queue, task_queue_max_priority=9)
     yield Broker(producer, queue)
     with producer.connection_for_write() as conn:
         conn.default_channel.queue_delete(queue)
@@ -79,10 +85,14 @@ def test_high_priority_jobs_waiting_behind_a_busy_worker_run_before_low_ones(
     token = uuid.uuid4().hex[:8]
     env = {**os.environ, "JOBSAPP_IMPORTS": "tests.support.priority_tasks",
            "PYTHONPATH": str(ROOT)}  # fmt: skip
+    deployment = tmp_path / "deployment"
+    deployment.mkdir()
+    (deployment / "celeryconfig.py").write_text(DEPLOYMENT)
+    celery = shlex.join([str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS,
+                         "-Q", broker.queue, "-n", f"priorities-{token}@%h"])  # fmt: skip
     with launching(env, tmp_path) as launcher:
-        worker = launcher.start("worker", [str(BIN / "celery"), "-A", "jobsapp", "worker",
-                                           *WORKER_FLAGS, "-Q", broker.queue,
-                                           "-n", f"priorities-{token}@%h"])  # fmt: skip
+        # Started from the deployment's folder, where jobsapp finds its celeryconfig.py.
+        worker = launcher.start("worker", ["sh", "-c", f"cd {deployment} && exec {celery}"])
         ready(worker, timeout=60)
         _enqueue(broker.producer, _job(priority_tasks.gate, token=token))
         gate = priority_tasks.key(token, "gate")
