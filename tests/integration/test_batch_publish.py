@@ -80,3 +80,22 @@ def test_a_broker_that_is_down_accepts_none_of_a_batch() -> None:
         report = outbox.publish(_app(broker, url), _messages(3))
         assert report.accepted == [], broker
         assert report.broker_error is not None, broker
+
+
+def test_a_batch_rabbitmq_refuses_in_part_is_accepted_in_none() -> None:
+    """A full queue that rejects publishes: RabbitMQ nacks the batch's last messages after
+    confirming the first, and the run accepts none (which ones arrived is not told apart;
+    the relay sends them all again and the claim absorbs the copies)."""
+    app = _app("amqp", service("JOBSAPP_TEST_AMQP_URL"))
+    name = app.conf.task_default_queue
+    full = {"x-max-length": 2, "x-overflow": "reject-publish"}
+    app.conf.task_queues = [Queue(name, queue_arguments=full)]
+    try:
+        report = outbox.publish(app, _messages(5))
+        assert report.accepted == []
+        assert "refused" in str(report.broker_error)
+        assert len(_queued_task_ids(app)) == 2
+    finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(name)
+        app.close()
