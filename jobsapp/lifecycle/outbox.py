@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -220,8 +221,10 @@ def _publish_chunk(
     leaves every row of it to the relay, a copy of what did arrive is absorbed by the claim."""
     now = utcnow()
     sent: list[outbox_queries.Accepted] = []
-    # kombu counts Redis commands (a message and its sent event are two): room for all.
-    with publisher.batch(producer, 4 * len(chunk)):
+    # kombu counts Redis commands (a message and its sent event are two): room for all. A
+    # lone message (a ``.delay()``) goes without: setting a batch up costs more than it saves.
+    batch = publisher.batch(producer, 4 * len(chunk)) if len(chunk) > 1 else nullcontext()
+    with batch:
         for message in chunk:
             if _send_or_refuse(app, message, now, producer, report):
                 wait = check_wait(message.publish_count, unclaimed_after)
