@@ -17,7 +17,7 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle import outbox
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.message import build_body, task_id_for
-from tests.support.env import redis_url, service
+from tests.support.env import service
 
 TRANSPORTS = {"redis": "jobsapp.lifecycle.redis_transport:Transport",
               "amqp": "jobsapp.lifecycle.amqp_transport:Transport"}  # fmt: skip
@@ -36,7 +36,9 @@ def _app(broker: str, url: str) -> Celery:
 
 @pytest.fixture(params=list(TRANSPORTS))
 def broker_app(request: pytest.FixtureRequest) -> Iterator[Celery]:
-    url = redis_url(11) if request.param == "redis" else service("JOBSAPP_TEST_AMQP_URL")
+    # The shared servers: the queue's own name keeps this test's messages apart.
+    name = "JOBSAPP_TEST_REDIS_URL" if request.param == "redis" else "JOBSAPP_TEST_AMQP_URL"
+    url = service(name)
     app = _app(request.param, url)
     yield app
     with app.connection_for_write() as conn:
