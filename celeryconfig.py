@@ -36,10 +36,16 @@ task_soft_time_limit = 3300
 # longest run or a healthy long job would be delivered twice.
 VISIBILITY_TIMEOUT = 2 * task_time_limit
 # RabbitMQ: publish returns only after the broker confirms (the outbox marks after it).
+# Redis: one list per priority 0-9 (kombu's default buckets them by 4), so every level of
+# ``priority`` is served apart (docs/flow-control.md, "Priorities").
 broker_transport_options = {
     "visibility_timeout": VISIBILITY_TIMEOUT,
     "confirm_publish": True,
-}
+    "priority_steps": list(range(10)),
+}# RabbitMQ orders a queue by priority only if it was declared with x-max-priority: a
+# deployment sets ``task_queue_max_priority = 9`` for that. Not set here: RabbitMQ refuses
+# to redeclare an existing queue with another argument, so it would stop every worker of
+# a deployment whose queues exist (docs/flow-control.md, "Priorities").
 worker_hijack_root_logger = False
 worker_redirect_stdouts = False
 

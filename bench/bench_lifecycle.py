@@ -520,6 +520,22 @@ def _plot_cpu(results: Results, cpu: Any) -> None:
 
 
 SIZES = {"full": (3000, 4), "quick": (200, 1), "smoke": (10, 1)}
+# Batches of 1,000 timed by bench/batch_publish.py, per size.
+BATCH_ROUNDS = {"full": 9, "quick": 3, "smoke": 1}
+
+
+def batch_line(services: Services, rounds: int, out: Path) -> str:
+    """The batch path alone: ``enqueue.transaction()`` of 1,000 jobs, published included,
+    on the fsync-on cluster with no worker running (as shipped: sent events per settings)."""
+    env = Run("lifecycle-batch", services.durable, services.durable, out).env
+    done = subprocess.run([sys.executable, "-m", "bench.batch_publish", str(rounds)], env=env,
+                          cwd=DEPLOYMENT, capture_output=True, text=True, check=True,
+                          timeout=600)  # fmt: skip
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    each = " ".join(f"{rate:.0f}" for rate in found["rounds"])
+    print(f"lifecycle-batch of 1000, rounds (jobs/s): {each}", flush=True)
+    return (f"lifecycle-batch enqueue of 1000 (fsync on, published included): "
+            f"{found['median']:.0f} jobs/s")  # fmt: skip
 
 
 def main(services: Services, size: str, out: Path) -> list[str]:
@@ -527,4 +543,6 @@ def main(services: Services, size: str, out: Path) -> list[str]:
     results = run(services, n, rounds, out)
     lines = report(results, n, rounds)
     plot(results, out / "lifecycle.png")
+    # Before the journal-rows line, which stays the last.
+    lines.insert(-1, batch_line(services, BATCH_ROUNDS[size], out))
     return lines

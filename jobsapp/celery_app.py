@@ -89,9 +89,13 @@ def _transport_options(settings: Settings, base: dict[str, Any]) -> dict[str, An
 
 
 def _transport(broker_url: str) -> str | None:
-    """Redis brokers get kombu's Redis transport that refuses items it cannot parse."""
-    if broker_url.split("://", 1)[0] in ("redis", "rediss"):
+    """Redis brokers get kombu's Redis transport that refuses items it cannot parse;
+    RabbitMQ gets py-amqp's whose publish batches wait for their confirms once."""
+    scheme = broker_url.split("://", 1)[0]
+    if scheme in ("redis", "rediss"):
         return "jobsapp.lifecycle.redis_transport:Transport"
+    if scheme in ("amqp", "pyamqp"):
+        return "jobsapp.lifecycle.amqp_transport:Transport"
     return None
 
 

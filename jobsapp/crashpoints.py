@@ -15,6 +15,7 @@ POINTS = frozenset(
         "after_staging",
         "after_commit_before_publish",
         "after_publish_before_confirm",
+        "between_publish_round_trips",
         "before_publish_mark",
         "after_s3_write_before_commit",
         "after_result_commit_before_ack",

@@ -41,6 +41,7 @@ def _columns() -> list[sa.Column[Any]]:
         workflow_column(),
         key_limit_column(),
         *row_fact_columns(),
+        priority_column(),
     ]
 
 
@@ -94,6 +95,16 @@ def row_fact_columns() -> list[sa.Column[Any]]:
         sa.Column("enqueued_by", sa.String(length=200), nullable=True),
         sa.Column("attempted_at", UtcDateTime(timezone=True), nullable=True),
     ]
+
+
+def priority_column() -> sa.Column[Any]:
+    """Added to the contract by migration 0018 (NULL: no priority given)."""
+    return sa.Column("priority", sa.SmallInteger(), nullable=True)
+
+
+def outbox_priority_column() -> sa.Column[Any]:
+    """The outbox's copy, by migration 0018: 0 (the lowest) when none was given."""
+    return sa.Column("priority", sa.SmallInteger(), server_default=sa.text("0"), nullable=False)
 
 
 def _checks(name: str) -> list[sa.CheckConstraint]:

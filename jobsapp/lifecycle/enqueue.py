@@ -11,7 +11,6 @@ import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from datetime import timedelta
 
 from celery import Celery
@@ -189,7 +188,7 @@ def _after_commit(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> 
     # the outbox for the relay (a long broker ETA is redelivered on Redis, and run twice).
     horizon = timedelta(seconds=get_settings().inline_wait_max)
     messages = [
-        replace(journal.on_local_clock(result.message, _due_in(job)), priority=job.priority)
+        journal.on_local_clock(result.message, _due_in(job))
         for job, result in done
         if result.message is not None and _due_in(job) <= horizon
     ]

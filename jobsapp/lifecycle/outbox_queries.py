@@ -49,7 +49,7 @@ def _pending(rows: Any) -> list[PendingMessage]:
     return [
         PendingMessage(
             r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"], r["available_at"],
-            r["publish_count"], r["publish_failures"], queue=r["queue"],
+            r["publish_count"], r["publish_failures"], queue=r["queue"], priority=r["priority"],
         )
         for r in rows
     ]  # fmt: skip
@@ -63,12 +63,13 @@ def _unpaused(default_queue: str) -> Any:
 def due_messages(
     conn: Connection, *, now: datetime, limit: int, default_queue: str
 ) -> list[PendingMessage]:
-    """Unpublished live rows that are due (a crash before publish, a retry whose time came)."""
+    """Unpublished live rows that are due (a crash before publish, a retry whose time came),
+    the most urgent first (``ix_outbox_pending_priority``), then the longest due."""
     stmt = (
         select(OUTBOX)
         .where(OUTBOX.c.published_at.is_(None), _LIVE, OUTBOX.c.available_at <= now,
                _unpaused(default_queue))
-        .order_by(OUTBOX.c.available_at)
+        .order_by(OUTBOX.c.priority.desc(), OUTBOX.c.available_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )

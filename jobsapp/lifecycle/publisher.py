@@ -20,17 +20,21 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
+from amqp.exceptions import MessageNacked
 from celery import Celery
 from kombu import pools
+from kombu.exceptions import BatchPublishError  # type: ignore[attr-defined]  # kombu 5.7
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from jobsapp.settings import get_settings
 
 COOLDOWN = 5.0
-# What a broker that is down, refusing or silent raises; anything else is the message's
-# own fault (a body that does not serialise or validate).
+# What a broker that is down, refusing or silent raises (a batch's end: kombu's
+# BatchPublishError, RabbitMQ's nack); anything else is the message's own fault (a body
+# that does not serialise or validate).
 BROKER_ERRORS: tuple[type[BaseException], ...] = (
-    KombuOperationalError, ConnectionError, TimeoutError, OSError,
+    KombuOperationalError, ConnectionError, TimeoutError, OSError, BatchPublishError,
+    MessageNacked,
 )  # fmt: skip
 
 _lock = threading.Lock()
@@ -72,6 +76,16 @@ def producer(app: Celery) -> Iterator[Any]:
             # A half-open connection must not be handed to the next publish.
             pooled.connection.collect()
             raise
+
+
+@contextmanager
+def batch(producer: Any, max_size: int) -> Iterator[None]:
+    """kombu's publish batch on ``producer``: the publishes inside reach the broker together
+    at the block's end, in one round trip (Redis: a pipeline; RabbitMQ: one wait for the
+    confirms, ``amqp_transport``). The end raises a broker's errors as kombu's, as
+    ``send_task`` does for a publish of its own."""
+    with producer.connection._reraise_as_library_errors(), producer.batch(max_size=max_size):
+        yield
 
 
 def queue_depths(app: Celery, queues: Iterable[str]) -> dict[str, int]:

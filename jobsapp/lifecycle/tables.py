@@ -18,6 +18,7 @@ from sqlalchemy import (
     CheckConstraint,
     Index,
     Integer,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -96,6 +97,9 @@ class RunMixin:
     # enqueue and claim were journaled as events (before migration 0015, a foreign claim).
     enqueued_by: Mapped[str | None] = mapped_column(String(200))
     attempted_at: Mapped[datetime | None]
+    # Celery's ``priority`` of the job (NULL: none given): every message of the job carries
+    # it, a retry's and a republish's too (docs/flow-control.md, "Priorities").
+    priority: Mapped[int | None] = mapped_column(SmallInteger)
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:  # noqa: N805 - SQLAlchemy passes the class
@@ -213,6 +217,9 @@ class OutboxMessage(Base):
     dead_at: Mapped[datetime | None]
     # The run's queue when the row was written (NULL: the app's default queue).
     queue: Mapped[str | None] = mapped_column(String(200))
+    # The run's priority (0, the lowest, when it has none): the relay publishes the most
+    # urgent due rows first.
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
 
     __table_args__ = (
         UniqueConstraint("module", "job_id", "attempt", name="uq_outbox_attempt"),
@@ -243,6 +250,17 @@ class OutboxMessage(Base):
             sqlite_where=text("dead_at IS NOT NULL"),
         ),
     )
+
+
+# The relay's order (migration 0018), the most urgent first; ix_outbox_pending serves the
+# backlog's age.
+Index(
+    "ix_outbox_pending_priority",
+    OutboxMessage.priority.desc(),
+    OutboxMessage.available_at,
+    postgresql_where=text(OUTBOX_PENDING_SQL),
+    sqlite_where=text(OUTBOX_PENDING_SQL),
+)
 
 
 class WorkflowStep(Base):

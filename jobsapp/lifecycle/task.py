@@ -207,8 +207,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         commits; with ``connection`` it joins a Core transaction and the relay publishes.
         ``countdown``/``eta`` delay the first attempt in the journal, never in the broker;
         a ``traceparent`` header continues the caller's trace. ``queue`` is stored on the
-        run, so retries and republishes go there too; ``priority`` rides the first publish
-        (see docs/integrations.md). ``expires`` (seconds or a datetime, as Celery takes it)
+        run, so retries and republishes go there too, and so is ``priority`` (see
+        docs/flow-control.md). ``expires`` (seconds or a datetime, as Celery takes it)
         ends a job still queued then with outcome ``expired``. ``link``/``link_error``
         make the call a workflow (lifecycle/canvas.py). Other Celery options are refused
         with what to do instead.

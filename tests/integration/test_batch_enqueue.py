@@ -234,3 +234,34 @@ def test_a_batch_producer_killed_after_commit_before_publish_is_relayed(
     eventually(all_ran, timeout=30, interval=0.5)
     assert [tasks.calls(str(i)) for i in ids] == [1] * 5
     assert [outbox_rows(pg, i)[0]["publish_count"] for i in ids] == [1] * 5
+
+
+def test_a_batch_producer_killed_between_round_trips_runs_every_job_once(
+    pg_worker: Engine, launcher: Launcher
+) -> None:
+    """Two of five messages reached the broker (round trips of two), none was marked: the
+    two run at once, the relay sends all five, and the claim drops the two copies."""
+    pg = pg_worker
+    ids = [uuid.uuid4() for _ in range(5)]
+    # Round trips of two, to this session's queue (where the worker listens).
+    code = (
+        f"from jobsapp.celery_app import app\n"
+        f"app.conf.task_default_queue = {app.conf.task_default_queue!r}\n"
+        f"from jobsapp.lifecycle import outbox\noutbox.PIPELINE_MAX = 2\n{BATCH_PRODUCER}"
+    )
+    producer = launcher.start("batch-producer", [sys.executable, "-c", code, *map(str, ids)],
+                              {"JOBSAPP_CRASH_AT": "between_publish_round_trips"})  # fmt: skip
+    assert producer.wait(30) == -9, producer.log()
+    eventually(lambda: [run_row(pg, i)["state"] for i in ids[:2]] == ["succeeded"] * 2,
+               timeout=30, interval=0.2)  # fmt: skip
+    assert [run_row(pg, i)["state"] for i in ids[2:]] == ["queued"] * 3
+    assert [outbox_rows(pg, i)[0]["publish_count"] for i in ids] == [0] * 5
+
+    when_due = relay.RelayConfig(grace=timedelta(0))
+
+    def all_ran() -> bool:
+        relay.run_once(app, pg, when_due)
+        return all(run_row(pg, i)["state"] == "succeeded" for i in ids)
+
+    eventually(all_ran, timeout=30, interval=0.5)
+    assert [tasks.calls(str(i)) for i in ids] == [1] * 5

@@ -245,6 +245,16 @@ def test_a_queue_holding_n_messages_may_hold_the_n_newest_unclaimed(depth: int, 
     assert waiting == messages[lost:]
 
 
+def test_a_queue_holding_n_messages_may_hold_the_n_it_serves_last() -> None:
+    """An urgent message is served before older ones: a queue that holds two of these
+    three may hold both low ones, so only the urgent one is certainly gone."""
+    old_low, urgent, new_low = _unclaimed(3, "a")
+    urgent = dataclasses.replace(urgent, priority=9)
+    gone, waiting = outbox.lost_and_waiting([old_low, urgent, new_low], {"a": 2},
+                                            lambda m: str(m.queue))  # fmt: skip
+    assert (gone, waiting) == ([urgent], [old_low, new_low])
+
+
 def test_each_queue_is_judged_by_its_own_depth() -> None:
     a, b = _unclaimed(2, "a"), _unclaimed(2, "b")
     gone, waiting = outbox.lost_and_waiting([*a, *b], {"a": 5}, lambda m: str(m.queue))

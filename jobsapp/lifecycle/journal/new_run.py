@@ -36,8 +36,8 @@ class NewJob:
     # clock), or a countdown counted on the database's clock.
     not_before: datetime | None = None
     delay: timedelta | None = None
-    # The broker queue every attempt's message goes to (None: the app's routing decides);
-    # a priority rides only the first publish (the relay republishes at the default).
+    # The broker queue and Celery priority of every attempt's message (None: the app's
+    # routing decides; no priority).
     queue: str | None = None
     priority: int | None = None
     # Celery's ``expires``, absolute (the producer's clock, as Celery counts it): an
@@ -89,6 +89,7 @@ def _new_row(
         "key_limit": job.key_limit,
         "enqueued_by": enqueued_by,
         "attempted_at": None,
+        "priority": job.priority,
         **job.values,
     }
 

@@ -69,7 +69,7 @@ def add_outbox(
     rearm = {"body": values["body"], "created_at": now, "available_at": available_at,
              "published_at": None, "delivered_at": None, "publish_count": 0,
              "publish_failures": 0, "last_error": None, "dead_at": None,
-             "queue": values["queue"]}  # fmt: skip
+             "queue": values["queue"], "priority": values["priority"]}  # fmt: skip
     upsert = stmt.on_conflict_do_update(
         index_elements=[OUTBOX.c.module, OUTBOX.c.job_id, OUTBOX.c.attempt], set_=rearm
     ).returning(OUTBOX.c.id)
@@ -88,18 +88,20 @@ class Outgoing:
     now: datetime | None  # None: the statement takes the database's clock
     available_at: datetime | None
     queue: str | None = None
+    priority: int | None = None
 
     def values(self, module: str) -> dict[str, Any]:
         return {
             "module": module, "job_id": self.job_id, "attempt": self.attempt,
             "task_name": self.task_name, "body": dict(self.body), "created_at": self.now,
             "available_at": self.available_at, "queue": self.queue,
+            "priority": self.priority or 0,
         }  # fmt: skip
 
     def pending(self, outbox_id: int, available_at: datetime) -> PendingMessage:
         return PendingMessage(
             outbox_id, self.job_id, self.attempt, self.task_name, self.body, available_at,
-            queue=self.queue,
+            queue=self.queue, priority=self.priority,
         )  # fmt: skip
 
 
@@ -112,6 +114,7 @@ def outgoing(
         job_id=row["job_id"], module=spec.module, attempt=attempt, ids=spec.ids_from_row(row),
         enqueued_at=now or utcnow(), traceparent=traceparent,
     )  # fmt: skip
-    # Every attempt goes to the queue the producer chose, whoever writes its message.
+    # Every attempt goes to the queue the producer chose, at the job's priority, whoever
+    # writes its message.
     return Outgoing(row["job_id"], attempt, row["task_name"], body, now, available_at,
-                    row.get("queue"))  # fmt: skip
+                    row.get("queue"), row.get("priority"))  # fmt: skip

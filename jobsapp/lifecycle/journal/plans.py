@@ -56,7 +56,7 @@ from jobsapp.lifecycle.states import State, Transition
 _EVENT_COLUMNS = ("module", "job_id", "attempt", "transition", "from_state", "to_state",
                   "actor", "reason", "at", "detail")  # fmt: skip
 _OUTBOX_COLUMNS = ("module", "job_id", "attempt", "task_name", "body", "created_at",
-                   "available_at", "queue")  # fmt: skip
+                   "available_at", "queue", "priority")  # fmt: skip
 
 
 def _bind(table: Table, column: str, prefix: str = "r_") -> Any:

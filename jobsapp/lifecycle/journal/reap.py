@@ -35,6 +35,7 @@ class StaleRun:
     ids: Mapping[str, Any]
     queue: str | None = None
     cancel_requested: bool = False
+    priority: int | None = None
 
 
 def find_stale(
@@ -62,7 +63,7 @@ def find_stale(
             job_id=r["job_id"], attempt=r["attempts"], rescues=r["rescues"],
             max_attempts=r["max_attempts"], task_name=r["task_name"],
             ids=spec.ids_from_row(dict(r)), queue=r["queue"],
-            cancel_requested=r["cancel_requested_at"] is not None,
+            cancel_requested=r["cancel_requested_at"] is not None, priority=r["priority"],
         )
         for r in conn.execute(stmt).mappings()
     ]  # fmt: skip
@@ -124,7 +125,7 @@ def _after_reap(
         )  # fmt: skip
         if requeued:
             row = {"job_id": run.job_id, "task_name": run.task_name, "queue": run.queue,
-                   **run.ids}  # fmt: skip
+                   "priority": run.priority, **run.ids}  # fmt: skip
             add_outbox(conn, spec, row, attempt=run.attempt + 1, now=now, available_at=now)
         else:
             # A limited key's slot goes with the run; the relay publishes the waiter granted.

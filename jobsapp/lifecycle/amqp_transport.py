@@ -1,0 +1,109 @@
+"""kombu's py-amqp transport, with a publish batch that waits for its confirms once.
+
+With ``confirm_publish`` (celeryconfig.py) py-amqp waits for RabbitMQ's publisher confirm
+after every message: a batch of n messages costs n round trips. kombu's
+``Producer.batch()`` lets a transport defer its publishes (kombu's Redis transport
+pipelines them); here a batch writes each message at once and ``flush`` waits until the
+broker confirmed every one of them, so the batch costs one round trip. A message the broker
+refuses (a nack) fails the whole flush: the caller cannot tell which one it was, and
+publishing them all again is safe (the claim deduplicates). ``jobsapp.celery_app``
+selects this transport for ``amqp://`` and ``pyamqp://`` broker URLs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amqp import spec
+from amqp.exceptions import MessageNacked
+from kombu.transport import pyamqp
+
+_CONFIRMS = [spec.Basic.Ack, spec.Basic.Nack]
+
+
+class Channel(pyamqp.Channel):
+    # RabbitMQ numbers the messages of a channel in confirm mode 1, 2, ...: the delivery
+    # tag of the channel's last publish, which its confirm names.
+    _last_tag = 0
+
+    def confirm_select(self, nowait: bool = False) -> Any:
+        self._last_tag = 0
+        return super().confirm_select(nowait)
+
+    def _basic_publish(self, *args: Any, **kwargs: Any) -> Any:
+        if self._confirm_selected:  # type: ignore[attr-defined]
+            self._last_tag += 1
+        return super()._basic_publish(*args, **kwargs)  # type: ignore[misc]
+
+    def create_publish_batch(self, max_size: int) -> PublishBatch:  # noqa: ARG002 - see PublishBatch
+        return PublishBatch(self)
+
+
+class PublishBatch:
+    """The session kombu's ``Producer.batch()`` publishes through (``max_size`` does not
+    apply: nothing is buffered here, the confirms are what waits).
+
+    Confirms come in any order (messages of different queues are confirmed as each queue
+    takes them), one tag at a time or ``multiple`` (every tag up to it): the batch waits
+    until each of its own tags was confirmed.
+    """
+
+    def __init__(self, channel: Any) -> None:
+        # A ``Channel``; py-amqp's attributes (events, _confirm_selected) are missing
+        # from its stubs.
+        self.channel = channel
+        self._timeout: float | None = None
+        self._unconfirmed: set[int] = set()
+        self._nacked: int | None = None
+        # Listening from the start: a confirm may be read while a declare waits.
+        channel.events["basic_ack"].add(self._on_ack)
+        channel.events["basic_nack"].add(self._on_nack)
+
+    def _on_ack(self, tag: int, multiple: bool) -> None:
+        if multiple:
+            self._unconfirmed = {t for t in self._unconfirmed if t > tag}
+        else:
+            self._unconfirmed.discard(tag)
+
+    def _on_nack(self, tag: int, multiple: bool) -> None:
+        if tag in self._unconfirmed or (multiple and any(t <= tag for t in self._unconfirmed)):
+            self._nacked = tag
+        self._on_ack(tag, multiple)
+
+    def publish(self, message: Any, **kwargs: Any) -> Any:
+        channel = self.channel
+        timeout = kwargs.pop("confirm_timeout", None) or kwargs.get("timeout")
+        self._timeout = timeout or self._timeout
+        if channel.connection.confirm_publish and not channel._confirm_selected:
+            channel._confirm_selected = True
+            channel.confirm_select()
+        published = channel._basic_publish(message, **kwargs)
+        if channel._confirm_selected:
+            self._unconfirmed.add(channel._last_tag)
+        return published
+
+    def flush(self) -> None:
+        """Returns once the broker confirmed every message of the batch; raises if it
+        refused one."""
+        while self._unconfirmed:
+            self.channel.wait(_CONFIRMS, timeout=self._timeout)
+        if self._nacked is not None:
+            raise MessageNacked(f"RabbitMQ refused message {self._nacked} of a batch")
+
+    def discard(self) -> None:
+        """Nothing is buffered: what was published is with the broker."""
+
+    def close(self) -> None:
+        self.channel.events["basic_ack"].discard(self._on_ack)
+        self.channel.events["basic_nack"].discard(self._on_nack)
+
+
+class Connection(pyamqp.Connection):
+    Channel = Channel
+
+
+class Transport(pyamqp.Transport):
+    """py-amqp, with publish batches that wait for their confirms once."""
+
+    Connection = Connection
+    implements = pyamqp.Transport.implements.extend(batch_publish=True)
