@@ -42,7 +42,8 @@ broker_transport_options = {
     "visibility_timeout": VISIBILITY_TIMEOUT,
     "confirm_publish": True,
     "priority_steps": list(range(10)),
-}# RabbitMQ orders a queue by priority only if it was declared with x-max-priority: a
+}
+# RabbitMQ orders a queue by priority only if it was declared with x-max-priority: a
 # deployment sets ``task_queue_max_priority = 9`` for that. Not set here: RabbitMQ refuses
 # to redeclare an existing queue with another argument, so it would stop every worker of
 # a deployment whose queues exist (docs/flow-control.md, "Priorities").
