@@ -25,13 +25,13 @@ from jobsapp.lifecycle.registry import JOBS
 from tests.chaos.harness import (
     Cluster,
     PrivatePostgres,
-    RedisServer,
     counted_tasks_env,
     log_has,
     private_pg_cluster,
     private_postgres,
 )
 from tests.e2e.procs import ready
+from tests.support.servers import RedisServer
 from tests.support.tasks import calls, open_gate
 
 pytestmark = pytest.mark.timeout(150)

@@ -30,11 +30,11 @@ from jobsapp.lifecycle.journal import EVENTS, OUTBOX
 from jobsapp.lifecycle.tables import JobRun
 from jobsapp.maintenance import lease, slots
 from jobsapp.schema import metadata
-from tests.chaos.harness import RedisServer
 from tests.e2e.procs import BIN, Launcher, Supervisor, ready, service_env
 from tests.support import tasks
 from tests.support.env import SESSION, service
 from tests.support.journal_view import events, outbox_rows, run_row, transitions
+from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 
 HEARTBEAT = 0.5
