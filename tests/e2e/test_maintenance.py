@@ -184,6 +184,7 @@ def plant_unpublished(db: Engine, count: int, *, age: float = 60.0) -> list[uuid
 # ------------------------------------------------------------------ tests
 
 
+@pytest.mark.serial  # the requeue's delay after the kill is asserted
 def test_a_worker_killed_mid_job_is_requeued_and_completed_by_another(
     procs: Launcher, db: Engine, broker: redis.Redis
 ) -> None:
@@ -343,6 +344,7 @@ def test_a_message_lost_by_the_broker_is_republished_after_the_unclaimed_timeout
 REAPED_ONE = r"reaper: \{[^}]*'jobs': 1[,}]"
 
 
+@pytest.mark.serial  # the takeover's delay is asserted
 def test_two_beats_one_leads_and_the_other_takes_over_when_it_dies(
     procs: Launcher, db: Engine, broker: redis.Redis
 ) -> None:
@@ -457,6 +459,7 @@ def test_two_maintenance_passes_at_once_touch_each_row_once(
     assert ran == [1] * 400
 
 
+@pytest.mark.serial  # the reap's delay is asserted
 def test_a_beat_whose_broker_refuses_connections_still_reaps_on_time(
     procs: Launcher, db: Engine
 ) -> None:
