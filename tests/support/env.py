@@ -18,6 +18,8 @@ VAR_DIR = tempfile.mkdtemp(prefix="jobsapp-tests-")
 SESSION = f"s{os.getpid()}"
 # The hypothesis profile tests/conftest.py loads: "ci" (derandomized) or "explore".
 HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+# The variables configure_process_env set, not found: what a child session must not inherit.
+_SET_BY_SESSION = "JOBSAPP_TEST_SET_BY_SESSION"
 
 
 def _session_redis() -> str | None:
@@ -51,7 +53,13 @@ def service(name: str) -> str:
 
 
 def configure_process_env() -> None:
-    """Point jobsapp (and any worker subprocess) at the test services."""
+    """Point jobsapp (and any worker subprocess) at the test services.
+
+    A session started by another (an xdist worker by its controller) inherits the values
+    the other set for itself, its namespace and Redis among them: those are dropped first,
+    so every session sets its own, and only what the caller's environment held wins."""
+    for key in filter(None, os.environ.pop(_SET_BY_SESSION, "").split(",")):
+        os.environ.pop(key, None)
     redis_url = _session_redis()
     defaults = {
         "JOBSAPP_VAR_DIR": VAR_DIR,
@@ -64,6 +72,7 @@ def configure_process_env() -> None:
         "JOBSAPP_INLINE_WAIT_MAX": "2",
         "JOBSAPP_TEST_NAMESPACE": SESSION,
     }
-    for key, value in defaults.items():
-        if value:
-            os.environ.setdefault(key, value)
+    mine = [key for key, value in defaults.items() if value and key not in os.environ]
+    for key in mine:
+        os.environ[key] = defaults[key]
+    os.environ[_SET_BY_SESSION] = ",".join(mine)
