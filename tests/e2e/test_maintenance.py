@@ -398,11 +398,16 @@ def _pass_counts(proc_log: str) -> dict[str, dict[str, int]]:
     return {f["pass"]: f["counts"] for f in found}
 
 
+# Stale runs, and as many unpublished jobs, that the two passes race for: ten batches of ten
+# for each pass, enough to interleave; every row more is one more job for the workers after.
+RACED_ROWS = 100
+
+
 def test_two_maintenance_passes_at_once_touch_each_row_once(
     procs: Launcher, db: Engine, broker: redis.Redis
 ) -> None:
-    stale = plant_stale_runs(db, 200)
-    pending = plant_unpublished(db, 200)
+    stale = plant_stale_runs(db, RACED_ROWS)
+    pending = plant_unpublished(db, RACED_ROWS)
 
     # A table lock is the starting gate: both processes block on their first reaper
     # query, and the commit below releases them into the same rows at the same moment.
@@ -418,8 +423,8 @@ def test_two_maintenance_passes_at_once_touch_each_row_once(
     assert [r.wait(60) for r in runners] == [0, 0]
     counts = [_pass_counts(r.log()) for r in runners]
     print("per process:", counts)
-    assert sum(c["reaper"]["jobs"] for c in counts) == 200
-    assert sum(c["relay"]["published"] for c in counts) == 200
+    assert sum(c["reaper"]["jobs"] for c in counts) == RACED_ROWS
+    assert sum(c["relay"]["published"] for c in counts) == RACED_ROWS
 
     with db.connect() as conn:
         reaps = conn.execute(
@@ -434,29 +439,29 @@ def test_two_maintenance_passes_at_once_touch_each_row_once(
         ).all()  # fmt: skip
     assert {job_id for job_id, _ in reaps} == set(stale)
     assert {n for _, n in reaps} == {1}
-    # 200 first messages of the stale runs (published before), 200 requeued attempts
-    # (published by the reaper) and 200 crashed producers' rows (by the relay): once each.
-    assert [tuple(r) for r in publish_counts] == [(1, 600)]
-    assert [tuple(r) for r in states] == [("queued", 1, 1, 200)]
-    # The broker holds one message per job: 200 second attempts and 200 first ones.
+    # The stale runs' first messages (published before), their requeued attempts (published
+    # by the reaper) and the crashed producers' rows (by the relay): once each.
+    assert [tuple(r) for r in publish_counts] == [(1, 3 * RACED_ROWS)]
+    assert [tuple(r) for r in states] == [("queued", 1, 1, RACED_ROWS)]
+    # The broker holds one message per job: the second attempts and the first ones.
     queued = [json.loads(m)["headers"]["id"] for m in broker.lrange("celery", 0, -1)]
-    assert len(queued) == len(set(queued)) == 400
+    assert len(queued) == len(set(queued)) == 2 * RACED_ROWS
 
     # Workers run everything; a beat stands by to republish a message the broker lost,
     # and the claim guard absorbs any copy it sends of one that was only slow.
     workers = [procs.worker(f"w{i}") for i in range(2)]
     ready(procs.beat("beat"), *workers)
-    eventually(lambda: _count(db, RUNS.c.state == "succeeded") == 400, timeout=60)
+    eventually(lambda: _count(db, RUNS.c.state == "succeeded") == 2 * RACED_ROWS, timeout=60)
     with db.connect() as conn:
         succeeded = conn.execute(
             select(EVENTS.c.job_id, func.count()).where(EVENTS.c.transition == "succeed")
             .group_by(EVENTS.c.job_id)
         ).all()  # fmt: skip
     assert {n for _, n in succeeded} == {1}
-    assert len(succeeded) == 400
+    assert len(succeeded) == 2 * RACED_ROWS
     tokens = [f"stale-{j}" for j in stale] + [f"pending-{j}" for j in pending]
     ran = [int(v or 0) for v in broker.mget([f"jobsapp-test:calls:{t}" for t in tokens])]
-    assert ran == [1] * 400
+    assert ran == [1] * (2 * RACED_ROWS)
 
 
 @pytest.mark.serial  # the reap's delay is asserted
