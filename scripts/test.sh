@@ -5,7 +5,7 @@
 # at a time, so module fixtures start once), then the `serial` ones alone, whose assertions
 # are on a cadence or a latency that a second worker on the same cores would stretch.
 # Extra arguments replace that: one pytest run with them (e.g. scripts/test.sh tests/unit -x,
-# or scripts/test.sh -n 2 --dist loadfile tests/e2e).
+# or scripts/test.sh -n 2 --dist loadfile --no-loadscope-reorder tests/e2e).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -23,7 +23,10 @@ if [[ $# -gt 0 ]]; then
     .venv/bin/pytest "$@"
     status=$?
 else
-    .venv/bin/pytest -n "${JOBSAPP_TEST_WORKERS:-2}" --dist loadfile -m "not serial"
+    # In collection order (chaos, e2e, integration, unit): xdist's default starts the modules
+    # with the most tests first, which left the longest ones (the bench smoke, two tests) last.
+    .venv/bin/pytest -n "${JOBSAPP_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+        -m "not serial"
     parallel=$?
     .venv/bin/pytest -m serial
     serial=$?
