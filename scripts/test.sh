@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Start the real services, run the suite against them, stop them; pytest's status wins.
-# Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
+# With no arguments, the whole suite in two runs: every test not marked `serial` over
+# $JOBSAPP_TEST_WORKERS pytest-xdist workers (2: the machine's cores; one module per worker
+# at a time, so module fixtures start once), then the `serial` ones alone, whose assertions
+# are on a cadence or a latency that a second worker on the same cores would stretch.
+# Extra arguments replace that: one pytest run with them (e.g. scripts/test.sh tests/unit -x,
+# or scripts/test.sh -n 2 --dist loadfile --no-loadscope-reorder tests/e2e).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -14,8 +19,21 @@ cleanup() { [[ $started_here == 1 ]] && scripts/services.sh stop >/dev/null 2>&1
 trap cleanup EXIT
 eval "$(scripts/services.sh env)"
 set +e
-.venv/bin/pytest "$@"
-status=$?
+if [[ $# -gt 0 ]]; then
+    .venv/bin/pytest "$@"
+    status=$?
+else
+    # In collection order (chaos, e2e, integration, unit): xdist's default starts the modules
+    # with the most tests first, which left the longest ones (the bench smoke, two tests) last.
+    .venv/bin/pytest -n "${JOBSAPP_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+        -m "not serial"
+    parallel=$?
+    .venv/bin/pytest -m serial
+    serial=$?
+    # Either run failing fails the suite; "no test" (5) only when neither ran one.
+    status=$parallel
+    if [[ $parallel == 0 || $parallel == 5 ]] && [[ $serial != 5 ]]; then status=$serial; fi
+fi
 set -e
 # Exit 5 means no test ran: that is a failure, not a pass.
 [[ $status == 5 ]] && echo "pytest collected no tests" >&2

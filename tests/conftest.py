@@ -15,6 +15,7 @@ from tests.support.env import (
     configure_process_env,
     service,
 )
+from tests.support.servers import RedisServer
 
 configure_process_env()
 
@@ -50,6 +51,9 @@ def migrate(url: str) -> None:
 
 
 def _fresh_postgres(admin_url: str, name: str) -> str:
+    # Sessions (xdist workers, colleagues) share one Postgres: a name without the session's
+    # mark would be dropped under another session running the same module.
+    assert SESSION in name, f"database {name!r}: put SESSION in the name (tests/README.md)"
     admin = create_engine(admin_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -128,6 +132,16 @@ def redis_clean() -> None:
     client = redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL"))
     doomed = [*client.scan_iter(f"jobsapp-test:{SESSION}:*"), *client.scan_iter("jobsapp:dedup:*")]
     client.delete(app.conf.task_default_queue, *doomed)
+
+
+@pytest.fixture(scope="module")
+def module_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A ``redis-server`` of this module's own, empty at its start: the broker, dedup keys
+    and counters of the processes a module starts (``.url``), killable at will."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"), dies_with_pytest=True)
+    server.start()
+    yield server
+    server.close()
 
 
 @pytest.fixture

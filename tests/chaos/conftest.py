@@ -21,13 +21,13 @@ from tests.chaos.harness import (
     Broker,
     Cluster,
     RabbitBroker,
-    RedisServer,
     cluster_for,
     create_database,
     drop_database,
     migrate,
 )
 from tests.support.env import SESSION, service
+from tests.support.servers import RedisServer
 
 TEMPLATE = f"jobsapp_chaos_tpl_{SESSION}"
 _numbers = itertools.count(1)

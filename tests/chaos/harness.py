@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
-import redis
 from PIL import Image
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.pool import NullPool
@@ -48,9 +47,10 @@ from jobsapp.attachments.store import PUBLISHED_PREFIX, STAGING_PREFIX
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.storage import ObjectStore
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, ready
-from tests.e2e.webserver import Http, Reply, free_port
+from tests.e2e.webserver import Http, Reply
 from tests.support import journal_view
 from tests.support.attachments import sha256
+from tests.support.servers import QUEUE, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,6 @@ SETTINGS = {
 }
 VERSION = 1
 PROMISED = tuple(sorted(spec.name for spec in get_pipeline(VERSION).variants))
-QUEUE = "celery"  # Celery's default queue: the one web, beat and workers all use here
 
 
 # ----------------------------------------------------------------------------- images
@@ -118,93 +117,6 @@ class Broker(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-@dataclass
-class RedisServer:
-    """A private ``redis-server`` (no persistence, like the shared one), killable at will.
-
-    Private rather than a database number on the shared server: a test can kill and
-    restart it without touching anyone else's queues, and no two sessions share a queue.
-    """
-
-    workdir: Path
-    port: int = field(default_factory=free_port)
-    popen: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def dedup_url(self) -> str:
-        return self.url
-
-    def argv(self) -> list[str]:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed (apt-get install redis-server)"
-        return [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
-                "--logfile", str(self.workdir / "redis.log")]  # fmt: skip
-
-    def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.popen = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True)  # fmt: skip
-        client = self.client()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if client.ping():
-                    return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.popen.poll() is not None:
-                    raise
-                time.sleep(0.02)
-            finally:
-                client.close()
-
-    def kill(self) -> None:
-        """SIGKILL: the queue, unacked messages and dedup keys are gone with it."""
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(timeout=10)
-
-    def restart(self, down_for: float) -> None:
-        self.kill()
-        time.sleep(down_for)
-        self.restarts += 1
-        self.start()
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, socket_timeout=5)
-
-    def pending(self) -> int:
-        with contextlib.closing(self.client()) as client:
-            return int(client.llen(QUEUE))
-
-    def unacked(self) -> int:
-        with contextlib.closing(self.client()) as client:
-            return int(client.hlen("unacked"))
-
-    def age_unacked(self) -> int:
-        """Make every unacked message look delivered long ago (kombu's ``unacked_index``).
-
-        kombu restores an unacked message (puts it back on the queue) once it is older
-        than the visibility timeout, at the next worker's start or periodic sweep. The
-        timeout is two hours here (celeryconfig), so a test moves the delivery time back
-        instead of waiting: the redelivery itself is kombu's own ``restore_visible``.
-        """
-        with contextlib.closing(self.client()) as client:
-            tags = client.zrange("unacked_index", 0, -1)
-            for tag in tags:
-                client.zadd("unacked_index", {tag: 0}, xx=True)
-            return len(tags)
-
-    def close(self) -> None:
-        self.kill()
 
 
 @dataclass

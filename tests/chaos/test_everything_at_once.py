@@ -34,7 +34,6 @@ from tests.chaos.harness import (
     STALE_AFTER,
     Burst,
     Cluster,
-    RedisServer,
     counted_tasks_env,
     largest_gap,
     reaper_ticks,
@@ -45,6 +44,7 @@ from tests.chaos.test_message_guard import HEADER_FAULTS, _faulty
 from tests.e2e.procs import Proc, ready
 from tests.integration.test_maintenance_passes import _poison, ago, enqueue
 from tests.support import tasks
+from tests.support.servers import RedisServer
 
 JOB_RUNS = JobRun.__table__
 POISON_ROWS = 10
@@ -194,6 +194,7 @@ def _reaper_kept_its_cadence(beat: Proc) -> None:
     assert gap <= REAPER_EVERY + DEFAULT_BUDGET.total_seconds() + SLACK, gap
 
 
+@pytest.mark.serial  # beat's largest gap between reaper ticks is asserted
 @pytest.mark.timeout(240)
 def test_everything_at_once(cluster: Cluster, redis_server: RedisServer) -> None:
     everything_at_once(cluster, redis_server, QUICK)

@@ -32,7 +32,6 @@ from jobsapp.attachments.tasks import TASK_NAME as ATTACHMENT_TASK
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX
 from tests.chaos.harness import (
     Cluster,
-    RedisServer,
     cluster_for,
     create_database,
     drop_database,
@@ -48,6 +47,7 @@ from tests.chaos.messages import (
 )
 from tests.e2e.procs import Proc
 from tests.support.env import SESSION, service
+from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 

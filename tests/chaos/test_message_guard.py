@@ -30,7 +30,6 @@ from tests.chaos.harness import (
     Broker,
     Cluster,
     RabbitBroker,
-    RedisServer,
     _rabbitmqctl,
     cluster_for,
     create_database,
@@ -47,6 +46,7 @@ from tests.chaos.messages import (
 )
 from tests.e2e.procs import Proc
 from tests.support.env import SESSION, service
+from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.timeout(240)
 

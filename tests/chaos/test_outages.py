@@ -21,13 +21,13 @@ from tests.chaos.harness import (
     Burst,
     Cluster,
     PrivatePostgres,
-    RedisServer,
     Reply,
     private_pg_cluster,
     private_postgres,
     start_all,
     status_of,
 )
+from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.timeout(180)
 

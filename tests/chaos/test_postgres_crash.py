@@ -25,13 +25,13 @@ from jobsapp.lifecycle.registry import JOBS
 from tests.chaos.harness import (
     Cluster,
     PrivatePostgres,
-    RedisServer,
     counted_tasks_env,
     log_has,
     private_pg_cluster,
     private_postgres,
 )
 from tests.e2e.procs import ready
+from tests.support.servers import RedisServer
 from tests.support.tasks import calls, open_gate
 
 pytestmark = pytest.mark.timeout(150)
@@ -102,6 +102,7 @@ def _crash_after_a_claim(cluster: Cluster, pg: PrivatePostgres) -> tuple[uuid.UU
     raise AssertionError("no claim was ever left unflushed: claims wait for the WAL flush")
 
 
+@pytest.mark.serial  # Postgres must crash inside a claim's unflushed window, milliseconds wide
 def test_claim_lost_in_a_postgres_crash(
     durable_cluster: Cluster, durable_pg: PrivatePostgres
 ) -> None:

@@ -33,7 +33,6 @@ from jobsapp.lifecycle.tables import JobRun
 from jobsapp.preflight import ExitCode
 from tests.chaos.harness import (
     Cluster,
-    RedisServer,
     cluster_for,
     create_database,
     drop_database,
@@ -42,6 +41,7 @@ from tests.chaos.harness import (
 from tests.e2e.procs import BIN, WORKER_FLAGS, Proc, ready
 from tests.e2e.webserver import Http, free_port
 from tests.support.env import SESSION, service
+from tests.support.servers import RedisServer
 from tests.support.tasks import planted_secrets
 
 pytestmark = pytest.mark.timeout(150)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tests.chaos import windows
-from tests.chaos.harness import Cluster, RedisServer
+from tests.chaos.harness import Cluster
+from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,7 +25,6 @@ from tests.chaos.harness import (
     STAGING_TODO,
     Cluster,
     NoAnswer,
-    RedisServer,
     Reply,
     no_work_line,
     photo,
@@ -37,6 +36,7 @@ from tests.chaos.harness import (
     wait_gone,
     wait_log,
 )
+from tests.support.servers import RedisServer
 
 KILLED = -signal.SIGKILL
 TERMINAL = "the job is already terminal"

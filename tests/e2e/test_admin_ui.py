@@ -38,10 +38,10 @@ from tests.e2e.test_admin_web import (
 from tests.e2e.test_web import png
 from tests.e2e.webserver import REPO, Http, running_web, running_worker
 from tests.support import tasks
+from tests.support.env import SESSION
+from tests.support.servers import RedisServer
 
-DATABASE = "jobsapp_e2e_admin_ui"
-# Its own Redis database: see test_admin_web.py for the others' numbers.
-REDIS_DB = 11
+DATABASE = f"jobsapp_e2e_admin_ui_{SESSION}"
 VIEWPORT = {"width": 1280, "height": 800}
 SCREENSHOTS = os.environ.get("JOBSAPP_SCREENSHOTS")
 
@@ -52,8 +52,10 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    with operator_env(tmp_path_factory, DATABASE, REDIS_DB) as found:
+def env(
+    tmp_path_factory: pytest.TempPathFactory, module_redis: RedisServer
+) -> Iterator[dict[str, str]]:
+    with operator_env(tmp_path_factory, DATABASE, module_redis) as found:
         yield found
 
 

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from celery import Celery
@@ -29,14 +28,16 @@ from jobsapp.lifecycle import journal, outbox
 from tests.conftest import _fresh_postgres, migrate
 from tests.e2e.webserver import Http, Reply, running_web, running_worker
 from tests.support import tasks
-from tests.support.env import service
+from tests.support.env import SESSION, service
+from tests.support.servers import RedisServer
 
-DATABASE = "jobsapp_e2e_admin"
-# Its own Redis database: the lifecycle suites use 0, the maintenance e2e 3, test_web 12.
-REDIS_DB = 13
+DATABASE = f"jobsapp_e2e_admin_{SESSION}"
 TOKEN = f"e2e-admin-{uuid.uuid4().hex}"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ERROR = {"error", "reason"}
+# No row has it. Fixed, not drawn, because it shows in test ids, which every xdist worker
+# must collect alike.
+UNKNOWN_ID = uuid.UUID("00000000-0000-4000-8000-00000000dead")
 METRICS = ("jobsapp_jobs", "jobsapp_oldest_queued_seconds", "jobsapp_stale_running",
            "jobsapp_outbox_backlog", "jobsapp_outbox_lag_seconds")  # fmt: skip
 
@@ -51,16 +52,13 @@ pytestmark = pytest.mark.timeout(120)
 
 @contextmanager
 def operator_env(
-    tmp_path_factory: pytest.TempPathFactory, database: str, redis_db: int
+    tmp_path_factory: pytest.TempPathFactory, database: str, redis: RedisServer
 ) -> Iterator[dict[str, str]]:
-    """The environment of a web app and worker on a fresh database and Redis database."""
+    """The environment of a web app and worker on a fresh database and a Redis of their own."""
     base = service("JOBSAPP_TEST_DATABASE_URL")
     db_url = _fresh_postgres(base, database)
     migrate(db_url)
-    redis_url = urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{redis_db}").geturl()
-    import redis
-
-    redis.Redis.from_url(redis_url).flushdb()
+    redis_url = redis.url
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
     yield env | {
         "JOBSAPP_VAR_DIR": str(tmp_path_factory.mktemp(f"{database}-var")),
@@ -78,8 +76,10 @@ def operator_env(
 
 
 @pytest.fixture(scope="module")
-def admin_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    with operator_env(tmp_path_factory, DATABASE, REDIS_DB) as env:
+def admin_env(
+    tmp_path_factory: pytest.TempPathFactory, module_redis: RedisServer
+) -> Iterator[dict[str, str]]:
+    with operator_env(tmp_path_factory, DATABASE, module_redis) as env:
         yield env
 
 
@@ -291,8 +291,8 @@ def test_an_action_without_a_usable_reason_is_a_400(
 @pytest.mark.parametrize(
     ("path", "status", "code"),
     [
-        (action("jobs", uuid.uuid4(), "replay"), 404, "unknown_job"),
-        (action("nope", uuid.uuid4(), "cancel"), 404, "unknown_module"),
+        (action("jobs", UNKNOWN_ID, "replay"), 404, "unknown_job"),
+        (action("nope", UNKNOWN_ID, "cancel"), 404, "unknown_module"),
         ("/v1/admin/jobs/jobs/not-a-uuid/replay", 404, "not_found"),
     ],
 )

@@ -1,6 +1,6 @@
 """Attachment operations with real processes: reprocess, verify --repair, staging retention.
 
-Workers, beat and the commands are subprocesses on a database, a Redis database and an S3
+Workers, beat and the commands are subprocesses on a database, a redis-server and an S3
 prefix of this module's own. The commands run as ``python -m jobsapp.attachments.commands``,
 the same handlers ``jobsapp reprocess`` and ``jobsapp verify`` call. Beat is there for
 what it owns: the relay publishes a batch an interrupted command committed but did not
@@ -20,7 +20,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import redis
 from PIL import Image
 from sqlalchemy import Engine, func, select
 
@@ -33,14 +32,13 @@ from tests.e2e.procs import Launcher, Proc, ready, service_env
 from tests.integration.test_reprocess import all_on, plant_ready
 from tests.integration.test_staging_retention import plant, stage
 from tests.support.attachments import sha256
-from tests.support.env import redis_url, service
+from tests.support.env import SESSION, service
 from tests.support.journal_view import per_job
+from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 from tests.unit import images
 
-DATABASE = "jobsapp_e2e_attachments_ops"
-# Its own Redis database: the lifecycle suites use 0, maintenance 3 and 4, web 12 and 13.
-BROKER_DB = 9
+DATABASE = f"jobsapp_e2e_attachments_ops_{SESSION}"
 # 1.8 s: long enough that nothing is an orphan at birth, short enough to wait out.
 ORPHAN_HOURS = 0.0005
 COMMAND = (sys.executable, "-m", "jobsapp.attachments.commands")
@@ -83,22 +81,23 @@ def db(database_url: str) -> Iterator[Engine]:
     engine.dispose()
 
 
-def broker_url() -> str:
-    return redis_url(BROKER_DB)
-
-
 @pytest.fixture
 def procs(
-    db: Engine, store: ObjectStore, database_url: str, storage_url: str, tmp_path: Path
+    db: Engine,
+    store: ObjectStore,
+    database_url: str,
+    storage_url: str,
+    module_redis: RedisServer,
+    tmp_path: Path,
 ) -> Iterator[Launcher]:
-    redis.Redis.from_url(broker_url()).flushdb()
+    module_redis.client().flushdb()
     settings = {
         "JOBSAPP_STORAGE_URL": storage_url,
         "JOBSAPP_S3_ENDPOINT_URL": service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
         "JOBSAPP_RELAY_EVERY": "1",
         "JOBSAPP_STAGING_ORPHAN_HOURS": str(ORPHAN_HOURS),
     }
-    env = service_env(database_url=database_url, broker_url=broker_url(),
+    env = service_env(database_url=database_url, broker_url=module_redis.url,
                       var_dir=tmp_path / "var", settings=settings)  # fmt: skip
     launcher = Launcher(env, tmp_path)
     try:

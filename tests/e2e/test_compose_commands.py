@@ -25,17 +25,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-import redis
 from sqlalchemy import create_engine, inspect
 
 from tests.conftest import _drop_postgres, _fresh_postgres
 from tests.e2e.procs import Launcher, Proc
 from tests.e2e.webserver import Http, fetch, free_port
 from tests.support.compose import SECRETS, compose_services, unescaped
-from tests.support.env import SESSION, redis_url, service
+from tests.support.env import SESSION, service
+from tests.support.servers import RedisServer
 from tests.unit import images
 
-REDIS_DB = 14
 DATABASE = f"jobsapp_compose_{SESSION}"
 PROCESSES = ("web", "worker", "beat", "flower")
 HEALTHY_WITHIN_S = 120
@@ -52,11 +51,11 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.fixture
-def stand_ins() -> Iterator[dict[str, str]]:
+def stand_ins(module_redis: RedisServer) -> Iterator[dict[str, str]]:
     """What replaces compose's postgres, redis and minio hosts in the environment."""
     admin = service("JOBSAPP_TEST_DATABASE_URL")
-    broker = redis_url(REDIS_DB)
-    redis.Redis.from_url(broker).flushdb()
+    broker = module_redis.url
+    module_redis.client().flushdb()
     s3 = service("JOBSAPP_TEST_S3_ENDPOINT_URL")
     yield {
         "JOBSAPP_DATABASE_URL": _fresh_postgres(admin, DATABASE),

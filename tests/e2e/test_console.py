@@ -28,7 +28,6 @@ from jobsapp.attachments.models import ATTACHMENT_RUNS
 from jobsapp.lifecycle import journal, registry
 from jobsapp.lifecycle.states import ALL_STATES, Transition
 from jobsapp.web.ui import LIVE_EVERY_MS
-from tests.chaos.harness import RedisServer
 from tests.e2e.browser import chromium
 from tests.e2e.test_admin_ui import SCREENSHOTS, log_in, wait_state
 from tests.e2e.test_admin_web import enqueue, operator_env, operator_events
@@ -37,12 +36,9 @@ from tests.e2e.webserver import REPO, Http, running_web, running_worker
 from tests.integration.test_operator import claimed, failed_job, queued_attachment_job
 from tests.support import tasks
 from tests.support.env import SESSION
+from tests.support.servers import RedisServer
 
-# Per test session, with a private redis-server: another session running this module must
-# not drop the database or flush the broker under us. (operator_env flushes database 9 of
-# the shared Redis, which nothing uses now.)
 DATABASE = f"jobsapp_e2e_console_{SESSION}"
-REDIS_DB = 9
 DESKTOP = {"width": 1280, "height": 900}
 NARROW = {"width": 390, "height": 844}
 # A credential in a job's arguments: the list must mask it, the search must find the job.
@@ -58,15 +54,11 @@ pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    redis = RedisServer(tmp_path_factory.mktemp("redis"))
-    redis.start()
-    try:
-        with operator_env(tmp_path_factory, DATABASE, REDIS_DB) as found:
-            yield found | {name: redis.url for name in ("JOBSAPP_BROKER_URL", "JOBSAPP_REDIS_URL",
-                                                        "JOBSAPP_TEST_REDIS_URL")}  # fmt: skip
-    finally:
-        redis.close()
+def env(
+    tmp_path_factory: pytest.TempPathFactory, module_redis: RedisServer
+) -> Iterator[dict[str, str]]:
+    with operator_env(tmp_path_factory, DATABASE, module_redis) as found:
+        yield found
 
 
 @pytest.fixture(scope="module")

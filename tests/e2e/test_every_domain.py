@@ -23,6 +23,7 @@ from jobsapp.lifecycle import journal
 from jobsapp.schema import metadata
 from tests.conftest import migrated_postgres
 from tests.integration.test_operator import failed_job, queued_attachment_job
+from tests.support.env import SESSION
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +32,7 @@ DOMAINS = {"jobs", "attachments", "reprocess"}
 
 @pytest.fixture(scope="module")
 def database_url() -> Iterator[str]:
-    with migrated_postgres("jobsapp_e2e_every_domain") as url:
+    with migrated_postgres(f"jobsapp_e2e_every_domain_{SESSION}") as url:
         yield url
 
 

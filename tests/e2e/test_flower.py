@@ -30,11 +30,9 @@ from jobsapp.lifecycle.scrub import scrub
 from jobsapp.lifecycle.tables import JobRun, OutboxMessage
 from tests.e2e.procs import BIN, ROOT, launching, ready, service_env
 from tests.e2e.webserver import free_port
-from tests.support.env import redis_url
+from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 
-# Its own Redis database (broker and Flower's event channel): see the other e2e modules.
-BROKER_DB = 7
 JOB_RUNS = JobRun.__table__
 OUTBOX = OutboxMessage.__table__
 
@@ -75,9 +73,9 @@ def _settled(port: int, *task_ids: str) -> dict[str, dict[str, Any]] | None:
 
 
 def test_flower_shows_retry_failure_success_and_a_duplicate_delivery(
-    pg: Engine, postgres_url: str, tmp_path: Path
+    pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
 ) -> None:
-    broker = redis_url(BROKER_DB)
+    broker = module_redis.url
     env = service_env(database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var",
                       settings={"FLOWER_UNAUTHENTICATED_API": "true"})  # fmt: skip
     with launching(env, tmp_path) as launcher:

@@ -24,10 +24,9 @@ from sqlalchemy import Engine
 
 from tests.e2e.procs import ROOT, Launcher, Proc, launching, ready, service_env
 from tests.e2e.webserver import free_port
-from tests.support.env import redis_url
+from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 
-BROKER_DB = 6
 SECRET = "pl4nted-Passw0rd"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -76,9 +75,9 @@ def _answers(url: str) -> bool:
 
 
 def test_worker_beat_and_web_write_scrubbed_json_lines_with_job_and_trace_ids(
-    pg: Engine, postgres_url: str, tmp_path: Path
+    pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
 ) -> None:
-    broker = redis_url(BROKER_DB)
+    broker = module_redis.url
     env = service_env(database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var",
                       settings={"JOBSAPP_LOG_FORMAT": "json"})  # fmt: skip
     with launching(env, tmp_path) as launcher:
@@ -119,9 +118,9 @@ def test_worker_beat_and_web_write_scrubbed_json_lines_with_job_and_trace_ids(
 
 
 def test_a_failed_attempt_logs_the_bodys_traceback_in_text_too(
-    pg: Engine, postgres_url: str, tmp_path: Path
+    pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
 ) -> None:
-    env = service_env(database_url=postgres_url, broker_url=redis_url(BROKER_DB),
+    env = service_env(database_url=postgres_url, broker_url=module_redis.url,
                       var_dir=tmp_path / "var", settings={})  # fmt: skip
     with launching(env, tmp_path) as launcher:
         worker = launcher.worker("text")

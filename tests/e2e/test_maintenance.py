@@ -30,11 +30,11 @@ from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.lifecycle.tables import JobRun
 from jobsapp.maintenance import lease, slots
 from jobsapp.schema import metadata
-from tests.chaos.harness import RedisServer
 from tests.e2e.procs import BIN, Launcher, Supervisor, ready, service_env
 from tests.support import tasks
 from tests.support.env import SESSION, service
 from tests.support.journal_view import events, outbox_rows, per_job, run_row, transitions
+from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 
 HEARTBEAT = 0.5
@@ -184,6 +184,7 @@ def plant_unpublished(db: Engine, count: int, *, age: float = 60.0) -> list[uuid
 # ------------------------------------------------------------------ tests
 
 
+@pytest.mark.serial  # the requeue's delay after the kill is asserted
 def test_a_worker_killed_mid_job_is_requeued_and_completed_by_another(
     procs: Launcher, db: Engine, broker: redis.Redis
 ) -> None:
@@ -343,6 +344,7 @@ def test_a_message_lost_by_the_broker_is_republished_after_the_unclaimed_timeout
 REAPED_ONE = r"reaper: \{[^}]*'jobs': 1[,}]"
 
 
+@pytest.mark.serial  # the takeover's delay is asserted
 def test_two_beats_one_leads_and_the_other_takes_over_when_it_dies(
     procs: Launcher, db: Engine, broker: redis.Redis
 ) -> None:
@@ -396,11 +398,16 @@ def _pass_counts(proc_log: str) -> dict[str, dict[str, int]]:
     return {f["pass"]: f["counts"] for f in found}
 
 
+# Stale runs, and as many unpublished jobs, that the two passes race for: ten batches of ten
+# for each pass, enough to interleave; every row more is one more job for the workers after.
+RACED_ROWS = 100
+
+
 def test_two_maintenance_passes_at_once_touch_each_row_once(
     procs: Launcher, db: Engine, broker: redis.Redis
 ) -> None:
-    stale = plant_stale_runs(db, 200)
-    pending = plant_unpublished(db, 200)
+    stale = plant_stale_runs(db, RACED_ROWS)
+    pending = plant_unpublished(db, RACED_ROWS)
 
     # A table lock is the starting gate: both processes block on their first reaper
     # query, and the commit below releases them into the same rows at the same moment.
@@ -416,8 +423,8 @@ def test_two_maintenance_passes_at_once_touch_each_row_once(
     assert [r.wait(60) for r in runners] == [0, 0]
     counts = [_pass_counts(r.log()) for r in runners]
     print("per process:", counts)
-    assert sum(c["reaper"]["jobs"] for c in counts) == 200
-    assert sum(c["relay"]["published"] for c in counts) == 200
+    assert sum(c["reaper"]["jobs"] for c in counts) == RACED_ROWS
+    assert sum(c["relay"]["published"] for c in counts) == RACED_ROWS
 
     reaps = per_job(db, "reap_requeue").items()
     with db.connect() as conn:
@@ -429,27 +436,28 @@ def test_two_maintenance_passes_at_once_touch_each_row_once(
         ).all()  # fmt: skip
     assert {job_id for job_id, _ in reaps} == set(stale)
     assert {n for _, n in reaps} == {1}
-    # 200 first messages of the stale runs (published before), 200 requeued attempts
-    # (published by the reaper) and 200 crashed producers' rows (by the relay): once each.
-    assert [tuple(r) for r in publish_counts] == [(1, 600)]
-    assert [tuple(r) for r in states] == [("queued", 1, 1, 200)]
-    # The broker holds one message per job: 200 second attempts and 200 first ones.
+    # The stale runs' first messages (published before), their requeued attempts (published
+    # by the reaper) and the crashed producers' rows (by the relay): once each.
+    assert [tuple(r) for r in publish_counts] == [(1, 3 * RACED_ROWS)]
+    assert [tuple(r) for r in states] == [("queued", 1, 1, RACED_ROWS)]
+    # The broker holds one message per job: the second attempts and the first ones.
     queued = [json.loads(m)["headers"]["id"] for m in broker.lrange("celery", 0, -1)]
-    assert len(queued) == len(set(queued)) == 400
+    assert len(queued) == len(set(queued)) == 2 * RACED_ROWS
 
     # Workers run everything; a beat stands by to republish a message the broker lost,
     # and the claim guard absorbs any copy it sends of one that was only slow.
     workers = [procs.worker(f"w{i}") for i in range(2)]
     ready(procs.beat("beat"), *workers)
-    eventually(lambda: _count(db, RUNS.c.state == "succeeded") == 400, timeout=60)
+    eventually(lambda: _count(db, RUNS.c.state == "succeeded") == 2 * RACED_ROWS, timeout=60)
     succeeded = list(per_job(db, "succeed").items())
     assert {n for _, n in succeeded} == {1}
-    assert len(succeeded) == 400
+    assert len(succeeded) == 2 * RACED_ROWS
     tokens = [f"stale-{j}" for j in stale] + [f"pending-{j}" for j in pending]
     ran = [int(v or 0) for v in broker.mget([f"jobsapp-test:calls:{t}" for t in tokens])]
-    assert ran == [1] * 400
+    assert ran == [1] * (2 * RACED_ROWS)
 
 
+@pytest.mark.serial  # the reap's delay is asserted
 def test_a_beat_whose_broker_refuses_connections_still_reaps_on_time(
     procs: Launcher, db: Engine
 ) -> None:

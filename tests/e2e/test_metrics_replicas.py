@@ -35,6 +35,7 @@ from jobsapp.monitor import rollup
 from tests.conftest import migrated_postgres
 from tests.e2e.webserver import fetch, running_web
 from tests.support import tasks
+from tests.support.env import SESSION
 from tests.support.journal_view import per_job
 
 SCRAPER = f"scraper-{uuid.uuid4().hex}"
@@ -100,7 +101,7 @@ def balancer(replicas: Sequence[str]) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def database() -> Iterator[str]:
-    with migrated_postgres("jobsapp_e2e_replicas") as url:
+    with migrated_postgres(f"jobsapp_e2e_replicas_{SESSION}") as url:
         yield url
 
 

@@ -27,13 +27,13 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
 from jobsapp.db import autocommit, make_engine
-from tests.chaos.harness import RedisServer
 from tests.conftest import migrated_postgres
 from tests.e2e.procs import Launcher, Proc, ready, service_env
 from tests.e2e.webserver import free_port
 from tests.integration.test_prepared_statements import _run_one
 from tests.support.env import SESSION, service
 from tests.support.journal_view import run_row, transitions
+from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,7 +185,7 @@ def _grab_on(bouncer: int, database: str, statement: str) -> Callable[[], None]:
 def test_a_schema_change_met_behind_pgbouncer_falls_back_to_unprepared(
     bouncer: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    name = f"jobsapp_pgb_reprepare_{uuid.uuid4().hex[:8]}"
+    name = f"jobsapp_pgb_reprepare_{SESSION}"
     with migrated_postgres(name) as url:
         through = make_url(url).set(port=bouncer).render_as_string(hide_password=False)
         engine = make_engine(f"{through}?application_name=pgb-reprepare")

@@ -14,24 +14,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.webserver import REPO, Http, fetch, free_port
-from tests.support.env import redis_url, service
+from tests.support.env import SESSION, service
+from tests.support.servers import RedisServer
 from tests.unit import images
 
-REDIS_DB = 15
 FLOWER_LOGIN = "ops:procfile-Secret-2f9a"
 
 
 @pytest.fixture
-def procfile_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+def procfile_env(module_redis: RedisServer, tmp_path: Path) -> Iterator[dict[str, str]]:
     admin = service("JOBSAPP_TEST_DATABASE_URL")
-    db_url = _fresh_postgres(admin, "jobsapp_e2e_procfile")
+    db_url = _fresh_postgres(admin, f"jobsapp_e2e_procfile_{SESSION}")
     migrate(db_url)
-    broker = redis_url(REDIS_DB)
-    redis.Redis.from_url(broker).flushdb()
+    broker = module_redis.url
+    module_redis.client().flushdb()
     base = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
     yield base | {
         "PATH": f"{Path(sys.executable).parent}:{base.get('PATH', '')}",
@@ -44,7 +43,7 @@ def procfile_env(tmp_path: Path) -> Iterator[dict[str, str]]:
         "JOBSAPP_RELAY_EVERY": "1",
         "FLOWER_BASIC_AUTH": FLOWER_LOGIN,
     }
-    _drop_postgres(admin, "jobsapp_e2e_procfile")
+    _drop_postgres(admin, f"jobsapp_e2e_procfile_{SESSION}")
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from sqlalchemy import Engine, func, select
 
 from jobsapp.attachments.models import REPROCESS, RUNS
@@ -21,13 +20,12 @@ from jobsapp.db import make_engine
 from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.procs import Launcher, Proc, launching, ready, service_env
 from tests.integration.test_reprocess_runs import plant_rows
-from tests.support.env import SESSION, redis_url, service
+from tests.support.env import SESSION, service
 from tests.support.journal_view import events
+from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 
 ATTACHMENT_COUNT = 2000
-# Its own Redis database (others: 0, 3, 4, 9, 12, 13).
-BROKER_DB = 10
 STALE_AFTER_S = 3
 
 pytestmark = pytest.mark.timeout(300)
@@ -45,11 +43,11 @@ def db() -> Iterator[Engine]:
 
 
 @pytest.fixture
-def procs(db: Engine, tmp_path: Path) -> Iterator[Launcher]:
-    broker = redis_url(BROKER_DB)
-    redis.Redis.from_url(broker).flushdb()
+def procs(db: Engine, module_redis: RedisServer, tmp_path: Path) -> Iterator[Launcher]:
+    broker = module_redis.url
+    module_redis.client().flushdb()
     settings = {
-        "JOBSAPP_STORAGE_URL": f"s3://{service('JOBSAPP_TEST_S3_BUCKET')}/e2e-backfill",
+        "JOBSAPP_STORAGE_URL": f"s3://{service('JOBSAPP_TEST_S3_BUCKET')}/e2e-backfill-{SESSION}",
         "JOBSAPP_S3_ENDPOINT_URL": service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
         "JOBSAPP_IMPORTS": "tests.support.parked",
         "JOBSAPP_HEARTBEAT_INTERVAL": "0.5",

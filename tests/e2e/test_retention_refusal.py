@@ -22,12 +22,9 @@ from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.lifecycle.tables import JobRun
 from tests.e2e.procs import Launcher, service_env
 from tests.support import tasks
-from tests.support.env import redis_url
+from tests.support.servers import RedisServer
 
 RUNS = JobRun.__table__
-# A broker database nobody consumes: beat's relay has nothing to send, but must not send
-# it where another suite's worker listens.
-BROKER_DB = 14
 REFUSAL = ("finished runs are kept 7 days, but task tests.long_window absorbs repeated "
            "enqueues for 30 days")  # fmt: skip
 
@@ -54,10 +51,12 @@ def still_there(db: Engine, job_id: uuid.UUID) -> bool:
 
 
 def test_beat_and_the_command_refuse_retention_inside_a_dedup_window(
-    pg: Engine, postgres_url: str, tmp_path: Path
+    pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
 ) -> None:
     old = finished_days_ago(pg, 8)
-    broker = redis_url(BROKER_DB)
+    # A broker nobody consumes: beat's relay has nothing to send, but must not send it
+    # where another suite's worker listens.
+    broker = module_redis.url
     imports = {"JOBSAPP_IMPORTS": "tests.support.tasks,tests.support.long_window"}
     env = service_env(database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var",
                       settings=imports)  # fmt: skip

@@ -30,27 +30,31 @@ from sqlalchemy import Engine, create_engine, text
 from jobsapp.attachments.store import STAGING_PREFIX
 from jobsapp.storage import store_from_url
 from jobsapp.web.multipart import MAX_PART_HEADER_BYTES
-from tests.conftest import _fresh_postgres, migrate
+from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.webserver import Http, fetch, running_web, running_worker
-from tests.support.env import redis_url, service
+from tests.support.env import SESSION, service
+from tests.support.servers import RedisServer
 
 MAX_UPLOAD = 256 * 1024
 ADMIN_TOKEN = "e2e-web-token"
-# Its own Redis database: the lifecycle suites use 0 and the maintenance e2e 3.
-REDIS_DB = 12
 ERROR = {"error", "reason"}
+# No row has it. Fixed, not drawn, because it shows in test ids, which every xdist worker
+# must collect alike.
+UNKNOWN_ID = uuid.UUID("00000000-0000-4000-8000-00000000dead")
 
 
 # --------------------------------------------------------------------------- services
 
 
 @pytest.fixture(scope="module")
-def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def e2e_env(
+    tmp_path_factory: pytest.TempPathFactory, module_redis: RedisServer
+) -> Iterator[dict[str, str]]:
     """The environment of the web and worker processes; their S3 prefix is emptied after."""
-    db_url = _fresh_postgres(service("JOBSAPP_TEST_DATABASE_URL"), "jobsapp_e2e_web")
+    admin = service("JOBSAPP_TEST_DATABASE_URL")
+    db_url = _fresh_postgres(admin, f"jobsapp_e2e_web_{SESSION}")
     migrate(db_url)
-    web_redis = redis_url(REDIS_DB)
-    _flush_redis(web_redis)
+    web_redis = module_redis.url
     storage_url = f"s3://{service('JOBSAPP_TEST_S3_BUCKET')}/e2e-web-{uuid.uuid4().hex[:12]}"
     endpoint = service("JOBSAPP_TEST_S3_ENDPOINT_URL")
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
@@ -67,12 +71,7 @@ def e2e_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     store = store_from_url(storage_url, endpoint_url=endpoint)
     for info in list(store.list("")):
         store.delete(info.key)
-
-
-def _flush_redis(url: str) -> None:
-    import redis
-
-    redis.Redis.from_url(url).flushdb()
+    _drop_postgres(admin, f"jobsapp_e2e_web_{SESSION}")
 
 
 @pytest.fixture(scope="module")
@@ -288,10 +287,10 @@ def test_an_idempotency_key_reused_for_another_file_is_refused(http: Http) -> No
 @pytest.mark.parametrize(
     ("path", "status"),
     [
-        (f"/v1/attachments/{uuid.uuid4()}", 404),
+        (f"/v1/attachments/{UNKNOWN_ID}", 404),
         ("/v1/attachments/not-a-uuid", 404),
         ("/v1/attachments/../../etc/passwd", 404),
-        (f"/v1/attachments/{uuid.uuid4()}/variants/thumbnail", 404),
+        (f"/v1/attachments/{UNKNOWN_ID}/variants/thumbnail", 404),
         ("/nowhere", 404),
         ("/healthz/", 404),
     ],
@@ -485,13 +484,13 @@ FULLWIDTH = "".join(chr(ord(c) + 0xFEE0) for c in "thumbnail")
 @pytest.mark.parametrize(
     ("path", "status", "code"),
     [
-        (f"/v1/attachments/{uuid.uuid4()}/variants/thumbnail%00", 400, "bad_url"),
-        (f"/v1/attachments/{uuid.uuid4()}%00", 400, "bad_url"),
-        (f"/v1/attachments/{uuid.uuid4()}/variants/thumb%FFnail", 400, "bad_url"),
+        (f"/v1/attachments/{UNKNOWN_ID}/variants/thumbnail%00", 400, "bad_url"),
+        (f"/v1/attachments/{UNKNOWN_ID}%00", 400, "bad_url"),
+        (f"/v1/attachments/{UNKNOWN_ID}/variants/thumb%FFnail", 400, "bad_url"),
         # An overlong encoding of NUL is not UTF-8 at all.
-        (f"/v1/attachments/{uuid.uuid4()}/variants/%C0%80", 400, "bad_url"),
-        (f"/v1/attachments/{uuid.uuid4()}/variants/{quote(FULLWIDTH)}", 404, "not_found"),
-        (f"/v1/attachments/{uuid.uuid4()}/variants/{'x' * 5000}", 404, "not_found"),
+        (f"/v1/attachments/{UNKNOWN_ID}/variants/%C0%80", 400, "bad_url"),
+        (f"/v1/attachments/{UNKNOWN_ID}/variants/{quote(FULLWIDTH)}", 404, "not_found"),
+        (f"/v1/attachments/{UNKNOWN_ID}/variants/{'x' * 5000}", 404, "not_found"),
         ("/v1/admin/jobs?module=attachments%00", 400, "bad_url"),
         (f"/v1/admin/jobs?limit={quote('²')}", 400, "bad_filter"),
         (f"/v1/admin/jobs?limit={'9' * 5000}", 400, "bad_filter"),

@@ -67,7 +67,9 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("venv")
     venv.create(root / "venv", with_pip=True, system_site_packages=False)
     bin_dir = root / "venv" / "bin"
-    _run([str(bin_dir / "pip"), "install", "-q", str(wheel)], cwd=root)
+    # --no-compile: byte-compiling every dependency (botocore's thousands of files) is most
+    # of an install's time; what the tests import compiles on import.
+    _run([str(bin_dir / "pip"), "install", "-q", "--no-compile", str(wheel)], cwd=root)
     return bin_dir
 
 

@@ -7,7 +7,6 @@ response that the app sent ``X-Content-Type-Options: nosniff``.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jobsapp.demo import multipart_body
+from tests.support.servers import free_port
 
 WEB = (sys.executable, "-m", "jobsapp.cli", "web", "--host", "127.0.0.1")
 # The Procfile's web line: a gunicorn replica of two workers.
@@ -97,13 +97,6 @@ def fetch(request: urllib.request.Request | str, opener: Any = None) -> Reply:
     except urllib.error.HTTPError as error:
         with error:
             return Reply(error.code, error.headers, error.read())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def start(argv: tuple[str, ...], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:

@@ -30,6 +30,9 @@ from tests.support import tasks
 from tests.support.attachments import environment
 from tests.support.journal_view import held_by, run_row
 
+# Every test here asserts how long a call or a pass took.
+pytestmark = pytest.mark.serial
+
 SCHEMES = ("redis", "pyamqp")
 # The blackhole's wait: what JOBSAPP_PUBLISH_TIMEOUT allows a silent broker.
 SILENT_TIMEOUT = 0.3

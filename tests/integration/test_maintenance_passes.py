@@ -34,8 +34,9 @@ from jobsapp.lifecycle.tables import JobRun
 from jobsapp.maintenance import lease, reaper, relay, retention
 from jobsapp.monitor import metrics, summary
 from tests.support import tasks
-from tests.support.env import redis_url, service
+from tests.support.env import service
 from tests.support.journal_view import held_by, outbox_rows, run_row, transitions
+from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 
 RUNS = JobRun.__table__
@@ -52,22 +53,20 @@ STALE = timedelta(seconds=30)
 UNCLAIMED = timedelta(seconds=60)
 REAPER = reaper.ReaperConfig(stale_after=STALE, unclaimed_after=UNCLAIMED)
 RELAY = relay.RelayConfig(unclaimed_after=UNCLAIMED)
-BROKER_DB = 4
 
 
 @pytest.fixture
-def broker() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url(BROKER_DB))
+def broker(module_redis: RedisServer) -> Iterator[redis.Redis]:
+    client = module_redis.client()
     client.flushdb()
     yield client
     client.close()
 
 
 @pytest.fixture
-def relay_app(broker: redis.Redis) -> Iterator[Celery]:
-    """A producer-only app on the broker database of this module."""
-    url = redis_url(BROKER_DB)
-    app = Celery("maintenance-relay-tests", broker=url, set_as_current=False)
+def relay_app(broker: redis.Redis, module_redis: RedisServer) -> Iterator[Celery]:
+    """A producer-only app on the broker of this module."""
+    app = Celery("maintenance-relay-tests", broker=module_redis.url, set_as_current=False)
     app.conf.update(task_serializer="json", accept_content=["json"])
     yield app
     app.close()
@@ -577,9 +576,9 @@ def test_a_message_never_claimed_after_many_publishes_is_dead(
 
 
 @pytest.fixture(params=["redis", "amqp"])
-def backlog_app(request: pytest.FixtureRequest) -> Iterator[Celery]:
+def backlog_app(request: pytest.FixtureRequest, module_redis: RedisServer) -> Iterator[Celery]:
     """A producer-only app on a queue of its own that no worker consumes (a backlog)."""
-    url = redis_url(BROKER_DB) if request.param == "redis" else service("JOBSAPP_TEST_AMQP_URL")
+    url = module_redis.url if request.param == "redis" else service("JOBSAPP_TEST_AMQP_URL")
     app = Celery("backlog-tests", broker=url, set_as_current=False)
     app.conf.update(task_serializer="json", accept_content=["json"],
                     task_default_queue=f"backlog-{uuid.uuid4().hex}")  # fmt: skip

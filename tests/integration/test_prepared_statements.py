@@ -15,6 +15,7 @@ from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.registry import JOBS
 from tests.conftest import migrated_postgres
+from tests.support.env import SESSION
 from tests.support.journal_view import run_row, transitions
 
 
@@ -86,7 +87,7 @@ def test_a_server_connection_that_does_not_match_falls_back_to_unprepared(
 
 def test_a_migration_that_changes_a_returned_column_does_not_break_a_running_worker() -> None:
     # A database of the test's own: the ALTER must not reach the other tests' tables.
-    with migrated_postgres(f"jobsapp_prepared_alter_{uuid.uuid4().hex[:8]}") as url:
+    with migrated_postgres(f"jobsapp_prepared_alter_{SESSION}") as url:
         engine = make_engine(f"{url}?application_name=prepared-alter")
         with autocommit(engine) as conn:
             _run_one(conn)  # the worker's connection has prepared its statements

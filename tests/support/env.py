@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import tempfile
-from urllib.parse import urlsplit
+from pathlib import Path
 
 import pytest
+
+from tests.support.servers import RedisServer
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 VAR_DIR = tempfile.mkdtemp(prefix="jobsapp-tests-")
@@ -15,6 +18,21 @@ VAR_DIR = tempfile.mkdtemp(prefix="jobsapp-tests-")
 SESSION = f"s{os.getpid()}"
 # The hypothesis profile tests/conftest.py loads: "ci" (derandomized) or "explore".
 HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+# The variables configure_process_env set, not found: what a child session must not inherit.
+_SET_BY_SESSION = "JOBSAPP_TEST_SET_BY_SESSION"
+
+
+def _session_redis() -> str | None:
+    """A ``redis-server`` of this session's own in place of the shared one, whose URL
+    tells that the services run: nothing another session (an xdist worker, a colleague)
+    does to its broker, queues or dedup keys reaches ours. It dies with this process."""
+    if not os.environ.get("JOBSAPP_TEST_REDIS_URL"):
+        return None
+    server = RedisServer(Path(VAR_DIR) / "redis", dies_with_pytest=True)
+    server.start()
+    atexit.register(server.close)
+    os.environ["JOBSAPP_TEST_REDIS_URL"] = server.url
+    return server.url
 
 
 def examples(ci: int, explore: int) -> int:
@@ -34,14 +52,15 @@ def service(name: str) -> str:
     pytest.skip(message)
 
 
-def redis_url(db: int) -> str:
-    """The test Redis on database ``db`` (a module keeps its broker and counters apart)."""
-    return urlsplit(service("JOBSAPP_TEST_REDIS_URL"))._replace(path=f"/{db}").geturl()
-
-
 def configure_process_env() -> None:
-    """Point jobsapp (and any worker subprocess) at the test services."""
-    redis_url = os.environ.get("JOBSAPP_TEST_REDIS_URL")
+    """Point jobsapp (and any worker subprocess) at the test services.
+
+    A session started by another (an xdist worker by its controller) inherits the values
+    the other set for itself, its namespace and Redis among them: those are dropped first,
+    so every session sets its own, and only what the caller's environment held wins."""
+    for key in filter(None, os.environ.pop(_SET_BY_SESSION, "").split(",")):
+        os.environ.pop(key, None)
+    redis_url = _session_redis()
     defaults = {
         "JOBSAPP_VAR_DIR": VAR_DIR,
         "JOBSAPP_DATABASE_URL": os.environ.get("JOBSAPP_TEST_DATABASE_URL", ""),
@@ -53,6 +72,7 @@ def configure_process_env() -> None:
         "JOBSAPP_INLINE_WAIT_MAX": "2",
         "JOBSAPP_TEST_NAMESPACE": SESSION,
     }
-    for key, value in defaults.items():
-        if value:
-            os.environ.setdefault(key, value)
+    mine = [key for key, value in defaults.items() if value and key not in os.environ]
+    for key in mine:
+        os.environ[key] = defaults[key]
+    os.environ[_SET_BY_SESSION] = ",".join(mine)

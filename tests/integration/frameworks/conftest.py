@@ -37,6 +37,14 @@ def django_db(examples_url: str) -> str:
     return examples_url
 
 
+@pytest.fixture(scope="package", autouse=True)
+def django_settings_stay_here() -> Iterator[None]:
+    """Django's settings module is named in the environment for these tests only: a process
+    another module starts (a worker in a folder without ``examples/``) must not inherit it."""
+    yield
+    os.environ.pop("DJANGO_SETTINGS_MODULE", None)
+
+
 @pytest.fixture
 def db(examples_url: str) -> Engine:
     """PostgreSQL only (overrides the two-dialect ``db``, and so the ``worker``'s)."""
