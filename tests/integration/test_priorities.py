@@ -20,7 +20,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import Engine, update
 
-from jobsapp.celery_app import create_app
+from jobsapp.celery_app import app, create_app
 from jobsapp.lifecycle import journal, outbox_queries
 from jobsapp.lifecycle.enqueue import transaction
 from jobsapp.lifecycle.journal import OUTBOX, NewJob
@@ -131,7 +131,8 @@ def test_the_relay_publishes_the_most_urgent_due_rows_first(db: Engine) -> None:
             conn.execute(update(OUTBOX).where(OUTBOX.c.job_id == job.job_id).values(
                 available_at=now - timedelta(seconds=60 + age)))  # fmt: skip
     with db.begin() as conn:
-        due = outbox_queries.due_messages(conn, now=now, limit=10)
+        due = outbox_queries.due_messages(conn, now=now, limit=10,
+                                           default_queue=app.conf.task_default_queue)
     assert [m.job_id for m in due] == [jobs[i].job_id for i in (2, 1, 3, 0, 4)]
     assert [m.priority for m in due] == [9, 3, 3, 0, 0]
 
