@@ -277,7 +277,10 @@ def member_dies_after_commit_before_publish(cluster: Cluster, tmp_path: Path) ->
     wait_log([a], r"exited with 'signal 9 \(SIGKILL\)'")
     # The last member's message, handed back by the main process, is a no-op now.
     wait_log([a], "no work, the job is already terminal")
-    a.kill()
+    # A warm shutdown, so that no-op's ack reaches the broker before the worker exits: a
+    # SIGKILL right after its log line could leave it unacked, and RabbitMQ requeues it.
+    a.popen.terminate()
+    a.wait(30)
 
     body = _step_run(cluster, sent.workflow_id, "0.body")
     assert (body["job_id"], body["state"], body["attempts"]) == (sent.final, "queued", 0)
