@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, case, distinct, func, or_, select
+from sqlalchemy import Connection, Engine, and_, case, func, or_, select
 
 from jobsapp.lifecycle import registry
 from jobsapp.lifecycle.journal.workflow import FAILURE, STEPS
@@ -86,7 +86,7 @@ def workflow_counts(engine: Engine) -> dict[str, int]:
     the steps name; bounded, as the run tables are, by journal retention)."""
     flags: dict[uuid.UUID, tuple[bool, bool, bool]] = {}
     with engine.connect() as conn:
-        for module in conn.execute(select(distinct(STEPS.c.module))).scalars():
+        for module in conn.execute(select(STEPS.c.module).distinct()).scalars():
             for workflow_id, *seen in conn.execute(_flags(module)):
                 before = flags.get(workflow_id, (False, False, False))
                 active, failed, waiting = (bool(a or b) for a, b in zip(before, seen, strict=True))
