@@ -108,7 +108,8 @@ def let_go(token: str) -> None:
 
 def started(token: str) -> set[str]:
     """The job ids whose bodies started (and did not fail at once)."""
-    return {j.decode() for j in counter().smembers(_held(token, "started"))}
+    members = counter().smembers(_held(token, "started"))
+    return {j.decode() if isinstance(j, bytes) else j for j in members}
 
 
 def most_at_once(token: str) -> int:
