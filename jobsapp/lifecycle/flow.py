@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 MAX_RATE_KEY = 200  # flow_rates.rate_key
 # How stale a process's view of the paused queues may be.
 PAUSES_SEEN_WITHIN = 1.0
+# What that view ages by (a test moves it).
+_clock: Callable[[], float] = time.monotonic
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*$")
 
@@ -201,12 +203,15 @@ def paused_pairs(engine: Engine) -> frozenset[tuple[str, str]]:
     key = str(engine.url)
     with _seen_lock:
         seen = _seen.get(key)
-    if seen is not None and seen[0] > time.monotonic():
+    read_at = _clock()
+    if seen is not None and seen[0] > read_at:
         return seen[1]
     with engine.connect() as conn:
         pairs = frozenset((r["kind"], r["name"]) for r in statements.paused(conn))
+    # Aged from before the read: a pause that commits while the read runs may be missing
+    # from it, and must still be seen PAUSES_SEEN_WITHIN after its commit at the latest.
     with _seen_lock:
-        _seen[key] = (time.monotonic() + PAUSES_SEEN_WITHIN, pairs)
+        _seen[key] = (read_at + PAUSES_SEEN_WITHIN, pairs)
     return pairs
 
 
