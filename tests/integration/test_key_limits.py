@@ -87,6 +87,21 @@ def test_a_freed_slot_goes_to_the_oldest_waiter_in_the_finishing_transaction(
     assert _slots(db, "t1")[jobs[3]] == 1  # the slot jobs[1] held
 
 
+def test_a_run_granted_a_slot_is_published_at_its_jobs_priority(
+    db: Engine, redis_clean: None
+) -> None:
+    handles = [limit_tasks.limited_plain.apply_async(("t1", 0.0), priority=7)
+               for _ in range(limit_tasks.LIMIT + 1)]  # fmt: skip
+    jobs = [h.job_id for h in handles]
+    spec = registry.JOBS
+    with db.begin() as conn:
+        claimed = journal.claim(conn, spec, jobs[0], 1, worker="w1")
+        assert claimed is not None
+        assert journal.succeed(conn, spec, jobs[0], 1, token=claimed["claim_token"], actor="w1")
+        granted = journal.slots.release(conn, spec, jobs[0])
+    assert [(m.job_id, m.priority) for m in granted.messages] == [(jobs[-1], 7)]
+
+
 def test_the_sweep_frees_the_slot_of_a_run_cancelled_while_queued(
     db: Engine, redis_clean: None
 ) -> None:
