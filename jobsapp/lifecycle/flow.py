@@ -135,7 +135,8 @@ def _without_flush_wait(conn: Connection) -> None:
 def _check(
     conn: Connection, spec: RunTable, gate: Gate, row: Mapping[str, Any], watching: bool
 ) -> Held | None:
-    if watching and statements.any_paused(conn, _pairs_of(spec, gate, row)):
+    pausing = _pairs(spec.module, row["queue"], gate.default_queue)
+    if watching and statements.any_paused(conn, pausing):
         return Held(None)
     if gate.rate is None:
         return None
@@ -149,9 +150,9 @@ def _bounded(key: str) -> str:
     return key if len(key) <= MAX_RATE_KEY else hashlib.sha256(key.encode()).hexdigest()
 
 
-def _pairs_of(spec: RunTable, gate: Gate, row: Mapping[str, Any]) -> set[tuple[str, str]]:
-    queue = row["queue"] or gate.default_queue
-    return {(Kind.DOMAIN.value, spec.module), (Kind.QUEUE.value, queue)}
+def _pairs(module: Any, queue: str | None, default_queue: str) -> set[tuple[str, str]]:
+    """What pauses a run of ``module`` on ``queue`` (None: the app's default queue)."""
+    return {(Kind.DOMAIN.value, module), (Kind.QUEUE.value, queue or default_queue)}
 
 
 def publishable(engine: Engine, default_queue: str, messages: Sequence[PendingMessage]
@@ -168,8 +169,8 @@ def publishable(engine: Engine, default_queue: str, messages: Sequence[PendingMe
         return messages
     if not pairs:
         return messages
-    return [m for m in messages if pairs.isdisjoint(
-        {(Kind.DOMAIN.value, m.body.get("module")), (Kind.QUEUE.value, m.queue or default_queue)})]
+    return [m for m in messages
+            if pairs.isdisjoint(_pairs(m.body.get("module"), m.queue, default_queue))]
 
 
 def hand_back(

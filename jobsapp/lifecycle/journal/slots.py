@@ -187,11 +187,9 @@ def _unpark(
         update(OUTBOX)
         .where(*_unpublished(spec, waiter.job_id), OUTBOX.c.available_at == PARKED)
         .values(available_at=due)
-        .returning(OUTBOX.c.id, OUTBOX.c.job_id, OUTBOX.c.attempt, OUTBOX.c.task_name,
-                   OUTBOX.c.body, OUTBOX.c.available_at, OUTBOX.c.queue)
+        .returning(*OUTBOX.c)
     ).mappings()  # fmt: skip
-    return tuple(PendingMessage(r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"],
-                                r["available_at"], queue=r["queue"]) for r in rows)  # fmt: skip
+    return tuple(PendingMessage.of_row(r) for r in rows)
 
 
 # ------------------------------------------------------------------ the sweep
