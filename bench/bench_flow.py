@@ -30,9 +30,9 @@ from pathlib import Path
 
 import redis
 from celery import Celery
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine
 
-from bench.bench_maintenance import fresh_database
+from bench.bench_maintenance import drop_database, fresh_database
 from bench.services import Services
 from jobsapp.db import autocommit
 from jobsapp.lifecycle import flow, journal
@@ -120,10 +120,7 @@ def main(services: Services, size: str, out: Path) -> list[str]:
     broker.flushdb()
     app.close()
     engine.dispose()
-    admin = create_engine(pg_base + "/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
-    admin.dispose()
+    drop_database(pg_base, DB_NAME)
     none, idle, rate, plain, urgent = (statistics.median(s) for s in samples.values())
     return [f"flow: a claim with a rate check {rate:.3f} ms/job vs {none:.3f} ms/job with no "
             f"limit ({rate / none:.2f}x; fsync on); flow control on, nothing paused: "

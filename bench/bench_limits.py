@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from celery import Celery
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine
 
-from bench.bench_maintenance import fresh_database
+from bench.bench_maintenance import drop_database, fresh_database
 from bench.services import Services
 from jobsapp.db import autocommit, relaxed_autocommit
 from jobsapp.lifecycle import journal, lifecycle_task, limits
@@ -130,10 +130,7 @@ def main(services: Services, size: str, out: Path) -> list[str]:
                    for name in SERIES}  # fmt: skip
     finally:
         engine.dispose()
-        admin = create_engine(pg_base + "/postgres", isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
-        admin.dispose()
+        drop_database(pg_base, DB_NAME)
     return [ratio_line(line, {name: results[name] for name in LINES[line]}, rounds)
             for line in LINES]
 
