@@ -71,16 +71,21 @@ def test_a_limited_key_publishes_n_runs_and_parks_the_rest_in_arrival_order(
         assert journal.claim(conn, registry.JOBS, jobs[4], 1, worker="w") is None
 
 
+def _succeed_and_release(db: Engine, job_id: uuid.UUID) -> journal.slots.Granted:
+    """A worker's claim, then its success and the slot's release in one transaction."""
+    spec = registry.JOBS
+    with db.begin() as conn:
+        claimed = journal.claim(conn, spec, job_id, 1, worker="w1")
+        assert claimed is not None
+        assert journal.succeed(conn, spec, job_id, 1, token=claimed["claim_token"], actor="w1")
+        return journal.slots.release(conn, spec, job_id)
+
+
 def test_a_freed_slot_goes_to_the_oldest_waiter_in_the_finishing_transaction(
     db: Engine, redis_clean: None
 ) -> None:
     jobs = _enqueue("t1", 5)
-    spec = registry.JOBS
-    with db.begin() as conn:
-        claimed = journal.claim(conn, spec, jobs[1], 1, worker="w1")
-        assert claimed is not None
-        assert journal.succeed(conn, spec, jobs[1], 1, token=claimed["claim_token"], actor="w1")
-        granted = journal.slots.release(conn, spec, jobs[1])
+    granted = _succeed_and_release(db, jobs[1])
     assert granted.job_ids == {jobs[3]}
     assert [m.job_id for m in granted.messages] == [jobs[3]]
     assert [_parked(db, j) for j in jobs[2:]] == [False, False, True]
@@ -93,12 +98,7 @@ def test_a_run_granted_a_slot_is_published_at_its_jobs_priority(
     handles = [limit_tasks.limited_plain.apply_async(("t1", 0.0), priority=7)
                for _ in range(limit_tasks.LIMIT + 1)]  # fmt: skip
     jobs = [h.job_id for h in handles]
-    spec = registry.JOBS
-    with db.begin() as conn:
-        claimed = journal.claim(conn, spec, jobs[0], 1, worker="w1")
-        assert claimed is not None
-        assert journal.succeed(conn, spec, jobs[0], 1, token=claimed["claim_token"], actor="w1")
-        granted = journal.slots.release(conn, spec, jobs[0])
+    granted = _succeed_and_release(db, jobs[0])
     assert [(m.job_id, m.priority) for m in granted.messages] == [(jobs[-1], 7)]
 
 
