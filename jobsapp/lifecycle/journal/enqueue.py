@@ -64,9 +64,9 @@ def _in_line(
     """A new run of a limited key holds a slot, or waits parked with no message to publish."""
     delayed = job.not_before is not None or job.delay is not None
     due_at = result.message.available_at if delayed and result.message else None
-    granted = slots.admit(conn, job.spec, job.job_id, job.concurrency_key, job.key_limit or 1,
-                          due_at=due_at, now=now)  # fmt: skip
-    return result if job.job_id in granted.job_ids else replace(result, message=None)
+    holds = slots.admit(conn, job.spec, job.job_id, job.concurrency_key, job.key_limit or 1,
+                        due_at=due_at, now=now)  # fmt: skip
+    return result if holds else replace(result, message=None)
 
 
 def enqueue_new(

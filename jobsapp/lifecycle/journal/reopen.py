@@ -117,9 +117,9 @@ def _in_line(
     or a rerun never makes its key's N+1st active run."""
     if row["key_limit"] is None:
         return message
-    granted = slots.admit(conn, spec, row["job_id"], row["concurrency_key"],
-                          int(row["key_limit"]), due_at=None, rerun=True, now=now)  # fmt: skip
-    return message if row["job_id"] in granted.job_ids else None
+    holds = slots.admit(conn, spec, row["job_id"], row["concurrency_key"],
+                        int(row["key_limit"]), due_at=None, rerun=True, now=now)  # fmt: skip
+    return message if holds else None
 
 
 def _carried_success(
