@@ -122,6 +122,7 @@ def test_every_refusal_but_skipped_and_expired_comes_from_explain() -> None:
         explain(row(State.RUNNING, 3), 2),
         explain(row(State.RUNNING, 3), 3),
         explain(row(State.QUEUED, 3, LATER), 4),
+        explain(row(State.QUEUED, 3, PARKED), 4),
         explain(row(State.QUEUED, 3), 5),
     }
     # EXPIRED is decided before explain, by is_expired (the claim refused an expired row);
