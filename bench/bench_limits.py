@@ -1,11 +1,16 @@
-"""The cost of a key limit per job: enqueue, claim and finish through the journal, one job
-at a time on one connection, on the fsync-on cluster, without a limit and with ``limit=3``.
+"""The cost of a key limit and of fairness per job: enqueue, claim and finish through the
+journal, one job at a time on one connection, on the fsync-on cluster, beside none.
 
-Three series of the same jobs: no limit (the producer's and the worker's one-statement
-autocommit writes); ``limit=3`` with a free slot at each enqueue (the key's line joined, the
-slot taken, and freed by the finish: the check every limited job pays); ``limit=3`` with
-every job enqueued first on one key, so all but three wait parked and each finish grants
-the next (the line at work). The broker is left out: its cost is the same in all three.
+``limits`` line, three series of the same jobs: no limit (the producer's and the worker's
+one-statement autocommit writes); ``limit=3`` with a free slot at each enqueue (the key's
+line joined, the slot taken, and freed by the finish: the check every limited job pays);
+``limit=3`` with every job enqueued first on one key, so all but three wait parked and each
+finish grants the next (the line at work).
+
+``fairness`` line: every job enqueued first, then run in arrival order, plain (no key
+limit) beside ``fair=True`` on one key (all but the window of 2 wait parked; each claim's
+own transaction lets the next one be granted: the round-robin claim). The broker is left
+out: its cost is the same in every series.
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from celery import Celery
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine
 
-from bench.bench_maintenance import fresh_database
+from bench.bench_maintenance import drop_database, fresh_database
 from bench.services import Services
 from jobsapp.db import autocommit, relaxed_autocommit
 from jobsapp.lifecycle import journal, lifecycle_task, limits
@@ -43,6 +48,11 @@ def limited(tenant: str, n: int) -> None:
     del tenant, n
 
 
+@lifecycle_task(_app, name="bench.fair", key="{tenant}", fair=True)
+def fair(tenant: str, n: int) -> None:
+    del tenant, n
+
+
 def _new_job(task: LifecycleTask, tenant: str, n: int) -> NewJob:
     return task.new_job((tenant, n), {}, uuid.uuid4())
 
@@ -62,6 +72,8 @@ def run(engine: Engine, job: NewJob) -> None:
     with relaxed_autocommit(engine) as conn:
         row = journal.claim(conn, job.spec, job.job_id, 1, worker="bench")
     assert row is not None, "a job under its limit must be claimable"
+    if job.task_name == fair.name:
+        limits.fair_claimed(engine, job.spec, row)
     with limits.outcome_connection(engine, row) as conn:
         done = journal.succeed(conn, job.spec, job.job_id, 1, token=row["claim_token"],
                                actor="bench")  # fmt: skip
@@ -83,11 +95,20 @@ def in_line(engine: Engine, jobs: list[NewJob]) -> None:
 
 
 Series = Callable[[Engine, list[NewJob]], None]
-SERIES: dict[str, tuple[LifecycleTask, Series]] = {
-    "no limit": (unlimited, one_by_one),
-    f"limit={LIMIT}, slot free": (limited, one_by_one),
-    f"limit={LIMIT}, waiting in line": (limited, in_line),
+# Per line: its series, the first one the base the second one's check is set against.
+LINES: dict[str, dict[str, tuple[LifecycleTask, Series]]] = {
+    "limits": {
+        "no limit": (unlimited, one_by_one),
+        f"limit={LIMIT}, slot free": (limited, one_by_one),
+        f"limit={LIMIT}, waiting in line": (limited, in_line),
+    },
+    "fairness": {
+        "plain": (unlimited, in_line),
+        "fair, one key's backlog": (fair, in_line),
+    },
 }
+SERIES = {name: way for series in LINES.values() for name, way in series.items()}
+WHAT = {"limits": "a limit check", "fairness": "a round-robin claim"}
 
 
 def ms_per_job(engine: Engine, name: str, n: int) -> float:
@@ -104,17 +125,22 @@ def main(services: Services, size: str, out: Path) -> list[str]:
     n, rounds = SIZES[size]
     pg_base = services.durable.pg_url("postgres").rsplit("/", 1)[0]
     engine = fresh_database(pg_base, DB_NAME)
+    samples: dict[str, list[float]] = {name: [] for name in SERIES}
     try:
-        results = {name: statistics.median(ms_per_job(engine, name, n) for _ in range(rounds))
-                   for name in SERIES}  # fmt: skip
+        for _ in range(rounds):
+            for name, taken in samples.items():  # interleaved: a drift of the machine hits all
+                taken.append(ms_per_job(engine, name, n))
     finally:
         engine.dispose()
-        admin = create_engine(pg_base + "/postgres", isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
-        admin.dispose()
-    base = results["no limit"]
+        drop_database(pg_base, DB_NAME)
+    results = {name: statistics.median(taken) for name, taken in samples.items()}
+    return [ratio_line(line, {name: results[name] for name in LINES[line]}, rounds)
+            for line in LINES]
+
+
+def ratio_line(line: str, results: dict[str, float], rounds: int) -> str:
+    """``results``' first series is the base, its second the check the line is about."""
+    base, checked = list(results.values())[:2]
     figures = ", ".join(f"{name} {ms:.2f}" for name, ms in results.items())
-    extra = results[f"limit={LIMIT}, slot free"] - base
-    return [f"limits: enqueue+claim+finish ms/job (fsync on, medians of {rounds}): {figures}; "
-            f"a limit check costs {extra:+.2f} ms/job ({(base + extra) / base:.2f}x)"]
+    return (f"{line}: enqueue+claim+finish ms/job (fsync on, medians of {rounds}): {figures}; "
+            f"{WHAT[line]} costs {checked - base:+.2f} ms/job ({checked / base:.2f}x)")

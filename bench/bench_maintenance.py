@@ -61,6 +61,14 @@ def fresh_database(pg_base: str, name: str = DB_NAME) -> Engine:
     return engine
 
 
+def drop_database(pg_base: str, name: str = DB_NAME) -> None:
+    """Drop a bench database (its engines disposed first)."""
+    admin = create_engine(pg_base + "/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
 def _ts(moment: datetime) -> str:
     return moment.isoformat()
 
@@ -294,10 +302,7 @@ def main(services: Services, size: str, out: Path) -> list[str]:
         print(f"  {terminal:>9,}  " + "  ".join(f"{ms:8.2f}" for ms in figures.values()))
     broker.flushdb()
     app.close()
-    admin = create_engine(pg_base + "/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
-    admin.dispose()
+    drop_database(pg_base)
     plot(results, out / "maintenance.png")
     small, large = results[sizes[0]], results[sizes[-1]]
     return [f"maintenance {name} {sizes[-1]:,}/{sizes[0]:,} rows ratio: "

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 
 from celery import Celery
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, text
 
-from bench.bench_maintenance import fresh_database
+from bench.bench_maintenance import drop_database, fresh_database
 from jobsapp.maintenance.retention import RetentionConfig, run_once
 
 DB_NAME = "jobsapp_bench_growth"
@@ -133,10 +133,7 @@ def main(base: str, rows: int) -> None:
         one_day(engine)
     finally:
         engine.dispose()
-        admin = create_engine(base + "/postgres", isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)'))
-        admin.dispose()
+        drop_database(base, DB_NAME)
 
 
 if __name__ == "__main__":

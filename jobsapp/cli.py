@@ -217,8 +217,8 @@ def replay(args: argparse.Namespace) -> int:
     def act() -> str:
         done = operator.replay(get_engine(), args.module, args.job_id, actor=_actor(args),
                                reason=args.reason)  # fmt: skip
-        sent = "published" if done.published else "the relay will publish it"
-        return f"replayed {done.module} job {done.job_id}: attempt {done.attempt} queued, {sent}"
+        return (f"replayed {done.module} job {done.job_id}: attempt {done.attempt} queued, "
+                f"{done.then}")
 
     return _operator_action(act)
 

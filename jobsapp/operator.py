@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Engine
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox, outbox_queries, registry
 from jobsapp.lifecycle import run_now as run_now_queries
-from jobsapp.lifecycle.journal import KeyBusy, PendingMessage, Revoked
+from jobsapp.lifecycle.journal import KeyBusy, Reopened, Revoked
 from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.revoke import JournalControl
@@ -78,6 +78,15 @@ class ReplayResult:
     attempt: int
     # False: the broker did not take the message now; the relay publishes it later.
     published: bool
+    # True: its limited key's slots are all held; it runs when one frees (not published).
+    waiting: bool = False
+
+    @property
+    def then(self) -> str:
+        """What happens to its message next, for an operator."""
+        if self.waiting:
+            return "it waits for a free slot of its key"
+        return "published" if self.published else "the relay will publish it"
 
 
 @dataclass(frozen=True)
@@ -163,29 +172,32 @@ def replay(
     # Before the transaction: importing task modules must not hold SQLite's write lock.
     _import_tasks(app)
     with engine.begin() as conn:
-        message = _reopen(conn, spec, job_id, who, why, lambda run: budget or _budget(app, run))
-    published = outbox.publish_now(app, [journal.on_local_clock(message, timedelta(0))]) == 1
-    return ReplayResult(spec.module, job_id, message.attempt, published)
+        reopened = _reopen(conn, spec, job_id, who, why, lambda run: budget or _budget(app, run))
+    if reopened.message is None:
+        return ReplayResult(spec.module, job_id, reopened.attempt, False, waiting=True)
+    message = journal.on_local_clock(reopened.message, timedelta(0))
+    published = outbox.publish_now(app, [message]) == 1
+    return ReplayResult(spec.module, job_id, reopened.attempt, published)
 
 
 def _reopen(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, who: str, why: str,
     budget: Callable[[Mapping[str, Any]], int],
-) -> PendingMessage:  # fmt: skip
+) -> Reopened:  # fmt: skip
     run = _current(conn, spec, job_id)
     if run["state"] != State.FAILED.value:
         raise Conflict("not_failed", _not_failed(spec, job_id, run["state"]), state=run["state"])
     try:
-        message = journal.reopen(
+        reopened = journal.reopen(
             conn, spec, job_id, from_state=State.FAILED, attempts=int(run["attempts"]),
             budget=budget(run), transition=Transition.REPLAY, actor=who, reason=why,
         )  # fmt: skip
     except KeyBusy as busy:
         raise Conflict("key_busy", _key_busy(run, busy.holder), holder=busy.holder) from None
-    if message is None:
+    if reopened is None:
         raise Conflict("moved", f"{spec.module} job {job_id} changed meanwhile; look again")
     _run_hook(_REPLAY_HOOKS.get(spec.module), conn, spec, job_id)
-    return message
+    return reopened
 
 
 _RUNNING_HINT = " (a running job finishes, or the reaper frees it)"

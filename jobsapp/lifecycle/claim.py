@@ -23,6 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from jobsapp.db import autocommit
 from jobsapp.lifecycle import flow, journal
 from jobsapp.lifecycle.errors import InvalidMessage
+from jobsapp.lifecycle.journal.slots import PARKED
 from jobsapp.lifecycle.message import Envelope
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import Transition, is_terminal
@@ -38,6 +39,7 @@ class Refusal(StrEnum):
     STALE_ATTEMPT = "a duplicate of an attempt that already started"
     IN_FLIGHT = "the same attempt is running elsewhere"
     EARLY = "the attempt is not due yet; the relay publishes it when it is"
+    WAITING = "its limited key's slots are all held; it is published when one frees"
     AHEAD = "the message names an attempt the journal never scheduled"
     SKIPPED = "another run holds the concurrency key"
     EXPIRED = "the job expired before it started"
@@ -57,7 +59,7 @@ def explain(row: Mapping[str, Any] | None, attempt: int) -> Refusal:
         return Refusal.STALE_ATTEMPT
     if attempt > row["attempts"] + 1:
         return Refusal.AHEAD
-    return Refusal.EARLY
+    return Refusal.WAITING if row.get("next_retry_at") == PARKED else Refusal.EARLY
 
 
 class LostClaim(StrEnum):
@@ -196,7 +198,7 @@ def _refused(
     if current is None and foreign is not None:
         if refused := foreign_refusal(env.attempt):
             return refused
-        if gate is not None and flow.gates(engine, gate):
+        if foreign.key_limit is not None or (gate is not None and flow.gates(engine, gate)):
             return _adopt(engine, spec, env, foreign, worker, gate)
         with autocommit(engine) as conn:
             return _claim_foreign(conn, foreign, env, worker)
@@ -208,12 +210,14 @@ def _refused(
 
 def _adopt(
     engine: Engine, spec: RunTable, env: Envelope, job: journal.NewJob, worker: str,
-    gate: flow.Gate,
+    gate: flow.Gate | None,
 ) -> Tried:  # fmt: skip
-    """A foreign message that flow control may hold back: its run is journaled as queued
-    first, then claimed through the gate like any run, so a pause or a rate hands it back
-    to the journal (its pending outbox row is published again later: a copy the claim's
-    guard refuses if this claim took the run)."""
+    """A foreign message that flow control or its key's limit may hold back: its run is
+    journaled as queued first (a limited key's run joins its key's line, as an enqueue's
+    does), then claimed through the gate like any run, so a pause or a rate hands it back
+    to the journal and a key with no free slot leaves it waiting, parked (its pending
+    outbox row is published later: a copy the claim's guard refuses if this claim took
+    the run)."""
     with engine.begin() as conn:
         adopted = journal.enqueue(conn, job, actor=worker)
     if adopted.outcome is journal.EnqueueOutcome.SKIPPED:

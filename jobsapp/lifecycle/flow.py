@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 MAX_RATE_KEY = 200  # flow_rates.rate_key
 # How stale a process's view of the paused queues may be.
 PAUSES_SEEN_WITHIN = 1.0
+# What that view ages by (a test moves it).
+_clock: Callable[[], float] = time.monotonic
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*$")
 
@@ -133,7 +135,8 @@ def _without_flush_wait(conn: Connection) -> None:
 def _check(
     conn: Connection, spec: RunTable, gate: Gate, row: Mapping[str, Any], watching: bool
 ) -> Held | None:
-    if watching and statements.any_paused(conn, _pairs_of(spec, gate, row)):
+    pausing = _pairs(spec.module, row["queue"], gate.default_queue)
+    if watching and statements.any_paused(conn, pausing):
         return Held(None)
     if gate.rate is None:
         return None
@@ -147,9 +150,9 @@ def _bounded(key: str) -> str:
     return key if len(key) <= MAX_RATE_KEY else hashlib.sha256(key.encode()).hexdigest()
 
 
-def _pairs_of(spec: RunTable, gate: Gate, row: Mapping[str, Any]) -> set[tuple[str, str]]:
-    queue = row["queue"] or gate.default_queue
-    return {(Kind.DOMAIN.value, spec.module), (Kind.QUEUE.value, queue)}
+def _pairs(module: Any, queue: str | None, default_queue: str) -> set[tuple[str, str]]:
+    """What pauses a run of ``module`` on ``queue`` (None: the app's default queue)."""
+    return {(Kind.DOMAIN.value, module), (Kind.QUEUE.value, queue or default_queue)}
 
 
 def publishable(engine: Engine, default_queue: str, messages: Sequence[PendingMessage]
@@ -166,8 +169,8 @@ def publishable(engine: Engine, default_queue: str, messages: Sequence[PendingMe
         return messages
     if not pairs:
         return messages
-    return [m for m in messages if pairs.isdisjoint(
-        {(Kind.DOMAIN.value, m.body.get("module")), (Kind.QUEUE.value, m.queue or default_queue)})]
+    return [m for m in messages
+            if pairs.isdisjoint(_pairs(m.body.get("module"), m.queue, default_queue))]
 
 
 def hand_back(
@@ -201,12 +204,15 @@ def paused_pairs(engine: Engine) -> frozenset[tuple[str, str]]:
     key = str(engine.url)
     with _seen_lock:
         seen = _seen.get(key)
-    if seen is not None and seen[0] > time.monotonic():
+    read_at = _clock()
+    if seen is not None and seen[0] > read_at:
         return seen[1]
     with engine.connect() as conn:
         pairs = frozenset((r["kind"], r["name"]) for r in statements.paused(conn))
+    # Aged from before the read: a pause that commits while the read runs may be missing
+    # from it, and must still be seen PAUSES_SEEN_WITHIN after its commit at the latest.
     with _seen_lock:
-        _seen[key] = (time.monotonic() + PAUSES_SEEN_WITHIN, pairs)
+        _seen[key] = (read_at + PAUSES_SEEN_WITHIN, pairs)
     return pairs
 
 

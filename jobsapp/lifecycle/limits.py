@@ -59,6 +59,10 @@ def publish_granted(app: Celery, granted: slots.Granted) -> None:
 def after_fair_claim(app: Celery, engine: Engine, spec: RunTable, row: Mapping[str, Any]) -> None:
     """A ``fair`` run holds its key's slot only while its message waits in the broker:
     claimed, it lets the key's next run be published behind the other keys' messages."""
+    publish_granted(app, fair_claimed(engine, spec, row))
+
+
+def fair_claimed(engine: Engine, spec: RunTable, row: Mapping[str, Any]) -> slots.Granted:
+    """The slot of the ``fair`` run just claimed goes to its key's next run, made due."""
     with engine.begin() as conn:
-        granted = slots.release(conn, spec, row["job_id"])
-    publish_granted(app, granted)
+        return slots.release(conn, spec, row["job_id"])

@@ -46,13 +46,7 @@ OUTBOX_RETRY = "outbox_retry"
 
 
 def _pending(rows: Any) -> list[PendingMessage]:
-    return [
-        PendingMessage(
-            r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"], r["available_at"],
-            r["publish_count"], r["publish_failures"], queue=r["queue"], priority=r["priority"],
-        )
-        for r in rows
-    ]  # fmt: skip
+    return [PendingMessage.of_row(r) for r in rows]
 
 
 def _unpaused(default_queue: str) -> Any:

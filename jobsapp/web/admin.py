@@ -160,7 +160,8 @@ def replay(path: schemas.JobPath, body: schemas.OperatorAction) -> Answer:
     done = operator.replay(get_engine(), path.module, path.job_id, actor=body.actor,
                            reason=body.reason)  # fmt: skip
     return jsonify({"module": done.module, "job_id": str(done.job_id), "state": "queued",
-                    "attempt": done.attempt, "published": done.published})  # fmt: skip
+                    "attempt": done.attempt, "published": done.published,
+                    "waiting": done.waiting})  # fmt: skip
 
 
 @admin.post(

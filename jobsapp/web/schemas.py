@@ -299,6 +299,8 @@ class Replayed(Closed):
     state: Literal["queued"]
     attempt: Annotated[int, Field(ge=1)]
     published: bool = Field(description="false: the broker was not reached; the relay publishes it")
+    waiting: bool = Field(False, description="true: its limited key's slots are all held; it "
+                          "is published when one frees")
 
 
 class Cancelled(Closed):

@@ -386,7 +386,7 @@ def replay(path: JobPath) -> Answer:
     def act(reason: str) -> str:
         done = operator.replay(get_engine(), path.module, path.job_id, actor=auth.actor(),
                                reason=reason)  # fmt: skip
-        later = "" if done.published else "; the relay will publish its message"
+        later = "" if done.published else f"; {done.then}"
         return f"Replayed: attempt {done.attempt} is queued{later}."
 
     return _act(path.module, path.job_id, act)

@@ -98,8 +98,13 @@ def test_every_benchmark_runs_and_prints_its_ratios(place: Place, tmp_path: Path
                  f"limits: enqueue\\+claim\\+finish ms/job \\(fsync on, .*\\): no limit {NUMBER}, "
                  f"limit=3, slot free {NUMBER}, limit=3, waiting in line {NUMBER}; "
                  f"a limit check costs [+-]{NUMBER} ms/job",
+                 f"fairness: enqueue\\+claim\\+finish ms/job \\(fsync on, .*\\): plain {NUMBER}, "
+                 f"fair, one key's backlog {NUMBER}; a round-robin claim costs [+-]{NUMBER} ms/job",
                  f"flow: a claim with a rate check {NUMBER} ms/job vs {NUMBER} ms/job with no "
-                 f"limit \\({NUMBER}x; fsync on\\)"]  # fmt: skip
+                 f"limit \\({NUMBER}x; fsync on\\)",
+                 f"priorities: enqueue\\+relay publish ms/job \\(fsync on, .*\\): no priority "
+                 f"{NUMBER}, priorities 0-9 {NUMBER}; a priority costs [+-]{NUMBER} "
+                 "ms/job"]  # fmt: skip
     assert "==== images (smoke)" in run.stdout
     expected += [f"images: jobsapp/{peer} \\d+MP JPEG ratio: {NUMBER}"
                  for peer in ("naive", "pyvips")]  # fmt: skip

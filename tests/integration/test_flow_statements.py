@@ -4,13 +4,14 @@ its migration down and up again."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from alembic import command
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, inspect
+from sqlalchemy import Engine, create_engine, event, inspect
 
 from jobsapp.lifecycle import flow, journal
 from jobsapp.lifecycle.journal import flow as statements
@@ -104,3 +105,66 @@ def test_a_claim_over_its_rate_rolls_back_and_is_handed_back(db: Engine, redis_c
     [message] = outbox_rows(db, second.job_id)
     assert message["published_at"] is None
     assert message["available_at"] == row["next_retry_at"]
+
+
+@pytest.fixture
+def process_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The clock this process's view of the pauses ages by, moved by the test; the view
+    starts empty (read again at the first look)."""
+    now = [100.0]
+    monkeypatch.setattr(flow, "_clock", lambda: now[0])
+    monkeypatch.setattr(flow, "_seen", {})
+    return now
+
+
+@contextmanager
+def _reads_of(engine: Engine, table: str) -> Iterator[list[str]]:
+    """The statements run on ``engine`` meanwhile that name ``table``."""
+    seen: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        if table in statement:
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+
+
+def test_with_no_rate_and_nothing_paused_claims_read_the_pauses_once_a_second(
+    db: Engine, redis_clean: None, process_clock: list[float]
+) -> None:
+    """The unconfigured claim is the one statement of a claim without flow control: the
+    pauses are read once per ``PAUSES_SEEN_WITHIN`` per process, not once per claim."""
+    token = uuid.uuid4().hex
+    jobs = [flow_tasks.plain.delay(token).job_id for _ in range(16)]
+    process_clock[0] = 200.0  # the enqueues' view is stale: the first claim reads again
+    with _reads_of(db, "flow_pauses") as reads:
+        for i, job_id in enumerate(jobs):
+            process_clock[0] = 200.0 + i / 8  # 16 claims over two seconds
+            row = flow.gated_claim(db, JOBS, flow_tasks.plain._gate, _claim(job_id))
+            assert isinstance(row, Mapping)
+    assert len(reads) == 2
+
+
+def test_a_pause_holds_every_claim_that_starts_pauses_seen_within_after_its_commit(
+    db: Engine, redis_clean: None, process_clock: list[float]
+) -> None:
+    token = uuid.uuid4().hex
+    early, late = (flow_tasks.plain.delay(token).job_id for _ in range(2))
+    gate = flow_tasks.plain._gate
+    assert flow.paused_pairs(db) == frozenset()  # this process's view, read at 100.0
+    with db.begin() as conn:
+        assert statements.pause(conn, "domain", JOBS.module, actor="operator:t", reason="bound")
+    try:
+        # Within the bound a claim may still go by the view read before the commit: it runs.
+        process_clock[0] = 100.0 + flow.PAUSES_SEEN_WITHIN - 0.125
+        assert isinstance(flow.gated_claim(db, JOBS, gate, _claim(early)), Mapping)
+        process_clock[0] = 100.0 + flow.PAUSES_SEEN_WITHIN
+        assert flow.gated_claim(db, JOBS, gate, _claim(late)) == flow.Held(None)
+    finally:
+        with db.begin() as conn:
+            statements.resume(conn, "domain", JOBS.module, actor="operator:t", reason="bound")
+    assert run_row(db, late)["attempts"] == 0

@@ -8,24 +8,31 @@ The many-host measurement is tests/e2e/test_key_limits_hosts.py.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+from celery import Celery
 from sqlalchemy import Engine, select
 
+from jobsapp import operator
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import EnqueueOutcome, journal, limits, registry
 from jobsapp.lifecycle.journal.slots import PARKED, SLOTS
 from jobsapp.maintenance import key_slots
 from jobsapp.web.app import create_app
+from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, launching, ready
 from tests.integration.test_admin_login import TOKEN, log_in
 from tests.support import limit_tasks
 from tests.support.attachments import environment
 from tests.support.journal_view import outbox_rows, run_row
 from tests.support.migrations import sqlite_then_postgres
+from tests.support.tasks import counter
 from tests.support.waiting import eventually
 
 
@@ -64,20 +71,35 @@ def test_a_limited_key_publishes_n_runs_and_parks_the_rest_in_arrival_order(
         assert journal.claim(conn, registry.JOBS, jobs[4], 1, worker="w") is None
 
 
+def _succeed_and_release(db: Engine, job_id: uuid.UUID) -> journal.slots.Granted:
+    """A worker's claim, then its success and the slot's release in one transaction."""
+    spec = registry.JOBS
+    with db.begin() as conn:
+        claimed = journal.claim(conn, spec, job_id, 1, worker="w1")
+        assert claimed is not None
+        assert journal.succeed(conn, spec, job_id, 1, token=claimed["claim_token"], actor="w1")
+        return journal.slots.release(conn, spec, job_id)
+
+
 def test_a_freed_slot_goes_to_the_oldest_waiter_in_the_finishing_transaction(
     db: Engine, redis_clean: None
 ) -> None:
     jobs = _enqueue("t1", 5)
-    spec = registry.JOBS
-    with db.begin() as conn:
-        claimed = journal.claim(conn, spec, jobs[1], 1, worker="w1")
-        assert claimed is not None
-        assert journal.succeed(conn, spec, jobs[1], 1, token=claimed["claim_token"], actor="w1")
-        granted = journal.slots.release(conn, spec, jobs[1])
+    granted = _succeed_and_release(db, jobs[1])
     assert granted.job_ids == {jobs[3]}
     assert [m.job_id for m in granted.messages] == [jobs[3]]
     assert [_parked(db, j) for j in jobs[2:]] == [False, False, True]
     assert _slots(db, "t1")[jobs[3]] == 1  # the slot jobs[1] held
+
+
+def test_a_run_granted_a_slot_is_published_at_its_jobs_priority(
+    db: Engine, redis_clean: None
+) -> None:
+    handles = [limit_tasks.limited_plain.apply_async(("t1", 0.0), priority=7)
+               for _ in range(limit_tasks.LIMIT + 1)]  # fmt: skip
+    jobs = [h.job_id for h in handles]
+    granted = _succeed_and_release(db, jobs[0])
+    assert [(m.job_id, m.priority) for m in granted.messages] == [(jobs[-1], 7)]
 
 
 def test_the_sweep_frees_the_slot_of_a_run_cancelled_while_queued(
@@ -172,6 +194,84 @@ def test_the_queues_page_shows_each_limited_keys_slots_and_waiting_runs(
     rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in table.split("<tr>")[2:]]
     shown = [(module, key, n, held, waiting) for module, key, n, held, waiting, _ in rows]
     assert shown == [("jobs", "t1", "3", "3", "2"), ("jobs", "t2", "3", "1", "0")]
+
+
+@pytest.fixture
+def held_workers(pg: Engine, redis_clean: None, tmp_path: Path) -> Iterator[Launcher]:
+    """Two worker processes of two children each on ``limited_held``'s queue: room for
+    one run more than the key's limit, so only the limit can hold the extra one back."""
+    counter().delete(limit_tasks.HELD_QUEUE)
+    imports = f"{os.environ['JOBSAPP_IMPORTS']},tests.support.limit_tasks"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "JOBSAPP_IMPORTS": imports}  # fmt: skip
+    with launching(env, tmp_path) as launcher:
+        ready(*(launcher.start(f"held{i}", [
+            str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS, "-c", "2",
+            "-Q", limit_tasks.HELD_QUEUE, "-n", f"held{i}-{uuid.uuid4().hex[:6]}@%h",
+        ]) for i in range(2)), timeout=90)  # fmt: skip
+        yield launcher
+
+
+def _holding(pg: Engine, tenant: str, token: str) -> list[uuid.UUID]:
+    """``LIMIT`` runs of ``tenant``, each running its body and holding its slot."""
+    holders = [limit_tasks.limited_held.delay(tenant, token).job_id
+               for _ in range(limit_tasks.LIMIT)]  # fmt: skip
+    eventually(lambda: len(limit_tasks.started(token)) == limit_tasks.LIMIT, timeout=60)
+    return holders
+
+
+def _arrival(pg: Engine, job_id: uuid.UUID, token: str) -> str:
+    """What became of one run more than the limit: it ``waits`` for a slot (parked), or
+    ``started`` its body beside the holders."""
+    def seen() -> str:
+        if str(job_id) in limit_tasks.started(token):
+            return "started"
+        with pg.connect() as conn:
+            run = journal.load(conn, registry.JOBS, job_id)
+        if run is None or run["next_retry_at"] != PARKED:
+            return ""
+        newest = outbox_rows(pg, job_id)[-1]
+        return "waits" if newest["available_at"] == PARKED else ""
+
+    return eventually(seen, timeout=60)
+
+
+def _all_ran_within_the_limit(pg: Engine, token: str, jobs: list[uuid.UUID]) -> None:
+    limit_tasks.let_go(token)
+    eventually(lambda: all(run_row(pg, j)["state"] == "succeeded" for j in jobs), timeout=90)
+    assert limit_tasks.started(token) == {str(j) for j in jobs}
+    assert limit_tasks.most_at_once(token) == limit_tasks.LIMIT
+
+
+def test_an_operators_replay_of_a_limited_job_waits_for_a_slot(
+    held_workers: Launcher, pg: Engine
+) -> None:
+    tenant, token = uuid.uuid4().hex, uuid.uuid4().hex
+    limit_tasks.arm_failure(token)
+    failed = limit_tasks.limited_held.delay(tenant, token).job_id
+    eventually(lambda: run_row(pg, failed)["state"] == "failed", timeout=60)
+    holders = _holding(pg, tenant, token)
+    replayed = operator.replay(pg, "jobs", failed, actor="test", reason="once more", app=app)
+    assert _arrival(pg, failed, token) == "waits"
+    assert (replayed.attempt, replayed.published, replayed.waiting) == (2, False, True)
+    _all_ran_within_the_limit(pg, token, [*holders, failed])
+    assert run_row(pg, failed)["attempts"] == 2
+
+
+def test_a_foreign_message_of_a_limited_task_waits_for_a_slot(
+    held_workers: Launcher, pg: Engine
+) -> None:
+    """A plain Celery ``send_task`` (no journal row): the worker adopts it into its key's
+    line instead of claiming it by insert beside the holders."""
+    tenant, token = uuid.uuid4().hex, uuid.uuid4().hex
+    holders = _holding(pg, tenant, token)
+    elsewhere = Celery("elsewhere", broker=app.conf.broker_url)
+    sent = elsewhere.send_task(limit_tasks.limited_held.name, (tenant, token),
+                               queue=limit_tasks.HELD_QUEUE)  # fmt: skip
+    foreign = uuid.UUID(sent.id)
+    assert _arrival(pg, foreign, token) == "waits"
+    _all_ran_within_the_limit(pg, token, [*holders, foreign])
+    assert run_row(pg, foreign)["attempts"] == 1
 
 
 def test_migration_0016_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from sqlalchemy import text
 from jobsapp.celery_app import app
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import current_run, lifecycle_task
+from tests.support.tasks import _key, counter
 
 LIMIT = 3
 PROBE_DDL = """CREATE TABLE IF NOT EXISTS limit_probe (
@@ -84,3 +85,50 @@ def limited_looping(tenant: str, seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         time.sleep(0.05)
+
+
+# ``limited_held``: bodies that hold their slots until the test lets them go, counting how
+# many of one token's bodies run at once (any process: the counters are in Redis).
+HELD_QUEUE = "tests-limits-held"
+HOLD_AT_MOST = 90.0  # seconds: a test that fails before its ``let_go`` does not hang
+
+
+def _held(token: str, what: str) -> str:
+    return _key(f"held:{token}:{what}")
+
+
+def arm_failure(token: str) -> None:
+    """The next body of ``token`` fails (once)."""
+    counter().set(_held(token, "fail"), 1)
+
+
+def let_go(token: str) -> None:
+    counter().set(_held(token, "go"), 1)
+
+
+def started(token: str) -> set[str]:
+    """The job ids whose bodies started (and did not fail at once)."""
+    members = counter().smembers(_held(token, "started"))
+    return {j.decode() if isinstance(j, bytes) else j for j in members}
+
+
+def most_at_once(token: str) -> int:
+    """The most bodies of ``token`` seen running at one instant."""
+    return max((int(n) for n in counter().lrange(_held(token, "at_once"), 0, -1)), default=0)
+
+
+@lifecycle_task(app, name="tests.limited_held", key="{tenant}", limit=LIMIT, max_attempts=1,
+                queue=HELD_QUEUE, dedup_window=0)  # fmt: skip
+def limited_held(tenant: str, token: str) -> None:
+    del tenant
+    client = counter()
+    if client.delete(_held(token, "fail")):
+        raise RuntimeError("armed to fail once")
+    client.sadd(_held(token, "started"), str(current_run().job_id))
+    client.rpush(_held(token, "at_once"), client.incr(_held(token, "running")))
+    try:
+        deadline = time.monotonic() + HOLD_AT_MOST
+        while not client.exists(_held(token, "go")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        client.decr(_held(token, "running"))

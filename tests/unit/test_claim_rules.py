@@ -19,6 +19,7 @@ from jobsapp.lifecycle.claim import (
     is_expired,
     seconds_early,
 )
+from jobsapp.lifecycle.journal.slots import PARKED
 from jobsapp.lifecycle.states import State
 
 LATER = datetime(2025, 3, 1, 12, 10, tzinfo=UTC)  # a next_retry_at still ahead
@@ -84,6 +85,12 @@ def test_a_fresh_queued_row_and_first_message_is_early_when_not_due() -> None:
     assert explain(row(State.QUEUED, 0, LATER), 1) is Refusal.EARLY
 
 
+@given(attempts=counts)
+def test_a_run_waiting_for_a_slot_of_its_limited_key_is_not_merely_early(attempts: int) -> None:
+    """An eager ``apply()`` must not sleep until a parked run's 9999-01-01."""
+    assert explain(row(State.QUEUED, attempts, PARKED), attempts + 1) is Refusal.WAITING
+
+
 @given(
     state=st.sampled_from([State.QUEUED, State.RUNNING]),
     attempts=counts,
@@ -115,6 +122,7 @@ def test_every_refusal_but_skipped_and_expired_comes_from_explain() -> None:
         explain(row(State.RUNNING, 3), 2),
         explain(row(State.RUNNING, 3), 3),
         explain(row(State.QUEUED, 3, LATER), 4),
+        explain(row(State.QUEUED, 3, PARKED), 4),
         explain(row(State.QUEUED, 3), 5),
     }
     # EXPIRED is decided before explain, by is_expired (the claim refused an expired row);

@@ -21,7 +21,8 @@ backfills) is used as given.
 One file per transition (``states.ALLOWED`` names the file of each), over what they share:
 
 - enqueue.py: Transition.ENQUEUE one job at a time; enqueue_many.py: a batch
-- reopen.py: Transition.RERUN, REPLAY (terminal -> queued)
+- reopen.py: Transition.RERUN, REPLAY (terminal -> queued; a limited key's run joins its
+  key's line)
 - claim.py: Transition.CLAIM (and by insert, for a foreign message)
 - heartbeat.py: the heartbeat (running -> running, no event)
 - finish.py: Transition.SUCCEED, FAIL, RETRY, SNOOZE
@@ -85,7 +86,7 @@ from jobsapp.lifecycle.journal.reads import (
     snoozes,
 )
 from jobsapp.lifecycle.journal.reap import StaleRun, find_stale, reap
-from jobsapp.lifecycle.journal.reopen import KeyBusy, reopen
+from jobsapp.lifecycle.journal.reopen import KeyBusy, Reopened, reopen
 from jobsapp.lifecycle.journal.revoke import (
     Revoked,
     cancel_requested,
@@ -108,6 +109,7 @@ __all__ = [
     "Outgoing",
     "PendingMessage",
     "Plan",
+    "Reopened",
     "Revoked",
     "StaleRun",
     "active_holder",

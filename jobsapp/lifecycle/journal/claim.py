@@ -38,7 +38,10 @@ def claim(
 def claim_by_insert(
     conn: Connection, job: NewJob, attempt: int, *, worker: str, now: datetime | None = None
 ) -> Mapping[str, Any] | None:
-    """A foreign producer's message (no row): insert the run as running under the index."""
+    """A foreign producer's message (no row): insert the run as running under the index.
+    Not for a limited key's run, which takes a slot first (enqueue, then ``claim``)."""
+    if job.key_limit is not None:
+        raise ValueError(f"{job.task_name}: a limited key's run joins its key's line first")
     now = _stamp(conn, now)
     row = {**_new_row(job, now, State.RUNNING, attempt), "worker": worker}
     plan = _insert_plan(job.spec, conn.dialect.name, State.RUNNING)

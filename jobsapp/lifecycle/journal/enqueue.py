@@ -3,9 +3,10 @@ carries the enqueue (``enqueued_by``, its ``created_at``), no event row.
 
 ``enqueue_new`` inserts the run (one statement on PostgreSQL); ``enqueue_existing`` answers
 an insert that conflicted: duplicate, skipped (``active_holder``), or a rerun (reopen.py,
-Transition.RERUN); ``enqueue`` does both, and puts a limited key's run in its key's line
-(slots.py): it holds a slot, or waits parked. Called by lifecycle/enqueue.py (the producer's
-paths behind ``LifecycleTask``); a batch of jobs is enqueue_many.py's.
+Transition.RERUN, which puts a limited key's rerun in its key's line); ``enqueue`` does both,
+and puts a new run of a limited key in its key's line (slots.py): it holds a slot, or waits
+parked. Called by lifecycle/enqueue.py (the producer's paths behind ``LifecycleTask``); a
+batch of jobs is enqueue_many.py's.
 """
 
 from __future__ import annotations
@@ -52,21 +53,20 @@ def enqueue(
     ``conn`` is in a transaction: a rerun takes several statements.
     """
     inserted = enqueue_new(conn, job, now=now, actor=actor)
-    result = inserted or enqueue_existing(conn, job, now=now, actor=actor)
-    if job.key_limit is None or result.outcome is not EnqueueOutcome.ENQUEUED:
-        return result
-    return _in_line(conn, job, result, rerun=inserted is None, now=now)
+    if inserted is None:
+        return enqueue_existing(conn, job, now=now, actor=actor)
+    return inserted if job.key_limit is None else _in_line(conn, job, inserted, now=now)
 
 
 def _in_line(
-    conn: Connection, job: NewJob, result: EnqueueResult, *, rerun: bool, now: datetime | None
+    conn: Connection, job: NewJob, result: EnqueueResult, *, now: datetime | None
 ) -> EnqueueResult:
-    """A limited key's run holds a slot, or waits parked with no message to publish."""
+    """A new run of a limited key holds a slot, or waits parked with no message to publish."""
     delayed = job.not_before is not None or job.delay is not None
     due_at = result.message.available_at if delayed and result.message else None
-    granted = slots.admit(conn, job.spec, job.job_id, job.concurrency_key, job.key_limit or 1,
-                          due_at=due_at, rerun=rerun, now=now)  # fmt: skip
-    return result if job.job_id in granted.job_ids else replace(result, message=None)
+    holds = slots.admit(conn, job.spec, job.job_id, job.concurrency_key, job.key_limit or 1,
+                        due_at=due_at, now=now)  # fmt: skip
+    return result if holds else replace(result, message=None)
 
 
 def enqueue_new(
@@ -101,7 +101,7 @@ def enqueue_existing(
     if not is_terminal(seen.state):
         return EnqueueResult(EnqueueOutcome.DUPLICATE, job.job_id)
     try:
-        message = reopen(
+        reopened = reopen(
             conn, job.spec, job.job_id,
             from_state=State(seen.state), attempts=seen.attempts, budget=job.max_attempts,
             transition=Transition.RERUN, now=now, actor=actor, reason="enqueued again",
@@ -109,6 +109,6 @@ def enqueue_existing(
         )  # fmt: skip
     except KeyBusy as busy:
         return EnqueueResult(EnqueueOutcome.SKIPPED, job.job_id, holder=busy.holder)
-    if message is None:
+    if reopened is None:
         return EnqueueResult(EnqueueOutcome.DUPLICATE, job.job_id)
-    return EnqueueResult(EnqueueOutcome.ENQUEUED, job.job_id, message=message)
+    return EnqueueResult(EnqueueOutcome.ENQUEUED, job.job_id, message=reopened.message)

@@ -41,6 +41,13 @@ class PendingMessage:
     queue: str | None = None
     priority: int | None = None
 
+    @classmethod
+    def of_row(cls, r: Mapping[Any, Any]) -> PendingMessage:
+        """The message of an outbox row, read with all its columns."""
+        return cls(r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"],
+                   r["available_at"], r["publish_count"], r["publish_failures"],
+                   queue=r["queue"], priority=r["priority"])  # fmt: skip
+
 
 def on_local_clock(message: PendingMessage, due_in: timedelta) -> PendingMessage:
     """``message`` for this process's fast path, due ``due_in`` from now on this process's

@@ -2,12 +2,16 @@
 
 ``reopen`` is called by enqueue.py's ``enqueue_existing`` (RERUN: the same job_id enqueued
 again after its dedup window, also from enqueue_many.py) and by operator.py's ``replay``
-(REPLAY: a failed run). It raises ``KeyBusy`` when another run holds the concurrency key.
+(REPLAY: a failed run). It raises ``KeyBusy`` when another run holds the concurrency key;
+a limited key's run (``key_limit``) joins its key's line instead (slots.py), whoever
+reopens it, and waits parked when the key's slots are all held.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,6 +19,7 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 
 from jobsapp import crashpoints
+from jobsapp.lifecycle.journal import slots
 from jobsapp.lifecycle.journal._sql import _first, _require_transaction
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event
@@ -33,6 +38,14 @@ class KeyBusy(Exception):
         self.holder = holder
 
 
+@dataclass(frozen=True)
+class Reopened:
+    """A run queued again as ``attempt``. ``message`` starts it, to publish after COMMIT;
+    None while it waits for a slot of its limited key (the slot's grant publishes it)."""
+
+    attempt: int
+    message: PendingMessage | None
+
 
 def reopen(
     conn: Connection,
@@ -47,7 +60,7 @@ def reopen(
     reason: str,
     now: datetime | None = None,
     finished_before: timedelta | None = None,
-) -> PendingMessage | None:
+) -> Reopened | None:
     """terminal -> queued as a new attempt of the same job; None if the row moved on, or
     finished less than ``finished_before`` ago (a dedup window, on the database's clock).
 
@@ -92,7 +105,21 @@ def reopen(
         from_state=from_state, to_state=State.QUEUED, actor=actor, now=at, reason=reason,
     )  # fmt: skip
     spec.changed(conn, transition, [row])
-    return add_outbox(conn, spec, row, attempt=attempts + 1, now=at, available_at=at)
+    message = add_outbox(conn, spec, row, attempt=attempts + 1, now=at, available_at=at)
+    return Reopened(attempts + 1, _in_line(conn, spec, row, message, now))
+
+
+def _in_line(
+    conn: Connection, spec: RunTable, row: Mapping[str, Any], message: PendingMessage,
+    now: datetime | None,
+) -> PendingMessage | None:  # fmt: skip
+    """A limited key's run takes a slot like an enqueue's, or waits parked (None): a replay
+    or a rerun never makes its key's N+1st active run."""
+    if row["key_limit"] is None:
+        return message
+    holds = slots.admit(conn, spec, row["job_id"], row["concurrency_key"],
+                        int(row["key_limit"]), due_at=None, rerun=True, now=now)  # fmt: skip
+    return message if holds else None
 
 
 def _carried_success(

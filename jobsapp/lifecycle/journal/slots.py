@@ -69,11 +69,14 @@ def free_slots(held: Sequence[int], limit: int) -> list[int]:
 def admit(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, key: str, limit: int, *,
     due_at: datetime | None, rerun: bool = False, now: datetime | None = None,
-) -> Granted:  # fmt: skip
+) -> bool:  # fmt: skip
     """Join ``key``'s line for a run just queued (its outbox row written, unpublished):
-    it holds a slot if one was free and nobody waited before it, else it waits, parked.
+    True when it holds a slot (a free one, nobody waiting before it): its message is for
+    the caller to publish; False when it waits, parked.
 
-    A run queued again (a ``rerun``) leaves the line it was in first.
+    A run queued again (a ``rerun``) leaves the line it was in first. Older waiters given
+    a free slot meanwhile (a slot the sweep has not filled yet) are made due and left to
+    the relay.
     """
     if rerun:
         release(conn, spec, job_id, now=now)
@@ -81,10 +84,10 @@ def admit(
         run_table=spec.table.name, concurrency_key=key, job_id=job_id, key_limit=limit,
         slot_no=None, due_at=due_at, created_at=clock(conn, now),
     ))  # fmt: skip
-    granted = grant(conn, spec, key, limit, now=now, fresh=job_id)
-    if job_id not in granted.job_ids:
+    holds = job_id in grant(conn, spec, key, limit, now=now, fresh=job_id).job_ids
+    if not holds:
         _park(conn, spec, job_id)
-    return granted
+    return holds
 
 
 def release(
@@ -187,11 +190,9 @@ def _unpark(
         update(OUTBOX)
         .where(*_unpublished(spec, waiter.job_id), OUTBOX.c.available_at == PARKED)
         .values(available_at=due)
-        .returning(OUTBOX.c.id, OUTBOX.c.job_id, OUTBOX.c.attempt, OUTBOX.c.task_name,
-                   OUTBOX.c.body, OUTBOX.c.available_at, OUTBOX.c.queue)
+        .returning(*OUTBOX.c)
     ).mappings()  # fmt: skip
-    return tuple(PendingMessage(r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"],
-                                r["available_at"], queue=r["queue"]) for r in rows)  # fmt: skip
+    return tuple(PendingMessage.of_row(r) for r in rows)
 
 
 # ------------------------------------------------------------------ the sweep
