@@ -10,7 +10,9 @@ Nothing else in jobsapp moves a run between states. Two operator moves here have
 transition of ``states.ALLOWED`` (the run stays queued): run_now.py makes a queued run due
 at once, revive.py gives dead outbox rows back to the relay, each with its audit event.
 Outside the journal, lifecycle/outbox_queries.py marks an outbox row after the journal
-wrote it (published, backed off, dead, settled), and retention deletes terminal rows.
+wrote it (published, backed off, dead, settled), maintenance/retention.py deletes what
+aged out, and attachments/reprocess.py advances a running reprocess run's progress columns
+under its claim's fence; none moves a run's state.
 
 Time is the database's: a transition given no ``now`` stamps and compares with
 PostgreSQL's ``now()`` inside its own statement (no extra round trip), so workers, beat
