@@ -4,8 +4,9 @@ Run through the entry point, on the bench's own Postgres with fsync on:
     .venv/bin/python -m bench maintenance [--quick | --smoke]
 (full: 10^4, 10^5 and 10^6 terminal rows, median of 7; quick: 10^4 and 10^5, median of 3).
 
-For each size: a fresh database holding that many terminal runs (with their delivered
-outbox rows and three events each), loaded with COPY, plus 100 active runs: 60 running
+For each size: a fresh database holding that many terminal runs as jobsapp writes them (1 in
+20 failed; bench.planting: a success is its run row and its delivered outbox row, a failure
+also its claim and fail events), plus 100 active runs loaded with COPY: 60 running
 (20 of them stale before every timed pass) and 40 queued (20 with a crashed producer's
 unpublished message, 20 published and not yet due for a check). Timed, median of
 ``--repeat``: a reaper pass and a relay pass with that work to do, and each pass idle.
@@ -31,6 +32,7 @@ from celery import Celery
 from sqlalchemy import Engine, create_engine, event, text
 
 from bench import plots
+from bench.planting import Kind, plant
 from bench.services import Services
 from jobsapp.db import make_engine
 from jobsapp.lifecycle.message import build_body
@@ -45,12 +47,20 @@ CHUNK = 50_000
 INDEXES = ("ix_job_runs_running_heartbeat", "ix_outbox_pending", "ix_outbox_inflight")
 
 
-def fresh_database(pg_base: str, name: str = DB_NAME) -> Engine:
+def _admin(pg_base: str, *statements: str) -> None:
     admin = create_engine(pg_base + "/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
+        for statement in statements:
+            conn.execute(text(statement))
     admin.dispose()
+
+
+def drop_database(pg_base: str, name: str = DB_NAME) -> None:
+    _admin(pg_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def fresh_database(pg_base: str, name: str = DB_NAME) -> Engine:
+    _admin(pg_base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"')
     engine = make_engine(f"{pg_base}/{name}")
     # Migrate on our own connection: Alembic's default engine is cached per URL, and the
     # previous size's database of the same name was dropped under its pool.
@@ -59,14 +69,6 @@ def fresh_database(pg_base: str, name: str = DB_NAME) -> Engine:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
     return engine
-
-
-def drop_database(pg_base: str, name: str = DB_NAME) -> None:
-    """Drop a bench database (its engines disposed first)."""
-    admin = create_engine(pg_base + "/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def _ts(moment: datetime) -> str:
@@ -100,11 +102,10 @@ def _copy(
 
 RUN_COLUMNS = ("job_id", "task_name", "concurrency_key", "state", "outcome", "attempts",
                "max_attempts", "rescues", "heartbeat_at", "created_at", "started_at",
-               "finished_at", "updated_at", "worker", "params")  # fmt: skip
+               "finished_at", "updated_at", "worker", "params", "enqueued_by",
+               "attempted_at")  # fmt: skip
 OUTBOX_COLUMNS = ("module", "job_id", "attempt", "task_name", "body", "created_at",
                   "available_at", "published_at", "publish_count", "delivered_at")  # fmt: skip
-EVENT_COLUMNS = ("module", "job_id", "attempt", "transition", "from_state", "to_state",
-                 "actor", "at")  # fmt: skip
 PARAMS = json.dumps({"args": ["bench"], "kwargs": {}})
 
 
@@ -116,34 +117,8 @@ def _body(job_id: uuid.UUID, attempt: int, at: datetime) -> str:
 def load(engine: Engine, terminal: int) -> dict[str, list[uuid.UUID]]:
     """``terminal`` finished jobs and the 100 active ones; returns the active ids by role."""
     now = datetime.now(UTC)
-    long_ago = now - timedelta(days=2)
-    ids = [uuid.uuid4() for _ in range(terminal)]
-
-    def runs() -> Iterator[tuple[Any, ...]]:
-        for i, job_id in enumerate(ids):
-            state, outcome = ("failed", "exhausted") if i % 20 == 0 else ("succeeded", "succeeded")
-            at = _ts(long_ago + timedelta(seconds=i % 86_400))
-            yield (job_id, "tests.echo", f"tests.echo:{job_id}", state, outcome, 1, 5, 0, at,
-                   at, at, at, at, "w@h:1", PARAMS)  # fmt: skip
-
-    def outbox() -> Iterator[tuple[Any, ...]]:
-        # Delivered rows are never read again, so one body serves them all: validating a
-        # million bodies would only slow the load.
-        body = _body(uuid.uuid4(), 1, long_ago)
-        for job_id in ids:
-            at = _ts(long_ago)
-            yield ("jobs", job_id, 1, "tests.echo", body, at, at, at, 1, at)
-
-    def events() -> Iterator[tuple[Any, ...]]:
-        for job_id in ids:
-            at = _ts(long_ago)
-            yield ("jobs", job_id, 1, "enqueue", None, "queued", "producer", at)
-            yield ("jobs", job_id, 1, "claim", "queued", "running", "w@h:1", at)
-            yield ("jobs", job_id, 1, "succeed", "running", "succeeded", "w@h:1", at)
-
-    _copy(engine, "job_runs", RUN_COLUMNS, runs())
-    _copy(engine, "outbox", OUTBOX_COLUMNS, outbox())
-    _copy(engine, "job_events", EVENT_COLUMNS, events())
+    planted = {Kind.SUCCEEDED: terminal - terminal // 20, Kind.FAILED: terminal // 20}
+    plant(engine, planted, start=now - timedelta(days=2), spread=timedelta(days=1))
     roles = {name: [uuid.uuid4() for _ in range(n)] for name, n in (
         ("running", ACTIVE_RUNNING), ("stale", STALE), ("due", QUEUED_DUE),
         ("waiting", QUEUED_WAITING))}  # fmt: skip
@@ -155,7 +130,8 @@ def load(engine: Engine, terminal: int) -> dict[str, list[uuid.UUID]]:
             active_runs.append((job_id, "tests.echo", f"tests.echo:{job_id}",
                                 "running" if running else "queued", None, int(running), 5, 0,
                                 at if running else None, at, at if running else None, None, at,
-                                "w@h:1" if running else None, PARAMS))  # fmt: skip
+                                "w@h:1" if running else None, PARAMS, "producer",
+                                at if running else None))  # fmt: skip
             published = role != "due"
             check = now + UNCLAIMED if published else now - timedelta(minutes=1)
             active_outbox.append(("jobs", job_id, 1, "tests.echo", _body(job_id, 1, now), at,

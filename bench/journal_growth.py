@@ -2,14 +2,17 @@
 
 POSTGRES_BASE_URL is a server without a database name (``postgresql+psycopg2://postgres@
 127.0.0.1:17500``); the database ``jobsapp_bench_growth`` is created there, migrated,
-filled and dropped. ROWS terminal runs in ``job_runs`` finished over the last 14 days
-(so half are past the 7-day retention), three ``job_events`` and one delivered ``outbox``
-row each, plus 1,000 queued runs, loaded with INSERT ... SELECT generate_series.
+filled and dropped. ROWS successful jobs as jobsapp writes them (bench.planting: since
+migration 0015 a success is its ``job_runs`` row and its delivered ``outbox`` row, no
+``job_events``), finished over the last 14 days (so half are past the 7-day retention),
+plus 1,000 queued jobs with their published messages, enqueued now.
 
-Printed: table and index sizes; jobsapp's own retention pass (``run_once``) at its
-default batch of 1,000 and at 10,000 (median of 5, with WAL bytes per deleted run);
-then one day's worth of runs deleted in one statement against the same rows in a table
-of their own dropped (what detaching and dropping a daily partition costs instead).
+Printed: table and index sizes; jobsapp's own retention pass (``run_once``) cut to one
+delete per table, of 1,000 (its default batch) and of 10,000 rows (median of 5, with WAL
+bytes per deleted row); one day's worth of runs deleted in one statement against the same
+rows in a table of their own dropped (what detaching and dropping a daily partition costs
+instead); then, after as many jobs again are planted, one default pass (which deletes
+batch after batch until the table is drained, its cap or its time budget).
 """
 
 from __future__ import annotations
@@ -18,38 +21,19 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from celery import Celery
 from sqlalchemy import Connection, Engine, text
 
 from bench.bench_maintenance import drop_database, fresh_database
+from bench.planting import Kind, plant
 from jobsapp.maintenance.retention import RetentionConfig, run_once
 
 DB_NAME = "jobsapp_bench_growth"
 TABLES = ("job_runs", "job_events", "outbox")
-
-FILL = (
-    """INSERT INTO job_runs (job_id, task_name, concurrency_key, state, outcome, attempts,
-        max_attempts, created_at, started_at, finished_at, updated_at, worker, params)
-    SELECT gen_random_uuid(), 'bench.growth', 'key-' || i, 'succeeded', NULL, 1, 3,
-        t - interval '2 seconds', t - interval '1 second', t, t, 'w1@host', '{}'::json
-    FROM (SELECT i, now() - (i::float8 / :rows) * interval '14 days' AS t
-          FROM generate_series(1, :rows) AS i) AS g""",
-    """INSERT INTO job_events (module, job_id, attempt, transition, from_state, to_state,
-        actor, at)
-    SELECT 'jobs', r.job_id, 1, x.transition, x.f, x.s, 'w1@host', r.finished_at
-    FROM job_runs r, (VALUES ('enqueue', NULL, 'queued'), ('claim', 'queued', 'running'),
-                             ('succeed', 'running', 'succeeded')) AS x(transition, f, s)""",
-    """INSERT INTO outbox (module, job_id, attempt, task_name, body, created_at,
-        available_at, published_at, publish_count, delivered_at)
-    SELECT 'jobs', job_id, 1, task_name, '{}'::json, created_at, created_at, created_at, 1,
-        finished_at
-    FROM job_runs""",
-    """INSERT INTO job_runs (job_id, task_name, concurrency_key, state, attempts,
-        max_attempts, created_at, updated_at, params)
-    SELECT gen_random_uuid(), 'bench.growth', 'active-' || i, 'queued', 0, 3, now(), now(),
-        '{}'::json FROM generate_series(1, 1000) AS i""",
-)
+SPAN = timedelta(days=14)
 
 SIZES = """SELECT c.relname, pg_relation_size(c.oid), c.relkind
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -67,10 +51,11 @@ def timed(action: Callable[[], object]) -> float:
 
 
 def fill(engine: Engine, rows: int) -> None:
-    for statement in FILL:
-        with engine.begin() as conn:
-            seconds = timed(lambda s=statement, c=conn: c.execute(text(s), {"rows": rows}))
-        print(f"fill: {statement.split()[2]:<11} {seconds:7.1f} s", flush=True)
+    now = datetime.now(UTC)
+    for kind, count, start, spread in ((Kind.SUCCEEDED, rows, now - SPAN, SPAN),
+                                       (Kind.QUEUED, 1000, now, timedelta(0))):  # fmt: skip
+        seconds = timed(partial(plant, engine, {kind: count}, start=start, spread=spread))
+        print(f"fill: {count:>9} {kind:<9} jobs {seconds:7.1f} s", flush=True)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE"))
 
@@ -82,11 +67,14 @@ def print_sizes(engine: Engine) -> None:
 
 
 def wal(conn: Connection) -> int:
-    return int(conn.execute(text("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")).scalar_one())
+    # The insert position: the write position stays behind while the WAL fits its buffers.
+    sql = "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
+    return int(conn.execute(text(sql)).scalar_one())
 
 
 def retention(engine: Engine, batch: int, repeat: int = 5) -> None:
-    app, cfg = Celery("growth"), RetentionConfig(batch=batch)
+    """Passes of one delete of ``batch`` rows per table each."""
+    app, cfg = Celery("growth"), RetentionConfig(batch=batch, max_batches=1)
     seconds, deleted, wal_bytes = [], 0, 0
     for _ in range(repeat):
         with engine.connect() as conn:
@@ -100,6 +88,15 @@ def retention(engine: Engine, batch: int, repeat: int = 5) -> None:
     print(f"retention batch {batch:>6}: {statistics.median(seconds) * 1000:8.0f} ms per pass "
           f"(median of {repeat}), last pass deleted {counts}, "
           f"{wal_bytes / max(deleted, 1):6.0f} WAL bytes per deleted row", flush=True)  # fmt: skip
+
+
+def drain(engine: Engine) -> None:
+    """One pass as beat runs it: batches of 1,000 per table until a short one, the cap or
+    the pass's time budget."""
+    started = time.perf_counter()
+    counts = run_once(engine, RetentionConfig(), Celery("growth"))
+    print(f"retention default pass: {(time.perf_counter() - started) * 1000:.0f} ms, "
+          f"deleted {counts}", flush=True)  # fmt: skip
 
 
 def one_day(engine: Engine) -> None:
@@ -131,6 +128,8 @@ def main(base: str, rows: int) -> None:
         retention(engine, 1000)
         retention(engine, 10000)
         one_day(engine)
+        fill(engine, rows)  # as many again, for a default pass to drain
+        drain(engine)
     finally:
         engine.dispose()
         drop_database(base, DB_NAME)

@@ -27,8 +27,7 @@ from kombu.exceptions import OperationalError
 from sqlalchemy import Connection, Engine
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, outbox, outbox_queries, registry
-from jobsapp.lifecycle import run_now as run_now_queries
+from jobsapp.lifecycle import journal, outbox, registry
 from jobsapp.lifecycle.journal import KeyBusy, Reopened, Revoked
 from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.registry import RunTable
@@ -333,8 +332,8 @@ def run_now(
     with engine.begin() as conn:
         run = _current(conn, spec, job_id)
         seen = int(run["attempts"]) if attempts is None else attempts
-        messages = run_now_queries.bring_forward(conn, spec, job_id, attempts=seen, actor=who,
-                                                 reason=why, now=utcnow())  # fmt: skip
+        messages = journal.bring_forward(conn, spec, job_id, attempts=seen, actor=who, reason=why,
+                                         now=utcnow())  # fmt: skip
         if messages is None:
             raise Conflict("not_scheduled", _not_scheduled(spec, job_id, run), state=run["state"])
     published = outbox.publish_now(app or _default_app(), messages) == len(messages) > 0
@@ -399,6 +398,6 @@ def retry_dead_outbox(
     """
     who, why = operator_actor(actor), checked_reason(reason)
     with engine.begin() as conn:
-        revived = outbox_queries.revive(conn, ids, actor=who, reason=why, now=utcnow())
+        revived = journal.revive(conn, ids, actor=who, reason=why, now=utcnow())
     outbox.publish_now(app or _default_app(), revived)
     return len(revived)

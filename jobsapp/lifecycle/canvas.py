@@ -59,8 +59,8 @@ def _leaves(sig: Signature) -> Iterator[Signature]:
     else:
         yield sig
     for name in ("link", "link_error"):
-        for callback in sig.options.get(name) or ():
-            yield from _leaves(_signature(callback, sig))
+        for callback in _callbacks(sig, name):
+            yield from _leaves(callback)
 
 
 def _task_of(sig: Signature) -> Any:

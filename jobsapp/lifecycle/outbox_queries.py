@@ -22,7 +22,6 @@ from sqlalchemy import (
     Table,
     bindparam,
     func,
-    insert,
     select,
     tuple_,
     update,
@@ -30,8 +29,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.journal import EVENTS, OUTBOX, PendingMessage, _upsert
+from jobsapp.lifecycle.journal import OUTBOX, PendingMessage, _upsert
 from jobsapp.lifecycle.journal.flow import not_paused
+from jobsapp.lifecycle.journal.outbox_rows import pending_rows as _pending
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import State
 from jobsapp.lifecycle.tables import MaintenanceCounter
@@ -41,12 +41,6 @@ COUNTERS: Table = MaintenanceCounter.__table__  # type: ignore[assignment]
 _LIVE = OUTBOX.c.dead_at.is_(None)
 # The counter of queued runs the relay found without an outbox row and repaired.
 REPAIRED = "outbox_repaired"
-# The audit row of an operator's retry of dead rows (not a transition of the run).
-OUTBOX_RETRY = "outbox_retry"
-
-
-def _pending(rows: Any) -> list[PendingMessage]:
-    return [PendingMessage.of_row(r) for r in rows]
 
 
 def _unpaused(default_queue: str) -> Any:
@@ -301,26 +295,6 @@ def dead_rows(conn: Connection, *, limit: int) -> list[DeadRow]:
 def count_dead(conn: Connection) -> int:
     stmt = select(func.count()).select_from(OUTBOX).where(OUTBOX.c.dead_at.is_not(None))
     return int(conn.execute(stmt).scalar_one())
-
-
-def revive(
-    conn: Connection, ids: Sequence[int] | None, *, actor: str, reason: str, now: datetime
-) -> list[PendingMessage]:
-    """Dead rows (the named ones, or all) back to pending, due now, with a clean count;
-    each with its audit row in ``job_events`` (transition ``outbox_retry``)."""
-    where = [OUTBOX.c.dead_at.is_not(None)]
-    if ids is not None:
-        where.append(OUTBOX.c.id.in_(list(ids)))
-    fresh = {"dead_at": None, "published_at": None, "delivered_at": None,
-             "publish_failures": 0, "last_error": None, "available_at": now}  # fmt: skip
-    stmt = update(OUTBOX).where(*where).values(**fresh).returning(*OUTBOX.c)
-    rows = list(conn.execute(stmt).mappings())
-    for r in rows:
-        conn.execute(insert(EVENTS).values(
-            module=r["module"], job_id=r["job_id"], attempt=r["attempt"],
-            transition=OUTBOX_RETRY, actor=actor, reason=reason, at=now,
-        ))  # fmt: skip
-    return _pending(rows)
 
 
 # ------------------------------------------------------------- invariant sweep

@@ -9,14 +9,14 @@ A step with a run answers with the run's state and outcome; one without is ``blo
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, case, func, or_, select
+from sqlalchemy import Engine, and_, case, func, or_, select
 
 from jobsapp.lifecycle import registry
-from jobsapp.lifecycle.journal.workflow import FAILURE, STEPS
+from jobsapp.lifecycle.journal.workflow import FAILURE, STEPS, step_runs
 from jobsapp.lifecycle.states import ACTIVE_STATES, State
 
 # A workflow's state for the summary line, from its steps: ``running`` while a step is
@@ -47,22 +47,9 @@ def workflow_steps(engine: Engine, workflow_id: uuid.UUID) -> list[StepView]:
     with engine.connect() as conn:
         found = conn.execute(select(STEPS).where(STEPS.c.workflow_id == workflow_id))
         steps = [dict(row) for row in found.mappings()]
-        runs = _runs(conn, steps)
+        runs = step_runs(conn, steps, "state", "outcome")
     views = [_view(step, runs.get(step["job_id"])) for step in steps]
     return sorted(views, key=lambda v: _order(v.path))
-
-
-def _runs(conn: Connection, steps: Sequence[Mapping[str, Any]]) -> dict[uuid.UUID, Any]:
-    by_module: dict[str, list[uuid.UUID]] = {}
-    for step in steps:
-        by_module.setdefault(step["module"], []).append(step["job_id"])
-    found: dict[uuid.UUID, Any] = {}
-    for module, ids in by_module.items():
-        table = registry.get(module).table
-        rows = conn.execute(select(table.c.job_id, table.c.state, table.c.outcome)
-                            .where(table.c.job_id.in_(ids)))  # fmt: skip
-        found |= {row.job_id: row for row in rows}
-    return found
 
 
 def _view(step: Mapping[str, Any], run: Any) -> StepView:

@@ -6,11 +6,13 @@ which the run row carries: row_events.py) and, where the transition needs a mess
 ``outbox`` row, all in the caller's transaction. The writes of a running attempt are
 fenced by its claim's token too (``claim_token``).
 
-Nothing else in jobsapp moves a run between states. Two writers outside the journal touch
-these tables without a transition of ``states.ALLOWED``: lifecycle/outbox_queries.py marks
-an outbox row after the journal wrote it (published, backed off, dead, revived, with an
-``outbox_retry`` event), and lifecycle/run_now.py makes a queued run due at once (its
-``next_retry_at``, its outbox row and a ``run_now`` event).
+Nothing else in jobsapp moves a run between states. Two operator moves here have no
+transition of ``states.ALLOWED`` (the run stays queued): run_now.py makes a queued run due
+at once, revive.py gives dead outbox rows back to the relay, each with its audit event.
+Outside the journal, lifecycle/outbox_queries.py marks an outbox row after the journal
+wrote it (published, backed off, dead, settled), maintenance/retention.py deletes what
+aged out, and attachments/reprocess.py advances a running reprocess run's progress columns
+under its claim's fence; none moves a run's state.
 
 Time is the database's: a transition given no ``now`` stamps and compares with
 PostgreSQL's ``now()`` inside its own statement (no extra round trip), so workers, beat
@@ -39,6 +41,8 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
   stays queued (parked while it waits), so no transition of its own
 - new_run.py: ``NewJob`` and the row a new run starts as
 - events.py, outbox_rows.py: the event and outbox rows a transition writes
+- run_now.py: a queued run made due at once (an operator's run now; no state change)
+- revive.py: dead outbox rows back to the relay (an operator's retry; no state change)
 - row_events.py: the enqueue, claim and success a run row carries instead of event rows,
   read back as events (``history``), and the rollup's cursor over them
 - plans.py: the statement compiler (prebuilt plans per run table and dialect, ``_run``)
@@ -87,6 +91,7 @@ from jobsapp.lifecycle.journal.reads import (
 )
 from jobsapp.lifecycle.journal.reap import StaleRun, find_stale, reap
 from jobsapp.lifecycle.journal.reopen import KeyBusy, Reopened, reopen
+from jobsapp.lifecycle.journal.revive import revive
 from jobsapp.lifecycle.journal.revoke import (
     Revoked,
     cancel_requested,
@@ -95,6 +100,7 @@ from jobsapp.lifecycle.journal.revoke import (
     revoke,
 )
 from jobsapp.lifecycle.journal.row_events import history
+from jobsapp.lifecycle.journal.run_now import bring_forward
 from jobsapp.lifecycle.journal.task_ids import job_of_attempt
 from jobsapp.lifecycle.journal.workflow import cancel_rest
 
@@ -115,6 +121,7 @@ __all__ = [
     "active_holder",
     "add_outbox",
     "attempt_failure",
+    "bring_forward",
     "cancel",
     "cancel_requested",
     "cancel_rest",
@@ -144,6 +151,7 @@ __all__ = [
     "reopen",
     "repeat_request",
     "requeue",
+    "revive",
     "revoke",
     "snoozes",
     "succeed",

@@ -7,18 +7,19 @@ reopen.py (Transition.RERUN, REPLAY), reap.py (Transition.REAP_REQUEUE), and
 maintenance/relay.py's repair of a queued run that has no message. ``PendingMessage`` is a
 row on its way to the broker (lifecycle/outbox.py publishes it); ``on_local_clock`` dates it
 for a fast-path publish (lifecycle/enqueue.py, lifecycle/attempt.py, operator.py).
-Everything that happens to the row afterwards is lifecycle/outbox_queries.py's.
+Everything that happens to the row afterwards is lifecycle/outbox_queries.py's, but an
+operator's moves (run_now.py, revive.py); ``pending_rows`` reads rows back as messages.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, RowMapping
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal._sql import OUTBOX, _upsert
@@ -47,6 +48,11 @@ class PendingMessage:
         return cls(r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"],
                    r["available_at"], r["publish_count"], r["publish_failures"],
                    queue=r["queue"], priority=r["priority"])  # fmt: skip
+
+
+def pending_rows(rows: Iterable[RowMapping]) -> list[PendingMessage]:
+    """Outbox rows as read back (``RETURNING *`` or a SELECT), as messages to publish."""
+    return [PendingMessage.of_row(r) for r in rows]
 
 
 def on_local_clock(message: PendingMessage, due_in: timedelta) -> PendingMessage:

@@ -14,13 +14,16 @@ locks the body's step row, then reads its members' run rows, so of two members f
 at once the second sees the first: each statement of PostgreSQL's READ COMMITTED (the
 level of jobsapp's engines) reads what committed before it, the lock's wait included
 (docs/workflows.md). SQLite's immediate transactions run one at a time.
+
+``step_runs`` reads the run rows of steps, whatever their run tables (the chord's results,
+an operator's cancel here; the workflow view, monitor/workflows.py).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -104,8 +107,8 @@ def new_job(step: Mapping[str, Any], given: Sequence[Any]) -> NewJob:
 
 def start(conn: Connection, step: Mapping[str, Any], given: Sequence[Any], *,
           actor: str) -> PendingMessage | None:  # fmt: skip
-    """Insert the step's run (none -> queued, with its event and message), unless it has
-    one already; returns its message, carrying the step's priority."""
+    """Insert the step's run (none -> queued, with its message), unless it has one
+    already; returns its message (at the step's queue and priority, from its ``NewJob``)."""
     if step["blocked_outcome"] == CANCELLED:
         return None
     inserted = enqueue_new(conn, new_job(step, given), actor=actor)
@@ -113,7 +116,7 @@ def start(conn: Connection, step: Mapping[str, Any], given: Sequence[Any], *,
         return None
     if step["blocked_at"] is not None:
         _unblock(conn, step["job_id"])
-    return replace(inserted.message, priority=step["priority"])
+    return inserted.message
 
 
 def succeeded(
@@ -121,11 +124,11 @@ def succeeded(
 ) -> list[PendingMessage]:
     """In Transition.SUCCEED's transaction: start every step now due after ``job_id``."""
     _require_transaction(conn, "a workflow step's success")
-    done = _steps(conn, [str(job_id)])
-    if not done:
+    done = _step(conn, job_id)
+    if done is None:
         return []
     started = []
-    for step in _steps(conn, done[0]["next"], lock=True):
+    for step in _steps(conn, done["next"], lock=True):
         value = _given(conn, step["after"], {str(job_id): result})
         if value is not _NOT_YET:
             started.append(start(conn, step, [value], actor=actor))
@@ -139,12 +142,12 @@ def failed(
     block what waited for it: a chord's body ends ``chord_failed`` and starts its own
     errbacks, as Celery's chord error does; the rest of a chain ``upstream_failed``."""
     _require_transaction(conn, "a workflow step's failure")
-    done = _steps(conn, [str(job_id)])
-    if not done:
+    done = _step(conn, job_id)
+    if done is None:
         return []
-    messages = _errbacks(conn, done[0], actor=actor)
+    messages = _errbacks(conn, done, actor=actor)
     reason = f"step {job_id} failed: {error}"
-    for step in _steps(conn, done[0]["next"]):
+    for step in _steps(conn, done["next"]):
         messages += _block(conn, step, reason, actor=actor, now=now)
     return messages
 
@@ -161,40 +164,45 @@ def cancel_rest(
     successor holds the successor's lock, so its queued run is seen and cancelled here,
     or it sees the mark and starts nothing."""
     _require_transaction(conn, "a workflow's cancel")
-    marked = conn.execute(
+    marked = [dict(step) for step in conn.execute(
         update(STEPS)
         .where(STEPS.c.workflow_id == workflow_id,
                or_(STEPS.c.blocked_outcome.is_(None), STEPS.c.blocked_outcome != CANCELLED))
         .values(blocked_at=clock(conn, now), blocked_outcome=CANCELLED, blocked_reason=reason)
         .returning(STEPS.c.job_id, STEPS.c.module)
-    ).all()  # fmt: skip
+    ).mappings()]  # fmt: skip
+    module_of = {step["job_id"]: step["module"] for step in marked}
+    queued = step_runs(conn, marked, "attempts", state=State.QUEUED)
+    return sum(cancel(conn, registry.get(module_of[job_id]), job_id, attempts=run.attempts,
+                      actor=actor, reason=reason, now=now)
+               for job_id, run in queued.items())  # fmt: skip
+
+
+def step_runs(
+    conn: Connection, steps: Iterable[Mapping[str, Any]], *columns: str,
+    state: State | None = None,
+) -> dict[uuid.UUID, Any]:  # fmt: skip
+    """The run rows (``job_id`` and ``columns``) of those of ``steps`` that have one (in
+    ``state``, if given), by job id: one SELECT per run table the steps' modules name."""
     by_module: dict[str, list[uuid.UUID]] = {}
-    for job_id, module in marked:
-        by_module.setdefault(module, []).append(job_id)
-    return sum(_cancel_queued(conn, module, ids, actor=actor, reason=reason, now=now)
-               for module, ids in by_module.items())  # fmt: skip
-
-
-def _cancel_queued(
-    conn: Connection, module: str, job_ids: Sequence[uuid.UUID], *, actor: str, reason: str,
-    now: datetime | None,
-) -> int:  # fmt: skip
-    spec = registry.get(module)
-    table = spec.table
-    queued = conn.execute(
-        select(table.c.job_id, table.c.attempts)
-        .where(table.c.job_id.in_(job_ids), table.c.state == State.QUEUED.value)
-    ).all()  # fmt: skip
-    return sum(cancel(conn, spec, job_id, attempts=attempts, actor=actor, reason=reason, now=now)
-               for job_id, attempts in queued)  # fmt: skip
+    for step in steps:
+        by_module.setdefault(step["module"], []).append(step["job_id"])
+    found: dict[uuid.UUID, Any] = {}
+    for module, job_ids in by_module.items():
+        table = registry.get(module).table
+        stmt = select(table.c.job_id, *(table.c[c] for c in columns))
+        stmt = stmt.where(table.c.job_id.in_(job_ids))
+        if state is not None:
+            stmt = stmt.where(table.c.state == state.value)
+        found |= {row.job_id: row for row in conn.execute(stmt)}
+    return found
 
 
 def blocked_row(conn: Connection, job_id: uuid.UUID) -> dict[str, Any] | None:
     """A blocked step with no run, as the failed run a handle reads (None otherwise)."""
-    found = _steps(conn, [str(job_id)])
-    if not found or found[0]["blocked_at"] is None:
+    step = _step(conn, job_id)
+    if step is None or step["blocked_at"] is None:
         return None
-    step = found[0]
     return {"job_id": job_id, "task_name": step["task_name"], "state": State.FAILED.value,
             "outcome": step["blocked_outcome"], "last_error": step["blocked_reason"],
             "attempts": 0, "result": None, "finished_at": step["blocked_at"]}  # fmt: skip
@@ -234,6 +242,10 @@ def _unblock(conn: Connection, job_id: Any) -> None:
         update(STEPS).where(STEPS.c.job_id == job_id, STEPS.c.blocked_at.is_not(None))
         .values(blocked_at=None, blocked_outcome=None, blocked_reason=None)
     )  # fmt: skip
+
+
+def _step(conn: Connection, job_id: uuid.UUID) -> dict[str, Any] | None:
+    return next(iter(_steps(conn, [str(job_id)])), None)
 
 
 def _steps(conn: Connection, ids: Iterable[str], *, lock: bool = False) -> list[dict[str, Any]]:
@@ -284,15 +296,5 @@ def _shaped(after: Any, results: Mapping[str, Any]) -> Any:
 
 def _results(conn: Connection, ids: Sequence[str]) -> dict[str, Any]:
     """The results of those of ``ids`` whose runs succeeded, read from their run rows."""
-    found: dict[str, Any] = {}
-    by_module: dict[str, list[uuid.UUID]] = {}
-    for step in _steps(conn, ids):
-        by_module.setdefault(step["module"], []).append(step["job_id"])
-    for module, job_ids in by_module.items():
-        table = registry.get(module).table
-        rows = conn.execute(
-            select(table.c.job_id, table.c.result)
-            .where(table.c.job_id.in_(job_ids), table.c.state == State.SUCCEEDED.value)
-        )  # fmt: skip
-        found |= {str(row.job_id): row.result for row in rows}
-    return found
+    runs = step_runs(conn, _steps(conn, ids), "result", state=State.SUCCEEDED)
+    return {str(job_id): run.result for job_id, run in runs.items()}
