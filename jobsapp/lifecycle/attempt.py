@@ -18,7 +18,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from jobsapp import crashpoints
-from jobsapp.db import autocommit
+from jobsapp.db import autocommit, relaxed_autocommit, relaxed_transaction
 from jobsapp.lifecycle import journal, limits, outbox, results
 from jobsapp.lifecycle.context import RunContext, entered
 from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, RetryRequested
@@ -74,6 +74,11 @@ class AttemptRules:
     publish_retry: bool = True
     # The largest return value the run keeps (JOBSAPP_RESULT_MAX_BYTES).
     result_max_bytes: int = field(default_factory=lambda: get_settings().result_max_bytes)
+    # False (JOBSAPP_FINISH_FLUSH=no-wait): the success commits without waiting for the
+    # WAL flush; failures and requeues always wait (docs/lifecycle.md).
+    success_waits_for_flush: bool = field(
+        default_factory=lambda: get_settings().success_waits_for_flush
+    )
 
 
 def run_attempt(
@@ -119,7 +124,7 @@ def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: Attem
             return _settle_failure(app, ctx, exc, rules)
     if ctx.finished:
         return Ended(End.SUCCEEDED, "finished by the body", value=value)
-    return _succeed(app, ctx, value)
+    return _succeed(app, ctx, value, flushed=rules.success_waits_for_flush)
 
 
 def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> Any:
@@ -138,10 +143,10 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
             ctx.heartbeat.wait(pause.seconds)
 
 
-def _succeed(app: Celery, ctx: RunContext, value: Any) -> Ended:
+def _succeed(app: Celery, ctx: RunContext, value: Any, *, flushed: bool) -> Ended:
     def write() -> tuple[bool, list[PendingMessage]]:
         started: list[PendingMessage] = []
-        with _outcome_connection(ctx) as conn:
+        with _outcome_connection(ctx, flushed=flushed) as conn:
             done = journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
                                    actor=ctx.worker, result=value, started=started)  # fmt: skip
             return _let_go(conn, ctx, done), started
@@ -154,13 +159,20 @@ def _succeed(app: Celery, ctx: RunContext, value: Any) -> Ended:
     return Ended(End.LEASE_LOST, "finish refused, lease lost")
 
 
-def _outcome_connection(ctx: RunContext) -> AbstractContextManager[Connection]:
+def _outcome_connection(
+    ctx: RunContext, *, flushed: bool = True
+) -> AbstractContextManager[Connection]:
     """One statement for a job of its own; a workflow step's end also writes the steps it
     starts (journal/workflow.py), and a limited run's frees its key's slot, in the same
-    transaction."""
-    if ctx.row.get("workflow_id"):
-        return ctx.engine.begin()
-    return limits.outcome_connection(ctx.engine, ctx.row)
+    transaction. Not ``flushed``: the commit does not wait for the WAL flush; a crash that
+    loses it loses the whole outcome, and the run repeats (docs/lifecycle.md)."""
+    if flushed:
+        if ctx.row.get("workflow_id"):
+            return ctx.engine.begin()
+        return limits.outcome_connection(ctx.engine, ctx.row)
+    if ctx.row.get("workflow_id") or limits.is_limited(ctx.row):
+        return relaxed_transaction(ctx.engine)
+    return relaxed_autocommit(ctx.engine)
 
 
 def _publish_started(app: Celery, started: list[PendingMessage]) -> None:
