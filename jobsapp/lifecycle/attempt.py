@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -23,6 +23,7 @@ from jobsapp.lifecycle import journal, limits, outbox, results
 from jobsapp.lifecycle.context import RunContext, entered
 from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, RetryRequested
 from jobsapp.lifecycle.journal import PendingMessage
+from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.retry import Action, RetryPolicy, decide_failure, decide_retry_after
 from jobsapp.lifecycle.scrub import describe_exception, scrub
 from jobsapp.lifecycle.states import Outcome, Transition
@@ -124,7 +125,8 @@ def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: Attem
             return _settle_failure(app, ctx, exc, rules)
     if ctx.finished:
         return Ended(End.SUCCEEDED, "finished by the body", value=value)
-    return _succeed(app, ctx, value, flushed=rules.success_waits_for_flush)
+    waits = success_waits_for_flush(ctx.spec, ctx.row, rules.success_waits_for_flush)
+    return _succeed(app, ctx, value, flushed=waits)
 
 
 def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> Any:
@@ -141,6 +143,16 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
                 raise
             log.info("job %s waits %.1fs inline: %s", ctx.job_id, pause.seconds, pause)
             ctx.heartbeat.wait(pause.seconds)
+
+
+def success_waits_for_flush(spec: RunTable, row: Mapping[str, Any], setting: bool) -> bool:
+    """Whether the success of the claimed ``row`` waits for its WAL flush: as ``setting``
+    (JOBSAPP_FINISH_FLUSH) says, and always where a crash that lost the success would not
+    run the job again: the claim surviving it leaves the run ``running``, and the reaper
+    fails a stale run with no attempt or rescue to spare (``failed/stale``, although the
+    body succeeded). docs/lifecycle.md, "A success may not wait for the flush"."""
+    attempt, most = int(row["attempts"]), int(row["max_attempts"])
+    return setting or not spec.requeues_stale(attempt, most, int(row["rescues"]))
 
 
 def _succeed(app: Celery, ctx: RunContext, value: Any, *, flushed: bool) -> Ended:
