@@ -4,10 +4,11 @@ A durable PostgreSQL of the module's own (fsync and synchronous_commit on, as pr
 runs it; the walwriter flushes only every 10 s, autovacuum off) under two workers and beat.
 One gated job at a time: the test reads the WAL insert position while the body waits at its
 gate, opens the gate, and once the run is ``succeeded`` freezes every process (SIGSTOP:
-no client can commit, so nothing flushes but the 10 s walwriter) and reads the flush
-position. Behind the position read before the gate, the success is not on disk: the
-database is SIGKILLed, postmaster and backends, and started again. (A round whose success a
-beat tick flushed meanwhile is only a success: the next job tries again.)
+no client can commit, so nothing writes the WAL out but the 10 s walwriter) and reads the
+write position. Behind the position read before the gate, the success is still in
+PostgreSQL's WAL buffers only: the database is SIGKILLed, postmaster and backends, and
+started again. (A round whose success a beat tick's synchronous commit flushed meanwhile
+is only a success: the next job tries again.)
 
 docs/lifecycle.md says what follows: the run is back to ``running`` under the old claim
 (the reaper takes it once it is stale) or, the claim lost too, ``queued`` (the relay's
@@ -118,8 +119,9 @@ def _gated_job_running(cluster: Cluster, token: str) -> uuid.UUID:
 def _succeed_and_freeze(cluster: Cluster, procs: Sequence[Proc], job_id: uuid.UUID,
                         token: str) -> bool:  # fmt: skip
     """Open the body's gate, freeze every process as soon as the run is ``succeeded``;
-    whether the success is certainly not flushed (its commit record lies behind the
-    insert position read while the body still waited)."""
+    whether the success is certainly not written out of PostgreSQL's WAL buffers (its
+    commit record lies behind the insert position read while the body still waited), let
+    alone flushed."""
     before = _lsn(cluster, "insert")
     open_gate(token, 1)
     deadline = time.monotonic() + 30
@@ -128,7 +130,9 @@ def _succeed_and_freeze(cluster: Cluster, procs: Sequence[Proc], job_id: uuid.UU
         time.sleep(0.005)
     _signal(procs, signal.SIGSTOP)
     with cluster.engine.connect() as conn:
-        return bool(conn.execute(text("SELECT pg_current_wal_flush_lsn() < CAST(:lsn AS pg_lsn)"),
+        # The write position, not the flush: a SIGKILL of PostgreSQL loses what is still in
+        # its WAL buffers, while WAL written to the kernel survives (a power loss would not).
+        return bool(conn.execute(text("SELECT pg_current_wal_lsn() < CAST(:lsn AS pg_lsn)"),
                                  {"lsn": before}).scalar_one())  # fmt: skip
 
 
@@ -188,10 +192,10 @@ def test_by_default_a_success_waits_for_its_flush(
     procs = _start(cluster, counted_tasks_env())
     token = f"kept-success-{uuid.uuid4()}"
     job_id = _gated_job_running(cluster, token)
-    unflushed = _succeed_and_freeze(cluster, procs, job_id, token)
+    unwritten = _succeed_and_freeze(cluster, procs, job_id, token)
     restarted = _crash_and_restart(durable_pg, cluster, job_id)
     _signal(procs, signal.SIGCONT)
-    assert not unflushed, "the success was visible before its flush"
+    assert not unwritten, "the success was visible before its flush"
     # Terminal after the restart: neither the reaper nor the relay touches it again.
     assert restarted == "succeeded"
     # The deployment works on after the crash.
