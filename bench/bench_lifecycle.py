@@ -1,16 +1,17 @@
 """Lifecycle vs peers: N no-op jobs through each system, Postgres with fsync on and off.
 
 Systems: bare Celery, a naive lifecycle on Celery (bench/naive.py), jobsapp's
-``LifecycleTask`` by ``.delay()`` one by one and by ``enqueue.transaction()`` in batches of
-100, and Procrastinate 3 (its own worker, concurrency 2). Bare Celery and jobsapp run with
-Celery's task events off and on (worker events and the producer's task-sent event alike),
-and as jobsapp's celeryconfig.py ships them, so every comparison has the same event
-settings on both sides. Celery workers are ``-c 2`` prefork, prefetch 1, acks late, on the
-same Redis broker. Rounds interleave every system on both Postgres clusters. Per system
-and round: enqueue alone (no worker), drain alone (a fresh worker on that backlog, timed
-from its first finished job), end to end (producer and worker together; CPU per job of
-each process and WAL syncs per job are taken here), and the journal rows written per job
-(counted in its tables once every job of the measurement finished).
+``LifecycleTask`` by ``.delay()`` one by one (also with ``JOBSAPP_FINISH_FLUSH=no-wait``:
+``lifecycle-nowait``) and by ``enqueue.transaction()`` in batches of 100, and Procrastinate
+3 (its own worker, concurrency 2). Bare Celery and jobsapp run with Celery's task events off
+and on (worker events and the producer's task-sent event alike), and as jobsapp's
+celeryconfig.py ships them, so every comparison has the same event settings on both sides.
+Celery workers are ``-c 2`` prefork, prefetch 1, acks late, on the same Redis broker. Rounds
+interleave every system on both Postgres clusters. Per system and round: enqueue alone (no
+worker), drain alone (a fresh worker on that backlog, timed from its first finished job),
+end to end (producer and worker together; CPU per job of each process and WAL syncs per job
+are taken here), and the journal rows written per job (counted in its tables once every job
+of the measurement finished).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class System:
     worker: tuple[str, ...]
     events: Events | None = None  # None: not Celery
     journal: Journal | None = None  # None: keeps none
+    env: Mapping[str, str] | None = None  # jobsapp settings of its own
 
 
 def system_name(kind: str, events: Events) -> str:
@@ -123,6 +125,8 @@ def systems(shipped: Events) -> dict[str, System]:
                                                   LIFECYCLE_JOURNAL) for e in variants}  # fmt: skip
     found["lifecycle-batch"] = System("lifecycle-batch", JOBSAPP_WORKER, shipped,
                                       LIFECYCLE_JOURNAL)  # fmt: skip
+    found["lifecycle-nowait"] = System("lifecycle", JOBSAPP_WORKER, shipped, LIFECYCLE_JOURNAL,
+                                       {"JOBSAPP_FINISH_FLUSH": "no-wait"})  # fmt: skip
     found["procrastinate"] = System("procrastinate", (
         str(BIN / "procrastinate"), "--app=bench.peer_procrastinate.app", "--log-level=warning",
         "worker", "--concurrency", "2"), journal=PROCRASTINATE_JOURNAL)  # fmt: skip
@@ -152,6 +156,8 @@ def comparisons(shipped: Events) -> list[Comparison]:
         Comparison("lifecycle/procrastinate", "", "lifecycle", "procrastinate", ("e2e",)),
         Comparison("lifecycle-batch/bare", "", "lifecycle-batch", as_shipped[1],
                    ("e2e", "enqueue")),
+        Comparison("lifecycle-nowait/lifecycle", "", "lifecycle-nowait", as_shipped[0],
+                   ("e2e",)),
         Comparison("bare+events/bare", "", "bare+events", "bare", ("e2e",)),
     ]  # fmt: skip
 
@@ -235,6 +241,7 @@ class Run:
             "JOBSAPP_BROKER_URL": broker.redis_url(5), "JOBSAPP_REDIS_URL": broker.redis_url(9),
             "JOBSAPP_IMPORTS": "bench.lifecycle_tasks", "BENCH_COUNTER_URL": broker.redis_url(6),
             "BENCH_NAIVE_DSN": dsn, "BENCH_PEER_DSN": dsn, **(events or OFF).env(),
+            **(SYSTEMS[system].env or {}),
         }  # fmt: skip
 
     def worker(self) -> subprocess.Popen[bytes]:

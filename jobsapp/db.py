@@ -194,6 +194,18 @@ def relaxed_autocommit(engine: Engine, bound: float | None = None) -> Iterator[C
 
 
 @contextmanager
+def relaxed_transaction(engine: Engine) -> Iterator[Connection]:
+    """``engine.begin()`` whose commit does not wait for the WAL flush (PostgreSQL), for a
+    transaction of several writes a crash may lose as a whole: an opted-in success that
+    also starts workflow steps or frees a key's slot (docs/lifecycle.md). ``SET LOCAL``
+    ends with the transaction: nothing stays on a server connection PgBouncer shares."""
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
+        yield conn
+
+
+@contextmanager
 def _sqlite_bounded(engine: Engine, bound: float) -> Iterator[Connection]:
     """An immediate transaction whose wait for the write lock is ``bound``; the pooled
     connection gets the ordinary busy timeout back."""

@@ -59,6 +59,9 @@ class Settings:
     imports: tuple[str, ...] = ()
     # The largest return value a lifecycle task's run keeps, as compact UTF-8 JSON.
     result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES
+    # JOBSAPP_FINISH_FLUSH: False lets an attempt's success commit without waiting for the
+    # WAL flush (PostgreSQL; docs/lifecycle.md, "A success may not wait for the flush").
+    success_waits_for_flush: bool = True
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -151,6 +154,14 @@ def _log_format(env: Mapping[str, str]) -> str:
     return value
 
 
+def _finish_flush(env: Mapping[str, str]) -> bool:
+    """Whether a success waits for its WAL flush (``wait``, the default) or not."""
+    value = env.get("JOBSAPP_FINISH_FLUSH", "").strip().lower() or "wait"
+    if value not in ("wait", "no-wait"):
+        raise SettingsError(f"JOBSAPP_FINISH_FLUSH={value!r} must be 'wait' or 'no-wait'")
+    return value == "wait"
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the configuration; raises SettingsError naming the variable."""
     env = os.environ if env is None else env
@@ -179,6 +190,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_format=_log_format(env),
         imports=tuple(m.strip() for m in env.get("JOBSAPP_IMPORTS", "").split(",") if m.strip()),
         result_max_bytes=whole_number(env, "JOBSAPP_RESULT_MAX_BYTES", DEFAULT_RESULT_MAX_BYTES),
+        success_waits_for_flush=_finish_flush(env),
     )
 
 

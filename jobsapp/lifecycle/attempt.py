@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -18,11 +18,12 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from jobsapp import crashpoints
-from jobsapp.db import autocommit
+from jobsapp.db import autocommit, relaxed_autocommit, relaxed_transaction
 from jobsapp.lifecycle import journal, limits, outbox, results
 from jobsapp.lifecycle.context import RunContext, entered
 from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, RetryRequested
 from jobsapp.lifecycle.journal import PendingMessage
+from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.retry import Action, RetryPolicy, decide_failure, decide_retry_after
 from jobsapp.lifecycle.scrub import describe_exception, scrub
 from jobsapp.lifecycle.states import Outcome, Transition
@@ -74,6 +75,11 @@ class AttemptRules:
     publish_retry: bool = True
     # The largest return value the run keeps (JOBSAPP_RESULT_MAX_BYTES).
     result_max_bytes: int = field(default_factory=lambda: get_settings().result_max_bytes)
+    # False (JOBSAPP_FINISH_FLUSH=no-wait): the success commits without waiting for the
+    # WAL flush; failures and requeues always wait (docs/lifecycle.md).
+    success_waits_for_flush: bool = field(
+        default_factory=lambda: get_settings().success_waits_for_flush
+    )
 
 
 def run_attempt(
@@ -119,7 +125,8 @@ def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: Attem
             return _settle_failure(app, ctx, exc, rules)
     if ctx.finished:
         return Ended(End.SUCCEEDED, "finished by the body", value=value)
-    return _succeed(app, ctx, value)
+    waits = success_waits_for_flush(ctx.spec, ctx.row, rules.success_waits_for_flush)
+    return _succeed(app, ctx, value, flushed=waits)
 
 
 def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> Any:
@@ -138,10 +145,20 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
             ctx.heartbeat.wait(pause.seconds)
 
 
-def _succeed(app: Celery, ctx: RunContext, value: Any) -> Ended:
+def success_waits_for_flush(spec: RunTable, row: Mapping[str, Any], setting: bool) -> bool:
+    """Whether the success of the claimed ``row`` waits for its WAL flush: as ``setting``
+    (JOBSAPP_FINISH_FLUSH) says, and always where a crash that lost the success would not
+    run the job again: the claim surviving it leaves the run ``running``, and the reaper
+    fails a stale run with no attempt or rescue to spare (``failed/stale``, although the
+    body succeeded). docs/lifecycle.md, "A success may not wait for the flush"."""
+    attempt, most = int(row["attempts"]), int(row["max_attempts"])
+    return setting or not spec.requeues_stale(attempt, most, int(row["rescues"]))
+
+
+def _succeed(app: Celery, ctx: RunContext, value: Any, *, flushed: bool) -> Ended:
     def write() -> tuple[bool, list[PendingMessage]]:
         started: list[PendingMessage] = []
-        with _outcome_connection(ctx) as conn:
+        with _outcome_connection(ctx, flushed=flushed) as conn:
             done = journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
                                    actor=ctx.worker, result=value, started=started)  # fmt: skip
             return _let_go(conn, ctx, done), started
@@ -154,13 +171,20 @@ def _succeed(app: Celery, ctx: RunContext, value: Any) -> Ended:
     return Ended(End.LEASE_LOST, "finish refused, lease lost")
 
 
-def _outcome_connection(ctx: RunContext) -> AbstractContextManager[Connection]:
+def _outcome_connection(
+    ctx: RunContext, *, flushed: bool = True
+) -> AbstractContextManager[Connection]:
     """One statement for a job of its own; a workflow step's end also writes the steps it
     starts (journal/workflow.py), and a limited run's frees its key's slot, in the same
-    transaction."""
-    if ctx.row.get("workflow_id"):
-        return ctx.engine.begin()
-    return limits.outcome_connection(ctx.engine, ctx.row)
+    transaction. Not ``flushed``: the commit does not wait for the WAL flush; a crash that
+    loses it loses the whole outcome, and the run repeats (docs/lifecycle.md)."""
+    if flushed:
+        if ctx.row.get("workflow_id"):
+            return ctx.engine.begin()
+        return limits.outcome_connection(ctx.engine, ctx.row)
+    if ctx.row.get("workflow_id") or limits.is_limited(ctx.row):
+        return relaxed_transaction(ctx.engine)
+    return relaxed_autocommit(ctx.engine)
 
 
 def _publish_started(app: Celery, started: list[PendingMessage]) -> None:

@@ -175,10 +175,10 @@ def _claim_once(
     engine: Engine, spec: RunTable, env: Envelope, *, foreign: journal.NewJob | None,
     worker: str, gate: flow.Gate | None = None,
 ) -> Tried:  # fmt: skip
-    # The claim's commit does not wait for the WAL flush (unless flow control checks it in
-    # the same transaction): the finish's synchronous commit flushes it; one lost in a
-    # crash is caught by the claim token's fence, and named by ``claim_lost`` after the
-    # refused write.
+    # The claim's commit does not wait for the WAL flush (gated or not): the next commit
+    # that waits flushes it (the finish's, unless JOBSAPP_FINISH_FLUSH=no-wait); one lost
+    # in a crash is caught by the claim token's fence, and named by ``claim_lost`` after
+    # the refused write.
     row = flow.gated_claim(engine, spec, gate, lambda conn: journal.claim(
         conn, spec, env.job_id, env.attempt, worker=worker))  # fmt: skip
     if row is None:

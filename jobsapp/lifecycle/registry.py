@@ -74,6 +74,16 @@ class RunTable:
     # None: the domain's failures wait for an operator's replay.
     reconcile: ReconcilePolicy | None = None
 
+    def requeues_stale(self, attempt: int, max_attempts: int, rescues: int) -> bool:
+        """Whether the reaper gives a stale run of ``attempt`` another attempt: the policy
+        says so, with attempts and rescues to spare. Also whether a success a database
+        crash lost, its run back to running under its claim, runs again (lifecycle/attempt.py)."""
+        return (
+            self.stale_policy is StalePolicy.REQUEUE
+            and attempt < max_attempts
+            and rescues < self.rescue_limit
+        )
+
     def ids_from_row(self, row: Mapping[str, Any]) -> dict[str, Any]:
         return {c: row[c] for c in self.id_columns}
 

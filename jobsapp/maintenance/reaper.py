@@ -49,11 +49,8 @@ class ReaperConfig:
 def should_requeue(run: StaleRun, spec: RunTable) -> bool:
     """Requeue only under a requeue policy, with attempts and rescues to spare, and never a
     run a revoke asked to stop (it fails cancelled)."""
-    return (
-        not run.cancel_requested
-        and spec.stale_policy is StalePolicy.REQUEUE
-        and run.attempt < run.max_attempts
-        and run.rescues < spec.rescue_limit
+    return not run.cancel_requested and spec.requeues_stale(
+        run.attempt, run.max_attempts, run.rescues
     )
 
 

@@ -321,6 +321,15 @@ def test_a_bad_setting_is_one_line_and_exit_2_at_every_entry_point(
     assert out == ""
 
 
+def test_a_worker_with_a_bad_finish_flush_stops_at_start(good_env: dict[str, str]) -> None:
+    code, out, err = run(ENTRY_POINTS["worker"], good_env | {"JOBSAPP_FINISH_FLUSH": "maybe"})
+
+    assert code == ExitCode.CONFIGURATION, f"exit {code}:\n{out[-2000:]}\n{err[-3000:]}"
+    assert err.strip() == ("jobsapp: configuration error: JOBSAPP_FINISH_FLUSH='maybe' must be "
+                           "'wait' or 'no-wait'"), err[-3000:]  # fmt: skip
+    assert out == ""
+
+
 BEAT_VARIABLES = ["JOBSAPP_REAPER_EVERY", "JOBSAPP_BEAT_LEASE_SECONDS", "JOBSAPP_RELAY_BATCH",
                   "JOBSAPP_STAGING_ORPHAN_HOURS"]  # fmt: skip
 

@@ -97,8 +97,10 @@ def test_events_are_read_from_jobsapps_celeryconfig_and_a_mixed_setting_gets_its
         "lifecycle",
         "lifecycle+events",
         "lifecycle-batch",
+        "lifecycle-nowait",
         "procrastinate",
     }
+    assert found["lifecycle-nowait"].env == {"JOBSAPP_FINISH_FLUSH": "no-wait"}
 
 
 def test_percentiles_of_latencies() -> None:

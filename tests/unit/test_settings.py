@@ -129,6 +129,8 @@ def test_supported_storage(url: str) -> None:
         ("JOBSAPP_STALE_AFTER", "-30"),
         ("JOBSAPP_INLINE_WAIT_MAX", "5s"),
         ("JOBSAPP_UNCLAIMED_AFTER", "0"),
+        ("JOBSAPP_FINISH_FLUSH", "later"),
+        ("JOBSAPP_FINISH_FLUSH", "off"),
     ],
 )
 def test_an_invalid_value_fails_naming_the_variable(name: str, value: str) -> None:
@@ -168,6 +170,13 @@ def test_numbers_parse_as_floats() -> None:
     settings = load_settings({"JOBSAPP_INLINE_WAIT_MAX": "2.5", "JOBSAPP_UNCLAIMED_AFTER": "1e3"})
     assert settings.inline_wait_max == 2.5
     assert settings.unclaimed_after == 1000.0
+
+
+@pytest.mark.parametrize(("value", "waits"), [("", True), ("wait", True), ("no-wait", False),
+                                              (" No-Wait ", False)])  # fmt: skip
+def test_a_success_waits_for_its_flush_unless_told_not_to(value: str, waits: bool) -> None:
+    assert load_settings({"JOBSAPP_FINISH_FLUSH": value}).success_waits_for_flush is waits
+    assert load_settings({}).success_waits_for_flush
 
 
 def test_settings_are_frozen() -> None:
