@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from celery.utils.quorum_queues import detect_quorum_queues
 from kombu import Queue
 
@@ -31,6 +31,10 @@ class BatchSender:
 
     def __init__(self, app: Celery, producer: Any) -> None:
         self._app = app
+        amqp = app.amqp
+        self._router = amqp.router
+        self._create_message = amqp.create_task_message
+        self._send_message = amqp.send_task_message
         self._producer = producer
         self._channel = producer.channel
         conf = app.conf
@@ -42,6 +46,10 @@ class BatchSender:
         # By identity, each with its own copy held so that its id is not reused.
         self._queues: dict[int, tuple[Queue, Queue]] = {}
         self._dispatcher = self._bound_dispatcher() if self._sent_event else None
+        # Whether anything sees a publish besides the broker: a receiver of Celery's publish
+        # signals (OpenTelemetry's instrumentation) reads the current trace context.
+        self.watched = bool(signals.before_task_publish.receivers
+                            or signals.after_task_publish.receivers)  # fmt: skip
 
     def send_task(
         self, name: str, *, args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str,
@@ -64,9 +72,9 @@ class BatchSender:
         time_limit = options.pop("time_limit", None)
         soft_time_limit = options.pop("soft_time_limit", None)
         ignore_result = options.pop("ignore_result", None)
-        options = self._app.amqp.router.route(options, name, args, kwargs, task_type)
+        options = self._router.route(options, name, args, kwargs, task_type)
         root_id, parent_id = self._lineage(options, root_id, parent_id)
-        message = self._app.amqp.create_task_message(
+        message = self._create_message(
             task_id, name, args, kwargs, countdown=countdown, retries=retries,
             reply_to=self._reply_to, time_limit=time_limit, soft_time_limit=soft_time_limit,
             create_sent_event=self._sent_event, root_id=root_id, parent_id=parent_id,
@@ -85,7 +93,7 @@ class BatchSender:
         with producer.connection._reraise_as_library_errors():
             if not ignore_result:
                 self._app.backend.on_task_call(producer, task_id)
-            self._app.amqp.send_task_message(
+            self._send_message(
                 producer, name, message, event_dispatcher=self._dispatcher, **options
             )
         if self._parent is not None:

@@ -134,7 +134,9 @@ def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any,
     if delay > 0:
         options["countdown"] = delay
     send_task = app.send_task if sender is None else sender.send_task
-    with tracing.publishing(body):
+    # The stored trace context matters only to what watches the publish (see ``tracing``).
+    watched = sender is None or sender.watched
+    with tracing.publishing(body) if watched else nullcontext():
         send_task(
             message.task_name,
             args=(),
