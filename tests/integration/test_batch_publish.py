@@ -11,6 +11,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -107,6 +108,23 @@ def test_a_batch_rabbitmq_refuses_in_part_is_accepted_in_none() -> None:
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(name)
         app.close()
+
+
+def test_a_queue_first_named_in_the_middle_of_a_batch_gets_its_messages(
+    broker_app: Celery,
+) -> None:
+    """Its declare waits for the broker's answer while RabbitMQ's batch holds the frames of
+    the messages before it (``amqp_transport``): those are written first, none is lost."""
+    fresh = f"{broker_app.conf.task_default_queue}-fresh"
+    messages = [replace(m, queue=fresh) if m.id > 3 else m for m in _messages(6)]
+    try:
+        report = outbox.publish(broker_app, messages)
+        assert [a.id for a in report.accepted] == [m.id for m in messages]
+        found = _take_queued(broker_app, [broker_app.conf.task_default_queue, fresh])
+        assert set(found) == {task_id_for(m.job_id, 1) for m in messages}
+    finally:
+        with broker_app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(fresh)
 
 
 # ------------------------------------ a batch sends what send_task sends for each job alone
