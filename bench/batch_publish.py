@@ -5,7 +5,9 @@ fast path's publish returned), no worker running; its publish marks are then wri
 (untimed) and the queue emptied, so rounds do not meet each other's work. Reads the
 database (migrated), broker and imports from the usual ``JOBSAPP_*`` variables, as the
 bench's producers do; prints one JSON line, the median and every round's jobs/s
-(``bench_lifecycle`` turns it into its batch line).
+(``bench_lifecycle`` turns it into its batch line) and every round's CPU milliseconds in
+this process: on a shared machine the rate follows the other processes' load, the CPU much
+less (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -41,16 +43,19 @@ def settle() -> None:
         conn.default_channel.queue_purge(app.conf.task_default_queue)
 
 
-def main(rounds: int) -> list[float]:
+def main(rounds: int) -> tuple[list[float], list[float]]:
+    """Each round's jobs/s and CPU milliseconds."""
     one_batch()  # warm: connections, prepared plans, declared queues
     settle()
-    rates = []
+    rates, cpu_ms = [], []
     for _ in range(rounds):
+        cpu = time.process_time()
         rates.append(BATCH / one_batch())
+        cpu_ms.append((time.process_time() - cpu) * 1000)
         settle()
-    return rates
+    return rates, cpu_ms
 
 
 if __name__ == "__main__":
-    found = main(int(sys.argv[1]) if len(sys.argv) > 1 else 9)
-    print(json.dumps({"median": statistics.median(found), "rounds": found}))
+    found, cpu_ms = main(int(sys.argv[1]) if len(sys.argv) > 1 else 9)
+    print(json.dumps({"median": statistics.median(found), "rounds": found, "cpu_ms": cpu_ms}))

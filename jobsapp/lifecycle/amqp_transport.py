@@ -6,19 +6,56 @@ after every message: a batch of n messages costs n round trips. kombu's
 pipelines them); here a batch writes each message at once and ``flush`` waits until the
 broker confirmed every one of them, so the batch costs one round trip. A message the broker
 refuses (a nack) fails the whole flush: the caller cannot tell which one it was, and
-publishing them all again is safe (the claim deduplicates). ``jobsapp.celery_app``
-selects this transport for ``amqp://`` and ``pyamqp://`` broker URLs.
+publishing them all again is safe (the claim deduplicates). The batch's frames leave in
+a few socket writes rather than one per message: the same bytes, in the same order.
+``jobsapp.celery_app`` selects this transport for ``amqp://`` and ``pyamqp://`` broker URLs.
 """
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import Any
 
 from amqp import spec
 from amqp.exceptions import MessageNacked
+from amqp.method_framing import frame_writer
 from kombu.transport import pyamqp
 
 _CONFIRMS = [spec.Basic.Ack, spec.Basic.Nack]
+# Bytes of held frames written at once (a batch of 1,000 small messages: a few writes).
+_HELD_MAX = 256 * 1024
+
+
+class HeldWrites:
+    """A connection's socket writes, held while a batch publishes (a ``sendall`` per message
+    was a fifth of a batch's time). Any other frame, such as a declare that waits for its
+    answer, first writes what is held, so frames leave in the order they were made."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._held = bytearray()
+        self.holding = False
+
+    def write(self, data: Any) -> None:
+        if self.holding:
+            # A copy: py-amqp hands over a view of the buffer it reuses for the next frame.
+            self._held += data
+            if len(self._held) >= _HELD_MAX:
+                self.flush()
+            return
+        self.flush()
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        if self._held:
+            held, self._held = self._held, bytearray()
+            self._transport.write(held)
+
+
+def _held_frame_writer(connection: Any, transport: Any) -> Any:
+    """py-amqp's frame writer, writing through the connection's ``HeldWrites``."""
+    connection.held_writes = HeldWrites(transport)
+    return frame_writer(connection, connection.held_writes)
 
 
 class Channel(pyamqp.Channel):
@@ -77,7 +114,12 @@ class PublishBatch:
         if channel.connection.confirm_publish and not channel._confirm_selected:
             channel._confirm_selected = True
             channel.confirm_select()
-        published = channel._basic_publish(message, **kwargs)
+        held = channel.connection.held_writes
+        held.holding = True
+        try:
+            published = channel._basic_publish(message, **kwargs)
+        finally:
+            held.holding = False
         if channel._confirm_selected:
             self._unconfirmed.add(channel._last_tag)
         return published
@@ -85,13 +127,18 @@ class PublishBatch:
     def flush(self) -> None:
         """Returns once the broker confirmed every message of the batch; raises if it
         refused one."""
+        self.channel.connection.held_writes.flush()
         while self._unconfirmed:
             self.channel.wait(_CONFIRMS, timeout=self._timeout)
         if self._nacked is not None:
             raise MessageNacked(f"RabbitMQ refused message {self._nacked} of a batch")
 
     def discard(self) -> None:
-        """Nothing is buffered: what was published is with the broker."""
+        """What was published goes to the broker even so: RabbitMQ must number as many
+        messages as the channel counted. A connection that fails here is being dropped."""
+        connection = self.channel.connection
+        with suppress(*connection.connection_errors):
+            connection.held_writes.flush()
 
     def close(self) -> None:
         self.channel.events["basic_ack"].discard(self._on_ack)
@@ -100,6 +147,10 @@ class PublishBatch:
 
 class Connection(pyamqp.Connection):
     Channel = Channel
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("frame_writer", _held_frame_writer)
+        super().__init__(*args, **kwargs)
 
 
 class Transport(pyamqp.Transport):

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Engine
 
 from jobsapp import crashpoints
 from jobsapp.db import get_engine, get_relaxed_engine, is_autocommit, utcnow
-from jobsapp.lifecycle import flow, marker, outbox_queries, publisher, tracing
+from jobsapp.lifecycle import batch_send, flow, marker, outbox_queries, publisher, tracing
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.message import BuiltBody, task_id_for, trace_headers, validate_body
 from jobsapp.settings import get_settings
@@ -121,9 +121,11 @@ def _attempt_links(message: PendingMessage) -> dict[str, Any]:
     return links
 
 
-def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any) -> None:
+def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any,
+         sender: batch_send.BatchSender | None = None) -> None:  # fmt: skip
     """Hand one message to the broker, once; inside ``publisher.batch`` it is sent and
-    accepted at the batch's end, else before this returns."""
+    accepted at the batch's end, else before this returns. A batch's ``sender`` sends
+    what ``send_task`` would."""
     body = {**message.body, "outbox_id": message.id}
     if not isinstance(message.body, BuiltBody):  # checked when built; outbox ids are >= 1
         validate_body(body)
@@ -131,8 +133,11 @@ def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any) 
     delay = (message.available_at - now).total_seconds()
     if delay > 0:
         options["countdown"] = delay
-    with tracing.publishing(body):
-        app.send_task(
+    send_task = app.send_task if sender is None else sender.send_task
+    # The stored trace context matters only to what watches the publish (see ``tracing``).
+    watched = sender is None or sender.watched
+    with tracing.publishing(body) if watched else nullcontext():
+        send_task(
             message.task_name,
             args=(),
             kwargs=body,
@@ -223,10 +228,12 @@ def _publish_chunk(
     sent: list[outbox_queries.Accepted] = []
     # kombu counts Redis commands (a message and its sent event are two): room for all. A
     # lone message (a ``.delay()``) goes without: setting a batch up costs more than it saves.
-    batch = publisher.batch(producer, 4 * len(chunk)) if len(chunk) > 1 else nullcontext()
+    alone = len(chunk) == 1
+    batch = nullcontext() if alone else publisher.batch(producer, 4 * len(chunk))
     with batch:
+        sender = None if alone else batch_send.BatchSender(app, producer)
         for message in chunk:
-            if _send_or_refuse(app, message, now, producer, report):
+            if _send_or_refuse(app, message, now, producer, sender, report):
                 wait = check_wait(message.publish_count, unclaimed_after)
                 sent.append(outbox_queries.Accepted(message.id, message.publish_count, wait,
                                                     message.available_at))  # fmt: skip
@@ -235,11 +242,12 @@ def _publish_chunk(
 
 
 def _send_or_refuse(
-    app: Celery, message: PendingMessage, now: datetime, producer: Any, report: Report
-) -> bool:
+    app: Celery, message: PendingMessage, now: datetime, producer: Any,
+    sender: batch_send.BatchSender | None, report: Report,
+) -> bool:  # fmt: skip
     """Hand the message to the batch; False (reported) if it fails on its own."""
     try:
-        send(app, message, now=now, producer=producer)
+        send(app, message, now=now, producer=producer, sender=sender)
     except publisher.BROKER_ERRORS:
         raise
     except Exception as exc:  # noqa: BLE001 - the row's own fault: counted against the row

@@ -6,18 +6,25 @@ plain Celery worker reads them; a broker that is down accepts none of them.
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
 
 import pytest
+import redis
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import outbox
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.message import build_body, task_id_for
 from tests.support.env import service
+from tests.support.waiting import eventually
 
 TRANSPORTS = {"redis": "jobsapp.lifecycle.redis_transport:Transport",
               "amqp": "jobsapp.lifecycle.amqp_transport:Transport"}  # fmt: skip
@@ -101,3 +108,173 @@ def test_a_batch_rabbitmq_refuses_in_part_is_accepted_in_none() -> None:
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(name)
         app.close()
+
+
+def test_a_queue_first_named_in_the_middle_of_a_batch_gets_its_messages(
+    broker_app: Celery,
+) -> None:
+    """Its declare waits for the broker's answer while RabbitMQ's batch holds the frames of
+    the messages before it (``amqp_transport``): those are written first, none is lost."""
+    fresh = f"{broker_app.conf.task_default_queue}-fresh"
+    messages = [replace(m, queue=fresh) if m.id > 3 else m for m in _messages(6)]
+    try:
+        report = outbox.publish(broker_app, messages)
+        assert [a.id for a in report.accepted] == [m.id for m in messages]
+        found = _take_queued(broker_app, [broker_app.conf.task_default_queue, fresh])
+        assert set(found) == {task_id_for(m.job_id, 1) for m in messages}
+    finally:
+        with broker_app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(fresh)
+
+
+# ------------------------------------ a batch sends what send_task sends for each job alone
+# Per delivery, not per message: the broker's tag and counters, kombu's Redis delivery tag.
+PER_DELIVERY = frozenset({"delivery_tag", "redelivered", "message_count", "consumer_tag"})
+# Per event publish: the sender's logical clock and the time of sending.
+PER_EVENT = frozenset({"clock", "timestamp"})
+
+
+def _varied_app(broker: str, url: str) -> Celery:
+    """The test app with a route to a second queue and a registered task with options of
+    its own (its time limit travels in the headers), besides tasks only a worker knows."""
+    app = _app(broker, url)
+    other = f"{app.conf.task_default_queue}-other"
+    app.conf.task_routes = {"tests.routed": {"queue": other}}
+    app.task(name="tests.timed", time_limit=30, soft_time_limit=20, shared=False)(dict)
+    app.finalize()
+    return app
+
+
+def _varied_messages(app: Celery) -> list[PendingMessage]:
+    """First attempts and retries (which name their parent and root), a queue of the job's
+    own and a priority, for registered, routed and unknown tasks."""
+    other = app.amqp.router.route({}, "tests.routed")["queue"].name
+    names = ("tests.echo", "tests.timed", "tests.routed")
+    now = utcnow()
+    out = []
+    for outbox_id in range(1, 13):
+        job_id, attempt = uuid.uuid4(), 1 + outbox_id % 2
+        body = build_body(job_id=job_id, module="jobs", attempt=attempt, ids={"job_id": job_id},
+                          enqueued_at=now)  # fmt: skip
+        out.append(PendingMessage(outbox_id, job_id, attempt, names[outbox_id % 3], body, now,
+                                  queue=other if outbox_id % 4 == 0 else None,
+                                  priority=outbox_id % 5 or None))  # fmt: skip
+    return out
+
+
+def _wire(message: Any) -> dict[str, Any]:
+    """A queued message as a consumer reads it, less what each delivery adds."""
+    properties = {k: v for k, v in message.properties.items() if k not in PER_DELIVERY}
+    if isinstance(properties.get("delivery_info"), dict):
+        properties["delivery_info"] = {k: v for k, v in properties["delivery_info"].items()
+                                       if k not in PER_DELIVERY}  # fmt: skip
+    info = message.delivery_info
+    return {"headers": message.headers, "properties": properties, "body": message.body,
+            "content": (message.content_type, message.content_encoding),
+            "routing": (info["exchange"], info["routing_key"])}  # fmt: skip
+
+
+def _take_queued(app: Celery, queues: list[str]) -> dict[str, dict[str, Any]]:
+    """Every message of ``queues``, taken, by task id."""
+    found = {}
+    with app.connection_for_write() as conn:
+        for name in queues:
+            queue = Queue(name).bind(conn.default_channel)
+            while (message := queue.get(no_ack=True)) is not None:
+                found[message.headers["id"]] = _wire(message)
+    return found
+
+
+@contextmanager
+def _task_sent_events(app: Celery, broker: str) -> Iterator[Callable[[int], dict[str, Any]]]:
+    """Listening to the task-sent events from the start; yields ``take(n)``: the first n,
+    by task id, less what each publish of an event stamps on it."""
+    listening = _redis_events(app) if broker == "redis" else _amqp_events(app)
+    with listening as read:
+        seen: dict[str, Any] = {}
+
+        def take(count: int) -> dict[str, Any]:
+            def arrived() -> bool:
+                for event in read():
+                    seen[event["uuid"]] = {k: v for k, v in event.items() if k not in PER_EVENT}
+                return len(seen) >= count
+
+            eventually(arrived, timeout=20)
+            return dict(seen)
+
+        yield take
+
+
+@contextmanager
+def _redis_events(app: Celery) -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    # kombu publishes Redis fanout messages with PUBLISH: only a subscriber sees them.
+    client = redis.Redis.from_url(app.conf.broker_url)
+    pubsub = client.pubsub()
+    pubsub.psubscribe(f"*{app.conf.event_exchange}*")
+    eventually(lambda: pubsub.get_message(timeout=1), timeout=10)  # the subscription
+
+    def read() -> list[dict[str, Any]]:
+        events = []
+        while (item := pubsub.get_message(timeout=0.2)) is not None:
+            frame = json.loads(item["data"])
+            events.append(json.loads(base64.b64decode(frame["body"])))
+        return events
+
+    try:
+        yield read
+    finally:
+        pubsub.close()
+        client.close()
+
+
+@contextmanager
+def _amqp_events(app: Celery) -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    with app.connection_for_write() as conn:
+        exchange = Exchange(app.conf.event_exchange, type="topic")
+        queue = Queue(f"{app.conf.task_default_queue}-events", exchange,
+                      routing_key="task.sent").bind(conn.default_channel)  # fmt: skip
+        queue.declare()
+
+        def read() -> list[dict[str, Any]]:
+            events = []
+            while (message := queue.get(no_ack=True)) is not None:
+                events.append(message.decode())
+            return events
+
+        try:
+            yield read
+        finally:
+            queue.delete()
+
+
+def _published(app: Celery, broker: str, messages: list[PendingMessage], *, batch: bool
+               ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """The queued messages and task-sent events of publishing ``messages`` in one batch,
+    or each in a publish run of its own (``send_task`` per message)."""
+    queues = [app.conf.task_default_queue, f"{app.conf.task_default_queue}-other"]
+    with _task_sent_events(app, broker) as take_events:
+        runs = [messages] if batch else [[m] for m in messages]
+        for run in runs:
+            assert len(outbox.publish(app, run).accepted) == len(run)
+        events = take_events(len(messages))
+    return _take_queued(app, queues), events
+
+
+@pytest.mark.parametrize("broker", list(TRANSPORTS))
+def test_a_batch_sends_what_each_job_alone_sends(broker: str) -> None:
+    url = service("JOBSAPP_TEST_REDIS_URL" if broker == "redis" else "JOBSAPP_TEST_AMQP_URL")
+    app = _varied_app(broker, url)
+    messages = _varied_messages(app)
+    try:
+        one_by_one = _published(app, broker, messages, batch=False)
+        batched = _published(app, broker, messages, batch=True)
+    finally:
+        with app.connection_for_write() as conn:
+            for name in (app.conf.task_default_queue, f"{app.conf.task_default_queue}-other"):
+                conn.default_channel.queue_delete(name)
+        app.close()
+    ids = {task_id_for(m.job_id, m.attempt) for m in messages}
+    assert set(one_by_one[0]) == ids
+    assert batched[0] == one_by_one[0]
+    assert set(one_by_one[1]) == ids
+    assert batched[1] == one_by_one[1]

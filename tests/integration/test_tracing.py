@@ -135,3 +135,31 @@ def test_the_relay_publishes_in_the_producers_trace_not_its_own(
         if s.context and s.context.trace_id == beat_trace and s.name != "beat tick"
     ]
     assert tasks.calls(token) == 1
+
+
+def test_the_relay_publishes_a_batch_each_message_in_its_producers_trace(
+    spans: InMemorySpanExporter, worker: TestWorkController, db: Engine
+) -> None:
+    """Several rows in one publish batch (``batch_send``): each message is published under
+    the context stored with it, not the previous message's and not beat's."""
+    traces = {f"relayed-{uuid.uuid4().hex[:8]}": uuid.uuid4().hex for _ in range(3)}
+    with db.begin() as conn:
+        for token, trace_id in traces.items():
+            parent = f"00-{trace_id}-{CALLER_SPAN}-01"
+            tasks.echo.apply_async((token,), connection=conn, headers={"traceparent": parent})
+    tracer = trace.get_tracer("beat")
+    with tracer.start_as_current_span("beat tick") as tick:
+        counts = relay.run_once(app, db, relay.RelayConfig(grace=timedelta(0)))
+    assert counts["published"] == len(traces)
+    for token, trace_id in traces.items():
+        eventually(lambda token=token: tasks.calls(token) == 1, timeout=30)
+        runs = eventually(lambda trace_id=trace_id: [
+            s for s in spans.get_finished_spans() if s.name == "run tests.echo"
+            and s.context and format(s.context.trace_id, "032x") == trace_id])  # fmt: skip
+        assert _ancestors(runs[0], spans)[-1] == CALLER_SPAN
+    beat_trace = tick.get_span_context().trace_id
+    assert not [
+        s.name
+        for s in spans.get_finished_spans()
+        if s.context and s.context.trace_id == beat_trace and s.name != "beat tick"
+    ]
