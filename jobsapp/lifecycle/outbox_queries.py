@@ -77,9 +77,15 @@ def _due(t: Any, now: datetime) -> tuple[Any, Any]:
     return _is_pending(t), t.c.available_at <= now
 
 
-def _serving_order(t: Any, lowest_first: bool) -> tuple[Any, Any]:
-    """By priority as the broker serves it, then the longest due first."""
-    return (t.c.priority.asc() if lowest_first else t.c.priority.desc()), t.c.available_at
+def _serving_order(t: Any, lowest_first: bool) -> tuple[Any, ...]:
+    """By priority as the broker serves it, then the longest due first, then the first
+    written (a batch enqueued in one transaction is due at one instant)."""
+    by_priority = t.c.priority.asc() if lowest_first else t.c.priority.desc()
+    return by_priority, *_by_due(t)
+
+
+def _by_due(t: Any) -> tuple[Any, Any]:
+    return t.c.available_at, t.c.id
 
 
 def _first_of_level_after(after: Any | None) -> Any:
@@ -118,7 +124,7 @@ def _firsts_of_open_levels(
     in_level = (a == b for a, b in zip(_level(row), (levels.c.module, levels.c.q,
                                                      levels.c.priority), strict=True))  # fmt: skip
     each = (select(row.c.id, row.c.priority, row.c.available_at)
-            .where(*in_level, *_due(row, now)).order_by(row.c.available_at).limit(limit)
+            .where(*in_level, *_due(row, now)).order_by(*_by_due(row)).limit(limit)
             .lateral("due_of_level"))  # fmt: skip
     return (select(each.c.id).select_from(levels.join(each, true()))
             .order_by(*_serving_order(each, lowest_first)).limit(limit))  # fmt: skip
@@ -130,14 +136,23 @@ def due_messages(
     """Unpublished live rows that are due (a crash before publish, a retry whose time came),
     in the order the broker serves them (``lifecycle.priorities``): by priority, then the
     longest due. On PostgreSQL the rows of a paused queue or domain are not read at all:
-    the open levels are found first, then each gives at most ``limit`` rows."""
+    the open levels are found first, each gives at most ``limit`` rows, and the first
+    ``limit`` of those are locked (SKIP LOCKED: another relay has them) and re-checked."""
     if conn.dialect.name == "postgresql":
-        picked = OUTBOX.c.id.in_(_firsts_of_open_levels(now, limit, default_queue, lowest_first))
+        first = _firsts_of_open_levels(now, limit, default_queue, lowest_first)
+        ids = list(conn.execute(first).scalars())
+        if not ids:
+            return []
+        # Locked by primary key, and re-checked in a spelling no partial index of the
+        # pending rows matches: a planner without statistics (a backlog written since the
+        # last ANALYZE) would otherwise walk such an index, paused rows and all.
+        where = (OUTBOX.c.id.in_(ids), func.coalesce(OUTBOX.c.published_at, OUTBOX.c.dead_at)
+                 .is_(None), OUTBOX.c.available_at <= now)  # fmt: skip
     else:  # SQLite (one host, no LATERAL): one walk of the due rows, each checked for pauses
-        picked = _unpaused(default_queue)
+        where = (_unpaused(default_queue), *_due(OUTBOX, now))
     stmt = (
         select(OUTBOX)
-        .where(picked, *_due(OUTBOX, now))
+        .where(*where)
         .order_by(*_serving_order(OUTBOX, lowest_first))
         .limit(limit)
         .with_for_update(skip_locked=True)

@@ -256,7 +256,8 @@ class OutboxMessage(Base):
 
 # The relay's due rows by level (migration 0019): domain, queue ('' for the app's default)
 # and priority lead, so the relay skips a paused queue's or domain's backlog with one probe
-# per level and reads each open level's rows by due time (outbox_queries.due_messages).
+# per level and reads each open level's rows by due time, then as written
+# (outbox_queries.due_messages).
 # PostgreSQL only: SQLite's relay walks the due rows (and SQLite's reflection, hence
 # alembic's batch rebuilds, would lose an index on an expression).
 Index(
@@ -265,6 +266,7 @@ Index(
     func.coalesce(OutboxMessage.queue, literal_column("''")),
     OutboxMessage.priority,
     OutboxMessage.available_at,
+    OutboxMessage.id,
     postgresql_where=text(OUTBOX_PENDING_SQL),
 ).ddl_if(dialect="postgresql")
 

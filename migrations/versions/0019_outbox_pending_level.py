@@ -4,13 +4,14 @@ Revision ID: 0019
 Revises: 0018
 Create Date: 2026-12-01 22:00:00.000000
 
-``ix_outbox_pending_level`` (module, coalesce(queue, ''), priority, available_at) over the
-pending rows replaces ``ix_outbox_pending_priority``: the relay finds the levels that hold
-pending rows with one probe each, leaves out those of a paused queue or domain without
-reading their rows, and takes each open level's rows by due time, in whichever priority
-order the broker serves (ascending on Redis, descending on RabbitMQ). PostgreSQL only:
-SQLite's relay walks the due rows (it has no LATERAL), and an index on an expression
-would not survive SQLite's batch table rebuilds (alembic cannot reflect it).
+``ix_outbox_pending_level`` (module, coalesce(queue, ''), priority, available_at, id)
+over the pending rows replaces ``ix_outbox_pending_priority``: the relay finds the levels
+that hold pending rows with one probe each, leaves out those of a paused queue or domain
+without reading their rows, and takes each open level's rows by due time (then as
+written), in whichever priority order the broker serves (ascending on Redis, descending
+on RabbitMQ). PostgreSQL only: SQLite's relay walks the due rows (it has no LATERAL), and
+an index on an expression would not survive SQLite's batch table rebuilds (alembic cannot
+reflect it).
 """
 
 from collections.abc import Sequence
@@ -34,7 +35,8 @@ def upgrade() -> None:
     op.drop_index("ix_outbox_pending_priority", "outbox")
     if _postgres():
         op.create_index("ix_outbox_pending_level", "outbox",
-                        ["module", sa.text("coalesce(queue, '')"), "priority", "available_at"],
+                        ["module", sa.text("coalesce(queue, '')"), "priority", "available_at",
+                         "id"],
                         postgresql_where=PENDING)  # fmt: skip
 
 

@@ -1,20 +1,22 @@
 """A plain Celery app, as a Celery user writes it, beside jobsapp in the priority tests.
 
 Its worker is ``celery -A tests.support.bare_celery worker``, with the broker and the
-queue in ``BARE_BROKER_URL`` and ``BARE_QUEUE``. It records the order of its runs where
-the lifecycle task of ``priority_tasks`` does, so both orders can be compared.
+queue in ``BARE_BROKER_URL`` and ``BARE_QUEUE``. Nothing of jobsapp is imported here, so
+that worker is plain Celery. Its task records the order of its runs in the test Redis.
 """
 
 from __future__ import annotations
 
 import os
 
+import redis
 from celery import Celery
 
-from tests.support.priority_tasks import key
-from tests.support.tasks import counter
-
 BROKER_URL, QUEUE = "BARE_BROKER_URL", "BARE_QUEUE"
+
+
+def order_key(token: str) -> str:
+    return f"jobsapp-test:bare-celery:{token}:order"
 
 
 def make_app(broker_url: str, queue: str) -> Celery:
@@ -32,7 +34,7 @@ def make_app(broker_url: str, queue: str) -> Celery:
 
     @app.task(name="tests.bare.ordered")
     def ordered(token: str, label: str) -> None:
-        counter().rpush(key(token, "order"), label)
+        redis.Redis.from_url(os.environ["JOBSAPP_TEST_REDIS_URL"]).rpush(order_key(token), label)
 
     return app
 
