@@ -25,6 +25,7 @@ from jobsapp.db import get_engine, get_relaxed_engine, is_autocommit, utcnow
 from jobsapp.lifecycle import batch_send, flow, marker, outbox_queries, publisher, tracing
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.message import BuiltBody, task_id_for, trace_headers, validate_body
+from jobsapp.lifecycle.priorities import serving_rank
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -71,12 +72,13 @@ def setbacks(
 
 def lost_and_waiting(
     unclaimed: Sequence[PendingMessage], depths: Mapping[str, int],
-    queue_of: Callable[[PendingMessage], str],
+    queue_of: Callable[[PendingMessage], str], *, lowest_first: bool,
 ) -> tuple[list[PendingMessage], list[PendingMessage]]:  # fmt: skip
     """Split unclaimed messages (oldest first) into those the broker lost and those that
     may still wait in their queue.
 
-    A queue serves its most urgent messages first and, within a priority, the oldest: if
+    A queue serves its most urgent messages first (``lowest_first``: the broker's meaning
+    of ``priority``, ``lifecycle.priorities``) and, within a priority, the oldest: if
     it holds n messages, they may be the n its consumers would take last, and only the
     others are certainly gone. Nothing in a queue names its job, so a message that may
     still be waiting is never taken for lost: a slow queue gets no copies (nor a low
@@ -85,7 +87,8 @@ def lost_and_waiting(
     """
     by_queue: dict[str, list[PendingMessage]] = {}
     # In the order the queue serves them (a stable sort keeps the oldest first).
-    for message in sorted(unclaimed, key=lambda m: -(m.priority or 0)):
+    for message in sorted(unclaimed, key=lambda m: serving_rank(m.priority,
+                                                                  lowest_first=lowest_first)):
         by_queue.setdefault(queue_of(message), []).append(message)
     lost: list[PendingMessage] = []
     waiting: list[PendingMessage] = []
@@ -167,7 +170,8 @@ def queue_name(app: Celery, message: PendingMessage) -> str:
 
 def _routing(message: PendingMessage) -> dict[str, Any]:
     """The queue the producer chose (else ``task_routes`` and the default queue decide),
-    and the job's priority (0, the lowest, is what a message without one gets)."""
+    and the job's priority (0 is left out: both brokers read a message without one as 0,
+    the most urgent on Redis and the least on RabbitMQ, as plain Celery has it)."""
     options: dict[str, Any] = {}
     if message.queue is not None:
         options["queue"] = message.queue

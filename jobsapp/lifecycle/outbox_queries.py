@@ -22,7 +22,9 @@ from sqlalchemy import (
     Table,
     bindparam,
     func,
+    literal_column,
     select,
+    true,
     tuple_,
     update,
 )
@@ -48,16 +50,98 @@ def _unpaused(default_queue: str) -> Any:
     return not_paused(OUTBOX.c.module, OUTBOX.c.queue, default_queue)
 
 
+def _level(t: Any) -> tuple[Any, Any, Any]:
+    """A pending row's level: its domain, its queue ('' for the app's default), its
+    priority; the key of PostgreSQL's ``ix_outbox_pending_level`` (migration 0019)."""
+    return t.c.module, func.coalesce(t.c.queue, literal_column("''")), t.c.priority
+
+
+def _is_pending(t: Any) -> Any:
+    # Spelled as the partial indexes' predicate, so the planner may use them.
+    return t.c.published_at.is_(None) & t.c.dead_at.is_(None)
+
+
+def _due(t: Any, now: datetime) -> tuple[Any, Any]:
+    return _is_pending(t), t.c.available_at <= now
+
+
+def _serving_order(t: Any, lowest_first: bool) -> tuple[Any, ...]:
+    """By priority as the broker serves it, then the longest due first, then the first
+    written (a batch enqueued in one transaction is due at one instant)."""
+    by_priority = t.c.priority.asc() if lowest_first else t.c.priority.desc()
+    return by_priority, *_by_due(t)
+
+
+def _by_due(t: Any) -> tuple[Any, Any]:
+    return t.c.available_at, t.c.id
+
+
+def _first_of_level_after(after: Any | None) -> Any:
+    """The id of the first pending row of the next level after ``after`` (a row of the
+    levels): one probe of the level index, however many rows a level holds."""
+    inner = OUTBOX.alias("next_level")
+    stmt = select(inner.c.id).where(_is_pending(inner))
+    if after is not None:
+        stmt = stmt.where(tuple_(*_level(inner)) > tuple_(after.c.module, after.c.q,
+                                                           after.c.priority))  # fmt: skip
+    return stmt.order_by(*_level(inner)).limit(1).scalar_subquery()
+
+
+def _open_levels(default_queue: str) -> Any:
+    """Every level holding pending rows whose queue and domain are not paused: a skip
+    scan of the level index (one probe per level), the pauses checked once per level."""
+    head = OUTBOX.alias("head")
+    columns = [c.label(n) for c, n in zip(_level(head), ("module", "q", "priority"),
+                                          strict=True)]  # fmt: skip
+    first = select(*columns).where(head.c.id == _first_of_level_after(None))
+    levels = first.cte("levels", recursive=True)
+    seen = levels.alias("seen")
+    step = select(*columns).join_from(seen, head, head.c.id == _first_of_level_after(seen))
+    levels = levels.union_all(step)
+    queue = func.nullif(levels.c.q, literal_column("''"))
+    return select(levels).where(not_paused(levels.c.module, queue, default_queue))
+
+
+def _firsts_of_open_levels(
+    now: datetime, limit: int, default_queue: str, lowest_first: bool
+) -> Any:
+    """The ids of the first ``limit`` due rows of the open levels, in the broker's order:
+    each open level gives its longest due (a LATERAL range scan of the level index)."""
+    levels = _open_levels(default_queue).subquery("open_levels")
+    row = OUTBOX.alias("due_row")
+    in_level = (a == b for a, b in zip(_level(row), (levels.c.module, levels.c.q,
+                                                     levels.c.priority), strict=True))  # fmt: skip
+    each = (select(row.c.id, row.c.priority, row.c.available_at)
+            .where(*in_level, *_due(row, now)).order_by(*_by_due(row)).limit(limit)
+            .lateral("due_of_level"))  # fmt: skip
+    return (select(each.c.id).select_from(levels.join(each, true()))
+            .order_by(*_serving_order(each, lowest_first)).limit(limit))  # fmt: skip
+
+
 def due_messages(
-    conn: Connection, *, now: datetime, limit: int, default_queue: str
+    conn: Connection, *, now: datetime, limit: int, default_queue: str, lowest_first: bool
 ) -> list[PendingMessage]:
     """Unpublished live rows that are due (a crash before publish, a retry whose time came),
-    the most urgent first (``ix_outbox_pending_priority``), then the longest due."""
+    in the order the broker serves them (``lifecycle.priorities``): by priority, then the
+    longest due. On PostgreSQL the rows of a paused queue or domain are not read at all:
+    the open levels are found first, each gives at most ``limit`` rows, and the first
+    ``limit`` of those are locked (SKIP LOCKED: another relay has them) and re-checked."""
+    if conn.dialect.name == "postgresql":
+        first = _firsts_of_open_levels(now, limit, default_queue, lowest_first)
+        ids = list(conn.execute(first).scalars())
+        if not ids:
+            return []
+        # Locked by primary key, and re-checked in a spelling no partial index of the
+        # pending rows matches: a planner without statistics (a backlog written since the
+        # last ANALYZE) would otherwise walk such an index, paused rows and all.
+        where = (OUTBOX.c.id.in_(ids), func.coalesce(OUTBOX.c.published_at, OUTBOX.c.dead_at)
+                 .is_(None), OUTBOX.c.available_at <= now)  # fmt: skip
+    else:  # SQLite (one host, no LATERAL): one walk of the due rows, each checked for pauses
+        where = (_unpaused(default_queue), *_due(OUTBOX, now))
     stmt = (
         select(OUTBOX)
-        .where(OUTBOX.c.published_at.is_(None), _LIVE, OUTBOX.c.available_at <= now,
-               _unpaused(default_queue))
-        .order_by(OUTBOX.c.priority.desc(), OUTBOX.c.available_at)
+        .where(*where)
+        .order_by(*_serving_order(OUTBOX, lowest_first))
         .limit(limit)
         .with_for_update(skip_locked=True)
     )

@@ -7,18 +7,15 @@ that is not JSON, or a frame without its properties, raised there and stopped th
 that happens, so refusing it is only a matter of logging it and carrying on, in the form
 of ``jobsapp.lifecycle.guard``.
 
-Priorities mean what they mean on RabbitMQ (and in the AMQP spec, and to the relay): a
-larger number is served first. kombu keeps one list per priority step and reads them
-smallest first (0 is its most urgent, Celery's documented Redis quirk); this one reads
-them largest first, so ``priority=9`` is the most urgent on either broker, and a message
-without a priority (0) stays on the queue's own list, served last. ``jobsapp.celery_app``
-selects this transport for ``redis://`` and ``rediss://`` broker URLs.
+Priorities are kombu's, untouched: one list per priority step, read smallest first, so
+``priority=0`` (and a message without one) is the most urgent, as for any Celery app on
+Redis (docs/flow-control.md, "Priorities"). ``jobsapp.celery_app`` selects this transport
+for ``redis://`` and ``rediss://`` broker URLs.
 """
 
 from __future__ import annotations
 
 import logging
-from bisect import bisect
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Final
@@ -80,16 +77,6 @@ class Channel(redis.Channel):
         if self._shared is None or self._shared.connection_pool is not pool:
             self._shared = self._create_client()  # type: ignore[attr-defined]
         yield self._shared
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # kombu polls (BRPOP, get) the lists in the order of its steps.
-        self._ascending = sorted(self.priority_steps)
-        self.priority_steps = self._ascending[::-1]
-
-    def priority(self, n: int) -> int:
-        """The step of priority ``n``: the largest not above it, as kombu finds it."""
-        return self._ascending[bisect(self._ascending, n) - 1]
 
     def _brpop_read(self, **options: Any) -> bool:
         try:

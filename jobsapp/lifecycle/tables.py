@@ -22,6 +22,8 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    func,
+    literal_column,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column
@@ -217,8 +219,8 @@ class OutboxMessage(Base):
     dead_at: Mapped[datetime | None]
     # The run's queue when the row was written (NULL: the app's default queue).
     queue: Mapped[str | None] = mapped_column(String(200))
-    # The run's priority (0, the lowest, when it has none): the relay publishes the most
-    # urgent due rows first.
+    # The run's priority (0 when it has none, where both brokers put a message without
+    # one): the relay publishes due rows in the order the broker serves them.
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
 
     __table_args__ = (
@@ -252,15 +254,21 @@ class OutboxMessage(Base):
     )
 
 
-# The relay's order (migration 0018), the most urgent first; ix_outbox_pending serves the
-# backlog's age.
+# The relay's due rows by level (migration 0019): domain, queue ('' for the app's default)
+# and priority lead, so the relay skips a paused queue's or domain's backlog with one probe
+# per level and reads each open level's rows by due time, then as written
+# (outbox_queries.due_messages).
+# PostgreSQL only: SQLite's relay walks the due rows (and SQLite's reflection, hence
+# alembic's batch rebuilds, would lose an index on an expression).
 Index(
-    "ix_outbox_pending_priority",
-    OutboxMessage.priority.desc(),
+    "ix_outbox_pending_level",
+    OutboxMessage.module,
+    func.coalesce(OutboxMessage.queue, literal_column("''")),
+    OutboxMessage.priority,
     OutboxMessage.available_at,
+    OutboxMessage.id,
     postgresql_where=text(OUTBOX_PENDING_SQL),
-    sqlite_where=text(OUTBOX_PENDING_SQL),
-)
+).ddl_if(dialect="postgresql")
 
 
 class WorkflowStep(Base):

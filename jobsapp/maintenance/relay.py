@@ -30,7 +30,7 @@ from functools import partial
 from celery import Celery
 from sqlalchemy import Connection, Engine
 
-from jobsapp.lifecycle import journal, outbox, publisher, registry
+from jobsapp.lifecycle import journal, outbox, priorities, publisher, registry
 from jobsapp.lifecycle import outbox_queries as queries
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.maintenance import lease
@@ -126,7 +126,8 @@ def _select_and_send(app: Celery, engine: Engine, unclaimed_after: timedelta, pi
 
 def _due(cfg: RelayConfig, app: Celery, conn: Connection, now: datetime) -> Picked:
     due = queries.due_messages(conn, now=now - cfg.grace, limit=cfg.batch,
-                               default_queue=app.conf.task_default_queue)  # fmt: skip
+                               default_queue=app.conf.task_default_queue,
+                               lowest_first=priorities.lowest_first(app))  # fmt: skip
     return due, len(due), 0
 
 
@@ -188,7 +189,8 @@ def _tell_lost(
     except publisher.BROKER_ERRORS as exc:
         log.warning("relay: queue depths unavailable (%s); republishing", type(exc).__name__)
         return list(unclaimed), []
-    lost, waiting = outbox.lost_and_waiting(unclaimed, depths, queue_of)
+    lost, waiting = outbox.lost_and_waiting(unclaimed, depths, queue_of,
+                                            lowest_first=priorities.lowest_first(app))
     for queue, count in Counter(map(queue_of, waiting)).items():
         log.info("relay: %d messages on queue %s not claimed yet; the queue holds %d "
                  "messages, so they wait there: checked again later", count, queue,

@@ -240,24 +240,32 @@ def _unclaimed(n: int, queue: str) -> list[PendingMessage]:
 @pytest.mark.parametrize(("depth", "lost"), [(0, 3), (1, 2), (3, 0), (500, 0)])
 def test_a_queue_holding_n_messages_may_hold_the_n_newest_unclaimed(depth: int, lost: int) -> None:
     messages = _unclaimed(3, "a")
-    gone, waiting = outbox.lost_and_waiting(messages, {"a": depth}, lambda m: str(m.queue))
+    gone, waiting = outbox.lost_and_waiting(messages, {"a": depth}, lambda m: str(m.queue),
+                                            lowest_first=False)  # fmt: skip
     assert gone == messages[:lost]  # the oldest are the ones a FIFO queue cannot hold
     assert waiting == messages[lost:]
 
 
-def test_a_queue_holding_n_messages_may_hold_the_n_it_serves_last() -> None:
-    """An urgent message is served before older ones: a queue that holds two of these
-    three may hold both low ones, so only the urgent one is certainly gone."""
-    old_low, urgent, new_low = _unclaimed(3, "a")
-    urgent = dataclasses.replace(urgent, priority=9)
+@pytest.mark.parametrize(("lowest_first", "urgent_priority", "others"),
+                         [(True, 0, 5), (False, 9, 0)], ids=["redis", "rabbitmq"])  # fmt: skip
+def test_a_queue_holding_n_messages_may_hold_the_n_it_serves_last(
+    lowest_first: bool, urgent_priority: int, others: int
+) -> None:
+    """An urgent message (the broker's meaning) is served before older ones: a queue that
+    holds two of these three may hold both others, so only the urgent one is certainly gone."""
+    old_low, urgent, new_low = (dataclasses.replace(m, priority=others)
+                                for m in _unclaimed(3, "a"))  # fmt: skip
+    urgent = dataclasses.replace(urgent, priority=urgent_priority)
     gone, waiting = outbox.lost_and_waiting([old_low, urgent, new_low], {"a": 2},
-                                            lambda m: str(m.queue))  # fmt: skip
+                                            lambda m: str(m.queue),
+                                            lowest_first=lowest_first)  # fmt: skip
     assert (gone, waiting) == ([urgent], [old_low, new_low])
 
 
 def test_each_queue_is_judged_by_its_own_depth() -> None:
     a, b = _unclaimed(2, "a"), _unclaimed(2, "b")
-    gone, waiting = outbox.lost_and_waiting([*a, *b], {"a": 5}, lambda m: str(m.queue))
+    gone, waiting = outbox.lost_and_waiting([*a, *b], {"a": 5}, lambda m: str(m.queue),
+                                            lowest_first=True)  # fmt: skip
     assert (gone, waiting) == (b, a)
 
 
