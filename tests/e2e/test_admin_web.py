@@ -237,7 +237,7 @@ def test_a_failed_job_is_replayed_through_the_api_and_finished_by_a_worker(
 
     assert reply.status == 200, reply.body
     assert reply.json() == {"module": "jobs", "job_id": str(job_id), "state": "queued",
-                            "attempt": 2, "published": True}  # fmt: skip
+                            "attempt": 2, "published": True, "waiting": False}  # fmt: skip
     assert_documented(http, "Replayed", reply.json())
     done = wait_listed(http, job_id, "succeeded", worker)
     assert done["attempts"] == 2
