@@ -20,11 +20,13 @@ import pytest
 from tests.chaos.harness import (
     Broker,
     Cluster,
+    PrivatePostgres,
     RabbitBroker,
     cluster_for,
     create_database,
     drop_database,
     migrate,
+    private_pg_cluster,
 )
 from tests.support.env import SESSION, service
 from tests.support.servers import RedisServer
@@ -110,3 +112,13 @@ def amqp_cluster(database_url: str, redis_server: RedisServer, tmp_path: Path) -
         yield from _cluster(database_url, broker, tmp_path)
     finally:
         broker.close()
+
+
+@pytest.fixture
+def durable_cluster(
+    durable_pg: PrivatePostgres, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[Cluster]:
+    """A deployment on a Postgres the test may crash: each module that uses it defines
+    ``durable_pg``, with the server settings its crash needs."""
+    with private_pg_cluster(durable_pg, redis_server, tmp_path) as cluster:
+        yield cluster

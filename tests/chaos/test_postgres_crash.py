@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,11 +26,9 @@ from tests.chaos.harness import (
     PrivatePostgres,
     counted_tasks_env,
     log_has,
-    private_pg_cluster,
     private_postgres,
 )
 from tests.e2e.procs import ready
-from tests.support.servers import RedisServer
 from tests.support.tasks import calls, open_gate
 
 pytestmark = pytest.mark.timeout(150)
@@ -50,13 +47,6 @@ def durable_pg() -> Iterator[PrivatePostgres]:
     with private_postgres(durable=True, settings={"wal_writer_delay": "10s"}) as server:
         yield server
 
-
-@pytest.fixture
-def durable_cluster(
-    durable_pg: PrivatePostgres, redis_server: RedisServer, tmp_path: Path
-) -> Iterator[Cluster]:
-    with private_pg_cluster(durable_pg, redis_server, tmp_path) as cluster:
-        yield cluster
 
 
 def test_relaxed_commit_is_local_to_its_statement(durable_pg: PrivatePostgres) -> None:

@@ -23,7 +23,6 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, select, text
@@ -34,11 +33,9 @@ from tests.chaos.harness import (
     Cluster,
     PrivatePostgres,
     counted_tasks_env,
-    private_pg_cluster,
     private_postgres,
 )
 from tests.e2e.procs import Proc, ready
-from tests.support.servers import RedisServer
 from tests.support.tasks import calls, open_gate
 
 pytestmark = pytest.mark.timeout(180)
@@ -60,13 +57,6 @@ def durable_pg() -> Iterator[PrivatePostgres]:
     with private_postgres(durable=True, settings=settings) as server:
         yield server
 
-
-@pytest.fixture
-def durable_cluster(
-    durable_pg: PrivatePostgres, redis_server: RedisServer, tmp_path: Path
-) -> Iterator[Cluster]:
-    with private_pg_cluster(durable_pg, redis_server, tmp_path) as cluster:
-        yield cluster
 
 
 def test_a_relaxed_transaction_leaves_nothing_set_on_its_server_connection(
