@@ -53,10 +53,8 @@ def _queued(engine: Engine, task: LifecycleTask, n: int) -> list[uuid.UUID]:
     jobs = [task.new_job((), {}, None) for _ in range(n)]
     with engine.begin() as conn:
         journal.enqueue_many(conn, jobs, actor="bench")
-        # Statistics as a production table has them: on a table never analyzed, the
-        # prepared claim's generic plan scans ix_job_runs_state_updated for every queued
-        # row (docs/performance.md, "Flow control"), and the connection keeps that plan
-        # until autovacuum happens to analyze the table.
+        # Statistics as a production table has them after autovacuum's first pass, so
+        # the series do not depend on when autovacuum happens to run mid-bench.
         conn.exec_driver_sql(f"ANALYZE {JOBS.table.name}")
     return [job.job_id for job in jobs]
 

@@ -30,12 +30,14 @@ from sqlalchemy import (
     Connection,
     Integer,
     Interval,
+    String,
     Table,
     bindparam,
     cast,
     func,
     insert,
     literal,
+    literal_column,
     null,
     or_,
     select,
@@ -241,10 +243,20 @@ def _fence_params(table: Table) -> tuple[Any, ...]:
 def _claim_fence(table: Table) -> tuple[Any, ...]:
     return (
         table.c.job_id == _bind(table, "job_id"),
-        table.c.state == State.RUNNING.value,
+        _in_state(table, State.RUNNING),
         table.c.attempts == _bind(table, "attempts"),
         table.c.claim_token == _bind(table, "claim_token"),
     )
+
+
+def _in_state(table: Table, state: State) -> Any:
+    """``state = <state>`` in a form no index on ``state`` can serve, for the prepared
+    statements that name their row by job_id. Their generic plan is built at a
+    connection's sixth EXECUTE and kept until the table is next analyzed; built while a
+    never-analyzed table is small, the primary key and ix_<table>_state_updated tie at an
+    estimated row each, and a plan on the state index then reads every row of that state
+    on each call as the table grows (docs/performance.md, "Flow control")."""
+    return table.c.state.concat(literal_column("''", String)) == state.value
 
 
 @cache
@@ -255,7 +267,7 @@ def _claim_plan(spec: RunTable, dialect: str) -> Plan:
         update(table)
         .where(
             table.c.job_id == _bind(table, "job_id"),
-            table.c.state == State.QUEUED.value,
+            _in_state(table, State.QUEUED),
             table.c.attempts == bindparam("r_previous", type_=table.c.attempts.type),
             or_(table.c.next_retry_at.is_(None), table.c.next_retry_at <= now),
             # Past its expiry a queued run is not claimed; the refused claim expires it.
