@@ -58,6 +58,7 @@ class Heartbeat:
         self._landed = time.monotonic()
         self.due = self._landed + interval
         self._lost = threading.Event()
+        self._why_lost = "lost its lease"  # set before _lost: what check() raises
         self._cancelled = threading.Event()
         # The body's thread while it may be interrupted (``interruptible``), under the lock.
         self._body: int | None = None
@@ -94,10 +95,12 @@ class Heartbeat:
             raise CancelRequested(f"job {self._job_id} attempt {self._attempt}: a revoke "
                                   "asked it to stop")  # fmt: skip
         if self._lost.is_set():
-            raise LeaseLost(f"job {self._job_id} attempt {self._attempt} lost its lease")
+            raise LeaseLost(f"job {self._job_id} attempt {self._attempt}: {self._why_lost}")
         if self._overdue():
-            raise LeaseLost(f"job {self._job_id} attempt {self._attempt}: no heartbeat reached "
-                            f"the database for {self._deadline_after:g}s")  # fmt: skip
+            raise LeaseLost(f"job {self._job_id} attempt {self._attempt}: {self._overdue_why()}")
+
+    def _overdue_why(self) -> str:
+        return f"no heartbeat reached the database for {self._deadline_after:g}s"
 
     def wait(self, seconds: float) -> None:
         """Sleep with the pulse going; wakes early (and raises) if the lease is lost."""
@@ -113,6 +116,9 @@ class Heartbeat:
         """One stamp (called by the ticker); False once the lease is lost."""
         crashpoints.hit("before_heartbeat")
         if not self._stamp() or self._overdue():
+            # The body hears why, whichever of beat() and its own check() sees it first.
+            if self._overdue():
+                self._why_lost = self._overdue_why()
             if self._revoked():
                 self._cancelled.set()
                 self._interrupt()

@@ -128,6 +128,18 @@ def test_a_heartbeat_that_cannot_reach_the_database_gives_up_at_the_stale_limit(
             beat.check()
 
 
+def test_a_heartbeat_past_the_stale_limit_says_so_whoever_notices_first() -> None:
+    # The ticker's beat may mark the lease lost before the body's own check runs: the
+    # body must still hear that the database was out of reach, not a generic loss.
+    unreachable = make_engine("postgresql+psycopg2://jobsapp@127.0.0.1:9/nowhere")
+    beat = Heartbeat(unreachable, JOBS, uuid.uuid4(), 1, interval=0.1, stale_after=0.2,
+                     token=uuid.uuid4())  # fmt: skip
+    time.sleep(0.3)
+    assert beat.beat() is False
+    with pytest.raises(LeaseLost, match=r"no heartbeat reached the database for 0\.2s"):
+        beat.check()
+
+
 def test_a_job_that_always_snoozes_fails_at_the_snooze_limit(worker: object, db: Engine) -> None:
     handle = tasks.snoozer.delay("zz")
     when_due = relay.RelayConfig(grace=timedelta(0))
