@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Start the real services, run the suite against them, stop them; pytest's status wins.
 # With no arguments, the whole suite in two runs: every test not marked `serial` over
-# $JOBSAPP_TEST_WORKERS pytest-xdist workers (2: the machine's cores; one module per worker
-# at a time, so module fixtures start once), then the `serial` ones alone, whose assertions
+# $JOBSAPP_TEST_WORKERS pytest-xdist workers (3 on the machine's 2 cores: most modules wait
+# on subprocesses and servers; one module per worker at a time, so module fixtures start
+# once), then the `serial` ones alone, whose assertions
 # are on a cadence or a latency that a second worker on the same cores would stretch.
 # Extra arguments replace that: one pytest run with them (e.g. scripts/test.sh tests/unit -x,
-# or scripts/test.sh -n 2 --dist loadfile --no-loadscope-reorder tests/e2e).
+# or scripts/test.sh -n 3 --dist loadfile --no-loadscope-reorder tests/e2e).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -25,7 +26,7 @@ if [[ $# -gt 0 ]]; then
 else
     # In collection order (chaos, e2e, integration, unit): xdist's default starts the modules
     # with the most tests first, which left the longest ones (the bench smoke, two tests) last.
-    .venv/bin/pytest -n "${JOBSAPP_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+    .venv/bin/pytest -n "${JOBSAPP_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder \
         -m "not serial"
     parallel=$?
     .venv/bin/pytest -m serial
