@@ -302,6 +302,10 @@ class WorkflowStep(Base):
     # The steps this step's success (``next``) and its failure (``errbacks``) may start.
     next: Mapped[list[str]] = mapped_column(JSON)
     errbacks: Mapped[list[str]] = mapped_column(JSON)
+    # A step waiting for several (a chord's body): how many of them have not succeeded yet,
+    # counted down under the step's lock by each success, so only the one that reaches
+    # zero reads the members' results (null: one parent, or written before migration 0020).
+    members_left: Mapped[int | None] = mapped_column(Integer)
     # Set when what the step waits for failed for good: it will not run (``upstream_failed``,
     # or ``chord_failed`` for a chord's body), unless a replay of that step succeeds.
     blocked_at: Mapped[datetime | None]

@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 import redis
+from alembic import command
 from celery import Celery, chain, chord, group
-from sqlalchemy import Engine, select, text
+from sqlalchemy import Engine, event, inspect, select, text
 
 from jobsapp import cli, operator
-from jobsapp.db import utcnow
+from jobsapp.db import make_engine, utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.canvas import GroupHandle, MixedCanvas, StepHandle
 from jobsapp.lifecycle.handle import JobFailed
@@ -32,7 +33,9 @@ from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import Transition
 from jobsapp.maintenance import relay
+from jobsapp.shipped import alembic_config
 from jobsapp.web.app import create_app
+from tests.conftest import migrate, migrated_postgres
 from tests.integration.test_admin_login import log_in
 from tests.support import canvas_tasks as t
 from tests.support.attachments import environment
@@ -163,6 +166,39 @@ def test_a_chords_body_is_written_once_when_two_members_finish_at_once(
     assert (body["state"], body["params"]["args"]) == ("queued", [[2, 4]])
     assert transitions(pg, handle.job_id) == [Transition.ENQUEUE.value]
     assert len(outbox_rows(pg, handle.job_id)) == 1
+
+
+def _rows_fetched(engine: Engine) -> list[int]:
+    """The rows each SELECT run on ``engine`` returns, appended as they run."""
+    fetched: list[int] = []
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def count(_conn: Any, cursor: Any, statement: str, *_rest: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            fetched.append(cursor.rowcount)
+
+    return fetched
+
+
+def test_the_successes_of_a_chords_100_members_read_each_result_once(
+    pg: Engine, postgres_url: str, redis_clean: None
+) -> None:
+    members = 100
+    handle = chord([t.add.s(i, i) for i in range(members)], t.tsum.s()).apply_async()
+    steps = _steps(pg, handle.workflow_id)
+    ids = [steps[f"0.h.{i}"]["job_id"] for i in range(members)]
+    worker = make_engine(postgres_url)
+    fetched = _rows_fetched(worker)
+    for i, member in enumerate(ids):
+        token = _claim(pg, member)
+        with worker.begin() as conn:
+            assert _succeed(conn, member, token, 2 * i)
+    worker.dispose()
+    body = run_row(pg, handle.job_id)
+    assert (body["state"], body["params"]["args"]) == ("queued", [[2 * i for i in range(members)]])
+    # A few rows per success and the members' once at the last: before the count, every
+    # success read every member's step and run rows (about 10,000 rows for 100).
+    assert sum(fetched) <= 5 * members, (sum(fetched), len(fetched))
 
 
 def test_a_retried_step_redoes_only_itself(pg: Engine, redis_clean: None) -> None:
@@ -348,6 +384,27 @@ def test_a_step_running_when_its_workflow_is_cancelled_finishes_and_starts_nothi
 
 def test_migration_0014_down_and_up(tmp_path: Path) -> None:
     sqlite_then_postgres(tmp_path, "m0014", "workflow_id", "0013")
+
+
+def _has_members_left(url: str) -> bool:
+    engine = make_engine(url)
+    try:
+        return any(c["name"] == "members_left" for c in inspect(engine).get_columns(STEPS.name))
+    finally:
+        engine.dispose()
+
+
+def test_migration_0020_down_and_up(tmp_path: Path) -> None:
+    cfg = alembic_config()
+    sqlite = f"sqlite:///{tmp_path}/m0020.db"
+    migrate(sqlite)
+    with migrated_postgres(f"jobsapp_m0020_{SESSION}") as postgres:
+        for url in (sqlite, postgres):
+            cfg.set_main_option("sqlalchemy.url", url)
+            command.downgrade(cfg, "0019")
+            assert not _has_members_left(url)
+            command.upgrade(cfg, "head")
+            assert _has_members_left(url)
 
 
 def test_a_canvas_under_task_always_eager_runs_here_as_celerys_does(pg: Engine) -> None:

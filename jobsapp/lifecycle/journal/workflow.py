@@ -10,7 +10,8 @@ succeeds (or fails) without its successors (or errbacks) written: they commit to
 A step's run takes the step's job id, inserted with ON CONFLICT DO NOTHING: a successor
 written once is never written again, whatever finishes twice. A chord's body (a step that
 waits for several) is inserted once the database says all of them succeeded: the finish
-locks the body's step row, then reads its members' run rows, so of two members finishing
+locks the body's step row and counts its success down there (``members_left``); the one
+that reaches zero reads its members' run rows, so of two members finishing
 at once the second sees the first: each statement of PostgreSQL's READ COMMITTED (the
 level of jobsapp's engines) reads what committed before it, the lock's wait included
 (docs/workflows.md). SQLite's immediate transactions run one at a time.
@@ -75,8 +76,13 @@ class Step:
             "max_attempts": self.max_attempts, "queue": self.queue, "priority": self.priority,
             "trigger": self.trigger, "after": self.after, "next": list(self.next),
             "errbacks": list(self.errbacks), "created_at": now, "blocked_at": None,
-            "blocked_outcome": None,
+            "blocked_outcome": None, "members_left": _members(self.after),
         }  # fmt: skip
+
+
+def _members(after: Any) -> int | None:
+    """How many a step waiting for several waits for (None for one parent, or none)."""
+    return len(set(waited_for(after))) if isinstance(after, list) else None
 
 
 def write_steps(conn: Connection, steps: Sequence[Step], *, now: datetime | None = None) -> None:
@@ -129,6 +135,8 @@ def succeeded(
         return []
     started = []
     for step in _steps(conn, done["next"], lock=True):
+        if not _maybe_last(conn, step):
+            continue
         value = _given(conn, step["after"], {str(job_id): result})
         if value is not _NOT_YET:
             started.append(start(conn, step, [value], actor=actor))
@@ -234,6 +242,20 @@ def _block(
     for later in _steps(conn, step["next"]):
         messages += _block(conn, later, reason, actor=actor, now=now)
     return messages
+
+
+def _maybe_last(conn: Connection, step: Mapping[str, Any]) -> bool:
+    """One of the members ``step`` waits for succeeded (``step`` locked): count it, and
+    say whether it may be the last, whose finish reads every member's result. Reaching
+    zero is not proof (a member rerun after its success counts twice): the run rows
+    decide then, at every later success too."""
+    if step["members_left"] is None:
+        return True
+    left = conn.execute(
+        update(STEPS).where(STEPS.c.job_id == step["job_id"], STEPS.c.members_left > 0)
+        .values(members_left=STEPS.c.members_left - 1).returning(STEPS.c.members_left)
+    ).scalar()  # fmt: skip
+    return left is None or left == 0
 
 
 def _unblock(conn: Connection, job_id: Any) -> None:
