@@ -19,6 +19,7 @@ routed to its delayed-delivery exchange) goes through ``send_task`` itself.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 from celery import Celery, signals
@@ -60,7 +61,7 @@ class BatchSender:
     ) -> None:  # fmt: skip
         """What ``app.send_task`` does with these arguments, on the batch's producer."""
         task_type, exec_options = self._task(name)
-        if exec_options.get("expires") is not None or (countdown and self._quorum()):
+        if exec_options.get("expires") is not None or (countdown and self._quorum):
             self._app.send_task(
                 name, args=args, kwargs=kwargs, task_id=task_id, retries=retries,
                 root_id=root_id, parent_id=parent_id, countdown=countdown,
@@ -123,7 +124,9 @@ class BatchSender:
             options.setdefault("priority", (request.delivery_info or {}).get("priority"))
         return root_id or request.root_id or request.id, parent_id or request.id
 
+    @cached_property
     def _quorum(self) -> bool:
+        """Whether the app's queues are quorum queues (no countdown there): once a batch."""
         driver_type = self._producer.connection.transport.driver_type
         return bool(detect_quorum_queues(self._app, driver_type)[0])
 
