@@ -105,6 +105,16 @@ def after_cool_down() -> reconcile.Request:
     return reconcile.Request(now=utcnow() + policy.cool_down + timedelta(seconds=1))
 
 
+def passes_after_cool_down(engine: Engine) -> list[reconcile.Report]:
+    """Passes until one is not cut short by its time budget (8 s): on a loaded machine 50
+    retakes can take longer, and a pass then leaves the rest to the next, as beat's would."""
+    passes = [reconcile.run_once(engine, app, ATTACHMENT_RUNS, after_cool_down())]
+    while passes[-1].cut_short:
+        assert passes[-1].retaken, "a pass cut short before it took anything"
+        passes.append(reconcile.run_once(engine, app, ATTACHMENT_RUNS, after_cool_down()))
+    return passes
+
+
 def test_one_pass_after_an_s3_outage_brings_every_victim_to_ready(
     s3: ObjectStore, db: Engine, redis_clean: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -120,19 +130,21 @@ def test_one_pass_after_an_s3_outage_brings_every_victim_to_ready(
     # Within the cool-down nothing is taken again: the outage may not be over.
     assert reconcile.run_once(db, app, ATTACHMENT_RUNS, reconcile.Request()).retaken == []
     with running_worker():
-        first = reconcile.run_once(db, app, ATTACHMENT_RUNS, after_cool_down())
+        passes = passes_after_cool_down(db)
         all_reach(db, victims, "ready", timeout=120)
         second = reconcile.run_once(db, app, ATTACHMENT_RUNS, after_cool_down())
 
-    assert {job for job, _ in first.retaken} == job_ids(db, victims)
-    assert {code for _, code in first.retaken} == {"storage_unavailable"}
+    retaken = [taken for one in passes for taken in one.retaken]
+    assert sorted(job for job, _ in retaken) == sorted(job_ids(db, victims))
+    assert {code for _, code in retaken} == {"storage_unavailable"}
     assert (second.retaken, second.refused) == ([], {})
     audit = reconcile_events(db)
     assert sorted(e["job_id"] for e in audit) == sorted(job_ids(db, victims))
     assert {(e["transition"], e["actor"], e["attempt"]) for e in audit} == {
         ("replay", "operator:reconcile", 2)
     }
-    assert all(f"reconcile pass {first.pass_id}" in e["reason"] for e in audit)
+    pass_of = {job: one.pass_id for one in passes for job, _ in one.retaken}
+    assert all(f"reconcile pass {pass_of[e['job_id']]}" in e["reason"] for e in audit)
     assert states(db, corrupt) == {"failed:corrupt_image": CORRUPT}
     with db.connect() as conn:
         runs = conn.execute(select(RUNS.c.state, RUNS.c.attempts, func.count())
