@@ -115,9 +115,11 @@ class Heartbeat:
     def beat(self) -> bool:
         """One stamp (called by the ticker); False once the lease is lost."""
         crashpoints.hit("before_heartbeat")
-        if not self._stamp() or self._overdue():
+        alive = self._stamp()
+        overdue = self._overdue()
+        if not alive or overdue:
             # The body hears why, whichever of beat() and its own check() sees it first.
-            if self._overdue():
+            if overdue:
                 self._why_lost = self._overdue_why()
             if self._revoked():
                 self._cancelled.set()
