@@ -23,6 +23,7 @@ from jobsapp import preflight
 from jobsapp.db import dispose_engines
 from jobsapp.lifecycle.pools import green_pool_refusal
 from jobsapp.logs import format_handlers, json_startup, log_worker_banner, scrub_handlers
+from jobsapp.maintenance.entries import with_maintenance
 from jobsapp.monitor import workers
 from jobsapp.settings import Settings, SettingsError, get_settings
 from jobsapp.shipped import CELERYCONFIG
@@ -38,7 +39,7 @@ def _module_settings(module: object) -> dict[str, Any]:
     return {name: value for name, value in vars(module).items() if not name.startswith("_")}
 
 
-def _shipped_settings() -> dict[str, Any]:
+def shipped_settings() -> dict[str, Any]:
     """jobsapp's ``celeryconfig.py``, by path: a checkout's top-level file is no module of the
     package (``jobsapp.shipped``)."""
     spec = importlib.util.spec_from_file_location("jobsapp.celeryconfig", CELERYCONFIG)
@@ -64,9 +65,15 @@ def _deployment_settings() -> dict[str, Any]:
 def celery_settings() -> ChainMap[str, Any]:
     """The deployment's settings over jobsapp's, setting by setting: a deployment's file
     holds only what it changes, and a contract setting it does not name (late ack, the
-    guarded consumer, beat's schedule) is never lost. From a checkout's top level both are
-    the same file."""
-    return ChainMap(_deployment_settings(), _shipped_settings())
+    guarded consumer) is never lost. ``beat_schedule`` is merged entry by entry, so a
+    deployment's own periodic tasks run beside the maintenance passes
+    (``maintenance.entries``). From a checkout's top level both are the same file."""
+    deployment, shipped = _deployment_settings(), shipped_settings()
+    merged = {}
+    if "beat_schedule" in deployment:
+        schedule = with_maintenance(shipped["beat_schedule"], deployment["beat_schedule"] or {})
+        merged["beat_schedule"] = schedule
+    return ChainMap(merged, deployment, shipped)
 
 
 def _transport_options(settings: Settings, base: dict[str, Any]) -> dict[str, Any]:

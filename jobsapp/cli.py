@@ -82,14 +82,33 @@ def maintenance_leader(_args: argparse.Namespace) -> int:
     from jobsapp.maintenance import lease
     from jobsapp.maintenance.scheduler import LEASE_NAME
 
+    passes = [lease.STAMP_PREFIX + task for task in maintenance_passes()]
     with get_engine().connect() as conn:
         held = lease.holder_of(conn, LEASE_NAME)
         now = lease.database_now(conn)
+        late = lease.overdue(conn, passes, now)
     if held is None or held[1] <= now:
         print("jobsapp: no beat holds the maintenance lease", file=sys.stderr)
         return 1
-    print(f"beat leader: {held[0]} (lease until {held[1].isoformat()})")
+    if late:
+        said = ", ".join(f"{name.removeprefix(lease.STAMP_PREFIX)} (last run: "
+                         f"{'never' if at is None else at.isoformat()})"
+                         for name, at in sorted(late.items()))  # fmt: skip
+        print(f"jobsapp: beat {held[0]} leads, but maintenance passes are overdue: {said}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    print(f"beat leader: {held[0]} (lease until {held[1].isoformat()}); "
+          f"{len(passes)} maintenance passes on time")  # fmt: skip
     return 0
+
+
+def maintenance_passes() -> list[str]:
+    """The tasks of the shipped maintenance entries: the passes a healthy beat runs."""
+    from jobsapp.celery_app import shipped_settings
+    from jobsapp.maintenance.entries import MAINTENANCE_PREFIX
+
+    tasks = {spec.get("task", "") for spec in shipped_settings()["beat_schedule"].values()}
+    return sorted(t for t in tasks if t.startswith(MAINTENANCE_PREFIX))
 
 
 def web(args: argparse.Namespace) -> int:

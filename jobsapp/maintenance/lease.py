@@ -13,6 +13,8 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle.tables import Lease
 
 LEASES: Table = Lease.__table__  # type: ignore[assignment]
+# A maintenance pass's row: the beat that ran it, when, and when it is overdue.
+STAMP_PREFIX = "maintenance:"
 
 
 def acquire(conn: Connection, name: str, holder: str, *, ttl: timedelta, now: datetime) -> bool:
@@ -36,6 +38,32 @@ def acquire(conn: Connection, name: str, holder: str, *, ttl: timedelta, now: da
         where=mine | (LEASES.c.expires_at < stmt.excluded.renewed_at),
     ).returning(LEASES.c.holder)
     return conn.execute(upsert).scalar() == holder
+
+
+def stamp(conn: Connection, name: str, holder: str, *, now: datetime, ttl: timedelta) -> None:
+    """Record that ``holder`` did ``name``'s work at ``now``, due again by ``now + ttl``;
+    a stamp older than the row's (a beat that lost the lease, late) changes nothing."""
+    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    stmt = dialect_insert(LEASES).values(
+        name=name, holder=holder, acquired_at=now, renewed_at=now, expires_at=now + ttl
+    )
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=[LEASES.c.name],
+        set_={"holder": stmt.excluded.holder, "renewed_at": stmt.excluded.renewed_at,
+              "expires_at": stmt.excluded.expires_at},
+        where=LEASES.c.renewed_at <= stmt.excluded.renewed_at,
+    ))  # fmt: skip
+
+
+def overdue(conn: Connection, names: list[str], now: datetime) -> dict[str, datetime | None]:
+    """Which of ``names`` are past their due time: when each last ran (None: never)."""
+    query = select(LEASES.c.name, LEASES.c.renewed_at, LEASES.c.expires_at)
+    seen = {row.name: row for row in conn.execute(query.where(LEASES.c.name.in_(names)))}
+    return {
+        name: seen[name].renewed_at if name in seen else None
+        for name in names
+        if name not in seen or seen[name].expires_at <= now
+    }
 
 
 def _keep_if(cond: Any, kept: Any, new: Any) -> Any:

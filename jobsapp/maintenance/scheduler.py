@@ -32,13 +32,13 @@ from sqlalchemy.exc import DBAPIError
 
 from jobsapp import preflight
 from jobsapp.db import get_engine
-from jobsapp.maintenance import budget, lease, periodic
+from jobsapp.maintenance import budget, entries, lease, periodic
+from jobsapp.maintenance.entries import MAINTENANCE_PREFIX
 from jobsapp.settings import SettingsError, get_settings, optional_number, positive_number
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "beat"
-MAINTENANCE_PREFIX = "jobsapp.maintenance."
 LEASE_ENV = "JOBSAPP_BEAT_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 30.0
 # Keyed by task name, not entry name: a deployment may rename entries in its config.
@@ -111,6 +111,16 @@ class LeasedScheduler(Scheduler):
         super().__init__(*args, **kwargs)
 
     def setup_schedule(self) -> None:
+        # ``app.conf.beat_schedule = {...}`` after the app was built replaces the merged
+        # setting: the maintenance entries are merged back before Celery reads it.
+        from jobsapp.celery_app import shipped_settings
+
+        try:
+            self.app.conf.beat_schedule = entries.with_maintenance(
+                shipped_settings()["beat_schedule"], self.app.conf.beat_schedule or {}
+            )
+        except SettingsError as bad:
+            preflight.exit_on_bad_setting(bad)
         super().setup_schedule()
         overrides = cadence_overrides(os.environ)
         for entry in self.schedule.values():
@@ -182,14 +192,15 @@ class LeasedScheduler(Scheduler):
         for entry in self.schedule.values():
             task = maintenance_task(entry)
             if task:
-                self._run_inline(task)
+                self._run_inline(task, entry)
 
-    def _run_inline(self, task: str) -> None:
+    def _run_inline(self, task: str, entry: ScheduleEntry) -> None:
         try:
             report = self.app.tasks[task]()
         except Exception:
             log.exception("maintenance pass %s failed", task)
             return
+        self._stamp(task, entry)
         line = report_line(task, report)
         if line is not None:
             log.info("%s", line)
@@ -202,9 +213,23 @@ class LeasedScheduler(Scheduler):
     def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
         task = maintenance_task(entry)
         if task:
-            self._run_inline(task)
+            self._run_inline(task, entry)
             return
         super().apply_entry(entry, producer=producer)
+
+    def _stamp(self, task: str, entry: ScheduleEntry) -> None:
+        """The pass ran: ``jobsapp maintenance leader`` reports it overdue once its next
+        run is later than its cadence plus the lease (the time a standby needs to take over)."""
+        when = entry.schedule
+        if when is None:
+            return
+        cadence = timedelta(seconds=when.is_due(when.now())[1])
+        try:
+            with get_engine().begin() as conn:
+                lease.stamp(conn, lease.STAMP_PREFIX + task, self.holder,
+                            now=lease.database_now(conn), ttl=cadence + self.lease_ttl)  # fmt: skip
+        except DBAPIError as exc:  # the next pass stamps again; the check allows for it
+            log.warning("maintenance pass %s not stamped: %s", task, type(exc).__name__)
 
     def close(self) -> None:
         if self.leading:

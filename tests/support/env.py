@@ -76,3 +76,8 @@ def configure_process_env() -> None:
     for key in mine:
         os.environ[key] = defaults[key]
     os.environ[_SET_BY_SESSION] = ",".join(mine)
+
+
+def shell_env(**settings: str) -> dict[str, str]:
+    """A fresh shell's environment (no ``JOBSAPP_*`` variable set) plus ``settings``."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}, **settings}
