@@ -10,11 +10,12 @@ COPY jobsapp ./jobsapp
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+# gunicorn binds 0.0.0.0:$PORT (jobsapp/web/gunicorn_conf.py): 8000 unless the platform sets it.
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PORT=8000
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels && useradd --create-home jobsapp
 USER jobsapp
 WORKDIR /home/jobsapp
 EXPOSE 8000 5555
 # The Procfile's web line; docker-compose.yml names every process's command explicitly.
-CMD ["gunicorn", "-c", "python:jobsapp.web.gunicorn_conf", "--bind", "0.0.0.0:8000", "--workers", "2", "--access-logfile", "-", "jobsapp.web.app:create_app()"]
+CMD ["gunicorn", "-c", "python:jobsapp.web.gunicorn_conf", "--workers", "2", "--access-logfile", "-", "jobsapp.web.app:create_app()"]

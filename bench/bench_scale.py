@@ -208,7 +208,8 @@ def migrated_template(instance: Instance) -> None:
     """The database every phase starts from, migrated once, directly (not via PgBouncer)."""
     _admin(instance, f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
     _admin(instance, f'CREATE DATABASE "{TEMPLATE}"')
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JOBSAPP_DATABASE_URL": instance.pg_url(TEMPLATE)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JOBSAPP_DATABASE_URL": instance.pg_url(TEMPLATE),
+           "JOBSAPP_BROKER_URL": "memory://"}  # fmt: skip
     subprocess.run([str(BIN / "jobsapp"), "db", "upgrade"], env=env, cwd=ROOT, check=True,
                    capture_output=True)  # fmt: skip
 

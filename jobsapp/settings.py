@@ -7,6 +7,8 @@ server. A bad value fails at start with a message naming the variable.
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import math
 import os
 from collections.abc import Mapping
@@ -26,6 +28,34 @@ _WELL_KNOWN_TOKENS = frozenset(
     {"change-me", "changeme", "change_me", "secret", "admin", "password", "token", "jobsapp",
      "test", "default", "example", "xxx"}
 )  # fmt: skip
+# Every variable jobsapp reads (its processes, Procfile and compose lines included). An
+# unknown JOBSAPP_* name is refused: a typo would otherwise fall back to a default silently.
+KNOWN_NAMES = frozenset({
+    "JOBSAPP_ADMIN_TOKEN", "JOBSAPP_BEAT_CATCH_UP_SECONDS", "JOBSAPP_BEAT_LEASE_SECONDS",
+    "JOBSAPP_BROKER_URL", "JOBSAPP_CRASH_AT", "JOBSAPP_DATABASE_URL", "JOBSAPP_FINISH_FLUSH",
+    "JOBSAPP_FLOWER_ADDRESS", "JOBSAPP_FLOWER_PORT", "JOBSAPP_HEARTBEAT_INTERVAL",
+    "JOBSAPP_IMAGE_MEMORY_BUDGET_MB", "JOBSAPP_IMPORTS", "JOBSAPP_INLINE_WAIT_MAX",
+    "JOBSAPP_LOG_FORMAT", "JOBSAPP_MAX_UPLOAD_BYTES", "JOBSAPP_METRICS_TOKEN",
+    "JOBSAPP_PUBLISH_TIMEOUT", "JOBSAPP_REAPER_BATCH", "JOBSAPP_REAPER_EVERY",
+    "JOBSAPP_RECONCILE_EVERY", "JOBSAPP_REDIS_URL", "JOBSAPP_RELAY_BATCH", "JOBSAPP_RELAY_EVERY",
+    "JOBSAPP_RESULT_MAX_BYTES", "JOBSAPP_RETENTION_EVERY", "JOBSAPP_S3_ENDPOINT_URL",
+    "JOBSAPP_S3_PUBLIC_URL", "JOBSAPP_STAGING_EVERY", "JOBSAPP_STAGING_FAILED_DAYS",
+    "JOBSAPP_STAGING_ORPHAN_HOURS", "JOBSAPP_STAGING_SCAN_LIMIT", "JOBSAPP_STALE_AFTER",
+    "JOBSAPP_STORAGE_URL", "JOBSAPP_UNCLAIMED_AFTER", "JOBSAPP_VAR_DIR", "JOBSAPP_WEB_BIND",
+})  # fmt: skip
+# Names that are not jobsapp's settings: the test suite's and the repository's scripts'
+# (scripts/services.sh's servers, the soak and screenshot switches of the tests).
+TOOL_PREFIXES = (
+    "JOBSAPP_TEST_", "JOBSAPP_SVC_", "JOBSAPP_PG_", "JOBSAPP_PGBOUNCER_", "JOBSAPP_REDIS_PORT",
+    "JOBSAPP_S3_PORT", "JOBSAPP_S3_BUCKET", "JOBSAPP_S3_ACCESS_KEY", "JOBSAPP_S3_SECRET_KEY",
+    "JOBSAPP_S3_REGION", "JOBSAPP_AMQP_PORT", "JOBSAPP_EPMD_PORT", "JOBSAPP_RABBITMQ_",
+    "JOBSAPP_WEED_", "JOBSAPP_SOAK_", "JOBSAPP_SCREENSHOTS",
+)  # fmt: skip
+# Set one and the other must be set: the embedded default is for a machine with neither
+# set, never a fallback beside a server (a worker on filesystem:// sharing a Postgres
+# journal would never see what the producers publish). Storage is not in the pair: beat,
+# the web console and a worker of other domains never touch it (docs/operators.md).
+SERVER_NAMES = ("JOBSAPP_DATABASE_URL", "JOBSAPP_BROKER_URL")
 _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "pyamqp", "memory")
 _MIB = 1024 * 1024
 DEFAULT_IMAGE_MEMORY_BUDGET_MB = 512
@@ -162,9 +192,56 @@ def _finish_flush(env: Mapping[str, str]) -> bool:
     return value == "wait"
 
 
+def unknown_name(env: Mapping[str, str]) -> str | None:
+    """The first ``JOBSAPP_*`` name in ``env`` that is no setting, with a did-you-mean."""
+    for name in sorted(env):
+        if not name.startswith("JOBSAPP_") or name in KNOWN_NAMES:
+            continue
+        if name.startswith(TOOL_PREFIXES):
+            continue
+        close = difflib.get_close_matches(name, KNOWN_NAMES, n=1)
+        hint = f"did you mean {close[0]}?" if close else "see docs/operators.md for the list"
+        return f"{name} is not a jobsapp setting; {hint}"
+    return None
+
+
+def servers_half_set(env: Mapping[str, str]) -> str | None:
+    """Why the server URLs are unusable when some of them are set and others are not."""
+    given = [name for name in SERVER_NAMES if env.get(name, "").strip()]
+    missing = [name for name in SERVER_NAMES if name not in given]
+    if not given or not missing:
+        return None
+    return (f"{', '.join(missing)} is not set while {', '.join(given)} is: set both, "
+            "or neither for the embedded default")  # fmt: skip
+
+
+def _imports(env: Mapping[str, str]) -> tuple[str, ...]:
+    """JOBSAPP_IMPORTS, each module found where Celery looks for it (the working directory
+    first), without running it: a misspelled name is one line here, not a traceback from
+    every process's first import. An error inside a module that exists stays its own."""
+    from celery.utils.imports import cwd_in_path
+
+    names = tuple(m.strip() for m in env.get("JOBSAPP_IMPORTS", "").split(",") if m.strip())
+    for name in names:
+        try:
+            with cwd_in_path():
+                found = importlib.util.find_spec(name)
+        except (ImportError, ValueError) as exc:
+            found, why = None, str(exc)
+        else:
+            why = f"No module named {name!r}"
+        if found is None:
+            raise SettingsError(f"JOBSAPP_IMPORTS names {name}, which cannot be imported "
+                                f"({why}): check the spelling, the working directory and "
+                                "PYTHONPATH, and that its package is installed")  # fmt: skip
+    return names
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the configuration; raises SettingsError naming the variable."""
     env = os.environ if env is None else env
+    if refusal := unknown_name(env) or servers_half_set(env):
+        raise SettingsError(refusal)
     var_dir = Path(env.get("JOBSAPP_VAR_DIR") or "var").resolve()
     heartbeat = positive_number(env, "JOBSAPP_HEARTBEAT_INTERVAL", 30.0)
     return Settings(
@@ -188,7 +265,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         * whole_number(env, "JOBSAPP_IMAGE_MEMORY_BUDGET_MB", DEFAULT_IMAGE_MEMORY_BUDGET_MB),
         metrics_token=env.get("JOBSAPP_METRICS_TOKEN", "").strip() or None,
         log_format=_log_format(env),
-        imports=tuple(m.strip() for m in env.get("JOBSAPP_IMPORTS", "").split(",") if m.strip()),
+        imports=_imports(env),
         result_max_bytes=whole_number(env, "JOBSAPP_RESULT_MAX_BYTES", DEFAULT_RESULT_MAX_BYTES),
         success_waits_for_flush=_finish_flush(env),
     )

@@ -9,6 +9,8 @@ a gunicorn web writes is then JSON.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 # gunicorn has no type hints: its Logger is Any to mypy.
@@ -27,3 +29,16 @@ class JobsappLogger(Logger):  # type: ignore[misc]
 
 
 logger_class = JobsappLogger
+
+
+def web_bind(env: Mapping[str, str]) -> str:
+    """``JOBSAPP_WEB_BIND`` if set; else every interface on ``$PORT``, the port a platform
+    (Heroku, Cloud Run, a Procfile runner) assigns; else loopback for a developer's machine."""
+    if bind := env.get("JOBSAPP_WEB_BIND", "").strip():
+        return bind
+    if port := env.get("PORT", "").strip():
+        return f"0.0.0.0:{port}"
+    return "127.0.0.1:8000"
+
+
+bind = [web_bind(os.environ)]

@@ -109,8 +109,12 @@ def _localised(word: str, ports: dict[str, str]) -> str:
     return word
 
 
-def _env(compose_env: dict[str, str | None], stand_ins: dict[str, str]) -> dict[str, str]:
-    return {k: v or "" for k, v in compose_env.items()} | stand_ins
+def _env(
+    compose_env: dict[str, str | None], stand_ins: dict[str, str], ports: dict[str, str]
+) -> dict[str, str]:
+    """A service's environment here: stand-ins for its servers, its ports made local
+    (``JOBSAPP_WEB_BIND: 0.0.0.0:8000`` is where gunicorn binds)."""
+    return {k: _localised(v or "", ports) for k, v in compose_env.items()} | stand_ins
 
 
 def _health_argv(check: list[str], ports: dict[str, str]) -> list[str]:
@@ -143,7 +147,7 @@ def test_every_compose_service_command_runs_and_passes_its_health_check(
 ) -> None:
     migrate = services["migrate"]
     done = subprocess.run(
-        migrate["command"], env=launcher.env | _env(migrate["environment"], stand_ins),
+        migrate["command"], env=launcher.env | _env(migrate["environment"], stand_ins, ports),
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -153,10 +157,10 @@ def test_every_compose_service_command_runs_and_passes_its_health_check(
 
     procs = {}
     for name in PROCESSES:
-        env = _env(services[name]["environment"], stand_ins)
+        env = _env(services[name]["environment"], stand_ins, ports)
         procs[name] = launcher.start(name, _local(services[name]["command"], ports), env)
     for name, proc in procs.items():
-        env = launcher.env | _env(services[name]["environment"], stand_ins)
+        env = launcher.env | _env(services[name]["environment"], stand_ins, ports)
         check = _health_argv(services[name]["healthcheck"]["test"], ports)
         _wait_healthy(proc, check, env, tmp_path)
 
@@ -204,7 +208,8 @@ def _an_upload_becomes_ready_with_a_public_sigv4_url(
 def test_web_refuses_to_start_with_a_well_known_admin_token(
     services: dict[str, Any], stand_ins: dict[str, str], ports: dict[str, str], launcher: Launcher
 ) -> None:
-    env = _env(services["web"]["environment"], stand_ins) | {"JOBSAPP_ADMIN_TOKEN": "change-me"}
+    env = _env(services["web"]["environment"], stand_ins, ports)
+    env["JOBSAPP_ADMIN_TOKEN"] = "change-me"
     web = launcher.start("web", _local(services["web"]["command"], ports), env)
 
     assert web.wait(timeout=90) != 0

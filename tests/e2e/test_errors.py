@@ -294,6 +294,17 @@ BAD_SETTINGS = {
     "admin token": ({"JOBSAPP_ADMIN_TOKEN": "secret"},
                     "jobsapp: configuration error: JOBSAPP_ADMIN_TOKEN is a well-known "
                     "placeholder"),
+    # Issue 36: a typo fell back to the embedded default, a missing broker to filesystem://,
+    # and a misspelled module printed a 63-line traceback with exit 1.
+    "typo": ({"JOBSAPP_BROKR_URL": "redis://elsewhere/0"},
+             "jobsapp: configuration error: JOBSAPP_BROKR_URL is not a jobsapp setting; "
+             "did you mean JOBSAPP_BROKER_URL?"),
+    "broker missing": ({"JOBSAPP_BROKER_URL": ""},
+                       "jobsapp: configuration error: JOBSAPP_BROKER_URL is not set while "
+                       "JOBSAPP_DATABASE_URL is"),
+    "imports": ({"JOBSAPP_IMPORTS": "myapp.taskz"},
+                "jobsapp: configuration error: JOBSAPP_IMPORTS names myapp.taskz, which cannot "
+                "be imported (No module named 'myapp')"),
 }  # fmt: skip
 ENTRY_POINTS = {
     "summary": [str(BIN / "jobsapp"), "summary"],

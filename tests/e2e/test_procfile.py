@@ -1,4 +1,5 @@
-"""The Procfile runs the whole system: gunicorn web, worker, beat and Flower under honcho."""
+"""The Procfile runs the whole system under honcho: its ``release`` line migrates a fresh
+database, then gunicorn web (on ``$PORT``, as a platform sets it), worker, beat and Flower."""
 
 from __future__ import annotations
 
@@ -15,34 +16,42 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _drop_postgres, _fresh_postgres, migrate
+from tests.conftest import _drop_postgres, _fresh_postgres
 from tests.e2e.webserver import REPO, Http, fetch, free_port
 from tests.support.env import SESSION, service
 from tests.support.servers import RedisServer
 from tests.unit import images
 
 FLOWER_LOGIN = "ops:procfile-Secret-2f9a"
+# The long-running lines; ``release`` runs once, before them, as a platform runs it.
+PROCESSES = ("web", "worker", "beat", "flower")
 
 
 @pytest.fixture
 def procfile_env(module_redis: RedisServer, tmp_path: Path) -> Iterator[dict[str, str]]:
     admin = service("JOBSAPP_TEST_DATABASE_URL")
     db_url = _fresh_postgres(admin, f"jobsapp_e2e_procfile_{SESSION}")
-    migrate(db_url)
     broker = module_redis.url
     module_redis.client().flushdb()
     base = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
-    yield base | {
+    env = base | {
         "PATH": f"{Path(sys.executable).parent}:{base.get('PATH', '')}",
         "JOBSAPP_VAR_DIR": str(tmp_path / "var"),
         "JOBSAPP_DATABASE_URL": db_url,
         "JOBSAPP_BROKER_URL": broker,
         "JOBSAPP_STORAGE_URL": f"file://{tmp_path / 'objects'}",
-        "JOBSAPP_WEB_BIND": f"127.0.0.1:{free_port()}",
+        "PORT": str(free_port()),
         "JOBSAPP_FLOWER_PORT": str(free_port()),
         "JOBSAPP_RELAY_EVERY": "1",
         "FLOWER_BASIC_AUTH": FLOWER_LOGIN,
     }
+    # The platform's release phase, before any process starts: the Procfile's own line.
+    release = subprocess.run([str(Path(sys.executable).parent / "honcho"), "start", "-f",
+                              "Procfile", "release"], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=120, check=False)  # fmt: skip
+    assert release.returncode == 0, release.stdout + release.stderr
+    assert "database at head" in release.stdout + release.stderr
+    yield env
     _drop_postgres(admin, f"jobsapp_e2e_procfile_{SESSION}")
 
 
@@ -51,7 +60,7 @@ def honcho(procfile_env: dict[str, str], tmp_path: Path) -> Iterator[Path]:
     log = tmp_path / "honcho.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "honcho"), "start", "-f", "Procfile"],
+            [str(Path(sys.executable).parent / "honcho"), "start", "-f", "Procfile", *PROCESSES],
             cwd=REPO, env=procfile_env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
@@ -78,7 +87,7 @@ def _answers(url: str, log: Path, timeout: float = 60) -> int:
 
 
 def test_every_procfile_line_serves(honcho: Path, procfile_env: dict[str, str]) -> None:
-    web = Http(f"http://{procfile_env['JOBSAPP_WEB_BIND']}")
+    web = Http(f"http://127.0.0.1:{procfile_env['PORT']}")
     assert _answers(web.base_url + "/healthz", honcho) == 200
     flower = f"http://127.0.0.1:{procfile_env['JOBSAPP_FLOWER_PORT']}/"
     assert _answers(flower, honcho) == 401

@@ -105,7 +105,7 @@ def test_installed_wheel_migrates_postgres_from_an_unrelated_folder(
 ) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = _bare_env(installed, JOBSAPP_DATABASE_URL=database_url)
+    env = _bare_env(installed, JOBSAPP_DATABASE_URL=database_url, JOBSAPP_BROKER_URL="memory://")
     out = _run([str(installed / "jobsapp"), "db", "upgrade"], cwd=elsewhere, env=env)
     assert "database at head" in out
     engine = create_engine(database_url)
@@ -154,3 +154,28 @@ def test_a_checkout_finds_its_top_level_files_from_any_folder(tmp_path: Path) ->
     env = {**os.environ, "JOBSAPP_VAR_DIR": str(tmp_path / "var")}
     out = _run([sys.executable, "-c", probe], cwd=tmp_path, env=env)
     assert out.split() == [str(REPO / "migrations"), str(REPO / "celeryconfig.py"), "True"]
+
+
+def test_a_teams_package_beside_the_wheel_runs_its_task_under_the_procfiles_worker(
+    installed: Path, tmp_path: Path
+) -> None:
+    """The deploy path of docs/deploy.md without a Docker engine: the team's package
+    (examples/team_app, what its Dockerfile stage adds) importable beside the installed
+    wheel, ``JOBSAPP_IMPORTS`` naming its module, the Procfile's ``release`` and ``worker``
+    lines run from a folder of their own, and a producer's call answered by the worker."""
+    from tests.support.compose import procfile, procfile_argv
+
+    env = _bare_env(installed, JOBSAPP_IMPORTS="billing.tasks",
+                    PYTHONPATH=str(REPO / "examples" / "team_app"))  # fmt: skip
+    _run(procfile_argv(procfile()["release"], env), cwd=tmp_path, env=env)
+    log = (tmp_path / "worker.log").open("w")
+    worker = subprocess.Popen(procfile_argv(procfile()["worker"], env), cwd=tmp_path, env=env,
+                              stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    call = "from billing.tasks import invoice; print(invoice.delay('acct-1').get(timeout=90))"
+    try:
+        out = _run([str(installed / "python"), "-c", call], cwd=tmp_path, env=env)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        log.close()
+    assert out.strip() == "invoiced acct-1", (tmp_path / "worker.log").read_text()[-3000:]

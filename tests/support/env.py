@@ -63,7 +63,8 @@ def configure_process_env() -> None:
     redis_url = _session_redis()
     defaults = {
         "JOBSAPP_VAR_DIR": VAR_DIR,
-        "JOBSAPP_DATABASE_URL": os.environ.get("JOBSAPP_TEST_DATABASE_URL", ""),
+        "JOBSAPP_DATABASE_URL": os.environ.get("JOBSAPP_TEST_DATABASE_URL")
+        or f"sqlite:///{VAR_DIR}/jobsapp.db",
         "JOBSAPP_BROKER_URL": redis_url or "memory://",
         "JOBSAPP_REDIS_URL": redis_url or "",
         "JOBSAPP_IMPORTS": "tests.support.tasks",

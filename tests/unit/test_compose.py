@@ -55,7 +55,24 @@ def test_each_process_runs_its_procfile_line(services: dict[str, Any], name: str
 
 
 def test_the_procfile_has_no_process_compose_lacks() -> None:
-    assert set(procfile()) == set(JOBSAPP_PROCESSES)
+    assert set(procfile()) == {*JOBSAPP_PROCESSES, "release"}
+
+
+def test_the_procfile_release_line_is_composes_migrate(services: dict[str, Any]) -> None:
+    migrate = services["migrate"]
+    assert migrate["command"] == procfile_argv(procfile()["release"], migrate["environment"])
+
+
+@pytest.mark.parametrize(
+    ("env", "bind"),
+    [({}, "127.0.0.1:8000"), ({"PORT": "5123"}, "0.0.0.0:5123"),
+     ({"PORT": "5123", "JOBSAPP_WEB_BIND": "127.0.0.1:9000"}, "127.0.0.1:9000")],
+    ids=["developer", "platform-port", "explicit-bind"],
+)  # fmt: skip
+def test_web_binds_where_the_platform_says(env: dict[str, str], bind: str) -> None:
+    from jobsapp.web.gunicorn_conf import web_bind
+
+    assert web_bind(env) == bind
 
 
 @pytest.mark.parametrize("name", LONG_RUNNING)

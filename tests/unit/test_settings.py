@@ -9,6 +9,11 @@ import pytest
 from jobsapp.settings import Settings, SettingsError, load_settings
 
 VAR = Path("/srv/jobsapp-var")
+SERVERS = {
+    "JOBSAPP_DATABASE_URL": "postgresql://db/jobs",
+    "JOBSAPP_BROKER_URL": "redis://broker:6379/0",
+    "JOBSAPP_STORAGE_URL": "s3://bucket/prefix",
+}
 
 
 def test_an_empty_env_embeds_everything_under_var() -> None:
@@ -86,7 +91,7 @@ def test_aws_region_wins_over_the_default_region() -> None:
     "url", ["sqlite:///x.db", "sqlite://", "postgresql://h/db", "postgresql+psycopg2://h/db"]
 )
 def test_supported_databases(url: str) -> None:
-    assert load_settings({"JOBSAPP_DATABASE_URL": url}).database_url == url
+    assert load_settings({**SERVERS, "JOBSAPP_DATABASE_URL": url}).database_url == url
 
 
 @pytest.mark.parametrize(
@@ -101,12 +106,12 @@ def test_supported_databases(url: str) -> None:
     ],
 )
 def test_supported_brokers(url: str) -> None:
-    assert load_settings({"JOBSAPP_BROKER_URL": url}).broker_url == url
+    assert load_settings({**SERVERS, "JOBSAPP_BROKER_URL": url}).broker_url == url
 
 
 @pytest.mark.parametrize("url", ["s3://bucket", "s3://bucket/a/b", "file:///data/objects"])
 def test_supported_storage(url: str) -> None:
-    assert load_settings({"JOBSAPP_STORAGE_URL": url}).storage_url == url
+    assert load_settings({**SERVERS, "JOBSAPP_STORAGE_URL": url}).storage_url == url
 
 
 @pytest.mark.parametrize(
@@ -184,3 +189,45 @@ def test_settings_are_frozen() -> None:
     assert isinstance(settings, Settings)
     with pytest.raises(AttributeError):
         settings.heartbeat_interval = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("JOBSAPP_BROKR_URL", "JOBSAPP_BROKER_URL"), ("JOBSAPP_DATABSE_URL", "JOBSAPP_DATABASE_URL"),
+     ("JOBSAPP_IMPORT", "JOBSAPP_IMPORTS")],
+)  # fmt: skip
+def test_a_misspelled_name_is_refused_with_the_name_it_meant(typo: str, meant: str) -> None:
+    said = f"^{typo} is not a jobsapp setting; did you mean {meant}"
+    with pytest.raises(SettingsError, match=said):
+        load_settings({**SERVERS, typo: "x"})
+
+
+def test_the_test_suites_and_scripts_names_are_not_settings_and_pass() -> None:
+    tools = {"JOBSAPP_TEST_DATABASE_URL": "x", "JOBSAPP_SVC_DIR": "/tmp", "JOBSAPP_PG_PORT": "1"}
+    assert load_settings({**SERVERS, **tools}).broker_url == SERVERS["JOBSAPP_BROKER_URL"]
+
+
+@pytest.mark.parametrize("missing", ["JOBSAPP_DATABASE_URL", "JOBSAPP_BROKER_URL"])
+def test_a_database_or_broker_url_missing_beside_the_other_is_refused(missing: str) -> None:
+    env = {name: url for name, url in SERVERS.items() if name != missing}
+    with pytest.raises(SettingsError, match=f"^{missing} is not set while "):
+        load_settings(env)
+
+
+def test_storage_may_stay_the_local_folder_beside_servers() -> None:
+    env = {k: v for k, v in SERVERS.items() if k != "JOBSAPP_STORAGE_URL"}
+    settings = load_settings({**env, "JOBSAPP_VAR_DIR": str(VAR)})
+    assert settings.storage_url == f"file://{VAR / 'storage'}"
+
+
+def test_every_name_the_package_reads_is_a_known_setting() -> None:
+    import re
+
+    import jobsapp
+    from jobsapp.settings import KNOWN_NAMES, TOOL_PREFIXES
+
+    root = Path(jobsapp.__file__).parent
+    read = {name for path in root.rglob("*.py")
+            for name in re.findall(r"JOBSAPP_[A-Z0-9_]+", path.read_text())}  # fmt: skip
+    settings = {name for name in read if not name.startswith(TOOL_PREFIXES)}
+    assert settings - KNOWN_NAMES - {"JOBSAPP_"} == set()
