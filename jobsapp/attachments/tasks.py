@@ -57,7 +57,6 @@ from jobsapp.lifecycle import (
     RunContext,
     TransientError,
     current_run,
-    journal,
     lifecycle_task,
 )
 from jobsapp.lifecycle.scrub import describe_exception, known_secrets_from_env
@@ -482,12 +481,9 @@ def _fail_together(job: _Job, failure: Exception, verdict: _Verdict) -> None:
     )
     ctx = job.ctx
     try:
-        with ctx.engine.begin() as conn:
-            if not journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
-                                outcome=outcome, error=error, actor=ctx.worker,
-                                now=utcnow()):  # fmt: skip
-                raise LeaseLost(f"job {ctx.job_id} attempt {ctx.attempt}: failure refused")
-            # The fence is journal.fail's: in this transaction the run is no longer running.
+        # The run's fenced ``failed`` first: in this transaction it is no longer running.
+        # Celery and Flower then show the attempt FAILURE with ``failure``.
+        with ctx.failing(failure, outcome=outcome, said=error) as conn:
             conn.execute(_attachment_update(job, _UNFINISHED, state=AttachmentState.FAILED.value,
                                             error_code=verdict.error_code))  # fmt: skip
             crashpoints.hit("after_attachment_failed_before_run_outcome")
@@ -495,8 +491,6 @@ def _fail_together(job: _Job, failure: Exception, verdict: _Verdict) -> None:
         # Written together or not at all: the run stays running, its heartbeat stops with
         # this attempt, and the reaper settles it (and the attachment with it).
         raise LeaseLost(f"job {ctx.job_id}: failure not recorded: {type(down).__name__}") from None
-    ctx.finished = True
-    log.info("job %s failed (%s): %s", ctx.job_id, outcome.value, error)
 
 
 def _record(job: _Job, from_states: Sequence[AttachmentState], **values: Any) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -21,11 +20,12 @@ from jobsapp import crashpoints
 from jobsapp.db import autocommit, relaxed_autocommit, relaxed_transaction
 from jobsapp.lifecycle import journal, limits, outbox, results
 from jobsapp.lifecycle.context import RunContext, entered
-from jobsapp.lifecycle.errors import LeaseLost, PermanentError, RetryAfter, RetryRequested
+from jobsapp.lifecycle.errors import LeaseLost, RetryAfter, RetryRequested
+from jobsapp.lifecycle.failures import cause_of, describe, failure_detail
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.retry import Action, RetryPolicy, decide_failure, decide_retry_after
-from jobsapp.lifecycle.scrub import describe_exception, scrub
+from jobsapp.lifecycle.scrub import describe_exception
 from jobsapp.lifecycle.states import Outcome, Transition
 from jobsapp.settings import get_settings
 
@@ -36,9 +36,6 @@ T = TypeVar("T")
 OUTCOME_WRITE_PAUSES = (0.5, 1.0, 2.0, 4.0)
 # A body that keeps asking for short pauses is snoozed after this many inline waits.
 MAX_INLINE_WAITS = 3
-# A stored traceback keeps its innermost frames, scrubbed and cut to this many characters.
-TRACEBACK_FRAMES = 20
-TRACEBACK_LIMIT = 8000
 
 
 class End(StrEnum):
@@ -123,10 +120,20 @@ def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: Attem
             return _snooze(app, ctx, pause, rules)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a journal outcome
             return _settle_failure(app, ctx, exc, rules)
+    if ctx.failed_with is not None:
+        return _failed_by_the_body(ctx, ctx.failed_with, rules)
     if ctx.finished:
         return Ended(End.SUCCEEDED, "finished by the body", value=value)
     waits = success_waits_for_flush(ctx.spec, ctx.row, rules.success_waits_for_flush)
     return _succeed(app, ctx, value, flushed=waits)
+
+
+def _failed_by_the_body(ctx: RunContext, error: BaseException, rules: AttemptRules) -> Ended:
+    """The body ended its run failed (``RunContext.failing``): the journal has it; Celery
+    and Flower get FAILURE with the body's exception, and the log its one error line."""
+    said = describe(error, rules.secrets)
+    log.error("job %s failed at attempt %s: %s", ctx.job_id, ctx.attempt, said, exc_info=error)
+    return Ended(End.FAILED, f"failed by the body: {said}", error=cause_of(error))
 
 
 def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> Any:
@@ -213,24 +220,7 @@ def _persistently(write: Callable[[], T]) -> T:
 
 
 def _describe(exc: BaseException, rules: AttemptRules) -> str:
-    cause = cause_of(exc)
-    text = describe_exception(cause, secrets=rules.secrets)
-    code = getattr(cause, "error_code", None)
-    return f"[{code}] {text}" if isinstance(cause, PermanentError) and code else text
-
-
-def failure_detail(exc: BaseException, secrets: tuple[str, ...]) -> dict[str, str]:
-    """What a failed attempt stores on its event: type, message, innermost frames, scrubbed.
-
-    The formatted traceback holds source lines, never frame locals.
-    """
-    cause = cause_of(exc)
-    frames = "".join(traceback.format_exception(cause, limit=-TRACEBACK_FRAMES))
-    return {
-        "type": f"{type(cause).__module__}.{type(cause).__qualname__}",
-        "message": scrub(str(cause), secrets=secrets),
-        "traceback": scrub(frames, limit=TRACEBACK_LIMIT, secrets=secrets),
-    }
+    return describe(exc, rules.secrets)
 
 
 def _settle_failure(
@@ -255,11 +245,6 @@ def _settle_failure(
         ended = _requeue(app, ctx, delay, error, Transition.RETRY, rules, refund=False,
                          detail=detail, cause=cause)  # fmt: skip
     return replace(ended, error=cause)
-
-
-def cause_of(exc: BaseException) -> BaseException:
-    """The body's own exception: the one ``self.retry(exc=...)`` names, if any."""
-    return exc.cause if isinstance(exc, RetryRequested) and exc.cause else exc
 
 
 def _fail(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -13,9 +14,12 @@ from sqlalchemy import Connection, Engine
 
 from jobsapp.lifecycle import journal, limits, results
 from jobsapp.lifecycle.errors import LeaseLost
+from jobsapp.lifecycle.failures import describe, failure_detail
 from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.journal import slots
 from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.scrub import known_secrets_from_env
+from jobsapp.lifecycle.states import Outcome
 from jobsapp.settings import get_settings
 
 
@@ -27,6 +31,9 @@ class RunContext:
     worker: str
     heartbeat: Heartbeat
     finished: bool = field(default=False)
+    # The exception the body ended its run failed with (``failing``): Celery's and
+    # Flower's FAILURE of this attempt.
+    failed_with: BaseException | None = field(default=None)
     # The runs this attempt's outcome gave its key's slot (a limited key), to publish.
     granted: slots.Granted = field(default_factory=slots.Granted)
 
@@ -71,6 +78,30 @@ class RunContext:
             _, self.granted = limits.let_go(conn, self.spec, self.row, True)
             yield conn
         self.finished = True
+
+
+    @contextmanager
+    def failing(
+        self, error: BaseException, *, outcome: Outcome = Outcome.PERMANENT,
+        said: str | None = None,
+    ) -> Iterator[Connection]:  # fmt: skip
+        """A transaction that commits the body's writes together with ``failed`` (no
+        further attempt), ``error`` stored as the attempt's failure: the body ends its run
+        failed, and Celery and Flower show FAILURE with ``error``. Fenced first, as
+        ``completing``: if the lease is lost nothing the body writes here lands.
+        The body returns normally afterwards; what it returns is not kept. ``said`` is the
+        run's ``last_error`` when the exception's own description is not what to show."""
+        secrets = known_secrets_from_env(os.environ)
+        said, detail = said or describe(error, secrets), failure_detail(error, secrets)
+        with self.engine.begin() as conn:
+            failed = journal.fail(conn, self.spec, self.job_id, self.attempt, token=self.token,
+                                  outcome=outcome, error=said, actor=self.worker, detail=detail)
+            if not failed:
+                raise LeaseLost(f"job {self.job_id} attempt {self.attempt}: failure refused")
+            _, self.granted = limits.let_go(conn, self.spec, self.row, True)
+            yield conn
+        self.finished = True
+        self.failed_with = error
 
 
 _current: ContextVar[RunContext | None] = ContextVar("jobsapp_run", default=None)

@@ -10,10 +10,13 @@ import threading
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery.contrib.testing.worker import TestWorkController
+from celery.signals import task_failure, task_success
 from PIL import Image
 from sqlalchemy import Engine, delete
 
@@ -65,6 +68,31 @@ def db(request: pytest.FixtureRequest) -> Engine:
 def local_store(tmp_path: Path) -> Iterator[ObjectStore]:
     with configured_store(f"file://{tmp_path / 'objects'}") as store:
         yield store
+
+
+class CeleryEnds:
+    """How Celery ended each task, by name, as its ``task_success``/``task_failure``
+    signals tell it in the worker (the in-process worker runs in this process)."""
+
+    def __init__(self) -> None:
+        self.failed: dict[str, BaseException] = {}
+        self.succeeded: dict[str, object] = {}
+
+    def _failure(self, sender: Any, exception: BaseException, **_: Any) -> None:
+        self.failed[sender.name] = exception
+
+    def _success(self, sender: Any, result: object, **_: Any) -> None:
+        self.succeeded[sender.name] = result
+
+    @contextmanager
+    def listening(self) -> Iterator[None]:
+        task_failure.connect(self._failure, weak=False)
+        task_success.connect(self._success, weak=False)
+        try:
+            yield
+        finally:
+            task_failure.disconnect(self._failure)
+            task_success.disconnect(self._success)
 
 
 def _decoded(data: bytes) -> Image.Image:
@@ -383,10 +411,17 @@ def test_an_image_over_the_memory_budget_fails_with_memory_budget(
 ) -> None:
     # 2000x2000 decodes to 16 MiB: more than the whole budget, so it is never decoded.
     accepted = accept_upload(images.encode(Image.new("RGB", (2000, 2000)), "PNG"), "p.png", None)
-    with environment(JOBSAPP_IMAGE_MEMORY_BUDGET_MB="4"):
+    ends = CeleryEnds()
+    with environment(JOBSAPP_IMAGE_MEMORY_BUDGET_MB="4"), ends.listening():
         request.getfixturevalue("worker")
         view = settled(accepted.attachment_id, "failed")
+        # What Celery says of the attempt (and so Flower, from the same task events): the
+        # body's failure, not "succeeded ... finished by the body".
+        failure = eventually(lambda: ends.failed.get(TASK_NAME))
     assert view["error_code"] == "memory_budget"
+    assert type(failure).__name__ == "AttachmentFailed", failure
+    assert "memory budget" in str(failure)
+    assert TASK_NAME not in ends.succeeded
     (run,) = run_rows(db, accepted.attachment_id)
     assert (run["state"], run["outcome"], run["attempts"]) == ("failed", "permanent", 1)
     assert "memory budget" in run["last_error"]

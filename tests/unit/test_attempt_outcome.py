@@ -9,8 +9,9 @@ import uuid
 import pytest
 from celery.exceptions import Retry
 
-from jobsapp.lifecycle.attempt import TRACEBACK_LIMIT, End, Ended, failure_detail
+from jobsapp.lifecycle.attempt import End, Ended
 from jobsapp.lifecycle.errors import RetryRequested
+from jobsapp.lifecycle.failures import TRACEBACK_LIMIT, failure_detail
 from jobsapp.lifecycle.message import Envelope, task_id_for
 from jobsapp.lifecycle.task import AttemptFailed, LifecycleTask, _report
 
