@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from celery import Celery
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import MaxRetriesExceededError, SoftTimeLimitExceeded
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
@@ -67,6 +67,8 @@ class AttemptRules:
     secrets: tuple[str, ...]
     # Long Retry-After pauses a job may take before it fails with ``snooze_limit``.
     max_snoozes: int = 10
+    # The task declares Celery's ``autoretry_for``: only what it asks to retry is retried.
+    requested_only: bool = False
     # False when the caller runs the next attempt itself (eager ``apply()``): a requeue
     # leaves its message to the relay instead of handing it to a worker now.
     publish_retry: bool = True
@@ -230,11 +232,13 @@ def _settle_failure(
         exc = RetryRequested(exc, None)
     decision = decide_failure(
         exc, attempt=ctx.attempt, max_attempts=int(ctx.row["max_attempts"]),
-        policy=rules.policy, permanent=rules.permanent,
+        policy=rules.policy, permanent=rules.permanent, requested_only=rules.requested_only,
     )  # fmt: skip
     delay = decision.delay
     if isinstance(exc, RetryRequested) and exc.countdown is not None:
         delay = exc.countdown
+    if decision.action is Action.FAIL and isinstance(exc, RetryRequested) and not exc.cause:
+        exc = RetryRequested(_max_retries_exceeded(ctx), None)
     error = _describe(exc, rules)
     detail = failure_detail(exc, rules.secrets)
     cause = cause_of(exc)
@@ -245,6 +249,15 @@ def _settle_failure(
         ended = _requeue(app, ctx, delay, error, Transition.RETRY, rules, refund=False,
                          detail=detail, cause=cause)  # fmt: skip
     return replace(ended, error=cause)
+
+
+def _max_retries_exceeded(ctx: RunContext) -> MaxRetriesExceededError:
+    """Celery's error for a ``self.retry()`` with no ``exc`` once no retry is left."""
+    params = ctx.row.get("params") or {}
+    return MaxRetriesExceededError(
+        f"Can't retry {ctx.row['task_name']}[{ctx.job_id}] args:{tuple(params.get('args', ()))} "
+        f"kwargs:{params.get('kwargs', {})}"
+    )
 
 
 def _fail(

@@ -52,10 +52,15 @@ class InvalidMessage(Exception):
 class RetryRequested(TransientError):
     """Celery's ``self.retry()`` (and ``autoretry_for``) inside a lifecycle task."""
 
-    def __init__(self, cause: BaseException | None, countdown: float | None) -> None:
+    def __init__(
+        self, cause: BaseException | None, countdown: float | None,
+        max_retries: int | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(str(cause) if cause else "retry requested")
         self.cause = cause
         self.countdown = countdown
+        # The call's own ``max_retries`` (Celery's ``self.retry(max_retries=...)``).
+        self.max_retries = max_retries
 
 
 class DatabaseNotMigrated(Exception):

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 from enum import StrEnum
 
-from jobsapp.lifecycle.errors import PermanentError, RetryAfter
+from jobsapp.lifecycle.errors import PermanentError, RetryAfter, RetryRequested
 from jobsapp.lifecycle.states import Outcome
 
 
@@ -62,11 +62,21 @@ def decide_failure(
     policy: RetryPolicy,
     permanent: tuple[type[BaseException], ...] = (),
     rand: float | None = None,
+    requested_only: bool = False,
 ) -> Decision:
-    """What to do after the body raised ``exc`` on ``attempt`` (1-based)."""
+    """What to do after the body raised ``exc`` on ``attempt`` (1-based).
+
+    ``requested_only`` (a task that declares Celery's ``autoretry_for``): only what the
+    task asked to retry is retried (``self.retry()``, which ``autoretry_for`` calls for
+    the exceptions it lists, or a ``RetryAfter``); any other exception fails at once, as
+    in Celery. A ``self.retry(max_retries=n)`` is exhausted after ``n`` retries."""
     if isinstance(exc, (PermanentError, *permanent)):
         return Decision(Action.FAIL, outcome=Outcome.PERMANENT)
-    if attempt >= max_attempts:
+    if requested_only and not isinstance(exc, RetryRequested | RetryAfter):
+        return Decision(Action.FAIL, outcome=Outcome.PERMANENT)
+    retries_left = not (isinstance(exc, RetryRequested) and exc.max_retries is not None
+                        and attempt - 1 >= exc.max_retries)  # fmt: skip
+    if attempt >= max_attempts or not retries_left:
         return Decision(Action.FAIL, outcome=Outcome.EXHAUSTED)
     if isinstance(exc, RetryAfter):
         return Decision(Action.RETRY, delay=exc.seconds)

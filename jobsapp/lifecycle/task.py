@@ -31,6 +31,7 @@ from typing import Any, ClassVar, NoReturn
 from celery import Task
 from celery.exceptions import Reject
 from celery.result import EagerResult
+from celery.utils.time import maybe_make_aware
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -60,7 +61,7 @@ from jobsapp.lifecycle.celery_view import (
     send_started,
 )
 from jobsapp.lifecycle.context import RunContext
-from jobsapp.lifecycle.errors import InvalidMessage, RetryRequested
+from jobsapp.lifecycle.errors import InvalidMessage, PermanentError, RetryRequested
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
@@ -283,9 +284,20 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         max_retries: int | None = None,
         **options: Any,
     ) -> NoReturn:
-        """Celery's retry, kept in the journal: the same job, the next attempt."""
-        del args, kwargs, throw, eta, max_retries, options
-        raise RetryRequested(exc, countdown)
+        """Celery's retry, kept in the journal: the same job, the next attempt, due after
+        ``countdown`` seconds or at ``eta``. ``max_retries`` bounds this call's retries as
+        in Celery; once none is left the job fails with ``exc``, or with Celery's
+        ``MaxRetriesExceededError`` when no ``exc`` was given. A changed ``args``/``kwargs``
+        is refused: a retry runs the job's own arguments (they are the journal's row)."""
+        if args is not None or kwargs is not None:
+            # A mistake in the call, not a passing fault: the run fails, never retried.
+            raise PermanentError(f"{self.name}.retry: args/kwargs cannot change on a retry: "
+                                 "the next attempt runs the job's own arguments",
+                                 error_code="retry_arguments")  # fmt: skip
+        del throw, options
+        if eta is not None:
+            countdown = max(0.0, (maybe_make_aware(eta) - self.app.now()).total_seconds())
+        raise RetryRequested(exc, countdown, max_retries)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.called_directly:
@@ -429,6 +441,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             inline_wait_max=self.inline_wait_max or inline_wait_max,
             secrets=_process_secrets(),
             max_snoozes=self.max_snoozes,
+            requested_only=bool(getattr(self, "autoretry_for", ())),
         )
 
     def _call_of(self, row: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:

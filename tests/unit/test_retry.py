@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobsapp.lifecycle.errors import PermanentError, RetryAfter, TransientError
+from jobsapp.lifecycle.errors import PermanentError, RetryAfter, RetryRequested, TransientError
 from jobsapp.lifecycle.retry import (
     Action,
     Decision,
@@ -234,3 +234,29 @@ def test_policy_defaults_and_immutability() -> None:
     assert (policy.base_delay, policy.max_delay, policy.jitter) == (2.0, 3600.0, 0.2)
     with pytest.raises(AttributeError):
         policy.jitter = 0.5  # type: ignore[misc]
+
+
+# Celery's habits (issue 36): autoretry_for lists the only exceptions that retry, and
+# self.retry(max_retries=n) bounds that call's retries.
+
+
+def test_with_autoretry_for_an_exception_it_does_not_list_fails_at_once() -> None:
+    decided = decide_failure(ValueError("x"), attempt=1, max_attempts=5, policy=RetryPolicy(),
+                             requested_only=True)  # fmt: skip
+    assert decided == Decision(Action.FAIL, outcome=Outcome.PERMANENT)
+
+
+@pytest.mark.parametrize("exc", [RetryRequested(ConnectionError("down"), None), RetryAfter(3)])
+def test_with_autoretry_for_what_the_task_asked_to_retry_retries(exc: Exception) -> None:
+    decided = decide_failure(exc, attempt=1, max_attempts=5, policy=RetryPolicy(),
+                             requested_only=True, rand=0.5)  # fmt: skip
+    assert decided.action is Action.RETRY
+
+
+@pytest.mark.parametrize(("attempt", "action"), [(1, Action.RETRY), (2, Action.FAIL)])
+def test_a_retry_calls_own_max_retries_bounds_it(attempt: int, action: Action) -> None:
+    asked = RetryRequested(None, None, max_retries=1)
+    decided = decide_failure(asked, attempt=attempt, max_attempts=10, policy=RetryPolicy(),
+                             rand=0.5)  # fmt: skip
+    assert decided.action is action
+    assert decided.outcome in (None, Outcome.EXHAUSTED)
