@@ -21,14 +21,14 @@ import socket
 import string
 import time
 import uuid
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 from functools import cache, cached_property
 from typing import Any, ClassVar, NoReturn
 
-from celery import Task
+from celery import Task, group
 from celery.exceptions import Reject
 from celery.result import EagerResult
 from celery.utils.time import maybe_make_aware
@@ -258,6 +258,25 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         # A workflow step that will not run (what it waited for failed) answers FAILURE.
         return canvas.StepHandle(job_id, EnqueueOutcome.DUPLICATE, self.run_table,
                                  task=self.name, task_id=str(task_id))  # fmt: skip
+
+    def map(self, it: Iterable[Any]) -> group:  # type: ignore[override]
+        """Celery's ``task.map(it)``: ``task(item)`` for each item, answered as a list. Each
+        call is a run of its own in one workflow (a group through the journal), so each is
+        kept and retried on its own; Celery's ``xmap`` runs them all inside one task."""
+        return group([self.s(item) for item in it], app=self.app)
+
+    def starmap(self, it: Iterable[Iterable[Any]]) -> group:  # type: ignore[override]
+        """Celery's ``task.starmap(it)``: ``task(*item)`` for each item, as ``map``."""
+        return group([self.s(*item) for item in it], app=self.app)
+
+    def chunks(self, it: Iterable[Any], n: int) -> NoReturn:
+        """Refused: a chunk's list is the answer of one task running several calls, and
+        every call of a lifecycle task is a run of its own; ``starmap`` gives the same
+        calls, answered as one flat list."""
+        del it, n
+        raise TypeError(f"{self.name}.chunks: every call of a lifecycle task is a run of its "
+                        "own, so there is no chunk to answer a list; use starmap (a group "
+                        "of the same calls)")  # fmt: skip
 
     def enqueue_in(
         self,

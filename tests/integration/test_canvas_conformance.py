@@ -99,6 +99,13 @@ def link_error(t: Tasks) -> Any:
     return t.result(errback).get(timeout=WAIT) == failing.id
 
 
+def map_and_starmap(t: Tasks) -> Any:
+    # Celery's user guide, Canvas: "map and starmap" (it returned None on lifecycle tasks).
+    mapped = t.tsum.map([[1, 2], [3, 4]]).apply_async().get(timeout=WAIT)
+    starred = t.add.starmap([(1, 2), (3, 4), (5, 6)]).delay().get(timeout=WAIT)
+    return [mapped, starred]
+
+
 PROGRAMS: dict[str, tuple[Callable[[Tasks], Any], Any]] = {
     "chain of 3": (chain_of_3, 10),
     "| with partial and immutable": (pipe_with_partial_and_immutable, [8, 10, 8]),
@@ -108,6 +115,7 @@ PROGRAMS: dict[str, tuple[Callable[[Tasks], Any], Any]] = {
     "group inside a chain": (group_inside_a_chain, 7),
     "link": (link, [4, 14]),
     "link_error": (link_error, True),
+    "map and starmap": (map_and_starmap, [[3, 7], [3, 7, 11]]),
 }
 
 
@@ -128,3 +136,8 @@ def test_canvas_programs_answer_as_on_bare_celery(db: Engine, redis_clean: None)
     # Every step was a journaled run of a workflow; only the failing one failed.
     assert all(row.workflow_id is not None for row in rows)
     assert sorted(row.state for row in rows if row.state != "succeeded") == ["failed"]
+
+
+def test_chunks_of_a_lifecycle_task_is_refused_at_the_call_in_one_line() -> None:
+    with pytest.raises(TypeError, match=r"^tests\.canvas\.add\.chunks: .* use starmap"):
+        canvas_tasks.add.chunks(zip(range(4), range(4), strict=True), 2)
