@@ -38,7 +38,9 @@ DEFAULT_CATCH_UP_SECONDS = 300.0
 # Slots one entry enqueues per tick: a long window of a fine schedule drains over ticks.
 SLOTS_PER_TICK = 500
 # Entry options a slot's job honours; anything else is refused when beat starts.
-OPTIONS = frozenset({"queue", "priority"})
+# ``catch_up``: enqueue every missed slot of the window, not only the latest (the default,
+# as Celery runs a missed entry once).
+OPTIONS = frozenset({"queue", "priority", "catch_up"})
 # How far back the admin looks for an entry's last slot, in slots and in time.
 LOOKBACK_SLOTS = 500
 LOOKBACK = timedelta(days=8)
@@ -138,8 +140,12 @@ class Periodic:
         return min((e.next_after(now) - now).total_seconds() for e in self.entries)
 
     def _run_entry(self, entry: PeriodicEntry, now: datetime) -> None:
+        catch_up = bool(entry.options.get("catch_up"))
         plan = slots.plan(entry.next_after, last=self._last.get(entry.name), now=now,
-                          window=self.window, limit=SLOTS_PER_TICK)  # fmt: skip
+                          window=self.window, limit=SLOTS_PER_TICK, catch_up=catch_up)  # fmt: skip
+        if plan.superseded:
+            log.info("periodic %s: %d missed slots run once, as the latest (set the entry's "
+                     "option catch_up=True to run each)", entry.name, plan.superseded)  # fmt: skip
         if plan.skipped:
             log.warning("periodic %s: slots from %s until %s are older than the catch-up "
                         "window (%s); skipped", entry.name, *plan.skipped, self.window)  # fmt: skip

@@ -8,6 +8,7 @@ one is skipped.
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -54,15 +55,24 @@ class Plan:
     due: tuple[datetime, ...]
     # (first skipped slot, start of the window): slots in between are never enqueued.
     skipped: tuple[datetime, datetime] | None = None
+    # Slots of the window passed over for a later one (an entry without catch-up).
+    superseded: int = 0
 
 
 def plan(
-    next_after: NextAfter, *, last: datetime | None, now: datetime, window: timedelta, limit: int
-) -> Plan:
+    next_after: NextAfter, *, last: datetime | None, now: datetime, window: timedelta, limit: int,
+    catch_up: bool = True,
+) -> Plan:  # fmt: skip
     """The slots to enqueue at ``now``: due in the window ``(now - window, now]`` and after
     ``last`` (the latest slot this beat enqueued while leading; None when it has not, e.g.
     it just took the lead: then every slot of the window, the journal answering duplicate
-    for those another beat enqueued). At most ``limit``; the rest come at the next tick."""
+    for those another beat enqueued). At most ``limit``; the rest come at the next tick.
+    Without ``catch_up`` (Celery's default: a missed entry runs once), only the latest of
+    those slots."""
+    if not catch_up:
+        # Every due slot is walked (the window bounds them), so the latest is the real one.
+        walked = plan(next_after, last=last, now=now, window=window, limit=sys.maxsize)
+        return _latest(walked)
     start = now - window
     skipped = None
     if last is not None:
@@ -76,6 +86,12 @@ def plan(
         due.append(slot)
         slot = next_after(slot)
     return Plan(tuple(due), skipped)
+
+
+def _latest(caught_up: Plan) -> Plan:
+    """A plan of every due slot, cut to its latest: the rest are superseded by it."""
+    due = caught_up.due
+    return Plan(due[-1:], caught_up.skipped, superseded=max(len(due) - 1, 0))
 
 
 def recent(next_after: NextAfter, *, now: datetime, span: timedelta, limit: int) -> list[datetime]:

@@ -24,7 +24,8 @@ from tests.support.env import service
 from tests.support.journal_view import transitions
 
 ENTRY = "tests-hourly-report"
-HOURLY = {"task": "tests.echo", "schedule": timedelta(hours=1), "kwargs": {"token": "report"}}
+HOURLY = {"task": "tests.echo", "schedule": timedelta(hours=1), "kwargs": {"token": "report"},
+          "options": {"catch_up": True}}  # fmt: skip
 # Two hours: the beat's first tick offers the slots of the last two hours.
 WINDOW = timedelta(hours=2)
 TOKEN = "periodic-page-token"
@@ -123,3 +124,19 @@ def test_the_overview_lists_a_periodic_entry_with_its_last_and_next_slot(
     assert str(slots.slot_job_id(ENTRY, last)) in table
     assert f"{upcoming:%Y-%m-%d %H:%M:%S}Z" in table
     assert "reaper" not in table  # plain Celery entries are beat's own business
+
+
+def test_without_catch_up_a_new_entry_runs_once_at_its_latest_slot(
+    db: Engine, redis_clean: None
+) -> None:
+    """Celery's default: the first beat start with a new entry sends it once, not once per
+    slot of the window (issue 36: a 30 s digest entry sent 10 mails at its first start)."""
+    plain = {**HOURLY, "options": {}}
+    entry = periodic.periodic_entry(app, ScheduleEntry(**dict(plain, name=ENTRY, app=app)))
+    assert entry is not None
+
+    periodic.Periodic(app, [entry], WINDOW).run_due(db)
+
+    latest = slots.recent(slots.every(timedelta(hours=1)), now=database_now(db), span=WINDOW,
+                          limit=1)  # fmt: skip
+    assert run_ids(db) == {slots.slot_job_id(ENTRY, latest[0])}

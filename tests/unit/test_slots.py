@@ -147,3 +147,26 @@ def test_recent_slots_are_the_latest_ones() -> None:
     found = slots.recent(EVERY_SECOND, now=at(10), span=timedelta(seconds=100), limit=3)
 
     assert found == [at(8), at(9), at(10)]
+
+
+# Without the entry's catch_up option, as Celery runs a missed entry: once, the latest.
+
+
+def latest(last: float | None, now: float) -> slots.Plan:
+    return slots.plan(EVERY_SECOND, last=None if last is None else at(last), now=at(now),
+                      window=WINDOW, limit=3, catch_up=False)  # fmt: skip
+
+
+def test_a_new_entry_runs_once_at_its_latest_slot_not_every_slot_of_the_window() -> None:
+    found = latest(last=None, now=20)
+    assert (found.due, found.superseded) == ((at(20),), 9)
+
+
+def test_missed_slots_run_once_as_the_latest_even_past_the_per_tick_bound() -> None:
+    found = latest(last=4, now=9.5)
+    assert (found.due, found.superseded, found.skipped) == ((at(9),), 4, None)
+
+
+def test_an_entry_on_time_runs_each_slot_without_catch_up_too() -> None:
+    assert latest(last=4, now=5.5).due == (at(5),)
+    assert latest(last=5, now=5.9).due == ()
