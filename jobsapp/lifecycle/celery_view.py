@@ -93,8 +93,11 @@ def _below(tb: TracebackType | None, entry: CodeType) -> TracebackType | None:
 
 def report(
     env: Envelope, ended: Ended | str, *, entry: CodeType, secrets: Sequence[str]
-) -> str:
+) -> Any:
     """The attempt's Celery result, or the exception that gives its task Flower's state.
+
+    A succeeded attempt's result is what the body returned: Flower's result column and
+    Celery's ``task-succeeded`` event carry it, as for any Celery task.
 
     A requeued attempt raises ``Retry`` (RETRY, acked, nothing re-sent: the journal already
     scheduled the next attempt, whose task id its note names); a failed one raises
@@ -112,6 +115,8 @@ def report(
         raise Retry(f"{label} requeued", exc=shown) from shown
     if ended.end is End.FAILED:
         raise _shown(ended, f"jobsapp: {env.module} {label} {ended.summary}", entry, secrets)
+    if ended.end is End.SUCCEEDED:
+        return ended.value
     return f"{label}: {ended.end.value}{': ' if ended.summary else ''}{ended.summary}"
 
 
@@ -191,6 +196,13 @@ class LifecycleRequest(Request):
     events that nobody asked for (they cost throughput)."""
 
     _eventer: Any  # set by Request.__init__; celery's stubs leave it out
+
+    def send_event(self, type: str, **fields: Any) -> None:
+        """Every event but Celery's own ``task-started``: the attempt sends its one
+        ``task-started`` once its claim holds, with the user's call (``send_started``);
+        a second, with the envelope as arguments, counted each attempt twice."""
+        if type != "task-started":
+            super().send_event(type, **fields)
 
     @property
     def request_dict(self) -> dict[str, Any]:

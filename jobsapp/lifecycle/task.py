@@ -496,7 +496,7 @@ canvas.install()
 _BODY_CALL = LifecycleTask._call_body.__code__
 
 
-def _report(env: message.Envelope, ended: Ended | str) -> str:
+def _report(env: message.Envelope, ended: Ended | str) -> Any:
     """The attempt's Celery result or exception (``celery_view.report``), its traceback
     starting below the body's call."""
     return report(env, ended, entry=_BODY_CALL, secrets=_process_secrets())

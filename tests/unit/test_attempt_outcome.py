@@ -106,5 +106,7 @@ def test_a_failed_attempt_raises_its_scrubbed_error_and_others_say_what_happened
     env = _envelope(1)
     with pytest.raises(AttemptFailed, match="exhausted: ValueError: boom"):
         _report(env, Ended(End.FAILED, "exhausted: ValueError: boom"))
-    assert _report(env, Ended(End.SUCCEEDED)) == f"job {env.job_id} attempt 1: succeeded"
+    assert _report(env, Ended(End.SUCCEEDED, value={"total": 3})) == {"total": 3}
+    lost = _report(env, Ended(End.LEASE_LOST, "finish refused"))
+    assert lost.endswith("lease lost: finish refused")
     assert _report(env, "not run: the job is already terminal").startswith("not run")
