@@ -11,17 +11,20 @@ as a producer does after its COMMIT; whatever that misses, the relay publishes.
 from __future__ import annotations
 
 import logging
+import socket
 import uuid
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from celery import Celery
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-from jobsapp.lifecycle import journal, outbox, registry
+from jobsapp.lifecycle import journal, outbox, publisher, registry
+from jobsapp.lifecycle.celery_view import send_task_event
 from jobsapp.lifecycle.journal import StaleRun
+from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.registry import RunTable, StalePolicy
 from jobsapp.maintenance import lease, relay
 from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget, for_pass
@@ -74,6 +77,8 @@ class _Batch:
     reaped: int
     requeued: list[tuple[uuid.UUID, int]]
     blocked: list[uuid.UUID]
+    # Each reaped run and what the reaper recorded of it, for Celery's task events.
+    ended: list[tuple[StaleRun, str]] = field(default_factory=list)
 
 
 def lock_refused(exc: OperationalError) -> bool:
@@ -118,7 +123,26 @@ def _reap_table(
             elif done:
                 reaped.append(run)
     requeued = [(r.job_id, r.attempt + 1) for r in reaped if should_requeue(r, spec)]
-    return _Batch(found=len(stale), reaped=len(reaped), requeued=requeued, blocked=blocked)
+    ended = [(r, reason_for(r, spec, cfg.stale_after)) for r in reaped]
+    return _Batch(found=len(stale), reaped=len(reaped), requeued=requeued, blocked=blocked,
+                  ended=ended)  # fmt: skip
+
+
+def _tell_celery(app: Celery, spec: RunTable, ended: list[tuple[StaleRun, str]]) -> None:
+    """Each reaped attempt's end as Celery's own task event (``task-retried`` when the job
+    was requeued, ``task-failed`` when it failed), so Flower shows the attempt of a killed
+    worker ended, not STARTED for good. A live view: a failed publish loses nothing."""
+    hostname = f"jobsapp-reaper@{socket.gethostname()}"
+    for run, reason in ended:
+        kind = "task-retried" if should_requeue(run, spec) else "task-failed"
+        said = f"WorkerLostError('{reason}')"
+        try:
+            send_task_event(app, kind, task_id_for(run.job_id, run.attempt), hostname,
+                            {"exception": said, "traceback": said})  # fmt: skip
+        except publisher.BROKER_ERRORS as down:
+            log.info("reaper: task event of job %s not sent: %s", run.job_id,
+                     type(down).__name__)  # fmt: skip
+            return
 
 
 def _reap_module(
@@ -139,6 +163,7 @@ def _reap_module(
         if app is not None:
             published += relay.publish_rows(app, engine, spec, batch.requeued,
                                              unclaimed_after=cfg.unclaimed_after)  # fmt: skip
+            _tell_celery(app, spec, batch.ended)
         # Count what was found, not reaped: a row another reaper took meanwhile
         # still means the backlog may go on.
         if batch.found < cfg.batch or not budget.allows_more():

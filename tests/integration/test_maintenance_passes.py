@@ -13,6 +13,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -742,3 +743,49 @@ def test_the_sweep_pages_through_the_queued_runs_and_wraps_around(
     repaired = [relay.repair_missing(db, JOBS, small).done for _ in range(4)]
     assert repaired == [1, 1, 0, 0]
     assert all(len(outbox_rows(db, job_id)) == 1 for job_id in ids)
+
+
+@contextmanager
+def celery_events(app: Celery) -> Iterator[list[dict[str, Any]]]:
+    """Celery's task events on ``app``'s broker, as Flower receives them, from the moment
+    the receiver is known to listen."""
+    seen: list[dict[str, Any]] = []
+    with app.connection_for_read() as conn:
+        receiver = app.events.Receiver(conn, handlers={"*": seen.append})
+        listening = threading.Thread(target=receiver.capture, kwargs={"wakeup": False},
+                                     daemon=True)  # fmt: skip
+        listening.start()
+        probe = str(uuid.uuid4())
+        with app.events.default_dispatcher() as dispatcher:
+
+            def heard() -> bool:
+                dispatcher.send("task-sent", uuid=probe)
+                return any(e.get("uuid") == probe for e in seen)
+
+            eventually(heard, timeout=20, interval=0.2)
+        try:
+            yield seen
+        finally:
+            receiver.should_stop = True
+            listening.join(timeout=10)
+
+
+def test_the_reaper_tells_celery_each_reaped_attempt_ended(
+    db: Engine, relay_app: Celery
+) -> None:
+    """Flower showed a killed worker's attempt STARTED for good: the journal ended it, but
+    no Celery event said so. The reaper now sends the attempt's own task event."""
+    dead = start(db, at=ago(120))
+    spent = start(db, at=ago(120), max_attempts=1)
+    with celery_events(relay_app) as seen:
+        reaper.run_once(db, REAPER, relay_app)
+
+        def ended(job_id: uuid.UUID) -> dict[str, Any] | None:
+            task_id = task_id_for(job_id, 1)
+            found = [e for e in seen if e["uuid"] == task_id and e["type"] != "task-sent"]
+            return found[0] if found else None
+
+        retried, failed = eventually(lambda: ended(dead)), eventually(lambda: ended(spent))
+    assert retried["type"] == "task-retried"
+    assert failed["type"] == "task-failed"
+    assert "the worker died or froze" in failed["exception"]
