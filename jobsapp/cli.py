@@ -234,7 +234,8 @@ def replay(args: argparse.Namespace) -> int:
     from jobsapp.db import get_engine
 
     def act() -> str:
-        done = operator.replay(get_engine(), args.module, args.job_id, actor=_actor(args),
+        module = args.module or operator.module_of(get_engine(), args.job_id)
+        done = operator.replay(get_engine(), module, args.job_id, actor=_actor(args),
                                reason=args.reason)  # fmt: skip
         return (f"replayed {done.module} job {done.job_id}: attempt {done.attempt} queued, "
                 f"{done.then}")
@@ -247,7 +248,8 @@ def cancel(args: argparse.Namespace) -> int:
     from jobsapp.db import get_engine
 
     def act() -> str:
-        done = operator.cancel(get_engine(), args.module, args.job_id, actor=_actor(args),
+        module = args.module or operator.module_of(get_engine(), args.job_id)
+        done = operator.cancel(get_engine(), module, args.job_id, actor=_actor(args),
                                reason=args.reason, terminate=args.terminate)  # fmt: skip
         if not done.running:
             return f"cancelled {done.module} job {done.job_id}"
@@ -326,12 +328,13 @@ def _add_operator_commands(sub: Any) -> None:
     show.add_argument("--workflow", type=uuid.UUID, help="the steps of this workflow instead")
     show.set_defaults(handler=summary)
     for name, handler, what in (
-        ("replay", replay, "failed -> queued, a new attempt"),
+        ("replay", replay, "failed -> queued, one new attempt (replay again for another)"),
         ("cancel", cancel, "queued -> failed/cancelled; a running job is asked to stop"),
     ):
         action = sub.add_parser(name, help=f"{what}; leaves an audit row")
         action.add_argument("job_id", type=uuid.UUID, help="the job's id")
-        action.add_argument("--module", required=True, help="its run table (jobs, attachments)")
+        action.add_argument("--module", help="its run table (jobs, attachments, ...); by "
+                            "default the one that holds the job id")  # fmt: skip
         action.add_argument("--reason", required=True, help="why, for the audit row")
         action.add_argument("--actor", help="who acts (default: $USER), as operator:<actor>")
         action.set_defaults(handler=handler)

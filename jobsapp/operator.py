@@ -62,6 +62,10 @@ class Refused(Exception):
         self.holder = holder
 
 
+# The attempts a replay grants unless its caller says otherwise.
+REPLAY_BUDGET = 1
+
+
 class NotFound(Refused):
     """No run table for the module, or no such job in it."""
 
@@ -151,7 +155,20 @@ def run_table(module: str) -> RunTable:
     try:
         return registry.get(module)
     except KeyError:
-        raise NotFound("unknown_module", f"no run table is registered for {module!r}") from None
+        known = ", ".join(sorted(t.module for t in registry.all_tables()))
+        said = f"no run table is registered for {module!r} (known: {known})"
+        raise NotFound("unknown_module", said) from None
+
+
+def module_of(engine: Engine, job_id: uuid.UUID) -> str:
+    """The run table that holds ``job_id`` (job ids are UUIDs: at most one does)."""
+    tables = list(registry.all_tables())
+    with engine.connect() as conn:
+        for spec in tables:
+            if journal.load(conn, spec, job_id) is not None:
+                return spec.module
+    known = ", ".join(sorted(t.module for t in tables))
+    raise NotFound("unknown_job", f"no job {job_id} in any run table ({known})")
 
 
 # ---------------------------------------------------------------------------- replay
@@ -163,15 +180,17 @@ def replay(
 ) -> ReplayResult:  # fmt: skip
     """failed -> queued as a new attempt of the same job, then publish its message.
 
-    ``budget``: attempts the replay may use; by default what the task declares (its
-    ``max_attempts``), as a fresh enqueue would get.
+    ``budget``: attempts the replay may use; by default **one** (Oban's and River's retry
+    of a discarded job grant one too): the button, the API and the CLI all say "a new
+    attempt", and the answer comes from the journal alone, the same from a process that
+    imported the task modules or not. Replay again for another.
     """
     spec, who, why = run_table(module), operator_actor(actor), checked_reason(reason)
     app = app or _default_app()
     # Before the transaction: importing task modules must not hold SQLite's write lock.
     _import_tasks(app)
     with engine.begin() as conn:
-        reopened = _reopen(conn, spec, job_id, who, why, lambda run: budget or _budget(app, run))
+        reopened = _reopen(conn, spec, job_id, who, why, lambda _run: budget or REPLAY_BUDGET)
     if reopened.message is None:
         return ReplayResult(spec.module, job_id, reopened.attempt, False, waiting=True)
     message = journal.on_local_clock(reopened.message, timedelta(0))
@@ -369,12 +388,6 @@ def _default_app() -> Celery:
     from jobsapp.celery_app import app
 
     return app
-
-
-def _budget(app: Celery, run: Mapping[str, Any]) -> int:
-    declared = getattr(app.tasks.get(run["task_name"]), "max_attempts", None)
-    # A task this process does not know gets one attempt: the operator can replay again.
-    return declared if isinstance(declared, int) and declared >= 1 else 1
 
 
 @cache

@@ -77,6 +77,26 @@ def test_replay_and_cancel_act_on_an_attachment_job(
     ]  # fmt: skip
 
 
+def test_a_replay_from_a_shell_without_the_task_modules_grants_one_attempt_found_by_id(
+    db: Engine, database_url: str, tmp_path: Path
+) -> None:
+    """Issue 36: the same replay granted 5/5 from such a shell and a fresh budget from the
+    console; now one attempt from everywhere, and the job id alone names the job."""
+    doomed = failed_job(db, ATTACHMENT_RUNS, queued_attachment_job(db))
+
+    replayed = jobsapp(database_url, tmp_path, "replay", str(doomed), "--reason", "once more")
+    unknown = jobsapp(database_url, tmp_path, "replay", str(doomed), "--module", "billing",
+                      "--reason", "x")  # fmt: skip
+
+    assert replayed.returncode == 0, replayed.stderr
+    with db.connect() as conn:
+        row = journal.load(conn, ATTACHMENT_RUNS, doomed)
+    assert row is not None
+    assert (row["state"], row["attempts"], row["max_attempts"]) == ("queued", 1, 2)
+    assert unknown.returncode == 1
+    assert "no run table is registered for 'billing' (known: attachments, jobs" in unknown.stderr
+
+
 def test_reconcile_and_summary_report_every_domain(
     db: Engine, database_url: str, tmp_path: Path
 ) -> None:

@@ -221,8 +221,8 @@ def test_replay_of_a_failed_job_is_a_new_attempt_with_an_audit_row(
     assert (row["state"], row["outcome"], row["attempts"], row["finished_at"]) == (
         "queued", None, 1, None,
     )  # fmt: skip
-    # tests.doomed declares 2 attempts: the replay gets them on top of the one spent.
-    assert row["max_attempts"] == 3
+    # One new attempt on top of the one spent, whatever the task declares (2 here).
+    assert row["max_attempts"] == 2
     audit = events(db, job_id)[-1]
     assert (audit["transition"], audit["from_state"], audit["to_state"]) == (
         "replay", "failed", "queued",
@@ -441,6 +441,20 @@ def test_cli_summary_prints_a_table_and_json(
     assert cli.main(["summary", "--json"]) == 0
     (shown,) = json.loads(capsys.readouterr().out)
     assert (shown["job_id"], shown["state"], shown["module"]) == (str(job_id), "failed", "jobs")
+
+
+def test_the_cli_finds_the_job_by_its_id_and_a_replay_grants_one_attempt(
+    db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = failed_job(db)
+
+    assert cli.main(["replay", str(job_id), "--reason", "upstream fixed"]) == 0
+
+    assert f"replayed jobs job {job_id}: attempt 2 queued" in capsys.readouterr().out
+    row = run_row(db, job_id)
+    assert (row["state"], row["attempts"], row["max_attempts"]) == ("queued", 1, 2)
+    assert cli.main(["cancel", str(uuid.uuid4()), "--reason", "gone"]) == 1
+    assert "no job " in capsys.readouterr().err
 
 
 def test_cli_cancel_and_a_refused_replay(
