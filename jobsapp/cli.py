@@ -323,7 +323,8 @@ def _add_operator_commands(sub: Any) -> None:
                       help="only this state (repeatable)")  # fmt: skip
     show.add_argument("--module", help="only this run table (jobs, attachments, ...)")
     show.add_argument("--attachment", type=uuid.UUID, help="only the jobs of this attachment")
-    show.add_argument("--limit", type=int, default=100)
+    show.add_argument("--limit", type=int, default=100,
+                      help="list at most this many jobs (default 100); counts cover all")
     show.add_argument("--json", action="store_true", help="JSON instead of a table")
     show.add_argument("--workflow", type=uuid.UUID, help="the steps of this workflow instead")
     show.set_defaults(handler=summary)
@@ -360,8 +361,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     leader.set_defaults(handler=maintenance_leader)
     serve = sub.add_parser("web", help="serve the HTTP API (development server)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="the address to listen on (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
     serve.set_defaults(handler=web)
     show = sub.add_parser("demo", help="the whole flow on the embedded default, no server")
     show.add_argument("--timeout", type=float, default=90.0, help="seconds to reach ready")

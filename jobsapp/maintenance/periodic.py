@@ -87,6 +87,24 @@ def _timing(name: str, task: str, when: BaseSchedule | None) -> tuple[NextAfter,
                      f"{when!r} is not an interval or a crontab")  # fmt: skip
 
 
+_UNITS = ((86400, "day"), (3600, "h"), (60, "min"), (1, "s"))
+
+
+def described(when: BaseSchedule | None) -> str:
+    """A schedule as an operator reads it: ``every 30 s``, ``every 5 min``, ``crontab 0 2
+    * * *`` (minute hour day month weekday), instead of Celery's ``<freq: 30.00 seconds>``."""
+    if type(when) is schedule:
+        seconds = when.seconds
+        for size, unit in _UNITS:
+            if seconds >= size and seconds % size == 0:
+                return f"every {seconds // size:g} {unit}"
+        return f"every {seconds:g} s"
+    if type(when) is crontab:
+        fields = repr(when).removeprefix("<crontab: ").split(" (", 1)[0]
+        return f"crontab {fields}"
+    return str(when)
+
+
 def periodic_entry(app: Celery, entry: ScheduleEntry) -> PeriodicEntry | None:
     """``entry`` as a periodic lifecycle entry; None if its task is not a lifecycle task
     (Celery sends it as usual). ValueError for what its slots cannot honour."""
@@ -100,7 +118,7 @@ def periodic_entry(app: Celery, entry: ScheduleEntry) -> PeriodicEntry | None:
                          f"{sorted(OPTIONS)}, not {unknown}")  # fmt: skip
     next_after, grain = _timing(name, task.name, entry.schedule)
     return PeriodicEntry(name, task, tuple(entry.args or ()), dict(entry.kwargs or {}), options,
-                         str(entry.schedule), next_after, grain)  # fmt: skip
+                         described(entry.schedule), next_after, grain)  # fmt: skip
 
 
 def enqueue_slot(app: Celery, entry: PeriodicEntry, due: datetime, window: timedelta) -> JobHandle:
@@ -202,7 +220,7 @@ def _view(
     try:
         found = periodic_entry(app, entry)
     except ValueError as refused:
-        return EntryView(name, str(entry.task), str(entry.schedule), problem=str(refused))
+        return EntryView(name, str(entry.task), described(entry.schedule), problem=str(refused))
     if found is None:
         return None
     return EntryView(name, found.task.name, found.schedule, last_slot(conn, found, now),

@@ -29,7 +29,7 @@ from jobsapp.lifecycle import tracing
 from jobsapp.lifecycle.message import TRACE_HEADERS
 from jobsapp.monitor import browse
 from jobsapp.settings import SettingsError
-from jobsapp.web import admin, schemas
+from jobsapp.web import admin, schemas, ui
 from jobsapp.web.health import health
 from jobsapp.web.multipart import FormLimits, missing_file, read_file
 from jobsapp.web.openapi import Answer, create_openapi_app, errors, json_answer, openapi_document
@@ -283,6 +283,8 @@ def _http_error(exc: HTTPException) -> ResponseReturnValue:
                   f"{limits.max_bytes + MULTIPART_OVERHEAD} bytes: a file of at most "
                   f"{limits.max_bytes} bytes and its form.")  # fmt: skip
         return error_response(413, "too_large", reason)
+    if status == 404 and (page := ui.not_found_page(request.path)) is not None:
+        return page
     code = (exc.name or "error").lower().replace(" ", "_")
     response, _ = error_response(status, code, exc.description or exc.name)
     # 405 must still say which methods the route takes.

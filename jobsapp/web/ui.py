@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from flask import Response, flash, redirect, render_template, request, url_for
+from flask import Response, current_app, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_openapi3.blueprint import APIBlueprint
 from flask_openapi3.models.tag import Tag
@@ -31,6 +31,7 @@ from flask_openapi3.openapi import OpenAPI
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.datastructures import MultiDict
+from werkzeug.exceptions import HTTPException
 
 from jobsapp import flow_control, operator
 from jobsapp.attachments import service
@@ -132,6 +133,23 @@ def _form_route(
 def init_app(app: OpenAPI) -> None:
     auth.init_app(app)
     app.register_api(ui)
+
+
+def not_found_page(path: str) -> Response | None:
+    """What an ``/admin/...`` URL with no page answers, instead of the API's JSON 404: a
+    trailing slash goes to the page without it (``/admin/`` is the overview); any other is
+    the console's own 404 page, with its menu. None: not a console URL."""
+    if not path.startswith("/admin/"):
+        return None
+    trimmed = path.rstrip("/") or "/admin"
+    try:
+        current_app.url_map.bind("").match(trimmed, method="GET")
+    except HTTPException:
+        message = f"No page at {path}. The pages are in the menu above."
+        html = render_template("admin/error.html", layout="admin/base.html", live=0, code=404,
+                               message=message, **_helpers())  # fmt: skip
+        return Response(html, 404, headers=_PAGE_HEADERS, mimetype="text/html")
+    return redirect(trimmed, code=308)  # type: ignore[return-value]
 
 
 def _page(template: str, status: int = 200, *, live: bool = False, **context: Any) -> Response:

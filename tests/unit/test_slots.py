@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from celery.beat import ScheduleEntry
@@ -170,3 +171,14 @@ def test_missed_slots_run_once_as_the_latest_even_past_the_per_tick_bound() -> N
 def test_an_entry_on_time_runs_each_slot_without_catch_up_too() -> None:
     assert latest(last=4, now=5.5).due == (at(5),)
     assert latest(last=5, now=5.9).due == ()
+
+
+@pytest.mark.parametrize(
+    ("when", "said"),
+    [(schedule(timedelta(seconds=30)), "every 30 s"), (schedule(300), "every 5 min"),
+     (schedule(7200), "every 2 h"), (schedule(1.5), "every 1.5 s"),
+     (crontab(hour=2, minute=0), "crontab 0 2 * * *")],
+    ids=["seconds", "minutes", "hours", "fraction", "crontab"],
+)  # fmt: skip
+def test_a_schedule_reads_as_an_operator_says_it(when: Any, said: str) -> None:
+    assert periodic.described(when) == said

@@ -1,0 +1,24 @@
+"""Console URLs a person types: ``/admin/`` with its slash is the overview, and an
+``/admin/...`` path with no page answers the console's own 404 page, not the API's JSON
+(issue 36); the API keeps its JSON 404."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine
+
+from jobsapp.web.app import create_app
+from tests.support.attachments import environment
+
+
+def test_admin_urls_answer_pages_and_the_api_keeps_json(db: Engine) -> None:
+    with environment(JOBSAPP_ADMIN_TOKEN="a-token-long-enough-for-the-console-1234"):
+        client = create_app().test_client()
+        slash = client.get("/admin/")
+        missing = client.get("/admin/workflows")
+        api = client.get("/v1/admin/nope")
+
+    assert (slash.status_code, slash.headers["Location"]) == (308, "/admin")
+    assert missing.status_code == 404
+    assert missing.mimetype == "text/html"
+    assert "No page at /admin/workflows" in missing.get_data(as_text=True)
+    assert (api.status_code, api.mimetype) == (404, "application/json")
