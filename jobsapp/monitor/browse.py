@@ -307,7 +307,9 @@ def _matching(spec: RunTable, wanted: JobFilter, now: datetime) -> list[ColumnEl
     table = spec.table
     where: list[ColumnElement[bool]] = [table.c.state.in_(wanted.states)]
     if wanted.task:
-        where.append(table.c.task_name == wanted.task)
+        # A prefix, as an operator types it ("billing." for every billing task); LIKE's
+        # wildcards in it are literal.
+        where.append(table.c.task_name.startswith(wanted.task, autoescape=True))
     if wanted.min_age is not None:
         where.append(table.c.updated_at <= now - timedelta(seconds=wanted.min_age))
     if wanted.max_age is not None:

@@ -42,6 +42,9 @@ def test_each_filter_narrows_the_list(db: Engine) -> None:
     assert ids(db, JobFilter(states=("failed",))) == [failed]
     assert ids(db, JobFilter(module="attachments")) == [attachment_job]
     assert set(ids(db, JobFilter(task="tests.doomed"))) == {failed, done, old}
+    # A prefix finds every task under it (issue 36: exact names only); % is no wildcard.
+    assert set(ids(db, JobFilter(task="tests.doo"))) == {failed, done, old}
+    assert ids(db, JobFilter(task="tests.%")) == []
     assert ids(db, JobFilter(min_age=3600)) == [old]
     assert old not in ids(db, JobFilter(max_age=3600))
     assert ids(db, JobFilter(text="NEVER works")) == [failed]
