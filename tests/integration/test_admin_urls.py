@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy import Engine
 
 from jobsapp.web.app import create_app
@@ -22,3 +24,14 @@ def test_admin_urls_answer_pages_and_the_api_keeps_json(db: Engine) -> None:
     assert missing.mimetype == "text/html"
     assert "No page at /admin/workflows" in missing.get_data(as_text=True)
     assert (api.status_code, api.mimetype) == (404, "application/json")
+
+
+def test_the_throughput_chart_has_a_time_axis(db: Engine) -> None:
+    token = "a-token-long-enough-for-the-console-1234"
+    with environment(JOBSAPP_ADMIN_TOKEN=token):
+        client = create_app().test_client()
+        page = client.get("/admin/charts?window=hour", headers={"Authorization": f"Bearer {token}"})
+
+    assert page.status_code == 200, page.get_data(as_text=True)[:500]
+    axis = page.get_data(as_text=True).split('<g class="time-axis">', 1)[1].split("</g>", 1)[0]
+    assert len(re.findall(r">\d\d:\d\d</text>", axis)) >= 5
