@@ -239,6 +239,7 @@ class Run:
         self.env = {
             **os.environ, "PYTHONPATH": str(ROOT), "JOBSAPP_DATABASE_URL": instance.pg_url("bench"),
             "JOBSAPP_BROKER_URL": broker.redis_url(5), "JOBSAPP_REDIS_URL": broker.redis_url(9),
+            "JOBSAPP_STORAGE_URL": f"file://{ROOT}/var/bench/storage",
             "JOBSAPP_IMPORTS": "bench.lifecycle_tasks", "BENCH_COUNTER_URL": broker.redis_url(6),
             "BENCH_NAIVE_DSN": dsn, "BENCH_PEER_DSN": dsn, **(events or OFF).env(),
             **(SYSTEMS[system].env or {}),

@@ -65,6 +65,7 @@ def environment(instance: Instance, source: Path, database: str) -> dict[str, st
         **{k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")},
         "PYTHONPATH": str(source), "JOBSAPP_DATABASE_URL": instance.pg_url(database),
         "JOBSAPP_BROKER_URL": instance.redis_url(BROKER_DB),
+        "JOBSAPP_STORAGE_URL": f"file://{source}/var/bench/storage",
         "JOBSAPP_REDIS_URL": instance.redis_url(DEDUP_DB),
         "JOBSAPP_IMPORTS": "bench.lifecycle_tasks",
         "BENCH_COUNTER_URL": instance.redis_url(COUNTER_DB),

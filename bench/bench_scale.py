@@ -101,6 +101,7 @@ class Phase:
             **os.environ, "PYTHONPATH": str(ROOT),
             "JOBSAPP_DATABASE_URL": instance.pgbouncer_url(DB_NAME),
             "JOBSAPP_BROKER_URL": instance.amqp_url if on_rabbitmq else instance.redis_url(10),
+            "JOBSAPP_STORAGE_URL": f"file://{ROOT}/var/bench/storage",
             "JOBSAPP_REDIS_URL": instance.redis_url(11), "JOBSAPP_IMPORTS": "bench.scale_tasks",
             "BENCH_COUNTER_URL": instance.redis_url(12), "BENCH_QUORUM": str(int(on_rabbitmq)),
             "JOBSAPP_BEAT_LEASE_SECONDS": "5",
@@ -209,7 +210,8 @@ def migrated_template(instance: Instance) -> None:
     _admin(instance, f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
     _admin(instance, f'CREATE DATABASE "{TEMPLATE}"')
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JOBSAPP_DATABASE_URL": instance.pg_url(TEMPLATE),
-           "JOBSAPP_BROKER_URL": "memory://"}  # fmt: skip
+           "JOBSAPP_BROKER_URL": "memory://",
+           "JOBSAPP_STORAGE_URL": f"file://{ROOT}/var/bench/storage"}  # fmt: skip
     subprocess.run([str(BIN / "jobsapp"), "db", "upgrade"], env=env, cwd=ROOT, check=True,
                    capture_output=True)  # fmt: skip
 

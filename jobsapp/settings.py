@@ -51,11 +51,12 @@ TOOL_PREFIXES = (
     "JOBSAPP_S3_REGION", "JOBSAPP_AMQP_PORT", "JOBSAPP_EPMD_PORT", "JOBSAPP_RABBITMQ_",
     "JOBSAPP_WEED_", "JOBSAPP_SOAK_", "JOBSAPP_SCREENSHOTS",
 )  # fmt: skip
-# Set one and the other must be set: the embedded default is for a machine with neither
-# set, never a fallback beside a server (a worker on filesystem:// sharing a Postgres
-# journal would never see what the producers publish). Storage is not in the pair: beat,
-# the web console and a worker of other domains never touch it (docs/operators.md).
-SERVER_NAMES = ("JOBSAPP_DATABASE_URL", "JOBSAPP_BROKER_URL")
+# Set one and every one must be set: the embedded default is for a machine with none set,
+# never a fallback beside a server (a worker on filesystem:// sharing a Postgres journal
+# would never see what the producers publish; uploads kept in one host's ./var/storage
+# would never reach the others). A local value may still be named: sqlite:///...,
+# filesystem://, file:///....
+SERVER_NAMES = ("JOBSAPP_DATABASE_URL", "JOBSAPP_BROKER_URL", "JOBSAPP_STORAGE_URL")
 _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "pyamqp", "memory")
 _MIB = 1024 * 1024
 DEFAULT_IMAGE_MEMORY_BUDGET_MB = 512
@@ -211,8 +212,10 @@ def servers_half_set(env: Mapping[str, str]) -> str | None:
     missing = [name for name in SERVER_NAMES if name not in given]
     if not given or not missing:
         return None
-    return (f"{', '.join(missing)} is not set while {', '.join(given)} is: set both, "
-            "or neither for the embedded default")  # fmt: skip
+    verb = ("is", "are")
+    return (f"{' and '.join(missing)} {verb[len(missing) > 1]} not set while "
+            f"{' and '.join(given)} {verb[len(given) > 1]}: set all of "
+            f"{', '.join(SERVER_NAMES)}, or none for the embedded default")  # fmt: skip
 
 
 def _imports(env: Mapping[str, str]) -> tuple[str, ...]:

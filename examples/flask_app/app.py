@@ -4,7 +4,8 @@
 by the session's after-commit hook); ``POST /uploads/transaction`` uses
 ``jobsapp.lifecycle.enqueue.transaction`` (a Core connection, published after its COMMIT).
 
-    JOBSAPP_DATABASE_URL=postgresql+psycopg2://... flask --app examples.flask_app.app run
+    JOBSAPP_DATABASE_URL=postgresql+psycopg2://... JOBSAPP_BROKER_URL=redis://... \
+    JOBSAPP_STORAGE_URL=s3://bucket/prefix flask --app examples.flask_app.app run
 """
 
 from __future__ import annotations

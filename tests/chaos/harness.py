@@ -300,7 +300,8 @@ def migrate(url: str) -> None:
     """``jobsapp db upgrade`` in a process of its own (it leaves no pooled connection)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
     done = subprocess.run([str(BIN / "jobsapp"), "db", "upgrade"], cwd=ROOT,
-                          env={**env, "JOBSAPP_DATABASE_URL": url, "JOBSAPP_BROKER_URL": "memory://"},
+                          env={**env, "JOBSAPP_DATABASE_URL": url, "JOBSAPP_BROKER_URL": "memory://",
+                               "JOBSAPP_STORAGE_URL": f"file://{ROOT}/var/storage-unused"},
                           capture_output=True,
                           text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

@@ -55,6 +55,7 @@ def service_env(
         "JOBSAPP_REDIS_URL": broker_url,
         "JOBSAPP_IMPORTS": "tests.support.tasks",
         "JOBSAPP_VAR_DIR": str(var_dir),
+        "JOBSAPP_STORAGE_URL": f"file://{var_dir / 'storage'}",
         **settings,
     }
 

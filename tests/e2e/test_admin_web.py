@@ -64,6 +64,7 @@ def operator_env(
         "JOBSAPP_VAR_DIR": str(tmp_path_factory.mktemp(f"{database}-var")),
         "JOBSAPP_DATABASE_URL": db_url,
         "JOBSAPP_BROKER_URL": redis_url,
+        "JOBSAPP_STORAGE_URL": f"file://{tmp_path_factory.mktemp(f'{database}-objects')}",
         "JOBSAPP_REDIS_URL": redis_url,
         "JOBSAPP_TEST_REDIS_URL": redis_url,
         "JOBSAPP_IMPORTS": "tests.support.tasks",

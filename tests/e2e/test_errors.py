@@ -301,7 +301,7 @@ BAD_SETTINGS = {
              "did you mean JOBSAPP_BROKER_URL?"),
     "broker missing": ({"JOBSAPP_BROKER_URL": ""},
                        "jobsapp: configuration error: JOBSAPP_BROKER_URL is not set while "
-                       "JOBSAPP_DATABASE_URL is"),
+                       "JOBSAPP_DATABASE_URL and JOBSAPP_STORAGE_URL are"),
     "imports": ({"JOBSAPP_IMPORTS": "myapp.taskz"},
                 "jobsapp: configuration error: JOBSAPP_IMPORTS names myapp.taskz, which cannot "
                 "be imported (No module named 'myapp')"),

@@ -50,6 +50,7 @@ def jobsapp(database_url: str, tmp_path: Path, *args: str) -> subprocess.Complet
     # Only what a shell of an operator holds: no JOBSAPP_IMPORTS, nothing imported ahead.
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
     env |= {"JOBSAPP_DATABASE_URL": database_url, "JOBSAPP_BROKER_URL": "memory://",
+            "JOBSAPP_STORAGE_URL": f"file://{tmp_path / 'objects'}",
             "JOBSAPP_VAR_DIR": str(tmp_path / "var"), "USER": "dana"}  # fmt: skip
     return subprocess.run([str(BIN / "jobsapp"), *args], cwd=tmp_path, env=env, text=True,
                           capture_output=True, timeout=120, check=False)  # fmt: skip

@@ -142,6 +142,7 @@ def test_two_replicas_behind_one_scrape_count_the_journal_once(
     run_jobs(db, succeed=3, fail=1, waiting=2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
     env |= {"JOBSAPP_DATABASE_URL": database, "JOBSAPP_BROKER_URL": "memory://",
+            "JOBSAPP_STORAGE_URL": f"file://{tmp_path / 'objects'}",
             "JOBSAPP_VAR_DIR": str(tmp_path / "var"),
             "JOBSAPP_IMPORTS": "tests.support.tasks", "JOBSAPP_METRICS_TOKEN": SCRAPER}  # fmt: skip
     with ExitStack() as stack:

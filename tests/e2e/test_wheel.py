@@ -105,7 +105,8 @@ def test_installed_wheel_migrates_postgres_from_an_unrelated_folder(
 ) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = _bare_env(installed, JOBSAPP_DATABASE_URL=database_url, JOBSAPP_BROKER_URL="memory://")
+    env = _bare_env(installed, JOBSAPP_DATABASE_URL=database_url, JOBSAPP_BROKER_URL="memory://",
+                    JOBSAPP_STORAGE_URL=f"file://{tmp_path / 'objects'}")  # fmt: skip
     out = _run([str(installed / "jobsapp"), "db", "upgrade"], cwd=elsewhere, env=env)
     assert "database at head" in out
     engine = create_engine(database_url)

@@ -66,6 +66,7 @@ def configure_process_env() -> None:
         "JOBSAPP_DATABASE_URL": os.environ.get("JOBSAPP_TEST_DATABASE_URL")
         or f"sqlite:///{VAR_DIR}/jobsapp.db",
         "JOBSAPP_BROKER_URL": redis_url or "memory://",
+        "JOBSAPP_STORAGE_URL": f"file://{VAR_DIR}/storage",
         "JOBSAPP_REDIS_URL": redis_url or "",
         "JOBSAPP_IMPORTS": "tests.support.tasks",
         "JOBSAPP_HEARTBEAT_INTERVAL": "0.5",

@@ -207,17 +207,22 @@ def test_the_test_suites_and_scripts_names_are_not_settings_and_pass() -> None:
     assert load_settings({**SERVERS, **tools}).broker_url == SERVERS["JOBSAPP_BROKER_URL"]
 
 
-@pytest.mark.parametrize("missing", ["JOBSAPP_DATABASE_URL", "JOBSAPP_BROKER_URL"])
-def test_a_database_or_broker_url_missing_beside_the_other_is_refused(missing: str) -> None:
+@pytest.mark.parametrize("missing", sorted(SERVERS))
+def test_one_server_url_missing_beside_the_others_is_refused(missing: str) -> None:
     env = {name: url for name, url in SERVERS.items() if name != missing}
-    with pytest.raises(SettingsError, match=f"^{missing} is not set while "):
+    with pytest.raises(SettingsError, match=f"^{missing} is not set while .* are: set all"):
         load_settings(env)
 
 
-def test_storage_may_stay_the_local_folder_beside_servers() -> None:
-    env = {k: v for k, v in SERVERS.items() if k != "JOBSAPP_STORAGE_URL"}
-    settings = load_settings({**env, "JOBSAPP_VAR_DIR": str(VAR)})
-    assert settings.storage_url == f"file://{VAR / 'storage'}"
+def test_a_database_url_alone_does_not_fall_back_to_the_embedded_broker_and_storage() -> None:
+    with pytest.raises(SettingsError, match=r"^JOBSAPP_BROKER_URL and JOBSAPP_STORAGE_URL are not"):
+        load_settings({"JOBSAPP_DATABASE_URL": SERVERS["JOBSAPP_DATABASE_URL"]})
+
+
+def test_local_values_may_be_named_beside_each_other() -> None:
+    local = {"JOBSAPP_DATABASE_URL": "sqlite:///x.db", "JOBSAPP_BROKER_URL": "filesystem://",
+             "JOBSAPP_STORAGE_URL": "file:///srv/objects"}  # fmt: skip
+    assert load_settings(local).storage_url == "file:///srv/objects"
 
 
 def test_every_name_the_package_reads_is_a_known_setting() -> None:
