@@ -153,14 +153,7 @@ _dispatchers_lock = threading.Lock()
 
 
 def send_started(app: Celery, task_id: str, hostname: str, fields: Mapping[str, Any]) -> None:
-    """A ``task-started`` event of ``task_id`` carrying ``fields``, published at once."""
-    send_task_event(app, "task-started", task_id, hostname, fields)
-
-
-def send_task_event(
-    app: Celery, kind: str, task_id: str, hostname: str, fields: Mapping[str, Any]
-) -> None:
-    """A task event ``kind`` of ``task_id`` carrying ``fields``, published at once.
+    """A ``task-started`` event of ``task_id`` carrying ``fields``, published at once.
 
     ``Task.send_event`` takes a producer from the pool and builds a dispatcher (an exchange,
     a producer, a lock) for every event, about as much CPU as the publish itself; this
@@ -169,7 +162,7 @@ def send_task_event(
     """
     dispatcher = _dispatcher(app, hostname)
     try:
-        dispatcher.send(kind, uuid=task_id, retry=False, **fields)
+        dispatcher.send("task-started", uuid=task_id, retry=False, **fields)
     except BaseException:
         _drop(dispatcher)
         raise

@@ -22,7 +22,6 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
 from jobsapp.lifecycle import journal, outbox, publisher, registry
-from jobsapp.lifecycle.celery_view import send_task_event
 from jobsapp.lifecycle.journal import StaleRun
 from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.registry import RunTable, StalePolicy
@@ -131,18 +130,28 @@ def _reap_table(
 def _tell_celery(app: Celery, spec: RunTable, ended: list[tuple[StaleRun, str]]) -> None:
     """Each reaped attempt's end as Celery's own task event (``task-retried`` when the job
     was requeued, ``task-failed`` when it failed), so Flower shows the attempt of a killed
-    worker ended, not STARTED for good. A live view: a failed publish loses nothing."""
-    hostname = f"jobsapp-reaper@{socket.gethostname()}"
-    for run, reason in ended:
-        kind = "task-retried" if should_requeue(run, spec) else "task-failed"
-        said = f"WorkerLostError('{reason}')"
-        try:
-            send_task_event(app, kind, task_id_for(run.job_id, run.attempt), hostname,
-                            {"exception": said, "traceback": said})  # fmt: skip
-        except publisher.BROKER_ERRORS as down:
-            log.info("reaper: task event of job %s not sent: %s", run.job_id,
-                     type(down).__name__)  # fmt: skip
-            return
+    worker ended, not STARTED for good. A live view: a failed publish loses nothing, and
+    the events go through the bounded producer (``JOBSAPP_PUBLISH_TIMEOUT``), not at all
+    while the broker is known to be down, so a silent broker never stalls the reaper."""
+    if not ended or not publisher.fast_path_open():
+        return
+    try:
+        with publisher.producer(app) as pooled:
+            dispatcher = app.events.Dispatcher(
+                pooled.connection, hostname=f"jobsapp-reaper@{socket.gethostname()}",
+                buffer_while_offline=False,
+            )  # fmt: skip
+            try:
+                for run, reason in ended:
+                    kind = "task-retried" if should_requeue(run, spec) else "task-failed"
+                    said = f"WorkerLostError('{reason}')"
+                    dispatcher.send(kind, uuid=task_id_for(run.job_id, run.attempt),
+                                    retry=False, exception=said, traceback=said)  # fmt: skip
+            finally:
+                dispatcher.close()
+    except publisher.BROKER_ERRORS as down:
+        publisher.broker_failed()
+        log.info("reaper: task events not sent: %s", type(down).__name__)
 
 
 def _reap_module(

@@ -152,7 +152,9 @@ def test_a_checkout_finds_its_top_level_files_from_any_folder(tmp_path: Path) ->
         "import jobsapp.celery_app as m, jobsapp.shipped as s; "
         "print(s.MIGRATIONS, s.CELERYCONFIG, m.app.conf.task_acks_late)"
     )
-    env = {**os.environ, "JOBSAPP_VAR_DIR": str(tmp_path / "var")}
+    # Not the test session's JOBSAPP_IMPORTS: its modules live in the checkout, not here, and
+    # a module that cannot be found is refused at start (docs/errors.md).
+    env = {**os.environ, "JOBSAPP_VAR_DIR": str(tmp_path / "var"), "JOBSAPP_IMPORTS": ""}
     out = _run([sys.executable, "-c", probe], cwd=tmp_path, env=env)
     assert out.split() == [str(REPO / "migrations"), str(REPO / "celeryconfig.py"), "True"]
 

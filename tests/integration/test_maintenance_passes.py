@@ -26,7 +26,7 @@ from sqlalchemy import Engine, func, insert, select, text, update
 from jobsapp import db as jobsapp_db
 from jobsapp import operator
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, outbox, outbox_queries, registry
+from jobsapp.lifecycle import journal, outbox, outbox_queries, publisher, registry
 from jobsapp.lifecycle.enqueue import transaction
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, StaleRun
 from jobsapp.lifecycle.message import task_id_for
@@ -775,6 +775,7 @@ def test_the_reaper_tells_celery_each_reaped_attempt_ended(
 ) -> None:
     """Flower showed a killed worker's attempt STARTED for good: the journal ended it, but
     no Celery event said so. The reaper now sends the attempt's own task event."""
+    publisher.broker_answered()  # no earlier test's open breaker
     dead = start(db, at=ago(120))
     spent = start(db, at=ago(120), max_attempts=1)
     with celery_events(relay_app) as seen:
