@@ -7,6 +7,7 @@ from typing import Any
 
 from celery import Celery
 
+from jobsapp.lifecycle import canvas
 from jobsapp.lifecycle.context import RunContext, current_run
 from jobsapp.lifecycle.errors import (
     InvalidMessage,
@@ -54,4 +55,7 @@ def lifecycle_task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]]
     per key: a format string like ``key``); Celery's per-worker ``rate_limit`` is refused.
     """
     options.setdefault("base", LifecycleTask)
+    # Declared on an app: its canvases go through the journal from now on, even before
+    # Celery binds the task (an app not finalized yet binds it at its first use).
+    canvas.install()
     return app.task(**options)  # type: ignore[no-any-return]

@@ -114,7 +114,7 @@ def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: Attem
         try:
             value = _call_with_waits(ctx, body, rules)
             if not ctx.finished:
-                results.checked(ctx.row["task_name"], value, rules.result_max_bytes)
+                kept = results.checked(ctx.row["task_name"], value, rules.result_max_bytes)
         except LeaseLost as lost:
             log.warning("%s; nothing published", lost)
             return Ended(End.LEASE_LOST, f"{lost}; nothing published")
@@ -127,7 +127,7 @@ def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: Attem
     if ctx.finished:
         return Ended(End.SUCCEEDED, "finished by the body", value=value)
     waits = success_waits_for_flush(ctx.spec, ctx.row, rules.success_waits_for_flush)
-    return _succeed(app, ctx, value, flushed=waits)
+    return _succeed(app, ctx, value, kept, flushed=waits)
 
 
 def _failed_by_the_body(ctx: RunContext, error: BaseException, rules: AttemptRules) -> Ended:
@@ -164,12 +164,15 @@ def success_waits_for_flush(spec: RunTable, row: Mapping[str, Any], setting: boo
     return setting or not spec.requeues_stale(attempt, most, int(row["rescues"]))
 
 
-def _succeed(app: Celery, ctx: RunContext, value: Any, *, flushed: bool) -> Ended:
+def _succeed(app: Celery, ctx: RunContext, value: Any, kept: Any, *, flushed: bool) -> Ended:
+    """The run succeeds with ``kept`` (``value`` as the journal keeps it: results.checked);
+    the attempt's Celery result is ``value`` itself."""
+
     def write() -> tuple[bool, list[PendingMessage]]:
         started: list[PendingMessage] = []
         with _outcome_connection(ctx, flushed=flushed) as conn:
             done = journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
-                                   actor=ctx.worker, result=value, started=started)  # fmt: skip
+                                   actor=ctx.worker, result=kept, started=started)  # fmt: skip
             return _let_go(conn, ctx, done), started
 
     done, started = _persistently(write)

@@ -9,7 +9,11 @@ the success (or failure) it waits for. Celery's own dispatch of ``chain``, ``gro
 ``chord`` (a chord needs a result backend and polls with ``chord_unlock``) is kept for
 canvases of plain Celery tasks: ``install`` wraps their ``apply_async`` so that a canvas
 whose tasks are all lifecycle tasks comes here, one without any goes to Celery unchanged,
-and one mixing both is refused with a line naming the plain task.
+and one mixing both is refused with a line naming the plain task. ``install`` runs when a
+lifecycle task joins an app (``lifecycle_task``, ``LifecycleTask.on_bound``), never at
+an import: Celery's own dispatch of a chord or group needs a result backend, so its hooks
+(``Task.apply_async(chain=...)``, the backend's ``apply_chord``) cannot take the canvas
+whole yet (docs/workflows.md).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, workflow
 from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step, waited_for
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.results import non_json
+from jobsapp.lifecycle.results import hint, non_json, stored
 
 # What a signature in a lifecycle canvas may carry besides its arguments.
 _KNOWN_OPTIONS = frozenset({"queue", "priority", "task_id", "link", "link_error"})
@@ -165,8 +169,8 @@ class Compiler:
         _require_arguments(str(sig.task), spec, given, sig.kwargs)
         self.drafts[job_id] = _Draft({
             "job_id": uuid.UUID(job_id), "workflow_id": self.workflow_id, "path": path,
-            "module": spec.module, "task_name": sig.task, "args": list(given),
-            "kwargs": dict(sig.kwargs), "immutable": bool(sig.immutable),
+            "module": spec.module, "task_name": sig.task, "args": stored(list(given)),
+            "kwargs": stored(dict(sig.kwargs)), "immutable": bool(sig.immutable),
             "max_attempts": task.max_attempts, "trigger": trigger, "after": after,
             "queue": options.get("queue") or getattr(task, "queue", None),
             "priority": _priority(options, task),
@@ -217,13 +221,14 @@ def _priority(options: Mapping[str, Any], task: Any) -> int | None:
 
 def _require_arguments(name: str, spec: RunTable, args: Sequence[Any],
                        kwargs: Mapping[str, Any]) -> None:  # fmt: skip
-    """A step's arguments live in its run's JSON column: only such tasks, JSON values."""
+    """A step's arguments live in its run's JSON column: only such tasks, and values
+    Celery's JSON serializer carries (kept as kombu encodes them: ``results.stored``)."""
     if spec.params_column is None:
         raise TypeError(f"{name} takes the ids of a {spec.module} run, not a canvas step's "
                         "arguments: only tasks of the jobs table run in a canvas")  # fmt: skip
     bad = non_json([list(args), dict(kwargs)])
     if bad is not None:
-        raise TypeError(f"an argument of {name} is a {bad.__name__}, not JSON")
+        raise TypeError(f"an argument of {name} is a {bad.__name__}, not JSON: {hint(bad)}")
 
 
 # --- starting a workflow -------------------------------------------------------------------

@@ -23,6 +23,7 @@ from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import EnqueueOutcome
 from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.results import decoded
 from jobsapp.lifecycle.states import Outcome, State, is_terminal
 
 
@@ -47,7 +48,7 @@ def _answer(row: Mapping[str, Any] | None) -> Any:
     exception, as Celery gives it) once failed, None before."""
     if row is None or not is_terminal(row["state"]):
         return None
-    return _failure(row) if row["state"] == State.FAILED.value else row["result"]
+    return _failure(row) if row["state"] == State.FAILED.value else decoded(row["result"])
 
 
 _REVOKED = (Outcome.CANCELLED.value, Outcome.EXPIRED.value)
@@ -145,9 +146,10 @@ class JobHandle:
     def get(
         self, timeout: float | None = None, propagate: bool = True, interval: float = 0.5
     ) -> Any:
-        """Celery's ``get``: the body's return value once succeeded (as JSON gives it back:
-        a tuple comes back a list); ``JobFailed`` with the stored error once failed (returned
-        instead when ``propagate`` is false); ``JobTimeout`` after ``timeout`` seconds."""
+        """Celery's ``get``: the body's return value once succeeded (as Celery's JSON gives
+        it back: a tuple comes back a list, a datetime a datetime); ``JobFailed`` with the
+        stored error once failed (returned instead when ``propagate`` is false);
+        ``JobTimeout`` after ``timeout`` seconds."""
         row = self.wait(timeout, interval)
         if propagate and row["state"] == State.FAILED.value:
             raise _failure(row)

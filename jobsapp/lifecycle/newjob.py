@@ -22,7 +22,7 @@ from jobsapp.lifecycle import message, tracing
 from jobsapp.lifecycle.errors import InvalidMessage
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.results import hint, non_json
+from jobsapp.lifecycle.results import NotJson, hint, non_json, stored
 
 
 class Declared(Protocol):
@@ -90,9 +90,10 @@ def key_limit_of(name: str, limit: int, fair: bool, fair_window: int) -> int | N
 def row_values(
     spec: RunTable, task: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The run row's own columns: the arguments (``params_column``) or the domain's ids."""
+    """The run row's own columns: the arguments (``params_column``, as kombu's JSON encodes
+    them: ``results.stored``; ``NotJson`` for a value it cannot carry) or the domain's ids."""
     if spec.params_column is not None:
-        return {spec.params_column: {"args": list(args), "kwargs": dict(kwargs)}}
+        return {spec.params_column: stored({"args": list(args), "kwargs": dict(kwargs)})}
     if args or set(kwargs) != set(spec.id_columns):
         raise TypeError(f"{task} takes exactly the keyword ids {spec.id_columns}")
     return dict(kwargs)
@@ -113,9 +114,11 @@ def build(
 ) -> NewJob:
     job_id = job_id or task.derive_job_id(args, kwargs) or uuid.uuid4()
     values_by_name = named(task, args, kwargs)
-    if task.run_table.params_column is not None:
-        require_json(task.name, values_by_name)
-    values = task.row_values(args, kwargs)
+    try:
+        values = task.row_values(args, kwargs)
+    except NotJson:
+        require_json(task.name, values_by_name)  # names the argument
+        raise
     return NewJob(
         spec=task.run_table,
         job_id=job_id,

@@ -1,8 +1,14 @@
-"""What a run keeps of its body's return value: JSON, up to a size cap.
+"""What the journal keeps of a call's arguments and of its body's return value: JSON as
+Celery's JSON serializer writes it, the result up to a size cap.
 
-The same JSON that carries a task's arguments carries its result, so a value is refused
-where Celery's JSON serializer would raise ``EncodeError``; the cap keeps one run row from
-carrying an unbounded document through every read of the row.
+Celery's ``json`` serializer (kombu.utils.json) carries ``datetime``, ``date``, ``time``,
+``Decimal``, ``UUID`` and ``bytes`` as ``{"__type__": ..., "__value__": ...}`` and gives
+them back as the same types; a run row keeps that encoded form (``stored``), and what reads
+it for a body or a caller decodes it with kombu's own hook (``decoded``), so both receive
+what they would from Celery. A value kombu cannot encode is refused where Celery would
+raise ``EncodeError``, and so are NaN and the infinities (the journal's JSON columns have
+no spelling for them); the cap keeps one run row from carrying an unbounded document
+through every read of the row.
 """
 
 from __future__ import annotations
@@ -10,13 +16,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kombu.utils import json as kombu_json
+
 from jobsapp.lifecycle.errors import ResultRefused
 
 JSON_HINTS = {
-    "datetime": "pass an ISO string (.isoformat())", "date": "pass an ISO string (.isoformat())",
-    "UUID": "pass str(value)", "Decimal": "pass str(value)", "bytes": "pass base64 text",
+    "set": "pass a list", "frozenset": "pass a list",
+    "dict": "a dict of just __type__ and __value__ is kombu's marker of a type it does not "
+            "know: add a key",
 }  # fmt: skip
-_ANY_JSON = "pass str, int, float, bool, None, list, dict"
+_ANY_JSON = ("pass str, int, float, bool, None, list, dict, or one of kombu's JSON types "
+             "(datetime, date, time, Decimal, UUID, bytes)")  # fmt: skip
 
 
 class NotJson(TypeError):
@@ -25,20 +35,63 @@ class NotJson(TypeError):
         self.kind = kind
 
 
-def encode(value: Any) -> str:
-    """``value`` as compact JSON; ``NotJson`` names the type of the first part JSON cannot
-    carry (a float for NaN and infinities, which JSON has no spelling for)."""
-    found: list[type] = []
+class _Encoder(kombu_json.JSONEncoder):
+    """kombu's encoder, noting what it could not encode and whether it used its markers."""
 
-    def refuse(leaf: Any) -> Any:
-        found.append(type(leaf))
-        raise TypeError
+    def __init__(self) -> None:
+        super().__init__(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        self.refused: type | None = None
+        self.marked = False
 
+    def default(self, o: Any) -> Any:
+        try:
+            encoded = super().default(o)
+        except TypeError:
+            self.refused = type(o)
+            raise
+        self.marked = True
+        return encoded
+
+
+def _encoded(value: Any) -> tuple[str, bool]:
+    """kombu's JSON of ``value``, and whether it holds kombu's markers (then it is read
+    back through ``decoded``: a marker kombu could not decode is refused here, where
+    Celery's worker would fail to decode the message)."""
+    encoder = _Encoder()
     try:
-        return json.dumps(value, default=refuse, allow_nan=False, ensure_ascii=False,
-                          separators=(",", ":"))  # fmt: skip
+        text = encoder.encode(value)
     except (TypeError, ValueError):
-        raise NotJson(found[0] if found else float) from None
+        raise NotJson(encoder.refused or float) from None
+    marked = encoder.marked or '"__type__"' in text
+    if marked:
+        try:
+            decoded(json.loads(text))
+        except ValueError:
+            raise NotJson(dict) from None
+    return text, marked
+
+
+def encode(value: Any) -> str:
+    """``value`` as compact JSON, as kombu encodes it; ``NotJson`` names the type of the
+    first part it cannot carry (a float for NaN and infinities)."""
+    return _encoded(value)[0]
+
+
+def stored(value: Any) -> Any:
+    """``value`` as the journal's JSON column keeps it: itself when it is plain JSON, else
+    kombu's encoded form (``NotJson`` as ``encode``)."""
+    text, marked = _encoded(value)
+    return json.loads(text) if marked else value
+
+
+def decoded(value: Any) -> Any:
+    """A stored value as Celery's JSON serializer would give it back (kombu's hook, applied
+    from the leaves up as ``json.loads`` applies it)."""
+    if isinstance(value, dict):
+        return kombu_json.object_hook({k: decoded(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [decoded(v) for v in value]
+    return value
 
 
 def non_json(value: Any) -> type | None:
@@ -56,11 +109,13 @@ def hint(kind: type) -> str:
 
 
 def checked(task: str, value: Any, max_bytes: int) -> Any:
-    """``value`` if the run can keep it as its result, else ``ResultRefused`` saying why."""
+    """What the run keeps of ``value`` as its result (``stored``), else ``ResultRefused``
+    saying why."""
     if value is None:
         return None
     try:
-        size = len(encode(value).encode())
+        text, marked = _encoded(value)
+        size = len(text.encode())
     except NotJson as bad:
         raise _not_json(task, f"a {bad.kind.__name__}", hint(bad.kind)) from None
     except UnicodeEncodeError:  # PostgreSQL's json refuses an unpaired surrogate too
@@ -71,7 +126,7 @@ def checked(task: str, value: Any, max_bytes: int) -> Any:
             "(JOBSAPP_RESULT_MAX_BYTES): store large output elsewhere and return its key",
             error_code="result_too_large",
         )
-    return value
+    return json.loads(text) if marked else value
 
 
 def _not_json(task: str, what: str, instead: str) -> ResultRefused:

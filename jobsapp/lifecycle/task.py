@@ -28,7 +28,7 @@ from datetime import datetime
 from functools import cache, cached_property
 from typing import Any, ClassVar, NoReturn
 
-from celery import Task, group
+from celery import Celery, Task, group
 from celery.exceptions import Reject
 from celery.result import EagerResult
 from celery.utils.time import maybe_make_aware
@@ -65,6 +65,7 @@ from jobsapp.lifecycle.errors import InvalidMessage, PermanentError, RetryReques
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
+from jobsapp.lifecycle.results import decoded
 from jobsapp.lifecycle.retry import RetryPolicy
 from jobsapp.lifecycle.scrub import known_secrets_from_env
 from jobsapp.settings import get_settings
@@ -153,6 +154,14 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         name = str(cls.__dict__.get("name", cls.__qualname__))
         newjob.key_limit_of(name, cls.limit, cls.fair, cls.fair_window)
         flow_options(cls)
+
+    @classmethod
+    def on_bound(cls, app: Celery) -> None:
+        """Celery's hook when a task joins its app (the app's setup, never an import): from
+        then on, Celery's chain, group and chord of lifecycle tasks go through the journal
+        (``canvas.install``)."""
+        super().on_bound(app)
+        canvas.install()
 
     # --- producer side -------------------------------------------------------------
 
@@ -468,7 +477,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         spec = self.run_table
         if spec.params_column is None:
             return (), spec.ids_from_row(row)
-        params = row[spec.params_column] or {}
+        params = decoded(row[spec.params_column] or {})
         return tuple(params.get("args", ())), dict(params.get("kwargs", {}))
 
     def _call_body(self, row: Mapping[str, Any]) -> Any:
@@ -488,9 +497,6 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         except publisher.BROKER_ERRORS as down:  # a live view; the attempt goes on
             log.info("task event of job %s not sent: %s", env.job_id, type(down).__name__)
 
-
-# chain, group and chord of lifecycle tasks go through the journal (lifecycle/canvas.py).
-canvas.install()
 
 # The frame that calls the body: Flower's traceback of a failed attempt starts below it.
 _BODY_CALL = LifecycleTask._call_body.__code__

@@ -15,7 +15,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 import pytest
 from celery import Celery, chain, chord, group
@@ -39,6 +42,7 @@ class Tasks:
     tsum: Any
     identity: Any
     fail: Any
+    kinds: Any
     result: Callable[[str], Any]
 
 
@@ -48,7 +52,8 @@ def _bare(app: Celery) -> Tasks:
 
 
 LIFECYCLE = Tasks(canvas_tasks.add, canvas_tasks.tsum, canvas_tasks.identity,
-                  canvas_tasks.fail, canvas_tasks.identity.AsyncResult)  # fmt: skip
+                  canvas_tasks.fail, canvas_tasks.kinds,
+                  canvas_tasks.identity.AsyncResult)  # fmt: skip
 
 
 def chain_of_3(t: Tasks) -> Any:
@@ -106,6 +111,24 @@ def map_and_starmap(t: Tasks) -> Any:
     return [mapped, starred]
 
 
+KOMBU_VALUES = [
+    datetime(2026, 12, 4, 1, 2, 3, 456789, tzinfo=UTC), datetime(2026, 12, 4, 1, 2, 3),
+    date(2026, 12, 4), time(1, 2, 3), Decimal("1.50"),
+    UUID("6f1d7c4e-3b57-4a8e-9a54-3c1f0e1d2b77"), b"bytes",
+]  # fmt: skip
+KOMBU_KINDS = ["datetime", "datetime", "date", "time", "Decimal", "UUID", "bytes"]
+
+
+def kombu_json_types(t: Tasks) -> Any:
+    # Celery's JSON serializer (kombu.utils.json) gives these back as themselves: to the
+    # body, to get(), and from one step of a chain to the next.
+    received = t.kinds.delay(KOMBU_VALUES).get(timeout=WAIT)
+    echoed = t.identity.delay(KOMBU_VALUES).get(timeout=WAIT)
+    passed_on = chain(t.identity.s(KOMBU_VALUES), t.kinds.s()).apply_async().get(timeout=WAIT)
+    summed = t.add.delay(Decimal("1.1"), Decimal("2.2")).get(timeout=WAIT)
+    return [received, echoed == KOMBU_VALUES, passed_on, summed]
+
+
 PROGRAMS: dict[str, tuple[Callable[[Tasks], Any], Any]] = {
     "chain of 3": (chain_of_3, 10),
     "| with partial and immutable": (pipe_with_partial_and_immutable, [8, 10, 8]),
@@ -136,6 +159,17 @@ def test_canvas_programs_answer_as_on_bare_celery(db: Engine, redis_clean: None)
     # Every step was a journaled run of a workflow; only the failing one failed.
     assert all(row.workflow_id is not None for row in rows)
     assert sorted(row.state for row in rows if row.state != "succeeded") == ["failed"]
+
+
+def test_kombus_json_types_reach_the_body_and_come_back_as_on_bare_celery(
+    db: Engine, redis_clean: None
+) -> None:
+    with bare_worker(canvas_tasks.BODIES) as bare:
+        celerys = kombu_json_types(_bare(bare))
+    assert celerys == [KOMBU_KINDS, True, KOMBU_KINDS, Decimal("3.3")]
+    with in_process_worker():
+        ours = kombu_json_types(LIFECYCLE)
+    assert ours == celerys
 
 
 def test_chunks_of_a_lifecycle_task_is_refused_at_the_call_in_one_line() -> None:

@@ -193,12 +193,12 @@ def test_a_job_id_that_is_not_a_uuid_is_refused_with_what_to_pass(db: Engine) ->
 
 
 def test_a_non_json_argument_is_refused_by_name_and_nothing_is_written(db: Engine) -> None:
-    when = datetime.now(UTC)
-    with pytest.raises(TypeError, match=r"argument 'token' of tests.echo is a datetime, "
-                                        r"not JSON: pass an ISO string"):  # fmt: skip
-        tasks.echo.delay(when)
-    with pytest.raises(TypeError, match=r"argument 'secret' of tests.flaky is a UUID"):
-        tasks.flaky.apply_async(kwargs={"token": "t", "fail_times": 0, "secret": [uuid.uuid4()]})
+    # Celery's JSON serializer (kombu) raises EncodeError for these at the call too.
+    with pytest.raises(TypeError, match=r"argument 'token' of tests.echo is a set, "
+                                        r"not JSON: pass a list"):  # fmt: skip
+        tasks.echo.delay({"a", "b"})
+    with pytest.raises(TypeError, match=r"argument 'secret' of tests.flaky is a object"):
+        tasks.flaky.apply_async(kwargs={"token": "t", "fail_times": 0, "secret": [object()]})
     assert _count(db, JobRun.__table__) == 0
     assert _count(db, OUTBOX) == 0
 

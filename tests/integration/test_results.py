@@ -97,12 +97,18 @@ def test_a_value_json_cannot_carry_fails_the_job_as_celerys_encode_error_fails_t
     assert "ResultRefused" in ours.traceback
 
 
-def test_a_datetime_is_refused_with_what_to_return_instead(worker: object, db: Engine) -> None:
-    stamped = result_tasks.stamp.delay(_token("stamp"))
-
-    with pytest.raises(JobFailed, match=r"\[result_not_json\] .*returned a datetime, not "
-                                        r"JSON: pass an ISO string"):  # fmt: skip
-        stamped.get(timeout=20)
+def test_a_datetime_result_comes_back_a_datetime_as_from_celerys_json_serializer(
+    db: Engine, redis_clean: None
+) -> None:
+    when = "2026-12-04T01:02:03.456789+00:00"
+    with result_tasks.bare_worker() as bare:
+        theirs = bare.tasks["bare.results.parsed"].delay(when).get(timeout=20)
+    with in_process_worker():
+        ours = result_tasks.parsed.delay(when)
+        got = ours.get(timeout=20)
+    assert (got, type(got)) == (theirs, type(theirs)) == (datetime.fromisoformat(when), datetime)
+    # The run row keeps kombu's encoded form: plain JSON.
+    assert run_row(db, ours.job_id)["result"] == {"__type__": "datetime", "__value__": when}
 
 
 def test_a_value_over_the_cap_fails_with_the_documented_error_and_one_at_it_is_kept(

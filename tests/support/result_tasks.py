@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from celery import Celery
@@ -32,10 +32,8 @@ def _sized(token: str, length: int) -> str:
     return "x" * length
 
 
-@lifecycle_task(app, name="tests.results.stamp")
-def stamp(token: str) -> datetime:
-    record(token)
-    return datetime.now(UTC)
+def _parsed(text: str) -> datetime:
+    return datetime.fromisoformat(text)
 
 
 @lifecycle_task(app, name="tests.results.structured")
@@ -51,10 +49,13 @@ def completes(x: int) -> str:
 
 
 opaque = lifecycle_task(app, name="tests.results.opaque")(_opaque)
+parsed = lifecycle_task(app, name="tests.results.parsed")(_parsed)
 sized = lifecycle_task(app, name="tests.results.sized")(_sized)
 
 
-BODIES: Mapping[str, Callable[..., Any]] = {"add": _add, "refuse": _refuse, "opaque": _opaque}
+BODIES: Mapping[str, Callable[..., Any]] = {
+    "add": _add, "refuse": _refuse, "opaque": _opaque, "parsed": _parsed,
+}  # fmt: skip
 
 
 @contextmanager
