@@ -24,7 +24,10 @@ worker_consumer = "jobsapp.lifecycle.guard:GuardedConsumer"
 # Flower needs task events and sent events.
 worker_send_task_events = True
 task_send_sent_event = True
-# The journal is the result store; no Celery result backend.
+# The journal is the result store: Celery's result backend reads the run rows
+# (jobsapp.lifecycle.backend), so AsyncResult(id) works from any process. Tasks store
+# nothing after they run (the journal already holds it); update_state still reaches it.
+result_backend = "jobsapp.lifecycle.backend:JournalBackend"
 task_ignore_result = True
 # Job messages are JSON validated against jobs.schema.json; never pickle.
 task_serializer = "json"

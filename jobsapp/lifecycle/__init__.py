@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import Celery
 
-from jobsapp.lifecycle import canvas
+from jobsapp.lifecycle import backend, canvas
 from jobsapp.lifecycle.context import RunContext, current_run
 from jobsapp.lifecycle.errors import (
     InvalidMessage,
@@ -55,6 +55,10 @@ def lifecycle_task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]]
     per key: a format string like ``key``); Celery's per-worker ``rate_limit`` is refused.
     """
     options.setdefault("base", LifecycleTask)
+    if not app.conf.result_backend:
+        # Celery's readers of results (AsyncResult(id), GroupResult.restore) ask the
+        # app's backend: with none, the journal answers them.
+        app.conf.update(result_backend=backend.NAME)
     # Declared on an app: its canvases go through the journal from now on, even before
     # Celery binds the task (an app not finalized yet binds it at its first use).
     canvas.install()

@@ -25,9 +25,11 @@ from datetime import timedelta
 from typing import Any
 
 from celery.canvas import Signature, _chain, chord, group, maybe_signature
+from celery.result import GroupResult
 
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal, message, outbox, registry
+from jobsapp.lifecycle.backend import for_app
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, workflow
 from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step, waited_for
@@ -256,7 +258,8 @@ def start(sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any]
     messages = [m for m in started if m is not None]
     if messages:
         outbox.publish_now(sig.app, [journal.on_local_clock(m, timedelta(0)) for m in messages])
-    return handle_of(out, {str(s.job_id): s for s in steps}, workflow_id)
+    nodes = {str(s.job_id): _Node(s.job_id, s.module, s.task_name, s.after) for s in steps}
+    return handle_of(sig.app, out, nodes, workflow_id)
 
 
 def _given_at_start(step: Step) -> list[Any]:
@@ -277,12 +280,14 @@ def _workflow_id(task_id: Any) -> uuid.UUID:
 # --- what the caller gets back -------------------------------------------------------------
 
 
-@dataclass(frozen=True, repr=False)  # JobHandle's one-line repr
 class StepHandle(JobHandle):
     """A step's handle: its run row once it has one; before that, a step that will not run
-    (what it waited for failed) answers as a failed job with the step's outcome."""
+    (what it waited for failed) answers as a failed job, raising what Celery raises (the
+    failed step's exception; ``ChordError`` for a chord's body)."""
 
-    workflow_id: uuid.UUID | None = None
+    def __init__(self, *args: Any, workflow_id: uuid.UUID | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.workflow_id = workflow_id
 
     def row(self) -> Mapping[str, Any] | None:
         with get_engine().connect() as conn:
@@ -290,55 +295,65 @@ class StepHandle(JobHandle):
             return run if run is not None else workflow.blocked_row(conn, self.job_id)
 
 
+class GroupHandle(GroupResult):
+    """Celery's ``GroupResult`` of a lifecycle group; its id is its workflow's, which the
+    journal keeps, so ``save()`` has nothing to write and ``GroupResult.restore(id)``
+    rebuilds it from the workflow's steps."""
+
+    def __init__(self, workflow_id: uuid.UUID, results: Sequence[Any], *, app: Any = None,
+                 parent: Any = None) -> None:  # fmt: skip
+        super().__init__(str(workflow_id), list(results), parent=parent, app=app)
+        self.workflow_id = workflow_id
+
+    def save(self, backend: Any = None) -> Any:
+        return (backend or for_app(self.app)).save_group(str(self.workflow_id), self)
+
+
 @dataclass(frozen=True)
-class GroupHandle:
-    """A group's results in order (Celery's GroupResult, as far as the journal answers)."""
+class _Node:
+    """What a handle needs of a step (from a ``Step`` or a ``workflow_steps`` row)."""
 
-    results: tuple[Any, ...]
-    workflow_id: uuid.UUID
-
-    @property
-    def id(self) -> str:
-        return str(self.workflow_id)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.results)
-
-    def __len__(self) -> int:
-        return len(self.results)
-
-    def __repr__(self) -> str:
-        return f"<GroupHandle {self.workflow_id} of {len(self.results)}>"
-
-    def get(self, timeout: float | None = None, propagate: bool = True,
-            interval: float = 0.5) -> list[Any]:  # fmt: skip
-        """Each member's ``get``, in order; ``timeout`` bounds each wait."""
-        return [r.get(timeout=timeout, propagate=propagate, interval=interval)
-                for r in self.results]  # fmt: skip
-
-    join = get
-
-    def ready(self) -> bool:
-        return all(r.ready() for r in self.results)
-
-    def successful(self) -> bool:
-        return all(r.successful() for r in self.results)
-
-    def failed(self) -> bool:
-        return any(r.failed() for r in self.results)
-
-    @property
-    def state(self) -> str:
-        states = [r.state for r in self.results]
-        return next((s for s in states if s != "SUCCESS"), "SUCCESS")
+    job_id: uuid.UUID
+    module: str
+    task_name: str
+    after: Any
 
 
-def handle_of(out: Output, steps: Mapping[str, Step], workflow_id: uuid.UUID) -> Any:
+def handle_of(app: Any, out: Output, nodes: Mapping[str, _Node], workflow_id: uuid.UUID) -> Any:
+    """Celery's result of the canvas node ``out``: a step's handle whose ``parent`` is what
+    it waited for, or a group's ``GroupResult`` of its members."""
     if isinstance(out, list):
-        return GroupHandle(tuple(handle_of(o, steps, workflow_id) for o in out), workflow_id)
-    step = steps[out]
-    return StepHandle(step.job_id, EnqueueOutcome.ENQUEUED, registry.get(step.module),
-                      task=step.task_name, workflow_id=workflow_id)  # fmt: skip
+        members = [handle_of(app, o, nodes, workflow_id) for o in out]
+        return GroupHandle(workflow_id, members, app=app)
+    node = nodes[out]
+    parent = None if node.after is None else handle_of(app, node.after, nodes, workflow_id)
+    return StepHandle(node.job_id, EnqueueOutcome.ENQUEUED, registry.get(node.module),
+                      task=node.task_name, workflow_id=workflow_id, app=app,
+                      parent=parent)  # fmt: skip
+
+
+def restore_group(app: Any, group_id: str) -> GroupHandle | None:
+    """``GroupResult.restore(id)`` of a lifecycle group: the workflow's outputs (the steps
+    nothing runs after, in canvas order); None when no workflow has that id."""
+    try:
+        workflow_id = uuid.UUID(str(group_id))
+    except ValueError:
+        return None
+    with get_engine().connect() as conn:
+        rows = workflow.steps_of(conn, workflow_id)
+    if not rows:
+        return None
+    nodes = {str(r["job_id"]): _Node(r["job_id"], r["module"], r["task_name"], r["after"])
+             for r in rows}  # fmt: skip
+    outputs = [str(r["job_id"]) for r in sorted(rows, key=_canvas_order)
+               if not r["next"] and r["trigger"] != FAILURE]  # fmt: skip
+    return GroupHandle(workflow_id, [handle_of(app, o, nodes, workflow_id) for o in outputs],
+                       app=app)  # fmt: skip
+
+
+def _canvas_order(row: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """A step's path ("0.1.h.10") in canvas order: numbers as numbers."""
+    return [(int(p), "") if p.isdigit() else (-1, p) for p in str(row["path"]).split(".")]
 
 
 # --- Celery's canvas classes -------------------------------------------------------------------

@@ -80,6 +80,16 @@ class RunContext:
         self.finished = True
 
 
+    def showing(self, state: str, meta: Any) -> None:
+        """Celery's ``update_state`` of this attempt: ``state`` and ``meta`` kept on the run
+        (fenced by its claim) for ``AsyncResult.state``/``.info`` while it runs; the
+        attempt's end replaces them."""
+        kept = results.checked(self.row["task_name"], meta, get_settings().result_max_bytes)
+        with self.engine.begin() as conn:
+            if not journal.write_progress(conn, self.spec, self.job_id, self.token,
+                                          results.progress(state, kept, self.attempt)):  # fmt: skip
+                raise LeaseLost(f"job {self.job_id} attempt {self.attempt}: update_state refused")
+
     @contextmanager
     def failing(
         self, error: BaseException, *, outcome: Outcome = Outcome.PERMANENT,
@@ -113,6 +123,11 @@ def current_run() -> RunContext:
     if ctx is None:
         raise RuntimeError("current_run() called outside a lifecycle task body")
     return ctx
+
+
+def current_run_or_none() -> RunContext | None:
+    """The run the calling code belongs to, None outside a lifecycle task body."""
+    return _current.get()
 
 
 @contextmanager

@@ -39,7 +39,8 @@ def enqueue(
     connection: Connection | None = None,
 ) -> JobHandle:
     if dedup.seen_recently(job):
-        return JobHandle(job.job_id, EnqueueOutcome.DUPLICATE, job.spec, task=job.task_name)
+        return JobHandle(job.job_id, EnqueueOutcome.DUPLICATE, job.spec, task=job.task_name,
+                         app=app)
     if session is not None:
         with _schema_checked(session.connection()):
             result = _in_session(app, session, job)
@@ -50,7 +51,7 @@ def enqueue(
         with _schema_checked():
             result = _own_transaction(app, job)
     return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder,
-                     task=job.task_name)
+                     task=job.task_name, app=app)
 
 
 @contextmanager
@@ -131,10 +132,8 @@ class _DeferredHandle(JobHandle):
     _index: int
 
     def __init__(self, batch: Batch, index: int, job: NewJob) -> None:
-        # JobHandle is frozen: its fields are set the way its own __init__ sets them.
-        for name, value in (("job_id", job.job_id), ("spec", job.spec), ("task", job.task_name),
-                            ("_batch", batch), ("_index", index)):  # fmt: skip
-            object.__setattr__(self, name, value)
+        self._batch, self._index = batch, index
+        super().__init__(job.job_id, EnqueueOutcome.ENQUEUED, job.spec, task=job.task_name)
 
     def _said(self) -> str:
         # Reading the outcome writes the batch: a repr must not.

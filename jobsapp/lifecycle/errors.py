@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kombu.exceptions import EncodeError
+
 
 class PermanentError(Exception):
     """Retrying cannot help (bad input, unsupported data): the run ends ``failed``.
@@ -71,7 +73,8 @@ class DatabaseNotMigrated(Exception):
     """
 
 
-class ResultRefused(PermanentError):
+class ResultRefused(PermanentError, EncodeError):
     """The body returned what its run cannot keep: not JSON (``result_not_json``) or over
     ``JOBSAPP_RESULT_MAX_BYTES`` (``result_too_large``). The body's work is done; running
-    it again would return the same, so the run fails without a retry."""
+    it again would return the same, so the run fails without a retry. It is kombu's
+    ``EncodeError``, as Celery's worker fails a task whose result it cannot encode."""

@@ -8,6 +8,7 @@ itself (``RunContext.failing``), so both store the same detail and read the same
 from __future__ import annotations
 
 import traceback
+from typing import Any
 
 from jobsapp.lifecycle.errors import PermanentError, RetryRequested
 from jobsapp.lifecycle.scrub import describe_exception, scrub
@@ -31,15 +32,21 @@ def describe(exc: BaseException, secrets: tuple[str, ...]) -> str:
     return f"[{code}] {text}" if isinstance(cause, PermanentError) and code else text
 
 
-def failure_detail(exc: BaseException, secrets: tuple[str, ...]) -> dict[str, str]:
-    """What a failed attempt stores on its event: type, message, innermost frames, scrubbed.
+def failure_detail(exc: BaseException, secrets: tuple[str, ...]) -> dict[str, Any]:
+    """What a failed attempt stores on its event: type, message, arguments (when plain
+    text and numbers: ``get()`` rebuilds the exception from them, as Celery's backend
+    does), innermost frames; all scrubbed.
 
     The formatted traceback holds source lines, never frame locals.
     """
     cause = cause_of(exc)
     frames = "".join(traceback.format_exception(cause, limit=-TRACEBACK_FRAMES))
-    return {
+    detail: dict[str, Any] = {
         "type": f"{type(cause).__module__}.{type(cause).__qualname__}",
         "message": scrub(str(cause), secrets=secrets),
         "traceback": scrub(frames, limit=TRACEBACK_LIMIT, secrets=secrets),
     }
+    if all(isinstance(arg, (str, int, float, bool)) or arg is None for arg in cause.args):
+        detail["args"] = [scrub(a, secrets=secrets) if isinstance(a, str) else a
+                          for a in cause.args]  # fmt: skip
+    return detail

@@ -14,6 +14,7 @@ through every read of the row.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from kombu.utils import json as kombu_json
@@ -25,6 +26,8 @@ JSON_HINTS = {
     "dict": "a dict of just __type__ and __value__ is kombu's marker of a type it does not "
             "know: add a key",
 }  # fmt: skip
+# A running row's ``result`` holding update_state's progress, not a return value.
+PROGRESS_MARK = "__jobsapp_progress__"
 _ANY_JSON = ("pass str, int, float, bool, None, list, dict, or one of kombu's JSON types "
              "(datetime, date, time, Decimal, UUID, bytes)")  # fmt: skip
 
@@ -132,3 +135,17 @@ def checked(task: str, value: Any, max_bytes: int) -> Any:
 def _not_json(task: str, what: str, instead: str) -> ResultRefused:
     return ResultRefused(f"{task} returned {what}, not JSON: {instead}",
                          error_code="result_not_json")  # fmt: skip
+
+
+def progress_of(row: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """update_state's progress a running row holds for its current attempt, if any."""
+    kept = row.get("result")
+    if not isinstance(kept, Mapping) or not isinstance(kept.get(PROGRESS_MARK), Mapping):
+        return None
+    shown: Mapping[str, Any] = kept[PROGRESS_MARK]
+    return shown if shown.get("attempt") == row["attempts"] else None
+
+
+def progress(state: str, meta: Any, attempt: int) -> dict[str, Any]:
+    """The ``result`` value update_state writes on a running row."""
+    return {PROGRESS_MARK: {"state": state, "meta": meta, "attempt": attempt}}

@@ -93,6 +93,19 @@ def _revoke_in(conn: Connection, spec: RunTable, job_id: uuid.UUID, actor: str) 
     return "" if row is None else message.task_id_for(job_id, int(row["attempts"]))
 
 
+def revoke_in_journal(
+    app: Any, task_ids: Sequence[str], *, terminate: bool = False, signal: str = "SIGTERM",
+    **kwargs: Any,
+) -> Any:  # fmt: skip
+    """The journal's revoke of ``task_ids``, then Celery's own in the workers' memory (and
+    ``terminate`` where the pool can), naming each running attempt too; whatever control
+    ``app`` has (a team's app keeps Celery's)."""
+    ids = list(task_ids)
+    attempts = [found for found in revoke_jobs(ids) if found not in ids]
+    return Control.revoke(app.control, ids + attempts, terminate=terminate, signal=signal,
+                          **kwargs)  # fmt: skip
+
+
 class JournalControl(Control):
     """Celery's ``Control`` whose ``revoke`` is kept in the journal first (module doc);
     ``Celery(..., control="jobsapp.lifecycle.revoke:JournalControl")``."""
@@ -102,8 +115,7 @@ class JournalControl(Control):
         signal: str = "SIGTERM", **kwargs: Any,
     ) -> Any:  # fmt: skip
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
-        attempts = [found for found in revoke_jobs(ids) if found not in ids]
-        return self.tell_workers(ids + attempts, destination=destination, terminate=terminate,
+        return revoke_in_journal(self.app, ids, destination=destination, terminate=terminate,
                                  signal=signal, **kwargs)  # fmt: skip
 
     def tell_workers(

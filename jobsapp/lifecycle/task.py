@@ -53,6 +53,8 @@ from jobsapp.lifecycle import (
     tracing,
 )
 from jobsapp.lifecycle.attempt import AttemptRules, End, Ended, run_attempt
+from jobsapp.lifecycle.backend import JournalBackend
+from jobsapp.lifecycle.backend import for_app as backend_for
 from jobsapp.lifecycle.celery_view import (
     EVENTS_ON,
     AttemptFailed,
@@ -60,7 +62,7 @@ from jobsapp.lifecycle.celery_view import (
     report,
     send_started,
 )
-from jobsapp.lifecycle.context import RunContext
+from jobsapp.lifecycle.context import RunContext, current_run_or_none
 from jobsapp.lifecycle.errors import InvalidMessage, PermanentError, RetryRequested
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.heartbeat import Heartbeat
@@ -244,7 +246,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         handle = enqueue.enqueue(self.app, job, session=session, connection=connection)
         if handle.outcome is EnqueueOutcome.DUPLICATE:
             totals.count_dedup_hit(get_engine(), self.run_table.module, self.name)
-        return handle if job_id or not task_id else replace(handle, task_id=str(task_id))
+        if task_id and not job_id:
+            handle.id = str(task_id)  # the caller's own id names its result, as in Celery
+        return handle
 
     def _with_callbacks(
         self, args: tuple[Any, ...] | list[Any] | None, kwargs: Mapping[str, Any] | None,
@@ -257,7 +261,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         handle: JobHandle = canvas.start(sig, None, callbacks)
         return handle
 
-    def AsyncResult(self, task_id: str, **kwargs: Any) -> JobHandle:  # type: ignore[override]  # noqa: N802
+    def AsyncResult(self, task_id: str, **kwargs: Any) -> JobHandle:  # noqa: N802
         """The job's handle (its journal row), for code written against Celery's results.
 
         A lookup enqueues nothing; its outcome says what a replayed enqueue would: the job
@@ -266,7 +270,32 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         job_id = message.job_id_of_task(str(task_id))
         # A workflow step that will not run (what it waited for failed) answers FAILURE.
         return canvas.StepHandle(job_id, EnqueueOutcome.DUPLICATE, self.run_table,
-                                 task=self.name, task_id=str(task_id))  # fmt: skip
+                                 task=self.name, task_id=str(task_id), app=self.app)  # fmt: skip
+
+    @property  # type: ignore[override]
+    def backend(self) -> JournalBackend:
+        """The journal answers for this task's results, whatever the app's backend is (a
+        team's plain tasks keep theirs)."""
+        return backend_for(self.app)
+
+    @backend.setter
+    def backend(self, value: Any) -> None:
+        del value  # Celery sets the app's backend on bound tasks; the journal stays theirs
+
+    def update_state(
+        self, task_id: str | None = None, state: str | None = None, meta: Any = None,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        """Celery's ``update_state`` from the body: ``state`` and ``meta`` kept on the run
+        (fenced by its claim), read back by ``AsyncResult(id).state``/``.info``. Another
+        task's id, or a call outside a run, goes to Celery (the journal keeps no state of
+        a run it does not hold)."""
+        ctx = current_run_or_none()
+        if ctx is None or (task_id is not None and
+                           message.job_id_of_task(str(task_id)) != ctx.job_id):  # fmt: skip
+            super().update_state(task_id, state, meta, **kwargs)
+            return
+        ctx.showing(str(state), meta)
 
     def map(self, it: Iterable[Any]) -> group:  # type: ignore[override]
         """Celery's ``task.map(it)``: ``task(item)`` for each item, answered as a list. Each
@@ -325,6 +354,10 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         del throw, options
         if eta is not None:
             countdown = max(0.0, (maybe_make_aware(eta) - self.app.now()).total_seconds())
+        elif countdown is None and "default_retry_delay" in type(self).__dict__:
+            # Declared on the task, Celery's delay of a retry that names none; otherwise
+            # the task's retry_policy (jobsapp's backoff) spaces the attempts.
+            countdown = float(self.default_retry_delay)
         raise RetryRequested(exc, countdown, max_retries)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -481,8 +514,17 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         return tuple(params.get("args", ())), dict(params.get("kwargs", {}))
 
     def _call_body(self, row: Mapping[str, Any]) -> Any:
+        """The body, its ``self.request`` the caller's view as in Celery: the job's task
+        id, the body's own arguments, ``retries`` the attempts before this one."""
         args, kwargs = self._call_of(row)
-        return self.run(*args, **kwargs)
+        job = str(row["job_id"])
+        self.push_request(**{**self.request.__dict__, "id": job, "args": list(args),
+                             "kwargs": kwargs, "retries": int(row["attempts"]) - 1,
+                             "root_id": self.request.root_id or job})  # fmt: skip
+        try:
+            return self.run(*args, **kwargs)
+        finally:
+            self.pop_request()
 
     def _show_call(self, env: message.Envelope, row: Mapping[str, Any]) -> None:
         """Flower's args and kwargs of this attempt: the body's, and the job it belongs to

@@ -258,7 +258,7 @@ def test_a_ready_job_delivered_again_changes_nothing(
         kwargs={"attachment_id": accepted.attachment_id, "pipeline_version": 1}
     )
     assert handle.job_id == run["job_id"]
-    rerun = handle.wait()
+    rerun = handle.settled()
     assert (rerun["state"], rerun["attempts"]) == ("succeeded", 2)
 
     after = (attachment_row(db, accepted.attachment_id), variant_rows(db, accepted.attachment_id),
@@ -302,7 +302,7 @@ def test_reprocessing_publishes_a_newer_version_never_an_older_one(
                                             VARIANTS.c.variant == "crop"))  # fmt: skip
     rerun = process_attachment.apply_async(
         kwargs={"attachment_id": attachment_id, "pipeline_version": 1}
-    ).wait()
+    ).settled()
     assert (rerun["state"], rerun["attempts"]) == ("succeeded", 2)
     row = attachment_row(db, attachment_id)
     assert (row["state"], row["published_version"]) == ("ready", 2)
@@ -321,7 +321,7 @@ def test_a_failed_reprocess_keeps_the_attachment_ready(
     s3.put_if_absent(original["object_key"], forged, sha256(forged), "image/png")
     run = process_attachment.apply_async(
         kwargs={"attachment_id": accepted.attachment_id, "pipeline_version": 2}
-    ).wait()
+    ).settled()
     assert (run["state"], run["outcome"]) == ("failed", "permanent")
     assert "[original_checksum]" in run["last_error"]
     # Ready never goes back to processing or failed: version 1 is still served.

@@ -76,7 +76,7 @@ def test_an_operators_cancel_stops_a_running_job_at_its_next_beat(db: Engine) ->
     done = operator.cancel(db, "jobs", running.job_id, actor="bob", reason="runaway report")
 
     assert (done.running, done.attempts, done.terminate_sent) == (True, 1, False)
-    row = running.wait(timeout=30)
+    row = running.settled(timeout=30)
     assert (row["state"], row["outcome"]) == (State.FAILED, Outcome.CANCELLED)
     assert transitions(db, running.job_id) == [Transition.ENQUEUE, Transition.CLAIM,
                                                Transition.CANCEL_REQUEST, Transition.CANCEL]

@@ -21,7 +21,7 @@ import redis
 from sqlalchemy import Engine, func, select
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import handle, journal, outbox_queries
+from jobsapp.lifecycle import journal, outbox_queries
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.lifecycle.tables import JobRun
 from jobsapp.maintenance import relay
@@ -121,16 +121,15 @@ def test_get_returns_on_success_raises_the_stored_error_on_failure_and_times_out
     assert tasks.echo.AsyncResult(done.id).successful()
 
     doomed = tasks.doomed.delay(f"{token}-doomed")
-    with pytest.raises(handle.JobFailed, match="this never works") as failed:
+    # The body's own exception, as Celery's backend rebuilds it; the journal's detail on it.
+    with pytest.raises(ValueError, match="this never works") as failed:
         doomed.get(timeout=30)
-    assert failed.value.outcome == "exhausted"
+    assert failed.value.outcome == "exhausted"  # type: ignore[attr-defined]
     # As Celery's get(propagate=False): the failure is returned, not raised.
-    assert isinstance(tasks.doomed.AsyncResult(doomed.id).get(propagate=False), handle.JobFailed)
+    assert isinstance(tasks.doomed.AsyncResult(doomed.id).get(propagate=False), ValueError)
 
     later = tasks.echo.apply_async(args=(f"{token}-later",), countdown=3600)
     with pytest.raises(celery.exceptions.TimeoutError):
-        later.get(timeout=0.5)
-    with pytest.raises(TimeoutError, match="still queued"):
         later.get(timeout=0.5)
 
 
@@ -149,8 +148,8 @@ def test_a_handle_speaks_celerys_state_names_like_an_async_result(
 
     token = uuid.uuid4().hex[:8]
     done, doomed = tasks.echo.delay(f"{token}-ok"), tasks.doomed.delay(f"{token}-doomed")
-    done.wait(timeout=30)
-    doomed.wait(timeout=30)
+    done.settled(timeout=30)
+    doomed.settled(timeout=30)
 
     assert (done.state, ok.apply().state) == ("SUCCESS", "SUCCESS")
     assert (doomed.state, broken.apply().state) == ("FAILURE", "FAILURE")
@@ -164,7 +163,9 @@ def test_printing_a_handle_is_one_line(db: Engine) -> None:
     queued = tasks.echo.apply_async(("printed",), countdown=3600)
 
     assert repr(queued) == f"<JobHandle tests.echo {queued.job_id} enqueued>"
-    assert str(tasks.echo.AsyncResult(queued.id)) == f"<JobHandle tests.echo {queued.id} duplicate>"
+    looked_up = tasks.echo.AsyncResult(queued.id)
+    assert repr(looked_up) == f"<JobHandle tests.echo {queued.id} duplicate>"
+    assert str(queued) == queued.id  # Celery's str() of a result
 
 
 def test_a_task_id_of_the_callers_own_is_its_job_and_stays_its_id(

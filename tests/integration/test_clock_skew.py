@@ -94,7 +94,7 @@ def test_a_worker_behind_the_database_claims_a_retry_that_is_due(
     handle = tasks.echo.apply_async((token,), countdown=2.5)
     now_due = relay.RelayConfig(grace=timedelta(0))
     eventually(lambda: relay.run_once(app, pg, now_due)["published"] == 1, timeout=15)
-    row = handle.wait(timeout=20)
+    row = handle.settled(timeout=20)
     assert (row["state"], row["attempts"], tasks.calls(token)) == ("succeeded", 1, 1)
 
 
@@ -108,7 +108,7 @@ def test_the_reaper_leaves_alone_a_live_worker_whose_clock_is_behind(
     # Past the stale limit since the claim: only the heartbeats keep the run alive now.
     time.sleep(STALE_AFTER + 0.5)
     reaper.run_once(pg, reaper.ReaperConfig(stale_after=timedelta(seconds=STALE_AFTER)))
-    row = handle.wait(timeout=20)
+    row = handle.settled(timeout=20)
     assert (row["state"], row["attempts"]) == ("succeeded", 1)
     assert "reap_requeue" not in transitions(pg, handle.job_id)
     assert tasks.calls(f"{token}:published") == 1

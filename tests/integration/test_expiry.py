@@ -51,7 +51,7 @@ def test_a_job_within_its_expiry_runs_and_its_retry_keeps_the_same_expiry(db: En
     expires_at = run_row(db, handle.job_id)["expires_at"]
     before = datetime.now(UTC)
     assert before + timedelta(seconds=50) < expires_at <= before + timedelta(seconds=60)
-    handle.wait(timeout=30)
+    handle.settled(timeout=30)
     row = run_row(db, handle.job_id)
     assert (row["state"], row["attempts"], row["expires_at"]) == ("succeeded", 2, expires_at)
     assert handle.state == celery_states.SUCCESS

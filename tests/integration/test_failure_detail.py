@@ -18,7 +18,7 @@ def test_each_failed_attempt_stores_its_scrubbed_exception(
 ) -> None:
     caplog.set_level(logging.INFO, logger="jobsapp")
     token = "detail"
-    row = tasks.leaky.delay(token).wait()
+    row = tasks.leaky.delay(token).settled()
     assert (row["state"], row["outcome"]) == ("failed", "permanent")
     assert "\n" not in row["last_error"]
     failed = {e["transition"]: e for e in events(db, row["job_id"]) if e["detail"] is not None}

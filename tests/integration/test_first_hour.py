@@ -67,7 +67,7 @@ def test_send_task_by_name_becomes_a_run_keyed_by_its_task_id(
     sent = elsewhere.send_task("tests.hour.add", (12, 30))
     assert isinstance(sent, AsyncResult)  # what Celery's send_task returns, unchanged
     handle = hour.add.AsyncResult(sent.id)
-    assert handle.wait()["state"] == "succeeded"
+    assert handle.settled()["state"] == "succeeded"
     row = run_row(pg, uuid.UUID(sent.id))
     assert (row["task_name"], row["attempts"]) == ("tests.hour.add", 1)
     assert row["params"] == {"args": [12, 30], "kwargs": {}}
@@ -78,7 +78,7 @@ def test_send_task_keeps_its_keyword_arguments_and_retries_through_the_journal(
 ) -> None:
     token = f"shaky-{uuid.uuid4().hex[:8]}"
     sent = elsewhere.send_task("tests.hour.shaky", (token,), {"fail_times": 1})
-    assert hour.shaky.AsyncResult(sent.id).wait()["state"] == "succeeded"
+    assert hour.shaky.AsyncResult(sent.id).settled()["state"] == "succeeded"
     row = run_row(pg, uuid.UUID(sent.id))
     assert row["attempts"] == 2
     assert row["params"] == {"args": [token], "kwargs": {"fail_times": 1}}
@@ -91,7 +91,7 @@ def test_the_admin_job_page_lists_each_attempts_celery_task_id(
     """The ids Flower lists: the send_task id for the first attempt, then the ids jobsapp
     published the retries under."""
     sent = elsewhere.send_task("tests.hour.shaky", (f"admin-{uuid.uuid4().hex[:8]}", 1))
-    assert hour.shaky.AsyncResult(sent.id).wait()["state"] == "succeeded"
+    assert hour.shaky.AsyncResult(sent.id).settled()["state"] == "succeeded"
     with environment(JOBSAPP_ADMIN_TOKEN=ADMIN_TOKEN):
         client = create_app().test_client()
         log_in(client, BASE, ADMIN_TOKEN)
@@ -110,7 +110,7 @@ def test_a_redelivered_send_task_message_is_not_a_second_run(
     for _ in range(2):
         elsewhere.send_task("tests.hour.shaky", (token, 0), task_id=task_id)
     job_id = uuid.UUID(task_id)
-    assert hour.shaky.AsyncResult(task_id).wait()["state"] == "succeeded"
+    assert hour.shaky.AsyncResult(task_id).settled()["state"] == "succeeded"
     no_work = f"job {job_id} attempt 1: no work"
     eventually(lambda: [r for r in caplog.records if r.getMessage().startswith(no_work)])
     assert calls(token) == 1

@@ -161,7 +161,7 @@ def test_a_paused_domain_is_not_published_by_the_relay(pg: Engine, redis_clean: 
         flow.resume(pg, flow.Kind.DOMAIN, JOBS.module, actor="operator:test", reason="x")
     assert relay.run_once(app, pg, RELAY)["published"] >= 1
     with in_process_worker(concurrency=1):
-        handle.wait(timeout=30)
+        handle.settled(timeout=30)
     assert tasks.calls(token) == 1
 
 

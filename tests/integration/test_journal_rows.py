@@ -35,7 +35,7 @@ def test_a_successful_job_writes_a_run_row_and_an_outbox_row_and_its_timeline_is
 ) -> None:
     before = _counts(db)
     handle = tasks.echo.apply_async(("two rows",))
-    handle.wait()
+    handle.settled()
     grown = {name: n - before[name] for name, n in _counts(db).items() if n != before[name]}
 
     assert grown == {"job_runs": 1, "outbox": 1}
@@ -52,7 +52,7 @@ def test_a_successful_job_writes_a_run_row_and_an_outbox_row_and_its_timeline_is
 
 def test_a_retried_job_keeps_its_first_claim_as_an_event_row(worker: object, db: Engine) -> None:
     handle = tasks.flaky.apply_async((f"rows-flaky-{uuid.uuid4()}", 1, "hunter2"))
-    handle.wait()
+    handle.settled()
 
     detail = browse.job_detail(db, JOBS.module, handle.job_id)
     assert detail is not None

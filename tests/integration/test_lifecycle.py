@@ -28,19 +28,19 @@ def test_same_job_id_twice_is_one_row(worker: object, db: Engine) -> None:
     first = tasks.windowed.apply_async(("a",), job_id=job_id)
     second = tasks.windowed.apply_async(("a",), job_id=job_id)
     assert (first.outcome, second.outcome) == (EnqueueOutcome.ENQUEUED, EnqueueOutcome.DUPLICATE)
-    first.wait()
+    first.settled()
     assert run_count(db) == 1
     assert tasks.calls("a") == 1
 
 
 def test_after_the_dedup_window_the_same_job_runs_again(worker: object, db: Engine) -> None:
     job_id = uuid.uuid4()
-    tasks.windowed.apply_async(("w",), job_id=job_id).wait()
+    tasks.windowed.apply_async(("w",), job_id=job_id).settled()
     assert tasks.windowed.apply_async(("w",), job_id=job_id).outcome == "duplicate"
     time.sleep(1.2)
     again = tasks.windowed.apply_async(("w",), job_id=job_id)
     assert again.outcome == EnqueueOutcome.ENQUEUED
-    row = again.wait()
+    row = again.settled()
     assert (row["state"], row["attempts"]) == ("succeeded", 2)
     assert tasks.calls("w") == 2
     assert run_count(db) == 1
@@ -54,7 +54,9 @@ def test_a_duplicate_answer_does_not_stretch_the_redis_key_past_the_journals_win
     key = f"jobsapp:dedup:jobs:{job_id}"
     # The body outlasts the window: its Redis key (counted from the enqueue) expires
     # while it runs, and the journal's window (counted from the finish) is still open.
-    row = tasks.windowed_slow.apply_async(("slow", tasks.SLOW_WINDOW + 0.5), job_id=job_id).wait()
+    row = tasks.windowed_slow.apply_async(
+        ("slow", tasks.SLOW_WINDOW + 0.5), job_id=job_id
+    ).settled()
     assert tasks.counter().exists(key) == 0
 
     repeat = tasks.windowed_slow.apply_async(("slow", 0.0), job_id=job_id)
@@ -64,7 +66,7 @@ def test_a_duplicate_answer_does_not_stretch_the_redis_key_past_the_journals_win
     eventually(lambda: _database_now(db) > row["finished_at"] + window)
     again = tasks.windowed_slow.apply_async(("slow", 0.0), job_id=job_id)
     assert again.outcome == EnqueueOutcome.ENQUEUED
-    assert (again.wait()["attempts"], tasks.calls("slow")) == (2, 2)
+    assert (again.settled()["attempts"], tasks.calls("slow")) == (2, 2)
 
 
 def _database_now(db: Engine) -> datetime:
@@ -93,18 +95,18 @@ def test_one_active_job_per_key_under_a_thundering_herd(worker: object, db: Engi
     assert len(skipped) == 19
     assert {h.holder for h in skipped} == {winners[0].job_id}
     tasks.open_gate("herd", 1)
-    winners[0].wait()
+    winners[0].settled()
     assert tasks.calls("herd") == 1
     after = tasks.gated.apply_async(("herd", 0.0))
     assert after.outcome == EnqueueOutcome.ENQUEUED
-    after.wait()
+    after.settled()
 
 
 def test_two_failures_then_success_is_one_row_with_three_attempts(
     worker: object, db: Engine
 ) -> None:
     handle = tasks.flaky.delay("f", 2, SECRET)
-    row = handle.wait()
+    row = handle.settled()
     assert (row["state"], row["attempts"]) == ("succeeded", 3)
     assert run_count(db) == 1
     history = events(db, handle.job_id)
@@ -118,14 +120,14 @@ def test_two_failures_then_success_is_one_row_with_three_attempts(
 
 
 def test_attempts_exhausted_ends_failed(worker: object, db: Engine) -> None:
-    row = tasks.doomed.delay("d").wait()
+    row = tasks.doomed.delay("d").settled()
     assert (row["state"], row["outcome"], row["attempts"]) == ("failed", "exhausted", 2)
     assert "ValueError: this never works" in row["last_error"]
     assert tasks.calls("d") == 2
 
 
 def test_celery_autoretry_maps_to_attempts(worker: object, db: Engine) -> None:
-    row = tasks.celery_retry.delay("c").wait()
+    row = tasks.celery_retry.delay("c").settled()
     assert (row["state"], row["attempts"]) == ("succeeded", 3)
     assert tasks.celery_retry.max_attempts == 3
 
@@ -144,7 +146,7 @@ def test_heartbeat_stamps_while_the_body_runs(worker: object, db: Engine) -> Non
 
 def test_the_redis_fast_path_mirrors_the_journal(worker: object, db: Engine) -> None:
     handle = tasks.windowed.delay("fast")
-    handle.wait()
+    handle.settled()
     key = f"jobsapp:dedup:jobs:{handle.job_id}"
     assert tasks.counter().ttl(key) > 0
     assert tasks.windowed.apply_async(("fast",), job_id=handle.job_id).outcome == "duplicate"
@@ -167,7 +169,7 @@ def test_a_run_taken_by_the_reaper_publishes_nothing(worker: object, db: Engine)
 
 
 def test_short_retry_after_is_waited_inline(worker: object, db: Engine) -> None:
-    row = tasks.paused.delay("p1", 1.0).wait()
+    row = tasks.paused.delay("p1", 1.0).settled()
     assert (row["state"], row["attempts"]) == ("succeeded", 1)
     assert tasks.calls("p1:done") == 1
 
@@ -178,7 +180,7 @@ def test_long_retry_after_frees_the_slot(worker: object, db: Engine) -> None:
                      and r["next_retry_at"] and r)  # fmt: skip
     assert row["attempts"] == 1
     assert row["max_attempts"] == 4  # the pause did not spend an attempt
-    tasks.echo.delay("next").wait(timeout=10)
+    tasks.echo.delay("next").settled(timeout=10)
     assert run_row(db, handle.job_id)["state"] == "queued"
     (pending,) = [m for m in outbox_rows(db, handle.job_id) if m["attempt"] == 2]
     assert pending["published_at"] is None
@@ -186,13 +188,13 @@ def test_long_retry_after_frees_the_slot(worker: object, db: Engine) -> None:
 
 def test_duplicate_and_stale_messages_do_no_work(worker: object, db: Engine) -> None:
     handle = tasks.echo.delay("dup")
-    handle.wait()
+    handle.settled()
     (message,) = outbox_rows(db, handle.job_id)
     body = {**message["body"], "outbox_id": message["id"]}
     app.send_task("tests.echo", kwargs=body)
     app.send_task("tests.echo", kwargs=body)
     app.send_task("tests.echo", kwargs={**body, "attempt": 1})
-    tasks.echo.delay("sentinel").wait()
+    tasks.echo.delay("sentinel").settled()
     time.sleep(0.5)
     assert tasks.calls("dup") == 1
     assert transitions(db, handle.job_id).count("claim") == 1
@@ -231,7 +233,7 @@ def test_a_message_violating_the_schema_is_rejected(
     app.send_task("tests.echo", kwargs={"schema_version": 1, "job_id": "not-a-uuid",
                                         "url": "http://evil/x"})  # fmt: skip
     app.send_task("tests.echo", args=("positional", "extra"))
-    assert tasks.echo.delay("alive").wait()["state"] == "succeeded"
+    assert tasks.echo.delay("alive").settled()["state"] == "succeeded"
     assert run_count(db) == 1
     rejections = [r.getMessage() for r in caplog.records if "rejected message" in r.getMessage()]
     assert len(rejections) == 2
@@ -259,13 +261,13 @@ def test_enqueue_in_a_committed_session_publishes_after_commit(worker: object, d
     with Session(db) as session:
         handle = tasks.echo.apply_async(("committed",), session=session)
         session.commit()
-    assert handle.wait()["state"] == "succeeded"
+    assert handle.settled()["state"] == "succeeded"
 
 
 def test_a_batch_enqueues_with_the_callers_transaction(worker: object, db: Engine) -> None:
     with transaction(app) as batch:
         handles = [tasks.echo.enqueue_in(batch, (f"batch{i}",)) for i in range(5)]
-    assert all(h.wait()["state"] == "succeeded" for h in handles)
+    assert all(h.settled()["state"] == "succeeded" for h in handles)
     assert [tasks.calls(f"batch{i}") for i in range(5)] == [1] * 5
 
 
@@ -287,7 +289,7 @@ def test_a_failed_batch_leaves_nothing(worker: object, db: Engine) -> None:
 def test_a_countdown_delays_the_first_attempt_in_the_journal(worker: object, db: Engine) -> None:
     later = tasks.echo.apply_async(("later",), countdown=60)
     soon = tasks.echo.apply_async(("soon",), countdown=1)
-    assert soon.wait(timeout=15)["state"] == "succeeded"
+    assert soon.settled(timeout=15)["state"] == "succeeded"
     row = run_row(db, later.job_id)
     assert row["state"] == "queued"
     assert row["next_retry_at"] > row["created_at"] + timedelta(seconds=55)

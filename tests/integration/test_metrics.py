@@ -64,19 +64,19 @@ def test_attempts_outcomes_histograms_dedup_and_relay_are_counted_once(
 ) -> None:
     db = fresh_totals
     for n in range(2):
-        tasks.echo.apply_async((f"metrics-{n}",)).wait()
-    tasks.doomed.apply_async(("metrics-doomed",)).wait()
+        tasks.echo.apply_async((f"metrics-{n}",)).settled()
+    tasks.doomed.apply_async(("metrics-doomed",)).settled()
     job_id = uuid.uuid4()
     for _ in range(2):
         duplicate = tasks.windowed.apply_async(("metrics-dup",), job_id=job_id)
-    duplicate.wait()
+    duplicate.settled()
     with db.begin() as conn:
         relayed = tasks.echo.apply_async(("metrics-relayed",), connection=conn)
     # The fast path marks its rows published a moment after the broker took them: until
     # then a relay with no grace would send them again too.
     eventually(lambda: _unpublished(db) == [relayed.job_id])
     assert relay.run_once(app, db, relay.RelayConfig(grace=timedelta(0)))["published"] == 1
-    relayed.wait()
+    relayed.settled()
 
     counted = rollup.run_once(db, settle=timedelta(0))
     assert counted > 0

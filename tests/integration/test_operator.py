@@ -382,13 +382,13 @@ def test_cancelling_an_attachment_job_fails_its_attachment(db: Engine) -> None:
 
 def test_a_replayed_job_runs_again_on_a_worker(worker: object, db: Engine) -> None:
     handle = tasks.fails_once.delay(f"fix-{uuid.uuid4()}")
-    first = handle.wait()
+    first = handle.settled()
     assert (first["state"], first["outcome"], first["attempts"]) == ("failed", "permanent", 1)
 
     done = operator.replay(db, "jobs", handle.job_id, actor="alice", reason="upstream fixed")
 
     assert done.published
-    row = handle.wait()
+    row = handle.settled()
     assert (row["state"], row["attempts"]) == ("succeeded", 2)
     assert [(e["transition"], e["attempt"]) for e in events(db, handle.job_id)] == [
         ("enqueue", 1), ("claim", 1), ("fail", 1), ("replay", 2), ("claim", 2), ("succeed", 2),

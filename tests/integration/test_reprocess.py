@@ -198,7 +198,7 @@ def test_a_failed_job_at_the_version_is_left_out_unless_asked_for(
     s3.put_if_absent(key, forged, hashlib.sha256(forged).hexdigest(), "image/png")
     failed = process_attachment.apply_async(
         kwargs={"attachment_id": broken, "pipeline_version": 2}
-    ).wait()
+    ).settled()
     assert (failed["state"], failed["attempts"]) == ("failed", 1)
 
     done = reprocess_to(db, 2)

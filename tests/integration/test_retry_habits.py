@@ -47,7 +47,7 @@ def _token(what: str) -> str:
 def _ours(db: Engine, name: str, token: str) -> dict[str, object]:
     with in_process_worker():
         handle = habits.LIFECYCLE[name].delay(token)
-        handle.wait(timeout=30)
+        handle.settled(timeout=30)
     return dict(run_row(db, handle.job_id))
 
 

@@ -59,7 +59,7 @@ def test_a_revoked_queued_job_never_runs(pg: Engine) -> None:
     assert _state(pg, revoked) == State.FAILED
     # One slot and a FIFO queue: the revoked job's message is taken before the next one's.
     with in_process_worker(concurrency=1):
-        _handle(tasks.echo.delay(after)).wait(timeout=30)
+        _handle(tasks.echo.delay(after)).settled(timeout=30)
     _assert_cancelled_unrun(pg, revoked, token)
 
 
@@ -69,7 +69,7 @@ def test_a_revoked_running_job_is_stopped_at_its_next_beat(db: Engine) -> None:
     running = _handle(tasks.looping.delay(token, 60.0))
     eventually(lambda: tasks.calls(token) == 1 and _state(db, running) == State.RUNNING)
     app.control.revoke(running.id, terminate=True)  # the threads pool cannot terminate
-    row = running.wait(timeout=30)
+    row = running.settled(timeout=30)
     assert (row["state"], row["outcome"]) == (State.FAILED, Outcome.CANCELLED)
     seen = transitions(db, running.job_id)
     assert seen == [Transition.ENQUEUE, Transition.CLAIM, Transition.CANCEL_REQUEST,
@@ -100,14 +100,14 @@ def test_a_worker_restart_between_revoke_and_delivery_does_not_forget_it(
     subprocesses: Launcher, pg: Engine
 ) -> None:
     first = _worker(subprocesses, "revoke-a")
-    _handle(tasks.echo.delay(uuid.uuid4().hex)).wait(timeout=30)
+    _handle(tasks.echo.delay(uuid.uuid4().hex)).settled(timeout=30)
     first.kill()  # down: Celery's broadcast of the revoke reaches no worker
     token, after = uuid.uuid4().hex, uuid.uuid4().hex
     revoked = _handle(tasks.echo.delay(token))
     app.control.revoke(revoked.id)
     _worker(subprocesses, "revoke-b")
     # One prefork child and a FIFO queue: the revoked message is taken before this one.
-    _handle(tasks.echo.delay(after)).wait(timeout=30)
+    _handle(tasks.echo.delay(after)).settled(timeout=30)
     assert tasks.calls(after) == 1
     _assert_cancelled_unrun(pg, revoked, token)
 
@@ -142,7 +142,7 @@ def test_an_attempts_task_id_revokes_its_queued_job(pg: Engine) -> None:
     app.control.revoke(task_id_for(revoked.job_id, 1))
     assert _state(pg, revoked) == State.FAILED
     with in_process_worker(concurrency=1):
-        _handle(tasks.echo.delay(after)).wait(timeout=30)
+        _handle(tasks.echo.delay(after)).settled(timeout=30)
     _assert_cancelled_unrun(pg, revoked, token)
 
 
@@ -152,7 +152,7 @@ def test_a_running_attempts_task_id_stops_its_job(db: Engine) -> None:
     running = _handle(tasks.looping.delay(token, 60.0))
     eventually(lambda: tasks.calls(token) == 1 and _state(db, running) == State.RUNNING)
     app.control.revoke(task_id_for(running.job_id, 1), terminate=True)
-    row = running.wait(timeout=30)
+    row = running.settled(timeout=30)
     assert (row["state"], row["outcome"]) == (State.FAILED, Outcome.CANCELLED)
     assert tasks.calls(f"{token}-done") == 0
 

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 from celery.exceptions import Retry
+from celery.utils.threads import LocalStack
 
 from jobsapp.lifecycle.attempt import End, Ended
 from jobsapp.lifecycle.errors import RetryRequested
@@ -76,8 +77,10 @@ def _through_the_task(error: BaseException | None = None) -> Ended:
     jobsapp's frames (here one that calls the body through ``_call_body``)."""
     task = LifecycleTask()
     task.run = _body  # type: ignore[method-assign]
+    task.request_stack = LocalStack()  # as Celery's binding to an app gives it
     try:
-        task._call_body({"params": {"args": ["4242"], "kwargs": {}}})
+        task._call_body({"job_id": uuid.uuid4(), "attempts": 2,
+                         "params": {"args": ["4242"], "kwargs": {}}})
     except PaymentDeclined as exc:
         error = exc
     return Ended(End.FAILED, "permanent: PaymentDeclined: ...", error=error)

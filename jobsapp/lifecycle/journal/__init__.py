@@ -35,6 +35,8 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - reap.py: Transition.REAP_REQUEUE, REAP_FAIL (the reaper's queries)
 - workflow.py: a canvas's steps, and the runs a step's SUCCEED or FAIL starts (in its
   transaction)
+- kept_result.py: update_state's progress of a running attempt (fenced by its claim) and
+  ``forget`` of a finished run's value; neither moves the state
 - reads.py: the reads of one run (load, snoozes, the holder of a key)
 - task_ids.py: the active run an attempt's Celery task id names (a revoke by that id)
 - slots.py: a limited key's line (``limit=N``, ``fair``): admit, grant, release; the run
@@ -73,6 +75,7 @@ from jobsapp.lifecycle.journal.events import Event, record_event
 from jobsapp.lifecycle.journal.expire import expire, expire_due
 from jobsapp.lifecycle.journal.finish import fail, requeue, succeed
 from jobsapp.lifecycle.journal.heartbeat import heartbeat
+from jobsapp.lifecycle.journal.kept_result import forget_result, write_progress
 from jobsapp.lifecycle.journal.new_run import NewJob, new_claim_token
 from jobsapp.lifecycle.journal.outbox_rows import (
     Outgoing,
@@ -137,6 +140,7 @@ __all__ = [
     "expire_due",
     "fail",
     "find_stale",
+    "forget_result",
     "heartbeat",
     "history",
     "honour_cancel",
@@ -155,4 +159,5 @@ __all__ = [
     "revoke",
     "snoozes",
     "succeed",
+    "write_progress",
 ]

@@ -216,6 +216,18 @@ def blocked_row(conn: Connection, job_id: uuid.UUID) -> dict[str, Any] | None:
             "attempts": 0, "result": None, "finished_at": step["blocked_at"]}  # fmt: skip
 
 
+def steps_of(conn: Connection, workflow_id: uuid.UUID) -> list[dict[str, Any]]:
+    """Every step row of a workflow (``GroupResult.restore`` rebuilds its handles)."""
+    stmt = select(STEPS).where(STEPS.c.workflow_id == workflow_id)
+    return [dict(row) for row in conn.execute(stmt).mappings()]
+
+
+def waited_on(conn: Connection, job_id: uuid.UUID) -> list[str]:
+    """The job ids the step ``job_id`` waits for (none for a first step or no step)."""
+    step = _step(conn, job_id)
+    return [] if step is None else list(waited_for(step["after"]))
+
+
 def _errbacks(conn: Connection, step: Mapping[str, Any], *, actor: str) -> list[PendingMessage]:
     """Celery's old-style errback call: the failed task's id first."""
     started = [start(conn, errback, [str(step["job_id"])], actor=actor)

@@ -115,7 +115,7 @@ def test_a_worker_runs_the_committed_job(db: Engine, worker: object) -> None:
     with transaction.atomic():
         order = Order.objects.create(customer="ada", total_cents=100)
         handle = enqueue(send_receipt, kwargs={"order_id": order.pk})
-    assert handle.wait(timeout=60)["state"] == "succeeded"
+    assert handle.settled(timeout=60)["state"] == "succeeded"
     order.refresh_from_db()
     assert order.receipt_sent
 

@@ -1,0 +1,44 @@
+"""The two writes of a run's ``result`` column outside its success: Celery's
+``update_state`` progress of a running attempt, and ``forget`` of a finished run's value.
+
+Neither moves the run's state (no transition of ``states.ALLOWED``). Progress is fenced as
+a heartbeat is, by the attempt's claim token and the running state, so an attempt that
+lost its claim cannot write over its successor's; the succeed statement later overwrites
+it with the body's return value. ``forget`` clears only a finished run's value.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import Connection, update
+
+from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.states import TERMINAL_STATES, State
+
+
+def write_progress(
+    conn: Connection, spec: RunTable, job_id: uuid.UUID, token: uuid.UUID, value: Any
+) -> bool:
+    """The running attempt holding ``token`` keeps ``value``; False: it holds no claim."""
+    table = spec.table
+    stmt = (
+        update(table)
+        .where(table.c.job_id == job_id, table.c.state == State.RUNNING.value,
+               table.c.claim_token == token)
+        .values(result=value)
+    )  # fmt: skip
+    return conn.execute(stmt).rowcount == 1
+
+
+def forget_result(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> bool:
+    """A finished run's kept value is dropped; False: not finished (nothing to forget)."""
+    table = spec.table
+    stmt = (
+        update(table)
+        .where(table.c.job_id == job_id, table.c.state.in_(TERMINAL_STATES),
+               table.c.result.is_not(None))
+        .values(result=None)
+    )  # fmt: skip
+    return conn.execute(stmt).rowcount == 1
