@@ -34,7 +34,8 @@ task_serializer = "json"
 accept_content = ["json"]
 # The longest a job may run; the broker's redelivery timeout must exceed it.
 task_time_limit = 3600
-task_soft_time_limit = 3300
+# No global soft limit: Celery's pool arms a hard limit only after the soft one, so a
+# global soft limit above a task's own time_limit would delay that task's kill to it.
 # Redis redelivers an unacked message after visibility_timeout; it must exceed the
 # longest run or a healthy long job would be delivered twice.
 VISIBILITY_TIMEOUT = 2 * task_time_limit

@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from celery import Celery
-from celery.exceptions import MaxRetriesExceededError, SoftTimeLimitExceeded
+from celery.exceptions import MaxRetriesExceededError, TimeLimitExceeded
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
@@ -231,8 +231,6 @@ def _describe(exc: BaseException, rules: AttemptRules) -> str:
 def _settle_failure(
     app: Celery, ctx: RunContext, exc: Exception, rules: AttemptRules
 ) -> Ended:
-    if isinstance(exc, SoftTimeLimitExceeded):
-        exc = RetryRequested(exc, None)
     decision = decide_failure(
         exc, attempt=ctx.attempt, max_attempts=int(ctx.row["max_attempts"]),
         policy=rules.policy, permanent=rules.permanent, requested_only=rules.requested_only,
@@ -252,6 +250,15 @@ def _settle_failure(
         ended = _requeue(app, ctx, delay, error, Transition.RETRY, rules, refund=False,
                          detail=detail, cause=cause)  # fmt: skip
     return replace(ended, error=cause)
+
+
+def time_out(app: Celery, ctx: RunContext, rules: AttemptRules, seconds: float) -> Ended:
+    """End the attempt past its hard time limit as if its body had raised Celery's
+    ``TimeLimitExceeded(seconds)``: recorded so, then retried or failed as the retry policy
+    says. Written for a body that cannot write it (lifecycle/timeouts.py)."""
+    ended = _settle_failure(app, ctx, TimeLimitExceeded(seconds), rules)
+    limits.publish_granted(app, ctx.granted)
+    return ended
 
 
 def _max_retries_exceeded(ctx: RunContext) -> MaxRetriesExceededError:

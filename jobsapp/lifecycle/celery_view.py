@@ -17,6 +17,7 @@ arguments and jobsapp's wrapper as the exception. Instead:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -28,11 +29,15 @@ from celery import Celery
 from celery.events.dispatcher import EventDispatcher
 from celery.exceptions import Retry
 from celery.utils.saferepr import saferepr
+from celery.worker import state as worker_state
 from celery.worker.request import Request
 
+from jobsapp.lifecycle import timeouts
 from jobsapp.lifecycle.attempt import End, Ended
 from jobsapp.lifecycle.message import Envelope, task_id_for
 from jobsapp.lifecycle.scrub import scrub
+
+log = logging.getLogger(__name__)
 
 # The request field that tells the pool child whether this worker sends task events now.
 EVENTS_ON: Final = "jobsapp_task_events"
@@ -203,6 +208,17 @@ class LifecycleRequest(Request):
         a second, with the envelope as arguments, counted each attempt twice."""
         if type != "task-started":
             super().send_event(type, **fields)
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        """A hard limit: the pool kills the child, which cannot write its end; the
+        journal records it here first (lifecycle/timeouts.py), then Celery reports it.
+        Nothing may escape: billiard kills the child only after this returns."""
+        if not soft and not worker_state.should_terminate:
+            try:
+                timeouts.ended_by_pool(self, timeout)
+            except Exception:
+                log.exception("job of task %s: hard time limit not recorded", self.id)
+        super().on_timeout(soft, timeout)
 
     @property
     def request_dict(self) -> dict[str, Any]:

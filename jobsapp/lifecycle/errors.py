@@ -47,6 +47,15 @@ class CancelRequested(LeaseLost):
         super().__init__(message)
 
 
+class TimeLimitEnded(LeaseLost):
+    """The journal ended the running attempt at its hard time limit (recorded with
+    Celery's ``TimeLimitExceeded``): raised in the body at the heartbeat's beat, as
+    ``CancelRequested`` is (lifecycle/timeouts.py)."""
+
+    def __init__(self, message: str = "the journal ended this attempt at its time limit") -> None:
+        super().__init__(message)
+
+
 class InvalidMessage(Exception):
     """A broker message that violates ``jobs.schema.json``: rejected, never retried."""
 

@@ -3,7 +3,9 @@ run registered with it, each under its own fence.
 
 A stamp refused because a revoke asked the attempt to stop raises ``CancelRequested`` in
 the body's thread (``interruptible``): at its next bytecode once it is back from a blocking
-call, as a signal handler would.
+call, as a signal handler would. A run past its hard time limit (``limit``) is ended at a
+beat instead of stamped: its ``on_limit`` writes the end, the body hears ``TimeLimitEnded``
+the same way, and nothing more is stamped (lifecycle/timeouts.py).
 
 A prefork child runs one job at a time and a threads pool several; either way a run costs
 a registration, not a thread started and joined. The thread starts with the first run of a
@@ -18,7 +20,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import Engine
@@ -26,7 +28,7 @@ from sqlalchemy import Engine
 from jobsapp import crashpoints
 from jobsapp.db import relaxed_autocommit
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.errors import CancelRequested, LeaseLost
+from jobsapp.lifecycle.errors import CancelRequested, LeaseLost, TimeLimitEnded
 from jobsapp.lifecycle.registry import RunTable
 
 log = logging.getLogger(__name__)
@@ -69,12 +71,27 @@ class Heartbeat:
         # stalled under cProfile (bench profile).
         self._raised = False
         self.beats = 0
+        # The hard time limit (seconds from __enter__) and what ends the run there.
+        self._limit: tuple[float, Callable[[], None]] | None = None
+        self._limit_at: float | None = None
+
+    def limit(self, seconds: float, on_limit: Callable[[], None]) -> None:
+        """Past ``seconds`` from entering, the next beat calls ``on_limit`` (which ends
+        the attempt in the journal) instead of stamping, and the body is interrupted."""
+        self._limit = (seconds, on_limit)
 
     def __enter__(self) -> Heartbeat:
         self._landed = time.monotonic()
-        self.due = self._landed + self.interval
+        if self._limit is not None:
+            self._limit_at = self._landed + self._limit[0]
+        self.due = self.next_due(self._landed)
         _ticker().add(self)
         return self
+
+    def next_due(self, now: float) -> float:
+        """When to beat next: an interval on, or at the time limit if that comes first."""
+        due = now + self.interval
+        return due if self._limit_at is None else min(due, self._limit_at)
 
     def __exit__(self, *_exc: object) -> None:
         _ticker().remove(self)
@@ -115,6 +132,9 @@ class Heartbeat:
     def beat(self) -> bool:
         """One stamp (called by the ticker); False once the lease is lost."""
         crashpoints.hit("before_heartbeat")
+        if self._limit_at is not None and time.monotonic() >= self._limit_at:
+            self._end_at_limit()
+            return False
         alive = self._stamp()
         overdue = self._overdue()
         if not alive or overdue:
@@ -123,7 +143,7 @@ class Heartbeat:
                 self._why_lost = self._overdue_why()
             if self._revoked():
                 self._cancelled.set()
-                self._interrupt()
+                self._interrupt(CancelRequested)
             self._lost.set()
             log.warning("job %s attempt %s: lease lost", self._job_id, self._attempt)
             return False
@@ -146,10 +166,24 @@ class Heartbeat:
                     self._raised = False
                 self._body = None
 
-    def _interrupt(self) -> None:
+    def _end_at_limit(self) -> None:
+        """The run is past its hard time limit: end it, stop the body, stamp no more (an
+        end that could not be written leaves the run to the reaper, as a stale one)."""
+        assert self._limit is not None
+        seconds, on_limit = self._limit
+        try:
+            on_limit()
+        except Exception:
+            log.exception("job %s attempt %s: the end at the time limit was not written",
+                          self._job_id, self._attempt)  # fmt: skip
+        self._why_lost = f"past its hard time limit ({seconds:g}s)"
+        self._lost.set()
+        self._interrupt(TimeLimitEnded)
+
+    def _interrupt(self, exc: type[LeaseLost]) -> None:
         with self._body_lock:
             if self._body is not None:
-                _async_raise(self._body, CancelRequested)
+                _async_raise(self._body, exc)
                 self._raised = True
 
     def _revoked(self) -> bool:
@@ -228,7 +262,7 @@ class Ticker:
                 log.exception("heartbeat of a run failed")
             with self._changed:
                 self._beating = None
-                run.due = time.monotonic() + run.interval
+                run.due = run.next_due(time.monotonic())
                 if not alive:
                     self._runs.discard(run)
                 self._changed.notify_all()

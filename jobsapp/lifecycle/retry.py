@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from enum import StrEnum
 
 from jobsapp.lifecycle.errors import PermanentError, RetryAfter, RetryRequested
 from jobsapp.lifecycle.states import Outcome
+
+# jobsapp's own call checks live here: a TypeError raised in this package refuses a call.
+_LIFECYCLE = os.path.join(os.path.dirname(__file__), "")
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,22 @@ def decide_retry_after(seconds: float, inline_wait_max: float) -> Decision:
     return Decision(Action.SNOOZE, delay=seconds)
 
 
+def is_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` is jobsapp refusing a call the body made (an option it does not
+    support, arguments that are not JSON, ``replace()``): a ``TypeError`` raised by the
+    lifecycle package's own checks. A mistake in the code, not a passing fault: the same
+    call would be refused again, so it is never retried, not even through a
+    ``self.retry(exc=...)`` (``autoretry_for=(Exception,)``)."""
+    if isinstance(exc, RetryRequested) and exc.cause is not None:
+        exc = exc.cause
+    if not isinstance(exc, TypeError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.startswith(_LIFECYCLE)
+
+
 def decide_failure(
     exc: BaseException,
     *,
@@ -66,11 +86,14 @@ def decide_failure(
 ) -> Decision:
     """What to do after the body raised ``exc`` on ``attempt`` (1-based).
 
+    A ``PermanentError``, one of the task's ``permanent`` errors, or a refusal of a call
+    (``is_refusal``) fails at once.
+
     ``requested_only`` (a task that declares Celery's ``autoretry_for``): only what the
     task asked to retry is retried (``self.retry()``, which ``autoretry_for`` calls for
     the exceptions it lists, or a ``RetryAfter``); any other exception fails at once, as
     in Celery. A ``self.retry(max_retries=n)`` is exhausted after ``n`` retries."""
-    if isinstance(exc, (PermanentError, *permanent)):
+    if isinstance(exc, (PermanentError, *permanent)) or is_refusal(exc):
         return Decision(Action.FAIL, outcome=Outcome.PERMANENT)
     if requested_only and not isinstance(exc, RetryRequested | RetryAfter):
         return Decision(Action.FAIL, outcome=Outcome.PERMANENT)

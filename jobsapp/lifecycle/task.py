@@ -49,6 +49,7 @@ from jobsapp.lifecycle import (
     newjob,
     publisher,
     registry,
+    timeouts,
     totals,
     tracing,
 )
@@ -342,22 +343,26 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         **options: Any,
     ) -> NoReturn:
         """Celery's retry, kept in the journal: the same job, the next attempt, due after
-        ``countdown`` seconds or at ``eta``. ``max_retries`` bounds this call's retries as
-        in Celery; once none is left the job fails with ``exc``, or with Celery's
-        ``MaxRetriesExceededError`` when no ``exc`` was given. A changed ``args``/``kwargs``
-        is refused: a retry runs the job's own arguments (they are the journal's row)."""
+        ``countdown`` seconds or at ``eta``, else after the class's own
+        ``default_retry_delay`` if it declares one, else after the retry policy's backoff.
+        ``max_retries`` bounds this call's retries as in Celery; once none is left the job
+        fails with ``exc``, or with Celery's ``MaxRetriesExceededError`` when no ``exc``
+        was given. A changed ``args``/``kwargs`` is refused: a retry runs the job's own
+        arguments (they are the journal's row)."""
         if args is not None or kwargs is not None:
             # A mistake in the call, not a passing fault: the run fails, never retried.
             raise PermanentError(f"{self.name}.retry: args/kwargs cannot change on a retry: "
                                  "the next attempt runs the job's own arguments",
                                  error_code="retry_arguments")  # fmt: skip
+        if isinstance(exc, RetryRequested):
+            # autoretry_for=(Exception,) caught the body's own self.retry(): Celery lets
+            # its Retry through, so the body's countdown and max_retries stand.
+            raise exc
         del throw, options
         if eta is not None:
             countdown = max(0.0, (maybe_make_aware(eta) - self.app.now()).total_seconds())
-        elif countdown is None and "default_retry_delay" in type(self).__dict__:
-            # Declared on the task, Celery's delay of a retry that names none; otherwise
-            # the task's retry_policy (jobsapp's backoff) spaces the attempts.
-            countdown = float(self.default_retry_delay)
+        elif countdown is None:
+            countdown = _declared_retry_delay(type(self))
         raise RetryRequested(exc, countdown, max_retries)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -423,7 +428,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         self, env: message.Envelope, foreign: NewJob | None, *, eager: bool = False
     ) -> Ended | str:
         worker, engine, settings = self._worker_name(), get_engine(), get_settings()
-        rules = replace(self._rules(settings.inline_wait_max), publish_retry=not eager)
+        rules = replace(self.attempt_rules(settings.inline_wait_max), publish_retry=not eager)
         wait_early = math.inf if eager else rules.inline_wait_max
         outcome = self._claim(engine, env, foreign, worker, wait_early, self._gate)
         if isinstance(outcome, claim.Refusal):
@@ -438,10 +443,23 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             heartbeat=Heartbeat(engine, self.run_table, env.job_id, env.attempt, interval,
                                 settings.stale_after, token=outcome.row["claim_token"]),
         )  # fmt: skip
+        at_limit = None if eager else self._limited(ctx, rules)
         ended = run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)
+        if at_limit is not None:
+            ended = at_limit.instead_of(ended)
         if ended.end is End.LEASE_LOST:
             self._after_lost_lease(engine, env, ctx.token)
         return ended
+
+    def _limited(self, ctx: RunContext, rules: AttemptRules) -> timeouts.AtLimit | None:
+        """The journal's end of this attempt at its hard time limit, if it has one: the
+        only limit under the threads and solo pools (lifecycle/timeouts.py)."""
+        seconds = timeouts.hard_limit(self.request.timelimit, self.time_limit, self.app)
+        if seconds is None:
+            return None
+        at_limit = timeouts.AtLimit(self.app, ctx, rules, seconds)
+        ctx.heartbeat.limit(seconds, at_limit)
+        return at_limit
 
     def _after_lost_lease(self, engine: Engine, env: message.Envelope, token: uuid.UUID) -> None:
         """Name a claim lost in a database crash (it did not wait for the flush). A run
@@ -495,7 +513,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         values = newjob.named(self, args, kwargs)
         return self.rate_key.format(**{"concurrency_key": row["concurrency_key"], **values})
 
-    def _rules(self, inline_wait_max: float) -> AttemptRules:
+    def attempt_rules(self, inline_wait_max: float) -> AttemptRules:
+        """How an attempt's end is settled: the retry policy and its options."""
         return AttemptRules(
             policy=self.retry_policy,
             permanent=self.permanent_errors,
@@ -538,6 +557,18 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
                          {**shown, "job_id": str(env.job_id), "attempt": env.attempt})  # fmt: skip
         except publisher.BROKER_ERRORS as down:  # a live view; the attempt goes on
             log.info("task event of job %s not sent: %s", env.job_id, type(down).__name__)
+
+
+def _declared_retry_delay(cls: type[LifecycleTask]) -> float | None:
+    """Celery's ``default_retry_delay`` where the task declares it; Celery's own default
+    (180 s) gives way to the retry policy's backoff (docs/lifecycle.md)."""
+    for klass in cls.__mro__:
+        if klass is LifecycleTask:
+            return None
+        if "default_retry_delay" in klass.__dict__:
+            delay = klass.__dict__["default_retry_delay"]
+            return None if delay is None else float(delay)
+    return None
 
 
 # The frame that calls the body: Flower's traceback of a failed attempt starts below it.
