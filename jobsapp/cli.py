@@ -316,11 +316,12 @@ def _add_reconcile_command(sub: Any) -> None:
 
 
 def _add_operator_commands(sub: Any) -> None:
-    from jobsapp.lifecycle.states import ALL_STATES
+    from jobsapp.monitor.summary import FILTERS
 
     show = sub.add_parser("summary", help="the newest jobs of every run table")
-    show.add_argument("--state", action="append", choices=ALL_STATES,
-                      help="only this state (repeatable)")  # fmt: skip
+    show.add_argument("--state", action="append", choices=FILTERS,
+                      help="only this state (repeatable); failed leaves out cancelled and "
+                      "expired jobs, which cancelled and expired list")  # fmt: skip
     show.add_argument("--module", help="only this run table (jobs, attachments, ...)")
     show.add_argument("--attachment", type=uuid.UUID, help="only the jobs of this attachment")
     show.add_argument("--limit", type=int, default=100,

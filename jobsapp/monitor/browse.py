@@ -25,9 +25,16 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox_queries, registry
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import ALL_STATES, State, Transition
+from jobsapp.lifecycle.states import State, Transition
 from jobsapp.monitor import workers
-from jobsapp.monitor.summary import BadFilter, SummaryRow, checked_tables, summary_row
+from jobsapp.monitor.summary import (
+    FILTERS,
+    BadFilter,
+    SummaryRow,
+    checked_tables,
+    in_state,
+    summary_row,
+)
 
 PAGE_SIZE = 50
 # Counting stops here: an exact count of a large journal costs a scan per page view.
@@ -56,7 +63,7 @@ class JobFilter:
     """What the jobs list shows; every field narrows it, None and empty mean all."""
 
     module: str | None = None
-    states: tuple[str, ...] = ALL_STATES
+    states: tuple[str, ...] = FILTERS
     task: str | None = None
     # Seconds in the current state (``now - updated_at``), at least / at most.
     min_age: float | None = None
@@ -209,7 +216,7 @@ def _newest(
     # states would sort every matching row of the table for each page.
     found: list[Listed] = []
     for state in states:
-        page = _page(spec, [*where, spec.table.c.state == state], after, limit)
+        page = _page(spec, [*where, in_state(spec.table, state)], after, limit)
         found.extend((summary_row(spec, dict(r), now), dict(r))
                      for r in conn.execute(page).mappings())  # fmt: skip
     return found
@@ -305,7 +312,7 @@ def _tables(wanted: JobFilter) -> list[RunTable]:
 
 def _matching(spec: RunTable, wanted: JobFilter, now: datetime) -> list[ColumnElement[bool]]:
     table = spec.table
-    where: list[ColumnElement[bool]] = [table.c.state.in_(wanted.states)]
+    where: list[ColumnElement[bool]] = [or_(*(in_state(table, s) for s in wanted.states))]
     if wanted.task:
         # A prefix, as an operator types it ("billing." for every billing task); LIKE's
         # wildcards in it are literal.

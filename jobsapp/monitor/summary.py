@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, func, or_, select, union_all
+from sqlalchemy import Connection, Engine, Select, and_, func, or_, select, union_all
+from sqlalchemy.sql import ColumnElement
 
 import jobsapp.schema  # noqa: F401 - imports every domain, so each run table is registered
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, registry
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import ALL_STATES, State
+from jobsapp.lifecycle.states import ALL_STATES, Outcome, State
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -92,14 +93,31 @@ class Health:
 # ------------------------------------------------------------------------- filters
 
 
+# What an operator filters by: the journal's states, with a cancel or an expiry (a failed
+# run whose outcome says nobody's code failed) apart from the failures.
+NOT_FAILURES = (Outcome.CANCELLED.value, Outcome.EXPIRED.value)
+FILTERS: tuple[str, ...] = (*ALL_STATES, *NOT_FAILURES)
+
+
 def checked_states(states: Iterable[str] | None) -> tuple[str, ...]:
     if states is None:
-        return ALL_STATES
+        return FILTERS
     wanted = tuple(dict.fromkeys(states))
-    unknown = [s for s in wanted if s not in ALL_STATES]
+    unknown = [s for s in wanted if s not in FILTERS]
     if unknown or not wanted:
-        raise BadFilter(f"state must be one of {', '.join(ALL_STATES)}; got {unknown or 'none'}")
+        raise BadFilter(f"state must be one of {', '.join(FILTERS)}; got {unknown or 'none'}")
     return wanted
+
+
+def in_state(table: Any, name: str) -> ColumnElement[bool]:
+    """The rows a filter name selects (on the state index): ``failed`` leaves out the
+    cancelled and expired runs, which ``cancelled`` and ``expired`` select."""
+    failed = table.c.state == State.FAILED.value
+    if name in NOT_FAILURES:
+        return and_(failed, table.c.outcome == name)
+    if name == State.FAILED.value:
+        return and_(failed, or_(table.c.outcome.is_(None), table.c.outcome.not_in(NOT_FAILURES)))
+    return table.c.state == name  # type: ignore[no-any-return]
 
 
 def checked_tables(module: str | None) -> list[RunTable]:
@@ -149,7 +167,7 @@ def _newest(spec: RunTable, states: Sequence[str], limit: int) -> Select[Any]:
     # One indexed LIMIT branch per state; SQLite wants each wrapped as a subquery.
     branches = [
         select(*columns, error)
-        .where(table.c.state == state)
+        .where(in_state(table, state))
         .order_by(table.c.updated_at.desc())
         .limit(limit)
         .subquery()

@@ -35,6 +35,8 @@ from jobsapp.web.urls import VARIANT_NAME
 
 AttachmentState = Literal["queued", "processing", "ready", "failed"]
 RunState = Literal["queued", "running", "succeeded", "failed"]
+# A filter: the states, with cancelled and expired runs apart from the failures.
+StateFilter = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
 # More digits than any count we take, fewer than int()'s own limit on string conversion.
 _MAX_DIGITS = 9
 
@@ -103,8 +105,10 @@ class DeadOutboxQuery(Filters):
 
 
 class SummaryQuery(Filters):
-    state: list[RunState] = Field(
-        default=[], description="Only these states; repeat the parameter or separate by commas."
+    state: list[StateFilter] = Field(
+        default=[], description="Only these states (`failed` leaves out cancelled and expired "
+        "runs, which `cancelled` and `expired` select); repeat the parameter or separate by "
+        "commas."
     )
     module: str | None = Field(
         default=None, description="Only this run table (`jobs`, `attachments`, ...)."

@@ -169,7 +169,8 @@ def _error_page(status: int, message: str) -> Response:
 def _helpers() -> dict[str, Any]:
     return {"csrf_token": auth.csrf_token, "csrf_field": auth.CSRF_FIELD,
             "signed_in": auth.signed_in, "actor": auth.actor, "age": summary.human_age,
-            "ts": _timestamp, "states": ALL_STATES, "shown_args": _shown_args,
+            "ts": _timestamp, "states": ALL_STATES, "filters": summary.FILTERS,
+            "shown_args": _shown_args,
             "now": utcnow()}  # fmt: skip
 
 

@@ -427,6 +427,23 @@ def test_a_cancelled_job_whose_message_was_dead_runs_after_a_replay(
 # --------------------------------------------------------------------------------- CLI
 
 
+def test_a_cancelled_job_is_not_listed_among_the_failures(
+    db: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    failed = failed_job(db)
+    cancelled = queued_job(db)
+    operator.cancel(db, "jobs", cancelled, actor="bob", reason="not needed")
+
+    def listed(*states: str) -> set[uuid.UUID]:
+        return {r.job_id for r in summary.summarize(db, states=states, module="jobs")}
+
+    assert (listed("failed"), listed("cancelled")) == ({failed}, {cancelled})
+    assert listed("failed", "cancelled", "expired") == {failed, cancelled}
+    assert {failed, cancelled} <= {r.job_id for r in summary.summarize(db)}
+    assert cli.main(["summary", "--state", "failed", "--json"]) == 0
+    assert [row["job_id"] for row in json.loads(capsys.readouterr().out)] == [str(failed)]
+
+
 def test_cli_summary_prints_a_table_and_json(
     db: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
