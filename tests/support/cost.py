@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -39,19 +40,24 @@ class Counts:
 
 @contextmanager
 def counting() -> Iterator[Counts]:
-    """Count what runs in this thread inside the block; statements and commits of every
+    """Count what runs in this thread inside the block: statements and commits on every
     engine (the journal's autocommit and relaxed variants too: an autocommit statement is
-    its own transaction, counted as a statement only)."""
+    its own transaction, counted as a statement only). Background threads (the outbox's
+    batched marks, the heartbeat) work on a clock, not per job, and are left out."""
     counts = Counts()
+    mine = threading.get_ident()
 
     def statement(*_: Any, **__: Any) -> None:
-        counts.statements += 1
+        if threading.get_ident() == mine:
+            counts.statements += 1
 
     def commit(*_: Any) -> None:
-        counts.commits += 1
+        if threading.get_ident() == mine:
+            counts.commits += 1
 
     def published(**_: Any) -> None:
-        counts.publishes += 1
+        if threading.get_ident() == mine:
+            counts.publishes += 1
 
     def profiled(_frame: FrameType, what: str, _arg: Any) -> None:
         if what == "call":
