@@ -365,6 +365,16 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             countdown = _declared_retry_delay(type(self))
         raise RetryRequested(exc, countdown, max_retries)
 
+    def replace(self, sig: Any) -> NoReturn:
+        """Refused (not retried: a refusal is a mistake in the code, retry.is_refusal): the
+        job's outcome is its own run's, and handing it to another task mid-run has no
+        journal transition yet. Compose the work up front (a chain), or start it and
+        return its id."""
+        del sig
+        raise TypeError(f"{self.name}.replace: a lifecycle job ends with its own run, which "
+                        "cannot hand its outcome to another task; build a chain up front, "
+                        "or start the new work with .delay() and return its id")  # fmt: skip
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.called_directly:
             return self.run(*args, **kwargs)

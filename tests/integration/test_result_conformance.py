@@ -242,3 +242,11 @@ def test_a_handle_is_celerys_async_result_with_the_journals_extras(worker: objec
     assert isinstance(r, JobHandle)
     assert r.get(timeout=WAIT) == 3
     assert (r.journal_state, r.outcome.value, str(r.job_id)) == ("succeeded", "enqueued", r.id)
+
+
+def test_replace_is_refused_in_one_line_and_never_retried(worker: object, db: Engine) -> None:
+    r = idiom_tasks.replaced.delay(1)
+    with pytest.raises(TypeError, match=r"^tests\.idioms\.replaced\.replace: a lifecycle job"):
+        r.get(timeout=WAIT)
+    row = run_row(db, r.job_id)
+    assert (row["outcome"], row["attempts"]) == ("permanent", 1)

@@ -67,3 +67,8 @@ LIFECYCLE = {
                          **_LIFECYCLE_ONLY.get(name, {}))(body)
     for name, body in BODIES.items()
 }  # fmt: skip
+
+
+@lifecycle_task(app, name="tests.idioms.replaced", bind=True)
+def replaced(self: Any, x: int) -> None:
+    self.replace(LIFECYCLE["add"].s(x, 1))
