@@ -790,3 +790,20 @@ def test_the_reaper_tells_celery_each_reaped_attempt_ended(
     assert retried["type"] == "task-retried"
     assert failed["type"] == "task-failed"
     assert "the worker died or froze" in failed["exception"]
+
+
+def test_the_reapers_event_names_a_send_task_attempt_by_the_callers_id(
+    db: Engine, relay_app: Celery
+) -> None:
+    """A plain ``send_task`` message's first attempt ran under the caller's own task id (the
+    job id): the reaper's event names it so, or Flower keeps that task STARTED for good."""
+    publisher.broker_answered()
+    job = tasks.echo.new_job(("sent",), {}, uuid.uuid4())
+    with db.begin() as conn:
+        assert journal.claim_by_insert(conn, job, 1, worker="w@h:1", now=ago(120)) is not None
+    with celery_events(relay_app) as seen:
+        reaper.run_once(db, REAPER, relay_app)
+        retried = eventually(lambda: next((e for e in seen if e["uuid"] == str(job.job_id)
+                                           and e["type"] != "task-sent"), None))  # fmt: skip
+    assert retried["type"] == "task-retried"
+    assert not [e for e in seen if e["uuid"] == task_id_for(job.job_id, 1)]

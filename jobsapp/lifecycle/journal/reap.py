@@ -36,6 +36,8 @@ class StaleRun:
     queue: str | None = None
     cancel_requested: bool = False
     priority: int | None = None
+    # Inserted by its claim (a plain send_task message: no producer wrote the row).
+    inserted_by_claim: bool = False
 
 
 def find_stale(
@@ -64,6 +66,7 @@ def find_stale(
             max_attempts=r["max_attempts"], task_name=r["task_name"],
             ids=spec.ids_from_row(dict(r)), queue=r["queue"],
             cancel_requested=r["cancel_requested_at"] is not None, priority=r["priority"],
+            inserted_by_claim=r["enqueued_by"] is None,
         )
         for r in conn.execute(stmt).mappings()
     ]  # fmt: skip
