@@ -24,7 +24,7 @@ from sqlalchemy.orm import aliased
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import registry
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, row_events
-from jobsapp.lifecycle.states import Transition
+from jobsapp.lifecycle.states import ALL_STATES, Transition
 from jobsapp.lifecycle.totals import Key
 from jobsapp.monitor import rollup
 
@@ -60,6 +60,19 @@ class Charts:
     failures: list[tuple[str, int]]
     # All-time distributions from metric_totals: histogram -> [(bucket label, count)].
     distributions: dict[str, list[tuple[str, int]]]
+    # Per task, the runs of the window by the state they ended (or wait) in, busiest first.
+    by_task: list[TaskLine]
+
+
+@dataclass(frozen=True)
+class TaskLine:
+    module: str
+    task: str
+    states: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.states.values())
 
 
 def charts(engine: Engine, window: str, now: datetime | None = None) -> Charts:
@@ -71,7 +84,26 @@ def charts(engine: Engine, window: str, now: datetime | None = None) -> Charts:
         waits = percentiles(conn, start)
         failures = failures_by_code(conn, start)
         totals = rollup.read(conn)
-    return Charts(window, series, waits, failures, distributions(totals))
+        tasks = by_task(conn, start)
+    return Charts(window, series, waits, failures, distributions(totals), tasks)
+
+
+def by_task(conn: Connection, start: datetime) -> list[TaskLine]:
+    """The runs each task touched in the window (``updated_at`` since ``start``: ended, or
+    moved to the state they are in), by state: one GROUP BY per run table and state on
+    ``ix_<table>_state_updated``, so a busy table is read within the window only."""
+    found: dict[tuple[str, str], dict[str, int]] = {}
+    for spec in registry.all_tables():
+        table = spec.table
+        for state in ALL_STATES:
+            stmt = (select(table.c.task_name, func.count())
+                    .where(table.c.state == state, table.c.updated_at >= start)
+                    .group_by(table.c.task_name))  # fmt: skip
+            for task, count in conn.execute(stmt):
+                line = found.setdefault((spec.module, str(task)), dict.fromkeys(ALL_STATES, 0))
+                line[state] = int(count)
+    lines = [TaskLine(module, task, states) for (module, task), states in found.items()]
+    return sorted(lines, key=lambda line: (-line.total, line.module, line.task))
 
 
 def _floor(at: datetime, step: timedelta) -> datetime:
