@@ -182,3 +182,20 @@ def test_a_teams_package_beside_the_wheel_runs_its_task_under_the_procfiles_work
         worker.wait(timeout=30)
         log.close()
     assert out.strip() == "invoiced acct-1", (tmp_path / "worker.log").read_text()[-3000:]
+
+
+def test_a_teams_own_tests_run_on_the_testing_kit_from_the_wheel(
+    installed: Path, wheel: Path, tmp_path: Path
+) -> None:
+    """``pip install 'jobsapp[testing]'`` and the team's tests (examples/team_app/tests)
+    pass with nothing else set up: no server, no conftest, no JOBSAPP_* setting. Last in
+    this module: it adds the extra's packages to the shared venv."""
+    _run([str(installed / "pip"), "install", "-q", "--no-compile", f"{wheel}[testing]"],
+         cwd=tmp_path)  # fmt: skip
+    team = tmp_path / "team_app"
+    shutil.copytree(REPO / "examples" / "team_app", team,
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    env = _bare_env(installed, PYTHONPATH=str(team))
+    out = _run([str(installed / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                "tests"], cwd=team, env=env)  # fmt: skip
+    assert "4 passed" in out, out[-3000:]
