@@ -148,6 +148,8 @@ def checked_reason(reason: str) -> str:
     reason = reason.strip()
     if not 0 < len(reason) <= MAX_REASON:
         raise InvalidRequest(f"a reason of 1 to {MAX_REASON} characters is required")
+    if "\x00" in reason:  # PostgreSQL's text cannot hold it: a 500 at the INSERT
+        raise InvalidRequest("a reason cannot hold a NUL character")
     return reason
 
 

@@ -15,7 +15,7 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, String, and_, cast, func, or_, select, tuple_
@@ -43,6 +43,8 @@ MAX_TEXT = 200
 # ASCII digits, and few: a longer number is no age a journal holds, and would overflow.
 _AGE = re.compile(r"([0-9]{1,6})([smhd]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# Longer than any journal keeps a run; past it, "now minus the age" leaves the calendar.
+MAX_AGE_DAYS = 3650
 _CURSOR_SEPARATOR = "~"
 # Celery's own default (``task_default_queue``): the UI passes the app's.
 DEFAULT_QUEUE = "celery"
@@ -157,7 +159,10 @@ def parse_age(text: str) -> float:
     found = _AGE.fullmatch(text.strip().lower())
     if found is None:
         raise BadFilter(f"an age is a number with s, m, h or d (15m, 2h, 3d); got {text!r}")
-    return float(int(found[1]) * _UNIT_SECONDS[found[2]])
+    seconds = int(found[1]) * _UNIT_SECONDS[found[2]]
+    if seconds > MAX_AGE_DAYS * 86400:
+        raise BadFilter(f"an age is at most {MAX_AGE_DAYS}d; got {text!r}")
+    return float(seconds)
 
 
 def parse_cursor(text: str) -> Cursor:
@@ -168,6 +173,11 @@ def parse_cursor(text: str) -> Cursor:
         raise BadFilter("the page cursor is malformed; start again from the first page") from None
     if cursor.updated_at.tzinfo is None:
         raise BadFilter("the page cursor has no time zone; start again from the first page")
+    try:
+        cursor.updated_at.astimezone(UTC)
+    except OverflowError:  # year 1 at +14:00 is before the calendar starts, in UTC
+        raise BadFilter("the page cursor is out of range; start again from the first "
+                        "page") from None
     return cursor
 
 

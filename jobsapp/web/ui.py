@@ -613,7 +613,8 @@ def bulk_cancel() -> Answer:
 
 def _bulk(bulk: Bulk, act: Callable[[str, uuid.UUID, str], str]) -> Answer:
     reason = operator.checked_reason(request.form.get("reason", ""))
-    keys = request.form.getlist("job")[:BULK_MAX]
+    # One action per job, however many times a crafted POST names it.
+    keys = list(dict.fromkeys(request.form.getlist("job")))[:BULK_MAX]
     return _page("replayed.html", bulk=bulk, results=[_one(key, reason, act) for key in keys])
 
 

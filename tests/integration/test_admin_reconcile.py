@@ -56,3 +56,19 @@ def test_the_overview_offers_a_pass_that_takes_failures_again(db: Engine) -> Non
     assert run_row(db, outage)["state"] == "queued"
     replays = [e for e in events(db, outage) if e["transition"] == "replay"]
     assert [e["actor"] for e in replays] == ["operator:reconcile:rita"]
+
+
+def test_a_bulk_replay_naming_one_job_many_times_replays_it_once(db: Engine) -> None:
+    job = failed_generic_job(db, "TransientError: upstream down")
+    with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
+        client = create_app().test_client()
+        overview = signed_in(client)
+        # A crafted POST (a valid CSRF token) repeats the job: it replayed 13 times.
+        answer = client.post("/admin/replay", base_url=BASE, data={
+            "csrf_token": _csrf(overview), "reason": "upstream is back",
+            "job": [f"jobs:{job}"] * 13})  # fmt: skip
+
+    assert answer.status_code == 200, answer.get_data(as_text=True)[:500]
+    replays = [e for e in events(db, job) if e["transition"] == "replay"]
+    assert len(replays) == 1
+    assert run_row(db, job)["state"] == "queued"

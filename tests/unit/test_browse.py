@@ -25,7 +25,7 @@ JOB_ID = uuid.UUID("00000000-0000-4000-8000-000000000001")
 
 @pytest.mark.parametrize(
     ("text", "seconds"), [("90", 90), ("90s", 90), ("15m", 900), ("2H", 7200), (" 3d ", 259200),
-     ("999999d", 999999 * 86400)]
+     ("3650d", 3650 * 86400)]
 )
 def test_an_age_reads_as_seconds(text: str, seconds: float) -> None:
     assert parse_age(text) == seconds
@@ -39,6 +39,13 @@ def test_an_age_it_cannot_read_is_a_bad_filter(text: str) -> None:
         parse_age(text)
 
 
+@pytest.mark.parametrize("text", ["3651d", "999999d", "999999h"])
+def test_an_age_past_the_calendar_is_a_bad_filter_not_an_overflow(text: str) -> None:
+    # "now minus 999999 days" overflowed datetime: the console answered 500.
+    with pytest.raises(BadFilter, match="an age is at most 3650d"):
+        parse_age(text)
+
+
 def test_a_cursor_survives_its_url_form() -> None:
     cursor = Cursor(T0 + timedelta(microseconds=7), uuid.uuid4())
 
@@ -48,7 +55,8 @@ def test_a_cursor_survives_its_url_form() -> None:
 @pytest.mark.parametrize(
     "text",
     ["", "page-2", f"yesterday~{JOB_ID}", "2026-11-30T12:00:00+00:00~nope",
-     f"2026-11-30T12:00:00~{JOB_ID}"],  # the last has no time zone
+     f"2026-11-30T12:00:00~{JOB_ID}",  # no time zone
+     f"0001-01-01T00:00:00+14:00~{JOB_ID}"],  # before the calendar starts, in UTC
 )  # fmt: skip
 def test_a_malformed_cursor_is_a_bad_filter(text: str) -> None:
     with pytest.raises(BadFilter, match="cursor"):
