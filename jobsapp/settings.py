@@ -39,8 +39,9 @@ KNOWN_NAMES = frozenset({
     "JOBSAPP_PUBLISH_TIMEOUT", "JOBSAPP_REAPER_BATCH", "JOBSAPP_REAPER_EVERY",
     "JOBSAPP_RECONCILE_EVERY", "JOBSAPP_REDIS_URL", "JOBSAPP_RELAY_BATCH", "JOBSAPP_RELAY_EVERY",
     "JOBSAPP_RESULT_MAX_BYTES", "JOBSAPP_RETENTION_EVERY", "JOBSAPP_S3_ENDPOINT_URL",
-    "JOBSAPP_S3_PUBLIC_URL", "JOBSAPP_STAGING_EVERY", "JOBSAPP_STAGING_FAILED_DAYS",
-    "JOBSAPP_STAGING_ORPHAN_HOURS", "JOBSAPP_STAGING_SCAN_LIMIT", "JOBSAPP_STALE_AFTER",
+    "JOBSAPP_S3_PUBLIC_URL", "JOBSAPP_SECRET_KEY", "JOBSAPP_STAGING_EVERY",
+    "JOBSAPP_STAGING_FAILED_DAYS", "JOBSAPP_STAGING_ORPHAN_HOURS", "JOBSAPP_STAGING_SCAN_LIMIT",
+    "JOBSAPP_STALE_AFTER",
     "JOBSAPP_STORAGE_URL", "JOBSAPP_UNCLAIMED_AFTER", "JOBSAPP_VAR_DIR", "JOBSAPP_WEB_BIND",
 })  # fmt: skip
 # Names that are not jobsapp's settings: the test suite's and the repository's scripts'
@@ -74,6 +75,9 @@ class Settings:
     s3_public_url: str | None
     s3_region: str | None
     admin_token: str | None
+    # Signs the console's session cookie with the admin token; None: a random secret the
+    # first web process keeps in the database (web/auth.py).
+    secret_key: str | None
     heartbeat_interval: float
     stale_after: float
     inline_wait_max: float
@@ -259,6 +263,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         s3_public_url=_public_url(env),
         s3_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
         admin_token=_admin_token(env),
+        secret_key=env.get("JOBSAPP_SECRET_KEY", "").strip() or None,
         heartbeat_interval=heartbeat,
         stale_after=positive_number(env, "JOBSAPP_STALE_AFTER", 3 * heartbeat),
         inline_wait_max=positive_number(env, "JOBSAPP_INLINE_WAIT_MAX", 5.0),

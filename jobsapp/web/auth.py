@@ -1,12 +1,16 @@
 """Who may use the operator routes: the bearer token (API) and the browser's login session.
 
-The session is Flask's signed cookie, keyed by a key derived from ``JOBSAPP_ADMIN_TOKEN``:
-no second secret to configure, and rotating the token ends every session at once. The
-cookie is ``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other site's page
-sends it), limited to ``/admin`` and ``Secure`` whenever the request came over https
-(gunicorn sets the scheme from ``X-Forwarded-Proto`` of a trusted proxy). A signed cookie
-cannot be revoked before it expires, so it expires after ``SESSION_LIFETIME``; logging out
-clears it in the browser.
+A login is a row of ``web_sessions`` (web/session_tables.py), named in the cookie by a
+random id: every console request reads it, so a logout ends the session at once (a cookie
+saved before it is refused), ``SESSION_LIFETIME`` after the login it ends whatever the
+browser does, and ``IDLE_TIMEOUT`` without a page view ends it too (the live pages'
+refreshes do not count as views). The cookie is Flask's, signed with a key derived from
+``JOBSAPP_ADMIN_TOKEN`` and a server secret (``JOBSAPP_SECRET_KEY``, else a random one the
+first web process keeps in ``web_secrets``): rotating the token ends every session, and a
+visitor's cookie is no oracle to test token guesses against. The cookie is ``HttpOnly`` (no
+script reads it), ``SameSite=Strict`` (no other site's page sends it), limited to ``/admin``
+and ``Secure`` whenever the request came over https (gunicorn sets the scheme from
+``X-Forwarded-Proto`` of a trusted proxy).
 
 Every POST of a form carries the session's CSRF token; the login form too, so another
 site cannot log a browser into a session of its choosing.
@@ -17,20 +21,35 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from datetime import timedelta
+import threading
+from datetime import datetime, timedelta
+from typing import Any
 
-from flask import Flask, Request, request, session
+from flask import Flask, Request, g, request, session
 from flask.sessions import SecureCookieSessionInterface
 from itsdangerous import URLSafeTimedSerializer
+from sqlalchemy import Table, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
+from jobsapp.db import get_engine, utcnow
 from jobsapp.settings import get_settings
+from jobsapp.web.session_tables import WebSecret, WebSession
 
 CSRF_FIELD = "csrf_token"
 SESSION_LIFETIME = timedelta(hours=8)
+IDLE_TIMEOUT = timedelta(hours=1)
 DEFAULT_ACTOR = "web"
-_SIGNED_IN = "admin"
+# A session's last view is written at most this often (not one write per page).
+_SEEN_EVERY = timedelta(minutes=1)
+_LIVE_HEADER = "X-Jobsapp-Live"
+_SID = "sid"
 _CSRF = "csrf"
 _ACTOR = "actor"
+_SECRET_NAME = "session"  # noqa: S105 - the row's name, not a secret
+_SESSIONS: Table = WebSession.__table__  # type: ignore[assignment]
+_SECRETS: Table = WebSecret.__table__  # type: ignore[assignment]
+_secrets: dict[str, str] = {}
+_secrets_lock = threading.Lock()
 
 
 class AdminSessionInterface(SecureCookieSessionInterface):
@@ -62,8 +81,40 @@ def init_app(app: Flask) -> None:
 
 
 def session_key(token: str) -> bytes:
-    # Not the token itself: a leaked signing key must not be a working bearer token.
-    return hmac.new(token.encode(), b"jobsapp admin session", hashlib.sha256).digest()
+    # Not the token itself (a leaked signing key must not be a working bearer token), and
+    # not the token alone (a visitor's cookie would let anyone test guesses offline).
+    return hmac.new(token.encode(), b"jobsapp admin session" + server_secret().encode(),
+                    hashlib.sha256).digest()  # fmt: skip
+
+
+def server_secret() -> str:
+    """``JOBSAPP_SECRET_KEY``, else the random secret the web processes share through the
+    database (made by the first that needs it; read once per process)."""
+    settings = get_settings()
+    if settings.secret_key:
+        return settings.secret_key
+    with _secrets_lock:
+        known = _secrets.get(settings.database_url)
+        if known is None:
+            known = _secrets[settings.database_url] = _stored_secret()
+        return known
+
+
+def _stored_secret() -> str:
+    engine = get_engine()
+    read = select(_SECRETS.c.value).where(_SECRETS.c.name == _SECRET_NAME)
+    with engine.connect() as conn:
+        found = conn.execute(read).scalar()
+    if found is not None:
+        return str(found)
+    try:
+        with engine.begin() as conn:
+            conn.execute(insert(_SECRETS).values(name=_SECRET_NAME, created_at=utcnow(),
+                                                 value=secrets.token_urlsafe(48)))  # fmt: skip
+    except IntegrityError:
+        pass  # another process made it first: theirs is the one
+    with engine.connect() as conn:
+        return str(conn.execute(read).scalar_one())
 
 
 # ------------------------------------------------------------------------- the token
@@ -93,20 +144,62 @@ def bearer(req: Request) -> str | None:
 
 
 def log_in(actor: str) -> None:
-    """A fresh session (never the one the login form came with) that names its operator."""
+    """A fresh session (never the one the login form came with) that names its operator,
+    kept on the server."""
+    sid, now = secrets.token_urlsafe(32), utcnow()
+    with get_engine().begin() as conn:
+        conn.execute(insert(_SESSIONS).values(id_hash=_hashed(sid), actor=actor,
+                                              created_at=now, seen_at=now))  # fmt: skip
     session.clear()
     session.permanent = True
-    session[_SIGNED_IN] = True
+    session[_SID] = sid
     session[_ACTOR] = actor
     session[_CSRF] = secrets.token_urlsafe(32)
 
 
 def log_out() -> None:
+    """End the session on the server (a saved copy of the cookie is refused from now on)."""
+    sid = session.get(_SID)
+    if isinstance(sid, str):
+        with get_engine().begin() as conn:
+            conn.execute(update(_SESSIONS)
+                         .where(_SESSIONS.c.id_hash == _hashed(sid), _SESSIONS.c.ended_at.is_(None))
+                         .values(ended_at=utcnow()))  # fmt: skip
     session.clear()
 
 
 def signed_in() -> bool:
-    return session.get(_SIGNED_IN) is True
+    """Whether the request's session is a live login: not ended, within its lifetime from
+    the login and its idle timeout; a page view (not a live refresh) keeps it alive."""
+    known: bool | None = g.get("jobsapp_signed_in")
+    if known is None:
+        known = g.jobsapp_signed_in = _live_session()
+    return known
+
+
+def _live_session() -> bool:
+    sid = session.get(_SID)
+    if not isinstance(sid, str):
+        return False
+    key, now = _hashed(sid), utcnow()
+    with get_engine().connect() as conn:
+        row = conn.execute(select(_SESSIONS).where(_SESSIONS.c.id_hash == key)).mappings().first()
+    if row is None or not _alive(row, now):
+        return False
+    if not request.headers.get(_LIVE_HEADER) and now - row["seen_at"] > _SEEN_EVERY:
+        with get_engine().begin() as conn:
+            conn.execute(update(_SESSIONS).where(_SESSIONS.c.id_hash == key)
+                         .values(seen_at=now))  # fmt: skip
+    return True
+
+
+def _alive(row: Any, now: datetime) -> bool:
+    return (row["ended_at"] is None and now - row["created_at"] <= SESSION_LIFETIME
+            and now - row["seen_at"] <= IDLE_TIMEOUT)  # fmt: skip
+
+
+def _hashed(sid: str) -> str:
+    return hashlib.sha256(sid.encode()).hexdigest()
 
 
 def actor() -> str:

@@ -1,15 +1,22 @@
-"""The admin UI's login through the real Flask app in process (no server, no database):
-the cookie's attributes over http and https, a wrong token, and the ``next`` link that
-must never lead off the site."""
+"""The admin UI's login through the real Flask app in process (no server; the sessions are
+rows of the journal's database): the cookie's attributes over http and https, a wrong
+token, the ``next`` link that must never lead off the site, and sessions that end."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from flask.testing import FlaskClient
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from sqlalchemy import Engine, update
 
+from jobsapp.db import utcnow
+from jobsapp.web import auth
 from jobsapp.web.app import create_app
 from tests.support.attachments import environment
 
@@ -17,7 +24,8 @@ TOKEN = "login-test-token"
 
 
 @pytest.fixture
-def client() -> Iterator[FlaskClient]:
+def client(pg: Engine) -> Iterator[FlaskClient]:
+    del pg  # the sessions' rows: a migrated journal, emptied
     with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
         yield create_app().test_client()
 
@@ -86,3 +94,68 @@ def test_rotating_the_token_ends_every_session(client: FlaskClient) -> None:
 
     assert after.status_code == 302
     assert after.headers["Location"].startswith("/admin/login")
+
+
+BASE = "http://admin.local"
+
+
+def _cookie(client: FlaskClient) -> str:
+    found = client.get_cookie("jobsapp_admin", domain="admin.local", path="/admin")
+    assert found is not None
+    return found.value
+
+
+def _session_rows(pg: Engine, **values: object) -> None:
+    with pg.begin() as conn:
+        conn.execute(update(auth.WebSession.__table__).values(**values))
+
+
+def _page_with(cookie: str) -> int:
+    with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
+        other = create_app().test_client()
+        other.set_cookie("jobsapp_admin", cookie, domain="admin.local", path="/admin")
+        return other.get("/admin", base_url=BASE).status_code
+
+
+def test_a_cookie_saved_before_logout_is_refused_after_it(client: FlaskClient) -> None:
+    log_in(client, BASE)
+    saved = _cookie(client)
+    assert _page_with(saved) == 200
+    client.post("/admin/logout", base_url=BASE, data={
+        "csrf_token": re.search(r'name="csrf_token" value="([^"]+)"',
+                                client.get("/admin", base_url=BASE).get_data(as_text=True))[1]})
+    # It answered 200 after logout, and still 7 h later: a signed cookie alone cannot end.
+    assert _page_with(saved) == 302
+
+
+@pytest.mark.parametrize(("column", "ago"), [("created_at", timedelta(hours=8, minutes=1)),
+                                             ("seen_at", timedelta(hours=1, minutes=1))])
+def test_a_session_ends_at_its_lifetime_or_when_idle(
+    client: FlaskClient, pg: Engine, column: str, ago: timedelta
+) -> None:
+    log_in(client, BASE)
+    assert client.get("/admin", base_url=BASE).status_code == 200
+    _session_rows(pg, **{column: utcnow() - ago})
+    assert client.get("/admin", base_url=BASE).status_code == 302
+
+
+def test_the_live_refresh_does_not_keep_a_session_alive(client: FlaskClient, pg: Engine) -> None:
+    log_in(client, BASE)
+    idle = utcnow() - timedelta(minutes=50)
+    _session_rows(pg, seen_at=idle)
+    live = client.get("/admin", base_url=BASE, headers={"X-Jobsapp-Live": "1"})
+    assert live.status_code == 200
+    with pg.connect() as conn:
+        seen = conn.execute(auth.WebSession.__table__.select()).mappings().one()["seen_at"]
+    assert seen == idle
+
+
+def test_a_visitors_cookie_cannot_test_token_guesses(client: FlaskClient) -> None:
+    client.get("/admin/login", base_url=BASE)
+    cookie = _cookie(client)
+    # The old key, derived from the token alone: anyone holding a cookie could check a guess.
+    token_only = hmac.new(TOKEN.encode(), b"jobsapp admin session", hashlib.sha256).digest()
+    guessing = URLSafeTimedSerializer(token_only, salt="jobsapp-admin-session",
+                                      signer_kwargs={"key_derivation": "hmac"})
+    with pytest.raises(BadSignature):
+        guessing.loads(cookie)
