@@ -109,7 +109,7 @@ def use_database(url: str) -> Engine:
 def extra_tables() -> tuple[str, ...]:
     """Domain tables that exist once their migrations do, children first."""
     return ("attachment_variants", "attachment_runs", "attachments", "reprocess_runs",
-            "flow_pauses", "flow_actions", "flow_rates")  # fmt: skip
+            "flow_pauses", "flow_actions", "flow_rates", "web_sessions")  # fmt: skip
 
 
 @pytest.fixture(params=["postgres", "sqlite"])
