@@ -21,6 +21,7 @@ test: $(BIN)/jobsapp
 
 lint: $(BIN)/jobsapp
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 services-start:

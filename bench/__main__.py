@@ -89,19 +89,28 @@ def _images(_svc: services.Services, size: str, _out: Path) -> list[str]:
 
 
 BENCHMARKS: dict[str, Benchmark] = {
-    "lifecycle": _lifecycle, "images": _images, "upload": _upload, "maintenance": _maintenance,
-    "scale": _scale, "profile": _profile, "limits": _limits, "flow": _flow,
-}  # fmt: skip
+    "lifecycle": _lifecycle,
+    "images": _images,
+    "upload": _upload,
+    "maintenance": _maintenance,
+    "scale": _scale,
+    "profile": _profile,
+    "limits": _limits,
+    "flow": _flow,
+}
 
 
 def _test_env(svc: services.Services) -> None:
     """Modules written against the test services read these; point them at ours."""
-    os.environ.update({
-        "JOBSAPP_TEST_DATABASE_URL": svc.durable.pg_url("bench"),
-        "JOBSAPP_TEST_REDIS_URL": svc.durable.redis_url(0),
-        "JOBSAPP_TEST_S3_ENDPOINT_URL": svc.durable.s3_endpoint,
-        "JOBSAPP_TEST_S3_BUCKET": services.S3_BUCKET, **services.S3_KEYS,
-    })  # fmt: skip
+    os.environ.update(
+        {
+            "JOBSAPP_TEST_DATABASE_URL": svc.durable.pg_url("bench"),
+            "JOBSAPP_TEST_REDIS_URL": svc.durable.redis_url(0),
+            "JOBSAPP_TEST_S3_ENDPOINT_URL": svc.durable.s3_endpoint,
+            "JOBSAPP_TEST_S3_BUCKET": services.S3_BUCKET,
+            **services.S3_KEYS,
+        }
+    )
 
 
 def _absolute(text: str) -> Path:
@@ -113,20 +122,46 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=[*BENCHMARKS, "all"])
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_const", dest="size", const="quick",
-                      help="small sizes, all under 5 minutes")  # fmt: skip
-    size.add_argument("--smoke", action="store_const", dest="size", const="smoke",
-                      help="tiny sizes: checks that every benchmark still runs")  # fmt: skip
+    size.add_argument(
+        "--quick",
+        action="store_const",
+        dest="size",
+        const="quick",
+        help="small sizes, all under 5 minutes",
+    )
+    size.add_argument(
+        "--smoke",
+        action="store_const",
+        dest="size",
+        const="smoke",
+        help="tiny sizes: checks that every benchmark still runs",
+    )
     parser.set_defaults(size="full")
-    parser.add_argument("--port-base", type=int, default=services.DEFAULT_PORT_BASE,
-                        help="first of 13 ports (and those +10000 for S3's gRPC)")  # fmt: skip
-    parser.add_argument("--state-dir", type=_absolute, default=services.ROOT / "var" / "bench",
-                        help="server state; wiped at start (must be readable by postgres)")
-    parser.add_argument("--out", type=_absolute, default=services.ROOT / "var" / "bench" / "out",
-                        help="plots and worker logs")  # fmt: skip
-    parser.add_argument("--ref", action="append", default=[],
-                        help="profile: a commit to profile instead of this checkout (checked "
-                             "out with git worktree for the run); repeat for before/after")
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=services.DEFAULT_PORT_BASE,
+        help="first of 13 ports (and those +10000 for S3's gRPC)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=_absolute,
+        default=services.ROOT / "var" / "bench",
+        help="server state; wiped at start (must be readable by postgres)",
+    )
+    parser.add_argument(
+        "--out",
+        type=_absolute,
+        default=services.ROOT / "var" / "bench" / "out",
+        help="plots and worker logs",
+    )
+    parser.add_argument(
+        "--ref",
+        action="append",
+        default=[],
+        help="profile: a commit to profile instead of this checkout (checked "
+        "out with git worktree for the run); repeat for before/after",
+    )
     return parser.parse_args(argv)
 
 

@@ -18,12 +18,17 @@ from bench.tasks import count_done
 
 app = Celery("bench_bare", broker=os.environ.get("JOBSAPP_BROKER_URL"), set_as_current=False)
 app.conf.update(
-    task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
-    task_ignore_result=True, task_serializer="json", accept_content=["json"],
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_ignore_result=True,
+    task_serializer="json",
+    accept_content=["json"],
     worker_send_task_events=os.environ.get("BENCH_WORKER_EVENTS") == "1",
     task_send_sent_event=os.environ.get("BENCH_SENT_EVENTS") == "1",
-    broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
-)  # fmt: skip
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
 
 
 @app.task(name="bench.bare")

@@ -74,8 +74,9 @@ def per_job_ms(engine: Engine, task: LifecycleTask, gate: Gate, n: int) -> float
     return (time.perf_counter() - began) / n * 1000
 
 
-def relayed_ms(engine: Engine, app: Celery, task: LifecycleTask, prioritised: bool, n: int
-               ) -> float:  # fmt: skip
+def relayed_ms(
+    engine: Engine, app: Celery, task: LifecycleTask, prioritised: bool, n: int
+) -> float:
     """Milliseconds per job to enqueue ``n`` jobs and have the relay publish them."""
     while relay.run_once(app, engine, RELAY)["published"]:
         pass  # untimed: the claim series leave their rows unpublished
@@ -120,16 +121,20 @@ def main(services: Services, size: str, out: Path) -> list[str]:
         for way in ("plain", "prioritised"):
             samples[way].append(relayed_ms(engine, app, with_lifecycle, way != "plain", n))
             broker.flushdb()
-        print(f"round {number}: " + ", ".join(f"{w} {s[-1]:.3f} ms" for w, s in samples.items()),
-              flush=True)  # fmt: skip
+        print(
+            f"round {number}: " + ", ".join(f"{w} {s[-1]:.3f} ms" for w, s in samples.items()),
+            flush=True,
+        )
     broker.flushdb()
     app.close()
     engine.dispose()
     drop_database(pg_base, DB_NAME)
     none, idle, rate, plain, urgent = (statistics.median(s) for s in samples.values())
-    return [f"flow: a claim with a rate check {rate:.3f} ms/job vs {none:.3f} ms/job with no "
-            f"limit ({rate / none:.2f}x; fsync on); flow control on, nothing paused: "
-            f"{idle:.3f} ms/job ({idle / none:.2f}x)",
-            f"priorities: enqueue+relay publish ms/job (fsync on, medians of {rounds}): no "
-            f"priority {plain:.3f}, priorities 0-9 {urgent:.3f}; a priority costs "
-            f"{urgent - plain:+.3f} ms/job ({urgent / plain:.2f}x)"]  # fmt: skip
+    return [
+        f"flow: a claim with a rate check {rate:.3f} ms/job vs {none:.3f} ms/job with no "
+        f"limit ({rate / none:.2f}x; fsync on); flow control on, nothing paused: "
+        f"{idle:.3f} ms/job ({idle / none:.2f}x)",
+        f"priorities: enqueue+relay publish ms/job (fsync on, medians of {rounds}): no "
+        f"priority {plain:.3f}, priorities 0-9 {urgent:.3f}; a priority costs "
+        f"{urgent - plain:+.3f} ms/job ({urgent / plain:.2f}x)",
+    ]

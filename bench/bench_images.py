@@ -64,24 +64,36 @@ class Case:
 
 
 CASES: dict[str, Case] = {
-    "jpeg12": Case(lambda: sample_images.jpeg(sample_images.PHOTO_12MP),
-                   "12 MP JPEG (4000x3000)", "12MP JPEG"),
-    "jpeg24": Case(lambda: sample_images.jpeg(sample_images.PHOTO_24MP),
-                   "24 MP JPEG (6000x4000)", "24MP JPEG"),
-    "jpeg50": Case(lambda: sample_images.jpeg(sample_images.PHOTO_50MP),
-                   "50 MP JPEG (8160x6120)", "50MP JPEG"),
-    "png50": Case(lambda: sample_images.png(sample_images.SQUARE_50MP),
-                  "50 MP RGBA PNG (7071x7071)", "50MP PNG"),
-    "png12": Case(lambda: sample_images.png((3464, 3464)), "12 MP RGBA PNG (3464x3464)",
-                  "12MP PNG"),
+    "jpeg12": Case(
+        lambda: sample_images.jpeg(sample_images.PHOTO_12MP), "12 MP JPEG (4000x3000)", "12MP JPEG"
+    ),
+    "jpeg24": Case(
+        lambda: sample_images.jpeg(sample_images.PHOTO_24MP), "24 MP JPEG (6000x4000)", "24MP JPEG"
+    ),
+    "jpeg50": Case(
+        lambda: sample_images.jpeg(sample_images.PHOTO_50MP), "50 MP JPEG (8160x6120)", "50MP JPEG"
+    ),
+    "png50": Case(
+        lambda: sample_images.png(sample_images.SQUARE_50MP),
+        "50 MP RGBA PNG (7071x7071)",
+        "50MP PNG",
+    ),
+    "png12": Case(
+        lambda: sample_images.png((3464, 3464)), "12 MP RGBA PNG (3464x3464)", "12MP PNG"
+    ),
     "jpeg1": Case(lambda: sample_images.jpeg((1200, 900)), "1 MP JPEG (1200x900)", "1MP JPEG"),
-}  # fmt: skip
+}
 # Each size's first case is the JPEG its per-core ratio lines are quoted for.
-SIZES = {"full": ["jpeg12", "jpeg24", "jpeg50", "png50"], "quick": ["jpeg12", "png12"],
-         "smoke": ["jpeg1"]}  # fmt: skip
-PATHS = {"full": ["naive", "jobsapp", "unbounded", "pyvips", "validate"],
-         "quick": ["naive", "jobsapp", "pyvips", "validate"],
-         "smoke": ["naive", "jobsapp", "pyvips", "validate"]}  # fmt: skip
+SIZES = {
+    "full": ["jpeg12", "jpeg24", "jpeg50", "png50"],
+    "quick": ["jpeg12", "png12"],
+    "smoke": ["jpeg1"],
+}
+PATHS = {
+    "full": ["naive", "jobsapp", "unbounded", "pyvips", "validate"],
+    "quick": ["naive", "jobsapp", "pyvips", "validate"],
+    "smoke": ["naive", "jobsapp", "pyvips", "validate"],
+}
 ROUNDS = {"full": 3, "quick": 1, "smoke": 1}
 WEBP_METHODS = (0, 1, 2, 3, 4, 5, 6)
 
@@ -132,8 +144,9 @@ def vips_variant(source: bytes, spec: VariantSpec) -> tuple[int, int, bytes]:
     bound = _vips_bound(source, spec)
     crop = "centre" if spec.kind == "square" else "none"
     img = pyvips.Image.thumbnail_buffer(source, bound, height=bound, size="down", crop=crop)
-    data = img.webpsave_buffer(Q=spec.quality, effort=_WEBP_METHOD[spec.kind],
-                               keep=pyvips.enums.ForeignKeep.NONE)  # fmt: skip
+    data = img.webpsave_buffer(
+        Q=spec.quality, effort=_WEBP_METHOD[spec.kind], keep=pyvips.enums.ForeignKeep.NONE
+    )
     return img.width, img.height, data
 
 
@@ -170,9 +183,17 @@ def _child(path: str, how: str) -> None:
         importlib.import_module("pyvips")
     baseline, started, cpu = _kib("VmRSS:"), time.perf_counter(), time.process_time()
     outputs = WORK[how](source)
-    print(json.dumps({"seconds": time.perf_counter() - started,
-                      "cpu_seconds": time.process_time() - cpu, "baseline_kib": baseline,
-                      "peak_kib": _kib("VmHWM:"), "outputs": outputs}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "seconds": time.perf_counter() - started,
+                "cpu_seconds": time.process_time() - cpu,
+                "baseline_kib": baseline,
+                "peak_kib": _kib("VmHWM:"),
+                "outputs": outputs,
+            }
+        )
+    )
 
 
 # -------------------------------------------------------------------- in the parent
@@ -201,8 +222,12 @@ Results = dict[tuple[str, str], list[Measured]]
 def measure(path: Path, how: str) -> Measured:
     done = subprocess.run(
         [sys.executable, "-m", "bench.bench_images", "--child", str(path), how],
-        capture_output=True, text=True, check=True, cwd=ROOT, timeout=1800,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        timeout=1800,
+    )
     raw = json.loads(done.stdout)
     outputs = {name: (w, h, n) for name, (w, h, n) in raw.pop("outputs").items()}
     return Measured(**raw, outputs=outputs)
@@ -241,15 +266,19 @@ def _row(label: str, how: str, rows: Sequence[Measured]) -> str:
     above = statistics.median(row.peak_kib - row.baseline_kib for row in rows)
     width, height, data = rows[0].outputs.get("optimized") or rows[0].outputs["upload"]
     shape = f"{width}x{height} | " + (f"{data / 1024:.0f}" if data else "-")
-    return (f"| {label} | {how} | {_median(rows, 'seconds'):.2f} | "
-            f"{_median(rows, 'cpu_seconds'):.2f} | {_median(rows, 'per_core'):.2f} | "
-            f"{_mib(_median(rows, 'peak_kib'))} | {_mib(above)} | {shape} |")  # fmt: skip
+    return (
+        f"| {label} | {how} | {_median(rows, 'seconds'):.2f} | "
+        f"{_median(rows, 'cpu_seconds'):.2f} | {_median(rows, 'per_core'):.2f} | "
+        f"{_mib(_median(rows, 'peak_kib'))} | {_mib(above)} | {shape} |"
+    )
 
 
 def memory_table(size: str, results: Results) -> list[str]:
-    rows = ["| source | path | wall s | CPU s | images/s per core | peak RSS MiB | "
-            "above baseline MiB | `optimized` | `optimized` KiB |",
-            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| source | path | wall s | CPU s | images/s per core | peak RSS MiB | "
+        "above baseline MiB | `optimized` | `optimized` KiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for case in SIZES[size]:
         rows += [_row(CASES[case].label, how, results[(case, how)]) for how in PATHS[size]]
     return rows
@@ -261,9 +290,11 @@ def ratio_lines(size: str, results: Results) -> list[str]:
     lines = []
     for case in SIZES[size]:
         naive, ours = results[(case, "naive")], results[(case, "jobsapp")]
-        lines.append(f"images {CASES[case].label}: v1 set {speedup(ours, naive, 'seconds'):.2f}x "
-                     f"the naive Pillow path, peak RSS {_mib(_median(ours, 'peak_kib'))} MiB "
-                     f"(naive {_mib(_median(naive, 'peak_kib'))} MiB)")  # fmt: skip
+        lines.append(
+            f"images {CASES[case].label}: v1 set {speedup(ours, naive, 'seconds'):.2f}x "
+            f"the naive Pillow path, peak RSS {_mib(_median(ours, 'peak_kib'))} MiB "
+            f"(naive {_mib(_median(naive, 'peak_kib'))} MiB)"
+        )
     jpeg = SIZES[size][0]
     ours = results[(jpeg, "jobsapp")]
     for other in ("naive", "pyvips"):
@@ -288,11 +319,19 @@ def ssim(a: Image.Image, b: Image.Image) -> float:
     mx, my = mean8(x), mean8(y)
     vx, vy, cxy = mean8(product(x, x)), mean8(product(y, y)), mean8(product(x, y))
     index = ImageMath.lambda_eval(
-        lambda v: ((2 * v["mx"] * v["my"] + c1) * (2 * (v["cxy"] - v["mx"] * v["my"]) + c2))
-        / ((v["mx"] * v["mx"] + v["my"] * v["my"] + c1)
-           * (v["vx"] - v["mx"] * v["mx"] + v["vy"] - v["my"] * v["my"] + c2)),
-        mx=mx, my=my, vx=vx, vy=vy, cxy=cxy,
-    )  # fmt: skip
+        lambda v: (
+            ((2 * v["mx"] * v["my"] + c1) * (2 * (v["cxy"] - v["mx"] * v["my"]) + c2))
+            / (
+                (v["mx"] * v["mx"] + v["my"] * v["my"] + c1)
+                * (v["vx"] - v["mx"] * v["mx"] + v["vy"] - v["my"] * v["my"] + c2)
+            )
+        ),
+        mx=mx,
+        my=my,
+        vx=vx,
+        vy=vy,
+        cxy=cxy,
+    )
     assert isinstance(index, Image.Image)
     mean = index.reduce(index.size).getpixel((0, 0))
     assert isinstance(mean, float)
@@ -318,8 +357,10 @@ def effort_table(size: str) -> list[str]:
     ]
     for method, (seconds, data) in encoded.items():
         out = Image.open(io.BytesIO(data))
-        rows.append(f"| {method} | {seconds:.2f} | {len(data)} | {ssim(out, reference):.4f} | "
-                    f"{ssim(out, original):.4f} |")  # fmt: skip
+        rows.append(
+            f"| {method} | {seconds:.2f} | {len(data)} | {ssim(out, reference):.4f} | "
+            f"{ssim(out, original):.4f} |"
+        )
     return rows
 
 

@@ -41,8 +41,17 @@ from bench.services import ROOT, Instance, Services
 from bench.tasks import DONE_KEY
 from jobsapp.shipped import CELERYCONFIG
 
-CELERY_FLAGS = ("worker", "--pool=prefork", "-c", "2", "--without-gossip", "--without-mingle",
-                "--without-heartbeat", "-l", "warning")  # fmt: skip
+CELERY_FLAGS = (
+    "worker",
+    "--pool=prefork",
+    "-c",
+    "2",
+    "--without-gossip",
+    "--without-mingle",
+    "--without-heartbeat",
+    "-l",
+    "warning",
+)
 BIN = Path(sys.executable).parent
 # Producers and workers run here: jobsapp finds the bench's deployment celeryconfig.py.
 DEPLOYMENT = ROOT / "bench" / "deployment"
@@ -65,8 +74,10 @@ class Events:
         return f"worker {'on' if self.worker else 'off'}, sent {'on' if self.sent else 'off'}"
 
     def env(self) -> dict[str, str]:
-        return {"BENCH_WORKER_EVENTS": str(int(self.worker)),
-                "BENCH_SENT_EVENTS": str(int(self.sent))}  # fmt: skip
+        return {
+            "BENCH_WORKER_EVENTS": str(int(self.worker)),
+            "BENCH_SENT_EVENTS": str(int(self.sent)),
+        }
 
 
 OFF, ON = Events(worker=False, sent=False), Events(worker=True, sent=True)
@@ -75,8 +86,10 @@ OFF, ON = Events(worker=False, sent=False), Events(worker=True, sent=True)
 def shipped_events(config: Path = CELERYCONFIG) -> Events:
     """The events jobsapp's celeryconfig.py ships (Celery's default, off, where it is silent)."""
     settings = runpy.run_path(str(config))
-    return Events(worker=bool(settings.get("worker_send_task_events", False)),
-                  sent=bool(settings.get("task_send_sent_event", False)))  # fmt: skip
+    return Events(
+        worker=bool(settings.get("worker_send_task_events", False)),
+        sent=bool(settings.get("task_send_sent_event", False)),
+    )
 
 
 @dataclass(frozen=True)
@@ -111,7 +124,8 @@ NAIVE_JOURNAL = Journal(
 )
 PROCRASTINATE_JOURNAL = Journal(
     ("procrastinate_jobs", "procrastinate_events"),
-    "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'")  # fmt: skip
+    "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'",
+)
 
 
 def systems(shipped: Events) -> dict[str, System]:
@@ -121,15 +135,26 @@ def systems(shipped: Events) -> dict[str, System]:
     variants = list(dict.fromkeys((OFF, ON, shipped)))
     found = {system_name("bare", e): System("bare", BARE_WORKER, e) for e in variants}
     found["naive"] = System("naive", BARE_WORKER, OFF, NAIVE_JOURNAL)
-    found |= {system_name("lifecycle", e): System("lifecycle", JOBSAPP_WORKER, e,
-                                                  LIFECYCLE_JOURNAL) for e in variants}  # fmt: skip
-    found["lifecycle-batch"] = System("lifecycle-batch", JOBSAPP_WORKER, shipped,
-                                      LIFECYCLE_JOURNAL)  # fmt: skip
-    found["lifecycle-nowait"] = System("lifecycle", JOBSAPP_WORKER, shipped, LIFECYCLE_JOURNAL,
-                                       {"JOBSAPP_FINISH_FLUSH": "no-wait"})  # fmt: skip
-    found["procrastinate"] = System("procrastinate", (
-        str(BIN / "procrastinate"), "--app=bench.peer_procrastinate.app", "--log-level=warning",
-        "worker", "--concurrency", "2"), journal=PROCRASTINATE_JOURNAL)  # fmt: skip
+    found |= {
+        system_name("lifecycle", e): System("lifecycle", JOBSAPP_WORKER, e, LIFECYCLE_JOURNAL)
+        for e in variants
+    }
+    found["lifecycle-batch"] = System("lifecycle-batch", JOBSAPP_WORKER, shipped, LIFECYCLE_JOURNAL)
+    found["lifecycle-nowait"] = System(
+        "lifecycle", JOBSAPP_WORKER, shipped, LIFECYCLE_JOURNAL, {"JOBSAPP_FINISH_FLUSH": "no-wait"}
+    )
+    found["procrastinate"] = System(
+        "procrastinate",
+        (
+            str(BIN / "procrastinate"),
+            "--app=bench.peer_procrastinate.app",
+            "--log-level=warning",
+            "worker",
+            "--concurrency",
+            "2",
+        ),
+        journal=PROCRASTINATE_JOURNAL,
+    )
     return found
 
 
@@ -154,12 +179,12 @@ def comparisons(shipped: Events) -> list[Comparison]:
         Comparison("lifecycle/bare", ", events on", "lifecycle+events", "bare+events", ("e2e",)),
         Comparison("lifecycle/naive", "", "lifecycle", "naive", ("e2e",)),
         Comparison("lifecycle/procrastinate", "", "lifecycle", "procrastinate", ("e2e",)),
-        Comparison("lifecycle-batch/bare", "", "lifecycle-batch", as_shipped[1],
-                   ("e2e", "enqueue")),
-        Comparison("lifecycle-nowait/lifecycle", "", "lifecycle-nowait", as_shipped[0],
-                   ("e2e",)),
+        Comparison(
+            "lifecycle-batch/bare", "", "lifecycle-batch", as_shipped[1], ("e2e", "enqueue")
+        ),
+        Comparison("lifecycle-nowait/lifecycle", "", "lifecycle-nowait", as_shipped[0], ("e2e",)),
         Comparison("bare+events/bare", "", "bare+events", "bare", ("e2e",)),
-    ]  # fmt: skip
+    ]
 
 
 SHIPPED = shipped_events()
@@ -237,26 +262,38 @@ class Run:
         events = SYSTEMS[system].events
         # jobsapp as docker-compose ships it: Redis broker plus the Redis dedup fast path.
         self.env = {
-            **os.environ, "PYTHONPATH": str(ROOT), "JOBSAPP_DATABASE_URL": instance.pg_url("bench"),
-            "JOBSAPP_BROKER_URL": broker.redis_url(5), "JOBSAPP_REDIS_URL": broker.redis_url(9),
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "JOBSAPP_DATABASE_URL": instance.pg_url("bench"),
+            "JOBSAPP_BROKER_URL": broker.redis_url(5),
+            "JOBSAPP_REDIS_URL": broker.redis_url(9),
             "JOBSAPP_STORAGE_URL": f"file://{ROOT}/var/bench/storage",
-            "JOBSAPP_IMPORTS": "bench.lifecycle_tasks", "BENCH_COUNTER_URL": broker.redis_url(6),
-            "BENCH_NAIVE_DSN": dsn, "BENCH_PEER_DSN": dsn, **(events or OFF).env(),
+            "JOBSAPP_IMPORTS": "bench.lifecycle_tasks",
+            "BENCH_COUNTER_URL": broker.redis_url(6),
+            "BENCH_NAIVE_DSN": dsn,
+            "BENCH_PEER_DSN": dsn,
+            **(events or OFF).env(),
             **(SYSTEMS[system].env or {}),
-        }  # fmt: skip
+        }
 
     def worker(self) -> subprocess.Popen[bytes]:
         log = (self.out / f"worker-{self.system}-{self.instance.name}.log").open("ab")
-        return subprocess.Popen(list(SYSTEMS[self.system].worker), env=self.env, cwd=DEPLOYMENT,
-                                stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            list(SYSTEMS[self.system].worker),
+            env=self.env,
+            cwd=DEPLOYMENT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait_done(self, n: int, worker: subprocess.Popen[bytes] | None, limit: float) -> float:
         deadline = time.monotonic() + limit
         while int(self.counter.get(DONE_KEY) or 0) < n:
             if worker is not None and worker.poll() is not None:
-                raise RuntimeError(f"{self.system} worker exited ({worker.returncode}); "
-                                   f"see {self.out}")  # fmt: skip
+                raise RuntimeError(
+                    f"{self.system} worker exited ({worker.returncode}); see {self.out}"
+                )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.system}: {n} jobs not done in {limit:.0f}s")
             time.sleep(0.002)
@@ -280,9 +317,14 @@ class Run:
         if journal is None:
             return {}
         with _connection(self.instance) as cur:
-            return {table: _scalar(cur, sql.SQL("SELECT count(*) FROM {}").format(
-                sql.Identifier(table))) if _exists(cur, table) else 0
-                for table in journal.tables}  # fmt: skip
+            return {
+                table: _scalar(
+                    cur, sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
+                )
+                if _exists(cur, table)
+                else 0
+                for table in journal.tables
+            }
 
 
 @contextlib.contextmanager
@@ -324,9 +366,11 @@ def wal_syncs(instance: Instance) -> int:
 
 
 def cpu_now(run: Run, worker: subprocess.Popen[bytes]) -> dict[str, float]:
-    return {"worker": tree_cpu(worker.pid),
-            "postgres": tree_cpu(run.instance.pid("postgres/data/postmaster.pid")),
-            "redis": tree_cpu(run.broker.pid("redis/redis.pid"))}  # fmt: skip
+    return {
+        "worker": tree_cpu(worker.pid),
+        "postgres": tree_cpu(run.instance.pid("postgres/data/postmaster.pid")),
+        "redis": tree_cpu(run.broker.pid("redis/redis.pid")),
+    }
 
 
 def measure(run: Run, n: int) -> Sample:
@@ -362,12 +406,17 @@ def measure(run: Run, n: int) -> Sample:
 def prepare(envs: Mapping[Instance, Mapping[str, str]]) -> None:
     """jobsapp's schema (its migrations), the naive tables and Procrastinate's schema, on
     every cluster at once (each command is mostly its own start-up)."""
-    commands = ([sys.executable, "-m", "jobsapp.cli", "db", "upgrade"],
-                [str(BIN / "procrastinate"), "--app=bench.peer_procrastinate.app", "schema",
-                 "--apply"])  # fmt: skip
-    started = [subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT) for env in envs.values()
-               for command in commands]  # fmt: skip
+    commands = (
+        [sys.executable, "-m", "jobsapp.cli", "db", "upgrade"],
+        [str(BIN / "procrastinate"), "--app=bench.peer_procrastinate.app", "schema", "--apply"],
+    )
+    started = [
+        subprocess.Popen(
+            command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        for env in envs.values()
+        for command in commands
+    ]
     for instance in envs:
         naive.create_schema(instance.pg_dsn("bench"))
     for process in started:
@@ -392,16 +441,26 @@ def run(services: Services, n: int, rounds: int, out: Path) -> Results:
     prepare({i: Run("lifecycle", i, services.durable, out).env for i in instances.values()})
     for db in (5, 9):
         redis.Redis.from_url(services.durable.redis_url(db)).flushdb()
-    print(f"jobsapp's celeryconfig.py ships task events {SHIPPED.label}; the table's "
-          f"+events: worker and sent events on, neither: both off", flush=True)  # fmt: skip
+    print(
+        f"jobsapp's celeryconfig.py ships task events {SHIPPED.label}; the table's "
+        f"+events: worker and sent events on, neither: both off",
+        flush=True,
+    )
     results: Results = {}
     for number in range(1, rounds + 1):
         for fsync, instance in instances.items():
             for system in SYSTEMS:
                 sample = measure(Run(system, instance, services.durable, out), n)
                 results.setdefault((fsync, system), []).append(sample)
-                print(round_line(f"round {number} fsync {fsync:<3}", system, sample,
-                                 results[(fsync, BASELINE)][-1]), flush=True)  # fmt: skip
+                print(
+                    round_line(
+                        f"round {number} fsync {fsync:<3}",
+                        system,
+                        sample,
+                        results[(fsync, BASELINE)][-1],
+                    ),
+                    flush=True,
+                )
             print(
                 f"round {number} fsync {fsync:<3} e2e: "
                 + _ratios(compared(results, fsync, round_index=-1)),
@@ -412,9 +471,11 @@ def run(services: Services, n: int, rounds: int, out: Path) -> Results:
 
 def round_line(prefix: str, system: str, s: Sample, bare: Sample) -> str:
     cpu = " + ".join(f"{s.cpu_ms[p]:.2f}" for p in PROCESSES)
-    return (f"{prefix} {system:<16} enqueue {s.enqueue:6.0f}/s  drain {s.drain:6.0f}/s  "
-            f"e2e {s.e2e:6.0f}/s  e2e/bare {s.e2e / bare.e2e:4.2f}  cpu ms {cpu}  "
-            f"wal {s.wal_syncs:.2f}  rows {s.rows_per_job:.2f}")  # fmt: skip
+    return (
+        f"{prefix} {system:<16} enqueue {s.enqueue:6.0f}/s  drain {s.drain:6.0f}/s  "
+        f"e2e {s.e2e:6.0f}/s  e2e/bare {s.e2e / bare.e2e:4.2f}  cpu ms {cpu}  "
+        f"wal {s.wal_syncs:.2f}  rows {s.rows_per_job:.2f}"
+    )
 
 
 def compared(results: Results, fsync: str, round_index: int | None = None) -> dict[str, float]:
@@ -441,9 +502,11 @@ def median_ratio(num: Sequence[Sample], den: Sequence[Sample], field: str) -> fl
 
 def report(results: Results, n: int, rounds: int) -> list[str]:
     """Prints the tables; returns the ratio lines (the last lines printed)."""
-    print(f"\n{n} no-op jobs x {rounds} interleaved rounds; medians. CPU ms per job (end to "
-          f"end) by process; WAL syncs per job (pg_stat_wal.wal_sync); journal rows written "
-          f"per job. Task events as shipped: {SHIPPED.label}.")  # fmt: skip
+    print(
+        f"\n{n} no-op jobs x {rounds} interleaved rounds; medians. CPU ms per job (end to "
+        f"end) by process; WAL syncs per job (pg_stat_wal.wal_sync); journal rows written "
+        f"per job. Task events as shipped: {SHIPPED.label}."
+    )
     for fsync in clusters(results):
         print(
             f"\n-- Postgres fsync {fsync}\n{'system':<16} {'enqueue/s':>9} {'drain/s':>8} "
@@ -461,10 +524,16 @@ def report(results: Results, n: int, rounds: int) -> list[str]:
                 + f"  {wal:7.2f} {rows:8.2f}"
             )
         print("e2e, medians of the rounds' ratios: " + _ratios(compared(results, fsync)))
-    print("\njournal rows per job by table (fsync on, medians): " + "; ".join(
-        f"{system} " + " + ".join(f"{table} {_median_rows(results, system, table):.2f}"
-                                  for table in journal.tables)
-        for system, journal in _journals()))  # fmt: skip
+    print(
+        "\njournal rows per job by table (fsync on, medians): "
+        + "; ".join(
+            f"{system} "
+            + " + ".join(
+                f"{table} {_median_rows(results, system, table):.2f}" for table in journal.tables
+            )
+            for system, journal in _journals()
+        )
+    )
     lines = ratio_lines(results)
     print("\n" + "\n".join(lines))
     return lines
@@ -518,8 +587,9 @@ def _plot_cpu(results: Results, cpu: Any) -> None:
     systems = list(SYSTEMS)
     bottom = [0.0] * len(systems)
     for process in PROCESSES:
-        values = [statistics.median(s.cpu_ms[process] for s in results[("on", name)])
-                  for name in systems]  # fmt: skip
+        values = [
+            statistics.median(s.cpu_ms[process] for s in results[("on", name)]) for name in systems
+        ]
         cpu.bar(systems, values, bottom=bottom, label=process)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     cpu.set_ylabel("CPU ms per job, fsync on (median)")
@@ -536,14 +606,22 @@ def batch_line(services: Services, rounds: int, out: Path) -> str:
     """The batch path alone: ``enqueue.transaction()`` of 1,000 jobs, published included,
     on the fsync-on cluster with no worker running (as shipped: sent events per settings)."""
     env = Run("lifecycle-batch", services.durable, services.durable, out).env
-    done = subprocess.run([sys.executable, "-m", "bench.batch_publish", str(rounds)], env=env,
-                          cwd=DEPLOYMENT, capture_output=True, text=True, check=True,
-                          timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.batch_publish", str(rounds)],
+        env=env,
+        cwd=DEPLOYMENT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
     found = json.loads(done.stdout.strip().splitlines()[-1])
     each = " ".join(f"{rate:.0f}" for rate in found["rounds"])
     print(f"lifecycle-batch of 1000, rounds (jobs/s): {each}", flush=True)
-    return (f"lifecycle-batch enqueue of 1000 (fsync on, published included): "
-            f"{found['median']:.0f} jobs/s")  # fmt: skip
+    return (
+        f"lifecycle-batch enqueue of 1000 (fsync on, published included): "
+        f"{found['median']:.0f} jobs/s"
+    )
 
 
 def main(services: Services, size: str, out: Path) -> list[str]:

@@ -75,8 +75,9 @@ def run(engine: Engine, job: NewJob) -> None:
     if job.task_name == fair.name:
         limits.fair_claimed(engine, job.spec, row)
     with limits.outcome_connection(engine, row) as conn:
-        done = journal.succeed(conn, job.spec, job.job_id, 1, token=row["claim_token"],
-                               actor="bench")  # fmt: skip
+        done = journal.succeed(
+            conn, job.spec, job.job_id, 1, token=row["claim_token"], actor="bench"
+        )
         limits.let_go(conn, job.spec, row, done)
 
 
@@ -134,13 +135,16 @@ def main(services: Services, size: str, out: Path) -> list[str]:
         engine.dispose()
         drop_database(pg_base, DB_NAME)
     results = {name: statistics.median(taken) for name, taken in samples.items()}
-    return [ratio_line(line, {name: results[name] for name in LINES[line]}, rounds)
-            for line in LINES]
+    return [
+        ratio_line(line, {name: results[name] for name in LINES[line]}, rounds) for line in LINES
+    ]
 
 
 def ratio_line(line: str, results: dict[str, float], rounds: int) -> str:
     """``results``' first series is the base, its second the check the line is about."""
     base, checked = list(results.values())[:2]
     figures = ", ".join(f"{name} {ms:.2f}" for name, ms in results.items())
-    return (f"{line}: enqueue+claim+finish ms/job (fsync on, medians of {rounds}): {figures}; "
-            f"{WHAT[line]} costs {checked - base:+.2f} ms/job ({checked / base:.2f}x)")
+    return (
+        f"{line}: enqueue+claim+finish ms/job (fsync on, medians of {rounds}): {figures}; "
+        f"{WHAT[line]} costs {checked - base:+.2f} ms/job ({checked / base:.2f}x)"
+    )

@@ -100,18 +100,46 @@ def _copy(
         raw.close()
 
 
-RUN_COLUMNS = ("job_id", "task_name", "concurrency_key", "state", "outcome", "attempts",
-               "max_attempts", "rescues", "heartbeat_at", "created_at", "started_at",
-               "finished_at", "updated_at", "worker", "params", "enqueued_by",
-               "attempted_at")  # fmt: skip
-OUTBOX_COLUMNS = ("module", "job_id", "attempt", "task_name", "body", "created_at",
-                  "available_at", "published_at", "publish_count", "delivered_at")  # fmt: skip
+RUN_COLUMNS = (
+    "job_id",
+    "task_name",
+    "concurrency_key",
+    "state",
+    "outcome",
+    "attempts",
+    "max_attempts",
+    "rescues",
+    "heartbeat_at",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "updated_at",
+    "worker",
+    "params",
+    "enqueued_by",
+    "attempted_at",
+)
+OUTBOX_COLUMNS = (
+    "module",
+    "job_id",
+    "attempt",
+    "task_name",
+    "body",
+    "created_at",
+    "available_at",
+    "published_at",
+    "publish_count",
+    "delivered_at",
+)
 PARAMS = json.dumps({"args": ["bench"], "kwargs": {}})
 
 
 def _body(job_id: uuid.UUID, attempt: int, at: datetime) -> str:
-    return json.dumps(build_body(job_id=job_id, module="jobs", attempt=attempt, ids={},
-                                 enqueued_at=at, traceparent=None))  # fmt: skip
+    return json.dumps(
+        build_body(
+            job_id=job_id, module="jobs", attempt=attempt, ids={}, enqueued_at=at, traceparent=None
+        )
+    )
 
 
 def load(engine: Engine, terminal: int) -> dict[str, list[uuid.UUID]]:
@@ -119,24 +147,57 @@ def load(engine: Engine, terminal: int) -> dict[str, list[uuid.UUID]]:
     now = datetime.now(UTC)
     planted = {Kind.SUCCEEDED: terminal - terminal // 20, Kind.FAILED: terminal // 20}
     plant(engine, planted, start=now - timedelta(days=2), spread=timedelta(days=1))
-    roles = {name: [uuid.uuid4() for _ in range(n)] for name, n in (
-        ("running", ACTIVE_RUNNING), ("stale", STALE), ("due", QUEUED_DUE),
-        ("waiting", QUEUED_WAITING))}  # fmt: skip
+    roles = {
+        name: [uuid.uuid4() for _ in range(n)]
+        for name, n in (
+            ("running", ACTIVE_RUNNING),
+            ("stale", STALE),
+            ("due", QUEUED_DUE),
+            ("waiting", QUEUED_WAITING),
+        )
+    }
     active_runs, active_outbox = [], []
     for role, role_ids in roles.items():
         for job_id in role_ids:
             running = role in ("running", "stale")
             at = _ts(now)
-            active_runs.append((job_id, "tests.echo", f"tests.echo:{job_id}",
-                                "running" if running else "queued", None, int(running), 5, 0,
-                                at if running else None, at, at if running else None, None, at,
-                                "w@h:1" if running else None, PARAMS, "producer",
-                                at if running else None))  # fmt: skip
+            active_runs.append(
+                (
+                    job_id,
+                    "tests.echo",
+                    f"tests.echo:{job_id}",
+                    "running" if running else "queued",
+                    None,
+                    int(running),
+                    5,
+                    0,
+                    at if running else None,
+                    at,
+                    at if running else None,
+                    None,
+                    at,
+                    "w@h:1" if running else None,
+                    PARAMS,
+                    "producer",
+                    at if running else None,
+                )
+            )
             published = role != "due"
             check = now + UNCLAIMED if published else now - timedelta(minutes=1)
-            active_outbox.append(("jobs", job_id, 1, "tests.echo", _body(job_id, 1, now), at,
-                                  _ts(check), at if published else None, int(published),
-                                  at if running else None))  # fmt: skip
+            active_outbox.append(
+                (
+                    "jobs",
+                    job_id,
+                    1,
+                    "tests.echo",
+                    _body(job_id, 1, now),
+                    at,
+                    _ts(check),
+                    at if published else None,
+                    int(published),
+                    at if running else None,
+                )
+            )
     _copy(engine, "job_runs", RUN_COLUMNS, iter(active_runs))
     _copy(engine, "outbox", OUTBOX_COLUMNS, iter(active_outbox))
     with engine.begin() as conn:
@@ -148,14 +209,24 @@ def make_work(engine: Engine, roles: dict[str, list[uuid.UUID]]) -> None:
     """Before a timed pass: the stale runs stopped beating, the due rows are unpublished."""
     old = datetime.now(UTC) - 2 * STALE_AFTER
     with engine.begin() as conn:
-        conn.execute(text("DELETE FROM outbox WHERE attempt > 1 AND job_id = ANY(:ids)"),
-                     {"ids": roles["stale"]})  # fmt: skip
-        conn.execute(text("UPDATE job_runs SET state = 'running', attempts = 1, rescues = 0, "
-                          "heartbeat_at = :old, last_error = NULL WHERE job_id = ANY(:ids)"),
-                     {"old": old, "ids": roles["stale"]})  # fmt: skip
-        conn.execute(text("UPDATE outbox SET published_at = NULL, publish_count = 0, "
-                          "available_at = :old WHERE attempt = 1 AND job_id = ANY(:ids)"),
-                     {"old": old, "ids": roles["due"]})  # fmt: skip
+        conn.execute(
+            text("DELETE FROM outbox WHERE attempt > 1 AND job_id = ANY(:ids)"),
+            {"ids": roles["stale"]},
+        )
+        conn.execute(
+            text(
+                "UPDATE job_runs SET state = 'running', attempts = 1, rescues = 0, "
+                "heartbeat_at = :old, last_error = NULL WHERE job_id = ANY(:ids)"
+            ),
+            {"old": old, "ids": roles["stale"]},
+        )
+        conn.execute(
+            text(
+                "UPDATE outbox SET published_at = NULL, publish_count = 0, "
+                "available_at = :old WHERE attempt = 1 AND job_id = ANY(:ids)"
+            ),
+            {"old": old, "ids": roles["due"]},
+        )
 
 
 def timed(run: Callable[[], object], repeat: int, before: Callable[[], None] | None) -> float:
@@ -229,13 +300,17 @@ def bench_size(pg_base: str, terminal: int, repeat: int, app: Celery) -> dict[st
         "relay": timed(lambda: relay.run_once(app, engine, relay_cfg), repeat, work),
         "relay idle": timed(lambda: relay.run_once(app, engine, relay_cfg), repeat, None),
     }
-    print(f"\n== {terminal:,} terminal runs + 100 active (loaded in {loaded:.1f}s); "
-          f"median of {repeat}, milliseconds")  # fmt: skip
+    print(
+        f"\n== {terminal:,} terminal runs + 100 active (loaded in {loaded:.1f}s); "
+        f"median of {repeat}, milliseconds"
+    )
     for name, ms in figures.items():
         print(f"  {name:<12} {ms:8.2f}")
     used: set[str] = set()
-    for name, run in (("reaper", lambda: reaper.run_once(engine, reaper_cfg, app)),
-                      ("relay", lambda: relay.run_once(app, engine, relay_cfg))):  # fmt: skip
+    for name, run in (
+        ("reaper", lambda: reaper.run_once(engine, reaper_cfg, app)),
+        ("relay", lambda: relay.run_once(app, engine, relay_cfg)),
+    ):
         make_work(engine, roles)
         with Recorder(engine) as rec:
             run()
@@ -248,8 +323,11 @@ def bench_size(pg_base: str, terminal: int, repeat: int, app: Celery) -> dict[st
     return figures
 
 
-SIZES = {"full": ((10_000, 100_000, 1_000_000), 7), "quick": ((10_000, 100_000), 3),
-         "smoke": ((1_000, 2_000), 1)}  # fmt: skip
+SIZES = {
+    "full": ((10_000, 100_000, 1_000_000), 7),
+    "quick": ((10_000, 100_000), 3),
+    "smoke": ((1_000, 2_000), 1),
+}
 
 
 def plot(results: dict[int, dict[str, float]], path: Path) -> None:
@@ -281,5 +359,7 @@ def main(services: Services, size: str, out: Path) -> list[str]:
     drop_database(pg_base)
     plot(results, out / "maintenance.png")
     small, large = results[sizes[0]], results[sizes[-1]]
-    return [f"maintenance {name} {sizes[-1]:,}/{sizes[0]:,} rows ratio: "
-            f"{large[name] / small[name]:.2f}" for name in small]  # fmt: skip
+    return [
+        f"maintenance {name} {sizes[-1]:,}/{sizes[0]:,} rows ratio: {large[name] / small[name]:.2f}"
+        for name in small
+    ]

@@ -41,13 +41,19 @@ def tree(ref: str | None) -> Iterator[Path]:
         return
     place = Path(tempfile.mkdtemp(prefix="bench-profile-"))
     path = place / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), ref],
+        check=True,
+        capture_output=True,
+    )
     try:
         yield path
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
-                       check=False, capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
+            check=False,
+            capture_output=True,
+        )
         shutil.rmtree(place, ignore_errors=True)
 
 
@@ -63,20 +69,27 @@ def fresh_database(instance: Instance, name: str) -> None:
 def environment(instance: Instance, source: Path, database: str) -> dict[str, str]:
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")},
-        "PYTHONPATH": str(source), "JOBSAPP_DATABASE_URL": instance.pg_url(database),
+        "PYTHONPATH": str(source),
+        "JOBSAPP_DATABASE_URL": instance.pg_url(database),
         "JOBSAPP_BROKER_URL": instance.redis_url(BROKER_DB),
         "JOBSAPP_STORAGE_URL": f"file://{source}/var/bench/storage",
         "JOBSAPP_REDIS_URL": instance.redis_url(DEDUP_DB),
         "JOBSAPP_IMPORTS": "bench.lifecycle_tasks",
         "BENCH_COUNTER_URL": instance.redis_url(COUNTER_DB),
-    }  # fmt: skip
+    }
 
 
 def side(name: str, n: int, env: dict[str, str], source: Path, out: Path) -> float:
     """Run one profiled side; its CPU ms per job (the text goes to ``out``)."""
-    run = subprocess.run([sys.executable, str(SCRIPT), name, str(n), str(out)], env=env,
-                         cwd=source, capture_output=True, text=True, timeout=600,
-                         check=False)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), name, str(n), str(out)],
+        env=env,
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     if run.returncode != 0:
         raise RuntimeError(f"profile {name} failed ({run.returncode}):\n{run.stderr[-3000:]}")
     result = json.loads(run.stdout.strip().splitlines()[-1])
@@ -91,14 +104,21 @@ def profile(instance: Instance, ref: str | None, n: int, out: Path) -> list[str]
         database = "profile_" + "".join(c if c.isalnum() else "_" for c in label)
         fresh_database(instance, database)
         env = environment(instance, source, database)
-        subprocess.run([sys.executable, "-m", "jobsapp.cli", "db", "upgrade"], env=env,
-                       cwd=source, check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "jobsapp.cli", "db", "upgrade"],
+            env=env,
+            cwd=source,
+            check=True,
+            capture_output=True,
+        )
         for db in (BROKER_DB, DEDUP_DB, COUNTER_DB):
             redis.Redis.from_url(instance.redis_url(db)).flushdb()
         print(f"-- {label} ({source})", flush=True)
-        return [f"profile {name} CPU ms/job ({label}): "
-                f"{side(name, n, env, source, out / f'profile-{label}-{name}.txt'):.2f}"
-                for name in ("producer", "worker")]  # fmt: skip
+        return [
+            f"profile {name} CPU ms/job ({label}): "
+            f"{side(name, n, env, source, out / f'profile-{label}-{name}.txt'):.2f}"
+            for name in ("producer", "worker")
+        ]
 
 
 def main(services: Services, size: str, out: Path, refs: Sequence[str] = ()) -> list[str]:

@@ -41,10 +41,17 @@ CELERY = (str(BIN / "celery"), "-A", "jobsapp")
 DB_NAME = "jobsapp_bench_scale"
 TEMPLATE = f"{DB_NAME}_template"
 BROKERS = ("redis", "rabbitmq-quorum")
-WORKER_FLAGS = ("--pool=prefork", "-c", "2", "--without-gossip", "--without-mingle",
-                "--without-heartbeat", "-l", "info")  # fmt: skip
-SIZES = {"full": (3000, (1, 2, 4, 8), 3), "quick": (400, (1, 2, 4, 8), 1),
-         "smoke": (20, (1, 2), 1)}  # fmt: skip
+WORKER_FLAGS = (
+    "--pool=prefork",
+    "-c",
+    "2",
+    "--without-gossip",
+    "--without-mingle",
+    "--without-heartbeat",
+    "-l",
+    "info",
+)
+SIZES = {"full": (3000, (1, 2, 4, 8), 3), "quick": (400, (1, 2, 4, 8), 1), "smoke": (20, (1, 2), 1)}
 
 
 @dataclass(frozen=True)
@@ -83,8 +90,9 @@ def assert_quorum(amqp_url: str) -> None:
     """The broker refuses to redeclare Celery's queue as a classic one: it is a quorum queue."""
     with kombu.Connection(amqp_url) as conn:
         try:
-            conn.default_channel.queue_declare("celery", durable=True,
-                                               arguments={"x-queue-type": "classic"})  # fmt: skip
+            conn.default_channel.queue_declare(
+                "celery", durable=True, arguments={"x-queue-type": "classic"}
+            )
         except amqp.exceptions.PreconditionFailed:
             return
     raise RuntimeError("Celery's queue on RabbitMQ is not a quorum queue")
@@ -98,14 +106,17 @@ class Phase:
         self.counter = redis.Redis.from_url(instance.redis_url(12))
         on_rabbitmq = broker != "redis"
         self.env = {
-            **os.environ, "PYTHONPATH": str(ROOT),
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
             "JOBSAPP_DATABASE_URL": instance.pgbouncer_url(DB_NAME),
             "JOBSAPP_BROKER_URL": instance.amqp_url if on_rabbitmq else instance.redis_url(10),
             "JOBSAPP_STORAGE_URL": f"file://{ROOT}/var/bench/storage",
-            "JOBSAPP_REDIS_URL": instance.redis_url(11), "JOBSAPP_IMPORTS": "bench.scale_tasks",
-            "BENCH_COUNTER_URL": instance.redis_url(12), "BENCH_QUORUM": str(int(on_rabbitmq)),
+            "JOBSAPP_REDIS_URL": instance.redis_url(11),
+            "JOBSAPP_IMPORTS": "bench.scale_tasks",
+            "BENCH_COUNTER_URL": instance.redis_url(12),
+            "BENCH_QUORUM": str(int(on_rabbitmq)),
             "JOBSAPP_BEAT_LEASE_SECONDS": "5",
-        }  # fmt: skip
+        }
         self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
     def fresh_database(self) -> None:
@@ -117,8 +128,14 @@ class Phase:
 
     def start(self, name: str, argv: list[str]) -> None:
         log = self.out / f"scale-{self.broker}-{name}.log"
-        popen = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=log.open("wb"),
-                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        popen = subprocess.Popen(
+            argv,
+            env=self.env,
+            cwd=ROOT,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs.append((popen, log))
 
     def start_beats(self) -> None:
@@ -135,8 +152,10 @@ class Phase:
     def wait_ready(self, limit: float = 180) -> None:
         deadline = time.monotonic() + limit
         for popen, log in self.procs:
-            while not any(m in log.read_text(errors="replace")
-                          for m in (" ready.", "is the leader", "standing by")):  # fmt: skip
+            while not any(
+                m in log.read_text(errors="replace")
+                for m in (" ready.", "is the leader", "standing by")
+            ):
                 if popen.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{log.name} not ready: {log.read_text()[-2000:]}")
                 time.sleep(0.1)
@@ -144,17 +163,24 @@ class Phase:
     def cpu(self) -> dict[str, float]:
         """CPU seconds so far of the workers and of each server on the jobs' path."""
         broker = "redis/redis.pid" if self.broker == "redis" else "rabbitmq/rabbitmq.pid"
-        servers = {"postgres": "postgres/data/postmaster.pid",
-                   "pgbouncer": "pgbouncer/pgbouncer.pid", "broker": broker}  # fmt: skip
+        servers = {
+            "postgres": "postgres/data/postmaster.pid",
+            "pgbouncer": "pgbouncer/pgbouncer.pid",
+            "broker": broker,
+        }
         seconds = {name: tree_cpu(self.instance.pid(path)) for name, path in servers.items()}
         workers = [popen.pid for popen, log in self.procs if "worker" in log.name]
         return {"workers": sum(tree_cpu(pid) for pid in workers), **seconds}
 
     def run(self, n: int) -> Point:
         before, done0, succeeded0 = self.cpu(), self.done(), self.succeeded()
-        producer = subprocess.Popen([sys.executable, "-m", "bench.producer", "lifecycle-batch",
-                                     str(n)], env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE)  # fmt: skip
+        producer = subprocess.Popen(
+            [sys.executable, "-m", "bench.producer", "lifecycle-batch", str(n)],
+            env=self.env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         # From the first job done to the last: the producer's start-up (imports, first
         # connections, ~2 s here) is no part of the workers' throughput.
         first = self.done_at(done0 + 1)
@@ -167,16 +193,25 @@ class Phase:
             assert_quorum(self.instance.amqp_url)
         cpu_ms = {name: (after[name] - before[name]) * 1000 / n for name in before}
         ran, succeeded, clients, servers = self.settled(succeeded0 + n)
-        return Point(self.broker, self.workers, rate, ran - done0, succeeded - succeeded0,
-                     clients, servers, cpu_ms)  # fmt: skip
+        return Point(
+            self.broker,
+            self.workers,
+            rate,
+            ran - done0,
+            succeeded - succeeded0,
+            clients,
+            servers,
+            cpu_ms,
+        )
 
     def done(self) -> int:
         """Bodies run so far in this phase (its earlier worker counts' jobs included)."""
         return int(self.counter.get(DONE_KEY) or 0)
 
     def succeeded(self) -> int:
-        return _scalar(self.instance.pg_dsn(DB_NAME),
-                       "SELECT count(*) FROM job_runs WHERE state = 'succeeded'")  # fmt: skip
+        return _scalar(
+            self.instance.pg_dsn(DB_NAME), "SELECT count(*) FROM job_runs WHERE state = 'succeeded'"
+        )
 
     def done_at(self, count: int) -> float:
         deadline = time.monotonic() + 120 + count / 5
@@ -195,8 +230,12 @@ class Phase:
         time.sleep(1)  # room for a duplicate delivery to show in the counter
         bouncer = f"host=127.0.0.1 port={self.instance.extras_port} user=postgres dbname=pgbouncer"
         backends = f"SELECT count(*) FROM pg_stat_activity WHERE datname = '{DB_NAME}'"  # noqa: S608
-        return (self.done(), self.succeeded(), _scalar(bouncer, "SHOW CLIENTS"),
-                _scalar(self.instance.pg_dsn("postgres"), backends))  # fmt: skip
+        return (
+            self.done(),
+            self.succeeded(),
+            _scalar(bouncer, "SHOW CLIENTS"),
+            _scalar(self.instance.pg_dsn("postgres"), backends),
+        )
 
     def stop(self) -> None:
         for popen, _log in self.procs:
@@ -209,11 +248,16 @@ def migrated_template(instance: Instance) -> None:
     """The database every phase starts from, migrated once, directly (not via PgBouncer)."""
     _admin(instance, f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
     _admin(instance, f'CREATE DATABASE "{TEMPLATE}"')
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JOBSAPP_DATABASE_URL": instance.pg_url(TEMPLATE),
-           "JOBSAPP_BROKER_URL": "memory://",
-           "JOBSAPP_STORAGE_URL": f"file://{ROOT}/var/bench/storage"}  # fmt: skip
-    subprocess.run([str(BIN / "jobsapp"), "db", "upgrade"], env=env, cwd=ROOT, check=True,
-                   capture_output=True)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "JOBSAPP_DATABASE_URL": instance.pg_url(TEMPLATE),
+        "JOBSAPP_BROKER_URL": "memory://",
+        "JOBSAPP_STORAGE_URL": f"file://{ROOT}/var/bench/storage",
+    }
+    subprocess.run(
+        [str(BIN / "jobsapp"), "db", "upgrade"], env=env, cwd=ROOT, check=True, capture_output=True
+    )
 
 
 @contextlib.contextmanager
@@ -227,8 +271,7 @@ def phase(instance: Instance, broker: str, out: Path) -> Iterator[Phase]:
         current.stop()
 
 
-def run(instance: Instance, n: int, counts: tuple[int, ...], rounds: int,
-        out: Path) -> list[Point]:  # fmt: skip
+def run(instance: Instance, n: int, counts: tuple[int, ...], rounds: int, out: Path) -> list[Point]:
     points = []
     migrated_template(instance)
     for number in range(1, rounds + 1):
@@ -242,11 +285,14 @@ def grown(current: Phase, workers: int, n: int, number: int) -> Point:
     """``workers`` running (more started as needed), then N jobs through them."""
     current.add_workers(workers)
     point = current.run(n)
-    print(f"round {number} {current.broker:<16} workers {workers}  {point.rate:6.0f} jobs/s  "
-          f"ran {point.ran}/{n}  succeeded {point.succeeded}/{n}  "
-          f"pgbouncer clients {point.clients}  postgres backends {point.servers}  "
-          f"load {os.getloadavg()[0]:.1f}  CPU ms/job "
-          + " ".join(f"{k} {v:.2f}" for k, v in point.cpu_ms.items()), flush=True)  # fmt: skip
+    print(
+        f"round {number} {current.broker:<16} workers {workers}  {point.rate:6.0f} jobs/s  "
+        f"ran {point.ran}/{n}  succeeded {point.succeeded}/{n}  "
+        f"pgbouncer clients {point.clients}  postgres backends {point.servers}  "
+        f"load {os.getloadavg()[0]:.1f}  CPU ms/job "
+        + " ".join(f"{k} {v:.2f}" for k, v in point.cpu_ms.items()),
+        flush=True,
+    )
     return point
 
 
@@ -259,8 +305,11 @@ def medians(points: list[Point]) -> dict[tuple[str, int], float]:
 
 def ratio_lines(points: list[Point], n: int) -> list[str]:
     rates = medians(points)
-    lines = [f"scale {broker} {w}/1 workers throughput ratio: {rate / rates[(broker, 1)]:.2f}"
-             for (broker, w), rate in rates.items() if w != 1]  # fmt: skip
+    lines = [
+        f"scale {broker} {w}/1 workers throughput ratio: {rate / rates[(broker, 1)]:.2f}"
+        for (broker, w), rate in rates.items()
+        if w != 1
+    ]
     once = all(p.ran == n and p.succeeded == n for p in points)
     lines.append(f"scale every job ran once (PgBouncer transaction pooling): {once}")
     return lines

@@ -44,8 +44,10 @@ from jobsapp.demo import multipart_body
 BIN = Path(sys.executable).parent
 POLL = 0.01
 SIZES = {  # idle uploads, burst, seconds per load level
-    "full": (10, 300, 120.0), "quick": (3, 30, 12.0), "smoke": (1, 4, 1.0),
-}  # fmt: skip
+    "full": (10, 300, 120.0),
+    "quick": (3, 30, 12.0),
+    "smoke": (1, 4, 1.0),
+}
 LOADS = (0.5, 0.8)
 
 
@@ -81,8 +83,11 @@ class Ready:
                     ids = list(self.pending)
                 if not ids:
                     continue
-                cur.execute("SELECT id::text, state FROM attachments WHERE id = ANY(%s::uuid[]) "
-                            "AND state IN ('ready', 'failed')", (ids,))  # fmt: skip
+                cur.execute(
+                    "SELECT id::text, state FROM attachments WHERE id = ANY(%s::uuid[]) "
+                    "AND state IN ('ready', 'failed')",
+                    (ids,),
+                )
                 now = time.time()
                 with self.lock:
                     for attachment_id, state in cur.fetchall():
@@ -112,8 +117,11 @@ class Client:
 
     def upload(self) -> str:
         request = urllib.request.Request(  # noqa: S310 (our own http://127.0.0.1 server)
-            self.base_url + "/v1/attachments", self.body,
-            {"Content-Type": self.content_type}, method="POST")  # fmt: skip
+            self.base_url + "/v1/attachments",
+            self.body,
+            {"Content-Type": self.content_type},
+            method="POST",
+        )
         with urllib.request.urlopen(request, timeout=60) as reply:  # noqa: S310
             attachment_id: str = json.loads(reply.read())["id"]
         return attachment_id
@@ -122,8 +130,10 @@ class Client:
         deadline = time.monotonic() + limit
         while True:
             try:
-                urllib.request.urlopen(f"{self.base_url}/v1/attachments/{uuid.uuid4()}",  # noqa: S310
-                                       timeout=2)  # fmt: skip
+                urllib.request.urlopen(  # noqa: S310
+                    f"{self.base_url}/v1/attachments/{uuid.uuid4()}",
+                    timeout=2,
+                )
             except urllib.error.HTTPError:
                 return  # 404: the app answers
             except OSError:
@@ -133,12 +143,16 @@ class Client:
 
 
 def _environment(instance: Instance, run: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT),
-            "JOBSAPP_DATABASE_URL": instance.pg_url("upload"),
-            "JOBSAPP_BROKER_URL": instance.redis_url(8), "JOBSAPP_REDIS_URL": instance.redis_url(8),
-            "JOBSAPP_STORAGE_URL": f"s3://{S3_BUCKET}/upload-{run}",
-            "JOBSAPP_S3_ENDPOINT_URL": instance.s3_endpoint,
-            "JOBSAPP_VAR_DIR": str(ROOT / "var" / "bench" / "upload")}  # fmt: skip
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "JOBSAPP_DATABASE_URL": instance.pg_url("upload"),
+        "JOBSAPP_BROKER_URL": instance.redis_url(8),
+        "JOBSAPP_REDIS_URL": instance.redis_url(8),
+        "JOBSAPP_STORAGE_URL": f"s3://{S3_BUCKET}/upload-{run}",
+        "JOBSAPP_S3_ENDPOINT_URL": instance.s3_endpoint,
+        "JOBSAPP_VAR_DIR": str(ROOT / "var" / "bench" / "upload"),
+    }
 
 
 @contextmanager
@@ -152,21 +166,51 @@ def running_app(instance: Instance, port: int, out: Path) -> Iterator[str]:
     conn.close()
     env = _environment(instance, uuid.uuid4().hex[:8])
     redis.Redis.from_url(env["JOBSAPP_BROKER_URL"]).flushdb()
-    subprocess.run([sys.executable, "-m", "jobsapp.cli", "db", "upgrade"], env=env, cwd=ROOT,
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "jobsapp.cli", "db", "upgrade"],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     commands = {
-        "web": [str(BIN / "gunicorn"), "--bind", f"127.0.0.1:{port}", "--workers", "2",
-                "jobsapp.web.app:create_app()"],
-        "worker": [str(BIN / "celery"), "-A", "jobsapp", "worker", "--pool=prefork", "-c", "2",
-                   "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "warning"],
-    }  # fmt: skip
+        "web": [
+            str(BIN / "gunicorn"),
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "2",
+            "jobsapp.web.app:create_app()",
+        ],
+        "worker": [
+            str(BIN / "celery"),
+            "-A",
+            "jobsapp",
+            "worker",
+            "--pool=prefork",
+            "-c",
+            "2",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "warning",
+        ],
+    }
     procs = []
     try:
         for name, argv in commands.items():
             log = (out / f"upload-{name}.log").open("ab")
-            procs.append(subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log,
-                                          stderr=subprocess.STDOUT,
-                                          start_new_session=True))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=ROOT,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         yield f"http://127.0.0.1:{port}"
     finally:
         # The whole group: gunicorn's and Celery's own children hold the port and the queue.
@@ -231,9 +275,11 @@ def plot(latencies: dict[float, list[float]], path: Path) -> None:
     with plots.saved(path) as ax:
         for load, values in latencies.items():
             ordered = sorted(values)
-            ax.plot([v * 1000 for v in ordered],
-                    [(i + 1) / len(ordered) for i in range(len(ordered))],
-                    label=f"{load:.0%} of capacity")  # fmt: skip
+            ax.plot(
+                [v * 1000 for v in ordered],
+                [(i + 1) / len(ordered) for i in range(len(ordered))],
+                label=f"{load:.0%} of capacity",
+            )
         ax.set_xlabel("upload to ready, ms")
         ax.set_ylabel("fraction of uploads")
         ax.legend()
@@ -256,12 +302,16 @@ def main(services: Services, size: str, out: Path) -> list[str]:
             ready.stopping.set()
     print(f"service time on an idle system: {service * 1000:.0f} ms (median of {idle})")
     print(f"capacity: {ups:.1f} uploads/s ready (burst of {burst})")
-    lines = [f"upload capacity (uploads/s ready): {ups:.1f}",
-             f"upload idle service time (ms): {service * 1000:.0f}"]  # fmt: skip
+    lines = [
+        f"upload capacity (uploads/s ready): {ups:.1f}",
+        f"upload idle service time (ms): {service * 1000:.0f}",
+    ]
     for load, values in latencies.items():
         p50, p95, p99 = percentiles(values)
-        print(f"{load:.0%} load ({load * ups:.1f}/s for {seconds:.0f}s, {len(values)} uploads): "
-              f"p50 {p50 * 1000:.0f} ms  p95 {p95 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms")
+        print(
+            f"{load:.0%} load ({load * ups:.1f}/s for {seconds:.0f}s, {len(values)} uploads): "
+            f"p50 {p50 * 1000:.0f} ms  p95 {p95 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms"
+        )
         lines.append(f"upload p99/idle service time ratio ({load:.0%} load): {p99 / service:.2f}")
     plot(latencies, out / "upload.png")
     return lines

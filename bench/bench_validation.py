@@ -29,11 +29,15 @@ REPEATS = 5
 
 def typical_body() -> dict[str, Any]:
     """What the relay publishes for an attachment variant: every id field set."""
-    body = dict(message.build_body(
-        job_id=uuid.uuid4(), module="attachments", attempt=1,
-        ids={"attachment_id": uuid.uuid4(), "pipeline_version": 3, "variant": "thumb"},
-        enqueued_at=datetime.now(UTC),
-    ))  # fmt: skip
+    body = dict(
+        message.build_body(
+            job_id=uuid.uuid4(),
+            module="attachments",
+            attempt=1,
+            ids={"attachment_id": uuid.uuid4(), "pipeline_version": 3, "variant": "thumb"},
+            enqueued_at=datetime.now(UTC),
+        )
+    )
     return {**body, "outbox_id": 123456}
 
 

@@ -52,8 +52,10 @@ def timed(action: Callable[[], object]) -> float:
 
 def fill(engine: Engine, rows: int) -> None:
     now = datetime.now(UTC)
-    for kind, count, start, spread in ((Kind.SUCCEEDED, rows, now - SPAN, SPAN),
-                                       (Kind.QUEUED, 1000, now, timedelta(0))):  # fmt: skip
+    for kind, count, start, spread in (
+        (Kind.SUCCEEDED, rows, now - SPAN, SPAN),
+        (Kind.QUEUED, 1000, now, timedelta(0)),
+    ):
         seconds = timed(partial(plant, engine, {kind: count}, start=start, spread=spread))
         print(f"fill: {count:>9} {kind:<9} jobs {seconds:7.1f} s", flush=True)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -85,9 +87,12 @@ def retention(engine: Engine, batch: int, repeat: int = 5) -> None:
         with engine.connect() as conn:
             wal_bytes += wal(conn) - before
         deleted += counts["jobs"] + counts["outbox"] + counts["job_events"]
-    print(f"retention batch {batch:>6}: {statistics.median(seconds) * 1000:8.0f} ms per pass "
-          f"(median of {repeat}), last pass deleted {counts}, "
-          f"{wal_bytes / max(deleted, 1):6.0f} WAL bytes per deleted row", flush=True)  # fmt: skip
+    print(
+        f"retention batch {batch:>6}: {statistics.median(seconds) * 1000:8.0f} ms per pass "
+        f"(median of {repeat}), last pass deleted {counts}, "
+        f"{wal_bytes / max(deleted, 1):6.0f} WAL bytes per deleted row",
+        flush=True,
+    )
 
 
 def drain(engine: Engine) -> None:
@@ -95,29 +100,42 @@ def drain(engine: Engine) -> None:
     the pass's time budget."""
     started = time.perf_counter()
     counts = run_once(engine, RetentionConfig(), Celery("growth"))
-    print(f"retention default pass: {(time.perf_counter() - started) * 1000:.0f} ms, "
-          f"deleted {counts}", flush=True)  # fmt: skip
+    print(
+        f"retention default pass: {(time.perf_counter() - started) * 1000:.0f} ms, "
+        f"deleted {counts}",
+        flush=True,
+    )
 
 
 def one_day(engine: Engine) -> None:
     """Deleting the oldest remaining day against dropping a table holding the same rows."""
     with engine.begin() as conn:
-        conn.execute(text("CREATE TABLE day_slice AS SELECT * FROM job_runs WHERE "
-                          "finished_at < (SELECT min(finished_at) FROM job_runs) + '1 day'"))
+        conn.execute(
+            text(
+                "CREATE TABLE day_slice AS SELECT * FROM job_runs WHERE "
+                "finished_at < (SELECT min(finished_at) FROM job_runs) + '1 day'"
+            )
+        )
         conn.execute(text("CREATE INDEX ON day_slice (finished_at)"))
         rows = conn.execute(text("SELECT count(*) FROM day_slice")).scalar_one()
     with engine.begin() as conn:
         before = wal(conn)
-        deleted = timed(lambda: conn.execute(text(
-            "DELETE FROM job_runs WHERE job_id IN (SELECT job_id FROM day_slice)")))
+        deleted = timed(
+            lambda: conn.execute(
+                text("DELETE FROM job_runs WHERE job_id IN (SELECT job_id FROM day_slice)")
+            )
+        )
         delete_wal = wal(conn) - before
     with engine.begin() as conn:
         before = wal(conn)
         dropped = timed(lambda: conn.execute(text("DROP TABLE day_slice")))
         drop_wal = wal(conn) - before
-    print(f"one day ({rows} runs): DELETE {deleted * 1000:.0f} ms, {delete_wal / 2**20:.1f} MiB "
-          f"WAL; DROP of a table holding them {dropped * 1000:.0f} ms, "
-          f"{drop_wal / 2**10:.1f} KiB WAL", flush=True)  # fmt: skip
+    print(
+        f"one day ({rows} runs): DELETE {deleted * 1000:.0f} ms, {delete_wal / 2**20:.1f} MiB "
+        f"WAL; DROP of a table holding them {dropped * 1000:.0f} ms, "
+        f"{drop_wal / 2**10:.1f} KiB WAL",
+        flush=True,
+    )
 
 
 def main(base: str, rows: int) -> None:

@@ -45,8 +45,10 @@ def enqueue(send: Any) -> None:
     conn = _connection()
     with conn.cursor() as cur:
         cur.execute("INSERT INTO naive_runs (job_id, state) VALUES (%s, 'queued')", (job_id,))
-        cur.execute("INSERT INTO naive_outbox (job_id, body) VALUES (%s, %s)",
-                    (job_id, f'{{"job_id": "{job_id}"}}'))  # fmt: skip
+        cur.execute(
+            "INSERT INTO naive_outbox (job_id, body) VALUES (%s, %s)",
+            (job_id, f'{{"job_id": "{job_id}"}}'),
+        )
     conn.commit()
     send(job_id)
 
@@ -54,9 +56,12 @@ def enqueue(send: Any) -> None:
 def claim(job_id: str) -> int | None:
     conn = _connection()
     with conn.cursor() as cur:
-        cur.execute("UPDATE naive_runs SET state = 'running', attempts = attempts + 1, "
-                    "started_at = now() WHERE job_id = %s AND state = 'queued' "
-                    "RETURNING attempts", (job_id,))  # fmt: skip
+        cur.execute(
+            "UPDATE naive_runs SET state = 'running', attempts = attempts + 1, "
+            "started_at = now() WHERE job_id = %s AND state = 'queued' "
+            "RETURNING attempts",
+            (job_id,),
+        )
         row = cur.fetchone()
     conn.commit()
     return None if row is None else int(row[0])
@@ -65,7 +70,9 @@ def claim(job_id: str) -> int | None:
 def finish(job_id: str, attempt: int) -> None:
     conn = _connection()
     with conn.cursor() as cur:
-        cur.execute("UPDATE naive_runs SET state = 'succeeded', finished_at = now() "
-                    "WHERE job_id = %s AND state = 'running' AND attempts = %s",
-                    (job_id, attempt))  # fmt: skip
+        cur.execute(
+            "UPDATE naive_runs SET state = 'succeeded', finished_at = now() "
+            "WHERE job_id = %s AND state = 'running' AND attempts = %s",
+            (job_id, attempt),
+        )
     conn.commit()

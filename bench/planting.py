@@ -49,8 +49,13 @@ def plant(
     ``start`` .. ``start + spread``; each kind in one transaction."""
     for kind, rows in counts.items():
         template = _template(engine, kind)
-        params = {"template": template, "seed": f"{uuid.uuid4()}:", "rows": rows,
-                  "start": start, "spread": spread}  # fmt: skip
+        params = {
+            "template": template,
+            "seed": f"{uuid.uuid4()}:",
+            "rows": rows,
+            "start": start,
+            "spread": spread,
+        }
         with engine.begin() as conn:
             for table in (SPEC.table, OUTBOX, EVENTS):
                 conn.execute(text(_copies(table)), params)
@@ -60,8 +65,14 @@ def plant(
 def _template(engine: Engine, kind: Kind) -> uuid.UUID:
     """One job of ``kind`` through the journal's statements; returns its id."""
     job_id = uuid.uuid4()
-    job = NewJob(spec=SPEC, job_id=job_id, task_name=TASK, concurrency_key=f"{TASK}:{job_id}",
-                 max_attempts=3, values={"params": PARAMS})  # fmt: skip
+    job = NewJob(
+        spec=SPEC,
+        job_id=job_id,
+        task_name=TASK,
+        concurrency_key=f"{TASK}:{job_id}",
+        max_attempts=3,
+        values={"params": PARAMS},
+    )
     with engine.begin() as conn:
         message = journal.enqueue(conn, job, actor=PRODUCER).message
         assert message is not None
@@ -75,8 +86,16 @@ def _template(engine: Engine, kind: Kind) -> uuid.UUID:
         if kind is Kind.SUCCEEDED:
             assert journal.succeed(conn, SPEC, job_id, 1, token=token, actor=WORKER)
         else:
-            assert journal.fail(conn, SPEC, job_id, 1, token=token, outcome=Outcome.PERMANENT,
-                                error="ValueError: planted", actor=WORKER)  # fmt: skip
+            assert journal.fail(
+                conn,
+                SPEC,
+                job_id,
+                1,
+                token=token,
+                outcome=Outcome.PERMANENT,
+                error="ValueError: planted",
+                actor=WORKER,
+            )
         # The relay settles the row at its claim check, once the job moved on.
         now = conn.execute(select(func.clock_timestamp())).scalar_one() + CHECK_AFTER
         assert outbox_queries.settle_delivered(conn, SPEC, now=now, limit=1) == 1

@@ -75,9 +75,12 @@ def _procrastinate() -> Callable[[int], None]:
 
 
 SENDERS: dict[str, Callable[[], Callable[[int], None]]] = {
-    "bare": _bare, "naive": _naive, "lifecycle": _lifecycle,
-    "lifecycle-batch": _lifecycle_batch, "procrastinate": _procrastinate,
-}  # fmt: skip
+    "bare": _bare,
+    "naive": _naive,
+    "lifecycle": _lifecycle,
+    "lifecycle-batch": _lifecycle_batch,
+    "procrastinate": _procrastinate,
+}
 
 
 def _results() -> TextIO:

@@ -58,9 +58,11 @@ def report(profile: cProfile.Profile, n: int, wall: float, cpu: float, out: str)
     stats = pstats.Stats(profile, stream=text)
     share = shares(stats)
     parts = ", ".join(f"{k} {v:.1%}" for k, v in share.items())
-    text.write(f"{n} jobs without the profiler: CPU {cpu * 1000 / n:.3f} ms/job, wall "
-               f"{wall * 1000 / n:.3f} ms/job; {n} more under cProfile (CPU seconds below)\n"
-               f"share of self CPU time: {parts}\n\n")  # fmt: skip
+    text.write(
+        f"{n} jobs without the profiler: CPU {cpu * 1000 / n:.3f} ms/job, wall "
+        f"{wall * 1000 / n:.3f} ms/job; {n} more under cProfile (CPU seconds below)\n"
+        f"share of self CPU time: {parts}\n\n"
+    )
     stats.sort_stats("cumulative").print_stats(TOP)
     Path(out).write_text(text.getvalue())
     print(json.dumps({"cpu_ms": cpu * 1000 / n, "wall_ms": wall * 1000 / n, "shares": share}))
@@ -104,8 +106,18 @@ def worker(n: int, out: str) -> None:
             os.kill(os.getpid(), signal.SIGTERM)  # a warm shutdown: the last ack goes out
 
     with contextlib.suppress(SystemExit):
-        app.worker_main(["worker", "-P", "solo", "-l", "warning", "--without-gossip",
-                         "--without-mingle", "--without-heartbeat"])  # fmt: skip
+        app.worker_main(
+            [
+                "worker",
+                "-P",
+                "solo",
+                "-l",
+                "warning",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ]
+        )
     if seen[0] < WARM + 2 * n:
         raise SystemExit(f"worker stopped after {seen[0]} of {WARM + 2 * n} jobs")
     report(profile, n, started[0], started[1], out)

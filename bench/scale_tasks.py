@@ -16,6 +16,10 @@ __all__ = ["with_lifecycle"]
 
 if os.environ.get("BENCH_QUORUM") == "1":
     app.conf.task_queues = (
-        Queue("celery", Exchange("celery", type="direct"), routing_key="celery",
-              queue_arguments={"x-queue-type": "quorum"}),
-    )  # fmt: skip
+        Queue(
+            "celery",
+            Exchange("celery", type="direct"),
+            routing_key="celery",
+            queue_arguments={"x-queue-type": "quorum"},
+        ),
+    )

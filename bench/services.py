@@ -24,8 +24,11 @@ SCRIPT = ROOT / "scripts" / "services.sh"
 DEFAULT_PORT_BASE = 15400
 PGBOUNCER_POOL = 6  # server connections per database behind the bench's PgBouncer
 S3_BUCKET = "jobsapp-bench"
-S3_KEYS = {"AWS_ACCESS_KEY_ID": "jobsapp", "AWS_SECRET_ACCESS_KEY": "jobsapp-secret-key",
-           "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+S3_KEYS = {
+    "AWS_ACCESS_KEY_ID": "jobsapp",
+    "AWS_SECRET_ACCESS_KEY": "jobsapp-secret-key",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 @dataclass(frozen=True)
@@ -71,24 +74,37 @@ class Instance:
 
 
 def _environment(instance: Instance, durable: bool, port_base: int) -> dict[str, str]:
-    env = {**os.environ, "JOBSAPP_SVC_DIR": str(instance.state_dir),
-           "JOBSAPP_PG_PORT": str(instance.pg_port), "JOBSAPP_PG_DB": "bench",
-           "JOBSAPP_PG_DURABLE": "1" if durable else "0"}  # fmt: skip
+    env = {
+        **os.environ,
+        "JOBSAPP_SVC_DIR": str(instance.state_dir),
+        "JOBSAPP_PG_PORT": str(instance.pg_port),
+        "JOBSAPP_PG_DB": "bench",
+        "JOBSAPP_PG_DURABLE": "1" if durable else "0",
+    }
     if instance.redis_port is not None:
         env["JOBSAPP_REDIS_PORT"] = str(instance.redis_port)
     if instance.s3_port is not None:
         # weed's gRPC ports are these + 10000: all stay inside the bench's own range.
-        env.update({"JOBSAPP_S3_PORT": str(instance.s3_port), "JOBSAPP_S3_BUCKET": S3_BUCKET,
-                    "JOBSAPP_WEED_MASTER_PORT": str(port_base + 4),
-                    "JOBSAPP_WEED_VOLUME_PORT": str(port_base + 5),
-                    "JOBSAPP_WEED_FILER_PORT": str(port_base + 6),
-                    "JOBSAPP_WEED_ADMIN_PORT": str(port_base + 7)})  # fmt: skip
+        env.update(
+            {
+                "JOBSAPP_S3_PORT": str(instance.s3_port),
+                "JOBSAPP_S3_BUCKET": S3_BUCKET,
+                "JOBSAPP_WEED_MASTER_PORT": str(port_base + 4),
+                "JOBSAPP_WEED_VOLUME_PORT": str(port_base + 5),
+                "JOBSAPP_WEED_FILER_PORT": str(port_base + 6),
+                "JOBSAPP_WEED_ADMIN_PORT": str(port_base + 7),
+            }
+        )
     if instance.extras_port is not None:
-        env.update({"JOBSAPP_PGBOUNCER_PORT": str(instance.extras_port),
-                    "JOBSAPP_AMQP_PORT": str(instance.extras_port + 1),
-                    "JOBSAPP_RABBITMQ_DIST_PORT": str(instance.extras_port + 2),
-                    "JOBSAPP_EPMD_PORT": str(instance.extras_port + 3),
-                    "JOBSAPP_RABBITMQ_NODENAME": f"bench{port_base}@localhost"})  # fmt: skip
+        env.update(
+            {
+                "JOBSAPP_PGBOUNCER_PORT": str(instance.extras_port),
+                "JOBSAPP_AMQP_PORT": str(instance.extras_port + 1),
+                "JOBSAPP_RABBITMQ_DIST_PORT": str(instance.extras_port + 2),
+                "JOBSAPP_EPMD_PORT": str(instance.extras_port + 3),
+                "JOBSAPP_RABBITMQ_NODENAME": f"bench{port_base}@localhost",
+            }
+        )
     return env
 
 
@@ -117,8 +133,10 @@ class Services:
         """PgBouncer (transaction pooling) and RabbitMQ beside ``durable``, stopped after."""
         # Fewer server connections than the 8 x 2 worker children and the beats: PgBouncer
         # multiplexes them, as it would in front of a server with a connection budget.
-        env = {**_environment(self.durable, True, self.port_base),
-               "JOBSAPP_PGBOUNCER_POOL_SIZE": str(PGBOUNCER_POOL)}  # fmt: skip
+        env = {
+            **_environment(self.durable, True, self.port_base),
+            "JOBSAPP_PGBOUNCER_POOL_SIZE": str(PGBOUNCER_POOL),
+        }
         try:
             subprocess.run([str(SCRIPT), "start", "pgbouncer", "rabbitmq"], env=env, check=True)
             yield self.durable
@@ -128,8 +146,9 @@ class Services:
 
 
 def _instances(port_base: int, state_root: Path) -> tuple[Instance, Instance]:
-    durable = Instance("durable", state_root / "durable", port_base, port_base + 2,
-                       port_base + 3, port_base + 9)  # fmt: skip
+    durable = Instance(
+        "durable", state_root / "durable", port_base, port_base + 2, port_base + 3, port_base + 9
+    )
     return durable, Instance("fast", state_root / "fast", port_base + 1, None, None)
 
 
@@ -147,5 +166,9 @@ def started(port_base: int, state_root: Path, *, compare: bool = True) -> Iterat
 def stop(port_base: int, state_root: Path) -> None:
     """Stops whatever an earlier run under ``state_root`` left running (by its pid files)."""
     for instance, durable in zip(_instances(port_base, state_root), (True, False), strict=True):
-        subprocess.run([str(SCRIPT), "stop"], env=_environment(instance, durable, port_base),
-                       check=False, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [str(SCRIPT), "stop"],
+            env=_environment(instance, durable, port_base),
+            check=False,
+            capture_output=True,
+        )

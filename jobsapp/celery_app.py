@@ -29,7 +29,9 @@ from jobsapp.settings import Settings, SettingsError, get_settings
 from jobsapp.shipped import CELERYCONFIG
 
 BASE_IMPORTS = (
-    "jobsapp.maintenance.tasks", "jobsapp.attachments.tasks", "jobsapp.attachments.reprocess"
+    "jobsapp.maintenance.tasks",
+    "jobsapp.attachments.tasks",
+    "jobsapp.attachments.reprocess",
 )
 # Celery's convention: the settings module a deployment edits, found from the working directory.
 DEPLOYMENT_CONFIG = "celeryconfig"

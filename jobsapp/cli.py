@@ -91,14 +91,20 @@ def maintenance_leader(_args: argparse.Namespace) -> int:
         print("jobsapp: no beat holds the maintenance lease", file=sys.stderr)
         return 1
     if late:
-        said = ", ".join(f"{name.removeprefix(lease.STAMP_PREFIX)} (last run: "
-                         f"{'never' if at is None else at.isoformat()})"
-                         for name, at in sorted(late.items()))  # fmt: skip
-        print(f"jobsapp: beat {held[0]} leads, but maintenance passes are overdue: {said}",
-              file=sys.stderr)  # fmt: skip
+        said = ", ".join(
+            f"{name.removeprefix(lease.STAMP_PREFIX)} (last run: "
+            f"{'never' if at is None else at.isoformat()})"
+            for name, at in sorted(late.items())
+        )
+        print(
+            f"jobsapp: beat {held[0]} leads, but maintenance passes are overdue: {said}",
+            file=sys.stderr,
+        )
         return 1
-    print(f"beat leader: {held[0]} (lease until {held[1].isoformat()}); "
-          f"{len(passes)} maintenance passes on time")  # fmt: skip
+    print(
+        f"beat leader: {held[0]} (lease until {held[1].isoformat()}); "
+        f"{len(passes)} maintenance passes on time"
+    )
     return 0
 
 
@@ -195,10 +201,12 @@ def _summary_rows(args: argparse.Namespace) -> list[Any]:
     from jobsapp.monitor import browse, summary
 
     if args.attachment is None:
-        return summary.summarize(get_engine(), states=args.state, module=args.module,
-                                 limit=args.limit)  # fmt: skip
-    wanted = browse.JobFilter(module=args.module, states=summary.checked_states(args.state),
-                              attachment_id=args.attachment)  # fmt: skip
+        return summary.summarize(
+            get_engine(), states=args.state, module=args.module, limit=args.limit
+        )
+    wanted = browse.JobFilter(
+        module=args.module, states=summary.checked_states(args.state), attachment_id=args.attachment
+    )
     limit = summary.checked_limit(args.limit)
     return browse.find_jobs(get_engine(), wanted, limit=limit).rows
 
@@ -208,10 +216,17 @@ def _summary_table(rows: Sequence[Any]) -> str:
 
     header = ("MODULE", "TASK", "JOB_ID", "STATE", "ATTEMPTS", "AGE", "ERROR")
     lines = [
-        (r.module, r.task_name, str(r.job_id), r.state, f"{r.attempts}/{r.max_attempts}",
-         human_age(r.age_seconds), r.last_error or "")
+        (
+            r.module,
+            r.task_name,
+            str(r.job_id),
+            r.state,
+            f"{r.attempts}/{r.max_attempts}",
+            human_age(r.age_seconds),
+            r.last_error or "",
+        )
         for r in rows
-    ]  # fmt: skip
+    ]
     return _aligned(header, lines)
 
 
@@ -235,10 +250,12 @@ def replay(args: argparse.Namespace) -> int:
 
     def act() -> str:
         module = args.module or operator.module_of(get_engine(), args.job_id)
-        done = operator.replay(get_engine(), module, args.job_id, actor=_actor(args),
-                               reason=args.reason)  # fmt: skip
-        return (f"replayed {done.module} job {done.job_id}: attempt {done.attempt} queued, "
-                f"{done.then}")
+        done = operator.replay(
+            get_engine(), module, args.job_id, actor=_actor(args), reason=args.reason
+        )
+        return (
+            f"replayed {done.module} job {done.job_id}: attempt {done.attempt} queued, {done.then}"
+        )
 
     return _operator_action(act)
 
@@ -249,13 +266,21 @@ def cancel(args: argparse.Namespace) -> int:
 
     def act() -> str:
         module = args.module or operator.module_of(get_engine(), args.job_id)
-        done = operator.cancel(get_engine(), module, args.job_id, actor=_actor(args),
-                               reason=args.reason, terminate=args.terminate)  # fmt: skip
+        done = operator.cancel(
+            get_engine(),
+            module,
+            args.job_id,
+            actor=_actor(args),
+            reason=args.reason,
+            terminate=args.terminate,
+        )
         if not done.running:
             return f"cancelled {done.module} job {done.job_id}"
         sent = "; terminate sent to its worker process" if done.terminate_sent else ""
-        return (f"{done.module} job {done.job_id} (attempt {done.attempts}) asked to stop at "
-                f"its next heartbeat{sent}")  # fmt: skip
+        return (
+            f"{done.module} job {done.job_id} (attempt {done.attempts}) asked to stop at "
+            f"its next heartbeat{sent}"
+        )
 
     return _operator_action(act)
 
@@ -291,8 +316,9 @@ def reconcile(args: argparse.Namespace) -> int:
     from jobsapp.db import get_engine
     from jobsapp.maintenance import reconcile as passes
 
-    request = passes.Request(error_code=args.error_code, dry_run=args.dry_run,
-                             actor=f"{passes.ACTOR}:{_actor(args)}")  # fmt: skip
+    request = passes.Request(
+        error_code=args.error_code, dry_run=args.dry_run, actor=f"{passes.ACTOR}:{_actor(args)}"
+    )
     try:
         reports = passes.run_all(get_engine(), app, request, module=args.module)
     except (operator.Refused, passes.NeverRetaken, operator.InvalidRequest) as bad:
@@ -306,11 +332,15 @@ def reconcile(args: argparse.Namespace) -> int:
 def _add_reconcile_command(sub: Any) -> None:
     again = sub.add_parser("reconcile", help="take failed runs worth another try again")
     again.add_argument("--module", help="only this run table (jobs, attachments, ...)")
-    again.add_argument("--error-code", help="only failures with this code (any code the "
-                       "domain does not forbid)")  # fmt: skip
-    again.add_argument("--dry-run", action="store_true",
-                       help="take nothing again: list what a pass would take and, for each "
-                       "failed run it leaves alone, the rule that holds it back")  # fmt: skip
+    again.add_argument(
+        "--error-code", help="only failures with this code (any code the domain does not forbid)"
+    )
+    again.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="take nothing again: list what a pass would take and, for each "
+        "failed run it leaves alone, the rule that holds it back",
+    )
     again.add_argument("--actor", help="who acts (default: $USER), for the audit rows")
     again.set_defaults(handler=reconcile)
 
@@ -319,13 +349,21 @@ def _add_operator_commands(sub: Any) -> None:
     from jobsapp.monitor.summary import FILTERS
 
     show = sub.add_parser("summary", help="the newest jobs of every run table")
-    show.add_argument("--state", action="append", choices=FILTERS,
-                      help="only this state (repeatable); failed leaves out cancelled and "
-                      "expired jobs, which cancelled and expired list")  # fmt: skip
+    show.add_argument(
+        "--state",
+        action="append",
+        choices=FILTERS,
+        help="only this state (repeatable); failed leaves out cancelled and "
+        "expired jobs, which cancelled and expired list",
+    )
     show.add_argument("--module", help="only this run table (jobs, attachments, ...)")
     show.add_argument("--attachment", type=uuid.UUID, help="only the jobs of this attachment")
-    show.add_argument("--limit", type=int, default=100,
-                      help="list at most this many jobs (default 100); counts cover all")
+    show.add_argument(
+        "--limit",
+        type=int,
+        default=100,
+        help="list at most this many jobs (default 100); counts cover all",
+    )
     show.add_argument("--json", action="store_true", help="JSON instead of a table")
     show.add_argument("--workflow", type=uuid.UUID, help="the steps of this workflow instead")
     show.set_defaults(handler=summary)
@@ -335,14 +373,19 @@ def _add_operator_commands(sub: Any) -> None:
     ):
         action = sub.add_parser(name, help=f"{what}; leaves an audit row")
         action.add_argument("job_id", type=uuid.UUID, help="the job's id")
-        action.add_argument("--module", help="its run table (jobs, attachments, ...); by "
-                            "default the one that holds the job id")  # fmt: skip
+        action.add_argument(
+            "--module",
+            help="its run table (jobs, attachments, ...); by default the one that holds the job id",
+        )
         action.add_argument("--reason", required=True, help="why, for the audit row")
         action.add_argument("--actor", help="who acts (default: $USER), as operator:<actor>")
         action.set_defaults(handler=handler)
         if name == "cancel":
-            action.add_argument("--terminate", action="store_true",
-                                help="a running job: also kill its worker process")  # fmt: skip
+            action.add_argument(
+                "--terminate",
+                action="store_true",
+                help="a running job: also kill its worker process",
+            )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -362,8 +405,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     leader.set_defaults(handler=maintenance_leader)
     serve = sub.add_parser("web", help="serve the HTTP API (development server)")
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="the address to listen on (default 127.0.0.1: this machine only)")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (default 127.0.0.1: this machine only)",
+    )
     serve.add_argument("--port", type=int, default=8000, help="the port (default 8000)")
     serve.set_defaults(handler=web)
     show = sub.add_parser("demo", help="the whole flow on the embedded default, no server")
@@ -411,8 +457,15 @@ def _reader_gone() -> int:
 def _needs(args: argparse.Namespace) -> tuple[Need, ...]:
     """The needs of the most specific key of ``_NEEDS`` that names this command:
     ``maintenance run-once relay``, else ``maintenance run-once``, else ``maintenance``."""
-    words = [str(w) for w in (args.command, getattr(args, "maintenance", None),
-                              getattr(args, "pass_name", None)) if w]  # fmt: skip
+    words = [
+        str(w)
+        for w in (
+            args.command,
+            getattr(args, "maintenance", None),
+            getattr(args, "pass_name", None),
+        )
+        if w
+    ]
     for end in range(len(words), 0, -1):
         needs = _NEEDS.get(" ".join(words[:end]))
         if needs is not None:

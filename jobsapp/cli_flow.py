@@ -29,8 +29,7 @@ def _act(run: Run, actor: Actor, pausing: bool, args: argparse.Namespace) -> int
     act = flow_control.pause if pausing else flow_control.resume
 
     def done() -> str:
-        changed = act(get_engine(), kind, args.name, actor=actor(args),
-                      reason=args.reason)  # fmt: skip
+        changed = act(get_engine(), kind, args.name, actor=actor(args), reason=args.reason)
         verb = "paused" if pausing else "resumed"
         return f"{kind} {args.name} {verb}" if changed else f"{kind} {args.name} was already {verb}"
 
@@ -45,8 +44,10 @@ def show(args: argparse.Namespace) -> int:
     if args.json:
         lines = [json.dumps([p.as_json() for p in found])]
     else:
-        lines = [f"{p.name}\tpaused {p.paused_at.isoformat()} by {p.paused_by}: {p.reason or ''}"
-                 for p in found] or [f"no {args.kind} is paused"]  # fmt: skip
+        lines = [
+            f"{p.name}\tpaused {p.paused_at.isoformat()} by {p.paused_by}: {p.reason or ''}"
+            for p in found
+        ] or [f"no {args.kind} is paused"]
     sys.stdout.write("".join(f"{line}\n" for line in lines))
     return 0
 
@@ -55,11 +56,17 @@ def register(sub: Any, run: Run, actor: Actor) -> None:
     for kind, what in ((Kind.QUEUE, "a broker queue"), (Kind.DOMAIN, "a domain (run table)")):
         group = sub.add_parser(kind.value, help=f"pause or resume {what}")
         actions = group.add_subparsers(dest=f"{kind.value}_action", required=True)
-        for name, pausing, verb in (("pause", True, "publish and claim nothing of"),
-                                    ("resume", False, "publish and claim again")):  # fmt: skip
+        for name, pausing, verb in (
+            ("pause", True, "publish and claim nothing of"),
+            ("resume", False, "publish and claim again"),
+        ):
             action = actions.add_parser(name, help=f"{verb} {what}; leaves an audit row")
-            action.add_argument("name", help="the queue's name" if kind is Kind.QUEUE
-                                else "the domain's module (jobs, attachments, ...)")  # fmt: skip
+            action.add_argument(
+                "name",
+                help="the queue's name"
+                if kind is Kind.QUEUE
+                else "the domain's module (jobs, attachments, ...)",
+            )
             action.add_argument("--reason", required=True, help="why, for the audit row")
             action.add_argument("--actor", help="who acts (default: $USER), as operator:<actor>")
             action.set_defaults(handler=partial(_act, run, actor, pausing), kind=kind.value)

@@ -47,7 +47,9 @@ class UtcDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(
-        self, value: datetime | None, dialect: Dialect  # noqa: ARG002 - SQLAlchemy's signature
+        self,
+        value: datetime | None,
+        dialect: Dialect,  # noqa: ARG002 - SQLAlchemy's signature
     ) -> datetime | None:
         if value is None:
             return None
@@ -133,9 +135,13 @@ _NO_FLUSH_WAIT = "SET LOCAL synchronous_commit TO off; "
 
 
 def _without_flush_wait(
-    _conn: Connection, _cursor: Any, statement: str, parameters: Any, context: Any,
+    _conn: Connection,
+    _cursor: Any,
+    statement: str,
+    parameters: Any,
+    context: Any,
     _executemany: bool,
-) -> tuple[str, Any]:  # fmt: skip
+) -> tuple[str, Any]:
     bound = context.execution_options.get(_BOUND_OPTION) if context is not None else None
     if bound is None:
         return _NO_FLUSH_WAIT + statement, parameters

@@ -33,8 +33,13 @@ class Paused:
     reason: str | None
 
     def as_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "paused_at": self.paused_at.isoformat(),
-                "paused_by": self.paused_by, "reason": self.reason}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "paused_at": self.paused_at.isoformat(),
+            "paused_by": self.paused_by,
+            "reason": self.reason,
+        }
 
 
 def checked_name(kind: Kind, name: str) -> str:
@@ -43,22 +48,32 @@ def checked_name(kind: Kind, name: str) -> str:
     if kind is Kind.DOMAIN:
         return operator.run_table(name).module
     if not 0 < len(name) <= MAX_QUEUE or not name.isprintable() or " " in name:
-        raise operator.InvalidRequest(f"a queue name is 1 to {MAX_QUEUE} printable "
-                                      "characters without spaces")  # fmt: skip
+        raise operator.InvalidRequest(
+            f"a queue name is 1 to {MAX_QUEUE} printable characters without spaces"
+        )
     return name
 
 
 def pause(engine: Engine, kind: Kind, name: str, *, actor: str, reason: str) -> bool:
     """Pause (audited); False when it was paused already. Returns once workers see it."""
-    return flow.pause(engine, kind, checked_name(kind, name), actor=operator.operator_actor(actor),
-                      reason=operator.checked_reason(reason))  # fmt: skip
+    return flow.pause(
+        engine,
+        kind,
+        checked_name(kind, name),
+        actor=operator.operator_actor(actor),
+        reason=operator.checked_reason(reason),
+    )
 
 
 def resume(engine: Engine, kind: Kind, name: str, *, actor: str, reason: str) -> bool:
     """Resume (audited); False when it was not paused."""
-    return flow.resume(engine, kind, checked_name(kind, name),
-                       actor=operator.operator_actor(actor),
-                       reason=operator.checked_reason(reason))  # fmt: skip
+    return flow.resume(
+        engine,
+        kind,
+        checked_name(kind, name),
+        actor=operator.operator_actor(actor),
+        reason=operator.checked_reason(reason),
+    )
 
 
 def paused(engine: Engine) -> list[Paused]:
@@ -77,8 +92,7 @@ class RateRow:
 
 def rates(engine: Engine, app: Celery) -> list[RateRow]:
     """Every registered task with a global rate limit, and its state in the journal."""
-    limited = {name: t for name, t in app.tasks.items()
-               if isinstance(t, LifecycleTask) and t.rate}  # fmt: skip
+    limited = {name: t for name, t in app.tasks.items() if isinstance(t, LifecycleTask) and t.rate}
     if not limited:
         return []
     with engine.connect() as conn:

@@ -53,9 +53,13 @@ class Refused(Exception):
     """The action was not taken; ``code`` is stable, the message is for the operator."""
 
     def __init__(
-        self, code: str, message: str, *, state: str | None = None,
+        self,
+        code: str,
+        message: str,
+        *,
+        state: str | None = None,
         holder: uuid.UUID | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.state = state
@@ -177,9 +181,15 @@ def module_of(engine: Engine, job_id: uuid.UUID) -> str:
 
 
 def replay(
-    engine: Engine, module: str, job_id: uuid.UUID, *, actor: str, reason: str,
-    app: Celery | None = None, budget: int | None = None,
-) -> ReplayResult:  # fmt: skip
+    engine: Engine,
+    module: str,
+    job_id: uuid.UUID,
+    *,
+    actor: str,
+    reason: str,
+    app: Celery | None = None,
+    budget: int | None = None,
+) -> ReplayResult:
     """failed -> queued as a new attempt of the same job, then publish its message.
 
     ``budget``: attempts the replay may use; by default **one** (Oban's and River's retry
@@ -201,17 +211,28 @@ def replay(
 
 
 def _reopen(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, who: str, why: str,
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    who: str,
+    why: str,
     budget: Callable[[Mapping[str, Any]], int],
-) -> Reopened:  # fmt: skip
+) -> Reopened:
     run = _current(conn, spec, job_id)
     if run["state"] != State.FAILED.value:
         raise Conflict("not_failed", _not_failed(spec, job_id, run["state"]), state=run["state"])
     try:
         reopened = journal.reopen(
-            conn, spec, job_id, from_state=State.FAILED, attempts=int(run["attempts"]),
-            budget=budget(run), transition=Transition.REPLAY, actor=who, reason=why,
-        )  # fmt: skip
+            conn,
+            spec,
+            job_id,
+            from_state=State.FAILED,
+            attempts=int(run["attempts"]),
+            budget=budget(run),
+            transition=Transition.REPLAY,
+            actor=who,
+            reason=why,
+        )
     except KeyBusy as busy:
         raise Conflict("key_busy", _key_busy(run, busy.holder), holder=busy.holder) from None
     if reopened is None:
@@ -229,22 +250,33 @@ _HINTS = {
 
 
 def _not_failed(spec: RunTable, job_id: uuid.UUID, state: str) -> str:
-    return (f"only a failed job can be replayed; {spec.module} job {job_id} is {state}"
-            f"{_HINTS.get(state, '')}")  # fmt: skip
+    return (
+        f"only a failed job can be replayed; {spec.module} job {job_id} is {state}"
+        f"{_HINTS.get(state, '')}"
+    )
 
 
 def _key_busy(run: Mapping[str, Any], holder: uuid.UUID | None) -> str:
-    return (f"concurrency key {run['concurrency_key']!r} is held by active job {holder}; "
-            "replay once that job has finished")  # fmt: skip
+    return (
+        f"concurrency key {run['concurrency_key']!r} is held by active job {holder}; "
+        "replay once that job has finished"
+    )
 
 
 # ---------------------------------------------------------------------------- cancel
 
 
 def cancel(
-    engine: Engine, module: str, job_id: uuid.UUID, *, actor: str, reason: str,
-    attempts: int | None = None, terminate: bool = False, app: Celery | None = None,
-) -> CancelResult:  # fmt: skip
+    engine: Engine,
+    module: str,
+    job_id: uuid.UUID,
+    *,
+    actor: str,
+    reason: str,
+    attempts: int | None = None,
+    terminate: bool = False,
+    app: Celery | None = None,
+) -> CancelResult:
     """queued -> failed/cancelled at once; a running job is asked to stop, through the
     journal path of ``app.control.revoke`` (journal/revoke.py): its attempt is told at its
     next heartbeat and ends failed/cancelled, its success refused.
@@ -261,15 +293,16 @@ def cancel(
         seen = int(run["attempts"]) if attempts is None else attempts
         done = _revoke(conn, spec, job_id, seen, who, why, terminate=terminate)
         if done is Revoked.CANCELLED:
-            return CancelResult(spec.module, job_id,
-                                _run_hook(_CANCEL_HOOKS.get(spec.module), conn, spec, job_id))
+            return CancelResult(
+                spec.module, job_id, _run_hook(_CANCEL_HOOKS.get(spec.module), conn, spec, job_id)
+            )
     sent = terminate and _terminate(app or _default_app(), job_id, seen)
     return CancelResult(spec.module, job_id, seen, running=True, terminate_sent=sent)
 
 
 def cancel_workflow(
     engine: Engine, module: str, job_id: uuid.UUID, *, actor: str, reason: str
-) -> int:  # fmt: skip
+) -> int:
     """The rest of the workflow the job is a step of: no step starts from now on, its
     queued steps end cancelled (docs/workflows.md); returns how many were cancelled."""
     spec, who, why = run_table(module), operator_actor(actor), checked_reason(reason)
@@ -280,11 +313,16 @@ def cancel_workflow(
         return journal.cancel_rest(conn, workflow_id, actor=who, reason=why)
 
 
-
 def _revoke(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, seen: int, who: str, why: str, *,
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    seen: int,
+    who: str,
+    why: str,
+    *,
     terminate: bool,
-) -> Revoked:  # fmt: skip
+) -> Revoked:
     """The journal's revoke; a refusal (Conflict) unless the run is cancelled now or its
     attempt is asked to stop (now, or again with terminate, audited)."""
     why = f"{why} [terminate]" if terminate else why
@@ -293,8 +331,11 @@ def _revoke(
         return done
     run = _current(conn, spec, job_id)
     if done is Revoked.MOVED or int(run["attempts"]) != seen:
-        raise Conflict("moved", f"{spec.module} job {job_id} is at attempt {run['attempts']}, "
-                       f"not {seen}; look again", state=run["state"])  # fmt: skip
+        raise Conflict(
+            "moved",
+            f"{spec.module} job {job_id} is at attempt {run['attempts']}, not {seen}; look again",
+            state=run["state"],
+        )
     if run["state"] != State.RUNNING.value:
         raise Conflict("not_active", _not_active(spec, job_id, run["state"]), state=run["state"])
     if not terminate:
@@ -310,8 +351,10 @@ def _not_active(spec: RunTable, job_id: uuid.UUID, state: str) -> str:
 
 def _pending(spec: RunTable, job_id: uuid.UUID, run: Mapping[str, Any]) -> str:
     asked = run["cancel_requested_at"]
-    return (f"{spec.module} job {job_id} was asked to stop at {asked} and is still running; "
-            "cancel again with terminate to kill its worker process")  # fmt: skip
+    return (
+        f"{spec.module} job {job_id} was asked to stop at {asked} and is still running; "
+        "cancel again with terminate to kill its worker process"
+    )
 
 
 def _terminate(app: Celery, job_id: uuid.UUID, attempt: int) -> bool:
@@ -343,9 +386,15 @@ class RunNowResult:
 
 
 def run_now(
-    engine: Engine, module: str, job_id: uuid.UUID, *, actor: str, reason: str,
-    attempts: int | None = None, app: Celery | None = None,
-) -> RunNowResult:  # fmt: skip
+    engine: Engine,
+    module: str,
+    job_id: uuid.UUID,
+    *,
+    actor: str,
+    reason: str,
+    attempts: int | None = None,
+    app: Celery | None = None,
+) -> RunNowResult:
     """A queued job waiting for a retry's backoff or a countdown: due now, published now.
 
     ``attempts``: the attempts the operator saw (default: the row as read now)."""
@@ -353,8 +402,9 @@ def run_now(
     with engine.begin() as conn:
         run = _current(conn, spec, job_id)
         seen = int(run["attempts"]) if attempts is None else attempts
-        messages = journal.bring_forward(conn, spec, job_id, attempts=seen, actor=who, reason=why,
-                                         now=utcnow())  # fmt: skip
+        messages = journal.bring_forward(
+            conn, spec, job_id, attempts=seen, actor=who, reason=why, now=utcnow()
+        )
         if messages is None:
             raise Conflict("not_scheduled", _not_scheduled(spec, job_id, run), state=run["state"])
     published = outbox.publish_now(app or _default_app(), messages) == len(messages) > 0
@@ -402,9 +452,13 @@ def _import_tasks(app: Celery) -> None:
 
 
 def retry_dead_outbox(
-    engine: Engine, ids: Sequence[int] | None, *, actor: str, reason: str,
+    engine: Engine,
+    ids: Sequence[int] | None,
+    *,
+    actor: str,
+    reason: str,
     app: Celery | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """Dead outbox rows (the named ones, or all) back to the relay, then published once.
 
     A row dies when its message kept failing on its own (a body that no longer validates,

@@ -133,9 +133,10 @@ def check_database(url: str, *, schema: bool) -> None:
         engine.dispose()
     problem = schema_problem(current, *_script_revisions()) if schema else None
     if problem:
-        raise StartupFailure(ExitCode.DATABASE_NOT_MIGRATED,
-                             f"database not migrated: {setting}: {problem}; "
-                             f"run `{UPGRADE_COMMAND}`")  # fmt: skip
+        raise StartupFailure(
+            ExitCode.DATABASE_NOT_MIGRATED,
+            f"database not migrated: {setting}: {problem}; run `{UPGRADE_COMMAND}`",
+        )
 
 
 # A statement met a table or column that is not there: SQLite's words, Postgres' SQLSTATEs.
@@ -171,8 +172,9 @@ def _probe_engine(url: str) -> Any:
 
     if not url.startswith("postgresql"):
         return make_engine(url)
-    return create_engine(url, poolclass=NullPool,
-                         connect_args={"connect_timeout": CONNECT_TIMEOUT_S})  # fmt: skip
+    return create_engine(
+        url, poolclass=NullPool, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}
+    )
 
 
 def _current_heads(conn: Any) -> tuple[str, ...]:
@@ -225,17 +227,22 @@ def check_storage(settings: Settings) -> None:
 def _bucket_failure(exc: Any, bucket: str, storage_url: str, endpoint: str) -> StartupFailure:
     code = str(exc.response.get("Error", {}).get("Code", ""))
     if code in ("404", "NoSuchBucket", "NotFound"):
-        return StartupFailure(ExitCode.BUCKET_MISSING,
-                              f"bucket missing: JOBSAPP_STORAGE_URL={storage_url} names bucket "
-                              f"{bucket!r}, which does not exist at {endpoint}")  # fmt: skip
+        return StartupFailure(
+            ExitCode.BUCKET_MISSING,
+            f"bucket missing: JOBSAPP_STORAGE_URL={storage_url} names bucket "
+            f"{bucket!r}, which does not exist at {endpoint}",
+        )
     if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return StartupFailure(ExitCode.S3_ACCESS_DENIED,
-                              f"S3 access denied to bucket {bucket!r} at {endpoint}: check "
-                              "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")  # fmt: skip
+        return StartupFailure(
+            ExitCode.S3_ACCESS_DENIED,
+            f"S3 access denied to bucket {bucket!r} at {endpoint}: check "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        )
     # A 5xx (or anything else) from the server: it is there but cannot serve the bucket.
-    return StartupFailure(ExitCode.S3_UNREACHABLE,
-                          f"S3 unreachable at {endpoint}: it answered {code} to HeadBucket "
-                          f"{bucket!r}")  # fmt: skip
+    return StartupFailure(
+        ExitCode.S3_UNREACHABLE,
+        f"S3 unreachable at {endpoint}: it answered {code} to HeadBucket {bucket!r}",
+    )
 
 
 def check_broker(url: str) -> None:
@@ -248,9 +255,10 @@ def check_broker(url: str) -> None:
         try:
             conn.connect()
         except errors as exc:
-            raise StartupFailure(ExitCode.BROKER_UNREACHABLE,
-                                 f"broker unreachable at JOBSAPP_BROKER_URL={safe_url(url)}: "
-                                 f"{reason_of(exc)}") from exc  # fmt: skip
+            raise StartupFailure(
+                ExitCode.BROKER_UNREACHABLE,
+                f"broker unreachable at JOBSAPP_BROKER_URL={safe_url(url)}: {reason_of(exc)}",
+            ) from exc
 
 
 # ---------------------------------------------------------------- process hooks
@@ -275,8 +283,9 @@ def configuration_failure(bad: SettingsError) -> StartupFailure:
 def exit_on_bad_setting(bad: SettingsError) -> NoReturn:
     """A bad setting met while a process builds its app (``celery -A jobsapp``, gunicorn):
     its line and exit 2, or gunicorn's boot error code (see ``check_served_web``)."""
-    exit_with(configuration_failure(bad),
-              ExitCode.GUNICORN_BOOT_ERROR if _under_gunicorn() else None)  # fmt: skip
+    exit_with(
+        configuration_failure(bad), ExitCode.GUNICORN_BOOT_ERROR if _under_gunicorn() else None
+    )
 
 
 def quiet_noisy_loggers() -> None:

@@ -25,33 +25,84 @@ class SettingsError(ValueError):
 _DB_SCHEMES = ("sqlite", "postgresql")
 # Tokens that ship in examples and templates: a deployment that kept one is not protected.
 _WELL_KNOWN_TOKENS = frozenset(
-    {"change-me", "changeme", "change_me", "secret", "admin", "password", "token", "jobsapp",
-     "test", "default", "example", "xxx"}
-)  # fmt: skip
+    {
+        "change-me",
+        "changeme",
+        "change_me",
+        "secret",
+        "admin",
+        "password",
+        "token",
+        "jobsapp",
+        "test",
+        "default",
+        "example",
+        "xxx",
+    }
+)
 # Every variable jobsapp reads (its processes, Procfile and compose lines included). An
 # unknown JOBSAPP_* name is refused: a typo would otherwise fall back to a default silently.
-KNOWN_NAMES = frozenset({
-    "JOBSAPP_ADMIN_TOKEN", "JOBSAPP_BEAT_CATCH_UP_SECONDS", "JOBSAPP_BEAT_LEASE_SECONDS",
-    "JOBSAPP_BROKER_URL", "JOBSAPP_CRASH_AT", "JOBSAPP_DATABASE_URL", "JOBSAPP_FINISH_FLUSH",
-    "JOBSAPP_FLOWER_ADDRESS", "JOBSAPP_FLOWER_PORT", "JOBSAPP_HEARTBEAT_INTERVAL",
-    "JOBSAPP_IMAGE_MEMORY_BUDGET_MB", "JOBSAPP_IMPORTS", "JOBSAPP_INLINE_WAIT_MAX",
-    "JOBSAPP_LOG_FORMAT", "JOBSAPP_MAX_UPLOAD_BYTES", "JOBSAPP_METRICS_TOKEN",
-    "JOBSAPP_PUBLISH_TIMEOUT", "JOBSAPP_REAPER_BATCH", "JOBSAPP_REAPER_EVERY",
-    "JOBSAPP_RECONCILE_EVERY", "JOBSAPP_REDIS_URL", "JOBSAPP_RELAY_BATCH", "JOBSAPP_RELAY_EVERY",
-    "JOBSAPP_RESULT_MAX_BYTES", "JOBSAPP_RETENTION_EVERY", "JOBSAPP_S3_ENDPOINT_URL",
-    "JOBSAPP_S3_PUBLIC_URL", "JOBSAPP_SECRET_KEY", "JOBSAPP_STAGING_EVERY",
-    "JOBSAPP_STAGING_FAILED_DAYS", "JOBSAPP_STAGING_ORPHAN_HOURS", "JOBSAPP_STAGING_SCAN_LIMIT",
-    "JOBSAPP_STALE_AFTER",
-    "JOBSAPP_STORAGE_URL", "JOBSAPP_UNCLAIMED_AFTER", "JOBSAPP_VAR_DIR", "JOBSAPP_WEB_BIND",
-})  # fmt: skip
+KNOWN_NAMES = frozenset(
+    {
+        "JOBSAPP_ADMIN_TOKEN",
+        "JOBSAPP_BEAT_CATCH_UP_SECONDS",
+        "JOBSAPP_BEAT_LEASE_SECONDS",
+        "JOBSAPP_BROKER_URL",
+        "JOBSAPP_CRASH_AT",
+        "JOBSAPP_DATABASE_URL",
+        "JOBSAPP_FINISH_FLUSH",
+        "JOBSAPP_FLOWER_ADDRESS",
+        "JOBSAPP_FLOWER_PORT",
+        "JOBSAPP_HEARTBEAT_INTERVAL",
+        "JOBSAPP_IMAGE_MEMORY_BUDGET_MB",
+        "JOBSAPP_IMPORTS",
+        "JOBSAPP_INLINE_WAIT_MAX",
+        "JOBSAPP_LOG_FORMAT",
+        "JOBSAPP_MAX_UPLOAD_BYTES",
+        "JOBSAPP_METRICS_TOKEN",
+        "JOBSAPP_PUBLISH_TIMEOUT",
+        "JOBSAPP_REAPER_BATCH",
+        "JOBSAPP_REAPER_EVERY",
+        "JOBSAPP_RECONCILE_EVERY",
+        "JOBSAPP_REDIS_URL",
+        "JOBSAPP_RELAY_BATCH",
+        "JOBSAPP_RELAY_EVERY",
+        "JOBSAPP_RESULT_MAX_BYTES",
+        "JOBSAPP_RETENTION_EVERY",
+        "JOBSAPP_S3_ENDPOINT_URL",
+        "JOBSAPP_S3_PUBLIC_URL",
+        "JOBSAPP_SECRET_KEY",
+        "JOBSAPP_STAGING_EVERY",
+        "JOBSAPP_STAGING_FAILED_DAYS",
+        "JOBSAPP_STAGING_ORPHAN_HOURS",
+        "JOBSAPP_STAGING_SCAN_LIMIT",
+        "JOBSAPP_STALE_AFTER",
+        "JOBSAPP_STORAGE_URL",
+        "JOBSAPP_UNCLAIMED_AFTER",
+        "JOBSAPP_VAR_DIR",
+        "JOBSAPP_WEB_BIND",
+    }
+)
 # Names that are not jobsapp's settings: the test suite's and the repository's scripts'
 # (scripts/services.sh's servers, the soak and screenshot switches of the tests).
 TOOL_PREFIXES = (
-    "JOBSAPP_TEST_", "JOBSAPP_SVC_", "JOBSAPP_PG_", "JOBSAPP_PGBOUNCER_", "JOBSAPP_REDIS_PORT",
-    "JOBSAPP_S3_PORT", "JOBSAPP_S3_BUCKET", "JOBSAPP_S3_ACCESS_KEY", "JOBSAPP_S3_SECRET_KEY",
-    "JOBSAPP_S3_REGION", "JOBSAPP_AMQP_PORT", "JOBSAPP_EPMD_PORT", "JOBSAPP_RABBITMQ_",
-    "JOBSAPP_WEED_", "JOBSAPP_SOAK_", "JOBSAPP_SCREENSHOTS",
-)  # fmt: skip
+    "JOBSAPP_TEST_",
+    "JOBSAPP_SVC_",
+    "JOBSAPP_PG_",
+    "JOBSAPP_PGBOUNCER_",
+    "JOBSAPP_REDIS_PORT",
+    "JOBSAPP_S3_PORT",
+    "JOBSAPP_S3_BUCKET",
+    "JOBSAPP_S3_ACCESS_KEY",
+    "JOBSAPP_S3_SECRET_KEY",
+    "JOBSAPP_S3_REGION",
+    "JOBSAPP_AMQP_PORT",
+    "JOBSAPP_EPMD_PORT",
+    "JOBSAPP_RABBITMQ_",
+    "JOBSAPP_WEED_",
+    "JOBSAPP_SOAK_",
+    "JOBSAPP_SCREENSHOTS",
+)
 # Set one and every one must be set: the embedded default is for a machine with none set,
 # never a fallback beside a server (a worker on filesystem:// sharing a Postgres journal
 # would never see what the producers publish; uploads kept in one host's ./var/storage
@@ -217,9 +268,11 @@ def servers_half_set(env: Mapping[str, str]) -> str | None:
     if not given or not missing:
         return None
     verb = ("is", "are")
-    return (f"{' and '.join(missing)} {verb[len(missing) > 1]} not set while "
-            f"{' and '.join(given)} {verb[len(given) > 1]}: set all of "
-            f"{', '.join(SERVER_NAMES)}, or none for the embedded default")  # fmt: skip
+    return (
+        f"{' and '.join(missing)} {verb[len(missing) > 1]} not set while "
+        f"{' and '.join(given)} {verb[len(given) > 1]}: set all of "
+        f"{', '.join(SERVER_NAMES)}, or none for the embedded default"
+    )
 
 
 def _imports(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -238,9 +291,11 @@ def _imports(env: Mapping[str, str]) -> tuple[str, ...]:
         else:
             why = f"No module named {name!r}"
         if found is None:
-            raise SettingsError(f"JOBSAPP_IMPORTS names {name}, which cannot be imported "
-                                f"({why}): check the spelling, the working directory and "
-                                "PYTHONPATH, and that its package is installed")  # fmt: skip
+            raise SettingsError(
+                f"JOBSAPP_IMPORTS names {name}, which cannot be imported "
+                f"({why}): check the spelling, the working directory and "
+                "PYTHONPATH, and that its package is installed"
+            )
     return names
 
 

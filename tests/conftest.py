@@ -40,7 +40,12 @@ settings.load_profile(HYPOTHESIS_PROFILE)
 app.conf.task_default_queue = f"jobsapp-tests-{SESSION}"
 
 TABLES_IN_DELETE_ORDER = (
-    "job_events", "outbox", "leases", "key_slots", "job_runs", "workflow_steps"
+    "job_events",
+    "outbox",
+    "leases",
+    "key_slots",
+    "job_runs",
+    "workflow_steps",
 )
 
 
@@ -108,8 +113,16 @@ def use_database(url: str) -> Engine:
 
 def extra_tables() -> tuple[str, ...]:
     """Domain tables that exist once their migrations do, children first."""
-    return ("attachment_variants", "attachment_runs", "attachments", "reprocess_runs",
-            "flow_pauses", "flow_actions", "flow_rates", "web_sessions")  # fmt: skip
+    return (
+        "attachment_variants",
+        "attachment_runs",
+        "attachments",
+        "reprocess_runs",
+        "flow_pauses",
+        "flow_actions",
+        "flow_rates",
+        "web_sessions",
+    )
 
 
 @pytest.fixture(params=["postgres", "sqlite"])

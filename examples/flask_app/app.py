@@ -76,8 +76,12 @@ def show_upload(upload_id: int) -> dict[str, Any]:
         upload = session.get(Upload, upload_id)
         if upload is None:
             abort(404)
-        return {"id": upload.id, "filename": upload.filename, "size": upload.size,
-                "sha256": upload.sha256}  # fmt: skip
+        return {
+            "id": upload.id,
+            "filename": upload.filename,
+            "size": upload.size,
+            "sha256": upload.sha256,
+        }
 
 
 def _file() -> tuple[str, bytes]:

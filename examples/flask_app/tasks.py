@@ -1,6 +1,6 @@
 """The example's job. A worker finds it through ``JOBSAPP_IMPORTS``:
 
-    JOBSAPP_IMPORTS=examples.flask_app.tasks celery -A jobsapp worker
+JOBSAPP_IMPORTS=examples.flask_app.tasks celery -A jobsapp worker
 """
 
 from __future__ import annotations

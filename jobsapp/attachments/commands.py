@@ -53,22 +53,33 @@ def reprocess(args: argparse.Namespace) -> int:
 
     def show(progress: Progress) -> None:
         last[:] = [progress]
-        update(progress.seen, progress.total,
-               f"enqueued {progress.seen}/{progress.total} (new {progress.enqueued}, "
-               f"already queued {progress.in_flight}, busy {progress.busy})")  # fmt: skip
+        update(
+            progress.seen,
+            progress.total,
+            f"enqueued {progress.seen}/{progress.total} (new {progress.enqueued}, "
+            f"already queued {progress.in_flight}, busy {progress.busy})",
+        )
 
     try:
         with progress_bar(f"reprocess to v{args.to_version}") as update:
-            done = reprocess_to(get_engine(), args.to_version, batch=args.batch, progress=show,
-                                retry_failed=args.retry_failed, pause=args.pause)  # fmt: skip
+            done = reprocess_to(
+                get_engine(),
+                args.to_version,
+                batch=args.batch,
+                progress=show,
+                retry_failed=args.retry_failed,
+                pause=args.pause,
+            )
     except (UnknownPipeline, ValueError) as bad:
         complain(str(bad))
         return EXIT_USAGE
     except KeyboardInterrupt:
         seen = f"{last[0].seen}/{last[0].total}" if last else "0"
         # Each batch is one transaction: what committed stays, the rest was rolled back.
-        say(f"interrupted after {seen}: run the same command again to go on "
-            "(jobs already enqueued are found, not enqueued twice)")  # fmt: skip
+        say(
+            f"interrupted after {seen}: run the same command again to go on "
+            "(jobs already enqueued are found, not enqueued twice)"
+        )
         return EXIT_INTERRUPTED
     say(reprocess_summary(done))
     return EXIT_OK
@@ -80,26 +91,33 @@ def reprocess_as_job(args: argparse.Namespace) -> int:
     from jobsapp.attachments.reprocess import start_backfill
 
     try:
-        job = start_backfill(args.to_version, batch=args.batch, pause=args.pause,
-                             retry_failed=args.retry_failed)  # fmt: skip
+        job = start_backfill(
+            args.to_version, batch=args.batch, pause=args.pause, retry_failed=args.retry_failed
+        )
     except (UnknownPipeline, ValueError) as bad:
         complain(str(bad))
         return EXIT_USAGE
     if job.holder is not None:
         say(f"a backfill to v{args.to_version} is already active: job {job.holder}")
         return EXIT_OK
-    say(f"backfill to v{args.to_version}: job {job.job_id} ({job.outcome.value}); "
-        "follow it with: jobsapp summary --module reprocess")  # fmt: skip
+    say(
+        f"backfill to v{args.to_version}: job {job.job_id} ({job.outcome.value}); "
+        "follow it with: jobsapp summary --module reprocess"
+    )
     return EXIT_OK
 
 
 def reprocess_summary(done: Progress) -> str:
-    text = (f"done: {done.seen} attachments to v{done.version}: {done.enqueued} enqueued, "
-            f"{done.in_flight} already queued, {done.busy} busy "
-            "(another job holds the key)")  # fmt: skip
+    text = (
+        f"done: {done.seen} attachments to v{done.version}: {done.enqueued} enqueued, "
+        f"{done.in_flight} already queued, {done.busy} busy "
+        "(another job holds the key)"
+    )
     if done.failed_before:
-        text += (f"; {done.failed_before} left out, their v{done.version} job failed before "
-                 "(--retry-failed runs them again)")  # fmt: skip
+        text += (
+            f"; {done.failed_before} left out, their v{done.version} job failed before "
+            "(--retry-failed runs them again)"
+        )
     return text + f". Each stays ready on its version until v{done.version} is published."
 
 
@@ -134,9 +152,11 @@ def _repair(engine: Engine, store: ObjectStore, report: Report, args: argparse.N
 
     plan = check.plan_repair(report)
     done = check.repair(engine, store, plan, batch=args.batch)
-    say(f"repair: deleted {done.orphans_deleted} orphans and {done.corrupt_deleted} corrupt "
+    say(
+        f"repair: deleted {done.orphans_deleted} orphans and {done.corrupt_deleted} corrupt "
         f"objects; requeued {len(plan.reruns)} attachments; "
-        f"{len(plan.unrepairable)} problems cannot be repaired")  # fmt: skip
+        f"{len(plan.unrepairable)} problems cannot be repaired"
+    )
     if done.orphans_restored:
         say(f"repair: put back {done.orphans_restored} orphans a publish adopted meanwhile")
     for problem in plan.unrepairable:
@@ -156,9 +176,11 @@ def _repair(engine: Engine, store: ObjectStore, report: Report, args: argparse.N
 
 
 def show_report(report: Report, *, title: str = "verify") -> None:
-    say(f"{title}: {report.attachments} ready attachments, {report.objects} objects checked; "
+    say(
+        f"{title}: {report.attachments} ready attachments, {report.objects} objects checked; "
         f"{len(report.problems)} problems, {len(report.orphans)} orphans"
-        f" ({report.in_flight} unnamed objects of work in flight)")  # fmt: skip
+        f" ({report.in_flight} unnamed objects of work in flight)"
+    )
     for problem in report.problems:
         say(problem.line())
     for orphan in report.orphans:
@@ -189,22 +211,36 @@ def register(subparsers: Any) -> None:
     )
     again.add_argument("--to-version", type=int, required=True, help="the pipeline version")
     again.add_argument("--batch", type=_positive_int, default=100, help="attachments per commit")
-    again.add_argument("--pause", type=_seconds, default=0.0,
-                       help="seconds between batches, to spare the workers")  # fmt: skip
-    again.add_argument("--retry-failed", action="store_true",
-                       help="also run the attachments whose job at the version failed")  # fmt: skip
-    again.add_argument("--as-job", action="store_true",
-                       help="run it as a lifecycle job on a worker (reprocess_runs)")  # fmt: skip
+    again.add_argument(
+        "--pause", type=_seconds, default=0.0, help="seconds between batches, to spare the workers"
+    )
+    again.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="also run the attachments whose job at the version failed",
+    )
+    again.add_argument(
+        "--as-job",
+        action="store_true",
+        help="run it as a lifecycle job on a worker (reprocess_runs)",
+    )
     again.set_defaults(handler=reprocess)
     check = subparsers.add_parser(
         "verify", help="cross-check published attachments against the object store"
     )
-    check.add_argument("--repair", action="store_true",
-                       help="delete orphans and corrupt objects, re-run their jobs")  # fmt: skip
-    check.add_argument("--deep", action="store_true",
-                       help="hash every object's bytes, not only its stored checksum")  # fmt: skip
-    check.add_argument("--wait", type=_seconds, default=600.0,
-                       help="seconds to wait for the repair jobs")  # fmt: skip
+    check.add_argument(
+        "--repair",
+        action="store_true",
+        help="delete orphans and corrupt objects, re-run their jobs",
+    )
+    check.add_argument(
+        "--deep",
+        action="store_true",
+        help="hash every object's bytes, not only its stored checksum",
+    )
+    check.add_argument(
+        "--wait", type=_seconds, default=600.0, help="seconds to wait for the repair jobs"
+    )
     check.add_argument("--batch", type=_positive_int, default=200, help="rows per query")
     check.set_defaults(handler=verify)
 

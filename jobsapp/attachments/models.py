@@ -164,10 +164,14 @@ REPROCESS: Table = ReprocessRun.__table__  # type: ignore[assignment]
 _MIRROR: dict[Transition, tuple[tuple[AttachmentState, ...], AttachmentState, str | None]] = {
     Transition.REAP_REQUEUE: ((AttachmentState.PROCESSING,), AttachmentState.QUEUED, None),
     Transition.REAP_FAIL: (
-        (AttachmentState.QUEUED, AttachmentState.PROCESSING), AttachmentState.FAILED, "stale"
+        (AttachmentState.QUEUED, AttachmentState.PROCESSING),
+        AttachmentState.FAILED,
+        "stale",
     ),
     Transition.CANCEL: (
-        (AttachmentState.QUEUED, AttachmentState.PROCESSING), AttachmentState.FAILED, "cancelled"
+        (AttachmentState.QUEUED, AttachmentState.PROCESSING),
+        AttachmentState.FAILED,
+        "cancelled",
     ),
     Transition.EXPIRE: ((AttachmentState.QUEUED,), AttachmentState.FAILED, "expired"),
     Transition.REPLAY: ((AttachmentState.FAILED,), AttachmentState.QUEUED, None),
@@ -206,13 +210,18 @@ def mirror_run_change(
 # What an outage or a deploy broke is worth another try; what the bytes themselves are
 # (another try renders the same failure) or what an operator must look at is not.
 RETAKEN_CODES = frozenset(
-    {"storage_unavailable", "storage_error", "database_error", "internal_error",
-     "unknown_pipeline"}
-)  # fmt: skip
+    {"storage_unavailable", "storage_error", "database_error", "internal_error", "unknown_pipeline"}
+)
 NEVER_RETAKEN_CODES = frozenset(
-    {"corrupt_image", "pixel_limit", "unsupported_format", "staging_checksum",
-     "staging_missing", "attachment_missing"}
-)  # fmt: skip
+    {
+        "corrupt_image",
+        "pixel_limit",
+        "unsupported_format",
+        "staging_checksum",
+        "staging_missing",
+        "attachment_missing",
+    }
+)
 
 ATTACHMENT_RUNS = registry.register(
     RunTable(

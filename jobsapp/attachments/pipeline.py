@@ -278,9 +278,13 @@ def resized_bytes(specs: Sequence[VariantSpec], upright: tuple[int, int], *, alp
 
 
 def full_size_within(
-    target: tuple[int, int], source: tuple[int, int], spare: int, *, rgba: bool,
+    target: tuple[int, int],
+    source: tuple[int, int],
+    spare: int,
+    *,
+    rgba: bool,
     transparent: bool,
-) -> tuple[int, int]:  # fmt: skip
+) -> tuple[int, int]:
     """The largest size, at the aspect of ``target``, whose resize and encode fit in ``spare``.
 
     ``source`` is the decoded size the variant is made from; ``rgba`` whether it has an alpha

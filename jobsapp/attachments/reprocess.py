@@ -192,14 +192,25 @@ def start_backfill(
     get_pipeline(version)
     if not 1 <= batch <= MAX_BATCH:
         raise ValueError(f"batch must be within 1..{MAX_BATCH}")
-    params = {"target_version": version, "batch": batch, "pause": pause,
-              "retry_failed": retry_failed}  # fmt: skip
+    params = {
+        "target_version": version,
+        "batch": batch,
+        "pause": pause,
+        "retry_failed": retry_failed,
+    }
     job = NewJob(
-        spec=REPROCESS_RUNS, job_id=uuid.uuid4(), task_name=BACKFILL_TASK,
-        concurrency_key=f"reprocess:v{version}", max_attempts=BACKFILL_ATTEMPTS,
-        values={"params": {"args": [], "kwargs": params}, "target_version": version,
-                "cursor": None, **dict.fromkeys(("scanned", "enqueued", "skipped", "failed"), 0)},
-    )  # fmt: skip
+        spec=REPROCESS_RUNS,
+        job_id=uuid.uuid4(),
+        task_name=BACKFILL_TASK,
+        concurrency_key=f"reprocess:v{version}",
+        max_attempts=BACKFILL_ATTEMPTS,
+        values={
+            "params": {"args": [], "kwargs": params},
+            "target_version": version,
+            "cursor": None,
+            **dict.fromkeys(("scanned", "enqueued", "skipped", "failed"), 0),
+        },
+    )
     return enqueue(app, job)
 
 
@@ -216,12 +227,15 @@ class Steps:
         return self.enqueued + self.skipped + self.failed
 
     def __add__(self, other: Steps) -> Steps:
-        return Steps(self.enqueued + other.enqueued, self.skipped + other.skipped,
-                     self.failed + other.failed)  # fmt: skip
+        return Steps(
+            self.enqueued + other.enqueued, self.skipped + other.skipped, self.failed + other.failed
+        )
 
     def describe(self) -> str:
-        return (f"scanned {self.scanned} (enqueued {self.enqueued}, skipped {self.skipped}, "
-                f"failed {self.failed})")  # fmt: skip
+        return (
+            f"scanned {self.scanned} (enqueued {self.enqueued}, skipped {self.skipped}, "
+            f"failed {self.failed})"
+        )
 
 
 def steps_of(outcomes: list[EnqueueOutcome], failed_before: int) -> Steps:
@@ -240,8 +254,10 @@ def backfill(target_version: int, batch: int, pause: float, retry_failed: bool) 
         raise
     except Exception as exc:
         # The row keeps the committed cursor and counters; the record says where it stopped.
-        raise TransientError(f"backfill to v{target_version} stopped at cursor {walk.cursor}, "
-                             f"{walk.steps.describe()}") from exc  # fmt: skip
+        raise TransientError(
+            f"backfill to v{target_version} stopped at cursor {walk.cursor}, "
+            f"{walk.steps.describe()}"
+        ) from exc
 
 
 _COUNTERS = ("enqueued", "skipped", "failed")
@@ -283,14 +299,22 @@ def _scan(
 def _advance(conn: Connection, ctx: RunContext, cursor: uuid.UUID, steps: Steps) -> None:
     """Move the cursor and add the batch's steps, fenced like every write of a run."""
     c = REPROCESS.c
-    mine = (c.job_id == ctx.job_id, c.state == State.RUNNING.value, c.attempts == ctx.attempt,
-            c.claim_token == ctx.token)  # fmt: skip
+    mine = (
+        c.job_id == ctx.job_id,
+        c.state == State.RUNNING.value,
+        c.attempts == ctx.attempt,
+        c.claim_token == ctx.token,
+    )
     moved = conn.execute(
         update(REPROCESS)
         .where(*mine)
-        .values(cursor=cursor, scanned=c.scanned + steps.scanned,
-                enqueued=c.enqueued + steps.enqueued, skipped=c.skipped + steps.skipped,
-                failed=c.failed + steps.failed)
+        .values(
+            cursor=cursor,
+            scanned=c.scanned + steps.scanned,
+            enqueued=c.enqueued + steps.enqueued,
+            skipped=c.skipped + steps.skipped,
+            failed=c.failed + steps.failed,
+        )
     )
     if moved.rowcount != 1:
         # Rolls the batch's enqueues back with it: the run's new owner does this batch.

@@ -135,9 +135,10 @@ def _checked_idempotency_key(key: str | None) -> str | None:
         return None
     if not 0 < len(key) <= MAX_IDEMPOTENCY_KEY or not key.isascii() or not key.isprintable():
         raise RejectedUpload(
-            400, "bad_idempotency_key",
+            400,
+            "bad_idempotency_key",
             f"The Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} printable ASCII characters.",
-        )  # fmt: skip
+        )
     return key
 
 
@@ -155,9 +156,10 @@ def _replayed(existing: Mapping[str, Any], info: ImageInfo) -> Accepted:
     # answering with the first file's attachment would hide it.
     if existing["sha256"] != info.sha256:
         raise RejectedUpload(
-            422, "idempotency_key_reused",
+            422,
+            "idempotency_key_reused",
             "This Idempotency-Key was already used for a different file.",
-        )  # fmt: skip
+        )
     return Accepted(existing["id"], existing["state"], created=False)
 
 
@@ -166,12 +168,22 @@ def _new_row(
 ) -> dict[str, Any]:
     now = utcnow()
     return {
-        "id": attachment_id, "content_type": info.content_type, "size": info.size,
-        "sha256": info.sha256, "width": info.width, "height": info.height,
-        "display_name": display_name, "staging_key": staged, "original_key": None,
-        "state": AttachmentState.QUEUED.value, "published_version": None, "error_code": None,
-        "idempotency_key": key, "created_at": now, "updated_at": now,
-    }  # fmt: skip
+        "id": attachment_id,
+        "content_type": info.content_type,
+        "size": info.size,
+        "sha256": info.sha256,
+        "width": info.width,
+        "height": info.height,
+        "display_name": display_name,
+        "staging_key": staged,
+        "original_key": None,
+        "state": AttachmentState.QUEUED.value,
+        "published_version": None,
+        "error_code": None,
+        "idempotency_key": key,
+        "created_at": now,
+        "updated_at": now,
+    }
 
 
 def _record(row: dict[str, Any]) -> Mapping[str, Any] | None:
@@ -226,13 +238,27 @@ def _published_variants(conn: Connection, row: Mapping[str, Any]) -> list[Mappin
     found = [dict(v) for v in conn.execute(stmt).mappings()]
     # In the order the pipeline declares them (thumbnail first), not the table's.
     order = [spec.name for spec in PIPELINES[version].variants] if version in PIPELINES else []
-    return sorted(found, key=lambda v: (order.index(v["variant"]) if v["variant"] in order
-                                        else len(order), v["variant"]))  # fmt: skip
+    return sorted(
+        found,
+        key=lambda v: (
+            order.index(v["variant"]) if v["variant"] in order else len(order),
+            v["variant"],
+        ),
+    )
 
 
 def _view(row: Mapping[str, Any], variants: list[Mapping[str, Any]]) -> dict[str, Any]:
-    fields = ("state", "content_type", "size", "sha256", "width", "height", "display_name",
-              "published_version", "error_code")  # fmt: skip
+    fields = (
+        "state",
+        "content_type",
+        "size",
+        "sha256",
+        "width",
+        "height",
+        "display_name",
+        "published_version",
+        "error_code",
+    )
     original = None
     if row["original_key"] is not None:
         original = {"object_key": row["original_key"], "sha256": row["sha256"], "size": row["size"]}
@@ -248,10 +274,15 @@ def _view(row: Mapping[str, Any], variants: list[Mapping[str, Any]]) -> dict[str
 
 def _variant_view(v: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        "name": v["variant"], "pipeline_version": v["pipeline_version"],
-        "object_key": v["object_key"], "sha256": v["sha256"], "size": v["size"],
-        "width": v["width"], "height": v["height"], "content_type": v["content_type"],
-    }  # fmt: skip
+        "name": v["variant"],
+        "pipeline_version": v["pipeline_version"],
+        "object_key": v["object_key"],
+        "sha256": v["sha256"],
+        "size": v["size"],
+        "width": v["width"],
+        "height": v["height"],
+        "content_type": v["content_type"],
+    }
 
 
 def open_variant(
@@ -280,5 +311,9 @@ def open_variant(
         url = store.read_url(variant["object_key"], expires_s)
         if url is not None:
             return VariantRead(read.content_type, read.size, read.sha256, url=url)
-        return VariantRead(read.content_type, read.size, read.sha256,
-                           stream=store.open_stream(variant["object_key"]))  # fmt: skip
+        return VariantRead(
+            read.content_type,
+            read.size,
+            read.sha256,
+            stream=store.open_stream(variant["object_key"]),
+        )

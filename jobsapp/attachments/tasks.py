@@ -310,9 +310,7 @@ def _holds_lease(job: _Job) -> ColumnElement[bool]:
     )
 
 
-def _attachment_update(
-    job: _Job, from_states: Sequence[AttachmentState], **values: Any
-) -> Update:
+def _attachment_update(job: _Job, from_states: Sequence[AttachmentState], **values: Any) -> Update:
     return (
         update(ATTACHMENTS)
         .where(
@@ -484,8 +482,14 @@ def _fail_together(job: _Job, failure: Exception, verdict: _Verdict) -> None:
         # The run's fenced ``failed`` first: in this transaction it is no longer running.
         # Celery and Flower then show the attempt FAILURE with ``failure``.
         with ctx.failing(failure, outcome=outcome, said=error) as conn:
-            conn.execute(_attachment_update(job, _UNFINISHED, state=AttachmentState.FAILED.value,
-                                            error_code=verdict.error_code))  # fmt: skip
+            conn.execute(
+                _attachment_update(
+                    job,
+                    _UNFINISHED,
+                    state=AttachmentState.FAILED.value,
+                    error_code=verdict.error_code,
+                )
+            )
             crashpoints.hit("after_attachment_failed_before_run_outcome")
     except DBAPIError as down:
         # Written together or not at all: the run stays running, its heartbeat stops with

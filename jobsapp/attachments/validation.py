@@ -48,8 +48,15 @@ _CHUNK_OVERHEAD = 12
 _IHDR_LENGTH = 13
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 # (x0, y0, dx, dy) of the seven Adam7 passes.
-_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
-          (0, 1, 1, 2))  # fmt: skip
+_ADAM7 = (
+    (0, 0, 8, 8),
+    (4, 0, 8, 8),
+    (0, 4, 4, 8),
+    (2, 0, 4, 4),
+    (0, 2, 2, 4),
+    (1, 0, 2, 2),
+    (0, 1, 1, 2),
+)
 _MAX_FILTER = 4
 _INFLATE_STEP = 1 << 20
 _MAX_DISPLAY_NAME = 255

@@ -146,11 +146,13 @@ def expected_of(
 def judge(item: Expected, found: str | None) -> Problem | None:
     """``found`` is the stored object's SHA-256, or None when there is no object."""
     if found is None:
-        return Problem(item.attachment_id, item.version, item.name, Kind.MISSING, item.key,
-                       item.sha256)  # fmt: skip
+        return Problem(
+            item.attachment_id, item.version, item.name, Kind.MISSING, item.key, item.sha256
+        )
     if found != item.sha256:
-        return Problem(item.attachment_id, item.version, item.name, Kind.CORRUPT, item.key,
-                       item.sha256, found)  # fmt: skip
+        return Problem(
+            item.attachment_id, item.version, item.name, Kind.CORRUPT, item.key, item.sha256, found
+        )
     return None
 
 
@@ -240,8 +242,17 @@ def rewrites_of(
         info = stored.get(row["object_key"])
         if info is None or info.sha256 is None or info.sha256 == row["sha256"]:
             continue
-        found.append(Rewrite(row["attachment_id"], int(row["pipeline_version"]), row["variant"],
-                             row["object_key"], row["sha256"], info.sha256, info.size))  # fmt: skip
+        found.append(
+            Rewrite(
+                row["attachment_id"],
+                int(row["pipeline_version"]),
+                row["variant"],
+                row["object_key"],
+                row["sha256"],
+                info.sha256,
+                info.size,
+            )
+        )
     return found
 
 
@@ -312,8 +323,10 @@ def _ready_batches(
         if after is not None:
             stmt = stmt.where(ATTACHMENTS.c.id > after)
         with engine.connect() as conn:
-            rows = [dict(r) for r in conn.execute(stmt.order_by(ATTACHMENTS.c.id).limit(size))
-                    .mappings()]  # fmt: skip
+            rows = [
+                dict(r)
+                for r in conn.execute(stmt.order_by(ATTACHMENTS.c.id).limit(size)).mappings()
+            ]
             if not rows:
                 return
             variants = _published_rows(conn, rows)
@@ -339,17 +352,25 @@ def _references(conn: Connection, keys: Sequence[str]) -> tuple[set[str], set[uu
     ids = list({i for i in (owner_of(k) for k in keys) if i is not None})
     if not ids:
         return set(), set()
-    named = set(conn.execute(
-        select(VARIANTS.c.object_key).where(VARIANTS.c.attachment_id.in_(ids))
-    ).scalars())  # fmt: skip
-    named |= set(conn.execute(
-        select(ATTACHMENTS.c.original_key).where(ATTACHMENTS.c.id.in_(ids),
-                                                 ATTACHMENTS.c.original_key.is_not(None))
-    ).scalars())  # fmt: skip
-    busy = set(conn.execute(
-        select(RUNS.c.attachment_id).where(RUNS.c.attachment_id.in_(ids),
-                                           RUNS.c.state.in_(ACTIVE_STATES))
-    ).scalars())  # fmt: skip
+    named = set(
+        conn.execute(
+            select(VARIANTS.c.object_key).where(VARIANTS.c.attachment_id.in_(ids))
+        ).scalars()
+    )
+    named |= set(
+        conn.execute(
+            select(ATTACHMENTS.c.original_key).where(
+                ATTACHMENTS.c.id.in_(ids), ATTACHMENTS.c.original_key.is_not(None)
+            )
+        ).scalars()
+    )
+    busy = set(
+        conn.execute(
+            select(RUNS.c.attachment_id).where(
+                RUNS.c.attachment_id.in_(ids), RUNS.c.state.in_(ACTIVE_STATES)
+            )
+        ).scalars()
+    )
     return named, busy
 
 
@@ -377,8 +398,9 @@ def repair(
 ) -> RepairResult:
     """Carry out ``plan``: deletions first, so a re-run never adopts what is deleted next."""
     result = RepairResult()
-    leftovers = (o.key.removeprefix(f"{TOMBSTONE_PREFIX}/")
-                 for o in store.list(f"{TOMBSTONE_PREFIX}/"))  # fmt: skip
+    leftovers = (
+        o.key.removeprefix(f"{TOMBSTONE_PREFIX}/") for o in store.list(f"{TOMBSTONE_PREFIX}/")
+    )
     for keys in _chunks(leftovers, batch):
         result.orphans_restored += _settle(engine, store, keys)
     for chunk in _chunks(plan.orphans, batch):
@@ -413,8 +435,12 @@ def _bury(store: ObjectStore, key: str) -> bool:
         else:
             # Not written by jobsapp: no recorded checksum for a server-side copy to keep.
             data = store.get(key)
-            store.put_if_absent(tombstone, data, hashlib.sha256(data).hexdigest(),
-                                info.content_type or "application/octet-stream")  # fmt: skip
+            store.put_if_absent(
+                tombstone,
+                data,
+                hashlib.sha256(data).hexdigest(),
+                info.content_type or "application/octet-stream",
+            )
     except ObjectMissing:
         # Deleted since the HEAD (another repair): nothing left to bury.
         return False
@@ -495,9 +521,14 @@ def record_rewritten(
     if not done:
         return 0
     with engine.connect() as conn:
-        rows = [dict(r) for r in conn.execute(select(VARIANTS).where(
-            tuple_(VARIANTS.c.attachment_id, VARIANTS.c.pipeline_version).in_(done)
-        )).mappings()]  # fmt: skip
+        rows = [
+            dict(r)
+            for r in conn.execute(
+                select(VARIANTS).where(
+                    tuple_(VARIANTS.c.attachment_id, VARIANTS.c.pipeline_version).in_(done)
+                )
+            ).mappings()
+        ]
     stored = {row["object_key"]: store.head(row["object_key"]) for row in rows}
     with engine.begin() as conn:
         return sum(_rewrite(conn, item) for item in rewrites_of(rows, stored))

@@ -96,16 +96,19 @@ def run_attempt(
 def _honour_cancel(ctx: RunContext, lost: Ended) -> Ended:
     """After a refused write (one statement more, on that path only): a cancel request
     ends the attempt cancelled; anything else left the lease lost."""
+
     def write() -> bool:
         with ctx.engine.begin() as conn:
-            done = journal.honour_cancel(conn, ctx.spec, ctx.job_id, ctx.attempt,
-                                         token=ctx.token, actor=ctx.worker)  # fmt: skip
+            done = journal.honour_cancel(
+                conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token, actor=ctx.worker
+            )
             return _let_go(conn, ctx, done)
 
     if not _persistently(write):
         return lost
-    log.warning("job %s attempt %s: cancelled by a revoke; nothing published", ctx.job_id,
-                ctx.attempt)  # fmt: skip
+    log.warning(
+        "job %s attempt %s: cancelled by a revoke; nothing published", ctx.job_id, ctx.attempt
+    )
     return Ended(End.CANCELLED, "cancelled by a revoke; nothing published")
 
 
@@ -171,8 +174,16 @@ def _succeed(app: Celery, ctx: RunContext, value: Any, kept: Any, *, flushed: bo
     def write() -> tuple[bool, list[PendingMessage]]:
         started: list[PendingMessage] = []
         with _outcome_connection(ctx, flushed=flushed) as conn:
-            done = journal.succeed(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
-                                   actor=ctx.worker, result=kept, started=started)  # fmt: skip
+            done = journal.succeed(
+                conn,
+                ctx.spec,
+                ctx.job_id,
+                ctx.attempt,
+                token=ctx.token,
+                actor=ctx.worker,
+                result=kept,
+                started=started,
+            )
             return _let_go(conn, ctx, done), started
 
     done, started = _persistently(write)
@@ -218,8 +229,9 @@ def _persistently(write: Callable[[], T]) -> T:
         try:
             return write()
         except OperationalError as down:
-            log.warning("outcome write failed (%s); again in %.0fs", type(down.orig).__name__,
-                        pause)  # fmt: skip
+            log.warning(
+                "outcome write failed (%s); again in %.0fs", type(down.orig).__name__, pause
+            )
             time.sleep(pause)
     return write()
 
@@ -228,13 +240,15 @@ def _describe(exc: BaseException, rules: AttemptRules) -> str:
     return describe(exc, rules.secrets)
 
 
-def _settle_failure(
-    app: Celery, ctx: RunContext, exc: Exception, rules: AttemptRules
-) -> Ended:
+def _settle_failure(app: Celery, ctx: RunContext, exc: Exception, rules: AttemptRules) -> Ended:
     decision = decide_failure(
-        exc, attempt=ctx.attempt, max_attempts=int(ctx.row["max_attempts"]),
-        policy=rules.policy, permanent=rules.permanent, requested_only=rules.requested_only,
-    )  # fmt: skip
+        exc,
+        attempt=ctx.attempt,
+        max_attempts=int(ctx.row["max_attempts"]),
+        policy=rules.policy,
+        permanent=rules.permanent,
+        requested_only=rules.requested_only,
+    )
     delay = decision.delay
     if isinstance(exc, RetryRequested) and exc.countdown is not None:
         delay = exc.countdown
@@ -247,8 +261,17 @@ def _settle_failure(
         assert decision.outcome is not None
         ended = _fail(app, ctx, decision.outcome, error, detail, cause)
     else:
-        ended = _requeue(app, ctx, delay, error, Transition.RETRY, rules, refund=False,
-                         detail=detail, cause=cause)  # fmt: skip
+        ended = _requeue(
+            app,
+            ctx,
+            delay,
+            error,
+            Transition.RETRY,
+            rules,
+            refund=False,
+            detail=detail,
+            cause=cause,
+        )
     return replace(ended, error=cause)
 
 
@@ -271,15 +294,28 @@ def _max_retries_exceeded(ctx: RunContext) -> MaxRetriesExceededError:
 
 
 def _fail(
-    app: Celery, ctx: RunContext, outcome: Outcome, error: str, detail: dict[str, str],
+    app: Celery,
+    ctx: RunContext,
+    outcome: Outcome,
+    error: str,
+    detail: dict[str, str],
     cause: BaseException | None = None,
-) -> Ended:  # fmt: skip
+) -> Ended:
     def write() -> tuple[bool, list[PendingMessage]]:
         started: list[PendingMessage] = []
         with _outcome_connection(ctx) as conn:
-            done = journal.fail(conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token,
-                                outcome=outcome, error=error, actor=ctx.worker,
-                                detail=detail, started=started)  # fmt: skip
+            done = journal.fail(
+                conn,
+                ctx.spec,
+                ctx.job_id,
+                ctx.attempt,
+                token=ctx.token,
+                outcome=outcome,
+                error=error,
+                actor=ctx.worker,
+                detail=detail,
+                started=started,
+            )
             return _let_go(conn, ctx, done), started
 
     done, started = _persistently(write)
@@ -289,8 +325,14 @@ def _fail(
     _publish_started(app, started)
     # The body's own exception and traceback (scrubbed by the handlers' filter), for the
     # log line and for what reads exc_info (Sentry's logging integration, JSON fields).
-    log.error("job %s failed (%s) at attempt %s: %s", ctx.job_id, outcome, ctx.attempt, error,
-              exc_info=cause)  # fmt: skip
+    log.error(
+        "job %s failed (%s) at attempt %s: %s",
+        ctx.job_id,
+        outcome,
+        ctx.attempt,
+        error,
+        exc_info=cause,
+    )
     return Ended(End.FAILED, f"{outcome}: {error}")
 
 
@@ -303,22 +345,35 @@ def _snooze(app: Celery, ctx: RunContext, pause: RetryAfter, rules: AttemptRules
 
     if _persistently(taken) >= rules.max_snoozes:
         gave_up = f"{reason}; gave up after {rules.max_snoozes} snoozes"
-        return _fail(app, ctx, Outcome.SNOOZE_LIMIT, gave_up,
-                     failure_detail(pause, rules.secrets))  # fmt: skip
+        return _fail(app, ctx, Outcome.SNOOZE_LIMIT, gave_up, failure_detail(pause, rules.secrets))
     return _requeue(app, ctx, pause.seconds, reason, Transition.SNOOZE, rules, refund=True)
 
 
 def _requeue(
-    app: Celery, ctx: RunContext, delay: float, error: str, transition: Transition,
-    rules: AttemptRules, *, refund: bool, detail: dict[str, str] | None = None,
+    app: Celery,
+    ctx: RunContext,
+    delay: float,
+    error: str,
+    transition: Transition,
+    rules: AttemptRules,
+    *,
+    refund: bool,
+    detail: dict[str, str] | None = None,
     cause: BaseException | None = None,
-) -> Ended:  # fmt: skip
+) -> Ended:
     def write() -> PendingMessage | None:
         with autocommit(ctx.engine) as conn:
             return journal.requeue(
-                conn, ctx.spec, ctx.row, delay=timedelta(seconds=delay), error=error,
-                transition=transition, actor=ctx.worker, refund=refund, detail=detail,
-            )  # fmt: skip
+                conn,
+                ctx.spec,
+                ctx.row,
+                delay=timedelta(seconds=delay),
+                error=error,
+                transition=transition,
+                actor=ctx.worker,
+                refund=refund,
+                detail=detail,
+            )
 
     message = _persistently(write)
     if message is None:
@@ -326,8 +381,16 @@ def _requeue(
         return Ended(End.LEASE_LOST, f"requeue refused, lease lost: {error}")
     # A failed attempt is a warning; a snooze (the body asked to wait) is routine.
     level = logging.WARNING if transition is Transition.RETRY else logging.INFO
-    log.log(level, "job %s attempt %s: %s in %.1fs: %s", ctx.job_id, ctx.attempt,
-            transition.value, delay, error, exc_info=cause)  # fmt: skip
+    log.log(
+        level,
+        "job %s attempt %s: %s in %.1fs: %s",
+        ctx.job_id,
+        ctx.attempt,
+        transition.value,
+        delay,
+        error,
+        exc_info=cause,
+    )
     # Short delays ride a countdown; long ones wait in the outbox for the relay.
     if delay <= rules.inline_wait_max and rules.publish_retry:
         outbox.publish_now(app, [journal.on_local_clock(message, timedelta(seconds=delay))])

@@ -106,13 +106,22 @@ class JournalBackend(BaseBackend):
             return self.meta_of(conn, str(task_id), spec, row)
 
     def meta_of(
-        self, conn: Connection, task_id: str, spec: RunTable | None,
+        self,
+        conn: Connection,
+        task_id: str,
+        spec: RunTable | None,
         row: Mapping[str, Any] | None,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """Celery's task meta (state, result, traceback, date_done) of a run row."""
         status = celery_state(row)
-        meta: dict[str, Any] = {"task_id": task_id, "status": status, "result": None,
-                                "traceback": None, "children": [], "date_done": None}  # fmt: skip
+        meta: dict[str, Any] = {
+            "task_id": task_id,
+            "status": status,
+            "result": None,
+            "traceback": None,
+            "children": [],
+            "date_done": None,
+        }
         if row is None:
             return meta
         # Celery's extended result fields the row has at hand.
@@ -181,15 +190,19 @@ class JournalBackend(BaseBackend):
             # A nested class: its module is the longest loaded prefix.
             module, _, outer = module.rpartition(".")
             name = f"{outer}.{name}"
-        stored = {"exc_type": name or qualified, "exc_module": module or None,
-                  "exc_message": args}  # fmt: skip
+        stored = {"exc_type": name or qualified, "exc_module": module or None, "exc_message": args}
         rebuilt: BaseException = self.exception_to_python(stored)
         return rebuilt
 
     def store_result(
-        self, task_id: str, result: Any, state: str, traceback: Any = None,
-        request: Any = None, **kwargs: Any,
-    ) -> Any:  # fmt: skip
+        self,
+        task_id: str,
+        result: Any,
+        state: str,
+        traceback: Any = None,
+        request: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         """Nothing to store: the journal recorded the run's own end (and update_state of a
         lifecycle run writes through ``LifecycleTask.update_state``)."""
         del task_id, state, traceback, request, kwargs

@@ -49,24 +49,39 @@ class BatchSender:
         self._dispatcher = self._bound_dispatcher() if self._sent_event else None
         # Whether anything sees a publish besides the broker: a receiver of Celery's publish
         # signals (OpenTelemetry's instrumentation) reads the current trace context.
-        self.watched = bool(signals.before_task_publish.receivers
-                            or signals.after_task_publish.receivers)  # fmt: skip
+        self.watched = bool(
+            signals.before_task_publish.receivers or signals.after_task_publish.receivers
+        )
 
     def send_task(
-        self, name: str, *, args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str,
-        retries: int = 0, root_id: str | None = None, parent_id: str | None = None,
+        self,
+        name: str,
+        *,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        task_id: str,
+        retries: int = 0,
+        root_id: str | None = None,
+        parent_id: str | None = None,
         countdown: float | None = None,
         producer: Any = None,  # noqa: ARG002 - the batch's, which the caller names as for send_task
         **options: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """What ``app.send_task`` does with these arguments, on the batch's producer."""
         task_type, exec_options = self._task(name)
         if exec_options.get("expires") is not None or (countdown and self._quorum):
             self._app.send_task(
-                name, args=args, kwargs=kwargs, task_id=task_id, retries=retries,
-                root_id=root_id, parent_id=parent_id, countdown=countdown,
-                producer=self._producer, **options,
-            )  # fmt: skip
+                name,
+                args=args,
+                kwargs=kwargs,
+                task_id=task_id,
+                retries=retries,
+                root_id=root_id,
+                parent_id=parent_id,
+                countdown=countdown,
+                producer=self._producer,
+                **options,
+            )
             return
         if exec_options:
             options = dict(exec_options, **options)
@@ -76,17 +91,31 @@ class BatchSender:
         options = self._router.route(options, name, args, kwargs, task_type)
         root_id, parent_id = self._lineage(options, root_id, parent_id)
         message = self._create_message(
-            task_id, name, args, kwargs, countdown=countdown, retries=retries,
-            reply_to=self._reply_to, time_limit=time_limit, soft_time_limit=soft_time_limit,
-            create_sent_event=self._sent_event, root_id=root_id, parent_id=parent_id,
-            ignore_result=ignore_result, **options,
-        )  # fmt: skip
+            task_id,
+            name,
+            args,
+            kwargs,
+            countdown=countdown,
+            retries=retries,
+            reply_to=self._reply_to,
+            time_limit=time_limit,
+            soft_time_limit=soft_time_limit,
+            create_sent_event=self._sent_event,
+            root_id=root_id,
+            parent_id=parent_id,
+            ignore_result=ignore_result,
+            **options,
+        )
         self._publish(name, task_id, message, ignore_result, options)
 
     def _publish(
-        self, name: str, task_id: str, message: Any, ignore_result: bool | None,
+        self,
+        name: str,
+        task_id: str,
+        message: Any,
+        ignore_result: bool | None,
         options: dict[str, Any],
-    ) -> None:  # fmt: skip
+    ) -> None:
         producer = self._producer
         queue = options.get("queue")
         if isinstance(queue, Queue):
@@ -108,8 +137,10 @@ class BatchSender:
             # The registry as it is, as send_task reads it: no finalize for a lookup.
             task_type = self._app._tasks.get(name)  # type: ignore[attr-defined]
             options = task_type._get_exec_options() if task_type is not None else {}
-            found = self._tasks[name] = (task_type, {k: v for k, v in options.items()
-                                                     if v is not None})  # fmt: skip
+            found = self._tasks[name] = (
+                task_type,
+                {k: v for k, v in options.items() if v is not None},
+            )
         return found
 
     def _lineage(

@@ -85,8 +85,10 @@ def is_lifecycle_canvas(sig: Signature) -> bool:
         return True
     if len(plain) == len(kinds):
         return False
-    raise MixedCanvas(f"{plain[0]} is a plain Celery task in a canvas of lifecycle tasks: "
-                      "make it a lifecycle task, or run it in a canvas of its own")  # fmt: skip
+    raise MixedCanvas(
+        f"{plain[0]} is a plain Celery task in a canvas of lifecycle tasks: "
+        "make it a lifecycle task, or run it in a canvas of its own"
+    )
 
 
 # --- compiling a canvas into steps ---------------------------------------------------------
@@ -113,11 +115,19 @@ class Compiler:
     drafts: dict[str, _Draft] = field(default_factory=dict)
 
     def steps(self) -> list[Step]:
-        return [Step(**d.step, next=tuple(d.next), errbacks=tuple(d.errbacks))
-                for d in self.drafts.values()]  # fmt: skip
+        return [
+            Step(**d.step, next=tuple(d.next), errbacks=tuple(d.errbacks))
+            for d in self.drafts.values()
+        ]
 
-    def node(self, sig: Signature, path: str, after: Output | None, args: tuple[Any, ...],
-             errbacks: tuple[Signature, ...] = ()) -> Output:  # fmt: skip
+    def node(
+        self,
+        sig: Signature,
+        path: str,
+        after: Output | None,
+        args: tuple[Any, ...],
+        errbacks: tuple[Signature, ...] = (),
+    ) -> Output:
         """Compile ``sig`` at ``path``, waiting for ``after`` (None: runs at once), its
         first tasks given ``args`` (apply_async's partial arguments) first."""
         errbacks = (*errbacks, *_callbacks(sig, "link_error"))
@@ -125,8 +135,10 @@ class Compiler:
             header = self.node(_as_group(sig.tasks), f"{path}.h", after, args)
             out = self.node(sig.body, f"{path}.body", header, (), errbacks)
         elif isinstance(sig, group):
-            out = [self.node(_signature(t, sig), f"{path}.{i}", after, args,
-                             errbacks) for i, t in enumerate(sig.tasks)]  # fmt: skip
+            out = [
+                self.node(_signature(t, sig), f"{path}.{i}", after, args, errbacks)
+                for i, t in enumerate(sig.tasks)
+            ]
         elif isinstance(sig, _chain):
             out = self._chain(sig, path, after, (*args, *sig.args), errbacks)
         else:
@@ -135,18 +147,29 @@ class Compiler:
             self.node(callback, f"{path}.link{i}", _single(out, sig), ())
         return out
 
-    def _chain(self, sig: _chain, path: str, after: Output | None, args: tuple[Any, ...],
-               errbacks: tuple[Signature, ...]) -> Output:  # fmt: skip
+    def _chain(
+        self,
+        sig: _chain,
+        path: str,
+        after: Output | None,
+        args: tuple[Any, ...],
+        errbacks: tuple[Signature, ...],
+    ) -> Output:
         out = after
         for i, task in enumerate(sig.tasks):
-            out = self.node(_signature(task, sig), f"{path}.{i}", out, args,
-                            errbacks)  # fmt: skip
+            out = self.node(_signature(task, sig), f"{path}.{i}", out, args, errbacks)
             args = ()
         assert out is not None  # a chain of no task is refused by Celery itself
         return out
 
-    def _task(self, sig: Signature, path: str, after: Output | None, args: tuple[Any, ...],
-              errbacks: tuple[Signature, ...]) -> str:  # fmt: skip
+    def _task(
+        self,
+        sig: Signature,
+        path: str,
+        after: Output | None,
+        args: tuple[Any, ...],
+        errbacks: tuple[Signature, ...],
+    ) -> str:
         waits = after is not None and any(True for _ in waited_for(after))
         job_id = self._add(sig, path, after, args, SUCCESS if waits else START)
         for previous in waited_for(after):
@@ -160,8 +183,9 @@ class Compiler:
             raise TypeError(f"link_error takes a task's signature, not a {type(sig).__name__}")
         return self._add(sig, path, failing, (), FAILURE)
 
-    def _add(self, sig: Signature, path: str, after: Output | None, args: tuple[Any, ...],
-             trigger: str) -> str:  # fmt: skip
+    def _add(
+        self, sig: Signature, path: str, after: Output | None, args: tuple[Any, ...], trigger: str
+    ) -> str:
         task = sig.type
         spec = lifecycle_table(task)
         assert spec is not None  # is_lifecycle_canvas checked every task
@@ -169,14 +193,23 @@ class Compiler:
         job_id = self._job_id(options, path)
         given = sig.args if sig.immutable else (*args, *sig.args)
         _require_arguments(str(sig.task), spec, given, sig.kwargs)
-        self.drafts[job_id] = _Draft({
-            "job_id": uuid.UUID(job_id), "workflow_id": self.workflow_id, "path": path,
-            "module": spec.module, "task_name": sig.task, "args": stored(list(given)),
-            "kwargs": stored(dict(sig.kwargs)), "immutable": bool(sig.immutable),
-            "max_attempts": task.max_attempts, "trigger": trigger, "after": after,
-            "queue": options.get("queue") or getattr(task, "queue", None),
-            "priority": _priority(options, task),
-        })  # fmt: skip
+        self.drafts[job_id] = _Draft(
+            {
+                "job_id": uuid.UUID(job_id),
+                "workflow_id": self.workflow_id,
+                "path": path,
+                "module": spec.module,
+                "task_name": sig.task,
+                "args": stored(list(given)),
+                "kwargs": stored(dict(sig.kwargs)),
+                "immutable": bool(sig.immutable),
+                "max_attempts": task.max_attempts,
+                "trigger": trigger,
+                "after": after,
+                "queue": options.get("queue") or getattr(task, "queue", None),
+                "priority": _priority(options, task),
+            }
+        )
         return job_id
 
     def _job_id(self, options: Mapping[str, Any], path: str) -> str:
@@ -211,8 +244,10 @@ def _single(out: Output, sig: Signature) -> str:
 def _options(sig: Signature) -> Mapping[str, Any]:
     unknown = sorted(set(sig.options) - _KNOWN_OPTIONS)
     if unknown:
-        raise TypeError(f"{sig.task} in a canvas: jobsapp does not support {unknown} on a "
-                        f"step (a step takes {sorted(_KNOWN_OPTIONS)})")  # fmt: skip
+        raise TypeError(
+            f"{sig.task} in a canvas: jobsapp does not support {unknown} on a "
+            f"step (a step takes {sorted(_KNOWN_OPTIONS)})"
+        )
     return sig.options
 
 
@@ -221,13 +256,16 @@ def _priority(options: Mapping[str, Any], task: Any) -> int | None:
     return int(given) if given is not None else getattr(task, "priority", None)
 
 
-def _require_arguments(name: str, spec: RunTable, args: Sequence[Any],
-                       kwargs: Mapping[str, Any]) -> None:  # fmt: skip
+def _require_arguments(
+    name: str, spec: RunTable, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> None:
     """A step's arguments live in its run's JSON column: only such tasks, and values
     Celery's JSON serializer carries (kept as kombu encodes them: ``results.stored``)."""
     if spec.params_column is None:
-        raise TypeError(f"{name} takes the ids of a {spec.module} run, not a canvas step's "
-                        "arguments: only tasks of the jobs table run in a canvas")  # fmt: skip
+        raise TypeError(
+            f"{name} takes the ids of a {spec.module} run, not a canvas step's "
+            "arguments: only tasks of the jobs table run in a canvas"
+        )
     bad = non_json([list(args), dict(kwargs)])
     if bad is not None:
         raise TypeError(f"an argument of {name} is a {bad.__name__}, not JSON: {hint(bad)}")
@@ -245,16 +283,21 @@ def start(sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any]
             sig.options[name] = [*(sig.options.get(name) or ()), *_listed(options[name])]
     unknown = sorted(set(options) - {"link", "link_error", "task_id"})
     if unknown:
-        raise TypeError(f"{type(sig).__name__}.apply_async: jobsapp does not support "
-                        f"{unknown} on a canvas (set queue=, priority= on its steps)")  # fmt: skip
+        raise TypeError(
+            f"{type(sig).__name__}.apply_async: jobsapp does not support "
+            f"{unknown} on a canvas (set queue=, priority= on its steps)"
+        )
     workflow_id = _workflow_id(options.get("task_id"))
     compiler = Compiler(workflow_id)
     out = compiler.node(sig, "0", None, tuple(args or ()))
     steps = compiler.steps()
     with get_engine().begin() as conn:
         workflow.write_steps(conn, steps)
-        started = [workflow.start(conn, step.row(None), _given_at_start(step), actor="producer")
-                   for step in steps if step.trigger == START]  # fmt: skip
+        started = [
+            workflow.start(conn, step.row(None), _given_at_start(step), actor="producer")
+            for step in steps
+            if step.trigger == START
+        ]
     messages = [m for m in started if m is not None]
     if messages:
         outbox.publish_now(sig.app, [journal.on_local_clock(m, timedelta(0)) for m in messages])
@@ -300,8 +343,9 @@ class GroupHandle(GroupResult):
     journal keeps, so ``save()`` has nothing to write and ``GroupResult.restore(id)``
     rebuilds it from the workflow's steps."""
 
-    def __init__(self, workflow_id: uuid.UUID, results: Sequence[Any], *, app: Any = None,
-                 parent: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self, workflow_id: uuid.UUID, results: Sequence[Any], *, app: Any = None, parent: Any = None
+    ) -> None:
         super().__init__(str(workflow_id), list(results), parent=parent, app=app)
         self.workflow_id = workflow_id
 
@@ -327,9 +371,15 @@ def handle_of(app: Any, out: Output, nodes: Mapping[str, _Node], workflow_id: uu
         return GroupHandle(workflow_id, members, app=app)
     node = nodes[out]
     parent = None if node.after is None else handle_of(app, node.after, nodes, workflow_id)
-    return StepHandle(node.job_id, EnqueueOutcome.ENQUEUED, registry.get(node.module),
-                      task=node.task_name, workflow_id=workflow_id, app=app,
-                      parent=parent)  # fmt: skip
+    return StepHandle(
+        node.job_id,
+        EnqueueOutcome.ENQUEUED,
+        registry.get(node.module),
+        task=node.task_name,
+        workflow_id=workflow_id,
+        app=app,
+        parent=parent,
+    )
 
 
 def restore_group(app: Any, group_id: str) -> GroupHandle | None:
@@ -343,12 +393,17 @@ def restore_group(app: Any, group_id: str) -> GroupHandle | None:
         rows = workflow.steps_of(conn, workflow_id)
     if not rows:
         return None
-    nodes = {str(r["job_id"]): _Node(r["job_id"], r["module"], r["task_name"], r["after"])
-             for r in rows}  # fmt: skip
-    outputs = [str(r["job_id"]) for r in sorted(rows, key=_canvas_order)
-               if not r["next"] and r["trigger"] != FAILURE]  # fmt: skip
-    return GroupHandle(workflow_id, [handle_of(app, o, nodes, workflow_id) for o in outputs],
-                       app=app)  # fmt: skip
+    nodes = {
+        str(r["job_id"]): _Node(r["job_id"], r["module"], r["task_name"], r["after"]) for r in rows
+    }
+    outputs = [
+        str(r["job_id"])
+        for r in sorted(rows, key=_canvas_order)
+        if not r["next"] and r["trigger"] != FAILURE
+    ]
+    return GroupHandle(
+        workflow_id, [handle_of(app, o, nodes, workflow_id) for o in outputs], app=app
+    )
 
 
 def _canvas_order(row: Mapping[str, Any]) -> list[tuple[int, str]]:
@@ -360,14 +415,15 @@ def _canvas_order(row: Mapping[str, Any]) -> list[tuple[int, str]]:
 
 
 def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
-    def apply_async(self: Signature, args: Any = None, kwargs: Any = None,
-                    **options: Any) -> Any:  # fmt: skip
+    def apply_async(self: Signature, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         canvas = _with_body(self, kwargs)
         if self.app.conf.task_always_eager or not is_lifecycle_canvas(canvas):
             return original(self, args, kwargs, **options)
         if kwargs and set(kwargs) != {"body"}:
-            raise TypeError(f"{type(self).__name__}.apply_async: keyword arguments for a "
-                            "whole canvas are not supported; give them to its steps")  # fmt: skip
+            raise TypeError(
+                f"{type(self).__name__}.apply_async: keyword arguments for a "
+                "whole canvas are not supported; give them to its steps"
+            )
         return start(canvas, args, options)
 
     apply_async.__wrapped__ = original  # type: ignore[attr-defined]
@@ -389,4 +445,3 @@ def install() -> None:
     for cls in (_chain, group, chord):
         if not hasattr(cls.apply_async, "__wrapped__"):
             cls.apply_async = _routed(cls.apply_async)  # type: ignore[method-assign]
-

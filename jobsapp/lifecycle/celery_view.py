@@ -96,9 +96,7 @@ def _below(tb: TracebackType | None, entry: CodeType) -> TracebackType | None:
     return tb
 
 
-def report(
-    env: Envelope, ended: Ended | str, *, entry: CodeType, secrets: Sequence[str]
-) -> Any:
+def report(env: Envelope, ended: Ended | str, *, entry: CodeType, secrets: Sequence[str]) -> Any:
     """The attempt's Celery result, or the exception that gives its task Flower's state.
 
     A succeeded attempt's result is what the body returned: Flower's result column and
@@ -115,8 +113,13 @@ def report(
     label = f"job {env.job_id} attempt {env.attempt}"
     if ended.end is End.REQUEUED:
         following = task_id_for(env.job_id, env.attempt + 1)
-        shown = _shown(ended, f"jobsapp: {env.module} {label} requeued; next: attempt "
-                              f"{env.attempt + 1}, task {following}", entry, secrets)  # fmt: skip
+        shown = _shown(
+            ended,
+            f"jobsapp: {env.module} {label} requeued; next: attempt "
+            f"{env.attempt + 1}, task {following}",
+            entry,
+            secrets,
+        )
         raise Retry(f"{label} requeued", exc=shown) from shown
     if ended.end is End.FAILED:
         raise _shown(ended, f"jobsapp: {env.module} {label} {ended.summary}", entry, secrets)
@@ -139,8 +142,7 @@ def call_fields(
     args: Sequence[Any], kwargs: Mapping[str, Any], secrets: Sequence[str]
 ) -> dict[str, str]:
     """The body's arguments as Flower's args and kwargs columns, scrubbed."""
-    return {"args": _call_part(tuple(args), secrets),
-            "kwargs": _call_part(dict(kwargs), secrets)}  # fmt: skip
+    return {"args": _call_part(tuple(args), secrets), "kwargs": _call_part(dict(kwargs), secrets)}
 
 
 def _call_part(part: tuple[Any, ...] | dict[str, Any], secrets: Sequence[str]) -> str:
@@ -225,7 +227,9 @@ class LifecycleRequest(Request):
         found: dict[str, Any] = super().request_dict
         eventer = self._eventer
         found[EVENTS_ON] = bool(
-            eventer is not None and eventer.enabled and self.task.send_events
+            eventer is not None
+            and eventer.enabled
+            and self.task.send_events
             and (not eventer.groups or "task" in eventer.groups)
-        )  # fmt: skip
+        )
         return found

@@ -69,9 +69,7 @@ class LostClaim(StrEnum):
     RECLAIMED = "another claim took the same attempt"
 
 
-def claim_lost(
-    row: Mapping[str, Any] | None, attempt: int, token: uuid.UUID
-) -> LostClaim | None:
+def claim_lost(row: Mapping[str, Any] | None, attempt: int, token: uuid.UUID) -> LostClaim | None:
     """After a refused write of the claim ``token`` of ``attempt``: whether that claim was
     lost (pure). A reaper's requeue keeps ``attempts`` at the taken attempt, and the claim
     after it takes the next one, so neither looks like this; only a second claim of the
@@ -130,13 +128,15 @@ def claim(
     counted on the publisher's clock, an ETA on this worker's) waits and claims when due;
     so does one whose rate limit (``gate``) allows it within that time.
     """
+
     def once() -> Tried:
         return _claim_once(engine, spec, env, foreign=foreign, worker=worker, gate=gate)
 
     outcome = once()
     if isinstance(outcome, Early) and outcome.seconds <= wait_early:
-        log.info("job %s attempt %s came %.2fs early; waiting", env.job_id, env.attempt,
-                 outcome.seconds)  # fmt: skip
+        log.info(
+            "job %s attempt %s came %.2fs early; waiting", env.job_id, env.attempt, outcome.seconds
+        )
         time.sleep(outcome.seconds)
         outcome = once()
     outcome = _wait_for_rate(outcome, once, wait_early)
@@ -152,8 +152,10 @@ def _wait_for_rate(outcome: Tried, again: Callable[[], Tried], budget: float) ->
     """A start the rate allows within ``budget`` seconds is waited for here, as an early
     message is; competing workers may take it first, so each wait is followed by a claim."""
     deadline = time.monotonic() + budget
-    while isinstance(outcome, flow.Held) and outcome.delay is not None and (
-        outcome.delay <= deadline - time.monotonic()
+    while (
+        isinstance(outcome, flow.Held)
+        and outcome.delay is not None
+        and (outcome.delay <= deadline - time.monotonic())
     ):
         time.sleep(outcome.delay)
         outcome = again()
@@ -166,30 +168,43 @@ def _hand_back(
     """No attempt taken: the run waits in the journal, its message is acked."""
     assert gate is not None, "only a gate holds a claim back"
     if not flow.hand_back(engine, spec, gate, env.job_id, env.attempt, held):
-        log.info("job %s attempt %s: moved on before it was handed back", env.job_id,
-                 env.attempt)  # fmt: skip
+        log.info("job %s attempt %s: moved on before it was handed back", env.job_id, env.attempt)
     return Refusal.PAUSED if held.delay is None else Refusal.THROTTLED
 
 
 def _claim_once(
-    engine: Engine, spec: RunTable, env: Envelope, *, foreign: journal.NewJob | None,
-    worker: str, gate: flow.Gate | None = None,
-) -> Tried:  # fmt: skip
+    engine: Engine,
+    spec: RunTable,
+    env: Envelope,
+    *,
+    foreign: journal.NewJob | None,
+    worker: str,
+    gate: flow.Gate | None = None,
+) -> Tried:
     # The claim's commit does not wait for the WAL flush (gated or not): the next commit
     # that waits flushes it (the finish's, unless JOBSAPP_FINISH_FLUSH=no-wait); one lost
     # in a crash is caught by the claim token's fence, and named by ``claim_lost`` after
     # the refused write.
-    row = flow.gated_claim(engine, spec, gate, lambda conn: journal.claim(
-        conn, spec, env.job_id, env.attempt, worker=worker))  # fmt: skip
+    row = flow.gated_claim(
+        engine,
+        spec,
+        gate,
+        lambda conn: journal.claim(conn, spec, env.job_id, env.attempt, worker=worker),
+    )
     if row is None:
         return _refused(engine, spec, env, foreign=foreign, worker=worker, gate=gate)
     return row if isinstance(row, flow.Held) else Claimed(row)
 
 
 def _refused(
-    engine: Engine, spec: RunTable, env: Envelope, *, foreign: journal.NewJob | None,
-    worker: str, gate: flow.Gate | None,
-) -> Tried:  # fmt: skip
+    engine: Engine,
+    spec: RunTable,
+    env: Envelope,
+    *,
+    foreign: journal.NewJob | None,
+    worker: str,
+    gate: flow.Gate | None,
+) -> Tried:
     """Why the claim matched nothing; or the claim of a foreign message that has no row."""
     with autocommit(engine) as conn:
         current, db_now = journal.load_with_clock(conn, spec, env.job_id)
@@ -209,9 +224,13 @@ def _refused(
 
 
 def _adopt(
-    engine: Engine, spec: RunTable, env: Envelope, job: journal.NewJob, worker: str,
+    engine: Engine,
+    spec: RunTable,
+    env: Envelope,
+    job: journal.NewJob,
+    worker: str,
     gate: flow.Gate | None,
-) -> Tried:  # fmt: skip
+) -> Tried:
     """A foreign message that flow control or its key's limit may hold back: its run is
     journaled as queued first (a limited key's run joins its key's line, as an enqueue's
     does), then claimed through the gate like any run, so a pause or a rate hands it back
@@ -221,8 +240,12 @@ def _adopt(
     with engine.begin() as conn:
         adopted = journal.enqueue(conn, job, actor=worker)
     if adopted.outcome is journal.EnqueueOutcome.SKIPPED:
-        log.info("job %s: concurrency key %s held by job %s", env.job_id, job.concurrency_key,
-                 adopted.holder)  # fmt: skip
+        log.info(
+            "job %s: concurrency key %s held by job %s",
+            env.job_id,
+            job.concurrency_key,
+            adopted.holder,
+        )
         return Refusal.SKIPPED
     return _claim_once(engine, spec, env, foreign=None, worker=worker, gate=gate)
 
@@ -252,8 +275,14 @@ def _claim_foreign(
         return explain(mine, env.attempt)
     holder = journal.active_holder(conn, job.spec, job.concurrency_key)
     journal.record_event(
-        conn, job.spec, job.job_id, env.attempt, Transition.SKIP,
-        from_state=None, to_state=None, actor=worker,
+        conn,
+        job.spec,
+        job.job_id,
+        env.attempt,
+        Transition.SKIP,
+        from_state=None,
+        to_state=None,
+        actor=worker,
         reason=f"concurrency key {job.concurrency_key} held by job {holder}",
-    )  # fmt: skip
+    )
     return Refusal.SKIPPED

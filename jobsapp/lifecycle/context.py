@@ -71,14 +71,20 @@ class RunContext:
         """
         kept = results.checked(self.row["task_name"], result, get_settings().result_max_bytes)
         with self.engine.begin() as conn:
-            if not journal.succeed(conn, self.spec, self.job_id, self.attempt, token=self.token,
-                                   actor=self.worker, result=kept):  # fmt: skip
+            if not journal.succeed(
+                conn,
+                self.spec,
+                self.job_id,
+                self.attempt,
+                token=self.token,
+                actor=self.worker,
+                result=kept,
+            ):
                 raise LeaseLost(f"job {self.job_id} attempt {self.attempt}: finish refused")
             # A limited key's slot goes with the success, in this transaction.
             _, self.granted = limits.let_go(conn, self.spec, self.row, True)
             yield conn
         self.finished = True
-
 
     def showing(self, state: str, meta: Any) -> None:
         """Celery's ``update_state`` of this attempt: ``state`` and ``meta`` kept on the run
@@ -86,15 +92,23 @@ class RunContext:
         attempt's end replaces them."""
         kept = results.checked(self.row["task_name"], meta, get_settings().result_max_bytes)
         with self.engine.begin() as conn:
-            if not journal.write_progress(conn, self.spec, self.job_id, self.token,
-                                          results.progress(state, kept, self.attempt)):  # fmt: skip
+            if not journal.write_progress(
+                conn,
+                self.spec,
+                self.job_id,
+                self.token,
+                results.progress(state, kept, self.attempt),
+            ):
                 raise LeaseLost(f"job {self.job_id} attempt {self.attempt}: update_state refused")
 
     @contextmanager
     def failing(
-        self, error: BaseException, *, outcome: Outcome = Outcome.PERMANENT,
+        self,
+        error: BaseException,
+        *,
+        outcome: Outcome = Outcome.PERMANENT,
         said: str | None = None,
-    ) -> Iterator[Connection]:  # fmt: skip
+    ) -> Iterator[Connection]:
         """A transaction that commits the body's writes together with ``failed`` (no
         further attempt), ``error`` stored as the attempt's failure: the body ends its run
         failed, and Celery and Flower show FAILURE with ``error``. Fenced first, as
@@ -104,8 +118,17 @@ class RunContext:
         secrets = known_secrets_from_env(os.environ)
         said, detail = said or describe(error, secrets), failure_detail(error, secrets)
         with self.engine.begin() as conn:
-            failed = journal.fail(conn, self.spec, self.job_id, self.attempt, token=self.token,
-                                  outcome=outcome, error=said, actor=self.worker, detail=detail)
+            failed = journal.fail(
+                conn,
+                self.spec,
+                self.job_id,
+                self.attempt,
+                token=self.token,
+                outcome=outcome,
+                error=said,
+                actor=self.worker,
+                detail=detail,
+            )
             if not failed:
                 raise LeaseLost(f"job {self.job_id} attempt {self.attempt}: failure refused")
             _, self.granted = limits.let_go(conn, self.spec, self.row, True)

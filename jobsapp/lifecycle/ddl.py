@@ -85,8 +85,13 @@ def key_limit_check(name: str) -> sa.CheckConstraint:
 
 def create_active_key_index(batch: Any, name: str, where: str) -> None:
     """The one-active-run-per-key index; since 0016 ``where`` leaves limited runs out."""
-    batch.create_index(f"uq_{name}_active_key", ["concurrency_key"], unique=True,
-                       postgresql_where=sa.text(where), sqlite_where=sa.text(where))  # fmt: skip
+    batch.create_index(
+        f"uq_{name}_active_key",
+        ["concurrency_key"],
+        unique=True,
+        postgresql_where=sa.text(where),
+        sqlite_where=sa.text(where),
+    )
 
 
 def row_fact_columns() -> list[sa.Column[Any]]:
@@ -132,10 +137,15 @@ def create_run_table(name: str, *extra: Any) -> None:
     running = sa.text("state = 'running'")
     finished = sa.text("finished_at IS NOT NULL")
     with op.batch_alter_table(name) as batch:
-        batch.create_index(f"ix_{name}_finished", ["finished_at"],
-                           postgresql_where=finished, sqlite_where=finished)  # fmt: skip
-        batch.create_index(f"ix_{name}_running_heartbeat", ["heartbeat_at"],
-                           postgresql_where=running, sqlite_where=running)  # fmt: skip
+        batch.create_index(
+            f"ix_{name}_finished", ["finished_at"], postgresql_where=finished, sqlite_where=finished
+        )
+        batch.create_index(
+            f"ix_{name}_running_heartbeat",
+            ["heartbeat_at"],
+            postgresql_where=running,
+            sqlite_where=running,
+        )
         batch.create_index(f"ix_{name}_state_updated", ["state", "updated_at"])
         create_active_key_index(batch, name, EXCLUSIVE_SQL)
 
@@ -143,10 +153,21 @@ def create_run_table(name: str, *extra: Any) -> None:
 # The UNION ALL projection over every run table, for ad-hoc SQL and dashboards.
 RUNS_VIEW = "job_runs_all"
 RUNS_VIEW_COLUMNS = (
-    "job_id", "task_name", "concurrency_key", "state", "outcome", "attempts", "max_attempts",
-    "heartbeat_at", "last_error", "next_retry_at", "created_at", "updated_at", "finished_at",
+    "job_id",
+    "task_name",
+    "concurrency_key",
+    "state",
+    "outcome",
+    "attempts",
+    "max_attempts",
+    "heartbeat_at",
+    "last_error",
+    "next_retry_at",
+    "created_at",
+    "updated_at",
+    "finished_at",
     "worker",
-)  # fmt: skip
+)
 
 
 def runs_view_sql(run_tables: Sequence[tuple[str, str]]) -> str:

@@ -39,8 +39,9 @@ def enqueue(
     connection: Connection | None = None,
 ) -> JobHandle:
     if dedup.seen_recently(job):
-        return JobHandle(job.job_id, EnqueueOutcome.DUPLICATE, job.spec, task=job.task_name,
-                         app=app)
+        return JobHandle(
+            job.job_id, EnqueueOutcome.DUPLICATE, job.spec, task=job.task_name, app=app
+        )
     if session is not None:
         with _schema_checked(session.connection()):
             result = _in_session(app, session, job)
@@ -50,8 +51,9 @@ def enqueue(
     else:
         with _schema_checked():
             result = _own_transaction(app, job)
-    return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder,
-                     task=job.task_name, app=app)
+    return JobHandle(
+        result.job_id, result.outcome, job.spec, holder=result.holder, task=job.task_name, app=app
+    )
 
 
 @contextmanager
@@ -104,8 +106,9 @@ class Batch:
         with _schema_checked(self._conn):
             result = journal.enqueue(self._conn, job, actor="producer")
         self._done.append((job, result))
-        return JobHandle(result.job_id, result.outcome, job.spec, holder=result.holder,
-                     task=job.task_name)
+        return JobHandle(
+            result.job_id, result.outcome, job.spec, holder=result.holder, task=job.task_name
+        )
 
     def flush(self) -> None:
         """Write the jobs added since the last flush, in the order they were added."""

@@ -64,9 +64,11 @@ class RetryRequested(TransientError):
     """Celery's ``self.retry()`` (and ``autoretry_for``) inside a lifecycle task."""
 
     def __init__(
-        self, cause: BaseException | None, countdown: float | None,
+        self,
+        cause: BaseException | None,
+        countdown: float | None,
         max_retries: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(str(cause) if cause else "retry requested")
         self.cause = cause
         self.countdown = countdown

@@ -47,6 +47,7 @@ def failure_detail(exc: BaseException, secrets: tuple[str, ...]) -> dict[str, An
         "traceback": scrub(frames, limit=TRACEBACK_LIMIT, secrets=secrets),
     }
     if all(isinstance(arg, (str, int, float, bool)) or arg is None for arg in cause.args):
-        detail["args"] = [scrub(a, secrets=secrets) if isinstance(a, str) else a
-                          for a in cause.args]  # fmt: skip
+        detail["args"] = [
+            scrub(a, secrets=secrets) if isinstance(a, str) else a for a in cause.args
+        ]
     return detail

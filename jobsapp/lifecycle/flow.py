@@ -106,8 +106,9 @@ def gates(engine: Engine, gate: Gate) -> bool:
     return gate.rate is not None or bool(paused_pairs(engine))
 
 
-def gated_claim(engine: Engine, spec: RunTable, gate: Gate | None, claim: Claim
-                ) -> Mapping[str, Any] | Held | None:  # fmt: skip
+def gated_claim(
+    engine: Engine, spec: RunTable, gate: Gate | None, claim: Claim
+) -> Mapping[str, Any] | Held | None:
     """``claim`` (one guarded statement) with the gate's checks in its transaction."""
     if gate is None or not gates(engine, gate):
         with relaxed_autocommit(engine) as conn:
@@ -155,8 +156,9 @@ def _pairs(module: Any, queue: str | None, default_queue: str) -> set[tuple[str,
     return {(Kind.DOMAIN.value, module), (Kind.QUEUE.value, queue or default_queue)}
 
 
-def publishable(engine: Engine, default_queue: str, messages: Sequence[PendingMessage]
-                ) -> Sequence[PendingMessage]:  # fmt: skip
+def publishable(
+    engine: Engine, default_queue: str, messages: Sequence[PendingMessage]
+) -> Sequence[PendingMessage]:
     """The producer's fast path leaves the messages of a paused queue or domain (as this
     process last saw the pauses) to the relay, which holds them until the resume. The
     enqueue has committed: a database that cannot say what is paused leaves the messages
@@ -164,13 +166,18 @@ def publishable(engine: Engine, default_queue: str, messages: Sequence[PendingMe
     try:
         pairs = paused_pairs(engine)
     except DBAPIError as down:
-        log.warning("pauses unreadable (%s); publishing, the workers' gate holds back what "
-                    "is paused", type(down.orig).__name__)  # fmt: skip
+        log.warning(
+            "pauses unreadable (%s); publishing, the workers' gate holds back what is paused",
+            type(down.orig).__name__,
+        )
         return messages
     if not pairs:
         return messages
-    return [m for m in messages
-            if pairs.isdisjoint(_pairs(m.body.get("module"), m.queue, default_queue))]
+    return [
+        m
+        for m in messages
+        if pairs.isdisjoint(_pairs(m.body.get("module"), m.queue, default_queue))
+    ]
 
 
 def hand_back(

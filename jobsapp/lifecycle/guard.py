@@ -33,9 +33,11 @@ log = logging.getLogger(__name__)
 # declares both; the queue keeps the newest messages only, so a flood cannot fill the disk.
 DEAD_LETTER_EXCHANGE: Final = Exchange("jobsapp.dead", type="fanout", durable=True)
 DEAD_LETTERS: Final = Queue(
-    "jobsapp.dead", DEAD_LETTER_EXCHANGE, durable=True,
+    "jobsapp.dead",
+    DEAD_LETTER_EXCHANGE,
+    durable=True,
     queue_arguments={"x-max-length": 10_000},
-)  # fmt: skip
+)
 _LABEL_MAX: Final = 120
 
 
@@ -95,9 +97,10 @@ class GuardedConsumer(Consumer):
         headers = message.headers if isinstance(message.headers, dict) else {}
         log.error(
             "rejected message %s for %s: %s",
-            label(headers.get("id"), "<no id>"), label(headers.get("task"), "<no task>"),
+            label(headers.get("id"), "<no id>"),
+            label(headers.get("task"), "<no task>"),
             scrub(reason),
-        )  # fmt: skip
+        )
         if not message.acknowledged:
             message.reject_log_error(log, self.connection_errors, requeue=False)
 

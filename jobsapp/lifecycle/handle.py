@@ -35,11 +35,17 @@ class JobHandle(AsyncResult[Any]):
     """The journal, through Celery's result backend API, says how the job is doing."""
 
     def __init__(
-        self, job_id: uuid.UUID, outcome: EnqueueOutcome, spec: RunTable,
-        holder: uuid.UUID | None = None, task: str | None = None,
-        task_id: str | None = None, *, app: Celery | None = None,
+        self,
+        job_id: uuid.UUID,
+        outcome: EnqueueOutcome,
+        spec: RunTable,
+        holder: uuid.UUID | None = None,
+        task: str | None = None,
+        task_id: str | None = None,
+        *,
+        app: Celery | None = None,
         parent: AsyncResult[Any] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.job_id, self.spec, self._task = job_id, spec, task
         self._outcome, self._holder = outcome, holder
         super().__init__(task_id or str(job_id), task_name=task, app=app, parent=parent)
@@ -105,15 +111,26 @@ class JobHandle(AsyncResult[Any]):
             time.sleep(interval)
 
     def revoke(
-        self, connection: Any = None, terminate: bool = False, signal: str | None = None,
-        wait: bool = False, timeout: float | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        connection: Any = None,
+        terminate: bool = False,
+        signal: str | None = None,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> None:
         """Celery's revoke, kept in the journal first whatever the app's control is: a
         queued job never runs; a running one is asked to stop (killed with ``terminate``)."""
         from jobsapp.lifecycle.revoke import revoke_in_journal
 
-        revoke_in_journal(self.app, [self.id], connection=connection, terminate=terminate,
-                          signal=signal or "SIGTERM", reply=wait, timeout=timeout)  # fmt: skip
+        revoke_in_journal(
+            self.app,
+            [self.id],
+            connection=connection,
+            terminate=terminate,
+            signal=signal or "SIGTERM",
+            reply=wait,
+            timeout=timeout,
+        )
 
 
 def _restored(job_id: uuid.UUID, module: str, task: str | None, task_id: str) -> JobHandle:

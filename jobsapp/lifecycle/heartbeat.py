@@ -47,9 +47,16 @@ class Heartbeat:
     """
 
     def __init__(
-        self, engine: Engine, spec: RunTable, job_id: uuid.UUID, attempt: int, interval: float,
-        stale_after: float, *, token: uuid.UUID,
-    ) -> None:  # fmt: skip
+        self,
+        engine: Engine,
+        spec: RunTable,
+        job_id: uuid.UUID,
+        attempt: int,
+        interval: float,
+        stale_after: float,
+        *,
+        token: uuid.UUID,
+    ) -> None:
         self._engine = engine
         self._spec = spec
         self._job_id = job_id
@@ -109,8 +116,9 @@ class Heartbeat:
         """Raise CancelRequested if a revoke asked this attempt to stop, LeaseLost if
         another actor has taken this run, or may have."""
         if self._cancelled.is_set():
-            raise CancelRequested(f"job {self._job_id} attempt {self._attempt}: a revoke "
-                                  "asked it to stop")  # fmt: skip
+            raise CancelRequested(
+                f"job {self._job_id} attempt {self._attempt}: a revoke asked it to stop"
+            )
         if self._lost.is_set():
             raise LeaseLost(f"job {self._job_id} attempt {self._attempt}: {self._why_lost}")
         if self._overdue():
@@ -174,8 +182,11 @@ class Heartbeat:
         try:
             on_limit()
         except Exception:
-            log.exception("job %s attempt %s: the end at the time limit was not written",
-                          self._job_id, self._attempt)  # fmt: skip
+            log.exception(
+                "job %s attempt %s: the end at the time limit was not written",
+                self._job_id,
+                self._attempt,
+            )
         self._why_lost = f"past its hard time limit ({seconds:g}s)"
         self._lost.set()
         self._interrupt(TimeLimitEnded)
@@ -191,8 +202,9 @@ class Heartbeat:
         then; the hot stamp stays one statement)."""
         try:
             with relaxed_autocommit(self._engine, bound=self.interval) as conn:
-                return journal.cancel_requested(conn, self._spec, self._job_id, self._attempt,
-                                                token=self._token)  # fmt: skip
+                return journal.cancel_requested(
+                    conn, self._spec, self._job_id, self._attempt, token=self._token
+                )
         except Exception as exc:  # noqa: BLE001 - the lease is lost either way
             log.warning("revoke check of job %s failed: %s", self._job_id, type(exc).__name__)
             return False
@@ -202,8 +214,9 @@ class Heartbeat:
             # Bounded: the process's one thread stamps every run, and a stamp waiting on a
             # row lock (or a stuck server) would hold back the beats of all the others.
             with relaxed_autocommit(self._engine, bound=self.interval) as conn:
-                alive = journal.heartbeat(conn, self._spec, self._job_id, self._attempt,
-                                          token=self._token)  # fmt: skip
+                alive = journal.heartbeat(
+                    conn, self._spec, self._job_id, self._attempt, token=self._token
+                )
         except Exception as exc:  # noqa: BLE001 - a flaky database is not a lost lease
             log.warning("heartbeat of job %s failed: %s", self._job_id, type(exc).__name__)
             return True
@@ -241,8 +254,7 @@ class Ticker:
         with self._changed:
             self._runs.add(run)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="heartbeat",
-                                                daemon=True)  # fmt: skip
+                self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
                 self._thread.start()
             self._changed.notify_all()
 

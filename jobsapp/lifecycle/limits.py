@@ -51,9 +51,7 @@ def let_go(
 def publish_granted(app: Celery, granted: slots.Granted) -> None:
     """The fast path of the runs a freed slot made due; the relay publishes what fails."""
     if granted.messages:
-        outbox.publish_now(
-            app, [journal.on_local_clock(m, timedelta(0)) for m in granted.messages]
-        )
+        outbox.publish_now(app, [journal.on_local_clock(m, timedelta(0)) for m in granted.messages])
 
 
 def after_fair_claim(app: Celery, engine: Engine, spec: RunTable, row: Mapping[str, Any]) -> None:

@@ -64,10 +64,25 @@ def _validator() -> Draft202012Validator:
 # (bench/bench_validation.py, docs/performance.md).
 
 # Keywords jobs.schema.json uses, each meaning the same in both drafts and both libraries.
-_SHARED_KEYWORDS = frozenset({
-    "$schema", "$id", "$defs", "$ref", "title", "description", "type", "additionalProperties",
-    "required", "properties", "const", "pattern", "minimum", "maximum", "maxLength",
-})  # fmt: skip
+_SHARED_KEYWORDS = frozenset(
+    {
+        "$schema",
+        "$id",
+        "$defs",
+        "$ref",
+        "title",
+        "description",
+        "type",
+        "additionalProperties",
+        "required",
+        "properties",
+        "const",
+        "pattern",
+        "minimum",
+        "maximum",
+        "maxLength",
+    }
+)
 
 
 def _keywords(schema: Mapping[str, Any]) -> set[str]:
@@ -131,14 +146,16 @@ def build_body(
     enqueued_at: datetime,
     traceparent: str | None = None,
 ) -> BuiltBody:
-    body = BuiltBody({
-        "schema_version": SCHEMA_VERSION,
-        "job_id": str(job_id),
-        "module": module,
-        "attempt": attempt,
-        "enqueued_at": enqueued_at.isoformat(),
-        "traceparent": traceparent or new_traceparent(),
-    })
+    body = BuiltBody(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "job_id": str(job_id),
+            "module": module,
+            "attempt": attempt,
+            "enqueued_at": enqueued_at.isoformat(),
+            "traceparent": traceparent or new_traceparent(),
+        }
+    )
     body.update({k: str(v) if isinstance(v, uuid.UUID) else v for k, v in ids.items()})
     validate_body(body)
     return body
@@ -207,8 +224,15 @@ def parse(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Envelope:
 
 def adopted(job_id: uuid.UUID, module: str, traceparent: str | None) -> Envelope:
     """The envelope of a plain Celery message's run: attempt 1, no outbox row, no ids."""
-    return Envelope(job_id=job_id, module=module, attempt=1, outbox_id=None,
-                    concurrency_key=None, ids={}, traceparent=traceparent)  # fmt: skip
+    return Envelope(
+        job_id=job_id,
+        module=module,
+        attempt=1,
+        outbox_id=None,
+        concurrency_key=None,
+        ids={},
+        traceparent=traceparent,
+    )
 
 
 def trace_headers(body: Mapping[str, Any]) -> dict[str, str]:

@@ -62,8 +62,9 @@ def require_json(task: str, named: Mapping[str, Any]) -> None:
     for name, value in named.items():
         bad = non_json(value)
         if bad is not None:
-            raise TypeError(f"argument {name!r} of {task} is a {bad.__name__}, not JSON: "
-                            f"{hint(bad)}")  # fmt: skip
+            raise TypeError(
+                f"argument {name!r} of {task} is a {bad.__name__}, not JSON: {hint(bad)}"
+            )
 
 
 def key_of(task: str, template: str | None, job_id: uuid.UUID, values: Mapping[str, Any]) -> str:
@@ -80,8 +81,10 @@ def key_limit_of(name: str, limit: int, fair: bool, fair_window: int) -> int | N
     if limit < 1 or fair_window < 1:
         raise ValueError(f"{name}: limit and fair_window count runs: at least 1")
     if fair and limit > 1:
-        raise ValueError(f"{name}: limit={limit} already bounds each key's messages in the "
-                         "broker; fair=True is for keys with no limit")  # fmt: skip
+        raise ValueError(
+            f"{name}: limit={limit} already bounds each key's messages in the "
+            "broker; fair=True is for keys with no limit"
+        )
     if fair:
         return fair_window
     return limit if limit > 1 else None
@@ -142,8 +145,9 @@ def job_id_of(task: str, job_id: uuid.UUID | str | None, task_id: str | None) ->
         return uuid.UUID(str(job_id))
     except ValueError:
         hint = f"pass task_id={str(job_id)!r} for an id of your own"
-        raise ValueError(f"{task}.apply_async: job_id must be a UUID, not {job_id!r}; "
-                         f"{hint}") from None  # fmt: skip
+        raise ValueError(
+            f"{task}.apply_async: job_id must be a UUID, not {job_id!r}; {hint}"
+        ) from None
 
 
 def _absolute(eta: datetime | None) -> datetime | None:
@@ -166,31 +170,45 @@ def _expiry(expires: float | datetime | None) -> datetime | None:
 
 
 def scheduled(
-    job: NewJob, *, countdown: float | None, eta: datetime | None,
-    headers: Mapping[str, Any] | None, queue: str | None, priority: int | None,
+    job: NewJob,
+    *,
+    countdown: float | None,
+    eta: datetime | None,
+    headers: Mapping[str, Any] | None,
+    queue: str | None,
+    priority: int | None,
     expires: float | datetime | None = None,
-) -> NewJob:  # fmt: skip
+) -> NewJob:
     """``job`` with ``apply_async``'s options: when it is due (and when it expires), the
     caller's trace, and where (and how urgently) its first message goes."""
     traceparent = (headers or {}).get("traceparent") or job.traceparent
-    return replace(job, not_before=_absolute(eta), traceparent=traceparent,
-                   delay=None if eta is not None else _countdown(countdown),
-                   queue=queue or job.queue,
-                   priority=job.priority if priority is None else priority,
-                   expires_at=_expiry(expires))  # fmt: skip
+    return replace(
+        job,
+        not_before=_absolute(eta),
+        traceparent=traceparent,
+        delay=None if eta is not None else _countdown(countdown),
+        queue=queue or job.queue,
+        priority=job.priority if priority is None else priority,
+        expires_at=_expiry(expires),
+    )
 
 
 def adopted(
-    task: Declared, task_id: str, traceparent: str | None, args: tuple[Any, ...],
+    task: Declared,
+    task_id: str,
+    traceparent: str | None,
+    args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
-) -> tuple[message.Envelope, NewJob]:  # fmt: skip
+) -> tuple[message.Envelope, NewJob]:
     """A plain Celery call (``send_task`` by name, ``apply()``) as a run of its own:
     the job id is the Celery task id, the arguments are bound to the body's signature.
     Only a task whose arguments the journal keeps (``params_column``) takes one."""
     if task.run_table.params_column is None:
-        raise InvalidMessage(f"{task.run_table.module} tasks take the jobsapp message "
-                             "only: enqueue with apply_async from code that imports "
-                             "the task")  # fmt: skip
+        raise InvalidMessage(
+            f"{task.run_table.module} tasks take the jobsapp message "
+            "only: enqueue with apply_async from code that imports "
+            "the task"
+        )
     try:
         task._signature.bind(*args, **kwargs)
     except TypeError as bad:

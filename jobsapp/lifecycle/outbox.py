@@ -71,9 +71,12 @@ def setbacks(
 
 
 def lost_and_waiting(
-    unclaimed: Sequence[PendingMessage], depths: Mapping[str, int],
-    queue_of: Callable[[PendingMessage], str], *, lowest_first: bool,
-) -> tuple[list[PendingMessage], list[PendingMessage]]:  # fmt: skip
+    unclaimed: Sequence[PendingMessage],
+    depths: Mapping[str, int],
+    queue_of: Callable[[PendingMessage], str],
+    *,
+    lowest_first: bool,
+) -> tuple[list[PendingMessage], list[PendingMessage]]:
     """Split unclaimed messages (oldest first) into those the broker lost and those that
     may still wait in their queue.
 
@@ -87,8 +90,9 @@ def lost_and_waiting(
     """
     by_queue: dict[str, list[PendingMessage]] = {}
     # In the order the queue serves them (a stable sort keeps the oldest first).
-    for message in sorted(unclaimed, key=lambda m: serving_rank(m.priority,
-                                                                  lowest_first=lowest_first)):
+    for message in sorted(
+        unclaimed, key=lambda m: serving_rank(m.priority, lowest_first=lowest_first)
+    ):
         by_queue.setdefault(queue_of(message), []).append(message)
     lost: list[PendingMessage] = []
     waiting: list[PendingMessage] = []
@@ -124,8 +128,14 @@ def _attempt_links(message: PendingMessage) -> dict[str, Any]:
     return links
 
 
-def send(app: Celery, message: PendingMessage, *, now: datetime, producer: Any,
-         sender: batch_send.BatchSender | None = None) -> None:  # fmt: skip
+def send(
+    app: Celery,
+    message: PendingMessage,
+    *,
+    now: datetime,
+    producer: Any,
+    sender: batch_send.BatchSender | None = None,
+) -> None:
     """Hand one message to the broker, once; inside ``publisher.batch`` it is sent and
     accepted at the batch's end, else before this returns. A batch's ``sender`` sends
     what ``send_task`` would."""
@@ -215,15 +225,22 @@ def publish(
                 _publish_chunk(app, chunk, producer, unclaimed_after, report)
     except publisher.BROKER_ERRORS as exc:
         report.broker_error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
-        log.warning("broker refused a publish (%s); %d of %d messages left for the relay",
-                    type(exc).__name__, len(pending) - report.handled, len(pending))  # fmt: skip
+        log.warning(
+            "broker refused a publish (%s); %d of %d messages left for the relay",
+            type(exc).__name__,
+            len(pending) - report.handled,
+            len(pending),
+        )
     return report
 
 
 def _publish_chunk(
-    app: Celery, chunk: Sequence[PendingMessage], producer: Any, unclaimed_after: timedelta,
+    app: Celery,
+    chunk: Sequence[PendingMessage],
+    producer: Any,
+    unclaimed_after: timedelta,
     report: Report,
-) -> None:  # fmt: skip
+) -> None:
     """One round trip: kombu's publish batch holds the messages (and their sent events)
     until its end, where Redis takes them as one pipeline and RabbitMQ confirms them all
     (``amqp_transport``). Only then are they accepted: a batch cut short by a broker error
@@ -239,16 +256,23 @@ def _publish_chunk(
         for message in chunk:
             if _send_or_refuse(app, message, now, producer, sender, report):
                 wait = check_wait(message.publish_count, unclaimed_after)
-                sent.append(outbox_queries.Accepted(message.id, message.publish_count, wait,
-                                                    message.available_at))  # fmt: skip
+                sent.append(
+                    outbox_queries.Accepted(
+                        message.id, message.publish_count, wait, message.available_at
+                    )
+                )
     crashpoints.hit("after_publish_before_confirm")
     report.accepted.extend(sent)
 
 
 def _send_or_refuse(
-    app: Celery, message: PendingMessage, now: datetime, producer: Any,
-    sender: batch_send.BatchSender | None, report: Report,
-) -> bool:  # fmt: skip
+    app: Celery,
+    message: PendingMessage,
+    now: datetime,
+    producer: Any,
+    sender: batch_send.BatchSender | None,
+    report: Report,
+) -> bool:
     """Hand the message to the batch; False (reported) if it fails on its own."""
     try:
         send(app, message, now=now, producer=producer, sender=sender)

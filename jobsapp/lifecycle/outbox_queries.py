@@ -82,8 +82,9 @@ def _first_of_level_after(after: Any | None) -> Any:
     inner = OUTBOX.alias("next_level")
     stmt = select(inner.c.id).where(_is_pending(inner))
     if after is not None:
-        stmt = stmt.where(tuple_(*_level(inner)) > tuple_(after.c.module, after.c.q,
-                                                           after.c.priority))  # fmt: skip
+        stmt = stmt.where(
+            tuple_(*_level(inner)) > tuple_(after.c.module, after.c.q, after.c.priority)
+        )
     return stmt.order_by(*_level(inner)).limit(1).scalar_subquery()
 
 
@@ -91,8 +92,7 @@ def _open_levels(default_queue: str) -> Any:
     """Every level holding pending rows whose queue and domain are not paused: a skip
     scan of the level index (one probe per level), the pauses checked once per level."""
     head = OUTBOX.alias("head")
-    columns = [c.label(n) for c, n in zip(_level(head), ("module", "q", "priority"),
-                                          strict=True)]  # fmt: skip
+    columns = [c.label(n) for c, n in zip(_level(head), ("module", "q", "priority"), strict=True)]
     first = select(*columns).where(head.c.id == _first_of_level_after(None))
     levels = first.cte("levels", recursive=True)
     seen = levels.alias("seen")
@@ -109,13 +109,23 @@ def _firsts_of_open_levels(
     each open level gives its longest due (a LATERAL range scan of the level index)."""
     levels = _open_levels(default_queue).subquery("open_levels")
     row = OUTBOX.alias("due_row")
-    in_level = (a == b for a, b in zip(_level(row), (levels.c.module, levels.c.q,
-                                                     levels.c.priority), strict=True))  # fmt: skip
-    each = (select(row.c.id, row.c.priority, row.c.available_at)
-            .where(*in_level, *_due(row, now)).order_by(*_by_due(row)).limit(limit)
-            .lateral("due_of_level"))  # fmt: skip
-    return (select(each.c.id).select_from(levels.join(each, true()))
-            .order_by(*_serving_order(each, lowest_first)).limit(limit))  # fmt: skip
+    in_level = (
+        a == b
+        for a, b in zip(_level(row), (levels.c.module, levels.c.q, levels.c.priority), strict=True)
+    )
+    each = (
+        select(row.c.id, row.c.priority, row.c.available_at)
+        .where(*in_level, *_due(row, now))
+        .order_by(*_by_due(row))
+        .limit(limit)
+        .lateral("due_of_level")
+    )
+    return (
+        select(each.c.id)
+        .select_from(levels.join(each, true()))
+        .order_by(*_serving_order(each, lowest_first))
+        .limit(limit)
+    )
 
 
 def due_messages(
@@ -134,8 +144,11 @@ def due_messages(
         # Locked by primary key, and re-checked in a spelling no partial index of the
         # pending rows matches: a planner without statistics (a backlog written since the
         # last ANALYZE) would otherwise walk such an index, paused rows and all.
-        where = (OUTBOX.c.id.in_(ids), func.coalesce(OUTBOX.c.published_at, OUTBOX.c.dead_at)
-                 .is_(None), OUTBOX.c.available_at <= now)  # fmt: skip
+        where = (
+            OUTBOX.c.id.in_(ids),
+            func.coalesce(OUTBOX.c.published_at, OUTBOX.c.dead_at).is_(None),
+            OUTBOX.c.available_at <= now,
+        )
     else:  # SQLite (one host, no LATERAL): one walk of the due rows, each checked for pauses
         where = (_unpaused(default_queue), *_due(OUTBOX, now))
     stmt = (
@@ -149,18 +162,24 @@ def due_messages(
 
 
 def rows_by_attempt(
-    conn: Connection, spec: RunTable, keys: Sequence[tuple[uuid.UUID, int]], *,
+    conn: Connection,
+    spec: RunTable,
+    keys: Sequence[tuple[uuid.UUID, int]],
+    *,
     default_queue: str,
-) -> list[PendingMessage]:  # fmt: skip
+) -> list[PendingMessage]:
     """The named unpublished live rows, locked (SKIP LOCKED: another relay has them)."""
     stmt = (
         select(OUTBOX)
         .where(
-            OUTBOX.c.module == spec.module, OUTBOX.c.published_at.is_(None), _LIVE,
-            tuple_(OUTBOX.c.job_id, OUTBOX.c.attempt).in_(list(keys)), _unpaused(default_queue),
+            OUTBOX.c.module == spec.module,
+            OUTBOX.c.published_at.is_(None),
+            _LIVE,
+            tuple_(OUTBOX.c.job_id, OUTBOX.c.attempt).in_(list(keys)),
+            _unpaused(default_queue),
         )
         .with_for_update(skip_locked=True)
-    )  # fmt: skip
+    )
     return _pending(conn.execute(stmt).mappings())
 
 
@@ -221,24 +240,33 @@ def settle_dead(conn: Connection, spec: RunTable, *, now: datetime, limit: int) 
     moved_on = (
         select(OUTBOX.c.id)
         .outerjoin(table, table.c.job_id == OUTBOX.c.job_id)
-        .where(OUTBOX.c.module == spec.module, OUTBOX.c.dead_at.is_not(None),
-               OUTBOX.c.delivered_at.is_(None),
-               ~_waiting_for_claim(spec) | table.c.job_id.is_(None))
+        .where(
+            OUTBOX.c.module == spec.module,
+            OUTBOX.c.dead_at.is_not(None),
+            OUTBOX.c.delivered_at.is_(None),
+            ~_waiting_for_claim(spec) | table.c.job_id.is_(None),
+        )
         .limit(limit)
-    )  # fmt: skip
+    )
     stmt = (
         update(OUTBOX)
-        .where(OUTBOX.c.id.in_(moved_on), OUTBOX.c.dead_at.is_not(None),
-               OUTBOX.c.delivered_at.is_(None))
+        .where(
+            OUTBOX.c.id.in_(moved_on),
+            OUTBOX.c.dead_at.is_not(None),
+            OUTBOX.c.delivered_at.is_(None),
+        )
         .values(delivered_at=now, dead_at=None)
-    )  # fmt: skip
+    )
     return conn.execute(stmt).rowcount
 
 
 def check_later(
-    conn: Connection, messages: Sequence[PendingMessage], *, now: datetime,
+    conn: Connection,
+    messages: Sequence[PendingMessage],
+    *,
+    now: datetime,
     wait: Callable[[int], timedelta],
-) -> int:  # fmt: skip
+) -> int:
     """Push back the claim check of published rows whose message may still wait in its
     queue, by ``wait(publish count)``; no publish is counted. Guarded by the count seen."""
     by_count: dict[int, list[int]] = {}
@@ -248,10 +276,14 @@ def check_later(
     for count, ids in by_count.items():
         stmt = (
             update(OUTBOX)
-            .where(OUTBOX.c.id.in_(ids), OUTBOX.c.publish_count == count, _LIVE,
-                   OUTBOX.c.delivered_at.is_(None))
+            .where(
+                OUTBOX.c.id.in_(ids),
+                OUTBOX.c.publish_count == count,
+                _LIVE,
+                OUTBOX.c.delivered_at.is_(None),
+            )
             .values(available_at=now + wait(count))
-        )  # fmt: skip
+        )
         moved += conn.execute(stmt).rowcount
     return moved
 
@@ -282,9 +314,12 @@ def _mark(seen: Any, published_at: Any, next_check: Any, *where: Any) -> Any:
     return (
         update(OUTBOX)
         .where(*where, OUTBOX.c.publish_count == seen, _LIVE)
-        .values(published_at=published_at, publish_count=OUTBOX.c.publish_count + 1,
-                available_at=next_check)
-    )  # fmt: skip
+        .values(
+            published_at=published_at,
+            publish_count=OUTBOX.c.publish_count + 1,
+            available_at=next_check,
+        )
+    )
 
 
 _MARKS = _marks()
@@ -292,13 +327,18 @@ _MARKS = _marks()
 # a countdown message cannot be claimed before its row is due, so its check counts from then.
 _PG_NOW = func.statement_timestamp()
 _MARK_MANY = _mark(
-    _MARKS.c.seen, _PG_NOW, func.greatest(OUTBOX.c.available_at, _PG_NOW) + _MARKS.c.wait,
+    _MARKS.c.seen,
+    _PG_NOW,
+    func.greatest(OUTBOX.c.available_at, _PG_NOW) + _MARKS.c.wait,
     OUTBOX.c.id == _MARKS.c.id,
-)  # fmt: skip
+)
 # SQLite's clock is this host's (``lease.database_now``): both times come bound.
-_MARK_ONE = _mark(bindparam("m_seen"), bindparam("m_now", type_=OUTBOX.c.published_at.type),
-                  bindparam("m_next_check", type_=OUTBOX.c.available_at.type),
-                  OUTBOX.c.id == bindparam("m_id"))  # fmt: skip
+_MARK_ONE = _mark(
+    bindparam("m_seen"),
+    bindparam("m_now", type_=OUTBOX.c.published_at.type),
+    bindparam("m_next_check", type_=OUTBOX.c.available_at.type),
+    OUTBOX.c.id == bindparam("m_id"),
+)
 
 
 def mark_published(conn: Connection, published: Sequence[Accepted]) -> int:
@@ -309,8 +349,12 @@ def mark_published(conn: Connection, published: Sequence[Accepted]) -> int:
         return conn.execute(_MARK_MANY, params).rowcount
     marked, now = 0, utcnow()
     for p in published:
-        one = {"m_id": p.id, "m_seen": p.publish_count, "m_now": now,
-               "m_next_check": max(now, p.due) + p.wait}  # fmt: skip
+        one = {
+            "m_id": p.id,
+            "m_seen": p.publish_count,
+            "m_now": now,
+            "m_next_check": max(now, p.due) + p.wait,
+        }
         marked += conn.execute(_MARK_ONE, one).rowcount
     return marked
 
@@ -330,13 +374,20 @@ def set_back(conn: Connection, setbacks: Sequence[Setback], *, now: datetime) ->
     for s in setbacks:
         dead = s.retry_at is None
         values: dict[str, Any] = {
-            "publish_failures": s.message.publish_failures + 1, "last_error": s.error,
-            "dead_at": now if dead else None, "available_at": s.retry_at or now,
-        }  # fmt: skip
-        stmt = update(OUTBOX).where(
-            OUTBOX.c.id == s.message.id, _LIVE,
-            OUTBOX.c.publish_failures == s.message.publish_failures,
-        ).values(**values)  # fmt: skip
+            "publish_failures": s.message.publish_failures + 1,
+            "last_error": s.error,
+            "dead_at": now if dead else None,
+            "available_at": s.retry_at or now,
+        }
+        stmt = (
+            update(OUTBOX)
+            .where(
+                OUTBOX.c.id == s.message.id,
+                _LIVE,
+                OUTBOX.c.publish_failures == s.message.publish_failures,
+            )
+            .values(**values)
+        )
         changed = conn.execute(stmt).rowcount
         killed += changed if dead else 0
     return killed
@@ -393,11 +444,13 @@ def _has_live_row(spec: RunTable) -> Any:
     return (
         select(OUTBOX.c.id)
         .where(
-            OUTBOX.c.module == spec.module, OUTBOX.c.job_id == table.c.job_id,
-            OUTBOX.c.attempt == table.c.attempts + 1, OUTBOX.c.delivered_at.is_(None),
+            OUTBOX.c.module == spec.module,
+            OUTBOX.c.job_id == table.c.job_id,
+            OUTBOX.c.attempt == table.c.attempts + 1,
+            OUTBOX.c.delivered_at.is_(None),
         )
         .exists()
-    )  # fmt: skip
+    )
 
 
 def missing_messages(
@@ -428,11 +481,12 @@ def bump(conn: Connection, name: str, by: int) -> None:
     if by <= 0:
         return
     stmt = _upsert(conn, COUNTERS).values(name=name, value=by)
-    conn.execute(stmt.on_conflict_do_update(
-        index_elements=[COUNTERS.c.name], set_={"value": COUNTERS.c.value + stmt.excluded.value}
-    ))  # fmt: skip
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[COUNTERS.c.name], set_={"value": COUNTERS.c.value + stmt.excluded.value}
+        )
+    )
 
 
 def counters(conn: Connection) -> dict[str, int]:
     return {str(n): int(v) for n, v in conn.execute(select(COUNTERS.c.name, COUNTERS.c.value))}
-

@@ -66,8 +66,10 @@ def execute(conn: Connection, stmt: Select[Any], params: Mapping[str, Any]) -> C
         if _code(exc) not in _POOLER_CODES:
             raise
     _unprepared.add(conn.engine)
-    log.warning("prepared statements do not survive this connection pool (a pooler in "
-                "transaction mode?): the journal runs its statements unprepared")  # fmt: skip
+    log.warning(
+        "prepared statements do not survive this connection pool (a pooler in "
+        "transaction mode?): the journal runs its statements unprepared"
+    )
     return conn.execute(stmt, params)
 
 
@@ -98,8 +100,9 @@ def _prepared_again(
 
 
 def _usable(conn: Connection) -> bool:
-    return (conn.dialect.driver == "psycopg2" and is_autocommit(conn)
-            and conn.engine not in _unprepared)  # fmt: skip
+    return (
+        conn.dialect.driver == "psycopg2" and is_autocommit(conn) and conn.engine not in _unprepared
+    )
 
 
 def _ensure(conn: Connection, plan: Prepared) -> None:
@@ -120,9 +123,10 @@ def _prepared(stmt: Select[Any], dialect: Dialect) -> Prepared:
     name = "jobsapp_" + hashlib.sha256(f"{types}|{compiled.string}".encode()).hexdigest()[:20]
     # Constants the statement carries (a state literal) keep their values; the caller's
     # named parameters stay required, as in the statement itself.
-    typed = [bindparam(n, b.effective_value if b.unique else None, type_=b.type,
-                       required=not b.unique)
-             for n, b in zip(names, binds, strict=True)]  # fmt: skip
+    typed = [
+        bindparam(n, b.effective_value if b.unique else None, type_=b.type, required=not b.unique)
+        for n, b in zip(names, binds, strict=True)
+    ]
     args = ", ".join(f":{n}" for n in names)
     results = [column(str(c.key), c.type) for c in stmt.selected_columns]
     run = text(f"EXECUTE {name}({args})").bindparams(*typed).columns(*results)

@@ -33,9 +33,13 @@ COOLDOWN = 5.0
 # BatchPublishError, RabbitMQ's nack); anything else is the message's own fault (a body
 # that does not serialise or validate).
 BROKER_ERRORS: tuple[type[BaseException], ...] = (
-    KombuOperationalError, ConnectionError, TimeoutError, OSError, BatchPublishError,
+    KombuOperationalError,
+    ConnectionError,
+    TimeoutError,
+    OSError,
+    BatchPublishError,
     MessageNacked,
-)  # fmt: skip
+)
 
 _lock = threading.Lock()
 _down_until = 0.0
@@ -47,17 +51,20 @@ def _bounded_options(app: Celery, seconds: float) -> dict[str, Any]:
         # One connection attempt (kombu retries a refused connect by default).
         "max_retries": 0,
         # Redis transport: connect and every command; pyamqp: handshake, reads, writes.
-        "socket_connect_timeout": seconds, "socket_timeout": seconds,
-        "read_timeout": seconds, "write_timeout": seconds,
-    }  # fmt: skip
+        "socket_connect_timeout": seconds,
+        "socket_timeout": seconds,
+        "read_timeout": seconds,
+        "write_timeout": seconds,
+    }
 
 
 @lru_cache(maxsize=32)
 def _pool(_pid: int, app: Celery, url: str, seconds: float) -> Any:
     """The pool of bounded producers for ``url`` in process ``_pid`` (a forked child gets
     its own); looked up once, as building the connection key costs a publish's time."""
-    conn = app.connection_for_write(url, connect_timeout=seconds,
-                                    transport_options=_bounded_options(app, seconds))  # fmt: skip
+    conn = app.connection_for_write(
+        url, connect_timeout=seconds, transport_options=_bounded_options(app, seconds)
+    )
     return pools.producers[conn]
 
 

@@ -22,14 +22,17 @@ from kombu.utils import json as kombu_json
 from jobsapp.lifecycle.errors import ResultRefused
 
 JSON_HINTS = {
-    "set": "pass a list", "frozenset": "pass a list",
+    "set": "pass a list",
+    "frozenset": "pass a list",
     "dict": "a dict of just __type__ and __value__ is kombu's marker of a type it does not "
-            "know: add a key",
-}  # fmt: skip
+    "know: add a key",
+}
 # A running row's ``result`` holding update_state's progress, not a return value.
 PROGRESS_MARK = "__jobsapp_progress__"
-_ANY_JSON = ("pass str, int, float, bool, None, list, dict, or one of kombu's JSON types "
-             "(datetime, date, time, Decimal, UUID, bytes)")  # fmt: skip
+_ANY_JSON = (
+    "pass str, int, float, bool, None, list, dict, or one of kombu's JSON types "
+    "(datetime, date, time, Decimal, UUID, bytes)"
+)
 
 
 class NotJson(TypeError):
@@ -133,8 +136,9 @@ def checked(task: str, value: Any, max_bytes: int) -> Any:
 
 
 def _not_json(task: str, what: str, instead: str) -> ResultRefused:
-    return ResultRefused(f"{task} returned {what}, not JSON: {instead}",
-                         error_code="result_not_json")  # fmt: skip
+    return ResultRefused(
+        f"{task} returned {what}, not JSON: {instead}", error_code="result_not_json"
+    )
 
 
 def progress_of(row: Mapping[str, Any]) -> Mapping[str, Any] | None:

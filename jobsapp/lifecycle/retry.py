@@ -97,8 +97,11 @@ def decide_failure(
         return Decision(Action.FAIL, outcome=Outcome.PERMANENT)
     if requested_only and not isinstance(exc, RetryRequested | RetryAfter):
         return Decision(Action.FAIL, outcome=Outcome.PERMANENT)
-    retries_left = not (isinstance(exc, RetryRequested) and exc.max_retries is not None
-                        and attempt - 1 >= exc.max_retries)  # fmt: skip
+    retries_left = not (
+        isinstance(exc, RetryRequested)
+        and exc.max_retries is not None
+        and attempt - 1 >= exc.max_retries
+    )
     if attempt >= max_attempts or not retries_left:
         return Decision(Action.FAIL, outcome=Outcome.EXHAUSTED)
     if isinstance(exc, RetryAfter):

@@ -94,16 +94,19 @@ def _revoke_in(conn: Connection, spec: RunTable, job_id: uuid.UUID, actor: str) 
 
 
 def revoke_in_journal(
-    app: Any, task_ids: Sequence[str], *, terminate: bool = False, signal: str = "SIGTERM",
+    app: Any,
+    task_ids: Sequence[str],
+    *,
+    terminate: bool = False,
+    signal: str = "SIGTERM",
     **kwargs: Any,
-) -> Any:  # fmt: skip
+) -> Any:
     """The journal's revoke of ``task_ids``, then Celery's own in the workers' memory (and
     ``terminate`` where the pool can), naming each running attempt too; whatever control
     ``app`` has (a team's app keeps Celery's)."""
     ids = list(task_ids)
     attempts = [found for found in revoke_jobs(ids) if found not in ids]
-    return Control.revoke(app.control, ids + attempts, terminate=terminate, signal=signal,
-                          **kwargs)  # fmt: skip
+    return Control.revoke(app.control, ids + attempts, terminate=terminate, signal=signal, **kwargs)
 
 
 class JournalControl(Control):
@@ -111,17 +114,26 @@ class JournalControl(Control):
     ``Celery(..., control="jobsapp.lifecycle.revoke:JournalControl")``."""
 
     def revoke(
-        self, task_id: str | Sequence[str], destination: Any = None, terminate: bool = False,
-        signal: str = "SIGTERM", **kwargs: Any,
-    ) -> Any:  # fmt: skip
+        self,
+        task_id: str | Sequence[str],
+        destination: Any = None,
+        terminate: bool = False,
+        signal: str = "SIGTERM",
+        **kwargs: Any,
+    ) -> Any:
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
-        return revoke_in_journal(self.app, ids, destination=destination, terminate=terminate,
-                                 signal=signal, **kwargs)  # fmt: skip
+        return revoke_in_journal(
+            self.app, ids, destination=destination, terminate=terminate, signal=signal, **kwargs
+        )
 
     def tell_workers(
-        self, task_ids: Sequence[str], *, terminate: bool = False, signal: str = "SIGTERM",
+        self,
+        task_ids: Sequence[str],
+        *,
+        terminate: bool = False,
+        signal: str = "SIGTERM",
         **kwargs: Any,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """Celery's own revoke only (each worker's memory; terminate where the pool can):
         for a caller that already wrote the journal (operator.py's cancel)."""
         return super().revoke(list(task_ids), terminate=terminate, signal=signal, **kwargs)

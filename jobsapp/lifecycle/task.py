@@ -102,15 +102,19 @@ def flow_options(cls: type[Task]) -> None:  # type: ignore[type-arg]
     """Refuse Celery's ``rate_limit`` (a cap per worker process: celery#5732) and check
     ``rate`` when the task is declared, not at its first run."""
     if cls.__dict__.get("rate_limit"):
-        raise TypeError(f"{cls.__dict__.get('name', cls.__name__)}: rate_limit is per worker "
-                        "process in Celery; use rate='100/m', global across workers")
+        raise TypeError(
+            f"{cls.__dict__.get('name', cls.__name__)}: rate_limit is per worker "
+            "process in Celery; use rate='100/m', global across workers"
+        )
     if rate := cls.__dict__.get("rate"):
         flow.parse_rate(rate)
     if (template := cls.__dict__.get("rate_key")) and "run" in cls.__dict__:
         named = set(inspect.signature(cls.__dict__["run"]).parameters) | {"concurrency_key"}
         if unknown := {f for _, f, _, _ in string.Formatter().parse(template) if f} - named:
-            raise TypeError(f"{cls.__dict__.get('name', cls.__name__)}: rate_key names "
-                            f"{sorted(unknown)}, not arguments of the task")
+            raise TypeError(
+                f"{cls.__dict__.get('name', cls.__name__)}: rate_key names "
+                f"{sorted(unknown)}, not arguments of the task"
+            )
 
 
 class LifecycleTask(Task):  # type: ignore[type-arg]
@@ -230,20 +234,33 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         callbacks = {o: options.pop(o) for o in ("link", "link_error") if options.get(o)}
         _refuse(self.name, options)
         if callbacks and not self.app.conf.task_always_eager:
-            others = {"job_id": job_id, "session": session, "connection": connection,
-                      "countdown": countdown, "eta": eta, "headers": headers,
-                      "expires": expires}  # fmt: skip
+            others = {
+                "job_id": job_id,
+                "session": session,
+                "connection": connection,
+                "countdown": countdown,
+                "eta": eta,
+                "headers": headers,
+                "expires": expires,
+            }
             _refuse(f"{self.name} with link/link_error", {k for k, v in others.items() if v})
             step = {"task_id": task_id, "queue": queue, "priority": priority}
             return self._with_callbacks(args, kwargs, step, callbacks)
         if self.app.conf.task_always_eager:
             wanted = job_id or task_id
-            return self.apply(tuple(args or ()), dict(kwargs or {}),
-                              task_id=str(wanted) if wanted else None)  # fmt: skip
+            return self.apply(
+                tuple(args or ()), dict(kwargs or {}), task_id=str(wanted) if wanted else None
+            )
         wanted = newjob.job_id_of(self.name, job_id, task_id)
-        job = newjob.scheduled(self.new_job(tuple(args or ()), dict(kwargs or {}), wanted),
-                               countdown=countdown, eta=eta, headers=headers, queue=queue,
-                               priority=priority, expires=expires)  # fmt: skip
+        job = newjob.scheduled(
+            self.new_job(tuple(args or ()), dict(kwargs or {}), wanted),
+            countdown=countdown,
+            eta=eta,
+            headers=headers,
+            queue=queue,
+            priority=priority,
+            expires=expires,
+        )
         handle = enqueue.enqueue(self.app, job, session=session, connection=connection)
         if handle.outcome is EnqueueOutcome.DUPLICATE:
             totals.count_dedup_hit(get_engine(), self.run_table.module, self.name)
@@ -252,9 +269,12 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         return handle
 
     def _with_callbacks(
-        self, args: tuple[Any, ...] | list[Any] | None, kwargs: Mapping[str, Any] | None,
-        step: Mapping[str, Any], callbacks: Mapping[str, Any],
-    ) -> JobHandle:  # fmt: skip
+        self,
+        args: tuple[Any, ...] | list[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+        step: Mapping[str, Any],
+        callbacks: Mapping[str, Any],
+    ) -> JobHandle:
         """A call with ``link``/``link_error``: a workflow of this step and its callbacks
         (lifecycle/canvas.py); ``step`` holds the options a step keeps."""
         sig = self.s(*(args or ()), **(kwargs or {}))
@@ -270,8 +290,14 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         del kwargs
         job_id = message.job_id_of_task(str(task_id))
         # A workflow step that will not run (what it waited for failed) answers FAILURE.
-        return canvas.StepHandle(job_id, EnqueueOutcome.DUPLICATE, self.run_table,
-                                 task=self.name, task_id=str(task_id), app=self.app)  # fmt: skip
+        return canvas.StepHandle(
+            job_id,
+            EnqueueOutcome.DUPLICATE,
+            self.run_table,
+            task=self.name,
+            task_id=str(task_id),
+            app=self.app,
+        )
 
     @property  # type: ignore[override]
     def backend(self) -> JournalBackend:
@@ -284,16 +310,20 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         del value  # Celery sets the app's backend on bound tasks; the journal stays theirs
 
     def update_state(
-        self, task_id: str | None = None, state: str | None = None, meta: Any = None,
+        self,
+        task_id: str | None = None,
+        state: str | None = None,
+        meta: Any = None,
         **kwargs: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Celery's ``update_state`` from the body: ``state`` and ``meta`` kept on the run
         (fenced by its claim), read back by ``AsyncResult(id).state``/``.info``. Another
         task's id, or a call outside a run, goes to Celery (the journal keeps no state of
         a run it does not hold)."""
         ctx = current_run_or_none()
-        if ctx is None or (task_id is not None and
-                           message.job_id_of_task(str(task_id)) != ctx.job_id):  # fmt: skip
+        if ctx is None or (
+            task_id is not None and message.job_id_of_task(str(task_id)) != ctx.job_id
+        ):
             super().update_state(task_id, state, meta, **kwargs)
             return
         ctx.showing(str(state), meta)
@@ -313,9 +343,11 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         every call of a lifecycle task is a run of its own; ``starmap`` gives the same
         calls, answered as one flat list."""
         del it, n
-        raise TypeError(f"{self.name}.chunks: every call of a lifecycle task is a run of its "
-                        "own, so there is no chunk to answer a list; use starmap (a group "
-                        "of the same calls)")  # fmt: skip
+        raise TypeError(
+            f"{self.name}.chunks: every call of a lifecycle task is a run of its "
+            "own, so there is no chunk to answer a list; use starmap (a group "
+            "of the same calls)"
+        )
 
     def enqueue_in(
         self,
@@ -351,9 +383,11 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         arguments (they are the journal's row)."""
         if args is not None or kwargs is not None:
             # A mistake in the call, not a passing fault: the run fails, never retried.
-            raise PermanentError(f"{self.name}.retry: args/kwargs cannot change on a retry: "
-                                 "the next attempt runs the job's own arguments",
-                                 error_code="retry_arguments")  # fmt: skip
+            raise PermanentError(
+                f"{self.name}.retry: args/kwargs cannot change on a retry: "
+                "the next attempt runs the job's own arguments",
+                error_code="retry_arguments",
+            )
         if isinstance(exc, RetryRequested):
             # autoretry_for=(Exception,) caught the body's own self.retry(): Celery lets
             # its Retry through, so the body's countdown and max_retries stand.
@@ -371,9 +405,11 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         journal transition yet. Compose the work up front (a chain), or start it and
         return its id."""
         del sig
-        raise TypeError(f"{self.name}.replace: a lifecycle job ends with its own run, which "
-                        "cannot hand its outcome to another task; build a chain up front, "
-                        "or start the new work with .delay() and return its id")  # fmt: skip
+        raise TypeError(
+            f"{self.name}.replace: a lifecycle job ends with its own run, which "
+            "cannot hand its outcome to another task; build a chain up front, "
+            "or start the new work with .delay() and return its id"
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.called_directly:
@@ -397,8 +433,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     ) -> tuple[message.Envelope, NewJob | None]:
         """The attempt a delivery asks for, and the row to insert if the journal has none."""
         if eager or not message.is_envelope(args, kwargs):
-            return newjob.adopted(self, str(self.request.id), self.request.get("traceparent"),
-                                  args, kwargs)  # fmt: skip
+            return newjob.adopted(
+                self, str(self.request.id), self.request.get("traceparent"), args, kwargs
+            )
         env = message.parse(args, kwargs)
         if env.module != self.run_table.module:
             raise InvalidMessage(f"module {env.module!r} is not {self.run_table.module!r}")
@@ -424,10 +461,18 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     @contextmanager
     def _observed(self, env: message.Envelope) -> Iterator[None]:
         """The run's span (continuing the message's trace) and its log records' fields."""
-        job: dict[str, str | int] = {"job_id": str(env.job_id), "attempt": env.attempt,
-                                     "module": env.module, "task": self.name}  # fmt: skip
-        span = tracing.span(f"run {self.name}", {"traceparent": env.traceparent},
-                            consumer=True, attributes={f"jobsapp.{k}": v for k, v in job.items()})
+        job: dict[str, str | int] = {
+            "job_id": str(env.job_id),
+            "attempt": env.attempt,
+            "module": env.module,
+            "task": self.name,
+        }
+        span = tracing.span(
+            f"run {self.name}",
+            {"traceparent": env.traceparent},
+            consumer=True,
+            attributes={f"jobsapp.{k}": v for k, v in job.items()},
+        )
         with span, logs.about_job(**job):
             yield
 
@@ -449,10 +494,20 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         self._show_call(env, outcome.row)
         interval = self.heartbeat_interval or settings.heartbeat_interval
         ctx = RunContext(
-            engine=engine, spec=self.run_table, row=outcome.row, worker=worker,
-            heartbeat=Heartbeat(engine, self.run_table, env.job_id, env.attempt, interval,
-                                settings.stale_after, token=outcome.row["claim_token"]),
-        )  # fmt: skip
+            engine=engine,
+            spec=self.run_table,
+            row=outcome.row,
+            worker=worker,
+            heartbeat=Heartbeat(
+                engine,
+                self.run_table,
+                env.job_id,
+                env.attempt,
+                interval,
+                settings.stale_after,
+                token=outcome.row["claim_token"],
+            ),
+        )
         at_limit = None if eager else self._limited(ctx, rules)
         ended = run_attempt(self.app, ctx, lambda: self._call_body(outcome.row), rules)
         if at_limit is not None:
@@ -484,28 +539,50 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             return  # the relay's unclaimed check republishes it
         lost = claim.claim_lost(row, env.attempt, token)
         if lost is claim.LostClaim.UNCLAIMED:
-            log.warning("job %s attempt %s: its claim was lost in a database crash; "
-                        "requeueing the message", env.job_id, env.attempt)  # fmt: skip
+            log.warning(
+                "job %s attempt %s: its claim was lost in a database crash; requeueing the message",
+                env.job_id,
+                env.attempt,
+            )
             raise Reject("claim lost in a database crash", requeue=True)
         if lost is claim.LostClaim.RECLAIMED and row is not None:
-            log.warning("job %s attempt %s: its claim was lost in a database crash; the "
-                        "attempt was claimed again by %s, whose claim alone is honoured",
-                        env.job_id, env.attempt, row["worker"])  # fmt: skip
+            log.warning(
+                "job %s attempt %s: its claim was lost in a database crash; the "
+                "attempt was claimed again by %s, whose claim alone is honoured",
+                env.job_id,
+                env.attempt,
+                row["worker"],
+            )
 
     def _claim(
-        self, engine: Engine, env: message.Envelope, foreign: NewJob | None, worker: str,
-        wait_early: float, gate: flow.Gate,
-    ) -> claim.Claimed | claim.Refusal:  # fmt: skip
+        self,
+        engine: Engine,
+        env: message.Envelope,
+        foreign: NewJob | None,
+        worker: str,
+        wait_early: float,
+        gate: flow.Gate,
+    ) -> claim.Claimed | claim.Refusal:
         try:
-            return claim.claim(engine, self.run_table, env, foreign=foreign, worker=worker,
-                               wait_early=wait_early, gate=gate)  # fmt: skip
+            return claim.claim(
+                engine,
+                self.run_table,
+                env,
+                foreign=foreign,
+                worker=worker,
+                wait_early=wait_early,
+                gate=gate,
+            )
         except InvalidMessage as bad:
             log.error("rejected message %s for %s: %s", self.request.id, self.name, bad)
             raise Reject(str(bad), requeue=False) from None
         except OperationalError as down:
             # The journal is unreachable: hand the message back rather than ack it unrun.
-            log.warning("claim of job %s failed, requeueing the message: %s", env.job_id,
-                        type(down.orig).__name__)  # fmt: skip
+            log.warning(
+                "claim of job %s failed, requeueing the message: %s",
+                env.job_id,
+                type(down.orig).__name__,
+            )
             time.sleep(1.0)
             raise Reject("journal unavailable", requeue=True) from None
 
@@ -513,8 +590,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     def _gate(self) -> flow.Gate:
         """What flow control checks before a run of this task starts."""
         rate = flow.parse_rate(self.rate) if self.rate else None
-        return flow.Gate(self.name, str(self.app.conf.task_default_queue), rate,
-                         self._rate_key_of)  # fmt: skip
+        return flow.Gate(self.name, str(self.app.conf.task_default_queue), rate, self._rate_key_of)
 
     def _rate_key_of(self, row: Mapping[str, Any]) -> str:
         if self.rate_key is None:
@@ -547,9 +623,16 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         id, the body's own arguments, ``retries`` the attempts before this one."""
         args, kwargs = self._call_of(row)
         job = str(row["job_id"])
-        self.push_request(**{**self.request.__dict__, "id": job, "args": list(args),
-                             "kwargs": kwargs, "retries": int(row["attempts"]) - 1,
-                             "root_id": self.request.root_id or job})  # fmt: skip
+        self.push_request(
+            **{
+                **self.request.__dict__,
+                "id": job,
+                "args": list(args),
+                "kwargs": kwargs,
+                "retries": int(row["attempts"]) - 1,
+                "root_id": self.request.root_id or job,
+            }
+        )
         try:
             return self.run(*args, **kwargs)
         finally:
@@ -563,8 +646,12 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         args, kwargs = self._call_of(row)
         shown = call_fields(args, kwargs, _process_secrets())
         try:
-            send_started(self.app, str(self.request.id), str(self.request.hostname),
-                         {**shown, "job_id": str(env.job_id), "attempt": env.attempt})  # fmt: skip
+            send_started(
+                self.app,
+                str(self.request.id),
+                str(self.request.hostname),
+                {**shown, "job_id": str(env.job_id), "attempt": env.attempt},
+            )
         except publisher.BROKER_ERRORS as down:  # a live view; the attempt goes on
             log.info("task event of job %s not sent: %s", env.job_id, type(down).__name__)
 

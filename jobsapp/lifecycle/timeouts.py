@@ -57,8 +57,12 @@ class AtLimit:
     ended: Ended | None = field(default=None)
 
     def __call__(self) -> None:
-        log.error("job %s attempt %s: hard time limit (%gs) exceeded; ended by the journal",
-                  self.ctx.job_id, self.ctx.attempt, self.seconds)  # fmt: skip
+        log.error(
+            "job %s attempt %s: hard time limit (%gs) exceeded; ended by the journal",
+            self.ctx.job_id,
+            self.ctx.attempt,
+            self.seconds,
+        )
         self.ended = time_out(self.app, self.ctx, self.rules, self.seconds)
 
     def instead_of(self, ended: Ended) -> Ended:
@@ -85,13 +89,23 @@ def ended_by_pool(request: Request, seconds: float) -> None:
             row = journal.load(conn, spec, job_id)
         if row is None or not _held_by(row, worker, attempt):
             return
-        beat = Heartbeat(engine, spec, job_id, int(row["attempts"]), settings.heartbeat_interval,
-                         settings.stale_after, token=uuid.UUID(str(row["claim_token"])))
+        beat = Heartbeat(
+            engine,
+            spec,
+            job_id,
+            int(row["attempts"]),
+            settings.heartbeat_interval,
+            settings.stale_after,
+            token=uuid.UUID(str(row["claim_token"])),
+        )
         ctx = RunContext(engine=engine, spec=spec, row=row, worker=worker, heartbeat=beat)
         time_out(task.app, ctx, task.attempt_rules(settings.inline_wait_max), seconds)
     except OperationalError as down:
-        log.warning("job %s: hard time limit not recorded (%s); the reaper frees it",
-                    job_id, type(down.orig).__name__)  # fmt: skip
+        log.warning(
+            "job %s: hard time limit not recorded (%s); the reaper frees it",
+            job_id,
+            type(down.orig).__name__,
+        )
 
 
 def _attempt_of(request: Request) -> tuple[uuid.UUID, int | None]:
@@ -105,5 +119,8 @@ def _attempt_of(request: Request) -> tuple[uuid.UUID, int | None]:
 
 def _held_by(row: Mapping[str, Any], worker: str, attempt: int | None) -> bool:
     """Whether the killed child's claim still holds the run (not ended meanwhile)."""
-    return (row["state"] == State.RUNNING.value and row["worker"] == worker
-            and (attempt is None or int(row["attempts"]) == attempt))  # fmt: skip
+    return (
+        row["state"] == State.RUNNING.value
+        and row["worker"] == worker
+        and (attempt is None or int(row["attempts"]) == attempt)
+    )

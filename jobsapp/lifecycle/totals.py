@@ -27,15 +27,20 @@ Key = tuple[str, str, str, str]  # metric, module, task, label
 
 def add(conn: Connection, totals: Mapping[Key, int]) -> None:
     """Add ``totals`` to ``metric_totals`` (rows created at zero)."""
-    rows = [{"metric": m, "module": mod, "task": t, "label": lab, "value": v}
-            for (m, mod, t, lab), v in totals.items() if v]  # fmt: skip
+    rows = [
+        {"metric": m, "module": mod, "task": t, "label": lab, "value": v}
+        for (m, mod, t, lab), v in totals.items()
+        if v
+    ]
     if not rows:
         return
     stmt = _upsert(conn, TOTALS).values(rows)
-    conn.execute(stmt.on_conflict_do_update(
-        index_elements=[TOTALS.c.metric, TOTALS.c.module, TOTALS.c.task, TOTALS.c.label],
-        set_={"value": TOTALS.c.value + stmt.excluded.value},
-    ))  # fmt: skip
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[TOTALS.c.metric, TOTALS.c.module, TOTALS.c.task, TOTALS.c.label],
+            set_={"value": TOTALS.c.value + stmt.excluded.value},
+        )
+    )
 
 
 def count_dedup_hit(engine: Engine, module: str, task: str) -> None:

@@ -56,8 +56,13 @@ def outgoing() -> Carrier:
 
 
 @contextmanager
-def span(name: str, headers: Mapping[str, Any], *, consumer: bool,
-         attributes: Mapping[str, str | int] | None = None) -> Iterator[None]:  # fmt: skip
+def span(
+    name: str,
+    headers: Mapping[str, Any],
+    *,
+    consumer: bool,
+    attributes: Mapping[str, str | int] | None = None,
+) -> Iterator[None]:
     """A span named ``name`` that continues ``headers``' context.
 
     A span already current (Flask or Celery instrumentation) is the better parent: it is
@@ -80,8 +85,9 @@ def recording() -> bool:
     incoming context (``_incoming``) already gives enqueues and logs the same trace."""
     from opentelemetry import trace
 
-    return not isinstance(trace.get_tracer_provider(),
-                          (trace.ProxyTracerProvider, trace.NoOpTracerProvider))  # fmt: skip
+    return not isinstance(
+        trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    )
 
 
 @contextmanager
@@ -132,8 +138,11 @@ def _otel_span(
 ) -> Iterator[None]:
     from opentelemetry import context, propagate, trace
 
-    parent = None if trace.get_current_span().get_span_context().is_valid else (
-        propagate.extract(carrier, context=context.Context()))  # fmt: skip
+    parent = (
+        None
+        if trace.get_current_span().get_span_context().is_valid
+        else (propagate.extract(carrier, context=context.Context()))
+    )
     kind = trace.SpanKind.CONSUMER if consumer else trace.SpanKind.SERVER
     tracer = trace.get_tracer(TRACER_NAME)
     with tracer.start_as_current_span(name, context=parent, kind=kind, attributes=attributes):

@@ -47,12 +47,17 @@ def stamp(conn: Connection, name: str, holder: str, *, now: datetime, ttl: timed
     stmt = dialect_insert(LEASES).values(
         name=name, holder=holder, acquired_at=now, renewed_at=now, expires_at=now + ttl
     )
-    conn.execute(stmt.on_conflict_do_update(
-        index_elements=[LEASES.c.name],
-        set_={"holder": stmt.excluded.holder, "renewed_at": stmt.excluded.renewed_at,
-              "expires_at": stmt.excluded.expires_at},
-        where=LEASES.c.renewed_at <= stmt.excluded.renewed_at,
-    ))  # fmt: skip
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[LEASES.c.name],
+            set_={
+                "holder": stmt.excluded.holder,
+                "renewed_at": stmt.excluded.renewed_at,
+                "expires_at": stmt.excluded.expires_at,
+            },
+            where=LEASES.c.renewed_at <= stmt.excluded.renewed_at,
+        )
+    )
 
 
 def overdue(conn: Connection, names: list[str], now: datetime) -> dict[str, datetime | None]:

@@ -83,8 +83,10 @@ def _timing(name: str, task: str, when: BaseSchedule | None) -> tuple[NextAfter,
     if type(when) is schedule:
         period = timedelta(seconds=when.seconds)
         return slots.every(period), period
-    raise ValueError(f"beat entry {name!r} names lifecycle task {task}: its schedule "
-                     f"{when!r} is not an interval or a crontab")  # fmt: skip
+    raise ValueError(
+        f"beat entry {name!r} names lifecycle task {task}: its schedule "
+        f"{when!r} is not an interval or a crontab"
+    )
 
 
 _UNITS = ((86400, "day"), (3600, "h"), (60, "min"), (1, "s"))
@@ -114,11 +116,21 @@ def periodic_entry(app: Celery, entry: ScheduleEntry) -> PeriodicEntry | None:
         return None
     unknown = sorted(set(options) - OPTIONS)
     if unknown:
-        raise ValueError(f"beat entry {name!r}: lifecycle slots take the options "
-                         f"{sorted(OPTIONS)}, not {unknown}")  # fmt: skip
+        raise ValueError(
+            f"beat entry {name!r}: lifecycle slots take the options "
+            f"{sorted(OPTIONS)}, not {unknown}"
+        )
     next_after, grain = _timing(name, task.name, entry.schedule)
-    return PeriodicEntry(name, task, tuple(entry.args or ()), dict(entry.kwargs or {}), options,
-                         described(entry.schedule), next_after, grain)  # fmt: skip
+    return PeriodicEntry(
+        name,
+        task,
+        tuple(entry.args or ()),
+        dict(entry.kwargs or {}),
+        options,
+        described(entry.schedule),
+        next_after,
+        grain,
+    )
 
 
 def enqueue_slot(app: Celery, entry: PeriodicEntry, due: datetime, window: timedelta) -> JobHandle:
@@ -127,8 +139,12 @@ def enqueue_slot(app: Celery, entry: PeriodicEntry, due: datetime, window: timed
     queue, priority = entry.options.get("queue"), entry.options.get("priority")
     # A slot is enqueued at most ``window`` after it was due: a finished slot job must
     # absorb enqueues that long; twice leaves room for a slow tick.
-    job = replace(job, dedup_window=max(job.dedup_window, 2 * window), queue=queue or job.queue,
-                  priority=job.priority if priority is None else priority)  # fmt: skip
+    job = replace(
+        job,
+        dedup_window=max(job.dedup_window, 2 * window),
+        queue=queue or job.queue,
+        priority=job.priority if priority is None else priority,
+    )
     return enqueue.enqueue(app, job)
 
 
@@ -159,14 +175,29 @@ class Periodic:
 
     def _run_entry(self, entry: PeriodicEntry, now: datetime) -> None:
         catch_up = bool(entry.options.get("catch_up"))
-        plan = slots.plan(entry.next_after, last=self._last.get(entry.name), now=now,
-                          window=self.window, limit=SLOTS_PER_TICK, catch_up=catch_up)  # fmt: skip
+        plan = slots.plan(
+            entry.next_after,
+            last=self._last.get(entry.name),
+            now=now,
+            window=self.window,
+            limit=SLOTS_PER_TICK,
+            catch_up=catch_up,
+        )
         if plan.superseded:
-            log.info("periodic %s: %d missed slots run once, as the latest (set the entry's "
-                     "option catch_up=True to run each)", entry.name, plan.superseded)  # fmt: skip
+            log.info(
+                "periodic %s: %d missed slots run once, as the latest (set the entry's "
+                "option catch_up=True to run each)",
+                entry.name,
+                plan.superseded,
+            )
         if plan.skipped:
-            log.warning("periodic %s: slots from %s until %s are older than the catch-up "
-                        "window (%s); skipped", entry.name, *plan.skipped, self.window)  # fmt: skip
+            log.warning(
+                "periodic %s: slots from %s until %s are older than the catch-up "
+                "window (%s); skipped",
+                entry.name,
+                *plan.skipped,
+                self.window,
+            )
         for due in plan.due:
             try:
                 handle = enqueue_slot(self.app, entry, due, self.window)
@@ -175,8 +206,13 @@ class Periodic:
                 log.exception("periodic %s: slot %s not enqueued", entry.name, due.isoformat())
                 return
             self._last[entry.name] = due
-            log.info("periodic %s: slot %s -> job %s %s", entry.name, due.isoformat(),
-                     handle.job_id, handle.outcome)  # fmt: skip
+            log.info(
+                "periodic %s: slot %s -> job %s %s",
+                entry.name,
+                due.isoformat(),
+                handle.job_id,
+                handle.outcome,
+            )
 
 
 # --------------------------------------------------------------------- admin view
@@ -208,8 +244,10 @@ def overview(engine: Engine, app: Celery) -> list[EntryView]:
     app.loader.import_default_modules()
     with engine.connect() as conn:
         now = lease.database_now(conn)
-        views = (_view(conn, app, name, spec, now)
-                 for name, spec in (app.conf.beat_schedule or {}).items())  # fmt: skip
+        views = (
+            _view(conn, app, name, spec, now)
+            for name, spec in (app.conf.beat_schedule or {}).items()
+        )
         return [view for view in views if view is not None]
 
 
@@ -223,8 +261,9 @@ def _view(
         return EntryView(name, str(entry.task), described(entry.schedule), problem=str(refused))
     if found is None:
         return None
-    return EntryView(name, found.task.name, found.schedule, last_slot(conn, found, now),
-                     found.next_after(now))  # fmt: skip
+    return EntryView(
+        name, found.task.name, found.schedule, last_slot(conn, found, now), found.next_after(now)
+    )
 
 
 def last_slot(conn: Connection, entry: PeriodicEntry, now: datetime) -> LastSlot | None:

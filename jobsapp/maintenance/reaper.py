@@ -85,15 +85,22 @@ def lock_refused(exc: OperationalError) -> bool:
     return getattr(exc.orig, "pgcode", None) == "55P03"
 
 
-def _reap_one(conn: Connection, spec: RunTable, run: StaleRun, cfg: ReaperConfig,
-              cutoff: datetime, now: datetime) -> bool | None:  # fmt: skip
+def _reap_one(
+    conn: Connection,
+    spec: RunTable,
+    run: StaleRun,
+    cfg: ReaperConfig,
+    cutoff: datetime,
+    now: datetime,
+) -> bool | None:
     """Reap ``run`` in a savepoint; None when a row it must touch is locked."""
     requeue_it = should_requeue(run, spec)
     reason = reason_for(run, spec, cfg.stale_after)
     try:
         with conn.begin_nested():
-            done = journal.reap(conn, spec, [run], requeue_them=requeue_it, cutoff=cutoff,
-                                reason=reason, now=now)  # fmt: skip
+            done = journal.reap(
+                conn, spec, [run], requeue_them=requeue_it, cutoff=cutoff, reason=reason, now=now
+            )
     except OperationalError as exc:
         if not lock_refused(exc):
             raise
@@ -123,8 +130,9 @@ def _reap_table(
                 reaped.append(run)
     requeued = [(r.job_id, r.attempt + 1) for r in reaped if should_requeue(r, spec)]
     ended = [(r, reason_for(r, spec, cfg.stale_after)) for r in reaped]
-    return _Batch(found=len(stale), reaped=len(reaped), requeued=requeued, blocked=blocked,
-                  ended=ended)  # fmt: skip
+    return _Batch(
+        found=len(stale), reaped=len(reaped), requeued=requeued, blocked=blocked, ended=ended
+    )
 
 
 def _shown_task_id(run: StaleRun) -> str:
@@ -147,15 +155,17 @@ def _tell_celery(app: Celery, spec: RunTable, ended: list[tuple[StaleRun, str]])
     try:
         with publisher.producer(app) as pooled:
             dispatcher = app.events.Dispatcher(
-                pooled.connection, hostname=f"jobsapp-reaper@{socket.gethostname()}",
+                pooled.connection,
+                hostname=f"jobsapp-reaper@{socket.gethostname()}",
                 buffer_while_offline=False,
-            )  # fmt: skip
+            )
             try:
                 for run, reason in ended:
                     kind = "task-retried" if should_requeue(run, spec) else "task-failed"
                     said = f"WorkerLostError('{reason}')"
-                    dispatcher.send(kind, uuid=_shown_task_id(run),
-                                    retry=False, exception=said, traceback=said)  # fmt: skip
+                    dispatcher.send(
+                        kind, uuid=_shown_task_id(run), retry=False, exception=said, traceback=said
+                    )
             finally:
                 dispatcher.close()
     except publisher.BROKER_ERRORS as down:
@@ -173,22 +183,29 @@ def _reap_module(
         try:
             batch = _reap_table(engine, spec, cfg, blocked)
         except OperationalError as exc:
-            log.warning("reaper: %s batch gave up (%s); next tick retries", spec.module,
-                        type(exc.orig).__name__)  # fmt: skip
+            log.warning(
+                "reaper: %s batch gave up (%s); next tick retries",
+                spec.module,
+                type(exc.orig).__name__,
+            )
             break
         total += batch.reaped
         blocked.update(batch.blocked)
         if app is not None:
-            published += relay.publish_rows(app, engine, spec, batch.requeued,
-                                             unclaimed_after=cfg.unclaimed_after)  # fmt: skip
+            published += relay.publish_rows(
+                app, engine, spec, batch.requeued, unclaimed_after=cfg.unclaimed_after
+            )
             _tell_celery(app, spec, batch.ended)
         # Count what was found, not reaped: a row another reaper took meanwhile
         # still means the backlog may go on.
         if batch.found < cfg.batch or not budget.allows_more():
             break
     if blocked:
-        log.warning("reaper: %s: %d stale runs skipped, a row they need is locked; next "
-                    "tick retries", spec.module, len(blocked))  # fmt: skip
+        log.warning(
+            "reaper: %s: %d stale runs skipped, a row they need is locked; next tick retries",
+            spec.module,
+            len(blocked),
+        )
     return total, published
 
 
@@ -199,8 +216,11 @@ def _expire_module(engine: Engine, spec: RunTable, cfg: ReaperConfig) -> int:
         with engine.begin() as conn:
             expired = journal.expire_due(conn, spec, limit=cfg.batch, actor="reaper")
     except OperationalError as exc:
-        log.warning("reaper: %s expiry gave up (%s); next tick retries", spec.module,
-                    type(exc.orig).__name__)  # fmt: skip
+        log.warning(
+            "reaper: %s expiry gave up (%s); next tick retries",
+            spec.module,
+            type(exc.orig).__name__,
+        )
         return 0
     if expired:
         log.info("reaper: %s: %d queued jobs expired", spec.module, expired)

@@ -88,12 +88,18 @@ class Report:
         return {"retaken": len(self.retaken), **self.refused, "cut_short": int(self.cut_short)}
 
     def as_json(self) -> dict[str, Any]:
-        return {"module": self.module, "pass_id": self.pass_id, "dry_run": self.dry_run,
-                "retaken": [{"job_id": str(j), "error_code": c} for j, c in self.retaken],
-                "refused": dict(self.refused), "cut_short": self.cut_short,
-                "held_back": [{"job_id": str(j), "rule": h.rule.value, "why": h.line()}
-                              for j, h in self.held_back],
-                "held_back_more": self.held_back_more}  # fmt: skip
+        return {
+            "module": self.module,
+            "pass_id": self.pass_id,
+            "dry_run": self.dry_run,
+            "retaken": [{"job_id": str(j), "error_code": c} for j, c in self.retaken],
+            "refused": dict(self.refused),
+            "cut_short": self.cut_short,
+            "held_back": [
+                {"job_id": str(j), "rule": h.rule.value, "why": h.line()} for j, h in self.held_back
+            ],
+            "held_back_more": self.held_back_more,
+        }
 
 
 # ------------------------------------------------------------------------ decision
@@ -236,9 +242,12 @@ def _failed(spec: RunTable) -> Select[Any]:
 
 
 def candidates(
-    engine: Engine, spec: RunTable, policy: ReconcilePolicy, wanted: Collection[str],
+    engine: Engine,
+    spec: RunTable,
+    policy: ReconcilePolicy,
+    wanted: Collection[str],
     now: datetime,
-) -> list[Mapping[str, Any]]:  # fmt: skip
+) -> list[Mapping[str, Any]]:
     """``decide``'s retaken runs in SQL: failed runs that carry a wanted code and no
     ``never`` one, past the cool-down and under the rounds cap, oldest first."""
     table = spec.table
@@ -309,9 +318,13 @@ def run_once(engine: Engine, app: Celery, spec: RunTable, request: Request) -> R
 
 
 def _explain(
-    engine: Engine, spec: RunTable, report: Report, policy: ReconcilePolicy,
-    wanted: Collection[str], now: datetime,
-) -> None:  # fmt: skip
+    engine: Engine,
+    spec: RunTable,
+    report: Report,
+    policy: ReconcilePolicy,
+    wanted: Collection[str],
+    now: datetime,
+) -> None:
     """Why the pass leaves each of the newest other failed runs alone."""
     rows = left_alone(engine, spec, [job for job, _ in report.retaken], HELD_BACK_SHOWN)
     report.held_back_more = len(rows) > HELD_BACK_SHOWN
@@ -323,12 +336,17 @@ def _explain(
 
 
 def _retake(
-    engine: Engine, app: Celery, spec: RunTable, report: Report, actor: str,
-    row: Mapping[str, Any], code: str, max_rounds: int,
-) -> None:  # fmt: skip
+    engine: Engine,
+    app: Celery,
+    spec: RunTable,
+    report: Report,
+    actor: str,
+    row: Mapping[str, Any],
+    code: str,
+    max_rounds: int,
+) -> None:
     job_id = row["job_id"]
-    why = (f"reconcile pass {report.pass_id}: {code}, "
-           f"round {int(row['rounds']) + 1} of {max_rounds}")  # fmt: skip
+    why = f"reconcile pass {report.pass_id}: {code}, round {int(row['rounds']) + 1} of {max_rounds}"
     try:
         operator.replay(engine, spec.module, job_id, actor=actor, reason=why, app=app)
     except operator.Refused as refused:

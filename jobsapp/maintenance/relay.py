@@ -125,9 +125,13 @@ def _select_and_send(app: Celery, engine: Engine, unclaimed_after: timedelta, pi
 
 
 def _due(cfg: RelayConfig, app: Celery, conn: Connection, now: datetime) -> Picked:
-    due = queries.due_messages(conn, now=now - cfg.grace, limit=cfg.batch,
-                               default_queue=app.conf.task_default_queue,
-                               lowest_first=priorities.lowest_first(app))  # fmt: skip
+    due = queries.due_messages(
+        conn,
+        now=now - cfg.grace,
+        limit=cfg.batch,
+        default_queue=app.conf.task_default_queue,
+        lowest_first=priorities.lowest_first(app),
+    )
     return due, len(due), 0
 
 
@@ -137,22 +141,31 @@ def unknown_tasks(lost: Sequence[PendingMessage], registered: Collection[str]) -
 
 
 def _report_unclaimed(
-    app: Celery, conn: Connection, lost: Sequence[PendingMessage],
+    app: Celery,
+    conn: Connection,
+    lost: Sequence[PendingMessage],
     waiting: Sequence[PendingMessage],
-) -> None:  # fmt: skip
+) -> None:
     """Say what nobody claimed: the guard drops a task no worker knows, so the claim check
     is the one signal at relay time (``inspect().registered()`` would ask every worker over
     the broker on every tick, and only on brokers with a control channel)."""
     for name in unknown_tasks([*lost, *waiting], app.tasks.keys()):
-        log.error("relay: task %s is registered nowhere in this app; no worker will run it "
-                  "(is its module in JOBSAPP_IMPORTS?)", name)  # fmt: skip
+        log.error(
+            "relay: task %s is registered nowhere in this app; no worker will run it "
+            "(is its module in JOBSAPP_IMPORTS?)",
+            name,
+        )
     if not lost:
         return
     unknown = unknown_tasks(lost, app.tasks.keys())
     for (name, queue), count in Counter((m.task_name, m.queue) for m in lost).items():
-        log.warning("relay: %d messages of %s on queue %s were not claimed; republishing: "
-                    "does a worker consuming that queue import the task?", count, name,
-                    queue or "default")  # fmt: skip
+        log.warning(
+            "relay: %d messages of %s on queue %s were not claimed; republishing: "
+            "does a worker consuming that queue import the task?",
+            count,
+            name,
+            queue or "default",
+        )
     queries.bump(conn, UNCLAIMED, len(lost))
     queries.bump(conn, UNKNOWN_TASK, sum(m.task_name in unknown for m in lost))
 
@@ -162,16 +175,22 @@ def _lost(
 ) -> Picked:
     """Unclaimed rows the broker lost, to republish; those republished too often are
     buried instead. Rows whose message may still wait in its queue are checked later."""
-    unclaimed = queries.unclaimed_messages(conn, spec, now=now, limit=cfg.batch,
-                                           default_queue=app.conf.task_default_queue)  # fmt: skip
+    unclaimed = queries.unclaimed_messages(
+        conn, spec, now=now, limit=cfg.batch, default_queue=app.conf.task_default_queue
+    )
     lost, waiting = _tell_lost(app, unclaimed)
-    queries.check_later(conn, waiting, now=now,
-                        wait=partial(_wait_again, cfg.unclaimed_after))  # fmt: skip
+    queries.check_later(conn, waiting, now=now, wait=partial(_wait_again, cfg.unclaimed_after))
     _report_unclaimed(app, conn, lost, waiting)
     hopeless = [m.id for m in lost if outbox.never_claimed(m)]
-    buried = queries.bury(conn, hopeless, now=now, reason=(
-        f"published {outbox.MAX_UNCLAIMED_PUBLISHES} times and never claimed: "
-        "does any worker run this task?"))  # fmt: skip
+    buried = queries.bury(
+        conn,
+        hopeless,
+        now=now,
+        reason=(
+            f"published {outbox.MAX_UNCLAIMED_PUBLISHES} times and never claimed: "
+            "does any worker run this task?"
+        ),
+    )
     return [m for m in lost if m.id not in hopeless], len(unclaimed), buried
 
 
@@ -189,12 +208,17 @@ def _tell_lost(
     except publisher.BROKER_ERRORS as exc:
         log.warning("relay: queue depths unavailable (%s); republishing", type(exc).__name__)
         return list(unclaimed), []
-    lost, waiting = outbox.lost_and_waiting(unclaimed, depths, queue_of,
-                                            lowest_first=priorities.lowest_first(app))
+    lost, waiting = outbox.lost_and_waiting(
+        unclaimed, depths, queue_of, lowest_first=priorities.lowest_first(app)
+    )
     for queue, count in Counter(map(queue_of, waiting)).items():
-        log.info("relay: %d messages on queue %s not claimed yet; the queue holds %d "
-                 "messages, so they wait there: checked again later", count, queue,
-                 depths[queue])  # fmt: skip
+        log.info(
+            "relay: %d messages on queue %s not claimed yet; the queue holds %d "
+            "messages, so they wait there: checked again later",
+            count,
+            queue,
+            depths[queue],
+        )
     return lost, waiting
 
 
@@ -207,9 +231,7 @@ def _publish_due(app: Celery, engine: Engine, cfg: RelayConfig) -> Done:
     return _select_and_send(app, engine, cfg.unclaimed_after, partial(_due, cfg, app))
 
 
-def _republish_lost(
-    app: Celery, engine: Engine, spec: registry.RunTable, cfg: RelayConfig
-) -> Done:
+def _republish_lost(app: Celery, engine: Engine, spec: registry.RunTable, cfg: RelayConfig) -> Done:
     return _select_and_send(app, engine, cfg.unclaimed_after, partial(_lost, app, spec, cfg))
 
 
@@ -220,8 +242,7 @@ def _settle(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) -> Done:
         # A dead row whose job ran after all (a late copy) is no alarm any more.
         revived = queries.settle_dead(conn, spec, now=now, limit=cfg.batch)
     if revived:
-        log.info("relay: %d dead %s outbox rows settled: their job moved on", revived,
-                 spec.module)  # fmt: skip
+        log.info("relay: %d dead %s outbox rows settled: their job moved on", revived, spec.module)
     return Done(max(settled, revived), settled + revived)
 
 
@@ -243,8 +264,7 @@ def publish_rows(
         return 0
 
     def pick(conn: Connection, _now: datetime) -> Picked:
-        rows = queries.rows_by_attempt(conn, spec, keys,
-                                       default_queue=app.conf.task_default_queue)  # fmt: skip
+        rows = queries.rows_by_attempt(conn, spec, keys, default_queue=app.conf.task_default_queue)
         return rows, len(rows), 0
 
     return _select_and_send(app, engine, unclaimed_after, pick).done
@@ -272,10 +292,20 @@ def repair_missing(engine: Engine, spec: registry.RunTable, cfg: RelayConfig) ->
         )
         for run in missing:
             attempt = int(run["attempts"]) + 1
-            journal.add_outbox(conn, spec, run, attempt=attempt, now=now,
-                               available_at=max(now, run["next_retry_at"] or now))  # fmt: skip
-            log.warning("relay: %s job %s was queued with no message for attempt %d; "
-                        "wrote one", spec.module, run["job_id"], attempt)  # fmt: skip
+            journal.add_outbox(
+                conn,
+                spec,
+                run,
+                attempt=attempt,
+                now=now,
+                available_at=max(now, run["next_retry_at"] or now),
+            )
+            log.warning(
+                "relay: %s job %s was queued with no message for attempt %d; wrote one",
+                spec.module,
+                run["job_id"],
+                attempt,
+            )
         queries.bump(conn, queries.REPAIRED, len(missing))
     _sweep_cursor[key] = cursor
     return Done(len(missing), len(missing))

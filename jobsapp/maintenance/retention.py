@@ -54,9 +54,11 @@ def refusal(keep_runs: timedelta, windows: Mapping[str, timedelta]) -> str | Non
     task, longest = max(windows.items(), key=lambda item: item[1])
     if longest <= keep_runs:
         return None
-    return (f"finished runs are kept {_days(keep_runs)}, but task {task} absorbs repeated "
-            f"enqueues for {_days(longest)}: deleting them sooner would let an old job id "
-            f"run again; keep runs at least {_days(longest)} or shorten the window")  # fmt: skip
+    return (
+        f"finished runs are kept {_days(keep_runs)}, but task {task} absorbs repeated "
+        f"enqueues for {_days(longest)}: deleting them sooner would let an old job id "
+        f"run again; keep runs at least {_days(longest)} or shorten the window"
+    )
 
 
 def _days(span: timedelta) -> str:
@@ -67,8 +69,11 @@ def dedup_windows(app: Celery) -> dict[str, timedelta]:
     """The dedup window of every lifecycle task the app registers, its modules imported."""
     # A beat or a one-off command knows the tasks only once the worker's imports are loaded.
     app.loader.import_default_modules()
-    return {name: timedelta(seconds=task.dedup_window) for name, task in app.tasks.items()
-            if isinstance(task, LifecycleTask)}  # fmt: skip
+    return {
+        name: timedelta(seconds=task.dedup_window)
+        for name, task in app.tasks.items()
+        if isinstance(task, LifecycleTask)
+    }
 
 
 def _default_app() -> Celery:
@@ -84,8 +89,14 @@ def _cut(conn: Connection, table: Table, key: str, *where: object, limit: int) -
 
 def _cut_runs(conn: Connection, spec: registry.RunTable, before: datetime, limit: int) -> int:
     table = spec.table
-    return _cut(conn, table, "job_id", table.c.state.in_(TERMINAL_STATES),
-                table.c.finished_at < before, limit=limit)  # fmt: skip
+    return _cut(
+        conn,
+        table,
+        "job_id",
+        table.c.state.in_(TERMINAL_STATES),
+        table.c.finished_at < before,
+        limit=limit,
+    )
 
 
 def _cuts(now: datetime, cfg: RetentionConfig) -> dict[str, Callable[[Connection], int]]:

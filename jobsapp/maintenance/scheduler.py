@@ -128,8 +128,9 @@ class LeasedScheduler(Scheduler):
             every = overrides.get(task) if task else None
             if task and every is not None:
                 entry.schedule = schedule(every, app=self.app)
-                log.info("beat: %s every %gs (from %s)", task, every.total_seconds(),
-                         CADENCE_ENV[task])  # fmt: skip
+                log.info(
+                    "beat: %s every %gs (from %s)", task, every.total_seconds(), CADENCE_ENV[task]
+                )
         self._take_periodic_entries()
 
     def _take_periodic_entries(self) -> None:
@@ -139,8 +140,12 @@ class LeasedScheduler(Scheduler):
         entries = [entry for entry in found if entry is not None]
         for entry in entries:
             del self.schedule[entry.name]
-            log.info("beat: %s enqueues %s once per slot of %s", entry.name, entry.task.name,
-                     entry.schedule)  # fmt: skip
+            log.info(
+                "beat: %s enqueues %s once per slot of %s",
+                entry.name,
+                entry.task.name,
+                entry.schedule,
+            )
         self.periodic = periodic.Periodic(self.app, entries, self.catch_up)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
@@ -159,8 +164,9 @@ class LeasedScheduler(Scheduler):
     def _renew_lease(self) -> bool:
         try:
             with get_engine().begin() as conn:
-                return lease.acquire(conn, LEASE_NAME, self.holder, ttl=self.lease_ttl,
-                                     now=lease.database_now(conn))  # fmt: skip
+                return lease.acquire(
+                    conn, LEASE_NAME, self.holder, ttl=self.lease_ttl, now=lease.database_now(conn)
+                )
         except Exception as exc:  # noqa: BLE001 - without the database nobody may lead
             log.warning("beat lease unavailable: %s", type(exc).__name__)
             return False
@@ -226,8 +232,13 @@ class LeasedScheduler(Scheduler):
         cadence = timedelta(seconds=when.is_due(when.now())[1])
         try:
             with get_engine().begin() as conn:
-                lease.stamp(conn, lease.STAMP_PREFIX + task, self.holder,
-                            now=lease.database_now(conn), ttl=cadence + self.lease_ttl)  # fmt: skip
+                lease.stamp(
+                    conn,
+                    lease.STAMP_PREFIX + task,
+                    self.holder,
+                    now=lease.database_now(conn),
+                    ttl=cadence + self.lease_ttl,
+                )
         except DBAPIError as exc:  # the next pass stamps again; the check allows for it
             log.warning("maintenance pass %s not stamped: %s", task, type(exc).__name__)
 

@@ -60,9 +60,14 @@ class Plan:
 
 
 def plan(
-    next_after: NextAfter, *, last: datetime | None, now: datetime, window: timedelta, limit: int,
+    next_after: NextAfter,
+    *,
+    last: datetime | None,
+    now: datetime,
+    window: timedelta,
+    limit: int,
     catch_up: bool = True,
-) -> Plan:  # fmt: skip
+) -> Plan:
     """The slots to enqueue at ``now``: due in the window ``(now - window, now]`` and after
     ``last`` (the latest slot this beat enqueued while leading; None when it has not, e.g.
     it just took the lead: then every slot of the window, the journal answering duplicate

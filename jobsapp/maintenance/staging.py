@@ -198,9 +198,13 @@ def _rows(engine: Engine, objects: Sequence[ObjectInfo]) -> dict[str, _Found]:
         .scalar_subquery()
     )
     stmt = select(
-        ATTACHMENTS.c.staging_key, ATTACHMENTS.c.state, ATTACHMENTS.c.updated_at,
-        ATTACHMENTS.c.original_key, ATTACHMENTS.c.sha256, active.label("active"),
-    ).where(ATTACHMENTS.c.id.in_(ids))  # fmt: skip
+        ATTACHMENTS.c.staging_key,
+        ATTACHMENTS.c.state,
+        ATTACHMENTS.c.updated_at,
+        ATTACHMENTS.c.original_key,
+        ATTACHMENTS.c.sha256,
+        active.label("active"),
+    ).where(ATTACHMENTS.c.id.in_(ids))
     with engine.connect() as conn:
         found = conn.execute(stmt).all()
     return {

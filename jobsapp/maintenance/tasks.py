@@ -74,8 +74,9 @@ _staging_next_shard = 0
 @app.task(name="jobsapp.maintenance.staging", ignore_result=True)
 def sweep_staging() -> dict[str, int]:
     global _staging_next_shard  # noqa: PLW0603 - the pass's only state, see above
-    report = staging.run_once(get_engine(), get_store(), staging_config(),
-                              start_shard=_staging_next_shard)  # fmt: skip
+    report = staging.run_once(
+        get_engine(), get_store(), staging_config(), start_shard=_staging_next_shard
+    )
     _staging_next_shard = report.next_shard
     return report.counts
 
@@ -91,6 +92,11 @@ def roll_up_metrics() -> dict[str, int]:
     return {"events": rollup.run_once(get_engine())}
 
 
-PASSES: dict[str, Any] = {"reaper": reap, "relay": relay_outbox, "retention": prune,
-                          "staging": sweep_staging, "reconcile": reconcile_failed,
-                          "metrics": roll_up_metrics}  # fmt: skip
+PASSES: dict[str, Any] = {
+    "reaper": reap,
+    "relay": relay_outbox,
+    "retention": prune,
+    "staging": sweep_staging,
+    "reconcile": reconcile_failed,
+    "metrics": roll_up_metrics,
+}

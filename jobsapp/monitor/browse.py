@@ -176,8 +176,9 @@ def parse_cursor(text: str) -> Cursor:
     try:
         cursor.updated_at.astimezone(UTC)
     except OverflowError:  # year 1 at +14:00 is before the calendar starts, in UTC
-        raise BadFilter("the page cursor is out of range; start again from the first "
-                        "page") from None
+        raise BadFilter(
+            "the page cursor is out of range; start again from the first page"
+        ) from None
     return cursor
 
 
@@ -192,9 +193,13 @@ def checked_text(text: str | None) -> str | None:
 
 
 def find_jobs(
-    engine: Engine, wanted: JobFilter, *, after: Cursor | None = None,
-    limit: int = PAGE_SIZE, now: datetime | None = None,
-) -> JobPage:  # fmt: skip
+    engine: Engine,
+    wanted: JobFilter,
+    *,
+    after: Cursor | None = None,
+    limit: int = PAGE_SIZE,
+    now: datetime | None = None,
+) -> JobPage:
     """One page of matching jobs, newest first, and how many match in all."""
     now = now or utcnow()
     found: list[Listed] = []
@@ -219,16 +224,22 @@ Listed = tuple[SummaryRow, Mapping[str, Any]]
 
 
 def _newest(
-    conn: Connection, spec: RunTable, where: Sequence[Any], states: Sequence[str],
-    after: Cursor | None, limit: int, now: datetime,
-) -> list[Listed]:  # fmt: skip
+    conn: Connection,
+    spec: RunTable,
+    where: Sequence[Any],
+    states: Sequence[str],
+    after: Cursor | None,
+    limit: int,
+    now: datetime,
+) -> list[Listed]:
     # One indexed branch per state (ix_<table>_state_updated): an IN list over the
     # states would sort every matching row of the table for each page.
     found: list[Listed] = []
     for state in states:
         page = _page(spec, [*where, in_state(spec.table, state)], after, limit)
-        found.extend((summary_row(spec, dict(r), now), dict(r))
-                     for r in conn.execute(page).mappings())  # fmt: skip
+        found.extend(
+            (summary_row(spec, dict(r), now), dict(r)) for r in conn.execute(page).mappings()
+        )
     return found
 
 
@@ -244,10 +255,16 @@ def jobs_by_key(
     with engine.connect() as conn:
         for spec in checked_tables(None):
             if spec.module in wanted:
-                stmt = _page(spec, [spec.table.c.job_id.in_(wanted[spec.module])], None,
-                             len(wanted[spec.module]))  # fmt: skip
-                found += [(summary_row(spec, dict(r), now), dict(r))
-                          for r in conn.execute(stmt).mappings()]  # fmt: skip
+                stmt = _page(
+                    spec,
+                    [spec.table.c.job_id.in_(wanted[spec.module])],
+                    None,
+                    len(wanted[spec.module]),
+                )
+                found += [
+                    (summary_row(spec, dict(r), now), dict(r))
+                    for r in conn.execute(stmt).mappings()
+                ]
         found.sort(key=lambda r: (r[0].updated_at, r[0].job_id), reverse=True)
         extras = _extras(conn, found, default_queue, now)
     return JobPage([row for row, _ in found], len(found), None, True, extras)
@@ -258,8 +275,11 @@ def _extras(
 ) -> dict[tuple[str, uuid.UUID], RowExtra]:
     """Queue, arguments and, for a queued job, why it waits: a dead outbox row, a retry
     or countdown not due yet, or a queue no live worker consumes."""
-    queued = [(row.module, row.job_id, row.attempts + 1) for row, _ in found
-              if row.state == State.QUEUED.value]  # fmt: skip
+    queued = [
+        (row.module, row.job_id, row.attempts + 1)
+        for row, _ in found
+        if row.state == State.QUEUED.value
+    ]
     dead = dead_messages(conn, queued) if queued else set()
     consumed = workers.live_queues(conn, now) if queued else None
     out = {}
@@ -337,8 +357,9 @@ def _matching(spec: RunTable, wanted: JobFilter, now: datetime) -> list[ColumnEl
         where.append(table.c.attachment_id == wanted.attachment_id)
     if wanted.queue:
         named = table.c.queue == wanted.queue
-        where.append(or_(named, table.c.queue.is_(None)) if wanted.queue == wanted.default_queue
-                     else named)  # fmt: skip
+        where.append(
+            or_(named, table.c.queue.is_(None)) if wanted.queue == wanted.default_queue else named
+        )
     return where
 
 
@@ -360,17 +381,32 @@ def _text_match(spec: RunTable, text: str) -> ColumnElement[bool]:
 def _page(spec: RunTable, where: Sequence[Any], after: Cursor | None, limit: int) -> Any:
     table = spec.table
     if after is not None:
-        where = [*where, or_(table.c.updated_at < after.updated_at,
-                             and_(table.c.updated_at == after.updated_at,
-                                  table.c.job_id < after.job_id))]  # fmt: skip
+        where = [
+            *where,
+            or_(
+                table.c.updated_at < after.updated_at,
+                and_(table.c.updated_at == after.updated_at, table.c.job_id < after.job_id),
+            ),
+        ]
     shown = (*_LISTED, *(c for c in (spec.params_column, *spec.id_columns) if c))
     stmt = select(*[table.c[name] for name in shown], table.c.last_error)
     order = (table.c.updated_at.desc(), table.c.job_id.desc())
     return stmt.where(*where).order_by(*order).limit(limit)
 
 
-_LISTED = ("job_id", "task_name", "state", "outcome", "attempts", "max_attempts",
-           "created_at", "updated_at", "worker", "queue", "next_retry_at")  # fmt: skip
+_LISTED = (
+    "job_id",
+    "task_name",
+    "state",
+    "outcome",
+    "attempts",
+    "max_attempts",
+    "created_at",
+    "updated_at",
+    "worker",
+    "queue",
+    "next_retry_at",
+)
 
 
 # ---------------------------------------------------------------------- one job
@@ -391,10 +427,15 @@ def job_detail(engine: Engine, module: str, job_id: uuid.UUID) -> JobDetail | No
 
 def _event_row(row: Mapping[str, Any]) -> EventRow:
     return EventRow(
-        attempt=row["attempt"], transition=row["transition"], from_state=row["from_state"],
-        to_state=row["to_state"], actor=row["actor"], reason=row["reason"], at=row["at"],
+        attempt=row["attempt"],
+        transition=row["transition"],
+        from_state=row["from_state"],
+        to_state=row["to_state"],
+        actor=row["actor"],
+        reason=row["reason"],
+        at=row["at"],
         detail=detail_text(row.get("detail")),
-    )  # fmt: skip
+    )
 
 
 def detail_text(detail: object) -> str | None:
@@ -433,13 +474,20 @@ def _attempt(number: int, claim: EventRow, end: EventRow | None) -> AttemptRow:
 def attachment_job(engine: Engine, attachment_id: uuid.UUID) -> dict[str, Any] | None:
     """The attachment's current job (its newest run): module, job_id, attempt, state."""
     with engine.connect() as conn:
-        newest = [found for spec in _tables(JobFilter(attachment_id=attachment_id))
-                  if (found := _newest_run(conn, spec, attachment_id)) is not None]  # fmt: skip
+        newest = [
+            found
+            for spec in _tables(JobFilter(attachment_id=attachment_id))
+            if (found := _newest_run(conn, spec, attachment_id)) is not None
+        ]
     if not newest:
         return None
     module, run = max(newest, key=lambda found: found[1]["created_at"])
-    return {"module": module, "job_id": str(run["job_id"]), "attempt": run["attempts"],
-            "state": run["state"]}  # fmt: skip
+    return {
+        "module": module,
+        "job_id": str(run["job_id"]),
+        "attempt": run["attempts"],
+        "state": run["state"],
+    }
 
 
 def _newest_run(
@@ -482,8 +530,9 @@ def scheduled(
             later = [t.c.state == State.QUEUED.value, t.c.next_retry_at > now]
             total += _count(conn, spec, later)
             stmt = _page(spec, later, None, limit).order_by(None).order_by(t.c.next_retry_at)
-            found += [(summary_row(spec, dict(r), now), dict(r))
-                      for r in conn.execute(stmt).mappings()]  # fmt: skip
+            found += [
+                (summary_row(spec, dict(r), now), dict(r)) for r in conn.execute(stmt).mappings()
+            ]
         found.sort(key=lambda r: (r[1]["next_retry_at"], r[0].job_id))
         found = found[:limit]
         extras = _extras(conn, found, default_queue, now)

@@ -29,8 +29,10 @@ from jobsapp.lifecycle.totals import Key
 from jobsapp.monitor import rollup
 
 # The window, its bucket width.
-WINDOWS = {"hour": (timedelta(hours=1), timedelta(minutes=1)),
-           "day": (timedelta(days=1), timedelta(minutes=15))}  # fmt: skip
+WINDOWS = {
+    "hour": (timedelta(hours=1), timedelta(minutes=1)),
+    "day": (timedelta(days=1), timedelta(minutes=15)),
+}
 SAMPLE = 5000
 OUTCOMES = ("succeeded", "retried", "snoozed", "failed", "reaped")
 _FAILURES = (Transition.FAIL.value, Transition.RETRY.value, Transition.REAP_FAIL.value)
@@ -47,8 +49,9 @@ class Series:
 
     @property
     def peak(self) -> int:
-        return max((sum(v for k, v in b.items() if k != "enqueued") for b in self.buckets),
-                   default=0)  # fmt: skip
+        return max(
+            (sum(v for k, v in b.items() if k != "enqueued") for b in self.buckets), default=0
+        )
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,11 @@ def by_task(conn: Connection, start: datetime) -> list[TaskLine]:
     for spec in registry.all_tables():
         table = spec.table
         for state in ALL_STATES:
-            stmt = (select(table.c.task_name, func.count())
-                    .where(table.c.state == state, table.c.updated_at >= start)
-                    .group_by(table.c.task_name))  # fmt: skip
+            stmt = (
+                select(table.c.task_name, func.count())
+                .where(table.c.state == state, table.c.updated_at >= start)
+                .group_by(table.c.task_name)
+            )
             for task, count in conn.execute(stmt):
                 line = found.setdefault((spec.module, str(task)), dict.fromkeys(ALL_STATES, 0))
                 line[state] = int(count)
@@ -123,8 +128,7 @@ def throughput(
     width = int(step.total_seconds())
     events = row_events.window(start, [*rollup.ENDINGS, Transition.ENQUEUE.value])
     bucket = func.floor((_epoch(conn, events.c.at) - int(start.timestamp())) / width)
-    stmt = (select(bucket, events.c.transition, func.count())
-            .group_by(bucket, events.c.transition))  # fmt: skip
+    stmt = select(bucket, events.c.transition, func.count()).group_by(bucket, events.c.transition)
     n = int((now - start) / step) + 1
     out: list[dict[str, int]] = [dict.fromkeys((*OUTCOMES, "enqueued"), 0) for _ in range(n)]
     for index, transition, count in conn.execute(stmt):
@@ -139,32 +143,45 @@ def percentiles(conn: Connection, start: datetime) -> dict[str, dict[int, float 
     claim, the time a due attempt waited) of the window's newest ``SAMPLE`` attempts."""
     claim = aliased(EVENTS)
     end = EVENTS
-    same = and_(claim.c.module == end.c.module, claim.c.job_id == end.c.job_id,
-                claim.c.attempt == end.c.attempt,
-                claim.c.transition == Transition.CLAIM.value)  # fmt: skip
+    same = and_(
+        claim.c.module == end.c.module,
+        claim.c.job_id == end.c.job_id,
+        claim.c.attempt == end.c.attempt,
+        claim.c.transition == Transition.CLAIM.value,
+    )
     runs = conn.execute(
-        select(claim.c.at, end.c.at).join(claim, same)
-        .where(end.c.at >= start, end.c.transition.in_(list(rollup.ENDINGS)),
-               end.c.transition.not_in(list(rollup.REAPS)))
-        .order_by(end.c.at.desc()).limit(SAMPLE)
-    ).all()  # fmt: skip
+        select(claim.c.at, end.c.at)
+        .join(claim, same)
+        .where(
+            end.c.at >= start,
+            end.c.transition.in_(list(rollup.ENDINGS)),
+            end.c.transition.not_in(list(rollup.REAPS)),
+        )
+        .order_by(end.c.at.desc())
+        .limit(SAMPLE)
+    ).all()
     runs = _newest([*runs, *_carried_runs(conn, start)], 1)
     waits = _queue_waits(conn, start)
-    return {rollup.RUN_DURATION: _ranks([(e - c).total_seconds() for c, e in runs]),
-            rollup.QUEUE_WAIT: _ranks(waits)}  # fmt: skip
+    return {
+        rollup.RUN_DURATION: _ranks([(e - c).total_seconds() for c, e in runs]),
+        rollup.QUEUE_WAIT: _ranks(waits),
+    }
 
 
 def _queue_waits(conn: Connection, start: datetime) -> list[float]:
     """Claims of the window, each against when its message was handed to the broker
     (``rollup``'s rule: the publish, or the outbox row's creation)."""
     o = OUTBOX.c
-    same = and_(o.module == EVENTS.c.module, o.job_id == EVENTS.c.job_id,
-                o.attempt == EVENTS.c.attempt)  # fmt: skip
+    same = and_(
+        o.module == EVENTS.c.module, o.job_id == EVENTS.c.job_id, o.attempt == EVENTS.c.attempt
+    )
     rows = conn.execute(
-        select(EVENTS.c.at, o.created_at, o.published_at).join(OUTBOX, same)
+        select(EVENTS.c.at, o.created_at, o.published_at)
+        .join(OUTBOX, same)
         .where(EVENTS.c.at >= start, EVENTS.c.transition == Transition.CLAIM.value)
-        .order_by(EVENTS.c.at.desc()).limit(SAMPLE)
-    ).all()  # fmt: skip
+        .order_by(EVENTS.c.at.desc())
+        .limit(SAMPLE)
+    ).all()
     rows = _newest([*rows, *_carried_claims(conn, start)], 0)
     return [
         max((at - rollup._handed_over((created, published), at)).total_seconds(), 0.0)
@@ -180,8 +197,9 @@ def _carried_runs(conn: Connection, start: datetime) -> list[Any]:
         found += conn.execute(
             select(t.c.attempted_at, t.c.finished_at)
             .where(row_events.carries_success(t), t.c.finished_at >= start)
-            .order_by(t.c.finished_at.desc()).limit(SAMPLE)
-        ).all()  # fmt: skip
+            .order_by(t.c.finished_at.desc())
+            .limit(SAMPLE)
+        ).all()
     return found
 
 
@@ -194,10 +212,12 @@ def _carried_claims(conn: Connection, start: datetime) -> list[Any]:
         t = spec.table
         same = and_(o.module == spec.module, o.job_id == t.c.job_id, o.attempt == t.c.attempts)
         found += conn.execute(
-            select(t.c.attempted_at, o.created_at, o.published_at).join(OUTBOX, same)
+            select(t.c.attempted_at, o.created_at, o.published_at)
+            .join(OUTBOX, same)
             .where(row_events.carries_claim(t), t.c.attempted_at >= start)
-            .order_by(t.c.attempted_at.desc()).limit(SAMPLE)
-        ).all()  # fmt: skip
+            .order_by(t.c.attempted_at.desc())
+            .limit(SAMPLE)
+        ).all()
     return found
 
 
@@ -218,9 +238,10 @@ def failures_by_code(conn: Connection, start: datetime) -> list[tuple[str, int]]
     """Failed attempts of the window by error code: the exception type stored with the
     attempt, else the word before the first colon of its error (``storage_unavailable:``)."""
     rows = conn.execute(
-        select(EVENTS.c.reason, EVENTS.c.detail)
-        .where(EVENTS.c.at >= start, EVENTS.c.transition.in_(_FAILURES))
-    )  # fmt: skip
+        select(EVENTS.c.reason, EVENTS.c.detail).where(
+            EVENTS.c.at >= start, EVENTS.c.transition.in_(_FAILURES)
+        )
+    )
     counts = Counter(error_code(reason, detail) for reason, detail in rows)
     return counts.most_common()
 

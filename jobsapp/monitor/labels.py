@@ -53,8 +53,9 @@ def of_app(app: Celery) -> Labels:
         if isinstance(task, LifecycleTask)
     }
     configured = {q.name for q in app.conf.task_queues or ()}
-    return Labels(tasks, frozenset({default, *configured, *(q for _, q in tasks.values())}),
-                  default)  # fmt: skip
+    return Labels(
+        tasks, frozenset({default, *configured, *(q for _, q in tasks.values())}), default
+    )
 
 
 def _route(app: Celery, task: LifecycleTask) -> str:

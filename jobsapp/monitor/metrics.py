@@ -68,9 +68,10 @@ class JournalCollector(Collector):
         yield _oldest_queued(numbers, names)
         yield _stale(numbers)
         yield GaugeMetricFamily(
-            "jobsapp_outbox_backlog", "Outbox rows that are due and not yet published.",
+            "jobsapp_outbox_backlog",
+            "Outbox rows that are due and not yet published.",
             value=numbers.outbox_backlog,
-        )  # fmt: skip
+        )
         yield GaugeMetricFamily(
             "jobsapp_outbox_lag_seconds",
             "Seconds the oldest due, unpublished outbox row has waited (0 when none).",
@@ -87,7 +88,7 @@ def _paused(engine: Engine, names: Labels, numbers: Health) -> Iterator[Metric]:
     for kind, label, known, what in (
         (Kind.QUEUE, "queue", names.queues, "broker queue"),
         (Kind.DOMAIN, "module", numbers.counts.keys(), "domain (run table)"),
-    ):  # fmt: skip
+    ):
         doc = f"1 while the {what} is paused: nothing is published or claimed for it."
         family = GaugeMetricFamily(f"jobsapp_{kind.value}_paused", doc, labels=[label])
         for name in sorted(set(known) | {n for k, n in paused if k == kind.value}):
@@ -108,9 +109,13 @@ def _outbox_upkeep(engine: Engine) -> Iterator[Metric]:
         "(unclaimed), of which for a task this app has not registered (unknown_task).",
         labels=["result"],
     )
-    for result, name in (("published", relay.PUBLISHED), ("failed", relay.FAILED),
-                         ("dead", relay.DEAD), ("unclaimed", relay.UNCLAIMED),
-                         ("unknown_task", relay.UNKNOWN_TASK)):  # fmt: skip
+    for result, name in (
+        ("published", relay.PUBLISHED),
+        ("failed", relay.FAILED),
+        ("dead", relay.DEAD),
+        ("unclaimed", relay.UNCLAIMED),
+        ("unknown_task", relay.UNKNOWN_TASK),
+    ):
         relayed.add_metric([result], totals.get(name, 0))
     yield relayed
     yield GaugeMetricFamily(
@@ -129,13 +134,17 @@ _COUNTERS = {
     rollup.ATTEMPTS: ("jobsapp_attempts", "Attempts ended, by outcome.", "outcome"),
     rollup.REAPED: ("jobsapp_reaped", "Runs the reaper took back, requeued or failed.", "outcome"),
     DEDUP_HITS: ("jobsapp_dedup_hits", "Enqueues absorbed as duplicates of a job_id.", ""),
-}  # fmt: skip
+}
 _HISTOGRAMS = {
-    rollup.QUEUE_WAIT: ("jobsapp_queue_wait_seconds",
-                        "From when an attempt's message was due to its claim."),
-    rollup.RUN_DURATION: ("jobsapp_run_duration_seconds",
-                          "From an attempt's claim to its end (reaped runs excluded)."),
-}  # fmt: skip
+    rollup.QUEUE_WAIT: (
+        "jobsapp_queue_wait_seconds",
+        "From when an attempt's message was due to its claim.",
+    ),
+    rollup.RUN_DURATION: (
+        "jobsapp_run_duration_seconds",
+        "From an attempt's claim to its end (reaped runs excluded).",
+    ),
+}
 
 
 # The label values every registered task's counter starts with, at zero.
@@ -165,9 +174,12 @@ def _rolled_up(engine: Engine, names: Labels) -> Iterator[Metric]:
 def _folded(totals: Mapping[Key, int], names: Labels) -> dict[Key, int]:
     """Totals with unregistered task names folded into ``other``, and every registered
     task's counter series present from the start."""
-    out = {(metric, module, task, value): 0
-           for module, task, _ in names.registered()
-           for metric, values in _STARTING.items() for value in values}  # fmt: skip
+    out = {
+        (metric, module, task, value): 0
+        for module, task, _ in names.registered()
+        for metric, values in _STARTING.items()
+        for value in values
+    }
     for (metric, module, task, value), n in totals.items():
         key = (metric, module, names.task(task), value)
         out[key] = out.get(key, 0) + n
@@ -259,8 +271,9 @@ def process_registry() -> CollectorRegistry:
 class _Info(Collector):
     def collect(self) -> Iterator[Metric]:
         # Summed over the replicas it counts them; by version it shows a rollout's progress.
-        info = GaugeMetricFamily("jobsapp_web_info", "A web process, by jobsapp version.",
-                                 labels=["version"])  # fmt: skip
+        info = GaugeMetricFamily(
+            "jobsapp_web_info", "A web process, by jobsapp version.", labels=["version"]
+        )
         info.add_metric([__version__], 1)
         yield info
 

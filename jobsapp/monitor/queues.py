@@ -97,14 +97,22 @@ def key_lines(conn: Connection, limit: int = KEY_LINES) -> list[KeyLine]:
     s = SLOTS.c
     waiting = func.count() - func.count(s.slot_no)
     stmt = (
-        select(s.run_table, s.concurrency_key, func.max(s.key_limit), func.count(s.slot_no),
-               waiting, func.min(s.created_at).filter(s.slot_no.is_(None)))
+        select(
+            s.run_table,
+            s.concurrency_key,
+            func.max(s.key_limit),
+            func.count(s.slot_no),
+            waiting,
+            func.min(s.created_at).filter(s.slot_no.is_(None)),
+        )
         .group_by(s.run_table, s.concurrency_key)
         .order_by(waiting.desc(), s.concurrency_key)
         .limit(limit)
-    )  # fmt: skip
-    return [KeyLine(modules.get(table, table), key, int(n), int(held), int(wait), oldest)
-            for table, key, n, held, wait, oldest in conn.execute(stmt)]  # fmt: skip
+    )
+    return [
+        KeyLine(modules.get(table, table), key, int(n), int(held), int(wait), oldest)
+        for table, key, n, held, wait, oldest in conn.execute(stmt)
+    ]
 
 
 def journal_depths(conn: Connection, default_queue: str, now: datetime) -> list[QueueRow]:
@@ -114,16 +122,22 @@ def journal_depths(conn: Connection, default_queue: str, now: datetime) -> list[
         t = spec.table
         due = or_(t.c.next_retry_at.is_(None), t.c.next_retry_at <= now)
         stmt = (
-            select(t.c.queue, func.count().filter(due), func.count().filter(~due),
-                   func.min(t.c.updated_at).filter(due))
-            .where(t.c.state == State.QUEUED.value).group_by(t.c.queue)
-        )  # fmt: skip
+            select(
+                t.c.queue,
+                func.count().filter(due),
+                func.count().filter(~due),
+                func.min(t.c.updated_at).filter(due),
+            )
+            .where(t.c.state == State.QUEUED.value)
+            .group_by(t.c.queue)
+        )
         for queue, n_due, n_later, oldest in conn.execute(stmt):
             name = queue or default_queue
             rate = rates.get((spec.module, queue), 0) / (RATE_WINDOW.total_seconds() / 60)
             found.append(QueueRow(name, spec.module, n_due, n_later, oldest, rate))
-        found += _idle(spec.module, rates, {r.queue for r in found if r.module == spec.module},
-                       default_queue)  # fmt: skip
+        found += _idle(
+            spec.module, rates, {r.queue for r in found if r.module == spec.module}, default_queue
+        )
     return sorted(found, key=lambda r: (r.queue, r.module))
 
 
@@ -148,7 +162,7 @@ def _claims(conn: Connection, now: datetime) -> dict[tuple[str, str | None], int
             .select_from(claims.join(t, t.c.job_id == claims.c.job_id))
             .where(claims.c.module == spec.module)
             .group_by(t.c.queue)
-        )  # fmt: skip
+        )
         for queue, n in conn.execute(stmt):
             found[(spec.module, queue)] = int(n)
     return found
@@ -190,8 +204,9 @@ def _depth(conn: Any, name: str) -> BrokerDepth:
     finally:
         _close(channel)
     # kombu's virtual transports count no consumers: only AMQP's number means something.
-    return BrokerDepth(int(messages), None if conn.transport.driver_type in _KEYS_VANISH
-                       else int(consumers))  # fmt: skip
+    return BrokerDepth(
+        int(messages), None if conn.transport.driver_type in _KEYS_VANISH else int(consumers)
+    )
 
 
 def _close(channel: Any) -> None:

@@ -144,8 +144,7 @@ def run_once(engine: Engine, batch: int = BATCH, settle: timedelta = SETTLE) -> 
     how many transitions were counted."""
     with engine.begin() as conn:
         horizon = lease.database_now(conn) - settle
-        counted = sum(_roll_successes(conn, spec, horizon, batch)
-                      for spec in registry.all_tables())  # fmt: skip
+        counted = sum(_roll_successes(conn, spec, horizon, batch) for spec in registry.all_tables())
         cursor = _locked_cursor(conn)
         events = settled(_events_after(conn, cursor, batch), horizon)
         if not events:
@@ -166,16 +165,23 @@ def _roll_successes(conn: Connection, spec: RunTable, horizon: datetime, batch: 
     t = spec.table
     rows = conn.execute(
         select(t.c.job_id, t.c.attempts, t.c.attempted_at, t.c.finished_at)
-        .where(t.c.finished_at > through, t.c.finished_at <= horizon,
-               t.c.state == State.SUCCEEDED.value, t.c.attempted_at.is_not(None))
-        .order_by(t.c.finished_at).limit(batch)
-    ).all()  # fmt: skip
+        .where(
+            t.c.finished_at > through,
+            t.c.finished_at <= horizon,
+            t.c.state == State.SUCCEEDED.value,
+            t.c.attempted_at.is_not(None),
+        )
+        .order_by(t.c.finished_at)
+        .limit(batch)
+    ).all()
     rows = _whole_instants(rows, batch)
     if not rows:
         return 0
-    events = [Event(0, spec.module, job_id, attempts, kind.value, at)
-              for job_id, attempts, claimed, finished in rows
-              for kind, at in ((Transition.CLAIM, claimed), (Transition.SUCCEED, finished))]
+    events = [
+        Event(0, spec.module, job_id, attempts, kind.value, at)
+        for job_id, attempts, claimed, finished in rows
+        for kind, at in ((Transition.CLAIM, claimed), (Transition.SUCCEED, finished))
+    ]
     tasks, claims, sent = _lookups(conn, events)
     claims |= {(r.job_id, r.attempts): r.attempted_at for r in rows}
     add(conn, tally(events, tasks, claims, sent))
@@ -205,12 +211,23 @@ def _locked_cursor(conn: Connection) -> int:
 def _events_after(conn: Connection, cursor: int, batch: int) -> list[Event]:
     cols = EVENTS.c
     rows = conn.execute(
-        select(cols.id, cols.module, cols.job_id, cols.attempt, cols.transition, cols.at,
-               cols.reason == COUNTED)
-        .where(cols.id > cursor).order_by(cols.id).limit(batch)
-    )  # fmt: skip
-    return [Event(i, module, job_id, attempt, transition, at, bool(counted))
-            for i, module, job_id, attempt, transition, at, counted in rows]  # fmt: skip
+        select(
+            cols.id,
+            cols.module,
+            cols.job_id,
+            cols.attempt,
+            cols.transition,
+            cols.at,
+            cols.reason == COUNTED,
+        )
+        .where(cols.id > cursor)
+        .order_by(cols.id)
+        .limit(batch)
+    )
+    return [
+        Event(i, module, job_id, attempt, transition, at, bool(counted))
+        for i, module, job_id, attempt, transition, at, counted in rows
+    ]
 
 
 def _rewind_if_ids_restarted(conn: Connection, cursor: int) -> None:
@@ -250,10 +267,11 @@ def _claims(conn: Connection, module: str, ids: list[uuid.UUID]) -> dict[Attempt
     cols = EVENTS.c
     rows = conn.execute(
         select(cols.job_id, cols.attempt, cols.at).where(
-            cols.module == module, cols.job_id.in_(ids),
+            cols.module == module,
+            cols.job_id.in_(ids),
             cols.transition == Transition.CLAIM.value,
         )
-    )  # fmt: skip
+    )
     return {(job_id, attempt): at for job_id, attempt, at in rows}
 
 
@@ -262,9 +280,10 @@ def _sent_times(
 ) -> dict[Attempt, tuple[datetime, datetime | None]]:
     cols = OUTBOX.c
     rows = conn.execute(
-        select(cols.job_id, cols.attempt, cols.created_at, cols.published_at)
-        .where(cols.module == module, cols.job_id.in_(ids))
-    )  # fmt: skip
+        select(cols.job_id, cols.attempt, cols.created_at, cols.published_at).where(
+            cols.module == module, cols.job_id.in_(ids)
+        )
+    )
     return {(job_id, attempt): (created, published) for job_id, attempt, created, published in rows}
 
 

@@ -63,12 +63,19 @@ class SummaryRow:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "module": self.module, "job_id": str(self.job_id), "task_name": self.task_name,
-            "state": self.state, "outcome": self.outcome, "attempts": self.attempts,
-            "max_attempts": self.max_attempts, "age_seconds": round(self.age_seconds, 3),
-            "last_error": self.last_error, "created_at": self.created_at.isoformat(),
-            "updated_at": self.updated_at.isoformat(), "worker": self.worker,
-        }  # fmt: skip
+            "module": self.module,
+            "job_id": str(self.job_id),
+            "task_name": self.task_name,
+            "state": self.state,
+            "outcome": self.outcome,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "age_seconds": round(self.age_seconds, 3),
+            "last_error": self.last_error,
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+            "worker": self.worker,
+        }
 
 
 # A run table's rows of one task on one broker queue (None: the task's default route).
@@ -161,8 +168,20 @@ def summarize(
 
 def _newest(spec: RunTable, states: Sequence[str], limit: int) -> Select[Any]:
     table = spec.table
-    columns = [table.c[name] for name in ("job_id", "task_name", "state", "outcome",
-               "attempts", "max_attempts", "created_at", "updated_at", "worker")]  # fmt: skip
+    columns = [
+        table.c[name]
+        for name in (
+            "job_id",
+            "task_name",
+            "state",
+            "outcome",
+            "attempts",
+            "max_attempts",
+            "created_at",
+            "updated_at",
+            "worker",
+        )
+    ]
     error = func.substr(table.c.last_error, 1, _ERROR_PREFIX).label("last_error")
     # One indexed LIMIT branch per state; SQLite wants each wrapped as a subquery.
     branches = [
@@ -179,12 +198,19 @@ def _newest(spec: RunTable, states: Sequence[str], limit: int) -> Select[Any]:
 
 def summary_row(spec: RunTable, row: dict[str, Any], now: datetime) -> SummaryRow:
     return SummaryRow(
-        module=spec.module, job_id=row["job_id"], task_name=row["task_name"],
-        state=row["state"], outcome=row["outcome"], attempts=row["attempts"],
-        max_attempts=row["max_attempts"], age_seconds=_seconds(now - row["updated_at"]),
-        last_error=first_line(row["last_error"]), created_at=row["created_at"],
-        updated_at=row["updated_at"], worker=row["worker"],
-    )  # fmt: skip
+        module=spec.module,
+        job_id=row["job_id"],
+        task_name=row["task_name"],
+        state=row["state"],
+        outcome=row["outcome"],
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        age_seconds=_seconds(now - row["updated_at"]),
+        last_error=first_line(row["last_error"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        worker=row["worker"],
+    )
 
 
 def first_line(error: str | None) -> str | None:
@@ -397,7 +423,8 @@ def outcome_counts(engine: Engine, *, module: str | None = None) -> list[Outcome
             stmt = select(table.c.state, table.c.outcome, func.count()).group_by(
                 table.c.state, table.c.outcome
             )
-            found.extend(OutcomeCount(spec.module, str(s), o, int(n))
-                         for s, o, n in conn.execute(stmt).all())  # fmt: skip
+            found.extend(
+                OutcomeCount(spec.module, str(s), o, int(n)) for s, o, n in conn.execute(stmt).all()
+            )
     order = {state: i for i, state in enumerate(ALL_STATES)}
     return sorted(found, key=lambda c: (c.module, order.get(c.state, len(order)), -c.jobs))

@@ -90,15 +90,25 @@ class Identity:
 def beat(conn: Connection, me: Identity, queues: Iterable[str], now: datetime) -> None:
     """Insert or refresh this process's row (a restarted pid is a new row)."""
     values = {"queues": sorted(set(queues)), "beat_at": now, "stopped_at": None}
-    stmt = _upsert(conn, WORKERS).values(name=me.name, nodename=me.nodename, host=me.host,
-                                         pid=me.pid, pool=me.pool, concurrency=me.concurrency,
-                                         started_at=now, **values)  # fmt: skip
+    stmt = _upsert(conn, WORKERS).values(
+        name=me.name,
+        nodename=me.nodename,
+        host=me.host,
+        pid=me.pid,
+        pool=me.pool,
+        concurrency=me.concurrency,
+        started_at=now,
+        **values,
+    )
     conn.execute(stmt.on_conflict_do_update(index_elements=[WORKERS.c.name], set_=values))
 
 
 def stopped(conn: Connection, name: str, now: datetime) -> None:
-    conn.execute(update(WORKERS).where(WORKERS.c.name == name, WORKERS.c.stopped_at.is_(None))
-                 .values(stopped_at=now))  # fmt: skip
+    conn.execute(
+        update(WORKERS)
+        .where(WORKERS.c.name == name, WORKERS.c.stopped_at.is_(None))
+        .values(stopped_at=now)
+    )
 
 
 def forget_old(conn: Connection, now: datetime) -> int:
@@ -205,18 +215,26 @@ def running_now(conn: Connection) -> list[Running]:
     found: list[Running] = []
     for spec in checked_tables(None):
         t = spec.table
-        stmt = (select(t.c.job_id, t.c.task_name, t.c.worker, t.c.started_at)
-                .where(t.c.state == State.RUNNING.value).limit(RUNNING_SHOWN))  # fmt: skip
-        found += [Running(spec.module, r.job_id, r.task_name, r.worker or "", r.started_at)
-                  for r in conn.execute(stmt)]  # fmt: skip
+        stmt = (
+            select(t.c.job_id, t.c.task_name, t.c.worker, t.c.started_at)
+            .where(t.c.state == State.RUNNING.value)
+            .limit(RUNNING_SHOWN)
+        )
+        found += [
+            Running(spec.module, r.job_id, r.task_name, r.worker or "", r.started_at)
+            for r in conn.execute(stmt)
+        ]
     return found
 
 
 def live_queues(conn: Connection, now: datetime) -> set[str] | None:
     """The queues some live worker consumes; None when no worker ever registered (an
     older worker that does not beat its row: nothing can be said)."""
-    rows = conn.execute(select(WORKERS.c.queues, WORKERS.c.beat_at, WORKERS.c.stopped_at)
-                        .where(WORKERS.c.beat_at >= now - KEPT_FOR)).all()  # fmt: skip
+    rows = conn.execute(
+        select(WORKERS.c.queues, WORKERS.c.beat_at, WORKERS.c.stopped_at).where(
+            WORKERS.c.beat_at >= now - KEPT_FOR
+        )
+    ).all()
     if not rows:
         return None
     alive = [r.queues for r in rows if r.stopped_at is None and now - r.beat_at <= SILENT_AFTER]

@@ -38,8 +38,14 @@ class StepView:
     has_run: bool
 
     def as_json(self) -> dict[str, Any]:
-        return {"path": self.path, "job_id": str(self.job_id), "module": self.module,
-                "task": self.task_name, "state": self.state, "outcome": self.outcome}  # fmt: skip
+        return {
+            "path": self.path,
+            "job_id": str(self.job_id),
+            "module": self.module,
+            "task": self.task_name,
+            "state": self.state,
+            "outcome": self.outcome,
+        }
 
 
 def workflow_steps(engine: Engine, workflow_id: uuid.UUID) -> list[StepView]:
@@ -59,8 +65,15 @@ def _view(step: Mapping[str, Any], run: Any) -> StepView:
         state, outcome = "blocked", step["blocked_outcome"]
     else:
         state, outcome = "waiting", None
-    return StepView(step["path"], step["job_id"], step["module"], step["task_name"], state,
-                    outcome, run is not None)  # fmt: skip
+    return StepView(
+        step["path"],
+        step["job_id"],
+        step["module"],
+        step["task_name"],
+        state,
+        outcome,
+        run is not None,
+    )
 
 
 def _order(path: str) -> tuple[tuple[int, str], ...]:
@@ -99,12 +112,17 @@ def _flags(module: str) -> Any:
         return func.max(case((condition, 1), else_=0))
 
     failed = or_(table.c.state == State.FAILED.value, STEPS.c.blocked_at.is_not(None))
-    waiting = and_(table.c.job_id.is_(None), STEPS.c.blocked_at.is_(None),
-                   STEPS.c.trigger != FAILURE)  # fmt: skip
+    waiting = and_(
+        table.c.job_id.is_(None), STEPS.c.blocked_at.is_(None), STEPS.c.trigger != FAILURE
+    )
     return (
-        select(STEPS.c.workflow_id, any_of(table.c.state.in_(ACTIVE_STATES)), any_of(failed),
-               any_of(waiting))
+        select(
+            STEPS.c.workflow_id,
+            any_of(table.c.state.in_(ACTIVE_STATES)),
+            any_of(failed),
+            any_of(waiting),
+        )
         .select_from(STEPS.outerjoin(table, table.c.job_id == STEPS.c.job_id))
         .where(STEPS.c.module == module)
         .group_by(STEPS.c.workflow_id)
-    )  # fmt: skip
+    )

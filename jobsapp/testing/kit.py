@@ -80,32 +80,46 @@ class Kit:
         """Every run of ``task``, oldest first."""
         spec = task.run_table
         table = spec.table
-        stmt = (select(table).where(table.c.task_name == task.name)
-                .order_by(table.c.created_at))  # fmt: skip
+        stmt = select(table).where(table.c.task_name == task.name).order_by(table.c.created_at)
         with self.engine.connect() as conn:
             return [_run(spec, dict(row)) for row in conn.execute(stmt).mappings()]
 
     def enqueued(self, task: Any, **subset: Any) -> list[JobHandle]:
         """Handles of the queued jobs of ``task`` matching ``subset`` (``args``, ``kwargs``,
         ``key``, ``queue``, ``priority``): a job matches when each given field equals."""
-        return [JobHandle(run.job_id, EnqueueOutcome.DUPLICATE, task.run_table,
-                          task=task.name, app=self.app)
-                for run in self.runs(task) if run.state == "queued" and _matches(run, subset)]
+        return [
+            JobHandle(
+                run.job_id, EnqueueOutcome.DUPLICATE, task.run_table, task=task.name, app=self.app
+            )
+            for run in self.runs(task)
+            if run.state == "queued" and _matches(run, subset)
+        ]
 
     def assert_enqueued(self, task: Any, **subset: Any) -> None:
         if not self.enqueued(task, **subset):
-            raise AssertionError(f"no queued {task.name} job with {subset}; queued: "
-                                 f"{self._queued_of(task)}")  # fmt: skip
+            raise AssertionError(
+                f"no queued {task.name} job with {subset}; queued: {self._queued_of(task)}"
+            )
 
     def refute_enqueued(self, task: Any, **subset: Any) -> None:
         found = self.enqueued(task, **subset)
         if found:
-            raise AssertionError(f"{len(found)} queued {task.name} job(s) with {subset}: "
-                                 f"{self._queued_of(task)}")  # fmt: skip
+            raise AssertionError(
+                f"{len(found)} queued {task.name} job(s) with {subset}: {self._queued_of(task)}"
+            )
 
     def _queued_of(self, task: Any) -> list[dict[str, Any]]:
-        return [{"args": r.args, "kwargs": r.kwargs, "key": r.key, "queue": r.queue,
-                 "priority": r.priority} for r in self.runs(task) if r.state == "queued"]
+        return [
+            {
+                "args": r.args,
+                "kwargs": r.kwargs,
+                "key": r.key,
+                "queue": r.queue,
+                "priority": r.priority,
+            }
+            for r in self.runs(task)
+            if r.state == "queued"
+        ]
 
     def outbox(self) -> list[dict[str, Any]]:
         """The outbox rows: what was (or is to be) published, for assertions."""
@@ -161,9 +175,12 @@ class Kit:
         args, kwargs, _embed = message.payload
         task = self.app.tasks[headers["task"]]
         trace = build_tracer(task.name, task, app=self.app, eager=False)
-        request = {"id": headers["id"], "hostname": f"kit@{socket.gethostname()}",
-                   "is_eager": False, "delivery_info": {"routing_key": self._default(),
-                                                       "exchange": "", "redelivered": False}}
+        request = {
+            "id": headers["id"],
+            "hostname": f"kit@{socket.gethostname()}",
+            "is_eager": False,
+            "delivery_info": {"routing_key": self._default(), "exchange": "", "redelivered": False},
+        }
         trace(headers["id"], list(args), dict(kwargs), request)
         return self._state_after(task, kwargs)
 
@@ -187,26 +204,40 @@ class Kit:
             if found and all(r.state == state for r in found):
                 return found
             if time.monotonic() > deadline:
-                raise AssertionError(f"{task.name}: not all {state} after {timeout}s: "
-                                     f"{[(r.state, r.last_error) for r in found]}")  # fmt: skip
+                raise AssertionError(
+                    f"{task.name}: not all {state} after {timeout}s: "
+                    f"{[(r.state, r.last_error) for r in found]}"
+                )
             time.sleep(0.05)
 
 
 def _run(spec: registry.RunTable, row: dict[str, Any]) -> Run:
     params = decoded(row.get(spec.params_column) or {}) if spec.params_column else {}
     return Run(
-        job_id=row["job_id"], task=row["task_name"], state=row["state"], outcome=row["outcome"],
-        attempts=int(row["attempts"]), args=tuple(params.get("args", ())),
-        kwargs=dict(params.get("kwargs", {})), key=row["concurrency_key"], queue=row.get("queue"),
-        priority=row.get("priority"), last_error=row["last_error"], result=decoded(row["result"]),
-    )  # fmt: skip
+        job_id=row["job_id"],
+        task=row["task_name"],
+        state=row["state"],
+        outcome=row["outcome"],
+        attempts=int(row["attempts"]),
+        args=tuple(params.get("args", ())),
+        kwargs=dict(params.get("kwargs", {})),
+        key=row["concurrency_key"],
+        queue=row.get("queue"),
+        priority=row.get("priority"),
+        last_error=row["last_error"],
+        result=decoded(row["result"]),
+    )
 
 
 def _matches(run: Run, subset: Mapping[str, Any]) -> bool:
-    shown = {"args": run.args, "kwargs": run.kwargs, "key": run.key, "queue": run.queue,
-             "priority": run.priority}  # fmt: skip
+    shown = {
+        "args": run.args,
+        "kwargs": run.kwargs,
+        "key": run.key,
+        "queue": run.queue,
+        "priority": run.priority,
+    }
     unknown = set(subset) - set(shown)
     if unknown:
         raise TypeError(f"assert_enqueued matches on {sorted(shown)}, not {sorted(unknown)}")
     return all(shown[k] == (tuple(v) if k == "args" else v) for k, v in subset.items())
-

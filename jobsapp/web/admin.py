@@ -50,8 +50,7 @@ _RETRY_AFTER_S = "5"
 _DB_DOWN = (OperationalError, InterfaceError, PoolTimeout)
 _REFUSAL_STATUS = {operator.NotFound: 404, operator.Conflict: 409}
 
-admin = APIBlueprint("admin", __name__, abp_tags=[Tag(name="operators")],
-                     abp_security=ADMIN_AUTH)  # fmt: skip
+admin = APIBlueprint("admin", __name__, abp_tags=[Tag(name="operators")], abp_security=ADMIN_AUTH)
 scrape = APIBlueprint("metrics", __name__, abp_tags=[Tag(name="operations")])
 
 
@@ -136,8 +135,9 @@ def _authenticate_scraper() -> ResponseReturnValue | None:
     responses={200: json_answer(schemas.JobSummary, "The summary"), **admin_errors(400)},
 )
 def jobs(query: schemas.SummaryQuery) -> Answer:
-    rows = summary.summarize(get_engine(), states=tuple(query.state) or None,
-                             module=query.module, limit=query.limit)  # fmt: skip
+    rows = summary.summarize(
+        get_engine(), states=tuple(query.state) or None, module=query.module, limit=query.limit
+    )
     counts = summary.counts(get_engine())
     return jsonify({"jobs": [row.as_json() for row in rows], "counts": counts})
 
@@ -151,17 +151,24 @@ def jobs(query: schemas.SummaryQuery) -> Answer:
     description="failed -> queued, with an audit row (actor `operator:<actor>`, the "
     "reason); the message is published after the commit (or by the relay).",
     operation_id="adminReplay",
-    responses={200: json_answer(schemas.Replayed, "Queued again"),
-               **admin_errors(400, 404, 409)},
-)  # fmt: skip
+    responses={200: json_answer(schemas.Replayed, "Queued again"), **admin_errors(400, 404, 409)},
+)
 def replay(path: schemas.JobPath, body: schemas.OperatorAction) -> Answer:
     # The actor is self-declared (the token is shared): the audit row names who says they
     # acted, not who was authenticated.
-    done = operator.replay(get_engine(), path.module, path.job_id, actor=body.actor,
-                           reason=body.reason)  # fmt: skip
-    return jsonify({"module": done.module, "job_id": str(done.job_id), "state": "queued",
-                    "attempt": done.attempt, "published": done.published,
-                    "waiting": done.waiting})  # fmt: skip
+    done = operator.replay(
+        get_engine(), path.module, path.job_id, actor=body.actor, reason=body.reason
+    )
+    return jsonify(
+        {
+            "module": done.module,
+            "job_id": str(done.job_id),
+            "state": "queued",
+            "attempt": done.attempt,
+            "published": done.published,
+            "waiting": done.waiting,
+        }
+    )
 
 
 @admin.post(
@@ -173,34 +180,50 @@ def replay(path: schemas.JobPath, body: schemas.OperatorAction) -> Answer:
     "pool can. Each with an audit row. 409 `cancel_pending`: already asked to stop (send "
     "`terminate`); `not_active`: it has ended.",
     operation_id="adminCancel",
-    responses={200: json_answer(schemas.Cancelled, "Cancelled, or asked to stop"),
-               **admin_errors(400, 404, 409)},
-)  # fmt: skip
+    responses={
+        200: json_answer(schemas.Cancelled, "Cancelled, or asked to stop"),
+        **admin_errors(400, 404, 409),
+    },
+)
 def cancel(path: schemas.JobPath, body: schemas.CancelAction) -> Answer:
-    done = operator.cancel(get_engine(), path.module, path.job_id, actor=body.actor,
-                           reason=body.reason, terminate=body.terminate)  # fmt: skip
-    return jsonify({"module": done.module, "job_id": str(done.job_id),
-                    "state": "running" if done.running else "failed",
-                    "outcome": None if done.running else "cancelled",
-                    "attempts": done.attempts, "cancel_requested": done.running,
-                    "terminate_sent": done.terminate_sent})  # fmt: skip
+    done = operator.cancel(
+        get_engine(),
+        path.module,
+        path.job_id,
+        actor=body.actor,
+        reason=body.reason,
+        terminate=body.terminate,
+    )
+    return jsonify(
+        {
+            "module": done.module,
+            "job_id": str(done.job_id),
+            "state": "running" if done.running else "failed",
+            "outcome": None if done.running else "cancelled",
+            "attempts": done.attempts,
+            "cancel_requested": done.running,
+            "terminate_sent": done.terminate_sent,
+        }
+    )
 
 
 @admin.post(
     "/v1/admin/reconcile",
     summary="A reconcile pass now: failed runs worth another try are replayed",
-    description="The body may be empty. 409 `never_retaken` for a code the domain never "
-    "retakes.",
+    description="The body may be empty. 409 `never_retaken` for a code the domain never retakes.",
     operation_id="adminReconcile",
-    responses={200: json_answer(schemas.Reconciled, "One report per domain"),
-               **admin_errors(400, 404, 409)},
-)  # fmt: skip
+    responses={
+        200: json_answer(schemas.Reconciled, "One report per domain"),
+        **admin_errors(400, 404, 409),
+    },
+)
 def reconcile_failed(body: schemas.ReconcileRequest) -> Answer:
     from jobsapp.celery_app import app as celery_app
     from jobsapp.maintenance import reconcile
 
-    asked = reconcile.Request(error_code=body.error_code, dry_run=body.dry_run,
-                              actor=f"{reconcile.ACTOR}:{body.actor}")  # fmt: skip
+    asked = reconcile.Request(
+        error_code=body.error_code, dry_run=body.dry_run, actor=f"{reconcile.ACTOR}:{body.actor}"
+    )
     try:
         reports = reconcile.run_all(get_engine(), celery_app, asked, module=body.module)
     except reconcile.NeverRetaken as never:
@@ -215,9 +238,11 @@ def reconcile_failed(body: schemas.ReconcileRequest) -> Answer:
     "/v1/admin/outbox/dead",
     summary="Outbox rows the relay gave up on (dead), newest first",
     operation_id="adminDeadOutbox",
-    responses={200: json_answer(schemas.DeadOutbox, "Dead outbox rows, with why"),
-               **admin_errors(400)},
-)  # fmt: skip
+    responses={
+        200: json_answer(schemas.DeadOutbox, "Dead outbox rows, with why"),
+        **admin_errors(400),
+    },
+)
 def dead_outbox(query: schemas.DeadOutboxQuery) -> Answer:
     with get_engine().connect() as conn:
         rows = outbox_queries.dead_rows(conn, limit=query.limit)
@@ -238,8 +263,9 @@ def _dead_json(row: outbox_queries.DeadRow) -> dict[str, Any]:
     responses={200: json_answer(schemas.Revived, "Rows revived"), **admin_errors(400)},
 )
 def retry_dead_outbox(body: schemas.RetryDeadOutbox) -> Answer:
-    revived = operator.retry_dead_outbox(get_engine(), body.ids, actor=body.actor,
-                                         reason=body.reason)  # fmt: skip
+    revived = operator.retry_dead_outbox(
+        get_engine(), body.ids, actor=body.actor, reason=body.reason
+    )
     return jsonify({"revived": revived})
 
 
@@ -250,8 +276,10 @@ def retry_dead_outbox(body: schemas.RetryDeadOutbox) -> Answer:
     "/v1/admin/flow",
     summary="Paused queues and domains, and the newest pauses and resumes",
     operation_id="adminFlow",
-    responses={200: json_answer(schemas.FlowState, "What is paused, and the audit trail"),
-               **admin_errors()},
+    responses={
+        200: json_answer(schemas.FlowState, "What is paused, and the audit trail"),
+        **admin_errors(),
+    },
 )
 def flow_state() -> Answer:
     engine = get_engine()
@@ -271,10 +299,11 @@ def _flow_changed(path: schemas.FlowPath, paused: bool, changed: bool) -> Answer
     "message already in the broker is handed back to the journal when a worker receives it.",
     operation_id="adminFlowPause",
     responses={200: json_answer(schemas.FlowChanged, "Paused"), **admin_errors(400, 404)},
-)  # fmt: skip
+)
 def flow_pause(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
-    changed = flow_control.pause(get_engine(), Kind(path.kind), path.name, actor=body.actor,
-                                 reason=body.reason)  # fmt: skip
+    changed = flow_control.pause(
+        get_engine(), Kind(path.kind), path.name, actor=body.actor, reason=body.reason
+    )
     return _flow_changed(path, True, changed)
 
 
@@ -284,10 +313,11 @@ def flow_pause(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
     description="Audited.",
     operation_id="adminFlowResume",
     responses={200: json_answer(schemas.FlowChanged, "Resumed"), **admin_errors(400, 404)},
-)  # fmt: skip
+)
 def flow_resume(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
-    changed = flow_control.resume(get_engine(), Kind(path.kind), path.name, actor=body.actor,
-                                  reason=body.reason)  # fmt: skip
+    changed = flow_control.resume(
+        get_engine(), Kind(path.kind), path.name, actor=body.actor, reason=body.reason
+    )
     return _flow_changed(path, False, changed)
 
 
@@ -302,11 +332,13 @@ def flow_resume(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
     "Open unless `JOBSAPP_METRICS_TOKEN` is set, then that bearer token.",
     operation_id="metrics",
     responses={
-        200: {"description": "The Prometheus text exposition format",
-              "content": {"text/plain": {"schema": {"type": "string"}}}},
+        200: {
+            "description": "The Prometheus text exposition format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
         **errors(401, text=ADMIN_ERROR_TEXT),
     },
-)  # fmt: skip
+)
 def prometheus() -> Answer:
     return _exposition(_PROCESS_METRICS)
 
@@ -323,11 +355,13 @@ def prometheus() -> Answer:
     "Open unless `JOBSAPP_METRICS_TOKEN` is set, then that bearer token.",
     operation_id="clusterMetrics",
     responses={
-        200: {"description": "The Prometheus text exposition format",
-              "content": {"text/plain": {"schema": {"type": "string"}}}},
+        200: {
+            "description": "The Prometheus text exposition format",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
         **errors(401, 503, text=ADMIN_ERROR_TEXT),
     },
-)  # fmt: skip
+)
 def cluster_prometheus() -> Answer:
     return _exposition(_METRICS)
 

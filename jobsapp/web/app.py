@@ -90,11 +90,16 @@ def limits_from_env(env: Mapping[str, str]) -> Limits:
 _LOCATION = {"Location": {"description": "URL of the attachment", "schema": {"type": "string"}}}
 _UPLOAD_BODY = {
     "required": True,
-    "content": {"multipart/form-data": {"schema": {
-        "type": "object", "required": ["file"],
-        "properties": {"file": {"type": "string", "contentMediaType": "image/*"}},
-    }}},
-}  # fmt: skip
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["file"],
+                "properties": {"file": {"type": "string", "contentMediaType": "image/*"}},
+            }
+        }
+    },
+}
 
 
 # The form is read by jobsapp.web.multipart as it streams in, within its limits: it is
@@ -108,11 +113,12 @@ _UPLOAD_BODY = {
     openapi_extensions={"requestBody": _UPLOAD_BODY},
     responses={
         202: json_answer(schemas.Accepted, "Accepted: durable and queued", headers=_LOCATION),
-        200: json_answer(schemas.Accepted, "An Idempotency-Key replay: the earlier attachment",
-                         headers=_LOCATION),
+        200: json_answer(
+            schemas.Accepted, "An Idempotency-Key replay: the earlier attachment", headers=_LOCATION
+        ),
         **errors(400, 413, 415, 422, 503),
     },
-)  # fmt: skip
+)
 def upload(header: schemas.UploadHeaders) -> Answer:
     key = header.idempotency_key
     limits: Limits = current_app.extensions[_LIMITS]
@@ -150,13 +156,17 @@ def show(path: schemas.AttachmentPath) -> Answer:
     summary="A rendered variant's bytes",
     operation_id="getVariant",
     responses={
-        200: {"description": "The bytes, streamed (local storage)", "content": {
-            "image/*": {"schema": {"type": "string", "contentMediaType": "image/*"}}}},
-        302: {"description": "Redirect to a short-lived presigned URL (S3 storage)",
-              "headers": {"Location": {"schema": {"type": "string", "format": "uri"}}}},
+        200: {
+            "description": "The bytes, streamed (local storage)",
+            "content": {"image/*": {"schema": {"type": "string", "contentMediaType": "image/*"}}},
+        },
+        302: {
+            "description": "Redirect to a short-lived presigned URL (S3 storage)",
+            "headers": {"Location": {"schema": {"type": "string", "format": "uri"}}},
+        },
         **errors(404, 503),
     },
-)  # fmt: skip
+)
 def variant(path: schemas.VariantPath) -> Answer:
     read = service.open_variant(path.attachment_id, path.name)
     if read is None:
@@ -177,11 +187,13 @@ def variant(path: schemas.VariantPath) -> Answer:
     summary="This document",
     operation_id="openapi",
     responses={
-        200: {"description": "OpenAPI 3.1",
-              "content": {"application/json": {"schema": {"type": "object"}}}},
+        200: {
+            "description": "OpenAPI 3.1",
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        },
         **errors(),
     },
-)  # fmt: skip
+)
 def openapi() -> Answer:
     return jsonify(openapi_document(current_app))
 
@@ -279,9 +291,11 @@ def _http_error(exc: HTTPException) -> ResponseReturnValue:
     if status == 413:
         # Only the body's own limit is left to Werkzeug; the form's limits answer themselves.
         limits: Limits = current_app.extensions[_LIMITS]
-        reason = (f"The request is larger than the limit of "
-                  f"{limits.max_bytes + MULTIPART_OVERHEAD} bytes: a file of at most "
-                  f"{limits.max_bytes} bytes and its form.")  # fmt: skip
+        reason = (
+            f"The request is larger than the limit of "
+            f"{limits.max_bytes + MULTIPART_OVERHEAD} bytes: a file of at most "
+            f"{limits.max_bytes} bytes and its form."
+        )
         return error_response(413, "too_large", reason)
     if status == 404 and (page := ui.not_found_page(request.path)) is not None:
         return page

@@ -62,10 +62,14 @@ class AdminSessionInterface(SecureCookieSessionInterface):
         if token is None:
             return None
         return URLSafeTimedSerializer(
-            session_key(token), salt=self.salt, serializer=self.serializer,
-            signer_kwargs={"key_derivation": self.key_derivation,
-                           "digest_method": self.digest_method},
-        )  # fmt: skip
+            session_key(token),
+            salt=self.salt,
+            serializer=self.serializer,
+            signer_kwargs={
+                "key_derivation": self.key_derivation,
+                "digest_method": self.digest_method,
+            },
+        )
 
     def get_cookie_secure(self, app: Flask) -> bool:  # noqa: ARG002 - per request, not per app
         return request.is_secure
@@ -74,17 +78,20 @@ class AdminSessionInterface(SecureCookieSessionInterface):
 def init_app(app: Flask) -> None:
     app.session_interface = AdminSessionInterface()
     app.config.update(
-        SESSION_COOKIE_NAME="jobsapp_admin", SESSION_COOKIE_PATH="/admin",
-        SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Strict",
+        SESSION_COOKIE_NAME="jobsapp_admin",
+        SESSION_COOKIE_PATH="/admin",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Strict",
         PERMANENT_SESSION_LIFETIME=SESSION_LIFETIME,
-    )  # fmt: skip
+    )
 
 
 def session_key(token: str) -> bytes:
     # Not the token itself (a leaked signing key must not be a working bearer token), and
     # not the token alone (a visitor's cookie would let anyone test guesses offline).
-    return hmac.new(token.encode(), b"jobsapp admin session" + server_secret().encode(),
-                    hashlib.sha256).digest()  # fmt: skip
+    return hmac.new(
+        token.encode(), b"jobsapp admin session" + server_secret().encode(), hashlib.sha256
+    ).digest()
 
 
 def server_secret() -> str:
@@ -109,8 +116,11 @@ def _stored_secret() -> str:
         return str(found)
     try:
         with engine.begin() as conn:
-            conn.execute(insert(_SECRETS).values(name=_SECRET_NAME, created_at=utcnow(),
-                                                 value=secrets.token_urlsafe(48)))  # fmt: skip
+            conn.execute(
+                insert(_SECRETS).values(
+                    name=_SECRET_NAME, created_at=utcnow(), value=secrets.token_urlsafe(48)
+                )
+            )
     except IntegrityError:
         pass  # another process made it first: theirs is the one
     with engine.connect() as conn:
@@ -148,8 +158,9 @@ def log_in(actor: str) -> None:
     kept on the server."""
     sid, now = secrets.token_urlsafe(32), utcnow()
     with get_engine().begin() as conn:
-        conn.execute(insert(_SESSIONS).values(id_hash=_hashed(sid), actor=actor,
-                                              created_at=now, seen_at=now))  # fmt: skip
+        conn.execute(
+            insert(_SESSIONS).values(id_hash=_hashed(sid), actor=actor, created_at=now, seen_at=now)
+        )
     session.clear()
     session.permanent = True
     session[_SID] = sid
@@ -162,9 +173,11 @@ def log_out() -> None:
     sid = session.get(_SID)
     if isinstance(sid, str):
         with get_engine().begin() as conn:
-            conn.execute(update(_SESSIONS)
-                         .where(_SESSIONS.c.id_hash == _hashed(sid), _SESSIONS.c.ended_at.is_(None))
-                         .values(ended_at=utcnow()))  # fmt: skip
+            conn.execute(
+                update(_SESSIONS)
+                .where(_SESSIONS.c.id_hash == _hashed(sid), _SESSIONS.c.ended_at.is_(None))
+                .values(ended_at=utcnow())
+            )
     session.clear()
 
 
@@ -188,14 +201,16 @@ def _live_session() -> bool:
         return False
     if not request.headers.get(_LIVE_HEADER) and now - row["seen_at"] > _SEEN_EVERY:
         with get_engine().begin() as conn:
-            conn.execute(update(_SESSIONS).where(_SESSIONS.c.id_hash == key)
-                         .values(seen_at=now))  # fmt: skip
+            conn.execute(update(_SESSIONS).where(_SESSIONS.c.id_hash == key).values(seen_at=now))
     return True
 
 
 def _alive(row: Any, now: datetime) -> bool:
-    return (row["ended_at"] is None and now - row["created_at"] <= SESSION_LIFETIME
-            and now - row["seen_at"] <= IDLE_TIMEOUT)  # fmt: skip
+    return (
+        row["ended_at"] is None
+        and now - row["created_at"] <= SESSION_LIFETIME
+        and now - row["seen_at"] <= IDLE_TIMEOUT
+    )
 
 
 def _hashed(sid: str) -> str:

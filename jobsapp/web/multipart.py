@@ -66,9 +66,13 @@ class _Reading:
     def _start(self, event: Field | File) -> None:
         self.parts += 1
         if self.parts > self.limits.max_parts:
-            raise RejectedUpload(413, "too_many_parts", f"The form has more than "
-                                 f"{self.limits.max_parts} parts; send the image alone in "
-                                 f"the field '{FILE_FIELD}'.")  # fmt: skip
+            raise RejectedUpload(
+                413,
+                "too_many_parts",
+                f"The form has more than "
+                f"{self.limits.max_parts} parts; send the image alone in "
+                f"the field '{FILE_FIELD}'.",
+            )
         if isinstance(event, Field):
             self.current, self.field_bytes = "field", 0
         elif event.name == FILE_FIELD and not self.found:
@@ -80,9 +84,13 @@ class _Reading:
         if self.current == "field":
             self.field_bytes += len(data)
             if self.field_bytes > self.limits.max_field_bytes:
-                raise RejectedUpload(413, "field_too_large", "A form field other than the "
-                                     "file is larger than the limit of "
-                                     f"{self.limits.max_field_bytes} bytes.")  # fmt: skip
+                raise RejectedUpload(
+                    413,
+                    "field_too_large",
+                    "A form field other than the "
+                    "file is larger than the limit of "
+                    f"{self.limits.max_field_bytes} bytes.",
+                )
         elif self.current == "file" and self.kept <= self.limits.max_file_bytes:
             # One byte past the limit is enough for the validator to refuse the size.
             self.chunks.append(data)
@@ -113,8 +121,9 @@ def _drain(decoder: MultipartDecoder, reading: _Reading) -> bool:
                 return True
             reading.take(event)
     except UnicodeDecodeError:
-        raise _unreadable("a part's headers are not UTF-8 (a file name in another "
-                          "encoding?); send them as UTF-8") from None  # fmt: skip
+        raise _unreadable(
+            "a part's headers are not UTF-8 (a file name in another encoding?); send them as UTF-8"
+        ) from None
     except ValueError as bad:
         raise _unreadable(str(bad)) from None
     _bound_held(decoder, reading.limits)
@@ -128,9 +137,13 @@ _WAITING_FOR_A_LINE = (State.PREAMBLE, State.PART)
 
 def _bound_held(decoder: MultipartDecoder, limits: FormLimits) -> None:
     if decoder.state in _WAITING_FOR_A_LINE and len(decoder.buffer) > limits.max_header_bytes:
-        raise RejectedUpload(413, "part_header_too_large", "A part's headers (or the text "
-                             "before the first part) are larger than the limit of "
-                             f"{limits.max_header_bytes} bytes.")  # fmt: skip
+        raise RejectedUpload(
+            413,
+            "part_header_too_large",
+            "A part's headers (or the text "
+            "before the first part) are larger than the limit of "
+            f"{limits.max_header_bytes} bytes.",
+        )
 
 
 def missing_file() -> RejectedUpload:

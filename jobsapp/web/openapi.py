@@ -135,8 +135,9 @@ def refusal(exc: ValidationError) -> Response:
         reason = "The body must be a JSON object; /openapi.json describes its members."
     else:
         reason = message if message.startswith(where) else f"{where}: {message}"
-    response = jsonify({"error": schemas.ERROR_CODES.get(exc.title, "bad_request"),
-                        "reason": reason})  # fmt: skip
+    response = jsonify(
+        {"error": schemas.ERROR_CODES.get(exc.title, "bad_request"), "reason": reason}
+    )
     response.status_code = 400
     return response
 
@@ -148,8 +149,11 @@ def json_answer(model: type[BaseModel], description: str, **extra: Any) -> JsonO
     """A JSON answer of ``model``'s shape."""
     _ANSWERS.add(model)
     schema = {"$ref": _REF.format(model=model.__name__)}
-    return {"description": description, "content": {"application/json": {"schema": schema}},
-            **extra}  # fmt: skip
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": schema}},
+        **extra,
+    }
 
 
 def errors(*statuses: int, text: dict[int, str] | None = None) -> ResponseDict:
@@ -190,10 +194,13 @@ def html_page() -> ResponseDict:
 def script_answer() -> ResponseDict:
     """The answers of the admin UI's one script (no login: it holds no data)."""
     return {
-        "200": {"description": "The live pages' refresh loop",
-                "content": {"text/javascript": {"schema": {"type": "string"}}}},
-        "403": _UI_ERROR_PAGES["403"], "500": _UI_ERROR_PAGES["500"],
-    }  # fmt: skip
+        "200": {
+            "description": "The live pages' refresh loop",
+            "content": {"text/javascript": {"schema": {"type": "string"}}},
+        },
+        "403": _UI_ERROR_PAGES["403"],
+        "500": _UI_ERROR_PAGES["500"],
+    }
 
 
 def html_form() -> ResponseDict:

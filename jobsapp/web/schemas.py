@@ -106,9 +106,10 @@ class DeadOutboxQuery(Filters):
 
 class SummaryQuery(Filters):
     state: list[StateFilter] = Field(
-        default=[], description="Only these states (`failed` leaves out cancelled and expired "
+        default=[],
+        description="Only these states (`failed` leaves out cancelled and expired "
         "runs, which `cancelled` and `expired` select); repeat the parameter or separate by "
-        "commas."
+        "commas.",
     )
     module: str | None = Field(
         default=None, description="Only this run table (`jobs`, `attachments`, ...)."
@@ -303,8 +304,10 @@ class Replayed(Closed):
     state: Literal["queued"]
     attempt: Annotated[int, Field(ge=1)]
     published: bool = Field(description="false: the broker was not reached; the relay publishes it")
-    waiting: bool = Field(False, description="true: its limited key's slots are all held; it "
-                          "is published when one frees")
+    waiting: bool = Field(
+        False,
+        description="true: its limited key's slots are all held; it is published when one frees",
+    )
 
 
 class Cancelled(Closed):

@@ -106,8 +106,13 @@ class Replayed:
 
 # Pages answer a bad filter or form with a page, not a JSON refusal: their parameters are
 # described (paths) but read by the views.
-ui = APIBlueprint("ui", __name__, url_prefix="/admin", template_folder="templates",
-                  abp_tags=[Tag(name="admin UI")])  # fmt: skip
+ui = APIBlueprint(
+    "ui",
+    __name__,
+    url_prefix="/admin",
+    template_folder="templates",
+    abp_tags=[Tag(name="admin UI")],
+)
 _PAGE_AUTH = [*SESSION_AUTH, *ADMIN_AUTH]
 
 
@@ -117,17 +122,30 @@ View = Callable[..., Answer]
 def _page_route(
     rule: str, operation_id: str, summary: str, **options: Any
 ) -> Callable[[View], View]:
-    return ui.get(rule, operation_id=operation_id, summary=summary, description="",
-                  security=options.pop("security", _PAGE_AUTH), responses=html_page(),
-                  **options)  # fmt: skip
+    return ui.get(
+        rule,
+        operation_id=operation_id,
+        summary=summary,
+        description="",
+        security=options.pop("security", _PAGE_AUTH),
+        responses=html_page(),
+        **options,
+    )
 
 
 def _form_route(
     rule: str, operation_id: str, summary: str, **options: Any
 ) -> Callable[[View], View]:
-    return ui.post(rule, operation_id=operation_id, summary=summary, description="",
-                   security=SESSION_AUTH, responses=html_form(), openapi_extensions=FORM_BODY,
-                   **options)  # fmt: skip
+    return ui.post(
+        rule,
+        operation_id=operation_id,
+        summary=summary,
+        description="",
+        security=SESSION_AUTH,
+        responses=html_form(),
+        openapi_extensions=FORM_BODY,
+        **options,
+    )
 
 
 def init_app(app: OpenAPI) -> None:
@@ -146,8 +164,14 @@ def not_found_page(path: str) -> Response | None:
         current_app.url_map.bind("").match(trimmed, method="GET")
     except HTTPException:
         message = f"No page at {path}. The pages are in the menu above."
-        html = render_template("admin/error.html", layout="admin/base.html", live=0, code=404,
-                               message=message, **_helpers())  # fmt: skip
+        html = render_template(
+            "admin/error.html",
+            layout="admin/base.html",
+            live=0,
+            code=404,
+            message=message,
+            **_helpers(),
+        )
         return Response(html, 404, headers=_PAGE_HEADERS, mimetype="text/html")
     return redirect(trimmed, code=308)  # type: ignore[return-value]
 
@@ -156,8 +180,9 @@ def _page(template: str, status: int = 200, *, live: bool = False, **context: An
     """A page; a live one asked by its script (``LIVE_HEADER``) is its main region only."""
     region = live and request.headers.get(LIVE_HEADER) == "1"
     layout = "admin/_live.html" if region else "admin/base.html"
-    html = render_template(f"admin/{template}", layout=layout,
-                           live=LIVE_EVERY_MS if live else 0, **context)  # fmt: skip
+    html = render_template(
+        f"admin/{template}", layout=layout, live=LIVE_EVERY_MS if live else 0, **context
+    )
     return Response(html, status, headers=_PAGE_HEADERS, mimetype="text/html")
 
 
@@ -167,11 +192,18 @@ def _error_page(status: int, message: str) -> Response:
 
 @ui.context_processor
 def _helpers() -> dict[str, Any]:
-    return {"csrf_token": auth.csrf_token, "csrf_field": auth.CSRF_FIELD,
-            "signed_in": auth.signed_in, "actor": auth.actor, "age": summary.human_age,
-            "ts": _timestamp, "states": ALL_STATES, "filters": summary.FILTERS,
-            "shown_args": _shown_args,
-            "now": utcnow()}  # fmt: skip
+    return {
+        "csrf_token": auth.csrf_token,
+        "csrf_field": auth.CSRF_FIELD,
+        "signed_in": auth.signed_in,
+        "actor": auth.actor,
+        "age": summary.human_age,
+        "ts": _timestamp,
+        "states": ALL_STATES,
+        "filters": summary.FILTERS,
+        "shown_args": _shown_args,
+        "now": utcnow(),
+    }
 
 
 def _timestamp(value: datetime | None) -> str:
@@ -252,8 +284,14 @@ def logout() -> Answer:
     return redirect(url_for("ui.login"), 303)
 
 
-@ui.get("/live.js", operation_id="adminLiveScript", summary="The live pages' script",
-        description="", security=[], responses=script_answer())  # fmt: skip
+@ui.get(
+    "/live.js",
+    operation_id="adminLiveScript",
+    summary="The live pages' script",
+    description="",
+    security=[],
+    responses=script_answer(),
+)
 def live_script() -> Answer:
     """Public: it holds nothing but the refresh loop, and the login page has no use for it."""
     headers = {**_PAGE_HEADERS, "Cache-Control": "public, max-age=300"}
@@ -270,10 +308,17 @@ def overview() -> Answer:
     stale_after = get_settings().stale_after
     health = summary.health(get_engine(), stale_after)
     dead_total, dead = browse.dead_outbox(get_engine(), limit=DEAD_SHOWN)
-    return _page("overview.html", live=True, health=health, stale_after=stale_after,
-                 dead_total=dead_total, dead=dead, modules=_modules(),
-                 paused=flow_control.paused(get_engine()),
-                 periodic=periodic.overview(get_engine(), celery_app))  # fmt: skip
+    return _page(
+        "overview.html",
+        live=True,
+        health=health,
+        stale_after=stale_after,
+        dead_total=dead_total,
+        dead=dead,
+        modules=_modules(),
+        paused=flow_control.paused(get_engine()),
+        periodic=periodic.overview(get_engine(), celery_app),
+    )
 
 
 @_page_route("/jobs", "adminJobsPage", "Jobs: filtered, paged newest first")
@@ -284,9 +329,16 @@ def jobs() -> Answer:
     found = browse.find_jobs(get_engine(), wanted, after=after)
     more = None if found.next is None else _with(request.args, after=found.next.encode())
     bulk = url_for("ui.bulk_confirm", **_args(request.args, after=None))
-    return _page("jobs.html", live=True, page=found, wanted=wanted, modules=_modules(),
-                 next_url=more, first_url=_with(request.args, after=None),
-                 bulk_url=bulk)  # fmt: skip
+    return _page(
+        "jobs.html",
+        live=True,
+        page=found,
+        wanted=wanted,
+        modules=_modules(),
+        next_url=more,
+        first_url=_with(request.args, after=None),
+        bulk_url=bulk,
+    )
 
 
 @_page_route("/jobs/<module>/<uuid:job_id>", "adminJob", "One job: attempts, timeline, attachment")
@@ -305,10 +357,18 @@ def job(path: JobPath) -> Answer:
             tracebacks.setdefault(attempt.detail, attempt.number)
     workflow_id = detail.run.get("workflow_id")
     steps = workflows.workflow_steps(get_engine(), workflow_id) if workflow_id else []
-    return _page("job.html", live=True, job=detail, run=detail.run, attachment=attachment,
-                 params=_params(detail.run.get(spec.params_column or "")),
-                 tracebacks=tracebacks, workflow=steps, result=shown_result(detail.run),
-                 task_ids=attempt_task_ids(path.job_id, detail.events))  # fmt: skip
+    return _page(
+        "job.html",
+        live=True,
+        job=detail,
+        run=detail.run,
+        attachment=attachment,
+        params=_params(detail.run.get(spec.params_column or "")),
+        tracebacks=tracebacks,
+        workflow=steps,
+        result=shown_result(detail.run),
+        task_ids=attempt_task_ids(path.job_id, detail.events),
+    )
 
 
 def shown_result(run: Mapping[str, Any]) -> ShownResult | None:
@@ -316,8 +376,7 @@ def shown_result(run: Mapping[str, Any]) -> ShownResult | None:
     value = run.get("result")
     if value is None and run["state"] != State.SUCCEEDED.value:
         return None
-    line = _scrubbed(json.dumps(value, sort_keys=True, ensure_ascii=False,
-                                separators=(", ", ": ")))  # fmt: skip
+    line = _scrubbed(json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(", ", ": ")))
     if len(line) <= RESULT_SHOWN:
         return ShownResult(line, None)
     whole = _scrubbed(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
@@ -335,8 +394,10 @@ def attempt_task_ids(job_id: uuid.UUID, events: Sequence[browse.EventRow]) -> di
     the run (a message from outside the journal), whose task id is the producer's; for a
     plain Celery call (``send_task`` by name) that is the job id itself."""
     claims = [e for e in events if e.transition == Transition.CLAIM.value]
-    return {e.attempt: str(job_id) if e.from_state is None else task_id_for(job_id, e.attempt)
-            for e in claims}  # fmt: skip
+    return {
+        e.attempt: str(job_id) if e.from_state is None else task_id_for(job_id, e.attempt)
+        for e in claims
+    }
 
 
 def _shown_args(args: Mapping[str, Any] | None) -> str:
@@ -352,9 +413,15 @@ def queues_page() -> Answer:
     from jobsapp.celery_app import app as celery_app
 
     view = queues.queues_view(get_engine(), celery_app, default_queue())
-    return _page("queues.html", live=True, view=view, window=queues.RATE_WINDOW,
-                 paused=_paused_by_pair(), modules=_modules(),
-                 rates=flow_control.rates(get_engine(), celery_app))  # fmt: skip
+    return _page(
+        "queues.html",
+        live=True,
+        view=view,
+        window=queues.RATE_WINDOW,
+        paused=_paused_by_pair(),
+        modules=_modules(),
+        rates=flow_control.rates(get_engine(), celery_app),
+    )
 
 
 def _paused_by_pair() -> dict[tuple[str, str], flow_control.Paused]:
@@ -363,8 +430,12 @@ def _paused_by_pair() -> dict[tuple[str, str], flow_control.Paused]:
 
 @_page_route("/workers", "adminWorkers", "Worker processes seen through their beats")
 def workers_page() -> Answer:
-    return _page("workers.html", live=True, workers=workers.seen(get_engine()),
-                 silent_after=workers.SILENT_AFTER)  # fmt: skip
+    return _page(
+        "workers.html",
+        live=True,
+        workers=workers.seen(get_engine()),
+        silent_after=workers.SILENT_AFTER,
+    )
 
 
 @_page_route("/scheduled", "adminScheduled", "Jobs waiting for a later time; periodic entries")
@@ -372,8 +443,12 @@ def scheduled() -> Answer:
     from jobsapp.celery_app import app as celery_app
 
     found = browse.scheduled(get_engine(), default_queue=default_queue())
-    return _page("scheduled.html", live=True, page=found,
-                 periodic=periodic.overview(get_engine(), celery_app))  # fmt: skip
+    return _page(
+        "scheduled.html",
+        live=True,
+        page=found,
+        periodic=periodic.overview(get_engine(), celery_app),
+    )
 
 
 @_page_route("/charts", "adminCharts", "Throughput, waits and failures: last hour or day")
@@ -381,8 +456,12 @@ def charts() -> Answer:
     window = request.args.get("window") or "hour"
     if window not in charts_data.WINDOWS:
         raise summary.BadFilter(f"window is one of {', '.join(charts_data.WINDOWS)}")
-    return _page("charts.html", live=True, charts=charts_data.charts(get_engine(), window),
-                 windows=list(charts_data.WINDOWS))  # fmt: skip
+    return _page(
+        "charts.html",
+        live=True,
+        charts=charts_data.charts(get_engine(), window),
+        windows=list(charts_data.WINDOWS),
+    )
 
 
 def _params(params: object) -> str | None:
@@ -403,43 +482,66 @@ def _secrets() -> tuple[str, ...]:
 @_form_route("/jobs/<module>/<uuid:job_id>/replay", "adminJobReplay", "Replay a failed job")
 def replay(path: JobPath) -> Answer:
     def act(reason: str) -> str:
-        done = operator.replay(get_engine(), path.module, path.job_id, actor=auth.actor(),
-                               reason=reason)  # fmt: skip
+        done = operator.replay(
+            get_engine(), path.module, path.job_id, actor=auth.actor(), reason=reason
+        )
         later = "" if done.published else f"; {done.then}"
         return f"Replayed: attempt {done.attempt} is queued{later}."
 
     return _act(path.module, path.job_id, act)
 
 
-@_form_route("/jobs/<module>/<uuid:job_id>/cancel", "adminJobCancel",
-             "Cancel a queued job, or ask a running one to stop")  # fmt: skip
+@_form_route(
+    "/jobs/<module>/<uuid:job_id>/cancel",
+    "adminJobCancel",
+    "Cancel a queued job, or ask a running one to stop",
+)
 def cancel(path: JobPath) -> Answer:
     def act(reason: str) -> str:
-        done = operator.cancel(get_engine(), path.module, path.job_id, actor=auth.actor(),
-                               reason=reason, attempts=_seen_attempts(),
-                               terminate=bool(request.form.get("terminate")))  # fmt: skip
+        done = operator.cancel(
+            get_engine(),
+            path.module,
+            path.job_id,
+            actor=auth.actor(),
+            reason=reason,
+            attempts=_seen_attempts(),
+            terminate=bool(request.form.get("terminate")),
+        )
         return cancel_message(done)
 
     return _act(path.module, path.job_id, act)
 
 
-@_form_route("/jobs/<module>/<uuid:job_id>/cancel-workflow", "adminWorkflowCancel",
-             "Cancel the rest of the workflow a job is a step of")  # fmt: skip
+@_form_route(
+    "/jobs/<module>/<uuid:job_id>/cancel-workflow",
+    "adminWorkflowCancel",
+    "Cancel the rest of the workflow a job is a step of",
+)
 def cancel_workflow(path: JobPath) -> Answer:
     def act(reason: str) -> str:
-        done = operator.cancel_workflow(get_engine(), path.module, path.job_id,
-                                        actor=auth.actor(), reason=reason)  # fmt: skip
+        done = operator.cancel_workflow(
+            get_engine(), path.module, path.job_id, actor=auth.actor(), reason=reason
+        )
         return f"Workflow cancelled: no step starts from now on; {done} queued cancelled."
 
     return _act(path.module, path.job_id, act)
 
 
-@_form_route("/jobs/<module>/<uuid:job_id>/run-now", "adminJobRunNow",
-             "Run a job waiting for a retry or countdown now")  # fmt: skip
+@_form_route(
+    "/jobs/<module>/<uuid:job_id>/run-now",
+    "adminJobRunNow",
+    "Run a job waiting for a retry or countdown now",
+)
 def run_now(path: JobPath) -> Answer:
     def act(reason: str) -> str:
-        done = operator.run_now(get_engine(), path.module, path.job_id, actor=auth.actor(),
-                                reason=reason, attempts=_seen_attempts())  # fmt: skip
+        done = operator.run_now(
+            get_engine(),
+            path.module,
+            path.job_id,
+            actor=auth.actor(),
+            reason=reason,
+            attempts=_seen_attempts(),
+        )
         later = "" if done.published else "; the relay will publish its message"
         return f"Due now{later}."
 
@@ -481,11 +583,20 @@ def flow_action() -> Answer:
     try:
         kind = Kind(form.get("kind", ""))
         act = flow_control.pause if pausing else flow_control.resume
-        changed = act(get_engine(), kind, form.get("name", ""), actor=auth.actor(),
-                      reason=form.get("reason", ""))  # fmt: skip
+        changed = act(
+            get_engine(),
+            kind,
+            form.get("name", ""),
+            actor=auth.actor(),
+            reason=form.get("reason", ""),
+        )
         verb = "paused" if pausing else "resumed"
-        flash(f"{kind} {form.get('name')} {verb}." if changed
-              else f"{kind} {form.get('name')} was already {verb}.", "ok")  # fmt: skip
+        flash(
+            f"{kind} {form.get('name')} {verb}."
+            if changed
+            else f"{kind} {form.get('name')} was already {verb}.",
+            "ok",
+        )
     except (ValueError, operator.Refused) as refused:
         flash(str(refused), "error")
     return redirect(url_for("ui.queues_page"), 303)
@@ -495,8 +606,9 @@ def flow_action() -> Answer:
 def retry_dead() -> Answer:
     """Every dead outbox row back to the relay (after the cause was fixed), audited."""
     try:
-        revived = operator.retry_dead_outbox(get_engine(), None, actor=auth.actor(),
-                                             reason=request.form.get("reason", ""))  # fmt: skip
+        revived = operator.retry_dead_outbox(
+            get_engine(), None, actor=auth.actor(), reason=request.form.get("reason", "")
+        )
         flash(f"{revived} dead outbox rows are due again.", "ok")
     except operator.InvalidRequest as refused:
         flash(str(refused), "error")
@@ -510,9 +622,11 @@ def reconcile_failed() -> Answer:
     from jobsapp.maintenance import reconcile
 
     form = request.form
-    asked = reconcile.Request(error_code=form.get("error_code") or None,
-                              dry_run=bool(form.get("dry_run")),
-                              actor=f"{reconcile.ACTOR}:{auth.actor()}")  # fmt: skip
+    asked = reconcile.Request(
+        error_code=form.get("error_code") or None,
+        dry_run=bool(form.get("dry_run")),
+        actor=f"{reconcile.ACTOR}:{auth.actor()}",
+    )
     module = form.get("module") or None
     if module is not None:
         operator.run_table(module)  # an unknown module is a 404, not an empty pass
@@ -560,8 +674,9 @@ def _confirm(bulk: Bulk) -> Answer:
     else:
         found, skipped = _filtered(bulk), 0
     back = url_for("ui.jobs", **_args(request.args, after=None, job=None))
-    return _page("confirm.html", page=found, limit=BULK_MAX, bulk=bulk, skipped=skipped,
-                 back_url=back)  # fmt: skip
+    return _page(
+        "confirm.html", page=found, limit=BULK_MAX, bulk=bulk, skipped=skipped, back_url=back
+    )
 
 
 def _filtered(bulk: Bulk) -> browse.JobPage:
@@ -639,12 +754,16 @@ def job_filter(args: MultiDict[str, str]) -> browse.JobFilter:
     module = args.get("module") or None
     summary.checked_tables(module)
     return browse.JobFilter(
-        module=module, states=summary.checked_states(states or None),
+        module=module,
+        states=summary.checked_states(states or None),
         task=(args.get("task") or "").strip() or None,
-        min_age=_age(args.get("min_age")), max_age=_age(args.get("max_age")),
-        text=browse.checked_text(args.get("q")), attachment_id=_attachment(args.get("attachment")),
-        queue=_queue(args.get("queue")), default_queue=default_queue(),
-    )  # fmt: skip
+        min_age=_age(args.get("min_age")),
+        max_age=_age(args.get("max_age")),
+        text=browse.checked_text(args.get("q")),
+        attachment_id=_attachment(args.get("attachment")),
+        queue=_queue(args.get("queue")),
+        default_queue=default_queue(),
+    )
 
 
 def _queue(raw: str | None) -> str | None:

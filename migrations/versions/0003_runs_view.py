@@ -25,10 +25,21 @@ VIEW = "job_runs_all"
 # created on the day it was written.
 RUN_TABLES = (("jobs", "job_runs"), ("attachments", "attachment_runs"))
 COLUMNS = (
-    "job_id", "task_name", "concurrency_key", "state", "outcome", "attempts", "max_attempts",
-    "heartbeat_at", "last_error", "next_retry_at", "created_at", "updated_at", "finished_at",
+    "job_id",
+    "task_name",
+    "concurrency_key",
+    "state",
+    "outcome",
+    "attempts",
+    "max_attempts",
+    "heartbeat_at",
+    "last_error",
+    "next_retry_at",
+    "created_at",
+    "updated_at",
+    "finished_at",
     "worker",
-)  # fmt: skip
+)
 
 
 def _branch(module: str, table: str) -> str:

@@ -31,15 +31,19 @@ INFLIGHT = "published_at IS NOT NULL AND delivered_at IS NULL AND dead_at IS NUL
 def _working_sets(batch_op: object, pending: str, inflight: str) -> None:
     for name, where in (("ix_outbox_pending", pending), ("ix_outbox_inflight", inflight)):
         batch_op.create_index(  # type: ignore[attr-defined]
-            name, ["available_at"], unique=False,
-            postgresql_where=sa.text(where), sqlite_where=sa.text(where),
-        )  # fmt: skip
+            name,
+            ["available_at"],
+            unique=False,
+            postgresql_where=sa.text(where),
+            sqlite_where=sa.text(where),
+        )
 
 
 def upgrade() -> None:
     with op.batch_alter_table("outbox", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("publish_failures", sa.Integer(),
-                                      server_default=sa.text("0"), nullable=False))  # fmt: skip
+        batch_op.add_column(
+            sa.Column("publish_failures", sa.Integer(), server_default=sa.text("0"), nullable=False)
+        )
         batch_op.add_column(sa.Column("last_error", sa.Text(), nullable=True))
         batch_op.add_column(
             sa.Column("dead_at", jobsapp.db.UtcDateTime(timezone=True), nullable=True)
@@ -48,10 +52,12 @@ def upgrade() -> None:
         batch_op.drop_index("ix_outbox_inflight")
         _working_sets(batch_op, PENDING, INFLIGHT)
         batch_op.create_index(
-            "ix_outbox_dead", ["dead_at"], unique=False,
+            "ix_outbox_dead",
+            ["dead_at"],
+            unique=False,
             postgresql_where=sa.text("dead_at IS NOT NULL"),
             sqlite_where=sa.text("dead_at IS NOT NULL"),
-        )  # fmt: skip
+        )
     op.create_table(
         "maintenance_counters",
         sa.Column("name", sa.String(length=64), nullable=False),

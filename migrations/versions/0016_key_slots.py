@@ -46,8 +46,12 @@ def _missing(table: str) -> bool:
 def _key_slots() -> None:
     op.create_table(
         "key_slots",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True,
-                  nullable=False),
+        sa.Column(
+            "id",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            autoincrement=True,
+            nullable=False,
+        ),
         sa.Column("run_table", sa.String(length=64), nullable=False),
         sa.Column("concurrency_key", sa.String(length=200), nullable=False),
         sa.Column("job_id", sa.Uuid(), nullable=False),
@@ -58,12 +62,18 @@ def _key_slots() -> None:
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("run_table", "job_id", name="uq_key_slots_job"),
         sa.UniqueConstraint("run_table", "concurrency_key", "slot_no", name="uq_key_slots_slot"),
-        sa.CheckConstraint("slot_no IS NULL OR (slot_no >= 0 AND slot_no < key_limit)",
-                           name="ck_key_slots_slot_no"),
-    )  # fmt: skip
+        sa.CheckConstraint(
+            "slot_no IS NULL OR (slot_no >= 0 AND slot_no < key_limit)", name="ck_key_slots_slot_no"
+        ),
+    )
     waiting = sa.text("slot_no IS NULL")
-    op.create_index("ix_key_slots_waiting", "key_slots", ["run_table", "concurrency_key", "id"],
-                    postgresql_where=waiting, sqlite_where=waiting)  # fmt: skip
+    op.create_index(
+        "ix_key_slots_waiting",
+        "key_slots",
+        ["run_table", "concurrency_key", "id"],
+        postgresql_where=waiting,
+        sqlite_where=waiting,
+    )
 
 
 def upgrade() -> None:
@@ -74,8 +84,9 @@ def upgrade() -> None:
     for table in missing:
         with op.batch_alter_table(table) as batch:
             batch.add_column(key_limit_column())
-            batch.create_check_constraint(f"ck_{table}_key_limit",
-                                          "key_limit IS NULL OR key_limit >= 1")
+            batch.create_check_constraint(
+                f"ck_{table}_key_limit", "key_limit IS NULL OR key_limit >= 1"
+            )
             batch.drop_index(f"uq_{table}_active_key")
         with op.batch_alter_table(table) as batch:
             create_active_key_index(batch, table, EXCLUSIVE)

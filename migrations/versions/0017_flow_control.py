@@ -39,8 +39,12 @@ def upgrade() -> None:
     )
     op.create_table(
         "flow_actions",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-                  autoincrement=True, nullable=False),
+        sa.Column(
+            "id",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            autoincrement=True,
+            nullable=False,
+        ),
         sa.Column("action", sa.String(length=16), nullable=False),
         sa.Column("kind", sa.String(length=16), nullable=False),
         sa.Column("name", sa.String(length=200), nullable=False),

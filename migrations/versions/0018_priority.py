@@ -48,9 +48,13 @@ def upgrade() -> None:
                 batch.add_column(priority_column())
     with op.batch_alter_table("outbox") as batch:
         batch.add_column(outbox_priority_column())
-    op.create_index("ix_outbox_pending_priority", "outbox",
-                    [sa.text("priority DESC"), "available_at"],
-                    postgresql_where=PENDING, sqlite_where=PENDING)  # fmt: skip
+    op.create_index(
+        "ix_outbox_pending_priority",
+        "outbox",
+        [sa.text("priority DESC"), "available_at"],
+        postgresql_where=PENDING,
+        sqlite_where=PENDING,
+    )
 
 
 def downgrade() -> None:

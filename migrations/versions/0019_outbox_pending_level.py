@@ -34,15 +34,21 @@ def _postgres() -> bool:
 def upgrade() -> None:
     op.drop_index("ix_outbox_pending_priority", "outbox")
     if _postgres():
-        op.create_index("ix_outbox_pending_level", "outbox",
-                        ["module", sa.text("coalesce(queue, '')"), "priority", "available_at",
-                         "id"],
-                        postgresql_where=PENDING)  # fmt: skip
+        op.create_index(
+            "ix_outbox_pending_level",
+            "outbox",
+            ["module", sa.text("coalesce(queue, '')"), "priority", "available_at", "id"],
+            postgresql_where=PENDING,
+        )
 
 
 def downgrade() -> None:
     if _postgres():
         op.drop_index("ix_outbox_pending_level", "outbox")
-    op.create_index("ix_outbox_pending_priority", "outbox",
-                    [sa.text("priority DESC"), "available_at"],
-                    postgresql_where=PENDING, sqlite_where=PENDING)  # fmt: skip
+    op.create_index(
+        "ix_outbox_pending_priority",
+        "outbox",
+        [sa.text("priority DESC"), "available_at"],
+        postgresql_where=PENDING,
+        sqlite_where=PENDING,
+    )

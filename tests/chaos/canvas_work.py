@@ -86,9 +86,18 @@ def produce(chains: int, chords: int) -> None:
     for kind, build, n in kinds:
         canvas, expected = build(n)
         handle = canvas.apply_async()
-        print(json.dumps({"kind": kind, "workflow_id": str(handle.workflow_id),
-                          "final": str(handle.job_id), "expected": expected,
-                          "flaky": is_flaky(n)}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "kind": kind,
+                    "workflow_id": str(handle.workflow_id),
+                    "final": str(handle.job_id),
+                    "expected": expected,
+                    "flaky": is_flaky(n),
+                }
+            ),
+            flush=True,
+        )
 
 
 def main(argv: Sequence[str]) -> int:

@@ -37,10 +37,11 @@ _numbers = itertools.count(1)
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--soak-n", type=int, default=None,
-        help="uploads per phase of the chaos soak (tests/chaos/test_soak.py; "
-        "or JOBSAPP_SOAK_N)",
-    )  # fmt: skip
+        "--soak-n",
+        type=int,
+        default=None,
+        help="uploads per phase of the chaos soak (tests/chaos/test_soak.py; or JOBSAPP_SOAK_N)",
+    )
 
 
 def soak_requested(config: pytest.Config) -> bool:
@@ -91,9 +92,14 @@ def _cluster(database_url: str, broker: Broker, workdir: Path) -> Iterator[Clust
     bucket = service("JOBSAPP_TEST_S3_BUCKET")
     endpoint = service("JOBSAPP_TEST_S3_ENDPOINT_URL")
     prefix = f"chaos-{SESSION}-{uuid.uuid4().hex[:10]}"
-    with cluster_for(prefix, database_url=database_url, broker=broker,
-                     storage_url=f"s3://{bucket}/{prefix}", s3_endpoint=endpoint,
-                     workdir=workdir) as cluster:  # fmt: skip
+    with cluster_for(
+        prefix,
+        database_url=database_url,
+        broker=broker,
+        storage_url=f"s3://{bucket}/{prefix}",
+        s3_endpoint=endpoint,
+        workdir=workdir,
+    ) as cluster:
         yield cluster
 
 

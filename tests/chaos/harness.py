@@ -179,12 +179,21 @@ def _rabbitmqctl(*args: str) -> bool:
     node = os.environ.get("JOBSAPP_RABBITMQ_NODENAME", "jobsapp@localhost")
     if not ctl.exists() or not svc.is_dir():
         return False
-    env = {**os.environ, "HOME": str(svc), "RABBITMQ_NODENAME": node,
-           "ERL_EPMD_PORT": os.environ.get("JOBSAPP_EPMD_PORT", "4370"),
-           "RABBITMQ_CONF_ENV_FILE": str(svc / "rabbitmq-env.conf")}  # fmt: skip
+    env = {
+        **os.environ,
+        "HOME": str(svc),
+        "RABBITMQ_NODENAME": node,
+        "ERL_EPMD_PORT": os.environ.get("JOBSAPP_EPMD_PORT", "4370"),
+        "RABBITMQ_CONF_ENV_FILE": str(svc / "rabbitmq-env.conf"),
+    }
     try:
-        done = subprocess.run([str(ctl), "-q", "-n", node, *args], env=env, capture_output=True,
-                              timeout=30, check=False)  # fmt: skip
+        done = subprocess.run(
+            [str(ctl), "-q", "-n", node, *args],
+            env=env,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
@@ -216,26 +225,58 @@ class PrivatePostgres:
         output = self.dir / "pg_ctl.out"
         with output.open("ab") as out:
             done = subprocess.run(
-                [*prefix, *argv], stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, timeout=timeout, check=False,
-            )  # fmt: skip
+                [*prefix, *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                check=False,
+            )
         assert done.returncode == 0, (argv, output.read_text()[-2000:])
 
     def init(self) -> None:
         assert (self.bin / "initdb").exists(), f"no PostgreSQL binaries in {self.bin}"
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
-        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
-                  "-E", "UTF8", "--locale=C.UTF-8", "--no-sync", "--no-instructions")  # fmt: skip
+        self._run(
+            str(self.bin / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+            "--no-sync",
+            "--no-instructions",
+        )
         self.start()
 
     def start(self) -> None:
         switch = "on" if self.durable else "off"
-        options = f"-p {self.port} -k '{self.dir}' -c listen_addresses=127.0.0.1" + "".join(
-            f" -c {name}={switch}" for name in ("fsync", "synchronous_commit", "full_page_writes")
-        ) + "".join(f" -c {name}={value}" for name, value in self.settings.items())
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "pg.log"),
-                  "-w", "-t", "30", "-o", options, "start")  # fmt: skip
+        options = (
+            f"-p {self.port} -k '{self.dir}' -c listen_addresses=127.0.0.1"
+            + "".join(
+                f" -c {name}={switch}"
+                for name in ("fsync", "synchronous_commit", "full_page_writes")
+            )
+            + "".join(f" -c {name}={value}" for name, value in self.settings.items())
+        )
+        self._run(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.dir / "pg.log"),
+            "-w",
+            "-t",
+            "30",
+            "-o",
+            options,
+            "start",
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
@@ -278,8 +319,9 @@ class PrivatePostgres:
 
 
 def create_database(admin_url: str, name: str, template: str | None = None) -> str:
-    admin = create_engine(admin_url.rsplit("/", 1)[0] + "/postgres",
-                          isolation_level="AUTOCOMMIT", poolclass=NullPool)  # fmt: skip
+    admin = create_engine(
+        admin_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT", poolclass=NullPool
+    )
     clause = f' TEMPLATE "{template}"' if template else ""
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -289,8 +331,9 @@ def create_database(admin_url: str, name: str, template: str | None = None) -> s
 
 
 def drop_database(admin_url: str, name: str) -> None:
-    admin = create_engine(admin_url.rsplit("/", 1)[0] + "/postgres",
-                          isolation_level="AUTOCOMMIT", poolclass=NullPool)  # fmt: skip
+    admin = create_engine(
+        admin_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT", poolclass=NullPool
+    )
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
@@ -299,11 +342,20 @@ def drop_database(admin_url: str, name: str) -> None:
 def migrate(url: str) -> None:
     """``jobsapp db upgrade`` in a process of its own (it leaves no pooled connection)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
-    done = subprocess.run([str(BIN / "jobsapp"), "db", "upgrade"], cwd=ROOT,
-                          env={**env, "JOBSAPP_DATABASE_URL": url, "JOBSAPP_BROKER_URL": "memory://",
-                               "JOBSAPP_STORAGE_URL": f"file://{ROOT}/var/storage-unused"},
-                          capture_output=True,
-                          text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [str(BIN / "jobsapp"), "db", "upgrade"],
+        cwd=ROOT,
+        env={
+            **env,
+            "JOBSAPP_DATABASE_URL": url,
+            "JOBSAPP_BROKER_URL": "memory://",
+            "JOBSAPP_STORAGE_URL": f"file://{ROOT}/var/storage-unused",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -362,16 +414,26 @@ class Cluster:
 
     # --- processes -------------------------------------------------------------------
 
-    def worker(self, name: str, *, crash_at: str | None = None,
-               env: Mapping[str, str] | None = None) -> Proc:  # fmt: skip
+    def worker(
+        self, name: str, *, crash_at: str | None = None, env: Mapping[str, str] | None = None
+    ) -> Proc:
         argv = [str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS, "-n", f"{name}@%h"]
         return self.launcher.start(name, argv, {**(env or {}), **(_armed(crash_at) or {})})
 
-    def beat(self, name: str = "beat", env: Mapping[str, str] | None = None, *,
-             level: str = "info") -> Proc:  # fmt: skip
+    def beat(
+        self, name: str = "beat", env: Mapping[str, str] | None = None, *, level: str = "info"
+    ) -> Proc:
         """``level="debug"`` logs every reaper pass, idle ones too (see ``reaper_ticks``)."""
-        argv = [str(BIN / "celery"), "-A", "jobsapp", "beat", "-s",
-                str(self.launcher.workdir / f"{name}-schedule"), "-l", level]  # fmt: skip
+        argv = [
+            str(BIN / "celery"),
+            "-A",
+            "jobsapp",
+            "beat",
+            "-s",
+            str(self.launcher.workdir / f"{name}-schedule"),
+            "-l",
+            level,
+        ]
         return self.launcher.start(name, argv, env)
 
     def skewed_worker(self, name: str, offset: str, env: Mapping[str, str] | None = None) -> Proc:
@@ -384,8 +446,16 @@ class Cluster:
     def web(self, *, crash_at: str | None = None, timeout: float = 30.0) -> Web:
         """``jobsapp web`` on a free port, once /healthz answers."""
         port = free_port()
-        argv = [sys.executable, "-m", "jobsapp.cli", "web", "--host", "127.0.0.1",
-                "--port", str(port)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "jobsapp.cli",
+            "web",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
         proc = self.launcher.start("web", argv, _armed(crash_at))
         client = Http(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + timeout
@@ -402,8 +472,9 @@ class Cluster:
 
     def maintenance(self, pass_name: str) -> str:
         """``jobsapp maintenance run-once --pass NAME``; returns what it printed."""
-        proc = self.launcher.jobsapp(f"run-once-{pass_name}", "maintenance", "run-once",
-                                     "--pass", pass_name)  # fmt: skip
+        proc = self.launcher.jobsapp(
+            f"run-once-{pass_name}", "maintenance", "run-once", "--pass", pass_name
+        )
         assert proc.wait(60) == 0, proc.log()
         return proc.log()
 
@@ -441,8 +512,11 @@ class Cluster:
         return row
 
     def variants(self, attachment_id: uuid.UUID) -> list[dict[str, Any]]:
-        return self._rows(select(VARIANTS).where(VARIANTS.c.attachment_id == attachment_id)
-                          .order_by(VARIANTS.c.variant))  # fmt: skip
+        return self._rows(
+            select(VARIANTS)
+            .where(VARIANTS.c.attachment_id == attachment_id)
+            .order_by(VARIANTS.c.variant)
+        )
 
     def events(self, job_id: uuid.UUID) -> list[dict[str, Any]]:
         """The job's history: its event rows and what its run row carries, in order."""
@@ -452,8 +526,9 @@ class Cluster:
         return [(e["transition"], e["attempt"]) for e in self.events(job_id)]
 
     def outbox(self, job_id: uuid.UUID) -> list[dict[str, Any]]:
-        return self._rows(select(OUTBOX).where(OUTBOX.c.job_id == job_id)
-                          .order_by(OUTBOX.c.attempt))  # fmt: skip
+        return self._rows(
+            select(OUTBOX).where(OUTBOX.c.job_id == job_id).order_by(OUTBOX.c.attempt)
+        )
 
     def all_outbox(self) -> list[dict[str, Any]]:
         return self._rows(select(OUTBOX).order_by(OUTBOX.c.id))
@@ -478,19 +553,25 @@ class Cluster:
         """The attachment row once it is ``ready`` (fails on ``failed``)."""
         row = self.wait_for(
             lambda: (r := self.attachment(attachment_id))["state"] in ("ready", "failed") and r,
-            f"attachment {attachment_id} ready", timeout,
-        )  # fmt: skip
+            f"attachment {attachment_id} ready",
+            timeout,
+        )
         assert row["state"] == "ready", row
         return dict(row)
 
-    def claimed_by(self, attachment_id: uuid.UUID, worker: str, *, attempt: int = 1,
-                   timeout: float = 30.0) -> dict[str, Any]:  # fmt: skip
+    def claimed_by(
+        self, attachment_id: uuid.UUID, worker: str, *, attempt: int = 1, timeout: float = 30.0
+    ) -> dict[str, Any]:
         """The run once ``worker`` claimed the attempt."""
         run = self.wait_for(
-            lambda: (r := self.run(attachment_id))["attempts"] == attempt
-            and (r["worker"] or "").startswith(f"{worker}@") and r,
-            f"attempt {attempt} of {attachment_id} claimed by {worker}", timeout,
-        )  # fmt: skip
+            lambda: (
+                (r := self.run(attachment_id))["attempts"] == attempt
+                and (r["worker"] or "").startswith(f"{worker}@")
+                and r
+            ),
+            f"attempt {attempt} of {attachment_id} claimed by {worker}",
+            timeout,
+        )
         return dict(run)
 
     # --- the bucket ------------------------------------------------------------------
@@ -515,8 +596,9 @@ class Cluster:
 
     # --- what "published exactly once" means ----------------------------------------
 
-    def assert_published_once(self, attachment_id: uuid.UUID, original: bytes | None = None,
-                              *, staging_gone: bool = True) -> dict[str, Any]:  # fmt: skip
+    def assert_published_once(
+        self, attachment_id: uuid.UUID, original: bytes | None = None, *, staging_gone: bool = True
+    ) -> dict[str, Any]:
         """Ready; one variant row per effect key, each object's bytes matching its row;
         nothing else under the attachment's prefix; the run succeeded exactly once."""
         row = self.attachment(attachment_id)
@@ -607,8 +689,9 @@ def no_work_line(job_id: uuid.UUID, attempt: int, reason: str = "") -> str:
     return rf"job {job_id} attempt {attempt}: no work, {re.escape(reason)}"
 
 
-def start_all(cluster: Cluster, *names: str, beat: bool = True,
-              crash_at: Mapping[str, str] | None = None) -> list[Proc]:  # fmt: skip
+def start_all(
+    cluster: Cluster, *names: str, beat: bool = True, crash_at: Mapping[str, str] | None = None
+) -> list[Proc]:
     """Start beat (optionally) and workers together, and wait until each is ready."""
     procs = [cluster.beat()] if beat else []
     procs += [cluster.worker(n, crash_at=(crash_at or {}).get(n)) for n in names]
@@ -629,16 +712,25 @@ def staging_pass() -> str | None:
     return None
 
 
-STAGING_TODO = ("staging retention pass not in jobsapp.maintenance.tasks.PASSES yet: "
-                "removal of the object is not proven")  # fmt: skip
+STAGING_TODO = (
+    "staging retention pass not in jobsapp.maintenance.tasks.PASSES yet: "
+    "removal of the object is not proven"
+)
 
 
 # ------------------------------------------------------------------------- fixtures
 
 
 @contextlib.contextmanager
-def cluster_for(name: str, *, database_url: str, broker: Broker, storage_url: str,
-                s3_endpoint: str, workdir: Path) -> Iterator[Cluster]:  # fmt: skip
+def cluster_for(
+    name: str,
+    *,
+    database_url: str,
+    broker: Broker,
+    storage_url: str,
+    s3_endpoint: str,
+    workdir: Path,
+) -> Iterator[Cluster]:
     """A Cluster whose processes all die (SIGKILL, process group) when it closes."""
     from jobsapp.storage import store_from_url
 
@@ -692,10 +784,14 @@ def private_pg_cluster(server: PrivatePostgres, broker: Broker, workdir: Path) -
     migrate(url)
     bucket = service("JOBSAPP_TEST_S3_BUCKET")
     prefix = f"chaos-{SESSION}-{uuid.uuid4().hex[:10]}"
-    with cluster_for(prefix, database_url=url, broker=broker,
-                     storage_url=f"s3://{bucket}/{prefix}",
-                     s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
-                     workdir=workdir) as cluster:  # fmt: skip
+    with cluster_for(
+        prefix,
+        database_url=url,
+        broker=broker,
+        storage_url=f"s3://{bucket}/{prefix}",
+        s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
+        workdir=workdir,
+    ) as cluster:
         yield cluster
 
 
@@ -704,8 +800,10 @@ def counted_tasks_env() -> dict[str, str]:
     (a test's private Redis may be killed)."""
     from tests.support.env import service
 
-    env = {"JOBSAPP_IMPORTS": "tests.support.tasks",
-           "JOBSAPP_TEST_REDIS_URL": service("JOBSAPP_TEST_REDIS_URL")}  # fmt: skip
+    env = {
+        "JOBSAPP_IMPORTS": "tests.support.tasks",
+        "JOBSAPP_TEST_REDIS_URL": service("JOBSAPP_TEST_REDIS_URL"),
+    }
     if namespace := os.environ.get("JOBSAPP_TEST_NAMESPACE"):
         env["JOBSAPP_TEST_NAMESPACE"] = namespace
     return env
@@ -714,8 +812,9 @@ def counted_tasks_env() -> dict[str, str]:
 class Burst:
     """Uploads photos one after another from a thread, recording every answer."""
 
-    def __init__(self, cluster: Cluster, web: Web, *, count: int | None = None,
-                 pause: float = 0.1) -> None:  # fmt: skip
+    def __init__(
+        self, cluster: Cluster, web: Web, *, count: int | None = None, pause: float = 0.1
+    ) -> None:
         self._cluster = cluster
         self._web = web
         self._count = count
@@ -742,16 +841,23 @@ class Burst:
         self._thread.join(timeout)
         assert not self._thread.is_alive(), "the burst did not finish"
 
-    def wait_for(self, probe: Callable[[list[tuple[float, Reply | NoAnswer]]], bool],
-                 what: str, timeout: float = 30) -> None:  # fmt: skip
+    def wait_for(
+        self,
+        probe: Callable[[list[tuple[float, Reply | NoAnswer]]], bool],
+        what: str,
+        timeout: float = 30,
+    ) -> None:
         self._cluster.wait_for(lambda: probe(list(self.replies)), what, timeout)
 
     def answers_since(self, since: float) -> list[Reply | NoAnswer]:
         return [reply for at, reply in list(self.replies) if at >= since]
 
     def accepted(self) -> list[uuid.UUID]:
-        return [uuid.UUID(r.json()["id"]) for _, r in self.replies
-                if isinstance(r, Reply) and r.status == 202]  # fmt: skip
+        return [
+            uuid.UUID(r.json()["id"])
+            for _, r in self.replies
+            if isinstance(r, Reply) and r.status == 202
+        ]
 
     def statuses(self) -> Counter[int | str]:
         return Counter(r.status if isinstance(r, Reply) else "no answer" for _, r in self.replies)

@@ -32,9 +32,12 @@ DROP: Any = object()  # valid_body(field=DROP) leaves the field out
 def valid_body(**changes: Any) -> dict[str, Any]:
     """A body that passes jobs.schema.json (a foreign producer's: no outbox_id)."""
     body: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION, "job_id": str(uuid.uuid4()), "module": "jobs",
-        "attempt": 1, "enqueued_at": ENQUEUED_AT,
-    }  # fmt: skip
+        "schema_version": SCHEMA_VERSION,
+        "job_id": str(uuid.uuid4()),
+        "module": "jobs",
+        "attempt": 1,
+        "enqueued_at": ENQUEUED_AT,
+    }
     body.update(changes)
     return {k: v for k, v in body.items() if v is not DROP}
 
@@ -42,11 +45,22 @@ def valid_body(**changes: Any) -> dict[str, Any]:
 def proto2_headers(name: str, task_id: str) -> dict[str, Any]:
     """The headers Celery 5's own producer sends for a task."""
     return {
-        "lang": "py", "task": name, "id": task_id, "root_id": task_id, "parent_id": None,
-        "group": None, "shadow": None, "eta": None, "expires": None, "retries": 0,
-        "timelimit": [None, None], "argsrepr": "()", "kwargsrepr": "{}",
-        "origin": "chaos@foreign", "ignore_result": True,
-    }  # fmt: skip
+        "lang": "py",
+        "task": name,
+        "id": task_id,
+        "root_id": task_id,
+        "parent_id": None,
+        "group": None,
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "argsrepr": "()",
+        "kwargsrepr": "{}",
+        "origin": "chaos@foreign",
+        "ignore_result": True,
+    }
 
 
 def proto2_body(kwargs: Mapping[str, Any], args: tuple[Any, ...] = ()) -> list[Any]:
@@ -97,8 +111,13 @@ class Sender:
     ) -> str:
         """A raw protocol-2 message: headers made here, the body as given (bytes unencoded)."""
         task_id = str(uuid.uuid4())
-        raw = Raw({**proto2_headers(name, task_id), **(headers or {})}, body, content_type,
-                  content_encoding, {"correlation_id": task_id})  # fmt: skip
+        raw = Raw(
+            {**proto2_headers(name, task_id), **(headers or {})},
+            body,
+            content_type,
+            content_encoding,
+            {"correlation_id": task_id},
+        )
         self.publish_raw([raw])
         return task_id
 
@@ -109,18 +128,27 @@ class Sender:
             producer = conn.Producer()
             for raw in messages:
                 producer.publish(
-                    raw.payload(), exchange=exchange, routing_key=QUEUE,
+                    raw.payload(),
+                    exchange=exchange,
+                    routing_key=QUEUE,
                     declare=[Queue(QUEUE, exchange, routing_key=QUEUE)],
-                    content_type=raw.content_type, content_encoding=raw.content_encoding,
-                    headers=raw.headers, delivery_mode=2, retry=True, **raw.properties,
-                )  # fmt: skip
+                    content_type=raw.content_type,
+                    content_encoding=raw.content_encoding,
+                    headers=raw.headers,
+                    delivery_mode=2,
+                    retry=True,
+                    **raw.properties,
+                )
 
 
 def start_worker(cluster: Cluster, broker: Broker, name: str) -> Proc:
     argv = [str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS, "-n", f"{name}@%h"]
-    env = {"JOBSAPP_IMPORTS": "tests.support.tasks", "JOBSAPP_BROKER_URL": broker.url,
-           "JOBSAPP_REDIS_URL": broker.dedup_url,
-           "JOBSAPP_TEST_REDIS_URL": broker.dedup_url}  # fmt: skip
+    env = {
+        "JOBSAPP_IMPORTS": "tests.support.tasks",
+        "JOBSAPP_BROKER_URL": broker.url,
+        "JOBSAPP_REDIS_URL": broker.dedup_url,
+        "JOBSAPP_TEST_REDIS_URL": broker.dedup_url,
+    }
     proc = cluster.launcher.start(name, argv, env)
     ready(proc, timeout=45)
     return proc

@@ -79,8 +79,13 @@ class Sent:
     @classmethod
     def parse(cls, line: str) -> Sent:
         data = json.loads(line)
-        return cls(data["kind"], uuid.UUID(data["workflow_id"]), uuid.UUID(data["final"]),
-                   data["expected"], data["flaky"])  # fmt: skip
+        return cls(
+            data["kind"],
+            uuid.UUID(data["workflow_id"]),
+            uuid.UUID(data["final"]),
+            data["expected"],
+            data["flaky"],
+        )
 
     def planned_attempts(self, path: str) -> int:
         """2 for the step that fails its first attempt on purpose, 1 for the others."""
@@ -154,8 +159,11 @@ def _producer(cluster: Cluster, size: Size) -> Proc:
 
 
 def _all_done(cluster: Cluster, sent: list[Sent], timeout: float) -> None:
-    cluster.wait_for(lambda: len(_finals(cluster, sent)) == len(sent),
-                     "every workflow's last step succeeded", timeout)  # fmt: skip
+    cluster.wait_for(
+        lambda: len(_finals(cluster, sent)) == len(sent),
+        "every workflow's last step succeeded",
+        timeout,
+    )
 
 
 def run_workflows(cluster: Cluster, size: Size, tmp_path: Path) -> tuple[list[Sent], Path, int]:
@@ -186,10 +194,18 @@ def _steps_and_runs(cluster: Cluster, sent: list[Sent]) -> Iterator[tuple[Sent, 
     """Every step of every workflow, with its run (KeyError: a step that never ran)."""
     by_id = {s.workflow_id: s for s in sent}
     with cluster.engine.connect() as conn:
-        steps = [dict(r) for r in conn.execute(
-            select(STEPS).where(STEPS.c.workflow_id.in_(list(by_id)))).mappings()]  # fmt: skip
-        runs = {r["job_id"]: dict(r) for r in conn.execute(
-            select(RUNS).where(RUNS.c.workflow_id.in_(list(by_id)))).mappings()}  # fmt: skip
+        steps = [
+            dict(r)
+            for r in conn.execute(
+                select(STEPS).where(STEPS.c.workflow_id.in_(list(by_id)))
+            ).mappings()
+        ]
+        runs = {
+            r["job_id"]: dict(r)
+            for r in conn.execute(
+                select(RUNS).where(RUNS.c.workflow_id.in_(list(by_id)))
+            ).mappings()
+        }
     for step in steps:
         yield by_id[step["workflow_id"]], step, runs[step["job_id"]]
 
@@ -239,17 +255,20 @@ def check_chord_bodies(cluster: Cluster, sent: list[Sent]) -> None:
         assert (moves[Transition.ENQUEUE], moves[Transition.SUCCEED]) == (1, 1), moves
 
 
-def canvas_chaos(cluster: Cluster, size: Size, tmp_path: Path,
-                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def canvas_chaos(
+    cluster: Cluster, size: Size, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     started = time.monotonic()
     sent, log, kills = run_workflows(cluster, size, tmp_path)
     runs = check_complete(cluster, sent)
     extra = check_bodies(log, runs)
     check_chord_bodies(cluster, sent)
     with capsys.disabled():
-        print(f"\ncanvas chaos: {size.chains} chains x {len(CHAIN_INCREMENTS)}, {size.chords} "
-              f"chords x {CHORD_MEMBERS} on {WORKERS} workers: {kills} kills, {extra} attempts "
-              f"more than planned, {time.monotonic() - started:.1f}s")  # fmt: skip
+        print(
+            f"\ncanvas chaos: {size.chains} chains x {len(CHAIN_INCREMENTS)}, {size.chords} "
+            f"chords x {CHORD_MEMBERS} on {WORKERS} workers: {kills} kills, {extra} attempts "
+            f"more than planned, {time.monotonic() - started:.1f}s"
+        )
     assert kills == size.kills
 
 
@@ -258,8 +277,9 @@ def canvas_chaos(cluster: Cluster, size: Size, tmp_path: Path,
 
 def _step_run(cluster: Cluster, workflow_id: uuid.UUID, path: str) -> Row:
     with cluster.engine.connect() as conn:
-        job_id = conn.execute(select(STEPS.c.job_id).where(
-            STEPS.c.workflow_id == workflow_id, STEPS.c.path == path)).scalar_one()  # fmt: skip
+        job_id = conn.execute(
+            select(STEPS.c.job_id).where(STEPS.c.workflow_id == workflow_id, STEPS.c.path == path)
+        ).scalar_one()
         return dict(conn.execute(select(RUNS).where(RUNS.c.job_id == job_id)).mappings().one())
 
 

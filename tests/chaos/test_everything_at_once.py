@@ -79,8 +79,9 @@ def _plant_poison(cluster: Cluster) -> set[uuid.UUID]:
 def _echo_wave(cluster: Cluster, wave: str) -> dict[uuid.UUID, str]:
     """Generic jobs from a producer process: ``job_id -> token``."""
     tokens = [f"{wave}-{uuid.uuid4()}" for _ in range(JOBS_PER_WAVE)]
-    handles = cluster.launcher.enqueue(*({"task": "tests.echo", "kwargs": {"token": t}}
-                                         for t in tokens))  # fmt: skip
+    handles = cluster.launcher.enqueue(
+        *({"task": "tests.echo", "kwargs": {"token": t}} for t in tokens)
+    )
     return {uuid.UUID(h["job_id"]): t for h, t in zip(handles, tokens, strict=True)}
 
 
@@ -91,7 +92,7 @@ def _unsettled(cluster: Cluster, table: Any, skip: set[uuid.UUID]) -> list[dict[
         f"SELECT job_id, state, heartbeat_at FROM {table.name} WHERE NOT (state IN "
         "('succeeded', 'failed', 'cancelled') OR (state = 'running' AND heartbeat_at > "
         "now() - make_interval(secs => :stale)))"
-    )  # fmt: skip
+    )
     with cluster.engine.connect() as conn:
         rows = conn.execute(query, {"stale": STALE_AFTER}).mappings()
         return [dict(r) for r in rows if r["job_id"] not in skip]
@@ -108,8 +109,10 @@ def everything_at_once(cluster: Cluster, redis_server: RedisServer, shape: Shape
     Sender(redis_server.url, cluster.launcher.workdir).publish_raw(raw for _, raw in bad.values())
 
     beat = cluster.beat(level="debug")
-    workers = [cluster.worker("w1", env=counted_tasks_env()),
-               cluster.skewed_worker("late", SKEW, counted_tasks_env())]  # fmt: skip
+    workers = [
+        cluster.worker("w1", env=counted_tasks_env()),
+        cluster.skewed_worker("late", SKEW, counted_tasks_env()),
+    ]
     ready(beat, *workers, timeout=60)
     web = cluster.web()
     jobs = _echo_wave(cluster, "before")
@@ -174,10 +177,14 @@ def _terminal(cluster: Cluster, job_id: uuid.UUID) -> dict[str, Any] | None:
 def _outbox_past_the_poison(cluster: Cluster, poison: set[uuid.UUID]) -> None:
     """Every good row published and claimed; the poison ones backed off, never sent."""
     cluster.wait_for(
-        lambda: all(m["published_at"] and m["delivered_at"] for m in cluster.all_outbox()
-                    if m["job_id"] not in poison),
-        "every good outbox row published and claimed", 30,
-    )  # fmt: skip
+        lambda: all(
+            m["published_at"] and m["delivered_at"]
+            for m in cluster.all_outbox()
+            if m["job_id"] not in poison
+        ),
+        "every good outbox row published and claimed",
+        30,
+    )
     stuck = [m for m in cluster.all_outbox() if m["job_id"] in poison]
     assert len(stuck) == POISON_ROWS
     for row in stuck:

@@ -89,8 +89,13 @@ class Case:
 
 def _schema(name: str, reason: str, body: dict[str, Any], task: str = "tests.echo") -> Case:
     job_id = body.get("job_id")
-    return Case(name, lambda s: s.send_task(task, body), REJECTED + reason, task,
-                job_id if isinstance(job_id, str) else None)  # fmt: skip
+    return Case(
+        name,
+        lambda s: s.send_task(task, body),
+        REJECTED + reason,
+        task,
+        job_id if isinstance(job_id, str) else None,
+    )
 
 
 def _marked(name: str, content_type: str, expect: str) -> Case:
@@ -105,8 +110,12 @@ def _marked(name: str, content_type: str, expect: str) -> Case:
 def _pickle(sender: Sender) -> str:
     """A pickle whose loading would create a canary file."""
     payload = pickle.dumps(PickleCanary(sender.canary / uuid.uuid4().hex))
-    return sender.publish("tests.echo", payload, content_type="application/x-python-serialize",
-                          content_encoding="binary")  # fmt: skip
+    return sender.publish(
+        "tests.echo",
+        payload,
+        content_type="application/x-python-serialize",
+        content_encoding="binary",
+    )
 
 
 def _not_json(sender: Sender) -> str:
@@ -126,10 +135,16 @@ UNDECODABLE = REJECTED + r"body cannot be decoded: "
 UNTRUSTED = UNDECODABLE + r"ContentDisallowed: Refusing to deserialize untrusted content"
 BIG = "x" * (1024 * 1024)
 CASES: list[Case] = [
-    _schema("extra field", r"schema violation at \(root\): Additional properties",
-            valid_body(url="http://x/payload")),
-    _schema("missing job_id", r"schema violation at \(root\): 'job_id' is a required",
-            valid_body(job_id=DROP)),
+    _schema(
+        "extra field",
+        r"schema violation at \(root\): Additional properties",
+        valid_body(url="http://x/payload"),
+    ),
+    _schema(
+        "missing job_id",
+        r"schema violation at \(root\): 'job_id' is a required",
+        valid_body(job_id=DROP),
+    ),
     _schema("job_id not a uuid", r"schema violation at job_id", valid_body(job_id="not-a-uuid")),
     _schema("job_id is a URL", r"schema violation at job_id", valid_body(job_id="http://x")),
     _schema("attempt zero", r"schema violation at attempt", valid_body(attempt=0)),
@@ -137,32 +152,56 @@ CASES: list[Case] = [
     _schema("attempt a float", r"field attempt must be an integer", valid_body(attempt=1.0)),
     _schema("attempt a string", r"schema violation at attempt", valid_body(attempt="1")),
     _schema("module is a path", r"schema violation at module", valid_body(module="/etc/passwd")),
-    _schema("key is a path", r"schema violation at concurrency_key",
-            valid_body(concurrency_key="../x")),
-    _schema("key is a URL", r"schema violation at concurrency_key",
-            valid_body(concurrency_key="http://x")),
-    _schema("variant is a path", r"schema violation at variant",
-            valid_body(variant="../../etc/passwd")),
-    _schema("attachment_id is a path", r"schema violation at attachment_id",
-            valid_body(module="attachments", attachment_id="/etc/passwd", pipeline_version=1),
-            ATTACHMENT_TASK),
-    _schema("pipeline_version zero", r"schema violation at pipeline_version",
-            valid_body(module="attachments", attachment_id=str(uuid.uuid4()),
-                       pipeline_version=0), ATTACHMENT_TASK),
-    _schema("control character", r"field concurrency_key holds a control character",
-            valid_body(concurrency_key="ok\n")),
-    _schema("another module's message", r"module 'attachments' is not 'jobs'",
-            valid_body(module="attachments")),
+    _schema(
+        "key is a path", r"schema violation at concurrency_key", valid_body(concurrency_key="../x")
+    ),
+    _schema(
+        "key is a URL",
+        r"schema violation at concurrency_key",
+        valid_body(concurrency_key="http://x"),
+    ),
+    _schema(
+        "variant is a path", r"schema violation at variant", valid_body(variant="../../etc/passwd")
+    ),
+    _schema(
+        "attachment_id is a path",
+        r"schema violation at attachment_id",
+        valid_body(module="attachments", attachment_id="/etc/passwd", pipeline_version=1),
+        ATTACHMENT_TASK,
+    ),
+    _schema(
+        "pipeline_version zero",
+        r"schema violation at pipeline_version",
+        valid_body(module="attachments", attachment_id=str(uuid.uuid4()), pipeline_version=0),
+        ATTACHMENT_TASK,
+    ),
+    _schema(
+        "control character",
+        r"field concurrency_key holds a control character",
+        valid_body(concurrency_key="ok\n"),
+    ),
+    _schema(
+        "another module's message",
+        r"module 'attachments' is not 'jobs'",
+        valid_body(module="attachments"),
+    ),
     _schema("a megabyte of kwargs", r"message body is over 4096 bytes", valid_body(pad=BIG)),
-    Case("positional arguments that do not fit", _positional,
-         REJECTED + r"too many positional arguments; tests\.echo takes \(token\)"),
+    Case(
+        "positional arguments that do not fit",
+        _positional,
+        REJECTED + r"too many positional arguments; tests\.echo takes \(token\)",
+    ),
     Case("pickle content type", _pickle, UNTRUSTED + r" of type pickle", reaches_task=False),
     _marked("yaml content type", "application/x-yaml", UNTRUSTED + r" of type yaml"),
     Case("body is not JSON", _not_json, UNDECODABLE + "DecodeError", reaches_task=False),
-    Case("unknown task name", _unknown_task,
-         REJECTED + r"unregistered task 'tests.no_such_task'",
-         task="tests.no_such_task", reaches_task=False),
-]  # fmt: skip
+    Case(
+        "unknown task name",
+        _unknown_task,
+        REJECTED + r"unregistered task 'tests.no_such_task'",
+        task="tests.no_such_task",
+        reaches_task=False,
+    ),
+]
 
 UNKNOWN_ATTACHMENT = "foreign message for an unknown attachment"
 
@@ -195,10 +234,14 @@ def deployment(
     bucket = service("JOBSAPP_TEST_S3_BUCKET")
     prefix = f"chaos-malformed-{SESSION}-{uuid.uuid4().hex[:8]}"
     try:
-        with cluster_for(prefix, database_url=url, broker=broker,
-                         storage_url=f"s3://{bucket}/{prefix}",
-                         s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
-                         workdir=workdir) as cluster:  # fmt: skip
+        with cluster_for(
+            prefix,
+            database_url=url,
+            broker=broker,
+            storage_url=f"s3://{bucket}/{prefix}",
+            s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
+            workdir=workdir,
+        ) as cluster:
             yield cluster, broker
     finally:
         broker.close()
@@ -216,8 +259,12 @@ def delivery(
     sender = Sender(broker.url, tmp_path_factory.mktemp("canary"))
     tags = {case.name: case.send(sender) for case in CASES}
     attachment_id, job_id = uuid.uuid4(), uuid.uuid4()
-    foreign = valid_body(job_id=str(job_id), module="attachments",
-                         attachment_id=str(attachment_id), pipeline_version=1)  # fmt: skip
+    foreign = valid_body(
+        job_id=str(job_id),
+        module="attachments",
+        attachment_id=str(attachment_id),
+        pipeline_version=1,
+    )
     tags[UNKNOWN_ATTACHMENT] = sender.send_task(ATTACHMENT_TASK, foreign)
     row = run_echo(cluster, "after-the-storm")
     assert row["state"] == "succeeded", row
@@ -248,8 +295,9 @@ def test_a_hostile_message_is_refused_once_with_a_log_line_and_no_effect(
     # It ran no body and claimed nothing: no run, event or outbox row names its job.
     if case.job_id is not None:
         for table in (JOB_RUNS, RUNS, EVENTS, OUTBOX):
-            named = [r for r in rows(delivery.cluster.engine, table)
-                     if str(r["job_id"]) == case.job_id]  # fmt: skip
+            named = [
+                r for r in rows(delivery.cluster.engine, table) if str(r["job_id"]) == case.job_id
+            ]
             assert named == [], table.name
 
 

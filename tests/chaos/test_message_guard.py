@@ -94,8 +94,16 @@ def _with_dead_letter_policy(broker: RabbitBroker) -> None:
     """What docs/reliability.md asks operators to set: rejected task messages go to the
     worker-declared ``jobsapp.dead`` exchange."""
     policy = json.dumps({"dead-letter-exchange": DEAD_LETTERS.exchange.name})
-    argv = ("set_policy", "-p", broker.vhost, "jobsapp-dead-letters", f"^{QUEUE}$", policy,
-            "--apply-to", "queues")  # fmt: skip
+    argv = (
+        "set_policy",
+        "-p",
+        broker.vhost,
+        "jobsapp-dead-letters",
+        f"^{QUEUE}$",
+        policy,
+        "--apply-to",
+        "queues",
+    )
     assert _rabbitmqctl(*argv), "rabbitmqctl set_policy failed"
 
 
@@ -121,10 +129,14 @@ def guarded(
     bucket = service("JOBSAPP_TEST_S3_BUCKET")
     prefix = f"chaos-guard-{SESSION}-{uuid.uuid4().hex[:8]}"
     try:
-        with cluster_for(prefix, database_url=url, broker=broker,
-                         storage_url=f"s3://{bucket}/{prefix}",
-                         s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
-                         workdir=workdir) as cluster:  # fmt: skip
+        with cluster_for(
+            prefix,
+            database_url=url,
+            broker=broker,
+            storage_url=f"s3://{bucket}/{prefix}",
+            s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
+            workdir=workdir,
+        ) as cluster:
             worker = start_worker(cluster, broker, f"guard-{kind}")
             yield Guarded(cluster, broker, worker, Sender(broker.url, workdir), kind)
     finally:
@@ -178,9 +190,12 @@ def test_a_bad_header_is_rejected_once_and_the_next_job_runs(guarded: Guarded, f
 # ------------------------------------------------------------------- mutations
 
 JSON_LEAF = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**31), 2**31), st.text(max_size=12),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**31), 2**31),
+    st.text(max_size=12),
     st.floats(allow_nan=False, allow_infinity=False),
-)  # fmt: skip
+)
 JSON = st.recursive(
     JSON_LEAF,
     lambda inner: (
@@ -188,21 +203,40 @@ JSON = st.recursive(
     ),
     max_leaves=6,
 )
-HEADER_NAMES = st.sampled_from([*sorted(proto2_headers(ECHO, "x")), "stamps", "stamped_headers",
-                                "group_index", "replaced_task_nesting", "compression"])  # fmt: skip
-CONTENT = st.sampled_from([
-    ("application/json", "utf-8"), ("application/json", "binary"), ("application/json", "utf-16"),
-    ("application/x-yaml", "utf-8"), ("application/x-python-serialize", "binary"),
-    ("application/x-msgpack", "binary"), ("text/plain", "utf-8"), ("", ""),
-    ("application/json", "no-such-codec"),
-])  # fmt: skip
+HEADER_NAMES = st.sampled_from(
+    [
+        *sorted(proto2_headers(ECHO, "x")),
+        "stamps",
+        "stamped_headers",
+        "group_index",
+        "replaced_task_nesting",
+        "compression",
+    ]
+)
+CONTENT = st.sampled_from(
+    [
+        ("application/json", "utf-8"),
+        ("application/json", "binary"),
+        ("application/json", "utf-16"),
+        ("application/x-yaml", "utf-8"),
+        ("application/x-python-serialize", "binary"),
+        ("application/x-msgpack", "binary"),
+        ("text/plain", "utf-8"),
+        ("", ""),
+        ("application/json", "no-such-codec"),
+    ]
+)
 
 
 # Found by random runs: the body replaced by a list shorter than protocol 2's three parts;
 # a compression header naming no codec (kombu fails the message before any handler).
 SHORT_BODY = Raw(proto2_headers(TICK, str(uuid.uuid4())), [{"": None}])
-NO_CODEC = Raw({**proto2_headers(TICK, str(uuid.uuid4())), "compression": 13920243},
-               proto2_body(valid_body()), "application/x-msgpack", "binary")  # fmt: skip
+NO_CODEC = Raw(
+    {**proto2_headers(TICK, str(uuid.uuid4())), "compression": 13920243},
+    proto2_body(valid_body()),
+    "application/x-msgpack",
+    "binary",
+)
 
 
 @st.composite
@@ -230,8 +264,9 @@ def test_mutated_messages_never_stop_the_worker(guarded: Guarded) -> None:
     refused_before = guarded.worker.log().count("rejected message ")
     dead_before = guarded.dead_letters() if guarded.kind == "amqp" else 0
 
-    @settings(max_examples=120, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=120, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+    )
     @given(mutated())
     @example(SHORT_BODY)
     @example(NO_CODEC)
@@ -261,11 +296,17 @@ def test_mutated_messages_never_stop_the_worker(guarded: Guarded) -> None:
 # ------------------------------------------------------------- Redis list items
 
 GOOD_FRAME: dict[str, Any] = {
-    "body": "W10=", "content-encoding": "utf-8", "content-type": "application/json",
+    "body": "W10=",
+    "content-encoding": "utf-8",
+    "content-type": "application/json",
     "headers": {},
-    "properties": {"delivery_tag": "t", "body_encoding": "base64", "priority": 0,
-                   "delivery_info": {"exchange": QUEUE, "routing_key": QUEUE}},
-}  # fmt: skip
+    "properties": {
+        "delivery_tag": "t",
+        "body_encoding": "base64",
+        "priority": 0,
+        "delivery_info": {"exchange": QUEUE, "routing_key": QUEUE},
+    },
+}
 
 
 def _frame(**changes: Any) -> bytes:
@@ -274,12 +315,15 @@ def _frame(**changes: Any) -> bytes:
 
 
 UNREADABLE = [
-    b"not json at all", b"\xff\xfe\x00", b"[]", b"{}",
+    b"not json at all",
+    b"\xff\xfe\x00",
+    b"[]",
+    b"{}",
     json.dumps({**GOOD_FRAME, "properties": {}}).encode(),
     _frame(properties={"body_encoding": "rot13"}),
     _frame(properties={"delivery_info": None}),
     _frame(body={"not": "text"}),
-]  # fmt: skip
+]
 # A frame kombu can read (the body decodes to nothing): the message guard refuses it.
 HEADERLESS = _frame(body="%%%")
 

@@ -49,8 +49,9 @@ def _all_published(cluster: Cluster, accepted: list[uuid.UUID]) -> None:
     # Every message was published, and the relay saw each one claimed.
     cluster.wait_for(
         lambda: all(m["published_at"] and m["delivered_at"] for m in cluster.all_outbox()),
-        "outbox drained", 30,
-    )  # fmt: skip
+        "outbox drained",
+        30,
+    )
 
 
 def test_redis_restarted_during_a_burst(cluster: Cluster, redis_server: RedisServer) -> None:

@@ -48,7 +48,6 @@ def durable_pg() -> Iterator[PrivatePostgres]:
         yield server
 
 
-
 def test_relaxed_commit_is_local_to_its_statement(durable_pg: PrivatePostgres) -> None:
     """The setting rides the statement's own transaction: the pooled server connection
     (shared by PgBouncer with other clients) keeps synchronous commits."""
@@ -69,8 +68,11 @@ def test_relaxed_commit_is_local_to_its_statement(durable_pg: PrivatePostgres) -
 
 def _unflushed(cluster: Cluster) -> bool:
     with cluster.engine.connect() as conn:
-        return bool(conn.execute(text(
-            "SELECT pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()")).scalar_one())
+        return bool(
+            conn.execute(
+                text("SELECT pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()")
+            ).scalar_one()
+        )
 
 
 def _crash_after_a_claim(cluster: Cluster, pg: PrivatePostgres) -> tuple[uuid.UUID, str]:
@@ -81,8 +83,9 @@ def _crash_after_a_claim(cluster: Cluster, pg: PrivatePostgres) -> tuple[uuid.UU
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with cluster.engine.connect() as conn:
-            running = conn.execute(select(runs.c.job_id, runs.c.worker)
-                                   .where(runs.c.state == "running"))  # fmt: skip
+            running = conn.execute(
+                select(runs.c.job_id, runs.c.worker).where(runs.c.state == "running")
+            )
             fresh = {job_id: worker for job_id, worker in running if job_id not in seen}
         if fresh and _unflushed(cluster):
             pg.crash()
@@ -98,9 +101,12 @@ def test_claim_lost_in_a_postgres_crash(
 ) -> None:
     cluster = durable_cluster
     tokens = {f"crash-{uuid.uuid4()}": None for _ in range(JOBS_COUNT)}
-    handles = cluster.launcher.enqueue(*(
-        {"task": "tests.keyed", "kwargs": {"account": t, "token": t, "seconds": BODY_SECONDS}}
-        for t in tokens))  # fmt: skip
+    handles = cluster.launcher.enqueue(
+        *(
+            {"task": "tests.keyed", "kwargs": {"account": t, "token": t, "seconds": BODY_SECONDS}}
+            for t in tokens
+        )
+    )
     jobs = {uuid.UUID(h["job_id"]): t for h, t in zip(handles, tokens, strict=True)}
     worker = cluster.worker("w1", env=counted_tasks_env())
     ready(worker, timeout=60)
@@ -112,8 +118,14 @@ def test_claim_lost_in_a_postgres_crash(
     ready(beat, timeout=60)
 
     runs = JOBS.table
-    cluster.wait_for(lambda: all(r["state"] == "succeeded" for r in cluster._rows(
-        select(runs.c.state).where(runs.c.job_id.in_(jobs)))), "every job succeeded", 90)
+    cluster.wait_for(
+        lambda: all(
+            r["state"] == "succeeded"
+            for r in cluster._rows(select(runs.c.state).where(runs.c.job_id.in_(jobs)))
+        ),
+        "every job succeeded",
+        90,
+    )
     assert log_has(worker, CLAIM_LOST), "the worker did not hand back the lost claim's message"
     for job_id, token in jobs.items():
         succeeded = [t for t, _ in cluster.transitions(job_id) if t == "succeed"]
@@ -140,7 +152,8 @@ def test_a_lost_claim_is_never_taken_for_a_later_claim_of_its_attempt(
     workers = {name: cluster.worker(name, env=counted_tasks_env()) for name in ("w1", "w2")}
     ready(*workers.values(), timeout=60)
     (handle,) = cluster.launcher.enqueue(
-        {"task": "tests.gated", "kwargs": {"token": token, "seconds": GATED_SECONDS}})
+        {"task": "tests.gated", "kwargs": {"token": token, "seconds": GATED_SECONDS}}
+    )
     job_id = uuid.UUID(handle["job_id"])
 
     crashed, claimer = _crash_after_a_claim(cluster, durable_pg)
@@ -164,14 +177,24 @@ def test_a_lost_claim_is_never_taken_for_a_later_claim_of_its_attempt(
     again = cluster.wait_for(claimed_again, "the second worker claimed the job", 60)
     assert again["attempts"] == 1
     open_gate(token, 1)
-    cluster.wait_for(lambda: log_has(first, rf"job {job_id} attempt 1: finish refused")
-                     or run()["state"] == "succeeded", "the first worker's finish", 30)  # fmt: skip
+    cluster.wait_for(
+        lambda: (
+            log_has(first, rf"job {job_id} attempt 1: finish refused")
+            or run()["state"] == "succeeded"
+        ),
+        "the first worker's finish",
+        30,
+    )
     open_gate(token, 2)
     # The second worker's finish: the run succeeded (its Celery result is the body's value,
     # which names no attempt), or its lease was lost.
-    cluster.wait_for(lambda: run()["state"] == "succeeded"
-                     or log_has(second, rf"job {job_id} attempt 1: lease lost"),
-                     "the second worker's finish", 30)  # fmt: skip
+    cluster.wait_for(
+        lambda: (
+            run()["state"] == "succeeded" or log_has(second, rf"job {job_id} attempt 1: lease lost")
+        ),
+        "the second worker's finish",
+        30,
+    )
 
     finishes = [e["actor"] for e in cluster.events(job_id) if e["transition"] == "succeed"]
     assert finishes == [again["worker"]], cluster.transitions(job_id)

@@ -91,24 +91,35 @@ def deployment(
     bucket = service("JOBSAPP_TEST_S3_BUCKET")
     prefix = f"chaos-secrets-{SESSION}-{uuid.uuid4().hex[:8]}"
     try:
-        with cluster_for(prefix, database_url=url, broker=broker,
-                         storage_url=f"s3://{bucket}/{prefix}",
-                         s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
-                         workdir=workdir) as cluster:  # fmt: skip
+        with cluster_for(
+            prefix,
+            database_url=url,
+            broker=broker,
+            storage_url=f"s3://{bucket}/{prefix}",
+            s3_endpoint=service("JOBSAPP_TEST_S3_ENDPOINT_URL"),
+            workdir=workdir,
+        ) as cluster:
             web, http = start_web(cluster)
             worker = cluster.launcher.start(
                 "worker",
                 [str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS, "-n", "w@%h"],
-                {"JOBSAPP_IMPORTS": "tests.support.tasks", "JOBSAPP_TEST_REDIS_URL": broker.url,
-                 **WORKER_SETTINGS},
-            )  # fmt: skip
+                {
+                    "JOBSAPP_IMPORTS": "tests.support.tasks",
+                    "JOBSAPP_TEST_REDIS_URL": broker.url,
+                    **WORKER_SETTINGS,
+                },
+            )
             ready(worker, timeout=45)
             refused = cluster.launcher.start(
                 "refused-worker",
                 [str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS, "-n", "r@%h"],
-                {"JOBSAPP_IMPORTS": "tests.support.tasks", "JOBSAPP_TEST_REDIS_URL": broker.url,
-                 "AWS_SECRET_ACCESS_KEY": WRONG_S3_SECRET, **WORKER_SETTINGS},
-            )  # fmt: skip
+                {
+                    "JOBSAPP_IMPORTS": "tests.support.tasks",
+                    "JOBSAPP_TEST_REDIS_URL": broker.url,
+                    "AWS_SECRET_ACCESS_KEY": WRONG_S3_SECRET,
+                    **WORKER_SETTINGS,
+                },
+            )
             assert refused.popen.wait(timeout=60) == ExitCode.S3_ACCESS_DENIED
             yield Deployment(cluster, broker, web, http, worker, refused)
     finally:
@@ -145,8 +156,9 @@ def story(deployment: Deployment) -> Story:
     # Five attempts with backoff of about 2, 4, 8 and 16 s: about half a minute.
     cluster.wait_for(
         lambda: (a := cluster.attachment(attachment_id))["state"] == "ready" and a,
-        "the attachment is ready", 60,
-    )  # fmt: skip
+        "the attachment is ready",
+        60,
+    )
     secrets = {
         **{f"planted {k}": v for k, v in planted_secrets(token).items()},
         "wrong S3 secret key": WRONG_S3_SECRET,
@@ -172,8 +184,9 @@ def table_rows(cluster: Cluster, table: Any) -> list[dict[str, Any]]:
 
 def leaked(text: str, secrets: Mapping[str, str]) -> list[str]:
     """The names of the secrets ``text`` holds, as they are or percent-encoded."""
-    return [name for name, value in secrets.items()
-            if value in text or quote(value, safe="") in text]  # fmt: skip
+    return [
+        name for name, value in secrets.items() if value in text or quote(value, safe="") in text
+    ]
 
 
 def admin_get(http: Http, path: str) -> tuple[int, str]:
@@ -211,8 +224,9 @@ def test_a_worker_with_a_wrong_s3_secret_refuses_to_start_without_printing_it(
     assert " ready." not in log
 
 
-@pytest.mark.parametrize("table", [JOB_RUNS, RUNS, EVENTS, OUTBOX, ATTACHMENTS],
-                         ids=lambda t: t.name)  # fmt: skip
+@pytest.mark.parametrize(
+    "table", [JOB_RUNS, RUNS, EVENTS, OUTBOX, ATTACHMENTS], ids=lambda t: t.name
+)
 def test_no_journal_row_holds_a_secret(story: Story, table: Any) -> None:
     text = "\n".join(repr(r) for r in table_rows(story.deployment.cluster, table))
     assert leaked(text, story.secrets) == []
@@ -227,16 +241,25 @@ def test_no_api_answer_holds_a_secret(story: Story) -> None:
     assert view.status == 200
     assert view.json()["state"] == "ready"
     answers = {"attachment": view.body.decode()}
-    for path in ("/v1/admin/jobs?limit=1000", "/v1/admin/jobs?state=failed", "/admin",
-                 "/admin/jobs?state=failed", f"/admin/jobs/jobs/{story.leaky_job}",
-                 "/metrics", "/metrics/cluster"):  # fmt: skip
+    for path in (
+        "/v1/admin/jobs?limit=1000",
+        "/v1/admin/jobs?state=failed",
+        "/admin",
+        "/admin/jobs?state=failed",
+        f"/admin/jobs/jobs/{story.leaky_job}",
+        "/metrics",
+        "/metrics/cluster",
+    ):
         status, body = admin_get(http, path)
         assert status == 200, (path, body[:500])
         answers[path] = body
     # The operator does see the failures, masked.
-    jobs = {j["job_id"]: j for j in http.request(
-        "/v1/admin/jobs?limit=1000", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    ).json()["jobs"]}  # fmt: skip
+    jobs = {
+        j["job_id"]: j
+        for j in http.request(
+            "/v1/admin/jobs?limit=1000", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        ).json()["jobs"]
+    }
     assert "X-Amz-Signature=***" in jobs[str(story.leaky_job)]["last_error"]
     for where, body in answers.items():
         assert leaked(body, story.secrets) == [], where

@@ -66,8 +66,10 @@ class Phase:
 
     def line(self) -> str:
         kills = f", {self.kills} worker kills" if self.kills else ""
-        return (f"{self.name}: {self.uploads} uploads ready in {self.seconds:.1f}s "
-                f"= {self.per_second:.2f}/s{kills}")  # fmt: skip
+        return (
+            f"{self.name}: {self.uploads} uploads ready in {self.seconds:.1f}s "
+            f"= {self.per_second:.2f}/s{kills}"
+        )
 
 
 def _upload_all(cluster: Cluster, web: Web, n: int) -> list[uuid.UUID]:
@@ -107,19 +109,22 @@ def _phase(
 def _check_runs(cluster: Cluster, ids: list[uuid.UUID]) -> None:
     with cluster.engine.connect() as conn:
         states = conn.execute(
-            select(ATTACHMENTS.c.state, func.count()).where(ATTACHMENTS.c.id.in_(ids))
+            select(ATTACHMENTS.c.state, func.count())
+            .where(ATTACHMENTS.c.id.in_(ids))
             .group_by(ATTACHMENTS.c.state)
-        ).all()  # fmt: skip
+        ).all()
         runs = conn.execute(
-            select(RUNS.c.state, func.count()).where(RUNS.c.attachment_id.in_(ids))
+            select(RUNS.c.state, func.count())
+            .where(RUNS.c.attachment_id.in_(ids))
             .group_by(RUNS.c.state)
-        ).all()  # fmt: skip
+        ).all()
         job_ids = conn.execute(select(RUNS.c.job_id).where(RUNS.c.attachment_id.in_(ids)))
         histories = [journal.history(conn, ATTACHMENT_RUNS, j) for j in job_ids.scalars()]
     # Each job's history, as its timeline reads it (event rows and what its row carries).
     succeeds = [sum(e["transition"] == "succeed" for e in h) for h in histories]
-    claims = Counter((e["job_id"], e["attempt"]) for h in histories for e in h
-                     if e["transition"] == "claim")  # fmt: skip
+    claims = Counter(
+        (e["job_id"], e["attempt"]) for h in histories for e in h if e["transition"] == "claim"
+    )
     assert dict(states) == {"ready": len(ids)}
     assert dict(runs) == {"succeeded": len(ids)}
     assert succeeds == [1] * len(ids)
@@ -128,9 +133,12 @@ def _check_runs(cluster: Cluster, ids: list[uuid.UUID]) -> None:
 
 def _check_objects(cluster: Cluster, ids: list[uuid.UUID]) -> None:
     with cluster.engine.connect() as conn:
-        variants = [dict(r) for r in conn.execute(
-            select(VARIANTS).where(VARIANTS.c.attachment_id.in_(ids))
-        ).mappings()]  # fmt: skip
+        variants = [
+            dict(r)
+            for r in conn.execute(
+                select(VARIANTS).where(VARIANTS.c.attachment_id.in_(ids))
+            ).mappings()
+        ]
         originals = conn.execute(
             select(ATTACHMENTS.c.original_key, ATTACHMENTS.c.sha256).where(
                 ATTACHMENTS.c.id.in_(ids)
@@ -145,8 +153,9 @@ def _check_objects(cluster: Cluster, ids: list[uuid.UUID]) -> None:
     expected = {v["object_key"]: v["sha256"] for v in variants}
     expected |= {key: digest for key, digest in originals}
     with ThreadPoolExecutor(8) as pool:
-        actual = dict(zip(expected, pool.map(lambda k: sha256(cluster.store.get(k)), expected),
-                          strict=True))  # fmt: skip
+        actual = dict(
+            zip(expected, pool.map(lambda k: sha256(cluster.store.get(k)), expected), strict=True)
+        )
     assert actual == expected
     published = {info.key for info in cluster.store.list("attachments/")}
     assert published == set(expected), "objects without a row, or rows without an object"
@@ -156,11 +165,13 @@ def _check_outbox(cluster: Cluster) -> None:
     def drained() -> bool:
         with cluster.engine.connect() as conn:
             rows = conn.execute(
-                select(OUTBOX.c.published_at, OUTBOX.c.delivered_at, RUNS.c.state)
-                .join(RUNS, RUNS.c.job_id == OUTBOX.c.job_id)
-            ).all()  # fmt: skip
-        return all(p is not None and (d is not None or s in ("succeeded", "failed"))
-                   for p, d, s in rows)  # fmt: skip
+                select(OUTBOX.c.published_at, OUTBOX.c.delivered_at, RUNS.c.state).join(
+                    RUNS, RUNS.c.job_id == OUTBOX.c.job_id
+                )
+            ).all()
+        return all(
+            p is not None and (d is not None or s in ("succeeded", "failed")) for p, d, s in rows
+        )
 
     cluster.wait_for(drained, "outbox drained", 30)
 
@@ -168,9 +179,11 @@ def _check_outbox(cluster: Cluster) -> None:
 def _check_staging(cluster: Cluster, ids: list[uuid.UUID]) -> int:
     """Staging objects of ready attachments left by kills; retention must remove them."""
     with cluster.engine.connect() as conn:
-        staged = set(conn.execute(
-            select(ATTACHMENTS.c.staging_key).where(ATTACHMENTS.c.id.in_(ids))
-        ).scalars())  # fmt: skip
+        staged = set(
+            conn.execute(
+                select(ATTACHMENTS.c.staging_key).where(ATTACHMENTS.c.id.in_(ids))
+            ).scalars()
+        )
     left = staged & cluster.staging_objects()
     name = staging_pass()
     if name is None:
@@ -211,9 +224,11 @@ def soak(cluster: Cluster, n: int, capsys: pytest.CaptureFixture[str]) -> None:
         print(f"\nsoak N={n} per phase, {WORKERS} workers")
         print(f"  {baseline.line()}")
         print(f"  {chaos.line()}, {restarts} restarts")
-        print(f"  throughput under kills: {chaos.per_second / baseline.per_second:.0%} "
-              f"of the baseline; {leftovers} staging objects left by kills, "
-              f"removed by staging retention")  # fmt: skip
+        print(
+            f"  throughput under kills: {chaos.per_second / baseline.per_second:.0%} "
+            f"of the baseline; {leftovers} staging objects left by kills, "
+            f"removed by staging retention"
+        )
     assert chaos.kills >= 1, "the killer never fired: the run proves nothing"
 
 

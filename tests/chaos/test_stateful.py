@@ -187,9 +187,11 @@ class Op:
 
 
 WANTED_STATE = {
-    "claim": State.QUEUED, "cancel": State.QUEUED, "replay": State.FAILED,
+    "claim": State.QUEUED,
+    "cancel": State.QUEUED,
+    "replay": State.FAILED,
     **{kind: State.RUNNING for kind in ("heartbeat", "succeed", "fail", "retry", "snooze")},
-}  # fmt: skip
+}
 
 FENCED = frozenset({"heartbeat", "succeed", "fail", "retry", "snooze"})
 
@@ -378,8 +380,9 @@ def execute(conn: Connection, op: Op, now: datetime, claims: Claims) -> Result: 
         if op.kind == "heartbeat":
             return journal.heartbeat(conn, JOBS, op.job_id, op.attempt, token=token, now=now)
         if op.kind == "succeed":
-            return journal.succeed(conn, JOBS, op.job_id, op.attempt, token=token, actor=worker,
-                                   now=now)  # fmt: skip
+            return journal.succeed(
+                conn, JOBS, op.job_id, op.attempt, token=token, actor=worker, now=now
+            )
         if op.kind == "fail":
             return journal.fail(
                 conn,
@@ -393,8 +396,12 @@ def execute(conn: Connection, op: Op, now: datetime, claims: Claims) -> Result: 
                 now=now,
             )
         if op.kind in ("retry", "snooze"):
-            run = {"job_id": op.job_id, "attempts": op.attempt, "task_name": TASK_NAME,
-                   "claim_token": token}  # fmt: skip
+            run = {
+                "job_id": op.job_id,
+                "attempts": op.attempt,
+                "task_name": TASK_NAME,
+                "claim_token": token,
+            }
             transition = Transition.SNOOZE if op.kind == "snooze" else Transition.RETRY
             message = journal.requeue(
                 conn,
@@ -410,9 +417,14 @@ def execute(conn: Connection, op: Op, now: datetime, claims: Claims) -> Result: 
             return message is not None
         if op.kind == "cancel":
             return journal.cancel(
-                conn, JOBS, op.job_id, attempts=op.attempt, actor="operator:chaos",
-                reason="cancelled by chaos", now=now,
-            )  # fmt: skip
+                conn,
+                JOBS,
+                op.job_id,
+                attempts=op.attempt,
+                actor="operator:chaos",
+                reason="cancelled by chaos",
+                now=now,
+            )
         if op.kind == "replay":
             try:
                 message = journal.reopen(
@@ -605,8 +617,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             actual = [execute(conns[0], ops[0], now, self.claims)]
         else:
             actual = run_together(
-                [lambda c=c, op=op: execute(c, op, now, self.claims)
-                 for c, op in zip(conns, ops, strict=True)]
+                [
+                    lambda c=c, op=op: execute(c, op, now, self.claims)
+                    for c, op in zip(conns, ops, strict=True)
+                ]
             )
         with self.engine.connect() as observer:
             seen = read_model(observer)
@@ -876,8 +890,9 @@ class AttachmentMachine(RuleBasedStateMachine):
             spec=ATTACHMENT_RUNS,
             row=row,
             worker="chaos",
-            heartbeat=Heartbeat(self.engine, ATTACHMENT_RUNS, RUN_IDS[v], attempt, 60.0, 3600.0,
-                                token=claim_token),
+            heartbeat=Heartbeat(
+                self.engine, ATTACHMENT_RUNS, RUN_IDS[v], attempt, 60.0, 3600.0, token=claim_token
+            ),
         )
         return attachment_tasks._Job(ctx, ATTACHMENT_ID, v)
 

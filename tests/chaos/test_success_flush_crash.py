@@ -58,7 +58,6 @@ def durable_pg() -> Iterator[PrivatePostgres]:
         yield server
 
 
-
 def test_a_relaxed_transaction_leaves_nothing_set_on_its_server_connection(
     durable_pg: PrivatePostgres,
 ) -> None:
@@ -106,8 +105,9 @@ def _gated_job_running(cluster: Cluster, token: str) -> uuid.UUID:
     return job_id
 
 
-def _succeed_and_freeze(cluster: Cluster, procs: Sequence[Proc], job_id: uuid.UUID,
-                        token: str) -> bool:  # fmt: skip
+def _succeed_and_freeze(
+    cluster: Cluster, procs: Sequence[Proc], job_id: uuid.UUID, token: str
+) -> bool:
     """Open the body's gate, freeze every process as soon as the run is ``succeeded``;
     whether the success is certainly not written out of PostgreSQL's WAL buffers (its
     commit record lies behind the insert position read while the body still waited), let
@@ -122,8 +122,11 @@ def _succeed_and_freeze(cluster: Cluster, procs: Sequence[Proc], job_id: uuid.UU
     with cluster.engine.connect() as conn:
         # The write position, not the flush: a SIGKILL of PostgreSQL loses what is still in
         # its WAL buffers, while WAL written to the kernel survives (a power loss would not).
-        return bool(conn.execute(text("SELECT pg_current_wal_lsn() < CAST(:lsn AS pg_lsn)"),
-                                 {"lsn": before}).scalar_one())  # fmt: skip
+        return bool(
+            conn.execute(
+                text("SELECT pg_current_wal_lsn() < CAST(:lsn AS pg_lsn)"), {"lsn": before}
+            ).scalar_one()
+        )
 
 
 def _crash_and_restart(pg: PrivatePostgres, cluster: Cluster, job_id: uuid.UUID) -> str:
@@ -137,8 +140,9 @@ def _crash_and_restart(pg: PrivatePostgres, cluster: Cluster, job_id: uuid.UUID)
 def _settled(cluster: Cluster, jobs: dict[uuid.UUID, str], twice: uuid.UUID | None) -> None:
     """Each job succeeded once in the journal, by one of the workers; the body of ``twice``
     ran twice, every other once; no run left running or queued."""
-    cluster.wait_for(lambda: all(_state(cluster, j) == "succeeded" for j in jobs),
-                     "every job succeeded", 60)  # fmt: skip
+    cluster.wait_for(
+        lambda: all(_state(cluster, j) == "succeeded" for j in jobs), "every job succeeded", 60
+    )
     for job_id, token in jobs.items():
         actors = [e["actor"] for e in cluster.events(job_id) if e["transition"] == "succeed"]
         assert len(actors) == 1, (job_id, cluster.transitions(job_id))

@@ -307,16 +307,18 @@ def zombie_wakes_after_lease_taken(cluster: Cluster) -> None:
 
     run = cluster.claimed_by(attachment_id, "a")
     # Past its "processing" commit, so the frozen process holds no transaction open.
-    cluster.wait_for(lambda: cluster.attachment(attachment_id)["state"] == "processing",
-                     "processing", 20)  # fmt: skip
+    cluster.wait_for(
+        lambda: cluster.attachment(attachment_id)["state"] == "processing", "processing", 20
+    )
     os.killpg(a.pid, signal.SIGSTOP)
     try:
         ready(cluster.worker("b"))
         cluster.settled(attachment_id, timeout=60)
         cluster.wait_for(
             lambda: cluster.store.head(cluster.attachment(attachment_id)["staging_key"]) is None,
-            "staging dropped by the finisher", 15,
-        )  # fmt: skip
+            "staging dropped by the finisher",
+            15,
+        )
         before = cluster.snapshot(attachment_id)
         assert before["run"]["attempts"] == 2
         assert before["run"]["worker"].startswith("b@")

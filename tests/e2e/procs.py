@@ -27,8 +27,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-WORKER_FLAGS = ("--pool=prefork", "-c", "1", "--without-gossip", "--without-mingle",
-                "--without-heartbeat", "-l", "info")  # fmt: skip
+WORKER_FLAGS = (
+    "--pool=prefork",
+    "-c",
+    "1",
+    "--without-gossip",
+    "--without-mingle",
+    "--without-heartbeat",
+    "-l",
+    "info",
+)
 
 
 def service_env(
@@ -92,11 +100,14 @@ class Proc:
             if found:
                 return found
             if not self.alive():
-                raise AssertionError(f"{self.name} exited ({self.popen.returncode}) before "
-                                     f"logging {pattern!r}:\n{self.log()[-3000:]}")  # fmt: skip
+                raise AssertionError(
+                    f"{self.name} exited ({self.popen.returncode}) before "
+                    f"logging {pattern!r}:\n{self.log()[-3000:]}"
+                )
             if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name} did not log {pattern!r} in {timeout}s:\n"
-                                     f"{self.log()[-3000:]}")  # fmt: skip
+                raise AssertionError(
+                    f"{self.name} did not log {pattern!r} in {timeout}s:\n{self.log()[-3000:]}"
+                )
             time.sleep(0.05)
 
     def wait(self, timeout: float) -> int:
@@ -117,10 +128,14 @@ class Launcher:
             log_path = self.workdir / f"{self._seq:02d}-{name}.log"
             with log_path.open("wb") as out:
                 popen = subprocess.Popen(
-                    list(argv), cwd=ROOT, env={**self.env, **(env or {})},
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    list(argv),
+                    cwd=ROOT,
+                    env={**self.env, **(env or {})},
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
                     start_new_session=True,
-                )  # fmt: skip
+                )
             proc = Proc(name, popen, log_path)
             self.started.append(proc)
             return proc
@@ -132,8 +147,16 @@ class Launcher:
 
     def beat(self, name: str, env: Mapping[str, str] | None = None) -> Proc:
         schedule_file = self.workdir / f"{name}-schedule"
-        argv = [str(BIN / "celery"), "-A", "jobsapp", "beat", "-s", str(schedule_file),
-                "-l", "info"]  # fmt: skip
+        argv = [
+            str(BIN / "celery"),
+            "-A",
+            "jobsapp",
+            "beat",
+            "-s",
+            str(schedule_file),
+            "-l",
+            "info",
+        ]
         return self.start(name, argv, env)
 
     def jobsapp(self, name: str, *args: str, env: Mapping[str, str] | None = None) -> Proc:
@@ -142,8 +165,9 @@ class Launcher:
     def producer(self, jobs: Iterable[Mapping[str, Any]], *, crash_at: str | None = None) -> Proc:
         payload = json.dumps(list(jobs), default=str)
         env = {"JOBSAPP_CRASH_AT": crash_at} if crash_at else None
-        return self.start("producer", [sys.executable, "-m", "tests.e2e.procs", "enqueue", payload],
-                          env)  # fmt: skip
+        return self.start(
+            "producer", [sys.executable, "-m", "tests.e2e.procs", "enqueue", payload], env
+        )
 
     def enqueue(self, *jobs: Mapping[str, Any], timeout: float = 30.0) -> list[dict[str, Any]]:
         """Enqueue from a producer process; returns what it printed, one dict per job."""
@@ -221,8 +245,12 @@ def _enqueue_main(payload: str) -> int:
         task = app.tasks[job["task"]]
         handle = task.apply_async(kwargs=job.get("kwargs", {}), job_id=job.get("job_id"))
         holder = str(handle.holder) if handle.holder else None
-        print(json.dumps({"job_id": str(handle.job_id), "outcome": str(handle.outcome),
-                          "holder": holder}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {"job_id": str(handle.job_id), "outcome": str(handle.outcome), "holder": holder}
+            ),
+            flush=True,
+        )
     return 0
 
 

@@ -243,8 +243,10 @@ def test_a_post_without_the_csrf_token_is_refused(page: Page, db: Engine) -> Non
     log_in(page)
     page.goto(f"/admin/jobs/jobs/{job_id}")
     url = f"/admin/jobs/jobs/{job_id}/cancel"
-    forms: list[dict[str, Any]] = [{"reason": "forged"},
-                                   {"reason": "forged", "csrf_token": "guess"}]  # fmt: skip
+    forms: list[dict[str, Any]] = [
+        {"reason": "forged"},
+        {"reason": "forged", "csrf_token": "guess"},
+    ]
 
     refused = [page.request.post(url, form=form, max_redirects=0) for form in forms]
 
@@ -306,9 +308,7 @@ def test_bulk_replay_of_a_filtered_set_asks_for_confirmation(
     assert re.fullmatch(r"Replayed (\d+) of \1", heading), heading
     for job_id in jobs:
         wait_state(db, job_id, "succeeded", worker)
-        assert operator_events(db, job_id) == [
-            ("replay", "operator:carol", "provider recovered")
-        ]
+        assert operator_events(db, job_id) == [("replay", "operator:carol", "provider recovered")]
 
 
 def test_a_bulk_replay_needs_a_reason_and_takes_only_the_confirmed_jobs(
@@ -342,9 +342,13 @@ def test_dead_outbox_rows_are_on_the_overview_and_go_back_to_the_relay(
 ) -> None:
     job_id = enqueue(db, tasks.echo, "dead-letter")
     with db.begin() as conn:
-        conn.execute(text("UPDATE outbox SET dead_at = now(), publish_failures = 5, "
-                          "last_error = 'no worker takes tests.echo' WHERE job_id = :j"),
-                     {"j": job_id})  # fmt: skip
+        conn.execute(
+            text(
+                "UPDATE outbox SET dead_at = now(), publish_failures = 5, "
+                "last_error = 'no worker takes tests.echo' WHERE job_id = :j"
+            ),
+            {"j": job_id},
+        )
     log_in(page, name="frank")
 
     assert int(page.inner_text("#dead-total")) >= 1
@@ -397,8 +401,12 @@ def test_an_attachment_and_its_job_link_to_each_other(
     shot(page, "attachment-job")
     cli = subprocess.run(
         [sys.executable, "-m", "jobsapp.cli", "summary", "--attachment", attachment_id, "--json"],
-        env=env, cwd=REPO, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert [row["job_id"] for row in json.loads(cli.stdout)] == [job["job_id"]]
 
 
@@ -415,8 +423,9 @@ def _ready(http: Http, attachment_id: str) -> dict[str, Any]:
 def test_a_later_page_does_not_shift_when_new_jobs_arrive(http: Http, db: Engine) -> None:
     older = [enqueue(db, tasks.echo, f"stable-{i}") for i in range(3)]
     with db.connect() as conn:
-        stamp = conn.execute(text("SELECT updated_at FROM job_runs WHERE job_id = :j"),
-                             {"j": older[-1]}).scalar_one()  # fmt: skip
+        stamp = conn.execute(
+            text("SELECT updated_at FROM job_runs WHERE job_id = :j"), {"j": older[-1]}
+        ).scalar_one()
     after = quote(f"{stamp.isoformat()}~{older[-1]}")
     path = f"/admin/jobs?module=jobs&state=queued&task=tests.echo&after={after}"
 

@@ -38,8 +38,13 @@ ERROR = {"error", "reason"}
 # No row has it. Fixed, not drawn, because it shows in test ids, which every xdist worker
 # must collect alike.
 UNKNOWN_ID = uuid.UUID("00000000-0000-4000-8000-00000000dead")
-METRICS = ("jobsapp_jobs", "jobsapp_oldest_queued_seconds", "jobsapp_stale_running",
-           "jobsapp_outbox_backlog", "jobsapp_outbox_lag_seconds")  # fmt: skip
+METRICS = (
+    "jobsapp_jobs",
+    "jobsapp_oldest_queued_seconds",
+    "jobsapp_stale_running",
+    "jobsapp_outbox_backlog",
+    "jobsapp_outbox_lag_seconds",
+)
 
 # What tests.fails_once raises on its first attempt.
 REFUSAL = "upstream refuses this job until someone fixes it"
@@ -169,10 +174,12 @@ def assert_documented(http: Http, schema: str, instance: object) -> None:
 def operator_events(db: Engine, job_id: uuid.UUID) -> list[tuple[str, str, str | None]]:
     with db.connect() as conn:
         found = conn.execute(
-            text("SELECT transition, actor, reason FROM job_events "
-                 "WHERE job_id = :j AND actor LIKE 'operator:%' ORDER BY id"),
+            text(
+                "SELECT transition, actor, reason FROM job_events "
+                "WHERE job_id = :j AND actor LIKE 'operator:%' ORDER BY id"
+            ),
             {"j": job_id},
-        )  # fmt: skip
+        )
         return [(r.transition, r.actor, r.reason) for r in found]
 
 
@@ -189,10 +196,14 @@ def operator_events(db: Engine, job_id: uuid.UUID) -> list[tuple[str, str, str |
 )
 @pytest.mark.parametrize(
     "headers",
-    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
-     {"Authorization": "Bearer"}],
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": "Bearer"},
+    ],
     ids=["none", "wrong", "basic", "empty"],
-)  # fmt: skip
+)
 def test_the_operator_api_needs_the_bearer_token(
     http: Http, method: str, path: str, headers: dict[str, str]
 ) -> None:
@@ -233,12 +244,19 @@ def test_a_failed_job_is_replayed_through_the_api_and_finished_by_a_worker(
     assert summary["counts"]["jobs"]["failed"] >= 1
     assert set(summary["counts"]) == {"jobs", "attachments", "reprocess"}
 
-    reply = post_json(http, action("jobs", job_id, "replay"),
-                      {"reason": "upstream fixed", "actor": "alice"})  # fmt: skip
+    reply = post_json(
+        http, action("jobs", job_id, "replay"), {"reason": "upstream fixed", "actor": "alice"}
+    )
 
     assert reply.status == 200, reply.body
-    assert reply.json() == {"module": "jobs", "job_id": str(job_id), "state": "queued",
-                            "attempt": 2, "published": True, "waiting": False}  # fmt: skip
+    assert reply.json() == {
+        "module": "jobs",
+        "job_id": str(job_id),
+        "state": "queued",
+        "attempt": 2,
+        "published": True,
+        "waiting": False,
+    }
     assert_documented(http, "Replayed", reply.json())
     done = wait_listed(http, job_id, "succeeded", worker)
     assert done["attempts"] == 2
@@ -282,8 +300,9 @@ def test_an_action_without_a_usable_reason_is_a_400(
     job_id = enqueue(db, tasks.echo, "untouched")
     data = b"reason=plain-form" if body is None else json.dumps(body).encode()
 
-    reply = http.request(action("jobs", job_id, "cancel"), data,
-                         {**AUTH, "Content-Type": "application/json"}, "POST")  # fmt: skip
+    reply = http.request(
+        action("jobs", job_id, "cancel"), data, {**AUTH, "Content-Type": "application/json"}, "POST"
+    )
 
     assert (reply.status, reply.json()["error"]) == (400, code)
     assert listed(http, job_id, "&state=queued") is not None
@@ -342,11 +361,14 @@ def test_metrics_are_read_from_the_journal_at_scrape_time(http: Http, db: Engine
     assert reply.headers["Content-Type"].startswith("text/plain; version=")
     families = {f.name: f for f in text_string_to_metric_families(reply.body.decode())}
     assert set(METRICS) <= set(families)
-    jobs = {(s.labels["module"], s.labels["task"], s.labels["queue"], s.labels["state"]): s.value
-            for s in families["jobsapp_jobs"].samples}  # fmt: skip
+    jobs = {
+        (s.labels["module"], s.labels["task"], s.labels["queue"], s.labels["state"]): s.value
+        for s in families["jobsapp_jobs"].samples
+    }
     with db.connect() as conn:
-        rows = conn.execute(text("SELECT task_name, state, count(*) FROM job_runs "
-                                 "GROUP BY task_name, state"))  # fmt: skip
+        rows = conn.execute(
+            text("SELECT task_name, state, count(*) FROM job_runs GROUP BY task_name, state")
+        )
         in_db = {("jobs", task, "celery", state): float(n) for task, state, n in rows}
     assert {k: v for k, v in jobs.items() if k[0] == "jobs" and v} == in_db
     # A registered task nothing ran yet has its series, at zero.
@@ -354,12 +376,16 @@ def test_metrics_are_read_from_the_journal_at_scrape_time(http: Http, db: Engine
     backlog = families["jobsapp_outbox_backlog"].samples[0].value
     assert backlog >= 1
     assert families["jobsapp_outbox_lag_seconds"].samples[0].value >= 0
-    oldest = {(s.labels["module"], s.labels["task"]): s.value
-              for s in families["jobsapp_oldest_queued_seconds"].samples}  # fmt: skip
+    oldest = {
+        (s.labels["module"], s.labels["task"]): s.value
+        for s in families["jobsapp_oldest_queued_seconds"].samples
+    }
     assert oldest[("jobs", "tests.echo")] >= 0
     assert {s.labels["module"] for s in families["jobsapp_stale_running"].samples} == {
-        "jobs", "attachments", "reprocess",
-    }  # fmt: skip
+        "jobs",
+        "attachments",
+        "reprocess",
+    }
 
 
 def test_the_admin_pages_show_jobs_with_everything_escaped(http: Http, db: Engine) -> None:

@@ -97,8 +97,12 @@ def procs(
         "JOBSAPP_RELAY_EVERY": "1",
         "JOBSAPP_STAGING_ORPHAN_HOURS": str(ORPHAN_HOURS),
     }
-    env = service_env(database_url=database_url, broker_url=module_redis.url,
-                      var_dir=tmp_path / "var", settings=settings)  # fmt: skip
+    env = service_env(
+        database_url=database_url,
+        broker_url=module_redis.url,
+        var_dir=tmp_path / "var",
+        settings=settings,
+    )
     launcher = Launcher(env, tmp_path)
     try:
         yield launcher
@@ -125,8 +129,9 @@ def count(db: Engine, stmt: object) -> int:
 
 def v2_jobs(db: Engine) -> list[uuid.UUID]:
     with db.connect() as conn:
-        return list(conn.execute(select(RUNS.c.job_id).where(RUNS.c.pipeline_version == 2))
-                    .scalars())  # fmt: skip
+        return list(
+            conn.execute(select(RUNS.c.job_id).where(RUNS.c.pipeline_version == 2)).scalars()
+        )
 
 
 def transitions_per_job(db: Engine, transition: str) -> set[int]:
@@ -147,10 +152,11 @@ def test_reprocess_of_200_attachments_survives_ctrl_c_and_does_nothing_twice(
     # The command itself, with Ctrl-C's default handling restored in case this test runs
     # under a parent that ignores SIGINT (children inherit that).
     interruptible = [
-        sys.executable, "-c",
+        sys.executable,
+        "-c",
         "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
         "from jobsapp.attachments.commands import main; sys.exit(main())",
-    ]  # fmt: skip
+    ]
     args = ["reprocess", "--to-version", "2", "--batch", "10", "--pause", "0.25"]
     first = procs.start("reprocess-1", [*interruptible, *args])
     first.wait_for_log(r"enqueued 30/200")
@@ -173,9 +179,11 @@ def test_reprocess_of_200_attachments_survives_ctrl_c_and_does_nothing_twice(
     jobs = v2_jobs(db)
     assert len(jobs) == 200
     with db.connect() as conn:
-        attempts = conn.execute(select(RUNS.c.state, RUNS.c.attempts, func.count())
-                                .where(RUNS.c.pipeline_version == 2)
-                                .group_by(RUNS.c.state, RUNS.c.attempts)).all()  # fmt: skip
+        attempts = conn.execute(
+            select(RUNS.c.state, RUNS.c.attempts, func.count())
+            .where(RUNS.c.pipeline_version == 2)
+            .group_by(RUNS.c.state, RUNS.c.attempts)
+        ).all()
     assert [tuple(a) for a in attempts] == [("succeeded", 1, 200)]
     # One enqueue and one claim per job; one row per effect key.
     assert transitions_per_job(db, "enqueue") == {1}
@@ -232,8 +240,9 @@ def test_verify_finds_drift_and_repair_publishes_again(
 
 
 def _variant_keys(db: Engine) -> dict[tuple[uuid.UUID, str], tuple[str, str]]:
-    stmt = select(VARIANTS.c.attachment_id, VARIANTS.c.variant, VARIANTS.c.object_key,
-                  VARIANTS.c.sha256)  # fmt: skip
+    stmt = select(
+        VARIANTS.c.attachment_id, VARIANTS.c.variant, VARIANTS.c.object_key, VARIANTS.c.sha256
+    )
     with db.connect() as conn:
         return {(r.attachment_id, r.variant): (r.object_key, r.sha256) for r in conn.execute(stmt)}
 

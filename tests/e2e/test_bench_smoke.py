@@ -29,14 +29,17 @@ ROOT = Path(__file__).resolve().parents[2]
 PORTS = 13  # bench/services.py: postgres x2, redis, s3, weed x4, gunicorn, pgbouncer, rabbitmq x3
 # The lifecycle's closing lines: jobsapp against each peer (events as shipped on both sides
 # where the line says nothing, else as it says), and its journal's rows per job.
-LIFECYCLE = [*(f"lifecycle/bare {field} ratio (fsync on)" for field in ("e2e", "enqueue", "drain")),
-             "lifecycle/bare e2e ratio (fsync on, events off)",
-             "lifecycle/bare e2e ratio (fsync on, events on)",
-             "lifecycle/naive e2e ratio (fsync on)", "lifecycle/procrastinate e2e ratio (fsync on)",
-             "lifecycle-batch/bare e2e ratio (fsync on)",
-             "lifecycle-batch/bare enqueue ratio (fsync on)",
-             "bare+events/bare e2e ratio (fsync on)",
-             "lifecycle journal rows per job"]  # fmt: skip
+LIFECYCLE = [
+    *(f"lifecycle/bare {field} ratio (fsync on)" for field in ("e2e", "enqueue", "drain")),
+    "lifecycle/bare e2e ratio (fsync on, events off)",
+    "lifecycle/bare e2e ratio (fsync on, events on)",
+    "lifecycle/naive e2e ratio (fsync on)",
+    "lifecycle/procrastinate e2e ratio (fsync on)",
+    "lifecycle-batch/bare e2e ratio (fsync on)",
+    "lifecycle-batch/bare enqueue ratio (fsync on)",
+    "bare+events/bare e2e ratio (fsync on)",
+    "lifecycle journal rows per job",
+]
 NUMBER = r"-?\d+(\.\d+)?"
 
 
@@ -71,8 +74,18 @@ def place() -> Iterator[Place]:
 
 
 def _bench(place: Place, out: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "bench", *args, "--port-base", str(place.port_base),
-            "--state-dir", str(place.state_dir), "--out", str(out)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "bench",
+        *args,
+        "--port-base",
+        str(place.port_base),
+        "--state-dir",
+        str(place.state_dir),
+        "--out",
+        str(out),
+    ]
 
 
 def _listening(base: int) -> list[int]:
@@ -81,33 +94,42 @@ def _listening(base: int) -> list[int]:
 
 @pytest.mark.timeout(900)
 def test_every_benchmark_runs_and_prints_its_ratios(place: Place, tmp_path: Path) -> None:
-    run = subprocess.run(_bench(place, tmp_path, "all", "--smoke"), cwd=ROOT,
-                         capture_output=True, text=True, timeout=850, check=False)  # fmt: skip
+    run = subprocess.run(
+        _bench(place, tmp_path, "all", "--smoke"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=850,
+        check=False,
+    )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-5000:]
     ratios = run.stdout.split("==== ratios", 1)[1]
     expected = [f"{re.escape(line)}: {NUMBER}" for line in LIFECYCLE]
-    expected += [f"upload capacity \\(uploads/s ready\\): {NUMBER}",
-                 f"upload p99/idle service time ratio \\(80% load\\): {NUMBER}",
-                 f"maintenance reaper 2,000/1,000 rows ratio: {NUMBER}",
-                 f"scale redis 2/1 workers throughput ratio: {NUMBER}",
-                 f"scale rabbitmq-quorum 2/1 workers throughput ratio: {NUMBER}",
-                 "scale every job ran once \\(PgBouncer transaction pooling\\): True",
-                 f"profile producer CPU ms/job \\(here\\): {NUMBER}",
-                 f"profile worker CPU ms/job \\(here\\): {NUMBER}",
-                 f"limits: enqueue\\+claim\\+finish ms/job \\(fsync on, .*\\): no limit {NUMBER}, "
-                 f"limit=3, slot free {NUMBER}, limit=3, waiting in line {NUMBER}; "
-                 f"a limit check costs [+-]{NUMBER} ms/job",
-                 f"fairness: enqueue\\+claim\\+finish ms/job \\(fsync on, .*\\): plain {NUMBER}, "
-                 f"fair, one key's backlog {NUMBER}; a round-robin claim costs [+-]{NUMBER} ms/job",
-                 f"flow: a claim with a rate check {NUMBER} ms/job vs {NUMBER} ms/job with no "
-                 f"limit \\({NUMBER}x; fsync on\\)",
-                 f"priorities: enqueue\\+relay publish ms/job \\(fsync on, .*\\): no priority "
-                 f"{NUMBER}, priorities 0-9 {NUMBER}; a priority costs [+-]{NUMBER} "
-                 "ms/job"]  # fmt: skip
+    expected += [
+        f"upload capacity \\(uploads/s ready\\): {NUMBER}",
+        f"upload p99/idle service time ratio \\(80% load\\): {NUMBER}",
+        f"maintenance reaper 2,000/1,000 rows ratio: {NUMBER}",
+        f"scale redis 2/1 workers throughput ratio: {NUMBER}",
+        f"scale rabbitmq-quorum 2/1 workers throughput ratio: {NUMBER}",
+        "scale every job ran once \\(PgBouncer transaction pooling\\): True",
+        f"profile producer CPU ms/job \\(here\\): {NUMBER}",
+        f"profile worker CPU ms/job \\(here\\): {NUMBER}",
+        f"limits: enqueue\\+claim\\+finish ms/job \\(fsync on, .*\\): no limit {NUMBER}, "
+        f"limit=3, slot free {NUMBER}, limit=3, waiting in line {NUMBER}; "
+        f"a limit check costs [+-]{NUMBER} ms/job",
+        f"fairness: enqueue\\+claim\\+finish ms/job \\(fsync on, .*\\): plain {NUMBER}, "
+        f"fair, one key's backlog {NUMBER}; a round-robin claim costs [+-]{NUMBER} ms/job",
+        f"flow: a claim with a rate check {NUMBER} ms/job vs {NUMBER} ms/job with no "
+        f"limit \\({NUMBER}x; fsync on\\)",
+        f"priorities: enqueue\\+relay publish ms/job \\(fsync on, .*\\): no priority "
+        f"{NUMBER}, priorities 0-9 {NUMBER}; a priority costs [+-]{NUMBER} "
+        "ms/job",
+    ]
     assert "==== images (smoke)" in run.stdout
-    expected += [f"images: jobsapp/{peer} \\d+MP JPEG ratio: {NUMBER}"
-                 for peer in ("naive", "pyvips")]  # fmt: skip
+    expected += [
+        f"images: jobsapp/{peer} \\d+MP JPEG ratio: {NUMBER}" for peer in ("naive", "pyvips")
+    ]
     missing = [line for line in expected if not re.search(line, ratios)]
     assert not missing, f"missing ratio lines {missing} in:\n{ratios}"
     plotted = {p.name for p in tmp_path.glob("*.png")}
@@ -117,8 +139,13 @@ def test_every_benchmark_runs_and_prints_its_ratios(place: Place, tmp_path: Path
 
 def test_a_terminated_bench_stops_its_servers(place: Place, tmp_path: Path) -> None:
     """SIGTERM (a CI timeout, a supervisor, kill) mid-run leaves no server behind."""
-    bench = subprocess.Popen(_bench(place, tmp_path, "lifecycle", "--smoke"), cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    bench = subprocess.Popen(
+        _bench(place, tmp_path, "lifecycle", "--smoke"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert bench.stdout is not None
     seen = []
     for line in bench.stdout:  # the servers are up once the benchmark starts

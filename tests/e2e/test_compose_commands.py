@@ -63,7 +63,8 @@ def stand_ins(module_redis: RedisServer) -> Iterator[dict[str, str]]:
         "JOBSAPP_REDIS_URL": broker,
         "JOBSAPP_S3_ENDPOINT_URL": s3,
         # The browser's name for the same server, as localhost:9000 is for minio:9000.
-        "JOBSAPP_S3_PUBLIC_URL": urlsplit(s3)._replace(netloc=f"localhost:{urlsplit(s3).port}")
+        "JOBSAPP_S3_PUBLIC_URL": urlsplit(s3)
+        ._replace(netloc=f"localhost:{urlsplit(s3).port}")
         .geturl(),
         "JOBSAPP_STORAGE_URL": f"s3://{service('JOBSAPP_TEST_S3_BUCKET')}/compose-{uuid.uuid4()}",
     }
@@ -147,9 +148,14 @@ def test_every_compose_service_command_runs_and_passes_its_health_check(
 ) -> None:
     migrate = services["migrate"]
     done = subprocess.run(
-        migrate["command"], env=launcher.env | _env(migrate["environment"], stand_ins, ports),
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        migrate["command"],
+        env=launcher.env | _env(migrate["environment"], stand_ins, ports),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     engine = create_engine(stand_ins["JOBSAPP_DATABASE_URL"])
     assert "attachments" in inspect(engine).get_table_names()

@@ -126,11 +126,17 @@ def seeded(db: Engine, broker: Celery, worker: Path, http: Http) -> dict[str, uu
         "cancelled": enqueue(db, tasks.echo, f"dropped-{uuid.uuid4()}"),
     }
     with db.begin() as conn:
-        conn.execute(text("UPDATE outbox SET dead_at = now(), publish_failures = 5, "
-                          "last_error = 'no worker takes it' WHERE job_id = :j"),
-                     {"j": jobs["dead"]})  # fmt: skip
-        conn.execute(text("UPDATE job_runs SET queue = :q WHERE job_id = :j"),
-                     {"q": NOBODY_QUEUE, "j": jobs["queued"]})  # fmt: skip
+        conn.execute(
+            text(
+                "UPDATE outbox SET dead_at = now(), publish_failures = 5, "
+                "last_error = 'no worker takes it' WHERE job_id = :j"
+            ),
+            {"j": jobs["dead"]},
+        )
+        conn.execute(
+            text("UPDATE job_runs SET queue = :q WHERE job_id = :j"),
+            {"q": NOBODY_QUEUE, "j": jobs["queued"]},
+        )
     operator.cancel(db, "jobs", jobs["cancelled"], actor="seed", reason="a duplicate")
     upload = http.post_file(png(), "cat.png", "image/png")
     assert upload.status == 202, upload.body
@@ -146,27 +152,41 @@ def seeded(db: Engine, broker: Celery, worker: Path, http: Http) -> dict[str, uu
 def _attachment_runs(db: Engine) -> dict[str, uuid.UUID]:
     """Attachment runs queued (unpublished: no beat runs here), running (a worker that is
     not this test's), failed, cancelled and waiting for a retry an hour away."""
-    runs = {name: queued_attachment_job(db) for name in ("queued", "running", "cancelled",
-                                                         "scheduled")}  # fmt: skip
+    runs = {
+        name: queued_attachment_job(db) for name in ("queued", "running", "cancelled", "scheduled")
+    }
     claimed(db, ATTACHMENT_RUNS, runs["running"])
     runs["failed"] = failed_job(db, ATTACHMENT_RUNS, queued_attachment_job(db))
     operator.cancel(db, "attachments", runs["cancelled"], actor="seed", reason="wrong file")
     with db.begin() as conn:
         run = journal.claim(conn, ATTACHMENT_RUNS, runs["scheduled"], 1, worker="w1@host")
         assert run is not None
-        journal.requeue(conn, ATTACHMENT_RUNS, run, error="storage_unavailable",
-                        transition=Transition.RETRY, actor="w1@host",
-                        delay=timedelta(hours=1))  # fmt: skip
+        journal.requeue(
+            conn,
+            ATTACHMENT_RUNS,
+            run,
+            error="storage_unavailable",
+            transition=Transition.RETRY,
+            actor="w1@host",
+            delay=timedelta(hours=1),
+        )
     return runs
 
 
 def _journal(db: Engine) -> list[dict[str, Any]]:
     """Every run of every domain, as the pages should show it."""
     parts = [
-        select(literal(spec.module).label("module"), t.c.job_id, t.c.state, t.c.outcome,
-               t.c.queue, func.coalesce(t.c.next_retry_at > func.now(), False).label("later"))
-        for spec in registry.all_tables() for t in (spec.table,)
-    ]  # fmt: skip
+        select(
+            literal(spec.module).label("module"),
+            t.c.job_id,
+            t.c.state,
+            t.c.outcome,
+            t.c.queue,
+            func.coalesce(t.c.next_retry_at > func.now(), False).label("later"),
+        )
+        for spec in registry.all_tables()
+        for t in (spec.table,)
+    ]
     with db.connect() as conn:
         return [dict(r) for r in conn.execute(union_all(*parts)).mappings()]
 
@@ -203,8 +223,12 @@ def _state(db: Engine, job_id: uuid.UUID) -> str | None:
 
 
 def _next_retry(db: Engine, job_id: uuid.UUID) -> Any:
-    return _scalar(db, "SELECT next_retry_at FROM job_runs WHERE job_id = :j AND state = "
-                   "'queued' AND next_retry_at > now()", j=job_id)  # fmt: skip
+    return _scalar(
+        db,
+        "SELECT next_retry_at FROM job_runs WHERE job_id = :j AND state = "
+        "'queued' AND next_retry_at > now()",
+        j=job_id,
+    )
 
 
 def _count(db: Engine, table: str, state: str) -> int:
@@ -244,9 +268,16 @@ def test_the_journal_holds_every_state_on_two_domains(
 ) -> None:
     held = Counter((r["module"], r["state"], r["outcome"]) for r in _journal(db))
     for module in DOMAINS:
-        assert all(held[(module, s, o)] for s, o in (("queued", None), ("running", None),
-                   ("succeeded", "succeeded"), ("failed", "permanent"),
-                   ("failed", "cancelled"))), held  # fmt: skip
+        assert all(
+            held[(module, s, o)]
+            for s, o in (
+                ("queued", None),
+                ("running", None),
+                ("succeeded", "succeeded"),
+                ("failed", "permanent"),
+                ("failed", "cancelled"),
+            )
+        ), held
     later = {(r["module"], r["state"]) for r in _journal(db) if r["later"]}
     assert later >= {("jobs", "queued"), ("attachments", "queued")}
 
@@ -262,9 +293,13 @@ def test_the_overview_counts_each_state_of_each_domain_as_the_journal(
 
     def held() -> dict[str, dict[str, int]]:
         rows = _journal(db)
-        return {spec.module: {s: sum(1 for r in rows if (r["module"], r["state"]) ==
-                                     (spec.module, s)) for s in ALL_STATES}
-                for spec in registry.all_tables()}  # fmt: skip
+        return {
+            spec.module: {
+                s: sum(1 for r in rows if (r["module"], r["state"]) == (spec.module, s))
+                for s in ALL_STATES
+            }
+            for spec in registry.all_tables()
+        }
 
     _agree(shown, held, "overview counts")
 
@@ -278,15 +313,20 @@ def test_the_jobs_list_of_each_domain_and_state_is_the_journal(
     def listed(query: str) -> Callable[[], dict[str, tuple[str, str]]]:
         def read() -> dict[str, tuple[str, str]]:
             page.goto(f"/admin/jobs?module={module}{query}")
-            return {r["job_id"]: (r["state"], r["outcome"]) for r in _cells(page, "jobs")
-                    if r.get("module") == module}  # fmt: skip
+            return {
+                r["job_id"]: (r["state"], r["outcome"])
+                for r in _cells(page, "jobs")
+                if r.get("module") == module
+            }
 
         return read
 
     def held(state: str | None = None) -> Callable[[], dict[str, tuple[str, str]]]:
-        return lambda: {str(r["job_id"]): (r["state"], r["outcome"] or "")
-                        for r in _journal(db) if r["module"] == module
-                        and state in (None, r["state"])}  # fmt: skip
+        return lambda: {
+            str(r["job_id"]): (r["state"], r["outcome"] or "")
+            for r in _journal(db)
+            if r["module"] == module and state in (None, r["state"])
+        }
 
     _agree(listed(""), held(), f"{module} jobs")
     for state in ALL_STATES:
@@ -305,8 +345,10 @@ def test_the_jobs_list_shows_queue_scrubbed_arguments_and_why_a_job_waits(
     assert "***" in secret["arguments"] or "*" in secret["arguments"]
     assert SECRET not in page.content()
     assert rows[str(seeded["queued"])]["queue"] == NOBODY_QUEUE
-    assert f"no live worker consumes queue '{NOBODY_QUEUE}'" in rows[str(seeded["queued"])][
-        "error / why waiting"]  # fmt: skip
+    assert (
+        f"no live worker consumes queue '{NOBODY_QUEUE}'"
+        in rows[str(seeded["queued"])]["error / why waiting"]
+    )
     assert "dead in the outbox" in rows[str(seeded["dead"])]["error / why waiting"]
     assert rows[str(seeded["succeeded"])]["queue"] == "celery"
     shots(page, "jobs")
@@ -410,8 +452,10 @@ def test_the_queues_page_matches_the_journal_and_the_broker(
 
     def shown() -> dict[tuple[str, str], tuple[int, int]]:
         page.goto("/admin/queues")
-        rows = {(r["queue"], r["module"]): (int(r["queued, due"]), int(r["queued for later"]))
-                for r in _cells(page, "queues")}  # fmt: skip
+        rows = {
+            (r["queue"], r["module"]): (int(r["queued, due"]), int(r["queued for later"]))
+            for r in _cells(page, "queues")
+        }
         # A domain that claimed lately is listed with nothing queued.
         return {key: depth for key, depth in rows.items() if depth != (0, 0)}
 
@@ -472,8 +516,11 @@ def test_the_charts_count_what_the_journal_holds(
     page.goto("/admin/charts?window=day")
 
     outcomes = {r["outcome"]: int(r["in the last day"]) for r in _cells(page, "outcomes")}
-    failed = _scalar(db, "SELECT count(*) FROM job_events WHERE transition = 'fail' "
-                     "AND at > now() - interval '1 day'")  # fmt: skip
+    failed = _scalar(
+        db,
+        "SELECT count(*) FROM job_events WHERE transition = 'fail' "
+        "AND at > now() - interval '1 day'",
+    )
     assert outcomes["failed"] >= failed >= 1
     assert page.locator("#throughput rect").count() >= 1
     assert "PermanentError" in page.inner_text("#failures")
@@ -494,8 +541,13 @@ def test_a_dry_run_reconcile_names_why_each_failed_run_is_left_alone(
     shown = {(r["module"], r["job_id"]): r["rule"] for r in _cells(page, "held-back")}
     # No failure here carries a code its domain retakes: each is held back, a cancel as
     # no failure at all, the others for their error.
-    held = {(r["module"], str(r["job_id"])): "not_a_failure" if r["outcome"] == "cancelled"
-            else "not_retryable" for r in _journal(db) if r["state"] == "failed"}  # fmt: skip
+    held = {
+        (r["module"], str(r["job_id"])): "not_a_failure"
+        if r["outcome"] == "cancelled"
+        else "not_retryable"
+        for r in _journal(db)
+        if r["state"] == "failed"
+    }
     assert shown == held
     assert {m for m, _ in shown} >= set(DOMAINS)
     assert Axe().run(page).response["violations"] == []
@@ -512,15 +564,24 @@ def test_every_page_passes_axe(
     page = context.new_page()
     log_in(page)
     found = {}
-    paths = ["/admin", "/admin/jobs", f"/admin/jobs/jobs/{seeded['failed']}",
-             f"/admin/jobs/attachments/{seeded['attachment-failed']}", "/admin/queues",
-             "/admin/workers", "/admin/scheduled", "/admin/charts"]  # fmt: skip
+    paths = [
+        "/admin",
+        "/admin/jobs",
+        f"/admin/jobs/jobs/{seeded['failed']}",
+        f"/admin/jobs/attachments/{seeded['attachment-failed']}",
+        "/admin/queues",
+        "/admin/workers",
+        "/admin/scheduled",
+        "/admin/charts",
+    ]
     try:
         for path in paths:
             page.goto(path)
             results = Axe().run(page)
-            found[path] = [(v["id"], [n["target"] for n in v["nodes"]][:3])
-                           for v in results.response["violations"]]  # fmt: skip
+            found[path] = [
+                (v["id"], [n["target"] for n in v["nodes"]][:3])
+                for v in results.response["violations"]
+            ]
             if path == "/admin":
                 shots(page, "overview")
     finally:

@@ -19,9 +19,13 @@ def run_demo(cwd: Path) -> tuple[int, str]:
     # Its own session, so that the worker the demo starts dies with it whatever happens.
     proc = subprocess.Popen(
         [sys.executable, "-m", "jobsapp.cli", "demo", "--timeout", "60"],
-        cwd=cwd, env=bare_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=cwd,
+        env=bare_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         output, _ = proc.communicate(timeout=120)
         return proc.returncode, output

@@ -21,9 +21,11 @@ BEAT = [sys.executable, "-m", "celery", "-A", "jobsapp", "beat", "-l", "info"]
 RATES = '{"refresh-rates": {"task": "deploy.refresh_rates", "schedule": 1.0}}'
 WAYS = {
     "celeryconfig": ("celeryconfig.py", f"beat_schedule = {RATES}\n"),
-    "app-conf": ("deploy_tasks.py",
-                 f"from jobsapp.celery_app import app\n\napp.conf.beat_schedule = {RATES}\n"),
-}  # fmt: skip
+    "app-conf": (
+        "deploy_tasks.py",
+        f"from jobsapp.celery_app import app\n\napp.conf.beat_schedule = {RATES}\n",
+    ),
+}
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -33,8 +35,15 @@ def env() -> dict[str, str]:
 
 
 def jobsapp(folder: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*JOBSAPP, *args], cwd=folder, env={**env(), **extra},
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    return subprocess.run(
+        [*JOBSAPP, *args],
+        cwd=folder,
+        env={**env(), **extra},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.fixture(params=sorted(WAYS))
@@ -45,8 +54,9 @@ def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple
     assert jobsapp(tmp_path, "db", "upgrade").returncode == 0
     log = tmp_path / "beat.log"
     with log.open("w") as out:
-        beat = subprocess.Popen(BEAT, cwd=tmp_path, env={**env(), **imports}, stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        beat = subprocess.Popen(
+            BEAT, cwd=tmp_path, env={**env(), **imports}, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         yield tmp_path, log
     finally:
@@ -76,8 +86,9 @@ def test_beat_runs_every_maintenance_pass_beside_the_deployments_entry(
 
 def test_a_schedule_that_removes_a_pass_is_refused_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "celeryconfig.py").write_text('beat_schedule = {"reaper": None}\n')
-    beat = subprocess.run(BEAT, cwd=tmp_path, env=env(), capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+    beat = subprocess.run(
+        BEAT, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=60, check=False
+    )
     assert beat.returncode == 2, beat.stdout + beat.stderr
     lines = beat.stderr.strip().splitlines()
     assert len(lines) == 1, beat.stderr

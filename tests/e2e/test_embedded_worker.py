@@ -22,13 +22,22 @@ def bare_env() -> dict[str, str]:
 @pytest.fixture
 def embedded_worker(tmp_path: Path) -> Iterator[Path]:
     # The one setup step a worker asks for (exit 11 and the command, docs/errors.md).
-    subprocess.run([sys.executable, "-m", "jobsapp.cli", "db", "upgrade"], cwd=tmp_path,
-                   env=bare_env(), check=True, capture_output=True, timeout=60)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "jobsapp.cli", "db", "upgrade"],
+        cwd=tmp_path,
+        env=bare_env(),
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     log = (tmp_path / "worker.log").open("w")
     proc = subprocess.Popen(
         [*CELERY, "worker", "--pool=solo", "-l", "info", "--without-gossip", "--without-mingle"],
-        cwd=tmp_path, env=bare_env(), stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=bare_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         yield tmp_path
     finally:
@@ -45,9 +54,14 @@ def test_worker_starts_with_no_env_and_answers_ping(embedded_worker: Path) -> No
     answer = ""
     while time.monotonic() < deadline:
         ping = subprocess.run(
-            [*CELERY, "inspect", "ping", "-t", "3"], cwd=embedded_worker, env=bare_env(),
-            capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
+            [*CELERY, "inspect", "ping", "-t", "3"],
+            cwd=embedded_worker,
+            env=bare_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         answer = ping.stdout + ping.stderr
         if ping.returncode == 0 and "pong" in answer:
             break

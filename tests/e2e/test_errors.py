@@ -78,28 +78,46 @@ def broken(what: str, unmigrated: str) -> dict[str, str]:
 
 # what is broken -> the exit code and what the one line must say
 EXPECTED: dict[str, tuple[int, tuple[str, ...]]] = {
-    "database down": (ExitCode.DATABASE_UNREACHABLE,
-                      ("database unreachable", f"JOBSAPP_DATABASE_URL={DEAD_DATABASE}",
-                       "Connection refused")),
-    "not migrated": (ExitCode.DATABASE_NOT_MIGRATED,
-                     ("database not migrated", "JOBSAPP_DATABASE_URL=", "jobsapp_unmigrated_",
-                      "run `jobsapp db upgrade`")),
-    "broker down": (ExitCode.BROKER_UNREACHABLE,
-                    ("broker unreachable", f"JOBSAPP_BROKER_URL=redis://{CLOSED}/0")),
-    "S3 down": (ExitCode.S3_UNREACHABLE,
-                ("S3 unreachable", f"JOBSAPP_S3_ENDPOINT_URL=http://{CLOSED}")),
-    "bucket missing": (ExitCode.BUCKET_MISSING,
-                       ("bucket missing", "JOBSAPP_STORAGE_URL=s3://no-such-bucket-",
-                        "does not exist")),
-    "wrong S3 secret": (ExitCode.S3_ACCESS_DENIED,
-                        ("S3 access denied", "AWS_SECRET_ACCESS_KEY")),
-}  # fmt: skip
+    "database down": (
+        ExitCode.DATABASE_UNREACHABLE,
+        ("database unreachable", f"JOBSAPP_DATABASE_URL={DEAD_DATABASE}", "Connection refused"),
+    ),
+    "not migrated": (
+        ExitCode.DATABASE_NOT_MIGRATED,
+        (
+            "database not migrated",
+            "JOBSAPP_DATABASE_URL=",
+            "jobsapp_unmigrated_",
+            "run `jobsapp db upgrade`",
+        ),
+    ),
+    "broker down": (
+        ExitCode.BROKER_UNREACHABLE,
+        ("broker unreachable", f"JOBSAPP_BROKER_URL=redis://{CLOSED}/0"),
+    ),
+    "S3 down": (
+        ExitCode.S3_UNREACHABLE,
+        ("S3 unreachable", f"JOBSAPP_S3_ENDPOINT_URL=http://{CLOSED}"),
+    ),
+    "bucket missing": (
+        ExitCode.BUCKET_MISSING,
+        ("bucket missing", "JOBSAPP_STORAGE_URL=s3://no-such-bucket-", "does not exist"),
+    ),
+    "wrong S3 secret": (ExitCode.S3_ACCESS_DENIED, ("S3 access denied", "AWS_SECRET_ACCESS_KEY")),
+}
 
 
 def run(argv: list[str], env: Mapping[str, str], timeout: float = 60) -> tuple[int, str, str]:
-    proc = subprocess.Popen(argv, cwd=ROOT, env=dict(env), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -169,9 +187,20 @@ WORKER_CASES = ["database down", "not migrated", "broker down", "bucket missing"
 def test_a_worker_without_its_dependency_exits_before_ready(
     what: str, good_env: dict[str, str], unmigrated_url: str
 ) -> None:
-    argv = [str(BIN / "celery"), "-A", "jobsapp", "worker", "--pool=solo", "-Q", QUEUE,
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "--loglevel", "INFO"]  # fmt: skip
+    argv = [
+        str(BIN / "celery"),
+        "-A",
+        "jobsapp",
+        "worker",
+        "--pool=solo",
+        "-Q",
+        QUEUE,
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel",
+        "INFO",
+    ]
 
     code, out, err = run(argv, good_env | broken(what, unmigrated_url))
 
@@ -183,8 +212,16 @@ def test_a_worker_without_its_dependency_exits_before_ready(
 def test_beat_without_its_database_exits_instead_of_standing_by(
     what: str, good_env: dict[str, str], unmigrated_url: str, tmp_path: Path
 ) -> None:
-    argv = [str(BIN / "celery"), "-A", "jobsapp", "beat", "-s", str(tmp_path / "schedule"),
-            "-l", "info"]  # fmt: skip
+    argv = [
+        str(BIN / "celery"),
+        "-A",
+        "jobsapp",
+        "beat",
+        "-s",
+        str(tmp_path / "schedule"),
+        "-l",
+        "info",
+    ]
 
     code, out, err = run(argv, good_env | broken(what, unmigrated_url))
 
@@ -206,9 +243,16 @@ def test_the_web_without_its_dependency_exits(
 
 def gunicorn(workers: int, tmp_path: Path) -> list[str]:
     # Its own control socket: the default one in ~/.gunicorn is shared machine-wide.
-    return [str(BIN / "gunicorn"), "--bind", f"127.0.0.1:{free_port()}", "--workers",
-            str(workers), "--control-socket", str(tmp_path / "gunicorn.ctl"),
-            "jobsapp.web.app:create_app()"]  # fmt: skip
+    return [
+        str(BIN / "gunicorn"),
+        "--bind",
+        f"127.0.0.1:{free_port()}",
+        "--workers",
+        str(workers),
+        "--control-socket",
+        str(tmp_path / "gunicorn.ctl"),
+        "jobsapp.web.app:create_app()",
+    ]
 
 
 def test_gunicorn_stops_with_the_line_instead_of_respawning_workers(
@@ -246,9 +290,14 @@ def test_the_web_with_its_database_down_says_so_and_answers_503(
     log = tmp_path / "web.log"
     env = good_env | {"JOBSAPP_DATABASE_URL": DEAD_DATABASE}
     with log.open("wb") as out:
-        web = subprocess.Popen([str(BIN / "jobsapp"), "web", "--port", str(port)], cwd=ROOT,
-                               env=env, stdout=out, stderr=subprocess.STDOUT,
-                               start_new_session=True)  # fmt: skip
+        web = subprocess.Popen(
+            [str(BIN / "jobsapp"), "web", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         http = Http(f"http://127.0.0.1:{port}")
         eventually(lambda: _status(http), timeout=30)
@@ -257,9 +306,11 @@ def test_the_web_with_its_database_down_says_so_and_answers_503(
         os.killpg(web.pid, signal.SIGKILL)
         web.wait()
     ours = [ln for ln in log.read_text().splitlines() if ln.startswith("jobsapp: ")]
-    assert ours == [f"jobsapp: database unreachable at JOBSAPP_DATABASE_URL={DEAD_DATABASE}: "
-                    f'connection to server at "127.0.0.1", port 9 failed: Connection refused; '
-                    "serving 503 until it answers"]  # fmt: skip
+    assert ours == [
+        f"jobsapp: database unreachable at JOBSAPP_DATABASE_URL={DEAD_DATABASE}: "
+        f'connection to server at "127.0.0.1", port 9 failed: Connection refused; '
+        "serving 503 until it answers"
+    ]
 
 
 def _status(http: Http) -> int | None:
@@ -289,23 +340,32 @@ def test_a_beat_standing_by_names_the_beat_that_leads(
 
 # A value that is not a number, and a token that ships in examples (docs/errors.md: exit 2).
 BAD_SETTINGS = {
-    "heartbeat": ({"JOBSAPP_HEARTBEAT_INTERVAL": "abc"},
-                  "jobsapp: configuration error: JOBSAPP_HEARTBEAT_INTERVAL='abc' is not a number"),
-    "admin token": ({"JOBSAPP_ADMIN_TOKEN": "secret"},
-                    "jobsapp: configuration error: JOBSAPP_ADMIN_TOKEN is a well-known "
-                    "placeholder"),
+    "heartbeat": (
+        {"JOBSAPP_HEARTBEAT_INTERVAL": "abc"},
+        "jobsapp: configuration error: JOBSAPP_HEARTBEAT_INTERVAL='abc' is not a number",
+    ),
+    "admin token": (
+        {"JOBSAPP_ADMIN_TOKEN": "secret"},
+        "jobsapp: configuration error: JOBSAPP_ADMIN_TOKEN is a well-known placeholder",
+    ),
     # Issue 36: a typo fell back to the embedded default, a missing broker to filesystem://,
     # and a misspelled module printed a 63-line traceback with exit 1.
-    "typo": ({"JOBSAPP_BROKR_URL": "redis://elsewhere/0"},
-             "jobsapp: configuration error: JOBSAPP_BROKR_URL is not a jobsapp setting; "
-             "did you mean JOBSAPP_BROKER_URL?"),
-    "broker missing": ({"JOBSAPP_BROKER_URL": ""},
-                       "jobsapp: configuration error: JOBSAPP_BROKER_URL is not set while "
-                       "JOBSAPP_DATABASE_URL and JOBSAPP_STORAGE_URL are"),
-    "imports": ({"JOBSAPP_IMPORTS": "myapp.taskz"},
-                "jobsapp: configuration error: JOBSAPP_IMPORTS names myapp.taskz, which cannot "
-                "be imported (No module named 'myapp')"),
-}  # fmt: skip
+    "typo": (
+        {"JOBSAPP_BROKR_URL": "redis://elsewhere/0"},
+        "jobsapp: configuration error: JOBSAPP_BROKR_URL is not a jobsapp setting; "
+        "did you mean JOBSAPP_BROKER_URL?",
+    ),
+    "broker missing": (
+        {"JOBSAPP_BROKER_URL": ""},
+        "jobsapp: configuration error: JOBSAPP_BROKER_URL is not set while "
+        "JOBSAPP_DATABASE_URL and JOBSAPP_STORAGE_URL are",
+    ),
+    "imports": (
+        {"JOBSAPP_IMPORTS": "myapp.taskz"},
+        "jobsapp: configuration error: JOBSAPP_IMPORTS names myapp.taskz, which cannot "
+        "be imported (No module named 'myapp')",
+    ),
+}
 ENTRY_POINTS = {
     "summary": [str(BIN / "jobsapp"), "summary"],
     "verify": [str(BIN / "jobsapp"), "verify"],
@@ -336,13 +396,18 @@ def test_a_worker_with_a_bad_finish_flush_stops_at_start(good_env: dict[str, str
     code, out, err = run(ENTRY_POINTS["worker"], good_env | {"JOBSAPP_FINISH_FLUSH": "maybe"})
 
     assert code == ExitCode.CONFIGURATION, f"exit {code}:\n{out[-2000:]}\n{err[-3000:]}"
-    assert err.strip() == ("jobsapp: configuration error: JOBSAPP_FINISH_FLUSH='maybe' must be "
-                           "'wait' or 'no-wait'"), err[-3000:]  # fmt: skip
+    assert err.strip() == (
+        "jobsapp: configuration error: JOBSAPP_FINISH_FLUSH='maybe' must be 'wait' or 'no-wait'"
+    ), err[-3000:]
     assert out == ""
 
 
-BEAT_VARIABLES = ["JOBSAPP_REAPER_EVERY", "JOBSAPP_BEAT_LEASE_SECONDS", "JOBSAPP_RELAY_BATCH",
-                  "JOBSAPP_STAGING_ORPHAN_HOURS"]  # fmt: skip
+BEAT_VARIABLES = [
+    "JOBSAPP_REAPER_EVERY",
+    "JOBSAPP_BEAT_LEASE_SECONDS",
+    "JOBSAPP_RELAY_BATCH",
+    "JOBSAPP_STAGING_ORPHAN_HOURS",
+]
 
 
 @pytest.mark.parametrize("setting", BEAT_VARIABLES)
@@ -368,9 +433,11 @@ def test_gunicorn_with_a_bad_setting_stops_with_the_line(
     code, out, err = run(gunicorn(1, tmp_path), good_env | setting)
 
     assert code == ExitCode.GUNICORN_BOOT_ERROR, err[-3000:]
-    assert [ln for ln in err.splitlines() if ln.startswith("jobsapp: ")] == [
-        ln for ln in err.splitlines() if ln.startswith(line)
-    ] != [], err[-3000:]  # fmt: skip
+    assert (
+        [ln for ln in err.splitlines() if ln.startswith("jobsapp: ")]
+        == [ln for ln in err.splitlines() if ln.startswith(line)]
+        != []
+    ), err[-3000:]
     assert "Traceback" not in out + err
 
 
@@ -390,9 +457,10 @@ SIGPIPE_STATUS = 128 + signal.SIGPIPE
 
 
 # argparse itself drops an OSError while it prints help: `--help | head` ends with 0.
-@pytest.mark.parametrize(("args", "status"), [(["summary"], SIGPIPE_STATUS),
-                                              (["summary", "--json"], SIGPIPE_STATUS),
-                                              (["--help"], 0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "status"),
+    [(["summary"], SIGPIPE_STATUS), (["summary", "--json"], SIGPIPE_STATUS), (["--help"], 0)],
+)
 def test_output_into_a_pipe_its_reader_closed_ends_quietly(
     args: list[str], status: int, good_env: dict[str, str]
 ) -> None:
@@ -400,9 +468,17 @@ def test_output_into_a_pipe_its_reader_closed_ends_quietly(
     reader, writer = os.pipe()
     os.close(reader)
     try:
-        proc = subprocess.run([str(BIN / "jobsapp"), *args], cwd=ROOT, env=good_env,
-                              stdin=subprocess.DEVNULL, stdout=writer, stderr=subprocess.PIPE,
-                              text=True, timeout=60, check=False)  # fmt: skip
+        proc = subprocess.run(
+            [str(BIN / "jobsapp"), *args],
+            cwd=ROOT,
+            env=good_env,
+            stdin=subprocess.DEVNULL,
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     finally:
         os.close(writer)
 
@@ -415,18 +491,19 @@ def test_output_into_a_pipe_its_reader_closed_ends_quietly(
 PRODUCERS = {
     "delay": "from tests.support.tasks import echo\necho.delay('t')",
     "transaction": "from jobsapp.celery_app import app\n"
-                   "from jobsapp.lifecycle.enqueue import transaction\n"
-                   "from tests.support.tasks import echo\n"
-                   "with transaction(app) as batch:\n"
-                   "    echo.enqueue_in(batch, ('t',))",
+    "from jobsapp.lifecycle.enqueue import transaction\n"
+    "from tests.support.tasks import echo\n"
+    "with transaction(app) as batch:\n"
+    "    echo.enqueue_in(batch, ('t',))",
     "connection": "from jobsapp.db import get_engine\n"
-                  "from tests.support.tasks import echo\n"
-                  "with get_engine().begin() as conn:\n"
-                  "    echo.apply_async(('t',), connection=conn)",
-}  # fmt: skip
+    "from tests.support.tasks import echo\n"
+    "with get_engine().begin() as conn:\n"
+    "    echo.apply_async(('t',), connection=conn)",
+}
 # Inside a caller's own SQLite transaction the raw error stays (docs/errors.md).
-PRODUCER_CASES = [(d, p) for d in ("postgres", "sqlite") for p in PRODUCERS
-                  if (d, p) != ("sqlite", "connection")]  # fmt: skip
+PRODUCER_CASES = [
+    (d, p) for d in ("postgres", "sqlite") for p in PRODUCERS if (d, p) != ("sqlite", "connection")
+]
 
 
 @pytest.mark.parametrize(("dialect", "producer"), PRODUCER_CASES)
@@ -441,8 +518,9 @@ def test_a_producer_on_a_database_never_migrated_is_told_to_migrate_in_one_line(
     # An uncaught exception of ours, whose text is the line every jobsapp process prints.
     last = err.strip().splitlines()[-1]
     assert code == 1, err[-3000:]
-    assert last.startswith("jobsapp.lifecycle.errors.DatabaseNotMigrated: database not "
-                           "migrated: JOBSAPP_DATABASE_URL="), last  # fmt: skip
+    assert last.startswith(
+        "jobsapp.lifecycle.errors.DatabaseNotMigrated: database not migrated: JOBSAPP_DATABASE_URL="
+    ), last
     assert "it has no jobsapp tables (this jobsapp needs revision " in last
     assert last.endswith("; run `jobsapp db upgrade`"), last
     for raw in ("OperationalError", "ProgrammingError", "no such table", "INSERT", "[SQL"):

@@ -49,11 +49,22 @@ def db(database_url: str) -> Iterator[Engine]:
 def jobsapp(database_url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     # Only what a shell of an operator holds: no JOBSAPP_IMPORTS, nothing imported ahead.
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
-    env |= {"JOBSAPP_DATABASE_URL": database_url, "JOBSAPP_BROKER_URL": "memory://",
-            "JOBSAPP_STORAGE_URL": f"file://{tmp_path / 'objects'}",
-            "JOBSAPP_VAR_DIR": str(tmp_path / "var"), "USER": "dana"}  # fmt: skip
-    return subprocess.run([str(BIN / "jobsapp"), *args], cwd=tmp_path, env=env, text=True,
-                          capture_output=True, timeout=120, check=False)  # fmt: skip
+    env |= {
+        "JOBSAPP_DATABASE_URL": database_url,
+        "JOBSAPP_BROKER_URL": "memory://",
+        "JOBSAPP_STORAGE_URL": f"file://{tmp_path / 'objects'}",
+        "JOBSAPP_VAR_DIR": str(tmp_path / "var"),
+        "USER": "dana",
+    }
+    return subprocess.run(
+        [str(BIN / "jobsapp"), *args],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_replay_and_cancel_act_on_an_attachment_job(
@@ -62,10 +73,26 @@ def test_replay_and_cancel_act_on_an_attachment_job(
     doomed = failed_job(db, ATTACHMENT_RUNS, queued_attachment_job(db))
     waiting = queued_attachment_job(db)
 
-    replayed = jobsapp(database_url, tmp_path, "replay", str(doomed), "--module", "attachments",
-                       "--reason", "staging restored")  # fmt: skip
-    cancelled = jobsapp(database_url, tmp_path, "cancel", str(waiting), "--module",
-                        "attachments", "--reason", "wrong file")  # fmt: skip
+    replayed = jobsapp(
+        database_url,
+        tmp_path,
+        "replay",
+        str(doomed),
+        "--module",
+        "attachments",
+        "--reason",
+        "staging restored",
+    )
+    cancelled = jobsapp(
+        database_url,
+        tmp_path,
+        "cancel",
+        str(waiting),
+        "--module",
+        "attachments",
+        "--reason",
+        "wrong file",
+    )
 
     assert replayed.returncode == 0, replayed.stderr
     assert replayed.stdout.startswith(f"replayed attachments job {doomed}: attempt 2 queued")
@@ -74,8 +101,9 @@ def test_replay_and_cancel_act_on_an_attachment_job(
     with db.connect() as conn:
         rows = [journal.load(conn, ATTACHMENT_RUNS, job_id) for job_id in (doomed, waiting)]
     assert [(r or {}).get(c) for r, c in zip(rows, ("state", "outcome"), strict=True)] == [
-        "queued", "cancelled",
-    ]  # fmt: skip
+        "queued",
+        "cancelled",
+    ]
 
 
 def test_a_replay_from_a_shell_without_the_task_modules_grants_one_attempt_found_by_id(
@@ -86,8 +114,9 @@ def test_a_replay_from_a_shell_without_the_task_modules_grants_one_attempt_found
     doomed = failed_job(db, ATTACHMENT_RUNS, queued_attachment_job(db))
 
     replayed = jobsapp(database_url, tmp_path, "replay", str(doomed), "--reason", "once more")
-    unknown = jobsapp(database_url, tmp_path, "replay", str(doomed), "--module", "billing",
-                      "--reason", "x")  # fmt: skip
+    unknown = jobsapp(
+        database_url, tmp_path, "replay", str(doomed), "--module", "billing", "--reason", "x"
+    )
 
     assert replayed.returncode == 0, replayed.stderr
     with db.connect() as conn:

@@ -58,7 +58,7 @@ def _event_counts(port: int) -> dict[tuple[str, str], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         text = reply.read().decode()
     counts: dict[tuple[str, str], float] = {}
-    for found in re.finditer(r'^flower_events_total\{([^}]*)\} (\S+)$', text, re.MULTILINE):
+    for found in re.finditer(r"^flower_events_total\{([^}]*)\} (\S+)$", text, re.MULTILINE):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1)))
         key = (labels.get("task", ""), labels.get("type", ""))
         counts[key] = counts.get(key, 0.0) + float(found.group(2))
@@ -73,8 +73,11 @@ def _state(pg: Engine, job_id: str) -> str | None:
 
 def _first_message(pg: Engine, job_id: str) -> dict[str, Any]:
     with pg.connect() as conn:
-        row = conn.execute(select(OUTBOX.c.id, OUTBOX.c.body).where(
-            OUTBOX.c.job_id == job_id, OUTBOX.c.attempt == 1)).one()  # fmt: skip
+        row = conn.execute(
+            select(OUTBOX.c.id, OUTBOX.c.body).where(
+                OUTBOX.c.job_id == job_id, OUTBOX.c.attempt == 1
+            )
+        ).one()
     return {**row.body, "outbox_id": row.id}
 
 
@@ -88,31 +91,63 @@ def test_flower_shows_retry_failure_success_and_a_duplicate_delivery(
     pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
 ) -> None:
     broker = module_redis.url
-    env = service_env(database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var",
-                      settings={"FLOWER_UNAUTHENTICATED_API": "true"})  # fmt: skip
+    env = service_env(
+        database_url=postgres_url,
+        broker_url=broker,
+        var_dir=tmp_path / "var",
+        settings={"FLOWER_UNAUTHENTICATED_API": "true"},
+    )
     with launching(env, tmp_path) as launcher:
         port = free_port()
-        flower = launcher.start("flower", [str(BIN / "celery"), "-A", "jobsapp", "flower",
-                                           "--address=127.0.0.1", f"--port={port}"])  # fmt: skip
+        flower = launcher.start(
+            "flower",
+            [
+                str(BIN / "celery"),
+                "-A",
+                "jobsapp",
+                "flower",
+                "--address=127.0.0.1",
+                f"--port={port}",
+            ],
+        )
         flower.wait_for_log(r"Visit me at", timeout=60)
         worker = launcher.worker("flower-worker")
         ready(worker, timeout=60)
         token = uuid.uuid4().hex[:8]
-        doomed, echo = (r["job_id"] for r in launcher.enqueue(
-            {"task": "tests.doomed", "kwargs": {"token": f"doomed-{token}"}},
-            {"task": "tests.echo", "kwargs": {"token": f"echo-{token}"}},
-        ))  # fmt: skip
+        doomed, echo = (
+            r["job_id"]
+            for r in launcher.enqueue(
+                {"task": "tests.doomed", "kwargs": {"token": f"doomed-{token}"}},
+                {"task": "tests.echo", "kwargs": {"token": f"echo-{token}"}},
+            )
+        )
         elsewhere = Celery("elsewhere", broker=broker)
         plain = elsewhere.send_task("tests.doomed", (f"plain-{token}",)).id
-        eventually(lambda: _state(pg, doomed) == _state(pg, plain) == "failed"
-                   and _state(pg, echo) == "succeeded", timeout=60)  # fmt: skip
+        eventually(
+            lambda: (
+                _state(pg, doomed) == _state(pg, plain) == "failed"
+                and _state(pg, echo) == "succeeded"
+            ),
+            timeout=60,
+        )
         duplicate = str(uuid.uuid4())
-        redeliver = [sys.executable, "-c", REDELIVER, "tests.echo",
-                     json.dumps(_first_message(pg, echo), default=str), duplicate]  # fmt: skip
+        redeliver = [
+            sys.executable,
+            "-c",
+            REDELIVER,
+            "tests.echo",
+            json.dumps(_first_message(pg, echo), default=str),
+            duplicate,
+        ]
         subprocess.run(redeliver, cwd=ROOT, env=env, timeout=60, check=True)
-        ids = [task_id_for(uuid.UUID(doomed), 1), task_id_for(uuid.UUID(doomed), 2),
-               task_id_for(uuid.UUID(echo), 1), duplicate, plain,
-               task_id_for(uuid.UUID(plain), 2)]  # fmt: skip
+        ids = [
+            task_id_for(uuid.UUID(doomed), 1),
+            task_id_for(uuid.UUID(doomed), 2),
+            task_id_for(uuid.UUID(echo), 1),
+            duplicate,
+            plain,
+            task_id_for(uuid.UUID(plain), 2),
+        ]
         tasks = eventually(lambda: _settled(port, *ids), timeout=60)
         events = _event_counts(port)
     first, last, success, dup, plain_first, plain_last = (tasks[i] for i in ids)
@@ -135,7 +170,8 @@ def test_flower_shows_retry_failure_success_and_a_duplicate_delivery(
     assert dup["state"] == "SUCCESS", dup
     assert "not run: the job is already terminal" in dup["result"]
     assert [t["name"] for t in (first, last, success, dup)] == ["tests.doomed"] * 2 + [
-        "tests.echo"] * 2  # fmt: skip
+        "tests.echo"
+    ] * 2
     # The arguments the user passed, as Celery's producer renders them for Flower, and
     # scrubbed as every error text is (a parameter named ``token`` reads as a secret).
     user_kwargs = scrub(saferepr({"token": f"doomed-{token}"}))
@@ -143,8 +179,7 @@ def test_flower_shows_retry_failure_success_and_a_duplicate_delivery(
     echo_kwargs = scrub(saferepr({"token": f"echo-{token}"}))
     assert (success["args"], success["kwargs"]) == ("()", echo_kwargs)
     plain_args = saferepr((f"plain-{token}",))
-    assert [(t["args"], t["kwargs"]) for t in (plain_first, plain_last)] == [
-        (plain_args, "{}")] * 2  # fmt: skip
+    assert [(t["args"], t["kwargs"]) for t in (plain_first, plain_last)] == [(plain_args, "{}")] * 2
     # A delivery that started no work shows the message it came as, which names the job.
     assert f"'job_id': '{echo}'" in dup["kwargs"]
 
@@ -156,5 +191,6 @@ def _assert_the_bodys_traceback(text: str, job_id: str) -> None:
     assert frames[-1] == (str(ROOT / "tests" / "support" / "tasks.py"), "doomed"), text
     assert "AttemptFailed" not in text, text
     assert "ValueError: this never works" in text
-    assert re.search(rf"job {job_id} attempt 2 exhausted: ValueError: this never works\s*$",
-                     text), text  # fmt: skip
+    assert re.search(
+        rf"job {job_id} attempt 2 exhausted: ValueError: this never works\s*$", text
+    ), text

@@ -43,8 +43,17 @@ print(handle.job_id)
 
 
 # The Procfile's web line.
-GUNICORN = (sys.executable, "-m", "gunicorn", "-c", "python:jobsapp.web.gunicorn_conf",
-            "--workers", "2", "--access-logfile", "-")  # fmt: skip
+GUNICORN = (
+    sys.executable,
+    "-m",
+    "gunicorn",
+    "-c",
+    "python:jobsapp.web.gunicorn_conf",
+    "--workers",
+    "2",
+    "--access-logfile",
+    "-",
+)
 APP = "jobsapp.web.app:create_app()"
 
 
@@ -56,8 +65,9 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 def enqueue_flaky(env: dict[str, str]) -> str:
     token = f"json-{uuid.uuid4().hex[:8]}"
     argv = [sys.executable, "-c", ENQUEUE, token]
-    produced = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=60, check=True)  # fmt: skip
+    produced = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True
+    )
     return produced.stdout.strip().splitlines()[-1]
 
 
@@ -78,8 +88,12 @@ def test_worker_beat_and_web_write_scrubbed_json_lines_with_job_and_trace_ids(
     pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
 ) -> None:
     broker = module_redis.url
-    env = service_env(database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var",
-                      settings={"JOBSAPP_LOG_FORMAT": "json"})  # fmt: skip
+    env = service_env(
+        database_url=postgres_url,
+        broker_url=broker,
+        var_dir=tmp_path / "var",
+        settings={"JOBSAPP_LOG_FORMAT": "json"},
+    )
     with launching(env, tmp_path) as launcher:
         worker, beat = launcher.worker("json"), launcher.beat("json-beat")
         web, port = start_gunicorn(launcher)
@@ -92,13 +106,26 @@ def test_worker_beat_and_web_write_scrubbed_json_lines_with_job_and_trace_ids(
             return mine[0] if mine else None
 
         record = eventually(retry_record, timeout=60)
-        eventually(lambda: any(r["logger"].startswith("jobsapp.maintenance")
-                               for r in json_lines(beat.log())), timeout=60)  # fmt: skip
+        eventually(
+            lambda: any(
+                r["logger"].startswith("jobsapp.maintenance") for r in json_lines(beat.log())
+            ),
+            timeout=60,
+        )
         eventually(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), timeout=30)
-        eventually(lambda: any(r["logger"] == "gunicorn.access" and "/healthz" in r["message"]
-                               for r in json_lines(web.log())), timeout=30)  # fmt: skip
-        eventually(lambda: any(r["logger"] == "jobsapp.maintenance.scheduler"
-                               for r in json_lines(beat.log())), timeout=30)  # fmt: skip
+        eventually(
+            lambda: any(
+                r["logger"] == "gunicorn.access" and "/healthz" in r["message"]
+                for r in json_lines(web.log())
+            ),
+            timeout=30,
+        )
+        eventually(
+            lambda: any(
+                r["logger"] == "jobsapp.maintenance.scheduler" for r in json_lines(beat.log())
+            ),
+            timeout=30,
+        )
     assert (record["attempt"], record["module"], record["task"]) == (1, "jobs", "tests.flaky")
     assert record["trace_id"] == TRACE_ID
     assert record["level"] == "WARNING"
@@ -107,8 +134,9 @@ def test_worker_beat_and_web_write_scrubbed_json_lines_with_job_and_trace_ids(
     assert record["exc_message"] == "upstream down at postgresql://app:***@db.internal/jobs"
     assert 'tests/support/tasks.py", line' in record["exc_info"]
     assert "in flaky" in record["exc_info"]
-    loggers = {proc.name: {r["logger"] for r in json_lines(proc.log())}
-               for proc in (worker, beat, web)}  # fmt: skip
+    loggers = {
+        proc.name: {r["logger"] for r in json_lines(proc.log())} for proc in (worker, beat, web)
+    }
     assert {"gunicorn.error", "gunicorn.access"} <= loggers["json-web"]
     assert "celery.apps.worker" in loggers["json"]  # its banner, and "ready"
     for proc in (worker, beat, web):
@@ -120,8 +148,12 @@ def test_worker_beat_and_web_write_scrubbed_json_lines_with_job_and_trace_ids(
 def test_a_failed_attempt_logs_the_bodys_traceback_in_text_too(
     pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
 ) -> None:
-    env = service_env(database_url=postgres_url, broker_url=module_redis.url,
-                      var_dir=tmp_path / "var", settings={})  # fmt: skip
+    env = service_env(
+        database_url=postgres_url,
+        broker_url=module_redis.url,
+        var_dir=tmp_path / "var",
+        settings={},
+    )
     with launching(env, tmp_path) as launcher:
         worker = launcher.worker("text")
         ready(worker)

@@ -59,9 +59,13 @@ class Cluster:
 
     def probes(self, task: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
-            rows = conn.execute(text(
-                "SELECT p.key, p.started_at, p.ended_at, r.created_at FROM limit_probe p "
-                "JOIN job_runs r ON r.job_id = p.job_id WHERE p.task = :t"), {"t": task})
+            rows = conn.execute(
+                text(
+                    "SELECT p.key, p.started_at, p.ended_at, r.created_at FROM limit_probe p "
+                    "JOIN job_runs r ON r.job_id = p.job_id WHERE p.task = :t"
+                ),
+                {"t": task},
+            )
             return [dict(r) for r in rows.mappings()]
 
 
@@ -74,8 +78,12 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             engine = create_engine(url)
             with engine.begin() as conn:
                 conn.execute(text(limit_tasks.PROBE_DDL))
-            env = service_env(database_url=url, broker_url=server.url, var_dir=tmp_path,
-                              settings={"JOBSAPP_IMPORTS": IMPORTS})  # fmt: skip
+            env = service_env(
+                database_url=url,
+                broker_url=server.url,
+                var_dir=tmp_path,
+                settings={"JOBSAPP_IMPORTS": IMPORTS},
+            )
             with launching(env, tmp_path) as launcher:
                 yield Cluster(launcher, engine)
             engine.dispose()
@@ -87,8 +95,9 @@ def start_hosts(cluster: Cluster) -> None:
     flags = list(WORKER_FLAGS)
     flags[flags.index("-c") + 1] = str(CHILDREN)
     argv = [str(BIN / "celery"), "-A", "jobsapp", "worker", *flags]
-    cluster.workers = [cluster.launcher.start(f"host{i}", [*argv, "-n", f"host{i}@%h"])
-                       for i in range(HOSTS)]  # fmt: skip
+    cluster.workers = [
+        cluster.launcher.start(f"host{i}", [*argv, "-n", f"host{i}@%h"]) for i in range(HOSTS)
+    ]
     beat = cluster.launcher.beat("beat")
     ready(*cluster.workers, beat, timeout=120)
 
@@ -118,9 +127,12 @@ class SlotSampler(threading.Thread):
     def run(self) -> None:
         while not self.stop.wait(0.05):
             with self.engine.connect() as conn:
-                rows = conn.execute(text(
-                    "SELECT concurrency_key, count(slot_no), count(*) - count(slot_no) "
-                    "FROM key_slots GROUP BY concurrency_key")).all()  # fmt: skip
+                rows = conn.execute(
+                    text(
+                        "SELECT concurrency_key, count(slot_no), count(*) - count(slot_no) "
+                        "FROM key_slots GROUP BY concurrency_key"
+                    )
+                ).all()
             self.samples += 1
             now = time.monotonic()
             starved = {key for key, held, waiting in rows if waiting and held < self.limit}
@@ -140,15 +152,19 @@ def test_200_jobs_over_4_keys_with_limit_3_on_4_hosts_run_exactly_3_per_key(
     # the 8 children, so each runs 3 at once. Then two more keys, at once: 12 slots for 8
     # children, the limit under contention, until the first two drain (they started
     # ahead) and the last two have the children to run 3 at once each.
-    cluster.produce("tests.limited", [(keys[i % 2], BODY) for i in range(100)]
-                    + [(keys[2 + i % 2], BODY) for i in range(100)])  # fmt: skip
+    cluster.produce(
+        "tests.limited",
+        [(keys[i % 2], BODY) for i in range(100)] + [(keys[2 + i % 2], BODY) for i in range(100)],
+    )
     eventually(lambda: cluster.finished(200), timeout=150, interval=0.5)
     sampler.stop.set()
     sampler.join()
     probes = cluster.probes("limited")
     assert len(probes) == 200
-    peaks = {k: most_at_once([(p["started_at"], p["ended_at"]) for p in probes if p["key"] == k])
-             for k in keys}  # fmt: skip
+    peaks = {
+        k: most_at_once([(p["started_at"], p["ended_at"]) for p in probes if p["key"] == k])
+        for k in keys
+    }
     assert peaks == dict.fromkeys(keys, limit_tasks.LIMIT), peaks
     # The four keys did contend: the last two started before the first two drained.
     first_two_done = max(p["ended_at"] for p in probes if p["key"] in keys[:2])
@@ -167,9 +183,16 @@ def test_a_fair_task_serves_a_tenant_of_10_before_another_tenants_backlog_of_500
     start_hosts(cluster)
     eventually(lambda: cluster.finished(510), timeout=180, interval=0.5)
     with cluster.engine.connect() as conn:
-        order = conn.execute(text(
-            "SELECT concurrency_key FROM job_runs WHERE task_name = 'tests.fair_tenant' "
-            "ORDER BY finished_at")).scalars().all()  # fmt: skip
+        order = (
+            conn.execute(
+                text(
+                    "SELECT concurrency_key FROM job_runs WHERE task_name = 'tests.fair_tenant' "
+                    "ORDER BY finished_at"
+                )
+            )
+            .scalars()
+            .all()
+        )
     a_before_last_b = order[: max(i for i, key in enumerate(order) if key == "B")].count("A")
     print(f"fair: A finished {a_before_last_b} of 500 before B's last of 10")
     assert a_before_last_b < 100, a_before_last_b

@@ -82,10 +82,20 @@ def database_url(tmp_path_factory: pytest.TempPathFactory, broker_url: str) -> I
         conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
         conn.execute(text(f'CREATE DATABASE "{DATABASE}"'))
     url = base.rsplit("/", 1)[0] + f"/{DATABASE}"
-    env = service_env(database_url=url, broker_url=broker_url, settings=SETTINGS,
-                      var_dir=tmp_path_factory.mktemp("e2e-var"))  # fmt: skip
-    done = subprocess.run([str(BIN / "jobsapp"), "db", "upgrade"], env=env, capture_output=True,
-                          text=True, timeout=60, check=False)  # fmt: skip
+    env = service_env(
+        database_url=url,
+        broker_url=broker_url,
+        settings=SETTINGS,
+        var_dir=tmp_path_factory.mktemp("e2e-var"),
+    )
+    done = subprocess.run(
+        [str(BIN / "jobsapp"), "db", "upgrade"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     yield url
     with admin.connect() as conn:
@@ -117,8 +127,12 @@ def broker(broker_url: str) -> Iterator[redis.Redis]:
 def procs(
     db: Engine, broker: redis.Redis, broker_url: str, database_url: str, tmp_path: Path
 ) -> Iterator[Launcher]:
-    env = service_env(database_url=database_url, broker_url=broker_url,
-                      var_dir=tmp_path / "var", settings=SETTINGS)  # fmt: skip
+    env = service_env(
+        database_url=database_url,
+        broker_url=broker_url,
+        var_dir=tmp_path / "var",
+        settings=SETTINGS,
+    )
     launcher = Launcher(env, tmp_path)
     try:
         yield launcher
@@ -165,8 +179,11 @@ def plant_stale_runs(db: Engine, count: int, *, age: float = 60.0) -> list[uuid.
             journal.enqueue(conn, job, now=then, actor="test")
             journal.claim(conn, registry.JOBS, job_id, 1, worker="gone@host:1", now=then)
         # Their first message was published and claimed long ago.
-        conn.execute(update(OUTBOX).where(OUTBOX.c.job_id.in_(ids))
-                     .values(published_at=then, publish_count=1, delivered_at=then))  # fmt: skip
+        conn.execute(
+            update(OUTBOX)
+            .where(OUTBOX.c.job_id.in_(ids))
+            .values(published_at=then, publish_count=1, delivered_at=then)
+        )
     return ids
 
 
@@ -234,8 +251,9 @@ def test_a_job_that_kills_its_worker_every_time_ends_failed_stale(
     supervisor = Supervisor(procs, size=1)
     ready(beat, *supervisor.workers)
     job_id, token = uuid.uuid4(), f"poison-{uuid.uuid4().hex[:8]}"
-    (enqueued,) = procs.enqueue({"task": "tests.suicidal", "kwargs": {"token": token},
-                                 "job_id": job_id})  # fmt: skip
+    (enqueued,) = procs.enqueue(
+        {"task": "tests.suicidal", "kwargs": {"token": token}, "job_id": job_id}
+    )
     assert enqueued["outcome"] == "enqueued"
 
     limit = registry.JOBS.rescue_limit
@@ -321,8 +339,9 @@ def test_a_message_lost_by_the_broker_is_republished_after_the_unclaimed_timeout
     beat = procs.beat("beat")
     ready(beat)
     job_id, token = uuid.uuid4(), f"lost-{uuid.uuid4().hex[:8]}"
-    (enqueued,) = procs.enqueue({"task": "tests.echo", "kwargs": {"token": token},
-                                 "job_id": job_id})  # fmt: skip
+    (enqueued,) = procs.enqueue(
+        {"task": "tests.echo", "kwargs": {"token": token}, "job_id": job_id}
+    )
     assert enqueued["outcome"] == "enqueued"
     (message,) = outbox_rows(db, job_id)
     assert message["publish_count"] == 1  # the producer's fast path published it
@@ -365,8 +384,9 @@ def test_two_beats_one_leads_and_the_other_takes_over_when_it_dies(
 
     leader.kill()
     killed = time.monotonic()
-    new_holder = eventually(lambda: (h := lease_holder(db)) and f":{standby.pid}:" in h and h,
-                            timeout=LEASE + 10)  # fmt: skip
+    new_holder = eventually(
+        lambda: (h := lease_holder(db)) and f":{standby.pid}:" in h and h, timeout=LEASE + 10
+    )
     took = time.monotonic() - killed
     print(f"the standby took the lease {took:.2f}s after the leader died")
     assert took <= LEASE + SLACK, f"takeover took {took:.1f}s"
@@ -382,10 +402,14 @@ def test_two_beats_one_leads_and_the_other_takes_over_when_it_dies(
 
 def _lock_waiters(db: Engine) -> int:
     with db.connect() as conn:
-        return int(conn.execute(text(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )).scalar_one())  # fmt: skip
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )
 
 
 def _count(db: Engine, *where: Any) -> int:
@@ -413,12 +437,17 @@ def test_two_maintenance_passes_at_once_touch_each_row_once(
     # query, and the commit below releases them into the same rows at the same moment.
     # The claim check is set well past the passes (so none republishes what the other
     # just published), yet inside the test, where the beat below checks it.
-    small_batches = {"JOBSAPP_REAPER_BATCH": "10", "JOBSAPP_RELAY_BATCH": "10",
-                     "JOBSAPP_UNCLAIMED_AFTER": "10"}  # fmt: skip
+    small_batches = {
+        "JOBSAPP_REAPER_BATCH": "10",
+        "JOBSAPP_RELAY_BATCH": "10",
+        "JOBSAPP_UNCLAIMED_AFTER": "10",
+    }
     with db.begin() as gate:
         gate.execute(text("LOCK TABLE job_runs IN ACCESS EXCLUSIVE MODE"))
-        runners = [procs.jobsapp(f"run-once-{i}", "maintenance", "run-once", env=small_batches)
-                   for i in range(2)]  # fmt: skip
+        runners = [
+            procs.jobsapp(f"run-once-{i}", "maintenance", "run-once", env=small_batches)
+            for i in range(2)
+        ]
         eventually(lambda: _lock_waiters(db) == 2, timeout=30)
     assert [r.wait(60) for r in runners] == [0, 0]
     counts = [_pass_counts(r.log()) for r in runners]
@@ -428,12 +457,14 @@ def test_two_maintenance_passes_at_once_touch_each_row_once(
 
     reaps = per_job(db, "reap_requeue").items()
     with db.connect() as conn:
-        publish_counts = conn.execute(select(OUTBOX.c.publish_count, func.count())
-                                      .group_by(OUTBOX.c.publish_count)).all()  # fmt: skip
+        publish_counts = conn.execute(
+            select(OUTBOX.c.publish_count, func.count()).group_by(OUTBOX.c.publish_count)
+        ).all()
         states = conn.execute(
             select(RUNS.c.state, RUNS.c.attempts, RUNS.c.rescues, func.count())
-            .where(RUNS.c.job_id.in_(stale)).group_by(RUNS.c.state, RUNS.c.attempts, RUNS.c.rescues)
-        ).all()  # fmt: skip
+            .where(RUNS.c.job_id.in_(stale))
+            .group_by(RUNS.c.state, RUNS.c.attempts, RUNS.c.rescues)
+        ).all()
     assert {job_id for job_id, _ in reaps} == set(stale)
     assert {n for _, n in reaps} == {1}
     # The stale runs' first messages (published before), their requeued attempts (published
@@ -465,9 +496,20 @@ def test_a_beat_whose_broker_refuses_connections_still_reaps_on_time(
         probe.bind(("127.0.0.1", 0))
         closed = probe.getsockname()[1]
     unpublished = plant_unpublished(db, 500)
-    beat = procs.start("beat-down", [str(BIN / "celery"), "-A", "jobsapp", "beat", "-s",
-                                     str(procs.workdir / "down-schedule"), "-l", "info"],
-                       env={"JOBSAPP_BROKER_URL": f"redis://127.0.0.1:{closed}/0"})  # fmt: skip
+    beat = procs.start(
+        "beat-down",
+        [
+            str(BIN / "celery"),
+            "-A",
+            "jobsapp",
+            "beat",
+            "-s",
+            str(procs.workdir / "down-schedule"),
+            "-l",
+            "info",
+        ],
+        env={"JOBSAPP_BROKER_URL": f"redis://127.0.0.1:{closed}/0"},
+    )
     ready(beat)
     (dead,) = plant_stale_runs(db, 1)
     planted = utcnow()
@@ -486,8 +528,10 @@ def test_a_beat_whose_broker_refuses_connections_still_reaps_on_time(
 # ------------------------------------------------------------------ periodic slots
 
 CATCH_UP = 30.0
-PERIODIC = {"JOBSAPP_IMPORTS": "tests.support.tasks,tests.support.periodic_tasks",
-            "JOBSAPP_BEAT_CATCH_UP_SECONDS": str(CATCH_UP)}  # fmt: skip
+PERIODIC = {
+    "JOBSAPP_IMPORTS": "tests.support.tasks,tests.support.periodic_tasks",
+    "JOBSAPP_BEAT_CATCH_UP_SECONDS": str(CATCH_UP),
+}
 # The per-second entry of tests/support/periodic_tasks.py (not imported here: that would
 # put the entry in this process's beat schedule).
 EVERY_SECOND = "tests-every-second"
@@ -509,8 +553,10 @@ def slot_runs(db: Engine) -> tuple[dict[datetime, Mapping[str, Any]], list[uuid.
     first = min(r["created_at"] for r in rows).replace(microsecond=0) - 2 * CATCH_UP * SECOND
     last = max(r["created_at"] for r in rows)
     seconds = int((last - first).total_seconds()) + 2
-    slot_of = {slots.slot_job_id(EVERY_SECOND, due): due
-               for due in (first + n * SECOND for n in range(seconds))}  # fmt: skip
+    slot_of = {
+        slots.slot_job_id(EVERY_SECOND, due): due
+        for due in (first + n * SECOND for n in range(seconds))
+    }
     by_slot = {slot_of[r["job_id"]]: r for r in rows if r["job_id"] in slot_of}
     return by_slot, [r["job_id"] for r in rows if r["job_id"] not in slot_of]
 
@@ -541,8 +587,10 @@ def test_two_beats_enqueue_each_slot_of_a_periodic_task_once_across_a_failover(
 
     by_slot, strays = slot_runs(db)
     dues = sorted(by_slot)
-    print(f"{len(dues)} slots from {dues[0]} to {dues[-1]}; killed at {killed}, "
-          f"the standby led from {took_lead}")  # fmt: skip
+    print(
+        f"{len(dues)} slots from {dues[0]} to {dues[-1]}; killed at {killed}, "
+        f"the standby led from {took_lead}"
+    )
     assert strays == []
     # Every second of the observed run has its slot: none lost to the failover.
     assert dues == [dues[0] + n * SECOND for n in range(len(dues))]

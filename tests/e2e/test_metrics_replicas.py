@@ -57,16 +57,17 @@ def scrape(job: str, url: str) -> tuple[list[Sample], str]:
     reply = fetch(urllib.request.Request(url, headers=AUTH))  # noqa: S310 - http, local
     assert reply.status == 200, reply.body[:500]
     target = {"job": job, "instance": urlsplit(url).netloc}
-    samples = [Sample(s.name, {**s.labels, **target}, s.value)
-               for family in text_string_to_metric_families(reply.body.decode())
-               for s in family.samples]  # fmt: skip
+    samples = [
+        Sample(s.name, {**s.labels, **target}, s.value)
+        for family in text_string_to_metric_families(reply.body.decode())
+        for s in family.samples
+    ]
     return samples, reply.headers.get("X-Replica", urlsplit(url).netloc)
 
 
 def total(samples: Sequence[Sample], name: str, **match: str) -> float:
     """``sum(name{match})``."""
-    return sum(s.value for s in samples
-               if s.name == name and match.items() <= s.labels.items())  # fmt: skip
+    return sum(s.value for s in samples if s.name == name and match.items() <= s.labels.items())
 
 
 @contextmanager
@@ -130,8 +131,16 @@ def run_jobs(db: Engine, *, succeed: int, fail: int, waiting: int) -> None:
             if n < succeed:
                 assert journal.succeed(conn, spec, job.job_id, 1, token=token, actor="w@h:1")
             else:
-                assert journal.fail(conn, spec, job.job_id, 1, token=token, error="no",
-                                    outcome=Outcome.PERMANENT, actor="w@h:1")  # fmt: skip
+                assert journal.fail(
+                    conn,
+                    spec,
+                    job.job_id,
+                    1,
+                    token=token,
+                    error="no",
+                    outcome=Outcome.PERMANENT,
+                    actor="w@h:1",
+                )
     while rollup.run_once(db, settle=timedelta(0)):
         pass
 
@@ -141,13 +150,19 @@ def test_two_replicas_behind_one_scrape_count_the_journal_once(
 ) -> None:
     run_jobs(db, succeed=3, fail=1, waiting=2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
-    env |= {"JOBSAPP_DATABASE_URL": database, "JOBSAPP_BROKER_URL": "memory://",
-            "JOBSAPP_STORAGE_URL": f"file://{tmp_path / 'objects'}",
-            "JOBSAPP_VAR_DIR": str(tmp_path / "var"),
-            "JOBSAPP_IMPORTS": "tests.support.tasks", "JOBSAPP_METRICS_TOKEN": SCRAPER}  # fmt: skip
+    env |= {
+        "JOBSAPP_DATABASE_URL": database,
+        "JOBSAPP_BROKER_URL": "memory://",
+        "JOBSAPP_STORAGE_URL": f"file://{tmp_path / 'objects'}",
+        "JOBSAPP_VAR_DIR": str(tmp_path / "var"),
+        "JOBSAPP_IMPORTS": "tests.support.tasks",
+        "JOBSAPP_METRICS_TOKEN": SCRAPER,
+    }
     with ExitStack() as stack:
-        replicas = [stack.enter_context(running_web(env, tmp_path / f"web-{n}.log", gunicorn=True))
-                    for n in range(2)]  # fmt: skip
+        replicas = [
+            stack.enter_context(running_web(env, tmp_path / f"web-{n}.log", gunicorn=True))
+            for n in range(2)
+        ]
         urls = [r.base_url for r in replicas]
         lb = stack.enter_context(balancer(urls))
         rounds: list[tuple[list[Sample], list[Sample], str]] = []
@@ -187,8 +202,11 @@ def counted(db: Engine, table: str, column: str) -> dict[str, int]:
 def _same_values(a: Sequence[Sample], b: Sequence[Sample]) -> bool:
     # Every series but the lag gauges (they age between two scrapes) is equal.
     def values(samples: Sequence[Sample]) -> dict[tuple[str, str], float]:
-        return {(s.name, str(sorted((k, v) for k, v in s.labels.items() if k != "instance"))):
-                s.value for s in samples if "seconds" not in s.name}  # fmt: skip
+        return {
+            (s.name, str(sorted((k, v) for k, v in s.labels.items() if k != "instance"))): s.value
+            for s in samples
+            if "seconds" not in s.name
+        }
 
     return values(a) == values(b)
 

@@ -42,18 +42,26 @@ JOBS = 60
 # Fewer server connections than clients (2 worker children, 2 workers, 2 beats, a
 # producer): each client's transactions keep landing on connections others used.
 SERVER_CONNECTIONS = 2
-SETTINGS = {"JOBSAPP_BEAT_LEASE_SECONDS": "3", "JOBSAPP_RELAY_EVERY": "1",
-            "JOBSAPP_REAPER_EVERY": "1"}  # fmt: skip
+SETTINGS = {
+    "JOBSAPP_BEAT_LEASE_SECONDS": "3",
+    "JOBSAPP_RELAY_EVERY": "1",
+    "JOBSAPP_REAPER_EVERY": "1",
+}
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def _services(state_dir: Path, pg_port: int, port: int, *args: str) -> None:
-    env = {**os.environ, "JOBSAPP_SVC_DIR": str(state_dir), "JOBSAPP_PG_PORT": str(pg_port),
-           "JOBSAPP_PGBOUNCER_PORT": str(port),
-           "JOBSAPP_PGBOUNCER_POOL_SIZE": str(SERVER_CONNECTIONS)}  # fmt: skip
-    done = subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+    env = {
+        **os.environ,
+        "JOBSAPP_SVC_DIR": str(state_dir),
+        "JOBSAPP_PG_PORT": str(pg_port),
+        "JOBSAPP_PGBOUNCER_PORT": str(port),
+        "JOBSAPP_PGBOUNCER_POOL_SIZE": str(SERVER_CONNECTIONS),
+    }
+    done = subprocess.run(
+        [str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -80,8 +88,9 @@ def bouncer(admin_url: str) -> Iterator[int]:
 def direct(admin_url: str) -> Iterator[Engine]:
     """This module's database, reached directly (what the test reads); dropped at the end."""
     name = f"jobsapp_pgbouncer_{SESSION}"
-    admin = create_engine(make_url(admin_url).set(database="postgres"),
-                          isolation_level="AUTOCOMMIT")  # fmt: skip
+    admin = create_engine(
+        make_url(admin_url).set(database="postgres"), isolation_level="AUTOCOMMIT"
+    )
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         conn.execute(text(f'CREATE DATABASE "{name}"'))
@@ -99,8 +108,12 @@ def procs(direct: Engine, bouncer: int, tmp_path: Path) -> Iterator[Launcher]:
     redis_server = RedisServer(tmp_path / "redis")
     redis_server.start()
     through = direct.url.set(port=bouncer).render_as_string(hide_password=False)
-    env = service_env(database_url=through, broker_url=redis_server.url, settings=SETTINGS,
-                      var_dir=tmp_path / "var")  # fmt: skip
+    env = service_env(
+        database_url=through,
+        broker_url=redis_server.url,
+        settings=SETTINGS,
+        var_dir=tmp_path / "var",
+    )
     launcher = Launcher(env, tmp_path)
     try:
         upgrade = launcher.jobsapp("migrate", "db", "upgrade")
@@ -125,8 +138,7 @@ def _succeeded(direct: Engine) -> int:
 
 def _connections(bouncer: int, database: str) -> tuple[int, int]:
     """(client, server) connections PgBouncer holds for ``database``, from its console."""
-    console = psycopg2.connect(host="127.0.0.1", port=bouncer, user="postgres",
-                               dbname="pgbouncer")  # fmt: skip
+    console = psycopg2.connect(host="127.0.0.1", port=bouncer, user="postgres", dbname="pgbouncer")
     console.autocommit = True  # the console runs no transactions
     counts = []
     with console.cursor() as cur:
@@ -148,8 +160,9 @@ def test_every_job_runs_once_through_transaction_pooling(
     beats = [procs.beat(f"beat{i}") for i in range(2)]
     ready(*workers, *beats, timeout=60)
     tokens = [f"pgb-{uuid.uuid4().hex[:12]}" for _ in range(JOBS)]
-    sent = procs.enqueue(*({"task": "tests.echo", "kwargs": {"token": t}} for t in tokens),
-                         timeout=60)  # fmt: skip
+    sent = procs.enqueue(
+        *({"task": "tests.echo", "kwargs": {"token": t}} for t in tokens), timeout=60
+    )
     assert [s["outcome"] for s in sent] == ["enqueued"] * JOBS
     eventually(lambda: _succeeded(direct) == JOBS, timeout=90)
     assert _ran(procs, tokens) == [1] * JOBS

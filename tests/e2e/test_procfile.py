@@ -46,9 +46,15 @@ def procfile_env(module_redis: RedisServer, tmp_path: Path) -> Iterator[dict[str
         "FLOWER_BASIC_AUTH": FLOWER_LOGIN,
     }
     # The platform's release phase, before any process starts: the Procfile's own line.
-    release = subprocess.run([str(Path(sys.executable).parent / "honcho"), "start", "-f",
-                              "Procfile", "release"], cwd=REPO, env=env, capture_output=True,
-                             text=True, timeout=120, check=False)  # fmt: skip
+    release = subprocess.run(
+        [str(Path(sys.executable).parent / "honcho"), "start", "-f", "Procfile", "release"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert release.returncode == 0, release.stdout + release.stderr
     assert "database at head" in release.stdout + release.stderr
     yield env
@@ -61,9 +67,12 @@ def honcho(procfile_env: dict[str, str], tmp_path: Path) -> Iterator[Path]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "honcho"), "start", "-f", "Procfile", *PROCESSES],
-            cwd=REPO, env=procfile_env, stdout=out, stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=procfile_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
     try:
         yield log
     finally:
@@ -92,8 +101,10 @@ def test_every_procfile_line_serves(honcho: Path, procfile_env: dict[str, str]) 
     flower = f"http://127.0.0.1:{procfile_env['JOBSAPP_FLOWER_PORT']}/"
     assert _answers(flower, honcho) == 401
     login = base64.b64encode(FLOWER_LOGIN.encode()).decode()
-    assert fetch(urllib.request.Request(flower, headers={"Authorization": f"Basic {login}"}))\
-        .status == 200
+    assert (
+        fetch(urllib.request.Request(flower, headers={"Authorization": f"Basic {login}"})).status
+        == 200
+    )
     reply = web.post_file(images.solid("PNG"), "p.png", "image/png")
     assert reply.status == 202, reply.body
     location = reply.headers["Location"]
@@ -110,13 +121,16 @@ def test_every_procfile_line_serves(honcho: Path, procfile_env: dict[str, str]) 
 def test_flower_refuses_to_start_without_its_basic_auth(login: str | None) -> None:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JOBSAPP_", "FLOWER_"))}
     port = free_port()
-    env = base | {"PATH": f"{Path(sys.executable).parent}:{base.get('PATH', '')}",
-                  "JOBSAPP_FLOWER_PORT": str(port)}  # fmt: skip
+    env = base | {
+        "PATH": f"{Path(sys.executable).parent}:{base.get('PATH', '')}",
+        "JOBSAPP_FLOWER_PORT": str(port),
+    }
     if login is not None:
         env["FLOWER_BASIC_AUTH"] = login
     argv = [str(Path(sys.executable).parent / "honcho"), "start", "-f", "Procfile", "flower"]
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
 
     assert done.returncode != 0
     output = (done.stdout + done.stderr).splitlines()

@@ -34,8 +34,14 @@ def env(pg: Engine, tmp_path: Path) -> dict[str, str]:
 def on_terminal(argv: list[str], env: Mapping[str, str]) -> tuple[int, str]:
     """Run ``argv`` with a pseudo-terminal as its stdout, as a person's shell would."""
     leader, follower = pty.openpty()
-    proc = subprocess.Popen(argv, cwd=ROOT, env=dict(env), stdin=subprocess.DEVNULL,
-                            stdout=follower, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=follower,
+        stderr=subprocess.PIPE,
+    )
     os.close(follower)
     chunks = []
     while True:
@@ -71,13 +77,16 @@ def test_reprocess_prints_plain_lines_into_a_pipe(
     plant_ready(pg, LocalObjectStore(tmp_path / "objects"), 6)
     argv = [str(BIN / "jobsapp"), "reprocess", "--to-version", "2", "--batch", "2"]
 
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
 
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [line.split(" (")[0] for line in lines[:3]] == [
-        "enqueued 2/6", "enqueued 4/6", "enqueued 6/6",
+        "enqueued 2/6",
+        "enqueued 4/6",
+        "enqueued 6/6",
     ]
     assert lines[3].startswith("done: 6 attachments to v2")
     assert "\x1b[" not in done.stdout

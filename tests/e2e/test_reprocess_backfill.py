@@ -53,8 +53,12 @@ def procs(db: Engine, module_redis: RedisServer, tmp_path: Path) -> Iterator[Lau
         "JOBSAPP_HEARTBEAT_INTERVAL": "0.5",
         "JOBSAPP_STALE_AFTER": str(STALE_AFTER_S),
     }
-    env = service_env(database_url=db.url.render_as_string(hide_password=False),
-                      broker_url=broker, var_dir=tmp_path / "var", settings=settings)  # fmt: skip
+    env = service_env(
+        database_url=db.url.render_as_string(hide_password=False),
+        broker_url=broker,
+        var_dir=tmp_path / "var",
+        settings=settings,
+    )
     with launching(env, tmp_path) as launcher:
         yield launcher
 
@@ -72,14 +76,18 @@ def worker(procs: Launcher, name: str) -> Proc:
 
 def kill_after(db: Engine, proc: Proc, scanned: int, attempt: int) -> dict[str, Any]:
     """SIGKILL ``proc`` once the backfill's attempt has scanned ``scanned`` attachments."""
-    eventually(lambda: (row := backfill(db))["attempts"] == attempt
-               and row["scanned"] >= scanned, timeout=120, interval=0.02)  # fmt: skip
+    eventually(
+        lambda: (row := backfill(db))["attempts"] == attempt and row["scanned"] >= scanned,
+        timeout=120,
+        interval=0.02,
+    )
     proc.kill()
     return backfill(db)
 
 
 def reap(procs: Launcher) -> None:
     """The reaper, once the dead run's heartbeat is stale, requeues and publishes it."""
+
     def requeued() -> bool:
         proc = procs.jobsapp("reaper", "maintenance", "run-once", "--pass", "reaper")
         assert proc.wait(60) == 0, proc.log()
@@ -91,8 +99,9 @@ def reap(procs: Launcher) -> None:
 def test_a_backfill_killed_twice_resumes_from_its_cursor(procs: Launcher, db: Engine) -> None:
     plant_rows(db, ATTACHMENT_COUNT)
     first = worker(procs, "w1")
-    start = procs.jobsapp("start", "reprocess", "--to-version", "2", "--batch", "50",
-                          "--pause", "0.05", "--as-job")  # fmt: skip
+    start = procs.jobsapp(
+        "start", "reprocess", "--to-version", "2", "--batch", "50", "--pause", "0.05", "--as-job"
+    )
     assert start.wait(60) == 0, start.log()
     assert "backfill to v2: job" in start.log()
 
@@ -102,8 +111,7 @@ def test_a_backfill_killed_twice_resumes_from_its_cursor(procs: Launcher, db: En
     killed.append(kill_after(db, second, killed[0]["scanned"] + 500, attempt=2))
     reap(procs)
     worker(procs, "w3")
-    done = eventually(lambda: (row := backfill(db))["state"] == "succeeded" and row,
-                      timeout=180)  # fmt: skip
+    done = eventually(lambda: (row := backfill(db))["state"] == "succeeded" and row, timeout=180)
 
     for row in killed:
         assert row["state"] == "running"
@@ -119,6 +127,11 @@ def test_a_backfill_killed_twice_resumes_from_its_cursor(procs: Launcher, db: En
         assert jobs.scalar_one() == ATTACHMENT_COUNT
     moves = [(e["transition"], e["attempt"]) for e in events(db, done["job_id"])]
     assert [tuple(m) for m in moves] == [
-        ("enqueue", 1), ("claim", 1), ("reap_requeue", 1), ("claim", 2), ("reap_requeue", 2),
-        ("claim", 3), ("succeed", 3),
+        ("enqueue", 1),
+        ("claim", 1),
+        ("reap_requeue", 1),
+        ("claim", 2),
+        ("reap_requeue", 2),
+        ("claim", 3),
+        ("succeed", 3),
     ]

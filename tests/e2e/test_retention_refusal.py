@@ -25,8 +25,10 @@ from tests.support import tasks
 from tests.support.servers import RedisServer
 
 RUNS = JobRun.__table__
-REFUSAL = ("finished runs are kept 7 days, but task tests.long_window absorbs repeated "
-           "enqueues for 30 days")  # fmt: skip
+REFUSAL = (
+    "finished runs are kept 7 days, but task tests.long_window absorbs repeated "
+    "enqueues for 30 days"
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,10 +39,16 @@ def finished_days_ago(db: Engine, days: float) -> uuid.UUID:
     with db.begin() as conn:
         journal.enqueue(conn, job, now=now - timedelta(days=days + 1), actor="test")
         finished = now - timedelta(days=days)
-        conn.execute(update(RUNS).where(RUNS.c.job_id == job.job_id)
-                     .values(state="succeeded", finished_at=finished))  # fmt: skip
-        conn.execute(update(OUTBOX).where(OUTBOX.c.job_id == job.job_id)
-                     .values(published_at=now, delivered_at=now))  # fmt: skip
+        conn.execute(
+            update(RUNS)
+            .where(RUNS.c.job_id == job.job_id)
+            .values(state="succeeded", finished_at=finished)
+        )
+        conn.execute(
+            update(OUTBOX)
+            .where(OUTBOX.c.job_id == job.job_id)
+            .values(published_at=now, delivered_at=now)
+        )
     return job.job_id
 
 
@@ -58,8 +66,9 @@ def test_beat_and_the_command_refuse_retention_inside_a_dedup_window(
     # where another suite's worker listens.
     broker = module_redis.url
     imports = {"JOBSAPP_IMPORTS": "tests.support.tasks,tests.support.long_window"}
-    env = service_env(database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var",
-                      settings=imports)  # fmt: skip
+    env = service_env(
+        database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var", settings=imports
+    )
     launcher = Launcher(env, tmp_path)
     try:
         alone = launcher.jobsapp("retention", "maintenance", "run-once", "--pass", "retention")
@@ -68,8 +77,9 @@ def test_beat_and_the_command_refuse_retention_inside_a_dedup_window(
 
         every = launcher.jobsapp("all", "maintenance", "run-once")
         assert every.wait(60) == 1, every.log()
-        ran = [json.loads(line)["pass"] for line in every.log().splitlines()
-               if line.startswith("{")]  # fmt: skip
+        ran = [
+            json.loads(line)["pass"] for line in every.log().splitlines() if line.startswith("{")
+        ]
         assert ran == ["reaper", "relay", "staging", "reconcile", "metrics"]
 
         beat = launcher.beat("beat")

@@ -406,12 +406,24 @@ def post_form(http: Http, *parts: tuple[bytes, bytes]) -> Any:
 @pytest.mark.parametrize(
     ("parts", "code", "limit"),
     [
-        pytest.param([text_part(f"f{i}", b"x") for i in range(2000)] + [file_part()],
-                     "too_many_parts", "16 parts", id="too-many-parts"),
-        pytest.param([text_part("note", b"n" * 100_000), file_part()],
-                     "field_too_large", "65536 bytes", id="huge-text-field"),
-        pytest.param([file_part(data=bytes(4 * MAX_UPLOAD))], "too_large",
-                     f"{MAX_UPLOAD + 64 * 1024} bytes", id="huge-body"),
+        pytest.param(
+            [text_part(f"f{i}", b"x") for i in range(2000)] + [file_part()],
+            "too_many_parts",
+            "16 parts",
+            id="too-many-parts",
+        ),
+        pytest.param(
+            [text_part("note", b"n" * 100_000), file_part()],
+            "field_too_large",
+            "65536 bytes",
+            id="huge-text-field",
+        ),
+        pytest.param(
+            [file_part(data=bytes(4 * MAX_UPLOAD))],
+            "too_large",
+            f"{MAX_UPLOAD + 64 * 1024} bytes",
+            id="huge-body",
+        ),
     ],
 )
 def test_each_413_names_the_limit_that_was_passed(
@@ -439,10 +451,9 @@ PADDING = b"X-Padding: " + b"p" * 100
     "head",
     [
         pytest.param(file_part(filename=b"a" * 200_000 + b".png")[0], id="one-long-header"),
-        pytest.param(file_part()[0] + b"\r\n" + b"\r\n".join([PADDING] * 2000),
-                     id="many-headers"),
+        pytest.param(file_part()[0] + b"\r\n" + b"\r\n".join([PADDING] * 2000), id="many-headers"),
     ],
-)  # fmt: skip
+)
 def test_a_part_header_over_its_limit_is_a_413_and_nothing_is_written(
     http: Http, journal: Engine, e2e_env: dict[str, str], head: bytes
 ) -> None:
@@ -521,10 +532,24 @@ def _routes() -> list[tuple[str, str]]:
 # NUL, overlong UTF-8, lone surrogates and bytes that are no UTF-8 at all; look-alikes that
 # NFKC or case folding would turn into a real name; digits int() refuses; sheer length.
 _NASTY = [
-    b"\x00", b"thumbnail\x00", b"\xc0\x80", b"\xe0\x80\x80", b"\xed\xa0\x80", b"\xff\xfe",
-    FULLWIDTH.encode(), "thumbnai\u0307l".encode(), "ﬁ".encode(), "İ".encode(),
-    "²".encode(), "٣".encode(), "\u202e".encode(), b"9" * 5000, b"x" * 8000, b"%", b"..",
-]  # fmt: skip
+    b"\x00",
+    b"thumbnail\x00",
+    b"\xc0\x80",
+    b"\xe0\x80\x80",
+    b"\xed\xa0\x80",
+    b"\xff\xfe",
+    FULLWIDTH.encode(),
+    "thumbnai\u0307l".encode(),
+    "ﬁ".encode(),
+    "İ".encode(),
+    "²".encode(),
+    "٣".encode(),
+    "\u202e".encode(),
+    b"9" * 5000,
+    b"x" * 8000,
+    b"%",
+    b"..",
+]
 _VALUE = st.one_of(
     st.sampled_from(_NASTY),
     st.text(max_size=40).map(str.encode),
@@ -557,8 +582,11 @@ def test_no_path_or_query_parameter_makes_a_route_answer_5xx(
     # Some, not all, of the parameters: a request with one bad URL part ends at the check,
     # and the others must reach the database too.
     url = path + "?" + "&".join(f"{name}={quote(value, safe='')}" for name, value in query)
-    body, headers = raw_form(file_part(data=b"not an image")) if rule == "/v1/attachments" else (
-        b'{"reason": "fuzz"}', {"Content-Type": "application/json"})  # fmt: skip
+    body, headers = (
+        raw_form(file_part(data=b"not an image"))
+        if rule == "/v1/attachments"
+        else (b'{"reason": "fuzz"}', {"Content-Type": "application/json"})
+    )
 
     reply = http.request(url, body if method == "POST" else None, headers | ADMIN, method=method)
 

@@ -40,9 +40,7 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
 
 
 def _checkout_copy(dest: Path) -> Path:
-    listed = _run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO
-    )
+    listed = _run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO)
     for name in filter(None, listed.split("\0")):
         source = REPO / name
         if source.is_file():
@@ -105,8 +103,12 @@ def test_installed_wheel_migrates_postgres_from_an_unrelated_folder(
 ) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = _bare_env(installed, JOBSAPP_DATABASE_URL=database_url, JOBSAPP_BROKER_URL="memory://",
-                    JOBSAPP_STORAGE_URL=f"file://{tmp_path / 'objects'}")  # fmt: skip
+    env = _bare_env(
+        installed,
+        JOBSAPP_DATABASE_URL=database_url,
+        JOBSAPP_BROKER_URL="memory://",
+        JOBSAPP_STORAGE_URL=f"file://{tmp_path / 'objects'}",
+    )
     out = _run([str(installed / "jobsapp"), "db", "upgrade"], cwd=elsewhere, env=env)
     assert "database at head" in out
     engine = create_engine(database_url)
@@ -168,12 +170,18 @@ def test_a_teams_package_beside_the_wheel_runs_its_task_under_the_procfiles_work
     lines run from a folder of their own, and a producer's call answered by the worker."""
     from tests.support.compose import procfile, procfile_argv
 
-    env = _bare_env(installed, JOBSAPP_IMPORTS="billing.tasks",
-                    PYTHONPATH=str(REPO / "examples" / "team_app"))  # fmt: skip
+    env = _bare_env(
+        installed, JOBSAPP_IMPORTS="billing.tasks", PYTHONPATH=str(REPO / "examples" / "team_app")
+    )
     _run(procfile_argv(procfile()["release"], env), cwd=tmp_path, env=env)
     log = (tmp_path / "worker.log").open("w")
-    worker = subprocess.Popen(procfile_argv(procfile()["worker"], env), cwd=tmp_path, env=env,
-                              stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    worker = subprocess.Popen(
+        procfile_argv(procfile()["worker"], env),
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     call = "from billing.tasks import invoice; print(invoice.delay('acct-1').get(timeout=90))"
     try:
         out = _run([str(installed / "python"), "-c", call], cwd=tmp_path, env=env)
@@ -190,12 +198,17 @@ def test_a_teams_own_tests_run_on_the_testing_kit_from_the_wheel(
     """``pip install 'jobsapp[testing]'`` and the team's tests (examples/team_app/tests)
     pass with nothing else set up: no server, no conftest, no JOBSAPP_* setting. Last in
     this module: it adds the extra's packages to the shared venv."""
-    _run([str(installed / "pip"), "install", "-q", "--no-compile", f"{wheel}[testing]"],
-         cwd=tmp_path)  # fmt: skip
+    _run(
+        [str(installed / "pip"), "install", "-q", "--no-compile", f"{wheel}[testing]"], cwd=tmp_path
+    )
     team = tmp_path / "team_app"
-    shutil.copytree(REPO / "examples" / "team_app", team,
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    shutil.copytree(
+        REPO / "examples" / "team_app", team, ignore=shutil.ignore_patterns("__pycache__")
+    )
     env = _bare_env(installed, PYTHONPATH=str(team))
-    out = _run([str(installed / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                "tests"], cwd=team, env=env)  # fmt: skip
+    out = _run(
+        [str(installed / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=team,
+        env=env,
+    )
     assert "4 passed" in out, out[-3000:]

@@ -18,8 +18,12 @@ from tests.support.env import service
 @pytest.fixture
 def launcher(postgres_url: str, tmp_path: Path) -> Iterator[Launcher]:
     """Subprocesses (producers, workers) on this session's Postgres journal and broker."""
-    env = service_env(database_url=postgres_url, broker_url=os.environ["JOBSAPP_BROKER_URL"],
-                      var_dir=tmp_path, settings={})  # fmt: skip
+    env = service_env(
+        database_url=postgres_url,
+        broker_url=os.environ["JOBSAPP_BROKER_URL"],
+        var_dir=tmp_path,
+        settings={},
+    )
     started = Launcher(env, tmp_path)
     yield started
     started.kill_all()

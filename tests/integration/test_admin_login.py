@@ -37,13 +37,17 @@ def log_in(
     form = client.get("/admin/login", base_url=base).get_data(as_text=True)
     csrf = re.search(r'name="csrf_token" value="([^"]+)"', form)
     assert csrf is not None
-    reply = client.post("/admin/login", base_url=base, data={
-        "csrf_token": csrf[1], "token": token, "name": "dana", "next": next_})  # fmt: skip
+    reply = client.post(
+        "/admin/login",
+        base_url=base,
+        data={"csrf_token": csrf[1], "token": token, "name": "dana", "next": next_},
+    )
     return reply.status_code, reply.headers.get("Location", ""), reply.headers.get("Set-Cookie", "")
 
 
-@pytest.mark.parametrize(("base", "secure"), [("http://admin.local", False),
-                                              ("https://admin.local", True)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("base", "secure"), [("http://admin.local", False), ("https://admin.local", True)]
+)
 def test_the_session_cookie_is_secure_exactly_over_https(
     client: FlaskClient, base: str, secure: bool
 ) -> None:
@@ -121,15 +125,24 @@ def test_a_cookie_saved_before_logout_is_refused_after_it(client: FlaskClient) -
     log_in(client, BASE)
     saved = _cookie(client)
     assert _page_with(saved) == 200
-    client.post("/admin/logout", base_url=BASE, data={
-        "csrf_token": re.search(r'name="csrf_token" value="([^"]+)"',
-                                client.get("/admin", base_url=BASE).get_data(as_text=True))[1]})
+    client.post(
+        "/admin/logout",
+        base_url=BASE,
+        data={
+            "csrf_token": re.search(
+                r'name="csrf_token" value="([^"]+)"',
+                client.get("/admin", base_url=BASE).get_data(as_text=True),
+            )[1]
+        },
+    )
     # It answered 200 after logout, and still 7 h later: a signed cookie alone cannot end.
     assert _page_with(saved) == 302
 
 
-@pytest.mark.parametrize(("column", "ago"), [("created_at", timedelta(hours=8, minutes=1)),
-                                             ("seen_at", timedelta(hours=1, minutes=1))])
+@pytest.mark.parametrize(
+    ("column", "ago"),
+    [("created_at", timedelta(hours=8, minutes=1)), ("seen_at", timedelta(hours=1, minutes=1))],
+)
 def test_a_session_ends_at_its_lifetime_or_when_idle(
     client: FlaskClient, pg: Engine, column: str, ago: timedelta
 ) -> None:
@@ -155,7 +168,8 @@ def test_a_visitors_cookie_cannot_test_token_guesses(client: FlaskClient) -> Non
     cookie = _cookie(client)
     # The old key, derived from the token alone: anyone holding a cookie could check a guess.
     token_only = hmac.new(TOKEN.encode(), b"jobsapp admin session", hashlib.sha256).digest()
-    guessing = URLSafeTimedSerializer(token_only, salt="jobsapp-admin-session",
-                                      signer_kwargs={"key_derivation": "hmac"})
+    guessing = URLSafeTimedSerializer(
+        token_only, salt="jobsapp-admin-session", signer_kwargs={"key_derivation": "hmac"}
+    )
     with pytest.raises(BadSignature):
         guessing.loads(cookie)

@@ -25,8 +25,11 @@ def _csrf(page: str) -> str:
 def signed_in(client: FlaskClient) -> str:
     """Log in through the form; returns the overview page as the operator sees it."""
     form = client.get("/admin/login", base_url=BASE).get_data(as_text=True)
-    client.post("/admin/login", base_url=BASE,
-                data={"csrf_token": _csrf(form), "token": TOKEN, "name": "rita"})  # fmt: skip
+    client.post(
+        "/admin/login",
+        base_url=BASE,
+        data={"csrf_token": _csrf(form), "token": TOKEN, "name": "rita"},
+    )
     return client.get("/admin", base_url=BASE).get_data(as_text=True)
 
 
@@ -38,11 +41,17 @@ def test_the_overview_offers_a_pass_that_takes_failures_again(db: Engine) -> Non
         overview = signed_in(client)
         assert 'id="reconcile"' in overview
         forged = client.post("/admin/reconcile", base_url=BASE, data={"module": "jobs"})
-        dry = client.post("/admin/reconcile", base_url=BASE, data={
-            "csrf_token": _csrf(overview), "module": "jobs", "dry_run": "1"})  # fmt: skip
+        dry = client.post(
+            "/admin/reconcile",
+            base_url=BASE,
+            data={"csrf_token": _csrf(overview), "module": "jobs", "dry_run": "1"},
+        )
         assert run_row(db, outage)["state"] == "failed"
-        real = client.post("/admin/reconcile", base_url=BASE,
-                           data={"csrf_token": _csrf(overview), "module": "jobs"})  # fmt: skip
+        real = client.post(
+            "/admin/reconcile",
+            base_url=BASE,
+            data={"csrf_token": _csrf(overview), "module": "jobs"},
+        )
 
     assert forged.status_code == 400
     assert dry.status_code == 200
@@ -64,9 +73,15 @@ def test_a_bulk_replay_naming_one_job_many_times_replays_it_once(db: Engine) -> 
         client = create_app().test_client()
         overview = signed_in(client)
         # A crafted POST (a valid CSRF token) repeats the job: it replayed 13 times.
-        answer = client.post("/admin/replay", base_url=BASE, data={
-            "csrf_token": _csrf(overview), "reason": "upstream is back",
-            "job": [f"jobs:{job}"] * 13})  # fmt: skip
+        answer = client.post(
+            "/admin/replay",
+            base_url=BASE,
+            data={
+                "csrf_token": _csrf(overview),
+                "reason": "upstream is back",
+                "job": [f"jobs:{job}"] * 13,
+            },
+        )
 
     assert answer.status_code == 200, answer.get_data(as_text=True)[:500]
     replays = [e for e in events(db, job) if e["transition"] == "replay"]

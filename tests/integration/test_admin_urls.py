@@ -44,16 +44,19 @@ def test_the_charts_split_the_window_by_task(db: Engine) -> None:
     with db.begin() as conn:
         for task, n in ((tasks.echo, 2), (tasks.doomed, 1)):
             for i in range(n):
-                journal.enqueue(conn, task.new_job((f"split-{i}",), {}, uuid.uuid4()),
-                                actor="test")  # fmt: skip
+                journal.enqueue(conn, task.new_job((f"split-{i}",), {}, uuid.uuid4()), actor="test")
     token = "a-token-long-enough-for-the-console-1234"
     with environment(JOBSAPP_ADMIN_TOKEN=token):
         client = create_app().test_client()
         page = client.get("/admin/charts?window=hour", headers={"Authorization": f"Bearer {token}"})
 
     table = page.get_data(as_text=True).split('<table id="by-task">', 1)[1].split("</table>", 1)[0]
-    rows = {cells[1]: cells[2:] for cells in (re.findall(r"<td[^>]*>(?:<a[^>]*>)?([^<]*)", tr)
-                                              for tr in table.split("<tr>")[2:])}  # fmt: skip
+    rows = {
+        cells[1]: cells[2:]
+        for cells in (
+            re.findall(r"<td[^>]*>(?:<a[^>]*>)?([^<]*)", tr) for tr in table.split("<tr>")[2:]
+        )
+    }
     # queued, running, succeeded, failed
     assert rows["tests.echo"] == ["2", "0", "0", "0"]
     assert rows["tests.doomed"] == ["1", "0", "0", "0"]

@@ -32,20 +32,26 @@ def _running_run(db: Engine, *, heartbeat_age: float) -> tuple[uuid.UUID, uuid.U
     """An accepted upload whose run a worker claimed and then stopped stamping."""
     accepted = accept_upload(images.solid("PNG"), "a.png", None)
     with db.begin() as conn:
-        job_id = conn.execute(
-            RUNS.select().where(RUNS.c.attachment_id == accepted.attachment_id)
-        ).mappings().one()["job_id"]
+        job_id = (
+            conn.execute(RUNS.select().where(RUNS.c.attachment_id == accepted.attachment_id))
+            .mappings()
+            .one()["job_id"]
+        )
         journal.claim(conn, ATTACHMENT_RUNS, job_id, 1, worker="w:1", now=utcnow())
-        conn.execute(update(RUNS).where(RUNS.c.job_id == job_id)
-                     .values(heartbeat_at=utcnow() - timedelta(seconds=heartbeat_age)))
-        conn.execute(update(ATTACHMENTS).where(ATTACHMENTS.c.id == accepted.attachment_id)
-                     .values(state="processing"))  # fmt: skip
+        conn.execute(
+            update(RUNS)
+            .where(RUNS.c.job_id == job_id)
+            .values(heartbeat_at=utcnow() - timedelta(seconds=heartbeat_age))
+        )
+        conn.execute(
+            update(ATTACHMENTS)
+            .where(ATTACHMENTS.c.id == accepted.attachment_id)
+            .values(state="processing")
+        )
     return accepted.attachment_id, job_id
 
 
-def test_a_reaped_run_puts_its_attachment_back_in_the_queue(
-    db: Engine, store: ObjectStore
-) -> None:
+def test_a_reaped_run_puts_its_attachment_back_in_the_queue(db: Engine, store: ObjectStore) -> None:
     attachment_id, job_id = _running_run(db, heartbeat_age=60)
     counts = reaper.run_once(db, reaper.ReaperConfig(stale_after=timedelta(seconds=10)))
     assert counts["attachments"] == 1
@@ -63,18 +69,35 @@ def test_a_live_run_keeps_its_attachment_processing(db: Engine, store: ObjectSto
 def test_cancel_and_replay_move_the_attachment(db: Engine, store: ObjectStore) -> None:
     accepted = accept_upload(images.solid("PNG"), "b.png", None)
     with db.begin() as conn:
-        job_id = conn.execute(
-            RUNS.select().where(RUNS.c.attachment_id == accepted.attachment_id)
-        ).mappings().one()["job_id"]
-        assert journal.cancel(conn, ATTACHMENT_RUNS, job_id, attempts=0, actor="operator:test",
-                              reason="wrong file", now=utcnow())  # fmt: skip
+        job_id = (
+            conn.execute(RUNS.select().where(RUNS.c.attachment_id == accepted.attachment_id))
+            .mappings()
+            .one()["job_id"]
+        )
+        assert journal.cancel(
+            conn,
+            ATTACHMENT_RUNS,
+            job_id,
+            attempts=0,
+            actor="operator:test",
+            reason="wrong file",
+            now=utcnow(),
+        )
     row = attachment_row(db, accepted.attachment_id)
     assert (row["state"], row["error_code"]) == ("failed", "cancelled")
     with db.begin() as conn:
         message = journal.reopen(
-            conn, ATTACHMENT_RUNS, job_id, from_state=State.FAILED, attempts=0, budget=3,
-            transition=Transition.REPLAY, now=utcnow(), actor="operator:test", reason="retry",
-        )  # fmt: skip
+            conn,
+            ATTACHMENT_RUNS,
+            job_id,
+            from_state=State.FAILED,
+            attempts=0,
+            budget=3,
+            transition=Transition.REPLAY,
+            now=utcnow(),
+            actor="operator:test",
+            reason="retry",
+        )
     assert message is not None
     row = attachment_row(db, accepted.attachment_id)
     assert (row["state"], row["error_code"]) == ("queued", None)
@@ -93,8 +116,15 @@ def test_cancelling_one_version_leaves_an_attachment_another_run_works_on(
             batch, kwargs={"attachment_id": attachment_id, "pipeline_version": 2}
         )
     with db.begin() as conn:
-        assert journal.cancel(conn, ATTACHMENT_RUNS, v2.job_id, attempts=0, actor="operator:test",
-                              reason="not now", now=utcnow())  # fmt: skip
+        assert journal.cancel(
+            conn,
+            ATTACHMENT_RUNS,
+            v2.job_id,
+            attempts=0,
+            actor="operator:test",
+            reason="not now",
+            now=utcnow(),
+        )
     assert attachment_row(db, attachment_id)["state"] == "processing"
 
 
@@ -102,8 +132,9 @@ def test_a_frozen_lock_holder_does_not_stall_the_reaper(pg: Engine, store: Objec
     attachment_id, job_id = _running_run(pg, heartbeat_age=60)
     cfg = reaper.ReaperConfig(stale_after=timedelta(seconds=10))
     with pg.connect() as frozen:  # a worker paused between its write and its COMMIT
-        frozen.execute(ATTACHMENTS.select().where(ATTACHMENTS.c.id == attachment_id)
-                       .with_for_update())  # fmt: skip
+        frozen.execute(
+            ATTACHMENTS.select().where(ATTACHMENTS.c.id == attachment_id).with_for_update()
+        )
         started = time.monotonic()
         assert reaper.run_once(pg, cfg)["attachments"] == 0
         assert time.monotonic() - started < 10

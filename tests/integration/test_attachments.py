@@ -145,8 +145,10 @@ def test_photos_are_published_with_every_variant(
 
     big = {v["name"]: v for v in views["photo.jpg"]["variants"]}
     assert [(big[n]["width"], big[n]["height"]) for n in V1_VARIANTS] == [
-        (256, 192), (512, 512), (4000, 3000),
-    ]  # fmt: skip
+        (256, 192),
+        (512, 512),
+        (4000, 3000),
+    ]
 
     rotated = views["rotated.jpg"]
     assert (rotated["width"], rotated["height"]) == (400, 600)  # as displayed, not as stored
@@ -247,8 +249,11 @@ def test_a_ready_job_delivered_again_changes_nothing(
     settled(accepted.attachment_id, "ready")
     staging_dropped(s3, db, accepted.attachment_id)
     (run,) = run_rows(db, accepted.attachment_id)
-    before = (attachment_row(db, accepted.attachment_id), variant_rows(db, accepted.attachment_id),
-              stored_objects(s3, ""))  # fmt: skip
+    before = (
+        attachment_row(db, accepted.attachment_id),
+        variant_rows(db, accepted.attachment_id),
+        stored_objects(s3, ""),
+    )
 
     _resend(db, run["job_id"])
     broker_drained()
@@ -261,8 +266,11 @@ def test_a_ready_job_delivered_again_changes_nothing(
     rerun = handle.settled()
     assert (rerun["state"], rerun["attempts"]) == ("succeeded", 2)
 
-    after = (attachment_row(db, accepted.attachment_id), variant_rows(db, accepted.attachment_id),
-             stored_objects(s3, ""))  # fmt: skip
+    after = (
+        attachment_row(db, accepted.attachment_id),
+        variant_rows(db, accepted.attachment_id),
+        stored_objects(s3, ""),
+    )
     assert after == before
     assert transitions(db, run["job_id"]).count("claim") == 2
 
@@ -276,13 +284,21 @@ def test_reprocessing_publishes_a_newer_version_never_an_older_one(
     # Version 2 from a foreign producer: ids as JSON strings, no journal row; the worker
     # claims it by inserting the run with the ids coerced.
     job_id = uuid.uuid4()
-    app.send_task(TASK_NAME, kwargs={
-        "schema_version": 1, "job_id": str(job_id), "module": "attachments", "attempt": 1,
-        "enqueued_at": "2026-11-30T00:00:00+00:00", "attachment_id": str(attachment_id),
-        "pipeline_version": 2,
-    })  # fmt: skip
-    view = eventually(lambda: (v := get_attachment(attachment_id)) and v["published_version"] == 2
-                      and v)  # fmt: skip
+    app.send_task(
+        TASK_NAME,
+        kwargs={
+            "schema_version": 1,
+            "job_id": str(job_id),
+            "module": "attachments",
+            "attempt": 1,
+            "enqueued_at": "2026-11-30T00:00:00+00:00",
+            "attachment_id": str(attachment_id),
+            "pipeline_version": 2,
+        },
+    )
+    view = eventually(
+        lambda: (v := get_attachment(attachment_id)) and v["published_version"] == 2 and v
+    )
     assert view["state"] == "ready"
     assert [(v["name"], v["pipeline_version"]) for v in view["variants"]] == [
         (name, 2) for name in V1_VARIANTS
@@ -297,9 +313,13 @@ def test_reprocessing_publishes_a_newer_version_never_an_older_one(
     # rows still there are kept by the effect key) but never takes the attachment back
     # from version 2.
     with db.begin() as conn:
-        conn.execute(delete(VARIANTS).where(VARIANTS.c.attachment_id == attachment_id,
-                                            VARIANTS.c.pipeline_version == 1,
-                                            VARIANTS.c.variant == "crop"))  # fmt: skip
+        conn.execute(
+            delete(VARIANTS).where(
+                VARIANTS.c.attachment_id == attachment_id,
+                VARIANTS.c.pipeline_version == 1,
+                VARIANTS.c.variant == "crop",
+            )
+        )
     rerun = process_attachment.apply_async(
         kwargs={"attachment_id": attachment_id, "pipeline_version": 1}
     ).settled()
@@ -369,9 +389,12 @@ def test_a_variant_already_stored_with_other_bytes_is_kept_not_overwritten(
 
 
 def test_storage_down_on_the_worker_is_retried(
-    s3: ObjectStore, db: Engine, redis_clean: None, request: pytest.FixtureRequest,
+    s3: ObjectStore,
+    db: Engine,
+    redis_clean: None,
+    request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setattr(
         process_attachment, "retry_policy", RetryPolicy(base_delay=1.0, max_delay=1.0, jitter=0)
     )
@@ -393,9 +416,12 @@ def test_storage_down_on_the_worker_is_retried(
 
 
 def test_transient_failure_on_the_last_attempt_fails_the_attachment(
-    s3: ObjectStore, db: Engine, redis_clean: None, request: pytest.FixtureRequest,
+    s3: ObjectStore,
+    db: Engine,
+    redis_clean: None,
+    request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setattr(process_attachment, "max_attempts", 1)
     accepted = accept_upload(images.solid("PNG"), "p.png", None)
     with environment(JOBSAPP_S3_ENDPOINT_URL=DEAD_S3_ENDPOINT):

@@ -41,8 +41,9 @@ def _keyed(account: str, job_id: uuid.UUID | None = None) -> NewJob:
 def _finished(conn: Connection, job: NewJob) -> None:
     journal.enqueue(conn, job, actor="test")
     assert journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
-    assert journal.succeed(conn, JOBS, job.job_id, 1, token=held_by(conn, JOBS, job.job_id),
-                           actor="w:1")  # fmt: skip
+    assert journal.succeed(
+        conn, JOBS, job.job_id, 1, token=held_by(conn, JOBS, job.job_id), actor="w:1"
+    )
 
 
 def _scenario() -> tuple[Callable[[Connection], None], list[NewJob]]:
@@ -77,22 +78,52 @@ def _with_rerun() -> tuple[Callable[[Connection], None], list[NewJob]]:
 
 
 def _answers(results: Sequence[EnqueueResult]) -> list[tuple[Any, ...]]:
-    return [(r.outcome, r.job_id, r.holder, r.message and (r.message.job_id, r.message.attempt))
-            for r in results]  # fmt: skip
+    return [
+        (r.outcome, r.job_id, r.holder, r.message and (r.message.job_id, r.message.attempt))
+        for r in results
+    ]
 
 
 def _rows(conn: Connection) -> dict[str, list[tuple[Any, ...]]]:
     """What a user sees of the journal, minus ids and clock readings."""
-    runs = conn.execute(select(RUNS.c.job_id, RUNS.c.state, RUNS.c.concurrency_key,
-                               RUNS.c.attempts, RUNS.c.max_attempts, RUNS.c.params))  # fmt: skip
-    evs = conn.execute(select(EVENTS.c.job_id, EVENTS.c.attempt, EVENTS.c.transition,
-                              EVENTS.c.from_state, EVENTS.c.to_state))  # fmt: skip
-    out = conn.execute(select(OUTBOX.c.job_id, OUTBOX.c.attempt, OUTBOX.c.task_name,
-                              OUTBOX.c.body, OUTBOX.c.queue, OUTBOX.c.published_at))  # fmt: skip
-    bodies = [(*r[:3], {k: v for k, v in r[3].items() if k not in ("enqueued_at", "traceparent")},
-               *r[4:]) for r in out]  # fmt: skip
-    return {"runs": sorted(map(tuple, runs), key=repr), "events": sorted(map(tuple, evs), key=repr),
-            "outbox": sorted(bodies, key=repr)}  # fmt: skip
+    runs = conn.execute(
+        select(
+            RUNS.c.job_id,
+            RUNS.c.state,
+            RUNS.c.concurrency_key,
+            RUNS.c.attempts,
+            RUNS.c.max_attempts,
+            RUNS.c.params,
+        )
+    )
+    evs = conn.execute(
+        select(
+            EVENTS.c.job_id,
+            EVENTS.c.attempt,
+            EVENTS.c.transition,
+            EVENTS.c.from_state,
+            EVENTS.c.to_state,
+        )
+    )
+    out = conn.execute(
+        select(
+            OUTBOX.c.job_id,
+            OUTBOX.c.attempt,
+            OUTBOX.c.task_name,
+            OUTBOX.c.body,
+            OUTBOX.c.queue,
+            OUTBOX.c.published_at,
+        )
+    )
+    bodies = [
+        (*r[:3], {k: v for k, v in r[3].items() if k not in ("enqueued_at", "traceparent")}, *r[4:])
+        for r in out
+    ]
+    return {
+        "runs": sorted(map(tuple, runs), key=repr),
+        "events": sorted(map(tuple, evs), key=repr),
+        "outbox": sorted(bodies, key=repr),
+    }
 
 
 def _played(
@@ -111,17 +142,20 @@ def _played(
 E, D, S = EnqueueOutcome.ENQUEUED, EnqueueOutcome.DUPLICATE, EnqueueOutcome.SKIPPED
 
 
-@pytest.mark.parametrize(("scenario", "expected"), [(_scenario, [E, S, D, E, D, E, S, E]),
-                                                    (_with_rerun, [E, E, S, S])],
-                         ids=["mix", "rerun"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("scenario", "expected"),
+    [(_scenario, [E, S, D, E, D, E, S, E]), (_with_rerun, [E, E, S, S])],
+    ids=["mix", "rerun"],
+)
 def test_a_batch_answers_and_writes_as_the_same_enqueues_one_by_one(
     db: Engine,
     scenario: Callable[[], tuple[Callable[[Connection], None], list[NewJob]]],
     expected: list[EnqueueOutcome],
 ) -> None:
     before, jobs = scenario()
-    one_by_one = _played(db, before, lambda c: [journal.enqueue(c, j, actor="producer")
-                                                for j in jobs])  # fmt: skip
+    one_by_one = _played(
+        db, before, lambda c: [journal.enqueue(c, j, actor="producer") for j in jobs]
+    )
     batched = _played(db, before, lambda c: journal.enqueue_many(c, jobs, actor="producer"))
     assert batched == one_by_one
     assert [answer[0] for answer in batched[0]] == expected
@@ -218,9 +252,11 @@ def test_a_batch_producer_killed_after_commit_before_publish_is_relayed(
 ) -> None:
     pg = pg_worker
     ids = [uuid.uuid4() for _ in range(5)]
-    producer = launcher.start("batch-producer",
-                              [sys.executable, "-c", BATCH_PRODUCER, *map(str, ids)],
-                              {"JOBSAPP_CRASH_AT": "after_commit_before_publish"})  # fmt: skip
+    producer = launcher.start(
+        "batch-producer",
+        [sys.executable, "-c", BATCH_PRODUCER, *map(str, ids)],
+        {"JOBSAPP_CRASH_AT": "after_commit_before_publish"},
+    )
     assert producer.wait(30) == -9, producer.log()
     assert [run_row(pg, i)["state"] for i in ids] == ["queued"] * 5
     assert [outbox_rows(pg, i)[0]["publish_count"] for i in ids] == [0] * 5
@@ -249,11 +285,17 @@ def test_a_batch_producer_killed_between_round_trips_runs_every_job_once(
         f"app.conf.task_default_queue = {app.conf.task_default_queue!r}\n"
         f"from jobsapp.lifecycle import outbox\noutbox.PIPELINE_MAX = 2\n{BATCH_PRODUCER}"
     )
-    producer = launcher.start("batch-producer", [sys.executable, "-c", code, *map(str, ids)],
-                              {"JOBSAPP_CRASH_AT": "between_publish_round_trips"})  # fmt: skip
+    producer = launcher.start(
+        "batch-producer",
+        [sys.executable, "-c", code, *map(str, ids)],
+        {"JOBSAPP_CRASH_AT": "between_publish_round_trips"},
+    )
     assert producer.wait(30) == -9, producer.log()
-    eventually(lambda: [run_row(pg, i)["state"] for i in ids[:2]] == ["succeeded"] * 2,
-               timeout=30, interval=0.2)  # fmt: skip
+    eventually(
+        lambda: [run_row(pg, i)["state"] for i in ids[:2]] == ["succeeded"] * 2,
+        timeout=30,
+        interval=0.2,
+    )
     assert [run_row(pg, i)["state"] for i in ids[2:]] == ["queued"] * 3
     assert [outbox_rows(pg, i)[0]["publish_count"] for i in ids] == [0] * 5
 

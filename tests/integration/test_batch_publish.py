@@ -26,18 +26,24 @@ from jobsapp.lifecycle.message import build_body, task_id_for
 from tests.support.env import service
 from tests.support.waiting import eventually
 
-TRANSPORTS = {"redis": "jobsapp.lifecycle.redis_transport:Transport",
-              "amqp": "jobsapp.lifecycle.amqp_transport:Transport"}  # fmt: skip
+TRANSPORTS = {
+    "redis": "jobsapp.lifecycle.redis_transport:Transport",
+    "amqp": "jobsapp.lifecycle.amqp_transport:Transport",
+}
 # More than one round trip, and a last one that is not full.
 COUNT = outbox.PIPELINE_MAX + 7
 
 
 def _app(broker: str, url: str) -> Celery:
     app = Celery(f"batch-{broker}", broker=url, set_as_current=False)
-    app.conf.update(task_serializer="json", accept_content=["json"],
-                    task_send_sent_event=True, broker_transport=TRANSPORTS[broker],
-                    broker_transport_options={"confirm_publish": True},
-                    task_default_queue=f"batch-{uuid.uuid4().hex}")  # fmt: skip
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_send_sent_event=True,
+        broker_transport=TRANSPORTS[broker],
+        broker_transport_options={"confirm_publish": True},
+        task_default_queue=f"batch-{uuid.uuid4().hex}",
+    )
     return app
 
 
@@ -58,8 +64,9 @@ def _messages(count: int) -> list[PendingMessage]:
     out = []
     for outbox_id in range(1, count + 1):
         job_id = uuid.uuid4()
-        body = build_body(job_id=job_id, module="jobs", attempt=1, ids={"job_id": job_id},
-                          enqueued_at=now)  # fmt: skip
+        body = build_body(
+            job_id=job_id, module="jobs", attempt=1, ids={"job_id": job_id}, enqueued_at=now
+        )
         out.append(PendingMessage(outbox_id, job_id, 1, "tests.echo", body, now))
     return out
 
@@ -154,11 +161,21 @@ def _varied_messages(app: Celery) -> list[PendingMessage]:
     out = []
     for outbox_id in range(1, 13):
         job_id, attempt = uuid.uuid4(), 1 + outbox_id % 2
-        body = build_body(job_id=job_id, module="jobs", attempt=attempt, ids={"job_id": job_id},
-                          enqueued_at=now)  # fmt: skip
-        out.append(PendingMessage(outbox_id, job_id, attempt, names[outbox_id % 3], body, now,
-                                  queue=other if outbox_id % 4 == 0 else None,
-                                  priority=outbox_id % 5 or None))  # fmt: skip
+        body = build_body(
+            job_id=job_id, module="jobs", attempt=attempt, ids={"job_id": job_id}, enqueued_at=now
+        )
+        out.append(
+            PendingMessage(
+                outbox_id,
+                job_id,
+                attempt,
+                names[outbox_id % 3],
+                body,
+                now,
+                queue=other if outbox_id % 4 == 0 else None,
+                priority=outbox_id % 5 or None,
+            )
+        )
     return out
 
 
@@ -166,12 +183,17 @@ def _wire(message: Any) -> dict[str, Any]:
     """A queued message as a consumer reads it, less what each delivery adds."""
     properties = {k: v for k, v in message.properties.items() if k not in PER_DELIVERY}
     if isinstance(properties.get("delivery_info"), dict):
-        properties["delivery_info"] = {k: v for k, v in properties["delivery_info"].items()
-                                       if k not in PER_DELIVERY}  # fmt: skip
+        properties["delivery_info"] = {
+            k: v for k, v in properties["delivery_info"].items() if k not in PER_DELIVERY
+        }
     info = message.delivery_info
-    return {"headers": message.headers, "properties": properties, "body": message.body,
-            "content": (message.content_type, message.content_encoding),
-            "routing": (info["exchange"], info["routing_key"])}  # fmt: skip
+    return {
+        "headers": message.headers,
+        "properties": properties,
+        "body": message.body,
+        "content": (message.content_type, message.content_encoding),
+        "routing": (info["exchange"], info["routing_key"]),
+    }
 
 
 def _take_queued(app: Celery, queues: list[str]) -> dict[str, dict[str, Any]]:
@@ -231,8 +253,9 @@ def _redis_events(app: Celery) -> Iterator[Callable[[], list[dict[str, Any]]]]:
 def _amqp_events(app: Celery) -> Iterator[Callable[[], list[dict[str, Any]]]]:
     with app.connection_for_write() as conn:
         exchange = Exchange(app.conf.event_exchange, type="topic")
-        queue = Queue(f"{app.conf.task_default_queue}-events", exchange,
-                      routing_key="task.sent").bind(conn.default_channel)  # fmt: skip
+        queue = Queue(
+            f"{app.conf.task_default_queue}-events", exchange, routing_key="task.sent"
+        ).bind(conn.default_channel)
         queue.declare()
 
         def read() -> list[dict[str, Any]]:
@@ -247,8 +270,9 @@ def _amqp_events(app: Celery) -> Iterator[Callable[[], list[dict[str, Any]]]]:
             queue.delete()
 
 
-def _published(app: Celery, broker: str, messages: list[PendingMessage], *, batch: bool
-               ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+def _published(
+    app: Celery, broker: str, messages: list[PendingMessage], *, batch: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The queued messages and task-sent events of publishing ``messages`` in one batch,
     or each in a publish run of its own (``send_task`` per message)."""
     queues = [app.conf.task_default_queue, f"{app.conf.task_default_queue}-other"]

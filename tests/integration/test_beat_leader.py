@@ -17,15 +17,21 @@ PASSES = cli.maintenance_passes()
 
 def lead(db: Engine) -> None:
     with db.begin() as conn:
-        lease.acquire(conn, LEASE_NAME, "host:42:beat", ttl=timedelta(seconds=60),
-                      now=lease.database_now(conn))  # fmt: skip
+        lease.acquire(
+            conn,
+            LEASE_NAME,
+            "host:42:beat",
+            ttl=timedelta(seconds=60),
+            now=lease.database_now(conn),
+        )
 
 
 def stamp(db: Engine, task: str, *, ago: float = 0.0, every: float = 15.0) -> None:
     with db.begin() as conn:
         ran = lease.database_now(conn) - timedelta(seconds=ago)
-        lease.stamp(conn, lease.STAMP_PREFIX + task, "host:42:beat", now=ran,
-                    ttl=timedelta(seconds=every))  # fmt: skip
+        lease.stamp(
+            conn, lease.STAMP_PREFIX + task, "host:42:beat", now=ran, ttl=timedelta(seconds=every)
+        )
 
 
 def test_no_leader_is_unhealthy(db: Engine, capsys: pytest.CaptureFixture[str]) -> None:
@@ -45,8 +51,11 @@ def test_a_live_lease_with_every_pass_on_time_is_healthy_and_named(
 
 
 def test_the_shipped_passes_are_what_the_check_expects() -> None:
-    assert {"jobsapp.maintenance.reaper", "jobsapp.maintenance.relay",
-            "jobsapp.maintenance.retention"} <= set(PASSES)  # fmt: skip
+    assert {
+        "jobsapp.maintenance.reaper",
+        "jobsapp.maintenance.relay",
+        "jobsapp.maintenance.retention",
+    } <= set(PASSES)
 
 
 def test_a_leader_whose_pass_never_ran_is_unhealthy_and_names_it(

@@ -13,13 +13,19 @@ from tests.support.attachments import environment
 
 def test_the_standby_line_names_the_beat_that_holds_the_lease(db: Engine) -> None:
     with db.begin() as conn:
-        lease.acquire(conn, LEASE_NAME, "host-a:42:beat", ttl=timedelta(seconds=60),
-                      now=lease.database_now(conn))  # fmt: skip
+        lease.acquire(
+            conn,
+            LEASE_NAME,
+            "host-a:42:beat",
+            ttl=timedelta(seconds=60),
+            now=lease.database_now(conn),
+        )
 
     line = scheduler.standby_line("host-b:7:beat", LEASE_NAME)
 
-    assert line.startswith("beat host-b:7:beat standing by: the lease is held by beat "
-                           "host-a:42:beat until ")  # fmt: skip
+    assert line.startswith(
+        "beat host-b:7:beat standing by: the lease is held by beat host-a:42:beat until "
+    )
 
 
 def test_the_standby_line_says_when_the_database_cannot_be_reached() -> None:
@@ -27,8 +33,10 @@ def test_the_standby_line_says_when_the_database_cannot_be_reached() -> None:
     with environment(JOBSAPP_DATABASE_URL=dead):
         line = scheduler.standby_line("host-b:7:beat", LEASE_NAME)
 
-    assert line.startswith("beat host-b:7:beat standing by: cannot reach the database at "
-                           "JOBSAPP_DATABASE_URL=postgresql+psycopg2://postgres:***@127.0.0.1:9/none"
-                           ": ")  # fmt: skip
+    assert line.startswith(
+        "beat host-b:7:beat standing by: cannot reach the database at "
+        "JOBSAPP_DATABASE_URL=postgresql+psycopg2://postgres:***@127.0.0.1:9/none"
+        ": "
+    )
     assert "held by" not in line
     assert "hunter2" not in line

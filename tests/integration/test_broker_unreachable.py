@@ -82,8 +82,11 @@ def _delays(n: int, *, reset_breaker: bool) -> tuple[list[float], list[uuid.UUID
 
 def _unpublished(db: Engine, job_ids: list[uuid.UUID]) -> bool:
     with db.connect() as conn:
-        rows = conn.execute(select(OUTBOX.c.published_at, OUTBOX.c.publish_failures)
-                            .where(OUTBOX.c.job_id.in_(job_ids))).all()  # fmt: skip
+        rows = conn.execute(
+            select(OUTBOX.c.published_at, OUTBOX.c.publish_failures).where(
+                OUTBOX.c.job_id.in_(job_ids)
+            )
+        ).all()
     return len(rows) == len(job_ids) and all(r == (None, 0) for r in rows)
 
 
@@ -158,8 +161,9 @@ def test_on_sqlite_a_relay_waiting_on_a_silent_broker_blocks_no_heartbeat(
         time.sleep(0.5)  # the relay now waits for the silent broker
         started = time.monotonic()
         with db.begin() as conn:
-            assert journal.heartbeat(conn, JOBS, live, 1, token=held_by(conn, JOBS, live),
-                                     now=utcnow())  # fmt: skip
+            assert journal.heartbeat(
+                conn, JOBS, live, 1, token=held_by(conn, JOBS, live), now=utcnow()
+            )
         waited = time.monotonic() - started
         relay_pass.join(timeout=30)
     down.close()

@@ -93,8 +93,12 @@ def test_an_attachment_names_its_newest_job(db: Engine) -> None:
 
     found = browse.attachment_job(db, attachment_id)
 
-    assert found == {"module": "attachments", "job_id": str(job_id), "attempt": 0,
-                     "state": "queued"}  # fmt: skip
+    assert found == {
+        "module": "attachments",
+        "job_id": str(job_id),
+        "attempt": 0,
+        "state": "queued",
+    }
     assert browse.attachment_job(db, uuid.uuid4()) is None
     detail = browse.job_detail(db, "attachments", job_id)
     assert detail is not None

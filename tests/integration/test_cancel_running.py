@@ -70,16 +70,21 @@ def _csrf(page: str) -> str:
 def test_an_operators_cancel_stops_a_running_job_at_its_next_beat(db: Engine) -> None:
     token = uuid.uuid4().hex
     running = _handle(tasks.looping.delay(token, 60.0))
-    eventually(lambda: tasks.calls(token) == 1 and run_row(db, running.job_id)["state"]
-               == State.RUNNING)  # fmt: skip
+    eventually(
+        lambda: tasks.calls(token) == 1 and run_row(db, running.job_id)["state"] == State.RUNNING
+    )
 
     done = operator.cancel(db, "jobs", running.job_id, actor="bob", reason="runaway report")
 
     assert (done.running, done.attempts, done.terminate_sent) == (True, 1, False)
     row = running.settled(timeout=30)
     assert (row["state"], row["outcome"]) == (State.FAILED, Outcome.CANCELLED)
-    assert transitions(db, running.job_id) == [Transition.ENQUEUE, Transition.CLAIM,
-                                               Transition.CANCEL_REQUEST, Transition.CANCEL]
+    assert transitions(db, running.job_id) == [
+        Transition.ENQUEUE,
+        Transition.CLAIM,
+        Transition.CANCEL_REQUEST,
+        Transition.CANCEL,
+    ]
     audit = events(db, running.job_id)[2]
     assert (audit["actor"], audit["reason"]) == ("operator:bob", "runaway report")
     assert tasks.calls(f"{token}-done") == 0  # stopped, not left to finish
@@ -109,8 +114,9 @@ def test_cancel_of_a_finished_job_is_refused(db: Engine) -> None:
     with db.begin() as conn:
         row = journal.load(conn, JOBS, job_id)
         assert row is not None
-        assert journal.honour_cancel(conn, JOBS, job_id, 1, token=row["claim_token"],
-                                     actor="w1@host")  # fmt: skip
+        assert journal.honour_cancel(
+            conn, JOBS, job_id, 1, token=row["claim_token"], actor="w1@host"
+        )
 
     with pytest.raises(operator.Conflict) as refused:
         operator.cancel(db, "jobs", job_id, actor="bob", reason="again")
@@ -121,8 +127,11 @@ def test_cancel_of_a_finished_job_is_refused(db: Engine) -> None:
 
 
 def _cancel(client: FlaskClient, job_id: uuid.UUID, **body: Any) -> Any:
-    return client.post(f"/v1/admin/jobs/jobs/{job_id}/cancel", headers=BEARER,
-                       json={"reason": "api says stop", **body})  # fmt: skip
+    return client.post(
+        f"/v1/admin/jobs/jobs/{job_id}/cancel",
+        headers=BEARER,
+        json={"reason": "api says stop", **body},
+    )
 
 
 @pytest.mark.usefixtures("redis_clean")
@@ -135,9 +144,14 @@ def test_the_api_cancels_a_running_job(pg: Engine, client: FlaskClient) -> None:
 
     assert asked.status_code == 200, asked.get_json()
     assert asked.get_json() == {
-        "module": "jobs", "job_id": str(job_id), "state": "running", "outcome": None,
-        "attempts": 1, "cancel_requested": True, "terminate_sent": False,
-    }  # fmt: skip
+        "module": "jobs",
+        "job_id": str(job_id),
+        "state": "running",
+        "outcome": None,
+        "attempts": 1,
+        "cancel_requested": True,
+        "terminate_sent": False,
+    }
     assert (again.status_code, again.get_json()["error"]) == (409, "cancel_pending")
     assert killed.status_code == 200
     assert killed.get_json()["terminate_sent"] is True
@@ -151,9 +165,14 @@ def test_the_api_still_cancels_a_queued_job_at_once(pg: Engine, client: FlaskCli
     reply = _cancel(client, job_id)
 
     assert reply.get_json() == {
-        "module": "jobs", "job_id": str(job_id), "state": "failed", "outcome": "cancelled",
-        "attempts": 0, "cancel_requested": False, "terminate_sent": False,
-    }  # fmt: skip
+        "module": "jobs",
+        "job_id": str(job_id),
+        "state": "failed",
+        "outcome": "cancelled",
+        "attempts": 0,
+        "cancel_requested": False,
+        "terminate_sent": False,
+    }
 
 
 # ------------------------------------------------------------------- the job page
@@ -169,9 +188,11 @@ def test_the_job_page_cancels_a_running_job_and_shows_the_request(
     assert 'id="cancel"' in page
     assert "Cancel" in page
 
-    reply = client.post(f"/admin/jobs/jobs/{job_id}/cancel", base_url=BASE,
-                        data={"csrf_token": _csrf(page), "reason": "from the page",
-                              "attempts": "1"})  # fmt: skip
+    reply = client.post(
+        f"/admin/jobs/jobs/{job_id}/cancel",
+        base_url=BASE,
+        data={"csrf_token": _csrf(page), "reason": "from the page", "attempts": "1"},
+    )
 
     assert reply.status_code == 303
     shown = _page(client, job_id)
@@ -205,8 +226,9 @@ def test_the_cli_cancels_a_running_job_then_terminates_it(
 def _succeeded_with(engine: Engine, result: object) -> uuid.UUID:
     job_id = _claimed_by_hand(engine)
     with engine.begin() as conn:
-        assert journal.succeed(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id),
-                               actor="w1@host", result=result)  # fmt: skip
+        assert journal.succeed(
+            conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), actor="w1@host", result=result
+        )
     return job_id
 
 

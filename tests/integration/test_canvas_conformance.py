@@ -51,9 +51,14 @@ def _bare(app: Celery) -> Tasks:
     return Tasks(**named, result=app.AsyncResult)
 
 
-LIFECYCLE = Tasks(canvas_tasks.add, canvas_tasks.tsum, canvas_tasks.identity,
-                  canvas_tasks.fail, canvas_tasks.kinds,
-                  canvas_tasks.identity.AsyncResult)  # fmt: skip
+LIFECYCLE = Tasks(
+    canvas_tasks.add,
+    canvas_tasks.tsum,
+    canvas_tasks.identity,
+    canvas_tasks.fail,
+    canvas_tasks.kinds,
+    canvas_tasks.identity.AsyncResult,
+)
 
 
 def chain_of_3(t: Tasks) -> Any:
@@ -85,8 +90,10 @@ def nested_chain_in_group(t: Tasks) -> Any:
 
 
 def group_inside_a_chain(t: Tasks) -> Any:
-    return chain(t.add.s(1, 1), group(t.add.s(1), t.add.s(2)), t.tsum.s()).apply_async().get(
-        timeout=WAIT
+    return (
+        chain(t.add.s(1, 1), group(t.add.s(1), t.add.s(2)), t.tsum.s())
+        .apply_async()
+        .get(timeout=WAIT)
     )
 
 
@@ -112,10 +119,14 @@ def map_and_starmap(t: Tasks) -> Any:
 
 
 KOMBU_VALUES = [
-    datetime(2026, 12, 4, 1, 2, 3, 456789, tzinfo=UTC), datetime(2026, 12, 4, 1, 2, 3),
-    date(2026, 12, 4), time(1, 2, 3), Decimal("1.50"),
-    UUID("6f1d7c4e-3b57-4a8e-9a54-3c1f0e1d2b77"), b"bytes",
-]  # fmt: skip
+    datetime(2026, 12, 4, 1, 2, 3, 456789, tzinfo=UTC),
+    datetime(2026, 12, 4, 1, 2, 3),
+    date(2026, 12, 4),
+    time(1, 2, 3),
+    Decimal("1.50"),
+    UUID("6f1d7c4e-3b57-4a8e-9a54-3c1f0e1d2b77"),
+    b"bytes",
+]
 KOMBU_KINDS = ["datetime", "datetime", "date", "time", "Decimal", "UUID", "bytes"]
 
 

@@ -53,8 +53,11 @@ def _relay_counts(engine: Engine) -> tuple[int, int]:
 def worker_on_b(pg: Engine, redis_clean: None, tmp_path: Path) -> Iterator[Launcher]:
     """A launcher for workers of this session's services, with queue B emptied."""
     redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL")).delete(habit_tasks.QUEUE_B)
-    env = {**os.environ, "JOBSAPP_IMPORTS": "tests.support.tasks,tests.support.habit_tasks",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # fmt: skip
+    env = {
+        **os.environ,
+        "JOBSAPP_IMPORTS": "tests.support.tasks,tests.support.habit_tasks",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
     with launching(env, tmp_path) as launcher:
         yield launcher
 
@@ -69,9 +72,20 @@ def test_a_worker_of_queue_b_runs_jobs_sent_to_b_with_their_retry_and_a_relay_re
     # Lost: published to B before any worker listens, then dropped by the broker.
     lost = tasks.echo.apply_async(kwargs={"token": f"{token}-lost"}, queue=habit_tasks.QUEUE_B)
     assert broker.delete(habit_tasks.QUEUE_B) == 1
-    worker = worker_on_b.start("worker-b", [str(BIN / "celery"), "-A", "jobsapp", "worker",
-                                            *WORKER_FLAGS, "-Q", habit_tasks.QUEUE_B,
-                                            "-n", f"b-{token}@%h"])  # fmt: skip
+    worker = worker_on_b.start(
+        "worker-b",
+        [
+            str(BIN / "celery"),
+            "-A",
+            "jobsapp",
+            "worker",
+            *WORKER_FLAGS,
+            "-Q",
+            habit_tasks.QUEUE_B,
+            "-n",
+            f"b-{token}@%h",
+        ],
+    )
     ready(worker, timeout=60)
     cfg = relay.RelayConfig(unclaimed_after=timedelta(seconds=UNCLAIMED_AFTER))
     eventually(lambda: relay.run_once(app, pg, cfg)["republished"] == 1)
@@ -81,8 +95,9 @@ def test_a_worker_of_queue_b_runs_jobs_sent_to_b_with_their_retry_and_a_relay_re
         kwargs={"token": f"{token}-flaky", "fail_times": 1, "secret": "s"},
         queue=habit_tasks.QUEUE_B,
     )
-    urgent = tasks.echo.apply_async(kwargs={"token": f"{token}-urgent"},
-                                    queue=habit_tasks.QUEUE_B, priority=9)  # fmt: skip
+    urgent = tasks.echo.apply_async(
+        kwargs={"token": f"{token}-urgent"}, queue=habit_tasks.QUEUE_B, priority=9
+    )
     own = habit_tasks.on_b.delay(f"{token}-own", 1)
     for job in (lost, retried, urgent, own):
         job.get(timeout=60)
@@ -105,11 +120,20 @@ def test_the_reaper_requeues_a_run_to_the_queue_its_producer_chose(db: Engine) -
     later = datetime.now(UTC) + timedelta(hours=1)
     with db.begin() as conn:
         stale = journal.find_stale(conn, spec, cutoff=later, limit=10)
-        reaped = journal.reap(conn, spec, stale, requeue_them=True, cutoff=later,
-                              reason="stale", now=datetime.now(UTC))  # fmt: skip
+        reaped = journal.reap(
+            conn,
+            spec,
+            stale,
+            requeue_them=True,
+            cutoff=later,
+            reason="stale",
+            now=datetime.now(UTC),
+        )
     assert [r.job_id for r in reaped] == [job.job_id]
     assert [(r["attempt"], r["queue"]) for r in outbox_rows(db, job.job_id)] == [
-        (1, "habits-reaped"), (2, "habits-reaped")]  # fmt: skip
+        (1, "habits-reaped"),
+        (2, "habits-reaped"),
+    ]
 
 
 def test_get_returns_on_success_raises_the_stored_error_on_failure_and_times_out(
@@ -175,8 +199,9 @@ def test_a_task_id_of_the_callers_own_is_its_job_and_stays_its_id(
 
     sent = tasks.echo.apply_async(args=(mine,), task_id=mine)
     # Due in an hour: still queued when the same id comes again.
-    first, again = (tasks.echo.apply_async(args=(later,), task_id=later, countdown=3600)
-                    for _ in range(2))  # fmt: skip
+    first, again = (
+        tasks.echo.apply_async(args=(later,), task_id=later, countdown=3600) for _ in range(2)
+    )
 
     assert sent.id == mine
     assert sent.get(timeout=30) is None
@@ -188,15 +213,21 @@ def test_a_task_id_of_the_callers_own_is_its_job_and_stays_its_id(
 
 
 def test_a_job_id_that_is_not_a_uuid_is_refused_with_what_to_pass(db: Engine) -> None:
-    with pytest.raises(ValueError, match=r"^tests.echo.apply_async: job_id must be a UUID, "
-                                         r"not 'mine'; pass task_id='mine'"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"^tests.echo.apply_async: job_id must be a UUID, "
+        r"not 'mine'; pass task_id='mine'",
+    ):
         tasks.echo.apply_async(args=("t",), job_id="mine")
 
 
 def test_a_non_json_argument_is_refused_by_name_and_nothing_is_written(db: Engine) -> None:
     # Celery's JSON serializer (kombu) raises EncodeError for these at the call too.
-    with pytest.raises(TypeError, match=r"argument 'token' of tests.echo is a set, "
-                                        r"not JSON: pass a list"):  # fmt: skip
+    with pytest.raises(
+        TypeError,
+        match=r"argument 'token' of tests.echo is a set, "
+        r"not JSON: pass a list",
+    ):
         tasks.echo.delay({"a", "b"})
     with pytest.raises(TypeError, match=r"argument 'secret' of tests.flaky is a object"):
         tasks.flaky.apply_async(kwargs={"token": "t", "fail_times": 0, "secret": [object()]})

@@ -75,10 +75,13 @@ def test_every_write_of_a_lost_claim_is_refused_though_its_attempt_matches(db: E
         assert not journal.heartbeat(conn, JOBS, job_id, 1, token=stale)
     with autocommit(db) as conn:
         assert not journal.succeed(conn, JOBS, job_id, 1, token=stale, actor=W1)
-        assert not journal.fail(conn, JOBS, job_id, 1, token=stale, outcome=Outcome.PERMANENT,
-                                error="x", actor=W1)  # fmt: skip
-        assert journal.requeue(conn, JOBS, lost, error="later", transition=Transition.RETRY,
-                               actor=W1) is None  # fmt: skip
+        assert not journal.fail(
+            conn, JOBS, job_id, 1, token=stale, outcome=Outcome.PERMANENT, error="x", actor=W1
+        )
+        assert (
+            journal.requeue(conn, JOBS, lost, error="later", transition=Transition.RETRY, actor=W1)
+            is None
+        )
     row = run_row(db, job_id)
     assert (row["state"], row["worker"]) == ("running", W2)
     assert row["claim_token"] == again["claim_token"]
@@ -108,19 +111,22 @@ def test_the_lost_claims_body_is_told_at_its_next_beat(db: Engine) -> None:
 def test_attachment_writes_of_a_lost_claim_are_refused(db: Engine, store: ObjectStore) -> None:
     accepted = accept_upload(images.solid("PNG"), "a.png", None)
     with db.connect() as conn:
-        job_id = conn.execute(select(RUNS.c.job_id)
-                              .where(RUNS.c.attachment_id == accepted.attachment_id)).scalar_one()
+        job_id = conn.execute(
+            select(RUNS.c.job_id).where(RUNS.c.attachment_id == accepted.attachment_id)
+        ).scalar_one()
     lost, again = lost_then_claimed_again(db, ATTACHMENT_RUNS, job_id)
-    zombie = attachment_tasks._Job(context(db, ATTACHMENT_RUNS, lost, W1),
-                                   accepted.attachment_id, 1)  # fmt: skip
+    zombie = attachment_tasks._Job(
+        context(db, ATTACHMENT_RUNS, lost, W1), accepted.attachment_id, 1
+    )
     attachment_tasks._mark_processing(zombie)
     assert attachment_row(db, accepted.attachment_id)["state"] == "queued"
     verdict = attachment_tasks._Verdict(True, "bad")
     with pytest.raises(LeaseLost, match="failure refused"):
         attachment_tasks._fail_together(zombie, ValueError("bad"), verdict)
     assert attachment_row(db, accepted.attachment_id)["state"] == "queued"
-    holder = attachment_tasks._Job(context(db, ATTACHMENT_RUNS, again, W2),
-                                   accepted.attachment_id, 1)  # fmt: skip
+    holder = attachment_tasks._Job(
+        context(db, ATTACHMENT_RUNS, again, W2), accepted.attachment_id, 1
+    )
     attachment_tasks._mark_processing(holder)
     assert attachment_row(db, accepted.attachment_id)["state"] == "processing"
 
@@ -135,8 +141,9 @@ def test_a_backfill_step_of_a_lost_claim_is_refused(db: Engine) -> None:
     with db.begin() as conn:
         reprocess._advance(conn, context(db, REPROCESS_RUNS, again, W2), cursor, step)
     with db.connect() as conn:
-        moved = conn.execute(select(REPROCESS.c.cursor, REPROCESS.c.enqueued)
-                             .where(REPROCESS.c.job_id == job_id)).one()  # fmt: skip
+        moved = conn.execute(
+            select(REPROCESS.c.cursor, REPROCESS.c.enqueued).where(REPROCESS.c.job_id == job_id)
+        ).one()
     assert tuple(moved) == (cursor, 1)
 
 

@@ -43,16 +43,25 @@ SETTINGS = {
 def _skewed_clock(offset: str) -> float:
     """How far ``faketime -f offset`` moves Python's clock (checked, not assumed)."""
     code = "import time; print(time.time())"
-    shown = subprocess.run(["faketime", "-f", offset, sys.executable, "-c", code],
-                           env={**os.environ, **SETTINGS}, capture_output=True, text=True,
-                           check=True, timeout=30)  # fmt: skip
+    shown = subprocess.run(
+        ["faketime", "-f", offset, sys.executable, "-c", code],
+        env={**os.environ, **SETTINGS},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
     return float(shown.stdout) - time.time()
 
 
 def skewed_env(database_url: str, var: Path) -> dict[str, str]:
     """What a skewed process of this module sees: this session's database and broker."""
-    return service_env(database_url=database_url, broker_url=os.environ["JOBSAPP_BROKER_URL"],
-                       var_dir=var, settings=SETTINGS)  # fmt: skip
+    return service_env(
+        database_url=database_url,
+        broker_url=os.environ["JOBSAPP_BROKER_URL"],
+        var_dir=var,
+        settings=SETTINGS,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +83,18 @@ def skewed(
         assert abs(abs(_skewed_clock(offset)) - SKEW) < 5, "faketime does not skew Python"
         queue = app.conf.task_default_queue
         celery = [sys.executable, "-m", "tests.support.faketime_celery", "-A", "jobsapp"]
-        argv = ["faketime", "-f", offset, *celery, "worker", *WORKER_FLAGS, "-Q", queue,
-                "-n", f"skew{offset}@%h"]  # fmt: skip
+        argv = [
+            "faketime",
+            "-f",
+            offset,
+            *celery,
+            "worker",
+            *WORKER_FLAGS,
+            "-Q",
+            queue,
+            "-n",
+            f"skew{offset}@%h",
+        ]
         running[offset] = launcher.start(f"worker{offset}", argv)
         ready(running[offset])
         return running[offset]
@@ -128,7 +147,6 @@ def test_a_worker_ahead_of_the_database_does_not_start_a_retry_early(
     assert (run_row(pg, handle.job_id)["state"], tasks.calls(token)) == ("queued", 0)
 
 
-
 def test_a_producer_behind_the_database_publishes_a_job_to_run_at_once(
     pg: Engine, postgres_url: str, skewed: Callable[[str], Proc], tmp_path: Path
 ) -> None:
@@ -136,12 +154,20 @@ def test_a_producer_behind_the_database_publishes_a_job_to_run_at_once(
     skewed(offset)
     token = f"now-{uuid.uuid4()}"
     # The broker countdown is counted on the producer's clock: due now means no countdown.
-    code = ("import sys; from jobsapp.celery_app import app; from tests.support import tasks; "
-            f"app.conf.task_default_queue = {app.conf.task_default_queue!r}; "
-            f"print(tasks.echo.apply_async(({token!r},)).job_id)")  # fmt: skip
+    code = (
+        "import sys; from jobsapp.celery_app import app; from tests.support import tasks; "
+        f"app.conf.task_default_queue = {app.conf.task_default_queue!r}; "
+        f"print(tasks.echo.apply_async(({token!r},)).job_id)"
+    )
     env = skewed_env(postgres_url, tmp_path)
-    made = subprocess.run(["faketime", "-f", offset, sys.executable, "-c", code], env=env,
-                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    made = subprocess.run(
+        ["faketime", "-f", offset, sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     job_id = uuid.UUID(made.stdout.strip().splitlines()[-1])
     row = eventually(lambda: (r := run_row(pg, job_id))["state"] == "succeeded" and r, timeout=20)
     assert (row["attempts"], tasks.calls(token)) == (1, 1)

@@ -38,8 +38,12 @@ noop = lifecycle_task(app, name="tests.cost.noop")(_noop)
 def bare() -> Iterator[Celery]:
     """Bare Celery on the same broker, with the events jobsapp ships."""
     bare = Celery("bare-cost", broker=service("JOBSAPP_TEST_REDIS_URL"))
-    bare.conf.update(task_default_queue=f"bare-cost-{SESSION}", task_ignore_result=True,
-                     task_send_sent_event=True, task_acks_late=True)  # fmt: skip
+    bare.conf.update(
+        task_default_queue=f"bare-cost-{SESSION}",
+        task_ignore_result=True,
+        task_send_sent_event=True,
+        task_acks_late=True,
+    )
     bare.task(name="bare.cost.noop")(_noop)
     try:
         yield bare
@@ -75,8 +79,12 @@ def test_a_no_op_job_stays_within_its_cost_budget(
         kept[dialect] = {"lifecycle": ours, "bare celery": theirs}
         BUDGET.write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
     for side in ("producer", "worker"):
-        print(f"lifecycle/bare {side} calls per job ({dialect}): "
-              f"{ours[side]['calls'] / theirs[side]['calls']:.2f}")  # fmt: skip
+        print(
+            f"lifecycle/bare {side} calls per job ({dialect}): "
+            f"{ours[side]['calls'] / theirs[side]['calls']:.2f}"
+        )
     missed = _over(ours, kept[dialect]["lifecycle"])
-    assert not missed, ("the no-op job's cost moved (COST_BUDGET_UPDATE=1 rewrites "
-                        f"{BUDGET.name} once the change is meant): {missed}")  # fmt: skip
+    assert not missed, (
+        "the no-op job's cost moved (COST_BUDGET_UPDATE=1 rewrites "
+        f"{BUDGET.name} once the change is meant): {missed}"
+    )

@@ -30,8 +30,9 @@ def _ended(engine: Engine, handle: JobHandle) -> bool:
 @pytest.mark.usefixtures("worker")
 def test_a_job_delivered_after_its_expiry_never_runs_and_ends_expired(db: Engine) -> None:
     token = uuid.uuid4().hex
-    handle = tasks.echo.apply_async(kwargs={"token": token},
-                                    expires=datetime.now(UTC) - timedelta(seconds=1))  # fmt: skip
+    handle = tasks.echo.apply_async(
+        kwargs={"token": token}, expires=datetime.now(UTC) - timedelta(seconds=1)
+    )
     assert isinstance(handle, JobHandle)
     eventually(lambda: _ended(db, handle))
     row = run_row(db, handle.job_id)
@@ -45,8 +46,9 @@ def test_a_job_delivered_after_its_expiry_never_runs_and_ends_expired(db: Engine
 @pytest.mark.usefixtures("worker")
 def test_a_job_within_its_expiry_runs_and_its_retry_keeps_the_same_expiry(db: Engine) -> None:
     token = uuid.uuid4().hex
-    handle = tasks.flaky.apply_async(kwargs={"token": token, "fail_times": 1, "secret": "s"},
-                                     expires=60)  # fmt: skip
+    handle = tasks.flaky.apply_async(
+        kwargs={"token": token, "fail_times": 1, "secret": "s"}, expires=60
+    )
     assert isinstance(handle, JobHandle)
     expires_at = run_row(db, handle.job_id)["expires_at"]
     before = datetime.now(UTC)

@@ -54,8 +54,11 @@ def elsewhere() -> Celery:
 
 
 def _rejections(caplog: pytest.LogCaptureFixture, task_id: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.getMessage().startswith(f"rejected message {task_id} ")]  # fmt: skip
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.getMessage().startswith(f"rejected message {task_id} ")
+    ]
 
 
 # ------------------------------------------------------------------ send_task by name
@@ -142,8 +145,11 @@ def test_apply_runs_the_body_through_the_journal_and_returns_its_value(pg: Engin
     assert (ours.get(), ours.status, ours.successful()) == (bare.get(), bare.status, True)
     assert ours.get() == 12
     row = run_row(pg, uuid.UUID(ours.id))
-    assert (row["state"], row["attempts"], row["params"]) == ("succeeded", 1, {
-        "args": [11, 1], "kwargs": {}})  # fmt: skip
+    assert (row["state"], row["attempts"], row["params"]) == (
+        "succeeded",
+        1,
+        {"args": [11, 1], "kwargs": {}},
+    )
     # The run keeps the value too: a handle of the job answers as the EagerResult did.
     assert row["result"] == 12
     assert hour.add.AsyncResult(ours.id).get() == 12

@@ -33,13 +33,17 @@ def _no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
 def documented(client: FlaskClient, schema: str, instance: object) -> None:
     """The answer has the shape /openapi.json promises for it."""
     components = client.get("/openapi.json").get_json()["components"]
-    Draft202012Validator({"$ref": f"#/components/schemas/{schema}",
-                          "components": components}).validate(instance)  # fmt: skip
+    Draft202012Validator(
+        {"$ref": f"#/components/schemas/{schema}", "components": components}
+    ).validate(instance)
 
 
 def _api(client: FlaskClient, kind: str, name: str, action: str, **body: str) -> dict[str, object]:
-    reply = client.post(f"/v1/admin/flow/{kind}/{name}/{action}", headers=AUTH,
-                        json={"reason": "deploy", "actor": "dana", **body})  # fmt: skip
+    reply = client.post(
+        f"/v1/admin/flow/{kind}/{name}/{action}",
+        headers=AUTH,
+        json={"reason": "deploy", "actor": "dana", **body},
+    )
     assert reply.status_code == 200, reply.get_data(as_text=True)
     return dict(reply.get_json())
 
@@ -53,14 +57,16 @@ def test_the_api_pauses_and_resumes_a_queue_audited_and_the_gauge_follows(pg: En
         state = client.get("/v1/admin/flow", headers=AUTH).get_json()
         while_paused = scrape()
         _api(client, "queue", queue, "resume")
-        unknown = client.post("/v1/admin/flow/domain/nosuch/pause", headers=AUTH,
-                              json={"reason": "x"})  # fmt: skip
+        unknown = client.post(
+            "/v1/admin/flow/domain/nosuch/pause", headers=AUTH, json={"reason": "x"}
+        )
         no_reason = client.post(f"/v1/admin/flow/queue/{queue}/pause", headers=AUTH, json={})
     documented(client, "FlowChanged", first)
     documented(client, "FlowState", state)
     assert (first["paused"], first["changed"], again["changed"]) == (True, True, False)
     assert [(p["kind"], p["name"], p["paused_by"]) for p in state["paused"]] == [
-        ("queue", queue, "operator:dana")]  # fmt: skip
+        ("queue", queue, "operator:dana")
+    ]
     assert sample(while_paused, "jobsapp_queue_paused", queue=queue) == 1
     assert sample(scrape(), "jobsapp_queue_paused", queue=queue) == 0
     assert sample(scrape(), "jobsapp_domain_paused", module="jobs") == 0
@@ -68,27 +74,49 @@ def test_the_api_pauses_and_resumes_a_queue_audited_and_the_gauge_follows(pg: En
     with pg.connect() as conn:
         trail = statements.audit_trail(conn, limit=10)
     assert [(a["action"], a["name"], a["actor"], a["reason"]) for a in trail] == [
-        ("resume", queue, "operator:dana", "deploy"), ("pause", queue, "operator:dana", "deploy")]
+        ("resume", queue, "operator:dana", "deploy"),
+        ("pause", queue, "operator:dana", "deploy"),
+    ]
 
 
 def test_the_admin_pages_show_and_change_what_is_paused(pg: Engine) -> None:
     with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
         client = create_app().test_client()
         form = client.get("/admin/login", base_url=BASE).get_data(as_text=True)
-        client.post("/admin/login", base_url=BASE,
-                    data={"csrf_token": _csrf(form), "token": TOKEN, "name": "rita"})  # fmt: skip
+        client.post(
+            "/admin/login",
+            base_url=BASE,
+            data={"csrf_token": _csrf(form), "token": TOKEN, "name": "rita"},
+        )
         page = client.get("/admin/queues", base_url=BASE).get_data(as_text=True)
         assert "Pause domain" in page
         rates = re.search(r'<table id="rates">.*?</table>', page, re.S)
         assert rates is not None
         assert f"<td>{flow_tasks.rated.name}</td><td>{flow_tasks.RATE}/s</td>" in rates[0]
-        done = client.post("/admin/flow", base_url=BASE, follow_redirects=True, data={
-            "csrf_token": _csrf(page), "kind": "domain", "name": "jobs", "action": "pause",
-            "reason": "migrating"})  # fmt: skip
+        done = client.post(
+            "/admin/flow",
+            base_url=BASE,
+            follow_redirects=True,
+            data={
+                "csrf_token": _csrf(page),
+                "kind": "domain",
+                "name": "jobs",
+                "action": "pause",
+                "reason": "migrating",
+            },
+        )
         overview = client.get("/admin", base_url=BASE).get_data(as_text=True)
-        client.post("/admin/flow", base_url=BASE, data={
-            "csrf_token": _csrf(page), "kind": "domain", "name": "jobs", "action": "resume",
-            "reason": "done"})  # fmt: skip
+        client.post(
+            "/admin/flow",
+            base_url=BASE,
+            data={
+                "csrf_token": _csrf(page),
+                "kind": "domain",
+                "name": "jobs",
+                "action": "resume",
+                "reason": "done",
+            },
+        )
     assert "domain jobs paused." in done.get_data(as_text=True)
     assert "Resume domain" in done.get_data(as_text=True)
     assert '<table id="paused">' in overview

@@ -41,8 +41,11 @@ RELAY = relay.RelayConfig(grace=timedelta(0))
 def subprocesses(pg: Engine, redis_clean: None, tmp_path: Path) -> Iterator[Launcher]:
     """Real workers on this session's services and counters, with the flow tasks."""
     imports = f"{os.environ['JOBSAPP_IMPORTS']},tests.support.flow_tasks"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-           "JOBSAPP_IMPORTS": imports}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "JOBSAPP_IMPORTS": imports,
+    }
     with launching(env, tmp_path) as launcher:
         yield launcher
 
@@ -50,11 +53,22 @@ def subprocesses(pg: Engine, redis_clean: None, tmp_path: Path) -> Iterator[Laun
 def _workers(launcher: Launcher, count: int, queue: str, prefix: str = "flow") -> list[Proc]:
     """``count`` worker processes (distinct names: distinct hosts) consuming ``queue``."""
     started = [
-        launcher.start(f"{prefix}{i}", [str(BIN / "celery"), "-A", "jobsapp", "worker",
-                                        *WORKER_FLAGS, "-Q", queue,
-                                        "-n", f"{prefix}{i}-{uuid.uuid4().hex[:6]}@%h"])
+        launcher.start(
+            f"{prefix}{i}",
+            [
+                str(BIN / "celery"),
+                "-A",
+                "jobsapp",
+                "worker",
+                *WORKER_FLAGS,
+                "-Q",
+                queue,
+                "-n",
+                f"{prefix}{i}-{uuid.uuid4().hex[:6]}@%h",
+            ],
+        )
         for i in range(count)
-    ]  # fmt: skip
+    ]
     ready(*started, timeout=90)
     return started
 
@@ -105,8 +119,11 @@ def test_a_run_over_its_rate_waits_in_the_journal_without_an_attempt(pg: Engine)
     with in_process_worker(concurrency=1):
         eventually(lambda: run_row(pg, third.job_id)["next_retry_at"] is not None)
         eventually(lambda: tasks.calls(token) == 2)
-    assert run_row(pg, first.job_id)["state"] == run_row(pg, elsewhere.job_id)["state"] == (
-        "succeeded")  # fmt: skip
+    assert (
+        run_row(pg, first.job_id)["state"]
+        == run_row(pg, elsewhere.job_id)["state"]
+        == ("succeeded")
+    )
     waiting = run_row(pg, second.job_id)
     assert (waiting["state"], waiting["attempts"]) == ("queued", 0)
     started = run_row(pg, first.job_id)["started_at"]
@@ -127,9 +144,7 @@ def _pending_in_outbox(pg: Engine, handles: list[JobHandle]) -> bool:
     return len(rows) == len(handles) and all(r["published_at"] is None for r in rows)
 
 
-def test_a_paused_queue_runs_nothing_and_loses_nothing(
-    subprocesses: Launcher, pg: Engine
-) -> None:
+def test_a_paused_queue_runs_nothing_and_loses_nothing(subprocesses: Launcher, pg: Engine) -> None:
     queue, token = f"flow-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     before = [_handle(flow_tasks.plain.apply_async((token,), queue=queue)) for _ in range(3)]
     assert flow.pause(pg, flow.Kind.QUEUE, queue, actor="operator:test", reason="deploy")
@@ -140,8 +155,9 @@ def test_a_paused_queue_runs_nothing_and_loses_nothing(
     eventually(lambda: _pending_in_outbox(pg, before + after), timeout=30)
     assert relay.run_once(app, pg, RELAY)["published"] == 0
     assert tasks.calls(token) == 0
-    assert {(run_row(pg, h.job_id)["state"], run_row(pg, h.job_id)["attempts"])
-            for h in before + after} == {("queued", 0)}  # fmt: skip
+    assert {
+        (run_row(pg, h.job_id)["state"], run_row(pg, h.job_id)["attempts"]) for h in before + after
+    } == {("queued", 0)}
     assert flow.resume(pg, flow.Kind.QUEUE, queue, actor="operator:test", reason="done")
     eventually(lambda: _all_succeeded(pg, before + after), timeout=60, interval=0.5)
     assert tasks.calls(token) == 6  # each once

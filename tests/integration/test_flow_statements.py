@@ -51,8 +51,10 @@ def test_pause_and_resume_write_once_each_with_an_audit_row(db: Engine) -> None:
         assert statements.resume(conn, "queue", "q", actor="operator:a", reason="done")
         assert not statements.resume(conn, "queue", "q", actor="operator:a", reason="done")
         trail = statements.audit_trail(conn, limit=5)
-    assert [(a["action"], a["actor"]) for a in trail] == [("resume", "operator:a"),
-                                                          ("pause", "operator:a")]  # fmt: skip
+    assert [(a["action"], a["actor"]) for a in trail] == [
+        ("resume", "operator:a"),
+        ("pause", "operator:a"),
+    ]
 
 
 FLOW_TABLES = {"flow_pauses", "flow_actions", "flow_rates"}

@@ -61,8 +61,9 @@ def test_a_lost_lease_stops_only_its_own_run(pg: Engine) -> None:
     taken, kept = _running(pg), _running(pg)
     with _beat(pg, taken) as lost, _beat(pg, kept) as alive:
         with pg.begin() as conn:  # the reaper took it: back to queued
-            conn.execute(update(JOBS.table).where(JOBS.table.c.job_id == taken)
-                         .values(state="queued"))  # fmt: skip
+            conn.execute(
+                update(JOBS.table).where(JOBS.table.c.job_id == taken).values(state="queued")
+            )
         eventually(lambda: lost.lost, timeout=20)
         before = alive.beats
         eventually(lambda: alive.beats >= before + 3, timeout=20)
@@ -120,8 +121,7 @@ def test_a_locked_run_row_does_not_stall_the_beats_of_the_other_runs(
         finally:
             holder.rollback()
             holder.close()
-        eventually(lambda: all(run_row(pg, j)["state"] == "succeeded" for j in others),
-                   timeout=30)  # fmt: skip
+        eventually(lambda: all(run_row(pg, j)["state"] == "succeeded" for j in others), timeout=30)
     for job_id, token in zip(others, tokens[1:], strict=True):
         assert run_row(pg, job_id)["attempts"] == 1
         assert tasks.calls(token) == 1

@@ -11,8 +11,10 @@ from sqlalchemy import Engine, Select, select, text
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, registry
 
-PARTIAL = [(spec.table.name, f"ix_{spec.table.name}_finished", "finished_at")
-           for spec in registry.all_tables()]  # fmt: skip
+PARTIAL = [
+    (spec.table.name, f"ix_{spec.table.name}_finished", "finished_at")
+    for spec in registry.all_tables()
+]
 PARTIAL.append(("outbox", "ix_outbox_delivered", "delivered_at"))
 
 
@@ -21,8 +23,9 @@ def test_a_row_without_the_timestamp_takes_no_index_entry(
     pg: Engine, table: str, index: str, column: str
 ) -> None:
     with pg.connect() as conn:
-        found = conn.execute(text("SELECT indexdef FROM pg_indexes WHERE indexname = :i"),
-                             {"i": index}).scalar_one()  # fmt: skip
+        found = conn.execute(
+            text("SELECT indexdef FROM pg_indexes WHERE indexname = :i"), {"i": index}
+        ).scalar_one()
     assert found.endswith(f"WHERE ({column} IS NOT NULL)"), found
 
 

@@ -26,8 +26,9 @@ HAPPY = [Transition.ENQUEUE.value, Transition.CLAIM.value, Transition.SUCCEED.va
 
 def _counts(db: Engine) -> dict[str, int]:
     with db.connect() as conn:
-        return {t.name: conn.execute(select(func.count()).select_from(t)).scalar_one()
-                for t in JOURNAL}  # fmt: skip
+        return {
+            t.name: conn.execute(select(func.count()).select_from(t)).scalar_one() for t in JOURNAL
+        }
 
 
 def test_a_successful_job_writes_a_run_row_and_an_outbox_row_and_its_timeline_is_whole(
@@ -57,12 +58,23 @@ def test_a_retried_job_keeps_its_first_claim_as_an_event_row(worker: object, db:
     detail = browse.job_detail(db, JOBS.module, handle.job_id)
     assert detail is not None
     assert [(e.transition, e.attempt) for e in detail.events] == [
-        ("enqueue", 1), ("claim", 1), ("retry", 1), ("claim", 2), ("succeed", 2)]  # fmt: skip
+        ("enqueue", 1),
+        ("claim", 1),
+        ("retry", 1),
+        ("claim", 2),
+        ("succeed", 2),
+    ]
     assert [a.outcome for a in detail.attempts] == ["failed, retry planned", "succeeded"]
     with db.connect() as conn:
-        rows = conn.execute(select(journal.EVENTS.c.transition)
-                            .where(journal.EVENTS.c.job_id == handle.job_id)
-                            .order_by(journal.EVENTS.c.id)).scalars().all()  # fmt: skip
+        rows = (
+            conn.execute(
+                select(journal.EVENTS.c.transition)
+                .where(journal.EVENTS.c.job_id == handle.job_id)
+                .order_by(journal.EVENTS.c.id)
+            )
+            .scalars()
+            .all()
+        )
     assert rows == ["claim", "retry"]
 
 
@@ -70,8 +82,7 @@ def _succeeded_once(db: Engine, job_id: uuid.UUID, attempt: int, worker: str) ->
     with db.begin() as conn:
         row = journal.claim(conn, JOBS, job_id, attempt, worker=worker)
         assert row is not None
-        assert journal.succeed(conn, JOBS, job_id, attempt, token=row["claim_token"],
-                               actor=worker)  # fmt: skip
+        assert journal.succeed(conn, JOBS, job_id, attempt, token=row["claim_token"], actor=worker)
 
 
 def _totals(db: Engine) -> dict[str, int]:
@@ -80,11 +91,17 @@ def _totals(db: Engine) -> dict[str, int]:
     mine = {k: v for k, v in got.items() if k[2] == tasks.echo.name}
     return {
         "succeeded": mine.get((rollup.ATTEMPTS, JOBS.module, tasks.echo.name, "succeeded"), 0),
-        "durations": sum(v for (m, _, _, label), v in mine.items()
-                         if m == rollup.RUN_DURATION and label != rollup.SUM_MS),
-        "waits": sum(v for (m, _, _, label), v in mine.items()
-                     if m == rollup.QUEUE_WAIT and label != rollup.SUM_MS),
-    }  # fmt: skip
+        "durations": sum(
+            v
+            for (m, _, _, label), v in mine.items()
+            if m == rollup.RUN_DURATION and label != rollup.SUM_MS
+        ),
+        "waits": sum(
+            v
+            for (m, _, _, label), v in mine.items()
+            if m == rollup.QUEUE_WAIT and label != rollup.SUM_MS
+        ),
+    }
 
 
 def _roll_all(db: Engine) -> dict[str, int]:

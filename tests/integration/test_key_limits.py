@@ -49,8 +49,9 @@ def _parked(db: Engine, job_id: uuid.UUID) -> bool:
 
 def _slots(db: Engine, tenant: str) -> dict[uuid.UUID, Any]:
     with db.connect() as conn:
-        rows = conn.execute(select(SLOTS.c.job_id, SLOTS.c.slot_no)
-                            .where(SLOTS.c.concurrency_key == tenant)).all()  # fmt: skip
+        rows = conn.execute(
+            select(SLOTS.c.job_id, SLOTS.c.slot_no).where(SLOTS.c.concurrency_key == tenant)
+        ).all()
     return {job_id: slot_no for job_id, slot_no in rows}
 
 
@@ -95,8 +96,10 @@ def test_a_freed_slot_goes_to_the_oldest_waiter_in_the_finishing_transaction(
 def test_a_run_granted_a_slot_is_published_at_its_jobs_priority(
     db: Engine, redis_clean: None
 ) -> None:
-    handles = [limit_tasks.limited_plain.apply_async(("t1", 0.0), priority=7)
-               for _ in range(limit_tasks.LIMIT + 1)]  # fmt: skip
+    handles = [
+        limit_tasks.limited_plain.apply_async(("t1", 0.0), priority=7)
+        for _ in range(limit_tasks.LIMIT + 1)
+    ]
     jobs = [h.job_id for h in handles]
     granted = _succeed_and_release(db, jobs[0])
     assert [(m.job_id, m.priority) for m in granted.messages] == [(jobs[-1], 7)]
@@ -107,8 +110,9 @@ def test_the_sweep_frees_the_slot_of_a_run_cancelled_while_queued(
 ) -> None:
     jobs = _enqueue("t1", 4)
     with db.begin() as conn:
-        assert journal.cancel(conn, registry.JOBS, jobs[0], attempts=0, actor="operator",
-                              reason="test")  # fmt: skip
+        assert journal.cancel(
+            conn, registry.JOBS, jobs[0], attempts=0, actor="operator", reason="test"
+        )
     assert _parked(db, jobs[3])
     assert key_slots.run_once(app, db) == {"slots_freed": 1, "slots_granted": 1}
     assert not _parked(db, jobs[3])
@@ -125,8 +129,15 @@ def test_the_reapers_fail_frees_the_slot_for_the_oldest_waiter(
     later = datetime.now(UTC) + timedelta(hours=1)
     with db.begin() as conn:
         stale = journal.find_stale(conn, spec, cutoff=later, limit=10)
-        reaped = journal.reap(conn, spec, stale, requeue_them=False, cutoff=later,
-                              reason="stale", now=datetime.now(UTC))  # fmt: skip
+        reaped = journal.reap(
+            conn,
+            spec,
+            stale,
+            requeue_them=False,
+            cutoff=later,
+            reason="stale",
+            now=datetime.now(UTC),
+        )
     assert [r.job_id for r in reaped] == [jobs[0]]
     assert not _parked(db, jobs[3])
     assert set(_slots(db, "t1")) == set(jobs[1:])
@@ -164,9 +175,7 @@ def test_a_body_that_commits_its_own_success_hands_its_slot_on_too(
     assert _slots(db, "t3") == {}
 
 
-def test_a_revoked_running_run_lets_go_of_its_slot_as_it_stops(
-    db: Engine, worker: object
-) -> None:
+def test_a_revoked_running_run_lets_go_of_its_slot_as_it_stops(db: Engine, worker: object) -> None:
     looping = [limit_tasks.limited_looping.apply_async(("t4", 60.0)) for _ in range(2)]
     quick = [limit_tasks.limited_looping.apply_async(("t4", 0.0)) for _ in range(2)]
     # Two slots loop (the in-process worker has two threads), the third one's run waits
@@ -202,20 +211,42 @@ def held_workers(pg: Engine, redis_clean: None, tmp_path: Path) -> Iterator[Laun
     one run more than the key's limit, so only the limit can hold the extra one back."""
     counter().delete(limit_tasks.HELD_QUEUE)
     imports = f"{os.environ['JOBSAPP_IMPORTS']},tests.support.limit_tasks"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-           "JOBSAPP_IMPORTS": imports}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "JOBSAPP_IMPORTS": imports,
+    }
     with launching(env, tmp_path) as launcher:
-        ready(*(launcher.start(f"held{i}", [
-            str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS, "-c", "2",
-            "-Q", limit_tasks.HELD_QUEUE, "-n", f"held{i}-{uuid.uuid4().hex[:6]}@%h",
-        ]) for i in range(2)), timeout=90)  # fmt: skip
+        ready(
+            *(
+                launcher.start(
+                    f"held{i}",
+                    [
+                        str(BIN / "celery"),
+                        "-A",
+                        "jobsapp",
+                        "worker",
+                        *WORKER_FLAGS,
+                        "-c",
+                        "2",
+                        "-Q",
+                        limit_tasks.HELD_QUEUE,
+                        "-n",
+                        f"held{i}-{uuid.uuid4().hex[:6]}@%h",
+                    ],
+                )
+                for i in range(2)
+            ),
+            timeout=90,
+        )
         yield launcher
 
 
 def _holding(pg: Engine, tenant: str, token: str) -> list[uuid.UUID]:
     """``LIMIT`` runs of ``tenant``, each running its body and holding its slot."""
-    holders = [limit_tasks.limited_held.delay(tenant, token).job_id
-               for _ in range(limit_tasks.LIMIT)]  # fmt: skip
+    holders = [
+        limit_tasks.limited_held.delay(tenant, token).job_id for _ in range(limit_tasks.LIMIT)
+    ]
     eventually(lambda: len(limit_tasks.started(token)) == limit_tasks.LIMIT, timeout=60)
     return holders
 
@@ -223,6 +254,7 @@ def _holding(pg: Engine, tenant: str, token: str) -> list[uuid.UUID]:
 def _arrival(pg: Engine, job_id: uuid.UUID, token: str) -> str:
     """What became of one run more than the limit: it ``waits`` for a slot (parked), or
     ``started`` its body beside the holders."""
+
     def seen() -> str:
         if str(job_id) in limit_tasks.started(token):
             return "started"
@@ -266,8 +298,9 @@ def test_a_foreign_message_of_a_limited_task_waits_for_a_slot(
     tenant, token = uuid.uuid4().hex, uuid.uuid4().hex
     holders = _holding(pg, tenant, token)
     elsewhere = Celery("elsewhere", broker=app.conf.broker_url)
-    sent = elsewhere.send_task(limit_tasks.limited_held.name, (tenant, token),
-                               queue=limit_tasks.HELD_QUEUE)  # fmt: skip
+    sent = elsewhere.send_task(
+        limit_tasks.limited_held.name, (tenant, token), queue=limit_tasks.HELD_QUEUE
+    )
     foreign = uuid.UUID(sent.id)
     assert _arrival(pg, foreign, token) == "waits"
     _all_ran_within_the_limit(pg, token, [*holders, foreign])

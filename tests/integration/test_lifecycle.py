@@ -158,8 +158,11 @@ def test_a_run_taken_by_the_reaper_publishes_nothing(worker: object, db: Engine)
     eventually(lambda: run_row(db, handle.job_id)["state"] == "running")
     runs = JobRun.__table__
     with db.begin() as conn:  # what the reaper does to a run it believes dead
-        conn.execute(update(runs).where(runs.c.job_id == handle.job_id)
-                     .values(state="queued", heartbeat_at=None))  # fmt: skip
+        conn.execute(
+            update(runs)
+            .where(runs.c.job_id == handle.job_id)
+            .values(state="queued", heartbeat_at=None)
+        )
     time.sleep(3.0)
     assert tasks.calls("zombie") == 1
     assert tasks.calls("zombie:published") == 0
@@ -176,8 +179,9 @@ def test_short_retry_after_is_waited_inline(worker: object, db: Engine) -> None:
 
 def test_long_retry_after_frees_the_slot(worker: object, db: Engine) -> None:
     handle = tasks.paused.delay("p60", 60.0)
-    row = eventually(lambda: (r := run_row(db, handle.job_id))["state"] == "queued"
-                     and r["next_retry_at"] and r)  # fmt: skip
+    row = eventually(
+        lambda: (r := run_row(db, handle.job_id))["state"] == "queued" and r["next_retry_at"] and r
+    )
     assert row["attempts"] == 1
     assert row["max_attempts"] == 4  # the pause did not spend an attempt
     tasks.echo.delay("next").settled(timeout=10)
@@ -203,9 +207,13 @@ def test_duplicate_and_stale_messages_do_no_work(worker: object, db: Engine) -> 
 def test_a_foreign_producer_is_claimed_by_insert(worker: object, db: Engine) -> None:
     job_id = uuid.uuid4()
     body = {
-        "schema_version": 1, "job_id": str(job_id), "module": "jobs", "attempt": 1,
-        "enqueued_at": "2026-11-30T00:00:00+00:00", "concurrency_key": "foreign-1",
-    }  # fmt: skip
+        "schema_version": 1,
+        "job_id": str(job_id),
+        "module": "jobs",
+        "attempt": 1,
+        "enqueued_at": "2026-11-30T00:00:00+00:00",
+        "concurrency_key": "foreign-1",
+    }
     app.send_task("tests.tick", kwargs=body)
     row = eventually(lambda: run_count(db) == 1 and run_row(db, job_id))
     row = eventually(lambda: (r := run_row(db, job_id))["state"] == "succeeded" and r)
@@ -218,10 +226,17 @@ def test_a_foreign_message_for_a_busy_key_is_skipped(worker: object, db: Engine)
     busy = tasks.keyed.apply_async(kwargs={"account": "b", "token": "busy", "seconds": 2.0})
     eventually(lambda: run_row(db, busy.job_id)["state"] == "running")
     job_id = uuid.uuid4()
-    app.send_task("tests.tick", kwargs={
-        "schema_version": 1, "job_id": str(job_id), "module": "jobs", "attempt": 1,
-        "enqueued_at": "2026-11-30T00:00:00+00:00", "concurrency_key": "account:b",
-    })  # fmt: skip
+    app.send_task(
+        "tests.tick",
+        kwargs={
+            "schema_version": 1,
+            "job_id": str(job_id),
+            "module": "jobs",
+            "attempt": 1,
+            "enqueued_at": "2026-11-30T00:00:00+00:00",
+            "concurrency_key": "account:b",
+        },
+    )
     skip = eventually(lambda: [e for e in events(db, job_id) if e["transition"] == "skip"])
     assert str(busy.job_id) in skip[0]["reason"]
     assert run_count(db) == 1
@@ -230,8 +245,9 @@ def test_a_foreign_message_for_a_busy_key_is_skipped(worker: object, db: Engine)
 def test_a_message_violating_the_schema_is_rejected(
     worker: object, db: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app.send_task("tests.echo", kwargs={"schema_version": 1, "job_id": "not-a-uuid",
-                                        "url": "http://evil/x"})  # fmt: skip
+    app.send_task(
+        "tests.echo", kwargs={"schema_version": 1, "job_id": "not-a-uuid", "url": "http://evil/x"}
+    )
     app.send_task("tests.echo", args=("positional", "extra"))
     assert tasks.echo.delay("alive").settled()["state"] == "succeeded"
     assert run_count(db) == 1

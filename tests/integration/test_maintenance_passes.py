@@ -49,6 +49,8 @@ def cluster_registry(db: Engine) -> CollectorRegistry:
 
 def cluster_scrape(db: Engine) -> str:
     return metrics.exposition(cluster_registry(db)).decode()
+
+
 JOBS = registry.JOBS
 STALE = timedelta(seconds=30)
 UNCLAIMED = timedelta(seconds=60)
@@ -106,8 +108,11 @@ def set_row(db: Engine, job_id: uuid.UUID, **values: Any) -> None:
 
 def set_outbox(db: Engine, job_id: uuid.UUID, attempt: int, **values: Any) -> None:
     with db.begin() as conn:
-        conn.execute(update(OUTBOX).where(OUTBOX.c.job_id == job_id, OUTBOX.c.attempt == attempt)
-                     .values(**values))  # fmt: skip
+        conn.execute(
+            update(OUTBOX)
+            .where(OUTBOX.c.job_id == job_id, OUTBOX.c.attempt == attempt)
+            .values(**values)
+        )
 
 
 def reap_events(db: Engine, job_id: uuid.UUID) -> list[str]:
@@ -123,8 +128,9 @@ def test_the_reaper_requeues_dead_runs_and_leaves_the_rest(db: Engine) -> None:
     set_row(db, alive, heartbeat_at=ago(1))
     finished = start(db, at=ago(120))
     with db.begin() as conn:
-        journal.succeed(conn, JOBS, finished, 1, token=held_by(conn, JOBS, finished), actor="w",
-                        now=ago(100))  # fmt: skip
+        journal.succeed(
+            conn, JOBS, finished, 1, token=held_by(conn, JOBS, finished), actor="w", now=ago(100)
+        )
     waiting = enqueue(db, at=ago(120))
 
     assert reaper.run_once(db, REAPER)[JOBS.module] == 1
@@ -201,8 +207,9 @@ def test_a_run_that_heartbeated_after_the_reaper_looked_is_left_alone(
     seen = _snapshot(db)
     assert [r.job_id for r in seen] == [job_id]
     with db.begin() as conn:
-        assert journal.heartbeat(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id),
-                                 now=utcnow())  # fmt: skip
+        assert journal.heartbeat(
+            conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), now=utcnow()
+        )
 
     assert _reap_with(monkeypatch, db, seen) == 0
     row = run_row(db, job_id)
@@ -217,8 +224,9 @@ def test_a_run_that_finished_after_the_reaper_looked_keeps_its_outcome(
     job_id = start(db, at=ago(120))
     seen = _snapshot(db)
     with db.begin() as conn:
-        assert journal.succeed(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), actor="w",
-                               now=utcnow())  # fmt: skip
+        assert journal.succeed(
+            conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), actor="w", now=utcnow()
+        )
 
     assert _reap_with(monkeypatch, db, seen) == 0
     row = run_row(db, job_id)
@@ -286,17 +294,26 @@ def test_the_relay_marks_delivered_the_rows_whose_job_moved_on(
     running = start(db, at=ago(600))
     finished = start(db, at=ago(600))
     with db.begin() as conn:
-        journal.succeed(conn, JOBS, finished, 1, token=held_by(conn, JOBS, finished), actor="w",
-                        now=ago(500))  # fmt: skip
+        journal.succeed(
+            conn, JOBS, finished, 1, token=held_by(conn, JOBS, finished), actor="w", now=ago(500)
+        )
     pruned = enqueue(db, at=ago(600))
     with db.begin() as conn:
         conn.execute(RUNS.delete().where(RUNS.c.job_id == pruned))
     not_due = enqueue(db, at=ago(600))
     for job_id in (running, finished, pruned):
-        set_outbox(db, job_id, 1, published_at=ago(600), publish_count=1, available_at=ago(1),
-                   delivered_at=None)  # fmt: skip
-    set_outbox(db, not_due, 1, published_at=ago(5), publish_count=1,
-               available_at=utcnow() + UNCLAIMED)  # fmt: skip
+        set_outbox(
+            db,
+            job_id,
+            1,
+            published_at=ago(600),
+            publish_count=1,
+            available_at=ago(1),
+            delivered_at=None,
+        )
+    set_outbox(
+        db, not_due, 1, published_at=ago(5), publish_count=1, available_at=utcnow() + UNCLAIMED
+    )
 
     counts = relay.run_once(relay_app, db, RELAY)
     assert (counts["settled"], counts["republished"]) == (3, 0)
@@ -357,17 +374,39 @@ def test_retention_deletes_only_what_has_aged_out(db: Engine) -> None:
     days = 86_400
     old_done = start(db, at=ago(9 * days))
     with db.begin() as conn:
-        journal.succeed(conn, JOBS, old_done, 1, token=held_by(conn, JOBS, old_done), actor="w",
-                        now=ago(8 * days))  # fmt: skip
+        journal.succeed(
+            conn,
+            JOBS,
+            old_done,
+            1,
+            token=held_by(conn, JOBS, old_done),
+            actor="w",
+            now=ago(8 * days),
+        )
     old_failed = start(db, at=ago(9 * days))
     with db.begin() as conn:
-        journal.fail(conn, JOBS, old_failed, 1, token=held_by(conn, JOBS, old_failed),
-                     outcome=Outcome.PERMANENT, error="x",
-                     actor="w", now=ago(8 * days))  # fmt: skip
+        journal.fail(
+            conn,
+            JOBS,
+            old_failed,
+            1,
+            token=held_by(conn, JOBS, old_failed),
+            outcome=Outcome.PERMANENT,
+            error="x",
+            actor="w",
+            now=ago(8 * days),
+        )
     recent_done = start(db, at=ago(2 * days))
     with db.begin() as conn:
-        journal.succeed(conn, JOBS, recent_done, 1, token=held_by(conn, JOBS, recent_done),
-                        actor="w", now=ago(days))  # fmt: skip
+        journal.succeed(
+            conn,
+            JOBS,
+            recent_done,
+            1,
+            token=held_by(conn, JOBS, recent_done),
+            actor="w",
+            now=ago(days),
+        )
     old_running = start(db, at=ago(9 * days))
     old_queued = enqueue(db, at=ago(9 * days))
 
@@ -376,8 +415,7 @@ def test_retention_deletes_only_what_has_aged_out(db: Engine) -> None:
     set_outbox(db, old_running, 1, published_at=ago(3 * days), delivered_at=None)  # unsettled
     # old_failed's row was delivered 9 days ago; old_queued's was never published.
     with db.begin() as conn:
-        conn.execute(update(EVENTS).where(EVENTS.c.job_id == old_running)
-                     .values(at=ago(31 * days)))  # fmt: skip
+        conn.execute(update(EVENTS).where(EVENTS.c.job_id == old_running).values(at=ago(31 * days)))
     events_before = _count(db, EVENTS)
     old_events = _count(db, EVENTS, EVENTS.c.job_id == old_running)
 
@@ -405,13 +443,29 @@ def test_retention_is_bounded_by_its_batch(db: Engine) -> None:
     ids = [start(db, at=ago(10 * 86_400)) for _ in range(5)]
     with db.begin() as conn:
         for job_id in ids:
-            journal.succeed(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), actor="w",
-                            now=ago(9 * 86_400))  # fmt: skip
-        conn.execute(insert(EVENTS), [
-            {"module": "jobs", "job_id": ids[0], "attempt": 1, "transition": "claim",
-             "actor": "w", "at": ago(40 * 86_400)}
-            for _ in range(5)
-        ])  # fmt: skip
+            journal.succeed(
+                conn,
+                JOBS,
+                job_id,
+                1,
+                token=held_by(conn, JOBS, job_id),
+                actor="w",
+                now=ago(9 * 86_400),
+            )
+        conn.execute(
+            insert(EVENTS),
+            [
+                {
+                    "module": "jobs",
+                    "job_id": ids[0],
+                    "attempt": 1,
+                    "transition": "claim",
+                    "actor": "w",
+                    "at": ago(40 * 86_400),
+                }
+                for _ in range(5)
+            ],
+        )
     small = retention.RetentionConfig(batch=2, max_batches=1)
     firsts = retention.run_once(db, small)
     assert (firsts[JOBS.module], firsts["job_events"]) == (2, 2)
@@ -427,8 +481,15 @@ def test_one_retention_pass_drains_more_than_one_batch(db: Engine) -> None:
     ids = [start(db, at=ago(10 * 86_400)) for _ in range(7)]
     with db.begin() as conn:
         for job_id in ids:
-            journal.succeed(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), actor="w",
-                            now=ago(9 * 86_400))  # fmt: skip
+            journal.succeed(
+                conn,
+                JOBS,
+                job_id,
+                1,
+                token=held_by(conn, JOBS, job_id),
+                actor="w",
+                now=ago(9 * 86_400),
+            )
     counts = retention.run_once(db, retention.RetentionConfig(batch=2))
     assert counts[JOBS.module] == 7
     assert _count(db, RUNS) == 0
@@ -494,10 +555,15 @@ def test_two_relays_settling_at_once_mark_each_row_once(pg: Engine) -> None:
 
 def _waiting(db: Engine, application: str) -> bool:
     with db.connect() as conn:
-        return bool(conn.execute(text(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE application_name = :app AND wait_event_type = 'Lock'"
-        ), {"app": application}).scalar_one())  # fmt: skip
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE application_name = :app AND wait_event_type = 'Lock'"
+                ),
+                {"app": application},
+            ).scalar_one()
+        )
 
 
 # ------------------------------------------------------------------ poison outbox rows
@@ -553,8 +619,9 @@ def test_a_row_that_keeps_failing_is_dead_listed_counted_and_retried_by_an_opera
 
     # The cause is fixed (a deploy); the operator gives the row back to the relay.
     set_outbox(db, job_id, 1, body=body)
-    assert operator.retry_dead_outbox(db, None, actor="ops", reason="schema fixed",
-                                      app=relay_app) == 1  # fmt: skip
+    assert (
+        operator.retry_dead_outbox(db, None, actor="ops", reason="schema fixed", app=relay_app) == 1
+    )
     outbox.MARKER.flush()  # the fast path marks its rows in bulk, a moment after publishing
     (row,) = outbox_rows(db, job_id)
     assert (row["dead_at"], row["publish_failures"], row["publish_count"]) == (None, 0, 1)
@@ -566,8 +633,14 @@ def test_a_message_never_claimed_after_many_publishes_is_dead(
     db: Engine, relay_app: Celery, broker: redis.Redis
 ) -> None:
     job_id = enqueue(db, at=ago(600))
-    set_outbox(db, job_id, 1, published_at=ago(600), available_at=ago(1),
-               publish_count=outbox.MAX_UNCLAIMED_PUBLISHES)  # fmt: skip
+    set_outbox(
+        db,
+        job_id,
+        1,
+        published_at=ago(600),
+        available_at=ago(1),
+        publish_count=outbox.MAX_UNCLAIMED_PUBLISHES,
+    )
 
     assert relay.run_once(relay_app, db, RELAY)["dead"] == 1
     (row,) = outbox_rows(db, job_id)
@@ -581,8 +654,11 @@ def backlog_app(request: pytest.FixtureRequest, module_redis: RedisServer) -> It
     """A producer-only app on a queue of its own that no worker consumes (a backlog)."""
     url = module_redis.url if request.param == "redis" else service("JOBSAPP_TEST_AMQP_URL")
     app = Celery("backlog-tests", broker=url, set_as_current=False)
-    app.conf.update(task_serializer="json", accept_content=["json"],
-                    task_default_queue=f"backlog-{uuid.uuid4().hex}")  # fmt: skip
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_default_queue=f"backlog-{uuid.uuid4().hex}",
+    )
     yield app
     with app.connection_for_write() as conn:
         conn.default_channel.queue_delete(app.conf.task_default_queue)
@@ -591,8 +667,11 @@ def backlog_app(request: pytest.FixtureRequest, module_redis: RedisServer) -> It
 
 def _depth(app: Celery) -> int:
     with app.connection_for_write() as conn:
-        return int(conn.default_channel.queue_declare(app.conf.task_default_queue,
-                                                      passive=True).message_count)  # fmt: skip
+        return int(
+            conn.default_channel.queue_declare(
+                app.conf.task_default_queue, passive=True
+            ).message_count
+        )
 
 
 def test_a_job_waiting_behind_a_backlog_is_neither_copied_nor_dead(
@@ -627,8 +706,14 @@ def test_a_dead_row_whose_run_then_ran_is_settled(
     db: Engine, relay_app: Celery, broker: redis.Redis
 ) -> None:
     job_id = enqueue(db, at=ago(600))
-    set_outbox(db, job_id, 1, published_at=ago(600), available_at=ago(1),
-               publish_count=outbox.MAX_UNCLAIMED_PUBLISHES)  # fmt: skip
+    set_outbox(
+        db,
+        job_id,
+        1,
+        published_at=ago(600),
+        available_at=ago(1),
+        publish_count=outbox.MAX_UNCLAIMED_PUBLISHES,
+    )
     assert relay.run_once(relay_app, db, RELAY)["dead"] == 1
     registry = cluster_registry(db)
     assert "jobsapp_outbox_dead 1.0" in metrics.exposition(registry).decode()
@@ -636,8 +721,9 @@ def test_a_dead_row_whose_run_then_ran_is_settled(
     # One of its copies reached a worker after all.
     with db.begin() as conn:
         assert journal.claim(conn, JOBS, job_id, 1, worker="w@h:1", now=utcnow())
-        assert journal.succeed(conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id),
-                               actor="w@h:1", now=utcnow())
+        assert journal.succeed(
+            conn, JOBS, job_id, 1, token=held_by(conn, JOBS, job_id), actor="w@h:1", now=utcnow()
+        )
 
     assert relay.run_once(relay_app, db, RELAY)["settled"] == 1
     (row,) = outbox_rows(db, job_id)
@@ -695,9 +781,10 @@ def beat_clock_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_skewed_beat_does_not_reap_a_live_run(pg: Engine) -> None:
     live = start(pg, at=ago(120))
     set_row(pg, live, heartbeat_at=ago(1))
-    assert reaper.run_once(pg, reaper.ReaperConfig(stale_after=timedelta(seconds=30)))[
-        JOBS.module
-    ] == 0
+    assert (
+        reaper.run_once(pg, reaper.ReaperConfig(stale_after=timedelta(seconds=30)))[JOBS.module]
+        == 0
+    )
     assert run_row(pg, live)["state"] == "running"
 
 
@@ -706,8 +793,14 @@ def test_a_skewed_beat_republishes_nothing_before_its_check_time(
     pg: Engine, relay_app: Celery, broker: redis.Redis
 ) -> None:
     job_id = enqueue(pg, at=ago(30))
-    set_outbox(pg, job_id, 1, published_at=ago(30), publish_count=1,
-               available_at=utcnow() + timedelta(seconds=60))  # fmt: skip
+    set_outbox(
+        pg,
+        job_id,
+        1,
+        published_at=ago(30),
+        publish_count=1,
+        available_at=utcnow() + timedelta(seconds=60),
+    )
     fresh = enqueue(pg, at=utcnow())  # its producer publishes it (grace)
 
     counts = relay.run_once(relay_app, pg, RELAY)
@@ -752,8 +845,7 @@ def celery_events(app: Celery) -> Iterator[list[dict[str, Any]]]:
     seen: list[dict[str, Any]] = []
     with app.connection_for_read() as conn:
         receiver = app.events.Receiver(conn, handlers={"*": seen.append})
-        listening = threading.Thread(target=receiver.capture, kwargs={"wakeup": False},
-                                     daemon=True)  # fmt: skip
+        listening = threading.Thread(target=receiver.capture, kwargs={"wakeup": False}, daemon=True)
         listening.start()
         probe = str(uuid.uuid4())
         with app.events.default_dispatcher() as dispatcher:
@@ -770,9 +862,7 @@ def celery_events(app: Celery) -> Iterator[list[dict[str, Any]]]:
             listening.join(timeout=10)
 
 
-def test_the_reaper_tells_celery_each_reaped_attempt_ended(
-    db: Engine, relay_app: Celery
-) -> None:
+def test_the_reaper_tells_celery_each_reaped_attempt_ended(db: Engine, relay_app: Celery) -> None:
     """Flower showed a killed worker's attempt STARTED for good: the journal ended it, but
     no Celery event said so. The reaper now sends the attempt's own task event."""
     publisher.broker_answered()  # no earlier test's open breaker
@@ -803,7 +893,10 @@ def test_the_reapers_event_names_a_send_task_attempt_by_the_callers_id(
         assert journal.claim_by_insert(conn, job, 1, worker="w@h:1", now=ago(120)) is not None
     with celery_events(relay_app) as seen:
         reaper.run_once(db, REAPER, relay_app)
-        retried = eventually(lambda: next((e for e in seen if e["uuid"] == str(job.job_id)
-                                           and e["type"] != "task-sent"), None))  # fmt: skip
+        retried = eventually(
+            lambda: next(
+                (e for e in seen if e["uuid"] == str(job.job_id) and e["type"] != "task-sent"), None
+            )
+        )
     assert retried["type"] == "task-retried"
     assert not [e for e in seen if e["uuid"] == task_id_for(job.job_id, 1)]

@@ -55,8 +55,9 @@ def sample(samples: Samples, name: str, **labels: str) -> float:
 def _unpublished(db: Engine) -> list[uuid.UUID]:
     table = OutboxMessage.__table__
     with db.connect() as conn:
-        return list(conn.execute(select(table.c.job_id).where(table.c.published_at.is_(None)))
-                    .scalars())  # fmt: skip
+        return list(
+            conn.execute(select(table.c.job_id).where(table.c.published_at.is_(None))).scalars()
+        )
 
 
 def test_attempts_outcomes_histograms_dedup_and_relay_are_counted_once(
@@ -120,8 +121,10 @@ def test_every_counter_of_every_registered_task_has_a_zero_series_before_any_job
     for task in registered:
         mine = {"module": task.run_table.module, "task": task.name}
         for outcome in ("succeeded", "retried", "snoozed", "failed", "reaped"):
-            assert (("jobsapp_attempts_total", frozenset({**mine, "outcome": outcome}.items()))
-                    in got)  # fmt: skip
+            assert (
+                "jobsapp_attempts_total",
+                frozenset({**mine, "outcome": outcome}.items()),
+            ) in got
         for outcome in ("requeued", "failed"):
             assert ("jobsapp_reaped_total", frozenset({**mine, "outcome": outcome}.items())) in got
         assert ("jobsapp_dedup_hits_total", frozenset(mine.items())) in got
@@ -131,8 +134,9 @@ def test_every_counter_of_every_registered_task_has_a_zero_series_before_any_job
         # counted on it; the others on the default queue.
         queue = {"queue": getattr(task, "queue", None) or app.conf.task_default_queue}
         assert ("jobsapp_oldest_queued_seconds", frozenset({**mine, **queue}.items())) in got
-    assert not any(v for (name, _), v in got.items()
-                   if name.endswith(("_total", "_count", "_bucket")))  # fmt: skip
+    assert not any(
+        v for (name, _), v in got.items() if name.endswith(("_total", "_count", "_bucket"))
+    )
 
 
 def test_task_and_queue_labels_say_only_registered_tasks_and_configured_queues(
@@ -141,8 +145,9 @@ def test_task_and_queue_labels_say_only_registered_tasks_and_configured_queues(
     db = fresh_totals
     routed = tasks.echo.new_job(("to-a-queue",), {}, None)
     stray = replace(tasks.echo.new_job(("stray",), {}, None), queue=f"tenant-{uuid.uuid4()}")
-    renamed = replace(tasks.echo.new_job(("renamed",), {}, None),
-                      task_name=f"gone.{uuid.uuid4().hex}")  # fmt: skip
+    renamed = replace(
+        tasks.echo.new_job(("renamed",), {}, None), task_name=f"gone.{uuid.uuid4().hex}"
+    )
     with db.begin() as conn:
         for job in (routed, stray, renamed):
             journal.enqueue(conn, job, now=utcnow(), actor="producer")
@@ -158,12 +163,16 @@ def test_task_and_queue_labels_say_only_registered_tasks_and_configured_queues(
     assert queued("tests.echo", default) == 1
     assert queued("tests.echo", "other") == 1
     assert queued("other", default) == 1
-    assert sample(got, "jobsapp_attempts_total", module="jobs", task="other",
-                  outcome="succeeded") == 2  # fmt: skip
-    assert ("jobsapp_oldest_queued_seconds",
-            frozenset({"module": "jobs", "task": "other", "queue": default}.items())) in got
-    assert not any(stray.queue in str(labels) or renamed.task_name in str(labels)
-                   for _, labels in got)  # fmt: skip
+    assert (
+        sample(got, "jobsapp_attempts_total", module="jobs", task="other", outcome="succeeded") == 2
+    )
+    assert (
+        "jobsapp_oldest_queued_seconds",
+        frozenset({"module": "jobs", "task": "other", "queue": default}.items()),
+    ) in got
+    assert not any(
+        stray.queue in str(labels) or renamed.task_name in str(labels) for _, labels in got
+    )
 
 
 def test_metrics_is_the_process_and_metrics_cluster_is_the_journal(fresh_totals: Engine) -> None:

@@ -33,10 +33,22 @@ from tests.support.waiting import eventually
 JOBS = registry.JOBS
 ERROR = "ValueError: this never works\n  File 'task.py', line 3\n[steps] fetch=1 render=0"
 VIEW_COLUMNS = {
-    "module", "job_id", "task_name", "concurrency_key", "state", "outcome", "attempts",
-    "max_attempts", "heartbeat_at", "last_error", "next_retry_at", "created_at", "updated_at",
-    "finished_at", "worker",
-}  # fmt: skip
+    "module",
+    "job_id",
+    "task_name",
+    "concurrency_key",
+    "state",
+    "outcome",
+    "attempts",
+    "max_attempts",
+    "heartbeat_at",
+    "last_error",
+    "next_retry_at",
+    "created_at",
+    "updated_at",
+    "finished_at",
+    "worker",
+}
 
 
 @pytest.fixture
@@ -50,11 +62,22 @@ def broker() -> Celery:
 
 
 def _enqueue(
-    db: Engine, spec: RunTable, values: Mapping[str, Any], *, task: str, key: str | None = None,
+    db: Engine,
+    spec: RunTable,
+    values: Mapping[str, Any],
+    *,
+    task: str,
+    key: str | None = None,
     ago: float = 0.0,
-) -> uuid.UUID:  # fmt: skip
-    job = NewJob(spec=spec, job_id=uuid.uuid4(), task_name=task, max_attempts=2,
-                 concurrency_key=key or f"key:{uuid.uuid4()}", values=values)  # fmt: skip
+) -> uuid.UUID:
+    job = NewJob(
+        spec=spec,
+        job_id=uuid.uuid4(),
+        task_name=task,
+        max_attempts=2,
+        concurrency_key=key or f"key:{uuid.uuid4()}",
+        values=values,
+    )
     with db.begin() as conn:
         journal.enqueue(conn, job, now=utcnow() - timedelta(seconds=ago), actor="producer")
     return job.job_id
@@ -68,11 +91,21 @@ def queued_job(db: Engine, *, key: str | None = None, ago: float = 0.0) -> uuid.
 def queued_attachment_job(db: Engine, attachment_state: str = "queued") -> uuid.UUID:
     attachment_id, now = uuid.uuid4(), utcnow()
     with db.begin() as conn:
-        conn.execute(insert(ATTACHMENTS).values(
-            id=attachment_id, content_type="image/png", size=10, sha256="0" * 64, width=1,
-            height=1, display_name="a.png", staging_key=f"staging/{attachment_id}",
-            state=attachment_state, created_at=now, updated_at=now,
-        ))  # fmt: skip
+        conn.execute(
+            insert(ATTACHMENTS).values(
+                id=attachment_id,
+                content_type="image/png",
+                size=10,
+                sha256="0" * 64,
+                width=1,
+                height=1,
+                display_name="a.png",
+                staging_key=f"staging/{attachment_id}",
+                state=attachment_state,
+                created_at=now,
+                updated_at=now,
+            )
+        )
     ids = {"attachment_id": attachment_id, "pipeline_version": 1}
     return _enqueue(db, ATTACHMENT_RUNS, ids, task=ATTACHMENT_TASK)
 
@@ -90,9 +123,17 @@ def failed_job(db: Engine, spec: RunTable = JOBS, job_id: uuid.UUID | None = Non
     job_id = job_id or queued_job(db)
     attempt = claimed(db, spec, job_id)
     with db.begin() as conn:
-        assert journal.fail(conn, spec, job_id, attempt, token=held_by(conn, spec, job_id),
-                            outcome=Outcome.PERMANENT, error=ERROR,
-                            actor="w1@host", now=utcnow())  # fmt: skip
+        assert journal.fail(
+            conn,
+            spec,
+            job_id,
+            attempt,
+            token=held_by(conn, spec, job_id),
+            outcome=Outcome.PERMANENT,
+            error=ERROR,
+            actor="w1@host",
+            now=utcnow(),
+        )
     return job_id
 
 
@@ -100,8 +141,15 @@ def succeeded_job(db: Engine) -> uuid.UUID:
     job_id = queued_job(db)
     attempt = claimed(db, JOBS, job_id)
     with db.begin() as conn:
-        assert journal.succeed(conn, JOBS, job_id, attempt, token=held_by(conn, JOBS, job_id),
-                               actor="w1@host", now=utcnow())  # fmt: skip
+        assert journal.succeed(
+            conn,
+            JOBS,
+            job_id,
+            attempt,
+            token=held_by(conn, JOBS, job_id),
+            actor="w1@host",
+            now=utcnow(),
+        )
     return job_id
 
 
@@ -120,8 +168,11 @@ def test_the_summary_reads_every_registered_run_table(db: Engine) -> None:
 
     assert {spec.module for spec in registry.all_tables()} == {"jobs", "attachments", "reprocess"}
     jobs_row, attachment_row_ = rows[failed], rows[attachment_job]
-    assert (jobs_row.module, jobs_row.task_name, jobs_row.state) == ("jobs", "tests.doomed",
-                                                                     "failed")  # fmt: skip
+    assert (jobs_row.module, jobs_row.task_name, jobs_row.state) == (
+        "jobs",
+        "tests.doomed",
+        "failed",
+    )
     assert (jobs_row.outcome, jobs_row.attempts, jobs_row.max_attempts) == ("permanent", 1, 2)
     assert jobs_row.last_error == "ValueError: this never works"
     assert jobs_row.worker == "w1@host"
@@ -180,8 +231,11 @@ def test_the_health_numbers_follow_the_journal(db: Engine) -> None:
     assert ages["jobs"] is not None
     assert 120 <= ages["jobs"] < 180
     assert ages["attachments"] is None
-    assert summary.stale_running(db, timedelta(seconds=30)) == {"jobs": 1, "attachments": 0,
-                                                               "reprocess": 0}
+    assert summary.stale_running(db, timedelta(seconds=30)) == {
+        "jobs": 1,
+        "attachments": 0,
+        "reprocess": 0,
+    }
     # Three enqueues, none published (a Core transaction leaves that to the relay).
     assert summary.outbox_backlog(db) == 3
     assert 120 <= summary.outbox_lag(db) < 180
@@ -213,23 +267,29 @@ def test_replay_of_a_failed_job_is_a_new_attempt_with_an_audit_row(
 ) -> None:
     job_id = failed_job(db)
 
-    done = operator.replay(db, "jobs", job_id, actor="alice", reason="upstream fixed",
-                           app=broker)  # fmt: skip
+    done = operator.replay(db, "jobs", job_id, actor="alice", reason="upstream fixed", app=broker)
 
     assert (done.module, done.job_id, done.attempt, done.published) == ("jobs", job_id, 2, True)
     row = run_row(db, job_id)
     assert (row["state"], row["outcome"], row["attempts"], row["finished_at"]) == (
-        "queued", None, 1, None,
-    )  # fmt: skip
+        "queued",
+        None,
+        1,
+        None,
+    )
     # One new attempt on top of the one spent, whatever the task declares (2 here).
     assert row["max_attempts"] == 2
     audit = events(db, job_id)[-1]
     assert (audit["transition"], audit["from_state"], audit["to_state"]) == (
-        "replay", "failed", "queued",
-    )  # fmt: skip
+        "replay",
+        "failed",
+        "queued",
+    )
     assert (audit["actor"], audit["reason"], audit["attempt"]) == (
-        "operator:alice", "upstream fixed", 2,
-    )  # fmt: skip
+        "operator:alice",
+        "upstream fixed",
+        2,
+    )
     outbox.MARKER.flush()  # the fast path marks its rows in bulk, a moment after publishing
     message = outbox_rows(db, job_id)[-1]
     assert (message["attempt"], message["published_at"] is not None) == (2, True)
@@ -305,8 +365,7 @@ def test_a_failing_replay_hook_leaves_the_job_failed(db: Engine, broker: Celery)
 def test_replaying_an_attachment_job_requeues_its_attachment(db: Engine, broker: Celery) -> None:
     job_id = failed_job(db, ATTACHMENT_RUNS, queued_attachment_job(db, "failed"))
 
-    operator.replay(db, "attachments", job_id, actor="alice", reason="staging restored",
-                    app=broker)  # fmt: skip
+    operator.replay(db, "attachments", job_id, actor="alice", reason="staging restored", app=broker)
 
     with db.connect() as conn:
         run = journal.load(conn, ATTACHMENT_RUNS, job_id)
@@ -327,12 +386,16 @@ def test_cancel_of_a_queued_job_fails_it_as_cancelled(db: Engine) -> None:
     assert (done.module, done.job_id, done.attempts) == ("jobs", job_id, 0)
     row = run_row(db, job_id)
     assert (row["state"], row["outcome"], row["last_error"]) == (
-        "failed", "cancelled", "duplicate request",
-    )  # fmt: skip
+        "failed",
+        "cancelled",
+        "duplicate request",
+    )
     audit = events(db, job_id)[-1]
     assert (audit["transition"], audit["from_state"], audit["to_state"]) == (
-        "cancel", "queued", "failed",
-    )  # fmt: skip
+        "cancel",
+        "queued",
+        "failed",
+    )
     assert (audit["actor"], audit["reason"]) == ("operator:bob", "duplicate request")
     # The key is free again: the same work can be enqueued.
     queued_job(db, key="report:42")
@@ -349,16 +412,17 @@ def test_cancel_of_a_running_job_asks_it_to_stop(db: Engine) -> None:
     assert (row["state"], row["cancel_requested_at"] is not None) == ("running", True)
     audit = events(db, job_id)[-1]
     assert (audit["transition"], audit["actor"], audit["reason"]) == (
-        "cancel_request", "operator:bob", "stop",
-    )  # fmt: skip
+        "cancel_request",
+        "operator:bob",
+        "stop",
+    )
 
 
 def test_a_cancelled_job_can_be_replayed(db: Engine, broker: Celery) -> None:
     job_id = queued_job(db)
     operator.cancel(db, "jobs", job_id, actor="bob", reason="paused for maintenance")
 
-    done = operator.replay(db, "jobs", job_id, actor="bob", reason="maintenance over",
-                           app=broker)  # fmt: skip
+    done = operator.replay(db, "jobs", job_id, actor="bob", reason="maintenance over", app=broker)
 
     # Attempt 1 never started: the replay sends it again rather than skipping to 2.
     assert done.attempt == 1
@@ -391,8 +455,13 @@ def test_a_replayed_job_runs_again_on_a_worker(worker: object, db: Engine) -> No
     row = handle.settled()
     assert (row["state"], row["attempts"]) == ("succeeded", 2)
     assert [(e["transition"], e["attempt"]) for e in events(db, handle.job_id)] == [
-        ("enqueue", 1), ("claim", 1), ("fail", 1), ("replay", 2), ("claim", 2), ("succeed", 2),
-    ]  # fmt: skip
+        ("enqueue", 1),
+        ("claim", 1),
+        ("fail", 1),
+        ("replay", 2),
+        ("claim", 2),
+        ("succeed", 2),
+    ]
 
 
 def test_a_cancelled_job_whose_message_was_dead_runs_after_a_replay(
@@ -403,10 +472,17 @@ def test_a_cancelled_job_whose_message_was_dead_runs_after_a_replay(
     job = tasks.echo.new_job((token,), {}, None)
     with db.begin() as conn:
         journal.enqueue(conn, job, actor="producer")
-        conn.execute(update(OUTBOX).where(OUTBOX.c.job_id == job.job_id).values(
-            published_at=utcnow(), publish_count=outbox.MAX_UNCLAIMED_PUBLISHES,
-            publish_failures=3, dead_at=utcnow(), last_error="never claimed",
-        ))  # fmt: skip
+        conn.execute(
+            update(OUTBOX)
+            .where(OUTBOX.c.job_id == job.job_id)
+            .values(
+                published_at=utcnow(),
+                publish_count=outbox.MAX_UNCLAIMED_PUBLISHES,
+                publish_failures=3,
+                dead_at=utcnow(),
+                last_error="never claimed",
+            )
+        )
     operator.cancel(db, "jobs", job.job_id, actor="bob", reason="paused")
 
     # The broker is down at the replay: "the relay will publish it".
@@ -501,9 +577,12 @@ def test_a_database_outage_is_a_503_on_the_operator_routes() -> None:
         replies = [
             client.get("/metrics/cluster"),
             client.get("/v1/admin/jobs", headers={"Authorization": "Bearer t"}),
-            client.post(f"/v1/admin/jobs/jobs/{uuid.uuid4()}/cancel", json={"reason": "r"},
-                        headers={"Authorization": "Bearer t"}),
-        ]  # fmt: skip
+            client.post(
+                f"/v1/admin/jobs/jobs/{uuid.uuid4()}/cancel",
+                json={"reason": "r"},
+                headers={"Authorization": "Bearer t"},
+            ),
+        ]
 
     for reply in replies:
         assert reply.status_code == 503
@@ -515,8 +594,12 @@ def test_a_database_outage_is_a_503_on_the_operator_routes() -> None:
 def test_the_summary_reads_with_bounded_statements(pg: Engine) -> None:
     """Each summary branch walks the (state, updated_at) index, never the whole table."""
     with pg.connect() as conn:
-        branch = select(JOBS.table.c.job_id).where(JOBS.table.c.state == "failed").order_by(
-            JOBS.table.c.updated_at.desc()).limit(100)  # fmt: skip
+        branch = (
+            select(JOBS.table.c.job_id)
+            .where(JOBS.table.c.state == "failed")
+            .order_by(JOBS.table.c.updated_at.desc())
+            .limit(100)
+        )
         compiled = branch.compile(conn, compile_kwargs={"literal_binds": True})
         conn.execute(text("SET enable_seqscan = off"))
         plan = "\n".join(r[0] for r in conn.execute(text(f"EXPLAIN {compiled}")))

@@ -41,16 +41,22 @@ def waiting_job(db: Engine, delay: timedelta | None = timedelta(hours=1)) -> uui
 def kill_message(db: Engine, job_id: uuid.UUID) -> int:
     """The job's first message dead (it kept failing to publish); returns its row's id."""
     with db.begin() as conn:
-        return int(conn.execute(
-            update(OUTBOX).where(OUTBOX.c.job_id == job_id, OUTBOX.c.attempt == 1)
-            .values(dead_at=utcnow(), publish_failures=5, last_error="InvalidMessage: x")
-            .returning(OUTBOX.c.id)
-        ).scalar_one())  # fmt: skip
+        return int(
+            conn.execute(
+                update(OUTBOX)
+                .where(OUTBOX.c.job_id == job_id, OUTBOX.c.attempt == 1)
+                .values(dead_at=utcnow(), publish_failures=5, last_error="InvalidMessage: x")
+                .returning(OUTBOX.c.id)
+            ).scalar_one()
+        )
 
 
 def audit(db: Engine, job_id: uuid.UUID, transition: str) -> list[tuple[Any, ...]]:
-    return [(e["actor"], e["reason"], e["attempt"]) for e in events(db, job_id)
-            if e["transition"] == transition]  # fmt: skip
+    return [
+        (e["actor"], e["reason"], e["attempt"])
+        for e in events(db, job_id)
+        if e["transition"] == transition
+    ]
 
 
 def run_now(db: Engine, broker: Celery, job_id: uuid.UUID, **kw: Any) -> operator.RunNowResult:
@@ -113,7 +119,10 @@ def test_a_retry_of_named_dead_rows_revives_those_alone_each_with_its_audit_row(
     outbox.MARKER.flush()
     (revived,) = outbox_rows(db, named)
     assert (revived["dead_at"], revived["publish_failures"], revived["last_error"]) == (
-        None, 0, None)  # fmt: skip
+        None,
+        0,
+        None,
+    )
     assert revived["published_at"] is not None
     assert audit(db, named, "outbox_retry") == [("operator:ed", REASON, 1)]
     (still_dead,) = outbox_rows(db, other)

@@ -40,8 +40,9 @@ RELAY = relay.RelayConfig(grace=timedelta(0), batch=100)
 
 def _jobs(count: int, queue: str | None) -> list[NewJob]:
     token = uuid.uuid4().hex[:8]
-    return [replace(tasks.echo.new_job((f"{token}-{i}",), {}, None), queue=queue)
-            for i in range(count)]  # fmt: skip
+    return [
+        replace(tasks.echo.new_job((f"{token}-{i}",), {}, None), queue=queue) for i in range(count)
+    ]
 
 
 @contextmanager
@@ -64,8 +65,11 @@ def _outbox_rows_read(plan: Mapping[str, Any]) -> int:
     filtered out, over all their loops."""
     here = 0
     if plan.get("Relation Name") == "outbox":
-        read = (plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)
-                + plan.get("Rows Removed by Index Recheck", 0))  # fmt: skip
+        read = (
+            plan["Actual Rows"]
+            + plan.get("Rows Removed by Filter", 0)
+            + plan.get("Rows Removed by Index Recheck", 0)
+        )
         here = read * plan["Actual Loops"]
     return here + sum(_outbox_rows_read(child) for child in plan.get("Plans", ()))
 
@@ -82,9 +86,11 @@ def _rows_read(engine: Engine, statement: str, params: Any) -> int:
 def _of_the_due_query(statement: str) -> bool:
     """The levels' skip scan, or the due rows it found locked by id."""
     text = " ".join(statement.split())
-    return (text.upper().startswith("WITH RECURSIVE LEVELS")
-            or (text.startswith("SELECT outbox.id,") and "WHERE outbox.id IN" in text
-                and "FOR UPDATE" in text))  # fmt: skip
+    return text.upper().startswith("WITH RECURSIVE LEVELS") or (
+        text.startswith("SELECT outbox.id,")
+        and "WHERE outbox.id IN" in text
+        and "FOR UPDATE" in text
+    )
 
 
 def _plan_text(engine: Engine, statement: str, params: Any) -> str:
@@ -107,8 +113,9 @@ def test_a_relay_tick_does_not_read_a_paused_queues_backlog(pg: Engine, redis_cl
     paused = f"paused-{uuid.uuid4().hex[:8]}"
     assert flow.pause(pg, flow.Kind.QUEUE, paused, actor="operator:test", reason="backlog")
     with pg.begin() as conn:  # written in the producer's transaction: the relay publishes
-        journal.enqueue_many(conn, _jobs(PAUSED_ROWS, paused) + _jobs(OPEN_ROWS, None),
-                             actor="test")  # fmt: skip
+        journal.enqueue_many(
+            conn, _jobs(PAUSED_ROWS, paused) + _jobs(OPEN_ROWS, None), actor="test"
+        )
     with pg.connect() as conn:  # as autovacuum does once a backlog has grown: the plans
         conn.exec_driver_sql("ANALYZE outbox, job_runs")  # are those of its statistics
         conn.commit()  # ANALYZE in a transaction block is rolled back with it

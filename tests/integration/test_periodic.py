@@ -24,8 +24,12 @@ from tests.support.env import service
 from tests.support.journal_view import transitions
 
 ENTRY = "tests-hourly-report"
-HOURLY = {"task": "tests.echo", "schedule": timedelta(hours=1), "kwargs": {"token": "report"},
-          "options": {"catch_up": True}}  # fmt: skip
+HOURLY = {
+    "task": "tests.echo",
+    "schedule": timedelta(hours=1),
+    "kwargs": {"token": "report"},
+    "options": {"catch_up": True},
+}
 # Two hours: the beat's first tick offers the slots of the last two hours.
 WINDOW = timedelta(hours=2)
 TOKEN = "periodic-page-token"
@@ -59,8 +63,9 @@ def recent_slot_ids(db: Engine, span: timedelta) -> set[uuid.UUID]:
 
 def run_ids(db: Engine) -> set[uuid.UUID]:
     with db.connect() as conn:
-        return set(conn.execute(select(RUNS.c.job_id).where(RUNS.c.task_name == "tests.echo"))
-                   .scalars())  # fmt: skip
+        return set(
+            conn.execute(select(RUNS.c.job_id).where(RUNS.c.task_name == "tests.echo")).scalars()
+        )
 
 
 def finish(db: Engine, job_ids: set[uuid.UUID]) -> None:
@@ -69,8 +74,9 @@ def finish(db: Engine, job_ids: set[uuid.UUID]) -> None:
         for job_id in job_ids:
             claimed = journal.claim(conn, registry.JOBS, job_id, 1, worker="w@host:1")
             assert claimed
-            assert journal.succeed(conn, registry.JOBS, job_id, 1, actor="w@host:1",
-                                   token=claimed["claim_token"])
+            assert journal.succeed(
+                conn, registry.JOBS, job_id, 1, actor="w@host:1", token=claimed["claim_token"]
+            )
 
 
 def forget_fast_path(job_ids: set[uuid.UUID]) -> None:
@@ -107,8 +113,11 @@ def test_the_overview_lists_a_periodic_entry_with_its_last_and_next_slot(
         periodic.Periodic(app, [hourly], WINDOW).run_due(db)
         with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
             client = create_app().test_client()
-            page = client.get("/admin", base_url="http://admin.local",
-                              headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+            page = client.get(
+                "/admin",
+                base_url="http://admin.local",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            )
         if every_hour(before) == every_hour(database_now(db)):
             break
     html = page.get_data(as_text=True)
@@ -137,6 +146,7 @@ def test_without_catch_up_a_new_entry_runs_once_at_its_latest_slot(
 
     periodic.Periodic(app, [entry], WINDOW).run_due(db)
 
-    latest = slots.recent(slots.every(timedelta(hours=1)), now=database_now(db), span=WINDOW,
-                          limit=1)  # fmt: skip
+    latest = slots.recent(
+        slots.every(timedelta(hours=1)), now=database_now(db), span=WINDOW, limit=1
+    )
     assert run_ids(db) == {slots.slot_job_id(ENTRY, latest[0])}

@@ -20,9 +20,14 @@ from tests.support.journal_view import run_row, transitions
 
 
 def _job() -> NewJob:
-    return NewJob(spec=JOBS, job_id=uuid.uuid4(), task_name="tests.echo",
-                  concurrency_key=f"prep:{uuid.uuid4()}", max_attempts=2,
-                  values={"params": {}})  # fmt: skip
+    return NewJob(
+        spec=JOBS,
+        job_id=uuid.uuid4(),
+        task_name="tests.echo",
+        concurrency_key=f"prep:{uuid.uuid4()}",
+        max_attempts=2,
+        values={"params": {}},
+    )
 
 
 def _run_one(conn: Connection) -> uuid.UUID:
@@ -104,9 +109,11 @@ def _index_reads(conn: Connection) -> dict[str, int]:
     """Index entries read from job_runs so far, this session's counts flushed first."""
     conn.exec_driver_sql("SELECT pg_stat_force_next_flush()")
     conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
-    rows = conn.execute(text(
-        "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'job_runs'"
-    ))  # fmt: skip
+    rows = conn.execute(
+        text(
+            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'job_runs'"
+        )
+    )
     return {name: read for name, read in rows}
 
 
@@ -127,8 +134,9 @@ def test_on_a_table_never_analyzed_each_claim_and_finish_reads_one_row_as_the_ta
             for job in backlog[:10]:
                 run = journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
                 assert run is not None
-                assert journal.succeed(conn, JOBS, job.job_id, 1, token=run["claim_token"],
-                                       actor="w:1")  # fmt: skip
+                assert journal.succeed(
+                    conn, JOBS, job.job_id, 1, token=run["claim_token"], actor="w:1"
+                )
             after = _index_reads(conn)
             assert all(plans >= 1 for plans in _prepared(conn).values()), _prepared(conn)
         engine.dispose()

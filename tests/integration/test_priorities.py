@@ -103,16 +103,27 @@ def _jobsapp_worker(launcher: Launcher, broker: Broker, tmp_path: Path) -> Proc:
     deployment.mkdir(exist_ok=True)
     (deployment / "celeryconfig.py").write_text(DEPLOYMENT)
     name = f"jobsapp-{uuid.uuid4().hex[:8]}@%h"
-    celery = shlex.join([str(BIN / "celery"), "-A", "jobsapp", "worker", *FLAGS,
-                         "-Q", broker.queue, "-n", name])  # fmt: skip
+    celery = shlex.join(
+        [str(BIN / "celery"), "-A", "jobsapp", "worker", *FLAGS, "-Q", broker.queue, "-n", name]
+    )
     return launcher.start("jobsapp", ["sh", "-c", f"cd {deployment} && exec {celery}"])
 
 
 def _bare_worker(launcher: Launcher, broker: Broker, queue: str) -> Proc:
-    argv = [str(BIN / "celery"), "-A", "tests.support.bare_celery", "worker", *FLAGS,
-            "-Q", queue, "-n", f"bare-{uuid.uuid4().hex[:8]}@%h"]  # fmt: skip
-    return launcher.start("bare", argv, {bare_celery.BROKER_URL: broker.url,
-                                         bare_celery.QUEUE: queue})  # fmt: skip
+    argv = [
+        str(BIN / "celery"),
+        "-A",
+        "tests.support.bare_celery",
+        "worker",
+        *FLAGS,
+        "-Q",
+        queue,
+        "-n",
+        f"bare-{uuid.uuid4().hex[:8]}@%h",
+    ]
+    return launcher.start(
+        "bare", argv, {bare_celery.BROKER_URL: broker.url, bare_celery.QUEUE: queue}
+    )
 
 
 def _waiting(owner: Celery, queue: str, count: int) -> bool:
@@ -129,8 +140,7 @@ def _ran(order: str, count: int) -> list[str]:
 @pytest.fixture
 def launcher(broker: Broker, tmp_path: Path) -> Iterator[Launcher]:
     """Worker processes on the broker's URL (set by ``broker``) and this session's journal."""
-    env = {**os.environ, "JOBSAPP_IMPORTS": "tests.support.priority_tasks",
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    env = {**os.environ, "JOBSAPP_IMPORTS": "tests.support.priority_tasks", "PYTHONPATH": str(ROOT)}
     with launching(env, tmp_path) as started:
         yield started
 
@@ -149,8 +159,11 @@ def test_a_backlog_runs_in_the_same_order_as_in_plain_celery(
         # Both backlogs wait in the broker before any worker consumes.
         eventually(lambda: _waiting(bare, bare_queue, len(BACKLOG)))
         eventually(lambda: _waiting(broker.producer, broker.queue, len(BACKLOG)))
-        ready(_bare_worker(launcher, broker, bare_queue),
-              _jobsapp_worker(launcher, broker, tmp_path), timeout=90)  # fmt: skip
+        ready(
+            _bare_worker(launcher, broker, bare_queue),
+            _jobsapp_worker(launcher, broker, tmp_path),
+            timeout=90,
+        )
         plain_celery = _ran(bare_celery.order_key(bare_token), len(BACKLOG))
         jobsapp = _ran(priority_tasks.key(jobsapp_token, "order"), len(BACKLOG))
         assert jobsapp == plain_celery == SERVED[broker.kind]
@@ -183,29 +196,41 @@ def test_a_retry_keeps_the_jobs_priority(worker: object, db: Engine) -> None:
     assert [row["priority"] for row in outbox_rows(db, job.job_id)] == [7, 7]
 
 
-@pytest.mark.parametrize(("broker_url", "order"), [
-    ("redis://localhost", [0, 4, 1, 3, 2]), ("amqp://localhost", [2, 1, 3, 0, 4]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("broker_url", "order"),
+    [
+        ("redis://localhost", [0, 4, 1, 3, 2]),
+        ("amqp://localhost", [2, 1, 3, 0, 4]),
+    ],
+)
 def test_the_relay_takes_due_rows_in_the_order_the_broker_serves(
     db: Engine, broker_url: str, order: Sequence[int]
 ) -> None:
     """Redis serves 0 (and none) first, RabbitMQ 9 first; each priority longest due first."""
-    jobs = [_job(tasks.echo, priority, token=f"t{i}")
-            for i, priority in enumerate((None, 3, 9, 3, None))]  # fmt: skip
+    jobs = [
+        _job(tasks.echo, priority, token=f"t{i}")
+        for i, priority in enumerate((None, 3, 9, 3, None))
+    ]
     with db.begin() as conn:
         now = journal.clock(conn, None)
         for job in jobs:
             journal.enqueue(conn, job, actor="test")
         # Due in the order written (older first), a second apart.
         for age, job in enumerate(reversed(jobs)):
-            conn.execute(update(OUTBOX).where(OUTBOX.c.job_id == job.job_id).values(
-                available_at=now - timedelta(seconds=60 + age)))  # fmt: skip
+            conn.execute(
+                update(OUTBOX)
+                .where(OUTBOX.c.job_id == job.job_id)
+                .values(available_at=now - timedelta(seconds=60 + age))
+            )
     on_broker = Celery("on-broker", broker=broker_url)
     with db.begin() as conn:
         due = outbox_queries.due_messages(
-            conn, now=now, limit=10, default_queue=app.conf.task_default_queue,
+            conn,
+            now=now,
+            limit=10,
+            default_queue=app.conf.task_default_queue,
             lowest_first=priorities.lowest_first(on_broker),
-        )  # fmt: skip
+        )
     assert [m.job_id for m in due] == [jobs[i].job_id for i in order]
 
 

@@ -74,9 +74,7 @@ def test_a_batch_of_publishes_is_marked_by_one_update(
     assert broker.llen(app.conf.task_default_queue) == 30
 
 
-def test_marked_rows_are_not_sent_again_by_the_relay(
-    pg: Engine, broker: redis.Redis
-) -> None:
+def test_marked_rows_are_not_sent_again_by_the_relay(pg: Engine, broker: redis.Redis) -> None:
     handles = [tasks.echo.delay(f"delay-{uuid.uuid4().hex[:6]}") for _ in range(5)]
     outbox.MARKER.flush()
     assert _all_marked(pg, len(handles))
@@ -85,8 +83,9 @@ def test_marked_rows_are_not_sent_again_by_the_relay(
     assert broker.llen(app.conf.task_default_queue) == len(handles)
 
 
-def test_a_delay_checks_its_body_once(pg: Engine, broker: redis.Redis,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_delay_checks_its_body_once(
+    pg: Engine, broker: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     checked: list[dict[str, Any]] = []
 
     def counting(body: dict[str, Any]) -> bool:

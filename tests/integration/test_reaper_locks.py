@@ -33,8 +33,9 @@ def _hold_lock(pg: Engine, attachment_id: uuid.UUID) -> Connection:
     """A session idle in transaction that holds the attachment row's lock."""
     holder = pg.connect()
     holder.begin()
-    holder.execute(update(ATTACHMENTS).where(ATTACHMENTS.c.id == attachment_id)
-                   .values(error_code=None))  # fmt: skip
+    holder.execute(
+        update(ATTACHMENTS).where(ATTACHMENTS.c.id == attachment_id).values(error_code=None)
+    )
     return holder
 
 

@@ -80,8 +80,11 @@ def accept_corrupt(store: ObjectStore, engine: Engine) -> uuid.UUID:
     this = ATTACHMENTS.c.id == accepted.attachment_id
     with engine.begin() as conn:
         key = conn.execute(select(ATTACHMENTS.c.staging_key).where(this)).scalar_one()
-        conn.execute(update(ATTACHMENTS).where(this).values(
-            sha256=sha256(bad), size=len(bad), content_type="image/jpeg"))  # fmt: skip
+        conn.execute(
+            update(ATTACHMENTS)
+            .where(this)
+            .values(sha256=sha256(bad), size=len(bad), content_type="image/jpeg")
+        )
     store.delete(key)
     store.put_if_absent(key, bad, sha256(bad), "image/jpeg")
     return accepted.attachment_id
@@ -122,8 +125,10 @@ def test_one_pass_after_an_s3_outage_brings_every_victim_to_ready(
     corrupt = [accept_corrupt(s3, db) for _ in range(CORRUPT)]
     with running_worker():
         all_reach(db, corrupt, "failed:corrupt_image", timeout=60)
-    victims = [accept_upload(images.solid("PNG"), f"{i}.png", None).attachment_id
-               for i in range(OUTAGE_VICTIMS)]  # fmt: skip
+    victims = [
+        accept_upload(images.solid("PNG"), f"{i}.png", None).attachment_id
+        for i in range(OUTAGE_VICTIMS)
+    ]
     with environment(JOBSAPP_S3_ENDPOINT_URL=DEAD_S3_ENDPOINT), running_worker():
         all_reach(db, victims, "failed:storage_unavailable", timeout=120)
 
@@ -147,9 +152,11 @@ def test_one_pass_after_an_s3_outage_brings_every_victim_to_ready(
     assert all(f"reconcile pass {pass_of[e['job_id']]}" in e["reason"] for e in audit)
     assert states(db, corrupt) == {"failed:corrupt_image": CORRUPT}
     with db.connect() as conn:
-        runs = conn.execute(select(RUNS.c.state, RUNS.c.attempts, func.count())
-                            .where(RUNS.c.attachment_id.in_(victims))
-                            .group_by(RUNS.c.state, RUNS.c.attempts)).all()  # fmt: skip
+        runs = conn.execute(
+            select(RUNS.c.state, RUNS.c.attempts, func.count())
+            .where(RUNS.c.attachment_id.in_(victims))
+            .group_by(RUNS.c.state, RUNS.c.attempts)
+        ).all()
     # One run per attachment, its second attempt: a re-take is never a second job.
     assert runs == [("succeeded", 2, OUTAGE_VICTIMS)]
     with db.connect() as conn:
@@ -168,9 +175,17 @@ def failed_generic_job(engine: Engine, error: str, *, hours: float = 1.0) -> uui
     with engine.begin() as conn:
         journal.enqueue(conn, job, now=at, actor="test")
         assert journal.claim(conn, JOBS, job.job_id, 1, worker="w@h:1", now=at)
-        assert journal.fail(conn, JOBS, job.job_id, 1, token=held_by(conn, JOBS, job.job_id),
-                            outcome=Outcome.EXHAUSTED, error=error,
-                            actor="w@h:1", now=at)  # fmt: skip
+        assert journal.fail(
+            conn,
+            JOBS,
+            job.job_id,
+            1,
+            token=held_by(conn, JOBS, job.job_id),
+            outcome=Outcome.EXHAUSTED,
+            error=error,
+            actor="w@h:1",
+            now=at,
+        )
     return job.job_id
 
 
@@ -183,8 +198,7 @@ def test_old_failures_the_policy_never_retakes_do_not_starve_a_transient_one(db:
         failed_generic_job(db, "NonTransientError: bad input", hours=3 + i / 1000)
     outage = failed_generic_job(db, "TransientError: upstream down", hours=2)
 
-    report = reconcile.run_once(db, Celery("memory", broker="memory://"), JOBS,
-                                reconcile.Request())  # fmt: skip
+    report = reconcile.run_once(db, Celery("memory", broker="memory://"), JOBS, reconcile.Request())
 
     assert report.retaken == [(outage, "TransientError")]
     assert run_row(db, outage)["state"] == "queued"
@@ -201,8 +215,10 @@ def test_an_operator_reconciles_by_hand_from_the_cli(
     assert dry["retaken"] == [{"job_id": str(outage), "error_code": "TransientError"}]
     assert run_row(db, outage)["state"] == "failed"
 
-    assert cli.main(["reconcile", "--module", "jobs", "--error-code", "KeyError",
-                     "--actor", "alice"]) == 0  # fmt: skip
+    assert (
+        cli.main(["reconcile", "--module", "jobs", "--error-code", "KeyError", "--actor", "alice"])
+        == 0
+    )
     (done,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert done["retaken"] == [{"job_id": str(other), "error_code": "KeyError"}]
     assert run_row(db, other)["state"] == "queued"
@@ -211,27 +227,49 @@ def test_an_operator_reconciles_by_hand_from_the_cli(
     assert run_row(db, outage)["state"] == "failed"
 
 
-def reconciled_and_failed_again(engine: Engine, job_id: uuid.UUID, error: str,
-                                *, hours: float = 0.0) -> None:  # fmt: skip
+def reconciled_and_failed_again(
+    engine: Engine, job_id: uuid.UUID, error: str, *, hours: float = 0.0
+) -> None:
     """An earlier reconcile pass replayed the job; its next attempt failed ``hours`` ago."""
-    operator.replay(engine, "jobs", job_id, actor=reconcile.ACTOR, reason="an earlier pass",
-                    app=Celery("memory", broker="memory://"))  # fmt: skip
+    operator.replay(
+        engine,
+        "jobs",
+        job_id,
+        actor=reconcile.ACTOR,
+        reason="an earlier pass",
+        app=Celery("memory", broker="memory://"),
+    )
     at = utcnow() - timedelta(hours=hours)
     with engine.begin() as conn:
         attempt = int(run_row(engine, job_id)["attempts"]) + 1
         assert journal.claim(conn, JOBS, job_id, attempt, worker="w@h:1", now=at)
-        assert journal.fail(conn, JOBS, job_id, attempt, token=held_by(conn, JOBS, job_id),
-                            outcome=Outcome.EXHAUSTED, error=error, actor="w@h:1",
-                            now=at)  # fmt: skip
+        assert journal.fail(
+            conn,
+            JOBS,
+            job_id,
+            attempt,
+            token=held_by(conn, JOBS, job_id),
+            outcome=Outcome.EXHAUSTED,
+            error=error,
+            actor="w@h:1",
+            now=at,
+        )
 
 
 def failed_attachment_run(engine: Engine, error: str) -> uuid.UUID:
     job_id = queued_attachment_job(engine)
     attempt = claimed(engine, ATTACHMENT_RUNS, job_id)
     with engine.begin() as conn:
-        assert journal.fail(conn, ATTACHMENT_RUNS, job_id, attempt,
-                            token=held_by(conn, ATTACHMENT_RUNS, job_id),
-                            outcome=Outcome.PERMANENT, error=error, actor="w1@host")  # fmt: skip
+        assert journal.fail(
+            conn,
+            ATTACHMENT_RUNS,
+            job_id,
+            attempt,
+            token=held_by(conn, ATTACHMENT_RUNS, job_id),
+            outcome=Outcome.PERMANENT,
+            error=error,
+            actor="w1@host",
+        )
     return job_id
 
 
@@ -264,12 +302,16 @@ def test_a_dry_run_names_the_rule_that_holds_back_each_failed_run(
     assert held == {
         str(next_pass): ("batch_full", "batch full: a later pass takes it"),
         str(recent): ("cool_down", f"cool-down until {until.isoformat(timespec='seconds')}"),
-        str(not_retryable): ("not_retryable",
-                             "error code not retryable: the error carries none of TransientError"),
+        str(not_retryable): (
+            "not_retryable",
+            "error code not retryable: the error carries none of TransientError",
+        ),
         str(capped): ("rounds_cap", "rounds cap reached: 1 of 1 reconcile rounds spent"),
-        str(cancelled.job_id): ("not_a_failure", "outcome cancelled: reconcile retakes only "
-                                "exhausted, permanent or stale runs"),
-    }  # fmt: skip
+        str(cancelled.job_id): (
+            "not_a_failure",
+            "outcome cancelled: reconcile retakes only exhausted, permanent or stale runs",
+        ),
+    }
     assert attachments["retaken"] == []
     never = "error code corrupt_image is never retaken"
     assert attachments["held_back"] == [
@@ -294,14 +336,17 @@ def test_the_query_selects_exactly_the_runs_the_decision_retakes(db: Engine) -> 
         job, at = tasks.echo.new_job(("m",), {}, uuid.uuid4()), utcnow() - timedelta(hours=2)
         with db.begin() as conn:
             journal.enqueue(conn, job, now=at, actor="test")
-            assert journal.cancel(conn, JOBS, job.job_id, attempts=0, actor="test",
-                                  reason=error, now=at)  # fmt: skip
+            assert journal.cancel(
+                conn, JOBS, job.job_id, attempts=0, actor="test", reason=error, now=at
+            )
     now = utcnow()
 
     chosen = reconcile.candidates(db, JOBS, policy, policy.retake, now)
     every = reconcile.left_alone(db, JOBS, [], limit=1000)
-    decided = {r["job_id"]: reconcile.decide(reconcile.failure_of(r), policy, policy.retake, now)
-               for r in every}  # fmt: skip
+    decided = {
+        r["job_id"]: reconcile.decide(reconcile.failure_of(r), policy, policy.retake, now)
+        for r in every
+    }
 
     assert len(every) == 3 * 3 * 2 + 3
     assert {r["job_id"] for r in chosen} == {
@@ -309,9 +354,11 @@ def test_the_query_selects_exactly_the_runs_the_decision_retakes(db: Engine) -> 
     }
     assert len(chosen) == 1  # TransientError, 2 hours ago, no round yet
     assert {d.rule for d in decided.values() if isinstance(d, reconcile.HeldBack)} == {
-        reconcile.Rule.NOT_A_FAILURE, reconcile.Rule.NOT_RETRYABLE, reconcile.Rule.ROUNDS_CAP,
+        reconcile.Rule.NOT_A_FAILURE,
+        reconcile.Rule.NOT_RETRYABLE,
+        reconcile.Rule.ROUNDS_CAP,
         reconcile.Rule.COOL_DOWN,
-    }  # fmt: skip
+    }
 
 
 def test_the_admin_api_runs_a_pass_and_refuses_a_never_code(db: Engine) -> None:

@@ -19,8 +19,11 @@ QUEUE = f"jobsapp-transport-{SESSION}"
 def app() -> Iterator[Celery]:
     """A producer app on jobsapp's transport, publishing to a queue of this session."""
     app = Celery("transport-tests", set_as_current=False)
-    app.conf.update(broker_url=service("JOBSAPP_TEST_REDIS_URL"), task_default_queue=QUEUE,
-                    broker_transport="jobsapp.lifecycle.redis_transport:Transport")  # fmt: skip
+    app.conf.update(
+        broker_url=service("JOBSAPP_TEST_REDIS_URL"),
+        task_default_queue=QUEUE,
+        broker_transport="jobsapp.lifecycle.redis_transport:Transport",
+    )
     client = redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL"))
     client.delete(QUEUE)
     yield app

@@ -55,13 +55,25 @@ def plant_ready(
         attachment_id = uuid.uuid4()
         key = original_key(PUBLISHED_PREFIX, attachment_id, "png")
         store.put_if_absent(key, data, digest, "image/png")
-        rows.append({
-            "id": attachment_id, "content_type": "image/png", "size": len(data),
-            "sha256": digest, "width": 24, "height": 16, "display_name": "planted.png",
-            "staging_key": staging_key(attachment_id), "original_key": key, "state": "ready",
-            "published_version": 1, "error_code": None, "idempotency_key": None,
-            "created_at": now, "updated_at": now,
-        })  # fmt: skip
+        rows.append(
+            {
+                "id": attachment_id,
+                "content_type": "image/png",
+                "size": len(data),
+                "sha256": digest,
+                "width": 24,
+                "height": 16,
+                "display_name": "planted.png",
+                "staging_key": staging_key(attachment_id),
+                "original_key": key,
+                "state": "ready",
+                "published_version": 1,
+                "error_code": None,
+                "idempotency_key": None,
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
     with engine.begin() as conn:
         conn.execute(insert(ATTACHMENTS), rows)
     return sorted(row["id"] for row in rows)
@@ -105,8 +117,14 @@ def lock(conn: Connection, table: Any, column: Any, value: uuid.UUID) -> None:
 
 def test_progress_counts_each_enqueue_outcome() -> None:
     start = Progress(version=2, total=5, failed_before=1)
-    after = start.counted([EnqueueOutcome.ENQUEUED, EnqueueOutcome.DUPLICATE,
-                           EnqueueOutcome.ENQUEUED, EnqueueOutcome.SKIPPED])  # fmt: skip
+    after = start.counted(
+        [
+            EnqueueOutcome.ENQUEUED,
+            EnqueueOutcome.DUPLICATE,
+            EnqueueOutcome.ENQUEUED,
+            EnqueueOutcome.SKIPPED,
+        ]
+    )
     assert (after.enqueued, after.in_flight, after.busy, after.seen) == (2, 1, 1, 4)
     assert (after.total, after.failed_before) == (5, 1)
 
@@ -164,8 +182,7 @@ def test_reprocess_enqueues_in_batches_and_running_it_again_enqueues_nothing_twi
     ids = plant_ready(db, s3, 23)
     seen: list[Progress] = []
     done = reprocess_to(db, 2, batch=5, progress=seen.append)
-    assert [(p.seen, p.total) for p in seen] == [(5, 23), (10, 23), (15, 23), (20, 23),
-                                                 (23, 23)]  # fmt: skip
+    assert [(p.seen, p.total) for p in seen] == [(5, 23), (10, 23), (15, 23), (20, 23), (23, 23)]
     assert (done.enqueued, done.in_flight, done.busy) == (23, 0, 0)
     # No worker yet: every job is still queued, so a second run finds each one.
     again = reprocess_to(db, 2, batch=5)
@@ -180,8 +197,9 @@ def test_reprocess_enqueues_in_batches_and_running_it_again_enqueues_nothing_twi
     with db.connect() as conn:
         attempts = conn.execute(select(RUNS.c.attempts).where(RUNS.c.job_id.in_(jobs))).scalars()
         assert set(attempts) == {1}
-        v2_rows = conn.execute(select(func.count()).select_from(VARIANTS)
-                               .where(VARIANTS.c.pipeline_version == 2)).scalar_one()  # fmt: skip
+        v2_rows = conn.execute(
+            select(func.count()).select_from(VARIANTS).where(VARIANTS.c.pipeline_version == 2)
+        ).scalar_one()
     assert v2_rows == 3 * len(ids)
     # Everything is on version 2 now: nothing is left to do.
     assert reprocess_to(db, 2).total == 0
@@ -210,8 +228,9 @@ def test_a_failed_job_at_the_version_is_left_out_unless_asked_for(
 
     retried = reprocess_to(db, 2, retry_failed=True)
     assert (retried.total, retried.enqueued, retried.failed_before) == (1, 1, 0)
-    rerun = eventually(lambda: run_state(db, job_of(broken, 2)) == "failed" and run_rows(
-        db, broken)[-1])  # fmt: skip
+    rerun = eventually(
+        lambda: run_state(db, job_of(broken, 2)) == "failed" and run_rows(db, broken)[-1]
+    )
     assert rerun["attempts"] == 2
 
 
@@ -228,12 +247,19 @@ def test_the_commands_plug_into_any_argparse_subparsers() -> None:
     commands.register(parser.add_subparsers(dest="command", required=True))
     again = parser.parse_args(["reprocess", "--to-version", "2"])
     assert (again.handler, again.to_version, again.batch, again.pause, again.retry_failed) == (
-        commands.reprocess, 2, 100, 0.0, False,
-    )  # fmt: skip
+        commands.reprocess,
+        2,
+        100,
+        0.0,
+        False,
+    )
     check = parser.parse_args(["verify", "--repair", "--wait", "5"])
     assert (check.handler, check.repair, check.deep, check.wait) == (
-        commands.verify, True, False, 5.0,
-    )  # fmt: skip
+        commands.verify,
+        True,
+        False,
+        5.0,
+    )
     with pytest.raises(SystemExit):
         parser.parse_args(["reprocess", "--to-version", "2", "--batch", "0"])
 

@@ -41,12 +41,25 @@ def plant_rows(engine: Engine, count: int) -> list[uuid.UUID]:
     nothing else."""
     now = utcnow()
     ids = sorted(uuid.uuid4() for _ in range(count))
-    rows = [{
-        "id": i, "content_type": "image/png", "size": 1, "sha256": "0" * 64, "width": 1,
-        "height": 1, "display_name": "p.png", "staging_key": staging_key(i), "state": "ready",
-        "original_key": f"attachments/{i}/original.png", "published_version": 1,
-        "error_code": None, "created_at": now, "updated_at": now,
-    } for i in ids]  # fmt: skip
+    rows = [
+        {
+            "id": i,
+            "content_type": "image/png",
+            "size": 1,
+            "sha256": "0" * 64,
+            "width": 1,
+            "height": 1,
+            "display_name": "p.png",
+            "staging_key": staging_key(i),
+            "state": "ready",
+            "original_key": f"attachments/{i}/original.png",
+            "published_version": 1,
+            "error_code": None,
+            "created_at": now,
+            "updated_at": now,
+        }
+        for i in ids
+    ]
     with engine.begin() as conn:
         conn.execute(insert(ATTACHMENTS), rows)
     return ids
@@ -57,16 +70,22 @@ def refusing(db: Engine) -> Iterator[list[uuid.UUID]]:
     """Planted attachments; the database refuses a job for the ``POISONED``-th one."""
     ids = plant_rows(db, COUNT)
     with db.begin() as conn:
-        conn.execute(text(f"""
+        conn.execute(
+            text(f"""
             CREATE FUNCTION test_refuse_job() RETURNS trigger AS $$
             BEGIN
                 IF NEW.attachment_id = '{ids[POISONED]}' THEN
                     RAISE EXCEPTION 'could not extend file: No space left on device';
                 END IF;
                 RETURN NEW;
-            END $$ LANGUAGE plpgsql"""))
-        conn.execute(text("CREATE TRIGGER test_refuse_job BEFORE INSERT ON attachment_runs "
-                          "FOR EACH ROW EXECUTE FUNCTION test_refuse_job()"))  # fmt: skip
+            END $$ LANGUAGE plpgsql""")
+        )
+        conn.execute(
+            text(
+                "CREATE TRIGGER test_refuse_job BEFORE INSERT ON attachment_runs "
+                "FOR EACH ROW EXECUTE FUNCTION test_refuse_job()"
+            )
+        )
     try:
         yield ids
     finally:
@@ -93,15 +112,15 @@ def test_steps_add_up_and_say_where_they_stand() -> None:
 def test_a_failed_pass_keeps_its_record_and_reconcile_resumes_it(
     db: Engine, refusing: list[uuid.UUID], worker: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(backfill, "retry_policy", RetryPolicy(base_delay=0.2, max_delay=0.2,
-                                                             jitter=0))  # fmt: skip
+    monkeypatch.setattr(
+        backfill, "retry_policy", RetryPolicy(base_delay=0.2, max_delay=0.2, jitter=0)
+    )
     started = start_backfill(2, batch=BATCH)
     assert started.outcome is EnqueueOutcome.ENQUEUED
     # One backfill per target version is active.
     assert start_backfill(2, batch=BATCH).holder == started.job_id
 
-    failed = eventually(lambda: (row := backfill_row(db))["state"] == "failed" and row,
-                        timeout=60)  # fmt: skip
+    failed = eventually(lambda: (row := backfill_row(db))["state"] == "failed" and row, timeout=60)
     assert (failed["outcome"], failed["attempts"]) == ("exhausted", failed["max_attempts"])
     assert (failed["cursor"], failed["scanned"], failed["enqueued"]) == (refusing[19], 20, 20)
     assert f"stopped at cursor {refusing[19]}, scanned 20 (enqueued 20" in failed["last_error"]
@@ -111,8 +130,7 @@ def test_a_failed_pass_keeps_its_record_and_reconcile_resumes_it(
     later = utcnow() + timedelta(hours=1)
     (report,) = reconcile.run_all(db, app, reconcile.Request(now=later), module="reprocess")
     assert report.retaken == [(started.job_id, "TransientError")]
-    done = eventually(lambda: (row := backfill_row(db))["state"] == "succeeded" and row,
-                      timeout=60)  # fmt: skip
+    done = eventually(lambda: (row := backfill_row(db))["state"] == "succeeded" and row, timeout=60)
     steps = (done["scanned"], done["enqueued"], done["skipped"], done["failed"])
     assert steps == (COUNT, COUNT, 0, 0)
     with db.connect() as conn:

@@ -84,8 +84,18 @@ def send_task_get(s: Side) -> Any:
 def states_of_success(s: Side) -> Any:
     r = s.add.delay(1, 1)
     value = r.get(timeout=WAIT)
-    return [value, r.state, r.status, r.ready(), r.successful(), r.failed(), r.result,
-            isinstance(r.date_done, datetime), r.traceback, r.wait(timeout=WAIT)]  # fmt: skip
+    return [
+        value,
+        r.state,
+        r.status,
+        r.ready(),
+        r.successful(),
+        r.failed(),
+        r.result,
+        isinstance(r.date_done, datetime),
+        r.traceback,
+        r.wait(timeout=WAIT),
+    ]
 
 
 def body_exception_from_get(s: Side) -> Any:
@@ -93,8 +103,15 @@ def body_exception_from_get(s: Side) -> Any:
     r = s.boom.delay(token)
     raised = _raised(lambda: r.get(timeout=WAIT))
     kept = r.get(timeout=WAIT, propagate=False)
-    return [raised, type(kept).__name__, r.state, r.failed(), type(r.result).__name__,
-            "ValueError" in (r.traceback or ""), r.ready()]  # fmt: skip
+    return [
+        raised,
+        type(kept).__name__,
+        r.state,
+        r.failed(),
+        type(r.result).__name__,
+        "ValueError" in (r.traceback or ""),
+        r.ready(),
+    ]
 
 
 def autoretry_exhausted_raises_the_listed_exception(s: Side) -> Any:
@@ -151,8 +168,15 @@ def group_without_propagation(s: Side) -> Any:
     token = _fresh_token()
     g = group(s.add.s(2, 2), s.boom.si(token)).apply_async()
     values = g.get(timeout=WAIT, propagate=False)
-    return [values[0], type(values[1]).__name__, g.ready(), g.successful(), g.failed(),
-            g.completed_count(), isinstance(g, GroupResult)]  # fmt: skip
+    return [
+        values[0],
+        type(values[1]).__name__,
+        g.ready(),
+        g.successful(),
+        g.failed(),
+        g.completed_count(),
+        isinstance(g, GroupResult),
+    ]
 
 
 def group_saved_and_restored(s: Side) -> Any:
@@ -169,27 +193,40 @@ def eager_apply(s: Side) -> Any:
 PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "AsyncResult(id, app=app).get() from the id alone": (by_id_from_anywhere, [5, True]),
     "app.send_task(name, args).get()": (send_task_get, 9),
-    "states of a success": (states_of_success,
-                            [2, "SUCCESS", "SUCCESS", True, True, False, 2, True, None, 2]),
-    "the body's exception from get()": (body_exception_from_get, [
-        ("ValueError", "boom <token>"), "ValueError", "FAILURE", True, "ValueError", True,
-        True]),
-    "autoretry_for exhausted": (autoretry_exhausted_raises_the_listed_exception,
-                                [("KeyError", "'missing <token>'"), "FAILURE"]),
-    "self.retry(max_retries=1) exhausted": (retry_exhausted_raises_max_retries_exceeded,
-                                            ["MaxRetriesExceededError", "FAILURE"]),
+    "states of a success": (
+        states_of_success,
+        [2, "SUCCESS", "SUCCESS", True, True, False, 2, True, None, 2],
+    ),
+    "the body's exception from get()": (
+        body_exception_from_get,
+        [("ValueError", "boom <token>"), "ValueError", "FAILURE", True, "ValueError", True, True],
+    ),
+    "autoretry_for exhausted": (
+        autoretry_exhausted_raises_the_listed_exception,
+        [("KeyError", "'missing <token>'"), "FAILURE"],
+    ),
+    "self.retry(max_retries=1) exhausted": (
+        retry_exhausted_raises_max_retries_exceeded,
+        ["MaxRetriesExceededError", "FAILURE"],
+    ),
     "self.request in a bound body": (request_in_a_bound_body, [True, [1], {"k": 3}, 0]),
-    "update_state(PROGRESS, meta)": (update_state_shows_progress, [
-        "PROGRESS", {"step": 1, "token": "<set>"}, False, "done", "SUCCESS"]),
+    "update_state(PROGRESS, meta)": (
+        update_state_shows_progress,
+        ["PROGRESS", {"step": 1, "token": "<set>"}, False, "done", "SUCCESS"],
+    ),
     "an unknown id": (unknown_id_is_pending, ["PENDING", False, None, "TimeoutError"]),
-    "a chain failing in the middle": (chain_failing_in_the_middle,
-                                      [("ValueError", "boom <token>"), True]),
+    "a chain failing in the middle": (
+        chain_failing_in_the_middle,
+        [("ValueError", "boom <token>"), True],
+    ),
     "a chord with a failing member": (chord_with_a_failing_member, True),
-    "a group's get(propagate=False)": (group_without_propagation,
-                                       [4, "ValueError", True, False, True, 1, True]),
+    "a group's get(propagate=False)": (
+        group_without_propagation,
+        [4, "ValueError", True, False, True, 1, True],
+    ),
     "GroupResult.save() and restore(id)": (group_saved_and_restored, [True, [0, 2, 4]]),
     "eager apply()": (eager_apply, [7, "ValueError"]),
-}  # fmt: skip
+}
 
 
 def _normalized(name: str, answer: Any) -> Any:

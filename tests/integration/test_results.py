@@ -122,8 +122,10 @@ def test_a_value_over_the_cap_fails_with_the_documented_error_and_one_at_it_is_k
     with pytest.raises(ResultRefused) as failed:
         over.get(timeout=20)
     assert failed.value.outcome == "permanent"  # type: ignore[attr-defined]
-    assert (f"returned {DEFAULT_RESULT_MAX_BYTES + 1} bytes of JSON, over the result cap of "
-            f"{DEFAULT_RESULT_MAX_BYTES} bytes (JOBSAPP_RESULT_MAX_BYTES)") in str(failed.value)
+    assert (
+        f"returned {DEFAULT_RESULT_MAX_BYTES + 1} bytes of JSON, over the result cap of "
+        f"{DEFAULT_RESULT_MAX_BYTES} bytes (JOBSAPP_RESULT_MAX_BYTES)"
+    ) in str(failed.value)
     assert run_row(db, over.job_id)["last_error"].startswith("[result_too_large] ")
 
 
@@ -140,13 +142,22 @@ def test_a_rerun_forgets_the_previous_result(db: Engine) -> None:
         journal.enqueue(conn, job, actor="producer")
         claimed = journal.claim(conn, job.spec, job.job_id, 1, worker="w", now=None)
         assert claimed is not None
-        assert journal.succeed(conn, job.spec, job.job_id, 1, token=claimed["claim_token"],
-                               actor="w", result=3)  # fmt: skip
+        assert journal.succeed(
+            conn, job.spec, job.job_id, 1, token=claimed["claim_token"], actor="w", result=3
+        )
     assert run_row(db, job.job_id)["result"] == 3
     with db.begin() as conn:
-        journal.reopen(conn, job.spec, job.job_id, from_state=State.SUCCEEDED, attempts=1,
-                       budget=1, transition=Transition.RERUN, actor="producer",
-                       reason="again")  # fmt: skip
+        journal.reopen(
+            conn,
+            job.spec,
+            job.job_id,
+            from_state=State.SUCCEEDED,
+            attempts=1,
+            budget=1,
+            transition=Transition.RERUN,
+            actor="producer",
+            reason="again",
+        )
     row = run_row(db, job.job_id)
     assert (row["state"], row["result"]) == ("queued", None)
     assert hour.add.AsyncResult(str(job.job_id)).result is None

@@ -44,8 +44,11 @@ def finished_8_days_ago(db: Engine) -> uuid.UUID:
     job = tasks.echo.new_job(("m",), {}, uuid.uuid4())
     with db.begin() as conn:
         journal.enqueue(conn, job, now=utcnow() - 9 * DAY, actor="test")
-        conn.execute(update(RUNS).where(RUNS.c.job_id == job.job_id)
-                     .values(state="succeeded", finished_at=utcnow() - 8 * DAY))  # fmt: skip
+        conn.execute(
+            update(RUNS)
+            .where(RUNS.c.job_id == job.job_id)
+            .values(state="succeeded", finished_at=utcnow() - 8 * DAY)
+        )
     return job.job_id
 
 

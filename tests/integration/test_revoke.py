@@ -72,8 +72,12 @@ def test_a_revoked_running_job_is_stopped_at_its_next_beat(db: Engine) -> None:
     row = running.settled(timeout=30)
     assert (row["state"], row["outcome"]) == (State.FAILED, Outcome.CANCELLED)
     seen = transitions(db, running.job_id)
-    assert seen == [Transition.ENQUEUE, Transition.CLAIM, Transition.CANCEL_REQUEST,
-                    Transition.CANCEL]  # fmt: skip
+    assert seen == [
+        Transition.ENQUEUE,
+        Transition.CLAIM,
+        Transition.CANCEL_REQUEST,
+        Transition.CANCEL,
+    ]
     assert Transition.SUCCEED not in seen
     assert tasks.calls(f"{token}-done") == 0  # the body was stopped, not left to finish
     assert running.state == celery_states.REVOKED
@@ -89,9 +93,20 @@ def subprocesses(pg: Engine, redis_clean: None, tmp_path: Path) -> Iterator[Laun
 
 def _worker(launcher: Launcher, name: str) -> Proc:
     """``celery -A jobsapp worker`` on this session's queue, ready."""
-    worker = launcher.start(name, [str(BIN / "celery"), "-A", "jobsapp", "worker",
-                                   *WORKER_FLAGS, "-Q", app.conf.task_default_queue,
-                                   "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h"])  # fmt: skip
+    worker = launcher.start(
+        name,
+        [
+            str(BIN / "celery"),
+            "-A",
+            "jobsapp",
+            "worker",
+            *WORKER_FLAGS,
+            "-Q",
+            app.conf.task_default_queue,
+            "-n",
+            f"{name}-{uuid.uuid4().hex[:6]}@%h",
+        ],
+    )
     ready(worker, timeout=60)
     return worker
 
@@ -127,8 +142,12 @@ def test_a_revoked_run_whose_worker_died_is_failed_cancelled_by_the_reaper(pg: E
 
     eventually(reaped)
     assert run_row(pg, running.job_id)["outcome"] == Outcome.CANCELLED  # not requeued
-    assert transitions(pg, running.job_id) == [Transition.ENQUEUE, Transition.CLAIM,
-                                               Transition.CANCEL_REQUEST, Transition.REAP_FAIL]
+    assert transitions(pg, running.job_id) == [
+        Transition.ENQUEUE,
+        Transition.CLAIM,
+        Transition.CANCEL_REQUEST,
+        Transition.REAP_FAIL,
+    ]
 
 
 # ------------------------------------------------- an attempt's own task id (Flower's)
@@ -165,8 +184,9 @@ def test_an_earlier_attempts_task_id_names_the_job_queued_for_its_retry(pg: Engi
         assert journal.claim(conn, JOBS, queued.job_id, 1, worker="w:1")
         run = journal.load(conn, JOBS, queued.job_id)
         assert run is not None
-        assert journal.requeue(conn, JOBS, run, error="later", transition=Transition.RETRY,
-                               actor="w:1")  # fmt: skip
+        assert journal.requeue(
+            conn, JOBS, run, error="later", transition=Transition.RETRY, actor="w:1"
+        )
     app.control.revoke(task_id_for(queued.job_id, 1))
     row = run_row(pg, queued.job_id)
     assert (row["state"], row["outcome"], row["attempts"]) == ("failed", "cancelled", 1)

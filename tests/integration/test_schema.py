@@ -21,11 +21,18 @@ def _row(key: str, state: str) -> dict[str, object]:
     now = utcnow()
     terminal = state in ("succeeded", "failed")
     return {
-        "job_id": uuid.uuid4(), "task_name": "t", "concurrency_key": key, "state": state,
-        "attempts": 1, "max_attempts": 3, "created_at": now, "updated_at": now,
+        "job_id": uuid.uuid4(),
+        "task_name": "t",
+        "concurrency_key": key,
+        "state": state,
+        "attempts": 1,
+        "max_attempts": 3,
+        "created_at": now,
+        "updated_at": now,
         "heartbeat_at": now if state == "running" else None,
-        "finished_at": now if terminal else None, "params": {},
-    }  # fmt: skip
+        "finished_at": now if terminal else None,
+        "params": {},
+    }
 
 
 def test_migrations_match_the_models(db: Engine) -> None:

@@ -74,8 +74,9 @@ def staged(age: timedelta, key: str = "staging/x") -> ObjectInfo:
     return ObjectInfo(key=key, size=1, sha256=None, content_type=None, modified_at=NOW - age)
 
 
-def row(state: str, *, age: timedelta = LONG_AGO, active: int = 0,
-        intact: bool = True) -> StagedRow:  # fmt: skip
+def row(
+    state: str, *, age: timedelta = LONG_AGO, active: int = 0, intact: bool = True
+) -> StagedRow:
     return StagedRow(state, NOW - age, active, intact)
 
 
@@ -119,12 +120,17 @@ def test_only_keys_jobsapp_makes_name_an_attachment() -> None:
 
 
 def test_the_windows_and_the_scan_limit_come_from_the_environment() -> None:
-    with environment(JOBSAPP_STAGING_ORPHAN_HOURS="0.5", JOBSAPP_STAGING_FAILED_DAYS="2",
-                     JOBSAPP_STAGING_SCAN_LIMIT="300"):  # fmt: skip
+    with environment(
+        JOBSAPP_STAGING_ORPHAN_HOURS="0.5",
+        JOBSAPP_STAGING_FAILED_DAYS="2",
+        JOBSAPP_STAGING_SCAN_LIMIT="300",
+    ):
         cfg = tasks.staging_config()
     assert (cfg.orphan_after, cfg.failed_after, cfg.scan_limit) == (
-        timedelta(minutes=30), timedelta(days=2), 300,
-    )  # fmt: skip
+        timedelta(minutes=30),
+        timedelta(days=2),
+        300,
+    )
     assert tasks.staging_config() == StagingConfig()
     with environment(JOBSAPP_STAGING_ORPHAN_HOURS="0"), pytest.raises(ValueError, match="ORPHAN"):
         tasks.staging_config()
@@ -144,9 +150,14 @@ def stage(store: ObjectStore, attachment_id: uuid.UUID | None = None) -> str:
 
 
 def plant(
-    db: Engine, store: ObjectStore, state: str, *, age: timedelta = LONG_AGO,
-    runs: tuple[tuple[int, str], ...] = (), original: bool = True,
-) -> str:  # fmt: skip
+    db: Engine,
+    store: ObjectStore,
+    state: str,
+    *,
+    age: timedelta = LONG_AGO,
+    runs: tuple[tuple[int, str], ...] = (),
+    original: bool = True,
+) -> str:
     """An attachment in ``state``, last updated ``age`` ago, with its staging object and
     runs ``(version, run state)``; a ready one has its original published unless not."""
     attachment_id = uuid.uuid4()
@@ -157,12 +168,23 @@ def plant(
         store.put_if_absent(published, PNG, PNG_SHA, "image/png")
     then = utcnow() - age
     with db.begin() as conn:
-        conn.execute(insert(ATTACHMENTS).values(
-            id=attachment_id, content_type="image/png", size=len(PNG), sha256=PNG_SHA,
-            width=16, height=12, display_name="p.png", staging_key=key,
-            original_key=published if ready else None, state=state,
-            published_version=1 if ready else None, created_at=then, updated_at=then,
-        ))  # fmt: skip
+        conn.execute(
+            insert(ATTACHMENTS).values(
+                id=attachment_id,
+                content_type="image/png",
+                size=len(PNG),
+                sha256=PNG_SHA,
+                width=16,
+                height=12,
+                display_name="p.png",
+                staging_key=key,
+                original_key=published if ready else None,
+                state=state,
+                published_version=1 if ready else None,
+                created_at=then,
+                updated_at=then,
+            )
+        )
         for version, run_state in runs:
             _plant_run(conn, attachment_id, version, run_state)
     return key
@@ -178,12 +200,21 @@ def _plant_run(conn: Connection, attachment_id: uuid.UUID, version: int, state: 
         return
     journal.claim(conn, spec, job.job_id, 1, worker="gone@host:1", now=now)
     if state == "failed":
-        journal.fail(conn, spec, job.job_id, 1, token=held_by(conn, spec, job.job_id),
-                     outcome=Outcome.PERMANENT, error="x",
-                     actor="test", now=now)  # fmt: skip
+        journal.fail(
+            conn,
+            spec,
+            job.job_id,
+            1,
+            token=held_by(conn, spec, job.job_id),
+            outcome=Outcome.PERMANENT,
+            error="x",
+            actor="test",
+            now=now,
+        )
     elif state == "succeeded":
-        journal.succeed(conn, spec, job.job_id, 1, token=held_by(conn, spec, job.job_id),
-                        actor="test", now=now)  # fmt: skip
+        journal.succeed(
+            conn, spec, job.job_id, 1, token=held_by(conn, spec, job.job_id), actor="test", now=now
+        )
 
 
 def staging_keys(store: ObjectStore) -> set[str]:
@@ -191,9 +222,11 @@ def staging_keys(store: ObjectStore) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("db", "s3"), [("postgres", "s3"), ("sqlite", "local")], indirect=True,
+    ("db", "s3"),
+    [("postgres", "s3"), ("sqlite", "local")],
+    indirect=True,
     ids=["postgres-s3", "embedded-sqlite-local"],
-)  # fmt: skip
+)
 def test_the_pass_deletes_what_the_policy_names_and_never_current_work(
     s3: ObjectStore, db: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -216,8 +249,14 @@ def test_the_pass_deletes_what_the_policy_names_and_never_current_work(
     caplog.set_level(logging.INFO, logger="jobsapp.maintenance.staging")
     report = run_once(db, s3, StagingConfig())
     assert staging_keys(s3) == set(kept.values())
-    assert report.counts == {"examined": 10, "kept": 8, "errors": 0, "orphan": 0, "failed": 1,
-                             "published": 1}  # fmt: skip
+    assert report.counts == {
+        "examined": 10,
+        "kept": 8,
+        "errors": 0,
+        "orphan": 0,
+        "failed": 1,
+        "published": 1,
+    }
     (line,) = [r.getMessage() for r in caplog.records if "staging retention" in r.getMessage()]
     assert "'failed': 1" in line
     assert "'published': 1" in line

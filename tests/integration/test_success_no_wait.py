@@ -32,12 +32,16 @@ def test_plain_limited_and_workflow_successes_land_without_waiting_for_the_flush
     with environment(JOBSAPP_FINISH_FLUSH="no-wait"), in_process_worker():
         plain = tasks.echo.apply_async((token,)).job_id
         # More runs than the key's slots: each success hands its slot to a parked waiter.
-        limited = [limit_tasks.limited_plain.apply_async((tenant, 0.05)).job_id
-                   for _ in range(limit_tasks.LIMIT + 2)]  # fmt: skip
+        limited = [
+            limit_tasks.limited_plain.apply_async((tenant, 0.05)).job_id
+            for _ in range(limit_tasks.LIMIT + 2)
+        ]
         workflow = chain(canvas_tasks.add.s(1, 2), canvas_tasks.add.s(3)).apply_async()
         assert workflow.get(timeout=30) == 6
-        eventually(lambda: all(run_row(db, j)["state"] == "succeeded"
-                               for j in [plain, *limited]), timeout=30)  # fmt: skip
+        eventually(
+            lambda: all(run_row(db, j)["state"] == "succeeded" for j in [plain, *limited]),
+            timeout=30,
+        )
     assert tasks.calls(token) == 1
     with db.connect() as conn:
         held = conn.execute(select(SLOTS.c.job_id).where(SLOTS.c.concurrency_key == tenant))

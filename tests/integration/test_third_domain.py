@@ -105,8 +105,9 @@ def claim(engine: Engine, job_id: uuid.UUID) -> None:
 def widget_state(engine: Engine, job_id: uuid.UUID) -> tuple[str, str | None]:
     table = WIDGETS.table
     with engine.connect() as conn:
-        row = conn.execute(select(table.c.state, table.c.outcome)
-                           .where(table.c.job_id == job_id)).one()  # fmt: skip
+        row = conn.execute(
+            select(table.c.state, table.c.outcome).where(table.c.job_id == job_id)
+        ).one()
     return row.state, row.outcome
 
 
@@ -132,9 +133,17 @@ def test_a_third_domain_is_seen_by_every_plane(
     # Reconcile: the domain's policy retakes a WidgetJam, not a stale run.
     claim(engine, jammed)
     with engine.begin() as conn:
-        assert journal.fail(conn, WIDGETS, jammed, 1, token=held_by(conn, WIDGETS, jammed),
-                            outcome=Outcome.EXHAUSTED,
-                            error="WidgetJam: belt stuck", actor="w@h:1", now=ago(100))  # fmt: skip
+        assert journal.fail(
+            conn,
+            WIDGETS,
+            jammed,
+            1,
+            token=held_by(conn, WIDGETS, jammed),
+            outcome=Outcome.EXHAUSTED,
+            error="WidgetJam: belt stuck",
+            actor="w@h:1",
+            now=ago(100),
+        )
     (report,) = reconcile.run_all(engine, app, reconcile.Request(), module="widgets")
     assert report.retaken == [(jammed, "WidgetJam")]
     assert widget_state(engine, jammed) == ("queued", None)
@@ -148,8 +157,12 @@ def test_a_third_domain_is_seen_by_every_plane(
     with engine.connect() as conn:
         in_view = conn.execute(text(f"SELECT DISTINCT module FROM {RUNS_VIEW}")).scalars()
         assert set(in_view) >= {"widgets"}
-        assert conn.execute(text(f"SELECT count(*) FROM {RUNS_VIEW} WHERE module = 'widgets'"))\
-            .scalar_one() == 3  # fmt: skip
+        assert (
+            conn.execute(
+                text(f"SELECT count(*) FROM {RUNS_VIEW} WHERE module = 'widgets'")
+            ).scalar_one()
+            == 3
+        )
 
     # jobsapp summary (the CLI), /v1/admin/jobs and /metrics/cluster.
     assert cli.main(["summary", "--json", "--module", "widgets"]) == 0

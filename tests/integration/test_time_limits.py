@@ -36,17 +36,41 @@ LIMIT_ERROR = "billiard.exceptions.TimeLimitExceeded"  # celery.exceptions re-ex
 @pytest.fixture(scope="module")
 def workers(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     """One prefork worker of each app, started together (the start is the slow part)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JOBSAPP_DATABASE_URL": postgres_url,
-           "JOBSAPP_IMPORTS": "tests.support.tasks,tests.support.time_limit_tasks",
-           bare.QUEUE: BARE_QUEUE}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "JOBSAPP_DATABASE_URL": postgres_url,
+        "JOBSAPP_IMPORTS": "tests.support.tasks,tests.support.time_limit_tasks",
+        bare.QUEUE: BARE_QUEUE,
+    }
     with launching(env, tmp_path_factory.mktemp("time-limits")) as launcher:
         name = uuid.uuid4().hex[:6]
-        jobsapp_worker = launcher.start("worker", [
-            str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS,
-            "-Q", app.conf.task_default_queue, "-n", f"limits-{name}@%h"])  # fmt: skip
-        bare_worker = launcher.start("bare", [
-            str(BIN / "celery"), "-A", "tests.support.bare_time_limits", "worker",
-            *WORKER_FLAGS, "-n", f"bare-limits-{name}@%h"])  # fmt: skip
+        jobsapp_worker = launcher.start(
+            "worker",
+            [
+                str(BIN / "celery"),
+                "-A",
+                "jobsapp",
+                "worker",
+                *WORKER_FLAGS,
+                "-Q",
+                app.conf.task_default_queue,
+                "-n",
+                f"limits-{name}@%h",
+            ],
+        )
+        bare_worker = launcher.start(
+            "bare",
+            [
+                str(BIN / "celery"),
+                "-A",
+                "tests.support.bare_time_limits",
+                "worker",
+                *WORKER_FLAGS,
+                "-n",
+                f"bare-limits-{name}@%h",
+            ],
+        )
         ready(jobsapp_worker, bare_worker, timeout=90)
         yield launcher
 
@@ -62,6 +86,7 @@ def _handle(value: object) -> JobHandle:
 
 def _ended(db: Engine, handle: JobHandle, timeout: float = 40.0) -> dict[str, Any]:
     """The run once it is no longer queued or running."""
+
     def done() -> dict[str, Any] | None:
         row = dict(run_row(db, handle.job_id))
         return row if row["state"] not in (State.QUEUED, State.RUNNING) else None
@@ -71,8 +96,11 @@ def _ended(db: Engine, handle: JobHandle, timeout: float = 40.0) -> dict[str, An
 
 def _failure_types(db: Engine, handle: JobHandle) -> dict[str, str]:
     """Each failed attempt's stored exception type, by its transition."""
-    return {e["transition"]: e["detail"]["type"] for e in events(db, handle.job_id)
-            if e["detail"] is not None}  # fmt: skip
+    return {
+        e["transition"]: e["detail"]["type"]
+        for e in events(db, handle.job_id)
+        if e["detail"] is not None
+    }
 
 
 @pytest.mark.usefixtures("redis_clean")
@@ -92,8 +120,10 @@ def test_a_hard_time_limit_kills_the_child_and_records_time_limit_exceeded(
     assert started(token) == 2
     assert (row["state"], row["outcome"], row["attempts"]) == ("failed", "exhausted", 2)
     assert "TimeLimitExceeded" in str(row["last_error"])
-    assert _failure_types(pg, handle) == {Transition.RETRY: LIMIT_ERROR,
-                                          Transition.FAIL: LIMIT_ERROR}  # fmt: skip
+    assert _failure_types(pg, handle) == {
+        Transition.RETRY: LIMIT_ERROR,
+        Transition.FAIL: LIMIT_ERROR,
+    }
 
 
 @pytest.mark.usefixtures("redis_clean")

@@ -70,8 +70,9 @@ def db(postgres_url: str) -> Engine:
 
 def _run_span(exporter: InMemorySpanExporter, task_name: str) -> ReadableSpan:
     def probe() -> ReadableSpan | None:
-        return next((s for s in exporter.get_finished_spans() if s.name == f"run {task_name}"),
-                    None)  # fmt: skip
+        return next(
+            (s for s in exporter.get_finished_spans() if s.name == f"run {task_name}"), None
+        )
 
     return eventually(probe, timeout=30)
 
@@ -89,8 +90,11 @@ def _ancestors(span: ReadableSpan, exporter: InMemorySpanExporter) -> list[str]:
 
 
 def _names(span_ids: list[str], exporter: InMemorySpanExporter) -> list[str]:
-    by_id = {format(s.context.span_id, "016x"): s.name
-             for s in exporter.get_finished_spans() if s.context}  # fmt: skip
+    by_id = {
+        format(s.context.span_id, "016x"): s.name
+        for s in exporter.get_finished_spans()
+        if s.context
+    }
     return [by_id.get(i, "(remote caller)") for i in span_ids]
 
 
@@ -153,9 +157,15 @@ def test_the_relay_publishes_a_batch_each_message_in_its_producers_trace(
     assert counts["published"] == len(traces)
     for token, trace_id in traces.items():
         eventually(lambda token=token: tasks.calls(token) == 1, timeout=30)
-        runs = eventually(lambda trace_id=trace_id: [
-            s for s in spans.get_finished_spans() if s.name == "run tests.echo"
-            and s.context and format(s.context.trace_id, "032x") == trace_id])  # fmt: skip
+        runs = eventually(
+            lambda trace_id=trace_id: [
+                s
+                for s in spans.get_finished_spans()
+                if s.name == "run tests.echo"
+                and s.context
+                and format(s.context.trace_id, "032x") == trace_id
+            ]
+        )
         assert _ancestors(runs[0], spans)[-1] == CALLER_SPAN
     beat_trace = tick.get_span_context().trace_id
     assert not [

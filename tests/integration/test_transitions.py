@@ -31,8 +31,15 @@ def _finished_job(pg: Engine) -> uuid.UUID:
     handle = tasks.echo.apply_async(("r",))
     with pg.begin() as conn:
         assert journal.claim(conn, JOBS, handle.job_id, 1, worker="w:1", now=utcnow())
-        assert journal.succeed(conn, JOBS, handle.job_id, 1, actor="w:1", now=utcnow(),
-                               token=held_by(conn, JOBS, handle.job_id))  # fmt: skip
+        assert journal.succeed(
+            conn,
+            JOBS,
+            handle.job_id,
+            1,
+            actor="w:1",
+            now=utcnow(),
+            token=held_by(conn, JOBS, handle.job_id),
+        )
     return handle.job_id
 
 
@@ -56,9 +63,17 @@ def test_a_rerun_on_an_autocommit_connection_is_refused(pg: Engine) -> None:
     job_id = _finished_job(pg)
     with autocommit(pg) as conn, pytest.raises(RuntimeError, match="transaction"):
         journal.reopen(
-            conn, JOBS, job_id, from_state=State.SUCCEEDED, attempts=1, budget=1,
-            transition=Transition.RERUN, now=utcnow(), actor="t", reason="again",
-        )  # fmt: skip
+            conn,
+            JOBS,
+            job_id,
+            from_state=State.SUCCEEDED,
+            attempts=1,
+            budget=1,
+            transition=Transition.RERUN,
+            now=utcnow(),
+            actor="t",
+            reason="again",
+        )
     assert run_row(pg, job_id)["state"] == "succeeded"
 
 
@@ -77,8 +92,10 @@ def test_a_message_that_comes_a_little_early_waits_and_claims(db: Engine) -> Non
     assert time.monotonic() - started >= 0.5
     too_early = tasks.echo.apply_async(("later",), countdown=30.0)
     env = _envelope(too_early.job_id, 1, outbox_rows(db, too_early.job_id)[0]["id"])
-    assert claim.claim(db, JOBS, env, foreign=None, worker="w:1", wait_early=3.0) is \
-        claim.Refusal.EARLY  # fmt: skip
+    assert (
+        claim.claim(db, JOBS, env, foreign=None, worker="w:1", wait_early=3.0)
+        is claim.Refusal.EARLY
+    )
 
 
 def test_the_second_copy_of_a_foreign_message_is_a_duplicate_not_a_key_conflict(
@@ -106,8 +123,9 @@ def test_cancel_is_fenced_by_the_attempt_the_operator_saw(db: Engine) -> None:
         assert journal.claim(conn, JOBS, handle.job_id, 1, worker="w:1")
         run = journal.load(conn, JOBS, handle.job_id)
         assert run is not None
-        assert journal.requeue(conn, JOBS, run, error="later", transition=Transition.RETRY,
-                               actor="w:1")  # fmt: skip
+        assert journal.requeue(
+            conn, JOBS, run, error="later", transition=Transition.RETRY, actor="w:1"
+        )
     # The operator looked while attempt 1 was queued; attempt 2 is queued now.
     with pytest.raises(operator.Conflict) as moved:
         operator.cancel(db, "jobs", handle.job_id, actor="ann", reason="stop", attempts=0)
@@ -119,8 +137,9 @@ def test_cancel_is_fenced_by_the_attempt_the_operator_saw(db: Engine) -> None:
 
 def test_a_heartbeat_that_cannot_reach_the_database_gives_up_at_the_stale_limit() -> None:
     unreachable = make_engine("postgresql+psycopg2://jobsapp@127.0.0.1:9/nowhere")
-    with Heartbeat(unreachable, JOBS, uuid.uuid4(), 1, interval=0.1, stale_after=3.0,
-                   token=uuid.uuid4()) as beat:
+    with Heartbeat(
+        unreachable, JOBS, uuid.uuid4(), 1, interval=0.1, stale_after=3.0, token=uuid.uuid4()
+    ) as beat:
         time.sleep(0.5)
         beat.check()  # a failed stamp or two is not a lost lease
         eventually(lambda: beat.lost, timeout=10)
@@ -132,8 +151,9 @@ def test_a_heartbeat_past_the_stale_limit_says_so_whoever_notices_first() -> Non
     # The ticker's beat may mark the lease lost before the body's own check runs: the
     # body must still hear that the database was out of reach, not a generic loss.
     unreachable = make_engine("postgresql+psycopg2://jobsapp@127.0.0.1:9/nowhere")
-    beat = Heartbeat(unreachable, JOBS, uuid.uuid4(), 1, interval=0.1, stale_after=0.2,
-                     token=uuid.uuid4())  # fmt: skip
+    beat = Heartbeat(
+        unreachable, JOBS, uuid.uuid4(), 1, interval=0.1, stale_after=0.2, token=uuid.uuid4()
+    )
     time.sleep(0.3)
     assert beat.beat() is False
     with pytest.raises(LeaseLost, match=r"no heartbeat reached the database for 0\.2s"):

@@ -77,10 +77,13 @@ def test_a_ready_attachment_needs_its_original_and_every_promised_variant() -> N
     variants = [{"variant": "thumbnail", "object_key": "attachments/t", "sha256": "1" * 64}]
     expected, problems = expected_of(row, variants)
     assert [(e.name, e.key) for e in expected] == [
-        (ORIGINAL, "attachments/o"), ("thumbnail", "attachments/t"),
-    ]  # fmt: skip
-    assert [(p.name, p.kind) for p in problems] == [("crop", Kind.NO_ROW),
-                                                    ("optimized", Kind.NO_ROW)]  # fmt: skip
+        (ORIGINAL, "attachments/o"),
+        ("thumbnail", "attachments/t"),
+    ]
+    assert [(p.name, p.kind) for p in problems] == [
+        ("crop", Kind.NO_ROW),
+        ("optimized", Kind.NO_ROW),
+    ]
     # A version this build does not know: what its rows name is what is checked.
     expected, problems = expected_of({**row, "published_version": 9}, variants)
     assert ([e.name for e in expected], problems) == ([ORIGINAL, "thumbnail"], [])
@@ -96,8 +99,11 @@ def test_judge_tells_missing_from_corrupt() -> None:
 
 
 def test_unnamed_objects_of_work_in_flight_are_not_orphans() -> None:
-    named, busy, lone = (listed(f"attachments/{A}/v1/crop"), listed(f"attachments/{B}/v2/crop"),
-                         listed(f"attachments/{uuid.uuid4()}/v1/crop"))  # fmt: skip
+    named, busy, lone = (
+        listed(f"attachments/{A}/v1/crop"),
+        listed(f"attachments/{B}/v2/crop"),
+        listed(f"attachments/{uuid.uuid4()}/v1/crop"),
+    )
     stray = listed("attachments/readme.txt")
     orphans, in_flight = orphans_among([named, busy, lone, stray], {named.key}, {B})
     assert (orphans, in_flight) == ([lone, stray], 1)
@@ -107,12 +113,15 @@ def test_unnamed_objects_of_work_in_flight_are_not_orphans() -> None:
 
 
 def test_repair_reruns_what_the_original_can_rebuild_and_reports_the_rest() -> None:
-    report = Report(problems=[
-        Problem(A, 1, "thumbnail", Kind.MISSING, "k1"),
-        Problem(A, 1, "crop", Kind.CORRUPT, "k2", "a" * 64, "b" * 64),
-        Problem(B, 2, ORIGINAL, Kind.MISSING, "k3"),
-        Problem(B, 2, "crop", Kind.MISSING, "k4"),
-    ], orphans=[listed("attachments/x")])  # fmt: skip
+    report = Report(
+        problems=[
+            Problem(A, 1, "thumbnail", Kind.MISSING, "k1"),
+            Problem(A, 1, "crop", Kind.CORRUPT, "k2", "a" * 64, "b" * 64),
+            Problem(B, 2, ORIGINAL, Kind.MISSING, "k3"),
+            Problem(B, 2, "crop", Kind.MISSING, "k4"),
+        ],
+        orphans=[listed("attachments/x")],
+    )
     plan = plan_repair(report)
     assert plan.reruns == {A: 1}
     assert [p.key for p in plan.corrupt] == ["k2"]
@@ -122,16 +131,29 @@ def test_repair_reruns_what_the_original_can_rebuild_and_reports_the_rest() -> N
 
 def test_a_row_is_rewritten_only_where_the_store_recorded_other_bytes() -> None:
     def row(name: str, sha: str) -> dict[str, object]:
-        return {"attachment_id": A, "pipeline_version": 1, "variant": name,
-                "object_key": f"k/{name}", "sha256": sha}  # fmt: skip
+        return {
+            "attachment_id": A,
+            "pipeline_version": 1,
+            "variant": name,
+            "object_key": f"k/{name}",
+            "sha256": sha,
+        }
 
     def info(name: str, sha: str | None) -> ObjectInfo:
         return ObjectInfo(key=f"k/{name}", size=7, sha256=sha, content_type=None, modified_at=WHEN)
 
-    rows = [row("same", "a" * 64), row("other", "a" * 64), row("gone", "a" * 64),
-            row("unknown", "a" * 64)]  # fmt: skip
-    stored = {"k/same": info("same", "a" * 64), "k/other": info("other", "b" * 64),
-              "k/gone": None, "k/unknown": info("unknown", None)}  # fmt: skip
+    rows = [
+        row("same", "a" * 64),
+        row("other", "a" * 64),
+        row("gone", "a" * 64),
+        row("unknown", "a" * 64),
+    ]
+    stored = {
+        "k/same": info("same", "a" * 64),
+        "k/other": info("other", "b" * 64),
+        "k/gone": None,
+        "k/unknown": info("unknown", None),
+    }
     assert rewrites_of(rows, stored) == [Rewrite(A, 1, "other", "k/other", "a" * 64, "b" * 64, 7)]
 
 
@@ -186,8 +208,10 @@ def test_verify_finds_the_drift_and_repair_brings_the_attachments_back(
 
     # The same rows as before, and the objects they name are back, byte for byte.
     for attachment_id in (a, b):
-        assert (attachment_row(db, attachment_id)["published_version"],
-                variant_rows(db, attachment_id)) == (1, before[attachment_id][1])  # fmt: skip
+        assert (
+            attachment_row(db, attachment_id)["published_version"],
+            variant_rows(db, attachment_id),
+        ) == (1, before[attachment_id][1])
         (job,) = run_rows(db, attachment_id)
         # Repaired through the lifecycle: the same job, one more attempt.
         assert (job["state"], job["attempts"]) == ("succeeded", 2)
@@ -205,14 +229,18 @@ def test_a_lost_row_is_rebuilt_and_a_lost_original_is_reported_as_unrepairable(
     sourceless = _published("s.png", images.solid("PNG", (20, 20)))
     crop = _variant(db, rowless, "crop")
     with db.begin() as conn:
-        conn.execute(delete(VARIANTS).where(VARIANTS.c.attachment_id == rowless,
-                                            VARIANTS.c.variant == "crop"))  # fmt: skip
+        conn.execute(
+            delete(VARIANTS).where(
+                VARIANTS.c.attachment_id == rowless, VARIANTS.c.variant == "crop"
+            )
+        )
     s3.delete(str(attachment_row(db, sourceless)["original_key"]))
 
     report = verify(db, s3)
     assert sorted((p.attachment_id == rowless, p.name, p.kind) for p in report.problems) == [
-        (False, ORIGINAL, Kind.MISSING), (True, "crop", Kind.NO_ROW),
-    ]  # fmt: skip
+        (False, ORIGINAL, Kind.MISSING),
+        (True, "crop", Kind.NO_ROW),
+    ]
     # The crop object is still there, named by no row.
     assert [o.key for o in report.orphans] == [crop["object_key"]]
 
@@ -249,8 +277,9 @@ def test_repair_converges_when_the_worker_encodes_other_bytes(
     now = _variant(db, a, "thumbnail")
     assert now["sha256"] != lost["sha256"]
     assert (sha256(s3.get(str(now["object_key"]))), len(s3.get(str(now["object_key"])))) == (
-        now["sha256"], now["size"],
-    )  # fmt: skip
+        now["sha256"],
+        now["size"],
+    )
     assert run(capsys, "verify")[0] == 0
     assert verify(db, s3, deep=True).clean
 

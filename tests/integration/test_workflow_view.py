@@ -42,15 +42,21 @@ def _chain_failing_in_the_middle() -> tuple[StepHandle, tuple[str, str, str]]:
     """counted(1) | flaky_once (fails its first run for good) | counted: 2 once replayed."""
     tokens = (_token("first"), _token("once"), _token("last"))
     first, once, last = tokens
-    handle = chain(t.counted.s(1, first), t.flaky_once.s(once, 1),
-                   t.counted.s(last)).apply_async()  # fmt: skip
+    handle = chain(t.counted.s(1, first), t.flaky_once.s(once, 1), t.counted.s(last)).apply_async()
     return handle, tokens
 
 
 def _step(engine: Engine, workflow_id: uuid.UUID, path: str) -> uuid.UUID:
     with engine.connect() as conn:
-        return uuid.UUID(str(conn.execute(select(STEPS.c.job_id).where(
-            STEPS.c.workflow_id == workflow_id, STEPS.c.path == path)).scalar_one()))  # fmt: skip
+        return uuid.UUID(
+            str(
+                conn.execute(
+                    select(STEPS.c.job_id).where(
+                        STEPS.c.workflow_id == workflow_id, STEPS.c.path == path
+                    )
+                ).scalar_one()
+            )
+        )
 
 
 def _has_run(engine: Engine, job_id: uuid.UUID) -> bool:
@@ -119,15 +125,20 @@ def test_a_failed_step_replayed_from_its_job_page_resumes_the_workflow(
         _failed(handle)
         middle = _step(pg, handle.workflow_id, "0.1")
         page = _page(admin, middle)
-        assert _steps_shown(page) == [("succeeded", "succeeded"), ("failed", "exhausted"),
-                                      ("blocked", "upstream_failed")]  # fmt: skip
-        csrf = re.search(r'id="replay">\s*<input type="hidden" name="csrf_token" value="([^"]+)"',
-                         page)  # fmt: skip
+        assert _steps_shown(page) == [
+            ("succeeded", "succeeded"),
+            ("failed", "exhausted"),
+            ("blocked", "upstream_failed"),
+        ]
+        csrf = re.search(
+            r'id="replay">\s*<input type="hidden" name="csrf_token" value="([^"]+)"', page
+        )
         assert csrf is not None, "no replay form on the failed step's page"
 
         form = {"csrf_token": csrf[1], "reason": "upstream is back"}
-        reply = admin.post(f"/admin/jobs/jobs/{middle}/replay", base_url=BASE, data=form,
-                           follow_redirects=True)  # fmt: skip
+        reply = admin.post(
+            f"/admin/jobs/jobs/{middle}/replay", base_url=BASE, data=form, follow_redirects=True
+        )
         assert "Replayed: attempt 2 is queued" in reply.get_data(as_text=True)
         # The last step stays blocked until the replayed one succeeds; then it runs.
         eventually(lambda: _has_run(pg, handle.job_id))

@@ -78,12 +78,12 @@ def _claim(engine: Engine, job_id: uuid.UUID) -> uuid.UUID:
 
 
 def _succeed(conn: Any, job_id: uuid.UUID, token: uuid.UUID, result: Any) -> bool:
-    return journal.succeed(conn, JOBS, job_id, 1, token=token, actor="test-worker",
-                           result=result)  # fmt: skip
+    return journal.succeed(conn, JOBS, job_id, 1, token=token, actor="test-worker", result=result)
 
 
-def _succeed_then_die(engine: Engine, job_id: uuid.UUID, token: uuid.UUID,
-                      successor: uuid.UUID) -> None:  # fmt: skip
+def _succeed_then_die(
+    engine: Engine, job_id: uuid.UUID, token: uuid.UUID, successor: uuid.UUID
+) -> None:
     with engine.begin() as conn:
         assert _succeed(conn, job_id, token, 3)
         assert journal.load(conn, JOBS, successor) is not None  # written, not committed
@@ -126,10 +126,12 @@ def test_a_successor_whose_worker_died_before_publishing_is_published_by_the_rel
 
 def _waiting_for_a_lock(engine: Engine) -> bool:
     with engine.connect() as conn:
-        waiting = conn.execute(text(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )).scalar_one()  # fmt: skip
+        waiting = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
     return bool(waiting)
 
 
@@ -150,8 +152,10 @@ def test_a_chords_body_is_written_once_when_two_members_finish_at_once(
                 first_written.set()
                 release.wait(WAIT)
 
-    threads = [threading.Thread(target=finish, args=(0, 2)),
-               threading.Thread(target=finish, args=(1, 4))]  # fmt: skip
+    threads = [
+        threading.Thread(target=finish, args=(0, 2)),
+        threading.Thread(target=finish, args=(1, 4)),
+    ]
     threads[0].start()
     assert first_written.wait(WAIT)
     threads[1].start()
@@ -204,8 +208,9 @@ def test_the_successes_of_a_chords_100_members_read_each_result_once(
 def test_a_retried_step_redoes_only_itself(pg: Engine, redis_clean: None) -> None:
     first, flaky, last = _token("first"), _token("flaky"), _token("last")
     with in_process_worker():
-        handle = chain(t.counted.s(1, first), t.flaky_add.s(flaky, 2),
-                       t.counted.s(last)).apply_async()  # fmt: skip
+        handle = chain(
+            t.counted.s(1, first), t.flaky_add.s(flaky, 2), t.counted.s(last)
+        ).apply_async()
         assert handle.get(timeout=WAIT) == 2
     assert (calls(first), calls(flaky), calls(last)) == (1, 3, 1)
     retried = _steps(pg, handle.workflow_id)["0.1"]["job_id"]
@@ -218,16 +223,16 @@ def test_a_failed_step_replayed_by_the_operator_resumes_the_chain(
 ) -> None:
     first, once, last = _token("first"), _token("once"), _token("last")
     with in_process_worker():
-        handle = chain(t.counted.s(1, first), t.flaky_once.s(once, 1),
-                       t.counted.s(last)).apply_async()  # fmt: skip
+        handle = chain(
+            t.counted.s(1, first), t.flaky_once.s(once, 1), t.counted.s(last)
+        ).apply_async()
         # As Celery's chain: the failed step's own exception.
         with pytest.raises(ConnectionError, match="upstream down"):
             handle.get(timeout=WAIT)
         assert handle.state == "FAILURE"
         failed = _steps(pg, handle.workflow_id)["0.1"]["job_id"]
         assert run_row(pg, failed)["state"] == "failed"
-        operator.replay(pg, "jobs", failed, actor="ops", reason="upstream is back",
-                        app=t.add.app)  # fmt: skip
+        operator.replay(pg, "jobs", failed, actor="ops", reason="upstream is back", app=t.add.app)
         eventually(lambda: _run(pg, handle.job_id) is not None)
         assert handle.get(timeout=WAIT) == 2
     assert (calls(first), calls(once), calls(last)) == (1, 2, 1)
@@ -264,8 +269,15 @@ def test_a_step_the_reaper_fails_blocks_what_waits_for_it_and_starts_its_errback
     now = utcnow() + timedelta(seconds=1)  # its heartbeat is older than this cutoff
     with pg.begin() as conn:
         stale = journal.find_stale(conn, JOBS, cutoff=now, limit=10)
-        journal.reap(conn, JOBS, stale, requeue_them=False, cutoff=now,
-                     reason="stale: its worker was lost", now=now)  # fmt: skip
+        journal.reap(
+            conn,
+            JOBS,
+            stale,
+            requeue_them=False,
+            cutoff=now,
+            reason="stale: its worker was lost",
+            now=now,
+        )
     assert run_row(pg, first)["outcome"] == "stale"
     assert (handle.state, handle.row()["outcome"]) == ("FAILURE", "upstream_failed")
     called = run_row(pg, uuid.UUID(errback))
@@ -281,9 +293,7 @@ def _published_priority(queue: str) -> int | None:
     return None
 
 
-def test_queue_and_priority_given_on_a_step_are_kept_for_it(
-    pg: Engine, redis_clean: None
-) -> None:
+def test_queue_and_priority_given_on_a_step_are_kept_for_it(pg: Engine, redis_clean: None) -> None:
     elsewhere = f"jobsapp-tests-{SESSION}-canvas-{uuid.uuid4().hex[:6]}"
     with in_process_worker():
         handle = chain(t.add.s(1, 1), t.add.s(2).set(queue=elsewhere, priority=7)).apply_async()
@@ -329,8 +339,11 @@ def test_an_operator_sees_a_workflows_steps_on_the_job_page_and_in_the_summary(
     pg: Engine, redis_clean: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with in_process_worker():
-        handle = chain(t.counted.s(1, _token("first")), t.flaky_once.s(_token("once"), 1),
-                       t.counted.s(_token("last"))).apply_async()  # fmt: skip
+        handle = chain(
+            t.counted.s(1, _token("first")),
+            t.flaky_once.s(_token("once"), 1),
+            t.counted.s(_token("last")),
+        ).apply_async()
         with pytest.raises(ConnectionError):
             handle.get(timeout=WAIT)
     failed = _steps(pg, handle.workflow_id)["0.1"]["job_id"]
@@ -339,14 +352,20 @@ def test_an_operator_sees_a_workflows_steps_on_the_job_page_and_in_the_summary(
         log_in(client, ADMIN_BASE, ADMIN_TOKEN)
         page = client.get(f"/admin/jobs/jobs/{failed}", base_url=ADMIN_BASE).get_data(True)
     shown = re.findall(r'<td class="(\w+)">\w+</td><td>(\w*)</td></tr>', page)
-    assert shown == [("succeeded", "succeeded"), ("failed", "exhausted"),
-                     ("blocked", "upstream_failed")]  # fmt: skip
+    assert shown == [
+        ("succeeded", "succeeded"),
+        ("failed", "exhausted"),
+        ("blocked", "upstream_failed"),
+    ]
     assert f'href="/admin/jobs/jobs/{failed}"' in page  # each step with a run links to it
 
     assert cli.main(["summary", "--workflow", str(handle.workflow_id)]) == 0
     lines = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert [(line[0], line[3]) for line in lines[1:]] == [
-        ("0.0", "succeeded"), ("0.1", "failed"), ("0.2", "blocked")]
+        ("0.0", "succeeded"),
+        ("0.1", "failed"),
+        ("0.2", "blocked"),
+    ]
 
 
 def test_an_operator_cancels_the_rest_of_a_workflow_from_a_steps_page(
@@ -361,13 +380,17 @@ def test_an_operator_cancels_the_rest_of_a_workflow_from_a_steps_page(
         csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
         assert csrf is not None
         assert 'id="cancel-workflow"' in page
-        client.post(f"/admin/jobs/jobs/{first}/cancel-workflow", base_url=ADMIN_BASE,
-                    data={"csrf_token": csrf[1], "reason": "wrong input"})  # fmt: skip
+        client.post(
+            f"/admin/jobs/jobs/{first}/cancel-workflow",
+            base_url=ADMIN_BASE,
+            data={"csrf_token": csrf[1], "reason": "wrong input"},
+        )
         shown = client.get(f"/admin/jobs/jobs/{first}", base_url=ADMIN_BASE).get_data(True)
     assert "Workflow cancelled: no step starts from now on; 1 queued cancelled." in shown
     assert run_row(pg, first)["outcome"] == "cancelled"
     assert [s["blocked_outcome"] for s in _steps(pg, handle.workflow_id).values()] == [
-        "cancelled"] * 3  # fmt: skip
+        "cancelled"
+    ] * 3
     assert handle.state == "REVOKED"
 
 

@@ -12,10 +12,17 @@ from tests.support import time_limit_bodies as bodies
 
 QUEUE = "BARE_QUEUE"
 
-app = Celery("bare-time-limits", broker=os.environ.get("JOBSAPP_TEST_REDIS_URL", "memory://"),
-             backend=os.environ.get("JOBSAPP_TEST_REDIS_URL"), set_as_current=False)  # fmt: skip
+app = Celery(
+    "bare-time-limits",
+    broker=os.environ.get("JOBSAPP_TEST_REDIS_URL", "memory://"),
+    backend=os.environ.get("JOBSAPP_TEST_REDIS_URL"),
+    set_as_current=False,
+)
 app.conf.task_default_queue = os.environ.get(QUEUE, "celery")
 
 hang = app.task(name="bare.time_limits.hang", time_limit=bodies.TIME_LIMIT)(bodies.hang)
-soft = app.task(name="bare.time_limits.soft", soft_time_limit=bodies.SOFT_LIMIT,
-                time_limit=bodies.TIME_LIMIT + 5)(bodies.soft)  # fmt: skip
+soft = app.task(
+    name="bare.time_limits.soft",
+    soft_time_limit=bodies.SOFT_LIMIT,
+    time_limit=bodies.TIME_LIMIT + 5,
+)(bodies.soft)

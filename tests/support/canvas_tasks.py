@@ -47,8 +47,12 @@ def _flaky_add(x: int, token: str, fail_times: int) -> int:
 
 
 BODIES: dict[str, Callable[..., Any]] = {
-    "add": _add, "tsum": _tsum, "identity": _identity, "fail": _fail, "kinds": _kinds,
-}  # fmt: skip
+    "add": _add,
+    "tsum": _tsum,
+    "identity": _identity,
+    "fail": _fail,
+    "kinds": _kinds,
+}
 
 add = lifecycle_task(app, name="tests.canvas.add")(_add)
 tsum = lifecycle_task(app, name="tests.canvas.tsum")(_tsum)
@@ -56,7 +60,8 @@ identity = lifecycle_task(app, name="tests.canvas.identity")(_identity)
 fail = lifecycle_task(app, name="tests.canvas.fail", max_attempts=1)(_fail)
 kinds = lifecycle_task(app, name="tests.canvas.kinds")(_kinds)
 counted = lifecycle_task(app, name="tests.canvas.counted")(_counted)
-flaky_add = lifecycle_task(app, name="tests.canvas.flaky_add", max_attempts=3,
-                           retry_policy=FAST_RETRY)(_flaky_add)  # fmt: skip
+flaky_add = lifecycle_task(
+    app, name="tests.canvas.flaky_add", max_attempts=3, retry_policy=FAST_RETRY
+)(_flaky_add)
 # Fails for good at its first failure: the operator's replay is what takes it again.
 flaky_once = lifecycle_task(app, name="tests.canvas.flaky_once", max_attempts=1)(_flaky_add)

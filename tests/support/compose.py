@@ -41,10 +41,20 @@ def run_compose(
     no_env_file = config_dir / "empty.env"
     no_env_file.touch()
     return subprocess.run(
-        [str(binary), "-f", str(REPO / "docker-compose.yml"), "--env-file", str(no_env_file),
-         *args],
-        env=base | env, cwd=config_dir, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            str(binary),
+            "-f",
+            str(REPO / "docker-compose.yml"),
+            "--env-file",
+            str(no_env_file),
+            *args,
+        ],
+        env=base | env,
+        cwd=config_dir,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 def compose_services(config_dir: Path, env: dict[str, str], *args: str) -> dict[str, Any]:

@@ -94,13 +94,22 @@ def captured() -> Iterator[list[tuple[str, tuple[Any, ...], dict[str, Any]]]]:
 
 def _request(app: Celery, task_id: str) -> dict[str, Any]:
     queue = str(app.conf.task_default_queue)
-    return {"id": task_id, "hostname": f"cost@{socket.gethostname()}", "is_eager": False,
-            "delivery_info": {"routing_key": queue, "exchange": "", "priority": 0,
-                              "redelivered": False}}  # fmt: skip
+    return {
+        "id": task_id,
+        "hostname": f"cost@{socket.gethostname()}",
+        "is_eager": False,
+        "delivery_info": {
+            "routing_key": queue,
+            "exchange": "",
+            "priority": 0,
+            "redelivered": False,
+        },
+    }
 
 
-def measure(app: Celery, task: Any,
-            call: Callable[[], Any] | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
+def measure(
+    app: Celery, task: Any, call: Callable[[], Any] | None = None
+) -> dict[str, dict[str, float]]:
     """The producer's and the worker's counts per job of ``task`` (called with no
     arguments unless ``call`` says how)."""
     enqueue = call or task.delay

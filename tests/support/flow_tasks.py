@@ -28,8 +28,7 @@ def rated(token: str) -> None:
     record_start(token)
 
 
-@lifecycle_task(app, name="tests.flow.per_tenant", rate="1/m", rate_key="{tenant}",
-                dedup_window=0)  # fmt: skip
+@lifecycle_task(app, name="tests.flow.per_tenant", rate="1/m", rate_key="{tenant}", dedup_window=0)
 def per_tenant(tenant: str, token: str) -> None:
     del tenant
     record_start(token)

@@ -46,9 +46,13 @@ def _retried_out(self: Any, token: str) -> None:
 
 
 BODIES: Mapping[str, Callable[..., Any]] = {
-    "add": _add, "boom": _boom, "request_seen": _request_seen, "progress": _progress,
-    "missing": _missing, "retried_out": _retried_out,
-}  # fmt: skip
+    "add": _add,
+    "boom": _boom,
+    "request_seen": _request_seen,
+    "progress": _progress,
+    "missing": _missing,
+    "retried_out": _retried_out,
+}
 
 # The same declaration on both apps: ``@app.task(**OPTIONS[name])``.
 OPTIONS: Mapping[str, Mapping[str, Any]] = {
@@ -63,10 +67,11 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
 _LIFECYCLE_ONLY: Mapping[str, Mapping[str, Any]] = {"retried_out": {"retry_policy": FAST_RETRY}}
 
 LIFECYCLE = {
-    name: lifecycle_task(app, name=f"tests.idioms.{name}", **OPTIONS.get(name, {}),
-                         **_LIFECYCLE_ONLY.get(name, {}))(body)
+    name: lifecycle_task(
+        app, name=f"tests.idioms.{name}", **OPTIONS.get(name, {}), **_LIFECYCLE_ONLY.get(name, {})
+    )(body)
     for name, body in BODIES.items()
-}  # fmt: skip
+}
 
 
 @lifecycle_task(app, name="tests.idioms.replaced", bind=True)

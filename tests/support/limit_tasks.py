@@ -23,15 +23,21 @@ PROBE_DDL = """CREATE TABLE IF NOT EXISTS limit_probe (
 
 def _started(job_id: str, task: str, key: str) -> None:
     with get_engine().begin() as conn:
-        conn.execute(text("INSERT INTO limit_probe (job_id, task, key, started_at) "
-                          "VALUES (:j, :t, :k, clock_timestamp())"),
-                     {"j": job_id, "t": task, "k": key})  # fmt: skip
+        conn.execute(
+            text(
+                "INSERT INTO limit_probe (job_id, task, key, started_at) "
+                "VALUES (:j, :t, :k, clock_timestamp())"
+            ),
+            {"j": job_id, "t": task, "k": key},
+        )
 
 
 def _ended(job_id: str) -> None:
     with get_engine().begin() as conn:
-        conn.execute(text("UPDATE limit_probe SET ended_at = clock_timestamp() WHERE job_id = :j"),
-                     {"j": job_id})  # fmt: skip
+        conn.execute(
+            text("UPDATE limit_probe SET ended_at = clock_timestamp() WHERE job_id = :j"),
+            {"j": job_id},
+        )
 
 
 def probed(job_id: str, task: str, key: str, seconds: float) -> None:
@@ -77,8 +83,9 @@ def limited_completing(tenant: str) -> None:
         pass
 
 
-@lifecycle_task(app, name="tests.limited_looping", key="{tenant}", limit=LIMIT,
-                heartbeat_interval=0.2)  # fmt: skip
+@lifecycle_task(
+    app, name="tests.limited_looping", key="{tenant}", limit=LIMIT, heartbeat_interval=0.2
+)
 def limited_looping(tenant: str, seconds: float) -> None:
     """Loops until ``seconds`` pass or its heartbeat stops it (a revoke)."""
     del tenant
@@ -117,8 +124,15 @@ def most_at_once(token: str) -> int:
     return max((int(n) for n in counter().lrange(_held(token, "at_once"), 0, -1)), default=0)
 
 
-@lifecycle_task(app, name="tests.limited_held", key="{tenant}", limit=LIMIT, max_attempts=1,
-                queue=HELD_QUEUE, dedup_window=0)  # fmt: skip
+@lifecycle_task(
+    app,
+    name="tests.limited_held",
+    key="{tenant}",
+    limit=LIMIT,
+    max_attempts=1,
+    queue=HELD_QUEUE,
+    dedup_window=0,
+)
 def limited_held(tenant: str, token: str) -> None:
     del tenant
     client = counter()

@@ -18,8 +18,7 @@ def column_and_view(url: str, column: str) -> tuple[list[bool], int]:
     """Which run tables have ``column``, and the rows the runs view reads (it must work)."""
     engine = create_engine(url)
     try:
-        has = [any(c["name"] == column for c in inspect(engine).get_columns(t))
-               for t in RUN_TABLES]  # fmt: skip
+        has = [any(c["name"] == column for c in inspect(engine).get_columns(t)) for t in RUN_TABLES]
         with engine.connect() as conn:
             rows = conn.execute(text("SELECT count(*) FROM job_runs_all")).scalar_one()
         return has, int(rows)

@@ -21,6 +21,10 @@ def periodic_tick(label: str) -> None:
 app.conf.beat_schedule = {
     **app.conf.beat_schedule,
     # Catch-up on: the failover test counts every slot, the ones nobody led through too.
-    ENTRY: {"task": "tests.periodic_tick", "schedule": 1.0, "kwargs": {"label": "tick"},
-            "options": {"catch_up": True}},
+    ENTRY: {
+        "task": "tests.periodic_tick",
+        "schedule": 1.0,
+        "kwargs": {"label": "tick"},
+        "options": {"catch_up": True},
+    },
 }

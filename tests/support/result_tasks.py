@@ -54,8 +54,11 @@ sized = lifecycle_task(app, name="tests.results.sized")(_sized)
 
 
 BODIES: Mapping[str, Callable[..., Any]] = {
-    "add": _add, "refuse": _refuse, "opaque": _opaque, "parsed": _parsed,
-}  # fmt: skip
+    "add": _add,
+    "refuse": _refuse,
+    "opaque": _opaque,
+    "parsed": _parsed,
+}
 
 
 @contextmanager

@@ -41,20 +41,25 @@ def _at_eta(self: Any, token: str) -> str:
 
 
 HABITS: Mapping[str, tuple[Callable[..., Any], dict[str, Any]]] = {
-    "unlisted": (_unlisted, {"autoretry_for": (ConnectionError,), "max_retries": 3,
-                             "default_retry_delay": 0}),
+    "unlisted": (
+        _unlisted,
+        {"autoretry_for": (ConnectionError,), "max_retries": 3, "default_retry_delay": 0},
+    ),
     "bounded": (_bounded, {"max_retries": 5}),
     "at_eta": (_at_eta, {}),
-}  # fmt: skip
+}
 
 LIFECYCLE = {
-    name: lifecycle_task(app, name=f"tests.retry_habits.{name}", bind=True,
-                         retry_policy=FAST_RETRY, **options)(body)
+    name: lifecycle_task(
+        app, name=f"tests.retry_habits.{name}", bind=True, retry_policy=FAST_RETRY, **options
+    )(body)
     for name, (body, options) in HABITS.items()
-}  # fmt: skip
+}
 
 
 def declare_bare(bare: Celery) -> dict[str, Any]:
     """The same bodies and options as plain tasks of ``bare``."""
-    return {name: bare.task(name=f"bare.retry_habits.{name}", bind=True, **options)(body)
-            for name, (body, options) in HABITS.items()}  # fmt: skip
+    return {
+        name: bare.task(name=f"bare.retry_habits.{name}", bind=True, **options)(body)
+        for name, (body, options) in HABITS.items()
+    }

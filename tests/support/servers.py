@@ -58,16 +58,34 @@ class RedisServer:
     def argv(self) -> list[str]:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is not installed (apt-get install redis-server)"
-        return [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
-                "--logfile", str(self.workdir / "redis.log")]  # fmt: skip
+        return [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.workdir / "redis.log"),
+        ]
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         tie = DIE_WITH_PARENT if self.dies_with_pytest else ()
-        self.popen = subprocess.Popen([*tie, *self.argv()], stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True)  # fmt: skip
+        self.popen = subprocess.Popen(
+            [*tie, *self.argv()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         client = self.client()
         deadline = time.monotonic() + 10
         while True:

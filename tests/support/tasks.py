@@ -89,7 +89,10 @@ def paused(token: str, seconds: float) -> None:
 
 
 @lifecycle_task(
-    app, name="tests.celery_retry", autoretry_for=(KeyError,), max_retries=2,
+    app,
+    name="tests.celery_retry",
+    autoretry_for=(KeyError,),
+    max_retries=2,
     retry_policy=FAST_RETRY,
 )
 def celery_retry(token: str) -> None:

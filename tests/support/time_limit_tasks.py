@@ -9,12 +9,27 @@ from tests.support import time_limit_bodies as bodies
 from tests.support.tasks import FAST_RETRY
 
 # Killed at its limit on every attempt: retried once, then failed.
-hang = lifecycle_task(app, name="tests.time_limits.hang", time_limit=bodies.TIME_LIMIT,
-                      max_attempts=2, retry_policy=FAST_RETRY)(bodies.hang)  # fmt: skip
-soft = lifecycle_task(app, name="tests.time_limits.soft", soft_time_limit=bodies.SOFT_LIMIT,
-                      time_limit=bodies.TIME_LIMIT + 5)(bodies.soft)  # fmt: skip
+hang = lifecycle_task(
+    app,
+    name="tests.time_limits.hang",
+    time_limit=bodies.TIME_LIMIT,
+    max_attempts=2,
+    retry_policy=FAST_RETRY,
+)(bodies.hang)
+soft = lifecycle_task(
+    app,
+    name="tests.time_limits.soft",
+    soft_time_limit=bodies.SOFT_LIMIT,
+    time_limit=bodies.TIME_LIMIT + 5,
+)(bodies.soft)
 # One run per token at a time: the limit must free the key of a body that still hangs.
-hang_keyed = lifecycle_task(app, name="tests.time_limits.hang_keyed", key="{token}",
-                            time_limit=bodies.TIME_LIMIT, max_attempts=1)(bodies.hang)  # fmt: skip
-spin = lifecycle_task(app, name="tests.time_limits.spin", time_limit=bodies.TIME_LIMIT,
-                      max_attempts=1)(bodies.spin)  # fmt: skip
+hang_keyed = lifecycle_task(
+    app,
+    name="tests.time_limits.hang_keyed",
+    key="{token}",
+    time_limit=bodies.TIME_LIMIT,
+    max_attempts=1,
+)(bodies.hang)
+spin = lifecycle_task(
+    app, name="tests.time_limits.spin", time_limit=bodies.TIME_LIMIT, max_attempts=1
+)(bodies.spin)

@@ -23,8 +23,9 @@ def in_process_worker(concurrency: int = 2) -> Iterator[TestWorkController]:
     app.loader.import_default_modules()
     worker_init.disconnect(preflight.worker_started)
     try:
-        with start_worker(app, pool="threads", concurrency=concurrency,
-                          perform_ping_check=False) as worker:  # fmt: skip
+        with start_worker(
+            app, pool="threads", concurrency=concurrency, perform_ping_check=False
+        ) as worker:
             yield worker
     finally:
         worker_init.connect(preflight.worker_started, weak=False)

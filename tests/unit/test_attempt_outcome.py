@@ -47,8 +47,15 @@ def test_celery_retry_stores_the_exception_it_wraps() -> None:
 
 
 def _envelope(attempt: int) -> Envelope:
-    return Envelope(job_id=uuid.uuid4(), module="jobs", attempt=attempt, ids={},
-                    outbox_id=1, traceparent=None, concurrency_key=None)  # fmt: skip
+    return Envelope(
+        job_id=uuid.uuid4(),
+        module="jobs",
+        attempt=attempt,
+        ids={},
+        outbox_id=1,
+        traceparent=None,
+        concurrency_key=None,
+    )
 
 
 def test_a_requeued_attempt_is_a_retry_naming_the_next_attempts_task() -> None:
@@ -79,8 +86,9 @@ def _through_the_task(error: BaseException | None = None) -> Ended:
     task.run = _body  # type: ignore[method-assign]
     task.request_stack = LocalStack()  # as Celery's binding to an app gives it
     try:
-        task._call_body({"job_id": uuid.uuid4(), "attempts": 2,
-                         "params": {"args": ["4242"], "kwargs": {}}})
+        task._call_body(
+            {"job_id": uuid.uuid4(), "attempts": 2, "params": {"args": ["4242"], "kwargs": {}}}
+        )
     except PaymentDeclined as exc:
         error = exc
     return Ended(End.FAILED, "permanent: PaymentDeclined: ...", error=error)

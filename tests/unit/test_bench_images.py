@@ -58,8 +58,13 @@ def test_the_pyvips_path_makes_the_pipelines_variants(name: str) -> None:
 
 
 def _run(cpu: float, wall: float) -> Measured:
-    return Measured(seconds=wall, cpu_seconds=cpu, baseline_kib=1024, peak_kib=2048,
-                    outputs={"optimized": (4, 3, 100)})  # fmt: skip
+    return Measured(
+        seconds=wall,
+        cpu_seconds=cpu,
+        baseline_kib=1024,
+        peak_kib=2048,
+        outputs={"optimized": (4, 3, 100)},
+    )
 
 
 def test_throughput_is_the_median_of_each_rounds_ratio() -> None:

@@ -36,8 +36,14 @@ def test_cpu_counts_own_and_reaped_children_time_even_with_odd_command_names() -
 
 
 def _sample(e2e: float, rows: float = 0.0) -> Sample:
-    return Sample(enqueue=e2e, drain=e2e, e2e=e2e, cpu_ms=dict.fromkeys(PROCESSES, 1.0),
-                  wal_syncs=0.0, rows={"job_runs": 1.0, "job_events": rows - 1.0})  # fmt: skip
+    return Sample(
+        enqueue=e2e,
+        drain=e2e,
+        e2e=e2e,
+        cpu_ms=dict.fromkeys(PROCESSES, 1.0),
+        wal_syncs=0.0,
+        rows={"job_runs": 1.0, "job_events": rows - 1.0},
+    )
 
 
 def test_ratios_are_the_median_of_each_rounds_ratio_not_a_ratio_of_medians() -> None:
@@ -49,8 +55,9 @@ def test_ratios_are_the_median_of_each_rounds_ratio_not_a_ratio_of_medians() -> 
 
 
 def test_the_closing_lines_compare_jobsapp_with_each_peer_and_count_its_rows() -> None:
-    results = {(fsync, system): [_sample(100, rows=5)] for fsync in ("on", "off")
-               for system in SYSTEMS}  # fmt: skip
+    results = {
+        (fsync, system): [_sample(100, rows=5)] for fsync in ("on", "off") for system in SYSTEMS
+    }
     results[("on", "naive")] = [_sample(200)]
     results[("on", "procrastinate")] = [_sample(50)]
     lines = ratio_lines(results)
@@ -83,8 +90,14 @@ def test_events_are_read_from_jobsapps_celeryconfig_and_a_mixed_setting_gets_its
     shipped = shipped_events(config)
     assert shipped == Events(worker=False, sent=True)
     found = systems(shipped)
-    assert {"bare", "bare+events", "bare+shipped", "lifecycle", "lifecycle+events",
-            "lifecycle+shipped"} <= set(found)  # fmt: skip
+    assert {
+        "bare",
+        "bare+events",
+        "bare+shipped",
+        "lifecycle",
+        "lifecycle+events",
+        "lifecycle+shipped",
+    } <= set(found)
     assert found["lifecycle-batch"].events == shipped
     first = comparisons(shipped)[0]
     assert (first.jobsapp, first.peer) == ("lifecycle+shipped", "bare+shipped")

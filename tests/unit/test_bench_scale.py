@@ -10,8 +10,14 @@ def _point(broker: str, workers: int, rate: float, ran: int = 10) -> Point:
 
 
 def test_the_ratio_is_each_worker_counts_median_over_one_workers() -> None:
-    points = [_point("redis", 1, 50), _point("redis", 1, 70), _point("redis", 1, 60),
-              _point("redis", 4, 150), _point("redis", 4, 90), _point("redis", 4, 120)]  # fmt: skip
+    points = [
+        _point("redis", 1, 50),
+        _point("redis", 1, 70),
+        _point("redis", 1, 60),
+        _point("redis", 4, 150),
+        _point("redis", 4, 90),
+        _point("redis", 4, 120),
+    ]
     assert medians(points) == {("redis", 1): 60, ("redis", 4): 120}
     assert ratio_lines(points, 10) == [
         "scale redis 4/1 workers throughput ratio: 2.00",

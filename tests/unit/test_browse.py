@@ -24,8 +24,15 @@ JOB_ID = uuid.UUID("00000000-0000-4000-8000-000000000001")
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("90", 90), ("90s", 90), ("15m", 900), ("2H", 7200), (" 3d ", 259200),
-     ("3650d", 3650 * 86400)]
+    ("text", "seconds"),
+    [
+        ("90", 90),
+        ("90s", 90),
+        ("15m", 900),
+        ("2H", 7200),
+        (" 3d ", 259200),
+        ("3650d", 3650 * 86400),
+    ],
 )
 def test_an_age_reads_as_seconds(text: str, seconds: float) -> None:
     assert parse_age(text) == seconds
@@ -54,17 +61,23 @@ def test_a_cursor_survives_its_url_form() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "page-2", f"yesterday~{JOB_ID}", "2026-11-30T12:00:00+00:00~nope",
-     f"2026-11-30T12:00:00~{JOB_ID}",  # no time zone
-     f"0001-01-01T00:00:00+14:00~{JOB_ID}"],  # before the calendar starts, in UTC
-)  # fmt: skip
+    [
+        "",
+        "page-2",
+        f"yesterday~{JOB_ID}",
+        "2026-11-30T12:00:00+00:00~nope",
+        f"2026-11-30T12:00:00~{JOB_ID}",  # no time zone
+        f"0001-01-01T00:00:00+14:00~{JOB_ID}",
+    ],  # before the calendar starts, in UTC
+)
 def test_a_malformed_cursor_is_a_bad_filter(text: str) -> None:
     with pytest.raises(BadFilter, match="cursor"):
         parse_cursor(text)
 
 
-def event(attempt: int, transition: str, minute: int, actor: str = "w@h",
-          reason: str | None = None) -> EventRow:  # fmt: skip
+def event(
+    attempt: int, transition: str, minute: int, actor: str = "w@h", reason: str | None = None
+) -> EventRow:
     return EventRow(attempt, transition, None, None, actor, reason, T0 + timedelta(minutes=minute))
 
 
@@ -89,17 +102,22 @@ def test_attempts_are_read_from_claims_and_their_endings() -> None:
         (3, "w1@a", "failed", "ValueError: bad"),
         (4, "w2@b", "running", None),
     ]
-    assert (found[0].started_at, found[0].ended_at) == (T0 + timedelta(minutes=1),
-                                                        T0 + timedelta(minutes=2))  # fmt: skip
+    assert (found[0].started_at, found[0].ended_at) == (
+        T0 + timedelta(minutes=1),
+        T0 + timedelta(minutes=2),
+    )
     assert found[3].ended_at is None
 
 
 def test_a_stored_failure_detail_reads_as_type_message_and_a_multiline_traceback() -> None:
-    stored = {"type": "billing.Upstream", "message": "refused",
-              "traceback": "Traceback (most recent call last):\n  File \"x.py\"\nboom"}  # fmt: skip
+    stored = {
+        "type": "billing.Upstream",
+        "message": "refused",
+        "traceback": 'Traceback (most recent call last):\n  File "x.py"\nboom',
+    }
     text = detail_text(stored)
     assert text == (
-        "billing.Upstream: refused\n\nTraceback (most recent call last):\n  File \"x.py\"\nboom"
+        'billing.Upstream: refused\n\nTraceback (most recent call last):\n  File "x.py"\nboom'
     )
     assert detail_text(None) is None
     assert detail_text({}) is None

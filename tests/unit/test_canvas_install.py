@@ -24,8 +24,9 @@ print("after a lifecycle task joined an app", untouched())
 
 
 def test_importing_jobsapp_leaves_celerys_canvas_alone_until_an_app_declares_a_task() -> None:
-    ran = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True,
-                         check=True, timeout=60)  # fmt: skip
+    ran = subprocess.run(
+        [sys.executable, "-c", PROGRAM], capture_output=True, text=True, check=True, timeout=60
+    )
     assert ran.stdout.splitlines() == [
         "after import True",
         "after a lifecycle task joined an app False",

@@ -160,8 +160,9 @@ def test_an_early_message_knows_how_early_it_came_on_the_databases_clock() -> No
 def test_a_foreign_message_starts_only_attempt_one(attempt: int) -> None:
     # The rule for a row with no attempt yet: attempt 7 of a 3-attempt task is never run.
     assert foreign_refusal(attempt) == (None if attempt == 1 else Refusal.AHEAD)
-    assert foreign_refusal(attempt) == (None if attempt == 1 else explain(row(State.QUEUED, 0),
-                                                                          attempt))
+    assert foreign_refusal(attempt) == (
+        None if attempt == 1 else explain(row(State.QUEUED, 0), attempt)
+    )
 
 
 MINE = uuid.UUID(int=1)
@@ -174,8 +175,9 @@ def claimed(state: State, attempts: int, token: uuid.UUID | None) -> dict[str, A
 
 @given(attempt=message_attempts)
 def test_a_claim_lost_in_a_crash_leaves_the_run_queued_before_its_attempt(attempt: int) -> None:
-    assert claim_lost(claimed(State.QUEUED, attempt - 1, None), attempt, MINE) is \
-        LostClaim.UNCLAIMED  # fmt: skip
+    assert (
+        claim_lost(claimed(State.QUEUED, attempt - 1, None), attempt, MINE) is LostClaim.UNCLAIMED
+    )
     # The reaper's requeue keeps the taken attempt and its token; a later claim moved on.
     assert claim_lost(claimed(State.QUEUED, attempt, MINE), attempt, MINE) is None
     assert claim_lost(claimed(State.RUNNING, attempt + 1, OTHER), attempt, MINE) is None

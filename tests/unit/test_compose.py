@@ -65,10 +65,13 @@ def test_the_procfile_release_line_is_composes_migrate(services: dict[str, Any])
 
 @pytest.mark.parametrize(
     ("env", "bind"),
-    [({}, "127.0.0.1:8000"), ({"PORT": "5123"}, "0.0.0.0:5123"),
-     ({"PORT": "5123", "JOBSAPP_WEB_BIND": "127.0.0.1:9000"}, "127.0.0.1:9000")],
+    [
+        ({}, "127.0.0.1:8000"),
+        ({"PORT": "5123"}, "0.0.0.0:5123"),
+        ({"PORT": "5123", "JOBSAPP_WEB_BIND": "127.0.0.1:9000"}, "127.0.0.1:9000"),
+    ],
     ids=["developer", "platform-port", "explicit-bind"],
-)  # fmt: skip
+)
 def test_web_binds_where_the_platform_says(env: dict[str, str], bind: str) -> None:
     from jobsapp.web.gunicorn_conf import web_bind
 
@@ -119,8 +122,9 @@ def test_web_is_published_on_loopback_unless_the_deployer_says_otherwise(
 
 
 def test_every_published_port_binds_to_loopback(services: dict[str, Any]) -> None:
-    published = [(name, port) for name, service in services.items()
-                 for port in service.get("ports", [])]  # fmt: skip
+    published = [
+        (name, port) for name, service in services.items() for port in service.get("ports", [])
+    ]
     assert published
     assert all(port["host_ip"] == "127.0.0.1" for _, port in published), published
 

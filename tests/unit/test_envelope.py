@@ -14,12 +14,25 @@ TASKS = frozenset({"tests.echo"})
 def headers(**changes: Any) -> dict[str, Any]:
     """What Celery 5's own producer sends, changed; a value of ... drops the header."""
     base: dict[str, Any] = {
-        "lang": "py", "task": "tests.echo", "id": "3f1c", "root_id": "3f1c",
-        "parent_id": None, "group": None, "shadow": None, "eta": None, "expires": None,
-        "retries": 0, "timelimit": [None, None], "argsrepr": "()", "kwargsrepr": "{}",
-        "origin": "gen1@host", "ignore_result": True, "stamped_headers": None, "stamps": {},
+        "lang": "py",
+        "task": "tests.echo",
+        "id": "3f1c",
+        "root_id": "3f1c",
+        "parent_id": None,
+        "group": None,
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "argsrepr": "()",
+        "kwargsrepr": "{}",
+        "origin": "gen1@host",
+        "ignore_result": True,
+        "stamped_headers": None,
+        "stamps": {},
         "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-    }  # fmt: skip
+    }
     base.update(changes)
     return {k: v for k, v in base.items() if v is not ...}
 

@@ -55,8 +55,11 @@ def render_in_child(tmp_path: Path, source: bytes, budget: int | None) -> dict[s
     path.write_bytes(source)
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, str(path), str(budget or "none")],
-        capture_output=True, text=True, check=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
     result: dict[str, object] = json.loads(done.stdout)
     return result
 

@@ -42,8 +42,12 @@ def test_a_job_record_carries_its_ids_and_its_trace(
     logged: tuple[logging.Logger, io.StringIO],
 ) -> None:
     logger, out = logged
-    job = {"job_id": "6f1b2f5e-3c1a-4f0e-9a57-1d6f3c2b8e40", "attempt": 2, "module": "jobs",
-           "task": "tests.echo"}  # fmt: skip
+    job = {
+        "job_id": "6f1b2f5e-3c1a-4f0e-9a57-1d6f3c2b8e40",
+        "attempt": 2,
+        "module": "jobs",
+        "task": "tests.echo",
+    }
     with tracing.span("run", {"traceparent": TRACEPARENT}, consumer=True), about_job(**job):
         logger.info("rendering %d variants", 3)
     logger.info("outside")

@@ -113,9 +113,11 @@ def _walk(importer: str, nodes: list[ast.stmt], top: bool) -> Iterator[Import]:
             for alias in node.names:
                 yield Import(importer, _target(base, alias.name), node.lineno, top)
         else:
-            here = top and not isinstance(
-                node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
-            ) and not (isinstance(node, ast.If) and _is_type_checking(node))  # fmt: skip
+            here = (
+                top
+                and not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+                and not (isinstance(node, ast.If) and _is_type_checking(node))
+            )
             children = [c for c in ast.iter_child_nodes(node) if isinstance(c, _BLOCKS)]
             yield from _walk(importer, children, here)
 

@@ -22,8 +22,14 @@ FAIL_TABLE = dataclasses.replace(registry.JOBS, module="strict", stale_policy=St
 
 
 def stale_run(*, attempt: int = 1, max_attempts: int = 5, rescues: int = 0) -> StaleRun:
-    return StaleRun(job_id=uuid.uuid4(), attempt=attempt, rescues=rescues,
-                    max_attempts=max_attempts, task_name="tests.echo", ids={})  # fmt: skip
+    return StaleRun(
+        job_id=uuid.uuid4(),
+        attempt=attempt,
+        rescues=rescues,
+        max_attempts=max_attempts,
+        task_name="tests.echo",
+        ids={},
+    )
 
 
 # ------------------------------------------------------------------ reaper decisions
@@ -233,45 +239,52 @@ def test_batch_sizes_come_from_the_environment() -> None:
 
 def _unclaimed(n: int, queue: str) -> list[PendingMessage]:
     due = datetime(2026, 12, 1, tzinfo=UTC)
-    return [PendingMessage(i, uuid.uuid4(), 1, "t", {}, due, publish_count=1, queue=queue)
-            for i in range(n)]  # fmt: skip
+    return [
+        PendingMessage(i, uuid.uuid4(), 1, "t", {}, due, publish_count=1, queue=queue)
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize(("depth", "lost"), [(0, 3), (1, 2), (3, 0), (500, 0)])
 def test_a_queue_holding_n_messages_may_hold_the_n_newest_unclaimed(depth: int, lost: int) -> None:
     messages = _unclaimed(3, "a")
-    gone, waiting = outbox.lost_and_waiting(messages, {"a": depth}, lambda m: str(m.queue),
-                                            lowest_first=False)  # fmt: skip
+    gone, waiting = outbox.lost_and_waiting(
+        messages, {"a": depth}, lambda m: str(m.queue), lowest_first=False
+    )
     assert gone == messages[:lost]  # the oldest are the ones a FIFO queue cannot hold
     assert waiting == messages[lost:]
 
 
-@pytest.mark.parametrize(("lowest_first", "urgent_priority", "others"),
-                         [(True, 0, 5), (False, 9, 0)], ids=["redis", "rabbitmq"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("lowest_first", "urgent_priority", "others"),
+    [(True, 0, 5), (False, 9, 0)],
+    ids=["redis", "rabbitmq"],
+)
 def test_a_queue_holding_n_messages_may_hold_the_n_it_serves_last(
     lowest_first: bool, urgent_priority: int, others: int
 ) -> None:
     """An urgent message (the broker's meaning) is served before older ones: a queue that
     holds two of these three may hold both others, so only the urgent one is certainly gone."""
-    old_low, urgent, new_low = (dataclasses.replace(m, priority=others)
-                                for m in _unclaimed(3, "a"))  # fmt: skip
+    old_low, urgent, new_low = (dataclasses.replace(m, priority=others) for m in _unclaimed(3, "a"))
     urgent = dataclasses.replace(urgent, priority=urgent_priority)
-    gone, waiting = outbox.lost_and_waiting([old_low, urgent, new_low], {"a": 2},
-                                            lambda m: str(m.queue),
-                                            lowest_first=lowest_first)  # fmt: skip
+    gone, waiting = outbox.lost_and_waiting(
+        [old_low, urgent, new_low], {"a": 2}, lambda m: str(m.queue), lowest_first=lowest_first
+    )
     assert (gone, waiting) == ([urgent], [old_low, new_low])
 
 
 def test_each_queue_is_judged_by_its_own_depth() -> None:
     a, b = _unclaimed(2, "a"), _unclaimed(2, "b")
-    gone, waiting = outbox.lost_and_waiting([*a, *b], {"a": 5}, lambda m: str(m.queue),
-                                            lowest_first=True)  # fmt: skip
+    gone, waiting = outbox.lost_and_waiting(
+        [*a, *b], {"a": 5}, lambda m: str(m.queue), lowest_first=True
+    )
     assert (gone, waiting) == (b, a)
 
 
 def test_a_pass_report_is_one_readable_line_and_an_idle_pass_says_nothing() -> None:
-    reaped = scheduler.report_line("jobsapp.maintenance.reaper",
-                                   {"jobs": 2, "attachments": 0, "widgets": 1})  # fmt: skip
+    reaped = scheduler.report_line(
+        "jobsapp.maintenance.reaper", {"jobs": 2, "attachments": 0, "widgets": 1}
+    )
     assert reaped == "maintenance reaper: jobs=2, widgets=1"
     assert scheduler.report_line("jobsapp.maintenance.relay", {"published": 0, "failed": 0}) is None
     metrics = scheduler.report_line("jobsapp.maintenance.metrics", {"events": 40})

@@ -64,6 +64,12 @@ def test_rows_collected_before_a_normal_exit_are_marked() -> None:
         installed(Marker(lambda engine, rows: print("marked", [r.id for r in rows]), LONG))\\
             .add(ENGINE, [_row(7), _row(8)])
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, check=True, cwd=os.getcwd())  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=os.getcwd(),
+    )
     assert done.stdout.strip() == "marked [7, 8]"

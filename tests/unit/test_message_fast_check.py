@@ -45,10 +45,11 @@ def _valid_value(name: str) -> st.SearchStrategy[Any]:
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=6,
-)  # fmt: skip
+)
 
 
 @st.composite
@@ -97,8 +98,7 @@ def test_valid_bodies_pass_the_fast_check(body: dict[str, Any]) -> None:
     _agrees(body)
 
 
-@settings(max_examples=examples(ci=150, explore=400),
-          suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+@settings(max_examples=examples(ci=150, explore=400), suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_bodies())
 def test_the_fast_check_agrees_with_jsonschema_on_mutated_bodies(body: dict[str, Any]) -> None:
     _agrees(body)

@@ -27,5 +27,7 @@ def test_no_queue_is_the_task_route_or_the_default_queue() -> None:
 
 
 def test_every_registered_task_is_a_series_from_the_start() -> None:
-    assert LABELS.registered() == [("jobs", "shop.invoice", "billing"),
-                                   ("jobs", "shop.mail", "celery")]  # fmt: skip
+    assert LABELS.registered() == [
+        ("jobs", "shop.invoice", "billing"),
+        ("jobs", "shop.mail", "celery"),
+    ]

@@ -21,8 +21,10 @@ from jobsapp.maintenance.reconcile import (
     wanted_codes,
 )
 
-EXHAUSTED = ("TransientError: storage_unavailable; caused by StorageUnavailable: could not "
-             "connect to the endpoint")  # fmt: skip
+EXHAUSTED = (
+    "TransientError: storage_unavailable; caused by StorageUnavailable: could not "
+    "connect to the endpoint"
+)
 CORRUPT = "[corrupt_image] AttachmentFailed: the image cannot be decoded"
 
 
@@ -72,8 +74,13 @@ GENERIC = policy_of(JOBS)  # TransientError, 30 minutes' cool-down, one round
 LONG_AGO = NOW - timedelta(hours=2)
 
 
-def failure(error: str = "TransientError: upstream down", *, outcome: str = "exhausted",
-            finished_at: datetime = LONG_AGO, rounds: int = 0) -> Failure:  # fmt: skip
+def failure(
+    error: str = "TransientError: upstream down",
+    *,
+    outcome: str = "exhausted",
+    finished_at: datetime = LONG_AGO,
+    rounds: int = 0,
+) -> Failure:
     return Failure(outcome, error, finished_at, rounds)
 
 
@@ -96,16 +103,25 @@ def test_a_transient_failure_past_its_cool_down_and_under_the_cap_is_retaken() -
 @pytest.mark.parametrize(
     ("case", "rule", "line"),
     [
-        (failure(outcome="cancelled"), Rule.NOT_A_FAILURE,
-         "outcome cancelled: reconcile retakes only exhausted, permanent or stale runs"),
-        (failure("KeyError: 'x'"), Rule.NOT_RETRYABLE,
-         "error code not retryable: the error carries none of TransientError"),
+        (
+            failure(outcome="cancelled"),
+            Rule.NOT_A_FAILURE,
+            "outcome cancelled: reconcile retakes only exhausted, permanent or stale runs",
+        ),
+        (
+            failure("KeyError: 'x'"),
+            Rule.NOT_RETRYABLE,
+            "error code not retryable: the error carries none of TransientError",
+        ),
         (failure(rounds=1), Rule.ROUNDS_CAP, "rounds cap reached: 1 of 1 reconcile rounds spent"),
-        (failure(finished_at=NOW - timedelta(minutes=5)), Rule.COOL_DOWN,
-         "cool-down until 2026-03-01T12:25:00+00:00"),
+        (
+            failure(finished_at=NOW - timedelta(minutes=5)),
+            Rule.COOL_DOWN,
+            "cool-down until 2026-03-01T12:25:00+00:00",
+        ),
     ],
     ids=["cancelled", "not-retryable", "rounds-cap", "cool-down"],
-)  # fmt: skip
+)
 def test_each_failure_left_alone_names_its_rule_in_one_line(
     case: Failure, rule: Rule, line: str
 ) -> None:

@@ -8,8 +8,11 @@ import pytest
 
 from jobsapp.lifecycle.redis_transport import frame_fault
 
-PROPERTIES = {"delivery_tag": "t", "body_encoding": "base64",
-              "delivery_info": {"exchange": "celery", "routing_key": "celery"}}  # fmt: skip
+PROPERTIES = {
+    "delivery_tag": "t",
+    "body_encoding": "base64",
+    "delivery_info": {"exchange": "celery", "routing_key": "celery"},
+}
 
 
 def frame(body: Any = "W10=", **properties: Any) -> dict[str, Any]:

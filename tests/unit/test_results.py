@@ -38,11 +38,16 @@ class Opaque:
     ("value", "named"),
     [
         ({1, 2}, "a set, not JSON: pass a list"),
-        ({"x": Opaque()}, "a Opaque, not JSON: pass str, int, float, bool, None, list, dict, "
-                          "or one of kombu's JSON types"),
+        (
+            {"x": Opaque()},
+            "a Opaque, not JSON: pass str, int, float, bool, None, list, dict, "
+            "or one of kombu's JSON types",
+        ),
         ([math.nan], "a float, not JSON"),
-        ({"__type__": "money", "__value__": 1}, "a dict, not JSON: a dict of just __type__ "
-                                                "and __value__ is kombu's marker"),
+        (
+            {"__type__": "money", "__value__": 1},
+            "a dict, not JSON: a dict of just __type__ and __value__ is kombu's marker",
+        ),
         ("\ud800", "text with a lone surrogate, not JSON: pass valid Unicode"),
     ],
 )
@@ -55,10 +60,15 @@ def test_what_json_cannot_carry_is_named_with_what_to_return(value: object, name
 
 
 KOMBU_TYPES = [
-    datetime(2026, 12, 4, 1, 2, 3, 456789, tzinfo=UTC), datetime(2026, 12, 4, 1, 2, 3),
-    date(2026, 12, 4), time(1, 2, 3), Decimal("1.50"),
-    uuid.UUID("6f1d7c4e-3b57-4a8e-9a54-3c1f0e1d2b77"), b"bytes", b"\xff\x00",
-]  # fmt: skip
+    datetime(2026, 12, 4, 1, 2, 3, 456789, tzinfo=UTC),
+    datetime(2026, 12, 4, 1, 2, 3),
+    date(2026, 12, 4),
+    time(1, 2, 3),
+    Decimal("1.50"),
+    uuid.UUID("6f1d7c4e-3b57-4a8e-9a54-3c1f0e1d2b77"),
+    b"bytes",
+    b"\xff\x00",
+]
 
 
 def test_kombus_json_types_come_back_as_celerys_json_serializer_gives_them() -> None:

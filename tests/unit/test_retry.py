@@ -241,22 +241,25 @@ def test_policy_defaults_and_immutability() -> None:
 
 
 def test_with_autoretry_for_an_exception_it_does_not_list_fails_at_once() -> None:
-    decided = decide_failure(ValueError("x"), attempt=1, max_attempts=5, policy=RetryPolicy(),
-                             requested_only=True)  # fmt: skip
+    decided = decide_failure(
+        ValueError("x"), attempt=1, max_attempts=5, policy=RetryPolicy(), requested_only=True
+    )
     assert decided == Decision(Action.FAIL, outcome=Outcome.PERMANENT)
 
 
 @pytest.mark.parametrize("exc", [RetryRequested(ConnectionError("down"), None), RetryAfter(3)])
 def test_with_autoretry_for_what_the_task_asked_to_retry_retries(exc: Exception) -> None:
-    decided = decide_failure(exc, attempt=1, max_attempts=5, policy=RetryPolicy(),
-                             requested_only=True, rand=0.5)  # fmt: skip
+    decided = decide_failure(
+        exc, attempt=1, max_attempts=5, policy=RetryPolicy(), requested_only=True, rand=0.5
+    )
     assert decided.action is Action.RETRY
 
 
 @pytest.mark.parametrize(("attempt", "action"), [(1, Action.RETRY), (2, Action.FAIL)])
 def test_a_retry_calls_own_max_retries_bounds_it(attempt: int, action: Action) -> None:
     asked = RetryRequested(None, None, max_retries=1)
-    decided = decide_failure(asked, attempt=attempt, max_attempts=10, policy=RetryPolicy(),
-                             rand=0.5)  # fmt: skip
+    decided = decide_failure(
+        asked, attempt=attempt, max_attempts=10, policy=RetryPolicy(), rand=0.5
+    )
     assert decided.action is action
     assert decided.outcome in (None, Outcome.EXHAUSTED)

@@ -13,13 +13,20 @@ from jobsapp.lifecycle.journal.row_events import row_events
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
-def run(state: str, *, enqueued_by: str | None = "producer", claimed: bool = True,
-        attempts: int = 1) -> dict[str, Any]:  # fmt: skip
+def run(
+    state: str, *, enqueued_by: str | None = "producer", claimed: bool = True, attempts: int = 1
+) -> dict[str, Any]:
     finished = state in ("succeeded", "failed")
-    return {"job_id": uuid.uuid4(), "state": state, "attempts": attempts, "worker": "w1",
-            "enqueued_by": enqueued_by, "created_at": T0,
-            "attempted_at": T0 + timedelta(seconds=1) if claimed else None,
-            "finished_at": T0 + timedelta(seconds=2) if finished else None}  # fmt: skip
+    return {
+        "job_id": uuid.uuid4(),
+        "state": state,
+        "attempts": attempts,
+        "worker": "w1",
+        "enqueued_by": enqueued_by,
+        "created_at": T0,
+        "attempted_at": T0 + timedelta(seconds=1) if claimed else None,
+        "finished_at": T0 + timedelta(seconds=2) if finished else None,
+    }
 
 
 @pytest.mark.parametrize(

@@ -177,8 +177,9 @@ def test_numbers_parse_as_floats() -> None:
     assert settings.unclaimed_after == 1000.0
 
 
-@pytest.mark.parametrize(("value", "waits"), [("", True), ("wait", True), ("no-wait", False),
-                                              (" No-Wait ", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("value", "waits"), [("", True), ("wait", True), ("no-wait", False), (" No-Wait ", False)]
+)
 def test_a_success_waits_for_its_flush_unless_told_not_to(value: str, waits: bool) -> None:
     assert load_settings({"JOBSAPP_FINISH_FLUSH": value}).success_waits_for_flush is waits
     assert load_settings({}).success_waits_for_flush
@@ -193,9 +194,12 @@ def test_settings_are_frozen() -> None:
 
 @pytest.mark.parametrize(
     ("typo", "meant"),
-    [("JOBSAPP_BROKR_URL", "JOBSAPP_BROKER_URL"), ("JOBSAPP_DATABSE_URL", "JOBSAPP_DATABASE_URL"),
-     ("JOBSAPP_IMPORT", "JOBSAPP_IMPORTS")],
-)  # fmt: skip
+    [
+        ("JOBSAPP_BROKR_URL", "JOBSAPP_BROKER_URL"),
+        ("JOBSAPP_DATABSE_URL", "JOBSAPP_DATABASE_URL"),
+        ("JOBSAPP_IMPORT", "JOBSAPP_IMPORTS"),
+    ],
+)
 def test_a_misspelled_name_is_refused_with_the_name_it_meant(typo: str, meant: str) -> None:
     said = f"^{typo} is not a jobsapp setting; did you mean {meant}"
     with pytest.raises(SettingsError, match=said):
@@ -220,8 +224,11 @@ def test_a_database_url_alone_does_not_fall_back_to_the_embedded_broker_and_stor
 
 
 def test_local_values_may_be_named_beside_each_other() -> None:
-    local = {"JOBSAPP_DATABASE_URL": "sqlite:///x.db", "JOBSAPP_BROKER_URL": "filesystem://",
-             "JOBSAPP_STORAGE_URL": "file:///srv/objects"}  # fmt: skip
+    local = {
+        "JOBSAPP_DATABASE_URL": "sqlite:///x.db",
+        "JOBSAPP_BROKER_URL": "filesystem://",
+        "JOBSAPP_STORAGE_URL": "file:///srv/objects",
+    }
     assert load_settings(local).storage_url == "file:///srv/objects"
 
 
@@ -232,7 +239,10 @@ def test_every_name_the_package_reads_is_a_known_setting() -> None:
     from jobsapp.settings import KNOWN_NAMES, TOOL_PREFIXES
 
     root = Path(jobsapp.__file__).parent
-    read = {name for path in root.rglob("*.py")
-            for name in re.findall(r"JOBSAPP_[A-Z0-9_]+", path.read_text())}  # fmt: skip
+    read = {
+        name
+        for path in root.rglob("*.py")
+        for name in re.findall(r"JOBSAPP_[A-Z0-9_]+", path.read_text())
+    }
     settings = {name for name in read if not name.startswith(TOOL_PREFIXES)}
     assert settings - KNOWN_NAMES - {"JOBSAPP_"} == set()

@@ -24,8 +24,13 @@ def at(seconds: float) -> datetime:
 
 
 def plan(last: float | None, now: float, limit: int = 100) -> slots.Plan:
-    return slots.plan(EVERY_SECOND, last=None if last is None else at(last), now=at(now),
-                      window=WINDOW, limit=limit)  # fmt: skip
+    return slots.plan(
+        EVERY_SECOND,
+        last=None if last is None else at(last),
+        now=at(now),
+        window=WINDOW,
+        limit=limit,
+    )
 
 
 # ------------------------------------------------------------------ job ids
@@ -39,8 +44,12 @@ def test_a_slot_has_one_job_id_whatever_the_timezone_it_is_written_in() -> None:
 
 
 def test_another_slot_or_another_entry_is_another_job() -> None:
-    ids = {slots.slot_job_id("report", T0), slots.slot_job_id("report", at(1)),
-           slots.slot_job_id("digest", T0), slots.slot_job_id("report", at(0.000001))}  # fmt: skip
+    ids = {
+        slots.slot_job_id("report", T0),
+        slots.slot_job_id("report", at(1)),
+        slots.slot_job_id("digest", T0),
+        slots.slot_job_id("report", at(0.000001)),
+    }
 
     assert len(ids) == 4
 
@@ -100,8 +109,9 @@ def test_an_option_a_slot_cannot_honour_is_refused_at_start() -> None:
 def _entry(task: str, schedule: object, **extra: object) -> ScheduleEntry:
     import tests.support.tasks  # noqa: F401 - registers tests.echo
 
-    return ScheduleEntry(name="e", task=task, schedule=schedule, app=app, kwargs={"token": "t"},
-                         **extra)  # fmt: skip
+    return ScheduleEntry(
+        name="e", task=task, schedule=schedule, app=app, kwargs={"token": "t"}, **extra
+    )
 
 
 # ------------------------------------------------------------------ the missed-slot policy
@@ -154,8 +164,14 @@ def test_recent_slots_are_the_latest_ones() -> None:
 
 
 def latest(last: float | None, now: float) -> slots.Plan:
-    return slots.plan(EVERY_SECOND, last=None if last is None else at(last), now=at(now),
-                      window=WINDOW, limit=3, catch_up=False)  # fmt: skip
+    return slots.plan(
+        EVERY_SECOND,
+        last=None if last is None else at(last),
+        now=at(now),
+        window=WINDOW,
+        limit=3,
+        catch_up=False,
+    )
 
 
 def test_a_new_entry_runs_once_at_its_latest_slot_not_every_slot_of_the_window() -> None:
@@ -175,10 +191,14 @@ def test_an_entry_on_time_runs_each_slot_without_catch_up_too() -> None:
 
 @pytest.mark.parametrize(
     ("when", "said"),
-    [(schedule(timedelta(seconds=30)), "every 30 s"), (schedule(300), "every 5 min"),
-     (schedule(7200), "every 2 h"), (schedule(1.5), "every 1.5 s"),
-     (crontab(hour=2, minute=0), "crontab 0 2 * * *")],
+    [
+        (schedule(timedelta(seconds=30)), "every 30 s"),
+        (schedule(300), "every 5 min"),
+        (schedule(7200), "every 2 h"),
+        (schedule(1.5), "every 1.5 s"),
+        (crontab(hour=2, minute=0), "crontab 0 2 * * *"),
+    ],
     ids=["seconds", "minutes", "hours", "fraction", "crontab"],
-)  # fmt: skip
+)
 def test_a_schedule_reads_as_an_operator_says_it(when: Any, said: str) -> None:
     assert periodic.described(when) == said

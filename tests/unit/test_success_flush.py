@@ -36,8 +36,14 @@ def test_a_no_wait_success_waits_where_the_reaper_would_not_run_it_again(
     row = claimed(attempt, max_attempts, rescues)
     assert success_waits_for_flush(registry.JOBS, row, False) is waits
     # The same rule as the reaper's, for the run the lost success leaves behind.
-    stale = StaleRun(job_id=uuid.uuid4(), attempt=attempt, rescues=rescues,
-                     max_attempts=max_attempts, task_name="tests.echo", ids={})  # fmt: skip
+    stale = StaleRun(
+        job_id=uuid.uuid4(),
+        attempt=attempt,
+        rescues=rescues,
+        max_attempts=max_attempts,
+        task_name="tests.echo",
+        ids={},
+    )
     assert reaper.should_requeue(stale, registry.JOBS) is not waits
 
 

@@ -43,8 +43,13 @@ print(json.dumps({"above_baseline": (kib("VmHWM:") - baseline) * 1024,
 def validate_in_child(tmp_path: Path, data: bytes) -> dict[str, object]:
     path = tmp_path / "upload"
     path.write_bytes(data)
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(path)],
-                          capture_output=True, text=True, check=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
     result: dict[str, object] = json.loads(done.stdout)
     return result
 
@@ -85,8 +90,11 @@ def test_valid_pngs_pass_the_streamed_check(data: bytes) -> None:
 
 
 def _png(ihdr: tuple[int, ...], raw: bytes, *, tail: bytes = b"") -> bytes:
-    chunks = [(b"IHDR", struct.pack(">IIBBBBB", *ihdr)), (b"IDAT", zlib.compress(raw) + tail),
-              (b"IEND", b"")]  # fmt: skip
+    chunks = [
+        (b"IHDR", struct.pack(">IIBBBBB", *ihdr)),
+        (b"IDAT", zlib.compress(raw) + tail),
+        (b"IEND", b""),
+    ]
     return b"\x89PNG\r\n\x1a\n" + b"".join(
         struct.pack(">I", len(p)) + k + p + struct.pack(">I", zlib.crc32(k + p)) for k, p in chunks
     )
@@ -94,8 +102,15 @@ def _png(ihdr: tuple[int, ...], raw: bytes, *, tail: bytes = b"") -> bytes:
 
 GREY_4x2 = (4, 2, 8, 0, 0, 0, 0)
 # (x0, y0, dx, dy) of the Adam7 passes; Pillow reads interlaced PNGs but never writes them.
-ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
-         (0, 1, 1, 2))  # fmt: skip
+ADAM7 = (
+    (0, 0, 8, 8),
+    (4, 0, 8, 8),
+    (0, 4, 4, 8),
+    (2, 0, 4, 4),
+    (0, 2, 2, 4),
+    (1, 0, 2, 2),
+    (0, 1, 1, 2),
+)
 
 
 def _adam7_grey(width: int, height: int) -> bytes:
@@ -129,8 +144,17 @@ def _flip_crc(data: bytes) -> bytes:
         _png((4, 2, 8, 7, 0, 0, 0), ROWS),
         images.png_header_only(10, 10),
     ],
-    ids=["short-rows", "extra-row", "bad-filter", "data-after-zlib", "no-iend", "cut",
-         "bad-crc", "bad-colour-type", "header-only"],
+    ids=[
+        "short-rows",
+        "extra-row",
+        "bad-filter",
+        "data-after-zlib",
+        "no-iend",
+        "cut",
+        "bad-crc",
+        "bad-colour-type",
+        "header-only",
+    ],
 )
 def test_damaged_pngs_are_refused_by_the_streamed_check(data: bytes) -> None:
     with pytest.raises(RejectedUpload) as refused:
@@ -178,6 +202,9 @@ def test_a_reduced_jpeg_decode_reports_the_full_dimensions() -> None:
 def test_every_png_layout_passes_the_streamed_check(
     mode: str, width: int, height: int, interlace: bool
 ) -> None:
-    data = images.encode(Image.linear_gradient("L").resize((width, height)).convert(mode), "PNG",
-                         interlace=int(interlace))  # fmt: skip
+    data = images.encode(
+        Image.linear_gradient("L").resize((width, height)).convert(mode),
+        "PNG",
+        interlace=int(interlace),
+    )
     assert inspect_upload(data, STREAMED) == inspect_upload(data)

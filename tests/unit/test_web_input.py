@@ -40,8 +40,9 @@ def test_the_raw_request_target_wins_over_the_decoded_path() -> None:
     environ = {"RAW_URI": "/v/a%FF?x=%00&y=a+b", "PATH_INFO": "/v/a\xef\xbf\xbd"}
     assert raw_url(environ) == (b"/v/a\xff", b"x=\x00&y=a b")
     assert raw_url({"PATH_INFO": "/v/caf\xc3\xa9", "QUERY_STRING": "x=%00"}) == (
-        "/v/café".encode(), b"x=\x00",
-    )  # fmt: skip
+        "/v/café".encode(),
+        b"x=\x00",
+    )
 
 
 def form(*parts: bytes, end: bytes = b"--b0undary--\r\n") -> io.BytesIO:
@@ -74,8 +75,9 @@ def test_a_file_over_the_limit_is_kept_to_one_byte_past_it() -> None:
 
 def test_each_form_limit_is_named_in_its_413() -> None:
     assert refusal(form(field(b"x"), field(b"x"), field(b"x"), file_part()))[:2] == (
-        413, "too_many_parts",
-    )  # fmt: skip
+        413,
+        "too_many_parts",
+    )
     status, code, reason = refusal(form(field(b"123456"), file_part()))
     assert (status, code) == (413, "field_too_large")
     assert "5 bytes" in reason
@@ -101,8 +103,9 @@ def test_a_part_header_over_its_limit_is_a_413_that_names_it(stream: io.BytesIO)
 def test_a_part_header_just_under_the_limit_is_read() -> None:
     filename = b"a" * (MAX_PART_HEADER_BYTES - 100)
     assert read_file(form(file_part(b"img", filename)), BOUNDARY, LIMITS) == (
-        b"img", filename.decode(),
-    )  # fmt: skip
+        b"img",
+        filename.decode(),
+    )
 
 
 def test_an_unreadable_form_is_a_400_with_its_cause() -> None:

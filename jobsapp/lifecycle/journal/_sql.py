@@ -27,7 +27,6 @@ OUTBOX: Table = OutboxMessage.__table__  # type: ignore[assignment]
 EVENTS: Table = JobEvent.__table__  # type: ignore[assignment]
 
 
-
 def _upsert(conn: Connection, table: Table) -> pg_dml.Insert | sqlite_dml.Insert:
     """INSERT with the dialect's ON CONFLICT support (both spell it the same)."""
     return pg_insert(table) if conn.dialect.name == "postgresql" else sqlite_insert(table)
@@ -42,7 +41,6 @@ def _first(
 def _first_row(result: CursorResult[Any]) -> dict[str, Any] | None:
     row = result.mappings().first()
     return None if row is None else dict(row)
-
 
 
 def _require_transaction(conn: Connection, transition: str) -> None:

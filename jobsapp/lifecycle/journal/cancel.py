@@ -18,9 +18,15 @@ from jobsapp.lifecycle.states import Outcome, State, Transition
 
 
 def cancel(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, attempts: int, actor: str,
-    reason: str, now: datetime | None = None,
-) -> bool:  # fmt: skip
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    *,
+    attempts: int,
+    actor: str,
+    reason: str,
+    now: datetime | None = None,
+) -> bool:
     """queued -> failed/cancelled by an operator, fenced by the ``attempts`` the operator
     saw (a retry that ran meanwhile is another attempt); a running job must finish or be
     reaped."""
@@ -29,20 +35,35 @@ def cancel(
     at = clock(conn, now)
     stmt = (
         update(table)
-        .where(table.c.job_id == job_id, table.c.state == State.QUEUED.value,
-               table.c.attempts == attempts)
+        .where(
+            table.c.job_id == job_id,
+            table.c.state == State.QUEUED.value,
+            table.c.attempts == attempts,
+        )
         .values(
-            state=State.FAILED.value, outcome=Outcome.CANCELLED.value, finished_at=at,
-            updated_at=at, next_retry_at=None, last_error=reason,
+            state=State.FAILED.value,
+            outcome=Outcome.CANCELLED.value,
+            finished_at=at,
+            updated_at=at,
+            next_retry_at=None,
+            last_error=reason,
         )
         .returning(*table.c)
-    )  # fmt: skip
+    )
     row = _first(conn, stmt)
     if row is None:
         return False
     record_event(
-        conn, spec, job_id, attempts + 1, Transition.CANCEL, from_state=State.QUEUED,
-        to_state=State.FAILED, actor=actor, now=row["updated_at"], reason=reason,
-    )  # fmt: skip
+        conn,
+        spec,
+        job_id,
+        attempts + 1,
+        Transition.CANCEL,
+        from_state=State.QUEUED,
+        to_state=State.FAILED,
+        actor=actor,
+        now=row["updated_at"],
+        reason=reason,
+    )
     spec.changed(conn, Transition.CANCEL, [row])
     return True

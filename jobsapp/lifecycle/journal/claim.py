@@ -23,14 +23,25 @@ from jobsapp.lifecycle.states import State, Transition
 
 
 def claim(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, worker: str,
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    attempt: int,
+    *,
+    worker: str,
     now: datetime | None = None,
-) -> Mapping[str, Any] | None:  # fmt: skip
+) -> Mapping[str, Any] | None:
     """queued -> running, only for the next attempt and only once it is due; the row
     returned carries the claim's ``claim_token``, which every later write must name."""
     now = _stamp(conn, now)
-    params = {"r_job_id": job_id, "r_previous": attempt - 1, "r_attempts": attempt,
-              "r_now": now, "r_worker": worker, "r_claim_token": new_claim_token()}  # fmt: skip
+    params = {
+        "r_job_id": job_id,
+        "r_previous": attempt - 1,
+        "r_attempts": attempt,
+        "r_now": now,
+        "r_worker": worker,
+        "r_claim_token": new_claim_token(),
+    }
     event = Event(spec, attempt, Transition.CLAIM, State.QUEUED, State.RUNNING, worker, now)
     return _run(conn, _claim_plan(spec, conn.dialect.name), params, event, None)[0]
 
@@ -46,7 +57,13 @@ def claim_by_insert(
     row = {**_new_row(job, now, State.RUNNING, attempt), "worker": worker}
     plan = _insert_plan(job.spec, conn.dialect.name, State.RUNNING)
     event = Event(
-        job.spec, attempt, Transition.CLAIM, None, State.RUNNING, worker, now,
+        job.spec,
+        attempt,
+        Transition.CLAIM,
+        None,
+        State.RUNNING,
+        worker,
+        now,
         reason="claimed by insert: message from a producer without a journal row",
-    )  # fmt: skip
+    )
     return _run(conn, plan, _insert_params(row, now, job), event, None)[0]

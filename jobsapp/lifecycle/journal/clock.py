@@ -35,7 +35,6 @@ def _clock_param(dialect: str) -> Any:
     return func.coalesce(given, func.now()) if dialect == "postgresql" else given
 
 
-
 def _later(now: datetime | None, delay: timedelta | None) -> datetime | None:
     """``now + delay`` where Python knows ``now`` (else the statement adds it)."""
     return None if now is None or delay is None else now + delay

@@ -35,14 +35,12 @@ class EnqueueOutcome(StrEnum):
     SKIPPED = "skipped"
 
 
-
 @dataclass(frozen=True)
 class EnqueueResult:
     outcome: EnqueueOutcome
     job_id: uuid.UUID
     message: PendingMessage | None = None
     holder: uuid.UUID | None = None
-
 
 
 def enqueue(
@@ -64,8 +62,9 @@ def _in_line(
     """A new run of a limited key holds a slot, or waits parked with no message to publish."""
     delayed = job.not_before is not None or job.delay is not None
     due_at = result.message.available_at if delayed and result.message else None
-    holds = slots.admit(conn, job.spec, job.job_id, job.concurrency_key, job.key_limit or 1,
-                        due_at=due_at, now=now)  # fmt: skip
+    holds = slots.admit(
+        conn, job.spec, job.job_id, job.concurrency_key, job.key_limit or 1, due_at=due_at, now=now
+    )
     return result if holds else replace(result, message=None)
 
 
@@ -78,13 +77,18 @@ def enqueue_new(
     row = _new_row(job, now, State.QUEUED, 0, enqueued_by=actor)
     plan = _insert_plan(job.spec, conn.dialect.name, State.QUEUED)
     event = Event(job.spec, 1, Transition.ENQUEUE, None, State.QUEUED, actor, now)
-    out = outgoing(job.spec, row, attempt=1, now=now, available_at=row["next_retry_at"] or now,
-                   traceparent=job.traceparent)  # fmt: skip
+    out = outgoing(
+        job.spec,
+        row,
+        attempt=1,
+        now=now,
+        available_at=row["next_retry_at"] or now,
+        traceparent=job.traceparent,
+    )
     inserted, message = _run(conn, plan, _insert_params(row, now, job), event, out)
     if inserted is None:
         return None
     return EnqueueResult(EnqueueOutcome.ENQUEUED, job.job_id, message=message)
-
 
 
 def enqueue_existing(
@@ -102,11 +106,18 @@ def enqueue_existing(
         return EnqueueResult(EnqueueOutcome.DUPLICATE, job.job_id)
     try:
         reopened = reopen(
-            conn, job.spec, job.job_id,
-            from_state=State(seen.state), attempts=seen.attempts, budget=job.max_attempts,
-            transition=Transition.RERUN, now=now, actor=actor, reason="enqueued again",
+            conn,
+            job.spec,
+            job.job_id,
+            from_state=State(seen.state),
+            attempts=seen.attempts,
+            budget=job.max_attempts,
+            transition=Transition.RERUN,
+            now=now,
+            actor=actor,
+            reason="enqueued again",
             finished_before=job.dedup_window,
-        )  # fmt: skip
+        )
     except KeyBusy as busy:
         return EnqueueResult(EnqueueOutcome.SKIPPED, job.job_id, holder=busy.holder)
     if reopened is None:

@@ -66,8 +66,10 @@ def _enqueue_into(
     # The run as inserted: what the producer wrote, with the database's clock readings.
     won = {i: {**rows[i], **row} for i, row in _winners(jobs, inserted).items()}
     messages = _first_messages(conn, spec, jobs, won)
-    answers = {i: EnqueueResult(EnqueueOutcome.ENQUEUED, jobs[i].job_id, message=m)
-               for i, m in messages.items()}  # fmt: skip
+    answers = {
+        i: EnqueueResult(EnqueueOutcome.ENQUEUED, jobs[i].job_id, message=m)
+        for i, m in messages.items()
+    }
     answers |= _conflicts(conn, spec, jobs, won, actor, now)
     return [answers[i] for i in range(len(jobs))]
 
@@ -99,9 +101,11 @@ def _winners(
 
 
 def _first_messages(
-    conn: Connection, spec: RunTable, jobs: Sequence[NewJob],
+    conn: Connection,
+    spec: RunTable,
+    jobs: Sequence[NewJob],
     won: Mapping[int, Mapping[str, Any]],
-) -> dict[int, PendingMessage]:  # fmt: skip
+) -> dict[int, PendingMessage]:
     """The first message of every inserted run, stamped with the run's own clock reading,
     in one statement (the row carries the enqueue: ``enqueued_by``, no event row)."""
     if not won:
@@ -109,19 +113,30 @@ def _first_messages(
     outgoing_by_position: dict[int, Outgoing] = {}
     for i, row in won.items():
         at = row["updated_at"]
-        outgoing_by_position[i] = outgoing(spec, row, attempt=1, now=at,
-                                           available_at=_available_at(row),
-                                           traceparent=jobs[i].traceparent)  # fmt: skip
+        outgoing_by_position[i] = outgoing(
+            spec,
+            row,
+            attempt=1,
+            now=at,
+            available_at=_available_at(row),
+            traceparent=jobs[i].traceparent,
+        )
     values = [out.values(spec.module) for out in outgoing_by_position.values()]
     by_job = {job_id: int(outbox_id) for outbox_id, job_id in conn.execute(_OUTBOX_INSERT, values)}
-    return {i: out.pending(by_job[out.job_id], _available_at(won[i]))
-            for i, out in outgoing_by_position.items()}  # fmt: skip
+    return {
+        i: out.pending(by_job[out.job_id], _available_at(won[i]))
+        for i, out in outgoing_by_position.items()
+    }
 
 
 def _conflicts(
-    conn: Connection, spec: RunTable, jobs: Sequence[NewJob],
-    won: Mapping[int, Mapping[str, Any]], actor: str, now: datetime | None,
-) -> dict[int, EnqueueResult]:  # fmt: skip
+    conn: Connection,
+    spec: RunTable,
+    jobs: Sequence[NewJob],
+    won: Mapping[int, Mapping[str, Any]],
+    actor: str,
+    now: datetime | None,
+) -> dict[int, EnqueueResult]:
     """The answer for each job whose insert conflicted: DUPLICATE when its job_id was
     taken at its turn, else SKIPPED with the key's holder."""
     lost = [i for i in range(len(jobs)) if i not in won]

@@ -44,13 +44,17 @@ class Event:
 
     def values(self, job_id: Any) -> dict[str, Any]:
         return {
-            "module": self.spec.module, "job_id": job_id, "attempt": self.attempt,
+            "module": self.spec.module,
+            "job_id": job_id,
+            "attempt": self.attempt,
             "transition": self.transition.value,
             "from_state": self.from_state and self.from_state.value,
             "to_state": self.to_state and self.to_state.value,
-            "actor": self.actor, "reason": self.reason, "at": self.now,
+            "actor": self.actor,
+            "reason": self.reason,
+            "at": self.now,
             "detail": None if self.detail is None else dict(self.detail),
-        }  # fmt: skip
+        }
 
 
 def kept_claim(spec: RunTable, row: Mapping[str, Any]) -> Event | None:
@@ -59,8 +63,15 @@ def kept_claim(spec: RunTable, row: Mapping[str, Any]) -> Event | None:
     at = row.get("attempted_at")
     if at is None:
         return None
-    return Event(spec, int(row["attempts"]), Transition.CLAIM, State.QUEUED, State.RUNNING,
-                 str(row["worker"]), at)  # fmt: skip
+    return Event(
+        spec,
+        int(row["attempts"]),
+        Transition.CLAIM,
+        State.QUEUED,
+        State.RUNNING,
+        str(row["worker"]),
+        at,
+    )
 
 
 def record_kept_claim(conn: Connection, spec: RunTable, row: Mapping[str, Any]) -> None:

@@ -24,9 +24,13 @@ REASON = "expired before a worker started it"
 
 
 def expire(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, actor: str,
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    *,
+    actor: str,
     now: datetime | None = None,
-) -> bool:  # fmt: skip
+) -> bool:
     """The one run ``job_id``, if still queued and past its expiry."""
     return bool(_expire(conn, spec, spec.table.c.job_id == job_id, actor=actor, now=now))
 
@@ -43,14 +47,17 @@ def expire_due(
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
-    return len(_expire(conn, spec, table.c.job_id.in_(due.scalar_subquery()), actor=actor,
-                       now=now))  # fmt: skip
+    return len(_expire(conn, spec, table.c.job_id.in_(due.scalar_subquery()), actor=actor, now=now))
 
 
 def _expire(
-    conn: Connection, spec: RunTable, which: ColumnElement[bool], *, actor: str,
+    conn: Connection,
+    spec: RunTable,
+    which: ColumnElement[bool],
+    *,
+    actor: str,
     now: datetime | None,
-) -> Sequence[Mapping[str, Any]]:  # fmt: skip
+) -> Sequence[Mapping[str, Any]]:
     _require_transaction(conn, "expire")
     table = spec.table
     at = clock(conn, now)
@@ -58,17 +65,28 @@ def _expire(
         update(table)
         .where(which, table.c.state == State.QUEUED.value, table.c.expires_at <= at)
         .values(
-            state=State.FAILED.value, outcome=Outcome.EXPIRED.value, finished_at=at,
-            updated_at=at, next_retry_at=None, last_error=REASON,
+            state=State.FAILED.value,
+            outcome=Outcome.EXPIRED.value,
+            finished_at=at,
+            updated_at=at,
+            next_retry_at=None,
+            last_error=REASON,
         )
         .returning(*table.c)
-    )  # fmt: skip
+    )
     rows = [dict(r) for r in conn.execute(stmt).mappings()]
     for row in rows:
         record_event(
-            conn, spec, row["job_id"], row["attempts"] + 1, Transition.EXPIRE,
-            from_state=State.QUEUED, to_state=State.FAILED, actor=actor,
-            now=row["updated_at"], reason=REASON,
-        )  # fmt: skip
+            conn,
+            spec,
+            row["job_id"],
+            row["attempts"] + 1,
+            Transition.EXPIRE,
+            from_state=State.QUEUED,
+            to_state=State.FAILED,
+            actor=actor,
+            now=row["updated_at"],
+            reason=REASON,
+        )
     spec.changed(conn, Transition.EXPIRE, rows)
     return rows

@@ -43,19 +43,33 @@ def _finish(
 ) -> dict[str, Any] | None:
     now = _stamp(conn, now)
     state = State.SUCCEEDED if outcome is Outcome.SUCCEEDED else State.FAILED
-    params = {"r_job_id": job_id, "r_attempts": attempt, "r_claim_token": token,
-              "r_state": state.value, "r_outcome": outcome.value, "r_last_error": error,
-              "r_result": result, "r_now": now}  # fmt: skip
+    params = {
+        "r_job_id": job_id,
+        "r_attempts": attempt,
+        "r_claim_token": token,
+        "r_state": state.value,
+        "r_outcome": outcome.value,
+        "r_last_error": error,
+        "r_result": result,
+        "r_now": now,
+    }
     event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error, detail)
     plan = _finish_plan(spec, conn.dialect.name, outcome is Outcome.SUCCEEDED)
     return _run(conn, plan, params, event, None)[0]
 
 
 def succeed(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, token: uuid.UUID,
-    actor: str, now: datetime | None = None, result: Any = None,
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    attempt: int,
+    *,
+    token: uuid.UUID,
+    actor: str,
+    now: datetime | None = None,
+    result: Any = None,
     started: list[PendingMessage] | None = None,
-) -> bool:  # fmt: skip
+) -> bool:
     """running -> succeeded with the body's ``result`` (checked by lifecycle/results.py),
     in the same statement; fenced by the attempt and its claim ``token``; False means the
     lease was lost. No event row where the run row carries the claim: ``finished_at``
@@ -64,26 +78,53 @@ def succeed(
     appended to ``started``, for the caller to publish after COMMIT (else the relay
     publishes them)."""
     row = _finish(
-        conn, spec, job_id, attempt, token=token, transition=Transition.SUCCEED,
-        outcome=Outcome.SUCCEEDED, error=None, actor=actor, now=now, result=result,
-    )  # fmt: skip
+        conn,
+        spec,
+        job_id,
+        attempt,
+        token=token,
+        transition=Transition.SUCCEED,
+        outcome=Outcome.SUCCEEDED,
+        error=None,
+        actor=actor,
+        now=now,
+        result=result,
+    )
     if row is not None and row["workflow_id"] is not None:
         _started(started, workflow.succeeded(conn, job_id, result, actor=actor))
     return row is not None
 
 
 def fail(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, token: uuid.UUID,
-    outcome: Outcome, error: str, actor: str, now: datetime | None = None,
-    detail: Mapping[str, Any] | None = None, started: list[PendingMessage] | None = None,
-) -> bool:  # fmt: skip
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    attempt: int,
+    *,
+    token: uuid.UUID,
+    outcome: Outcome,
+    error: str,
+    actor: str,
+    now: datetime | None = None,
+    detail: Mapping[str, Any] | None = None,
+    started: list[PendingMessage] | None = None,
+) -> bool:
     """running -> failed with ``outcome`` and no result, fenced as ``succeed``; ``detail``
     goes on its event. A workflow step's failure starts its errbacks and blocks what
     waited for it (``started`` as for ``succeed``)."""
     row = _finish(
-        conn, spec, job_id, attempt, token=token, transition=Transition.FAIL,
-        outcome=outcome, error=error, actor=actor, now=now, detail=detail,
-    )  # fmt: skip
+        conn,
+        spec,
+        job_id,
+        attempt,
+        token=token,
+        transition=Transition.FAIL,
+        outcome=outcome,
+        error=error,
+        actor=actor,
+        now=now,
+        detail=detail,
+    )
     if row is not None and row["workflow_id"] is not None:
         _started(started, workflow.failed(conn, job_id, error, actor=actor, now=now))
     return row is not None
@@ -95,11 +136,19 @@ def _started(into: list[PendingMessage] | None, messages: list[PendingMessage]) 
 
 
 def requeue(
-    conn: Connection, spec: RunTable, run: Mapping[str, Any], *, error: str,
-    transition: Transition, actor: str, delay: timedelta | None = None,
-    retry_at: datetime | None = None, now: datetime | None = None, refund: bool = False,
+    conn: Connection,
+    spec: RunTable,
+    run: Mapping[str, Any],
+    *,
+    error: str,
+    transition: Transition,
+    actor: str,
+    delay: timedelta | None = None,
+    retry_at: datetime | None = None,
+    now: datetime | None = None,
+    refund: bool = False,
     detail: Mapping[str, Any] | None = None,
-) -> PendingMessage | None:  # fmt: skip
+) -> PendingMessage | None:
     """running -> queued for the next attempt, due ``delay`` after the database's now (or
     at ``retry_at``); returns its outbox row.
 
@@ -110,11 +159,16 @@ def requeue(
     now = _stamp(conn, now)
     attempt = int(run["attempts"])
     due = retry_at or _later(now, delay or timedelta(0))
-    params = {"r_job_id": run["job_id"], "r_attempts": attempt,
-              "r_claim_token": run["claim_token"], "r_next_retry_at": due,
-              "r_delay": delay or timedelta(0), "r_last_error": error, "r_now": now,
-              "r_refund": int(refund)}  # fmt: skip
-    event = Event(spec, attempt, transition, State.RUNNING, State.QUEUED, actor, now, error,
-                  detail)  # fmt: skip
+    params = {
+        "r_job_id": run["job_id"],
+        "r_attempts": attempt,
+        "r_claim_token": run["claim_token"],
+        "r_next_retry_at": due,
+        "r_delay": delay or timedelta(0),
+        "r_last_error": error,
+        "r_now": now,
+        "r_refund": int(refund),
+    }
+    event = Event(spec, attempt, transition, State.RUNNING, State.QUEUED, actor, now, error, detail)
     out = outgoing(spec, run, attempt=attempt + 1, now=now, available_at=due)
     return _run(conn, _requeue_plan(spec, conn.dialect.name), params, event, out)[1]

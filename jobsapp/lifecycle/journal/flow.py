@@ -55,8 +55,9 @@ def take_token(conn: Connection, task: str, key: str, interval: float) -> float 
     # row, and each re-reads it, so starts are at least ``interval`` apart on one clock.
     stmt = insert_.on_conflict_do_update(
         index_elements=[RATES.c.task_name, RATES.c.rate_key],
-        set_={"next_at": now + interval}, where=RATES.c.next_at <= now,
-    ).returning(RATES.c.next_at)  # fmt: skip
+        set_={"next_at": now + interval},
+        where=RATES.c.next_at <= now,
+    ).returning(RATES.c.next_at)
     if conn.execute(stmt).first() is not None:
         return None
     wait = select(RATES.c.next_at - now).where(RATES.c.task_name == task, RATES.c.rate_key == key)
@@ -82,9 +83,13 @@ def reserve(conn: Connection, task: str, key: str, interval: float) -> float:
 
 
 def hand_back(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *,
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    attempt: int,
+    *,
     delay: timedelta | None,
-) -> bool:  # fmt: skip
+) -> bool:
     """A delivery of ``attempt`` that flow control refused goes back to the journal: its
     outbox row pending again (due after ``delay``, or now: a paused queue's relay holds
     it), and with a ``delay`` the run waits for it (``next_retry_at``). Only while the run
@@ -93,8 +98,7 @@ def hand_back(
     t = spec.table
     now = clock(conn)
     due = now if delay is None else now + delay
-    waiting = (t.c.job_id == job_id, t.c.state == State.QUEUED.value,
-               t.c.attempts == attempt - 1)  # fmt: skip
+    waiting = (t.c.job_id == job_id, t.c.state == State.QUEUED.value, t.c.attempts == attempt - 1)
     if delay is not None:
         held = update(t).where(*waiting).values(next_retry_at=due, updated_at=now)
         if conn.execute(held).rowcount == 0:
@@ -102,22 +106,33 @@ def hand_back(
     o = OUTBOX.c
     back = (
         update(OUTBOX)
-        .where(o.module == spec.module, o.job_id == job_id, o.attempt == attempt,
-               o.dead_at.is_(None), o.delivered_at.is_(None),
-               select(t.c.job_id).where(*waiting).exists())
+        .where(
+            o.module == spec.module,
+            o.job_id == job_id,
+            o.attempt == attempt,
+            o.dead_at.is_(None),
+            o.delivered_at.is_(None),
+            select(t.c.job_id).where(*waiting).exists(),
+        )
         # A publish not marked yet (the producer's marker batches its marks) is counted
         # here, so that its late mark, guarded by the count it saw, leaves the row pending.
-        .values(published_at=None, available_at=due, publish_count=case(
-            (o.published_at.is_(None), o.publish_count + 1), else_=o.publish_count))
-    )  # fmt: skip
+        .values(
+            published_at=None,
+            available_at=due,
+            publish_count=case(
+                (o.published_at.is_(None), o.publish_count + 1), else_=o.publish_count
+            ),
+        )
+    )
     return conn.execute(back).rowcount > 0
 
 
 def pause(conn: Connection, kind: str, name: str, *, actor: str, reason: str) -> bool:
     """Pause a queue or a domain; False when it was paused already (nothing written)."""
     now = clock(conn)
-    stmt = _upsert(conn, PAUSES).values(kind=kind, name=name, paused_at=now, paused_by=actor,
-                                        reason=reason)  # fmt: skip
+    stmt = _upsert(conn, PAUSES).values(
+        kind=kind, name=name, paused_at=now, paused_by=actor, reason=reason
+    )
     added = conn.execute(stmt.on_conflict_do_nothing().returning(PAUSES.c.name)).first()
     if added is not None:
         _audit(conn, PAUSE, kind, name, actor=actor, reason=reason, now=now)
@@ -136,8 +151,11 @@ def resume(conn: Connection, kind: str, name: str, *, actor: str, reason: str) -
 def _audit(
     conn: Connection, action: str, kind: str, name: str, *, actor: str, reason: str, now: Any
 ) -> None:
-    conn.execute(insert(ACTIONS).values(action=action, kind=kind, name=name, actor=actor,
-                                        reason=reason, at=now))  # fmt: skip
+    conn.execute(
+        insert(ACTIONS).values(
+            action=action, kind=kind, name=name, actor=actor, reason=reason, at=now
+        )
+    )
 
 
 def paused(conn: Connection) -> list[dict[str, Any]]:
@@ -166,8 +184,6 @@ def audit_trail(conn: Connection, *, limit: int) -> list[dict[str, Any]]:
     """The newest pauses and resumes first."""
     stmt = select(ACTIONS).order_by(ACTIONS.c.id.desc()).limit(limit)
     return [dict(r) for r in conn.execute(stmt).mappings()]
-
-
 
 
 def rate_state(conn: Connection, tasks: Collection[str]) -> dict[str, tuple[int, float]]:

@@ -17,10 +17,19 @@ from jobsapp.lifecycle.registry import RunTable
 
 
 def heartbeat(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, token: uuid.UUID,
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    attempt: int,
+    *,
+    token: uuid.UUID,
     now: datetime | None = None,
-) -> bool:  # fmt: skip
+) -> bool:
     """running -> running under the claim ``token``; False means the lease is lost."""
-    params = {"r_job_id": job_id, "r_attempts": attempt, "r_claim_token": token,
-              "r_now": _stamp(conn, now)}  # fmt: skip
+    params = {
+        "r_job_id": job_id,
+        "r_attempts": attempt,
+        "r_claim_token": token,
+        "r_now": _stamp(conn, now),
+    }
     return conn.execute(_heartbeat_stmt(spec, conn.dialect.name), params).rowcount == 1

@@ -25,10 +25,13 @@ def write_progress(
     table = spec.table
     stmt = (
         update(table)
-        .where(table.c.job_id == job_id, table.c.state == State.RUNNING.value,
-               table.c.claim_token == token)
+        .where(
+            table.c.job_id == job_id,
+            table.c.state == State.RUNNING.value,
+            table.c.claim_token == token,
+        )
         .values(result=value)
-    )  # fmt: skip
+    )
     return conn.execute(stmt).rowcount == 1
 
 
@@ -37,8 +40,11 @@ def forget_result(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> bool:
     table = spec.table
     stmt = (
         update(table)
-        .where(table.c.job_id == job_id, table.c.state.in_(TERMINAL_STATES),
-               table.c.result.is_not(None))
+        .where(
+            table.c.job_id == job_id,
+            table.c.state.in_(TERMINAL_STATES),
+            table.c.result.is_not(None),
+        )
         .values(result=None)
-    )  # fmt: skip
+    )
     return conn.execute(stmt).rowcount == 1

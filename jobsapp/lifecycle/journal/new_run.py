@@ -56,11 +56,13 @@ def new_claim_token() -> uuid.UUID:
     return uuid.uuid4()
 
 
-
 def _new_row(
-    job: NewJob, now: datetime | None, state: State, attempts: int,
+    job: NewJob,
+    now: datetime | None,
+    state: State,
+    attempts: int,
     enqueued_by: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """``enqueued_by``: the producer of an enqueue the row carries (no event row)."""
     running = state is State.RUNNING
     return {

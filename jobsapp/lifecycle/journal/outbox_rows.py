@@ -45,9 +45,18 @@ class PendingMessage:
     @classmethod
     def of_row(cls, r: Mapping[Any, Any]) -> PendingMessage:
         """The message of an outbox row, read with all its columns."""
-        return cls(r["id"], r["job_id"], r["attempt"], r["task_name"], r["body"],
-                   r["available_at"], r["publish_count"], r["publish_failures"],
-                   queue=r["queue"], priority=r["priority"])  # fmt: skip
+        return cls(
+            r["id"],
+            r["job_id"],
+            r["attempt"],
+            r["task_name"],
+            r["body"],
+            r["available_at"],
+            r["publish_count"],
+            r["publish_failures"],
+            queue=r["queue"],
+            priority=r["priority"],
+        )
 
 
 def pending_rows(rows: Iterable[RowMapping]) -> list[PendingMessage]:
@@ -79,15 +88,23 @@ def add_outbox(
     out = outgoing(spec, row, attempt=attempt, now=now, available_at=available_at)
     values = out.values(spec.module)
     stmt = _upsert(conn, OUTBOX).values(values)
-    rearm = {"body": values["body"], "created_at": now, "available_at": available_at,
-             "published_at": None, "delivered_at": None, "publish_count": 0,
-             "publish_failures": 0, "last_error": None, "dead_at": None,
-             "queue": values["queue"], "priority": values["priority"]}  # fmt: skip
+    rearm = {
+        "body": values["body"],
+        "created_at": now,
+        "available_at": available_at,
+        "published_at": None,
+        "delivered_at": None,
+        "publish_count": 0,
+        "publish_failures": 0,
+        "last_error": None,
+        "dead_at": None,
+        "queue": values["queue"],
+        "priority": values["priority"],
+    }
     upsert = stmt.on_conflict_do_update(
         index_elements=[OUTBOX.c.module, OUTBOX.c.job_id, OUTBOX.c.attempt], set_=rearm
     ).returning(OUTBOX.c.id)
     return out.pending(int(conn.execute(upsert).scalar_one()), available_at)
-
 
 
 @dataclass(frozen=True)
@@ -105,29 +122,57 @@ class Outgoing:
 
     def values(self, module: str) -> dict[str, Any]:
         return {
-            "module": module, "job_id": self.job_id, "attempt": self.attempt,
-            "task_name": self.task_name, "body": dict(self.body), "created_at": self.now,
-            "available_at": self.available_at, "queue": self.queue,
+            "module": module,
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "task_name": self.task_name,
+            "body": dict(self.body),
+            "created_at": self.now,
+            "available_at": self.available_at,
+            "queue": self.queue,
             "priority": self.priority or 0,
-        }  # fmt: skip
+        }
 
     def pending(self, outbox_id: int, available_at: datetime) -> PendingMessage:
         return PendingMessage(
-            outbox_id, self.job_id, self.attempt, self.task_name, self.body, available_at,
-            queue=self.queue, priority=self.priority,
-        )  # fmt: skip
+            outbox_id,
+            self.job_id,
+            self.attempt,
+            self.task_name,
+            self.body,
+            available_at,
+            queue=self.queue,
+            priority=self.priority,
+        )
 
 
 def outgoing(
-    spec: RunTable, row: Mapping[str, Any], *, attempt: int, now: datetime | None,
-    available_at: datetime | None, traceparent: str | None = None,
-) -> Outgoing:  # fmt: skip
+    spec: RunTable,
+    row: Mapping[str, Any],
+    *,
+    attempt: int,
+    now: datetime | None,
+    available_at: datetime | None,
+    traceparent: str | None = None,
+) -> Outgoing:
     # The body's enqueued_at is informational (nothing compares it): the process clock.
     body = build_body(
-        job_id=row["job_id"], module=spec.module, attempt=attempt, ids=spec.ids_from_row(row),
-        enqueued_at=now or utcnow(), traceparent=traceparent,
-    )  # fmt: skip
+        job_id=row["job_id"],
+        module=spec.module,
+        attempt=attempt,
+        ids=spec.ids_from_row(row),
+        enqueued_at=now or utcnow(),
+        traceparent=traceparent,
+    )
     # Every attempt goes to the queue the producer chose, at the job's priority, whoever
     # writes its message.
-    return Outgoing(row["job_id"], attempt, row["task_name"], body, now, available_at,
-                    row.get("queue"), row.get("priority"))  # fmt: skip
+    return Outgoing(
+        row["job_id"],
+        attempt,
+        row["task_name"],
+        body,
+        now,
+        available_at,
+        row.get("queue"),
+        row.get("priority"),
+    )

@@ -55,10 +55,29 @@ from jobsapp.lifecycle.journal.outbox_rows import Outgoing, PendingMessage
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import State, Transition
 
-_EVENT_COLUMNS = ("module", "job_id", "attempt", "transition", "from_state", "to_state",
-                  "actor", "reason", "at", "detail")  # fmt: skip
-_OUTBOX_COLUMNS = ("module", "job_id", "attempt", "task_name", "body", "created_at",
-                   "available_at", "queue", "priority")  # fmt: skip
+_EVENT_COLUMNS = (
+    "module",
+    "job_id",
+    "attempt",
+    "transition",
+    "from_state",
+    "to_state",
+    "actor",
+    "reason",
+    "at",
+    "detail",
+)
+_OUTBOX_COLUMNS = (
+    "module",
+    "job_id",
+    "attempt",
+    "task_name",
+    "body",
+    "created_at",
+    "available_at",
+    "queue",
+    "priority",
+)
 
 
 def _bind(table: Table, column: str, prefix: str = "r_") -> Any:
@@ -108,8 +127,9 @@ def _selected(
     table: Table, columns: tuple[str, ...], prefix: str, derived: Mapping[str, Any]
 ) -> Any:
     """SELECT ``columns`` of a row of ``table``: ``derived`` ones as given, the others bound."""
-    cols = [derived[c].label(c) if c in derived else _bind(table, c, prefix).label(c)
-            for c in columns]  # fmt: skip
+    cols = [
+        derived[c].label(c) if c in derived else _bind(table, c, prefix).label(c) for c in columns
+    ]
     return select(*cols)
 
 
@@ -131,8 +151,12 @@ def _plan(
     combined = select(changed)
     if with_outbox:
         due = func.coalesce(changed.c.next_retry_at, at)
-        ob = _insert_from_changed(OUTBOX, _OUTBOX_COLUMNS, "o_", {
-            "job_id": changed.c.job_id, "created_at": at, "available_at": due})  # fmt: skip
+        ob = _insert_from_changed(
+            OUTBOX,
+            _OUTBOX_COLUMNS,
+            "o_",
+            {"job_id": changed.c.job_id, "created_at": at, "available_at": due},
+        )
         ob_cte = ob.returning(OUTBOX.c.id).cte("ob")
         combined = select(changed, select(ob_cte.c.id).scalar_subquery().label("_outbox_id"))
     if journaled is Journaled.ROW:
@@ -150,13 +174,19 @@ def _events_from_changed(changed: Any, journaled: Journaled) -> Any:
     if journaled is not Journaled.CLAIM_AND_EVENT:
         return insert(EVENTS).from_select(list(_EVENT_COLUMNS), mine)
     # One INSERT of both rows, claim first: the ids keep the order the timeline shows.
-    claim = _event_select({
-        "job_id": changed.c.job_id, "attempt": changed.c.attempts,
-        "transition": literal(Transition.CLAIM.value), "from_state": literal(State.QUEUED.value),
-        "to_state": literal(State.RUNNING.value), "actor": changed.c.worker,
-        "reason": cast(null(), EVENTS.c.reason.type), "at": changed.c.attempted_at,
-        "detail": cast(null(), EVENTS.c.detail.type),
-    }).where(carried)  # fmt: skip
+    claim = _event_select(
+        {
+            "job_id": changed.c.job_id,
+            "attempt": changed.c.attempts,
+            "transition": literal(Transition.CLAIM.value),
+            "from_state": literal(State.QUEUED.value),
+            "to_state": literal(State.RUNNING.value),
+            "actor": changed.c.worker,
+            "reason": cast(null(), EVENTS.c.reason.type),
+            "at": changed.c.attempted_at,
+            "detail": cast(null(), EVENTS.c.detail.type),
+        }
+    ).where(carried)
     return insert(EVENTS).from_select(list(_EVENT_COLUMNS), union_all(claim, mine))
 
 
@@ -195,8 +225,9 @@ def _sequential_events(
 ) -> None:
     """The plan's event rows after its DML (not PostgreSQL), as ``_events_from_changed``."""
     carried = row.get("attempted_at") is not None
-    if plan.journaled is Journaled.ROW or (plan.journaled is Journaled.EVENT_UNLESS_ROW
-                                          and carried):  # fmt: skip
+    if plan.journaled is Journaled.ROW or (
+        plan.journaled is Journaled.EVENT_UNLESS_ROW and carried
+    ):
         return
     claim = kept_claim(event.spec, row) if plan.journaled is Journaled.CLAIM_AND_EVENT else None
     if claim is not None:
@@ -274,12 +305,18 @@ def _claim_plan(spec: RunTable, dialect: str) -> Plan:
             or_(table.c.expires_at.is_(None), table.c.expires_at > now),
         )
         .values(
-            state=State.RUNNING.value, attempts=_bind(table, "attempts"), started_at=now,
-            heartbeat_at=now, next_retry_at=None, worker=_bind(table, "worker"), updated_at=now,
-            claim_token=_bind(table, "claim_token"), attempted_at=now,
+            state=State.RUNNING.value,
+            attempts=_bind(table, "attempts"),
+            started_at=now,
+            heartbeat_at=now,
+            next_retry_at=None,
+            worker=_bind(table, "worker"),
+            updated_at=now,
+            claim_token=_bind(table, "claim_token"),
+            attempted_at=now,
         )
         .returning(*table.c)
-    )  # fmt: skip
+    )
     return _plan(dialect, dml, with_outbox=False, journaled=Journaled.ROW)
 
 
@@ -291,13 +328,23 @@ def _finish_plan(spec: RunTable, dialect: str, success: bool) -> Plan:
         update(table)
         .where(*_fence_params(table))
         .values(
-            state=_bind(table, "state"), outcome=_bind(table, "outcome"),
-            last_error=_bind(table, "last_error"), result=_bind(table, "result"),
-            finished_at=now, updated_at=now, next_retry_at=None,
+            state=_bind(table, "state"),
+            outcome=_bind(table, "outcome"),
+            last_error=_bind(table, "last_error"),
+            result=_bind(table, "result"),
+            finished_at=now,
+            updated_at=now,
+            next_retry_at=None,
         )
-        .returning(table.c.job_id, table.c.updated_at, table.c.attempts,
-                   table.c.attempted_at, table.c.worker, table.c.workflow_id)
-    )  # fmt: skip
+        .returning(
+            table.c.job_id,
+            table.c.updated_at,
+            table.c.attempts,
+            table.c.attempted_at,
+            table.c.worker,
+            table.c.workflow_id,
+        )
+    )
     journaled = Journaled.EVENT_UNLESS_ROW if success else Journaled.CLAIM_AND_EVENT
     return _plan(dialect, dml, with_outbox=False, journaled=journaled)
 
@@ -313,12 +360,15 @@ def _requeue_plan(spec: RunTable, dialect: str) -> Plan:
         update(table)
         .where(*_fence_params(table))
         .values(
-            state=State.QUEUED.value, next_retry_at=due, last_error=_bind(table, "last_error"),
-            heartbeat_at=None, updated_at=now,
+            state=State.QUEUED.value,
+            next_retry_at=due,
+            last_error=_bind(table, "last_error"),
+            heartbeat_at=None,
+            updated_at=now,
             max_attempts=table.c.max_attempts + bindparam("r_refund", type_=Integer()),
         )
         .returning(*table.c)
-    )  # fmt: skip
+    )
     return _plan(dialect, dml, with_outbox=True, journaled=Journaled.CLAIM_AND_EVENT)
 
 

@@ -35,9 +35,10 @@ def snoozes(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> int:
         *mine, EVENTS.c.transition.in_((Transition.RERUN.value, Transition.REPLAY.value))
     )
     stmt = select(func.count()).where(
-        *mine, EVENTS.c.transition == Transition.SNOOZE.value,
+        *mine,
+        EVENTS.c.transition == Transition.SNOOZE.value,
         EVENTS.c.attempt >= reopened.scalar_subquery(),
-    )  # fmt: skip
+    )
     return int(conn.execute(stmt).scalar_one())
 
 
@@ -55,7 +56,6 @@ def load_with_clock(
     return row, row.pop("_db_now")
 
 
-
 def attempt_failure(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int
 ) -> Mapping[str, Any] | None:
@@ -63,11 +63,15 @@ def attempt_failure(
     latest if several did; None when none did (a reaped or cancelled run)."""
     stmt = (
         select(EVENTS.c.detail)
-        .where(EVENTS.c.module == spec.module, EVENTS.c.job_id == job_id,
-               EVENTS.c.attempt == attempt, EVENTS.c.detail.is_not(None))
+        .where(
+            EVENTS.c.module == spec.module,
+            EVENTS.c.job_id == job_id,
+            EVENTS.c.attempt == attempt,
+            EVENTS.c.detail.is_not(None),
+        )
         .order_by(EVENTS.c.id.desc())
         .limit(1)
-    )  # fmt: skip
+    )
     found = conn.execute(stmt).scalar()
     return found if isinstance(found, Mapping) else None
 

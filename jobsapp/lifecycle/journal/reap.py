@@ -41,9 +41,13 @@ class StaleRun:
 
 
 def find_stale(
-    conn: Connection, spec: RunTable, *, cutoff: datetime, limit: int,
+    conn: Connection,
+    spec: RunTable,
+    *,
+    cutoff: datetime,
+    limit: int,
     skip: Collection[uuid.UUID] = (),
-) -> list[StaleRun]:  # fmt: skip
+) -> list[StaleRun]:
     """Running rows whose heartbeat is older than ``cutoff``, oldest first, locked.
 
     ``skip`` names runs this pass already found blocked, so they do not fill every batch.
@@ -62,20 +66,31 @@ def find_stale(
     )
     return [
         StaleRun(
-            job_id=r["job_id"], attempt=r["attempts"], rescues=r["rescues"],
-            max_attempts=r["max_attempts"], task_name=r["task_name"],
-            ids=spec.ids_from_row(dict(r)), queue=r["queue"],
-            cancel_requested=r["cancel_requested_at"] is not None, priority=r["priority"],
+            job_id=r["job_id"],
+            attempt=r["attempts"],
+            rescues=r["rescues"],
+            max_attempts=r["max_attempts"],
+            task_name=r["task_name"],
+            ids=spec.ids_from_row(dict(r)),
+            queue=r["queue"],
+            cancel_requested=r["cancel_requested_at"] is not None,
+            priority=r["priority"],
             inserted_by_claim=r["enqueued_by"] is None,
         )
         for r in conn.execute(stmt).mappings()
-    ]  # fmt: skip
+    ]
 
 
 def reap(
-    conn: Connection, spec: RunTable, runs: Sequence[StaleRun], *, requeue_them: bool,
-    cutoff: datetime, reason: str, now: datetime,
-) -> list[StaleRun]:  # fmt: skip
+    conn: Connection,
+    spec: RunTable,
+    runs: Sequence[StaleRun],
+    *,
+    requeue_them: bool,
+    cutoff: datetime,
+    reason: str,
+    now: datetime,
+) -> list[StaleRun]:
     """One batched, guarded write: still running, same attempt, heartbeat still stale; each
     reaped attempt's claim its row carried becomes an event row before the reap's."""
     if not runs:
@@ -83,13 +98,15 @@ def reap(
     table = spec.table
     values: dict[str, Any] = {"updated_at": now, "last_error": reason, "heartbeat_at": None}
     if requeue_them:
-        values |= {"state": State.QUEUED.value, "next_retry_at": None,
-                   "rescues": table.c.rescues + 1}  # fmt: skip
+        values |= {
+            "state": State.QUEUED.value,
+            "next_retry_at": None,
+            "rescues": table.c.rescues + 1,
+        }
     else:
         asked = table.c.cancel_requested_at.is_not(None)
         outcome = case((asked, Outcome.CANCELLED.value), else_=Outcome.STALE.value)
-        values |= {"state": State.FAILED.value, "outcome": outcome,
-                   "finished_at": now}  # fmt: skip
+        values |= {"state": State.FAILED.value, "outcome": outcome, "finished_at": now}
     stmt = (
         update(table)
         .where(
@@ -98,8 +115,13 @@ def reap(
             tuple_(table.c.job_id, table.c.attempts).in_([(r.job_id, r.attempt) for r in runs]),
         )
         .values(**values)
-        .returning(table.c.job_id, table.c.attempts, table.c.attempted_at, table.c.worker,
-                   table.c.workflow_id)
+        .returning(
+            table.c.job_id,
+            table.c.attempts,
+            table.c.attempted_at,
+            table.c.worker,
+            table.c.workflow_id,
+        )
     )
     done = {row["job_id"]: dict(row) for row in conn.execute(stmt).mappings()}
     reaped = [r for r in runs if r.job_id in done]
@@ -116,19 +138,37 @@ def reap(
 
 
 def _after_reap(
-    conn: Connection, spec: RunTable, reaped: Sequence[StaleRun], *, requeued: bool,
-    reason: str, now: datetime,
-) -> None:  # fmt: skip
+    conn: Connection,
+    spec: RunTable,
+    reaped: Sequence[StaleRun],
+    *,
+    requeued: bool,
+    reason: str,
+    now: datetime,
+) -> None:
     to_state = State.QUEUED if requeued else State.FAILED
     transition = Transition.REAP_REQUEUE if requeued else Transition.REAP_FAIL
     for run in reaped:
         record_event(
-            conn, spec, run.job_id, run.attempt, transition,
-            from_state=State.RUNNING, to_state=to_state, actor="reaper", now=now, reason=reason,
-        )  # fmt: skip
+            conn,
+            spec,
+            run.job_id,
+            run.attempt,
+            transition,
+            from_state=State.RUNNING,
+            to_state=to_state,
+            actor="reaper",
+            now=now,
+            reason=reason,
+        )
         if requeued:
-            row = {"job_id": run.job_id, "task_name": run.task_name, "queue": run.queue,
-                   "priority": run.priority, **run.ids}  # fmt: skip
+            row = {
+                "job_id": run.job_id,
+                "task_name": run.task_name,
+                "queue": run.queue,
+                "priority": run.priority,
+                **run.ids,
+            }
             add_outbox(conn, spec, row, attempt=run.attempt + 1, now=now, available_at=now)
         else:
             # A limited key's slot goes with the run; the relay publishes the waiter granted.

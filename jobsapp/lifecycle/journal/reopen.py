@@ -74,20 +74,31 @@ def reopen(
     table = spec.table
     kept = _carried_success(conn, spec, job_id, from_state, attempts)
     at = clock(conn, now)
-    guard = [table.c.job_id == job_id, table.c.state == from_state.value,
-             table.c.attempts == attempts]  # fmt: skip
+    guard = [
+        table.c.job_id == job_id,
+        table.c.state == from_state.value,
+        table.c.attempts == attempts,
+    ]
     if finished_before is not None:
         guard.append(table.c.finished_at <= at - finished_before)
     stmt = (
         update(table)
         .where(*guard)
         .values(
-            state=State.QUEUED.value, outcome=None, finished_at=None, heartbeat_at=None,
-            next_retry_at=None, max_attempts=table.c.attempts + budget, rescues=0,
-            result=None, updated_at=at, expires_at=None, cancel_requested_at=None,
+            state=State.QUEUED.value,
+            outcome=None,
+            finished_at=None,
+            heartbeat_at=None,
+            next_retry_at=None,
+            max_attempts=table.c.attempts + budget,
+            rescues=0,
+            result=None,
+            updated_at=at,
+            expires_at=None,
+            cancel_requested_at=None,
         )
         .returning(*table.c)
-    )  # fmt: skip
+    )
     try:
         with conn.begin_nested():
             row = _first(conn, stmt)
@@ -101,24 +112,43 @@ def reopen(
         kept_at_rerun(conn, spec, kept[0], kept[1])
     at = row["updated_at"]  # the database's clock, read by the UPDATE itself
     record_event(
-        conn, spec, job_id, attempts + 1, transition,
-        from_state=from_state, to_state=State.QUEUED, actor=actor, now=at, reason=reason,
-    )  # fmt: skip
+        conn,
+        spec,
+        job_id,
+        attempts + 1,
+        transition,
+        from_state=from_state,
+        to_state=State.QUEUED,
+        actor=actor,
+        now=at,
+        reason=reason,
+    )
     spec.changed(conn, transition, [row])
     message = add_outbox(conn, spec, row, attempt=attempts + 1, now=at, available_at=at)
     return Reopened(attempts + 1, _in_line(conn, spec, row, message, now))
 
 
 def _in_line(
-    conn: Connection, spec: RunTable, row: Mapping[str, Any], message: PendingMessage,
+    conn: Connection,
+    spec: RunTable,
+    row: Mapping[str, Any],
+    message: PendingMessage,
     now: datetime | None,
-) -> PendingMessage | None:  # fmt: skip
+) -> PendingMessage | None:
     """A limited key's run takes a slot like an enqueue's, or waits parked (None): a replay
     or a rerun never makes its key's N+1st active run."""
     if row["key_limit"] is None:
         return message
-    holds = slots.admit(conn, spec, row["job_id"], row["concurrency_key"],
-                        int(row["key_limit"]), due_at=None, rerun=True, now=now)  # fmt: skip
+    holds = slots.admit(
+        conn,
+        spec,
+        row["job_id"],
+        row["concurrency_key"],
+        int(row["key_limit"]),
+        due_at=None,
+        rerun=True,
+        now=now,
+    )
     return message if holds else None
 
 
@@ -131,7 +161,11 @@ def _carried_success(
     if from_state is not State.SUCCEEDED:
         return None
     row = load(conn, spec, job_id)
-    if (row is None or row["attempted_at"] is None or row["attempts"] != attempts
-            or row["state"] != from_state.value):  # fmt: skip
+    if (
+        row is None
+        or row["attempted_at"] is None
+        or row["attempts"] != attempts
+        or row["state"] != from_state.value
+    ):
         return None
     return dict(row), counted_through(conn, spec.module)

@@ -36,11 +36,24 @@ def revive(
     where = [OUTBOX.c.dead_at.is_not(None)]
     if ids is not None:
         where.append(OUTBOX.c.id.in_(list(ids)))
-    fresh = {"dead_at": None, "published_at": None, "delivered_at": None,
-             "publish_failures": 0, "last_error": None, "available_at": now}  # fmt: skip
+    fresh = {
+        "dead_at": None,
+        "published_at": None,
+        "delivered_at": None,
+        "publish_failures": 0,
+        "last_error": None,
+        "available_at": now,
+    }
     revived = update(OUTBOX).where(*where).values(**fresh).returning(*OUTBOX.c)
-    audited = {"transition": OUTBOX_RETRY, "from_state": None, "to_state": None,
-               "actor": actor, "reason": reason, "at": now, "detail": None}  # fmt: skip
+    audited = {
+        "transition": OUTBOX_RETRY,
+        "from_state": None,
+        "to_state": None,
+        "actor": actor,
+        "reason": reason,
+        "at": now,
+        "detail": None,
+    }
     event = _prefixed(audited, "e_")
     if conn.dialect.name == "postgresql":
         rows = revived.cte("revived")
@@ -51,7 +64,9 @@ def revive(
     _require_transaction(conn, "a retry of dead outbox rows")
     found = list(conn.execute(revived).mappings())
     if found:
-        audit_rows = [{**event, "e_module": r["module"], "e_job_id": r["job_id"],
-                       "e_attempt": r["attempt"]} for r in found]  # fmt: skip
+        audit_rows = [
+            {**event, "e_module": r["module"], "e_job_id": r["job_id"], "e_attempt": r["attempt"]}
+            for r in found
+        ]
         conn.execute(_sequential_insert(EVENTS, _EVENT_COLUMNS, "e_"), audit_rows)
     return pending_rows(found)

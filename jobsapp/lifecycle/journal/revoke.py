@@ -39,9 +39,14 @@ class Revoked(StrEnum):
 
 
 def revoke(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, actor: str, reason: str,
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    *,
+    actor: str,
+    reason: str,
     seen: int | None = None,
-) -> Revoked:  # fmt: skip
+) -> Revoked:
     """Cancel a queued run, or ask its running attempt to stop.
 
     ``seen``: the attempts the caller saw (an operator's page); a run at another attempt
@@ -66,32 +71,54 @@ def revoke(
 
 
 def _request(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempts: int, *, actor: str,
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    attempts: int,
+    *,
+    actor: str,
     reason: str,
-) -> bool:  # fmt: skip
+) -> bool:
     table = spec.table
     at = clock(conn)
     stmt = (
         update(table)
-        .where(table.c.job_id == job_id, table.c.state == State.RUNNING.value,
-               table.c.attempts == attempts, table.c.cancel_requested_at.is_(None))
+        .where(
+            table.c.job_id == job_id,
+            table.c.state == State.RUNNING.value,
+            table.c.attempts == attempts,
+            table.c.cancel_requested_at.is_(None),
+        )
         .values(cancel_requested_at=at)
         .returning(table.c.cancel_requested_at)
-    )  # fmt: skip
+    )
     row = _first(conn, stmt)
     if row is None:
         return False
     record_event(
-        conn, spec, job_id, attempts, Transition.CANCEL_REQUEST, from_state=State.RUNNING,
-        to_state=State.RUNNING, actor=actor, now=row["cancel_requested_at"], reason=reason,
-    )  # fmt: skip
+        conn,
+        spec,
+        job_id,
+        attempts,
+        Transition.CANCEL_REQUEST,
+        from_state=State.RUNNING,
+        to_state=State.RUNNING,
+        actor=actor,
+        now=row["cancel_requested_at"],
+        reason=reason,
+    )
     return True
 
 
 def repeat_request(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, actor: str,
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    attempt: int,
+    *,
+    actor: str,
     reason: str,
-) -> bool:  # fmt: skip
+) -> bool:
     """The audit row of a cancel asked again of a running attempt that was already asked
     to stop (an operator escalating to terminate); False: the run moved on meanwhile."""
     _require_transaction(conn, "repeat_request")
@@ -99,16 +126,27 @@ def repeat_request(
     # Locked, so the audit row cannot land after the run's end (SQLite: one writer anyway).
     stmt = (
         select(table.c.job_id)
-        .where(table.c.job_id == job_id, table.c.state == State.RUNNING.value,
-               table.c.attempts == attempt, table.c.cancel_requested_at.is_not(None))
+        .where(
+            table.c.job_id == job_id,
+            table.c.state == State.RUNNING.value,
+            table.c.attempts == attempt,
+            table.c.cancel_requested_at.is_not(None),
+        )
         .with_for_update()
-    )  # fmt: skip
+    )
     if conn.execute(stmt).first() is None:
         return False
     record_event(
-        conn, spec, job_id, attempt, Transition.CANCEL_REQUEST, from_state=State.RUNNING,
-        to_state=State.RUNNING, actor=actor, reason=reason,
-    )  # fmt: skip
+        conn,
+        spec,
+        job_id,
+        attempt,
+        Transition.CANCEL_REQUEST,
+        from_state=State.RUNNING,
+        to_state=State.RUNNING,
+        actor=actor,
+        reason=reason,
+    )
     return True
 
 
@@ -119,16 +157,24 @@ def cancel_requested(
     after its heartbeat was refused, to tell a revoke from a lost lease."""
     table = spec.table
     stmt = select(table.c.cancel_requested_at).where(
-        table.c.job_id == job_id, table.c.state == State.RUNNING.value,
-        table.c.attempts == attempt, table.c.claim_token == token,
-    )  # fmt: skip
+        table.c.job_id == job_id,
+        table.c.state == State.RUNNING.value,
+        table.c.attempts == attempt,
+        table.c.claim_token == token,
+    )
     return conn.execute(stmt).scalar() is not None
 
 
 def honour_cancel(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int, *, token: uuid.UUID,
-    actor: str, now: datetime | None = None,
-) -> bool:  # fmt: skip
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    attempt: int,
+    *,
+    token: uuid.UUID,
+    actor: str,
+    now: datetime | None = None,
+) -> bool:
     """running -> failed/cancelled by the attempt's own worker, under its claim's fence,
     only once a cancel was requested; False: no request, or the run moved on."""
     _require_transaction(conn, "honour_cancel")
@@ -137,20 +183,38 @@ def honour_cancel(
     reason = "cancelled while running: a revoke or an operator asked it to stop"
     stmt = (
         update(table)
-        .where(table.c.job_id == job_id, table.c.state == State.RUNNING.value,
-               table.c.attempts == attempt, table.c.claim_token == token,
-               table.c.cancel_requested_at.is_not(None))
-        .values(state=State.FAILED.value, outcome=Outcome.CANCELLED.value, finished_at=at,
-                updated_at=at, heartbeat_at=None, last_error=reason)
+        .where(
+            table.c.job_id == job_id,
+            table.c.state == State.RUNNING.value,
+            table.c.attempts == attempt,
+            table.c.claim_token == token,
+            table.c.cancel_requested_at.is_not(None),
+        )
+        .values(
+            state=State.FAILED.value,
+            outcome=Outcome.CANCELLED.value,
+            finished_at=at,
+            updated_at=at,
+            heartbeat_at=None,
+            last_error=reason,
+        )
         .returning(*table.c)
-    )  # fmt: skip
+    )
     row = _first(conn, stmt)
     if row is None:
         return False
     record_kept_claim(conn, spec, row)
     record_event(
-        conn, spec, job_id, attempt, Transition.CANCEL, from_state=State.RUNNING,
-        to_state=State.FAILED, actor=actor, now=row["updated_at"], reason=reason,
-    )  # fmt: skip
+        conn,
+        spec,
+        job_id,
+        attempt,
+        Transition.CANCEL,
+        from_state=State.RUNNING,
+        to_state=State.FAILED,
+        actor=actor,
+        now=row["updated_at"],
+        reason=reason,
+    )
     spec.changed(conn, Transition.CANCEL, [row])
     return True

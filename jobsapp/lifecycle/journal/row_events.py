@@ -45,29 +45,67 @@ CARRYING = (State.RUNNING.value, State.SUCCEEDED.value)
 
 
 def _event(
-    module: str, row: Mapping[str, Any], attempt: int, transition: Transition,
-    from_state: State | None, to_state: State, actor: Any, at: datetime,
-) -> dict[str, Any]:  # fmt: skip
-    return {"id": None, "module": module, "job_id": row["job_id"], "attempt": attempt,
-            "transition": transition.value, "from_state": from_state and from_state.value,
-            "to_state": to_state.value, "actor": actor, "reason": None, "at": at,
-            "detail": None}  # fmt: skip
+    module: str,
+    row: Mapping[str, Any],
+    attempt: int,
+    transition: Transition,
+    from_state: State | None,
+    to_state: State,
+    actor: Any,
+    at: datetime,
+) -> dict[str, Any]:
+    return {
+        "id": None,
+        "module": module,
+        "job_id": row["job_id"],
+        "attempt": attempt,
+        "transition": transition.value,
+        "from_state": from_state and from_state.value,
+        "to_state": to_state.value,
+        "actor": actor,
+        "reason": None,
+        "at": at,
+        "detail": None,
+    }
 
 
 def row_events(module: str, row: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The events ``row`` carries, shaped as ``job_events`` rows (``id`` None)."""
     out = []
     if row.get("enqueued_by") is not None:
-        out.append(_event(module, row, 1, Transition.ENQUEUE, None, State.QUEUED,
-                          row["enqueued_by"], row["created_at"]))  # fmt: skip
+        out.append(
+            _event(
+                module,
+                row,
+                1,
+                Transition.ENQUEUE,
+                None,
+                State.QUEUED,
+                row["enqueued_by"],
+                row["created_at"],
+            )
+        )
     claimed = row.get("attempted_at")
     if claimed is not None and row["state"] in CARRYING:
         attempt, worker = int(row["attempts"]), row["worker"]
-        out.append(_event(module, row, attempt, Transition.CLAIM, State.QUEUED, State.RUNNING,
-                          worker, claimed))  # fmt: skip
+        out.append(
+            _event(
+                module, row, attempt, Transition.CLAIM, State.QUEUED, State.RUNNING, worker, claimed
+            )
+        )
         if row["state"] == State.SUCCEEDED.value:
-            out.append(_event(module, row, attempt, Transition.SUCCEED, State.RUNNING,
-                              State.SUCCEEDED, worker, row["finished_at"]))  # fmt: skip
+            out.append(
+                _event(
+                    module,
+                    row,
+                    attempt,
+                    Transition.SUCCEED,
+                    State.RUNNING,
+                    State.SUCCEEDED,
+                    worker,
+                    row["finished_at"],
+                )
+            )
     return out
 
 
@@ -76,8 +114,11 @@ def history(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> list[dict[st
     (by time; the row's enqueue first and its claim and success last at a tie)."""
     table = spec.table
     run = conn.execute(select(table).where(table.c.job_id == job_id)).mappings().first()
-    stmt = (select(EVENTS).where(EVENTS.c.module == spec.module, EVENTS.c.job_id == job_id)
-            .order_by(EVENTS.c.id))  # fmt: skip
+    stmt = (
+        select(EVENTS)
+        .where(EVENTS.c.module == spec.module, EVENTS.c.job_id == job_id)
+        .order_by(EVENTS.c.id)
+    )
     rows = [dict(r) for r in conn.execute(stmt).mappings()]
     carried = [] if run is None else row_events(spec.module, dict(run))
     enqueue = [e for e in carried if e["transition"] == Transition.ENQUEUE.value]
@@ -109,11 +150,14 @@ def carried(spec: RunTable, since: datetime, kinds: Iterable[str]) -> list[Any]:
     for kind in (k for k in kinds if k in branches):
         attempt, at, carries = branches[kind]
         selects.append(
-            select(cast(literal(spec.module), String(64)).label("module"), t.c.job_id,
-                   attempt.label("attempt"), cast(literal(kind), String(32))
-                   .label("transition"), at.label("at"))
-            .where(recent, carries, at >= since)
-        )  # fmt: skip
+            select(
+                cast(literal(spec.module), String(64)).label("module"),
+                t.c.job_id,
+                attempt.label("attempt"),
+                cast(literal(kind), String(32)).label("transition"),
+                at.label("at"),
+            ).where(recent, carries, at >= since)
+        )
     return selects
 
 
@@ -175,8 +219,7 @@ def kept_at_rerun(
     """A rerun's record of the success ``row`` carried: its claim and success as event
     rows (reason KEPT, or COUNTED once the rollup counted the row)."""
     reason = COUNTED if row["finished_at"] <= counted_through else KEPT
-    kept = [e for e in row_events(spec.module, row)
-            if e["transition"] != Transition.ENQUEUE.value]  # fmt: skip
+    kept = [e for e in row_events(spec.module, row) if e["transition"] != Transition.ENQUEUE.value]
     for event in kept:
         values = {k: v for k, v in event.items() if k != "id"}
         conn.execute(EVENTS.insert().values({**values, "reason": reason}))

@@ -35,15 +35,29 @@ RUN_NOW = "run_now"
 
 
 def bring_forward(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, attempts: int, actor: str,
-    reason: str, now: datetime,
-) -> list[PendingMessage] | None:  # fmt: skip
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    *,
+    attempts: int,
+    actor: str,
+    reason: str,
+    now: datetime,
+) -> list[PendingMessage] | None:
     """The run due at ``now``, and its message; None when the run is not a queued one of
     ``attempts`` waiting for a later time (nothing written)."""
     moved, due = _move_run(spec, job_id, attempts, now), _move_message(spec, attempts, now)
-    audited = {"module": spec.module, "attempt": attempts, "transition": RUN_NOW,
-               "from_state": State.QUEUED.value, "to_state": State.QUEUED.value,
-               "actor": actor, "reason": reason, "at": now, "detail": None}  # fmt: skip
+    audited = {
+        "module": spec.module,
+        "attempt": attempts,
+        "transition": RUN_NOW,
+        "from_state": State.QUEUED.value,
+        "to_state": State.QUEUED.value,
+        "actor": actor,
+        "reason": reason,
+        "at": now,
+        "detail": None,
+    }
     event = _prefixed(audited, "e_")
     if conn.dialect.name == "postgresql":
         return _in_one_statement(conn, moved, due, event)
@@ -59,12 +73,17 @@ def _move_run(spec: RunTable, job_id: uuid.UUID, attempts: int, now: datetime) -
     t = spec.table
     return (
         update(t)
-        .where(t.c.job_id == job_id, t.c.state == State.QUEUED.value, t.c.attempts == attempts,
-               # A run waiting for its key's slot starts when the slot frees, not sooner.
-               t.c.next_retry_at > now, t.c.next_retry_at != PARKED)
+        .where(
+            t.c.job_id == job_id,
+            t.c.state == State.QUEUED.value,
+            t.c.attempts == attempts,
+            # A run waiting for its key's slot starts when the slot frees, not sooner.
+            t.c.next_retry_at > now,
+            t.c.next_retry_at != PARKED,
+        )
         .values(next_retry_at=now, updated_at=now)
         .returning(t.c.job_id)
-    )  # fmt: skip
+    )
 
 
 def _move_message(spec: RunTable, attempts: int, now: datetime) -> Any:
@@ -72,11 +91,15 @@ def _move_message(spec: RunTable, attempts: int, now: datetime) -> Any:
     o = OUTBOX.c
     return (
         update(OUTBOX)
-        .where(o.module == spec.module, o.attempt == attempts + 1, o.dead_at.is_(None),
-               o.delivered_at.is_(None))
+        .where(
+            o.module == spec.module,
+            o.attempt == attempts + 1,
+            o.dead_at.is_(None),
+            o.delivered_at.is_(None),
+        )
         .values(available_at=now, published_at=None)
         .returning(*OUTBOX.c)
-    )  # fmt: skip
+    )
 
 
 def _in_one_statement(

@@ -67,9 +67,16 @@ def free_slots(held: Sequence[int], limit: int) -> list[int]:
 
 
 def admit(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, key: str, limit: int, *,
-    due_at: datetime | None, rerun: bool = False, now: datetime | None = None,
-) -> bool:  # fmt: skip
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    key: str,
+    limit: int,
+    *,
+    due_at: datetime | None,
+    rerun: bool = False,
+    now: datetime | None = None,
+) -> bool:
     """Join ``key``'s line for a run just queued (its outbox row written, unpublished):
     True when it holds a slot (a free one, nobody waiting before it): its message is for
     the caller to publish; False when it waits, parked.
@@ -80,10 +87,17 @@ def admit(
     """
     if rerun:
         release(conn, spec, job_id, now=now)
-    conn.execute(insert(SLOTS).values(
-        run_table=spec.table.name, concurrency_key=key, job_id=job_id, key_limit=limit,
-        slot_no=None, due_at=due_at, created_at=clock(conn, now),
-    ))  # fmt: skip
+    conn.execute(
+        insert(SLOTS).values(
+            run_table=spec.table.name,
+            concurrency_key=key,
+            job_id=job_id,
+            key_limit=limit,
+            slot_no=None,
+            due_at=due_at,
+            created_at=clock(conn, now),
+        )
+    )
     holds = job_id in grant(conn, spec, key, limit, now=now, fresh=job_id).job_ids
     if not holds:
         _park(conn, spec, job_id)
@@ -91,9 +105,13 @@ def admit(
 
 
 def release(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, *, now: datetime | None = None,
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    *,
+    now: datetime | None = None,
     if_ended: bool = False,
-) -> Granted:  # fmt: skip
+) -> Granted:
     """The run ``job_id`` stops holding (or waiting for) its key's slot; the oldest waiter
     takes the slot. Its message is for the caller to publish after COMMIT.
 
@@ -101,8 +119,15 @@ def release(
     own snapshot, so a rerun that joined the line meanwhile keeps its place.
     """
     table = spec.table
-    guard = [] if not if_ended else [~select(table.c.job_id).where(
-        table.c.job_id == job_id, table.c.state.in_(ACTIVE_STATES)).exists()]  # fmt: skip
+    guard = (
+        []
+        if not if_ended
+        else [
+            ~select(table.c.job_id)
+            .where(table.c.job_id == job_id, table.c.state.in_(ACTIVE_STATES))
+            .exists()
+        ]
+    )
     stmt = (
         delete(SLOTS)
         .where(SLOTS.c.run_table == table.name, SLOTS.c.job_id == job_id, *guard)
@@ -115,9 +140,14 @@ def release(
 
 
 def grant(
-    conn: Connection, spec: RunTable, key: str, limit: int, *, now: datetime | None = None,
+    conn: Connection,
+    spec: RunTable,
+    key: str,
+    limit: int,
+    *,
+    now: datetime | None = None,
     fresh: uuid.UUID | None = None,
-) -> Granted:  # fmt: skip
+) -> Granted:
     """Give ``key``'s free slots (of ``limit``) to its oldest waiters and make them due;
     ``fresh`` (a run joining the line now) was never parked."""
     _lock(conn, spec, key)
@@ -132,13 +162,14 @@ def grant(
     if not waiting:
         return Granted()
     held = conn.execute(select(SLOTS.c.slot_no).where(*mine, SLOTS.c.slot_no.is_not(None)))
-    free = free_slots([int(n) for n, in held], limit)
+    free = free_slots([int(n) for (n,) in held], limit)
     granted = Granted()
     for waiter, slot_no in zip((Waiter(*w) for w in waiting), free, strict=False):
         taken = conn.execute(
-            update(SLOTS).where(SLOTS.c.id == waiter.id, SLOTS.c.slot_no.is_(None))
+            update(SLOTS)
+            .where(SLOTS.c.id == waiter.id, SLOTS.c.slot_no.is_(None))
             .values(slot_no=slot_no)
-        ).rowcount  # fmt: skip
+        ).rowcount
         if taken:
             due = () if waiter.job_id == fresh else _unpark(conn, spec, waiter, now)
             granted += Granted(frozenset({waiter.job_id}), due)
@@ -161,16 +192,16 @@ def _park(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> None:
         .where(table.c.job_id == job_id, table.c.state == State.QUEUED.value)
         .values(next_retry_at=PARKED)
     )
-    conn.execute(
-        update(OUTBOX)
-        .where(*_unpublished(spec, job_id))
-        .values(available_at=PARKED)
-    )  # fmt: skip
+    conn.execute(update(OUTBOX).where(*_unpublished(spec, job_id)).values(available_at=PARKED))
 
 
 def _unpublished(spec: RunTable, job_id: uuid.UUID) -> tuple[Any, ...]:
-    return (OUTBOX.c.module == spec.module, OUTBOX.c.job_id == job_id,
-            OUTBOX.c.published_at.is_(None), OUTBOX.c.dead_at.is_(None))  # fmt: skip
+    return (
+        OUTBOX.c.module == spec.module,
+        OUTBOX.c.job_id == job_id,
+        OUTBOX.c.published_at.is_(None),
+        OUTBOX.c.dead_at.is_(None),
+    )
 
 
 def _unpark(
@@ -182,16 +213,19 @@ def _unpark(
     due = literal(waiter.due_at, type_=table.c.next_retry_at.type) if waiter.due_at else at
     conn.execute(
         update(table)
-        .where(table.c.job_id == waiter.job_id, table.c.state == State.QUEUED.value,
-               table.c.next_retry_at == PARKED)
+        .where(
+            table.c.job_id == waiter.job_id,
+            table.c.state == State.QUEUED.value,
+            table.c.next_retry_at == PARKED,
+        )
         .values(next_retry_at=waiter.due_at)
-    )  # fmt: skip
+    )
     rows = conn.execute(
         update(OUTBOX)
         .where(*_unpublished(spec, waiter.job_id), OUTBOX.c.available_at == PARKED)
         .values(available_at=due)
         .returning(*OUTBOX.c)
-    ).mappings()  # fmt: skip
+    ).mappings()
     return tuple(PendingMessage.of_row(r) for r in rows)
 
 
@@ -205,11 +239,13 @@ def ended_holders(conn: Connection, spec: RunTable, *, limit: int) -> list[uuid.
     stmt = (
         select(SLOTS.c.job_id)
         .select_from(SLOTS.outerjoin(table, table.c.job_id == SLOTS.c.job_id))
-        .where(SLOTS.c.run_table == table.name,
-               table.c.job_id.is_(None) | table.c.state.not_in(ACTIVE_STATES))
+        .where(
+            SLOTS.c.run_table == table.name,
+            table.c.job_id.is_(None) | table.c.state.not_in(ACTIVE_STATES),
+        )
         .limit(limit)
-    )  # fmt: skip
-    return [job_id for job_id, in conn.execute(stmt)]
+    )
+    return [job_id for (job_id,) in conn.execute(stmt)]
 
 
 def keys_with_room(conn: Connection, spec: RunTable, *, limit: int) -> list[tuple[str, int]]:
@@ -217,15 +253,21 @@ def keys_with_room(conn: Connection, spec: RunTable, *, limit: int) -> list[tupl
     held = SLOTS.alias("held")
     holders = (
         select(func.count())
-        .where(held.c.run_table == SLOTS.c.run_table,
-               held.c.concurrency_key == SLOTS.c.concurrency_key, held.c.slot_no.is_not(None))
+        .where(
+            held.c.run_table == SLOTS.c.run_table,
+            held.c.concurrency_key == SLOTS.c.concurrency_key,
+            held.c.slot_no.is_not(None),
+        )
         .scalar_subquery()
-    )  # fmt: skip
+    )
     stmt = (
         select(SLOTS.c.concurrency_key, SLOTS.c.key_limit)
-        .where(SLOTS.c.run_table == spec.table.name, SLOTS.c.slot_no.is_(None),
-               holders < SLOTS.c.key_limit)
+        .where(
+            SLOTS.c.run_table == spec.table.name,
+            SLOTS.c.slot_no.is_(None),
+            holders < SLOTS.c.key_limit,
+        )
         .distinct()
         .limit(limit)
-    )  # fmt: skip
+    )
     return [(key, int(n)) for key, n in conn.execute(stmt)]

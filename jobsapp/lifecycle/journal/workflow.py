@@ -70,14 +70,26 @@ class Step:
 
     def row(self, now: Any) -> dict[str, Any]:
         return {
-            "job_id": self.job_id, "workflow_id": self.workflow_id, "path": self.path,
-            "module": self.module, "task_name": self.task_name, "args": list(self.args),
-            "kwargs": dict(self.kwargs), "immutable": self.immutable,
-            "max_attempts": self.max_attempts, "queue": self.queue, "priority": self.priority,
-            "trigger": self.trigger, "after": self.after, "next": list(self.next),
-            "errbacks": list(self.errbacks), "created_at": now, "blocked_at": None,
-            "blocked_outcome": None, "members_left": _members(self.after),
-        }  # fmt: skip
+            "job_id": self.job_id,
+            "workflow_id": self.workflow_id,
+            "path": self.path,
+            "module": self.module,
+            "task_name": self.task_name,
+            "args": list(self.args),
+            "kwargs": dict(self.kwargs),
+            "immutable": self.immutable,
+            "max_attempts": self.max_attempts,
+            "queue": self.queue,
+            "priority": self.priority,
+            "trigger": self.trigger,
+            "after": self.after,
+            "next": list(self.next),
+            "errbacks": list(self.errbacks),
+            "created_at": now,
+            "blocked_at": None,
+            "blocked_outcome": None,
+            "members_left": _members(self.after),
+        }
 
 
 def _members(after: Any) -> int | None:
@@ -90,8 +102,9 @@ def write_steps(conn: Connection, steps: Sequence[Step], *, now: datetime | None
     _require_transaction(conn, "a workflow's steps")
     at = clock(conn, now)
     rows = [step.row(at) for step in steps]
-    conn.execute(_upsert(conn, STEPS).values(rows).on_conflict_do_nothing(
-        index_elements=[STEPS.c.job_id]))  # fmt: skip
+    conn.execute(
+        _upsert(conn, STEPS).values(rows).on_conflict_do_nothing(index_elements=[STEPS.c.job_id])
+    )
 
 
 def new_job(step: Mapping[str, Any], given: Sequence[Any]) -> NewJob:
@@ -102,17 +115,23 @@ def new_job(step: Mapping[str, Any], given: Sequence[Any]) -> NewJob:
     args = list(step["args"]) if step["immutable"] else [*given, *step["args"]]
     job_id = uuid.UUID(str(step["job_id"]))
     return NewJob(
-        spec=spec, job_id=job_id, task_name=step["task_name"],
+        spec=spec,
+        job_id=job_id,
+        task_name=step["task_name"],
         # A step's key is its own: a successor never waits on another job's key.
-        concurrency_key=f"{step['task_name']}:{job_id}", max_attempts=step["max_attempts"],
+        concurrency_key=f"{step['task_name']}:{job_id}",
+        max_attempts=step["max_attempts"],
         values={spec.params_column: {"args": args, "kwargs": dict(step["kwargs"])}},
-        dedup_window=timedelta(0), queue=step["queue"], priority=step["priority"],
+        dedup_window=timedelta(0),
+        queue=step["queue"],
+        priority=step["priority"],
         workflow_id=uuid.UUID(str(step["workflow_id"])),
-    )  # fmt: skip
+    )
 
 
-def start(conn: Connection, step: Mapping[str, Any], given: Sequence[Any], *,
-          actor: str) -> PendingMessage | None:  # fmt: skip
+def start(
+    conn: Connection, step: Mapping[str, Any], given: Sequence[Any], *, actor: str
+) -> PendingMessage | None:
     """Insert the step's run (none -> queued, with its message), unless it has one
     already; returns its message (at the step's queue and priority, from its ``NewJob``)."""
     if step["blocked_outcome"] == CANCELLED:
@@ -161,9 +180,13 @@ def failed(
 
 
 def cancel_rest(
-    conn: Connection, workflow_id: uuid.UUID, *, actor: str, reason: str,
+    conn: Connection,
+    workflow_id: uuid.UUID,
+    *,
+    actor: str,
+    reason: str,
     now: datetime | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """An operator's cancel of what is left of a workflow: no step starts from now on
     (a step still running finishes, and starts nothing), and its queued runs end
     cancelled (Transition.CANCEL each). Returns how many runs were cancelled.
@@ -172,24 +195,40 @@ def cancel_rest(
     successor holds the successor's lock, so its queued run is seen and cancelled here,
     or it sees the mark and starts nothing."""
     _require_transaction(conn, "a workflow's cancel")
-    marked = [dict(step) for step in conn.execute(
-        update(STEPS)
-        .where(STEPS.c.workflow_id == workflow_id,
-               or_(STEPS.c.blocked_outcome.is_(None), STEPS.c.blocked_outcome != CANCELLED))
-        .values(blocked_at=clock(conn, now), blocked_outcome=CANCELLED, blocked_reason=reason)
-        .returning(STEPS.c.job_id, STEPS.c.module)
-    ).mappings()]  # fmt: skip
+    marked = [
+        dict(step)
+        for step in conn.execute(
+            update(STEPS)
+            .where(
+                STEPS.c.workflow_id == workflow_id,
+                or_(STEPS.c.blocked_outcome.is_(None), STEPS.c.blocked_outcome != CANCELLED),
+            )
+            .values(blocked_at=clock(conn, now), blocked_outcome=CANCELLED, blocked_reason=reason)
+            .returning(STEPS.c.job_id, STEPS.c.module)
+        ).mappings()
+    ]
     module_of = {step["job_id"]: step["module"] for step in marked}
     queued = step_runs(conn, marked, "attempts", state=State.QUEUED)
-    return sum(cancel(conn, registry.get(module_of[job_id]), job_id, attempts=run.attempts,
-                      actor=actor, reason=reason, now=now)
-               for job_id, run in queued.items())  # fmt: skip
+    return sum(
+        cancel(
+            conn,
+            registry.get(module_of[job_id]),
+            job_id,
+            attempts=run.attempts,
+            actor=actor,
+            reason=reason,
+            now=now,
+        )
+        for job_id, run in queued.items()
+    )
 
 
 def step_runs(
-    conn: Connection, steps: Iterable[Mapping[str, Any]], *columns: str,
+    conn: Connection,
+    steps: Iterable[Mapping[str, Any]],
+    *columns: str,
     state: State | None = None,
-) -> dict[uuid.UUID, Any]:  # fmt: skip
+) -> dict[uuid.UUID, Any]:
     """The run rows (``job_id`` and ``columns``) of those of ``steps`` that have one (in
     ``state``, if given), by job id: one SELECT per run table the steps' modules name."""
     by_module: dict[str, list[uuid.UUID]] = {}
@@ -211,9 +250,16 @@ def blocked_row(conn: Connection, job_id: uuid.UUID) -> dict[str, Any] | None:
     step = _step(conn, job_id)
     if step is None or step["blocked_at"] is None:
         return None
-    return {"job_id": job_id, "task_name": step["task_name"], "state": State.FAILED.value,
-            "outcome": step["blocked_outcome"], "last_error": step["blocked_reason"],
-            "attempts": 0, "result": None, "finished_at": step["blocked_at"]}  # fmt: skip
+    return {
+        "job_id": job_id,
+        "task_name": step["task_name"],
+        "state": State.FAILED.value,
+        "outcome": step["blocked_outcome"],
+        "last_error": step["blocked_reason"],
+        "attempts": 0,
+        "result": None,
+        "finished_at": step["blocked_at"],
+    }
 
 
 def steps_of(conn: Connection, workflow_id: uuid.UUID) -> list[dict[str, Any]]:
@@ -230,15 +276,21 @@ def waited_on(conn: Connection, job_id: uuid.UUID) -> list[str]:
 
 def _errbacks(conn: Connection, step: Mapping[str, Any], *, actor: str) -> list[PendingMessage]:
     """Celery's old-style errback call: the failed task's id first."""
-    started = [start(conn, errback, [str(step["job_id"])], actor=actor)
-               for errback in _steps(conn, step["errbacks"])]  # fmt: skip
+    started = [
+        start(conn, errback, [str(step["job_id"])], actor=actor)
+        for errback in _steps(conn, step["errbacks"])
+    ]
     return [message for message in started if message is not None]
 
 
 def _block(
-    conn: Connection, step: Mapping[str, Any], reason: str, *, actor: str,
+    conn: Connection,
+    step: Mapping[str, Any],
+    reason: str,
+    *,
+    actor: str,
     now: datetime | None,
-) -> list[PendingMessage]:  # fmt: skip
+) -> list[PendingMessage]:
     """Mark ``step`` and what waits on it blocked (once: a guarded update); a chord's
     body starts its errbacks, once."""
     chord = isinstance(step["after"], list)
@@ -264,18 +316,21 @@ def _maybe_last(conn: Connection, step: Mapping[str, Any]) -> bool:
     if step["members_left"] is None:
         return True
     left = conn.execute(
-        update(STEPS).where(STEPS.c.job_id == step["job_id"], STEPS.c.members_left > 0)
-        .values(members_left=STEPS.c.members_left - 1).returning(STEPS.c.members_left)
-    ).scalar()  # fmt: skip
+        update(STEPS)
+        .where(STEPS.c.job_id == step["job_id"], STEPS.c.members_left > 0)
+        .values(members_left=STEPS.c.members_left - 1)
+        .returning(STEPS.c.members_left)
+    ).scalar()
     return left is None or left == 0
 
 
 def _unblock(conn: Connection, job_id: Any) -> None:
     """A replayed step succeeded after all: what waited for it runs after all."""
     conn.execute(
-        update(STEPS).where(STEPS.c.job_id == job_id, STEPS.c.blocked_at.is_not(None))
+        update(STEPS)
+        .where(STEPS.c.job_id == job_id, STEPS.c.blocked_at.is_not(None))
         .values(blocked_at=None, blocked_outcome=None, blocked_reason=None)
-    )  # fmt: skip
+    )
 
 
 def _step(conn: Connection, job_id: uuid.UUID) -> dict[str, Any] | None:

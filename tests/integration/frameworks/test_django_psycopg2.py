@@ -31,11 +31,21 @@ sys.exit(pytest.main(["-q", "tests/integration/frameworks/test_django_example.py
 def test_django_example_passes_on_psycopg2() -> None:
     # The child names its own database, queue and counters: only the services are shared.
     ours = ("JOBSAPP_", "DJANGO_")
-    env = {k: v for k, v in os.environ.items()
-           if k.startswith("JOBSAPP_TEST_") or not k.startswith(ours)}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith("JOBSAPP_TEST_") or not k.startswith(ours)
+    }
     env.pop("JOBSAPP_TEST_NAMESPACE", None)
-    done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=220, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout
     assert "skipped" not in done.stdout

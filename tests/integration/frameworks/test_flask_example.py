@@ -73,8 +73,9 @@ def test_upload_commits_row_and_job_and_the_worker_measures_it(
     accepted = post_file(client, path, content)
     assert accepted["enqueue"] == "enqueued"
     shown = eventually(
-        lambda: (body := client.get(f"/uploads/{accepted['upload']}").get_json())["sha256"]
-        and body,
+        lambda: (
+            (body := client.get(f"/uploads/{accepted['upload']}").get_json())["sha256"] and body
+        ),
         timeout=60,
     )
     assert shown["sha256"] == hashlib.sha256(content).hexdigest()
@@ -85,8 +86,9 @@ def test_upload_commits_row_and_job_and_the_worker_measures_it(
 def test_empty_upload_is_refused_with_nothing_written(
     client: FlaskClient, db: Engine, redis_clean: None, path: str
 ) -> None:
-    response = client.post(path, data={"file": (io.BytesIO(b""), "empty.txt")},
-                           content_type="multipart/form-data")  # fmt: skip
+    response = client.post(
+        path, data={"file": (io.BytesIO(b""), "empty.txt")}, content_type="multipart/form-data"
+    )
     assert response.status_code == 400
     assert (uploads(db), run_count(db), queued_messages()) == (0, 0, 0)
 

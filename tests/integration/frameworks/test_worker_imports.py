@@ -40,10 +40,11 @@ def launcher(
     monkeypatch.setenv("JOBSAPP_UNCLAIMED_AFTER", str(UNCLAIMED_AFTER))
     get_settings.cache_clear()
     env = service_env(
-        database_url=django_db, broker_url=service("JOBSAPP_TEST_REDIS_URL"),
+        database_url=django_db,
+        broker_url=service("JOBSAPP_TEST_REDIS_URL"),
         var_dir=tmp_path / "var",
         settings={"DJANGO_SETTINGS_MODULE": "examples.django_app.settings"},
-    )  # fmt: skip
+    )
     with launching(env, tmp_path) as launched:
         yield launched
     get_settings.cache_clear()
@@ -51,8 +52,17 @@ def launcher(
 
 def start_worker(launcher: Launcher, imports: str) -> Proc:
     name = f"examples-{uuid.uuid4().hex[:6]}@%h"
-    argv = [str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS,
-            "-Q", app.conf.task_default_queue, "-n", name]  # fmt: skip
+    argv = [
+        str(BIN / "celery"),
+        "-A",
+        "jobsapp",
+        "worker",
+        *WORKER_FLAGS,
+        "-Q",
+        app.conf.task_default_queue,
+        "-n",
+        name,
+    ]
     worker = launcher.start("worker", argv, {"JOBSAPP_IMPORTS": imports})
     ready(worker, timeout=60)
     return worker
@@ -68,18 +78,25 @@ def place_order_and_upload() -> tuple[dict[str, Any], dict[str, Any]]:
     from examples.flask_app.app import create_app
 
     order = Client().post("/orders/", {"customer": "ada", "total_cents": "250"}).json()
-    upload = create_app().test_client().post(
-        "/uploads/session", data={"file": (io.BytesIO(b"bytes"), "a.txt")},
-        content_type="multipart/form-data",
-    ).get_json()  # fmt: skip
+    upload = (
+        create_app()
+        .test_client()
+        .post(
+            "/uploads/session",
+            data={"file": (io.BytesIO(b"bytes"), "a.txt")},
+            content_type="multipart/form-data",
+        )
+        .get_json()
+    )
     return order, upload
 
 
 def test_worker_runs_the_django_and_flask_examples_jobs(db: Engine, launcher: Launcher) -> None:
     start_worker(launcher, f"{DJANGO_TASKS},{FLASK_TASKS}")
     order, upload = place_order_and_upload()
-    eventually(lambda: state(db, order["job_id"]) == state(db, upload["job_id"]) == "succeeded",
-               timeout=60)  # fmt: skip
+    eventually(
+        lambda: state(db, order["job_id"]) == state(db, upload["job_id"]) == "succeeded", timeout=60
+    )
 
 
 def test_a_module_missing_from_imports_leaves_its_job_queued_until_a_worker_has_it(
