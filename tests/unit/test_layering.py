@@ -47,10 +47,15 @@ FLOORS = {
     "jobsapp.schema": DOMAIN,
     "jobsapp.contrib": DOMAIN,
     "jobsapp.web": WEB,
+    # The console's session tables are declarations on the journal's Base, which the
+    # schema (Alembic's metadata) registers: data of the web, on the domain's floor.
+    "jobsapp.web.session_tables": DOMAIN,
     # ``jobsapp demo`` runs the web and a worker on a throwaway database; the command line
     # starts it, and everything else.
     "jobsapp.demo": DEMO,
     "jobsapp.cli": CLI,
+    # The users' test kit and its pytest plugin: it drives the app and its tasks.
+    "jobsapp.testing": CLI,
 }
 
 
