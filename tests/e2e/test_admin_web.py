@@ -272,7 +272,7 @@ def test_cancel_through_the_api(http: Http, db: Engine) -> None:
 
     assert reply.status == 200, reply.body
     assert_documented(http, "Cancelled", reply.json())
-    row = listed(http, job_id, "&state=failed")
+    row = listed(http, job_id, "&state=cancelled")
     assert row is not None
     assert (row["outcome"], row["last_error"]) == ("cancelled", "not wanted")
     assert operator_events(db, job_id) == [("cancel", "operator:api", "not wanted")]
