@@ -186,6 +186,27 @@ def group_saved_and_restored(s: Side) -> Any:
     return [restored is not None, restored.get(timeout=WAIT) if restored else None]
 
 
+def callers_own_task_id(s: Side) -> Any:
+    mine = f"order-{uuid.uuid4().hex[:8]}"
+    r = s.add.apply_async((2, 2), task_id=mine)
+    return [r.id == mine, AsyncResult(mine, app=s.app).get(timeout=WAIT), isinstance(r.id, str)]
+
+
+def countdown_then_value(s: Side) -> Any:
+    return s.add.apply_async((5, 5), countdown=1).get(timeout=WAIT)
+
+
+def group_join_and_chain_parent(s: Side) -> Any:
+    joined = group(s.add.s(1, 0), s.add.s(2, 0)).apply_async().join(timeout=WAIT)
+    r = chain(s.add.s(1, 1), s.add.s(10)).apply_async()
+    return [joined, r.get(timeout=WAIT), r.parent.get(timeout=WAIT)]
+
+
+def get_timeout_of_a_late_task(s: Side) -> Any:
+    r = s.add.apply_async((1, 1), countdown=30)
+    return _raised(lambda: r.get(timeout=0.5))[0]
+
+
 def eager_apply(s: Side) -> Any:
     return [s.add.apply((3, 4)).get(), _raised(lambda: s.boom.apply((_fresh_token(),)).get())[0]]
 
@@ -226,6 +247,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     ),
     "GroupResult.save() and restore(id)": (group_saved_and_restored, [True, [0, 2, 4]]),
     "eager apply()": (eager_apply, [7, "ValueError"]),
+    "apply_async(task_id=...) and AsyncResult of it": (callers_own_task_id, [True, 4, True]),
+    "apply_async(countdown=1).get()": (countdown_then_value, 10),
+    "a group's join(), a chain's .parent.get()": (group_join_and_chain_parent, [[1, 2], 12, 2]),
+    "get(timeout=) of a task not due yet": (get_timeout_of_a_late_task, "TimeoutError"),
 }
 
 

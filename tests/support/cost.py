@@ -9,6 +9,8 @@ Only the calling thread is profiled: the heartbeat's thread ticks on a clock, no
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import sys
 import threading
@@ -127,3 +129,28 @@ def measure(
         for task_id, args, kwargs in counted:
             trace(task_id, args, kwargs, _request(app, task_id))
     return {"producer": producer.per_job(COUNTED), "worker": worker.per_job(COUNTED)}
+
+
+def _noop() -> None:
+    """The job whose cost is all lifecycle."""
+
+
+def _side(name: str, queue: str) -> tuple[Celery, Any]:
+    """The app and the no-op task of one side: jobsapp's lifecycle task, or bare Celery on
+    the same broker with the events jobsapp ships."""
+    if name == "lifecycle":
+        from jobsapp.celery_app import app
+        from jobsapp.lifecycle import lifecycle_task
+
+        app.conf.task_default_queue = queue
+        return app, lifecycle_task(app, name="tests.cost.noop")(_noop)
+    bare = Celery("bare-cost", broker=os.environ["JOBSAPP_BROKER_URL"])
+    bare.conf.update(task_default_queue=queue, task_ignore_result=True,
+                     task_send_sent_event=True, task_acks_late=True)  # fmt: skip
+    return bare, bare.task(name="bare.cost.noop")(_noop)
+
+
+if __name__ == "__main__":
+    # A process of its own: the counts depend on nothing an earlier test left behind.
+    side, queue = sys.argv[1], sys.argv[2]
+    print(json.dumps(measure(*_side(side, queue))))
