@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import threading
 from datetime import datetime, timedelta
@@ -29,11 +30,13 @@ from flask import Flask, Request, g, request, session
 from flask.sessions import SecureCookieSessionInterface
 from itsdangerous import URLSafeTimedSerializer
 from sqlalchemy import Table, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from jobsapp.db import get_engine, utcnow
 from jobsapp.settings import get_settings
 from jobsapp.web.session_tables import WebSecret, WebSession
+
+log = logging.getLogger(__name__)
 
 CSRF_FIELD = "csrf_token"
 SESSION_LIFETIME = timedelta(hours=8)
@@ -53,16 +56,24 @@ _secrets_lock = threading.Lock()
 
 
 class AdminSessionInterface(SecureCookieSessionInterface):
-    """Flask's cookie session, signed with a key derived from the admin token."""
+    """Flask's cookie session, signed with a key derived from the admin token and the server
+    secret; only the console's pages (``/admin``, the cookie's path) have one."""
 
     salt = "jobsapp-admin-session"
 
     def get_signing_serializer(self, app: Flask) -> URLSafeTimedSerializer | None:  # noqa: ARG002
         token = get_settings().admin_token
-        if token is None:
+        if token is None or not request.path.startswith("/admin"):
+            return None  # Flask's null session: the API and uploads read no secret
+        try:
+            key = session_key(token)
+        except DBAPIError:
+            # The secret lives in the database: while it is down the console has no
+            # session, and its pages answer 503 through their own handler.
+            log.warning("admin session unavailable: the database is unreachable")
             return None
         return URLSafeTimedSerializer(
-            session_key(token),
+            key,
             salt=self.salt,
             serializer=self.serializer,
             signer_kwargs={
