@@ -32,7 +32,7 @@ from jobsapp.monitor.summary import (
     BadFilter,
     SummaryRow,
     checked_tables,
-    in_state,
+    state_conditions,
     summary_row,
 )
 
@@ -235,8 +235,8 @@ def _newest(
     # One indexed branch per state (ix_<table>_state_updated): an IN list over the
     # states would sort every matching row of the table for each page.
     found: list[Listed] = []
-    for state in states:
-        page = _page(spec, [*where, in_state(spec.table, state)], after, limit)
+    for condition in state_conditions(spec.table, states):
+        page = _page(spec, [*where, condition], after, limit)
         found.extend(
             (summary_row(spec, dict(r), now), dict(r)) for r in conn.execute(page).mappings()
         )
@@ -342,7 +342,7 @@ def _tables(wanted: JobFilter) -> list[RunTable]:
 
 def _matching(spec: RunTable, wanted: JobFilter, now: datetime) -> list[ColumnElement[bool]]:
     table = spec.table
-    where: list[ColumnElement[bool]] = [or_(*(in_state(table, s) for s in wanted.states))]
+    where: list[ColumnElement[bool]] = [or_(*state_conditions(table, wanted.states))]
     if wanted.task:
         # A prefix, as an operator types it ("billing." for every billing task); LIKE's
         # wildcards in it are literal.

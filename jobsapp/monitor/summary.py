@@ -127,6 +127,20 @@ def in_state(table: Any, name: str) -> ColumnElement[bool]:
     return table.c.state == name  # type: ignore[no-any-return]
 
 
+def state_conditions(table: Any, names: Iterable[str]) -> list[ColumnElement[bool]]:
+    """One condition per indexed branch for the filter names: failures, cancels and expiries
+    asked for together are the one state ``failed`` (one branch, not three)."""
+    wanted = list(names)
+    if {State.FAILED.value, *NOT_FAILURES} <= set(wanted):
+        whole = table.c.state == State.FAILED.value
+        return [
+            whole if n == State.FAILED.value else in_state(table, n)
+            for n in wanted
+            if n not in NOT_FAILURES
+        ]
+    return [in_state(table, n) for n in wanted]
+
+
 def checked_tables(module: str | None) -> list[RunTable]:
     if module is None:
         return list(registry.all_tables())
@@ -186,11 +200,11 @@ def _newest(spec: RunTable, states: Sequence[str], limit: int) -> Select[Any]:
     # One indexed LIMIT branch per state; SQLite wants each wrapped as a subquery.
     branches = [
         select(*columns, error)
-        .where(in_state(table, state))
+        .where(condition)
         .order_by(table.c.updated_at.desc())
         .limit(limit)
         .subquery()
-        for state in states
+        for condition in state_conditions(table, states)
     ]
     merged = union_all(*(select(b) for b in branches)).subquery()
     return select(merged).order_by(merged.c.updated_at.desc()).limit(limit)
