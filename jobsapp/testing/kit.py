@@ -175,17 +175,8 @@ class Kit:
         args, kwargs, _embed = message.payload
         task = self.app.tasks[headers["task"]]
         trace = build_tracer(task.name, task, app=self.app, eager=False)
-        request = {
-            "id": headers["id"],
-            "hostname": f"kit@{socket.gethostname()}",
-            "is_eager": False,
-            "delivery_info": {"routing_key": self._default(), "exchange": "", "redelivered": False},
-        }
-        trace(headers["id"], list(args), dict(kwargs), request)
+        trace(headers["id"], list(args), dict(kwargs), delivered(self.app, headers["id"], "kit"))
         return self._state_after(task, kwargs)
-
-    def _default(self) -> str:
-        return str(self.app.conf.task_default_queue)
 
     def _state_after(self, task: Any, kwargs: Mapping[str, Any]) -> str:
         job_id = kwargs.get("job_id") if isinstance(kwargs, Mapping) else None
@@ -241,3 +232,20 @@ def _matches(run: Run, subset: Mapping[str, Any]) -> bool:
     if unknown:
         raise TypeError(f"assert_enqueued matches on {sorted(shown)}, not {sorted(unknown)}")
     return all(shown[k] == (tuple(v) if k == "args" else v) for k, v in subset.items())
+
+
+def delivered(app: Celery, task_id: str, host: str) -> dict[str, Any]:
+    """The request Celery's tracer gets for a message a worker on ``host`` took from the
+    app's default queue."""
+    queue = str(app.conf.task_default_queue)
+    return {
+        "id": task_id,
+        "hostname": f"{host}@{socket.gethostname()}",
+        "is_eager": False,
+        "delivery_info": {
+            "routing_key": queue,
+            "exchange": "",
+            "priority": 0,
+            "redelivered": False,
+        },
+    }

@@ -27,12 +27,22 @@ CALLS_SLACK = 0.03
 
 def _measured(side: str) -> dict[str, dict[str, float]]:
     queue = f"cost-{side}-{SESSION}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JOBSAPP_IMPORTS": "",
-           "JOBSAPP_BROKER_URL": service("JOBSAPP_TEST_REDIS_URL")}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "JOBSAPP_IMPORTS": "",
+        "JOBSAPP_BROKER_URL": service("JOBSAPP_TEST_REDIS_URL"),
+    }
     try:
-        done = subprocess.run([sys.executable, "-m", "tests.support.cost", side, queue],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
-                              check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.support.cost", side, queue],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
     finally:
         redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL")).delete(queue)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -24,6 +23,8 @@ from celery import Celery
 from celery.app.trace import build_tracer
 from celery.signals import after_task_publish, before_task_publish
 from sqlalchemy import Engine, event
+
+from jobsapp.testing.kit import delivered
 
 # Jobs run before counting (caches, compiled statements, first connections), then counted.
 WARM, COUNTED = 10, 40
@@ -94,21 +95,6 @@ def captured() -> Iterator[list[tuple[str, tuple[Any, ...], dict[str, Any]]]]:
         before_task_publish.disconnect(keep)
 
 
-def _request(app: Celery, task_id: str) -> dict[str, Any]:
-    queue = str(app.conf.task_default_queue)
-    return {
-        "id": task_id,
-        "hostname": f"cost@{socket.gethostname()}",
-        "is_eager": False,
-        "delivery_info": {
-            "routing_key": queue,
-            "exchange": "",
-            "priority": 0,
-            "redelivered": False,
-        },
-    }
-
-
 def measure(
     app: Celery, task: Any, call: Callable[[], Any] | None = None
 ) -> dict[str, dict[str, float]]:
@@ -124,10 +110,10 @@ def measure(
     trace = build_tracer(task.name, task, app=app, eager=False)
     warm, counted = sent[:WARM], sent[WARM:]
     for task_id, args, kwargs in warm:
-        trace(task_id, args, kwargs, _request(app, task_id))
+        trace(task_id, args, kwargs, delivered(app, task_id, "cost"))
     with counting() as worker:
         for task_id, args, kwargs in counted:
-            trace(task_id, args, kwargs, _request(app, task_id))
+            trace(task_id, args, kwargs, delivered(app, task_id, "cost"))
     return {"producer": producer.per_job(COUNTED), "worker": worker.per_job(COUNTED)}
 
 
@@ -145,8 +131,12 @@ def _side(name: str, queue: str) -> tuple[Celery, Any]:
         app.conf.task_default_queue = queue
         return app, lifecycle_task(app, name="tests.cost.noop")(_noop)
     bare = Celery("bare-cost", broker=os.environ["JOBSAPP_BROKER_URL"])
-    bare.conf.update(task_default_queue=queue, task_ignore_result=True,
-                     task_send_sent_event=True, task_acks_late=True)  # fmt: skip
+    bare.conf.update(
+        task_default_queue=queue,
+        task_ignore_result=True,
+        task_send_sent_event=True,
+        task_acks_late=True,
+    )
     return bare, bare.task(name="bare.cost.noop")(_noop)
 
 
