@@ -583,8 +583,8 @@ def test_two_beats_enqueue_each_slot_of_a_periodic_task_once_across_a_failover(
     standby.wait_for_log("is the leader", timeout=LEASE + 10)
     took_lead = database_now(db)
     eventually(lambda: (s := latest_slot(db)) and s >= took_lead + 3 * SECOND, timeout=20)
-    standby.kill()
-
+    # The standby stays up: a slot it committed but had not yet published is its relay's to send,
+    # and killing the last beat here would strand it in the outbox until a beat came back.
     by_slot, strays = slot_runs(db)
     dues = sorted(by_slot)
     print(
