@@ -96,6 +96,16 @@ def run_attempt(
 def _honour_cancel(ctx: RunContext, lost: Ended) -> Ended:
     """After a refused write (one statement more, on that path only): a cancel request
     ends the attempt cancelled; anything else left the lease lost."""
+    if not honour_cancel(ctx):
+        return lost
+    log.warning(
+        "job %s attempt %s: cancelled by a revoke; nothing published", ctx.job_id, ctx.attempt
+    )
+    return Ended(End.CANCELLED, "cancelled by a revoke; nothing published")
+
+
+def honour_cancel(ctx: RunContext) -> bool:
+    """End the attempt cancelled if a revoke asked it to stop (under its claim's fence)."""
 
     def write() -> bool:
         with ctx.engine.begin() as conn:
@@ -104,12 +114,7 @@ def _honour_cancel(ctx: RunContext, lost: Ended) -> Ended:
             )
             return _let_go(conn, ctx, done)
 
-    if not _persistently(write):
-        return lost
-    log.warning(
-        "job %s attempt %s: cancelled by a revoke; nothing published", ctx.job_id, ctx.attempt
-    )
-    return Ended(End.CANCELLED, "cancelled by a revoke; nothing published")
+    return _persistently(write)
 
 
 def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> Ended:

@@ -114,6 +114,8 @@ class JournalBackend(BaseBackend):
     ) -> dict[str, Any]:
         """Celery's task meta (state, result, traceback, date_done) of a run row."""
         status = celery_state(row)
+        if row is not None and status == states.STARTED and not self._tracks_started(row):
+            status = states.PENDING  # Celery's answer for a running task it does not track
         meta: dict[str, Any] = {
             "task_id": task_id,
             "status": status,
@@ -140,6 +142,13 @@ class JournalBackend(BaseBackend):
         if status in states.READY_STATES:
             meta["date_done"] = row["finished_at"]
         return meta
+
+    def _tracks_started(self, row: Mapping[str, Any]) -> bool:
+        """Celery says ``STARTED`` only for a task with ``track_started`` (the task's own,
+        else ``task_track_started``); the journal knows either way."""
+        task = self.app.tasks.get(row["task_name"])
+        tracked = getattr(task, "track_started", None)
+        return bool(self.app.conf.task_track_started if tracked is None else tracked)
 
     def _failure(
         self, conn: Connection, spec: RunTable | None, row: Mapping[str, Any]

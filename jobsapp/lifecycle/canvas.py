@@ -28,8 +28,9 @@ from celery.canvas import Signature, _chain, chord, group, maybe_signature
 from celery.result import GroupResult
 
 from jobsapp.db import get_engine
-from jobsapp.lifecycle import journal, message, outbox, registry
+from jobsapp.lifecycle import errback, journal, message, outbox, registry
 from jobsapp.lifecycle.backend import for_app
+from jobsapp.lifecycle.errors import ArgumentRefused
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, workflow
 from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step, waited_for
@@ -174,14 +175,17 @@ class Compiler:
         job_id = self._add(sig, path, after, args, SUCCESS if waits else START)
         for previous in waited_for(after):
             self.drafts[previous].next.append(job_id)
-        for i, errback in enumerate(errbacks):
-            self.drafts[job_id].errbacks.append(self._errback(errback, f"{path}.err{i}", job_id))
+        for i, on_error in enumerate(errbacks):
+            self.drafts[job_id].errbacks.append(self._errback(on_error, f"{path}.err{i}", job_id))
         return job_id
 
     def _errback(self, sig: Signature, path: str, failing: str) -> str:
         if not type(sig) is Signature:  # noqa: E714 - a canvas class is a Signature too
             raise TypeError(f"link_error takes a task's signature, not a {type(sig).__name__}")
-        return self._add(sig, path, failing, (), FAILURE)
+        job_id = self._add(sig, path, failing, (), FAILURE)
+        if not sig.immutable and errback.is_new_style(sig.type):
+            self.drafts[job_id].step["kwargs"][errback.MARK] = True
+        return job_id
 
     def _add(
         self, sig: Signature, path: str, after: Output | None, args: tuple[Any, ...], trigger: str
@@ -268,7 +272,7 @@ def _require_arguments(
         )
     bad = non_json([list(args), dict(kwargs)])
     if bad is not None:
-        raise TypeError(f"an argument of {name} is a {bad.__name__}, not JSON: {hint(bad)}")
+        raise ArgumentRefused(f"an argument of {name} is a {bad.__name__}, not JSON: {hint(bad)}")
 
 
 # --- starting a workflow -------------------------------------------------------------------

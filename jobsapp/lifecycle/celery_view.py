@@ -222,6 +222,18 @@ class LifecycleRequest(Request):
                 log.exception("job of task %s: hard time limit not recorded", self.id)
         super().on_timeout(soft, timeout)
 
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        """``revoke(terminate=True)``: the pool kills the child, which cannot write its end;
+        the journal's cancel (written by the revoke before its broadcast) is honoured here,
+        at once, instead of by the reaper once the heartbeat has gone stale."""
+        running = bool(self.time_start)
+        super().terminate(pool, signal)
+        if running and not worker_state.should_terminate:
+            try:
+                timeouts.cancelled_by_pool(self)
+            except Exception:
+                log.exception("job of task %s: its terminate not recorded", self.id)
+
     @property
     def request_dict(self) -> dict[str, Any]:
         found: dict[str, Any] = super().request_dict

@@ -84,6 +84,12 @@ class DatabaseNotMigrated(Exception):
     """
 
 
+class ArgumentRefused(TypeError, EncodeError):
+    """An argument Celery's JSON serializer cannot carry, refused at the call before anything
+    is written: kombu's ``EncodeError``, as Celery's ``delay()`` raises it, and a
+    ``TypeError``, as a call that does not fit raises."""
+
+
 class ResultRefused(PermanentError, EncodeError):
     """The body returned what its run cannot keep: not JSON (``result_not_json``) or over
     ``JOBSAPP_RESULT_MAX_BYTES`` (``result_too_large``). The body's work is done; running

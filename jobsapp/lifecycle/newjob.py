@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from jobsapp.lifecycle import message, tracing
-from jobsapp.lifecycle.errors import InvalidMessage
+from jobsapp.lifecycle.errors import ArgumentRefused, InvalidMessage
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.results import NotJson, hint, non_json, stored
@@ -62,7 +62,7 @@ def require_json(task: str, named: Mapping[str, Any]) -> None:
     for name, value in named.items():
         bad = non_json(value)
         if bad is not None:
-            raise TypeError(
+            raise ArgumentRefused(
                 f"argument {name!r} of {task} is a {bad.__name__}, not JSON: {hint(bad)}"
             )
 
@@ -107,7 +107,7 @@ def named(task: Declared, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> d
     try:
         bound = task._signature.bind(*args, **kwargs)
     except TypeError as bad:
-        raise TypeError(f"{task.name}: {bad}") from None
+        raise _refusal(task, args, kwargs, bad) from None
     bound.apply_defaults()
     return dict(bound.arguments)
 
@@ -241,3 +241,17 @@ def foreign(task: Declared, env: message.Envelope) -> NewJob | None:
     if env.concurrency_key:
         return replace(job, concurrency_key=env.concurrency_key)
     return job
+
+
+def _refusal(
+    task: Declared, args: tuple[Any, ...], kwargs: Mapping[str, Any], bad: TypeError
+) -> TypeError:
+    """A call that does not fit the body, in the words Celery's ``delay()`` uses (its own
+    check, ``Task.__header__``), or the binding's when the task has none."""
+    header = getattr(task, "__header__", None)
+    try:
+        if header is not None:
+            header(*args, **kwargs)
+    except TypeError as celerys:
+        return celerys
+    return TypeError(f"{task.name}: {bad}")

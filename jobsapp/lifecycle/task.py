@@ -42,6 +42,7 @@ from jobsapp.lifecycle import (
     canvas,
     claim,
     enqueue,
+    errback,
     flow,
     journal,
     limits,
@@ -412,8 +413,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.request.called_directly:
-            return self.run(*args, **kwargs)
+        if self.request.called_directly:  # task(...): Celery's call, its request pushed
+            return super().__call__(*args, **kwargs)
         eager = bool(self.request.is_eager)
         try:
             env, foreign = self._delivered(args, kwargs, eager)
@@ -622,6 +623,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         """The body, its ``self.request`` the caller's view as in Celery: the job's task
         id, the body's own arguments, ``retries`` the attempts before this one."""
         args, kwargs = self._call_of(row)
+        if errback.MARK in kwargs:
+            args, kwargs = errback.arguments(self.app, args, kwargs)
         job = str(row["job_id"])
         self.push_request(
             **{

@@ -10,13 +10,16 @@ failed; a limited key's slot freed with it), whoever notices first:
 
 Both are fenced by the attempt's claim, so one of them (or the body's own outcome, if it
 came first) is written, never two. docs/lifecycle.md, "Time limits".
+
+``revoke(terminate=True)`` is the pool's other kill of a child: the parent ends that attempt
+cancelled the same way (``cancelled_by_pool``), instead of leaving it to the reaper.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +29,7 @@ from sqlalchemy.exc import OperationalError
 
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal, message
-from jobsapp.lifecycle.attempt import AttemptRules, End, Ended, time_out
+from jobsapp.lifecycle.attempt import AttemptRules, End, Ended, honour_cancel, time_out
 from jobsapp.lifecycle.context import RunContext
 from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.registry import RunTable
@@ -76,10 +79,29 @@ def ended_by_pool(request: Request, seconds: float) -> None:
     """In the worker's parent, as the prefork pool kills the child running ``request``'s
     attempt at its hard limit: end the attempt in the journal, if that child still holds
     it. A database that cannot be reached leaves it to the reaper (a stale heartbeat)."""
+    held = _held_attempt(request, "hard time limit")
+    if held is not None:
+        task, ctx = held
+        rules = task.attempt_rules(get_settings().inline_wait_max)
+        _or_the_reaper(ctx, "hard time limit", lambda: time_out(task.app, ctx, rules, seconds))
+
+
+def cancelled_by_pool(request: Request) -> None:
+    """In the worker's parent, as ``revoke(terminate=True)`` has the pool kill the child
+    running ``request``'s attempt: end it cancelled, as its heartbeat would have at the
+    cancel request the revoke wrote first (lifecycle/revoke.py)."""
+    held = _held_attempt(request, "revoke(terminate=True)")
+    if held is not None:
+        _, ctx = held
+        _or_the_reaper(ctx, "revoke(terminate=True)", lambda: honour_cancel(ctx))
+
+
+def _held_attempt(request: Request, why: str) -> tuple[Any, RunContext] | None:
+    """The lifecycle task and the attempt's context, if the killed child still held it."""
     task: Any = request.task  # a LifecycleTask (task.py imports this module)
     spec: RunTable | None = getattr(task, "run_table", None)
     if spec is None or request.worker_pid is None:
-        return
+        return None
     job_id, attempt = _attempt_of(request)
     worker = f"{request.hostname}:{request.worker_pid}"
     settings = get_settings()
@@ -87,25 +109,34 @@ def ended_by_pool(request: Request, seconds: float) -> None:
     try:
         with engine.connect() as conn:
             row = journal.load(conn, spec, job_id)
-        if row is None or not _held_by(row, worker, attempt):
-            return
-        beat = Heartbeat(
-            engine,
-            spec,
-            job_id,
-            int(row["attempts"]),
-            settings.heartbeat_interval,
-            settings.stale_after,
-            token=uuid.UUID(str(row["claim_token"])),
-        )
-        ctx = RunContext(engine=engine, spec=spec, row=row, worker=worker, heartbeat=beat)
-        time_out(task.app, ctx, task.attempt_rules(settings.inline_wait_max), seconds)
+    except OperationalError as down:
+        log.warning("job %s: %s not recorded (%s); the reaper frees it", job_id, why, _name(down))
+        return None
+    if row is None or not _held_by(row, worker, attempt):
+        return None
+    beat = Heartbeat(
+        engine,
+        spec,
+        job_id,
+        int(row["attempts"]),
+        settings.heartbeat_interval,
+        settings.stale_after,
+        token=uuid.UUID(str(row["claim_token"])),
+    )
+    return task, RunContext(engine=engine, spec=spec, row=row, worker=worker, heartbeat=beat)
+
+
+def _or_the_reaper(ctx: RunContext, why: str, write: Callable[[], object]) -> None:
+    try:
+        write()
     except OperationalError as down:
         log.warning(
-            "job %s: hard time limit not recorded (%s); the reaper frees it",
-            job_id,
-            type(down.orig).__name__,
+            "job %s: %s not recorded (%s); the reaper frees it", ctx.job_id, why, _name(down)
         )
+
+
+def _name(down: OperationalError) -> str:
+    return type(down.orig).__name__
 
 
 def _attempt_of(request: Request) -> tuple[uuid.UUID, int | None]:

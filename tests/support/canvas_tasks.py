@@ -23,11 +23,6 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def _kinds(values: list[Any]) -> list[str]:
-    """The types the body received (kombu's JSON gives some back as themselves)."""
-    return [type(value).__name__ for value in values]
-
-
 def _fail(token: str) -> None:
     record(token)
     raise ValueError(f"expected failure of {token}")
@@ -51,14 +46,12 @@ BODIES: dict[str, Callable[..., Any]] = {
     "tsum": _tsum,
     "identity": _identity,
     "fail": _fail,
-    "kinds": _kinds,
 }
 
 add = lifecycle_task(app, name="tests.canvas.add")(_add)
 tsum = lifecycle_task(app, name="tests.canvas.tsum")(_tsum)
 identity = lifecycle_task(app, name="tests.canvas.identity")(_identity)
 fail = lifecycle_task(app, name="tests.canvas.fail", max_attempts=1)(_fail)
-kinds = lifecycle_task(app, name="tests.canvas.kinds")(_kinds)
 counted = lifecycle_task(app, name="tests.canvas.counted")(_counted)
 flaky_add = lifecycle_task(
     app, name="tests.canvas.flaky_add", max_attempts=3, retry_policy=FAST_RETRY

@@ -62,18 +62,15 @@ BODIES: Mapping[str, Callable[..., Any]] = {
 
 
 @contextmanager
-def bare_worker(
-    bodies: Mapping[str, Callable[..., Any]] = BODIES,
-    options: Mapping[str, Mapping[str, Any]] | None = None,
-) -> Iterator[Celery]:
+def bare_worker(bodies: Mapping[str, Callable[..., Any]] = BODIES) -> Iterator[Celery]:
     """A bare Celery app with a Redis result backend and an in-process worker of its own,
-    on a queue of this test session, running ``bodies`` as ``bare.results.<name>`` (with
-    ``options[name]`` as ``@app.task`` options); jobsapp's app stays the current one."""
+    on a queue of this test session, running ``bodies`` as ``bare.results.<name>``;
+    jobsapp's app stays the current one."""
     url = service("JOBSAPP_TEST_REDIS_URL")
     bare = Celery("bare-results", broker=url, backend=url)
     bare.conf.task_default_queue = f"bare-results-{SESSION}"
     for name, body in bodies.items():
-        bare.task(name=f"bare.results.{name}", **(options or {}).get(name, {}))(body)
+        bare.task(name=f"bare.results.{name}")(body)
     try:
         with start_worker(bare, pool="threads", concurrency=2, perform_ping_check=False):
             yield bare

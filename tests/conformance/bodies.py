@@ -1,0 +1,215 @@
+"""The bodies of the conformance idioms, declared the same on a bare Celery app
+(``bare_app``) and as lifecycle tasks (``lifecycle_tasks``): ``@app.task(name=..., **OPTIONS
+[name])(BODIES[name])`` on each.
+
+The bodies run in prefork children of real workers, so what a program and a body share goes
+through Redis (``CONFORMANCE_REDIS_URL``): a body counts its runs, says it started, and waits
+for a release the program gives.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from functools import cache
+from typing import Any
+
+import redis
+from celery.exceptions import SoftTimeLimitExceeded
+
+REDIS_URL = "CONFORMANCE_REDIS_URL"
+HOLD = 20.0  # the longest a body waits for its release
+
+
+@cache
+def store() -> redis.Redis:
+    return redis.Redis.from_url(os.environ[REDIS_URL], decode_responses=True)
+
+
+def count(token: str) -> int:
+    """Count one run of a body under ``token``; the count so far."""
+    return int(store().incr(f"conformance:runs:{token}"))
+
+
+def runs(token: str) -> int:
+    return int(store().get(f"conformance:runs:{token}") or 0)
+
+
+def release(token: str) -> None:
+    store().set(f"conformance:release:{token}", 1, ex=60)
+
+
+def _held(token: str) -> None:
+    """Say the body started, then wait (at most HOLD) for the program's release."""
+    count(f"started:{token}")
+    deadline = time.monotonic() + HOLD
+    while not store().get(f"conformance:release:{token}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def sibling(task: Any, short: str) -> Any:
+    """The task ``short`` of the app ``task`` belongs to (``bare.add`` beside ``bare.x``)."""
+    prefix = task.name.rpartition(".")[0]
+    return task.app.tasks[f"{prefix}.{short}"]
+
+
+def _add(x: int, y: int) -> int:
+    return x + y
+
+
+def _tsum(nums: list[int]) -> int:
+    return sum(nums)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _kinds(values: list[Any]) -> list[str]:
+    """The types the body received (kombu's JSON gives some back as themselves)."""
+    return [type(value).__name__ for value in values]
+
+
+def _boom(token: str) -> None:
+    raise ValueError(f"boom {token}")
+
+
+def _request_seen(self: Any, x: int, k: int = 0) -> list[Any]:
+    request = self.request
+    return [request.id, list(request.args), dict(request.kwargs), request.retries]
+
+
+def _progress(self: Any, token: str) -> str:
+    self.update_state(state="PROGRESS", meta={"step": 1, "token": token})
+    _held(token)
+    return "done"
+
+
+def _held_body(token: str) -> str:
+    _held(token)
+    return "released"
+
+
+def _missing(token: str) -> None:
+    raise KeyError(f"missing {token}")
+
+
+def _retried_out(self: Any, token: str) -> None:
+    raise self.retry(countdown=0, max_retries=1)
+
+
+def _retry_with_exc(self: Any, token: str) -> None:
+    raise self.retry(exc=KeyError(f"gone {token}"), countdown=0, max_retries=0)
+
+
+def _flaky(self: Any, token: str) -> int:
+    """Succeeds at its second run, after asking for a retry at its first."""
+    if count(token) == 1:
+        raise self.retry(countdown=0)
+    return int(self.request.retries)
+
+
+def _flaky_auto(token: str) -> int:
+    """Raises ConnectionError (listed in ``autoretry_for``) at its first run."""
+    seen = count(token)
+    if seen == 1:
+        raise ConnectionError(f"down {token}")
+    return seen
+
+
+def _thrown(token: str) -> None:
+    raise KeyError(f"expected {token}")
+
+
+def _hang(token: str) -> str:
+    count(f"started:{token}")
+    time.sleep(10)
+    return "woke"
+
+
+def _soft(token: str) -> str:
+    try:
+        time.sleep(10)
+    except SoftTimeLimitExceeded:
+        return f"soft {token}"
+    return "woke"
+
+
+def _soft_uncaught(token: str) -> str:
+    time.sleep(10)
+    return "woke"
+
+
+def _on_error(request: Any, exc: BaseException, traceback: Any) -> None:
+    """Celery's new-style errback: what it was given, where the program can read it."""
+    store().set(
+        f"conformance:errback:{request.id}",
+        f"{request.task}|{type(exc).__name__}: {exc}|{isinstance(traceback, str)}",
+        ex=60,
+    )
+
+
+def _replaced(self: Any, x: int) -> None:
+    return self.replace(sibling(self, "add").s(x, 1))  # type: ignore[no-any-return]
+
+
+def _get_inside(self: Any) -> str:
+    try:
+        sibling(self, "add").delay(1, 1).get(timeout=5)
+    except RuntimeError as refused:
+        return f"RuntimeError: {str(refused)[:27]}"
+    return "waited"
+
+
+def _opaque() -> object:
+    return object()
+
+
+BODIES: Mapping[str, Callable[..., Any]] = {
+    "add": _add,
+    "tsum": _tsum,
+    "identity": _identity,
+    "kinds": _kinds,
+    "boom": _boom,
+    "request_seen": _request_seen,
+    "progress": _progress,
+    "held": _held_body,
+    "missing": _missing,
+    "retried_out": _retried_out,
+    "retry_with_exc": _retry_with_exc,
+    "flaky": _flaky,
+    "flaky_auto": _flaky_auto,
+    "thrown": _thrown,
+    "hang": _hang,
+    "soft": _soft,
+    "soft_uncaught": _soft_uncaught,
+    "on_error": _on_error,
+    "replaced": _replaced,
+    "get_inside": _get_inside,
+    "opaque": _opaque,
+}
+
+# Celery's options, the same on both apps. A task that raises declares max_retries=0 where
+# Celery would fail it at once: jobsapp retries by default (docs/celery-compat.md).
+OPTIONS: Mapping[str, Mapping[str, Any]] = {
+    "boom": {"max_retries": 0},
+    "request_seen": {"bind": True},
+    "progress": {"bind": True},
+    "missing": {"autoretry_for": (KeyError,), "max_retries": 1, "default_retry_delay": 0},
+    "retried_out": {"bind": True},
+    "retry_with_exc": {"bind": True},
+    "flaky": {"bind": True},
+    "flaky_auto": {
+        "autoretry_for": (ConnectionError,),
+        "max_retries": 2,
+        "default_retry_delay": 0,
+    },
+    "thrown": {"throws": (KeyError,), "max_retries": 0},
+    "hang": {"time_limit": 1, "max_retries": 0},
+    "soft": {"soft_time_limit": 1, "time_limit": 5},
+    "soft_uncaught": {"soft_time_limit": 1, "time_limit": 5, "max_retries": 0},
+    "replaced": {"bind": True},
+    "get_inside": {"bind": True},
+    "opaque": {"max_retries": 0},
+}

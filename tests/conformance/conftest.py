@@ -1,0 +1,1 @@
+"""The conformance suite's deployments: one per broker, started once per module."""

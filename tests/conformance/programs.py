@@ -1,0 +1,682 @@
+"""The idioms: small programs from Celery's user guide (Tasks, Calling, Canvas) and the API of
+``celery.result`` and ``celery.app.task``, each written once as a Celery user writes it and
+run against both apps. An answer is what that user checks: a value, a state, an exception's
+type and message.
+
+``PROGRAMS`` maps an idiom to its program and Celery's answer (the bare app must give it,
+so an expectation here cannot drift from Celery). ``DIFFERENT`` holds the idioms where
+jobsapp answers otherwise by design, with its answer; docs/celery-compat.md gives the
+guarantee behind each.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as clock_time
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from celery import Celery, chain, chord, group, signature
+from celery.result import AsyncResult, GroupResult, ResultSet
+from kombu.exceptions import EncodeError
+
+from tests.conformance import bodies
+
+WAIT = 30
+
+
+@dataclass(frozen=True)
+class Side:
+    """One app's tasks by short name (``s.add``), and the app itself."""
+
+    app: Celery
+    tasks: dict[str, Any]
+    prefix: str
+
+    def __getattr__(self, short: str) -> Any:
+        try:
+            return self.tasks[short]
+        except KeyError:
+            raise AttributeError(short) from None
+
+    def name(self, short: str) -> str:
+        return f"{self.prefix}.{short}"
+
+
+def token() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def raised(call: Callable[[], Any], *hide: str) -> list[str]:
+    """``[type name, message]`` of what ``call`` raised (``hide`` replaced by ``<token>``)."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the answer is which exception
+        said = str(exc)
+        for text in hide:
+            said = said.replace(text, "<token>")
+        return [type(exc).__name__, said]
+    return ["nothing raised", ""]
+
+
+def started(t: str) -> Any:
+    """Wait until a held body says it started."""
+    deadline = time.monotonic() + WAIT
+    while bodies.runs(f"started:{t}") == 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# --- results and states ----------------------------------------------------------------
+
+
+def by_id_from_anywhere(s: Side) -> Any:
+    sent = s.add.delay(2, 3)
+    held = sent.id  # a Django view keeps only the id
+    return [AsyncResult(held, app=s.app).get(timeout=WAIT), isinstance(sent, AsyncResult)]
+
+
+def send_task_get(s: Side) -> Any:
+    return s.app.send_task(s.name("add"), args=(4, 5)).get(timeout=WAIT)
+
+
+def send_task_kwargs_countdown(s: Side) -> Any:
+    r = s.app.send_task(s.name("add"), kwargs={"x": 1, "y": 2}, countdown=1)
+    return r.get(timeout=WAIT)
+
+
+def states_of_success(s: Side) -> Any:
+    r = s.add.delay(1, 1)
+    value = r.get(timeout=WAIT)
+    return [
+        value,
+        r.state,
+        r.status,
+        r.ready(),
+        r.successful(),
+        r.failed(),
+        r.result,
+        isinstance(r.date_done, datetime),
+        r.traceback,
+        r.wait(timeout=WAIT),
+    ]
+
+
+def body_exception_from_get(s: Side) -> Any:
+    t = token()
+    r = s.boom.delay(t)
+    first = raised(lambda: r.get(timeout=WAIT), t)
+    kept = r.get(timeout=WAIT, propagate=False)
+    return [
+        first,
+        type(kept).__name__,
+        r.state,
+        r.failed(),
+        type(r.result).__name__,
+        "ValueError" in (r.traceback or ""),
+        r.ready(),
+    ]
+
+
+def except_clause_around_get(s: Side) -> Any:
+    t = token()
+    try:
+        s.boom.delay(t).get(timeout=WAIT)
+    except ValueError as exc:  # how a team's code catches a task's error
+        return ["caught", str(exc).replace(t, "<token>")]
+    return ["not caught"]
+
+
+def unknown_id_is_pending(s: Side) -> Any:
+    r = AsyncResult(str(uuid.uuid4()), app=s.app)
+    return [r.state, r.ready(), r.result, raised(lambda: r.get(timeout=0.5))[0]]
+
+
+def callers_own_task_id(s: Side) -> Any:
+    mine = f"order-{token()}"
+    r = s.add.apply_async((2, 2), task_id=mine)
+    return [r.id == mine, AsyncResult(mine, app=s.app).get(timeout=WAIT)]
+
+
+def countdown_then_value(s: Side) -> Any:
+    return s.add.apply_async((5, 5), countdown=1).get(timeout=WAIT)
+
+
+def eta_then_value(s: Side) -> Any:
+    eta = datetime.now(UTC) + timedelta(seconds=1)
+    return s.add.apply_async((6, 6), eta=eta).get(timeout=WAIT)
+
+
+def get_timeout_of_a_late_task(s: Side) -> Any:
+    r = s.add.apply_async((1, 1), countdown=30)
+    try:
+        return [raised(lambda: r.get(timeout=0.5))[0], r.state, r.ready()]
+    finally:
+        r.revoke()
+
+
+def kwargs_only_call(s: Side) -> Any:
+    return [
+        s.add.apply_async(kwargs={"x": 3, "y": 4}).get(timeout=WAIT),
+        s.add.delay(y=1, x=2).get(timeout=WAIT),
+    ]
+
+
+def priority_and_queue(s: Side) -> Any:
+    return [
+        s.add.apply_async((1, 2), priority=7).get(timeout=WAIT),
+        s.add.apply_async((2, 2), queue=f"{s.app.conf.task_default_queue}-second").get(
+            timeout=WAIT
+        ),
+    ]
+
+
+def result_set(s: Side) -> Any:
+    rs = ResultSet([s.add.delay(1, 1), s.add.delay(2, 2)])
+    return [rs.get(timeout=WAIT), rs.join(timeout=WAIT), rs.completed_count(), rs.successful()]
+
+
+def progress_shown(s: Side) -> Any:
+    t = token()
+    r = s.progress.delay(t)
+    try:
+        started(t)
+        seen = AsyncResult(r.id, app=s.app)
+        shown = [seen.state, {**seen.info, "token": "<set>"}, seen.ready()]
+    finally:
+        bodies.release(t)
+    return [*shown, r.get(timeout=WAIT), r.state]
+
+
+def running_without_track_started(s: Side) -> Any:
+    t = token()
+    r = s.held.delay(t)
+    try:
+        started(t)
+        state = AsyncResult(r.id, app=s.app).state
+    finally:
+        bodies.release(t)
+    return [state, r.get(timeout=WAIT)]
+
+
+def request_in_a_bound_body(s: Side) -> Any:
+    r = s.request_seen.delay(1, k=3)
+    seen_id, args, kwargs, retries = r.get(timeout=WAIT)
+    return [seen_id == r.id, args, kwargs, retries]
+
+
+def called_directly(s: Side) -> Any:
+    return [s.add(1, 2), s.request_seen(5)[1:]]
+
+
+def eager_apply(s: Side) -> Any:
+    t = token()
+    ok = s.add.apply((3, 4))
+    return [ok.get(), ok.state, ok.successful(), raised(lambda: s.boom.apply((t,)).get(), t)]
+
+
+def get_inside_a_task(s: Side) -> Any:
+    return s.get_inside.delay().get(timeout=WAIT)
+
+
+def missing_argument_at_the_call(s: Side) -> Any:
+    return raised(lambda: s.add.delay(1))
+
+
+def forget_a_result(s: Side) -> Any:
+    r = s.add.delay(20, 22)
+    value = r.get(timeout=WAIT)
+    r.forget()
+    return [value, AsyncResult(r.id, app=s.app).state]
+
+
+# --- exceptions and retries --------------------------------------------------------------
+
+
+def autoretry_exhausted(s: Side) -> Any:
+    t = token()
+    r = s.missing.delay(t)
+    return [raised(lambda: r.get(timeout=WAIT), t), r.state]
+
+
+def retry_exhausted(s: Side) -> Any:
+    r = s.retried_out.delay(token())
+    return [raised(lambda: r.get(timeout=WAIT))[0], r.state]
+
+
+def retry_with_exc_exhausted(s: Side) -> Any:
+    t = token()
+    r = s.retry_with_exc.delay(t)
+    return [raised(lambda: r.get(timeout=WAIT), t), r.state]
+
+
+def retry_then_success(s: Side) -> Any:
+    t = token()
+    r = s.flaky.delay(t)
+    return [r.get(timeout=WAIT), r.state, bodies.runs(t)]
+
+
+def autoretry_then_success(s: Side) -> Any:
+    t = token()
+    return [s.flaky_auto.delay(t).get(timeout=WAIT), bodies.runs(t)]
+
+
+def throws_expected_error(s: Side) -> Any:
+    t = token()
+    r = s.thrown.delay(t)
+    return [raised(lambda: r.get(timeout=WAIT), t), r.state]
+
+
+def result_not_serializable(s: Side) -> Any:
+    r = s.opaque.delay()
+    try:
+        r.get(timeout=WAIT)
+    except EncodeError:  # kombu's, as Celery's worker fails a result it cannot encode
+        return ["EncodeError caught", r.state]
+    return ["not caught", r.state]
+
+
+def argument_not_serializable(s: Side) -> Any:
+    try:
+        s.identity.delay(object())
+    except EncodeError:
+        return "EncodeError caught"
+    return "not caught"
+
+
+# --- time limits -------------------------------------------------------------------------
+
+
+def hard_time_limit(s: Side) -> Any:
+    t = token()
+    r = s.hang.delay(t)
+    return [raised(lambda: r.get(timeout=WAIT))[0], r.state]
+
+
+def soft_time_limit_caught(s: Side) -> Any:
+    t = token()
+    return s.soft.delay(t).get(timeout=WAIT).replace(t, "<token>")
+
+
+def soft_time_limit_uncaught(s: Side) -> Any:
+    r = s.soft_uncaught.delay(token())
+    return [raised(lambda: r.get(timeout=WAIT))[0], r.state]
+
+
+def time_limit_per_call(s: Side) -> Any:
+    t = token()
+    r = s.held.apply_async((t,), time_limit=1)
+    try:
+        return [raised(lambda: r.get(timeout=WAIT))[0], r.state]
+    finally:
+        bodies.release(t)
+
+
+# --- revoke and expiry -------------------------------------------------------------------
+
+
+def revoke_a_queued_task(s: Side) -> Any:
+    r = s.add.apply_async((1, 1), countdown=1)
+    r.revoke()
+    return [raised(lambda: r.get(timeout=WAIT))[0], r.state, r.ready()]
+
+
+def control_revoke_by_id(s: Side) -> Any:
+    r = s.add.apply_async((1, 1), countdown=1)
+    s.app.control.revoke(r.id)
+    return [raised(lambda: r.get(timeout=WAIT))[0], r.state]
+
+
+def revoke_terminate_a_running_task(s: Side) -> Any:
+    t = token()
+    r = s.held.delay(t)
+    try:
+        started(t)
+        r.revoke(terminate=True)
+        return [raised(lambda: r.get(timeout=WAIT))[0], r.state]
+    finally:
+        bodies.release(t)
+
+
+def expired_before_it_ran(s: Side) -> Any:
+    r = s.add.apply_async((1, 1), countdown=2, expires=1)
+    return [raised(lambda: r.get(timeout=WAIT))[0], r.state, type(r.result).__name__]
+
+
+# --- canvas ------------------------------------------------------------------------------
+
+
+def chain_of_3(s: Side) -> Any:
+    return chain(s.add.s(1, 2), s.add.s(3), s.add.s(4)).apply_async().get(timeout=WAIT)
+
+
+def pipe_partial_immutable(s: Side) -> Any:
+    first = (s.add.s(2, 2) | s.add.s(4)).apply_async().get(timeout=WAIT)
+    second = (s.add.s(2, 2) | s.add.si(5, 5)).apply_async().get(timeout=WAIT)
+    partial = chain(s.add.s(3), s.add.s(4)).apply_async((1,)).get(timeout=WAIT)
+    return [first, second, partial]
+
+
+def chain_parents(s: Side) -> Any:
+    r = chain(s.add.s(1, 1), s.add.s(10)).apply_async()
+    return [r.get(timeout=WAIT), r.parent.get(timeout=WAIT), r.parent.id != r.id]
+
+
+def chain_failing_in_the_middle(s: Side) -> Any:
+    t = token()
+    r = chain(s.add.s(1, 1), s.boom.si(t), s.add.s(1)).apply_async()
+    return [raised(lambda: r.get(timeout=WAIT), t), r.parent is not None]
+
+
+def signature_calls(s: Side) -> Any:
+    return [
+        s.add.s(1, 2).delay().get(timeout=WAIT),
+        s.add.s(1).apply_async((2,)).get(timeout=WAIT),
+        s.add.s(2, 2).set(countdown=1).apply_async().get(timeout=WAIT),
+        s.add.s(5).clone(args=(6,)).delay().get(timeout=WAIT),
+        signature(s.name("add"), args=(3, 3), app=s.app).delay().get(timeout=WAIT),
+    ]
+
+
+def group_of_5(s: Side) -> Any:
+    g = group(s.add.s(i, i) for i in range(5)).apply_async()
+    return [g.get(timeout=WAIT), len(g.results), isinstance(g, GroupResult), isinstance(g.id, str)]
+
+
+def group_without_propagation(s: Side) -> Any:
+    t = token()
+    g = group(s.add.s(2, 2), s.boom.si(t)).apply_async()
+    values = g.get(timeout=WAIT, propagate=False)
+    return [
+        values[0],
+        type(values[1]).__name__,
+        g.ready(),
+        g.successful(),
+        g.failed(),
+        g.completed_count(),
+    ]
+
+
+def group_get_raises(s: Side) -> Any:
+    t = token()
+    g = group(s.add.s(2, 2), s.boom.si(t)).apply_async()
+    return raised(lambda: g.get(timeout=WAIT), t)
+
+
+def group_join(s: Side) -> Any:
+    return group(s.add.s(1, 0), s.add.s(2, 0)).apply_async().join(timeout=WAIT)
+
+
+def group_saved_and_restored(s: Side) -> Any:
+    g = group(s.add.s(i, i) for i in range(3)).apply_async()
+    g.save()
+    restored = GroupResult.restore(g.id, app=s.app)
+    return [restored is not None, restored.get(timeout=WAIT) if restored else None]
+
+
+def chord_of_5(s: Side) -> Any:
+    header = [s.add.s(i, i) for i in range(5)]
+    applied = chord(header, s.tsum.s()).apply_async().get(timeout=WAIT)
+    called = chord([s.add.s(i, 1) for i in range(5)])(s.tsum.s()).get(timeout=WAIT)
+    return [applied, called]
+
+
+def empty_chord(s: Side) -> Any:
+    return chord([], s.tsum.s()).apply_async().get(timeout=WAIT)
+
+
+def chord_immutable_body(s: Side) -> Any:
+    return chord([s.add.s(1, 1), s.add.s(2, 2)], s.add.si(10, 10)).apply_async().get(timeout=WAIT)
+
+
+def chord_parent_is_its_header(s: Side) -> Any:
+    r = chord([s.add.s(1, 1), s.add.s(2, 2)], s.tsum.s()).apply_async()
+    return [r.get(timeout=WAIT), r.parent.get(timeout=WAIT)]
+
+
+def chord_with_a_failing_member(s: Side) -> Any:
+    t = token()
+    r = chord([s.add.s(1, 1), s.boom.si(t)], s.add.s(0)).apply_async()
+    kind, said = raised(lambda: r.get(timeout=WAIT), t)
+    # Celery raises the member's error if get() sees it first (``follow_parents``), else
+    # the body's ChordError naming it: which one is a race in Celery as here.
+    return kind in ("ValueError", "ChordError") and "boom <token>" in said
+
+
+def nested_chain_in_group(s: Side) -> Any:
+    members = [chain(s.add.s(1, 1), s.add.s(1)), s.add.s(5, 5), s.add.s(2, 2) | s.add.s(3)]
+    return group(members).apply_async().get(timeout=WAIT)
+
+
+def group_inside_a_chain(s: Side) -> Any:
+    return (
+        chain(s.add.s(1, 1), group(s.add.s(1), s.add.s(2)), s.tsum.s())
+        .apply_async()
+        .get(timeout=WAIT)
+    )
+
+
+def map_and_starmap(s: Side) -> Any:
+    mapped = s.tsum.map([[1, 2], [3, 4]]).apply_async().get(timeout=WAIT)
+    starred = s.add.starmap([(1, 2), (3, 4), (5, 6)]).delay().get(timeout=WAIT)
+    return [mapped, starred]
+
+
+def chunks(s: Side) -> Any:
+    return s.add.chunks(zip(range(4), range(4), strict=True), 2).apply_async().get(timeout=WAIT)
+
+
+def link_callback(s: Side) -> Any:
+    callback = str(uuid.uuid4())
+    parent = s.add.apply_async((2, 2), link=s.add.s(10).set(task_id=callback))
+    return [parent.get(timeout=WAIT), AsyncResult(callback, app=s.app).get(timeout=WAIT)]
+
+
+def link_error_old_style(s: Side) -> Any:
+    errback = str(uuid.uuid4())
+    t = token()
+    failing = s.boom.apply_async((t,), link_error=s.identity.s().set(task_id=errback))
+    # Celery's old-style errback is called with the failed task's id.
+    return AsyncResult(errback, app=s.app).get(timeout=WAIT) == failing.id
+
+
+def link_error_new_style(s: Side) -> Any:
+    t = token()
+    failing = s.boom.apply_async((t,), link_error=s.on_error.s())
+    raised(lambda: failing.get(timeout=WAIT))
+    key = f"conformance:errback:{failing.id}"
+    deadline = time.monotonic() + WAIT
+    while (seen := bodies.store().get(key)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return (seen or "not called").replace(t, "<token>").replace(f"{s.prefix}.", "<app>.")
+
+
+def replace_with_a_signature(s: Side) -> Any:
+    return _value_or_error(s.replaced.delay(41))
+
+
+def _value_or_error(r: AsyncResult) -> Any:
+    try:
+        return ["value", r.get(timeout=WAIT)]
+    except Exception as exc:  # noqa: BLE001 - the answer is which exception
+        return ["raised", type(exc).__name__]
+
+
+KOMBU_VALUES = [
+    datetime(2026, 12, 4, 1, 2, 3, 456789, tzinfo=UTC),
+    datetime(2026, 12, 4, 1, 2, 3),
+    date(2026, 12, 4),
+    clock_time(1, 2, 3),
+    Decimal("1.50"),
+    UUID("6f1d7c4e-3b57-4a8e-9a54-3c1f0e1d2b77"),
+    b"bytes",
+]
+KOMBU_KINDS = ["datetime", "datetime", "date", "time", "Decimal", "UUID", "bytes"]
+
+
+def kombu_json_types(s: Side) -> Any:
+    # Celery's JSON serializer (kombu.utils.json) gives these back as themselves: to the
+    # body, to get(), and from one step of a chain to the next.
+    received = s.kinds.delay(KOMBU_VALUES).get(timeout=WAIT)
+    echoed = s.identity.delay(KOMBU_VALUES).get(timeout=WAIT)
+    passed_on = chain(s.identity.s(KOMBU_VALUES), s.kinds.s()).apply_async().get(timeout=WAIT)
+    summed = s.add.delay(Decimal("1.1"), Decimal("2.2")).get(timeout=WAIT)
+    return [received, echoed == KOMBU_VALUES, passed_on, str(summed)]
+
+
+def tuple_comes_back_a_list(s: Side) -> Any:
+    return s.identity.delay((1, (2, 3))).get(timeout=WAIT)
+
+
+PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
+    # results and states
+    "AsyncResult(id, app=app).get() from the id alone": (by_id_from_anywhere, [5, True]),
+    "app.send_task(name, args).get()": (send_task_get, 9),
+    "app.send_task(name, kwargs=, countdown=)": (send_task_kwargs_countdown, 3),
+    "states of a success": (
+        states_of_success,
+        [2, "SUCCESS", "SUCCESS", True, True, False, 2, True, None, 2],
+    ),
+    "the body's exception from get()": (
+        body_exception_from_get,
+        [["ValueError", "boom <token>"], "ValueError", "FAILURE", True, "ValueError", True, True],
+    ),
+    "except ValueError around get()": (except_clause_around_get, ["caught", "boom <token>"]),
+    "an unknown id": (unknown_id_is_pending, ["PENDING", False, None, "TimeoutError"]),
+    "apply_async(task_id=...)": (callers_own_task_id, [True, 4]),
+    "apply_async(countdown=1)": (countdown_then_value, 10),
+    "apply_async(eta=...)": (eta_then_value, 12),
+    "get(timeout=) of a task not due yet": (
+        get_timeout_of_a_late_task,
+        ["TimeoutError", "PENDING", False],
+    ),
+    "apply_async(kwargs=...), delay(**kwargs)": (kwargs_only_call, [7, 3]),
+    "apply_async(priority=), apply_async(queue=)": (priority_and_queue, [3, 4]),
+    "ResultSet get/join": (result_set, [[2, 4], [2, 4], 2, True]),
+    "update_state(PROGRESS, meta) seen from another handle": (
+        progress_shown,
+        ["PROGRESS", {"step": 1, "token": "<set>"}, False, "done", "SUCCESS"],
+    ),
+    "state of a running task (task_track_started off)": (
+        running_without_track_started,
+        ["PENDING", "released"],
+    ),
+    "self.request in a bound body": (request_in_a_bound_body, [True, [1], {"k": 3}, 0]),
+    "calling the task directly": (called_directly, [3, [[5], {}, 0]]),
+    "eager apply()": (eager_apply, [7, "SUCCESS", True, ["ValueError", "boom <token>"]]),
+    "get() inside a task": (get_inside_a_task, "RuntimeError: Never call result.get() wit"),
+    "delay() missing an argument": (
+        missing_argument_at_the_call,
+        ["TypeError", "_add() missing 1 required positional argument: 'y'"],
+    ),
+    "forget()": (forget_a_result, [42, "PENDING"]),
+    # exceptions and retries
+    "autoretry_for exhausted": (
+        autoretry_exhausted,
+        [["KeyError", "'missing <token>'"], "FAILURE"],
+    ),
+    "self.retry(max_retries=1) exhausted": (
+        retry_exhausted,
+        ["MaxRetriesExceededError", "FAILURE"],
+    ),
+    "self.retry(exc=...) exhausted": (
+        retry_with_exc_exhausted,
+        [["KeyError", "'gone <token>'"], "FAILURE"],
+    ),
+    "self.retry() then success": (retry_then_success, [1, "SUCCESS", 2]),
+    "autoretry_for then success": (autoretry_then_success, [2, 2]),
+    "throws=(KeyError,)": (throws_expected_error, [["KeyError", "'expected <token>'"], "FAILURE"]),
+    "a result JSON cannot carry": (result_not_serializable, ["EncodeError caught", "FAILURE"]),
+    "an argument JSON cannot carry": (argument_not_serializable, "EncodeError caught"),
+    # time limits
+    "time_limit (hard) on prefork": (hard_time_limit, ["TimeLimitExceeded", "FAILURE"]),
+    "soft_time_limit caught in the body": (soft_time_limit_caught, "soft <token>"),
+    "soft_time_limit uncaught": (
+        soft_time_limit_uncaught,
+        ["SoftTimeLimitExceeded", "FAILURE"],
+    ),
+    "apply_async(time_limit=) per call": (time_limit_per_call, ["TimeLimitExceeded", "FAILURE"]),
+    # revoke and expiry
+    "result.revoke() of a queued task": (
+        revoke_a_queued_task,
+        ["TaskRevokedError", "REVOKED", True],
+    ),
+    "app.control.revoke(id)": (control_revoke_by_id, ["TaskRevokedError", "REVOKED"]),
+    "revoke(terminate=True) of a running task": (
+        revoke_terminate_a_running_task,
+        ["TaskRevokedError", "REVOKED"],
+    ),
+    "apply_async(expires=) passed before it ran": (
+        expired_before_it_ran,
+        ["TaskRevokedError", "REVOKED", "TaskRevokedError"],
+    ),
+    # canvas
+    "chain of 3": (chain_of_3, 10),
+    "| with partial and immutable": (pipe_partial_immutable, [8, 10, 8]),
+    "a chain's .parent": (chain_parents, [12, 2, True]),
+    "a chain failing in the middle": (
+        chain_failing_in_the_middle,
+        [["ValueError", "boom <token>"], True],
+    ),
+    "signatures: s().delay, partial, set, clone, signature(name)": (
+        signature_calls,
+        [3, 3, 4, 11, 6],
+    ),
+    "group of 5": (group_of_5, [[0, 2, 4, 6, 8], 5, True, True]),
+    "a group's get(propagate=False)": (
+        group_without_propagation,
+        [4, "ValueError", True, False, True, 1],
+    ),
+    "a group's get() with a failing member": (group_get_raises, ["ValueError", "boom <token>"]),
+    "a group's join()": (group_join, [1, 2]),
+    "GroupResult.save() and restore(id)": (group_saved_and_restored, [True, [0, 2, 4]]),
+    "chord of 5 with a body, applied and called": (chord_of_5, [20, 15]),
+    "an empty chord": (empty_chord, 0),
+    "a chord with an immutable body": (chord_immutable_body, 20),
+    "a chord's .parent (its header)": (chord_parent_is_its_header, [6, [2, 4]]),
+    "a chord with a failing member": (chord_with_a_failing_member, True),
+    "a nested chain in a group": (nested_chain_in_group, [3, 10, 7]),
+    "a group inside a chain": (group_inside_a_chain, 7),
+    "map and starmap": (map_and_starmap, [[3, 7], [3, 7, 11]]),
+    "chunks": (chunks, [[0, 2], [4, 6]]),
+    "link": (link_callback, [4, 14]),
+    "link_error, old style (task id)": (link_error_old_style, True),
+    "link_error, new style (request, exc, traceback)": (
+        link_error_new_style,
+        "<app>.boom|ValueError: boom <token>|True",
+    ),
+    "self.replace(sig)": (replace_with_a_signature, ["value", 42]),
+    # argument types
+    "kombu's JSON types": (kombu_json_types, [KOMBU_KINDS, True, KOMBU_KINDS, "3.3"]),
+    "a tuple comes back a list": (tuple_comes_back_a_list, [1, [2, 3]]),
+}
+
+# Where jobsapp answers otherwise: its answer. docs/celery-compat.md says why, for each: a
+# guarantee that requires it, or a gap issue 30 still tracks.
+DIFFERENT: dict[str, Any] = {
+    # The run is the audit trail: forget() drops its kept value, not its state.
+    "forget()": [42, "SUCCESS"],
+    # Every call of a lifecycle task is a run of its own: no run answers a chunk's list.
+    "chunks": [
+        "the program raised",
+        "TypeError",
+        "conf.add.chunks: every call of a lifecycle task is a run of its own, so there is no "
+        "chunk to answer a list; use starmap (a group of the same calls)",
+    ],
+    # Not yet: handing a run's outcome to another task needs a journal transition.
+    "self.replace(sig)": ["raised", "TypeError"],
+    # Not yet: a limit per call must travel with the run (retries, republishes); refused.
+    "apply_async(time_limit=) per call": [
+        "the program raised",
+        "TypeError",
+        "conf.held.apply_async: jobsapp does not support ['time_limit'] "
+        "(time_limit: not supported)",
+    ],
+}
