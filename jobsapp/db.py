@@ -150,6 +150,29 @@ def _without_flush_wait(
     return _NO_FLUSH_WAIT + timeouts + statement, parameters
 
 
+def console_engine(url: str | None = None) -> Engine:
+    """The engine of the console's and the API's queries: on PostgreSQL each transaction
+    runs at most ``JOBSAPP_CONSOLE_TIMEOUT`` seconds (``SET LOCAL statement_timeout``, as
+    it begins: nothing stays on a server connection PgBouncer shares), so a slow search
+    answers 503 instead of holding a web worker. A pool of its own: the workers' engine
+    never pays for the listener."""
+    base = get_engine(url)
+    if base.dialect.name != "postgresql":
+        return base
+    key = f"console:{base.url.render_as_string(hide_password=False)}"
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _engines[key] = create_engine(base.url, pool_size=5, max_overflow=10)
+            event.listen(engine, "begin", _bound_transaction)
+        return engine
+
+
+def _bound_transaction(conn: Connection) -> None:
+    bound = max(1, round(get_settings().console_timeout * 1000))
+    conn.exec_driver_sql(f"SET LOCAL statement_timeout TO {bound}")
+
+
 def get_relaxed_engine(url: str | None = None) -> Engine:
     """For writes whose loss is harmless (an outbox row's published mark): the ordinary
     engine, whose caller relaxes its own transaction with ``SET LOCAL synchronous_commit``.

@@ -45,9 +45,11 @@ _WELL_KNOWN_TOKENS = frozenset(
 KNOWN_NAMES = frozenset(
     {
         "JOBSAPP_ADMIN_TOKEN",
+        "JOBSAPP_ARGS_MAX_BYTES",
         "JOBSAPP_BEAT_CATCH_UP_SECONDS",
         "JOBSAPP_BEAT_LEASE_SECONDS",
         "JOBSAPP_BROKER_URL",
+        "JOBSAPP_CONSOLE_TIMEOUT",
         "JOBSAPP_CRASH_AT",
         "JOBSAPP_DATABASE_URL",
         "JOBSAPP_FINISH_FLUSH",
@@ -113,6 +115,7 @@ _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "pyamqp", "memory")
 _MIB = 1024 * 1024
 DEFAULT_IMAGE_MEMORY_BUDGET_MB = 512
 DEFAULT_RESULT_MAX_BYTES = 64 * 1024
+DEFAULT_ARGS_MAX_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,10 @@ class Settings:
     imports: tuple[str, ...] = ()
     # The largest return value a lifecycle task's run keeps, as compact UTF-8 JSON.
     result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES
+    # The most a job's arguments may take in its run row, as compact UTF-8 JSON.
+    args_max_bytes: int = DEFAULT_ARGS_MAX_BYTES
+    # Seconds a console or API transaction may run (PostgreSQL's statement_timeout).
+    console_timeout: float = 5.0
     # JOBSAPP_FINISH_FLUSH: False lets an attempt's success commit without waiting for the
     # WAL flush (PostgreSQL; docs/lifecycle.md, "A success may not wait for the flush").
     success_waits_for_flush: bool = True
@@ -330,6 +337,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_format=_log_format(env),
         imports=_imports(env),
         result_max_bytes=whole_number(env, "JOBSAPP_RESULT_MAX_BYTES", DEFAULT_RESULT_MAX_BYTES),
+        args_max_bytes=whole_number(env, "JOBSAPP_ARGS_MAX_BYTES", DEFAULT_ARGS_MAX_BYTES),
+        console_timeout=positive_number(env, "JOBSAPP_CONSOLE_TIMEOUT", 5.0),
         success_waits_for_flush=_finish_flush(env),
     )
 

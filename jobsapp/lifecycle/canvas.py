@@ -35,7 +35,8 @@ from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, workflow
 from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step, waited_for
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.results import hint, non_json, stored
+from jobsapp.lifecycle.results import NotJson, hint, non_json, stored_arguments
+from jobsapp.settings import get_settings
 
 # What a signature in a lifecycle canvas may carry besides its arguments.
 _KNOWN_OPTIONS = frozenset({"queue", "priority", "task_id", "link", "link_error"})
@@ -196,7 +197,7 @@ class Compiler:
         options = _options(sig)
         job_id = self._job_id(options, path)
         given = sig.args if sig.immutable else (*args, *sig.args)
-        _require_arguments(str(sig.task), spec, given, sig.kwargs)
+        call = _require_arguments(str(sig.task), spec, given, sig.kwargs)
         self.drafts[job_id] = _Draft(
             {
                 "job_id": uuid.UUID(job_id),
@@ -204,8 +205,8 @@ class Compiler:
                 "path": path,
                 "module": spec.module,
                 "task_name": sig.task,
-                "args": stored(list(given)),
-                "kwargs": stored(dict(sig.kwargs)),
+                "args": call["args"],
+                "kwargs": call["kwargs"],
                 "immutable": bool(sig.immutable),
                 "max_attempts": task.max_attempts,
                 "trigger": trigger,
@@ -262,17 +263,24 @@ def _priority(options: Mapping[str, Any], task: Any) -> int | None:
 
 def _require_arguments(
     name: str, spec: RunTable, args: Sequence[Any], kwargs: Mapping[str, Any]
-) -> None:
-    """A step's arguments live in its run's JSON column: only such tasks, and values
-    Celery's JSON serializer carries (kept as kombu encodes them: ``results.stored``)."""
+) -> dict[str, Any]:
+    """A step's arguments as its run's JSON column keeps them (``results.stored_arguments``:
+    kombu's encoding, within ``JOBSAPP_ARGS_MAX_BYTES``); only tasks of the jobs table take
+    them, and only values Celery's JSON serializer carries."""
     if spec.params_column is None:
         raise TypeError(
             f"{name} takes the ids of a {spec.module} run, not a canvas step's "
             "arguments: only tasks of the jobs table run in a canvas"
         )
-    bad = non_json([list(args), dict(kwargs)])
-    if bad is not None:
-        raise ArgumentRefused(f"an argument of {name} is a {bad.__name__}, not JSON: {hint(bad)}")
+    call = {"args": list(args), "kwargs": dict(kwargs)}
+    try:
+        kept: dict[str, Any] = stored_arguments(name, call, get_settings().args_max_bytes)
+    except NotJson:
+        bad = non_json(call) or object
+        raise ArgumentRefused(
+            f"an argument of {name} is a {bad.__name__}, not JSON: {hint(bad)}"
+        ) from None
+    return kept
 
 
 # --- starting a workflow -------------------------------------------------------------------

@@ -22,7 +22,8 @@ from jobsapp.lifecycle import message, tracing
 from jobsapp.lifecycle.errors import ArgumentRefused, InvalidMessage
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.results import NotJson, hint, non_json, stored
+from jobsapp.lifecycle.results import NotJson, hint, non_json, stored_arguments
+from jobsapp.settings import get_settings
 
 
 class Declared(Protocol):
@@ -96,7 +97,8 @@ def row_values(
     """The run row's own columns: the arguments (``params_column``, as kombu's JSON encodes
     them: ``results.stored``; ``NotJson`` for a value it cannot carry) or the domain's ids."""
     if spec.params_column is not None:
-        return {spec.params_column: stored({"args": list(args), "kwargs": dict(kwargs)})}
+        call = {"args": list(args), "kwargs": dict(kwargs)}
+        return {spec.params_column: stored_arguments(task, call, get_settings().args_max_bytes)}
     if args or set(kwargs) != set(spec.id_columns):
         raise TypeError(f"{task} takes exactly the keyword ids {spec.id_columns}")
     return dict(kwargs)

@@ -19,7 +19,7 @@ from typing import Any
 
 from kombu.utils import json as kombu_json
 
-from jobsapp.lifecycle.errors import ResultRefused
+from jobsapp.lifecycle.errors import ArgumentRefused, ResultRefused
 
 JSON_HINTS = {
     "set": "pass a list",
@@ -87,6 +87,19 @@ def stored(value: Any) -> Any:
     """``value`` as the journal's JSON column keeps it: itself when it is plain JSON, else
     kombu's encoded form (``NotJson`` as ``encode``)."""
     text, marked = _encoded(value)
+    return json.loads(text) if marked else value
+
+
+def stored_arguments(task: str, value: Any, max_bytes: int) -> Any:
+    """``stored(value)`` for a job's arguments, refused (``ArgumentRefused``) when their
+    compact UTF-8 JSON is over ``max_bytes`` (``JOBSAPP_ARGS_MAX_BYTES``)."""
+    text, marked = _encoded(value)
+    # A character takes at most 4 bytes: most arguments are measured without encoding them.
+    if len(text) > max_bytes // 4 and (size := len(text.encode())) > max_bytes:
+        raise ArgumentRefused(
+            f"the arguments of {task} are {size} bytes of JSON, over the cap of {max_bytes} "
+            "bytes (JOBSAPP_ARGS_MAX_BYTES): store large input elsewhere and pass its key"
+        )
     return json.loads(text) if marked else value
 
 

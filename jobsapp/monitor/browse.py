@@ -11,6 +11,7 @@ dashboard that polls.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,6 +40,8 @@ from jobsapp.monitor.summary import (
 PAGE_SIZE = 50
 # Counting stops here: an exact count of a large journal costs a scan per page view.
 COUNT_CAP = 10_000
+# How much of a job's arguments a list row loads (the page shows less, once scrubbed).
+ARGS_PREVIEW = 1024
 MAX_TEXT = 200
 # ASCII digits, and few: a longer number is no age a journal holds, and would overflow.
 _AGE = re.compile(r"([0-9]{1,6})([smhd]?)")
@@ -93,8 +96,9 @@ class RowExtra:
     """What the console's list shows beside a summary row."""
 
     queue: str
-    # The job's arguments (a generic job's params, a domain's id columns), unscrubbed.
-    args: Mapping[str, Any] | None
+    # The head of the job's arguments as JSON text (a generic job's params, at most
+    # ARGS_PREVIEW characters; a domain's id columns), unscrubbed.
+    args: str | None
     # Why a queued job is not running yet, when the journal or the registry can tell.
     waiting: str | None = None
     # A queued run's not-before time (a retry's backoff, a countdown).
@@ -319,12 +323,13 @@ def dead_messages(
     return {(module, job_id, attempt) for module, job_id, attempt in conn.execute(stmt)}
 
 
-def _args(module: str, raw: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _args(module: str, raw: Mapping[str, Any]) -> str | None:
     spec = registry.get(module)
     if spec.params_column:
-        params = raw.get(spec.params_column)
-        return params if isinstance(params, Mapping) else {"params": params}
-    return {c: raw[c] for c in spec.id_columns if c in raw} or None
+        head = raw.get(spec.params_column)
+        return None if head is None else str(head)
+    ids = {c: raw[c] for c in spec.id_columns if c in raw}
+    return json.dumps(ids, default=str, sort_keys=True, separators=(", ", ": ")) if ids else None
 
 
 def _count(conn: Connection, spec: RunTable, where: Sequence[Any]) -> int:
@@ -388,10 +393,18 @@ def _page(spec: RunTable, where: Sequence[Any], after: Cursor | None, limit: int
                 and_(table.c.updated_at == after.updated_at, table.c.job_id < after.job_id),
             ),
         ]
-    shown = (*_LISTED, *(c for c in (spec.params_column, *spec.id_columns) if c))
-    stmt = select(*[table.c[name] for name in shown], table.c.last_error)
+    shown = [table.c[name] for name in (*_LISTED, *spec.id_columns)]
+    if spec.params_column:
+        shown.append(_preview(table.c[spec.params_column]))
+    stmt = select(*shown, table.c.last_error)
     order = (table.c.updated_at.desc(), table.c.job_id.desc())
     return stmt.where(*where).order_by(*order).limit(limit)
+
+
+def _preview(params: Any) -> Any:
+    """The head of a job's arguments as text: a list never loads them whole (a job's page
+    does), however large they are."""
+    return func.substr(cast(params, String), 1, ARGS_PREVIEW).label(params.name)
 
 
 _LISTED = (

@@ -26,7 +26,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from jobsapp import flow_control, operator
-from jobsapp.db import get_engine
+from jobsapp.db import console_engine
 from jobsapp.lifecycle import outbox_queries
 from jobsapp.lifecycle.flow import Kind
 from jobsapp.monitor import metrics, summary
@@ -57,7 +57,7 @@ scrape = APIBlueprint("metrics", __name__, abp_tags=[Tag(name="operations")])
 def init_app(app: OpenAPI) -> None:
     """Register the operator routes and the metrics registry on ``app``."""
     app.extensions[_METRICS] = metrics.journal_registry(
-        get_engine, lambda: get_settings().stale_after, metrics.celery_app
+        console_engine, lambda: get_settings().stale_after, metrics.celery_app
     )
     app.extensions[_PROCESS_METRICS] = metrics.process_registry()
     app.register_api(admin)
@@ -136,9 +136,9 @@ def _authenticate_scraper() -> ResponseReturnValue | None:
 )
 def jobs(query: schemas.SummaryQuery) -> Answer:
     rows = summary.summarize(
-        get_engine(), states=tuple(query.state) or None, module=query.module, limit=query.limit
+        console_engine(), states=tuple(query.state) or None, module=query.module, limit=query.limit
     )
-    counts = summary.counts(get_engine())
+    counts = summary.counts(console_engine())
     return jsonify({"jobs": [row.as_json() for row in rows], "counts": counts})
 
 
@@ -157,7 +157,7 @@ def replay(path: schemas.JobPath, body: schemas.OperatorAction) -> Answer:
     # The actor is self-declared (the token is shared): the audit row names who says they
     # acted, not who was authenticated.
     done = operator.replay(
-        get_engine(), path.module, path.job_id, actor=body.actor, reason=body.reason
+        console_engine(), path.module, path.job_id, actor=body.actor, reason=body.reason
     )
     return jsonify(
         {
@@ -187,7 +187,7 @@ def replay(path: schemas.JobPath, body: schemas.OperatorAction) -> Answer:
 )
 def cancel(path: schemas.JobPath, body: schemas.CancelAction) -> Answer:
     done = operator.cancel(
-        get_engine(),
+        console_engine(),
         path.module,
         path.job_id,
         actor=body.actor,
@@ -225,7 +225,7 @@ def reconcile_failed(body: schemas.ReconcileRequest) -> Answer:
         error_code=body.error_code, dry_run=body.dry_run, actor=f"{reconcile.ACTOR}:{body.actor}"
     )
     try:
-        reports = reconcile.run_all(get_engine(), celery_app, asked, module=body.module)
+        reports = reconcile.run_all(console_engine(), celery_app, asked, module=body.module)
     except reconcile.NeverRetaken as never:
         return _error(409, "never_retaken", str(never))
     return jsonify({"passes": [r.as_json() for r in reports]})
@@ -244,7 +244,7 @@ def reconcile_failed(body: schemas.ReconcileRequest) -> Answer:
     },
 )
 def dead_outbox(query: schemas.DeadOutboxQuery) -> Answer:
-    with get_engine().connect() as conn:
+    with console_engine().connect() as conn:
         rows = outbox_queries.dead_rows(conn, limit=query.limit)
         total = outbox_queries.count_dead(conn)
     return jsonify({"total": total, "dead": [_dead_json(r) for r in rows]})
@@ -264,7 +264,7 @@ def _dead_json(row: outbox_queries.DeadRow) -> dict[str, Any]:
 )
 def retry_dead_outbox(body: schemas.RetryDeadOutbox) -> Answer:
     revived = operator.retry_dead_outbox(
-        get_engine(), body.ids, actor=body.actor, reason=body.reason
+        console_engine(), body.ids, actor=body.actor, reason=body.reason
     )
     return jsonify({"revived": revived})
 
@@ -282,7 +282,7 @@ def retry_dead_outbox(body: schemas.RetryDeadOutbox) -> Answer:
     },
 )
 def flow_state() -> Answer:
-    engine = get_engine()
+    engine = console_engine()
     paused = [p.as_json() for p in flow_control.paused(engine)]
     history = [{**row, "at": row["at"].isoformat()} for row in flow_control.history(engine)]
     return jsonify({"paused": paused, "history": history})
@@ -302,7 +302,7 @@ def _flow_changed(path: schemas.FlowPath, paused: bool, changed: bool) -> Answer
 )
 def flow_pause(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
     changed = flow_control.pause(
-        get_engine(), Kind(path.kind), path.name, actor=body.actor, reason=body.reason
+        console_engine(), Kind(path.kind), path.name, actor=body.actor, reason=body.reason
     )
     return _flow_changed(path, True, changed)
 
@@ -316,7 +316,7 @@ def flow_pause(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
 )
 def flow_resume(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
     changed = flow_control.resume(
-        get_engine(), Kind(path.kind), path.name, actor=body.actor, reason=body.reason
+        console_engine(), Kind(path.kind), path.name, actor=body.actor, reason=body.reason
     )
     return _flow_changed(path, False, changed)
 

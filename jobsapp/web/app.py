@@ -24,7 +24,7 @@ from jobsapp import logs, preflight
 from jobsapp.attachments import service
 from jobsapp.attachments.pipeline import get_pipeline
 from jobsapp.attachments.validation import DEFAULT_LIMITS, Limits, RejectedUpload
-from jobsapp.db import get_engine
+from jobsapp.db import console_engine
 from jobsapp.lifecycle import tracing
 from jobsapp.lifecycle.message import TRACE_HEADERS
 from jobsapp.monitor import browse
@@ -148,7 +148,7 @@ def show(path: schemas.AttachmentPath) -> Answer:
     if view is None:
         raise NotFound("No attachment has this id.")
     # The operator's cross-link: which job is working (or last worked) on this attachment.
-    return jsonify({**public_view(view), "job": browse.attachment_job(get_engine(), attachment_id)})
+    return jsonify({**public_view(view), "job": browse.attachment_job(console_engine(), attachment_id)})
 
 
 @api.get(

@@ -32,7 +32,7 @@ from itsdangerous import URLSafeTimedSerializer
 from sqlalchemy import Table, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from jobsapp.db import get_engine, utcnow
+from jobsapp.db import console_engine, utcnow
 from jobsapp.settings import get_settings
 from jobsapp.web.session_tables import WebSecret, WebSession
 
@@ -119,7 +119,7 @@ def server_secret() -> str:
 
 
 def _stored_secret() -> str:
-    engine = get_engine()
+    engine = console_engine()
     read = select(_SECRETS.c.value).where(_SECRETS.c.name == _SECRET_NAME)
     with engine.connect() as conn:
         found = conn.execute(read).scalar()
@@ -168,7 +168,7 @@ def log_in(actor: str) -> None:
     """A fresh session (never the one the login form came with) that names its operator,
     kept on the server."""
     sid, now = secrets.token_urlsafe(32), utcnow()
-    with get_engine().begin() as conn:
+    with console_engine().begin() as conn:
         conn.execute(
             insert(_SESSIONS).values(id_hash=_hashed(sid), actor=actor, created_at=now, seen_at=now)
         )
@@ -183,7 +183,7 @@ def log_out() -> None:
     """End the session on the server (a saved copy of the cookie is refused from now on)."""
     sid = session.get(_SID)
     if isinstance(sid, str):
-        with get_engine().begin() as conn:
+        with console_engine().begin() as conn:
             conn.execute(
                 update(_SESSIONS)
                 .where(_SESSIONS.c.id_hash == _hashed(sid), _SESSIONS.c.ended_at.is_(None))
@@ -206,12 +206,12 @@ def _live_session() -> bool:
     if not isinstance(sid, str):
         return False
     key, now = _hashed(sid), utcnow()
-    with get_engine().connect() as conn:
+    with console_engine().connect() as conn:
         row = conn.execute(select(_SESSIONS).where(_SESSIONS.c.id_hash == key)).mappings().first()
     if row is None or not _alive(row, now):
         return False
     if not request.headers.get(_LIVE_HEADER) and now - row["seen_at"] > _SEEN_EVERY:
-        with get_engine().begin() as conn:
+        with console_engine().begin() as conn:
             conn.execute(update(_SESSIONS).where(_SESSIONS.c.id_hash == key).values(seen_at=now))
     return True
 

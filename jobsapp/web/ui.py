@@ -35,7 +35,7 @@ from werkzeug.exceptions import HTTPException
 
 from jobsapp import flow_control, operator
 from jobsapp.attachments import service
-from jobsapp.db import get_engine, utcnow
+from jobsapp.db import console_engine, utcnow
 from jobsapp.lifecycle.flow import Kind
 from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.scrub import known_secrets_from_env, scrub
@@ -306,8 +306,8 @@ def overview() -> Answer:
     from jobsapp.celery_app import app as celery_app
 
     stale_after = get_settings().stale_after
-    health = summary.health(get_engine(), stale_after)
-    dead_total, dead = browse.dead_outbox(get_engine(), limit=DEAD_SHOWN)
+    health = summary.health(console_engine(), stale_after)
+    dead_total, dead = browse.dead_outbox(console_engine(), limit=DEAD_SHOWN)
     return _page(
         "overview.html",
         live=True,
@@ -316,8 +316,8 @@ def overview() -> Answer:
         dead_total=dead_total,
         dead=dead,
         modules=_modules(),
-        paused=flow_control.paused(get_engine()),
-        periodic=periodic.overview(get_engine(), celery_app),
+        paused=flow_control.paused(console_engine()),
+        periodic=periodic.overview(console_engine(), celery_app),
     )
 
 
@@ -326,7 +326,7 @@ def jobs() -> Answer:
     wanted = job_filter(request.args)
     raw = request.args.get("after")
     after = browse.parse_cursor(raw) if raw else None
-    found = browse.find_jobs(get_engine(), wanted, after=after)
+    found = browse.find_jobs(console_engine(), wanted, after=after)
     more = None if found.next is None else _with(request.args, after=found.next.encode())
     bulk = url_for("ui.bulk_confirm", **_args(request.args, after=None))
     return _page(
@@ -344,7 +344,7 @@ def jobs() -> Answer:
 @_page_route("/jobs/<module>/<uuid:job_id>", "adminJob", "One job: attempts, timeline, attachment")
 def job(path: JobPath) -> Answer:
     spec = operator.run_table(path.module)
-    detail = browse.job_detail(get_engine(), spec.module, path.job_id)
+    detail = browse.job_detail(console_engine(), spec.module, path.job_id)
     if detail is None:
         raise operator.NotFound("unknown_job", f"no {spec.module} job {path.job_id}")
     attachment = None
@@ -356,7 +356,7 @@ def job(path: JobPath) -> Answer:
         if attempt.detail:
             tracebacks.setdefault(attempt.detail, attempt.number)
     workflow_id = detail.run.get("workflow_id")
-    steps = workflows.workflow_steps(get_engine(), workflow_id) if workflow_id else []
+    steps = workflows.workflow_steps(console_engine(), workflow_id) if workflow_id else []
     return _page(
         "job.html",
         live=True,
@@ -400,19 +400,16 @@ def attempt_task_ids(job_id: uuid.UUID, events: Sequence[browse.EventRow]) -> di
     }
 
 
-def _shown_args(args: Mapping[str, Any] | None) -> str:
-    """A list row's arguments: one line of JSON, scrubbed as the job page's are."""
-    if not args:
-        return ""
-    shown = json.dumps(args, sort_keys=True, default=str, separators=(", ", ": "))
-    return scrub(shown, limit=ARGS_SHOWN, secrets=_secrets())
+def _shown_args(args: str | None) -> str:
+    """A list row's arguments: the head of their JSON, scrubbed as the job page's are."""
+    return scrub(args, limit=ARGS_SHOWN, secrets=_secrets()) if args else ""
 
 
 @_page_route("/queues", "adminQueues", "Queues: depth in the journal and the broker, rate")
 def queues_page() -> Answer:
     from jobsapp.celery_app import app as celery_app
 
-    view = queues.queues_view(get_engine(), celery_app, default_queue())
+    view = queues.queues_view(console_engine(), celery_app, default_queue())
     return _page(
         "queues.html",
         live=True,
@@ -420,12 +417,12 @@ def queues_page() -> Answer:
         window=queues.RATE_WINDOW,
         paused=_paused_by_pair(),
         modules=_modules(),
-        rates=flow_control.rates(get_engine(), celery_app),
+        rates=flow_control.rates(console_engine(), celery_app),
     )
 
 
 def _paused_by_pair() -> dict[tuple[str, str], flow_control.Paused]:
-    return {(p.kind, p.name): p for p in flow_control.paused(get_engine())}
+    return {(p.kind, p.name): p for p in flow_control.paused(console_engine())}
 
 
 @_page_route("/workers", "adminWorkers", "Worker processes seen through their beats")
@@ -433,7 +430,7 @@ def workers_page() -> Answer:
     return _page(
         "workers.html",
         live=True,
-        workers=workers.seen(get_engine()),
+        workers=workers.seen(console_engine()),
         silent_after=workers.SILENT_AFTER,
     )
 
@@ -442,12 +439,12 @@ def workers_page() -> Answer:
 def scheduled() -> Answer:
     from jobsapp.celery_app import app as celery_app
 
-    found = browse.scheduled(get_engine(), default_queue=default_queue())
+    found = browse.scheduled(console_engine(), default_queue=default_queue())
     return _page(
         "scheduled.html",
         live=True,
         page=found,
-        periodic=periodic.overview(get_engine(), celery_app),
+        periodic=periodic.overview(console_engine(), celery_app),
     )
 
 
@@ -459,7 +456,7 @@ def charts() -> Answer:
     return _page(
         "charts.html",
         live=True,
-        charts=charts_data.charts(get_engine(), window),
+        charts=charts_data.charts(console_engine(), window),
         windows=list(charts_data.WINDOWS),
     )
 
@@ -483,7 +480,7 @@ def _secrets() -> tuple[str, ...]:
 def replay(path: JobPath) -> Answer:
     def act(reason: str) -> str:
         done = operator.replay(
-            get_engine(), path.module, path.job_id, actor=auth.actor(), reason=reason
+            console_engine(), path.module, path.job_id, actor=auth.actor(), reason=reason
         )
         later = "" if done.published else f"; {done.then}"
         return f"Replayed: attempt {done.attempt} is queued{later}."
@@ -499,7 +496,7 @@ def replay(path: JobPath) -> Answer:
 def cancel(path: JobPath) -> Answer:
     def act(reason: str) -> str:
         done = operator.cancel(
-            get_engine(),
+            console_engine(),
             path.module,
             path.job_id,
             actor=auth.actor(),
@@ -520,7 +517,7 @@ def cancel(path: JobPath) -> Answer:
 def cancel_workflow(path: JobPath) -> Answer:
     def act(reason: str) -> str:
         done = operator.cancel_workflow(
-            get_engine(), path.module, path.job_id, actor=auth.actor(), reason=reason
+            console_engine(), path.module, path.job_id, actor=auth.actor(), reason=reason
         )
         return f"Workflow cancelled: no step starts from now on; {done} queued cancelled."
 
@@ -535,7 +532,7 @@ def cancel_workflow(path: JobPath) -> Answer:
 def run_now(path: JobPath) -> Answer:
     def act(reason: str) -> str:
         done = operator.run_now(
-            get_engine(),
+            console_engine(),
             path.module,
             path.job_id,
             actor=auth.actor(),
@@ -584,7 +581,7 @@ def flow_action() -> Answer:
         kind = Kind(form.get("kind", ""))
         act = flow_control.pause if pausing else flow_control.resume
         changed = act(
-            get_engine(),
+            console_engine(),
             kind,
             form.get("name", ""),
             actor=auth.actor(),
@@ -607,7 +604,7 @@ def retry_dead() -> Answer:
     """Every dead outbox row back to the relay (after the cause was fixed), audited."""
     try:
         revived = operator.retry_dead_outbox(
-            get_engine(), None, actor=auth.actor(), reason=request.form.get("reason", "")
+            console_engine(), None, actor=auth.actor(), reason=request.form.get("reason", "")
         )
         flash(f"{revived} dead outbox rows are due again.", "ok")
     except operator.InvalidRequest as refused:
@@ -631,7 +628,7 @@ def reconcile_failed() -> Answer:
     if module is not None:
         operator.run_table(module)  # an unknown module is a 404, not an empty pass
     try:
-        reports = reconcile.run_all(get_engine(), celery_app, asked, module=module)
+        reports = reconcile.run_all(console_engine(), celery_app, asked, module=module)
     except reconcile.NeverRetaken as never:
         return _error_page(409, str(never))
     return _page("reconciled.html", reports=reports)
@@ -667,7 +664,7 @@ def cancel_confirm() -> Answer:
 def _confirm(bulk: Bulk) -> Answer:
     picked = _picked(request.args.getlist("job"))
     if picked:
-        found = browse.jobs_by_key(get_engine(), picked[:BULK_MAX], default_queue())
+        found = browse.jobs_by_key(console_engine(), picked[:BULK_MAX], default_queue())
         eligible = [r for r in found.rows if r.state == bulk.state]
         found = replace(found, rows=eligible, total=len(eligible))
         skipped = len(picked) - len(eligible)
@@ -684,7 +681,7 @@ def _filtered(bulk: Bulk) -> browse.JobPage:
     only = replace(wanted, states=tuple(s for s in wanted.states if s == bulk.state))
     if not only.states:
         return browse.JobPage([], 0, None)
-    return browse.find_jobs(get_engine(), only, limit=BULK_MAX)
+    return browse.find_jobs(console_engine(), only, limit=BULK_MAX)
 
 
 def _picked(keys: list[str]) -> list[tuple[str, uuid.UUID]]:
@@ -708,7 +705,7 @@ def bulk_replay() -> Answer:
     """Replays exactly the jobs the confirmation page listed, not the filter's set now."""
 
     def one(module: str, job_id: uuid.UUID, reason: str) -> str:
-        done = operator.replay(get_engine(), module, job_id, actor=auth.actor(), reason=reason)
+        done = operator.replay(console_engine(), module, job_id, actor=auth.actor(), reason=reason)
         return f"attempt {done.attempt} queued"
 
     return _bulk(REPLAY, one)
@@ -719,7 +716,7 @@ def bulk_cancel() -> Answer:
     """Cancels exactly the jobs the confirmation page listed, each audited."""
 
     def one(module: str, job_id: uuid.UUID, reason: str) -> str:
-        done = operator.cancel(get_engine(), module, job_id, actor=auth.actor(), reason=reason)
+        done = operator.cancel(console_engine(), module, job_id, actor=auth.actor(), reason=reason)
         # A job that started since the confirmation page is asked to stop instead.
         return "asked to stop at its next heartbeat" if done.running else "cancelled"
 

@@ -7,20 +7,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from flask.testing import FlaskClient
 from itsdangerous import BadSignature, URLSafeTimedSerializer
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, text, update
 
 from jobsapp.db import utcnow
 from jobsapp.web import auth
 from jobsapp.web.app import create_app
 from tests.support.attachments import environment
-
-TOKEN = "login-test-token"
+from tests.support.web import TOKEN, log_in
 
 
 @pytest.fixture
@@ -28,21 +28,6 @@ def client(pg: Engine) -> Iterator[FlaskClient]:
     del pg  # the sessions' rows: a migrated journal, emptied
     with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
         yield create_app().test_client()
-
-
-def log_in(
-    client: FlaskClient, base: str, token: str = TOKEN, next_: str = ""
-) -> tuple[int, str, str]:
-    """(status, Location, Set-Cookie) of a login through the form."""
-    form = client.get("/admin/login", base_url=base).get_data(as_text=True)
-    csrf = re.search(r'name="csrf_token" value="([^"]+)"', form)
-    assert csrf is not None
-    reply = client.post(
-        "/admin/login",
-        base_url=base,
-        data={"csrf_token": csrf[1], "token": token, "name": "dana", "next": next_},
-    )
-    return reply.status_code, reply.headers.get("Location", ""), reply.headers.get("Set-Cookie", "")
 
 
 @pytest.mark.parametrize(
@@ -173,3 +158,28 @@ def test_a_visitors_cookie_cannot_test_token_guesses(client: FlaskClient) -> Non
     )
     with pytest.raises(BadSignature):
         guessing.loads(cookie)
+
+
+def test_a_console_query_past_its_timeout_answers_503_and_frees_the_worker(
+    client: FlaskClient, pg: Engine
+) -> None:
+    """Console queries ran without a time limit (10 s searches at 10^6 rows, re-run by the
+    live view every 5 s): each transaction is bounded by JOBSAPP_CONSOLE_TIMEOUT."""
+    log_in(client, BASE)
+    with environment(JOBSAPP_CONSOLE_TIMEOUT="0.3"), pg.connect() as holder:
+        # The list's query waits behind this lock: a query as slow as it likes.
+        holder.execute(text("LOCK TABLE job_runs IN ACCESS EXCLUSIVE MODE"))
+        began = time.monotonic()
+        page = client.get("/admin/jobs", base_url=BASE)
+        took = time.monotonic() - began
+        api = client.get("/v1/admin/jobs", base_url=BASE, headers=_bearer())
+        holder.rollback()
+    assert (page.status_code, page.headers["Retry-After"]) == (503, "5")
+    assert "The database is unavailable" in page.get_data(as_text=True)
+    assert took < 3
+    assert api.status_code == 503
+    assert client.get("/admin/jobs", base_url=BASE).status_code == 200
+
+
+def _bearer() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}"}

@@ -21,11 +21,11 @@ from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.lifecycle.states import Outcome, State, Transition
 from jobsapp.web.app import create_app
-from tests.integration.test_admin_login import log_in
 from tests.support import tasks
 from tests.support.attachments import environment
 from tests.support.journal_view import events, held_by, run_row, transitions
 from tests.support.waiting import eventually
+from tests.support.web import log_in
 
 pytestmark = pytest.mark.timeout(180)
 

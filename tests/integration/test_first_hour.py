@@ -9,6 +9,7 @@ is a run there, with its attempts.
 
 from __future__ import annotations
 
+import html
 import logging
 import re
 import uuid
@@ -17,18 +18,20 @@ from collections.abc import Iterator
 import pytest
 from celery import Celery
 from celery.result import AsyncResult, EagerResult
+from kombu.exceptions import EncodeError
 from sqlalchemy import Engine
 
 from jobsapp.attachments.tasks import TASK_NAME as ATTACHMENT_TASK
 from jobsapp.celery_app import app
 from jobsapp.lifecycle.message import task_id_for
+from jobsapp.monitor import browse
 from jobsapp.web.app import create_app
-from tests.integration.test_admin_login import log_in
 from tests.support import first_hour_tasks as hour
 from tests.support.attachments import environment
 from tests.support.journal_view import run_count, run_row, transitions
 from tests.support.tasks import calls
 from tests.support.waiting import eventually
+from tests.support.web import log_in
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -133,6 +136,38 @@ def test_send_task_whose_arguments_do_not_fit_is_rejected_in_one_line(
     (third,) = eventually(lambda: _rejections(caplog, domain.id))
     assert "attachments tasks take the jobsapp message only" in third
     assert run_count(pg) == 0
+
+
+def test_arguments_over_the_cap_are_refused_at_the_call_and_at_the_worker(
+    pg_worker: object, pg: Engine, elsewhere: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """10 MB arguments were stored, through .delay and through a forged message (issue 35)."""
+    big = "x" * 300_000
+    over = r"are 3000\d\d bytes of JSON, over the cap of 262144 bytes \(JOBSAPP_ARGS_MAX_BYTES\)"
+    with pytest.raises(EncodeError, match=rf"^the arguments of tests\.hour\.add {over}"):
+        hour.add.delay(big, "y")
+    forged = elsewhere.send_task("tests.hour.add", (big, "y"))
+    (line,) = eventually(lambda: _rejections(caplog, forged.id))
+    assert re.search(over, line)
+    assert run_count(pg) == 0
+
+
+def test_a_list_row_shows_the_head_of_large_arguments(pg: Engine) -> None:
+    """A list page loaded every row's whole arguments (20 rows of 5 MB: +190 MB per
+    render); it loads their head only, and the job's page still shows them."""
+    handle = hour.add.delay("y" * 200_000, "z")
+    with environment(JOBSAPP_ADMIN_TOKEN=ADMIN_TOKEN):
+        client = create_app().test_client()
+        log_in(client, BASE, ADMIN_TOKEN)
+        listed = client.get("/admin/jobs?state=queued", base_url=BASE).get_data(as_text=True)
+    (cell,) = re.findall(r'<td class="args"><code>([^<]*)</code>', listed)
+    assert re.match(r'\{"args": ?\["yyyy', html.unescape(cell))
+    assert len(html.unescape(cell)) <= 200
+    page = browse.find_jobs(pg, browse.JobFilter(states=("queued",)))
+    (row,) = page.rows
+    loaded = page.extras[(row.module, row.job_id)].args
+    assert len(str(loaded)) <= browse.ARGS_PREVIEW
+    assert run_row(pg, handle.job_id)["params"]["args"][0] == "y" * 200_000
 
 
 # ---------------------------------------------------------------------------- apply()

@@ -27,13 +27,13 @@ from jobsapp.lifecycle.journal.slots import PARKED, SLOTS
 from jobsapp.maintenance import key_slots
 from jobsapp.web.app import create_app
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, launching, ready
-from tests.integration.test_admin_login import TOKEN, log_in
 from tests.support import limit_tasks
 from tests.support.attachments import environment
 from tests.support.journal_view import outbox_rows, run_row
 from tests.support.migrations import sqlite_then_postgres
 from tests.support.tasks import counter
 from tests.support.waiting import eventually
+from tests.support.web import TOKEN, log_in
 
 
 def _enqueue(tenant: str, n: int, seconds: float = 0.0) -> list[uuid.UUID]:

@@ -20,11 +20,11 @@ from jobsapp.lifecycle.canvas import StepHandle
 from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.registry import JOBS
 from jobsapp.web.app import create_app
-from tests.integration.test_admin_login import log_in
 from tests.support import canvas_tasks as t
 from tests.support.attachments import environment
 from tests.support.tasks import calls
 from tests.support.waiting import eventually
+from tests.support.web import log_in
 from tests.support.workers import in_process_worker
 
 pytestmark = pytest.mark.timeout(120)

@@ -36,7 +36,6 @@ from jobsapp.maintenance import relay
 from jobsapp.shipped import alembic_config
 from jobsapp.web.app import create_app
 from tests.conftest import migrate, migrated_postgres
-from tests.integration.test_admin_login import log_in
 from tests.support import canvas_tasks as t
 from tests.support.attachments import environment
 from tests.support.env import SESSION, service
@@ -44,6 +43,7 @@ from tests.support.journal_view import outbox_rows, run_row, transitions
 from tests.support.migrations import sqlite_then_postgres
 from tests.support.tasks import calls
 from tests.support.waiting import eventually
+from tests.support.web import log_in
 from tests.support.workers import in_process_worker
 
 pytestmark = pytest.mark.timeout(120)

@@ -12,6 +12,10 @@
   var key = "jobsapp.live.paused";
   var paused = window.localStorage.getItem(key) === "1";
   var busy = false;
+  // After a refusal (a 503 while a query is slow, the database down) the next tick waits
+  // twice as long, up to MAX_WAIT; a page that answers again brings the pace back.
+  var MAX_WAIT = 60000;
+  var wait = every;
 
   function show(text) { status.textContent = text; }
 
@@ -46,22 +50,28 @@
   }
 
   function tick() {
-    if (paused || busy || document.hidden || editing()) { return; }
+    if (paused || busy || document.hidden || editing()) { return Promise.resolve(); }
     busy = true;
-    fetch(window.location.href, {
+    return fetch(window.location.href, {
       headers: { "X-Jobsapp-Live": "1" }, credentials: "same-origin",
       redirect: "manual", cache: "no-store"
     }).then(function (reply) {
       if (reply.status !== 200) { throw new Error("HTTP " + reply.status); }
       return reply.text();
     }).then(function (html) {
+      wait = every;
       if (!paused && !editing()) {
         main.innerHTML = html;
         show("live, updated " + new Date().toLocaleTimeString());
       }
     }).catch(function (err) {
-      show("not updated (" + err.message + "); reload the page");
+      wait = Math.min(MAX_WAIT, wait * 2);
+      show("not updated (" + err.message + "); next try in " + Math.round(wait / 1000) + " s");
     }).then(function () { busy = false; });
+  }
+
+  function schedule() {
+    window.setTimeout(function () { tick().then(schedule); }, wait);
   }
 
   control.addEventListener("click", function () {
@@ -71,5 +81,5 @@
     if (!paused) { tick(); }
   });
   render();
-  window.setInterval(tick, every);
+  schedule();
 }());
