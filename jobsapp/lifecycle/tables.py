@@ -145,6 +145,14 @@ class RunMixin:
                 postgresql_where=text("finished_at IS NOT NULL"),
                 sqlite_where=text("finished_at IS NOT NULL"),
             ),
+            # Retention deletes a workflow's runs whole (migration 0022); a job of its own
+            # takes no entry.
+            Index(
+                f"ix_{name}_workflow",
+                "workflow_id",
+                postgresql_where=text("workflow_id IS NOT NULL"),
+                sqlite_where=text("workflow_id IS NOT NULL"),
+            ),
         )
 
 

@@ -1,7 +1,12 @@
-"""Retention of the journal: terminal runs, delivered outbox rows and old events.
+"""Retention of the journal: terminal runs, whole workflows, delivered outbox rows and old
+events.
 
 Policy (defaults): terminal run rows are deleted 7 days after they finished; delivered
 outbox rows after 1 day; job_events after 30 days. Each table is cut in bounded batches.
+A run of a workflow goes only with its whole workflow (its runs in every run table and its
+steps, in one transaction), once none of its runs is queued or running and nothing in it
+moved for the run retention: never half a workflow, and no step left behind without its
+runs, which the console would count as still to come.
 
 A finished run is what absorbs a repeated enqueue of its job id during the task's dedup
 window: deleted sooner, the same work would run again. So each pass first compares the
@@ -19,10 +24,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from celery import Celery
-from sqlalchemy import Connection, Engine, Table, delete, select
+from sqlalchemy import Connection, Engine, Table, delete, exists, or_, select
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, registry
+from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.states import TERMINAL_STATES
 from jobsapp.lifecycle.task import LifecycleTask
 from jobsapp.maintenance import budget
@@ -88,6 +94,7 @@ def _cut(conn: Connection, table: Table, key: str, *where: object, limit: int) -
 
 
 def _cut_runs(conn: Connection, spec: registry.RunTable, before: datetime, limit: int) -> int:
+    """Finished runs of their own (a workflow's go with it: ``_cut_workflows``)."""
     table = spec.table
     return _cut(
         conn,
@@ -95,8 +102,31 @@ def _cut_runs(conn: Connection, spec: registry.RunTable, before: datetime, limit
         "job_id",
         table.c.state.in_(TERMINAL_STATES),
         table.c.finished_at < before,
+        table.c.workflow_id.is_(None),
         limit=limit,
     )
+
+
+def _cut_workflows(conn: Connection, before: datetime, limit: int) -> int:
+    """Up to ``limit`` whole workflows that aged out: steps all written and blocked before
+    ``before``, and every run finished before it; their runs and steps go together."""
+    step, other = STEPS.alias("step"), STEPS.alias("other")
+    moved_since = or_(other.c.created_at >= before, other.c.blocked_at >= before)
+    aged = [
+        step.c.created_at < before,
+        ~exists().where(other.c.workflow_id == step.c.workflow_id, moved_since),
+    ]
+    for spec in registry.all_tables():
+        runs = spec.table
+        active = or_(runs.c.state.not_in(TERMINAL_STATES), runs.c.finished_at >= before)
+        aged.append(~exists().where(runs.c.workflow_id == step.c.workflow_id, active))
+    stmt = select(step.c.workflow_id).where(*aged).distinct().limit(limit)
+    doomed = list(conn.execute(stmt).scalars())
+    if doomed:
+        for spec in registry.all_tables():
+            conn.execute(delete(spec.table).where(spec.table.c.workflow_id.in_(doomed)))
+        conn.execute(delete(STEPS).where(STEPS.c.workflow_id.in_(doomed)))
+    return len(doomed)
 
 
 def _cuts(now: datetime, cfg: RetentionConfig) -> dict[str, Callable[[Connection], int]]:
@@ -107,6 +137,7 @@ def _cuts(now: datetime, cfg: RetentionConfig) -> dict[str, Callable[[Connection
         return lambda conn: _cut_runs(conn, spec, now - cfg.runs, cfg.batch)
 
     cuts = {spec.module: runs(spec) for spec in registry.all_tables()}
+    cuts["workflows"] = lambda conn: _cut_workflows(conn, now - cfg.runs, cfg.batch)
     cuts["outbox"] = lambda conn: _cut(
         conn, out, "id", out.c.delivered_at < now - cfg.delivered_outbox, limit=cfg.batch
     )

@@ -148,7 +148,9 @@ def show(path: schemas.AttachmentPath) -> Answer:
     if view is None:
         raise NotFound("No attachment has this id.")
     # The operator's cross-link: which job is working (or last worked) on this attachment.
-    return jsonify({**public_view(view), "job": browse.attachment_job(console_engine(), attachment_id)})
+    return jsonify(
+        {**public_view(view), "job": browse.attachment_job(console_engine(), attachment_id)}
+    )
 
 
 @api.get(

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
+from celery import Celery, chain
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, func, insert, select, text, update
 
@@ -29,12 +29,13 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox, outbox_queries, publisher, registry
 from jobsapp.lifecycle.enqueue import transaction
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, StaleRun
+from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.states import Outcome
 from jobsapp.lifecycle.tables import JobRun
 from jobsapp.maintenance import lease, reaper, relay, retention
 from jobsapp.monitor import metrics, summary
-from tests.support import tasks
+from tests.support import canvas_tasks, tasks
 from tests.support.env import service
 from tests.support.journal_view import held_by, outbox_rows, run_row, transitions
 from tests.support.servers import RedisServer
@@ -900,3 +901,55 @@ def test_the_reapers_event_names_a_send_task_attempt_by_the_callers_id(
         )
     assert retried["type"] == "task-retried"
     assert not [e for e in seen if e["uuid"] == task_id_for(job.job_id, 1)]
+
+
+def _workflow_of(db: Engine, job_id: uuid.UUID) -> uuid.UUID:
+    workflow_id = run_row(db, job_id)["workflow_id"]
+    assert workflow_id is not None
+    return uuid.UUID(str(workflow_id))
+
+
+def _age_workflow(db: Engine, workflow_id: uuid.UUID, days: float) -> None:
+    with db.begin() as conn:
+        conn.execute(
+            update(RUNS)
+            .where(RUNS.c.workflow_id == workflow_id)
+            .values(finished_at=ago(days * 86_400))
+        )
+        conn.execute(
+            update(STEPS)
+            .where(STEPS.c.workflow_id == workflow_id)
+            .values(created_at=ago((days + 1) * 86_400))
+        )
+
+
+def _rows_of(db: Engine, workflow_id: uuid.UUID) -> tuple[int, int]:
+    """(runs, steps) of a workflow."""
+    return (
+        _count(db, RUNS, RUNS.c.workflow_id == workflow_id),
+        _count(db, STEPS, STEPS.c.workflow_id == workflow_id),
+    )
+
+
+def test_retention_deletes_a_workflow_whole_once_nothing_in_it_moved(
+    db: Engine, worker: object
+) -> None:
+    """Retention deleted a workflow's runs and never its steps: the console then counted
+    each step without a run as still to come (``workflows: 5 running`` for good), and the
+    steps grew without bound; a workflow still moving lost its finished runs (issue 37)."""
+    old, recent, moving = (
+        chain(canvas_tasks.add.s(n, n), canvas_tasks.add.s(n)).apply_async() for n in (1, 2, 3)
+    )
+    assert [r.get(timeout=20) for r in (old, recent, moving)] == [3, 6, 9]
+    gone, kept, still = (_workflow_of(db, r.job_id) for r in (old, recent, moving))
+    _age_workflow(db, gone, days=8)
+    _age_workflow(db, still, days=8)
+    with db.begin() as conn:  # its last step waits in the queue (a retry's backoff, say)
+        conn.execute(update(RUNS).where(RUNS.c.job_id == moving.job_id).values(state="queued"))
+
+    counts = retention.run_once(db, retention.RetentionConfig())
+
+    assert _rows_of(db, gone) == (0, 0)
+    assert _rows_of(db, kept) == (2, 2)
+    assert _rows_of(db, still) == (2, 2)
+    assert (counts["workflows"], counts[JOBS.module]) == (1, 0)
