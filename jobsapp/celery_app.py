@@ -22,7 +22,13 @@ from celery.utils.log import get_multiprocessing_logger
 from jobsapp import preflight
 from jobsapp.db import dispose_engines
 from jobsapp.lifecycle.pools import green_pool_refusal
-from jobsapp.logs import format_handlers, json_startup, log_worker_banner, scrub_handlers
+from jobsapp.logs import (
+    format_handlers,
+    json_startup,
+    log_worker_banner,
+    one_line_per_reject,
+    scrub_handlers,
+)
 from jobsapp.maintenance.entries import with_maintenance
 from jobsapp.monitor import workers
 from jobsapp.settings import Settings, SettingsError, get_settings
@@ -123,6 +129,7 @@ def create_app() -> Celery:
         imports=BASE_IMPORTS + settings.imports,
     )
     json_startup(celery_app)
+    one_line_per_reject()
     return celery_app
 
 

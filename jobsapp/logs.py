@@ -33,6 +33,7 @@ from typing import Any, Final
 from celery import Celery
 
 from jobsapp.lifecycle import tracing
+from jobsapp.lifecycle.errors import Logged
 from jobsapp.lifecycle.scrub import known_secrets_from_env, scrub
 from jobsapp.settings import get_settings
 
@@ -74,6 +75,23 @@ class ScrubFilter(logging.Filter):
 
     def _scrub(self, text: str) -> str:
         return _ESCAPES.sub("", scrub(text, limit=_LIMIT, secrets=self._secrets))
+
+
+class _LoggedRejects(logging.Filter):
+    """Drops Celery's line about a reject jobsapp already logged (``errors.Logged``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, Logged)
+
+
+_ONE_LINE = _LoggedRejects()
+
+
+def one_line_per_reject() -> None:
+    """Celery's tracer logs every ``Reject`` at WARNING; jobsapp's refusals have their own
+    line already (idempotent)."""
+    logging.getLogger("celery.app.trace").addFilter(_ONE_LINE)
 
 
 class JsonFormatter(logging.Formatter):

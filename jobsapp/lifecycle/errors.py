@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from celery.exceptions import Reject
 from kombu.exceptions import EncodeError
 
 
@@ -54,6 +55,12 @@ class TimeLimitEnded(LeaseLost):
 
     def __init__(self, message: str = "the journal ended this attempt at its time limit") -> None:
         super().__init__(message)
+
+
+class Logged(Reject):
+    """Celery's ``Reject`` of a message whose refusal (or hand-back) jobsapp has logged in its
+    own line: Celery's line about the same reject is dropped (``logs.one_line_per_reject``),
+    so a refusal is one line, as docs/messages.md says."""
 
 
 class InvalidMessage(Exception):

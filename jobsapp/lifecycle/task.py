@@ -29,7 +29,6 @@ from functools import cache, cached_property
 from typing import Any, ClassVar, NoReturn
 
 from celery import Celery, Task, group
-from celery.exceptions import Reject
 from celery.result import EagerResult
 from celery.utils.time import maybe_make_aware
 from sqlalchemy import Connection, Engine
@@ -65,7 +64,7 @@ from jobsapp.lifecycle.celery_view import (
     send_started,
 )
 from jobsapp.lifecycle.context import RunContext, current_run_or_none
-from jobsapp.lifecycle.errors import InvalidMessage, PermanentError, RetryRequested
+from jobsapp.lifecycle.errors import InvalidMessage, Logged, PermanentError, RetryRequested
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
@@ -422,7 +421,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             if eager:  # apply(): the caller hears it, as from a call that does not fit
                 raise TypeError(f"{self.name}: {bad}") from None
             log.error("rejected message %s for %s: %s", self.request.id, self.name, bad)
-            raise Reject(str(bad), requeue=False) from None
+            raise Logged(str(bad), requeue=False) from None
         with self._observed(env):
             if eager:
                 return self._run_eagerly(env, foreign)
@@ -545,7 +544,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
                 env.job_id,
                 env.attempt,
             )
-            raise Reject("claim lost in a database crash", requeue=True)
+            raise Logged("claim lost in a database crash", requeue=True)
         if lost is claim.LostClaim.RECLAIMED and row is not None:
             log.warning(
                 "job %s attempt %s: its claim was lost in a database crash; the "
@@ -576,7 +575,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             )
         except InvalidMessage as bad:
             log.error("rejected message %s for %s: %s", self.request.id, self.name, bad)
-            raise Reject(str(bad), requeue=False) from None
+            raise Logged(str(bad), requeue=False) from None
         except OperationalError as down:
             # The journal is unreachable: hand the message back rather than ack it unrun.
             log.warning(
@@ -585,7 +584,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
                 type(down.orig).__name__,
             )
             time.sleep(1.0)
-            raise Reject("journal unavailable", requeue=True) from None
+            raise Logged("journal unavailable", requeue=True) from None
 
     @cached_property
     def _gate(self) -> flow.Gate:

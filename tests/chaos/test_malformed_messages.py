@@ -291,7 +291,8 @@ def test_a_hostile_message_is_refused_once_with_a_log_line_and_no_effect(
     if case.reaches_task:
         # Delivered once: a refused message that came back would be received again.
         assert log.count(f"Task {case.task}[{tag}] received") == 1
-        assert f"Task {case.task}[{tag}] reject requeue=False" in log
+        # Rejected (dead-lettered, never requeued): no success is reported for it.
+        assert f"Task {case.task}[{tag}] succeeded" not in log
     # It ran no body and claimed nothing: no run, event or outbox row names its job.
     if case.job_id is not None:
         for table in (JOB_RUNS, RUNS, EVENTS, OUTBOX):
@@ -337,6 +338,16 @@ def test_a_foreign_message_for_an_unknown_attachment_is_rejected_not_crashed(
     log = delivery.worker.log()
     assert f"Task {ATTACHMENT_TASK}[{tag}] raised unexpected" not in log
     assert len(re.findall(rf"rejected message {re.escape(tag)} for {ATTACHMENT_TASK}: ", log)) == 1
+
+
+def test_a_refused_message_is_one_line_in_the_worker_log(delivery: Delivery) -> None:
+    """docs/messages.md promises one line per refusal: Celery's tracer wrote its own
+    WARNING about the same reject beside jobsapp's line (issue 35)."""
+    log = delivery.worker.log()
+    refused = re.findall(r"rejected message (\S+) for ", log)
+    assert refused
+    doubled = [t for t in refused if re.search(rf"\[{re.escape(t)}\] reject requeue=", log)]
+    assert doubled == []
 
 
 def test_the_queue_is_empty_and_the_worker_still_serves(delivery: Delivery) -> None:
