@@ -1,6 +1,7 @@
-"""``python -m bench NAME [--quick | --smoke]``: every benchmark, on servers of its own.
+"""``python -m bench NAME... [--quick | --smoke]``: benchmarks, on servers of their own.
 
-NAME is lifecycle, images, upload, maintenance, scale, profile, limits, flow or all. The run
+NAME is lifecycle, images, upload, maintenance, scale, profile, limits, flow or all (several
+names run in the order given). The run
 starts its own Postgres clusters (fsync on, as production runs it, and fsync off, as the tests run
 it), Redis and S3 with scripts/services.sh (state under var/bench/, ports from
 --port-base), runs the benchmarks, writes PNG plots to --out, prints every ratio line at
@@ -120,7 +121,7 @@ def _absolute(text: str) -> Path:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("name", choices=[*BENCHMARKS, "all"])
+    parser.add_argument("name", nargs="+", choices=[*BENCHMARKS, "all"])
     size = parser.add_mutually_exclusive_group()
     size.add_argument(
         "--quick",
@@ -174,7 +175,7 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    names = list(BENCHMARKS) if args.name == "all" else [args.name]
+    names = list(BENCHMARKS) if "all" in args.name else list(dict.fromkeys(args.name))
     benchmarks: dict[str, Benchmark] = {**BENCHMARKS, "profile": partial(_profile, refs=args.ref)}
     # A run killed with SIGKILL leaves its servers up: stop them before wiping their state.
     services.stop(args.port_base, args.state_dir / "servers")
