@@ -37,6 +37,7 @@ from jobsapp.lifecycle.states import State, Transition
 log = logging.getLogger(__name__)
 
 ACTOR_PREFIX = "operator:"
+MAX_ERROR_CODE = 64  # the domains keep their codes in String(64) columns
 MAX_REASON = 500
 MAX_ACTOR = 100
 
@@ -155,6 +156,17 @@ def checked_reason(reason: str) -> str:
     if "\x00" in reason:  # PostgreSQL's text cannot hold it: a 500 at the INSERT
         raise InvalidRequest("a reason cannot hold a NUL character")
     return reason
+
+
+def checked_error_code(code: str | None) -> str | None:
+    """An error code an operator names (reconcile by hand): None for every code."""
+    if code is None:
+        return None
+    if "\x00" in code:  # PostgreSQL's text cannot hold it: a 500 at the query
+        raise InvalidRequest("an error code cannot hold a NUL character")
+    if len(code) > MAX_ERROR_CODE:
+        raise InvalidRequest(f"an error code is at most {MAX_ERROR_CODE} characters")
+    return code
 
 
 def run_table(module: str) -> RunTable:

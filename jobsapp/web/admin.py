@@ -222,7 +222,9 @@ def reconcile_failed(body: schemas.ReconcileRequest) -> Answer:
     from jobsapp.maintenance import reconcile
 
     asked = reconcile.Request(
-        error_code=body.error_code, dry_run=body.dry_run, actor=f"{reconcile.ACTOR}:{body.actor}"
+        error_code=operator.checked_error_code(body.error_code),
+        dry_run=body.dry_run,
+        actor=f"{reconcile.ACTOR}:{body.actor}",
     )
     try:
         reports = reconcile.run_all(console_engine(), celery_app, asked, module=body.module)

@@ -619,8 +619,12 @@ def reconcile_failed() -> Answer:
     from jobsapp.maintenance import reconcile
 
     form = request.form
+    try:
+        code = operator.checked_error_code(form.get("error_code") or None)
+    except operator.InvalidRequest as refused:
+        return _error_page(400, str(refused))
     asked = reconcile.Request(
-        error_code=form.get("error_code") or None,
+        error_code=code,
         dry_run=bool(form.get("dry_run")),
         actor=f"{reconcile.ACTOR}:{auth.actor()}",
     )

@@ -87,3 +87,26 @@ def test_a_bulk_replay_naming_one_job_many_times_replays_it_once(db: Engine) -> 
     replays = [e for e in events(db, job) if e["transition"] == "replay"]
     assert len(replays) == 1
     assert run_row(db, job)["state"] == "queued"
+
+
+def test_a_nul_in_an_error_code_is_a_400_with_its_reason(db: Engine) -> None:
+    """A NUL in reconcile's error code reached PostgreSQL: a 500 (issue 35, item 7)."""
+    del db  # a migrated journal, emptied
+    with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
+        client = create_app().test_client()
+        overview = signed_in(client)
+        form = client.post(
+            "/admin/reconcile",
+            base_url=BASE,
+            data={"csrf_token": _csrf(overview), "error_code": "transient\x00x"},
+        )
+        api = client.post(
+            "/v1/admin/reconcile",
+            base_url=BASE,
+            json={"error_code": "transient\x00x"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+    assert form.status_code == 400
+    assert "an error code cannot hold a NUL character" in form.get_data(as_text=True)
+    assert (api.status_code, api.get_json()["error"]) == (400, "bad_request")
+    assert "NUL" in api.get_json()["reason"]
