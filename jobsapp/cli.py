@@ -127,7 +127,7 @@ def web(args: argparse.Namespace) -> int:
         preflight.check_web()
         app = create_app()
     except SettingsError as bad:
-        sys.stderr.write(f"jobsapp: configuration error: {bad}\n")
+        preflight.report(preflight.configuration_failure(bad))
         return 2
     except StartupFailure as failure:
         preflight.report(failure)

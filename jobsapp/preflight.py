@@ -9,12 +9,14 @@ restarts the process; it passes once the dependency is back.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import Enum, IntEnum
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -265,7 +267,20 @@ def check_broker(url: str) -> None:
 
 
 def report(failure: StartupFailure) -> None:
-    sys.stderr.write(f"jobsapp: {failure.line}\n")
+    """The failure's one line on stderr; a JSON object when the deployment asked for JSON
+    logs (read from the environment itself: the failure may be a bad setting)."""
+    line = f"jobsapp: {failure.line}"
+    if os.environ.get("JOBSAPP_LOG_FORMAT", "").strip().lower() == "json":
+        line = json.dumps(
+            {
+                "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                "level": "CRITICAL",
+                "logger": "jobsapp.startup",
+                "message": line,
+                "exit_code": int(failure.code),
+            }
+        )
+    sys.stderr.write(f"{line}\n")
     sys.stderr.flush()
 
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from jobsapp import logs
+from jobsapp import logs, preflight
 from jobsapp.progress import progress_bar, working
 from jobsapp.settings import SettingsError, get_settings
 
@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         get_settings()
         logs.configure()
     except SettingsError as bad:
-        complain(f"configuration error: {bad}")
+        preflight.report(preflight.configuration_failure(bad))
         return EXIT_USAGE
     code: int = args.handler(args)
     return code

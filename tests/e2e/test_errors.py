@@ -8,6 +8,7 @@ exist. Everything else points at the real test services, so only that one thing 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -398,6 +399,25 @@ def test_a_bad_setting_is_one_line_and_exit_2_at_every_entry_point(
     assert err.strip().startswith(line), err[-3000:]
     assert len(err.strip().splitlines()) == 1, err[-3000:]
     assert out == ""
+
+
+@pytest.mark.parametrize("entry", ["worker", "beat", "jobsapp web", "python -m"])
+def test_with_json_logs_a_start_up_error_is_one_json_line(
+    entry: str, good_env: dict[str, str]
+) -> None:
+    """Start-up errors stayed plain text under JOBSAPP_LOG_FORMAT=json (issue 35, item 9):
+    a log collector parsing JSON lines dropped the one line that said why."""
+    bad = {"JOBSAPP_LOG_FORMAT": "json", "JOBSAPP_HEARTBEAT_INTERVAL": "abc"}
+
+    code, out, err = run(ENTRY_POINTS[entry], good_env | bad)
+
+    assert code == ExitCode.CONFIGURATION, f"exit {code}:\n{out[-2000:]}\n{err[-3000:]}"
+    (line,) = err.strip().splitlines()
+    said = json.loads(line)
+    assert (said["level"], said["exit_code"]) == ("CRITICAL", 2)
+    assert said["message"].startswith(
+        "jobsapp: configuration error: JOBSAPP_HEARTBEAT_INTERVAL='abc' is not a number"
+    )
 
 
 def test_a_worker_with_a_bad_finish_flush_stops_at_start(good_env: dict[str, str]) -> None:
