@@ -35,6 +35,7 @@ from jobsapp.web import auth, schemas, ui
 from jobsapp.web.openapi import (
     ADMIN_AUTH,
     ADMIN_ERROR_TEXT,
+    METRICS_AUTH,
     Answer,
     admin_errors,
     errors,
@@ -51,7 +52,9 @@ _DB_DOWN = (OperationalError, InterfaceError, PoolTimeout)
 _REFUSAL_STATUS = {operator.NotFound: 404, operator.Conflict: 409}
 
 admin = APIBlueprint("admin", __name__, abp_tags=[Tag(name="operators")], abp_security=ADMIN_AUTH)
-scrape = APIBlueprint("metrics", __name__, abp_tags=[Tag(name="operations")])
+scrape = APIBlueprint(
+    "metrics", __name__, abp_tags=[Tag(name="operations")], abp_security=METRICS_AUTH
+)
 
 
 def init_app(app: OpenAPI) -> None:

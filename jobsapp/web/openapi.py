@@ -60,8 +60,17 @@ ADMIN_ERROR_TEXT = {
 }
 ADMIN_AUTH: list[dict[str, list[str]]] = [{"adminToken": []}]
 SESSION_AUTH: list[dict[str, list[str]]] = [{"adminSession": []}]
+# The scrape's own token, or none: the empty requirement says the route is open while
+# JOBSAPP_METRICS_TOKEN is unset.
+METRICS_AUTH: list[dict[str, list[str]]] = [{"metricsToken": []}, {}]
 
 _SECURITY_SCHEMES = {
+    "metricsToken": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "The value of `JOBSAPP_METRICS_TOKEN` (not the admin token); while it "
+        "is unset, `/metrics` and `/metrics/cluster` are open.",
+    },
     "adminToken": {
         "type": "http",
         "scheme": "bearer",

@@ -333,6 +333,14 @@ def test_openapi_describes_every_route_with_its_methods(http: Http) -> None:
     assert {"202", "400", "413", "415", "422", "503"} <= set(upload)
 
 
+def test_openapi_says_how_metrics_are_authenticated(http: Http) -> None:
+    """The document showed /metrics as open although it takes JOBSAPP_METRICS_TOKEN."""
+    doc = http.get("/openapi.json").json()
+    for path in ("/metrics", "/metrics/cluster"):
+        assert doc["paths"][path]["get"]["security"] == [{"metricsToken": []}, {}]
+    assert doc["components"]["securitySchemes"]["metricsToken"]["scheme"] == "bearer"
+
+
 def test_the_generated_document_is_valid_openapi_3_1(http: Http) -> None:
     from openapi_spec_validator import OpenAPIV31SpecValidator
 
