@@ -61,7 +61,14 @@ def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple
         yield tmp_path, log
     finally:
         beat.terminate()
-        beat.wait(timeout=15)
+        try:
+            beat.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            # Seen once under a CPU hog: beat's lease release at shutdown waited out SQLite's
+            # busy timeout twice ("beat lease not released: OperationalError"). What these
+            # tests check is the schedule; the shutdown is left to a test of its own.
+            beat.kill()
+            beat.wait(timeout=10)
 
 
 def test_beat_runs_every_maintenance_pass_beside_the_deployments_entry(
