@@ -42,6 +42,7 @@ def _columns() -> list[sa.Column[Any]]:
         key_limit_column(),
         *row_fact_columns(),
         priority_column(),
+        *time_limit_columns(),
     ]
 
 
@@ -105,6 +106,14 @@ def row_fact_columns() -> list[sa.Column[Any]]:
 def priority_column() -> sa.Column[Any]:
     """Added to the contract by migration 0018 (NULL: no priority given)."""
     return sa.Column("priority", sa.SmallInteger(), nullable=True)
+
+
+def time_limit_columns() -> list[sa.Column[Any]]:
+    """Added to the contract by migration 0025 (NULL: the task's own limits apply)."""
+    return [
+        sa.Column("time_limit", sa.Float(), nullable=True),
+        sa.Column("soft_time_limit", sa.Float(), nullable=True),
+    ]
 
 
 def outbox_priority_column() -> sa.Column[Any]:

@@ -27,6 +27,9 @@ MAX_BODY_BYTES = 4096
 _TASK_ID_NAMESPACE = uuid.UUID("6f1b2f5e-3c1a-4f0e-9a57-1d6f3c2b8e40")
 TRACE_HEADERS = ("traceparent", "tracestate")
 _INTEGER_FIELDS = frozenset({"schema_version", "attempt", "outbox_id", "pipeline_version"})
+# Celery's per-call limits, carried by every message of the job (its ``timelimit`` header).
+TIME_LIMITS = ("time_limit", "soft_time_limit")
+MAX_TIME_LIMIT = 31_536_000  # a year: jobs.schema.json's maximum
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,7 @@ def build_body(
     ids: Mapping[str, Any],
     enqueued_at: datetime,
     traceparent: str | None = None,
+    limits: Mapping[str, float | None] | None = None,
 ) -> BuiltBody:
     body = BuiltBody(
         {
@@ -157,6 +161,7 @@ def build_body(
         }
     )
     body.update({k: str(v) if isinstance(v, uuid.UUID) else v for k, v in ids.items()})
+    body.update({k: v for k, v in (limits or {}).items() if v is not None})
     validate_body(body)
     return body
 
@@ -233,6 +238,11 @@ def adopted(job_id: uuid.UUID, module: str, traceparent: str | None) -> Envelope
         ids={},
         traceparent=traceparent,
     )
+
+
+def time_limits(body: Mapping[str, Any]) -> dict[str, float]:
+    """``send_task``'s ``time_limit``/``soft_time_limit`` of a body that carries them."""
+    return {k: body[k] for k in TIME_LIMITS if k in body}
 
 
 def trace_headers(body: Mapping[str, Any]) -> dict[str, str]:

@@ -12,8 +12,9 @@ by name, ``apply()``) or a foreign producer's message, and ``claim`` inserts it.
 from __future__ import annotations
 
 import inspect
+import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -171,6 +172,21 @@ def _expiry(expires: float | datetime | None) -> datetime | None:
     return datetime.now(UTC) + timedelta(seconds=expires)
 
 
+def _seconds(option: str, value: float | None) -> float | None:
+    """A time limit as the message carries it (None or 0: none, as Celery reads it)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not 0 < seconds <= message.MAX_TIME_LIMIT:
+        raise ValueError(
+            f"{option} must be between 0 and {message.MAX_TIME_LIMIT} seconds, not {value!r}"
+        )
+    return seconds
+
+
 def scheduled(
     job: NewJob,
     *,
@@ -180,9 +196,12 @@ def scheduled(
     queue: str | None,
     priority: int | None,
     expires: float | datetime | None = None,
+    time_limit: float | None = None,
+    soft_time_limit: float | None = None,
 ) -> NewJob:
     """``job`` with ``apply_async``'s options: when it is due (and when it expires), the
-    caller's trace, and where (and how urgently) its first message goes."""
+    caller's trace, where (and how urgently) its first message goes, and the time limits
+    of its call (every attempt's message carries them, as Celery's does)."""
     traceparent = (headers or {}).get("traceparent") or job.traceparent
     return replace(
         job,
@@ -192,6 +211,8 @@ def scheduled(
         queue=queue or job.queue,
         priority=job.priority if priority is None else priority,
         expires_at=_expiry(expires),
+        time_limit=_seconds("time_limit", time_limit),
+        soft_time_limit=_seconds("soft_time_limit", soft_time_limit),
     )
 
 
@@ -201,9 +222,11 @@ def adopted(
     traceparent: str | None,
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
+    timelimit: Sequence[float | None] | None = None,
 ) -> tuple[message.Envelope, NewJob]:
     """A plain Celery call (``send_task`` by name, ``apply()``) as a run of its own:
-    the job id is the Celery task id, the arguments are bound to the body's signature.
+    the job id is the Celery task id, the arguments are bound to the body's signature,
+    and the message's ``timelimit`` header (hard, soft) is kept for its retries too.
     Only a task whose arguments the journal keeps (``params_column``) takes one."""
     if task.run_table.params_column is None:
         raise InvalidMessage(
@@ -219,6 +242,12 @@ def adopted(
     job_id = message.job_id_of_task(task_id)
     try:
         job = build(task, tuple(args), dict(kwargs), job_id)
+        hard, soft = (*(timelimit or ()), None, None)[:2]
+        job = replace(
+            job,
+            time_limit=_seconds("time_limit", hard),
+            soft_time_limit=_seconds("soft_time_limit", soft),
+        )
     except (TypeError, ValueError) as bad:
         raise InvalidMessage(str(bad)) from None
     env = message.adopted(job_id, task.run_table.module, traceparent)

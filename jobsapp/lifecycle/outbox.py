@@ -24,7 +24,13 @@ from jobsapp import crashpoints
 from jobsapp.db import get_engine, get_relaxed_engine, is_autocommit, utcnow
 from jobsapp.lifecycle import batch_send, flow, marker, outbox_queries, publisher, tracing
 from jobsapp.lifecycle.journal import PendingMessage
-from jobsapp.lifecycle.message import BuiltBody, task_id_for, trace_headers, validate_body
+from jobsapp.lifecycle.message import (
+    BuiltBody,
+    task_id_for,
+    time_limits,
+    trace_headers,
+    validate_body,
+)
 from jobsapp.lifecycle.priorities import serving_rank
 from jobsapp.settings import get_settings
 
@@ -180,9 +186,10 @@ def queue_name(app: Celery, message: PendingMessage) -> str:
 
 def _routing(message: PendingMessage) -> dict[str, Any]:
     """The queue the producer chose (else ``task_routes`` and the default queue decide),
-    and the job's priority (0 is left out: both brokers read a message without one as 0,
-    the most urgent on Redis and the least on RabbitMQ, as plain Celery has it)."""
-    options: dict[str, Any] = {}
+    the job's priority (0 is left out: both brokers read a message without one as 0,
+    the most urgent on Redis and the least on RabbitMQ, as plain Celery has it), and the
+    time limits of its call (the ``timelimit`` header the prefork pool enforces)."""
+    options: dict[str, Any] = time_limits(message.body)
     if message.queue is not None:
         options["queue"] = message.queue
     if message.priority:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    Float,
     Index,
     Integer,
     SmallInteger,
@@ -102,6 +103,10 @@ class RunMixin:
     # Celery's ``priority`` of the job (NULL: none given): every message of the job carries
     # it, a retry's and a republish's too (docs/flow-control.md, "Priorities").
     priority: Mapped[int | None] = mapped_column(SmallInteger)
+    # Celery's ``time_limit``/``soft_time_limit`` of one call (``apply_async``; NULL: the
+    # task's own): every message of the job carries them, as ``priority``.
+    time_limit: Mapped[float | None] = mapped_column(Float)
+    soft_time_limit: Mapped[float | None] = mapped_column(Float)
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:  # noqa: N805 - SQLAlchemy passes the class

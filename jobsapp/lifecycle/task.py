@@ -216,6 +216,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         queue: str | None = None,
         priority: int | None = None,
         expires: float | datetime | None = None,
+        time_limit: float | None = None,
+        soft_time_limit: float | None = None,
         **options: Any,
     ) -> JobHandle | EagerResult:  # type: ignore[type-arg]
         """Enqueue through the journal (idempotent by job_id); publish after COMMIT.
@@ -226,7 +228,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         a ``traceparent`` header continues the caller's trace. ``queue`` is stored on the
         run, so retries and republishes go there too, and so is ``priority`` (see
         docs/flow-control.md). ``expires`` (seconds or a datetime, as Celery takes it)
-        ends a job still queued then with outcome ``expired``. ``link``/``link_error``
+        ends a job still queued then with outcome ``expired``. ``time_limit`` and
+        ``soft_time_limit`` bound each attempt of this call, as the task's own would (every
+        message of the job carries them). ``link``/``link_error``
         make the call a workflow (lifecycle/canvas.py). Other Celery options are refused
         with what to do instead.
         Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
@@ -242,6 +246,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
                 "eta": eta,
                 "headers": headers,
                 "expires": expires,
+                "time_limit": time_limit,
+                "soft_time_limit": soft_time_limit,
             }
             _refuse(f"{self.name} with link/link_error", {k for k, v in others.items() if v})
             step = {"task_id": task_id, "queue": queue, "priority": priority}
@@ -260,6 +266,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             queue=queue,
             priority=priority,
             expires=expires,
+            time_limit=time_limit,
+            soft_time_limit=soft_time_limit,
         )
         handle = enqueue.enqueue(self.app, job, session=session, connection=connection)
         if handle.outcome is EnqueueOutcome.DUPLICATE:
@@ -433,8 +441,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     ) -> tuple[message.Envelope, NewJob | None]:
         """The attempt a delivery asks for, and the row to insert if the journal has none."""
         if eager or not message.is_envelope(args, kwargs):
+            request = self.request
             return newjob.adopted(
-                self, str(self.request.id), self.request.get("traceparent"), args, kwargs
+                self, str(request.id), request.get("traceparent"), args, kwargs, request.timelimit
             )
         env = message.parse(args, kwargs)
         if env.module != self.run_table.module:

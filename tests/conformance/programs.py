@@ -312,7 +312,7 @@ def soft_time_limit_uncaught(s: Side) -> Any:
 
 def time_limit_per_call(s: Side) -> Any:
     t = token()
-    r = s.held.apply_async((t,), time_limit=1)
+    r = s.held_once.apply_async((t,), time_limit=1)
     try:
         return [raised(lambda: r.get(timeout=WAIT))[0], r.state]
     finally:
@@ -672,11 +672,4 @@ DIFFERENT: dict[str, Any] = {
     ],
     # Not yet: handing a run's outcome to another task needs a journal transition.
     "self.replace(sig)": ["raised", "TypeError"],
-    # Not yet: a limit per call must travel with the run (retries, republishes); refused.
-    "apply_async(time_limit=) per call": [
-        "the program raised",
-        "TypeError",
-        "conf.held.apply_async: jobsapp does not support ['time_limit'] "
-        "(time_limit: not supported)",
-    ],
 }

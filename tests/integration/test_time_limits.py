@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from celery.exceptions import TimeLimitExceeded
 from sqlalchemy import Engine
+from sqlalchemy.exc import NoResultFound
 
 from jobsapp.celery_app import app
 from jobsapp.lifecycle.handle import JobHandle
@@ -23,7 +24,7 @@ from tests.support import bare_time_limits as bare
 from tests.support import time_limit_tasks as ours
 from tests.support.env import SESSION
 from tests.support.journal_view import events, run_row
-from tests.support.time_limit_bodies import HANG_SECONDS, started
+from tests.support.time_limit_bodies import HANG_SECONDS, TIME_LIMIT, started
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(240)
@@ -124,6 +125,39 @@ def test_a_hard_time_limit_kills_the_child_and_records_time_limit_exceeded(
         Transition.RETRY: LIMIT_ERROR,
         Transition.FAIL: LIMIT_ERROR,
     }
+
+
+@pytest.mark.usefixtures("redis_clean")
+def test_a_time_limit_given_to_one_call_bounds_every_attempt_of_its_job(
+    workers: Launcher, pg: Engine
+) -> None:
+    """Celery's ``apply_async(time_limit=...)``: the retry's message carries it too, so the
+    prefork pool kills both attempts of a task that has no limit of its own."""
+    token = _token("per-call")
+    began = time.monotonic()
+    handle = _handle(
+        ours.hang_per_call.apply_async(
+            (token,), time_limit=TIME_LIMIT, queue=app.conf.task_default_queue
+        )
+    )
+    row = _ended(pg, handle)
+    assert time.monotonic() - began < 2 * HANG_SECONDS
+    assert started(token) == 2
+    assert (row["state"], row["outcome"], row["attempts"]) == ("failed", "exhausted", 2)
+    assert (row["time_limit"], row["soft_time_limit"]) == (TIME_LIMIT, None)
+    assert _failure_types(pg, handle) == {
+        Transition.RETRY: LIMIT_ERROR,
+        Transition.FAIL: LIMIT_ERROR,
+    }
+
+
+@pytest.mark.parametrize("limit", [-1, 10**9, "soon"])
+def test_a_time_limit_out_of_range_is_refused_at_the_call(pg: Engine, limit: object) -> None:
+    job_id = uuid.uuid4()
+    with pytest.raises(ValueError, match="time_limit must be between 0 and"):
+        ours.hang_per_call.apply_async(("never",), job_id=job_id, time_limit=limit)
+    with pytest.raises(NoResultFound):
+        run_row(pg, job_id)
 
 
 @pytest.mark.usefixtures("redis_clean")

@@ -16,6 +16,10 @@ hang = lifecycle_task(
     max_attempts=2,
     retry_policy=FAST_RETRY,
 )(bodies.hang)
+# No limit of its own: a call's apply_async(time_limit=...) bounds each of its attempts.
+hang_per_call = lifecycle_task(
+    app, name="tests.time_limits.hang_per_call", max_attempts=2, retry_policy=FAST_RETRY
+)(bodies.hang)
 soft = lifecycle_task(
     app,
     name="tests.time_limits.soft",

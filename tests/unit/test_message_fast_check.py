@@ -36,6 +36,9 @@ def _valid_value(name: str) -> st.SearchStrategy[Any]:
     if prop["type"] == "integer":
         low, high = prop.get("minimum", -(2**40)), prop.get("maximum", 2**40)
         return st.integers(low, high) | st.integers(low, high).map(float)
+    if prop["type"] == "number":
+        low, high = prop["minimum"], prop["maximum"]
+        return st.floats(low, high) | st.integers(low, high)
     if prop["pattern"] == SCHEMA["$defs"]["uuid"]["pattern"]:
         return st.uuids().map(str)
     if name == "tracestate":  # the pattern's 32 members of 256 characters generate slowly

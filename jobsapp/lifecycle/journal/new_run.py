@@ -40,6 +40,9 @@ class NewJob:
     # routing decides; no priority).
     queue: str | None = None
     priority: int | None = None
+    # Celery's ``time_limit``/``soft_time_limit`` of the call, carried by every message.
+    time_limit: float | None = None
+    soft_time_limit: float | None = None
     # Celery's ``expires``, absolute (the producer's clock, as Celery counts it): an
     # attempt still queued then never runs (journal/expire.py).
     expires_at: datetime | None = None
@@ -92,6 +95,8 @@ def _new_row(
         "enqueued_by": enqueued_by,
         "attempted_at": None,
         "priority": job.priority,
+        "time_limit": job.time_limit,
+        "soft_time_limit": job.soft_time_limit,
         **job.values,
     }
 

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, RowMapping
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal._sql import OUTBOX, _upsert
-from jobsapp.lifecycle.message import build_body
+from jobsapp.lifecycle.message import TIME_LIMITS, build_body
 from jobsapp.lifecycle.registry import RunTable
 
 
@@ -163,6 +163,7 @@ def outgoing(
         ids=spec.ids_from_row(row),
         enqueued_at=now or utcnow(),
         traceparent=traceparent,
+        limits={k: row.get(k) for k in TIME_LIMITS},
     )
     # Every attempt goes to the queue the producer chose, at the job's priority, whoever
     # writes its message.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +21,7 @@ from sqlalchemy import Connection, case, select, tuple_, update
 from jobsapp.lifecycle.journal import slots, workflow
 from jobsapp.lifecycle.journal.events import record_event, record_kept_claim
 from jobsapp.lifecycle.journal.outbox_rows import add_outbox
+from jobsapp.lifecycle.message import TIME_LIMITS
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import Outcome, State, Transition
 
@@ -36,6 +37,7 @@ class StaleRun:
     queue: str | None = None
     cancel_requested: bool = False
     priority: int | None = None
+    limits: Mapping[str, float | None] = field(default_factory=dict)
     # Inserted by its claim (a plain send_task message: no producer wrote the row).
     inserted_by_claim: bool = False
 
@@ -75,6 +77,7 @@ def find_stale(
             queue=r["queue"],
             cancel_requested=r["cancel_requested_at"] is not None,
             priority=r["priority"],
+            limits={k: r[k] for k in TIME_LIMITS},
             inserted_by_claim=r["enqueued_by"] is None,
         )
         for r in conn.execute(stmt).mappings()
@@ -167,6 +170,7 @@ def _after_reap(
                 "task_name": run.task_name,
                 "queue": run.queue,
                 "priority": run.priority,
+                **run.limits,
                 **run.ids,
             }
             add_outbox(conn, spec, row, attempt=run.attempt + 1, now=now, available_at=now)
