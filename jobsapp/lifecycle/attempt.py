@@ -20,7 +20,7 @@ from jobsapp import crashpoints
 from jobsapp.db import autocommit, relaxed_autocommit, relaxed_transaction
 from jobsapp.lifecycle import journal, limits, outbox, results
 from jobsapp.lifecycle.context import RunContext, entered
-from jobsapp.lifecycle.errors import LeaseLost, RetryAfter, RetryRequested
+from jobsapp.lifecycle.errors import LeaseLost, Replaced, RetryAfter, RetryRequested
 from jobsapp.lifecycle.failures import cause_of, describe, failure_detail
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.registry import RunTable
@@ -153,6 +153,8 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
             crashpoints.hit("mid_run")
             with ctx.heartbeat.interruptible():
                 return body()
+        except Replaced:
+            return None  # the run succeeded with the hand-over (lifecycle/replacement.py)
         except RetryAfter as pause:
             decision = decide_retry_after(pause.seconds, rules.inline_wait_max)
             waits += 1

@@ -32,7 +32,7 @@ from jobsapp.lifecycle import journal, registry
 from jobsapp.lifecycle.journal import workflow
 from jobsapp.lifecycle.message import job_id_of_task
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.results import decoded, progress_of
+from jobsapp.lifecycle.results import decoded, progress_of, replaced_by
 from jobsapp.lifecycle.states import Outcome, State
 
 NAME = "jobsapp.lifecycle.backend:JournalBackend"
@@ -112,7 +112,9 @@ class JournalBackend(BaseBackend):
         spec: RunTable | None,
         row: Mapping[str, Any] | None,
     ) -> dict[str, Any]:
-        """Celery's task meta (state, result, traceback, date_done) of a run row."""
+        """Celery's task meta (state, result, traceback, date_done) of a run row; a run
+        that handed its answer to another job (``Task.replace``) answers as that job."""
+        spec, row = _replacement(conn, spec, row)
         status = celery_state(row)
         if row is not None and status == states.STARTED and not self._tracks_started(row):
             status = states.PENDING  # Celery's answer for a running task it does not track
@@ -239,6 +241,18 @@ class JournalBackend(BaseBackend):
     def _delete_group(self, group_id: str) -> None:
         """Celery's ``GroupResult.delete``: the workflow stays, as forget's runs do."""
         del group_id
+
+
+def _replacement(
+    conn: Connection, spec: RunTable | None, row: Mapping[str, Any] | None
+) -> tuple[RunTable | None, Mapping[str, Any] | None]:
+    """The run that answers for ``row``: itself, or the last of the jobs it was replaced by."""
+    while row is not None and row["state"] == State.SUCCEEDED.value:
+        successor = replaced_by(row.get("result"))
+        if successor is None:
+            break
+        spec, row = find(conn, successor)
+    return spec, row
 
 
 def _without_body(row: Mapping[str, Any]) -> BaseException:

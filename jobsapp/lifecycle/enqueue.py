@@ -125,7 +125,7 @@ class Batch:
         return self._done[index][1]
 
     def publish(self, app: Celery) -> None:
-        _after_commit(app, self._done)
+        publish_committed(app, self._done)
 
 
 class _DeferredHandle(JobHandle):
@@ -171,7 +171,7 @@ def _own_transaction(app: Celery, job: NewJob) -> EnqueueResult:
         # The run and its place in its key's line commit together.
         with engine.begin() as conn:
             in_line = journal.enqueue(conn, job, actor="producer")
-        _after_commit(app, [(job, in_line)])
+        publish_committed(app, [(job, in_line)])
         return in_line
     with autocommit(engine) as conn:
         result = journal.enqueue_new(conn, job, actor="producer")
@@ -179,11 +179,11 @@ def _own_transaction(app: Celery, job: NewJob) -> EnqueueResult:
         # Taken job_id or key: the answer (and a rerun's several writes) needs a transaction.
         with engine.begin() as conn:
             result = journal.enqueue_existing(conn, job, actor="producer")
-    _after_commit(app, [(job, result)])
+    publish_committed(app, [(job, result)])
     return result
 
 
-def _after_commit(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> None:
+def publish_committed(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]]) -> None:
     """Publish what a committed transaction enqueued (one mark for all of it)."""
     crashpoints.hit("after_commit_before_publish")
     # A delayed start within the short-wait limit rides a countdown; longer ones wait in
@@ -229,7 +229,7 @@ def _pending(session: Session, app: Celery) -> list[tuple[NewJob, EnqueueResult]
 
 def _publish_session(session: Session) -> None:
     for app, done in session.info.pop(_PENDING, {}).items():
-        _after_commit(app, done)
+        publish_committed(app, done)
 
 
 def _drop_session(session: Session) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from celery.exceptions import Reject
 from kombu.exceptions import EncodeError
 
@@ -102,3 +104,12 @@ class ResultRefused(PermanentError, EncodeError):
     ``JOBSAPP_RESULT_MAX_BYTES`` (``result_too_large``). The body's work is done; running
     it again would return the same, so the run fails without a retry. It is kombu's
     ``EncodeError``, as Celery's worker fails a task whose result it cannot encode."""
+
+
+class Replaced(Exception):
+    """Raised by ``Task.replace`` once the hand-over committed (lifecycle/replace.py): the
+    body ends here; its run already succeeded, naming the job that answers for it."""
+
+    def __init__(self, job_id: uuid.UUID, successor: uuid.UUID) -> None:
+        super().__init__(f"job {job_id} replaced by job {successor}")
+        self.successor = successor

@@ -14,6 +14,7 @@ through every read of the row.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,8 @@ JSON_HINTS = {
 }
 # A running row's ``result`` holding update_state's progress, not a return value.
 PROGRESS_MARK = "__jobsapp_progress__"
+# A succeeded run's result that names the job answering for it (lifecycle/replace.py).
+REPLACED_MARK = "__jobsapp_replaced_by__"
 _ANY_JSON = (
     "pass str, int, float, bool, None, list, dict, or one of kombu's JSON types "
     "(datetime, date, time, Decimal, UUID, bytes)"
@@ -166,3 +169,11 @@ def progress_of(row: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def progress(state: str, meta: Any, attempt: int) -> dict[str, Any]:
     """The ``result`` value update_state writes on a running row."""
     return {PROGRESS_MARK: {"state": state, "meta": meta, "attempt": attempt}}
+
+
+def replaced_by(result: Any) -> uuid.UUID | None:
+    """The job a succeeded run handed its answer to (``Task.replace``), if its ``result``
+    is the mark lifecycle/replace.py writes."""
+    if isinstance(result, Mapping) and isinstance(named := result.get(REPLACED_MARK), str):
+        return uuid.UUID(named)
+    return None

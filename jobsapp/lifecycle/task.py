@@ -49,6 +49,7 @@ from jobsapp.lifecycle import (
     newjob,
     publisher,
     registry,
+    replacement,
     timeouts,
     totals,
     tracing,
@@ -64,7 +65,13 @@ from jobsapp.lifecycle.celery_view import (
     send_started,
 )
 from jobsapp.lifecycle.context import RunContext, current_run_or_none
-from jobsapp.lifecycle.errors import InvalidMessage, Logged, PermanentError, RetryRequested
+from jobsapp.lifecycle.errors import (
+    InvalidMessage,
+    Logged,
+    PermanentError,
+    Replaced,
+    RetryRequested,
+)
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
@@ -407,17 +414,21 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             countdown = _declared_retry_delay(type(self))
         raise RetryRequested(exc, countdown, max_retries)
 
-    def replace(self, sig: Any) -> NoReturn:
-        """Refused (not retried: a refusal is a mistake in the code, retry.is_refusal): the
-        job's outcome is its own run's, and handing it to another task mid-run has no
-        journal transition yet. Compose the work up front (a chain), or start it and
-        return its id."""
-        del sig
-        raise TypeError(
-            f"{self.name}.replace: a lifecycle job ends with its own run, which "
-            "cannot hand its outcome to another task; build a chain up front, "
-            "or start the new work with .delay() and return its id"
-        )
+    def replace(self, sig: Any) -> Any:
+        """Celery's ``replace``: this job's answer becomes ``sig``'s, a new job written with
+        this run's success in one transaction (lifecycle/replace.py); the body ends here.
+        Under ``apply()`` it runs ``sig`` here and returns its value, as Celery's does. What
+        cannot be replaced yet is refused with one line (a ``TypeError``, never retried)."""
+        if self.request.is_eager:
+            return sig.apply().get()
+        ctx = current_run_or_none()
+        task = self.app.tasks.get(getattr(sig, "task", None) or "")
+        why = replacement.refusal(sig, ctx)
+        if why is None and not isinstance(task, LifecycleTask):
+            why = "the replacement must be a lifecycle task's signature"
+        if why is not None or ctx is None:
+            raise TypeError(f"{self.name}.replace: {why}")
+        raise Replaced(ctx.job_id, replacement.hand_over(self.app, ctx, task, sig))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.called_directly:  # task(...): Celery's call, its request pushed

@@ -670,6 +670,4 @@ DIFFERENT: dict[str, Any] = {
         "conf.add.chunks: every call of a lifecycle task is a run of its own, so there is no "
         "chunk to answer a list; use starmap (a group of the same calls)",
     ],
-    # Not yet: handing a run's outcome to another task needs a journal transition.
-    "self.replace(sig)": ["raised", "TypeError"],
 }

@@ -1,19 +1,25 @@
 """What the journal adds under Celery's result idioms (tests/conformance/ puts the idioms
 themselves beside bare Celery, on real prefork workers): a revoke is final at once, the run
-outlives ``forget()``, a handle carries the journal's extras, and a refusal is never retried.
+outlives ``forget()``, a handle carries the journal's extras, a ``replace()`` hands its answer
+to one new job written with its success, and a refusal is never retried.
 On both dialects, with the in-process worker."""
 
 from __future__ import annotations
 
 import pytest
+from celery import chain
 from celery.exceptions import TaskRevokedError
 from celery.result import AsyncResult
 from sqlalchemy import Engine
+from sqlalchemy.exc import NoResultFound
 
 from jobsapp.celery_app import app as jobsapp_app
+from jobsapp.lifecycle import replacement
 from jobsapp.lifecycle.handle import JobHandle
+from jobsapp.lifecycle.results import REPLACED_MARK
 from tests.support import idiom_tasks
 from tests.support.journal_view import run_row
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -59,9 +65,47 @@ def test_a_handle_is_celerys_async_result_with_the_journals_extras(worker: objec
     assert (r.journal_state, r.outcome.value, str(r.job_id)) == ("succeeded", "enqueued", r.id)
 
 
-def test_replace_is_refused_in_one_line_and_never_retried(worker: object, db: Engine) -> None:
+def test_replace_hands_the_answer_to_one_new_job_written_with_the_success(
+    worker: object, db: Engine
+) -> None:
     r = idiom_tasks.replaced.delay(1)
-    with pytest.raises(TypeError, match=r"^tests\.idioms\.replaced\.replace: a lifecycle job"):
+    assert r.get(timeout=WAIT) == 2
+    assert AsyncResult(r.id, app=jobsapp_app).state == "SUCCESS"
+    successor = replacement.successor_of(r.job_id)
+    replaced, new = run_row(db, r.job_id), run_row(db, successor)
+    assert (replaced["state"], replaced["attempts"]) == ("succeeded", 1)
+    assert replaced["result"] == {REPLACED_MARK: str(successor)}
+    assert (new["task_name"], new["state"], new["result"]) == ("tests.idioms.add", "succeeded", 2)
+
+
+def test_replace_by_an_attempt_that_lost_its_claim_writes_no_new_job(
+    worker: object, db: Engine
+) -> None:
+    r = idiom_tasks.replaced_without_its_claim.delay(1)
+    eventually(lambda: r.job_id in idiom_tasks.LOST, timeout=WAIT)
+    with pytest.raises(NoResultFound):
+        run_row(db, replacement.successor_of(r.job_id))
+
+
+def test_replace_under_apply_runs_the_replacement_here() -> None:
+    assert idiom_tasks.replaced.apply((4,)).get() == 5
+
+
+@pytest.mark.parametrize(
+    ("call", "why"),
+    [
+        ("by a chain", "the replacement must be one task's signature"),
+        ("in a chain", "a step of a chain, group or chord cannot be replaced yet"),
+    ],
+)
+def test_a_replace_not_supported_yet_is_refused_in_one_line_and_never_retried(
+    worker: object, db: Engine, call: str, why: str
+) -> None:
+    if call == "by a chain":
+        r = idiom_tasks.replaced_by_chain.delay(1)
+    else:
+        r = chain(idiom_tasks.replaced.s(1), idiom_tasks.add.s(1)).delay().parent
+    with pytest.raises(TypeError, match=rf"^tests\.idioms\.replaced\w*\.replace: {why}"):
         r.get(timeout=WAIT)
     row = run_row(db, r.job_id)
     assert (row["outcome"], row["attempts"]) == ("permanent", 1)

@@ -1,0 +1,69 @@
+"""Celery's ``Task.replace(sig)`` in the journal: a running job hands its answer to a new job.
+
+The new job's row and the running run's success commit in one transaction, fenced by the
+running attempt's claim; the success keeps a mark naming the new job as its result. A crash
+before that commit leaves neither (the attempt runs again and replaces again), after it
+both (the relay publishes the new job if the fast path did not). The new job's id is a
+function of the replaced job's, so replacing the same job twice names one new job.
+
+Celery's results follow the mark (``results.replaced_by``, read by ``backend.py``):
+``AsyncResult(id).get()`` of the replaced job answers the new job's value or raises its
+exception, as Celery's replacement answers under the task id it inherits. Not yet: a
+replacement by a chain, group or chord, and a replace inside a workflow (its next steps
+would have to wait for the new job); both are refused in one line.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from celery import Celery
+from celery.canvas import Signature
+
+from jobsapp.lifecycle import enqueue, journal, newjob
+from jobsapp.lifecycle.context import RunContext
+from jobsapp.lifecycle.results import REPLACED_MARK
+
+_NAMESPACE = uuid.UUID("0c4b7f3e-9d7a-4c1e-8a35-5f2e6d9b1a07")
+_OPTIONS = frozenset(
+    {"queue", "priority", "countdown", "eta", "expires", "time_limit", "soft_time_limit"}
+)
+
+
+def successor_of(job_id: uuid.UUID) -> uuid.UUID:
+    """The id of the job that replaces ``job_id``: the same for every attempt."""
+    return uuid.uuid5(_NAMESPACE, str(job_id))
+
+
+def refusal(sig: Any, ctx: RunContext | None) -> str | None:
+    """Why the running body cannot be replaced by ``sig`` here, if it cannot."""
+    if ctx is None:
+        return "only the body of a running job can be replaced"
+    if ctx.row.get("workflow_id") is not None:
+        return "a step of a chain, group or chord cannot be replaced yet; build the work up front"
+    if not isinstance(sig, Signature) or sig.subtask_type is not None:
+        return "the replacement must be one task's signature (not yet a chain, group or chord)"
+    if unknown := sorted(set(sig.options) - _OPTIONS):
+        return f"the replacement's options {unknown} are not supported"
+    return None
+
+
+def hand_over(app: Celery, ctx: RunContext, task: Any, sig: Signature) -> uuid.UUID:
+    """Write ``sig`` as the job that answers for ``ctx``'s, and ``ctx``'s success, at once."""
+    options = sig.options
+    job = newjob.scheduled(
+        task.new_job(tuple(sig.args), dict(sig.kwargs), successor_of(ctx.job_id)),
+        countdown=options.get("countdown"),
+        eta=options.get("eta"),
+        headers=None,
+        queue=options.get("queue"),
+        priority=options.get("priority"),
+        expires=options.get("expires"),
+        time_limit=options.get("time_limit"),
+        soft_time_limit=options.get("soft_time_limit"),
+    )
+    with ctx.completing(result={REPLACED_MARK: str(job.job_id)}) as conn:
+        written = journal.enqueue(conn, job, actor=ctx.worker)
+    enqueue.publish_committed(app, [(job, written)])
+    return job.job_id
