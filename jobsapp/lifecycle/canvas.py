@@ -26,13 +26,14 @@ from typing import Any
 
 from celery.canvas import Signature, _chain, chord, group, maybe_signature
 from celery.result import GroupResult
+from sqlalchemy import Connection
 
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import errback, journal, message, outbox, registry
 from jobsapp.lifecycle.backend import for_app
 from jobsapp.lifecycle.errors import ArgumentRefused
 from jobsapp.lifecycle.handle import JobHandle
-from jobsapp.lifecycle.journal import EnqueueOutcome, workflow
+from jobsapp.lifecycle.journal import EnqueueOutcome, PendingMessage, workflow
 from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step, waited_for
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.results import NotJson, hint, non_json, stored_arguments
@@ -289,6 +290,20 @@ def _require_arguments(
 def start(sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any]) -> Any:
     """Write the canvas's steps and first runs in one transaction, publish after COMMIT,
     and return what Celery returns for it: the last step's handle, or a group's list."""
+    workflow_id, out, steps = compiled(sig, args, options)
+    with get_engine().begin() as conn:
+        messages = write(conn, steps)
+    publish(sig.app, messages)
+    nodes = {str(s.job_id): _Node(s.job_id, s.module, s.task_name, s.after) for s in steps}
+    return handle_of(sig.app, out, nodes, workflow_id)
+
+
+def compiled(
+    sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any]
+) -> tuple[uuid.UUID, Output, list[Step]]:
+    """The canvas's workflow id, what it answers (a step's job id, or a group's list) and
+    its steps; nothing written. A ``task_id`` names the workflow: the same again is the
+    same steps."""
     sig = sig.clone()  # the caller's signature keeps its own callbacks
     for name in ("link", "link_error"):
         if options.get(name):
@@ -302,19 +317,25 @@ def start(sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any]
     workflow_id = _workflow_id(options.get("task_id"))
     compiler = Compiler(workflow_id)
     out = compiler.node(sig, "0", None, tuple(args or ()))
-    steps = compiler.steps()
-    with get_engine().begin() as conn:
-        workflow.write_steps(conn, steps)
-        started = [
-            workflow.start(conn, step.row(None), _given_at_start(step), actor="producer")
-            for step in steps
-            if step.trigger == START
-        ]
-    messages = [m for m in started if m is not None]
+    return workflow_id, out, compiler.steps()
+
+
+def write(conn: Connection, steps: Sequence[Step]) -> list[PendingMessage]:
+    """Write ``steps`` and the runs of the first ones, in the caller's transaction; returns
+    their messages, for ``publish`` after COMMIT (else the relay publishes them)."""
+    workflow.write_steps(conn, steps)
+    started = [
+        workflow.start(conn, step.row(None), _given_at_start(step), actor="producer")
+        for step in steps
+        if step.trigger == START
+    ]
+    return [m for m in started if m is not None]
+
+
+def publish(app: Any, messages: Sequence[PendingMessage]) -> None:
+    """The fast path for the first steps' messages, after their COMMIT."""
     if messages:
-        outbox.publish_now(sig.app, [journal.on_local_clock(m, timedelta(0)) for m in messages])
-    nodes = {str(s.job_id): _Node(s.job_id, s.module, s.task_name, s.after) for s in steps}
-    return handle_of(sig.app, out, nodes, workflow_id)
+        outbox.publish_now(app, [journal.on_local_clock(m, timedelta(0)) for m in messages])
 
 
 def _given_at_start(step: Step) -> list[Any]:

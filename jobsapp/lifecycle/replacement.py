@@ -8,9 +8,11 @@ function of the replaced job's, so replacing the same job twice names one new jo
 
 Celery's results follow the mark (``results.replaced_by``, read by ``backend.py``):
 ``AsyncResult(id).get()`` of the replaced job answers the new job's value or raises its
-exception, as Celery's replacement answers under the task id it inherits. Not yet: a
-replacement by a chain, group or chord, and a replace inside a workflow (its next steps
-would have to wait for the new job); both are refused in one line.
+exception, as Celery's replacement answers under the task id it inherits. A chain or a chord
+replaces as its last step (its steps written in the same transaction). Refused in one line:
+a group, or a canvas ending in one (Celery turns it into a chord with a body of its own:
+write that chord), and a replace inside a workflow (its next steps would have to wait for
+the new job; not yet).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import uuid
 from typing import Any
 
 from celery import Celery
-from celery.canvas import Signature
+from celery.canvas import Signature, group
 
-from jobsapp.lifecycle import enqueue, journal, newjob
+from jobsapp.lifecycle import canvas, enqueue, journal, newjob
 from jobsapp.lifecycle.context import RunContext
 from jobsapp.lifecycle.results import REPLACED_MARK
 
@@ -42,15 +44,20 @@ def refusal(sig: Any, ctx: RunContext | None) -> str | None:
         return "only the body of a running job can be replaced"
     if ctx.row.get("workflow_id") is not None:
         return "a step of a chain, group or chord cannot be replaced yet; build the work up front"
-    if not isinstance(sig, Signature) or sig.subtask_type is not None:
-        return "the replacement must be one task's signature (not yet a chain, group or chord)"
-    if unknown := sorted(set(sig.options) - _OPTIONS):
+    if not isinstance(sig, Signature):
+        return f"the replacement must be a signature, not {type(sig).__name__}"
+    if isinstance(sig, group):
+        return "a group cannot answer for one job: make it a chord whose body takes the list"
+    if sig.subtask_type is None and (unknown := sorted(set(sig.options) - _OPTIONS)):
         return f"the replacement's options {unknown} are not supported"
     return None
 
 
 def hand_over(app: Celery, ctx: RunContext, task: Any, sig: Signature) -> uuid.UUID:
-    """Write ``sig`` as the job that answers for ``ctx``'s, and ``ctx``'s success, at once."""
+    """Write ``sig`` as the job (or the workflow) that answers for ``ctx``'s, and ``ctx``'s
+    success, at once; returns the job whose answer is now ``ctx``'s."""
+    if sig.subtask_type is not None:
+        return _to_workflow(app, ctx, sig)
     options = sig.options
     job = newjob.scheduled(
         task.new_job(tuple(sig.args), dict(sig.kwargs), successor_of(ctx.job_id)),
@@ -67,3 +74,16 @@ def hand_over(app: Celery, ctx: RunContext, task: Any, sig: Signature) -> uuid.U
         written = journal.enqueue(conn, job, actor=ctx.worker)
     enqueue.publish_committed(app, [(job, written)])
     return job.job_id
+
+
+def _to_workflow(app: Celery, ctx: RunContext, sig: Signature) -> uuid.UUID:
+    """A chain or chord: its steps written with ``ctx``'s success; its last step answers."""
+    if not canvas.is_lifecycle_canvas(sig):
+        raise TypeError("the replacement must be lifecycle tasks")
+    _, out, steps = canvas.compiled(sig, None, {"task_id": str(successor_of(ctx.job_id))})
+    if not isinstance(out, str):
+        raise TypeError("a canvas ending in a group cannot answer for one job: end it in a chord")
+    with ctx.completing(result={REPLACED_MARK: out}) as conn:
+        messages = canvas.write(conn, steps)
+    canvas.publish(app, messages)
+    return uuid.UUID(out)

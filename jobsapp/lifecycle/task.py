@@ -415,20 +415,25 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         raise RetryRequested(exc, countdown, max_retries)
 
     def replace(self, sig: Any) -> Any:
-        """Celery's ``replace``: this job's answer becomes ``sig``'s, a new job written with
-        this run's success in one transaction (lifecycle/replace.py); the body ends here.
-        Under ``apply()`` it runs ``sig`` here and returns its value, as Celery's does. What
-        cannot be replaced yet is refused with one line (a ``TypeError``, never retried)."""
+        """Celery's ``replace``: this job's answer becomes ``sig``'s (a task, a chain or a
+        chord), written with this run's success in one transaction (lifecycle/replacement.py);
+        the body ends here. Under ``apply()`` it runs ``sig`` here and returns its value, as
+        Celery's does. What cannot be replaced is refused with one line (a ``TypeError``,
+        never retried)."""
         if self.request.is_eager:
             return sig.apply().get()
         ctx = current_run_or_none()
         task = self.app.tasks.get(getattr(sig, "task", None) or "")
         why = replacement.refusal(sig, ctx)
-        if why is None and not isinstance(task, LifecycleTask):
+        if why is None and sig.subtask_type is None and not isinstance(task, LifecycleTask):
             why = "the replacement must be a lifecycle task's signature"
         if why is not None or ctx is None:
             raise TypeError(f"{self.name}.replace: {why}")
-        raise Replaced(ctx.job_id, replacement.hand_over(self.app, ctx, task, sig))
+        try:
+            successor = replacement.hand_over(self.app, ctx, task, sig)
+        except TypeError as refused:
+            raise TypeError(f"{self.name}.replace: {refused}") from None
+        raise Replaced(ctx.job_id, successor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.called_directly:  # task(...): Celery's call, its request pushed

@@ -16,7 +16,7 @@ from sqlalchemy.exc import NoResultFound
 from jobsapp.celery_app import app as jobsapp_app
 from jobsapp.lifecycle import replacement
 from jobsapp.lifecycle.handle import JobHandle
-from jobsapp.lifecycle.results import REPLACED_MARK
+from jobsapp.lifecycle.results import REPLACED_MARK, replaced_by
 from tests.support import idiom_tasks
 from tests.support.journal_view import run_row
 from tests.support.waiting import eventually
@@ -78,6 +78,17 @@ def test_replace_hands_the_answer_to_one_new_job_written_with_the_success(
     assert (new["task_name"], new["state"], new["result"]) == ("tests.idioms.add", "succeeded", 2)
 
 
+@pytest.mark.parametrize(("kind", "answer"), [("chain", 3), ("chord", 6)])
+def test_replace_by_a_chain_or_a_chord_answers_with_its_last_step(
+    worker: object, db: Engine, kind: str, answer: int
+) -> None:
+    r = idiom_tasks.replaced_by_canvas.delay(kind, 1)
+    assert r.get(timeout=WAIT) == answer
+    last = replaced_by(run_row(db, r.job_id)["result"])
+    assert last is not None
+    assert run_row(db, last)["result"] == answer
+
+
 def test_replace_by_an_attempt_that_lost_its_claim_writes_no_new_job(
     worker: object, db: Engine
 ) -> None:
@@ -94,15 +105,15 @@ def test_replace_under_apply_runs_the_replacement_here() -> None:
 @pytest.mark.parametrize(
     ("call", "why"),
     [
-        ("by a chain", "the replacement must be one task's signature"),
+        ("by a group", "a group cannot answer for one job"),
         ("in a chain", "a step of a chain, group or chord cannot be replaced yet"),
     ],
 )
 def test_a_replace_not_supported_yet_is_refused_in_one_line_and_never_retried(
     worker: object, db: Engine, call: str, why: str
 ) -> None:
-    if call == "by a chain":
-        r = idiom_tasks.replaced_by_chain.delay(1)
+    if call == "by a group":
+        r = idiom_tasks.replaced_by_canvas.delay("group", 1)
     else:
         r = chain(idiom_tasks.replaced.s(1), idiom_tasks.add.s(1)).delay().parent
     with pytest.raises(TypeError, match=rf"^tests\.idioms\.replaced\w*\.replace: {why}"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from celery import chain
+from celery import chain, chord, group
 from sqlalchemy import update
 
 from jobsapp.celery_app import app
@@ -26,9 +26,17 @@ def replaced(self: Any, x: int) -> Any:
     return self.replace(add.s(x, 1))
 
 
-@lifecycle_task(app, name="tests.idioms.replaced_by_chain", bind=True)
-def replaced_by_chain(self: Any, x: int) -> None:
-    self.replace(chain(add.s(x, 1), add.s(1)))
+@lifecycle_task(app, name="tests.idioms.tsum")
+def tsum(numbers: list[int]) -> int:
+    return sum(numbers)
+
+
+@lifecycle_task(app, name="tests.idioms.replaced_by_canvas", bind=True)
+def replaced_by_canvas(self: Any, kind: str, x: int) -> Any:
+    """Replaced by a chain (x + 1 + 1), a chord (the sum of x + i for i < 3) or a group."""
+    members = group(add.s(x, i) for i in range(3))
+    canvases = {"chain": chain(add.s(x, 1), add.s(1)), "chord": chord(members, tsum.s())}
+    return self.replace(canvases.get(kind, members))
 
 
 @lifecycle_task(app, name="tests.idioms.replaced_without_its_claim", bind=True, max_attempts=1)
