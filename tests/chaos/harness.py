@@ -125,7 +125,7 @@ class RabbitBroker:
 
     base_url: str
     dedup_url: str
-    vhost: str = "/"
+    vhost: str
 
     @property
     def url(self) -> str:
@@ -134,15 +134,18 @@ class RabbitBroker:
 
     @classmethod
     def create(cls, base_url: str, dedup_url: str, name: str) -> RabbitBroker:
-        broker = cls(base_url, dedup_url)
-        if _rabbitmqctl("add_vhost", name) and _rabbitmqctl(
-            "set_permissions", "-p", name, "guest", ".*", ".*", ".*"
+        """A fresh vhost ``name``; refused loudly when rabbitmqctl cannot make one (a broker
+        not started by scripts/services.sh): the shared vhost's queue may hold another
+        session's messages, which a purge would destroy (tests/README.md)."""
+        if not (
+            _rabbitmqctl("add_vhost", name)
+            and _rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
         ):
-            broker.vhost = name
-        # Without rabbitmqctl (a broker not started by scripts/services.sh) the tests
-        # share the default vhost: empty its queue first.
-        broker.purge()
-        return broker
+            raise RuntimeError(
+                f"rabbitmqctl could not create the vhost {name!r}: start RabbitMQ with "
+                "scripts/services.sh (a test never shares the default vhost)"
+            )
+        return cls(base_url, dedup_url, name)
 
     def _channel(self) -> Any:
         from kombu import Connection
@@ -159,17 +162,8 @@ class RabbitBroker:
                 return 0
             return int(count)
 
-    def purge(self) -> None:
-        from amqp.exceptions import NotFound
-
-        with self._channel() as conn, contextlib.suppress(NotFound):
-            conn.default_channel.queue_purge(QUEUE)
-
     def close(self) -> None:
-        if self.vhost != "/":
-            _rabbitmqctl("delete_vhost", self.vhost)
-        else:
-            self.purge()
+        _rabbitmqctl("delete_vhost", self.vhost)
 
 
 def _rabbitmqctl(*args: str) -> bool:
