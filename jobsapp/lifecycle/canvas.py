@@ -299,11 +299,16 @@ def start(sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any]
 
 
 def compiled(
-    sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any]
+    sig: Signature,
+    args: Sequence[Any] | None,
+    options: Mapping[str, Any],
+    *,
+    into: tuple[uuid.UUID, str] | None = None,
 ) -> tuple[uuid.UUID, Output, list[Step]]:
     """The canvas's workflow id, what it answers (a step's job id, or a group's list) and
     its steps; nothing written. A ``task_id`` names the workflow: the same again is the
-    same steps."""
+    same steps. ``into`` (a workflow id, a path unique in it) compiles the canvas as
+    steps of that workflow (a step's replacement, lifecycle/replacement.py)."""
     sig = sig.clone()  # the caller's signature keeps its own callbacks
     for name in ("link", "link_error"):
         if options.get(name):
@@ -314,9 +319,9 @@ def compiled(
             f"{type(sig).__name__}.apply_async: jobsapp does not support "
             f"{unknown} on a canvas (set queue=, priority= on its steps)"
         )
-    workflow_id = _workflow_id(options.get("task_id"))
+    workflow_id, path = into or (_workflow_id(options.get("task_id")), "0")
     compiler = Compiler(workflow_id)
-    out = compiler.node(sig, "0", None, tuple(args or ()))
+    out = compiler.node(sig, path, None, tuple(args or ()))
     return workflow_id, out, compiler.steps()
 
 

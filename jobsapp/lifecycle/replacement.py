@@ -9,10 +9,12 @@ function of the replaced job's, so replacing the same job twice names one new jo
 Celery's results follow the mark (``results.replaced_by``, read by ``backend.py``):
 ``AsyncResult(id).get()`` of the replaced job answers the new job's value or raises its
 exception, as Celery's replacement answers under the task id it inherits. A chain or a chord
-replaces as its last step (its steps written in the same transaction). Refused in one line:
-a group, or a canvas ending in one (Celery turns it into a chord with a body of its own:
-write that chord), and a replace inside a workflow (its next steps would have to wait for
-the new job; not yet).
+replaces as its last step (its steps written in the same transaction). A step of a workflow
+is replaced in place: the replacement's steps join its workflow, and what waited for the
+step (the rest of a chain, a chord's body, its errbacks) waits for the replacement's last
+step instead, as Celery appends a chain's rest to the replacement. Refused in one line: a
+group, or a canvas ending in one (Celery turns it into a chord with a body of its own:
+write that chord).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from celery.canvas import Signature, group
 
 from jobsapp.lifecycle import canvas, enqueue, journal, newjob
 from jobsapp.lifecycle.context import RunContext
+from jobsapp.lifecycle.journal import workflow
 from jobsapp.lifecycle.results import REPLACED_MARK
 
 _NAMESPACE = uuid.UUID("0c4b7f3e-9d7a-4c1e-8a35-5f2e6d9b1a07")
@@ -42,8 +45,6 @@ def refusal(sig: Any, ctx: RunContext | None) -> str | None:
     """Why the running body cannot be replaced by ``sig`` here, if it cannot."""
     if ctx is None:
         return "only the body of a running job can be replaced"
-    if ctx.row.get("workflow_id") is not None:
-        return "a step of a chain, group or chord cannot be replaced yet; build the work up front"
     if not isinstance(sig, Signature):
         return f"the replacement must be a signature, not {type(sig).__name__}"
     if isinstance(sig, group):
@@ -56,7 +57,7 @@ def refusal(sig: Any, ctx: RunContext | None) -> str | None:
 def hand_over(app: Celery, ctx: RunContext, task: Any, sig: Signature) -> uuid.UUID:
     """Write ``sig`` as the job (or the workflow) that answers for ``ctx``'s, and ``ctx``'s
     success, at once; returns the job whose answer is now ``ctx``'s."""
-    if sig.subtask_type is not None:
+    if sig.subtask_type is not None or ctx.row.get("workflow_id") is not None:
         return _to_workflow(app, ctx, sig)
     options = sig.options
     job = newjob.scheduled(
@@ -77,13 +78,20 @@ def hand_over(app: Celery, ctx: RunContext, task: Any, sig: Signature) -> uuid.U
 
 
 def _to_workflow(app: Celery, ctx: RunContext, sig: Signature) -> uuid.UUID:
-    """A chain or chord: its steps written with ``ctx``'s success; its last step answers."""
+    """A chain or chord, or any replacement of a workflow's step: its steps written with
+    ``ctx``'s success; its last step answers, and takes the replaced step's place in its
+    workflow (what waited for that step waits for it: workflow.replaced)."""
     if not canvas.is_lifecycle_canvas(sig):
         raise TypeError("the replacement must be lifecycle tasks")
-    _, out, steps = canvas.compiled(sig, None, {"task_id": str(successor_of(ctx.job_id))})
+    workflow_id = ctx.row.get("workflow_id")
+    into = None if workflow_id is None else (workflow_id, f"{ctx.job_id}.r")
+    options = {"task_id": str(successor_of(ctx.job_id))}
+    _, out, steps = canvas.compiled(sig, None, options, into=into)
     if not isinstance(out, str):
         raise TypeError("a canvas ending in a group cannot answer for one job: end it in a chord")
     with ctx.completing(result={REPLACED_MARK: out}) as conn:
+        if workflow_id is not None:
+            steps = workflow.replaced(conn, ctx.job_id, steps, out)
         messages = canvas.write(conn, steps)
     canvas.publish(app, messages)
     return uuid.UUID(out)

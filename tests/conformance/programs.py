@@ -502,6 +502,14 @@ def replace_with_a_signature(s: Side) -> Any:
     return _value_or_error(s.replaced.delay(41))
 
 
+def replace_a_step_of_a_chain(s: Side) -> Any:
+    return _value_or_error(chain(s.add.s(1, 1), s.replaced.s(), s.add.s(10)).apply_async())
+
+
+def replace_a_member_of_a_chord(s: Side) -> Any:
+    return _value_or_error(chord([s.replaced.s(1), s.add.s(1, 1)], s.tsum.s()).apply_async())
+
+
 def _value_or_error(r: AsyncResult) -> Any:
     try:
         return ["value", r.get(timeout=WAIT)]
@@ -653,6 +661,8 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         "<app>.boom|ValueError: boom <token>|True",
     ),
     "self.replace(sig)": (replace_with_a_signature, ["value", 42]),
+    "self.replace(sig) of a chain's step": (replace_a_step_of_a_chain, ["value", 13]),
+    "self.replace(sig) of a chord's member": (replace_a_member_of_a_chord, ["value", 4]),
     # argument types
     "kombu's JSON types": (kombu_json_types, [KOMBU_KINDS, True, KOMBU_KINDS, "3.3"]),
     "a tuple comes back a list": (tuple_comes_back_a_list, [1, [2, 3]]),

@@ -102,21 +102,26 @@ def test_replace_under_apply_runs_the_replacement_here() -> None:
     assert idiom_tasks.replaced.apply((4,)).get() == 5
 
 
-@pytest.mark.parametrize(
-    ("call", "why"),
-    [
-        ("by a group", "a group cannot answer for one job"),
-        ("in a chain", "a step of a chain, group or chord cannot be replaced yet"),
-    ],
-)
-def test_a_replace_not_supported_yet_is_refused_in_one_line_and_never_retried(
-    worker: object, db: Engine, call: str, why: str
+def test_a_replaced_step_hands_its_place_in_the_chain_to_its_replacement(
+    worker: object, db: Engine
 ) -> None:
-    if call == "by a group":
-        r = idiom_tasks.replaced_by_canvas.delay("group", 1)
-    else:
-        r = chain(idiom_tasks.replaced.s(1), idiom_tasks.add.s(1)).delay().parent
-    with pytest.raises(TypeError, match=rf"^tests\.idioms\.replaced\w*\.replace: {why}"):
+    last = chain(idiom_tasks.add.s(1, 1), idiom_tasks.replaced.s(), idiom_tasks.add.s(10)).delay()
+    assert last.get(timeout=WAIT) == 13
+    replaced = run_row(db, last.parent.job_id)
+    successor = replaced_by(replaced["result"])
+    assert successor is not None
+    # The next step ran once, given the replacement's value, never the replaced step's mark.
+    ran = run_row(db, last.job_id)
+    assert (ran["attempts"], ran["params"]["args"]) == (1, [3, 10])
+    assert run_row(db, successor)["workflow_id"] == replaced["workflow_id"]
+
+
+def test_a_replace_by_a_group_is_refused_in_one_line_and_never_retried(
+    worker: object, db: Engine
+) -> None:
+    r = idiom_tasks.replaced_by_canvas.delay("group", 1)
+    why = "a group cannot answer for one job"
+    with pytest.raises(TypeError, match=rf"^tests\.idioms\.replaced_by_canvas\.replace: {why}"):
         r.get(timeout=WAIT)
     row = run_row(db, r.job_id)
     assert (row["outcome"], row["attempts"]) == ("permanent", 1)

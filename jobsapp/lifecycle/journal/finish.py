@@ -23,6 +23,7 @@ from jobsapp.lifecycle.journal.events import Event
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage, outgoing
 from jobsapp.lifecycle.journal.plans import _finish_plan, _requeue_plan, _run
 from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.results import replaced_by
 from jobsapp.lifecycle.states import Outcome, State, Transition
 
 
@@ -90,7 +91,9 @@ def succeed(
         now=now,
         result=result,
     )
-    if row is not None and row["workflow_id"] is not None:
+    # A step replaced by another job (Task.replace) hands nothing on: its replacement, which
+    # now stands in its place, does (workflow.replaced).
+    if row is not None and row["workflow_id"] is not None and replaced_by(result) is None:
         _started(started, workflow.succeeded(conn, job_id, result, actor=actor))
     return row is not None
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -177,6 +177,30 @@ def failed(
     for step in _steps(conn, done["next"]):
         messages += _block(conn, step, reason, actor=actor, now=now)
     return messages
+
+
+def replaced(conn: Connection, job_id: uuid.UUID, steps: Sequence[Step], out: str) -> list[Step]:
+    """Task.replace of the step ``job_id`` by ``steps`` (of its workflow) that end in
+    ``out``, in the replaced run's success transaction: what waited for the step (its
+    successors, a chord's body, its errbacks) waits for ``out`` instead, and ``out`` starts
+    them. Returns ``steps`` to write, ``out`` carrying the step's successors and errbacks."""
+    _require_transaction(conn, "a step's replacement")
+    done = _steps(conn, [str(job_id)], lock=True)[0]
+    for waiting in _steps(conn, [*done["next"], *done["errbacks"]], lock=True):
+        after = _renamed(waiting["after"], str(job_id), out)
+        conn.execute(update(STEPS).where(STEPS.c.job_id == waiting["job_id"]).values(after=after))
+    return [
+        replace(s, next=(*s.next, *done["next"]), errbacks=(*s.errbacks, *done["errbacks"]))
+        if str(s.job_id) == out
+        else s
+        for s in steps
+    ]
+
+
+def _renamed(after: Any, old: str, new: str) -> Any:
+    if isinstance(after, list):
+        return [_renamed(item, old, new) for item in after]
+    return new if after is not None and str(after) == old else after
 
 
 def cancel_rest(
