@@ -50,6 +50,7 @@ from jobsapp.lifecycle.context import RunContext
 from jobsapp.lifecycle.enqueue import enqueue, transaction
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
+from jobsapp.lifecycle.journal.fence import held
 from jobsapp.lifecycle.states import State
 
 DEFAULT_BATCH = 100
@@ -299,15 +300,9 @@ def _scan(
 def _advance(conn: Connection, ctx: RunContext, cursor: uuid.UUID, steps: Steps) -> None:
     """Move the cursor and add the batch's steps, fenced like every write of a run."""
     c = REPROCESS.c
-    mine = (
-        c.job_id == ctx.job_id,
-        c.state == State.RUNNING.value,
-        c.attempts == ctx.attempt,
-        c.claim_token == ctx.token,
-    )
     moved = conn.execute(
         update(REPROCESS)
-        .where(*mine)
+        .where(*held(REPROCESS, ctx.job_id, ctx.attempt, ctx.token))
         .values(
             cursor=cursor,
             scanned=c.scanned + steps.scanned,

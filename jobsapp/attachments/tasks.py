@@ -59,8 +59,9 @@ from jobsapp.lifecycle import (
     current_run,
     lifecycle_task,
 )
+from jobsapp.lifecycle.journal.fence import held
 from jobsapp.lifecycle.scrub import describe_exception, known_secrets_from_env
-from jobsapp.lifecycle.states import ACTIVE_STATES, Outcome, State
+from jobsapp.lifecycle.states import ACTIVE_STATES, Outcome
 from jobsapp.settings import get_settings
 from jobsapp.storage import (
     ChecksumConflict,
@@ -297,17 +298,10 @@ def _upsert(conn: Connection) -> pg_dml.Insert | sqlite_dml.Insert:
 
 
 def _holds_lease(job: _Job) -> ColumnElement[bool]:
-    """Attachment writes outside ``completing()`` are fenced like the run's own writes."""
-    return (
-        select(RUNS.c.job_id)
-        .where(
-            RUNS.c.job_id == job.ctx.job_id,
-            RUNS.c.state == State.RUNNING.value,
-            RUNS.c.attempts == job.ctx.attempt,
-            RUNS.c.claim_token == job.ctx.token,
-        )
-        .exists()
-    )
+    """Attachment writes outside ``completing()`` are fenced like the run's own writes: a
+    revoke's stop request refuses them too."""
+    ctx = job.ctx
+    return select(RUNS.c.job_id).where(*held(RUNS, ctx.job_id, ctx.attempt, ctx.token)).exists()
 
 
 def _attachment_update(job: _Job, from_states: Sequence[AttachmentState], **values: Any) -> Update:

@@ -96,6 +96,7 @@ class RunContext:
                 conn,
                 self.spec,
                 self.job_id,
+                self.attempt,
                 self.token,
                 results.progress(state, kept, self.attempt),
             ):

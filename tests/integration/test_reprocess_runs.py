@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, insert, select, text
 
+from jobsapp import operator
 from jobsapp.attachments.models import ATTACHMENTS, REPROCESS, RUNS
 from jobsapp.attachments.reprocess import Steps, backfill, start_backfill
 from jobsapp.attachments.store import staging_key
@@ -136,3 +137,25 @@ def test_a_failed_pass_keeps_its_record_and_reconcile_resumes_it(
     with db.connect() as conn:
         jobs = conn.execute(select(func.count()).where(RUNS.c.pipeline_version == 2))
         assert jobs.scalar_one() == COUNT
+
+
+def test_a_cancel_requested_while_a_pass_walks_stops_it_before_its_next_batch(
+    db: Engine, worker: object
+) -> None:
+    """The batches' writes are fenced like the run's own: after a revoke's stop request no
+    batch commits, though the heartbeat has not told the body yet."""
+    plant_rows(db, 400)
+    started = start_backfill(2, batch=BATCH, pause=0.02)
+    eventually(lambda: backfill_row(db)["scanned"] >= BATCH, timeout=30)
+    operator.cancel(db, "reprocess", started.job_id, actor="ops", reason="not now")
+    # The request waited for a batch in flight (its row lock): what it sees is final.
+    at_request = backfill_row(db)["enqueued"]
+    done = eventually(lambda: (row := backfill_row(db))["state"] == "failed" and row, timeout=30)
+    assert (done["outcome"], done["enqueued"], done["scanned"]) == (
+        "cancelled",
+        at_request,
+        at_request,
+    )
+    with db.connect() as conn:
+        jobs = conn.execute(select(func.count()).where(RUNS.c.pipeline_version == 2))
+        assert jobs.scalar_one() == at_request

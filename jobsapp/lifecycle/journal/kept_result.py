@@ -2,7 +2,7 @@
 ``update_state`` progress of a running attempt, and ``forget`` of a finished run's value.
 
 Neither moves the run's state (no transition of ``states.ALLOWED``). Progress is fenced as
-a heartbeat is, by the attempt's claim token and the running state, so an attempt that
+a heartbeat is, by the attempt's claim (fence.py), so an attempt that
 lost its claim cannot write over its successor's; the succeed statement later overwrites
 it with the body's return value. ``forget`` clears only a finished run's value.
 """
@@ -14,22 +14,25 @@ from typing import Any
 
 from sqlalchemy import Connection, update
 
+from jobsapp.lifecycle.journal.fence import held
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import TERMINAL_STATES, State
+from jobsapp.lifecycle.states import TERMINAL_STATES
 
 
 def write_progress(
-    conn: Connection, spec: RunTable, job_id: uuid.UUID, token: uuid.UUID, value: Any
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    attempt: int,
+    token: uuid.UUID,
+    value: Any,
 ) -> bool:
-    """The running attempt holding ``token`` keeps ``value``; False: it holds no claim."""
+    """The running attempt holding ``token`` keeps ``value``; False: it holds no claim.
+    A revoke's stop request does not refuse it: progress carries no work on."""
     table = spec.table
     stmt = (
         update(table)
-        .where(
-            table.c.job_id == job_id,
-            table.c.state == State.RUNNING.value,
-            table.c.claim_token == token,
-        )
+        .where(*held(table, job_id, attempt, token, unless_stopped=False))
         .values(result=value)
     )
     return conn.execute(stmt).rowcount == 1

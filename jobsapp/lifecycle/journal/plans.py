@@ -30,14 +30,12 @@ from sqlalchemy import (
     Connection,
     Integer,
     Interval,
-    String,
     Table,
     bindparam,
     cast,
     func,
     insert,
     literal,
-    literal_column,
     null,
     or_,
     select,
@@ -48,6 +46,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from jobsapp.lifecycle import prepared
+from jobsapp.lifecycle.journal import fence
 from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, _first, _first_row
 from jobsapp.lifecycle.journal.clock import _clock_param
 from jobsapp.lifecycle.journal.events import Event, kept_claim
@@ -265,29 +264,9 @@ def _insert_plan(spec: RunTable, dialect: str, state: State) -> Plan:
 
 
 def _fence_params(table: Table) -> tuple[Any, ...]:
-    """The fence of a running attempt's writes: its attempt, and the token of the claim
-    that took it (two claims of one attempt exist once a database crash lost the first);
-    a revoke's cancel request closes it too: the attempt may only end cancelled then."""
-    return (*_claim_fence(table), table.c.cancel_requested_at.is_(None))
-
-
-def _claim_fence(table: Table) -> tuple[Any, ...]:
-    return (
-        table.c.job_id == _bind(table, "job_id"),
-        _in_state(table, State.RUNNING),
-        table.c.attempts == _bind(table, "attempts"),
-        table.c.claim_token == _bind(table, "claim_token"),
-    )
-
-
-def _in_state(table: Table, state: State) -> Any:
-    """``state = <state>`` in a form no index on ``state`` can serve, for the prepared
-    statements that name their row by job_id. Their generic plan is built at a
-    connection's sixth EXECUTE and kept until the table is next analyzed; built while a
-    never-analyzed table is small, the primary key and ix_<table>_state_updated tie at an
-    estimated row each, and a plan on the state index then reads every row of that state
-    on each call as the table grows (docs/performance.md, "Flow control")."""
-    return table.c.state.concat(literal_column("''", String)) == state.value
+    """The claim fence (fence.py) over the plan's bind parameters."""
+    bound = (_bind(table, "job_id"), _bind(table, "attempts"), _bind(table, "claim_token"))
+    return fence.held(table, *bound)
 
 
 @cache
@@ -298,7 +277,7 @@ def _claim_plan(spec: RunTable, dialect: str) -> Plan:
         update(table)
         .where(
             table.c.job_id == _bind(table, "job_id"),
-            _in_state(table, State.QUEUED),
+            fence.in_state(table, State.QUEUED),
             table.c.attempts == bindparam("r_previous", type_=table.c.attempts.type),
             or_(table.c.next_retry_at.is_(None), table.c.next_retry_at <= now),
             # Past its expiry a queued run is not claimed; the refused claim expires it.

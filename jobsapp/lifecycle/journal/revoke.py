@@ -2,7 +2,7 @@
 
 A queued run is cancelled at once (Transition.CANCEL, cancel.py). A running one gets a
 cancel request (``cancel_requested_at``, a CANCEL_REQUEST event): from then on its
-attempt's fenced writes (heartbeat, succeed, fail, requeue: plans.py ``_fence_params``)
+attempt's fenced writes (heartbeat, succeed, fail, requeue: fence.py ``held``)
 are refused, and its worker ends it with ``honour_cancel`` (Transition.CANCEL, running
 -> failed/cancelled); a worker that died first leaves it to the reaper (reap.py), which
 fails it cancelled rather than requeue it. An operator who asks again, to terminate, leaves
@@ -22,6 +22,7 @@ from jobsapp.lifecycle.journal._sql import _first, _require_transaction
 from jobsapp.lifecycle.journal.cancel import cancel
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event, record_kept_claim
+from jobsapp.lifecycle.journal.fence import held
 from jobsapp.lifecycle.journal.reads import load
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import Outcome, State, Transition
@@ -157,10 +158,7 @@ def cancel_requested(
     after its heartbeat was refused, to tell a revoke from a lost lease."""
     table = spec.table
     stmt = select(table.c.cancel_requested_at).where(
-        table.c.job_id == job_id,
-        table.c.state == State.RUNNING.value,
-        table.c.attempts == attempt,
-        table.c.claim_token == token,
+        *held(table, job_id, attempt, token, unless_stopped=False)
     )
     return conn.execute(stmt).scalar() is not None
 
@@ -184,10 +182,7 @@ def honour_cancel(
     stmt = (
         update(table)
         .where(
-            table.c.job_id == job_id,
-            table.c.state == State.RUNNING.value,
-            table.c.attempts == attempt,
-            table.c.claim_token == token,
+            *held(table, job_id, attempt, token, unless_stopped=False),
             table.c.cancel_requested_at.is_not(None),
         )
         .values(
