@@ -42,7 +42,7 @@ KEY_LENGTH = 1024
 
 
 class AttachmentState(StrEnum):
-    """What a client sees (seed 001); ``ready`` is never left for ``processing``."""
+    """What a client sees (docs/domains.md); ``ready`` is never left for ``processing``."""
 
     QUEUED = "queued"
     PROCESSING = "processing"

@@ -49,7 +49,7 @@ __all__ = [
     "open_variant",
 ]
 
-# New uploads are rendered with version 1 (seed 001: the main course uses version 1);
+# New uploads are rendered with version 1 (docs/domains.md, "The attachments domain");
 # later versions are reached by re-processing.
 UPLOAD_PIPELINE_VERSION = 1
 MAX_IDEMPOTENCY_KEY = 255

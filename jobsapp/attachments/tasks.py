@@ -196,7 +196,7 @@ def _published_objects(
     """``(key, sha256)`` of the version's complete effect, or None if a row is missing.
 
     A redelivered or re-run job whose effect is complete is acknowledged with no change,
-    but only once the objects are checked too (seed 001): ``jobsapp verify --repair``
+    but only once the objects are checked too (docs/domains.md): ``jobsapp verify --repair``
     deletes a lost or corrupt variant's object and re-runs the job to write it again.
     """
     published = row["published_version"]
@@ -433,7 +433,7 @@ def _attachment_settled(job: _Job) -> Iterator[None]:
     Permanent, or transient on the last attempt: the run ends ``failed`` and the attachment
     ``failed`` with ``error_code`` in one transaction, written here rather than by the
     engine, so a crash or a lost connection can never leave one without the other.
-    Transient with attempts left: back to ``queued`` (seed 001: processing -> queued), and
+    Transient with attempts left: back to ``queued`` (docs/domains.md: processing -> queued), and
     the engine requeues the run.
     """
     try:

@@ -54,7 +54,7 @@ class Base(DeclarativeBase):
 
 
 class RunMixin:
-    """The columns and guards every run table shares (DESIGN.md section 2)."""
+    """The columns and guards every run table shares (docs/lifecycle.md)."""
 
     job_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
     task_name: Mapped[str] = mapped_column(String(200))

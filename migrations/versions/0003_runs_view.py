@@ -5,7 +5,7 @@ Revises: 0002
 Create Date: 2026-11-30 05:10:00.000000
 
 For ad-hoc SQL and dashboards; the admin summary reads each run table in its own home
-(seed 000) and does not depend on this view. A migration that adds a run table must
+(docs/domains.md) and does not depend on this view. A migration that adds a run table must
 replace the view with that table included. On SQLite a batch migration that rebuilds a
 run table must drop the view first and create it again after: SQLite refuses to rename
 the rebuilt table while a view names the dropped one.

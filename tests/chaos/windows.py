@@ -1,4 +1,4 @@
-"""The failure windows of DESIGN.md section 5 and seed 001, as scenarios on a Cluster.
+"""The failure windows of docs/reliability.md, as scenarios on a Cluster.
 
 Each scenario crashes one real process at one window (a crash point armed in that
 process's environment, or a signal from outside), restarts what a supervisor would

@@ -403,7 +403,7 @@ def test_storage_down_on_the_worker_is_retried(
         request.getfixturevalue("worker")
         job_id = eventually(lambda: run_rows(db, accepted.attachment_id)[0]["job_id"])
         retry = eventually(lambda: [e for e in events(db, job_id) if e["transition"] == "retry"])
-        # Back to queued for the next attempt, not failed (seed 001: processing -> queued).
+        # Back to queued for the next attempt, not failed (docs/domains.md: processing -> queued).
         row = attachment_row(db, accepted.attachment_id)
         assert (row["state"], row["error_code"]) == ("queued", None)
     assert "storage_unavailable" in retry[0]["reason"]

@@ -143,7 +143,7 @@ def test_only_enqueue_and_foreign_claim_start_from_no_row() -> None:
 def test_table_matches_the_design(
     transition: Transition, sources: set[State | None], target: State
 ) -> None:
-    """DESIGN.md section 2: each transition leaves exactly these states."""
+    """docs/lifecycle.md: each transition leaves exactly these states."""
     assert set(ALLOWED[transition][0]) == sources
     assert ALLOWED[transition][1] is target
 
