@@ -42,8 +42,8 @@ from tests.chaos.harness import (
 from tests.chaos.messages import Sender
 from tests.chaos.test_message_guard import HEADER_FAULTS, _faulty
 from tests.e2e.procs import Proc, ready
-from tests.integration.test_maintenance_passes import _poison, ago, enqueue
 from tests.support import tasks
+from tests.support.planted import ago, enqueue, poisoned
 from tests.support.servers import RedisServer
 
 JOB_RUNS = JobRun.__table__
@@ -72,7 +72,7 @@ def _plant_poison(cluster: Cluster) -> set[uuid.UUID]:
     longer validates."""
     poison = {enqueue(cluster.engine, at=ago(300 + i)) for i in range(POISON_ROWS)}
     for job_id in poison:
-        _poison(cluster.engine, job_id)
+        poisoned(cluster.engine, job_id)
     return poison
 
 

@@ -25,10 +25,10 @@ from jobsapp.lifecycle import journal, publisher
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.maintenance import reaper, relay
 from tests.conftest import use_database
-from tests.integration.test_maintenance_passes import JOBS, ago, enqueue, start
 from tests.support import tasks
 from tests.support.attachments import environment
 from tests.support.journal_view import held_by, run_row
+from tests.support.planted import JOBS, ago, enqueue, start
 
 # Every test here asserts how long a call or a pass took.
 pytestmark = pytest.mark.serial

@@ -14,7 +14,7 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle.states import State
 from jobsapp.monitor import browse
 from jobsapp.monitor.browse import JobFilter
-from tests.integration.test_operator import (
+from tests.support.planted import (
     ERROR,
     failed_job,
     queued_attachment_job,

@@ -8,7 +8,6 @@ worker consumes what it sends.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 import uuid
@@ -38,6 +37,7 @@ from jobsapp.monitor import metrics, summary
 from tests.support import canvas_tasks, tasks
 from tests.support.env import service
 from tests.support.journal_view import held_by, outbox_rows, run_row, transitions
+from tests.support.planted import ago, enqueue, poisoned, set_outbox, set_row, start
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 
@@ -78,42 +78,6 @@ def relay_app(broker: redis.Redis, module_redis: RedisServer) -> Iterator[Celery
 
 def queued_task_ids(broker: redis.Redis) -> list[str]:
     return [json.loads(m)["headers"]["id"] for m in broker.lrange("celery", 0, -1)]
-
-
-def ago(seconds: float) -> datetime:
-    return utcnow() - timedelta(seconds=seconds)
-
-
-def enqueue(db: Engine, *, at: datetime, max_attempts: int | None = None) -> uuid.UUID:
-    job = tasks.echo.new_job(("m",), {}, uuid.uuid4())
-    if max_attempts is not None:
-        job = dataclasses.replace(job, max_attempts=max_attempts)
-    with db.begin() as conn:
-        journal.enqueue(conn, job, now=at, actor="test")
-    return job.job_id
-
-
-def start(db: Engine, *, at: datetime, attempt: int = 1, **kw: Any) -> uuid.UUID:
-    """A run claimed at ``at`` (its message published and taken) whose heartbeat then stopped."""
-    job_id = enqueue(db, at=at, **kw)
-    with db.begin() as conn:
-        assert journal.claim(conn, JOBS, job_id, attempt, worker="w@h:1", now=at) is not None
-    set_outbox(db, job_id, 1, published_at=at, publish_count=1, delivered_at=at)
-    return job_id
-
-
-def set_row(db: Engine, job_id: uuid.UUID, **values: Any) -> None:
-    with db.begin() as conn:
-        conn.execute(update(RUNS).where(RUNS.c.job_id == job_id).values(**values))
-
-
-def set_outbox(db: Engine, job_id: uuid.UUID, attempt: int, **values: Any) -> None:
-    with db.begin() as conn:
-        conn.execute(
-            update(OUTBOX)
-            .where(OUTBOX.c.job_id == job_id, OUTBOX.c.attempt == attempt)
-            .values(**values)
-        )
 
 
 def reap_events(db: Engine, job_id: uuid.UUID) -> list[str]:
@@ -570,22 +534,13 @@ def _waiting(db: Engine, application: str) -> bool:
 # ------------------------------------------------------------------ poison outbox rows
 
 
-def _poison(db: Engine, job_id: uuid.UUID, **values: Any) -> dict[str, Any]:
-    """Make the row's stored body one that no longer validates (a deploy changed the
-    schema); returns the body it had."""
-    (row,) = outbox_rows(db, job_id)
-    body = dict(row["body"])
-    set_outbox(db, job_id, 1, body={**body, "attempt": "first"}, **values)
-    return body
-
-
 def test_rows_that_fail_on_their_own_back_off_and_newer_rows_are_published(
     db: Engine, relay_app: Celery, broker: redis.Redis
 ) -> None:
     # A whole batch of poison, older than the good row: first in every batch.
     poison = [enqueue(db, at=ago(120 + i)) for i in range(3)]
     for job_id in poison:
-        _poison(db, job_id)
+        poisoned(db, job_id)
     good = enqueue(db, at=ago(60))
     small = relay.RelayConfig(unclaimed_after=UNCLAIMED, batch=3)
 
@@ -604,7 +559,7 @@ def test_a_row_that_keeps_failing_is_dead_listed_counted_and_retried_by_an_opera
     db: Engine, relay_app: Celery, broker: redis.Redis
 ) -> None:
     job_id = enqueue(db, at=ago(60))
-    body = _poison(db, job_id, publish_failures=outbox.MAX_PUBLISH_FAILURES - 1)
+    body = poisoned(db, job_id, publish_failures=outbox.MAX_PUBLISH_FAILURES - 1)
 
     assert relay.run_once(relay_app, db, RELAY)["dead"] == 1
     (row,) = outbox_rows(db, job_id)

@@ -11,27 +11,30 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from sqlalchemy import Connection, Engine, insert, select, text, update
+from sqlalchemy import Connection, Engine, select, text, update
 
 from jobsapp import cli, operator
-from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS
-from jobsapp.attachments.tasks import TASK_NAME as ATTACHMENT_TASK
+from jobsapp.attachments.models import ATTACHMENT_RUNS
 from jobsapp.celery_app import app
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal, outbox, publisher, registry
-from jobsapp.lifecycle.journal import OUTBOX, NewJob
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import Outcome
+from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.maintenance import relay
 from jobsapp.monitor import summary
 from tests.integration.test_broker_unreachable import closed_port
 from tests.support import tasks
 from tests.support.attachments import attachment_row, environment
-from tests.support.journal_view import events, held_by, outbox_rows, run_row
+from tests.support.journal_view import events, outbox_rows, run_row
+from tests.support.planted import (
+    claimed,
+    failed_job,
+    queued_attachment_job,
+    queued_job,
+    succeeded_job,
+)
 from tests.support.waiting import eventually
 
 JOBS = registry.JOBS
-ERROR = "ValueError: this never works\n  File 'task.py', line 3\n[steps] fetch=1 render=0"
 VIEW_COLUMNS = {
     "module",
     "job_id",
@@ -59,98 +62,6 @@ def broker() -> Celery:
 
 
 # --------------------------------------------------------------------------- factories
-
-
-def _enqueue(
-    db: Engine,
-    spec: RunTable,
-    values: Mapping[str, Any],
-    *,
-    task: str,
-    key: str | None = None,
-    ago: float = 0.0,
-) -> uuid.UUID:
-    job = NewJob(
-        spec=spec,
-        job_id=uuid.uuid4(),
-        task_name=task,
-        max_attempts=2,
-        concurrency_key=key or f"key:{uuid.uuid4()}",
-        values=values,
-    )
-    with db.begin() as conn:
-        journal.enqueue(conn, job, now=utcnow() - timedelta(seconds=ago), actor="producer")
-    return job.job_id
-
-
-def queued_job(db: Engine, *, key: str | None = None, ago: float = 0.0) -> uuid.UUID:
-    params = {"params": {"args": ["t"], "kwargs": {}}}
-    return _enqueue(db, JOBS, params, task="tests.doomed", key=key, ago=ago)
-
-
-def queued_attachment_job(db: Engine, attachment_state: str = "queued") -> uuid.UUID:
-    attachment_id, now = uuid.uuid4(), utcnow()
-    with db.begin() as conn:
-        conn.execute(
-            insert(ATTACHMENTS).values(
-                id=attachment_id,
-                content_type="image/png",
-                size=10,
-                sha256="0" * 64,
-                width=1,
-                height=1,
-                display_name="a.png",
-                staging_key=f"staging/{attachment_id}",
-                state=attachment_state,
-                created_at=now,
-                updated_at=now,
-            )
-        )
-    ids = {"attachment_id": attachment_id, "pipeline_version": 1}
-    return _enqueue(db, ATTACHMENT_RUNS, ids, task=ATTACHMENT_TASK)
-
-
-def claimed(db: Engine, spec: RunTable, job_id: uuid.UUID, *, heartbeat_ago: float = 0.0) -> int:
-    """A worker claims the next attempt (its heartbeat ``heartbeat_ago`` seconds old)."""
-    with db.begin() as conn:
-        attempt = int(journal.load(conn, spec, job_id)["attempts"]) + 1  # type: ignore[index]
-        now = utcnow() - timedelta(seconds=heartbeat_ago)
-        assert journal.claim(conn, spec, job_id, attempt, worker="w1@host", now=now)
-    return attempt
-
-
-def failed_job(db: Engine, spec: RunTable = JOBS, job_id: uuid.UUID | None = None) -> uuid.UUID:
-    job_id = job_id or queued_job(db)
-    attempt = claimed(db, spec, job_id)
-    with db.begin() as conn:
-        assert journal.fail(
-            conn,
-            spec,
-            job_id,
-            attempt,
-            token=held_by(conn, spec, job_id),
-            outcome=Outcome.PERMANENT,
-            error=ERROR,
-            actor="w1@host",
-            now=utcnow(),
-        )
-    return job_id
-
-
-def succeeded_job(db: Engine) -> uuid.UUID:
-    job_id = queued_job(db)
-    attempt = claimed(db, JOBS, job_id)
-    with db.begin() as conn:
-        assert journal.succeed(
-            conn,
-            JOBS,
-            job_id,
-            attempt,
-            token=held_by(conn, JOBS, job_id),
-            actor="w1@host",
-            now=utcnow(),
-        )
-    return job_id
 
 
 def by_id(rows: list[summary.SummaryRow]) -> dict[uuid.UUID, summary.SummaryRow]:

@@ -32,10 +32,10 @@ from jobsapp.maintenance import reconcile
 from jobsapp.storage import ObjectStore
 from jobsapp.web.app import create_app
 from tests.conftest import use_database
-from tests.integration.test_operator import claimed, queued_attachment_job
 from tests.support import tasks
 from tests.support.attachments import DEAD_S3_ENDPOINT, environment, sha256
 from tests.support.journal_view import events, held_by, run_row
+from tests.support.planted import claimed, queued_attachment_job
 from tests.support.waiting import eventually
 from tests.support.workers import in_process_worker
 from tests.unit import images

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import Engine
 
 from jobsapp import cli
-from tests.integration.test_operator import failed_job, queued_job, succeeded_job
+from tests.support.planted import failed_job, queued_job, succeeded_job
 
 
 def test_summary_counts_jobs_per_state_and_outcome(
