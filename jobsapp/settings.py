@@ -81,8 +81,10 @@ KNOWN_NAMES = frozenset(
         "JOBSAPP_STALE_AFTER",
         "JOBSAPP_STORAGE_URL",
         "JOBSAPP_UNCLAIMED_AFTER",
+        "JOBSAPP_UPLOAD_CONCURRENCY",
         "JOBSAPP_VAR_DIR",
         "JOBSAPP_WEB_BIND",
+        "JOBSAPP_WEB_READ_TIMEOUT",
     }
 )
 # Names that are not jobsapp's settings: the test suite's and the repository's scripts'
@@ -116,6 +118,8 @@ _MIB = 1024 * 1024
 DEFAULT_IMAGE_MEMORY_BUDGET_MB = 512
 DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 DEFAULT_ARGS_MAX_BYTES = 256 * 1024
+DEFAULT_UPLOAD_CONCURRENCY = 4
+DEFAULT_WEB_READ_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,10 @@ class Settings:
     # JOBSAPP_FINISH_FLUSH: False lets an attempt's success commit without waiting for the
     # WAL flush (PostgreSQL; docs/lifecycle.md, "A success may not wait for the flush").
     success_waits_for_flush: bool = True
+    # Uploads one web process handles at once; one more is answered 503 (web/app.py).
+    upload_concurrency: int = DEFAULT_UPLOAD_CONCURRENCY
+    # Seconds a request's body may take to arrive after its headers (web/server.py).
+    web_read_timeout: float = DEFAULT_WEB_READ_TIMEOUT
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -340,6 +348,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         args_max_bytes=whole_number(env, "JOBSAPP_ARGS_MAX_BYTES", DEFAULT_ARGS_MAX_BYTES),
         console_timeout=positive_number(env, "JOBSAPP_CONSOLE_TIMEOUT", 5.0),
         success_waits_for_flush=_finish_flush(env),
+        upload_concurrency=whole_number(
+            env, "JOBSAPP_UPLOAD_CONCURRENCY", DEFAULT_UPLOAD_CONCURRENCY
+        ),
+        web_read_timeout=positive_number(env, "JOBSAPP_WEB_READ_TIMEOUT", DEFAULT_WEB_READ_TIMEOUT),
     )
 
 

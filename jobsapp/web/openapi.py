@@ -33,6 +33,8 @@ _ERROR_TEXT = {
     "header that is not UTF-8), an empty file or a bad Idempotency-Key.",
     404: "No such attachment or variant (a malformed id is unknown too).",
     405: "The route does not take this method.",
+    408: "`body_timeout`: the body did not arrive within `JOBSAPP_WEB_READ_TIMEOUT` seconds "
+    "of the headers.",
     413: "A limit was passed, and the reason names it: the file size (`too_large`), the "
     "request size, more than 16 form parts (`too_many_parts`), a text field over "
     "65536 bytes (`field_too_large`) or a part's headers over 16384 bytes "

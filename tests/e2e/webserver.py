@@ -7,6 +7,7 @@ response that the app sent ``X-Content-Type-Options: nosniff``.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -23,14 +24,21 @@ from jobsapp.demo import multipart_body
 from tests.support.servers import free_port
 
 WEB = (sys.executable, "-m", "jobsapp.cli", "web", "--host", "127.0.0.1")
-# The Procfile's web line: a gunicorn replica of two workers.
-GUNICORN = (sys.executable, "-m", "gunicorn", "--workers", "2", "--access-logfile", "-")
 APP = "jobsapp.web.app:create_app()"
 WORKER = (
     *(sys.executable, "-m", "celery", "-A", "jobsapp", "worker", "--pool=threads", "-c", "2"),
     *("-l", "warning", "--without-gossip", "--without-mingle", "--without-heartbeat"),
 )
 REPO = Path(__file__).resolve().parents[2]
+
+
+def procfile_web() -> tuple[str, ...]:
+    """The Procfile's web line as its argv, run by this interpreter's gunicorn; it binds
+    where ``JOBSAPP_WEB_BIND`` says (web/gunicorn_conf.py)."""
+    lines = (REPO / "Procfile").read_text().splitlines()
+    argv = shlex.split(next(line for line in lines if line.startswith("web:"))[4:])
+    assert argv[0] == "gunicorn", argv
+    return (sys.executable, "-m", *argv)
 
 
 @dataclass(frozen=True)
@@ -110,9 +118,9 @@ def start_web(
     """`jobsapp web` (or gunicorn, as the Procfile runs it) on a free port, once /healthz
     answers."""
     port = free_port()
-    bind = f"127.0.0.1:{port}"
-    argv = (*GUNICORN, "--bind", bind, APP) if gunicorn else (*WEB, "--port", str(port))
-    proc = start(argv, env, log_path)
+    if gunicorn:
+        env = {**env, "JOBSAPP_WEB_BIND": f"127.0.0.1:{port}"}
+    proc = start(procfile_web() if gunicorn else (*WEB, "--port", str(port)), env, log_path)
     http = Http(f"http://127.0.0.1:{port}")
     try:
         _wait_healthy(proc, http, log_path)
