@@ -45,6 +45,7 @@ _WELL_KNOWN_TOKENS = frozenset(
 KNOWN_NAMES = frozenset(
     {
         "JOBSAPP_ADMIN_TOKEN",
+        "JOBSAPP_API_TOKEN",
         "JOBSAPP_ARGS_MAX_BYTES",
         "JOBSAPP_BEAT_CATCH_UP_SECONDS",
         "JOBSAPP_BEAT_LEASE_SECONDS",
@@ -163,6 +164,10 @@ class Settings:
     upload_concurrency: int = DEFAULT_UPLOAD_CONCURRENCY
     # Seconds a request's body may take to arrive after its headers (web/server.py).
     web_read_timeout: float = DEFAULT_WEB_READ_TIMEOUT
+    # The producers' bearer token for uploads and attachment reads (web/api_auth.py).
+    api_token: str | None = None
+    # No server URL is set: SQLite, folders, one machine (a developer's first command).
+    embedded: bool = True
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -246,6 +251,35 @@ def _admin_token(env: Mapping[str, str]) -> str | None:
             "empty to keep the operator API off"
         )
     return token
+
+
+def _api_token(env: Mapping[str, str]) -> str | None:
+    token = env.get("JOBSAPP_API_TOKEN", "").strip()
+    if not token:
+        return None
+    if token.lower() in _WELL_KNOWN_TOKENS:
+        raise SettingsError(
+            "JOBSAPP_API_TOKEN is a well-known placeholder; set a random secret "
+            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    if token == env.get("JOBSAPP_ADMIN_TOKEN", "").strip():
+        raise SettingsError(
+            "JOBSAPP_API_TOKEN is the admin token: a producer would hold the operator's "
+            "power; give the producers a token of their own"
+        )
+    return token
+
+
+def served_api_problem(settings: Settings) -> str | None:
+    """Why the web cannot serve the attachments API as configured: beside servers (not the
+    embedded default) it asks for credentials, and none is configured."""
+    if settings.embedded or settings.api_token is not None:
+        return None
+    return (
+        "JOBSAPP_API_TOKEN is not set: uploads and attachment reads need a bearer token "
+        "whenever a server URL is set; set a random secret (the producers' own, not the "
+        "admin token)"
+    )
 
 
 def _log_format(env: Mapping[str, str]) -> str:
@@ -352,6 +386,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             env, "JOBSAPP_UPLOAD_CONCURRENCY", DEFAULT_UPLOAD_CONCURRENCY
         ),
         web_read_timeout=positive_number(env, "JOBSAPP_WEB_READ_TIMEOUT", DEFAULT_WEB_READ_TIMEOUT),
+        api_token=_api_token(env),
+        embedded=not any(env.get(name, "").strip() for name in SERVER_NAMES),
     )
 
 

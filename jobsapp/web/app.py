@@ -29,10 +29,18 @@ from jobsapp.lifecycle import tracing
 from jobsapp.lifecycle.message import TRACE_HEADERS
 from jobsapp.monitor import browse
 from jobsapp.settings import SettingsError, get_settings
-from jobsapp.web import admin, schemas, ui
+from jobsapp.web import admin, api_auth, schemas, ui
 from jobsapp.web.health import health
 from jobsapp.web.multipart import BodyEnded, FormLimits, missing_file, read_file
-from jobsapp.web.openapi import Answer, create_openapi_app, errors, json_answer, openapi_document
+from jobsapp.web.openapi import (
+    API_AUTH,
+    OPEN,
+    Answer,
+    create_openapi_app,
+    errors,
+    json_answer,
+    openapi_document,
+)
 from jobsapp.web.slots import Busy, Slots
 from jobsapp.web.urls import VariantNameConverter, raw_url, url_problem
 
@@ -46,7 +54,9 @@ _RETRY_AFTER_S = "5"
 _LIMITS = "jobsapp.limits"
 _UPLOADS = "jobsapp.uploads"
 
-api = APIBlueprint("api", __name__, abp_tags=[Tag(name="attachments")])
+api = APIBlueprint("api", __name__, abp_tags=[Tag(name="attachments")], abp_security=API_AUTH)
+# What describes the API needs no credentials.
+described = APIBlueprint("described", __name__, abp_tags=[Tag(name="attachments")])
 
 
 def create_app(limits: Limits | None = None) -> Flask:
@@ -66,6 +76,7 @@ def create_app(limits: Limits | None = None) -> Flask:
     # Registered first: it runs before every other hook, the admin's authentication included.
     app.before_request(_refuse_unreadable_url)
     app.register_api(api)
+    app.register_api(described)
     app.register_api(health)
     # The operator routes (/v1/admin, /admin) and /metrics: see jobsapp.web.admin.
     admin.init_app(app)
@@ -128,7 +139,7 @@ _UPLOAD_ERROR_TEXT = {
         200: json_answer(
             schemas.Accepted, "An Idempotency-Key replay: the earlier attachment", headers=_LOCATION
         ),
-        **errors(400, 408, 413, 415, 422, 503, text=_UPLOAD_ERROR_TEXT),
+        **errors(400, 401, 403, 408, 413, 415, 422, 503, text=_UPLOAD_ERROR_TEXT),
     },
 )
 def upload(header: schemas.UploadHeaders) -> Answer:
@@ -155,7 +166,10 @@ def upload(header: schemas.UploadHeaders) -> Answer:
     "/v1/attachments/<uuid:attachment_id>",
     summary="An attachment's state, metadata and variant URLs",
     operation_id="getAttachment",
-    responses={200: json_answer(schemas.Attachment, "The attachment"), **errors(404, 503)},
+    responses={
+        200: json_answer(schemas.Attachment, "The attachment"),
+        **errors(401, 403, 404, 503),
+    },
 )
 def show(path: schemas.AttachmentPath) -> Answer:
     attachment_id = path.attachment_id
@@ -181,7 +195,7 @@ def show(path: schemas.AttachmentPath) -> Answer:
             "description": "Redirect to a short-lived presigned URL (S3 storage)",
             "headers": {"Location": {"schema": {"type": "string", "format": "uri"}}},
         },
-        **errors(404, 503),
+        **errors(401, 403, 404, 503),
     },
 )
 def variant(path: schemas.VariantPath) -> Answer:
@@ -199,10 +213,16 @@ def variant(path: schemas.VariantPath) -> Answer:
     return response
 
 
-@api.get(
+@api.before_request
+def _authenticate() -> ResponseReturnValue | None:
+    return api_auth.refusal(request)
+
+
+@described.get(
     "/openapi.json",
     summary="This document",
     operation_id="openapi",
+    security=OPEN,
     responses={
         200: {
             "description": "OpenAPI 3.1",

@@ -55,6 +55,7 @@ class SlowUpload:
         head = (
             "POST /v1/attachments HTTP/1.1\r\n"
             f"Host: {host}\r\n"
+            f"Authorization: Bearer {http.token}\r\n"
             f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
             "Content-Length: 100000\r\n\r\n"
         )

@@ -30,6 +30,8 @@ WORKER = (
     *("-l", "warning", "--without-gossip", "--without-mingle", "--without-heartbeat"),
 )
 REPO = Path(__file__).resolve().parents[2]
+# The producers' token of the webs these helpers start, unless a test sets its own.
+API_TOKEN = "e2e-producers-token"
 
 
 def procfile_web() -> tuple[str, ...]:
@@ -53,9 +55,11 @@ class Reply:
 
 @dataclass
 class Http:
-    """A client for the app under test; every response must carry nosniff."""
+    """A client for the app under test; every response must carry nosniff. With a
+    ``token``, a request that names no Authorization of its own sends it as a bearer."""
 
     base_url: str
+    token: str | None = None
 
     def get(self, path: str) -> Reply:
         return self.request(path)
@@ -79,9 +83,12 @@ class Http:
         headers: Mapping[str, str] | None = None,
         method: str = "GET",
     ) -> Reply:
+        all_headers = dict(headers or {})
+        if self.token and not any(name.lower() == "authorization" for name in all_headers):
+            all_headers["Authorization"] = f"Bearer {self.token}"
         # S310: the URL is always the app's own http://127.0.0.1 address.
         request = urllib.request.Request(  # noqa: S310
-            self.base_url + path, data, dict(headers or {}), method=method
+            self.base_url + path, data, all_headers, method=method
         )
         reply = fetch(request, _NO_REDIRECTS)
         assert reply.headers.get("X-Content-Type-Options") == "nosniff", (request.full_url, reply)
@@ -116,12 +123,13 @@ def start_web(
     env: Mapping[str, str], log_path: Path, *, gunicorn: bool = False
 ) -> tuple[subprocess.Popen[bytes], Http]:
     """`jobsapp web` (or gunicorn, as the Procfile runs it) on a free port, once /healthz
-    answers."""
+    answers; its client sends the web's API token (``API_TOKEN`` unless ``env`` names one)."""
     port = free_port()
+    env = {"JOBSAPP_API_TOKEN": API_TOKEN, **env}
     if gunicorn:
         env = {**env, "JOBSAPP_WEB_BIND": f"127.0.0.1:{port}"}
     proc = start(procfile_web() if gunicorn else (*WEB, "--port", str(port)), env, log_path)
-    http = Http(f"http://127.0.0.1:{port}")
+    http = Http(f"http://127.0.0.1:{port}", env["JOBSAPP_API_TOKEN"] or None)
     try:
         _wait_healthy(proc, http, log_path)
     except BaseException:
