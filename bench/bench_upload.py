@@ -110,6 +110,10 @@ class Ready:
             raise RuntimeError(f"{len(self.failed)} uploads failed, e.g. {min(self.failed)}")
 
 
+# The producers' token of the web under measure (JOBSAPP_API_TOKEN).
+API_TOKEN = "bench-producers-token"  # noqa: S105 - the bench's own web, on loopback
+
+
 class Client:
     def __init__(self, base_url: str, image: bytes) -> None:
         self.base_url = base_url
@@ -119,7 +123,7 @@ class Client:
         request = urllib.request.Request(  # noqa: S310 (our own http://127.0.0.1 server)
             self.base_url + "/v1/attachments",
             self.body,
-            {"Content-Type": self.content_type},
+            {"Content-Type": self.content_type, "Authorization": f"Bearer {API_TOKEN}"},
             method="POST",
         )
         with urllib.request.urlopen(request, timeout=60) as reply:  # noqa: S310
@@ -152,6 +156,7 @@ def _environment(instance: Instance, run: str) -> dict[str, str]:
         "JOBSAPP_STORAGE_URL": f"s3://{S3_BUCKET}/upload-{run}",
         "JOBSAPP_S3_ENDPOINT_URL": instance.s3_endpoint,
         "JOBSAPP_VAR_DIR": str(ROOT / "var" / "bench" / "upload"),
+        "JOBSAPP_API_TOKEN": API_TOKEN,
     }
 
 

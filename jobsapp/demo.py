@@ -236,6 +236,7 @@ def _get_json(url: str) -> dict[str, Any]:
 
 # S310: every URL here is built from the demo's own http://127.0.0.1 base.
 def _json_call(request: urllib.request.Request) -> tuple[int, dict[str, Any]]:
+    _authorized(request)
     try:
         with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S) as response:  # noqa: S310
             return response.status, json.load(response)
@@ -244,9 +245,17 @@ def _json_call(request: urllib.request.Request) -> tuple[int, dict[str, Any]]:
 
 
 def _get_bytes(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as response:  # noqa: S310
+    request = _authorized(urllib.request.Request(url))  # noqa: S310
+    with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S) as response:  # noqa: S310
         data: bytes = response.read()
         return data
+
+
+def _authorized(request: urllib.request.Request) -> urllib.request.Request:
+    # The embedded default asks for no token; a deployment's configured one is sent.
+    if token := get_settings().api_token:
+        request.add_header("Authorization", f"Bearer {token}")
+    return request
 
 
 # ------------------------------------------------------------------------ the table

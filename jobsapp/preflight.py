@@ -21,7 +21,7 @@ from enum import Enum, IntEnum
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
-from jobsapp.settings import Settings, SettingsError, get_settings
+from jobsapp.settings import Settings, SettingsError, get_settings, served_api_problem
 from jobsapp.shipped import MIGRATIONS
 
 log = logging.getLogger(__name__)
@@ -341,7 +341,10 @@ def check_web() -> None:
 
     A database that does not answer is not fatal here: ``/healthz`` answers 503 until it
     does, the orchestrator gates traffic on that, and the web heals without a restart.
+    A served API without its credentials is a bad setting (``SettingsError``).
     """
+    if problem := served_api_problem(get_settings()):
+        raise SettingsError(problem)
     try:
         require(Need.SCHEMA)
     except StartupFailure as failure:

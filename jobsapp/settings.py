@@ -45,6 +45,7 @@ _WELL_KNOWN_TOKENS = frozenset(
 KNOWN_NAMES = frozenset(
     {
         "JOBSAPP_ADMIN_TOKEN",
+        "JOBSAPP_API_TOKEN",
         "JOBSAPP_ARGS_MAX_BYTES",
         "JOBSAPP_BEAT_CATCH_UP_SECONDS",
         "JOBSAPP_BEAT_LEASE_SECONDS",
@@ -81,8 +82,10 @@ KNOWN_NAMES = frozenset(
         "JOBSAPP_STALE_AFTER",
         "JOBSAPP_STORAGE_URL",
         "JOBSAPP_UNCLAIMED_AFTER",
+        "JOBSAPP_UPLOAD_CONCURRENCY",
         "JOBSAPP_VAR_DIR",
         "JOBSAPP_WEB_BIND",
+        "JOBSAPP_WEB_READ_TIMEOUT",
     }
 )
 # Names that are not jobsapp's settings: the test suite's and the repository's scripts'
@@ -116,6 +119,8 @@ _MIB = 1024 * 1024
 DEFAULT_IMAGE_MEMORY_BUDGET_MB = 512
 DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 DEFAULT_ARGS_MAX_BYTES = 256 * 1024
+DEFAULT_UPLOAD_CONCURRENCY = 4
+DEFAULT_WEB_READ_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,14 @@ class Settings:
     # JOBSAPP_FINISH_FLUSH: False lets an attempt's success commit without waiting for the
     # WAL flush (PostgreSQL; docs/lifecycle.md, "A success may not wait for the flush").
     success_waits_for_flush: bool = True
+    # Uploads one web process handles at once; one more is answered 503 (web/app.py).
+    upload_concurrency: int = DEFAULT_UPLOAD_CONCURRENCY
+    # Seconds a request's body may take to arrive after its headers (web/server.py).
+    web_read_timeout: float = DEFAULT_WEB_READ_TIMEOUT
+    # The producers' bearer token for uploads and attachment reads (web/api_auth.py).
+    api_token: str | None = None
+    # No server URL is set: SQLite, folders, one machine (a developer's first command).
+    embedded: bool = True
 
     @property
     def broker_is_filesystem(self) -> bool:
@@ -238,6 +251,35 @@ def _admin_token(env: Mapping[str, str]) -> str | None:
             "empty to keep the operator API off"
         )
     return token
+
+
+def _api_token(env: Mapping[str, str]) -> str | None:
+    token = env.get("JOBSAPP_API_TOKEN", "").strip()
+    if not token:
+        return None
+    if token.lower() in _WELL_KNOWN_TOKENS:
+        raise SettingsError(
+            "JOBSAPP_API_TOKEN is a well-known placeholder; set a random secret "
+            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    if token == env.get("JOBSAPP_ADMIN_TOKEN", "").strip():
+        raise SettingsError(
+            "JOBSAPP_API_TOKEN is the admin token: a producer would hold the operator's "
+            "power; give the producers a token of their own"
+        )
+    return token
+
+
+def served_api_problem(settings: Settings) -> str | None:
+    """Why the web cannot serve the attachments API as configured: beside servers (not the
+    embedded default) it asks for credentials, and none is configured."""
+    if settings.embedded or settings.api_token is not None:
+        return None
+    return (
+        "JOBSAPP_API_TOKEN is not set: uploads and attachment reads need a bearer token "
+        "whenever a server URL is set; set a random secret (the producers' own, not the "
+        "admin token)"
+    )
 
 
 def _log_format(env: Mapping[str, str]) -> str:
@@ -340,6 +382,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         args_max_bytes=whole_number(env, "JOBSAPP_ARGS_MAX_BYTES", DEFAULT_ARGS_MAX_BYTES),
         console_timeout=positive_number(env, "JOBSAPP_CONSOLE_TIMEOUT", 5.0),
         success_waits_for_flush=_finish_flush(env),
+        upload_concurrency=whole_number(
+            env, "JOBSAPP_UPLOAD_CONCURRENCY", DEFAULT_UPLOAD_CONCURRENCY
+        ),
+        web_read_timeout=positive_number(env, "JOBSAPP_WEB_READ_TIMEOUT", DEFAULT_WEB_READ_TIMEOUT),
+        api_token=_api_token(env),
+        embedded=not any(env.get(name, "").strip() for name in SERVER_NAMES),
     )
 
 

@@ -18,7 +18,7 @@ from flask import Flask, Response, current_app, jsonify, request
 from flask.typing import ResponseReturnValue
 from flask_openapi3.blueprint import APIBlueprint
 from flask_openapi3.models.tag import Tag
-from werkzeug.exceptions import HTTPException, NotFound
+from werkzeug.exceptions import ClientDisconnected, HTTPException, NotFound
 
 from jobsapp import logs, preflight
 from jobsapp.attachments import service
@@ -28,11 +28,20 @@ from jobsapp.db import console_engine
 from jobsapp.lifecycle import tracing
 from jobsapp.lifecycle.message import TRACE_HEADERS
 from jobsapp.monitor import browse
-from jobsapp.settings import SettingsError
-from jobsapp.web import admin, schemas, ui
+from jobsapp.settings import SettingsError, get_settings
+from jobsapp.web import admin, api_auth, schemas, ui
 from jobsapp.web.health import health
-from jobsapp.web.multipart import FormLimits, missing_file, read_file
-from jobsapp.web.openapi import Answer, create_openapi_app, errors, json_answer, openapi_document
+from jobsapp.web.multipart import BodyEnded, FormLimits, missing_file, read_file
+from jobsapp.web.openapi import (
+    API_AUTH,
+    OPEN,
+    Answer,
+    create_openapi_app,
+    errors,
+    json_answer,
+    openapi_document,
+)
+from jobsapp.web.slots import Busy, Slots
 from jobsapp.web.urls import VariantNameConverter, raw_url, url_problem
 
 log = logging.getLogger(__name__)
@@ -43,8 +52,11 @@ MAX_UPLOAD_ENV = "JOBSAPP_MAX_UPLOAD_BYTES"
 MULTIPART_OVERHEAD = 64 * 1024
 _RETRY_AFTER_S = "5"
 _LIMITS = "jobsapp.limits"
+_UPLOADS = "jobsapp.uploads"
 
-api = APIBlueprint("api", __name__, abp_tags=[Tag(name="attachments")])
+api = APIBlueprint("api", __name__, abp_tags=[Tag(name="attachments")], abp_security=API_AUTH)
+# What describes the API needs no credentials.
+described = APIBlueprint("described", __name__, abp_tags=[Tag(name="attachments")])
 
 
 def create_app(limits: Limits | None = None) -> Flask:
@@ -58,15 +70,19 @@ def create_app(limits: Limits | None = None) -> Flask:
     app = create_openapi_app(__name__)
     app.config["MAX_CONTENT_LENGTH"] = limits.max_bytes + MULTIPART_OVERHEAD
     app.extensions[_LIMITS] = limits
+    # Uploads hold a thread and up to a file in memory each: a bounded number at once.
+    app.extensions[_UPLOADS] = Slots(get_settings().upload_concurrency)
     app.url_map.converters["variant"] = VariantNameConverter
     # Registered first: it runs before every other hook, the admin's authentication included.
     app.before_request(_refuse_unreadable_url)
     app.register_api(api)
+    app.register_api(described)
     app.register_api(health)
     # The operator routes (/v1/admin, /admin) and /metrics: see jobsapp.web.admin.
     admin.init_app(app)
     app.register_error_handler(RejectedUpload, _rejected)
     app.register_error_handler(service.ServiceUnavailable, _unavailable)
+    app.register_error_handler(Busy, _busy)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)
     app.after_request(_security_headers)
@@ -102,6 +118,13 @@ _UPLOAD_BODY = {
 }
 
 
+_UPLOAD_ERROR_TEXT = {
+    503: "`busy`: this web process is handling its limit of uploads at once "
+    "(`JOBSAPP_UPLOAD_CONCURRENCY`), or `unavailable`: the database or object store is; "
+    "retry after `Retry-After` seconds.",
+}
+
+
 # The form is read by jobsapp.web.multipart as it streams in, within its limits: it is
 # described here, not handed to the library to parse.
 @api.post(
@@ -116,16 +139,19 @@ _UPLOAD_BODY = {
         200: json_answer(
             schemas.Accepted, "An Idempotency-Key replay: the earlier attachment", headers=_LOCATION
         ),
-        **errors(400, 413, 415, 422, 503),
+        **errors(400, 401, 403, 408, 413, 415, 422, 503, text=_UPLOAD_ERROR_TEXT),
     },
 )
 def upload(header: schemas.UploadHeaders) -> Answer:
     key = header.idempotency_key
     limits: Limits = current_app.extensions[_LIMITS]
-    data, filename = _read_file(limits)
-    # The client's traceparent, if any, is the parent of the processing job's trace.
-    with tracing.span("upload", _trace_headers(), consumer=False):
-        accepted = service.accept_upload(data, filename, key, limits=limits)
+    uploads: Slots = current_app.extensions[_UPLOADS]
+    # Taken before a byte of the body is read: a refused client has sent little.
+    with uploads.held():
+        data, filename = _read_file(limits)
+        # The client's traceparent, if any, is the parent of the processing job's trace.
+        with tracing.span("upload", _trace_headers(), consumer=False):
+            accepted = service.accept_upload(data, filename, key, limits=limits)
     body = {
         "id": str(accepted.attachment_id),
         "state": accepted.state,
@@ -140,7 +166,10 @@ def upload(header: schemas.UploadHeaders) -> Answer:
     "/v1/attachments/<uuid:attachment_id>",
     summary="An attachment's state, metadata and variant URLs",
     operation_id="getAttachment",
-    responses={200: json_answer(schemas.Attachment, "The attachment"), **errors(404, 503)},
+    responses={
+        200: json_answer(schemas.Attachment, "The attachment"),
+        **errors(401, 403, 404, 503),
+    },
 )
 def show(path: schemas.AttachmentPath) -> Answer:
     attachment_id = path.attachment_id
@@ -166,7 +195,7 @@ def show(path: schemas.AttachmentPath) -> Answer:
             "description": "Redirect to a short-lived presigned URL (S3 storage)",
             "headers": {"Location": {"schema": {"type": "string", "format": "uri"}}},
         },
-        **errors(404, 503),
+        **errors(401, 403, 404, 503),
     },
 )
 def variant(path: schemas.VariantPath) -> Answer:
@@ -184,10 +213,16 @@ def variant(path: schemas.VariantPath) -> Answer:
     return response
 
 
-@api.get(
+@api.before_request
+def _authenticate() -> ResponseReturnValue | None:
+    return api_auth.refusal(request)
+
+
+@described.get(
     "/openapi.json",
     summary="This document",
     operation_id="openapi",
+    security=OPEN,
     responses={
         200: {
             "description": "OpenAPI 3.1",
@@ -213,7 +248,18 @@ def _read_file(limits: Limits) -> tuple[bytes, str | None]:
     # request.stream stops at MAX_CONTENT_LENGTH (413 past it). The raw client name goes to
     # the service, which keeps only a sanitised display name.
     boundary = request.mimetype_params.get("boundary", "")
-    return read_file(request.stream, boundary, FormLimits(max_file_bytes=limits.max_bytes))
+    form = FormLimits(max_file_bytes=limits.max_bytes)
+    try:
+        return read_file(request.stream, boundary, form, request.content_length)
+    except (ClientDisconnected, BodyEnded):
+        # The body ended before its Content-Length: the client went away, or gunicorn's
+        # worker cut a body that took longer than its deadline (web/server.py).
+        raise RejectedUpload(
+            408,
+            "body_timeout",
+            "The body did not arrive in full within "
+            f"{get_settings().web_read_timeout:g} seconds of the request's headers.",
+        ) from None
 
 
 def _promised_variants() -> tuple[str, ...]:
@@ -278,6 +324,17 @@ def _unavailable(exc: service.ServiceUnavailable) -> ResponseReturnValue:
     log.warning("answering 503: %s", exc)
     response, status = error_response(
         503, "unavailable", "A backing service is unavailable; retry later."
+    )
+    response.headers["Retry-After"] = _RETRY_AFTER_S
+    return response, status
+
+
+def _busy(exc: Busy) -> ResponseReturnValue:
+    response, status = error_response(
+        503,
+        "busy",
+        f"This web process is handling as many uploads as it admits at once ({exc.limit}); "
+        "retry after Retry-After seconds.",
     )
     response.headers["Retry-After"] = _RETRY_AFTER_S
     return response, status

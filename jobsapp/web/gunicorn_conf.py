@@ -5,6 +5,10 @@ loggers it configures itself, apart from the app's root logger. Its logger class
 gives their handlers the app's ScrubFilter (an access line may carry a token in its
 query string) and, with ``JOBSAPP_LOG_FORMAT=json``, the app's JSON formatter: every line
 a gunicorn web writes is then JSON.
+
+The worker is gunicorn's threaded one with a deadline for reading each request
+(``jobsapp.web.server``): a slow client holds one thread for a bounded time, never a whole
+worker. ``--threads`` on the command line overrides the count.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ class JobsappLogger(Logger):  # type: ignore[misc]
 
 
 logger_class = JobsappLogger
+worker_class = "jobsapp.web.server.Worker"
+# Per worker process: room for the uploads it admits (JOBSAPP_UPLOAD_CONCURRENCY, 4) and
+# for every other request beside them (/healthz, reads, the console).
+threads = 16
 
 
 def web_bind(env: Mapping[str, str]) -> str:

@@ -17,7 +17,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from jobsapp.db import get_engine
 from jobsapp.web import schemas
-from jobsapp.web.openapi import Answer, errors, json_answer
+from jobsapp.web.openapi import OPEN, Answer, errors, json_answer
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ health = APIBlueprint("health", __name__, abp_tags=[Tag(name="operations")])
     "/healthz",
     summary="The web process answers and reaches its database",
     operation_id="healthz",
+    security=OPEN,
     responses={200: json_answer(schemas.Health, "Alive"), **errors(503)},
 )
 def healthz() -> Answer:

@@ -35,6 +35,11 @@ MAX_PART_HEADER_BYTES = 16 * 1024
 _READ_BYTES = 64 * 1024
 
 
+class BodyEnded(Exception):
+    """The body ended before the length its request declared: its client stopped sending,
+    or the server stopped reading (a deadline)."""
+
+
 @dataclass(frozen=True)
 class FormLimits:
     max_file_bytes: int
@@ -97,14 +102,21 @@ class _Reading:
             self.kept += len(data)
 
 
-def read_file(stream: IO[bytes], boundary: str, limits: FormLimits) -> tuple[bytes, str | None]:
-    """The ``file`` part's bytes (at most one past the limit) and its client file name."""
+def read_file(
+    stream: IO[bytes], boundary: str, limits: FormLimits, length: int | None = None
+) -> tuple[bytes, str | None]:
+    """The ``file`` part's bytes (at most one past the limit) and its client file name;
+    ``length`` is the body's declared length (``BodyEnded`` if fewer bytes come)."""
     if not boundary:
         raise _unreadable("the Content-Type names no boundary")
     decoder = MultipartDecoder(boundary.encode("latin-1", errors="replace"))
     reading = _Reading(limits)
+    received = 0
     while True:
         chunk = stream.read(_READ_BYTES)
+        received += len(chunk)
+        if not chunk and length is not None and received < length:
+            raise BodyEnded(f"{received} of {length} bytes")
         decoder.receive_data(chunk or None)
         if _drain(decoder, reading) or not chunk:
             break

@@ -31,8 +31,12 @@ _REF = "#/components/schemas/{model}"
 _ERROR_TEXT = {
     400: "The request is malformed: no `file` field, a form that cannot be read (a part "
     "header that is not UTF-8), an empty file or a bad Idempotency-Key.",
+    401: "No `Authorization: Bearer` header, or neither `JOBSAPP_API_TOKEN` nor the admin token.",
+    403: "The API is off: a server URL is set and `JOBSAPP_API_TOKEN` is not.",
     404: "No such attachment or variant (a malformed id is unknown too).",
     405: "The route does not take this method.",
+    408: "`body_timeout`: the body did not arrive within `JOBSAPP_WEB_READ_TIMEOUT` seconds "
+    "of the headers.",
     413: "A limit was passed, and the reason names it: the file size (`too_large`), the "
     "request size, more than 16 form parts (`too_many_parts`), a text field over "
     "65536 bytes (`field_too_large`) or a part's headers over 16384 bytes "
@@ -59,12 +63,25 @@ ADMIN_ERROR_TEXT = {
     503: "The database is unavailable; retry after `Retry-After` seconds.",
 }
 ADMIN_AUTH: list[dict[str, list[str]]] = [{"adminToken": []}]
+# A producer's token, or the operator's.
+API_AUTH: list[dict[str, list[str]]] = [{"apiToken": []}, {"adminToken": []}]
+# The empty requirement alone: no credentials (the health check, this document, the
+# login form and the console's script).
+OPEN: list[dict[str, list[str]]] = [{}]
 SESSION_AUTH: list[dict[str, list[str]]] = [{"adminSession": []}]
 # The scrape's own token, or none: the empty requirement says the route is open while
 # JOBSAPP_METRICS_TOKEN is unset.
 METRICS_AUTH: list[dict[str, list[str]]] = [{"metricsToken": []}, {}]
 
 _SECURITY_SCHEMES = {
+    "apiToken": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "The value of `JOBSAPP_API_TOKEN`, the producers' token, for uploads "
+        "and attachment reads (the admin token is accepted too). Required whenever a server "
+        "URL is set (a web started there without it stops at start); on the embedded "
+        "default with no token set, the attachments API is open.",
+    },
     "metricsToken": {
         "type": "http",
         "scheme": "bearer",
@@ -87,7 +104,8 @@ _SECURITY_SCHEMES = {
 _DESCRIPTION = (
     "Upload images; they are validated, made durable, then rendered into variants by "
     "background workers. Every response carries `X-Content-Type-Options: nosniff`; every "
-    "error body is an `Error`. Operators list, replay and cancel jobs under `/v1/admin` "
+    "error body is an `Error`. Producers upload and read with a bearer token "
+    "(`JOBSAPP_API_TOKEN`). Operators list, replay and cancel jobs under `/v1/admin` "
     "(bearer token); Prometheus scrapes `/metrics`."
 )
 

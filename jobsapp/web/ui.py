@@ -48,6 +48,7 @@ from jobsapp.web import auth
 from jobsapp.web.openapi import (
     ADMIN_AUTH,
     FORM_BODY,
+    OPEN,
     SESSION_AUTH,
     Answer,
     html_form,
@@ -251,7 +252,7 @@ for _down in (*_DB_DOWN, service.ServiceUnavailable):
 # ------------------------------------------------------------------------- login
 
 
-@_page_route("/login", "adminLoginForm", "The login form", security=[])
+@_page_route("/login", "adminLoginForm", "The login form", security=OPEN)
 def login() -> Answer:
     return _page("login.html", next=_next())
 
@@ -289,7 +290,7 @@ def logout() -> Answer:
     operation_id="adminLiveScript",
     summary="The live pages' script",
     description="",
-    security=[],
+    security=OPEN,
     responses=script_answer(),
 )
 def live_script() -> Answer:

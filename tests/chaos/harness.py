@@ -47,7 +47,7 @@ from jobsapp.attachments.store import PUBLISHED_PREFIX, STAGING_PREFIX
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.storage import ObjectStore
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, ready
-from tests.e2e.webserver import Http, Reply
+from tests.e2e.webserver import API_TOKEN, Http, Reply
 from tests.support import journal_view
 from tests.support.attachments import sha256
 from tests.support.servers import QUEUE, free_port
@@ -70,6 +70,7 @@ SETTINGS = {
     "JOBSAPP_RELAY_EVERY": str(RELAY_EVERY),
     "JOBSAPP_BEAT_LEASE_SECONDS": str(BEAT_LEASE),
     "JOBSAPP_STAGING_ORPHAN_HOURS": str(STAGING_ORPHAN_HOURS),
+    "JOBSAPP_API_TOKEN": API_TOKEN,
 }
 VERSION = 1
 PROMISED = tuple(sorted(spec.name for spec in get_pipeline(VERSION).variants))
@@ -451,7 +452,7 @@ class Cluster:
             str(port),
         ]
         proc = self.launcher.start("web", argv, _armed(crash_at))
-        client = Http(f"http://127.0.0.1:{port}")
+        client = Http(f"http://127.0.0.1:{port}", API_TOKEN)
         deadline = time.monotonic() + timeout
         while True:
             assert proc.alive(), f"jobsapp web exited:\n{proc.log()[-3000:]}"

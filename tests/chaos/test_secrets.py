@@ -39,7 +39,7 @@ from tests.chaos.harness import (
     photo,
 )
 from tests.e2e.procs import BIN, WORKER_FLAGS, Proc, ready
-from tests.e2e.webserver import Http, free_port
+from tests.e2e.webserver import API_TOKEN, Http, free_port
 from tests.support.env import SESSION, service
 from tests.support.servers import RedisServer
 from tests.support.tasks import planted_secrets
@@ -132,7 +132,7 @@ def start_web(cluster: Cluster) -> tuple[Proc, Http]:
     port = free_port()
     argv = [sys.executable, "-m", "jobsapp.cli", "web", "--host", "127.0.0.1", "--port", str(port)]
     proc = cluster.launcher.start("web", argv, {"JOBSAPP_ADMIN_TOKEN": ADMIN_TOKEN})
-    http = Http(f"http://127.0.0.1:{port}")
+    http = Http(f"http://127.0.0.1:{port}", API_TOKEN)
     deadline = time.monotonic() + 30
     while True:
         assert proc.alive(), f"jobsapp web exited:\n{proc.log()[-3000:]}"

@@ -195,7 +195,7 @@ def _metrics_need_the_scrapers_token(ports: dict[str, str]) -> None:
 def _an_upload_becomes_ready_with_a_public_sigv4_url(
     ports: dict[str, str], stand_ins: dict[str, str]
 ) -> None:
-    web = Http(f"http://{ports['127.0.0.1:8000']}")
+    web = Http(f"http://{ports['127.0.0.1:8000']}", SECRETS["JOBSAPP_API_TOKEN"])
     reply = web.post_file(images.solid("PNG"), "p.png", "image/png")
     assert reply.status == 202, reply.body
     deadline = time.monotonic() + 90

@@ -53,6 +53,7 @@ def good_env(postgres_url: str, tmp_path: Path) -> dict[str, str]:
         "JOBSAPP_DATABASE_URL": postgres_url,
         "JOBSAPP_BROKER_URL": service("JOBSAPP_TEST_REDIS_URL"),
         "JOBSAPP_STORAGE_URL": f"file://{tmp_path / 'objects'}",
+        "JOBSAPP_API_TOKEN": "errors-producers-token",
     }
 
 
@@ -466,6 +467,26 @@ def test_gunicorn_with_a_bad_setting_stops_with_the_line(
         == [ln for ln in err.splitlines() if ln.startswith(line)]
         != []
     ), err[-3000:]
+    assert "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("server", ["jobsapp web", "gunicorn"])
+def test_a_web_beside_servers_without_an_api_token_stops_at_start(
+    server: str, good_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 35: uploads and attachment reads needed no credentials in any deployment."""
+    argv = gunicorn(1, tmp_path) if server == "gunicorn" else ENTRY_POINTS["jobsapp web"]
+    env = {k: v for k, v in good_env.items() if k != "JOBSAPP_API_TOKEN"}
+
+    code, out, err = run(argv, env)
+
+    assert code == (3 if server == "gunicorn" else 2), err[-3000:]
+    said = [ln for ln in err.splitlines() if ln.startswith("jobsapp: ")]
+    assert said == [
+        "jobsapp: configuration error: JOBSAPP_API_TOKEN is not set: uploads and attachment "
+        "reads need a bearer token whenever a server URL is set; set a random secret (the "
+        "producers' own, not the admin token)"
+    ], err[-3000:]
     assert "Traceback" not in out + err
 
 

@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import Engine
 
 from tests.e2e.procs import ROOT, Launcher, Proc, launching, ready, service_env
-from tests.e2e.webserver import free_port
+from tests.e2e.webserver import API_TOKEN, free_port
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 
@@ -73,7 +73,8 @@ def enqueue_flaky(env: dict[str, str]) -> str:
 
 def start_gunicorn(launcher: Launcher) -> tuple[Proc, int]:
     port = free_port()
-    return launcher.start("json-web", [*GUNICORN, "--bind", f"127.0.0.1:{port}", APP]), port
+    argv = [*GUNICORN, "--bind", f"127.0.0.1:{port}", APP]
+    return launcher.start("json-web", argv, {"JOBSAPP_API_TOKEN": API_TOKEN}), port
 
 
 def _answers(url: str) -> bool:

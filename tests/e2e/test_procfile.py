@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import _drop_postgres, _fresh_postgres
-from tests.e2e.webserver import REPO, Http, fetch, free_port
+from tests.e2e.webserver import API_TOKEN, REPO, Http, fetch, free_port
 from tests.support.env import SESSION, service
 from tests.support.servers import RedisServer
 from tests.unit import images
@@ -44,6 +44,7 @@ def procfile_env(module_redis: RedisServer, tmp_path: Path) -> Iterator[dict[str
         "JOBSAPP_FLOWER_PORT": str(free_port()),
         "JOBSAPP_RELAY_EVERY": "1",
         "FLOWER_BASIC_AUTH": FLOWER_LOGIN,
+        "JOBSAPP_API_TOKEN": API_TOKEN,
     }
     # The platform's release phase, before any process starts: the Procfile's own line.
     release = subprocess.run(
@@ -96,7 +97,7 @@ def _answers(url: str, log: Path, timeout: float = 60) -> int:
 
 
 def test_every_procfile_line_serves(honcho: Path, procfile_env: dict[str, str]) -> None:
-    web = Http(f"http://127.0.0.1:{procfile_env['PORT']}")
+    web = Http(f"http://127.0.0.1:{procfile_env['PORT']}", API_TOKEN)
     assert _answers(web.base_url + "/healthz", honcho) == 200
     flower = f"http://127.0.0.1:{procfile_env['JOBSAPP_FLOWER_PORT']}/"
     assert _answers(flower, honcho) == 401

@@ -341,6 +341,59 @@ def test_openapi_says_how_metrics_are_authenticated(http: Http) -> None:
     assert doc["components"]["securitySchemes"]["metricsToken"]["scheme"] == "bearer"
 
 
+def test_uploads_and_attachment_reads_need_the_api_token(http: Http) -> None:
+    """Issue 35: uploads and attachment reads needed no credentials."""
+    anonymous, wrong = Http(http.base_url), Http(http.base_url, "not-the-token")
+    for client in (anonymous, wrong):
+        refused = client.post_file(png(), "p.png", "image/png")
+        assert refused.status == 401, refused
+        assert refused.json()["error"] == "unauthorized"
+        assert refused.headers["WWW-Authenticate"] == 'Bearer realm="jobsapp-api"'
+    accepted = http.post_file(png(), "p.png", "image/png")
+    assert accepted.status == 202, accepted
+    location = accepted.headers["Location"]
+    for path in (location, f"{location}/variants/thumbnail"):
+        assert anonymous.get(path).status == 401
+        assert wrong.get(path).status == 401
+    assert http.get(location).status == 200
+    # The operator's token reads too; what describes the API and the health check stay open.
+    assert Http(http.base_url, ADMIN_TOKEN).get(location).status == 200
+    assert anonymous.get("/openapi.json").status == 200
+    assert anonymous.get("/healthz").status == 200
+
+
+def test_on_the_embedded_default_uploads_and_reads_need_no_token(tmp_path: Path) -> None:
+    """The README's first commands run on the embedded default, without a token."""
+    var = tmp_path / "var"
+    var.mkdir()
+    migrate(f"sqlite:///{var / 'jobsapp.db'}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
+    env |= {"JOBSAPP_VAR_DIR": str(var), "JOBSAPP_API_TOKEN": ""}
+    with running_web(env, tmp_path / "web.log") as anonymous:
+        assert anonymous.token is None
+        accepted = anonymous.post_file(png(), "p.png", "image/png")
+        assert accepted.status == 202, accepted
+        assert anonymous.get(accepted.headers["Location"]).status == 200
+
+
+def test_openapi_names_how_every_route_is_authenticated(http: Http) -> None:
+    doc = http.get("/openapi.json").json()
+    api = [{"apiToken": []}, {"adminToken": []}]
+    assert doc["paths"]["/v1/attachments"]["post"]["security"] == api
+    assert doc["paths"]["/v1/attachments/{attachment_id}"]["get"]["security"] == api
+    variant = doc["paths"]["/v1/attachments/{attachment_id}/variants/{name}"]["get"]
+    assert variant["security"] == api
+    assert doc["components"]["securitySchemes"]["apiToken"]["scheme"] == "bearer"
+    assert doc["paths"]["/healthz"]["get"]["security"] == [{}]
+    unnamed = [
+        (path, method)
+        for path, item in doc["paths"].items()
+        for method, operation in item.items()
+        if not operation.get("security")
+    ]
+    assert unnamed == []
+
+
 def test_the_generated_document_is_valid_openapi_3_1(http: Http) -> None:
     from openapi_spec_validator import OpenAPIV31SpecValidator
 

@@ -7,6 +7,7 @@ response that the app sent ``X-Content-Type-Options: nosniff``.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -23,14 +24,23 @@ from jobsapp.demo import multipart_body
 from tests.support.servers import free_port
 
 WEB = (sys.executable, "-m", "jobsapp.cli", "web", "--host", "127.0.0.1")
-# The Procfile's web line: a gunicorn replica of two workers.
-GUNICORN = (sys.executable, "-m", "gunicorn", "--workers", "2", "--access-logfile", "-")
 APP = "jobsapp.web.app:create_app()"
 WORKER = (
     *(sys.executable, "-m", "celery", "-A", "jobsapp", "worker", "--pool=threads", "-c", "2"),
     *("-l", "warning", "--without-gossip", "--without-mingle", "--without-heartbeat"),
 )
 REPO = Path(__file__).resolve().parents[2]
+# The producers' token of the webs these helpers start, unless a test sets its own.
+API_TOKEN = "e2e-producers-token"
+
+
+def procfile_web() -> tuple[str, ...]:
+    """The Procfile's web line as its argv, run by this interpreter's gunicorn; it binds
+    where ``JOBSAPP_WEB_BIND`` says (web/gunicorn_conf.py)."""
+    lines = (REPO / "Procfile").read_text().splitlines()
+    argv = shlex.split(next(line for line in lines if line.startswith("web:"))[4:])
+    assert argv[0] == "gunicorn", argv
+    return (sys.executable, "-m", *argv)
 
 
 @dataclass(frozen=True)
@@ -45,9 +55,11 @@ class Reply:
 
 @dataclass
 class Http:
-    """A client for the app under test; every response must carry nosniff."""
+    """A client for the app under test; every response must carry nosniff. With a
+    ``token``, a request that names no Authorization of its own sends it as a bearer."""
 
     base_url: str
+    token: str | None = None
 
     def get(self, path: str) -> Reply:
         return self.request(path)
@@ -71,9 +83,12 @@ class Http:
         headers: Mapping[str, str] | None = None,
         method: str = "GET",
     ) -> Reply:
+        all_headers = dict(headers or {})
+        if self.token and not any(name.lower() == "authorization" for name in all_headers):
+            all_headers["Authorization"] = f"Bearer {self.token}"
         # S310: the URL is always the app's own http://127.0.0.1 address.
         request = urllib.request.Request(  # noqa: S310
-            self.base_url + path, data, dict(headers or {}), method=method
+            self.base_url + path, data, all_headers, method=method
         )
         reply = fetch(request, _NO_REDIRECTS)
         assert reply.headers.get("X-Content-Type-Options") == "nosniff", (request.full_url, reply)
@@ -108,12 +123,13 @@ def start_web(
     env: Mapping[str, str], log_path: Path, *, gunicorn: bool = False
 ) -> tuple[subprocess.Popen[bytes], Http]:
     """`jobsapp web` (or gunicorn, as the Procfile runs it) on a free port, once /healthz
-    answers."""
+    answers; its client sends the web's API token (``API_TOKEN`` unless ``env`` names one)."""
     port = free_port()
-    bind = f"127.0.0.1:{port}"
-    argv = (*GUNICORN, "--bind", bind, APP) if gunicorn else (*WEB, "--port", str(port))
-    proc = start(argv, env, log_path)
-    http = Http(f"http://127.0.0.1:{port}")
+    env = {"JOBSAPP_API_TOKEN": API_TOKEN, **env}
+    if gunicorn:
+        env = {**env, "JOBSAPP_WEB_BIND": f"127.0.0.1:{port}"}
+    proc = start(procfile_web() if gunicorn else (*WEB, "--port", str(port)), env, log_path)
+    http = Http(f"http://127.0.0.1:{port}", env["JOBSAPP_API_TOKEN"] or None)
     try:
         _wait_healthy(proc, http, log_path)
     except BaseException:

@@ -24,6 +24,7 @@ from sqlalchemy import Engine
 from jobsapp.attachments.tasks import TASK_NAME
 from jobsapp.celery_app import app
 from jobsapp.maintenance import relay
+from jobsapp.settings import get_settings
 from jobsapp.storage import ObjectStore
 from jobsapp.web.app import create_app
 from tests.conftest import use_database
@@ -99,14 +100,21 @@ def _names(span_ids: list[str], exporter: InMemorySpanExporter) -> list[str]:
 
 
 def test_an_uploads_traceparent_is_the_ancestor_of_the_workers_span(
-    spans: InMemorySpanExporter, s3: ObjectStore, worker: TestWorkController, db: Engine
+    spans: InMemorySpanExporter,
+    s3: ObjectStore,
+    worker: TestWorkController,
+    db: Engine,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("JOBSAPP_API_TOKEN", "tracing-producers-token")
+    get_settings.cache_clear()
     client = create_app().test_client()
     answer = client.post(
         "/v1/attachments",
         data={"file": (io.BytesIO(images.png_with_alpha()), "photo.png")},
-        headers={"traceparent": TRACEPARENT},
+        headers={"traceparent": TRACEPARENT, "Authorization": "Bearer tracing-producers-token"},
     )
+    get_settings.cache_clear()
     assert answer.status_code == 202
     settled(uuid.UUID(answer.get_json()["id"]), "ready")
     run = _run_span(spans, TASK_NAME)

@@ -20,6 +20,7 @@ SECRETS = {
     "S3_SECRET_KEY": "s3-Secret-77ab",
     "FLOWER_BASIC_AUTH": "ops:flower-Secret-1b3c",
     "JOBSAPP_METRICS_TOKEN": "scrape-Secret-5e0d",
+    "JOBSAPP_API_TOKEN": "producers-Secret-3a7c",
 }
 _DEFAULTED = re.compile(r"\$\{(\w+):-([^}]*)\}")
 # A Procfile line's own check of a required variable, then the command it execs; compose

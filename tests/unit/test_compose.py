@@ -134,6 +134,10 @@ def test_web_metrics_need_the_scrapers_token(services: dict[str, Any]) -> None:
     assert env["JOBSAPP_METRICS_TOKEN"] == SECRETS["JOBSAPP_METRICS_TOKEN"]
 
 
+def test_web_uploads_and_reads_need_the_producers_token(services: dict[str, Any]) -> None:
+    assert services["web"]["environment"]["JOBSAPP_API_TOKEN"] == SECRETS["JOBSAPP_API_TOKEN"]
+
+
 def test_redis_keeps_its_data_on_a_volume(services: dict[str, Any]) -> None:
     (mount,) = services["redis"]["volumes"]
     assert (mount["type"], mount["source"], mount["target"]) == ("volume", "redisdata", "/data")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jobsapp.settings import Settings, SettingsError, load_settings
+from jobsapp.settings import Settings, SettingsError, load_settings, served_api_problem
 
 VAR = Path("/srv/jobsapp-var")
 SERVERS = {
@@ -246,3 +246,35 @@ def test_every_name_the_package_reads_is_a_known_setting() -> None:
     }
     settings = {name for name in read if not name.startswith(TOOL_PREFIXES)}
     assert settings - KNOWN_NAMES - {"JOBSAPP_"} == set()
+
+
+def test_the_api_needs_a_token_beside_servers_and_none_on_the_embedded_default() -> None:
+    assert served_api_problem(load_settings({})) is None
+    problem = served_api_problem(load_settings(SERVERS)) or ""
+    assert problem.startswith("JOBSAPP_API_TOKEN is not set")
+    given = load_settings({**SERVERS, "JOBSAPP_API_TOKEN": "producers-7c1d"})
+    assert (given.api_token, given.embedded) == ("producers-7c1d", False)
+    assert served_api_problem(given) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"JOBSAPP_API_TOKEN": "change-me"}, "JOBSAPP_API_TOKEN is a well-known placeholder"),
+        (
+            {"JOBSAPP_API_TOKEN": "same-7c1d", "JOBSAPP_ADMIN_TOKEN": "same-7c1d"},
+            "JOBSAPP_API_TOKEN is the admin token",
+        ),
+    ],
+)
+def test_an_api_token_that_protects_nothing_is_refused(env: dict[str, str], said: str) -> None:
+    with pytest.raises(SettingsError, match=said):
+        load_settings(env)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("JOBSAPP_UPLOAD_CONCURRENCY", "0"), ("JOBSAPP_WEB_READ_TIMEOUT", "-1")]
+)
+def test_the_webs_bounds_are_refused_when_they_admit_nothing(name: str, value: str) -> None:
+    with pytest.raises(SettingsError, match=name):
+        load_settings({name: value})
