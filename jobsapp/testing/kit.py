@@ -36,6 +36,7 @@ from jobsapp.lifecycle import journal, outbox, registry
 from jobsapp.lifecycle.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome
 from jobsapp.lifecycle.journal.slots import PARKED
+from jobsapp.lifecycle.message import task_id_for
 from jobsapp.lifecycle.results import decoded
 from jobsapp.lifecycle.tables import Base
 from jobsapp.maintenance import key_slots, lease, relay
@@ -54,6 +55,8 @@ _PAST_DUE = timedelta(milliseconds=10)
 # The relay as the kit runs it: a row is published the moment it is due (no producer
 # of the test's is still about to publish it).
 _RELAY = relay.RelayConfig(grace=timedelta(0))
+# A bound on ``perform``'s attempts: a job that keeps asking for more is a test's fault.
+_MAX_ATTEMPTS = 100
 _FIELDS = ("args", "kwargs", "key", "queue", "priority", "eta")
 
 
@@ -308,13 +311,43 @@ class Kit:
         raise AssertionError(f"drain ran {max_messages} messages and the queue is not empty")
 
     def perform(self, task: Any, *args: Any, **kwargs: Any) -> Run:
-        """One job of ``task`` run here through the lifecycle, attempt after attempt, to
-        its end; its run row (outcome, result, stored error)."""
-        handle = task.apply(args, kwargs)
-        runs = [r for r in self.runs(task) if str(r.job_id) == str(handle.id)]
-        if not runs:
-            raise AssertionError(f"{task.name}: apply() left no run (got {handle.result!r})")
-        return runs[0]
+        """One job of ``task`` enqueued and run here through the lifecycle, attempt after
+        attempt, to its end; its run (outcome, result, stored error). Nothing else runs
+        (what the body enqueued stays queued); the clock moves over each backoff, as
+        ``drain(with_scheduled=True)`` would move it."""
+        handle = task.apply_async(args, kwargs)
+        for _ in range(_MAX_ATTEMPTS):
+            run = self._run_of(task, handle.job_id)
+            if run is None:
+                raise AssertionError(f"{task.name}: no run of job {handle.job_id} ({handle!r})")
+            if run.state != "queued":
+                return run
+            if run.waiting:
+                raise AssertionError(f"{task.name}: job {run.job_id} waits for a slot of its key")
+            if run.eta is not None and (wait := run.eta - self.now()) > timedelta(0):
+                self.advance((wait + _PAST_DUE).total_seconds())
+            self._attempt(task, run.job_id, run.attempts + 1)
+        raise AssertionError(f"{task.name}: job {handle.job_id} ran {_MAX_ATTEMPTS} attempts")
+
+    def _run_of(self, task: Any, job_id: uuid.UUID) -> Run | None:
+        spec = task.run_table
+        with self.engine.connect() as conn:
+            row = journal.load(conn, spec, job_id)
+            return None if row is None else self._run(conn, spec, dict(row))
+
+    def _attempt(self, task: Any, job_id: uuid.UUID, attempt: int) -> None:
+        """The message of ``attempt`` as the relay would send it, run here (a copy the
+        broker holds is refused by the claim later, as any duplicate)."""
+        box = journal.OUTBOX
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(box.c.id, box.c.body).where(
+                    box.c.module == task.run_table.module,
+                    box.c.job_id == job_id,
+                    box.c.attempt == attempt,
+                )
+            ).one()
+        self._trace(task, task_id_for(job_id, attempt), (), {**row.body, "outbox_id": row.id})
 
     def _take_due(self, queue: str | None) -> tuple[list[Any], list[datetime]]:
         """The due messages of the queues, taken off them (acked), in eta order; the
@@ -360,14 +393,24 @@ class Kit:
         headers = message.headers
         args, kwargs, _embed = message.payload
         task = self.app.tasks[headers["task"]]
-        trace = build_tracer(task.name, task, app=self.app, eager=False)
-        request = delivered(
-            self.app, headers["id"], "kit", queue=message.delivery_info.get("routing_key")
-        )
-        retval = trace(headers["id"], list(args), dict(kwargs), request)[0]
+        queue = message.delivery_info.get("routing_key")
+        retval = self._trace(task, headers["id"], args, kwargs, queue)
         if isinstance(retval, str) and retval.startswith(_NOT_RUN):
             return None
         return self._state_after(task, kwargs)
+
+    def _trace(
+        self,
+        task: Any,
+        task_id: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        queue: str | None = None,
+    ) -> Any:
+        """Run one delivery as a worker does (Celery's tracer); what the task returned."""
+        trace = build_tracer(task.name, task, app=self.app, eager=False)
+        request = delivered(self.app, task_id, "kit", queue=queue)
+        return trace(task_id, list(args), dict(kwargs), request)[0]
 
     def _state_after(self, task: Any, kwargs: Mapping[str, Any]) -> str:
         job_id = kwargs.get("job_id") if isinstance(kwargs, Mapping) else None

@@ -105,6 +105,22 @@ def test_drain_with_scheduled_moves_the_clock_to_each_due_retry(kit: Kit) -> Non
     assert _only(kit, flaky).attempts == 3
 
 
+def test_perform_runs_one_job_to_its_end_moving_the_clock_over_its_backoffs(kit: Kit) -> None:
+    before = kit.now()
+    run = kit.perform(flaky, "p", 2)
+    assert (run.state, run.attempts, run.result) == ("succeeded", 3, "p done")
+    assert kit.now() - before >= timedelta(seconds=60 + 120)
+    assert kit.drain() == {}  # the broker's copies of its attempts start nothing
+
+
+def test_perform_tells_a_failure_with_its_stored_error(kit: Kit) -> None:
+    run = kit.perform(charge, "acct-1")
+    assert (run.state, run.outcome, run.attempts) == ("failed", "permanent", 1)
+    assert run.last_error == "[permanent] PermanentError: no such account acct-1"
+    assert run.error is not None
+    assert run.error.endswith("no such account acct-1\n")
+
+
 def test_a_countdown_and_an_eta_are_matched_and_run_when_due(kit: Kit) -> None:
     at = kit.now() + HOUR
     step.apply_async(("x", "later"), countdown=90)
