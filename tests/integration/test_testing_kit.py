@@ -13,52 +13,11 @@ from celery import chain
 from sqlalchemy import Engine
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import PermanentError, RetryPolicy, lifecycle_task
 from jobsapp.testing import Kit
+from tests.support.env import SESSION
+from tests.support.kit_tasks import RAN, charge, export, flaky, quick_retry, report, step
 
-# Bodies append here, in the order they ran.
-RAN: list[str] = []
 HOUR = timedelta(hours=1)
-
-
-@lifecycle_task(app, name="tests.kit.flaky", retry_policy=RetryPolicy(base_delay=60, jitter=0))
-def flaky(name: str, failures: int) -> str:
-    """Fails its first ``failures`` attempts; the backoff is 60 s, then 120 s."""
-    RAN.append(name)
-    if RAN.count(name) <= failures:
-        raise ConnectionError(f"{name}: upstream unreachable")
-    return f"{name} done"
-
-
-@lifecycle_task(app, name="tests.kit.quick_retry", retry_policy=RetryPolicy(base_delay=2, jitter=0))
-def quick_retry(name: str) -> str:
-    """A 2 s backoff: within the inline wait (2 s in the suite), so it rides a countdown."""
-    RAN.append(name)
-    if RAN.count(name) == 1:
-        raise ConnectionError("once")
-    return f"{name} done"
-
-
-@lifecycle_task(app, name="tests.kit.step")
-def step(said: str, word: str) -> str:
-    RAN.append(word)
-    return f"{said} {word}"
-
-
-@lifecycle_task(app, name="tests.kit.export", key="export:{account}", limit=2)
-def export(account: str, part: int) -> int:
-    RAN.append(f"{account}/{part}")
-    return part
-
-
-@lifecycle_task(app, name="tests.kit.report", key="report:{account}")
-def report(account: str) -> str:
-    return account
-
-
-@lifecycle_task(app, name="tests.kit.charge")
-def charge(account: str) -> str:
-    raise PermanentError(f"no such account {account}")
 
 
 @pytest.fixture
@@ -164,6 +123,14 @@ def test_an_eta_that_does_not_match_says_what_is_queued(kit: Kit) -> None:
         AssertionError, match=r"1 queued tests.kit.step job\(s\) with countdown=90 \(eta "
     ):
         kit.refute_enqueued(step, countdown=90)
+
+
+def test_drain_reads_every_queue_a_job_was_sent_to(kit: Kit) -> None:
+    elsewhere = f"jobsapp-tests-kit-{SESSION}"
+    step.apply_async(("x", "there"), queue=elsewhere)
+    kit.assert_enqueued(step, queue=elsewhere)
+    assert kit.drain() == {"succeeded": 1}
+    assert RAN == ["there"]
 
 
 def test_a_chain_is_drained_to_its_end(kit: Kit) -> None:
