@@ -136,10 +136,13 @@ class Kit:
         with self.engine.connect() as conn:
             return lease.database_now(conn) + self._advanced
 
-    def advance(self, seconds: float) -> dict[str, int]:
-        """Move the kit's clock ``seconds`` on: a retry, a countdown or an eta due by then
-        runs at the next ``drain()``, and a queued job's expiry comes as much nearer. The
-        relay's pass then publishes what became due (its counts are returned)."""
+    def advance(self, seconds: float | timedelta) -> dict[str, int]:
+        """Move the kit's clock ``seconds`` (or a ``timedelta``) on: a retry, a countdown or
+        an eta due by then runs at the next ``drain()``, and a queued job's expiry comes as
+        much nearer. The relay's pass then publishes what became due (its counts are
+        returned)."""
+        if isinstance(seconds, timedelta):
+            seconds = seconds.total_seconds()
         if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"advance takes a number of seconds >= 0, not {seconds!r}")
         step = timedelta(seconds=seconds)
@@ -298,7 +301,7 @@ class Kit:
                 wait = self._next_due_in(later) if with_scheduled else None
                 if wait is None:
                     return counts
-                self.advance(wait.total_seconds())
+                self.advance(wait)
                 budget -= 1
                 continue
             for message in due:
@@ -325,7 +328,7 @@ class Kit:
             if run.waiting:
                 raise AssertionError(f"{task.name}: job {run.job_id} waits for a slot of its key")
             if run.eta is not None and (wait := run.eta - self.now()) > timedelta(0):
-                self.advance((wait + _PAST_DUE).total_seconds())
+                self.advance(wait + _PAST_DUE)
             self._attempt(task, run.job_id, run.attempts + 1)
         raise AssertionError(f"{task.name}: job {handle.job_id} ran {_MAX_ATTEMPTS} attempts")
 

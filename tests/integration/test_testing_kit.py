@@ -94,9 +94,14 @@ def test_a_countdown_and_an_eta_are_matched_and_run_when_due(kit: Kit) -> None:
     assert kit.drain() == {"succeeded": 1}
     kit.advance(88)
     assert kit.drain() == {"succeeded": 1}
-    kit.advance(HOUR.total_seconds())
+    kit.advance(HOUR)
     assert kit.drain() == {"succeeded": 1}
     assert RAN == ["soon", "later", "at-eta"]
+
+
+def test_the_clock_moves_only_forward(kit: Kit) -> None:
+    with pytest.raises(ValueError, match=r"advance takes a number of seconds >= 0, not -1"):
+        kit.advance(-1)
 
 
 def test_an_expiry_comes_with_the_clock(kit: Kit) -> None:
