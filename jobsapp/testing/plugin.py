@@ -1,11 +1,18 @@
 """jobsapp's pytest plugin (the ``pytest11`` entry point of ``jobsapp[testing]``).
 
-With no database, broker or storage named in the environment, the session runs on the
-embedded default in a temporary folder of its own (SQLite, kombu's filesystem transport, a
-local directory), set before your modules import jobsapp's app; with ``JOBSAPP_DATABASE_URL``
-and the others set, on those. The ``jobsapp`` fixture migrates the journal once, empties it
-before each test and gives the test a ``Kit``; ``jobsapp_worker`` adds a real Celery worker
-(threads pool, in this process) on the same journal and broker.
+Where the session's journal lives, decided before your modules import jobsapp's app:
+
+- ``JOBSAPP_DATABASE_URL`` and the other server URLs set: on those, as named.
+- else ``JOBSAPP_TEST_DATABASE_URL`` set (a PostgreSQL URL): a database of the session's
+  own on that server, ``<its database>_kit_<pid>`` (so xdist workers and parallel runs
+  never meet), created at the session's start and dropped at its end; the broker and
+  storage are the embedded ones in a temporary folder.
+- else the embedded default in a temporary folder (SQLite, kombu's filesystem transport,
+  a local directory).
+
+The ``jobsapp`` fixture migrates the journal once, empties it before each test and gives
+the test a ``Kit``; ``jobsapp_worker`` adds a real Celery worker (threads pool, in this
+process) on the same journal and broker.
 """
 
 from __future__ import annotations
@@ -16,18 +23,85 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from jobsapp.settings import SERVER_NAMES
 
 _MIGRATED: set[str] = set()
+_OWN_DATABASE = "JOBSAPP_TEST_DATABASE_URL"
+# The settings this plugin set in this process's environment, which its children inherit.
+_SET_HERE = "JOBSAPP_TEST_KIT_SET"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A session started by another (an xdist worker by its controller) inherits what the
+    # other set for itself: dropped first, so each session has a journal of its own.
+    for name in filter(None, os.environ.pop(_SET_HERE, "").split(",")):
+        os.environ.pop(name, None)
+    if any(os.environ.get(name) for name in SERVER_NAMES):
+        return
+    settings = {"JOBSAPP_VAR_DIR": os.environ.get("JOBSAPP_VAR_DIR", "")}
+    if not settings["JOBSAPP_VAR_DIR"]:
+        settings["JOBSAPP_VAR_DIR"] = tempfile.mkdtemp(prefix="jobsapp-tests-")
+    server = os.environ.get(_OWN_DATABASE)
+    if server:
+        url = _create_session_database(server)
+        config.add_cleanup(lambda: _drop_session_database(server, url))
+        settings |= {
+            "JOBSAPP_DATABASE_URL": url,
+            "JOBSAPP_BROKER_URL": "filesystem://",
+            "JOBSAPP_STORAGE_URL": f"file://{settings['JOBSAPP_VAR_DIR']}/storage",
+        }
+    mine = [name for name in settings if name not in os.environ]
+    os.environ.update(settings)
+    os.environ[_SET_HERE] = ",".join(mine)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
     del config
-    if not any(os.environ.get(name) for name in SERVER_NAMES) and not os.environ.get(
-        "JOBSAPP_VAR_DIR"
-    ):
-        os.environ["JOBSAPP_VAR_DIR"] = tempfile.mkdtemp(prefix="jobsapp-tests-")
+    from jobsapp.settings import SettingsError, get_settings
+
+    try:
+        url = get_settings().database_url
+    except SettingsError as exc:
+        return f"jobsapp: {exc}"
+    return f"jobsapp: journal on {make_url(url).render_as_string(hide_password=True)}"
+
+
+def _session_url(server: str) -> Any:
+    given = make_url(server)
+    if given.get_backend_name() != "postgresql" or not given.database:
+        raise pytest.UsageError(
+            f"{_OWN_DATABASE} must be a PostgreSQL URL naming a database, not {server!r}"
+        )
+    return given.set(database=f"{given.database}_kit_{os.getpid()}")
+
+
+def _create_session_database(server: str) -> str:
+    """A fresh database of this session's own beside the one ``server`` names (a leftover
+    of a killed session with the same process id is dropped first)."""
+    url = _session_url(server)
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{url.database}"'))
+    finally:
+        admin.dispose()
+    return str(url.render_as_string(hide_password=False))
+
+
+def _drop_session_database(server: str, url: str) -> None:
+    from jobsapp.db import get_engine
+
+    get_engine(url).dispose()
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
 
 
 @pytest.fixture

@@ -211,4 +211,4 @@ def test_a_teams_own_tests_run_on_the_testing_kit_from_the_wheel(
         cwd=team,
         env=env,
     )
-    assert "6 passed" in out, out[-3000:]
+    assert "10 passed" in out, out[-3000:]

@@ -1,0 +1,95 @@
+"""The testing kit's plugin on PostgreSQL: with ``JOBSAPP_TEST_DATABASE_URL`` (and no server
+of its own named), a team's test session gets a database of its own beside the one the URL
+names, emptied per test and dropped at the session's end; xdist workers get one each.
+The team's tests (examples/team_app/tests) run in a pytest of their own, as a team runs them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, inspect, text
+
+from tests.conftest import _drop_postgres, _fresh_postgres
+from tests.e2e.webserver import REPO
+from tests.support.env import SESSION, service, shell_env
+
+NAMED = f"jobsapp_kitsrv_{SESSION}"
+
+
+@pytest.fixture
+def named_url() -> Iterator[str]:
+    """The database the team's URL names: empty, so anything written there shows."""
+    admin = service("JOBSAPP_TEST_DATABASE_URL")
+    url = _fresh_postgres(admin, NAMED)
+    yield url
+    create_engine(url).dispose()
+    _drop_postgres(admin, NAMED)
+
+
+def _databases(url: str) -> list[str]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(
+                text("SELECT datname FROM pg_database WHERE datname LIKE :p"),
+                {"p": f"{NAMED}_kit_%"},
+            )
+            return sorted(found.scalars())
+    finally:
+        engine.dispose()
+
+
+# A test of the team's that names the database its process is on.
+OWN_PROCESS = """
+import os
+
+from jobsapp.settings import get_settings
+
+
+def test_this_process_has_a_journal_of_its_own(jobsapp):
+    assert get_settings().database_url.endswith(f"_kit_{os.getpid()}")
+"""
+
+
+def _team_tests(tmp_path: Path, url: str, *args: str) -> tuple[int, str]:
+    team = tmp_path / "team_app"
+    shutil.copytree(
+        REPO / "examples" / "team_app", team, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (team / "tests" / "test_own_process.py").write_text(OWN_PROCESS)
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "tests"]
+    env = shell_env(JOBSAPP_TEST_DATABASE_URL=url, PYTHONPATH=str(team))
+    proc = subprocess.Popen(
+        argv, cwd=team, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    return proc.pid, out
+
+
+def test_a_session_gets_a_database_of_its_own_and_drops_it(named_url: str, tmp_path: Path) -> None:
+    pid, out = _team_tests(tmp_path, named_url)
+    assert "11 passed" in out, out[-3000:]
+    assert "jobsapp: journal on postgresql+psycopg2://" in out
+    assert f"/{NAMED}_kit_{pid}\n" in out
+    engine = create_engine(named_url)
+    try:
+        assert inspect(engine).get_table_names() == []  # nothing in the named database
+    finally:
+        engine.dispose()
+    assert _databases(named_url) == []  # the session's own is gone
+
+
+def test_xdist_workers_each_get_a_database_of_their_own(named_url: str, tmp_path: Path) -> None:
+    """Each worker drops what the controller set for itself and makes its own: two
+    workers emptying one journal before each test would fail each other's tests. With
+    ``loadfile`` a worker may run only the test that names its process's database."""
+    _pid, out = _team_tests(tmp_path, named_url, "-n", "2", "--dist", "loadfile")
+    assert "11 passed" in out, out[-3000:]
+    assert _databases(named_url) == []
