@@ -167,3 +167,21 @@ def run_echo(cluster: Cluster, token: str, timeout: float = 30.0) -> Mapping[str
 
     row = cluster.wait_for(done, f"echo {token} finished", timeout)
     return dict(row)
+
+
+ECHO = "tests.echo"
+
+
+HEADER_FAULTS = {
+    "no id header": ({"id": None}, r"no id header"),
+    "task header is a list": ({"task": [ECHO]}, r"task header is a list, not a string"),
+    "timelimit is a string": ({"timelimit": "10"}, r"timelimit header is a str, not \[soft"),
+}
+
+
+def faulty(changes: dict[str, Any]) -> tuple[str, Raw]:
+    task_id = str(uuid.uuid4())
+    headers = {**proto2_headers(ECHO, task_id), "origin": task_id, **changes}
+    if changes.get("id", "") is None:
+        del headers["id"]
+    return task_id, Raw(headers, proto2_body({"token": task_id}))

@@ -39,8 +39,7 @@ from tests.chaos.harness import (
     reaper_ticks,
     row_locked,
 )
-from tests.chaos.messages import Sender
-from tests.chaos.test_message_guard import HEADER_FAULTS, _faulty
+from tests.chaos.messages import HEADER_FAULTS, Sender, faulty
 from tests.e2e.procs import Proc, ready
 from tests.support import tasks
 from tests.support.planted import ago, enqueue, poisoned
@@ -105,7 +104,7 @@ def _rejections(workers: list[Proc], raw_id: str, reason: str) -> int:
 
 def everything_at_once(cluster: Cluster, redis_server: RedisServer, shape: Shape) -> None:
     poison = _plant_poison(cluster)
-    bad = {fault: _faulty(changes) for fault, (changes, _) in HEADER_FAULTS.items()}
+    bad = {fault: faulty(changes) for fault, (changes, _) in HEADER_FAULTS.items()}
     Sender(redis_server.url, cluster.launcher.workdir).publish_raw(raw for _, raw in bad.values())
 
     beat = cluster.beat(level="debug")

@@ -36,8 +36,11 @@ from tests.chaos.harness import (
     drop_database,
 )
 from tests.chaos.messages import (
+    ECHO,
+    HEADER_FAULTS,
     Raw,
     Sender,
+    faulty,
     proto2_body,
     proto2_headers,
     run_echo,
@@ -50,7 +53,6 @@ from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.timeout(240)
 
-ECHO = "tests.echo"
 # A task a foreign producer may call with a bare valid body: the base of every mutant.
 TICK = "tests.tick"
 # Signs of a consumer that died or reconnected: the faults this module is about.
@@ -148,25 +150,11 @@ def guarded(
 
 # ------------------------------------------------------------- the three named faults
 
-HEADER_FAULTS = {
-    "no id header": ({"id": None}, r"no id header"),
-    "task header is a list": ({"task": [ECHO]}, r"task header is a list, not a string"),
-    "timelimit is a string": ({"timelimit": "10"}, r"timelimit header is a str, not \[soft"),
-}
-
-
-def _faulty(changes: dict[str, Any]) -> tuple[str, Raw]:
-    task_id = str(uuid.uuid4())
-    headers = {**proto2_headers(ECHO, task_id), "origin": task_id, **changes}
-    if changes.get("id", "") is None:
-        del headers["id"]
-    return task_id, Raw(headers, proto2_body({"token": task_id}))
-
 
 @pytest.mark.parametrize("fault", list(HEADER_FAULTS))
 def test_a_bad_header_is_rejected_once_and_the_next_job_runs(guarded: Guarded, fault: str) -> None:
     changes, reason = HEADER_FAULTS[fault]
-    task_id, raw = _faulty(changes)
+    task_id, raw = faulty(changes)
     # A message with no id is named "<no id>" in its line: count those lines before and after.
     named = re.escape(task_id if "id" in raw.headers else "<no id>")
     line = rf"rejected message {named} for [^:]*: {reason}"

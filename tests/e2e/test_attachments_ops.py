@@ -29,11 +29,10 @@ from jobsapp.schema import metadata
 from jobsapp.storage import ObjectStore, store_from_url
 from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.procs import Launcher, Proc, ready, service_env
-from tests.integration.test_reprocess import all_on, plant_ready
-from tests.integration.test_staging_retention import plant, stage
 from tests.support.attachments import sha256
 from tests.support.env import SESSION, service
 from tests.support.journal_view import per_job
+from tests.support.planted import all_on, plant, plant_ready, stage
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 from tests.unit import images

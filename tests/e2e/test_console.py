@@ -34,9 +34,9 @@ from tests.e2e.test_admin_ui import SCREENSHOTS, log_in, wait_state
 from tests.e2e.test_admin_web import enqueue, operator_env, operator_events
 from tests.e2e.test_web import png
 from tests.e2e.webserver import REPO, Http, running_web, running_worker
-from tests.integration.test_operator import claimed, failed_job, queued_attachment_job
 from tests.support import tasks
 from tests.support.env import SESSION
+from tests.support.planted import claimed, failed_job, queued_attachment_job
 from tests.support.servers import RedisServer
 
 DATABASE = f"jobsapp_e2e_console_{SESSION}"

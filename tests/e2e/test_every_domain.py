@@ -22,8 +22,8 @@ from jobsapp.db import make_engine
 from jobsapp.lifecycle import journal
 from jobsapp.schema import metadata
 from tests.conftest import migrated_postgres
-from tests.integration.test_operator import failed_job, queued_attachment_job
 from tests.support.env import SESSION
+from tests.support.planted import failed_job, queued_attachment_job
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]

@@ -30,9 +30,9 @@ from jobsapp.db import autocommit, make_engine
 from tests.conftest import migrated_postgres
 from tests.e2e.procs import Launcher, Proc, ready, service_env
 from tests.e2e.webserver import free_port
-from tests.integration.test_prepared_statements import _run_one
 from tests.support.env import SESSION, service
 from tests.support.journal_view import run_row, transitions
+from tests.support.planted import one_job_run
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 
@@ -203,7 +203,7 @@ def test_a_schema_change_met_behind_pgbouncer_falls_back_to_unprepared(
         through = make_url(url).set(port=bouncer).render_as_string(hide_password=False)
         engine = make_engine(f"{through}?application_name=pgb-reprepare")
         with autocommit(engine) as conn:
-            _run_one(conn)  # prepared on the one server connection this client used
+            one_job_run(conn)  # prepared on the one server connection this client used
             # A rolling deploy changes a column the claim returns ...
             with create_engine(url).begin() as ddl:
                 ddl.exec_driver_sql("DROP VIEW job_runs_all")
@@ -212,8 +212,8 @@ def test_a_schema_change_met_behind_pgbouncer_falls_back_to_unprepared(
             # on a server connection that never prepared the statement.
             release = _grab_on(bouncer, name, "DEALLOCATE jobsapp_")
             try:
-                job_id = _run_one(conn)
-                after = _run_one(conn)
+                job_id = one_job_run(conn)
+                after = one_job_run(conn)
             finally:
                 release()
         for done in (job_id, after):

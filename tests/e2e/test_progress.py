@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine
 
 from jobsapp.storage.local import LocalObjectStore
-from tests.integration.test_reprocess import plant_ready
+from tests.support.planted import plant_ready
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,9 +19,9 @@ from jobsapp.attachments.models import REPROCESS, RUNS
 from jobsapp.db import make_engine
 from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.procs import Launcher, Proc, launching, ready, service_env
-from tests.integration.test_reprocess_runs import plant_rows
 from tests.support.env import SESSION, service
 from tests.support.journal_view import events
+from tests.support.planted import plant_rows
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 

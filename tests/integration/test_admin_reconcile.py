@@ -8,18 +8,13 @@ from flask.testing import FlaskClient
 from sqlalchemy import Engine
 
 from jobsapp.web.app import create_app
-from tests.integration.test_reconcile import failed_generic_job
 from tests.support.attachments import environment
 from tests.support.journal_view import events, run_row
+from tests.support.planted import failed_generic_job
+from tests.support.web import csrf_of
 
 TOKEN = "reconcile-page-token"
 BASE = "http://admin.local"
-
-
-def _csrf(page: str) -> str:
-    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
-    assert found is not None
-    return found[1]
 
 
 def signed_in(client: FlaskClient) -> str:
@@ -28,7 +23,7 @@ def signed_in(client: FlaskClient) -> str:
     client.post(
         "/admin/login",
         base_url=BASE,
-        data={"csrf_token": _csrf(form), "token": TOKEN, "name": "rita"},
+        data={"csrf_token": csrf_of(form), "token": TOKEN, "name": "rita"},
     )
     return client.get("/admin", base_url=BASE).get_data(as_text=True)
 
@@ -44,13 +39,13 @@ def test_the_overview_offers_a_pass_that_takes_failures_again(db: Engine) -> Non
         dry = client.post(
             "/admin/reconcile",
             base_url=BASE,
-            data={"csrf_token": _csrf(overview), "module": "jobs", "dry_run": "1"},
+            data={"csrf_token": csrf_of(overview), "module": "jobs", "dry_run": "1"},
         )
         assert run_row(db, outage)["state"] == "failed"
         real = client.post(
             "/admin/reconcile",
             base_url=BASE,
-            data={"csrf_token": _csrf(overview), "module": "jobs"},
+            data={"csrf_token": csrf_of(overview), "module": "jobs"},
         )
 
     assert forged.status_code == 400
@@ -77,7 +72,7 @@ def test_a_bulk_replay_naming_one_job_many_times_replays_it_once(db: Engine) -> 
             "/admin/replay",
             base_url=BASE,
             data={
-                "csrf_token": _csrf(overview),
+                "csrf_token": csrf_of(overview),
                 "reason": "upstream is back",
                 "job": [f"jobs:{job}"] * 13,
             },
@@ -98,7 +93,7 @@ def test_a_nul_in_an_error_code_is_a_400_with_its_reason(db: Engine) -> None:
         form = client.post(
             "/admin/reconcile",
             base_url=BASE,
-            data={"csrf_token": _csrf(overview), "error_code": "transient\x00x"},
+            data={"csrf_token": csrf_of(overview), "error_code": "transient\x00x"},
         )
         api = client.post(
             "/v1/admin/reconcile",

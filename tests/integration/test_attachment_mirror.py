@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine
 
 from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS, RUNS
 from jobsapp.attachments.service import accept_upload
@@ -19,6 +18,7 @@ from jobsapp.lifecycle.states import State, Transition
 from jobsapp.maintenance import reaper
 from jobsapp.storage import ObjectStore
 from tests.support.attachments import attachment_row, configured_store
+from tests.support.planted import running_attachment_run
 from tests.unit import images
 
 
@@ -28,31 +28,8 @@ def store(tmp_path: Path) -> Iterator[ObjectStore]:
         yield local
 
 
-def _running_run(db: Engine, *, heartbeat_age: float) -> tuple[uuid.UUID, uuid.UUID]:
-    """An accepted upload whose run a worker claimed and then stopped stamping."""
-    accepted = accept_upload(images.solid("PNG"), "a.png", None)
-    with db.begin() as conn:
-        job_id = (
-            conn.execute(RUNS.select().where(RUNS.c.attachment_id == accepted.attachment_id))
-            .mappings()
-            .one()["job_id"]
-        )
-        journal.claim(conn, ATTACHMENT_RUNS, job_id, 1, worker="w:1", now=utcnow())
-        conn.execute(
-            update(RUNS)
-            .where(RUNS.c.job_id == job_id)
-            .values(heartbeat_at=utcnow() - timedelta(seconds=heartbeat_age))
-        )
-        conn.execute(
-            update(ATTACHMENTS)
-            .where(ATTACHMENTS.c.id == accepted.attachment_id)
-            .values(state="processing")
-        )
-    return accepted.attachment_id, job_id
-
-
 def test_a_reaped_run_puts_its_attachment_back_in_the_queue(db: Engine, store: ObjectStore) -> None:
-    attachment_id, job_id = _running_run(db, heartbeat_age=60)
+    attachment_id, job_id = running_attachment_run(db, heartbeat_age=60)
     counts = reaper.run_once(db, reaper.ReaperConfig(stale_after=timedelta(seconds=10)))
     assert counts["attachments"] == 1
     assert attachment_row(db, attachment_id)["state"] == "queued"
@@ -61,7 +38,7 @@ def test_a_reaped_run_puts_its_attachment_back_in_the_queue(db: Engine, store: O
 
 
 def test_a_live_run_keeps_its_attachment_processing(db: Engine, store: ObjectStore) -> None:
-    attachment_id, _ = _running_run(db, heartbeat_age=1)
+    attachment_id, _ = running_attachment_run(db, heartbeat_age=1)
     reaper.run_once(db, reaper.ReaperConfig(stale_after=timedelta(seconds=10)))
     assert attachment_row(db, attachment_id)["state"] == "processing"
 
@@ -110,7 +87,7 @@ def test_cancelling_one_version_leaves_an_attachment_another_run_works_on(
     from jobsapp.celery_app import app
     from jobsapp.lifecycle.enqueue import transaction
 
-    attachment_id, _ = _running_run(db, heartbeat_age=0)
+    attachment_id, _ = running_attachment_run(db, heartbeat_age=0)
     with transaction(app) as batch:
         v2 = process_attachment.enqueue_in(
             batch, kwargs={"attachment_id": attachment_id, "pipeline_version": 2}
@@ -129,7 +106,7 @@ def test_cancelling_one_version_leaves_an_attachment_another_run_works_on(
 
 
 def test_a_frozen_lock_holder_does_not_stall_the_reaper(pg: Engine, store: ObjectStore) -> None:
-    attachment_id, job_id = _running_run(pg, heartbeat_age=60)
+    attachment_id, job_id = running_attachment_run(pg, heartbeat_age=60)
     cfg = reaper.ReaperConfig(stale_after=timedelta(seconds=10))
     with pg.connect() as frozen:  # a worker paused between its write and its COMMIT
         frozen.execute(

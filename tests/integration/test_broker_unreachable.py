@@ -29,6 +29,7 @@ from tests.support import tasks
 from tests.support.attachments import environment
 from tests.support.journal_view import held_by, run_row
 from tests.support.planted import JOBS, ago, enqueue, start
+from tests.support.servers import closed_port
 
 # Every test here asserts how long a call or a pass took.
 pytestmark = pytest.mark.serial
@@ -36,12 +37,6 @@ pytestmark = pytest.mark.serial
 SCHEMES = ("redis", "pyamqp")
 # The blackhole's wait: what JOBSAPP_PUBLISH_TIMEOUT allows a silent broker.
 SILENT_TIMEOUT = 0.3
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture

@@ -15,11 +15,11 @@ from jobsapp import cli, flow_control
 from jobsapp.lifecycle import flow
 from jobsapp.lifecycle.journal import flow as statements
 from jobsapp.web.app import create_app
-from tests.integration.test_admin_reconcile import BASE, _csrf
-from tests.integration.test_metrics import sample, scrape
 from tests.support import flow_tasks
 from tests.support.attachments import environment
+from tests.support.web import csrf_of, sample, scrape
 
+BASE = "http://admin.local"
 TOKEN = "flow-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -86,7 +86,7 @@ def test_the_admin_pages_show_and_change_what_is_paused(pg: Engine) -> None:
         client.post(
             "/admin/login",
             base_url=BASE,
-            data={"csrf_token": _csrf(form), "token": TOKEN, "name": "rita"},
+            data={"csrf_token": csrf_of(form), "token": TOKEN, "name": "rita"},
         )
         page = client.get("/admin/queues", base_url=BASE).get_data(as_text=True)
         assert "Pause domain" in page
@@ -98,7 +98,7 @@ def test_the_admin_pages_show_and_change_what_is_paused(pg: Engine) -> None:
             base_url=BASE,
             follow_redirects=True,
             data={
-                "csrf_token": _csrf(page),
+                "csrf_token": csrf_of(page),
                 "kind": "domain",
                 "name": "jobs",
                 "action": "pause",
@@ -110,7 +110,7 @@ def test_the_admin_pages_show_and_change_what_is_paused(pg: Engine) -> None:
             "/admin/flow",
             base_url=BASE,
             data={
-                "csrf_token": _csrf(page),
+                "csrf_token": csrf_of(page),
                 "kind": "domain",
                 "name": "jobs",
                 "action": "resume",

@@ -10,7 +10,6 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, delete, select
 
 from jobsapp.celery_app import app
@@ -25,8 +24,7 @@ from jobsapp.web.app import create_app
 from tests.support import tasks
 from tests.support.attachments import environment
 from tests.support.waiting import eventually
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+from tests.support.web import sample, scrape
 
 
 @pytest.fixture
@@ -36,20 +34,6 @@ def fresh_totals(db: Engine) -> Engine:
         conn.execute(delete(rollup.TOTALS))
         conn.execute(delete(COUNTERS))
     return db
-
-
-def scrape(headers: dict[str, str] | None = None, path: str = "/metrics/cluster") -> Samples:
-    reply = create_app().test_client().get(path, headers=headers or {})
-    assert reply.status_code == 200, reply.get_data(as_text=True)
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(reply.get_data(as_text=True))
-        for s in family.samples
-    }
-
-
-def sample(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 def _unpublished(db: Engine) -> list[uuid.UUID]:

@@ -21,7 +21,6 @@ from jobsapp.lifecycle import journal, outbox, publisher, registry
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.maintenance import relay
 from jobsapp.monitor import summary
-from tests.integration.test_broker_unreachable import closed_port
 from tests.support import tasks
 from tests.support.attachments import attachment_row, environment
 from tests.support.journal_view import events, outbox_rows, run_row
@@ -32,6 +31,7 @@ from tests.support.planted import (
     queued_job,
     succeeded_job,
 )
+from tests.support.servers import closed_port
 from tests.support.waiting import eventually
 
 JOBS = registry.JOBS

@@ -4,7 +4,6 @@ unprepared, correctly, when the server connection under them does not know the s
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 
 import pytest
@@ -12,31 +11,11 @@ from sqlalchemy import Connection, Engine, text
 
 from jobsapp.db import autocommit, make_engine
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.registry import JOBS
 from tests.conftest import migrated_postgres
 from tests.support.env import SESSION
 from tests.support.journal_view import run_row, transitions
-
-
-def _job() -> NewJob:
-    return NewJob(
-        spec=JOBS,
-        job_id=uuid.uuid4(),
-        task_name="tests.echo",
-        concurrency_key=f"prep:{uuid.uuid4()}",
-        max_attempts=2,
-        values={"params": {}},
-    )
-
-
-def _run_one(conn: Connection) -> uuid.UUID:
-    job = _job()
-    assert journal.enqueue_new(conn, job, actor="test") is not None
-    run = journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
-    assert run is not None
-    assert journal.succeed(conn, JOBS, job.job_id, 1, token=run["claim_token"], actor="w:1")
-    return job.job_id
+from tests.support.planted import echo_job, one_job_run
 
 
 def _prepared(conn: Connection) -> dict[str, int]:
@@ -50,7 +29,7 @@ def test_each_hot_statement_is_prepared_once_and_then_planned_no_more(
     # A pool of the test's own: connections other tests used hold their statements too.
     engine = make_engine(f"{postgres_url}?application_name=prepared-once")
     with autocommit(engine) as conn:
-        done = [_run_one(conn) for _ in range(8)]
+        done = [one_job_run(conn) for _ in range(8)]
         prepared = _prepared(conn)
     # enqueue, claim, succeed: one statement each, reused by all 8 jobs; from the 6th
     # execution on Postgres runs its generic plan instead of planning again.
@@ -79,11 +58,11 @@ def test_a_server_connection_that_does_not_match_falls_back_to_unprepared(
     # variant) it happened on, and must not reach the other tests' engines.
     engine = make_engine(f"{postgres_url}?application_name=fallback-{pooled.__name__}")
     with autocommit(engine) as conn:
-        _run_one(conn)
+        one_job_run(conn)
         pooled(conn)
-        job_id = _run_one(conn)
+        job_id = one_job_run(conn)
         conn.exec_driver_sql("DEALLOCATE ALL")
-        after = _run_one(conn)
+        after = one_job_run(conn)
         assert _prepared(conn) == {}, "the engine prepares no more after a mismatch"
     for done in (job_id, after):
         assert run_row(engine, done)["state"] == "succeeded"
@@ -95,12 +74,12 @@ def test_a_migration_that_changes_a_returned_column_does_not_break_a_running_wor
     with migrated_postgres(f"jobsapp_prepared_alter_{SESSION}") as url:
         engine = make_engine(f"{url}?application_name=prepared-alter")
         with autocommit(engine) as conn:
-            _run_one(conn)  # the worker's connection has prepared its statements
+            one_job_run(conn)  # the worker's connection has prepared its statements
             # A rolling deploy migrates while the worker keeps its pooled connection.
             with engine.begin() as ddl:
                 ddl.exec_driver_sql("DROP VIEW job_runs_all")
                 ddl.exec_driver_sql("ALTER TABLE job_runs ALTER COLUMN worker TYPE varchar(300)")
-            job_id = _run_one(conn)
+            job_id = one_job_run(conn)
         assert run_row(engine, job_id)["state"] == "succeeded"
         engine.dispose()
 
@@ -126,8 +105,8 @@ def test_on_a_table_never_analyzed_each_claim_and_finish_reads_one_row_as_the_ta
         with autocommit(engine) as conn:
             conn.exec_driver_sql("ALTER TABLE job_runs SET (autovacuum_enabled = off)")
             for _ in range(8):
-                _run_one(conn)
-            backlog = [_job() for _ in range(2000)]
+                one_job_run(conn)
+            backlog = [echo_job() for _ in range(2000)]
             with engine.begin() as producer:
                 journal.enqueue_many(producer, backlog, actor="test")
             before = _index_reads(conn)

@@ -17,8 +17,8 @@ from sqlalchemy import Connection, Engine, update
 from jobsapp.attachments.models import ATTACHMENTS
 from jobsapp.maintenance import reaper
 from jobsapp.storage import ObjectStore
-from tests.integration.test_attachment_mirror import _running_run
 from tests.support.attachments import attachment_row, configured_store, run_rows
+from tests.support.planted import running_attachment_run
 
 REAPER = reaper.ReaperConfig(stale_after=timedelta(seconds=10))
 
@@ -48,8 +48,8 @@ def test_a_locked_attachment_is_skipped_and_the_other_dead_runs_are_reaped(
     pg: Engine, local_store: ObjectStore
 ) -> None:
     # The locked run is the oldest, so it is first in every batch.
-    locked, _ = _running_run(pg, heartbeat_age=120)
-    others = [_running_run(pg, heartbeat_age=60)[0] for _ in range(3)]
+    locked, _ = running_attachment_run(pg, heartbeat_age=120)
+    others = [running_attachment_run(pg, heartbeat_age=60)[0] for _ in range(3)]
     holder = _hold_lock(pg, locked)
     try:
         assert reaper.run_once(pg, REAPER)["attachments"] == 3

@@ -35,7 +35,7 @@ from tests.conftest import use_database
 from tests.support import tasks
 from tests.support.attachments import DEAD_S3_ENDPOINT, environment, sha256
 from tests.support.journal_view import events, held_by, run_row
-from tests.support.planted import claimed, queued_attachment_job
+from tests.support.planted import claimed, failed_generic_job, queued_attachment_job
 from tests.support.waiting import eventually
 from tests.support.workers import in_process_worker
 from tests.unit import images
@@ -166,27 +166,6 @@ def test_one_pass_after_an_s3_outage_brings_every_victim_to_ready(
 
 
 # ------------------------------------------------------------- by hand: CLI and API
-
-
-def failed_generic_job(engine: Engine, error: str, *, hours: float = 1.0) -> uuid.UUID:
-    """A generic job that exhausted its attempts ``hours`` ago with ``error``."""
-    at = utcnow() - timedelta(hours=hours)
-    job = tasks.echo.new_job(("m",), {}, uuid.uuid4())
-    with engine.begin() as conn:
-        journal.enqueue(conn, job, now=at, actor="test")
-        assert journal.claim(conn, JOBS, job.job_id, 1, worker="w@h:1", now=at)
-        assert journal.fail(
-            conn,
-            JOBS,
-            job.job_id,
-            1,
-            token=held_by(conn, JOBS, job.job_id),
-            outcome=Outcome.EXHAUSTED,
-            error=error,
-            actor="w@h:1",
-            now=at,
-        )
-    return job.job_id
 
 
 def test_old_failures_the_policy_never_retakes_do_not_starve_a_transient_one(db: Engine) -> None:

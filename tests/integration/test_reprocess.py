@@ -13,21 +13,20 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, func, insert, select
+from sqlalchemy import Connection, Engine, func, select
 
 from jobsapp.attachments import commands
 from jobsapp.attachments.models import ATTACHMENTS, RUNS, VARIANTS
-from jobsapp.attachments.pipeline import UnknownPipeline, original_key
+from jobsapp.attachments.pipeline import UnknownPipeline
 from jobsapp.attachments.reprocess import Progress, reprocess_to
 from jobsapp.attachments.service import accept_upload
-from jobsapp.attachments.store import PUBLISHED_PREFIX, staging_key
 from jobsapp.attachments.tasks import process_attachment
-from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import EnqueueOutcome
 from jobsapp.storage import ObjectStore
 from tests.conftest import use_database
 from tests.support.attachments import attachment_row, run_rows, variant_rows
 from tests.support.journal_view import events
+from tests.support.planted import all_on, plant_ready, published_versions
 from tests.support.waiting import eventually
 from tests.unit import images
 
@@ -42,43 +41,6 @@ def db(request: pytest.FixtureRequest) -> Engine:
 # --------------------------------------------------------------------------- helpers
 
 
-def plant_ready(
-    engine: Engine, store: ObjectStore, count: int, *, data: bytes | None = None
-) -> list[uuid.UUID]:
-    """Attachments published at version 1 as far as reprocessing cares: the row and the
-    original in the store (their v1 variants are not needed to render v2)."""
-    data = data or images.solid("PNG", (24, 16))
-    digest = hashlib.sha256(data).hexdigest()
-    now = utcnow()
-    rows = []
-    for _ in range(count):
-        attachment_id = uuid.uuid4()
-        key = original_key(PUBLISHED_PREFIX, attachment_id, "png")
-        store.put_if_absent(key, data, digest, "image/png")
-        rows.append(
-            {
-                "id": attachment_id,
-                "content_type": "image/png",
-                "size": len(data),
-                "sha256": digest,
-                "width": 24,
-                "height": 16,
-                "display_name": "planted.png",
-                "staging_key": staging_key(attachment_id),
-                "original_key": key,
-                "state": "ready",
-                "published_version": 1,
-                "error_code": None,
-                "idempotency_key": None,
-                "created_at": now,
-                "updated_at": now,
-            }
-        )
-    with engine.begin() as conn:
-        conn.execute(insert(ATTACHMENTS), rows)
-    return sorted(row["id"] for row in rows)
-
-
 def job_of(attachment_id: uuid.UUID, version: int) -> uuid.UUID:
     return process_attachment.derive_job_id(
         (), {"attachment_id": attachment_id, "pipeline_version": version}
@@ -88,18 +50,6 @@ def job_of(attachment_id: uuid.UUID, version: int) -> uuid.UUID:
 def run_state(engine: Engine, job_id: uuid.UUID) -> str | None:
     with engine.connect() as conn:
         return conn.execute(select(RUNS.c.state).where(RUNS.c.job_id == job_id)).scalar()
-
-
-def published_versions(engine: Engine, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[str, int]]:
-    stmt = select(ATTACHMENTS.c.id, ATTACHMENTS.c.state, ATTACHMENTS.c.published_version).where(
-        ATTACHMENTS.c.id.in_(ids)
-    )
-    with engine.connect() as conn:
-        return {r.id: (r.state, r.published_version) for r in conn.execute(stmt)}
-
-
-def all_on(engine: Engine, ids: list[uuid.UUID], version: int) -> bool:
-    return set(published_versions(engine, ids).values()) == {("ready", version)}
 
 
 def enqueue_events(engine: Engine, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:

@@ -13,18 +13,18 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, insert, select, text
+from sqlalchemy import Engine, func, select, text
 
 from jobsapp import operator
-from jobsapp.attachments.models import ATTACHMENTS, REPROCESS, RUNS
+from jobsapp.attachments.models import REPROCESS, RUNS
 from jobsapp.attachments.reprocess import Steps, backfill, start_backfill
-from jobsapp.attachments.store import staging_key
 from jobsapp.celery_app import app
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import RetryPolicy
 from jobsapp.lifecycle.journal import EnqueueOutcome
 from jobsapp.maintenance import reconcile
 from tests.conftest import use_database
+from tests.support.planted import plant_rows
 from tests.support.waiting import eventually
 
 COUNT = 50
@@ -35,35 +35,6 @@ POISONED = 24  # in id order: batches 1 and 2 commit, batch 3 fails
 @pytest.fixture
 def db(request: pytest.FixtureRequest) -> Engine:
     return use_database(request.getfixturevalue("postgres_url"))
-
-
-def plant_rows(engine: Engine, count: int) -> list[uuid.UUID]:
-    """Attachments published at version 1, rows only (in id order): a backfill reads
-    nothing else."""
-    now = utcnow()
-    ids = sorted(uuid.uuid4() for _ in range(count))
-    rows = [
-        {
-            "id": i,
-            "content_type": "image/png",
-            "size": 1,
-            "sha256": "0" * 64,
-            "width": 1,
-            "height": 1,
-            "display_name": "p.png",
-            "staging_key": staging_key(i),
-            "state": "ready",
-            "original_key": f"attachments/{i}/original.png",
-            "published_version": 1,
-            "error_code": None,
-            "created_at": now,
-            "updated_at": now,
-        }
-        for i in ids
-    ]
-    with engine.begin() as conn:
-        conn.execute(insert(ATTACHMENTS), rows)
-    return ids
 
 
 @pytest.fixture

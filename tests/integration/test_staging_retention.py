@@ -6,7 +6,6 @@ Every case the policy names is planted as it would be found after a crash or a f
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 import uuid
@@ -15,15 +14,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Connection, Engine, insert
+from sqlalchemy import Engine
 
-from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS
-from jobsapp.attachments.pipeline import original_key
-from jobsapp.attachments.store import PUBLISHED_PREFIX, staging_key
-from jobsapp.attachments.tasks import process_attachment
-from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.states import Outcome
+from jobsapp.attachments.store import staging_key
 from jobsapp.maintenance import tasks
 from jobsapp.maintenance.staging import (
     Reason,
@@ -38,13 +31,10 @@ from jobsapp.storage import ObjectInfo, ObjectStore
 from tests.conftest import use_database
 from tests.support.attachments import configured_store, environment
 from tests.support.env import service
-from tests.support.journal_view import held_by
-from tests.unit import images
+from tests.support.planted import LONG_AGO, plant, stage
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 CFG = StagingConfig()
-# Old enough for every window, as far as the planted rows go.
-LONG_AGO = timedelta(days=30)
 
 
 @pytest.fixture
@@ -137,84 +127,6 @@ def test_the_windows_and_the_scan_limit_come_from_the_environment() -> None:
 
 
 # ------------------------------------------------------------------ the pass
-
-
-PNG = images.solid("PNG", (16, 12))
-PNG_SHA = hashlib.sha256(PNG).hexdigest()
-
-
-def stage(store: ObjectStore, attachment_id: uuid.UUID | None = None) -> str:
-    key = staging_key(attachment_id or uuid.uuid4())
-    store.put_if_absent(key, PNG, PNG_SHA, "image/png")
-    return key
-
-
-def plant(
-    db: Engine,
-    store: ObjectStore,
-    state: str,
-    *,
-    age: timedelta = LONG_AGO,
-    runs: tuple[tuple[int, str], ...] = (),
-    original: bool = True,
-) -> str:
-    """An attachment in ``state``, last updated ``age`` ago, with its staging object and
-    runs ``(version, run state)``; a ready one has its original published unless not."""
-    attachment_id = uuid.uuid4()
-    key = stage(store, attachment_id)
-    published = original_key(PUBLISHED_PREFIX, attachment_id, "png")
-    ready = state == "ready"
-    if ready and original:
-        store.put_if_absent(published, PNG, PNG_SHA, "image/png")
-    then = utcnow() - age
-    with db.begin() as conn:
-        conn.execute(
-            insert(ATTACHMENTS).values(
-                id=attachment_id,
-                content_type="image/png",
-                size=len(PNG),
-                sha256=PNG_SHA,
-                width=16,
-                height=12,
-                display_name="p.png",
-                staging_key=key,
-                original_key=published if ready else None,
-                state=state,
-                published_version=1 if ready else None,
-                created_at=then,
-                updated_at=then,
-            )
-        )
-        for version, run_state in runs:
-            _plant_run(conn, attachment_id, version, run_state)
-    return key
-
-
-def _plant_run(conn: Connection, attachment_id: uuid.UUID, version: int, state: str) -> None:
-    job = process_attachment.new_job(
-        (), {"attachment_id": attachment_id, "pipeline_version": version}, None
-    )
-    now, spec = utcnow(), ATTACHMENT_RUNS
-    journal.enqueue(conn, job, now=now, actor="test")
-    if state == "queued":
-        return
-    journal.claim(conn, spec, job.job_id, 1, worker="gone@host:1", now=now)
-    if state == "failed":
-        journal.fail(
-            conn,
-            spec,
-            job.job_id,
-            1,
-            token=held_by(conn, spec, job.job_id),
-            outcome=Outcome.PERMANENT,
-            error="x",
-            actor="test",
-            now=now,
-        )
-    elif state == "succeeded":
-        journal.succeed(
-            conn, spec, job.job_id, 1, token=held_by(conn, spec, job.job_id), actor="test", now=now
-        )
 
 
 def staging_keys(store: ObjectStore) -> set[str]:

@@ -140,3 +140,9 @@ class RedisServer:
 
     def close(self) -> None:
         self.kill()
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
