@@ -638,15 +638,13 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         if errback.MARK in kwargs:
             args, kwargs = errback.arguments(self.app, args, kwargs)
         job = str(row["job_id"])
+        # Celery's push_request copies the current request's fields under these.
         self.push_request(
-            **{
-                **self.request.__dict__,
-                "id": job,
-                "args": list(args),
-                "kwargs": kwargs,
-                "retries": int(row["attempts"]) - 1,
-                "root_id": self.request.root_id or job,
-            }
+            id=job,
+            args=list(args),
+            kwargs=kwargs,
+            retries=int(row["attempts"]) - 1,
+            root_id=self.request.root_id or job,
         )
         try:
             return self.run(*args, **kwargs)
