@@ -315,12 +315,7 @@ def _maybe_last(conn: Connection, step: Mapping[str, Any]) -> bool:
     decide then, at every later success too."""
     if step["members_left"] is None:
         return True
-    left = conn.execute(
-        update(STEPS)
-        .where(STEPS.c.job_id == step["job_id"], STEPS.c.members_left > 0)
-        .values(members_left=STEPS.c.members_left - 1)
-        .returning(STEPS.c.members_left)
-    ).scalar()
+    left = conn.execute(_COUNT_DOWN, {"step": step["job_id"]}).scalar()
     return left is None or left == 0
 
 
@@ -341,6 +336,13 @@ def _step(conn: Connection, job_id: uuid.UUID) -> dict[str, Any] | None:
 # call cost more Python than the rest of the read).
 _STEPS_OF = select(STEPS).where(STEPS.c.job_id.in_(bindparam("ids", expanding=True)))
 _LOCKED_STEPS_OF = _STEPS_OF.order_by(STEPS.c.job_id).with_for_update()
+# A chord member's success counted down on its body's step (every member's).
+_COUNT_DOWN = (
+    update(STEPS)
+    .where(STEPS.c.job_id == bindparam("step", type_=STEPS.c.job_id.type), STEPS.c.members_left > 0)
+    .values(members_left=STEPS.c.members_left - 1)
+    .returning(STEPS.c.members_left)
+)
 
 
 def _steps(conn: Connection, ids: Iterable[str], *, lock: bool = False) -> list[dict[str, Any]]:
