@@ -72,6 +72,15 @@ _TAKE = (
     .where(SLOTS.c.id == bindparam("waiter", type_=SLOTS.c.id.type), SLOTS.c.slot_no.is_(None))
     .values(slot_no=bindparam("taken", type_=SLOTS.c.slot_no.type))
 )
+# A run leaves its key's line (every finish of a limited run).
+_LEAVE = (
+    delete(SLOTS)
+    .where(
+        SLOTS.c.run_table == bindparam("run_table", type_=SLOTS.c.run_table.type),
+        SLOTS.c.job_id == bindparam("job_id", type_=SLOTS.c.job_id.type),
+    )
+    .returning(SLOTS.c.concurrency_key, SLOTS.c.slot_no, SLOTS.c.key_limit)
+)
 _LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))")
 
 
@@ -159,21 +168,14 @@ def release(
     own snapshot, so a rerun that joined the line meanwhile keeps its place.
     """
     table = spec.table
-    guard = (
-        []
-        if not if_ended
-        else [
-            ~select(table.c.job_id)
-            .where(table.c.job_id == job_id, table.c.state.in_(ACTIVE_STATES))
-            .exists()
-        ]
-    )
-    stmt = (
-        delete(SLOTS)
-        .where(SLOTS.c.run_table == table.name, SLOTS.c.job_id == job_id, *guard)
-        .returning(SLOTS.c.concurrency_key, SLOTS.c.slot_no, SLOTS.c.key_limit)
-    )
-    gone = conn.execute(stmt).first()
+    params = {"run_table": table.name, "job_id": job_id}
+    stmt = _LEAVE
+    if if_ended:
+        active = select(table.c.job_id).where(
+            table.c.job_id == job_id, table.c.state.in_(ACTIVE_STATES)
+        )
+        stmt = _LEAVE.where(~active.exists())
+    gone = conn.execute(stmt, params).first()
     if gone is None or gone.slot_no is None:
         return Granted()
     return grant(conn, spec, gone.concurrency_key, int(gone.key_limit), now=now)
