@@ -35,7 +35,7 @@ import psycopg2
 import redis
 from psycopg2 import sql
 
-from bench import naive, plots
+from bench import cost, naive, plots
 from bench.procstat import tree_cpu
 from bench.services import ROOT, Instance, Services
 from bench.tasks import DONE_KEY
@@ -624,11 +624,34 @@ def batch_line(services: Services, rounds: int, out: Path) -> str:
     )
 
 
+# The Redis database of the counted jobs' messages (Run uses 5, 6 and 9).
+COST_DB = 13
+
+
+def calls_lines(services: Services) -> list[str]:
+    """jobsapp's Python calls per no-op job over bare Celery's, in the worker and on the
+    producer, counted as the cost budget counts them (bench/cost.py: the same events on
+    both sides), on the fsync-on cluster's journal."""
+    env = {
+        **os.environ,
+        "JOBSAPP_DATABASE_URL": services.durable.pg_url("bench"),
+        "JOBSAPP_BROKER_URL": services.durable.redis_url(COST_DB),
+    }
+    ours = cost.measured("lifecycle", "bench-cost", env, cost.NOOP)[cost.NOOP]
+    theirs = cost.measured("bare", "bench-cost", env)[cost.BARE]
+    lines = [
+        f"lifecycle/bare {side} calls per job: {ours[side]['calls'] / theirs[side]['calls']:.2f}"
+        for side in ("worker", "producer")
+    ]
+    print("\n".join(lines), flush=True)
+    return lines
+
+
 def main(services: Services, size: str, out: Path) -> list[str]:
     n, rounds = SIZES[size]
     results = run(services, n, rounds, out)
     lines = report(results, n, rounds)
     plot(results, out / "lifecycle.png")
     # Before the journal-rows line, which stays the last.
-    lines.insert(-1, batch_line(services, BATCH_ROUNDS[size], out))
+    lines[-1:-1] = [batch_line(services, BATCH_ROUNDS[size], out), *calls_lines(services)]
     return lines

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -181,26 +181,24 @@ def get_relaxed_engine(url: str | None = None) -> Engine:
     return get_engine(url)
 
 
-@contextmanager
-def autocommit(engine: Engine) -> Iterator[Connection]:
+def autocommit(engine: Engine) -> AbstractContextManager[Connection]:
     """A connection on which every statement commits by itself, for paths that are ONE
     statement (on PostgreSQL the hot transitions, each compiled into one statement).
 
     It saves the BEGIN and COMMIT round trips (and a per-checkout isolation switch). A
     path of two or more writes must use ``engine.begin()``: here a crash between them
     would commit the first alone; the journal refuses such paths on this connection.
-    SQLite keeps its immediate transaction.
+    SQLite keeps its immediate transaction. (The connection itself, not a generator
+    around it: two per job on a worker's hot path.)
     """
     if engine.dialect.name != "postgresql":
-        with engine.begin() as conn:
-            yield conn
-        return
-    with _variant_of(engine, "autocommit").connect() as conn:
-        yield conn
+        return engine.begin()
+    return _variant_of(engine, "autocommit").connect()
 
 
-@contextmanager
-def relaxed_autocommit(engine: Engine, bound: float | None = None) -> Iterator[Connection]:
+def relaxed_autocommit(
+    engine: Engine, bound: float | None = None
+) -> AbstractContextManager[Connection]:
     """``autocommit`` whose commits do not wait for the WAL flush (PostgreSQL), for
     writes whose loss a later synchronous commit or the fence repairs: claims and
     heartbeats (docs/lifecycle.md, "Claims and heartbeats do not wait for the flush").
@@ -209,17 +207,13 @@ def relaxed_autocommit(engine: Engine, bound: float | None = None) -> Iterator[C
     its own execution (SQLite: for the write lock), then fails.
     """
     if engine.dialect.name == "sqlite" and bound is not None:
-        with _sqlite_bounded(engine, bound) as conn:
-            yield conn
-        return
+        return _sqlite_bounded(engine, bound)
     if engine.dialect.name != "postgresql":
-        with autocommit(engine) as conn:
-            yield conn
-        return
-    with _variant_of(engine, "relaxed").connect() as conn:
-        if bound is not None:
-            conn.execution_options(**{_BOUND_OPTION: max(1, round(bound * 1000))})
-        yield conn
+        return autocommit(engine)
+    conn = _variant_of(engine, "relaxed").connect()
+    if bound is not None:
+        conn.execution_options(**{_BOUND_OPTION: max(1, round(bound * 1000))})
+    return conn
 
 
 @contextmanager

@@ -202,15 +202,15 @@ def hand_back(
 # ------------------------------------------------------------------ pauses
 
 
-_seen: dict[str, tuple[float, frozenset[tuple[str, str]]]] = {}
+# By engine: naming it by its URL (str(engine.url)) cost more than the rest of the look.
+_seen: dict[Engine, tuple[float, frozenset[tuple[str, str]]]] = {}
 _seen_lock = threading.Lock()
 
 
 def paused_pairs(engine: Engine) -> frozenset[tuple[str, str]]:
     """The paused (kind, name) pairs, as read at most ``PAUSES_SEEN_WITHIN`` seconds ago."""
-    key = str(engine.url)
     with _seen_lock:
-        seen = _seen.get(key)
+        seen = _seen.get(engine)
     read_at = _clock()
     if seen is not None and seen[0] > read_at:
         return seen[1]
@@ -219,7 +219,7 @@ def paused_pairs(engine: Engine) -> frozenset[tuple[str, str]]:
     # Aged from before the read: a pause that commits while the read runs may be missing
     # from it, and must still be seen PAUSES_SEEN_WITHIN after its commit at the latest.
     with _seen_lock:
-        _seen[key] = (read_at + PAUSES_SEEN_WITHIN, pairs)
+        _seen[engine] = (read_at + PAUSES_SEEN_WITHIN, pairs)
     return pairs
 
 

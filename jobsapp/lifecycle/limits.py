@@ -9,8 +9,8 @@ tasks keep their one-statement autocommit writes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
@@ -27,16 +27,12 @@ def is_limited(row: Mapping[str, Any]) -> bool:
     return row.get("key_limit") is not None
 
 
-@contextmanager
-def outcome_connection(engine: Engine, row: Mapping[str, Any]) -> Iterator[Connection]:
+def outcome_connection(
+    engine: Engine, row: Mapping[str, Any]
+) -> AbstractContextManager[Connection]:
     """Where an attempt's outcome is written: a transaction for a limited run (the slot
     goes with the outcome), autocommit for any other."""
-    if not is_limited(row):
-        with autocommit(engine) as conn:
-            yield conn
-        return
-    with engine.begin() as conn:
-        yield conn
+    return engine.begin() if is_limited(row) else autocommit(engine)
 
 
 def let_go(

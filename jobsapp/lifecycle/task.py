@@ -78,7 +78,7 @@ from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
 from jobsapp.lifecycle.results import decoded
 from jobsapp.lifecycle.retry import RetryPolicy
 from jobsapp.lifecycle.scrub import known_secrets_from_env
-from jobsapp.settings import get_settings
+from jobsapp.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -508,7 +508,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         self, env: message.Envelope, foreign: NewJob | None, *, eager: bool = False
     ) -> Ended | str:
         worker, engine, settings = self._worker_name(), get_engine(), get_settings()
-        rules = replace(self.attempt_rules(settings.inline_wait_max), publish_retry=not eager)
+        rules = self._rules(settings, eager)
         wait_early = math.inf if eager else rules.inline_wait_max
         outcome = self._claim(engine, env, foreign, worker, wait_early, self._gate)
         if isinstance(outcome, claim.Refusal):
@@ -624,6 +624,19 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         values = newjob.named(self, args, kwargs)
         return self.rate_key.format(**{"concurrency_key": row["concurrency_key"], **values})
 
+    def _rules(self, settings: Settings, eager: bool) -> AttemptRules:
+        """``attempt_rules`` for a worker's (or, ``eager``, an ``apply()``'s) attempts,
+        built once per task and settings: none of it changes from job to job."""
+        kept = self.__dict__.get("_kept_rules")
+        if kept is None or kept[0] is not settings:
+            rules = self.attempt_rules(settings.inline_wait_max)
+            kept = self.__dict__["_kept_rules"] = (
+                settings,
+                {False: rules, True: replace(rules, publish_retry=False)},
+            )
+        rules_of: dict[bool, AttemptRules] = kept[1]
+        return rules_of[eager]
+
     def attempt_rules(self, inline_wait_max: float) -> AttemptRules:
         """How an attempt's end is settled: the retry policy and its options."""
         return AttemptRules(
@@ -650,15 +663,13 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         if errback.MARK in kwargs:
             args, kwargs = errback.arguments(self.app, args, kwargs)
         job = str(row["job_id"])
+        # Celery's push_request copies the current request's fields under these.
         self.push_request(
-            **{
-                **self.request.__dict__,
-                "id": job,
-                "args": list(args),
-                "kwargs": kwargs,
-                "retries": int(row["attempts"]) - 1,
-                "root_id": self.request.root_id or job,
-            }
+            id=job,
+            args=list(args),
+            kwargs=kwargs,
+            retries=int(row["attempts"]) - 1,
+            root_id=self.request.root_id or job,
         )
         try:
             return self.run(*args, **kwargs)

@@ -4,10 +4,12 @@ unprepared, correctly, when the server connection under them does not know the s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, event, text
 
 from jobsapp.db import autocommit, make_engine
 from jobsapp.lifecycle import journal
@@ -124,3 +126,62 @@ def test_on_a_table_never_analyzed_each_claim_and_finish_reads_one_row_as_the_ta
     # scan of the 2,000 queued rows (20,000 entries through the state index before).
     assert read["ix_job_runs_state_updated"] == 0, read
     assert 20 <= read["job_runs_pkey"] == sum(read.values()) <= 30, read
+
+
+def _explained_claim(conn: Connection, claimed: uuid.UUID, explained: uuid.UUID) -> dict[str, Any]:
+    """``EXPLAIN (ANALYZE) EXECUTE`` of the claim of ``explained`` on ``conn``, as the worker
+    runs it: the prepared statement's EXECUTE and values are those of the claim of
+    ``claimed`` through ``journal.claim``, with the other job's id."""
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def keep(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if statement.startswith("EXECUTE"):
+            sent.append((statement, dict(params)))
+
+    event.listen(conn, "before_cursor_execute", keep)
+    try:
+        assert journal.claim(conn, JOBS, claimed, 1, worker="w:1") is not None
+    finally:
+        event.remove(conn, "before_cursor_execute", keep)
+    assert len(sent) == 1, sent
+    statement, params = sent[0]
+    mine = {k: explained if str(v) == str(claimed) else v for k, v in params.items()}
+    assert mine != params, "the claim's values do not name its job"
+    plan = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", mine).scalar()
+    return dict(plan[0]["Plan"])
+
+
+def _scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The plan's reads of tables (its scans, not the UPDATE that writes)."""
+    if "Scan" in node["Node Type"]:
+        yield node
+    for child in node.get("Plans", []):
+        yield from _scans(child)
+
+
+def test_explain_execute_of_a_claim_on_a_never_analyzed_table_reads_the_run_by_its_key() -> None:
+    # The worker's connection builds the claim's generic plan at its sixth EXECUTE, while a
+    # new deployment's table is small and has no statistics (autovacuum held off); then a
+    # backlog of 5,000 queued runs arrives. The plan of the next claim is the question.
+    with migrated_postgres(f"jobsapp_prepared_explain_{SESSION}") as url:
+        engine = make_engine(f"{url}?application_name=prepared-explain")
+        with autocommit(engine) as conn:
+            conn.exec_driver_sql("ALTER TABLE job_runs SET (autovacuum_enabled = off)")
+            for _ in range(8):
+                one_job_run(conn)
+            backlog = [echo_job() for _ in range(5000)]
+            with engine.begin() as producer:
+                journal.enqueue_many(producer, backlog, actor="test")
+            never = conn.exec_driver_sql(
+                "SELECT reltuples < 0 FROM pg_class WHERE relname = 'job_runs'"
+            ).scalar()
+            plan = _explained_claim(conn, backlog[0].job_id, backlog[2500].job_id)
+            generic = _prepared(conn)
+        engine.dispose()
+    assert never, "the table was analyzed: its plan is not the one in question"
+    assert all(plans >= 1 for plans in generic.values()), generic
+    scans = [s for s in _scans(plan) if s.get("Relation Name") == "job_runs"]
+    # One run read by the primary key; a scan of the state index read all 5,000 queued.
+    assert [s.get("Index Name") for s in scans] == ["job_runs_pkey"], scans
+    assert all(s.get("Rows Removed by Filter", 0) == 0 for s in scans), scans
+    assert all(s["Actual Rows"] == 1 for s in scans), scans

@@ -205,6 +205,42 @@ def test_the_successes_of_a_chords_100_members_read_each_result_once(
     assert sum(fetched) <= 5 * members, (sum(fetched), len(fetched))
 
 
+def _member_successes(pg: Engine, postgres_url: str, members: int) -> list[tuple[int, int]]:
+    """The (statements, rows returned) of each member's success of a chord of ``members``,
+    in the order they succeed."""
+    handle = chord([t.add.s(i, i) for i in range(members)], t.tsum.s()).apply_async()
+    steps = _steps(pg, handle.workflow_id)
+    worker = make_engine(postgres_url)
+    ran: list[int] = []
+
+    @event.listens_for(worker, "after_cursor_execute")
+    def count(_conn: Any, cursor: Any, *_rest: Any) -> None:
+        ran.append(max(cursor.rowcount, 0))
+
+    each = []
+    for i in range(members):
+        member = steps[f"0.h.{i}"]["job_id"]
+        token = _claim(pg, member)
+        ran.clear()
+        with worker.begin() as conn:
+            assert _succeed(conn, member, token, i)
+        each.append((len(ran), sum(ran)))
+    worker.dispose()
+    assert run_row(pg, handle.job_id)["params"]["args"] == [list(range(members))]
+    return each
+
+
+def test_a_chord_members_success_costs_the_same_however_many_members_it_has(
+    pg: Engine, postgres_url: str, redis_clean: None
+) -> None:
+    small, large = _member_successes(pg, postgres_url, 10), _member_successes(pg, postgres_url, 40)
+    # Every member but the last: the same statements and rows, at 10 members as at 40.
+    assert len(set(small[:-1]) | set(large[:-1])) == 1, (small, large)
+    # The last reads every member's step and run row, once: 30 members more, 60 rows more.
+    (_, last_small), (_, last_large) = small[-1], large[-1]
+    assert last_large - last_small == 2 * 30, (small[-1], large[-1])
+
+
 def test_a_retried_step_redoes_only_itself(pg: Engine, redis_clean: None) -> None:
     first, flaky, last = _token("first"), _token("flaky"), _token("last")
     with in_process_worker():

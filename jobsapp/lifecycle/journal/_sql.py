@@ -39,8 +39,8 @@ def _first(
 
 
 def _first_row(result: CursorResult[Any]) -> dict[str, Any] | None:
-    row = result.mappings().first()
-    return None if row is None else dict(row)
+    row = result.first()
+    return None if row is None else row._asdict()
 
 
 def _require_transaction(conn: Connection, transition: str) -> None:

@@ -14,10 +14,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection
 from datetime import timedelta
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Float,
+    bindparam,
     case,
     delete,
     func,
@@ -27,6 +30,8 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.flow_tables import ACTIONS, PAUSES, RATES
@@ -36,6 +41,10 @@ from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import State
 
 PAUSE, RESUME = "pause", "resume"
+
+
+# The host's clock in epoch seconds, bound (SQLite's ``_epoch`` in a prebuilt statement).
+_AT = bindparam("at", type_=Float())
 
 
 def _epoch(conn: Connection) -> Any:
@@ -49,19 +58,37 @@ def _epoch(conn: Connection) -> Any:
 def take_token(conn: Connection, task: str, key: str, interval: float) -> float | None:
     """Start one run of (``task``, ``key``) now if its rate allows: None when it does
     (the next start moves ``interval`` seconds on), else the seconds until it will."""
-    now = _epoch(conn)
-    insert_ = _upsert(conn, RATES).values(task_name=task, rate_key=key, next_at=now + interval)
+    take, wait = _token_statements(conn.dialect.name)
+    params = {"task": task, "key": key, "interval": interval}
+    if conn.dialect.name != "postgresql":
+        params["at"] = utcnow().timestamp()
+    if conn.execute(take, params).first() is not None:
+        return None
+    return max(0.0, float(conn.execute(wait, params).scalar_one()))
+
+
+@cache
+def _token_statements(dialect: str) -> tuple[Any, Any]:
+    """``take_token``'s upsert and its read of the wait, built once per dialect (every
+    claim of a rated task runs them): the clock as ``_epoch`` reads it, the rest bound."""
+    now = func.extract("epoch", func.now()) if dialect == "postgresql" else _AT
+    task = bindparam("task", type_=RATES.c.task_name.type)
+    key = bindparam("key", type_=RATES.c.rate_key.type)
+    later = now + bindparam("interval", type_=Float())
+    upsert = pg_insert(RATES) if dialect == "postgresql" else sqlite_insert(RATES)
     # Guarded by the time the next start is allowed: concurrent claims serialise on the
     # row, and each re-reads it, so starts are at least ``interval`` apart on one clock.
-    stmt = insert_.on_conflict_do_update(
-        index_elements=[RATES.c.task_name, RATES.c.rate_key],
-        set_={"next_at": now + interval},
-        where=RATES.c.next_at <= now,
-    ).returning(RATES.c.next_at)
-    if conn.execute(stmt).first() is not None:
-        return None
+    take = (
+        upsert.values(task_name=task, rate_key=key, next_at=later)
+        .on_conflict_do_update(
+            index_elements=[RATES.c.task_name, RATES.c.rate_key],
+            set_={"next_at": later},
+            where=RATES.c.next_at <= now,
+        )
+        .returning(RATES.c.next_at)
+    )
     wait = select(RATES.c.next_at - now).where(RATES.c.task_name == task, RATES.c.rate_key == key)
-    return max(0.0, float(conn.execute(wait).scalar_one()))
+    return take, wait
 
 
 def reserve(conn: Connection, task: str, key: str, interval: float) -> float:

@@ -198,7 +198,8 @@ def _run(
 ) -> tuple[dict[str, Any] | None, PendingMessage | None]:
     """Run a plan: on PostgreSQL one statement (one round trip, atomic even in autocommit),
     elsewhere its parts in sequence in the caller's transaction."""
-    params = {**params, **_prefixed(event.values(None), "e_")}
+    if plan.journaled is not Journaled.ROW:  # the row carries the transition: no event
+        params = {**params, **_prefixed(event.values(None), "e_")}
     if out is not None:
         params |= _prefixed(out.values(event.spec.module), "o_")
     if plan.combined is not None:

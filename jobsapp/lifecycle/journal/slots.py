@@ -26,12 +26,25 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Table, delete, func, insert, literal, select, text, update
+from sqlalchemy import (
+    Connection,
+    Integer,
+    Table,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    text,
+    update,
+)
 
 from jobsapp.lifecycle.journal._sql import OUTBOX
-from jobsapp.lifecycle.journal.clock import clock
+from jobsapp.lifecycle.journal.clock import _clock_param, _stamp, clock
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import ACTIVE_STATES, State
@@ -40,6 +53,41 @@ from jobsapp.lifecycle.tables import KeySlot
 SLOTS: Table = KeySlot.__table__  # type: ignore[assignment]
 # When a waiting run is due: never, until a slot is granted to it.
 PARKED = datetime(9999, 1, 1, tzinfo=UTC)
+
+# The statements of a limited key's every enqueue and finish, built once: one built per
+# call (and its cache key) cost more Python than the rest of the admission.
+_MINE = (
+    SLOTS.c.run_table == bindparam("run_table", type_=SLOTS.c.run_table.type),
+    SLOTS.c.concurrency_key == bindparam("key", type_=SLOTS.c.concurrency_key.type),
+)
+_WAITING = (
+    select(SLOTS.c.id, SLOTS.c.job_id, SLOTS.c.due_at)
+    .where(*_MINE, SLOTS.c.slot_no.is_(None))
+    .order_by(SLOTS.c.id)
+    .limit(bindparam("limit", type_=Integer()))
+)
+_HELD = select(SLOTS.c.slot_no).where(*_MINE, SLOTS.c.slot_no.is_not(None))
+_TAKE = (
+    update(SLOTS)
+    .where(SLOTS.c.id == bindparam("waiter", type_=SLOTS.c.id.type), SLOTS.c.slot_no.is_(None))
+    .values(slot_no=bindparam("taken", type_=SLOTS.c.slot_no.type))
+)
+# A run leaves its key's line (every finish of a limited run).
+_LEAVE = (
+    delete(SLOTS)
+    .where(
+        SLOTS.c.run_table == bindparam("run_table", type_=SLOTS.c.run_table.type),
+        SLOTS.c.job_id == bindparam("job_id", type_=SLOTS.c.job_id.type),
+    )
+    .returning(SLOTS.c.concurrency_key, SLOTS.c.slot_no, SLOTS.c.key_limit)
+)
+_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))")
+
+
+@cache
+def _join(dialect: str) -> Any:
+    """A run joins its key's line (the other columns are bound by name)."""
+    return insert(SLOTS).values(created_at=_clock_param(dialect))
 
 
 @dataclass(frozen=True)
@@ -88,15 +136,16 @@ def admit(
     if rerun:
         release(conn, spec, job_id, now=now)
     conn.execute(
-        insert(SLOTS).values(
-            run_table=spec.table.name,
-            concurrency_key=key,
-            job_id=job_id,
-            key_limit=limit,
-            slot_no=None,
-            due_at=due_at,
-            created_at=clock(conn, now),
-        )
+        _join(conn.dialect.name),
+        {
+            "run_table": spec.table.name,
+            "concurrency_key": key,
+            "job_id": job_id,
+            "key_limit": limit,
+            "slot_no": None,
+            "due_at": due_at,
+            "r_now": _stamp(conn, now),
+        },
     )
     holds = job_id in grant(conn, spec, key, limit, now=now, fresh=job_id).job_ids
     if not holds:
@@ -119,21 +168,14 @@ def release(
     own snapshot, so a rerun that joined the line meanwhile keeps its place.
     """
     table = spec.table
-    guard = (
-        []
-        if not if_ended
-        else [
-            ~select(table.c.job_id)
-            .where(table.c.job_id == job_id, table.c.state.in_(ACTIVE_STATES))
-            .exists()
-        ]
-    )
-    stmt = (
-        delete(SLOTS)
-        .where(SLOTS.c.run_table == table.name, SLOTS.c.job_id == job_id, *guard)
-        .returning(SLOTS.c.concurrency_key, SLOTS.c.slot_no, SLOTS.c.key_limit)
-    )
-    gone = conn.execute(stmt).first()
+    params = {"run_table": table.name, "job_id": job_id}
+    stmt = _LEAVE
+    if if_ended:
+        active = select(table.c.job_id).where(
+            table.c.job_id == job_id, table.c.state.in_(ACTIVE_STATES)
+        )
+        stmt = _LEAVE.where(~active.exists())
+    gone = conn.execute(stmt, params).first()
     if gone is None or gone.slot_no is None:
         return Granted()
     return grant(conn, spec, gone.concurrency_key, int(gone.key_limit), now=now)
@@ -152,24 +194,15 @@ def grant(
     ``fresh`` (a run joining the line now) was never parked."""
     _lock(conn, spec, key)
     # Read after the lock: a waiter whose line-joining commits later grants itself then.
-    mine = (SLOTS.c.run_table == spec.table.name, SLOTS.c.concurrency_key == key)
-    waiting = conn.execute(
-        select(SLOTS.c.id, SLOTS.c.job_id, SLOTS.c.due_at)
-        .where(*mine, SLOTS.c.slot_no.is_(None))
-        .order_by(SLOTS.c.id)
-        .limit(limit)
-    ).all()
+    mine = {"run_table": spec.table.name, "key": key}
+    waiting = conn.execute(_WAITING, {**mine, "limit": limit}).all()
     if not waiting:
         return Granted()
-    held = conn.execute(select(SLOTS.c.slot_no).where(*mine, SLOTS.c.slot_no.is_not(None)))
+    held = conn.execute(_HELD, mine)
     free = free_slots([int(n) for (n,) in held], limit)
     granted = Granted()
     for waiter, slot_no in zip((Waiter(*w) for w in waiting), free, strict=False):
-        taken = conn.execute(
-            update(SLOTS)
-            .where(SLOTS.c.id == waiter.id, SLOTS.c.slot_no.is_(None))
-            .values(slot_no=slot_no)
-        ).rowcount
+        taken = conn.execute(_TAKE, {"waiter": waiter.id, "taken": slot_no}).rowcount
         if taken:
             due = () if waiter.job_id == fresh else _unpark(conn, spec, waiter, now)
             granted += Granted(frozenset({waiter.job_id}), due)
@@ -179,10 +212,7 @@ def grant(
 def _lock(conn: Connection, spec: RunTable, key: str) -> None:
     """Serialise the grants of one key until COMMIT (PostgreSQL; SQLite has one writer)."""
     if conn.dialect.name == "postgresql":
-        conn.execute(
-            text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
-            {"k": f"key_slots:{spec.table.name}:{key}"},
-        )
+        conn.execute(_LOCK, {"k": f"key_slots:{spec.table.name}:{key}"})
 
 
 def _park(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Table, or_, select, update
+from sqlalchemy import Connection, Table, bindparam, or_, select, update
 
 from jobsapp.lifecycle import registry
 from jobsapp.lifecycle.journal._sql import _require_transaction, _upsert
@@ -339,12 +339,7 @@ def _maybe_last(conn: Connection, step: Mapping[str, Any]) -> bool:
     decide then, at every later success too."""
     if step["members_left"] is None:
         return True
-    left = conn.execute(
-        update(STEPS)
-        .where(STEPS.c.job_id == step["job_id"], STEPS.c.members_left > 0)
-        .values(members_left=STEPS.c.members_left - 1)
-        .returning(STEPS.c.members_left)
-    ).scalar()
+    left = conn.execute(_COUNT_DOWN, {"step": step["job_id"]}).scalar()
     return left is None or left == 0
 
 
@@ -361,16 +356,27 @@ def _step(conn: Connection, job_id: uuid.UUID) -> dict[str, Any] | None:
     return next(iter(_steps(conn, [str(job_id)])), None)
 
 
+# Built once (every step's end reads its step and its successors': a statement built per
+# call cost more Python than the rest of the read).
+_STEPS_OF = select(STEPS).where(STEPS.c.job_id.in_(bindparam("ids", expanding=True)))
+_LOCKED_STEPS_OF = _STEPS_OF.order_by(STEPS.c.job_id).with_for_update()
+# A chord member's success counted down on its body's step (every member's).
+_COUNT_DOWN = (
+    update(STEPS)
+    .where(STEPS.c.job_id == bindparam("step", type_=STEPS.c.job_id.type), STEPS.c.members_left > 0)
+    .values(members_left=STEPS.c.members_left - 1)
+    .returning(STEPS.c.members_left)
+)
+
+
 def _steps(conn: Connection, ids: Iterable[str], *, lock: bool = False) -> list[dict[str, Any]]:
     """The step rows of ``ids``, in that order; ``lock`` holds them to the commit, so two
     members of one chord finishing at once decide about its body one after the other."""
     wanted = [uuid.UUID(str(i)) for i in ids]
     if not wanted:
         return []
-    stmt = select(STEPS).where(STEPS.c.job_id.in_(wanted))
-    if lock:
-        stmt = stmt.order_by(STEPS.c.job_id).with_for_update()
-    found = {row["job_id"]: dict(row) for row in conn.execute(stmt).mappings()}
+    stmt = _LOCKED_STEPS_OF if lock else _STEPS_OF
+    found = {row.job_id: row._asdict() for row in conn.execute(stmt, {"ids": wanted})}
     return [found[i] for i in wanted if i in found]
 
 
