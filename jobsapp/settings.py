@@ -40,6 +40,10 @@ _WELL_KNOWN_TOKENS = frozenset(
         "xxx",
     }
 )
+# A shared token shorter than this, or with fewer distinct characters, is refused: 32
+# characters of token_urlsafe carry 192 bits; a word or a repeated pattern carries few.
+MIN_TOKEN_LENGTH = 32
+MIN_TOKEN_VARIETY = 10
 # Every variable jobsapp reads (its processes, Procfile and compose lines included). An
 # unknown JOBSAPP_* name is refused: a typo would otherwise fall back to a default silently.
 KNOWN_NAMES = frozenset(
@@ -226,18 +230,22 @@ def _public_url(env: Mapping[str, str]) -> str | None:
     return value
 
 
-def _admin_token(env: Mapping[str, str]) -> str | None:
-    """The operator API's bearer token; empty means the API is off, a well-known one stops us."""
-    token = env.get("JOBSAPP_ADMIN_TOKEN", "").strip()
+def _shared_token(env: Mapping[str, str], name: str, off: str) -> str | None:
+    """A shared bearer token (the operator's, the scraper's); empty means ``off``. A
+    well-known, short or repetitive one stops us: it would be guessed, not brute-forced."""
+    token = env.get(name, "").strip()
     if not token:
         return None
+    make = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
     if token.lower() in _WELL_KNOWN_TOKENS:
-        raise SettingsError(
-            "JOBSAPP_ADMIN_TOKEN is a well-known placeholder; set a random secret "
-            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))') or leave it "
-            "empty to keep the operator API off"
-        )
-    return token
+        why = "is a well-known placeholder"
+    elif len(token) < MIN_TOKEN_LENGTH:
+        why = f"has {len(token)} characters, fewer than {MIN_TOKEN_LENGTH}"
+    elif len(set(token)) < MIN_TOKEN_VARIETY:
+        why = f"has only {len(set(token))} distinct characters, fewer than {MIN_TOKEN_VARIETY}"
+    else:
+        return token
+    raise SettingsError(f"{name} {why}; set a random secret (e.g. {make}) or leave it empty {off}")
 
 
 def _log_format(env: Mapping[str, str]) -> str:
@@ -324,7 +332,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         s3_endpoint_url=env.get("JOBSAPP_S3_ENDPOINT_URL") or None,
         s3_public_url=_public_url(env),
         s3_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
-        admin_token=_admin_token(env),
+        admin_token=_shared_token(env, "JOBSAPP_ADMIN_TOKEN", "to keep the operator API off"),
         secret_key=env.get("JOBSAPP_SECRET_KEY", "").strip() or None,
         heartbeat_interval=heartbeat,
         stale_after=positive_number(env, "JOBSAPP_STALE_AFTER", 3 * heartbeat),
@@ -333,7 +341,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         publish_timeout=positive_number(env, "JOBSAPP_PUBLISH_TIMEOUT", 2.0),
         image_memory_budget=_MIB
         * whole_number(env, "JOBSAPP_IMAGE_MEMORY_BUDGET_MB", DEFAULT_IMAGE_MEMORY_BUDGET_MB),
-        metrics_token=env.get("JOBSAPP_METRICS_TOKEN", "").strip() or None,
+        metrics_token=_shared_token(env, "JOBSAPP_METRICS_TOKEN", "to leave /metrics open"),
         log_format=_log_format(env),
         imports=_imports(env),
         result_max_bytes=whole_number(env, "JOBSAPP_RESULT_MAX_BYTES", DEFAULT_RESULT_MAX_BYTES),

@@ -349,6 +349,11 @@ BAD_SETTINGS = {
         {"JOBSAPP_ADMIN_TOKEN": "secret"},
         "jobsapp: configuration error: JOBSAPP_ADMIN_TOKEN is a well-known placeholder",
     ),
+    # Issue 34: a short token was accepted, to be guessed rather than brute-forced.
+    "short admin token": (
+        {"JOBSAPP_ADMIN_TOKEN": "abc1"},
+        "jobsapp: configuration error: JOBSAPP_ADMIN_TOKEN has 4 characters, fewer than 32",
+    ),
     # Issue 36: a typo fell back to the embedded default, a missing broker to filesystem://,
     # and a misspelled module printed a 63-line traceback with exit 1.
     "typo": (

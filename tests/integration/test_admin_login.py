@@ -78,7 +78,7 @@ def test_rotating_the_token_ends_every_session(client: FlaskClient) -> None:
     assert log_in(client, base)[0] == 303
     assert client.get(signed_in_probe, base_url=base).status_code == 400
 
-    with environment(JOBSAPP_ADMIN_TOKEN="rotated-token"):
+    with environment(JOBSAPP_ADMIN_TOKEN="rotated-token-7f3a9c2e5b1d8064-new"):
         after = client.get(signed_in_probe, base_url=base)
 
     assert after.status_code == 302

@@ -12,7 +12,7 @@ from tests.integration.test_reconcile import failed_generic_job
 from tests.support.attachments import environment
 from tests.support.journal_view import events, run_row
 
-TOKEN = "reconcile-page-token"
+TOKEN = "reconcile-page-token-7f3a9c2e5b1d8064"
 BASE = "http://admin.local"
 
 

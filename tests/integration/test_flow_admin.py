@@ -20,7 +20,7 @@ from tests.integration.test_metrics import sample, scrape
 from tests.support import flow_tasks
 from tests.support.attachments import environment
 
-TOKEN = "flow-admin-token"
+TOKEN = "flow-admin-token-7f3a9c2e5b1d8064"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

@@ -29,6 +29,7 @@ from tests.support import tasks
 from tests.support.attachments import attachment_row, environment
 from tests.support.journal_view import events, held_by, outbox_rows, run_row
 from tests.support.waiting import eventually
+from tests.support.web import TOKEN
 
 JOBS = registry.JOBS
 ERROR = "ValueError: this never works\n  File 'task.py', line 3\n[steps] fetch=1 render=0"
@@ -572,15 +573,15 @@ def test_a_database_outage_is_a_503_on_the_operator_routes() -> None:
 
     # Nothing listens on port 9: every connection attempt is refused at once.
     dead = "postgresql+psycopg2://postgres@127.0.0.1:9/none"
-    with environment(JOBSAPP_DATABASE_URL=dead, JOBSAPP_ADMIN_TOKEN="t"):
+    with environment(JOBSAPP_DATABASE_URL=dead, JOBSAPP_ADMIN_TOKEN=TOKEN):
         client = create_app().test_client()
         replies = [
             client.get("/metrics/cluster"),
-            client.get("/v1/admin/jobs", headers={"Authorization": "Bearer t"}),
+            client.get("/v1/admin/jobs", headers={"Authorization": f"Bearer {TOKEN}"}),
             client.post(
                 f"/v1/admin/jobs/jobs/{uuid.uuid4()}/cancel",
                 json={"reason": "r"},
-                headers={"Authorization": "Bearer t"},
+                headers={"Authorization": f"Bearer {TOKEN}"},
             ),
         ]
 

@@ -6,7 +6,7 @@ import re
 
 from flask.testing import FlaskClient
 
-TOKEN = "login-test-token"
+TOKEN = "login-test-token-7f3a9c2e5b1d8064"
 
 
 def log_in(

@@ -14,14 +14,36 @@ def test_a_well_known_admin_token_stops_the_process(token: str) -> None:
         load_settings({"JOBSAPP_ADMIN_TOKEN": token})
 
 
+@pytest.mark.parametrize("name", ["JOBSAPP_ADMIN_TOKEN", "JOBSAPP_METRICS_TOKEN"])
+@pytest.mark.parametrize(
+    ("token", "why"),
+    [
+        ("abc1", "has 4 characters, fewer than 32"),
+        ("kQ3v9-random-0a1b", "has 17 characters, fewer than 32"),
+        ("ab" * 20, "has only 2 distinct characters, fewer than 10"),
+    ],
+)
+def test_a_short_or_repetitive_shared_token_stops_the_process(
+    name: str, token: str, why: str
+) -> None:
+    """Issue 34: JOBSAPP_ADMIN_TOKEN=abc1 was accepted; the scraper's token likewise."""
+    with pytest.raises(SettingsError, match=f"^{name} {why}; set a random secret"):
+        load_settings({name: token})
+
+
+def test_a_token_of_32_characters_and_10_distinct_ones_is_enough() -> None:
+    token = "0123456789" * 4
+    assert load_settings({"JOBSAPP_METRICS_TOKEN": token}).metrics_token == token
+
+
 @pytest.mark.parametrize("token", ["", "   ", "\t\n"])
 def test_an_empty_admin_token_keeps_the_operator_api_off(token: str) -> None:
     assert load_settings({"JOBSAPP_ADMIN_TOKEN": token}).admin_token is None
 
 
 def test_a_random_admin_token_is_kept_without_surrounding_blanks() -> None:
-    settings = load_settings({"JOBSAPP_ADMIN_TOKEN": " kQ3v9-random-0a1b \n"})
-    assert settings.admin_token == "kQ3v9-random-0a1b"
+    settings = load_settings({"JOBSAPP_ADMIN_TOKEN": " kQ3v9-random-0a1b-7f3a9c2e5b1d8064 \n"})
+    assert settings.admin_token == "kQ3v9-random-0a1b-7f3a9c2e5b1d8064"
 
 
 def test_the_public_s3_url_is_optional() -> None:

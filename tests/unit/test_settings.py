@@ -69,7 +69,7 @@ def test_services_are_read_from_the_env() -> None:
             "JOBSAPP_STORAGE_URL": "s3://bucket/prefix",
             "JOBSAPP_S3_ENDPOINT_URL": "http://seaweed:8333",
             "AWS_DEFAULT_REGION": "eu-west-1",
-            "JOBSAPP_ADMIN_TOKEN": "t0ken",
+            "JOBSAPP_ADMIN_TOKEN": "t0ken-7f3a9c2e5b1d8064-settings-a",
         }
     )
     assert settings.database_url == "postgresql+psycopg2://jobs@db:5432/jobs"
@@ -79,7 +79,7 @@ def test_services_are_read_from_the_env() -> None:
     assert settings.storage_url == "s3://bucket/prefix"
     assert settings.s3_endpoint_url == "http://seaweed:8333"
     assert settings.s3_region == "eu-west-1"
-    assert settings.admin_token == "t0ken"
+    assert settings.admin_token == "t0ken-7f3a9c2e5b1d8064-settings-a"
 
 
 def test_aws_region_wins_over_the_default_region() -> None:
