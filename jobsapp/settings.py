@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -50,6 +52,8 @@ KNOWN_NAMES = frozenset(
     {
         "JOBSAPP_ADMIN_TOKEN",
         "JOBSAPP_ARGS_MAX_BYTES",
+        "JOBSAPP_AUTH_PROXY_HEADER",
+        "JOBSAPP_AUTH_PROXY_TRUSTED",
         "JOBSAPP_BEAT_CATCH_UP_SECONDS",
         "JOBSAPP_BEAT_LEASE_SECONDS",
         "JOBSAPP_BROKER_URL",
@@ -66,6 +70,7 @@ KNOWN_NAMES = frozenset(
         "JOBSAPP_LOG_FORMAT",
         "JOBSAPP_MAX_UPLOAD_BYTES",
         "JOBSAPP_METRICS_TOKEN",
+        "JOBSAPP_OPERATORS",
         "JOBSAPP_PUBLISH_TIMEOUT",
         "JOBSAPP_REAPER_BATCH",
         "JOBSAPP_REAPER_EVERY",
@@ -117,9 +122,21 @@ TOOL_PREFIXES = (
 SERVER_NAMES = ("JOBSAPP_DATABASE_URL", "JOBSAPP_BROKER_URL", "JOBSAPP_STORAGE_URL")
 _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "pyamqp", "memory")
 _MIB = 1024 * 1024
+_HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,100}")
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 DEFAULT_IMAGE_MEMORY_BUDGET_MB = 512
 DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 DEFAULT_ARGS_MAX_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class AuthProxy:
+    """An authenticating proxy names its user in ``header`` (X-Forwarded-Email), believed
+    only from a peer within ``trusted``; ``operators`` (lower case) may act, the rest look."""
+
+    header: str
+    trusted: tuple[Network, ...]
+    operators: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -146,6 +163,8 @@ class Settings:
     # When set, /metrics answers only ``Authorization: Bearer <it>`` (not the admin token:
     # a scraper must not hold the operator's power).
     metrics_token: str | None = None
+    # The deployment's identity provider, an authenticating proxy (web/access.py); None: none.
+    auth_proxy: AuthProxy | None = None
     # "text" or "json" (one object per line, see jobsapp.logs).
     log_format: str = "text"
     # The deployment's own modules (tasks, run tables) every process imports: JOBSAPP_IMPORTS.
@@ -248,6 +267,33 @@ def _shared_token(env: Mapping[str, str], name: str, off: str) -> str | None:
     raise SettingsError(f"{name} {why}; set a random secret (e.g. {make}) or leave it empty {off}")
 
 
+def _auth_proxy(env: Mapping[str, str]) -> AuthProxy | None:
+    """The provider's header, the proxies trusted to send it, and who of its users may act."""
+    header = env.get("JOBSAPP_AUTH_PROXY_HEADER", "").strip()
+    raw = [c.strip() for c in env.get("JOBSAPP_AUTH_PROXY_TRUSTED", "").split(",") if c.strip()]
+    operators = frozenset(
+        o.strip().lower() for o in env.get("JOBSAPP_OPERATORS", "").split(",") if o.strip()
+    )
+    if header and not _HEADER_NAME.fullmatch(header):
+        raise SettingsError(f"JOBSAPP_AUTH_PROXY_HEADER={header!r} is not a header name")
+    if bool(header) != bool(raw):
+        raise SettingsError(
+            "JOBSAPP_AUTH_PROXY_HEADER and JOBSAPP_AUTH_PROXY_TRUSTED go together: the header "
+            "is believed only from the proxies' addresses (CIDRs, comma-separated)"
+        )
+    if operators and not header:
+        raise SettingsError(
+            "JOBSAPP_OPERATORS names identities of JOBSAPP_AUTH_PROXY_HEADER, which is not set"
+        )
+    trusted = []
+    for cidr in raw:
+        try:
+            trusted.append(ipaddress.ip_network(cidr, strict=False))
+        except ValueError:
+            raise SettingsError(f"JOBSAPP_AUTH_PROXY_TRUSTED: {cidr!r} is not a CIDR") from None
+    return AuthProxy(header, tuple(trusted), operators) if header else None
+
+
 def _log_format(env: Mapping[str, str]) -> str:
     value = env.get("JOBSAPP_LOG_FORMAT", "").strip().lower() or "text"
     if value not in ("text", "json"):
@@ -342,6 +388,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         image_memory_budget=_MIB
         * whole_number(env, "JOBSAPP_IMAGE_MEMORY_BUDGET_MB", DEFAULT_IMAGE_MEMORY_BUDGET_MB),
         metrics_token=_shared_token(env, "JOBSAPP_METRICS_TOKEN", "to leave /metrics open"),
+        auth_proxy=_auth_proxy(env),
         log_format=_log_format(env),
         imports=_imports(env),
         result_max_bytes=whole_number(env, "JOBSAPP_RESULT_MAX_BYTES", DEFAULT_RESULT_MAX_BYTES),
