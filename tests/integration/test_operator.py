@@ -592,6 +592,21 @@ def test_a_database_outage_is_a_503_on_the_operator_routes() -> None:
         assert int(reply.headers["Retry-After"]) > 0
 
 
+def test_the_process_metrics_answer_the_scrapers_token_while_the_database_is_down() -> None:
+    """The scraper's token checks are throttled through the database (issue 34): while it
+    is down they go unthrottled, so the process's own metrics still answer."""
+    from jobsapp.web.app import create_app
+
+    scraper = f"scraper-{uuid.uuid4().hex}"
+    dead = "postgresql+psycopg2://postgres@127.0.0.1:9/none"
+    with environment(JOBSAPP_DATABASE_URL=dead, JOBSAPP_METRICS_TOKEN=scraper):
+        client = create_app().test_client()
+        right = client.get("/metrics", headers={"Authorization": f"Bearer {scraper}"})
+        wrong = client.get("/metrics", headers={"Authorization": f"Bearer not-{scraper}"})
+
+    assert (right.status_code, wrong.status_code) == (200, 401)
+
+
 def test_the_summary_reads_with_bounded_statements(pg: Engine) -> None:
     """Each summary branch walks the (state, updated_at) index, never the whole table."""
     with pg.connect() as conn:
