@@ -139,6 +139,7 @@ def test_a_viewer_sees_every_page_and_every_action_is_refused(
         assert shown is not None
         assert shown.status == 200, path
         assert f"signed in as {VIEWER} (viewer)" in page.inner_text("header"), path
+        assert "You are a viewer" in page.inner_text("#viewer"), path
 
     page.fill("#replay input[name=reason]", "a viewer tries")
     page.click("#replay button")
@@ -180,6 +181,7 @@ def test_an_operators_replay_is_audited_under_the_providers_identity(
     page = as_user(browser, web, OPERATOR)
     page.goto(f"/admin/jobs/jobs/{job_id}")
     assert f"signed in as {OPERATOR} (operator)" in page.inner_text("header")
+    assert page.locator("#viewer").count() == 0
 
     page.fill("#replay input[name=reason]", "upstream fixed")
     page.click("#replay button")
