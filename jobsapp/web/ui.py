@@ -196,6 +196,7 @@ def _helpers() -> dict[str, Any]:
         "csrf_token": auth.csrf_token,
         "csrf_field": auth.CSRF_FIELD,
         "identity": _shown_identity,
+        "may_act": _may_act,
         "age": summary.human_age,
         "ts": _timestamp,
         "states": ALL_STATES,
@@ -211,6 +212,12 @@ def _shown_identity() -> access.Identity | None:
         return access.identity_of(request)
     except access.Refused:
         return None
+
+
+def _may_act() -> bool:
+    """Whether the page offers its forms: a viewer's would only be refused."""
+    who = _shown_identity()
+    return who is not None and who.may_act
 
 
 def _timestamp(value: datetime | None) -> str:
