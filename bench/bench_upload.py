@@ -111,7 +111,7 @@ class Ready:
 
 
 # The producers' token of the web under measure (JOBSAPP_API_TOKEN).
-API_TOKEN = "bench-producers-token"  # noqa: S105 - the bench's own web, on loopback
+API_TOKEN = "bench-producers-token-6d2a8c4f9e1b73"  # noqa: S105 - the bench's own web, on loopback
 
 
 class Client:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -40,6 +42,10 @@ _WELL_KNOWN_TOKENS = frozenset(
         "xxx",
     }
 )
+# A shared token shorter than this, or with fewer distinct characters, is refused: 32
+# characters of token_urlsafe carry 192 bits; a word or a repeated pattern carries few.
+MIN_TOKEN_LENGTH = 32
+MIN_TOKEN_VARIETY = 10
 # Every variable jobsapp reads (its processes, Procfile and compose lines included). An
 # unknown JOBSAPP_* name is refused: a typo would otherwise fall back to a default silently.
 KNOWN_NAMES = frozenset(
@@ -47,6 +53,8 @@ KNOWN_NAMES = frozenset(
         "JOBSAPP_ADMIN_TOKEN",
         "JOBSAPP_API_TOKEN",
         "JOBSAPP_ARGS_MAX_BYTES",
+        "JOBSAPP_AUTH_PROXY_HEADER",
+        "JOBSAPP_AUTH_PROXY_TRUSTED",
         "JOBSAPP_BEAT_CATCH_UP_SECONDS",
         "JOBSAPP_BEAT_LEASE_SECONDS",
         "JOBSAPP_BROKER_URL",
@@ -63,6 +71,7 @@ KNOWN_NAMES = frozenset(
         "JOBSAPP_LOG_FORMAT",
         "JOBSAPP_MAX_UPLOAD_BYTES",
         "JOBSAPP_METRICS_TOKEN",
+        "JOBSAPP_OPERATORS",
         "JOBSAPP_PUBLISH_TIMEOUT",
         "JOBSAPP_REAPER_BATCH",
         "JOBSAPP_REAPER_EVERY",
@@ -116,11 +125,23 @@ TOOL_PREFIXES = (
 SERVER_NAMES = ("JOBSAPP_DATABASE_URL", "JOBSAPP_BROKER_URL", "JOBSAPP_STORAGE_URL")
 _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "pyamqp", "memory")
 _MIB = 1024 * 1024
+_HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,100}")
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 DEFAULT_IMAGE_MEMORY_BUDGET_MB = 512
 DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 DEFAULT_ARGS_MAX_BYTES = 256 * 1024
 DEFAULT_UPLOAD_CONCURRENCY = 4
 DEFAULT_WEB_READ_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class AuthProxy:
+    """An authenticating proxy names its user in ``header`` (X-Forwarded-Email), believed
+    only from a peer within ``trusted``; ``operators`` (lower case) may act, the rest look."""
+
+    header: str
+    trusted: tuple[Network, ...]
+    operators: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -147,6 +168,8 @@ class Settings:
     # When set, /metrics answers only ``Authorization: Bearer <it>`` (not the admin token:
     # a scraper must not hold the operator's power).
     metrics_token: str | None = None
+    # The deployment's identity provider, an authenticating proxy (web/access.py); None: none.
+    auth_proxy: AuthProxy | None = None
     # "text" or "json" (one object per line, see jobsapp.logs).
     log_format: str = "text"
     # The deployment's own modules (tasks, run tables) every process imports: JOBSAPP_IMPORTS.
@@ -239,30 +262,57 @@ def _public_url(env: Mapping[str, str]) -> str | None:
     return value
 
 
-def _admin_token(env: Mapping[str, str]) -> str | None:
-    """The operator API's bearer token; empty means the API is off, a well-known one stops us."""
-    token = env.get("JOBSAPP_ADMIN_TOKEN", "").strip()
+def _shared_token(env: Mapping[str, str], name: str, off: str) -> str | None:
+    """A shared bearer token (the operator's, the scraper's); empty means ``off``. A
+    well-known, short or repetitive one stops us: it would be guessed, not brute-forced."""
+    token = env.get(name, "").strip()
     if not token:
         return None
+    make = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
     if token.lower() in _WELL_KNOWN_TOKENS:
+        why = "is a well-known placeholder"
+    elif len(token) < MIN_TOKEN_LENGTH:
+        why = f"has {len(token)} characters, fewer than {MIN_TOKEN_LENGTH}"
+    elif len(set(token)) < MIN_TOKEN_VARIETY:
+        why = f"has only {len(set(token))} distinct characters, fewer than {MIN_TOKEN_VARIETY}"
+    else:
+        return token
+    raise SettingsError(f"{name} {why}; set a random secret (e.g. {make}) or leave it empty {off}")
+
+
+def _auth_proxy(env: Mapping[str, str]) -> AuthProxy | None:
+    """The provider's header, the proxies trusted to send it, and who of its users may act."""
+    header = env.get("JOBSAPP_AUTH_PROXY_HEADER", "").strip()
+    raw = [c.strip() for c in env.get("JOBSAPP_AUTH_PROXY_TRUSTED", "").split(",") if c.strip()]
+    operators = frozenset(
+        o.strip().lower() for o in env.get("JOBSAPP_OPERATORS", "").split(",") if o.strip()
+    )
+    if header and not _HEADER_NAME.fullmatch(header):
+        raise SettingsError(f"JOBSAPP_AUTH_PROXY_HEADER={header!r} is not a header name")
+    if bool(header) != bool(raw):
         raise SettingsError(
-            "JOBSAPP_ADMIN_TOKEN is a well-known placeholder; set a random secret "
-            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))') or leave it "
-            "empty to keep the operator API off"
+            "JOBSAPP_AUTH_PROXY_HEADER and JOBSAPP_AUTH_PROXY_TRUSTED go together: the header "
+            "is believed only from the proxies' addresses (CIDRs, comma-separated)"
         )
-    return token
+    if operators and not header:
+        raise SettingsError(
+            "JOBSAPP_OPERATORS names identities of JOBSAPP_AUTH_PROXY_HEADER, which is not set"
+        )
+    trusted = []
+    for cidr in raw:
+        try:
+            trusted.append(ipaddress.ip_network(cidr, strict=False))
+        except ValueError:
+            raise SettingsError(f"JOBSAPP_AUTH_PROXY_TRUSTED: {cidr!r} is not a CIDR") from None
+    return AuthProxy(header, tuple(trusted), operators) if header else None
 
 
 def _api_token(env: Mapping[str, str]) -> str | None:
-    token = env.get("JOBSAPP_API_TOKEN", "").strip()
-    if not token:
-        return None
-    if token.lower() in _WELL_KNOWN_TOKENS:
-        raise SettingsError(
-            "JOBSAPP_API_TOKEN is a well-known placeholder; set a random secret "
-            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
-        )
-    if token == env.get("JOBSAPP_ADMIN_TOKEN", "").strip():
+    """The producers' token: as strong as the other shared tokens, and not the admin's."""
+    token = _shared_token(
+        env, "JOBSAPP_API_TOKEN", "(the attachments API is then open only on the embedded default)"
+    )
+    if token is not None and token == env.get("JOBSAPP_ADMIN_TOKEN", "").strip():
         raise SettingsError(
             "JOBSAPP_API_TOKEN is the admin token: a producer would hold the operator's "
             "power; give the producers a token of their own"
@@ -366,7 +416,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         s3_endpoint_url=env.get("JOBSAPP_S3_ENDPOINT_URL") or None,
         s3_public_url=_public_url(env),
         s3_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
-        admin_token=_admin_token(env),
+        admin_token=_shared_token(env, "JOBSAPP_ADMIN_TOKEN", "to keep the operator API off"),
         secret_key=env.get("JOBSAPP_SECRET_KEY", "").strip() or None,
         heartbeat_interval=heartbeat,
         stale_after=positive_number(env, "JOBSAPP_STALE_AFTER", 3 * heartbeat),
@@ -375,7 +425,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         publish_timeout=positive_number(env, "JOBSAPP_PUBLISH_TIMEOUT", 2.0),
         image_memory_budget=_MIB
         * whole_number(env, "JOBSAPP_IMAGE_MEMORY_BUDGET_MB", DEFAULT_IMAGE_MEMORY_BUDGET_MB),
-        metrics_token=env.get("JOBSAPP_METRICS_TOKEN", "").strip() or None,
+        metrics_token=_shared_token(env, "JOBSAPP_METRICS_TOKEN", "to leave /metrics open"),
+        auth_proxy=_auth_proxy(env),
         log_format=_log_format(env),
         imports=_imports(env),
         result_max_bytes=whole_number(env, "JOBSAPP_RESULT_MAX_BYTES", DEFAULT_RESULT_MAX_BYTES),

@@ -31,7 +31,7 @@ from jobsapp.lifecycle import outbox_queries
 from jobsapp.lifecycle.flow import Kind
 from jobsapp.monitor import metrics, summary
 from jobsapp.settings import get_settings
-from jobsapp.web import auth, schemas, ui
+from jobsapp.web import access, auth, schemas, throttle, ui
 from jobsapp.web.openapi import (
     ADMIN_AUTH,
     ADMIN_ERROR_TEXT,
@@ -105,25 +105,62 @@ admin.register_error_handler(operator.Refused, _refused)
 
 @admin.before_request
 def _authenticate() -> ResponseReturnValue | None:
-    if get_settings().admin_token is None:
-        return _error(403, "forbidden", "operator API disabled: JOBSAPP_ADMIN_TOKEN is not set")
-    if not auth.token_matches(auth.bearer(request)):
-        response, status = _error(401, "unauthorized", "Send Authorization: Bearer <token>.")
-        response.headers["WWW-Authenticate"] = 'Bearer realm="jobsapp-admin"'
-        return response, status
+    if not access.enabled():
+        return _error(
+            403,
+            "forbidden",
+            "operator API disabled: neither JOBSAPP_ADMIN_TOKEN nor "
+            "JOBSAPP_AUTH_PROXY_HEADER is set",
+        )
+    try:
+        who = access.identity_of(request)
+    except access.Refused as refused:
+        return _refusal(refused)
+    if who is None:
+        return _unauthorized("jobsapp-admin")
+    if request.method == "POST" and not who.may_act:
+        log.warning("operator API refused %s to viewer %s", request.path, who.name)
+        return _error(403, "forbidden", access.may_not_act(who))
     return None
+
+
+def _refusal(refused: access.Refused) -> ResponseReturnValue:
+    code = "too_many_attempts" if refused.status == 429 else "forbidden"
+    response, status = _error(refused.status, code, refused.reason)
+    if refused.retry_after is not None:
+        response.headers["Retry-After"] = str(refused.retry_after)
+    return response, status
+
+
+def _unauthorized(realm: str) -> ResponseReturnValue:
+    response, status = _error(401, "unauthorized", "Send Authorization: Bearer <token>.")
+    response.headers["WWW-Authenticate"] = f'Bearer realm="{realm}"'
+    return response, status
+
+
+def _actor(declared: str) -> str:
+    """The audited name of this request's action (the guard let only an operator in)."""
+    who = access.identity_of(request)
+    assert who is not None, "the guard let nobody in"
+    return access.audit_name(who, declared)
 
 
 @scrape.before_request
 def _authenticate_scraper() -> ResponseReturnValue | None:
     token = get_settings().metrics_token
-    given = auth.bearer(request)
-    # Constant time: the comparison must not tell how much of a guess was right.
-    if token is None or (given is not None and hmac.compare_digest(given.encode(), token.encode())):
+    if token is None:
         return None
-    response, status = _error(401, "unauthorized", "Send Authorization: Bearer <token>.")
-    response.headers["WWW-Authenticate"] = 'Bearer realm="jobsapp-metrics"'
-    return response, status
+    given = auth.bearer(request)
+    try:
+        # Constant time: the comparison must not tell how much of a guess was right.
+        known = throttle.checked(
+            access.client_address(request),
+            "metrics token",
+            lambda: given is not None and hmac.compare_digest(given.encode(), token.encode()),
+        )
+    except throttle.Throttled as wait:
+        return _refusal(access.Refused(429, str(wait), wait.retry_after))
+    return None if known else _unauthorized("jobsapp-metrics")
 
 
 # ------------------------------------------------------------------------- summary
@@ -157,10 +194,10 @@ def jobs(query: schemas.SummaryQuery) -> Answer:
     responses={200: json_answer(schemas.Replayed, "Queued again"), **admin_errors(400, 404, 409)},
 )
 def replay(path: schemas.JobPath, body: schemas.OperatorAction) -> Answer:
-    # The actor is self-declared (the token is shared): the audit row names who says they
-    # acted, not who was authenticated.
+    # With the shared token and no provider the actor is self-declared: the audit row names
+    # who says they acted; behind a provider, who the provider says it is.
     done = operator.replay(
-        console_engine(), path.module, path.job_id, actor=body.actor, reason=body.reason
+        console_engine(), path.module, path.job_id, actor=_actor(body.actor), reason=body.reason
     )
     return jsonify(
         {
@@ -193,7 +230,7 @@ def cancel(path: schemas.JobPath, body: schemas.CancelAction) -> Answer:
         console_engine(),
         path.module,
         path.job_id,
-        actor=body.actor,
+        actor=_actor(body.actor),
         reason=body.reason,
         terminate=body.terminate,
     )
@@ -227,7 +264,7 @@ def reconcile_failed(body: schemas.ReconcileRequest) -> Answer:
     asked = reconcile.Request(
         error_code=operator.checked_error_code(body.error_code),
         dry_run=body.dry_run,
-        actor=f"{reconcile.ACTOR}:{body.actor}",
+        actor=f"{reconcile.ACTOR}:{_actor(body.actor)}",
     )
     try:
         reports = reconcile.run_all(console_engine(), celery_app, asked, module=body.module)
@@ -269,7 +306,7 @@ def _dead_json(row: outbox_queries.DeadRow) -> dict[str, Any]:
 )
 def retry_dead_outbox(body: schemas.RetryDeadOutbox) -> Answer:
     revived = operator.retry_dead_outbox(
-        console_engine(), body.ids, actor=body.actor, reason=body.reason
+        console_engine(), body.ids, actor=_actor(body.actor), reason=body.reason
     )
     return jsonify({"revived": revived})
 
@@ -307,7 +344,7 @@ def _flow_changed(path: schemas.FlowPath, paused: bool, changed: bool) -> Answer
 )
 def flow_pause(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
     changed = flow_control.pause(
-        console_engine(), Kind(path.kind), path.name, actor=body.actor, reason=body.reason
+        console_engine(), Kind(path.kind), path.name, actor=_actor(body.actor), reason=body.reason
     )
     return _flow_changed(path, True, changed)
 
@@ -321,7 +358,7 @@ def flow_pause(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
 )
 def flow_resume(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
     changed = flow_control.resume(
-        console_engine(), Kind(path.kind), path.name, actor=body.actor, reason=body.reason
+        console_engine(), Kind(path.kind), path.name, actor=_actor(body.actor), reason=body.reason
     )
     return _flow_changed(path, False, changed)
 
@@ -341,7 +378,7 @@ def flow_resume(path: schemas.FlowPath, body: schemas.OperatorAction) -> Answer:
             "description": "The Prometheus text exposition format",
             "content": {"text/plain": {"schema": {"type": "string"}}},
         },
-        **errors(401, text=ADMIN_ERROR_TEXT),
+        **errors(401, 429, text=ADMIN_ERROR_TEXT),
     },
 )
 def prometheus() -> Answer:
@@ -364,7 +401,7 @@ def prometheus() -> Answer:
             "description": "The Prometheus text exposition format",
             "content": {"text/plain": {"schema": {"type": "string"}}},
         },
-        **errors(401, 503, text=ADMIN_ERROR_TEXT),
+        **errors(401, 429, 503, text=ADMIN_ERROR_TEXT),
     },
 )
 def cluster_prometheus() -> Answer:

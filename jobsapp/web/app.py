@@ -43,6 +43,7 @@ from jobsapp.web.openapi import (
 )
 from jobsapp.web.slots import Busy, Slots
 from jobsapp.web.urls import VariantNameConverter, raw_url, url_problem
+from jobsapp.web.variants import variant_answer
 
 log = logging.getLogger(__name__)
 
@@ -199,18 +200,7 @@ def show(path: schemas.AttachmentPath) -> Answer:
     },
 )
 def variant(path: schemas.VariantPath) -> Answer:
-    read = service.open_variant(path.attachment_id, path.name)
-    if read is None:
-        raise NotFound("This attachment has no such variant, or it is not ready yet.")
-    if read.url is not None:
-        # The signature expires: a cached redirect must not outlive it.
-        headers = {"Location": read.url, "Cache-Control": "no-store"}
-        return Response(status=302, headers=headers, mimetype="text/plain")
-    response = Response(read.stream, content_type=read.content_type, direct_passthrough=True)
-    response.content_length = read.size
-    # A variant's bytes never change under its SHA-256, so it is the natural strong ETag.
-    response.set_etag(read.sha256)
-    return response
+    return variant_answer(path.attachment_id, path.name)
 
 
 @api.before_request

@@ -4,10 +4,13 @@ A login is a row of ``web_sessions`` (web/session_tables.py), named in the cooki
 random id: every console request reads it, so a logout ends the session at once (a cookie
 saved before it is refused), ``SESSION_LIFETIME`` after the login it ends whatever the
 browser does, and ``IDLE_TIMEOUT`` without a page view ends it too (the live pages'
-refreshes do not count as views). The cookie is Flask's, signed with a key derived from
-``JOBSAPP_ADMIN_TOKEN`` and a server secret (``JOBSAPP_SECRET_KEY``, else a random one the
-first web process keeps in ``web_secrets``): rotating the token ends every session, and a
-visitor's cookie is no oracle to test token guesses against. The cookie is ``HttpOnly`` (no
+refreshes do not count as views). A session remembers the token it was opened with (an
+HMAC of it, ``token_mark``): under another token it ends on the server, so rotating the
+token ends every session for good, even if the old token comes back: the first session
+check of a process under a new token ends every session opened under another. The cookie is
+Flask's, signed with a key derived from ``JOBSAPP_ADMIN_TOKEN`` and a server secret
+(``JOBSAPP_SECRET_KEY``, else a random one the first web process keeps in ``web_secrets``),
+so a visitor's cookie is no oracle to test token guesses against. The cookie is ``HttpOnly`` (no
 script reads it), ``SameSite=Strict`` (no other site's page sends it), limited to ``/admin``
 and ``Secure`` whenever the request came over https (gunicorn sets the scheme from
 ``X-Forwarded-Proto`` of a trusted proxy).
@@ -29,7 +32,7 @@ from typing import Any
 from flask import Flask, Request, g, request, session
 from flask.sessions import SecureCookieSessionInterface
 from itsdangerous import URLSafeTimedSerializer
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, insert, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from jobsapp.db import console_engine, utcnow
@@ -53,6 +56,7 @@ _SESSIONS: Table = WebSession.__table__  # type: ignore[assignment]
 _SECRETS: Table = WebSecret.__table__  # type: ignore[assignment]
 _secrets: dict[str, str] = {}
 _secrets_lock = threading.Lock()
+_swept: dict[str, str] = {}
 
 
 class AdminSessionInterface(SecureCookieSessionInterface):
@@ -62,11 +66,13 @@ class AdminSessionInterface(SecureCookieSessionInterface):
     salt = "jobsapp-admin-session"
 
     def get_signing_serializer(self, app: Flask) -> URLSafeTimedSerializer | None:  # noqa: ARG002
-        token = get_settings().admin_token
-        if token is None or not request.path.startswith("/admin"):
+        settings = get_settings()
+        token = settings.admin_token
+        if (token is None and settings.auth_proxy is None) or not request.path.startswith("/admin"):
             return None  # Flask's null session: the API and uploads read no secret
         try:
-            key = session_key(token)
+            # Behind a provider with no token the session carries the CSRF token only.
+            key = session_key(token or "")
         except DBAPIError:
             # The secret lives in the database: while it is down the console has no
             # session, and its pages answer 503 through their own handler.
@@ -170,7 +176,13 @@ def log_in(actor: str) -> None:
     sid, now = secrets.token_urlsafe(32), utcnow()
     with console_engine().begin() as conn:
         conn.execute(
-            insert(_SESSIONS).values(id_hash=_hashed(sid), actor=actor, created_at=now, seen_at=now)
+            insert(_SESSIONS).values(
+                id_hash=_hashed(sid),
+                actor=actor,
+                created_at=now,
+                seen_at=now,
+                token_mark=token_mark(),
+            )
         )
     session.clear()
     session.permanent = True
@@ -183,13 +195,44 @@ def log_out() -> None:
     """End the session on the server (a saved copy of the cookie is refused from now on)."""
     sid = session.get(_SID)
     if isinstance(sid, str):
-        with console_engine().begin() as conn:
-            conn.execute(
-                update(_SESSIONS)
-                .where(_SESSIONS.c.id_hash == _hashed(sid), _SESSIONS.c.ended_at.is_(None))
-                .values(ended_at=utcnow())
-            )
+        _end(_hashed(sid))
     session.clear()
+
+
+def _end(key: str) -> None:
+    with console_engine().begin() as conn:
+        conn.execute(
+            update(_SESSIONS)
+            .where(_SESSIONS.c.id_hash == key, _SESSIONS.c.ended_at.is_(None))
+            .values(ended_at=utcnow())
+        )
+
+
+def _end_other_tokens_sessions() -> None:
+    """Whenever this process sees a token other than the last one it swept under: end the
+    sessions opened under another (a cookie of the old token would verify again if the
+    token came back)."""
+    mark = token_mark()
+    with _secrets_lock:
+        if _swept.get(get_settings().database_url) == mark:
+            return
+        _swept[get_settings().database_url] = mark
+    with console_engine().begin() as conn:
+        conn.execute(
+            update(_SESSIONS)
+            .where(
+                _SESSIONS.c.ended_at.is_(None),
+                or_(_SESSIONS.c.token_mark.is_(None), _SESSIONS.c.token_mark != mark),
+            )
+            .values(ended_at=utcnow())
+        )
+
+
+def token_mark() -> str:
+    """Names the admin token a session is opened with, without being it (nor a cheap
+    oracle of it: keyed by the server secret)."""
+    token = get_settings().admin_token or ""
+    return hmac.new(server_secret().encode(), token.encode(), hashlib.sha256).hexdigest()
 
 
 def signed_in() -> bool:
@@ -202,6 +245,7 @@ def signed_in() -> bool:
 
 
 def _live_session() -> bool:
+    _end_other_tokens_sessions()
     sid = session.get(_SID)
     if not isinstance(sid, str):
         return False
@@ -209,6 +253,9 @@ def _live_session() -> bool:
     with console_engine().connect() as conn:
         row = conn.execute(select(_SESSIONS).where(_SESSIONS.c.id_hash == key)).mappings().first()
     if row is None or not _alive(row, now):
+        return False
+    if not hmac.compare_digest(row["token_mark"] or "", token_mark()):
+        _end(key)  # opened with a token that is no longer the one: ended on the server
         return False
     if not request.headers.get(_LIVE_HEADER) and now - row["seen_at"] > _SEEN_EVERY:
         with console_engine().begin() as conn:

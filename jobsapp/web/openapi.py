@@ -56,7 +56,10 @@ ADMIN_ERROR_TEXT = {
     'whole number in ASCII digits, or the body is not `{"reason": "..."}` with a reason of '
     "1 to 500 characters.",
     401: "No `Authorization: Bearer` header, or not the configured token.",
-    403: "The operator API is disabled: `JOBSAPP_ADMIN_TOKEN` is not set.",
+    403: "The operator API is disabled (neither `JOBSAPP_ADMIN_TOKEN` nor "
+    "`JOBSAPP_AUTH_PROXY_HEADER` is set), the provider's header came from an address not "
+    "within `JOBSAPP_AUTH_PROXY_TRUSTED`, or a viewer asked for an action.",
+    429: "Too many wrong tokens from this client address: retry after `Retry-After` seconds.",
     404: "No run table for the module, or no such job in it.",
     409: "The job is not in the state the action leaves (replay: failed; cancel: queued), "
     "or another active job holds its concurrency key (the reason names it).",
@@ -91,7 +94,9 @@ _SECURITY_SCHEMES = {
     "adminToken": {
         "type": "http",
         "scheme": "bearer",
-        "description": "The value of `JOBSAPP_ADMIN_TOKEN`.",
+        "description": "The value of `JOBSAPP_ADMIN_TOKEN` (an operator). Behind an "
+        "authenticating proxy, its header (`JOBSAPP_AUTH_PROXY_HEADER`) names the user "
+        "instead; `JOBSAPP_OPERATORS` may act, every other identity only reads.",
     },
     "adminSession": {
         "type": "apiKey",
@@ -191,16 +196,19 @@ def errors(*statuses: int, text: dict[int, str] | None = None) -> ResponseDict:
 
 
 def admin_errors(*statuses: int) -> ResponseDict:
-    return errors(401, 403, 503, *statuses, text=ADMIN_ERROR_TEXT)
+    return errors(401, 403, 429, 503, *statuses, text=ADMIN_ERROR_TEXT)
 
 
 _HTML = {"content": {"text/html": {"schema": {"type": "string"}}}}
 _UI_ERRORS = {
     400: "No or a stale CSRF token, a bad filter or an empty reason.",
     401: "Login with a wrong token.",
-    403: "The operator UI is disabled (`JOBSAPP_ADMIN_TOKEN` is not set).",
+    403: "The operator UI is disabled (neither `JOBSAPP_ADMIN_TOKEN` nor "
+    "`JOBSAPP_AUTH_PROXY_HEADER` is set), the provider's header came from an untrusted "
+    "address, or a viewer asked for an action.",
     404: "No such module or job.",
     405: "The route does not take this method.",
+    429: "Too many wrong tokens from this client address: retry after `Retry-After` seconds.",
     500: "An unexpected error.",
     503: "The database is unavailable; retry.",
 }

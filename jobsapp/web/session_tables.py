@@ -22,6 +22,8 @@ class WebSession(Base):
     created_at: Mapped[datetime]
     seen_at: Mapped[datetime]
     ended_at: Mapped[datetime | None]
+    # An HMAC of the admin token the session was opened with: another token ends it.
+    token_mark: Mapped[str | None] = mapped_column(String(64))
 
 
 class WebSecret(Base):
@@ -32,3 +34,14 @@ class WebSecret(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime]
+
+
+class WebThrottle(Base):
+    """Failed token checks of one scope (a client address, or everyone) within a window."""
+
+    __tablename__ = "web_throttle"
+
+    scope: Mapped[str] = mapped_column(String(100), primary_key=True)
+    failures: Mapped[int]
+    last_at: Mapped[datetime]
+    blocked_until: Mapped[datetime]

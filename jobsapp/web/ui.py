@@ -44,7 +44,7 @@ from jobsapp.maintenance import periodic
 from jobsapp.monitor import browse, queues, summary, workers, workflows
 from jobsapp.monitor import charts as charts_data
 from jobsapp.settings import get_settings
-from jobsapp.web import auth
+from jobsapp.web import access, auth, throttle
 from jobsapp.web.openapi import (
     ADMIN_AUTH,
     FORM_BODY,
@@ -55,7 +55,8 @@ from jobsapp.web.openapi import (
     html_page,
     script_answer,
 )
-from jobsapp.web.schemas import JobPath
+from jobsapp.web.schemas import JobPath, VariantPath
+from jobsapp.web.variants import variant_answer
 
 log = logging.getLogger(__name__)
 
@@ -196,8 +197,8 @@ def _helpers() -> dict[str, Any]:
     return {
         "csrf_token": auth.csrf_token,
         "csrf_field": auth.CSRF_FIELD,
-        "signed_in": auth.signed_in,
-        "actor": auth.actor,
+        "identity": _shown_identity,
+        "may_act": _may_act,
         "age": summary.human_age,
         "ts": _timestamp,
         "states": ALL_STATES,
@@ -205,6 +206,20 @@ def _helpers() -> dict[str, Any]:
         "shown_args": _shown_args,
         "now": utcnow(),
     }
+
+
+def _shown_identity() -> access.Identity | None:
+    """Who the header names as signed in (the 404 page is shown before any guard)."""
+    try:
+        return access.identity_of(request)
+    except access.Refused:
+        return None
+
+
+def _may_act() -> bool:
+    """Whether the page offers its forms: a viewer's would only be refused."""
+    who = _shown_identity()
+    return who is not None and who.may_act
 
 
 def _timestamp(value: datetime | None) -> str:
@@ -216,15 +231,45 @@ def _timestamp(value: datetime | None) -> str:
 
 @ui.before_request
 def _guard() -> ResponseReturnValue | None:
-    if get_settings().admin_token is None:
-        return _error_page(403, "The operator UI is disabled: JOBSAPP_ADMIN_TOKEN is not set.")
+    if not access.enabled():
+        return _error_page(
+            403,
+            "The operator UI is disabled: neither JOBSAPP_ADMIN_TOKEN nor "
+            "JOBSAPP_AUTH_PROXY_HEADER is set.",
+        )
     if request.method == "POST" and not auth.csrf_ok(request.form.get(auth.CSRF_FIELD)):
         return _error_page(400, "The form's CSRF token is missing or stale; reload the page.")
-    if request.endpoint in ("ui.login", "ui.log_in", "ui.live_script") or auth.signed_in():
+    if request.endpoint in ("ui.login", "ui.log_in", "ui.live_script"):
         return None
-    if request.method == "GET" and auth.token_matches(auth.bearer(request)):
-        return None
-    return redirect(url_for("ui.login", next=request.full_path))
+    return _authorized()
+
+
+def _authorized() -> ResponseReturnValue | None:
+    """Anyone known sees the pages; only an operator acts."""
+    try:
+        who = access.identity_of(request)
+    except access.Refused as refused:
+        return _refused_page(refused)
+    if who is None:
+        return redirect(url_for("ui.login", next=request.full_path))
+    if request.method == "POST" and request.endpoint != "ui.logout" and not who.may_act:
+        log.warning("admin UI refused %s %s to viewer %s", request.method, request.path, who.name)
+        return _error_page(403, access.may_not_act(who))
+    return None
+
+
+def _refused_page(refused: access.Refused) -> Response:
+    response = _error_page(refused.status, refused.reason)
+    if refused.retry_after is not None:
+        response.headers["Retry-After"] = str(refused.retry_after)
+    return response
+
+
+def _actor() -> str:
+    """Who the audit rows of this request's action name (the guard let only an operator in)."""
+    who = access.identity_of(request)
+    assert who is not None, "the guard let nobody in"
+    return access.audit_name(who, auth.actor())
 
 
 @ui.errorhandler(summary.BadFilter)
@@ -259,10 +304,18 @@ def login() -> Answer:
 
 @_form_route("/login", "adminLogin", "Log in with the admin token")
 def log_in() -> Answer:
-    if not auth.token_matches(request.form.get("token")):
-        log.warning("admin login refused: wrong token from %s", request.remote_addr)
+    given = request.form.get("token")
+    try:
+        known = throttle.checked(
+            access.client_address(request), "admin login", lambda: auth.token_matches(given)
+        )
+    except throttle.Throttled as wait:
+        return _refused_page(access.Refused(429, str(wait), wait.retry_after))
+    if not known:
         return _page("login.html", 401, next=_next(), error="That is not the admin token.")
-    name = request.form.get("name", "").strip() or auth.DEFAULT_ACTOR
+    # Behind a provider the audit trail names identities, never what was typed here.
+    typed = get_settings().auth_proxy is None and request.form.get("name", "").strip()
+    name = typed or auth.DEFAULT_ACTOR
     try:
         operator.operator_actor(name)
     except operator.InvalidRequest as bad:
@@ -340,6 +393,15 @@ def jobs() -> Answer:
         first_url=_with(request.args, after=None),
         bulk_url=bulk,
     )
+
+
+@_page_route(
+    "/attachments/<uuid:attachment_id>/variants/<variant:name>",
+    "adminVariant",
+    "A variant's bytes, as the job page links them (the console's session admits them)",
+)
+def attachment_variant(path: VariantPath) -> Answer:
+    return variant_answer(path.attachment_id, path.name)
 
 
 @_page_route("/jobs/<module>/<uuid:job_id>", "adminJob", "One job: attempts, timeline, attachment")
@@ -481,7 +543,7 @@ def _secrets() -> tuple[str, ...]:
 def replay(path: JobPath) -> Answer:
     def act(reason: str) -> str:
         done = operator.replay(
-            console_engine(), path.module, path.job_id, actor=auth.actor(), reason=reason
+            console_engine(), path.module, path.job_id, actor=_actor(), reason=reason
         )
         later = "" if done.published else f"; {done.then}"
         return f"Replayed: attempt {done.attempt} is queued{later}."
@@ -500,7 +562,7 @@ def cancel(path: JobPath) -> Answer:
             console_engine(),
             path.module,
             path.job_id,
-            actor=auth.actor(),
+            actor=_actor(),
             reason=reason,
             attempts=_seen_attempts(),
             terminate=bool(request.form.get("terminate")),
@@ -518,7 +580,7 @@ def cancel(path: JobPath) -> Answer:
 def cancel_workflow(path: JobPath) -> Answer:
     def act(reason: str) -> str:
         done = operator.cancel_workflow(
-            console_engine(), path.module, path.job_id, actor=auth.actor(), reason=reason
+            console_engine(), path.module, path.job_id, actor=_actor(), reason=reason
         )
         return f"Workflow cancelled: no step starts from now on; {done} queued cancelled."
 
@@ -536,7 +598,7 @@ def run_now(path: JobPath) -> Answer:
             console_engine(),
             path.module,
             path.job_id,
-            actor=auth.actor(),
+            actor=_actor(),
             reason=reason,
             attempts=_seen_attempts(),
         )
@@ -585,7 +647,7 @@ def flow_action() -> Answer:
             console_engine(),
             kind,
             form.get("name", ""),
-            actor=auth.actor(),
+            actor=_actor(),
             reason=form.get("reason", ""),
         )
         verb = "paused" if pausing else "resumed"
@@ -605,7 +667,7 @@ def retry_dead() -> Answer:
     """Every dead outbox row back to the relay (after the cause was fixed), audited."""
     try:
         revived = operator.retry_dead_outbox(
-            console_engine(), None, actor=auth.actor(), reason=request.form.get("reason", "")
+            console_engine(), None, actor=_actor(), reason=request.form.get("reason", "")
         )
         flash(f"{revived} dead outbox rows are due again.", "ok")
     except operator.InvalidRequest as refused:
@@ -627,7 +689,7 @@ def reconcile_failed() -> Answer:
     asked = reconcile.Request(
         error_code=code,
         dry_run=bool(form.get("dry_run")),
-        actor=f"{reconcile.ACTOR}:{auth.actor()}",
+        actor=f"{reconcile.ACTOR}:{_actor()}",
     )
     module = form.get("module") or None
     if module is not None:
@@ -710,7 +772,7 @@ def bulk_replay() -> Answer:
     """Replays exactly the jobs the confirmation page listed, not the filter's set now."""
 
     def one(module: str, job_id: uuid.UUID, reason: str) -> str:
-        done = operator.replay(console_engine(), module, job_id, actor=auth.actor(), reason=reason)
+        done = operator.replay(console_engine(), module, job_id, actor=_actor(), reason=reason)
         return f"attempt {done.attempt} queued"
 
     return _bulk(REPLAY, one)
@@ -721,7 +783,7 @@ def bulk_cancel() -> Answer:
     """Cancels exactly the jobs the confirmation page listed, each audited."""
 
     def one(module: str, job_id: uuid.UUID, reason: str) -> str:
-        done = operator.cancel(console_engine(), module, job_id, actor=auth.actor(), reason=reason)
+        done = operator.cancel(console_engine(), module, job_id, actor=_actor(), reason=reason)
         # A job that started since the confirmation page is asked to stop instead.
         return "asked to stop at its next heartbeat" if done.running else "cancelled"
 

@@ -7,7 +7,7 @@ row keeps them so every message of the job (a retry's, a republish's) carries th
 NULL columns take no space on the rows of calls without them.
 
 Revision ID: 0025
-Revises: 0022
+Revises: 0024
 Create Date: 2026-12-04 11:30:00.000000
 """
 
@@ -19,7 +19,7 @@ from alembic import op
 from jobsapp.lifecycle.ddl import RUNS_VIEW, replace_runs_view, time_limit_columns
 
 revision: str = "0025"
-down_revision: str | None = "0022"
+down_revision: str | None = "0024"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

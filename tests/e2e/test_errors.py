@@ -53,7 +53,7 @@ def good_env(postgres_url: str, tmp_path: Path) -> dict[str, str]:
         "JOBSAPP_DATABASE_URL": postgres_url,
         "JOBSAPP_BROKER_URL": service("JOBSAPP_TEST_REDIS_URL"),
         "JOBSAPP_STORAGE_URL": f"file://{tmp_path / 'objects'}",
-        "JOBSAPP_API_TOKEN": "errors-producers-token",
+        "JOBSAPP_API_TOKEN": "errors-producers-token-8e1c5a9f3b7d20",
     }
 
 
@@ -349,6 +349,11 @@ BAD_SETTINGS = {
     "admin token": (
         {"JOBSAPP_ADMIN_TOKEN": "secret"},
         "jobsapp: configuration error: JOBSAPP_ADMIN_TOKEN is a well-known placeholder",
+    ),
+    # Issue 34: a short token was accepted, to be guessed rather than brute-forced.
+    "short admin token": (
+        {"JOBSAPP_ADMIN_TOKEN": "abc1"},
+        "jobsapp: configuration error: JOBSAPP_ADMIN_TOKEN has 4 characters, fewer than 32",
     ),
     # Issue 36: a typo fell back to the embedded default, a missing broker to filesystem://,
     # and a misspelled module printed a 63-line traceback with exit 1.

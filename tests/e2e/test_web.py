@@ -36,7 +36,7 @@ from tests.support.env import SESSION, service
 from tests.support.servers import RedisServer
 
 MAX_UPLOAD = 256 * 1024
-ADMIN_TOKEN = "e2e-web-token"
+ADMIN_TOKEN = "e2e-web-token-7f3a9c2e5b1d8064-web"
 ERROR = {"error", "reason"}
 # No row has it. Fixed, not drawn, because it shows in test ids, which every xdist worker
 # must collect alike.

@@ -31,7 +31,7 @@ WORKER = (
 )
 REPO = Path(__file__).resolve().parents[2]
 # The producers' token of the webs these helpers start, unless a test sets its own.
-API_TOKEN = "e2e-producers-token"
+API_TOKEN = "e2e-producers-token-4b9d2f7a1c6e08"
 
 
 def procfile_web() -> tuple[str, ...]:

@@ -78,11 +78,28 @@ def test_rotating_the_token_ends_every_session(client: FlaskClient) -> None:
     assert log_in(client, base)[0] == 303
     assert client.get(signed_in_probe, base_url=base).status_code == 400
 
-    with environment(JOBSAPP_ADMIN_TOKEN="rotated-token"):
+    with environment(JOBSAPP_ADMIN_TOKEN="rotated-token-7f3a9c2e5b1d8064-new"):
         after = client.get(signed_in_probe, base_url=base)
 
     assert after.status_code == 302
     assert after.headers["Location"].startswith("/admin/login")
+
+
+def test_a_session_ended_by_a_rotation_stays_ended_when_the_old_token_comes_back(
+    client: FlaskClient,
+) -> None:
+    """Issue 34: the session ended only because its cookie no longer verified, so rotating
+    back to the old token (a rollback of the configuration) brought it back to life."""
+    base = "http://admin.local"
+    signed_in_probe = "/admin/jobs?state=bogus"
+    assert log_in(client, base)[0] == 303
+    assert client.get(signed_in_probe, base_url=base).status_code == 400
+
+    with environment(JOBSAPP_ADMIN_TOKEN="rotated-token-7f3a9c2e5b1d8064-new"):
+        assert client.get(signed_in_probe, base_url=base).status_code == 302
+    back = client.get(signed_in_probe, base_url=base)
+
+    assert back.status_code == 302
 
 
 BASE = "http://admin.local"

@@ -13,7 +13,7 @@ from tests.support.journal_view import events, run_row
 from tests.support.planted import failed_generic_job
 from tests.support.web import csrf_of
 
-TOKEN = "reconcile-page-token"
+TOKEN = "reconcile-page-token-7f3a9c2e5b1d8064"
 BASE = "http://admin.local"
 
 

@@ -29,7 +29,7 @@ from tests.support.web import log_in
 
 pytestmark = pytest.mark.timeout(180)
 
-TOKEN = "cancel-running-admin-token"
+TOKEN = "cancel-running-admin-token-7f3a9c2e5b1d8064"
 BASE = "http://admin.local"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -35,7 +35,7 @@ from tests.support.web import log_in
 
 pytestmark = pytest.mark.timeout(120)
 
-ADMIN_TOKEN = "first-hour-admin-token"
+ADMIN_TOKEN = "first-hour-admin-token-7f3a9c2e5b1d8064"
 BASE = "http://admin.local"
 
 

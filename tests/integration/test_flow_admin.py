@@ -20,7 +20,7 @@ from tests.support.attachments import environment
 from tests.support.web import csrf_of, sample, scrape
 
 BASE = "http://admin.local"
-TOKEN = "flow-admin-token"
+TOKEN = "flow-admin-token-7f3a9c2e5b1d8064"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

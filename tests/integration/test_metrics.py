@@ -85,14 +85,14 @@ def test_attempts_outcomes_histograms_dedup_and_relay_are_counted_once(
 
 
 def test_metrics_need_the_scrapers_token_when_one_is_set(fresh_totals: Engine) -> None:
-    with environment(JOBSAPP_METRICS_TOKEN="scrape-me"):
+    with environment(JOBSAPP_METRICS_TOKEN="scrape-me-7f3a9c2e5b1d8064-metrics"):
         client = create_app().test_client()
         for path in ("/metrics", "/metrics/cluster"):
             assert client.get(path).status_code == 401
             bad = client.get(path, headers={"Authorization": "Bearer nope"})
             assert bad.status_code == 401
             assert "jobsapp-metrics" in bad.headers["WWW-Authenticate"]
-            assert scrape({"Authorization": "Bearer scrape-me"}, path)
+            assert scrape({"Authorization": "Bearer scrape-me-7f3a9c2e5b1d8064-metrics"}, path)
 
 
 def test_every_counter_of_every_registered_task_has_a_zero_series_before_any_job(

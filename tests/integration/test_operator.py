@@ -33,6 +33,7 @@ from tests.support.planted import (
 )
 from tests.support.servers import closed_port
 from tests.support.waiting import eventually
+from tests.support.web import TOKEN
 
 JOBS = registry.JOBS
 VIEW_COLUMNS = {
@@ -483,15 +484,15 @@ def test_a_database_outage_is_a_503_on_the_operator_routes() -> None:
 
     # Nothing listens on port 9: every connection attempt is refused at once.
     dead = "postgresql+psycopg2://postgres@127.0.0.1:9/none"
-    with environment(JOBSAPP_DATABASE_URL=dead, JOBSAPP_ADMIN_TOKEN="t"):
+    with environment(JOBSAPP_DATABASE_URL=dead, JOBSAPP_ADMIN_TOKEN=TOKEN):
         client = create_app().test_client()
         replies = [
             client.get("/metrics/cluster"),
-            client.get("/v1/admin/jobs", headers={"Authorization": "Bearer t"}),
+            client.get("/v1/admin/jobs", headers={"Authorization": f"Bearer {TOKEN}"}),
             client.post(
                 f"/v1/admin/jobs/jobs/{uuid.uuid4()}/cancel",
                 json={"reason": "r"},
-                headers={"Authorization": "Bearer t"},
+                headers={"Authorization": f"Bearer {TOKEN}"},
             ),
         ]
 
@@ -500,6 +501,21 @@ def test_a_database_outage_is_a_503_on_the_operator_routes() -> None:
         assert reply.get_json()["error"] == "unavailable"
         assert "127.0.0.1" not in reply.get_json()["reason"]
         assert int(reply.headers["Retry-After"]) > 0
+
+
+def test_the_process_metrics_answer_the_scrapers_token_while_the_database_is_down() -> None:
+    """The scraper's token checks are throttled through the database (issue 34): while it
+    is down they go unthrottled, so the process's own metrics still answer."""
+    from jobsapp.web.app import create_app
+
+    scraper = f"scraper-{uuid.uuid4().hex}"
+    dead = "postgresql+psycopg2://postgres@127.0.0.1:9/none"
+    with environment(JOBSAPP_DATABASE_URL=dead, JOBSAPP_METRICS_TOKEN=scraper):
+        client = create_app().test_client()
+        right = client.get("/metrics", headers={"Authorization": f"Bearer {scraper}"})
+        wrong = client.get("/metrics", headers={"Authorization": f"Bearer not-{scraper}"})
+
+    assert (right.status_code, wrong.status_code) == (200, 401)
 
 
 def test_the_summary_reads_with_bounded_statements(pg: Engine) -> None:

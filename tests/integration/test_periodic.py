@@ -32,7 +32,7 @@ HOURLY = {
 }
 # Two hours: the beat's first tick offers the slots of the last two hours.
 WINDOW = timedelta(hours=2)
-TOKEN = "periodic-page-token"
+TOKEN = "periodic-page-token-7f3a9c2e5b1d8064"
 RUNS = JobRun.__table__
 
 

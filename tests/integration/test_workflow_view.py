@@ -30,7 +30,7 @@ from tests.support.workers import in_process_worker
 pytestmark = pytest.mark.timeout(120)
 
 WAIT = 20
-ADMIN_TOKEN = "workflow-view-token"
+ADMIN_TOKEN = "workflow-view-token-7f3a9c2e5b1d8064"
 BASE = "http://admin.local"
 
 

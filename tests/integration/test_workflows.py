@@ -49,7 +49,7 @@ from tests.support.workers import in_process_worker
 pytestmark = pytest.mark.timeout(120)
 
 WAIT = 20
-ADMIN_TOKEN = "workflow-admin-token"
+ADMIN_TOKEN = "workflow-admin-token-7f3a9c2e5b1d8064"
 ADMIN_BASE = "http://admin.local"
 
 

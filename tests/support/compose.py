@@ -19,8 +19,8 @@ SECRETS = {
     "S3_ACCESS_KEY": "s3-access-9d2f",
     "S3_SECRET_KEY": "s3-Secret-77ab",
     "FLOWER_BASIC_AUTH": "ops:flower-Secret-1b3c",
-    "JOBSAPP_METRICS_TOKEN": "scrape-Secret-5e0d",
-    "JOBSAPP_API_TOKEN": "producers-Secret-3a7c",
+    "JOBSAPP_METRICS_TOKEN": "scrape-Secret-5e0d-7f3a9c2e5b1d8064",
+    "JOBSAPP_API_TOKEN": "producers-Secret-3a7c-5e1d9b0f4c26",
 }
 _DEFAULTED = re.compile(r"\$\{(\w+):-([^}]*)\}")
 # A Procfile line's own check of a required variable, then the command it execs; compose

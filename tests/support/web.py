@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jobsapp.web.app import create_app
 
-TOKEN = "login-test-token"
+TOKEN = "login-test-token-7f3a9c2e5b1d8064"
 
 
 def log_in(

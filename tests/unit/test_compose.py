@@ -111,6 +111,23 @@ def test_rabbitmq_runs_only_in_its_profile(tmp_path: Path, services: dict[str, A
     assert with_rabbit["rabbitmq"]["healthcheck"]["test"][0] == "CMD"
 
 
+def test_the_sso_profile_puts_oauth2_proxy_in_front_of_web_from_the_address_web_trusts(
+    tmp_path: Path, services: dict[str, Any]
+) -> None:
+    assert "oauth2-proxy" not in services
+    assert services["web"]["environment"]["JOBSAPP_AUTH_PROXY_HEADER"] == ""
+    sso = {
+        "JOBSAPP_AUTH_PROXY_HEADER": "X-Forwarded-Email",
+        "JOBSAPP_AUTH_PROXY_TRUSTED": "172.30.57.10/32",
+    }
+    found = compose_services(tmp_path, SECRETS | sso, "--profile", "sso")
+    proxy = found["oauth2-proxy"]
+    assert proxy["environment"]["OAUTH2_PROXY_UPSTREAMS"] == "http://web:8000/"
+    address = proxy["networks"]["sso"]["ipv4_address"]
+    assert found["web"]["environment"]["JOBSAPP_AUTH_PROXY_TRUSTED"] == f"{address}/32"
+    assert "sso" in found["web"]["networks"]
+
+
 def test_web_is_published_on_loopback_unless_the_deployer_says_otherwise(
     tmp_path: Path, services: dict[str, Any]
 ) -> None:

@@ -69,7 +69,7 @@ def test_services_are_read_from_the_env() -> None:
             "JOBSAPP_STORAGE_URL": "s3://bucket/prefix",
             "JOBSAPP_S3_ENDPOINT_URL": "http://seaweed:8333",
             "AWS_DEFAULT_REGION": "eu-west-1",
-            "JOBSAPP_ADMIN_TOKEN": "t0ken",
+            "JOBSAPP_ADMIN_TOKEN": "t0ken-7f3a9c2e5b1d8064-settings-a",
         }
     )
     assert settings.database_url == "postgresql+psycopg2://jobs@db:5432/jobs"
@@ -79,7 +79,7 @@ def test_services_are_read_from_the_env() -> None:
     assert settings.storage_url == "s3://bucket/prefix"
     assert settings.s3_endpoint_url == "http://seaweed:8333"
     assert settings.s3_region == "eu-west-1"
-    assert settings.admin_token == "t0ken"
+    assert settings.admin_token == "t0ken-7f3a9c2e5b1d8064-settings-a"
 
 
 def test_aws_region_wins_over_the_default_region() -> None:
@@ -252,8 +252,8 @@ def test_the_api_needs_a_token_beside_servers_and_none_on_the_embedded_default()
     assert served_api_problem(load_settings({})) is None
     problem = served_api_problem(load_settings(SERVERS)) or ""
     assert problem.startswith("JOBSAPP_API_TOKEN is not set")
-    given = load_settings({**SERVERS, "JOBSAPP_API_TOKEN": "producers-7c1d"})
-    assert (given.api_token, given.embedded) == ("producers-7c1d", False)
+    given = load_settings({**SERVERS, "JOBSAPP_API_TOKEN": "producers-7c1d-9a4e2b8f06d3c5e1-x"})
+    assert (given.api_token, given.embedded) == ("producers-7c1d-9a4e2b8f06d3c5e1-x", False)
     assert served_api_problem(given) is None
 
 
@@ -261,8 +261,12 @@ def test_the_api_needs_a_token_beside_servers_and_none_on_the_embedded_default()
     ("env", "said"),
     [
         ({"JOBSAPP_API_TOKEN": "change-me"}, "JOBSAPP_API_TOKEN is a well-known placeholder"),
+        ({"JOBSAPP_API_TOKEN": "producers-7c1d"}, "JOBSAPP_API_TOKEN has 14 characters, fewer"),
         (
-            {"JOBSAPP_API_TOKEN": "same-7c1d", "JOBSAPP_ADMIN_TOKEN": "same-7c1d"},
+            {
+                "JOBSAPP_API_TOKEN": "same-7c1d-9a4e2b8f06d3c5e1f7ab-0q",
+                "JOBSAPP_ADMIN_TOKEN": "same-7c1d-9a4e2b8f06d3c5e1f7ab-0q",
+            },
             "JOBSAPP_API_TOKEN is the admin token",
         ),
     ],
