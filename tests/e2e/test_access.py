@@ -23,10 +23,10 @@ from playwright.sync_api import Browser, Page
 from sqlalchemy import Engine, create_engine
 
 from tests.e2e.browser import chromium
-from tests.e2e.test_admin_web import TOKEN, operator_env, operator_events
 from tests.e2e.webserver import Http, running_web
-from tests.integration.test_operator import failed_job
+from tests.support.console_e2e import TOKEN, operator_env, operator_events
 from tests.support.env import SESSION
+from tests.support.planted import failed_job
 from tests.support.servers import RedisServer
 
 DATABASE = f"jobsapp_e2e_access_{SESSION}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import subprocess
 import sys
@@ -28,22 +27,25 @@ from sqlalchemy import Engine, create_engine, text
 
 from jobsapp import operator
 from tests.e2e.browser import chromium
-from tests.e2e.test_admin_web import (
-    REFUSAL,
-    TOKEN,
-    enqueue,
-    operator_env,
-    operator_events,
-)
-from tests.e2e.test_web import png
 from tests.e2e.webserver import REPO, Http, running_web, running_worker
 from tests.support import tasks
+from tests.support.attachments import png
+from tests.support.console_e2e import (
+    REFUSAL,
+    SCREENSHOTS,
+    TOKEN,
+    enqueue,
+    log_in_page,
+    operator_env,
+    operator_events,
+    state_of,
+    wait_state,
+)
 from tests.support.env import SESSION
 from tests.support.servers import RedisServer
 
 DATABASE = f"jobsapp_e2e_admin_ui_{SESSION}"
 VIEWPORT = {"width": 1280, "height": 800}
-SCREENSHOTS = os.environ.get("JOBSAPP_SCREENSHOTS")
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -109,35 +111,11 @@ def page(browser: Browser, http: Http) -> Iterator[Page]:
 # ----------------------------------------------------------------------------- helpers
 
 
-def log_in(page: Page, name: str = "alice", token: str = TOKEN) -> None:
-    page.goto("/admin")
-    assert "/admin/login" in page.url
-    page.fill("input[name=token]", token)
-    page.fill("input[name=name]", name)
-    page.click("button:has-text('Log in')")
-
-
 def shot(page: Page, name: str) -> None:
     if SCREENSHOTS:
         folder = REPO / SCREENSHOTS
         folder.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(folder / f"admin-{name}.png"))
-
-
-def state_of(db: Engine, job_id: uuid.UUID) -> str | None:
-    with db.connect() as conn:
-        found = conn.execute(text("SELECT state FROM job_runs WHERE job_id = :j"), {"j": job_id})
-        return found.scalar()
-
-
-def wait_state(db: Engine, job_id: uuid.UUID, state: str, worker_log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if state_of(db, job_id) == state:
-            return
-        time.sleep(0.2)
-    tail = worker_log.read_text()[-3000:]
-    raise AssertionError(f"{job_id} never {state} ({state_of(db, job_id)}); worker: {tail}")
 
 
 def failed_job(db: Engine, broker: Celery, worker: Path) -> uuid.UUID:
@@ -183,7 +161,7 @@ def test_an_operator_logs_in_finds_a_failed_job_reads_its_error_and_replays_it(
     done = enqueue(db, tasks.echo, f"ui-ok-{uuid.uuid4()}", publish=broker)
     wait_state(db, done, "succeeded", worker)
 
-    log_in(page)
+    log_in_page(page)
     assert page.url.endswith("/admin")
     assert "signed in as alice" in page.inner_text("header")
     assert {"jobs", "attachments"} <= set(re.findall(r"^(\w+)\t", page.inner_text("#counts"), re.M))
@@ -217,7 +195,7 @@ def test_an_operator_logs_in_finds_a_failed_job_reads_its_error_and_replays_it(
 
 
 def test_the_session_cookie_is_http_only_strict_and_ends_at_logout(page: Page) -> None:
-    log_in(page)
+    log_in_page(page)
 
     (cookie,) = page.context.cookies()
     assert (cookie["name"], cookie["path"]) == ("jobsapp_admin", "/admin")
@@ -231,7 +209,7 @@ def test_the_session_cookie_is_http_only_strict_and_ends_at_logout(page: Page) -
 
 
 def test_a_wrong_token_does_not_log_in(page: Page) -> None:
-    log_in(page, token="not-" + TOKEN)
+    log_in_page(page, token="not-" + TOKEN)
 
     assert "That is not the admin token." in page.inner_text("main")
     page.goto("/admin")
@@ -240,7 +218,7 @@ def test_a_wrong_token_does_not_log_in(page: Page) -> None:
 
 def test_a_post_without_the_csrf_token_is_refused(page: Page, db: Engine) -> None:
     job_id = enqueue(db, tasks.echo, "csrf-victim")
-    log_in(page)
+    log_in_page(page)
     page.goto(f"/admin/jobs/jobs/{job_id}")
     url = f"/admin/jobs/jobs/{job_id}/cancel"
     forms: list[dict[str, Any]] = [
@@ -261,7 +239,7 @@ def test_a_post_without_the_csrf_token_is_refused(page: Page, db: Engine) -> Non
 
 def test_cancel_from_the_job_page(page: Page, db: Engine) -> None:
     job_id = enqueue(db, tasks.echo, "cancel-me")
-    log_in(page, name="bob")
+    log_in_page(page, name="bob")
     page.goto(f"/admin/jobs/jobs/{job_id}")
 
     page.fill("#cancel input[name=reason]", "duplicate order")
@@ -278,7 +256,7 @@ def test_cancel_of_a_running_job_from_the_job_page(
 ) -> None:
     job_id = enqueue(db, tasks.looping, f"ui-loop-{uuid.uuid4().hex[:8]}", 60.0, publish=broker)
     wait_state(db, job_id, "running", worker)
-    log_in(page, name="bob")
+    log_in_page(page, name="bob")
     page.goto(f"/admin/jobs/jobs/{job_id}")
 
     page.fill("#cancel input[name=reason]", "runaway report")
@@ -294,7 +272,7 @@ def test_bulk_replay_of_a_filtered_set_asks_for_confirmation(
     page: Page, db: Engine, broker: Celery, worker: Path
 ) -> None:
     jobs = [failed_job(db, broker, worker) for _ in range(3)]
-    log_in(page, name="carol")
+    log_in_page(page, name="carol")
     page.goto("/admin/jobs?module=jobs&state=failed&task=tests.fails_once")
 
     page.click("a:has-text('Replay the failed jobs of this filter')")
@@ -316,7 +294,7 @@ def test_a_bulk_replay_needs_a_reason_and_takes_only_the_confirmed_jobs(
 ) -> None:
     job_id = enqueue(db, tasks.echo, "cancelled-then-replayed")
     operator.cancel(db, "jobs", job_id, actor="test", reason="set up a failed job")
-    log_in(page, name="erin")
+    log_in_page(page, name="erin")
     page.goto("/admin/jobs")
     confirmed = {"csrf_token": csrf_of(page), "job": f"jobs:{job_id}"}
 
@@ -349,7 +327,7 @@ def test_dead_outbox_rows_are_on_the_overview_and_go_back_to_the_relay(
             ),
             {"j": job_id},
         )
-    log_in(page, name="frank")
+    log_in_page(page, name="frank")
 
     assert int(page.inner_text("#dead-total")) >= 1
     dead = page.inner_text("#dead")
@@ -391,7 +369,7 @@ def test_an_attachment_and_its_job_link_to_each_other(
 
     job = view["job"]
     assert (job["module"], job["attempt"], job["state"]) == ("attachments", 1, "succeeded")
-    log_in(page)
+    log_in_page(page)
     page.goto(f"/admin/jobs?attachment={attachment_id}")
     assert page.locator("#jobs tr").count() == 2
     page.click(f"a:has-text('{job['job_id']}')")

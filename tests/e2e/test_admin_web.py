@@ -9,11 +9,9 @@ take its messages or empty its tables.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +21,13 @@ from jsonschema import Draft202012Validator
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, create_engine, text
 
-from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, outbox
-from tests.conftest import _fresh_postgres, migrate
 from tests.e2e.webserver import Http, Reply, running_web, running_worker
 from tests.support import tasks
-from tests.support.env import SESSION, service
+from tests.support.console_e2e import REFUSAL, TOKEN, enqueue, operator_env, operator_events
+from tests.support.env import SESSION
 from tests.support.servers import RedisServer
 
 DATABASE = f"jobsapp_e2e_admin_{SESSION}"
-TOKEN = f"e2e-admin-{uuid.uuid4().hex}"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ERROR = {"error", "reason"}
 # No row has it. Fixed, not drawn, because it shows in test ids, which every xdist worker
@@ -46,39 +41,11 @@ METRICS = (
     "jobsapp_outbox_lag_seconds",
 )
 
-# What tests.fails_once raises on its first attempt.
-REFUSAL = "upstream refuses this job until someone fixes it"
 
 pytestmark = pytest.mark.timeout(120)
 
 
 # --------------------------------------------------------------------------- services
-
-
-@contextmanager
-def operator_env(
-    tmp_path_factory: pytest.TempPathFactory, database: str, redis: RedisServer
-) -> Iterator[dict[str, str]]:
-    """The environment of a web app and worker on a fresh database and a Redis of their own."""
-    base = service("JOBSAPP_TEST_DATABASE_URL")
-    db_url = _fresh_postgres(base, database)
-    migrate(db_url)
-    redis_url = redis.url
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
-    yield env | {
-        "JOBSAPP_VAR_DIR": str(tmp_path_factory.mktemp(f"{database}-var")),
-        "JOBSAPP_DATABASE_URL": db_url,
-        "JOBSAPP_BROKER_URL": redis_url,
-        "JOBSAPP_STORAGE_URL": f"file://{tmp_path_factory.mktemp(f'{database}-objects')}",
-        "JOBSAPP_REDIS_URL": redis_url,
-        "JOBSAPP_TEST_REDIS_URL": redis_url,
-        "JOBSAPP_IMPORTS": "tests.support.tasks",
-        "JOBSAPP_ADMIN_TOKEN": TOKEN,
-    }
-    admin = create_engine(base.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
-    admin.dispose()
 
 
 @pytest.fixture(scope="module")
@@ -124,18 +91,6 @@ def broker(admin_env: dict[str, str]) -> Celery:
 # ----------------------------------------------------------------------------- helpers
 
 
-def enqueue(db: Engine, task: Any, *args: Any, publish: Celery | None = None) -> uuid.UUID:
-    """A producer's enqueue into this module's journal; published only to ``publish``
-    (no beat runs here, so an unpublished job stays queued)."""
-    job = task.new_job(args, {}, None)
-    with db.begin() as conn:
-        result = journal.enqueue(conn, job, now=utcnow(), actor="producer")
-    if publish is not None:
-        assert result.message is not None
-        assert outbox.publish(publish, [result.message]).accepted, "the broker refused it"
-    return uuid.UUID(str(job.job_id))
-
-
 def post_json(http: Http, path: str, body: object, headers: dict[str, str] = AUTH) -> Reply:
     data = json.dumps(body).encode()
     return http.request(path, data, {**headers, "Content-Type": "application/json"}, "POST")
@@ -169,18 +124,6 @@ def assert_documented(http: Http, schema: str, instance: object) -> None:
     components = http.get("/openapi.json").json()["components"]
     root = {"$ref": f"#/components/schemas/{schema}", "components": components}
     Draft202012Validator(root).validate(instance)
-
-
-def operator_events(db: Engine, job_id: uuid.UUID) -> list[tuple[str, str, str | None]]:
-    with db.connect() as conn:
-        found = conn.execute(
-            text(
-                "SELECT transition, actor, reason FROM job_events "
-                "WHERE job_id = :j AND actor LIKE 'operator:%' ORDER BY id"
-            ),
-            {"j": job_id},
-        )
-        return [(r.transition, r.actor, r.reason) for r in found]
 
 
 # ------------------------------------------------------------------------------ tests

@@ -30,11 +30,17 @@ from jobsapp.lifecycle.states import ALL_STATES, Transition
 from jobsapp.monitor import summary
 from jobsapp.web.ui import LIVE_EVERY_MS
 from tests.e2e.browser import chromium
-from tests.e2e.test_admin_ui import SCREENSHOTS, log_in, wait_state
-from tests.e2e.test_admin_web import enqueue, operator_env, operator_events
-from tests.e2e.test_web import png
 from tests.e2e.webserver import REPO, Http, running_web, running_worker
 from tests.support import tasks
+from tests.support.attachments import png
+from tests.support.console_e2e import (
+    SCREENSHOTS,
+    enqueue,
+    log_in_page,
+    operator_env,
+    operator_events,
+    wait_state,
+)
 from tests.support.env import SESSION
 from tests.support.planted import claimed, failed_job, queued_attachment_job
 from tests.support.servers import RedisServer
@@ -286,7 +292,7 @@ def test_the_journal_holds_every_state_on_two_domains(
 def test_the_overview_counts_each_state_of_each_domain_as_the_journal(
     page: Page, db: Engine, seeded: dict[str, uuid.UUID]
 ) -> None:
-    log_in(page)
+    log_in_page(page)
 
     def shown() -> dict[str, dict[str, int]]:
         page.goto("/admin")
@@ -319,7 +325,7 @@ def _selected(row: Mapping[str, Any], name: str) -> bool:
 def test_the_jobs_list_of_each_domain_and_state_is_the_journal(
     page: Page, db: Engine, seeded: dict[str, uuid.UUID], module: str
 ) -> None:
-    log_in(page)
+    log_in_page(page)
 
     def listed(query: str) -> Callable[[], dict[str, tuple[str, str]]]:
         def read() -> dict[str, tuple[str, str]]:
@@ -348,7 +354,7 @@ def test_the_jobs_list_of_each_domain_and_state_is_the_journal(
 def test_the_jobs_list_shows_queue_scrubbed_arguments_and_why_a_job_waits(
     page: Page, seeded: dict[str, uuid.UUID]
 ) -> None:
-    log_in(page)
+    log_in_page(page)
     page.goto("/admin/jobs?module=jobs")
 
     rows = {r["job_id"]: r for r in _cells(page, "jobs")}
@@ -374,7 +380,7 @@ def test_ticked_rows_are_cancelled_after_a_confirmation_each_audited(
     page: Page, db: Engine, seeded: dict[str, uuid.UUID]
 ) -> None:
     picked = [enqueue(db, tasks.echo, f"pick-{i}-{uuid.uuid4()}") for i in range(2)]
-    log_in(page, name="dora")
+    log_in_page(page, name="dora")
     page.goto("/admin/jobs?module=jobs&task=tests.echo")
     for job_id in picked:
         page.check(f"input[name=job][value='jobs:{job_id}']")
@@ -398,7 +404,7 @@ def test_a_job_page_shows_each_traceback_once_folded_and_the_celery_task_ids(
 ) -> None:
     from jobsapp.lifecycle.message import task_id_for
 
-    log_in(page)
+    log_in_page(page)
     page.goto(f"/admin/jobs/jobs/{seeded['failed']}")
 
     assert page.locator("details.traceback").count() == 1
@@ -412,7 +418,7 @@ def test_a_job_page_shows_each_traceback_once_folded_and_the_celery_task_ids(
 def test_the_job_page_of_each_attachment_run_is_its_journal_row(
     page: Page, db: Engine, seeded: dict[str, uuid.UUID]
 ) -> None:
-    log_in(page)
+    log_in_page(page)
     runs = {
         k.removeprefix("attachment-"): v for k, v in seeded.items() if k.startswith("attachment-")
     }
@@ -433,7 +439,7 @@ def test_a_page_refreshes_in_place_until_paused(
     # The page's timers run on a clock the test moves: a polling period passes at once, not
     # in five real seconds (between moves its time still flows as usual).
     page.clock.install()
-    log_in(page)
+    log_in_page(page)
     page.goto("/admin/jobs?module=jobs&state=queued")
     page.evaluate("window.sameDocument = true")
 
@@ -459,7 +465,7 @@ def test_a_page_refreshes_in_place_until_paused(
 def test_the_queues_page_matches_the_journal_and_the_broker(
     page: Page, db: Engine, seeded: dict[str, uuid.UUID]
 ) -> None:
-    log_in(page)
+    log_in_page(page)
 
     def shown() -> dict[tuple[str, str], tuple[int, int]]:
         page.goto("/admin/queues")
@@ -488,7 +494,7 @@ def test_the_queues_page_matches_the_journal_and_the_broker(
 def test_the_workers_page_shows_the_worker_and_what_it_runs(
     page: Page, db: Engine, seeded: dict[str, uuid.UUID]
 ) -> None:
-    log_in(page)
+    log_in_page(page)
     _wait(lambda: _scalar(db, "SELECT count(*) FROM workers") >= 1, "the worker never beat")
     page.goto("/admin/workers")
 
@@ -503,7 +509,7 @@ def test_the_workers_page_shows_the_worker_and_what_it_runs(
 def test_the_scheduled_page_lists_a_snoozed_job_and_runs_it_now(
     page: Page, db: Engine, worker: Path, seeded: dict[str, uuid.UUID]
 ) -> None:
-    log_in(page, name="ed")
+    log_in_page(page, name="ed")
     page.goto("/admin/scheduled")
     waiting = Counter(r["module"] for r in _journal(db) if r["later"])
     assert page.inner_text("#total").startswith(f"{waiting.total()} queued job")
@@ -523,7 +529,7 @@ def test_the_scheduled_page_lists_a_snoozed_job_and_runs_it_now(
 def test_the_charts_count_what_the_journal_holds(
     page: Page, db: Engine, seeded: dict[str, uuid.UUID]
 ) -> None:
-    log_in(page)
+    log_in_page(page)
     page.goto("/admin/charts?window=day")
 
     outcomes = {r["outcome"]: int(r["in the last day"]) for r in _cells(page, "outcomes")}
@@ -543,7 +549,7 @@ def test_a_dry_run_reconcile_names_why_each_failed_run_is_left_alone(
 ) -> None:
     from axe_playwright_python.sync_playwright import Axe
 
-    log_in(page)
+    log_in_page(page)
     page.goto("/admin")
     page.check("#reconcile input[name=dry_run]")
     page.click("#reconcile button")
@@ -573,7 +579,7 @@ def test_every_page_passes_axe(
 
     context = browser.new_context(base_url=http.base_url, viewport=size)  # type: ignore[arg-type]
     page = context.new_page()
-    log_in(page)
+    log_in_page(page)
     found = {}
     paths = [
         "/admin",

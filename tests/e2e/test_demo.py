@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.test_embedded_worker import bare_env
+from tests.support.env import bare_env
 
 VARIANTS = ("thumbnail", "crop", "optimized")
 SAMPLES = 3

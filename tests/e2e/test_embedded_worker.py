@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -11,12 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.env import bare_env
+
 CELERY = [sys.executable, "-m", "celery", "-A", "jobsapp"]
-
-
-def bare_env() -> dict[str, str]:
-    """The environment of a fresh shell: no JOBSAPP_* variable set."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
 
 
 @pytest.fixture

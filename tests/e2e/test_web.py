@@ -32,6 +32,7 @@ from jobsapp.storage import store_from_url
 from jobsapp.web.multipart import MAX_PART_HEADER_BYTES
 from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.webserver import Http, fetch, running_web, running_worker
+from tests.support.attachments import png
 from tests.support.env import SESSION, service
 from tests.support.servers import RedisServer
 
@@ -119,12 +120,6 @@ def jpeg(size: tuple[int, int] = (640, 400)) -> bytes:
     )
     out = io.BytesIO()
     img.save(out, "JPEG", quality=85)
-    return out.getvalue()
-
-
-def png(size: tuple[int, int] = (120, 80)) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGBA", size, (10, 120, 200, 128)).save(out, "PNG")
     return out.getvalue()
 
 

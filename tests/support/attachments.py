@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import uuid
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
+from PIL import Image
 from sqlalchemy import Engine, func, select
 
 from jobsapp.attachments.models import ATTACHMENTS, RUNS, VARIANTS
@@ -143,3 +145,9 @@ def stored_objects(store: ObjectStore, prefix: str) -> dict[str, Any]:
         assert head is not None
         found[info.key] = (head.sha256, head.modified_at)
     return found
+
+
+def png(size: tuple[int, int] = (120, 80)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGBA", size, (10, 120, 200, 128)).save(out, "PNG")
+    return out.getvalue()

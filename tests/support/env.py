@@ -83,3 +83,8 @@ def configure_process_env() -> None:
 def shell_env(**settings: str) -> dict[str, str]:
     """A fresh shell's environment (no ``JOBSAPP_*`` variable set) plus ``settings``."""
     return {**{k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}, **settings}
+
+
+def bare_env() -> dict[str, str]:
+    """The environment of a fresh shell: no JOBSAPP_* variable set."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
