@@ -106,3 +106,22 @@ def test_the_charts_read_their_window_through_indexes(
     assert sum(b["succeeded"] for b in shown.throughput.buckets) > 0
     scans = _scans(big, statements)
     assert not scans, "\n\n".join(scans)
+
+
+def _any_job(engine: Engine) -> str:
+    with engine.connect() as conn:
+        return str(conn.exec_driver_sql("SELECT job_id FROM job_runs LIMIT 1").scalar_one())
+
+
+@pytest.mark.parametrize("text", ["no such words", "id prefix"])
+def test_a_search_reads_an_id_range_and_a_capped_number_of_rows(
+    big: Engine, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cap a small part of the planted table, as browse.SEARCH_ROWS is of a busy journal.
+    monkeypatch.setattr(browse, "SEARCH_ROWS", 500)
+    wanted = _any_job(big)[:13] if text == "id prefix" else text
+    with _statements(big) as statements:
+        page = browse.find_jobs(big, browse.JobFilter(text=wanted))
+    assert page.total == (text == "id prefix")
+    scans = _scans(big, statements)
+    assert not scans, "\n\n".join(scans)
