@@ -14,18 +14,22 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event
+from alembic import command
+from sqlalchemy import Engine, create_engine, event, inspect
 
 from bench import planting
 from jobsapp.db import make_engine, utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.monitor import browse, charts
-from tests.conftest import migrated_postgres
+from jobsapp.shipped import alembic_config
+from tests.conftest import migrate, migrated_postgres
 from tests.support import tasks
 from tests.support.env import SESSION
+from tests.support.migrations import RUN_TABLES
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -125,3 +129,36 @@ def test_a_search_reads_an_id_range_and_a_capped_number_of_rows(
     assert page.total == (text == "id prefix")
     scans = _scans(big, statements)
     assert not scans, "\n\n".join(scans)
+
+
+NEW_INDEXES = {
+    *(
+        f"ix_{table}_{suffix}"
+        for table in RUN_TABLES
+        for suffix in ("task_state_updated", "attempted")
+    ),
+    "ix_job_events_claims",
+}
+
+
+def _new_indexes(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        found = inspect(engine)
+        names = {ix["name"] for t in (*RUN_TABLES, "job_events") for ix in found.get_indexes(t)}
+        return names & NEW_INDEXES
+    finally:
+        engine.dispose()
+
+
+def test_migration_0023_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
+    sqlite = f"sqlite:///{tmp_path}/bounded.db"
+    migrate(sqlite)
+    with migrated_postgres(f"jobsapp_m0023_{SESSION}") as postgres:
+        for url in (sqlite, postgres):
+            cfg = alembic_config()
+            cfg.set_main_option("sqlalchemy.url", url)
+            command.downgrade(cfg, "0022")
+            assert _new_indexes(url) == set()
+            command.upgrade(cfg, "head")
+            assert _new_indexes(url) == NEW_INDEXES
