@@ -142,6 +142,21 @@ class RunMixin:
                 sqlite_where=text("state = 'running'"),
             ),
             Index(f"ix_{name}_state_updated", "state", "updated_at"),
+            # The jobs list by task (a LIKE prefix, whatever the collation) and the charts'
+            # claims of a window (migration 0023).
+            Index(
+                f"ix_{name}_task_state_updated",
+                "task_name",
+                "state",
+                "updated_at",
+                postgresql_ops={"task_name": "varchar_pattern_ops"},
+            ),
+            Index(
+                f"ix_{name}_attempted",
+                "attempted_at",
+                postgresql_where=text("attempted_at IS NOT NULL"),
+                sqlite_where=text("attempted_at IS NOT NULL"),
+            ),
             # Retention and reconcile ask for finished rows only; NULLs cost every
             # enqueue and claim an index entry (migration 0008).
             Index(
@@ -393,6 +408,15 @@ class JobEvent(Base):
     __table_args__ = (
         Index("ix_job_events_job", "module", "job_id"),
         Index("ix_job_events_at", "at"),
+        # The charts pair an ending with its claim (migration 0023).
+        Index(
+            "ix_job_events_claims",
+            "module",
+            "job_id",
+            "attempt",
+            postgresql_where=text("transition = 'claim'"),
+            sqlite_where=text("transition = 'claim'"),
+        ),
     )
 
 

@@ -3,10 +3,9 @@ job of an attachment.
 
 Paging is a keyset on ``(updated_at, job_id)``, newest first, merged across the run
 tables: a page does not shift when new jobs arrive, and a deep page costs what the first
-does (``ix_<table>_state_updated``). The text search is the exception: it matches
-``job_id`` and ``last_error`` by substring, which no index serves, so it scans the run
-tables (bounded by journal retention) and is meant for narrowing a list, not for a
-dashboard that polls.
+does (``ix_<table>_state_updated``). The text search reads a bounded number of rows: an
+id prefix as a range of the primary key, and a substring of the id, the error or the
+arguments (which no index serves) in the newest ``SEARCH_ROWS`` rows of each state.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, String, and_, cast, func, or_, select, tuple_
+from sqlalchemy import Connection, Engine, Select, String, and_, cast, func, or_, select, tuple_
 from sqlalchemy.sql import ColumnElement
 
 from jobsapp.db import utcnow
@@ -43,6 +42,13 @@ COUNT_CAP = 10_000
 # How much of a job's arguments a list row loads (the page shows less, once scrubbed).
 ARGS_PREVIEW = 1024
 MAX_TEXT = 200
+# A text search reads at most this many of the newest rows of each state of each run table:
+# a substring of an error or of arguments is matched by reading rows, and a search that
+# matches nothing must not read the journal.
+SEARCH_ROWS = 20_000
+# Hex digits from which a search is also an id prefix (the first group of a uuid).
+ID_PREFIX_MIN = 8
+_HEX = re.compile(r"[0-9a-f]+")
 # ASCII digits, and few: a longer number is no age a journal holds, and would overflow.
 _AGE = re.compile(r"([0-9]{1,6})([smhd]?)")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -211,6 +217,11 @@ def find_jobs(
     with engine.connect() as conn:
         for spec in _tables(wanted):
             where = _matching(spec, wanted, now)
+            if wanted.text:
+                count, searched = _searched(conn, spec, where, wanted, after, limit + 1, now)
+                counts.append(count)
+                found += searched
+                continue
             counts.append(_count(conn, spec, where))
             found += _newest(conn, spec, where, wanted.states, after, limit + 1, now)
         found.sort(key=lambda r: (r[0].updated_at, r[0].job_id), reverse=True)
@@ -356,8 +367,6 @@ def _matching(spec: RunTable, wanted: JobFilter, now: datetime) -> list[ColumnEl
         where.append(table.c.updated_at <= now - timedelta(seconds=wanted.min_age))
     if wanted.max_age is not None:
         where.append(table.c.updated_at >= now - timedelta(seconds=wanted.max_age))
-    if wanted.text:
-        where.append(_text_match(spec, wanted.text))
     if wanted.attachment_id is not None:
         where.append(table.c.attachment_id == wanted.attachment_id)
     if wanted.queue:
@@ -368,17 +377,82 @@ def _matching(spec: RunTable, wanted: JobFilter, now: datetime) -> list[ColumnEl
     return where
 
 
-def _text_match(spec: RunTable, text: str) -> ColumnElement[bool]:
+Keys = dict[uuid.UUID, datetime]
+
+
+def _searched(
+    conn: Connection,
+    spec: RunTable,
+    where: Sequence[Any],
+    wanted: JobFilter,
+    after: Cursor | None,
+    limit: int,
+    now: datetime,
+) -> tuple[int, list[Listed]]:
+    """A text search's matches in ``spec`` (up to COUNT_CAP + 1) and its page, the
+    matches read once: ids that start with the text (a primary key range, at any age),
+    and the newest ``SEARCH_ROWS`` rows of each state whose id, error or arguments contain
+    it (a substring no index serves: the rows read are capped, not the journal's)."""
+    assert wanted.text is not None
+    table = spec.table
+    keys: Keys = {}
+    bounds = id_prefix_range(wanted.text)
+    if bounds is not None:
+        by_id = select(table.c.job_id, table.c.updated_at).where(
+            *where, table.c.job_id.between(*bounds)
+        )
+        keys.update(_keys(conn, by_id))
+    for condition in state_conditions(table, wanted.states):
+        recent = (
+            select(table)
+            .where(*where, condition)
+            .order_by(table.c.updated_at.desc())
+            .limit(SEARCH_ROWS)
+            .subquery()
+        )
+        matching = select(recent.c.job_id, recent.c.updated_at).where(
+            _text_match(spec, wanted.text, recent.c)
+        )
+        keys.update(_keys(conn, matching))
+    newest = sorted(
+        ((at, job_id) for job_id, at in keys.items() if _before(at, job_id, after)), reverse=True
+    )[:limit]
+    if not newest:
+        return len(keys), []
+    page = _page(spec, [table.c.job_id.in_([job_id for _, job_id in newest])], None, limit)
+    rows: list[Listed] = [
+        (summary_row(spec, dict(r), now), dict(r)) for r in conn.execute(page).mappings()
+    ]
+    return len(keys), rows
+
+
+def _keys(conn: Connection, stmt: Select[Any]) -> Keys:
+    return {job_id: at for job_id, at in conn.execute(stmt.limit(COUNT_CAP + 1))}
+
+
+def _before(at: datetime, job_id: uuid.UUID, after: Cursor | None) -> bool:
+    return after is None or (at, job_id) < (after.updated_at, after.job_id)
+
+
+def id_prefix_range(text: str) -> tuple[uuid.UUID, uuid.UUID] | None:
+    """The job ids that start with ``text`` (hex digits, dashes anywhere, as an operator
+    copies a part of one) as a closed range of the primary key; None: no id prefix."""
+    digits = text.replace("-", "").lower()
+    if not ID_PREFIX_MIN <= len(digits) <= 32 or _HEX.fullmatch(digits) is None:
+        return None
+    return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
+
+
+def _text_match(spec: RunTable, text: str, columns: Any) -> ColumnElement[bool]:
     """job_id, the stored error, or the arguments (a generic job's params as stored, a
     domain's id columns) contain ``text``."""
-    table = spec.table
     # Postgres spells a uuid with dashes, SQLite stores 32 hex digits: try both.
-    job_id = cast(table.c.job_id, String)
-    args = [cast(table.c[c], String) for c in (spec.params_column, *spec.id_columns) if c]
+    job_id = cast(columns.job_id, String)
+    args = [cast(columns[c], String) for c in (spec.params_column, *spec.id_columns) if c]
     return or_(
         job_id.icontains(text, autoescape=True),
         job_id.icontains(text.replace("-", ""), autoescape=True),
-        table.c.last_error.icontains(text, autoescape=True),
+        columns.last_error.icontains(text, autoescape=True),
         *(arg.icontains(text, autoescape=True) for arg in args),
     )
 

@@ -141,25 +141,26 @@ def throughput(
 def percentiles(conn: Connection, start: datetime) -> dict[str, dict[int, float | None]]:
     """Run duration (claim to ending) and queue wait (enqueue or previous ending to
     claim, the time a due attempt waited) of the window's newest ``SAMPLE`` attempts."""
+    e = EVENTS.c
+    ends = (
+        select(e.module, e.job_id, e.attempt, e.at)
+        .where(
+            e.at >= start,
+            e.transition.in_(list(rollup.ENDINGS)),
+            e.transition.not_in(list(rollup.REAPS)),
+        )
+        .order_by(e.at.desc())
+        .limit(SAMPLE)
+        .subquery()
+    )
     claim = aliased(EVENTS)
-    end = EVENTS
     same = and_(
-        claim.c.module == end.c.module,
-        claim.c.job_id == end.c.job_id,
-        claim.c.attempt == end.c.attempt,
+        claim.c.module == ends.c.module,
+        claim.c.job_id == ends.c.job_id,
+        claim.c.attempt == ends.c.attempt,
         claim.c.transition == Transition.CLAIM.value,
     )
-    runs = conn.execute(
-        select(claim.c.at, end.c.at)
-        .join(claim, same)
-        .where(
-            end.c.at >= start,
-            end.c.transition.in_(list(rollup.ENDINGS)),
-            end.c.transition.not_in(list(rollup.REAPS)),
-        )
-        .order_by(end.c.at.desc())
-        .limit(SAMPLE)
-    ).all()
+    runs = conn.execute(select(claim.c.at, ends.c.at).join(claim, same)).all()
     runs = _newest([*runs, *_carried_runs(conn, start)], 1)
     waits = _queue_waits(conn, start)
     return {
@@ -171,17 +172,15 @@ def percentiles(conn: Connection, start: datetime) -> dict[str, dict[int, float 
 def _queue_waits(conn: Connection, start: datetime) -> list[float]:
     """Claims of the window, each against when its message was handed to the broker
     (``rollup``'s rule: the publish, or the outbox row's creation)."""
-    o = OUTBOX.c
-    same = and_(
-        o.module == EVENTS.c.module, o.job_id == EVENTS.c.job_id, o.attempt == EVENTS.c.attempt
-    )
-    rows = conn.execute(
-        select(EVENTS.c.at, o.created_at, o.published_at)
-        .join(OUTBOX, same)
-        .where(EVENTS.c.at >= start, EVENTS.c.transition == Transition.CLAIM.value)
-        .order_by(EVENTS.c.at.desc())
+    e = EVENTS.c
+    claims = (
+        select(e.module, e.job_id, e.attempt, e.at)
+        .where(e.at >= start, e.transition == Transition.CLAIM.value)
+        .order_by(e.at.desc())
         .limit(SAMPLE)
-    ).all()
+        .subquery()
+    )
+    rows = _with_sent(conn, claims, claims.c.module)
     rows = _newest([*rows, *_carried_claims(conn, start)], 0)
     return [
         max((at - rollup._handed_over((created, published), at)).total_seconds(), 0.0)
@@ -206,19 +205,28 @@ def _carried_runs(conn: Connection, start: datetime) -> list[Any]:
 def _carried_claims(conn: Connection, start: datetime) -> list[Any]:
     """The window's newest ``SAMPLE`` claims each run table carries, with their outbox row's
     creation and publish (as ``_queue_waits``)."""
-    o = OUTBOX.c
     found: list[Any] = []
     for spec in registry.all_tables():
         t = spec.table
-        same = and_(o.module == spec.module, o.job_id == t.c.job_id, o.attempt == t.c.attempts)
-        found += conn.execute(
-            select(t.c.attempted_at, o.created_at, o.published_at)
-            .join(OUTBOX, same)
+        claims = (
+            select(t.c.job_id, t.c.attempts.label("attempt"), t.c.attempted_at.label("at"))
             .where(row_events.carries_claim(t), t.c.attempted_at >= start)
             .order_by(t.c.attempted_at.desc())
             .limit(SAMPLE)
-        ).all()
+            .subquery()
+        )
+        found += _with_sent(conn, claims, spec.module)
     return found
+
+
+def _with_sent(conn: Connection, claims: Any, module: Any) -> list[Any]:
+    """``(at, created_at, published_at)`` of a sample of claims (``job_id``, ``attempt``,
+    ``at``) and their outbox rows. The sample is cut before the join: joined first, the
+    whole window's claims would be, through a scan of the outbox."""
+    o = OUTBOX.c
+    same = and_(o.module == module, o.job_id == claims.c.job_id, o.attempt == claims.c.attempt)
+    found = conn.execute(select(claims.c.at, o.created_at, o.published_at).join(OUTBOX, same)).all()
+    return list(found)
 
 
 def _newest(rows: Sequence[Any], at: int) -> list[Any]:

@@ -4,6 +4,7 @@ tables, one job's history, and an attachment's current job."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -116,3 +117,22 @@ def test_the_count_stops_at_its_cap(db: Engine, monkeypatch: pytest.MonkeyPatch)
 
     assert (capped.total, capped.exact, len(capped.rows)) == (3, False, 2)
     assert (len(exact.rows), exact.next) == (5, None)
+
+
+def test_a_search_reads_the_newest_rows_but_finds_an_id_at_any_age(
+    db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = failed_job(db)
+    for _ in range(3):
+        queued_job(db)
+        failed_job(db)
+    monkeypatch.setattr(browse, "SEARCH_ROWS", 2)
+    failed = JobFilter(module="jobs", states=("failed",))
+
+    by_error = browse.find_jobs(db, replace(failed, text="NEVER works"))
+    by_id = browse.find_jobs(db, replace(failed, text=str(old)[:13].upper()))
+
+    # The error text is looked for in the newest two failed jobs only, the id everywhere.
+    assert (by_error.total, old in [r.job_id for r in by_error.rows]) == (2, False)
+    assert ([r.job_id for r in by_id.rows], by_id.total) == ([old], 1)
+    assert browse.find_jobs(db, replace(failed, text="no such words")).total == 0

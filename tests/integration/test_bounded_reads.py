@@ -1,0 +1,164 @@
+"""The reads of the jobs list filtered by task and of the charts follow an index at a size
+where the planner would otherwise scan (issue 37).
+
+A journal of ``PLANTED`` succeeded jobs and half as many failed ones (``bench.planting``:
+the rows jobsapp writes, copied by INSERT ... SELECT over generate_series) spread over three
+days, ANALYZEd (committed, so the plans are those autovacuum would see), plus a few jobs of
+a rare task. Every statement a page runs is explained with the planner's own costs (no
+``enable_seqscan = off``): none may read a run, outbox or event table with a Seq Scan.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from sqlalchemy import Engine, create_engine, event, inspect
+
+from bench import planting
+from jobsapp.db import make_engine, utcnow
+from jobsapp.lifecycle import journal
+from jobsapp.monitor import browse, charts
+from jobsapp.shipped import alembic_config
+from tests.conftest import migrate, migrated_postgres
+from tests.support import tasks
+from tests.support.env import SESSION
+from tests.support.migrations import RUN_TABLES
+
+pytestmark = pytest.mark.timeout(300)
+
+PLANTED = 30_000
+# A day of the charts holds more runs than their sample (charts.SAMPLE), as a busy one does.
+SPREAD = timedelta(days=3)
+RARE = 5
+# The planted tables; the empty ones (the other run tables, workflow_steps) are read
+# whole by any plan, as reading an empty table whole costs nothing.
+SCANNED = re.compile(r"Seq Scan on (job_runs|outbox|job_events)\b")
+
+
+@pytest.fixture(scope="module")
+def big() -> Iterator[Engine]:
+    with migrated_postgres(f"jobsapp_bounded_{SESSION}") as url:
+        engine = make_engine(url)
+        counts = {planting.Kind.SUCCEEDED: PLANTED, planting.Kind.FAILED: PLANTED // 2}
+        planting.plant(engine, counts, start=utcnow() - SPREAD, spread=SPREAD)
+        with engine.begin() as conn:
+            journal.enqueue_many(
+                conn,
+                [tasks.echo.new_job((f"rare-{i}",), {}, None) for i in range(RARE)],
+                actor="test",
+            )
+        with engine.connect() as conn:
+            conn.exec_driver_sql("ANALYZE")
+            conn.commit()  # ANALYZE in a transaction block is rolled back with it
+        yield engine
+        engine.dispose()
+
+
+@contextmanager
+def _statements(engine: Engine) -> Iterator[list[tuple[str, Any]]]:
+    seen: list[tuple[str, Any]] = []
+
+    def record(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, _many: bool) -> None:
+        seen.append((statement, params))
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+
+
+def _scans(engine: Engine, statements: list[tuple[str, Any]]) -> list[str]:
+    """The plans of ``statements`` that scan a journal table whole."""
+    found = []
+    with engine.connect() as conn:
+        for statement, params in statements:
+            if not statement.lstrip().upper().startswith(("SELECT", "WITH")):
+                continue
+            plan = "\n".join(conn.exec_driver_sql(f"EXPLAIN {statement}", params).scalars())
+            if SCANNED.search(plan):
+                found.append(f"{statement}\n{params}\n{plan}")
+    return found
+
+
+def test_the_jobs_list_filtered_by_task_reads_the_task_index(big: Engine) -> None:
+    wanted = browse.JobFilter(task=tasks.echo.name)
+    with _statements(big) as statements:
+        page = browse.find_jobs(big, wanted)
+    assert page.total == RARE
+    scans = _scans(big, statements)
+    assert not scans, "\n\n".join(scans)
+
+
+@pytest.mark.parametrize("window", ["hour", "day"])
+def test_the_charts_read_their_window_through_indexes(
+    big: Engine, window: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sample as small a part of the planted window as charts.SAMPLE is of a busy
+    # journal's day: lookups of a sample that is most of a small table cost more than
+    # reading the table, and the planner rightly reads it then.
+    monkeypatch.setattr(charts, "SAMPLE", 100)
+    with _statements(big) as statements:
+        shown = charts.charts(big, window)
+    assert sum(b["succeeded"] for b in shown.throughput.buckets) > 0
+    scans = _scans(big, statements)
+    assert not scans, "\n\n".join(scans)
+
+
+def _any_job(engine: Engine) -> str:
+    with engine.connect() as conn:
+        return str(conn.exec_driver_sql("SELECT job_id FROM job_runs LIMIT 1").scalar_one())
+
+
+@pytest.mark.parametrize("text", ["no such words", "id prefix"])
+def test_a_search_reads_an_id_range_and_a_capped_number_of_rows(
+    big: Engine, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cap a small part of the planted table, as browse.SEARCH_ROWS is of a busy journal.
+    monkeypatch.setattr(browse, "SEARCH_ROWS", 500)
+    wanted = _any_job(big)[:13] if text == "id prefix" else text
+    with _statements(big) as statements:
+        page = browse.find_jobs(big, browse.JobFilter(text=wanted))
+    assert page.total == (text == "id prefix")
+    scans = _scans(big, statements)
+    assert not scans, "\n\n".join(scans)
+
+
+NEW_INDEXES = {
+    *(
+        f"ix_{table}_{suffix}"
+        for table in RUN_TABLES
+        for suffix in ("task_state_updated", "attempted")
+    ),
+    "ix_job_events_claims",
+}
+
+
+def _new_indexes(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        found = inspect(engine)
+        names = {ix["name"] for t in (*RUN_TABLES, "job_events") for ix in found.get_indexes(t)}
+        return names & NEW_INDEXES
+    finally:
+        engine.dispose()
+
+
+def test_migration_0023_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
+    sqlite = f"sqlite:///{tmp_path}/bounded.db"
+    migrate(sqlite)
+    with migrated_postgres(f"jobsapp_m0023_{SESSION}") as postgres:
+        for url in (sqlite, postgres):
+            cfg = alembic_config()
+            cfg.set_main_option("sqlalchemy.url", url)
+            command.downgrade(cfg, "0022")
+            assert _new_indexes(url) == set()
+            command.upgrade(cfg, "head")
+            assert _new_indexes(url) == NEW_INDEXES
