@@ -1,7 +1,7 @@
 """Guessing made expensive, sessions tied to the token they were opened with
 
 Revision ID: 0024
-Revises: 0022
+Revises: 0023
 Create Date: 2026-12-04 11:45:00.000000
 
 ``web_throttle`` counts failed token checks (login form, bearer) per client address and
@@ -21,7 +21,7 @@ from alembic import op
 from jobsapp.db import UtcDateTime
 
 revision: str = "0024"
-down_revision: str | None = "0022"
+down_revision: str | None = "0023"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
