@@ -212,3 +212,10 @@ def test_a_teams_own_tests_run_on_the_testing_kit_from_the_wheel(
         env=env,
     )
     assert "10 passed" in out, out[-3000:]
+    # pytest-celery came with the extra and loads beside the kit without a conflict.
+    plugins = _run(
+        [str(installed / "python"), "-m", "pytest", "--trace-config", "--co", "-q", "tests"],
+        cwd=team,
+        env=env,
+    )
+    assert "pytest_celery.plugin" in plugins, plugins[-3000:]
