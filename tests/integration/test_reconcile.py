@@ -342,9 +342,10 @@ def test_the_query_selects_exactly_the_runs_the_decision_retakes(db: Engine) -> 
 
 def test_the_admin_api_runs_a_pass_and_refuses_a_never_code(db: Engine) -> None:
     outage = failed_generic_job(db, "TransientError: upstream down")
-    with environment(JOBSAPP_ADMIN_TOKEN="reconcile-token-7f3a9c2e5b1d8064"):
+    token = "reconcile-token-7f3a9c2e5b1d8064"
+    with environment(JOBSAPP_ADMIN_TOKEN=token):
         client = create_app().test_client()
-        auth = {"Authorization": "Bearer reconcile-token"}
+        auth = {"Authorization": f"Bearer {token}"}
         dry = client.post("/v1/admin/reconcile", headers=auth, json={"dry_run": True})
         corrupt = {"module": "attachments", "error_code": "corrupt_image"}
         never = client.post("/v1/admin/reconcile", headers=auth, json=corrupt)

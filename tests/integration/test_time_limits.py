@@ -134,14 +134,14 @@ def test_a_time_limit_given_to_one_call_bounds_every_attempt_of_its_job(
     """Celery's ``apply_async(time_limit=...)``: the retry's message carries it too, so the
     prefork pool kills both attempts of a task that has no limit of its own."""
     token = _token("per-call")
-    began = time.monotonic()
     handle = _handle(
         ours.hang_per_call.apply_async(
             (token,), time_limit=TIME_LIMIT, queue=app.conf.task_default_queue
         )
     )
     row = _ended(pg, handle)
-    assert time.monotonic() - began < 2 * HANG_SECONDS
+    # Each attempt ended TimeLimitExceeded: killed at the call's limit (a body left to wake
+    # would have succeeded); how long that took is the loaded machine's, not asserted here.
     assert started(token) == 2
     assert (row["state"], row["outcome"], row["attempts"]) == ("failed", "exhausted", 2)
     assert (row["time_limit"], row["soft_time_limit"]) == (TIME_LIMIT, None)

@@ -33,6 +33,8 @@ from tests.support.attachments import settled
 from tests.support.waiting import eventually
 from tests.unit import images
 
+PRODUCERS_TOKEN = "tracing-producers-token-5c8e1a7f3d9b"
+
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{CALLER_SPAN}-01"
@@ -106,13 +108,13 @@ def test_an_uploads_traceparent_is_the_ancestor_of_the_workers_span(
     db: Engine,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("JOBSAPP_API_TOKEN", "tracing-producers-token")
+    monkeypatch.setenv("JOBSAPP_API_TOKEN", PRODUCERS_TOKEN)
     get_settings.cache_clear()
     client = create_app().test_client()
     answer = client.post(
         "/v1/attachments",
         data={"file": (io.BytesIO(images.png_with_alpha()), "photo.png")},
-        headers={"traceparent": TRACEPARENT, "Authorization": "Bearer tracing-producers-token"},
+        headers={"traceparent": TRACEPARENT, "Authorization": f"Bearer {PRODUCERS_TOKEN}"},
     )
     get_settings.cache_clear()
     assert answer.status_code == 202
