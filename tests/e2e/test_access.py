@@ -20,11 +20,11 @@ from urllib.parse import urlencode, urlsplit
 
 import pytest
 from playwright.sync_api import Browser, Page
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
 from tests.e2e.browser import chromium
 from tests.e2e.webserver import Http, running_web
-from tests.support.console_e2e import TOKEN, operator_env, operator_events
+from tests.support.console_e2e import TOKEN, deployment_engine, operator_env, operator_events
 from tests.support.env import SESSION
 from tests.support.planted import failed_job
 from tests.support.servers import RedisServer
@@ -62,11 +62,8 @@ def web(env: dict[str, str], web_log: Path) -> Iterator[Http]:
 
 @pytest.fixture(scope="module")
 def db(env: dict[str, str]) -> Iterator[Engine]:
-    engine = create_engine(env["JOBSAPP_DATABASE_URL"])
-    try:
+    with deployment_engine(env) as engine:
         yield engine
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from urllib.parse import quote, urlencode
 import pytest
 from celery import Celery
 from playwright.sync_api import Browser, Page
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 
 from jobsapp import operator
 from tests.e2e.browser import chromium
@@ -34,6 +34,7 @@ from tests.support.console_e2e import (
     REFUSAL,
     SCREENSHOTS,
     TOKEN,
+    deployment_engine,
     enqueue,
     log_in_page,
     operator_env,
@@ -80,11 +81,8 @@ def worker(env: dict[str, str], logs: Path) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def db(env: dict[str, str]) -> Iterator[Engine]:
-    engine = create_engine(env["JOBSAPP_DATABASE_URL"])
-    try:
+    with deployment_engine(env) as engine:
         yield engine
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture(scope="module")

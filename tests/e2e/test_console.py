@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from playwright.sync_api import Browser, Page, Request
-from sqlalchemy import Engine, create_engine, func, literal, select, text, union_all
+from sqlalchemy import Engine, func, literal, select, text, union_all
 
 from jobsapp import operator
 from jobsapp.attachments.models import ATTACHMENT_RUNS
@@ -35,6 +35,7 @@ from tests.support import tasks
 from tests.support.attachments import png
 from tests.support.console_e2e import (
     SCREENSHOTS,
+    deployment_engine,
     enqueue,
     log_in_page,
     operator_env,
@@ -87,11 +88,8 @@ def worker(env: dict[str, str], logs: Path) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def db(env: dict[str, str]) -> Iterator[Engine]:
-    engine = create_engine(env["JOBSAPP_DATABASE_URL"])
-    try:
+    with deployment_engine(env) as engine:
         yield engine
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from sqlalchemy import Connection, Engine, event, text
 
 from jobsapp.db import autocommit, make_engine
 from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.registry import JOBS
 from tests.conftest import migrated_postgres
 from tests.support.env import SESSION
@@ -98,29 +100,36 @@ def _index_reads(conn: Connection) -> dict[str, int]:
     return {name: read for name, read in rows}
 
 
-def test_on_a_table_never_analyzed_each_claim_and_finish_reads_one_row_as_the_table_grows() -> None:
-    # A new deployment's table: no statistics until autovacuum's first analyze, which
-    # this test holds off. The worker's connection builds its generic plans while the
-    # table is small, then a backlog of 2,000 arrives.
-    with migrated_postgres(f"jobsapp_prepared_plan_{SESSION}") as url:
-        engine = make_engine(f"{url}?application_name=prepared-plan")
+@contextmanager
+def _never_analyzed(name: str, queued: int) -> Iterator[tuple[Connection, list[NewJob]]]:
+    """A new deployment's journal (no statistics: autovacuum's first analyze held off) on a
+    worker's connection, whose prepared statements built their generic plans while the
+    table was small (8 jobs run); then a backlog of ``queued`` runs arrives."""
+    with migrated_postgres(f"jobsapp_prepared_{name}_{SESSION}") as url:
+        engine = make_engine(f"{url}?application_name=prepared-{name}")
         with autocommit(engine) as conn:
             conn.exec_driver_sql("ALTER TABLE job_runs SET (autovacuum_enabled = off)")
             for _ in range(8):
                 one_job_run(conn)
-            backlog = [echo_job() for _ in range(2000)]
+            backlog = [echo_job() for _ in range(queued)]
             with engine.begin() as producer:
                 journal.enqueue_many(producer, backlog, actor="test")
-            before = _index_reads(conn)
-            for job in backlog[:10]:
-                run = journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
-                assert run is not None
-                assert journal.succeed(
-                    conn, JOBS, job.job_id, 1, token=run["claim_token"], actor="w:1"
-                )
-            after = _index_reads(conn)
-            assert all(plans >= 1 for plans in _prepared(conn).values()), _prepared(conn)
+            yield conn, backlog
         engine.dispose()
+
+
+def test_on_a_table_never_analyzed_each_claim_and_finish_reads_one_row_as_the_table_grows() -> None:
+    # A new deployment's table: no statistics until autovacuum's first analyze, which
+    # this test holds off. The worker's connection builds its generic plans while the
+    # table is small, then a backlog of 2,000 arrives.
+    with _never_analyzed("plan", 2000) as (conn, backlog):
+        before = _index_reads(conn)
+        for job in backlog[:10]:
+            run = journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
+            assert run is not None
+            assert journal.succeed(conn, JOBS, job.job_id, 1, token=run["claim_token"], actor="w:1")
+        after = _index_reads(conn)
+        assert all(plans >= 1 for plans in _prepared(conn).values()), _prepared(conn)
     read = {name: after[name] - before.get(name, 0) for name in after}
     # 10 claims and 10 successes: a few entries each through the primary key, never a
     # scan of the 2,000 queued rows (20,000 entries through the state index before).
@@ -163,21 +172,12 @@ def test_explain_execute_of_a_claim_on_a_never_analyzed_table_reads_the_run_by_i
     # The worker's connection builds the claim's generic plan at its sixth EXECUTE, while a
     # new deployment's table is small and has no statistics (autovacuum held off); then a
     # backlog of 5,000 queued runs arrives. The plan of the next claim is the question.
-    with migrated_postgres(f"jobsapp_prepared_explain_{SESSION}") as url:
-        engine = make_engine(f"{url}?application_name=prepared-explain")
-        with autocommit(engine) as conn:
-            conn.exec_driver_sql("ALTER TABLE job_runs SET (autovacuum_enabled = off)")
-            for _ in range(8):
-                one_job_run(conn)
-            backlog = [echo_job() for _ in range(5000)]
-            with engine.begin() as producer:
-                journal.enqueue_many(producer, backlog, actor="test")
-            never = conn.exec_driver_sql(
-                "SELECT reltuples < 0 FROM pg_class WHERE relname = 'job_runs'"
-            ).scalar()
-            plan = _explained_claim(conn, backlog[0].job_id, backlog[2500].job_id)
-            generic = _prepared(conn)
-        engine.dispose()
+    with _never_analyzed("explain", 5000) as (conn, backlog):
+        never = conn.exec_driver_sql(
+            "SELECT reltuples < 0 FROM pg_class WHERE relname = 'job_runs'"
+        ).scalar()
+        plan = _explained_claim(conn, backlog[0].job_id, backlog[2500].job_id)
+        generic = _prepared(conn)
     assert never, "the table was analyzed: its plan is not the one in question"
     assert all(plans >= 1 for plans in generic.values()), generic
     scans = [s for s in _scans(plan) if s.get("Relation Name") == "job_runs"]

@@ -35,7 +35,11 @@ from tests.conftest import use_database
 from tests.support import tasks
 from tests.support.attachments import DEAD_S3_ENDPOINT, environment, sha256
 from tests.support.journal_view import events, held_by, run_row
-from tests.support.planted import claimed, failed_generic_job, queued_attachment_job
+from tests.support.planted import (
+    failed_generic_job,
+    failed_job,
+    queued_attachment_job,
+)
 from tests.support.waiting import eventually
 from tests.support.workers import in_process_worker
 from tests.unit import images
@@ -236,20 +240,7 @@ def reconciled_and_failed_again(
 
 
 def failed_attachment_run(engine: Engine, error: str) -> uuid.UUID:
-    job_id = queued_attachment_job(engine)
-    attempt = claimed(engine, ATTACHMENT_RUNS, job_id)
-    with engine.begin() as conn:
-        assert journal.fail(
-            conn,
-            ATTACHMENT_RUNS,
-            job_id,
-            attempt,
-            token=held_by(conn, ATTACHMENT_RUNS, job_id),
-            outcome=Outcome.PERMANENT,
-            error=error,
-            actor="w1@host",
-        )
-    return job_id
+    return failed_job(engine, ATTACHMENT_RUNS, queued_attachment_job(engine), error=error)
 
 
 def test_a_dry_run_names_the_rule_that_holds_back_each_failed_run(

@@ -105,3 +105,13 @@ def wait_state(db: Engine, job_id: uuid.UUID, state: str, worker_log: Path) -> N
         time.sleep(0.2)
     tail = worker_log.read_text()[-3000:]
     raise AssertionError(f"{job_id} never {state} ({state_of(db, job_id)}); worker: {tail}")
+
+
+@contextmanager
+def deployment_engine(env: dict[str, str]) -> Iterator[Engine]:
+    """An engine on the deployment's own database, disposed afterwards."""
+    engine = create_engine(env["JOBSAPP_DATABASE_URL"])
+    try:
+        yield engine
+    finally:
+        engine.dispose()

@@ -97,7 +97,10 @@ def claimed(db: Engine, spec: RunTable, job_id: uuid.UUID, *, heartbeat_ago: flo
     return attempt
 
 
-def failed_job(db: Engine, spec: RunTable = JOBS, job_id: uuid.UUID | None = None) -> uuid.UUID:
+def failed_job(
+    db: Engine, spec: RunTable = JOBS, job_id: uuid.UUID | None = None, error: str = ERROR
+) -> uuid.UUID:
+    """A run claimed and then failed for good (``permanent``) with ``error``."""
     job_id = job_id or queued_job(db)
     attempt = claimed(db, spec, job_id)
     with db.begin() as conn:
@@ -108,7 +111,7 @@ def failed_job(db: Engine, spec: RunTable = JOBS, job_id: uuid.UUID | None = Non
             attempt,
             token=held_by(conn, spec, job_id),
             outcome=Outcome.PERMANENT,
-            error=ERROR,
+            error=error,
             actor="w1@host",
             now=utcnow(),
         )
