@@ -19,15 +19,16 @@ worker_cancel_long_running_tasks_on_connection_loss = True
 # Workers and beat wait for the broker at start instead of crashing under a supervisor.
 broker_connection_retry_on_startup = True
 # Every delivery is checked before Celery's consumer reads it: a message with bad headers
-# or an unusable body is rejected once and logged, never fatal (jobsapp.lifecycle.guard).
-worker_consumer = "jobsapp.lifecycle.guard:GuardedConsumer"
+# or an unusable body is rejected once and logged, never fatal
+# (jobsapp.lifecycle.transport.guard).
+worker_consumer = "jobsapp.lifecycle.transport.guard:GuardedConsumer"
 # Flower needs task events and sent events.
 worker_send_task_events = True
 task_send_sent_event = True
 # The journal is the result store: Celery's result backend reads the run rows
-# (jobsapp.lifecycle.backend), so AsyncResult(id) works from any process. Tasks store
-# nothing after they run (the journal already holds it); update_state still reaches it.
-result_backend = "jobsapp.lifecycle.backend:JournalBackend"
+# (jobsapp.lifecycle.celery_api.backend), so AsyncResult(id) works from any process. Tasks
+# store nothing after they run (the journal already holds it); update_state still reaches it.
+result_backend = "jobsapp.lifecycle.celery_api.backend:JournalBackend"
 task_ignore_result = True
 # Job messages are JSON validated against jobs.schema.json; never pickle.
 task_serializer = "json"

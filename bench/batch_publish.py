@@ -24,7 +24,7 @@ def one_batch() -> float:
     """Seconds for one batch of ``BATCH`` jobs, published included."""
     from bench.lifecycle_tasks import with_lifecycle
     from jobsapp.celery_app import app
-    from jobsapp.lifecycle.enqueue import transaction
+    from jobsapp.lifecycle.producer.enqueue import transaction
 
     start = time.perf_counter()
     with transaction(app) as batch:
@@ -36,7 +36,7 @@ def one_batch() -> float:
 def settle() -> None:
     """Marks written and the queue emptied, outside the timed part."""
     from jobsapp.celery_app import app
-    from jobsapp.lifecycle import outbox
+    from jobsapp.lifecycle.transport import outbox
 
     outbox.MARKER.flush()
     with app.connection_for_write() as conn:

@@ -6,7 +6,7 @@ Run through the entry point, on the bench's own Postgres with fsync on:
 (full: 2,000 jobs a round, median of 5 rounds; quick: 1,000, median of 3; smoke: 200, once).
 
 Each round queues its jobs in a fresh database, then claims every one from one process
-through the claim path a worker takes (``flow.gated_claim`` around the journal's claim),
+through the claim path a worker takes (``gating.gated_claim`` around the journal's claim),
 three ways: no flow control (the claim's one statement, its commit not waiting for the
 flush); a task with no rate while nothing is paused (the same statement after a cached
 look at the pauses); a task with a rate high enough never to refuse (the claim, the pause
@@ -35,15 +35,16 @@ from sqlalchemy import Engine
 from bench.bench_maintenance import drop_database, fresh_database
 from bench.services import Services
 from jobsapp.db import autocommit
-from jobsapp.lifecycle import flow, journal
-from jobsapp.lifecycle.registry import JOBS
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.flow import gating
+from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.lifecycle.task import LifecycleTask
 from jobsapp.maintenance import relay
 
 DB_NAME = "jobsapp_bench_flow"
 SIZES = {"full": (2000, 5), "quick": (1000, 3), "smoke": (200, 1)}
-NEVER_REFUSES = flow.parse_rate("1000000/s")
-Gate = flow.Gate | None
+NEVER_REFUSES = gating.parse_rate("1000000/s")
+Gate = gating.Gate | None
 BROKER_DB = 8
 # Every row due at once: none is left to a producer's fast path.
 RELAY = relay.RelayConfig(grace=timedelta(0))
@@ -59,7 +60,7 @@ def _queued(engine: Engine, task: LifecycleTask, n: int) -> list[uuid.UUID]:
     return [job.job_id for job in jobs]
 
 
-def _claim_of(job_id: uuid.UUID) -> flow.Claim:
+def _claim_of(job_id: uuid.UUID) -> gating.Claim:
     return lambda conn: journal.claim(conn, JOBS, job_id, 1, worker="bench")
 
 
@@ -68,8 +69,8 @@ def per_job_ms(engine: Engine, task: LifecycleTask, gate: Gate, n: int) -> float
     ids = _queued(engine, task, n)
     began = time.perf_counter()
     for job_id in ids:
-        row = flow.gated_claim(engine, JOBS, gate, _claim_of(job_id))
-        if row is None or isinstance(row, flow.Held):
+        row = gating.gated_claim(engine, JOBS, gate, _claim_of(job_id))
+        if row is None or isinstance(row, gating.Held):
             raise RuntimeError(f"the claim of {job_id} was refused: nothing to measure")
     return (time.perf_counter() - began) / n * 1000
 
@@ -111,8 +112,8 @@ def main(services: Services, size: str, out: Path) -> list[str]:
     app.conf.update(task_serializer="json", accept_content=["json"])
     ways: dict[str, Gate] = {
         "none": None,
-        "idle": flow.Gate(with_lifecycle.name, "celery"),
-        "rate": flow.Gate(with_lifecycle.name, "celery", NEVER_REFUSES),
+        "idle": gating.Gate(with_lifecycle.name, "celery"),
+        "rate": gating.Gate(with_lifecycle.name, "celery", NEVER_REFUSES),
     }
     samples: dict[str, list[float]] = {way: [] for way in [*ways, "plain", "prioritised"]}
     for number in range(rounds):

@@ -41,7 +41,7 @@ from PIL import Image, ImageMath, ImageOps
 
 from bench import sample_images
 from jobsapp.attachments.pipeline import (
-    _WEBP_METHOD,  # the pyvips path must spend the same encoder effort as the pipeline
+    _WEBP_METHOD,
     VariantSpec,
     get_pipeline,
     output_size,

@@ -27,9 +27,10 @@ from sqlalchemy import Engine
 from bench.bench_maintenance import drop_database, fresh_database
 from bench.services import Services
 from jobsapp.db import autocommit, relaxed_autocommit
-from jobsapp.lifecycle import journal, lifecycle_task, limits
+from jobsapp.lifecycle import journal, lifecycle_task
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.task import LifecycleTask
+from jobsapp.lifecycle.worker import key_limits
 
 DB_NAME = "jobsapp_bench_limits"
 SIZES = {"smoke": (30, 1), "quick": (300, 3), "full": (1000, 5)}
@@ -58,7 +59,7 @@ def _new_job(task: LifecycleTask, tenant: str, n: int) -> NewJob:
 
 
 def enqueue(engine: Engine, job: NewJob) -> None:
-    """As lifecycle/enqueue.py's own transaction writes it (the broker left out)."""
+    """As lifecycle/producer/enqueue.py's own transaction writes it (the broker left out)."""
     if job.key_limit is None:
         with autocommit(engine) as conn:
             journal.enqueue_new(conn, job, actor="bench")
@@ -73,12 +74,12 @@ def run(engine: Engine, job: NewJob) -> None:
         row = journal.claim(conn, job.spec, job.job_id, 1, worker="bench")
     assert row is not None, "a job under its limit must be claimable"
     if job.task_name == fair.name:
-        limits.fair_claimed(engine, job.spec, row)
-    with limits.outcome_connection(engine, row) as conn:
+        key_limits.fair_claimed(engine, job.spec, row)
+    with key_limits.outcome_connection(engine, row) as conn:
         done = journal.succeed(
             conn, job.spec, job.job_id, 1, token=row["claim_token"], actor="bench"
         )
-        limits.let_go(conn, job.spec, row, done)
+        key_limits.let_go(conn, job.spec, row, done)
 
 
 def one_by_one(engine: Engine, jobs: list[NewJob]) -> None:

@@ -35,7 +35,7 @@ from bench import plots
 from bench.planting import Kind, plant
 from bench.services import Services
 from jobsapp.db import make_engine
-from jobsapp.lifecycle.message import build_body
+from jobsapp.lifecycle.rules.message import build_body
 from jobsapp.maintenance import reaper, relay
 from jobsapp.shipped import alembic_config
 

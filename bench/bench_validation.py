@@ -21,7 +21,7 @@ from typing import Any
 import fastjsonschema
 from jsonschema import Draft202012Validator
 
-from jobsapp.lifecycle import message
+from jobsapp.lifecycle.rules import message
 
 Check = Callable[[dict[str, Any]], object]
 REPEATS = 5

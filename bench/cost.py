@@ -188,12 +188,12 @@ def _side(name: str, queue: str) -> tuple[Celery, dict[str, Feature]]:
     no-op task on the same broker with the events jobsapp ships."""
     if name == "lifecycle":
         from jobsapp.celery_app import app
-        from jobsapp.lifecycle import flow
+        from jobsapp.lifecycle.flow import gating
 
         app.conf.task_default_queue = queue
         # The process reads the paused queues once a second, whatever its jobs: a cost of
         # the clock, not of a job. Its view, read once, stays fresh here.
-        flow._clock = lambda: 0.0
+        gating._clock = lambda: 0.0
         return app, lifecycle_features(app)
     bare = Celery("bare-cost", broker=os.environ["JOBSAPP_BROKER_URL"])
     bare.conf.update(

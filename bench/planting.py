@@ -22,10 +22,10 @@ from typing import Any
 
 from sqlalchemy import Column, Connection, DateTime, Engine, Table, delete, func, select, text
 
-from jobsapp.lifecycle import journal, outbox_queries, registry
-from jobsapp.lifecycle.journal import EVENTS, OUTBOX, NewJob
-from jobsapp.lifecycle.outbox_queries import Accepted
-from jobsapp.lifecycle.states import Outcome
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX, NewJob, outbox_queries, registry
+from jobsapp.lifecycle.journal.outbox_queries import Accepted
+from jobsapp.lifecycle.rules.states import Outcome
 
 SPEC = registry.JOBS
 TASK = "bench.planted"

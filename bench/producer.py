@@ -52,7 +52,7 @@ def _lifecycle() -> Callable[[int], None]:
 def _lifecycle_batch() -> Callable[[int], None]:
     from bench.lifecycle_tasks import with_lifecycle
     from jobsapp.celery_app import app
-    from jobsapp.lifecycle.enqueue import transaction
+    from jobsapp.lifecycle.producer.enqueue import transaction
 
     def send(n: int) -> None:
         for start in range(0, n, BATCH):

@@ -21,7 +21,7 @@ from celery.utils.log import get_multiprocessing_logger
 
 from jobsapp import preflight
 from jobsapp.db import dispose_engines
-from jobsapp.lifecycle.pools import green_pool_refusal
+from jobsapp.lifecycle.worker.pools import green_pool_refusal
 from jobsapp.logs import (
     format_handlers,
     json_startup,
@@ -35,7 +35,7 @@ from jobsapp.settings import Settings, SettingsError, get_settings
 from jobsapp.shipped import CELERYCONFIG
 
 BASE_IMPORTS = (
-    "jobsapp.maintenance.tasks",
+    "jobsapp.maintenance.beat_tasks",
     "jobsapp.attachments.tasks",
     "jobsapp.attachments.reprocess",
 )
@@ -108,18 +108,18 @@ def _transport(broker_url: str) -> str | None:
     RabbitMQ gets py-amqp's whose publish batches wait for their confirms once."""
     scheme = broker_url.split("://", 1)[0]
     if scheme in ("redis", "rediss"):
-        return "jobsapp.lifecycle.redis_transport:Transport"
+        return "jobsapp.lifecycle.transport.redis_transport:Transport"
     if scheme in ("amqp", "pyamqp"):
-        return "jobsapp.lifecycle.amqp_transport:Transport"
+        return "jobsapp.lifecycle.transport.amqp_transport:Transport"
     return None
 
 
 def create_app() -> Celery:
     settings = get_settings()
-    # Revokes of lifecycle jobs are kept in the journal (lifecycle/revoke.py).
-    celery_app = Celery("jobsapp", control="jobsapp.lifecycle.revoke:JournalControl")
+    # Revokes of lifecycle jobs are kept in the journal (lifecycle/celery_api/revoke.py).
+    celery_app = Celery("jobsapp", control="jobsapp.lifecycle.celery_api.revoke:JournalControl")
     celery_app.config_from_object(celery_settings())
-    celery_app.steps["consumer"].add("jobsapp.lifecycle.guard:DeadLetterQueue")
+    celery_app.steps["consumer"].add("jobsapp.lifecycle.transport.guard:DeadLetterQueue")
     celery_app.conf.update(
         broker_url=settings.broker_url,
         broker_transport=_transport(settings.broker_url),

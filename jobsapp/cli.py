@@ -58,8 +58,8 @@ def _safe_url(url: str) -> str:
 
 
 def maintenance_run_once(args: argparse.Namespace) -> int:
+    from jobsapp.maintenance.beat_tasks import PASSES
     from jobsapp.maintenance.retention import RetentionRefused
-    from jobsapp.maintenance.tasks import PASSES
 
     names = [args.pass_name] if args.pass_name else list(PASSES)
     code = 0

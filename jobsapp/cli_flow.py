@@ -15,7 +15,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from jobsapp.lifecycle.flow import Kind
+from jobsapp.lifecycle.flow.gating import Kind
 
 Run = Callable[[Callable[[], str]], int]
 Actor = Callable[[argparse.Namespace], str]

@@ -2,8 +2,8 @@
 paused now. The CLI (``jobsapp queue|domain pause|resume``), the admin API and the admin
 pages share these; each action is audited (``flow_actions``: who, why, when).
 
-The statements are lifecycle/journal/flow.py's; the gate that honours a pause is
-lifecycle/flow.py's (the relay holds the outbox rows, workers hand deliveries back).
+The statements are lifecycle/journal/gating.py's; the gate that honours a pause is
+lifecycle/gating.py's (the relay holds the outbox rows, workers hand deliveries back).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from jobsapp import operator
-from jobsapp.lifecycle import flow
-from jobsapp.lifecycle.flow import Kind
-from jobsapp.lifecycle.journal import flow as statements
+from jobsapp.lifecycle.flow import gating
+from jobsapp.lifecycle.flow.gating import Kind
+from jobsapp.lifecycle.journal import flow_rows as statements
 from jobsapp.lifecycle.task import LifecycleTask
 
 MAX_QUEUE = 200
@@ -56,7 +56,7 @@ def checked_name(kind: Kind, name: str) -> str:
 
 def pause(engine: Engine, kind: Kind, name: str, *, actor: str, reason: str) -> bool:
     """Pause (audited); False when it was paused already. Returns once workers see it."""
-    return flow.pause(
+    return gating.pause(
         engine,
         kind,
         checked_name(kind, name),
@@ -67,7 +67,7 @@ def pause(engine: Engine, kind: Kind, name: str, *, actor: str, reason: str) -> 
 
 def resume(engine: Engine, kind: Kind, name: str, *, actor: str, reason: str) -> bool:
     """Resume (audited); False when it was not paused."""
-    return flow.resume(
+    return gating.resume(
         engine,
         kind,
         checked_name(kind, name),
@@ -78,7 +78,7 @@ def resume(engine: Engine, kind: Kind, name: str, *, actor: str, reason: str) ->
 
 def paused(engine: Engine) -> list[Paused]:
     """Every paused queue and domain, oldest pause first."""
-    return [Paused(**row) for row in flow.paused(engine)]
+    return [Paused(**row) for row in gating.paused(engine)]
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ from typing import Any, Final
 
 from celery import Celery
 
-from jobsapp.lifecycle import tracing
-from jobsapp.lifecycle.errors import Logged
-from jobsapp.lifecycle.scrub import known_secrets_from_env, scrub
+from jobsapp.lifecycle.rules.errors import Logged
+from jobsapp.lifecycle.rules.scrub import known_secrets_from_env, scrub
+from jobsapp.lifecycle.transport import tracing
 from jobsapp.settings import get_settings
 
 # Tracebacks of chained exceptions run to several thousand characters; keep them whole.

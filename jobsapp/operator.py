@@ -27,12 +27,13 @@ from kombu.exceptions import OperationalError
 from sqlalchemy import Connection, Engine
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, outbox, registry
-from jobsapp.lifecycle.journal import KeyBusy, Reopened, Revoked
-from jobsapp.lifecycle.message import task_id_for
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.revoke import JournalControl
-from jobsapp.lifecycle.states import State, Transition
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.celery_api.revoke import JournalControl
+from jobsapp.lifecycle.journal import KeyBusy, Reopened, Revoked, registry
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.message import task_id_for
+from jobsapp.lifecycle.rules.states import State, Transition
+from jobsapp.lifecycle.transport import outbox
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +291,7 @@ def cancel(
     app: Celery | None = None,
 ) -> CancelResult:
     """queued -> failed/cancelled at once; a running job is asked to stop, through the
-    journal path of ``app.control.revoke`` (journal/revoke.py): its attempt is told at its
+    journal path of ``app.control.revoke`` (journal/revoking.py): its attempt is told at its
     next heartbeat and ends failed/cancelled, its success refused.
 
     ``attempts``: the attempts the operator saw; a job that ran another attempt since is

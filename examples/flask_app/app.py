@@ -2,7 +2,7 @@
 
 ``POST /uploads/session`` joins an ORM ``Session`` (``apply_async(session=...)``: published
 by the session's after-commit hook); ``POST /uploads/transaction`` uses
-``jobsapp.lifecycle.enqueue.transaction`` (a Core connection, published after its COMMIT).
+``jobsapp.lifecycle.producer.enqueue.transaction`` (a Core connection, published after its COMMIT).
 
     JOBSAPP_DATABASE_URL=postgresql+psycopg2://... JOBSAPP_BROKER_URL=redis://... \
     JOBSAPP_STORAGE_URL=s3://bucket/prefix flask --app examples.flask_app.app run
@@ -21,8 +21,7 @@ from examples.flask_app.models import Base, Upload
 from examples.flask_app.tasks import measure
 from jobsapp.celery_app import app as celery_app
 from jobsapp.db import get_engine
-from jobsapp.lifecycle import JobHandle
-from jobsapp.lifecycle.enqueue import transaction
+from jobsapp.lifecycle import JobHandle, transaction
 
 FORM = """<!doctype html>
 <title>Upload</title>

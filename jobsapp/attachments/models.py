@@ -32,10 +32,10 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import registry
-from jobsapp.lifecycle.registry import ReconcilePolicy, RunTable, StalePolicy
-from jobsapp.lifecycle.states import ACTIVE_STATES, Transition
-from jobsapp.lifecycle.tables import Base, RunMixin
+from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.journal.registry import ReconcilePolicy, RunTable, StalePolicy
+from jobsapp.lifecycle.journal.tables import Base, RunMixin
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES, Transition
 
 # S3's key limit; the object store enforces the same on both backends.
 KEY_LENGTH = 1024

@@ -29,29 +29,17 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, update
 
-from jobsapp.attachments.models import (
-    ATTACHMENTS,
-    REPROCESS,
-    REPROCESS_RUNS,
-    RUNS,
-    AttachmentState,
-)
+from jobsapp.attachments.models import ATTACHMENTS, REPROCESS, REPROCESS_RUNS, RUNS, AttachmentState
 from jobsapp.attachments.pipeline import get_pipeline
 from jobsapp.attachments.tasks import process_attachment
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import (
-    LeaseLost,
-    RetryAfter,
-    TransientError,
-    current_run,
-    lifecycle_task,
-)
-from jobsapp.lifecycle.context import RunContext
-from jobsapp.lifecycle.enqueue import enqueue, transaction
-from jobsapp.lifecycle.handle import JobHandle
+from jobsapp.lifecycle import LeaseLost, RetryAfter, TransientError, current_run, lifecycle_task
+from jobsapp.lifecycle.celery_api.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
 from jobsapp.lifecycle.journal.fence import held
-from jobsapp.lifecycle.states import State
+from jobsapp.lifecycle.producer.enqueue import enqueue, transaction
+from jobsapp.lifecycle.rules.states import State
+from jobsapp.lifecycle.worker.context import RunContext
 
 DEFAULT_BATCH = 100
 MAX_BATCH = 10_000

@@ -35,7 +35,7 @@ from jobsapp.attachments.validation import (
 )
 from jobsapp.celery_app import app
 from jobsapp.db import get_engine, utcnow
-from jobsapp.lifecycle.enqueue import transaction
+from jobsapp.lifecycle.producer.enqueue import transaction
 from jobsapp.storage import StorageError
 
 __all__ = [

@@ -21,20 +21,10 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Update, func, or_, select, update
-from sqlalchemy.dialects.postgresql import dml as pg_dml
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import dml as sqlite_dml
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError
 
 from jobsapp import crashpoints
-from jobsapp.attachments.models import (
-    ATTACHMENT_RUNS,
-    ATTACHMENTS,
-    RUNS,
-    VARIANTS,
-    AttachmentState,
-)
+from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS, RUNS, VARIANTS, AttachmentState
 from jobsapp.attachments.pipeline import (
     CorruptImage,
     ImageTooLarge,
@@ -57,11 +47,12 @@ from jobsapp.lifecycle import (
     RunContext,
     TransientError,
     current_run,
+    journal,
     lifecycle_task,
 )
 from jobsapp.lifecycle.journal.fence import held
-from jobsapp.lifecycle.scrub import describe_exception, known_secrets_from_env
-from jobsapp.lifecycle.states import ACTIVE_STATES, Outcome
+from jobsapp.lifecycle.rules.scrub import describe_exception, known_secrets_from_env
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES, Outcome
 from jobsapp.settings import get_settings
 from jobsapp.storage import (
     ChecksumConflict,
@@ -292,11 +283,6 @@ def _ensure_original(store: ObjectStore, job: _Job, row: Mapping[str, Any]) -> s
 # --- database writes --------------------------------------------------------------------
 
 
-def _upsert(conn: Connection) -> pg_dml.Insert | sqlite_dml.Insert:
-    """INSERT with the dialect's ON CONFLICT support (both spell it the same)."""
-    return pg_insert(VARIANTS) if conn.dialect.name == "postgresql" else sqlite_insert(VARIANTS)
-
-
 def _holds_lease(job: _Job) -> ColumnElement[bool]:
     """Attachment writes outside ``completing()`` are fenced like the run's own writes: a
     revoke's stop request refuses them too."""
@@ -336,7 +322,7 @@ def _commit(job: _Job, stored: Sequence[_Stored], original: str) -> None:
     now = utcnow()
     rows = [_variant_row(job, item, now) for item in stored]
     with job.ctx.completing() as conn:
-        insert = _upsert(conn).values(rows)
+        insert = journal.upsert(conn, VARIANTS).values(rows)
         conn.execute(insert.on_conflict_do_nothing(index_elements=list(VARIANTS.primary_key)))
         conn.execute(
             update(ATTACHMENTS)

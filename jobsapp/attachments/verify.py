@@ -48,8 +48,8 @@ from jobsapp.attachments.pipeline import PIPELINES
 from jobsapp.attachments.store import PUBLISHED_PREFIX
 from jobsapp.attachments.tasks import process_attachment
 from jobsapp.celery_app import app
-from jobsapp.lifecycle.enqueue import transaction
-from jobsapp.lifecycle.states import ACTIVE_STATES, is_terminal
+from jobsapp.lifecycle.producer.enqueue import transaction
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES, is_terminal
 from jobsapp.storage import (
     ChecksumConflict,
     ChecksumMismatch,

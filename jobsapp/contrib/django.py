@@ -27,8 +27,8 @@ from sqlalchemy.dialects.postgresql.psycopg2 import PGDialect_psycopg2
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import NullPool
 
-from jobsapp.lifecycle.enqueue import Batch
-from jobsapp.lifecycle.handle import JobHandle
+from jobsapp.lifecycle.celery_api.handle import JobHandle
+from jobsapp.lifecycle.producer.enqueue import Batch
 from jobsapp.lifecycle.task import LifecycleTask
 
 __all__ = ["enqueue"]

@@ -1,4 +1,6 @@
-"""The lifecycle engine: pure state rules, the journal, the base Task, heartbeat, outbox."""
+"""The lifecycle engine's public face: the base Task and its decorator, the errors a body
+raises, the run a body sees, and ``transaction`` (enqueues that commit with the caller's
+writes). The floors under it are drawn in docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -7,21 +9,23 @@ from typing import Any
 
 from celery import Celery
 
-from jobsapp.lifecycle import backend, canvas
-from jobsapp.lifecycle.context import RunContext, current_run
-from jobsapp.lifecycle.errors import (
+from jobsapp.lifecycle.celery_api import backend
+from jobsapp.lifecycle.celery_api.handle import JobHandle
+from jobsapp.lifecycle.journal import EnqueueOutcome
+from jobsapp.lifecycle.journal.registry import RunTable, StalePolicy
+from jobsapp.lifecycle.producer.enqueue import transaction
+from jobsapp.lifecycle.rules.errors import (
     InvalidMessage,
     LeaseLost,
     PermanentError,
     RetryAfter,
     TransientError,
 )
-from jobsapp.lifecycle.handle import JobHandle
-from jobsapp.lifecycle.journal import EnqueueOutcome
-from jobsapp.lifecycle.registry import RunTable, StalePolicy
-from jobsapp.lifecycle.retry import RetryPolicy
-from jobsapp.lifecycle.states import Outcome, State
+from jobsapp.lifecycle.rules.retry import RetryPolicy
+from jobsapp.lifecycle.rules.states import Outcome, State
 from jobsapp.lifecycle.task import LifecycleTask
+from jobsapp.lifecycle.worker.context import RunContext, current_run
+from jobsapp.lifecycle.workflows import canvas
 
 __all__ = [
     "EnqueueOutcome",
@@ -40,6 +44,7 @@ __all__ = [
     "TransientError",
     "current_run",
     "lifecycle_task",
+    "transaction",
 ]
 
 

@@ -37,47 +37,38 @@ from sqlalchemy.orm import Session
 
 from jobsapp import logs
 from jobsapp.db import get_engine
-from jobsapp.lifecycle import (
-    canvas,
-    claim,
-    enqueue,
-    errback,
-    flow,
-    journal,
-    limits,
-    message,
-    newjob,
-    publisher,
-    registry,
-    replacement,
-    timeouts,
-    totals,
-    tracing,
-)
-from jobsapp.lifecycle.attempt import AttemptRules, End, Ended, run_attempt
-from jobsapp.lifecycle.backend import JournalBackend
-from jobsapp.lifecycle.backend import for_app as backend_for
-from jobsapp.lifecycle.celery_view import (
-    EVENTS_ON,
-    AttemptFailed,
-    call_fields,
-    report,
-    send_started,
-)
-from jobsapp.lifecycle.context import RunContext, current_run_or_none
-from jobsapp.lifecycle.errors import (
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.celery_api import group_handles
+from jobsapp.lifecycle.celery_api.backend import JournalBackend
+from jobsapp.lifecycle.celery_api.backend import for_app as backend_for
+from jobsapp.lifecycle.celery_api.handle import JobHandle
+from jobsapp.lifecycle.flow import gating
+from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob, registry, totals
+from jobsapp.lifecycle.producer import enqueue, newjob
+from jobsapp.lifecycle.rules import message
+from jobsapp.lifecycle.rules.errors import (
     InvalidMessage,
     Logged,
     PermanentError,
     Replaced,
     RetryRequested,
 )
-from jobsapp.lifecycle.handle import JobHandle
-from jobsapp.lifecycle.heartbeat import Heartbeat
-from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob
-from jobsapp.lifecycle.results import decoded
-from jobsapp.lifecycle.retry import RetryPolicy
-from jobsapp.lifecycle.scrub import known_secrets_from_env
+from jobsapp.lifecycle.rules.results import decoded
+from jobsapp.lifecycle.rules.retry import RetryPolicy
+from jobsapp.lifecycle.rules.scrub import known_secrets_from_env
+from jobsapp.lifecycle.transport import publisher, tracing
+from jobsapp.lifecycle.worker import claim, key_limits, timeouts
+from jobsapp.lifecycle.worker.attempt import AttemptRules, End, Ended, run_attempt
+from jobsapp.lifecycle.worker.celery_view import (
+    EVENTS_ON,
+    AttemptFailed,
+    call_fields,
+    report,
+    send_started,
+)
+from jobsapp.lifecycle.worker.context import RunContext, current_run_or_none
+from jobsapp.lifecycle.worker.heartbeat import Heartbeat
+from jobsapp.lifecycle.workflows import canvas, errback, replacement
 from jobsapp.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -114,7 +105,7 @@ def flow_options(cls: type[Task]) -> None:  # type: ignore[type-arg]
             "process in Celery; use rate='100/m', global across workers"
         )
     if rate := cls.__dict__.get("rate"):
-        flow.parse_rate(rate)
+        gating.parse_rate(rate)
     if (template := cls.__dict__.get("rate_key")) and "run" in cls.__dict__:
         named = set(inspect.signature(cls.__dict__["run"]).parameters) | {"concurrency_key"}
         if unknown := {f for _, f, _, _ in string.Formatter().parse(template) if f} - named:
@@ -156,7 +147,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     ignore_result = True
     # An attempt's failure is journalled and logged by jobsapp: Celery logs it briefly.
     throws = (AttemptFailed,)
-    Request = "jobsapp.lifecycle.celery_view:LifecycleRequest"
+    Request = "jobsapp.lifecycle.worker.celery_view:LifecycleRequest"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -238,7 +229,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         ends a job still queued then with outcome ``expired``. ``time_limit`` and
         ``soft_time_limit`` bound each attempt of this call, as the task's own would (every
         message of the job carries them). ``link``/``link_error``
-        make the call a workflow (lifecycle/canvas.py). Other Celery options are refused
+        make the call a workflow (lifecycle/workflows/canvas.py). Other Celery options are refused
         with what to do instead.
         Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
         """
@@ -291,7 +282,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         callbacks: Mapping[str, Any],
     ) -> JobHandle:
         """A call with ``link``/``link_error``: a workflow of this step and its callbacks
-        (lifecycle/canvas.py); ``step`` holds the options a step keeps."""
+        (lifecycle/workflows/canvas.py); ``step`` holds the options a step keeps."""
         sig = self.s(*(args or ()), **(kwargs or {}))
         sig.set(**{k: v for k, v in step.items() if v is not None})
         handle: JobHandle = canvas.start(sig, None, callbacks)
@@ -305,7 +296,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         del kwargs
         job_id = message.job_id_of_task(str(task_id))
         # A workflow step that will not run (what it waited for failed) answers FAILURE.
-        return canvas.StepHandle(
+        return group_handles.StepHandle(
             job_id,
             EnqueueOutcome.DUPLICATE,
             self.run_table,
@@ -372,7 +363,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         *,
         job_id: uuid.UUID | None = None,
     ) -> JobHandle:
-        """Enqueue inside ``jobsapp.lifecycle.enqueue.transaction``: written with the
+        """Enqueue inside ``jobsapp.lifecycle.producer.enqueue.transaction``: written with the
         batch's other jobs (see ``enqueue.Batch``), published after it commits."""
         return batch.add(self.new_job(tuple(args), dict(kwargs or {}), job_id))
 
@@ -416,7 +407,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
 
     def replace(self, sig: Any) -> Any:
         """Celery's ``replace``: this job's answer becomes ``sig``'s (a task, a chain or a
-        chord), written with this run's success in one transaction (lifecycle/replacement.py);
+        chord), written with this run's success in one transaction
+        (lifecycle/workflows/replacement.py);
         the body ends here. Under ``apply()`` it runs ``sig`` here and returns its value, as
         Celery's does. What cannot be replaced is refused with one line (a ``TypeError``,
         never retried)."""
@@ -515,7 +507,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             log.info("job %s attempt %s: no work, %s", env.job_id, env.attempt, outcome.value)
             return f"not run: {outcome.value}"
         if self.fair:
-            limits.after_fair_claim(self.app, engine, self.run_table, outcome.row)
+            key_limits.after_fair_claim(self.app, engine, self.run_table, outcome.row)
         self._show_call(env, outcome.row)
         interval = self.heartbeat_interval or settings.heartbeat_interval
         ctx = RunContext(
@@ -543,7 +535,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
 
     def _limited(self, ctx: RunContext, rules: AttemptRules) -> timeouts.AtLimit | None:
         """The journal's end of this attempt at its hard time limit, if it has one: the
-        only limit under the threads and solo pools (lifecycle/timeouts.py)."""
+        only limit under the threads and solo pools (lifecycle/worker/timeouts.py)."""
         seconds = timeouts.hard_limit(self.request.timelimit, self.time_limit, self.app)
         if seconds is None:
             return None
@@ -586,7 +578,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         foreign: NewJob | None,
         worker: str,
         wait_early: float,
-        gate: flow.Gate,
+        gate: gating.Gate,
     ) -> claim.Claimed | claim.Refusal:
         try:
             return claim.claim(
@@ -612,10 +604,12 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             raise Logged("journal unavailable", requeue=True) from None
 
     @cached_property
-    def _gate(self) -> flow.Gate:
+    def _gate(self) -> gating.Gate:
         """What flow control checks before a run of this task starts."""
-        rate = flow.parse_rate(self.rate) if self.rate else None
-        return flow.Gate(self.name, str(self.app.conf.task_default_queue), rate, self._rate_key_of)
+        rate = gating.parse_rate(self.rate) if self.rate else None
+        return gating.Gate(
+            self.name, str(self.app.conf.task_default_queue), rate, self._rate_key_of
+        )
 
     def _rate_key_of(self, row: Mapping[str, Any]) -> str:
         if self.rate_key is None:

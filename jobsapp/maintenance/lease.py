@@ -10,7 +10,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.tables import Lease
+from jobsapp.lifecycle.journal.tables import Lease
 
 LEASES: Table = Lease.__table__  # type: ignore[assignment]
 # A maintenance pass's row: the beat that ran it, when, and when it is overdue.

@@ -4,7 +4,7 @@ journaled job per schedule slot.
 Celery's heap sends such an entry whenever its last send is one interval old, so a
 failover or a restart sends a slot twice or not at all (celery#1495). Here the leading
 beat enqueues every slot due in the catch-up window (``JOBSAPP_BEAT_CATCH_UP_SECONDS``)
-with the job id ``slots.slot_job_id(entry, due)``: a slot another beat, or this one before
+with the job id ``periodic_slots.slot_job_id(entry, due)``: a slot another beat, or this one before
 a restart, already enqueued is the journal's idempotent duplicate. The slot's job absorbs
 repeated enqueues for twice the window after it finished, so not even a finished slot runs
 again. docs/periodic.md has the policy and its reasons.
@@ -24,11 +24,11 @@ from celery.beat import ScheduleEntry
 from celery.schedules import BaseSchedule, crontab, schedule
 from sqlalchemy import Connection, Engine, select
 
-from jobsapp.lifecycle import enqueue
-from jobsapp.lifecycle.handle import JobHandle
+from jobsapp.lifecycle.celery_api.handle import JobHandle
+from jobsapp.lifecycle.producer import enqueue
 from jobsapp.lifecycle.task import LifecycleTask
-from jobsapp.maintenance import lease, slots
-from jobsapp.maintenance.slots import NextAfter
+from jobsapp.maintenance import lease, periodic_slots
+from jobsapp.maintenance.periodic_slots import NextAfter
 from jobsapp.settings import positive_number
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,8 @@ class PeriodicEntry:
 
 def _cron(cron: crontab) -> NextAfter:
     def next_after(moment: datetime) -> datetime:
-        base, delta, _now = cron.remaining_delta(slots.utc(moment))
-        return slots.utc(base + delta)
+        base, delta, _now = cron.remaining_delta(periodic_slots.utc(moment))
+        return periodic_slots.utc(base + delta)
 
     return next_after
 
@@ -82,7 +82,7 @@ def _timing(name: str, task: str, when: BaseSchedule | None) -> tuple[NextAfter,
         return _cron(when), CRON_GRAIN
     if type(when) is schedule:
         period = timedelta(seconds=when.seconds)
-        return slots.every(period), period
+        return periodic_slots.every(period), period
     raise ValueError(
         f"beat entry {name!r} names lifecycle task {task}: its schedule "
         f"{when!r} is not an interval or a crontab"
@@ -135,7 +135,7 @@ def periodic_entry(app: Celery, entry: ScheduleEntry) -> PeriodicEntry | None:
 
 def enqueue_slot(app: Celery, entry: PeriodicEntry, due: datetime, window: timedelta) -> JobHandle:
     """The slot's job, enqueued through the journal (idempotent by its derived job id)."""
-    job = entry.task.new_job(entry.args, entry.kwargs, slots.slot_job_id(entry.name, due))
+    job = entry.task.new_job(entry.args, entry.kwargs, periodic_slots.slot_job_id(entry.name, due))
     queue, priority = entry.options.get("queue"), entry.options.get("priority")
     # A slot is enqueued at most ``window`` after it was due: a finished slot job must
     # absorb enqueues that long; twice leaves room for a slow tick.
@@ -175,7 +175,7 @@ class Periodic:
 
     def _run_entry(self, entry: PeriodicEntry, now: datetime) -> None:
         catch_up = bool(entry.options.get("catch_up"))
-        plan = slots.plan(
+        plan = periodic_slots.plan(
             entry.next_after,
             last=self._last.get(entry.name),
             now=now,
@@ -269,8 +269,8 @@ def _view(
 def last_slot(conn: Connection, entry: PeriodicEntry, now: datetime) -> LastSlot | None:
     """The latest of the entry's recent slots that the journal holds."""
     span = min(LOOKBACK, entry.grain * LOOKBACK_SLOTS)
-    due = slots.recent(entry.next_after, now=now, span=span, limit=LOOKBACK_SLOTS)
-    by_id = {slots.slot_job_id(entry.name, d): d for d in due}
+    due = periodic_slots.recent(entry.next_after, now=now, span=span, limit=LOOKBACK_SLOTS)
+    by_id = {periodic_slots.slot_job_id(entry.name, d): d for d in due}
     found = _states(conn, entry, by_id)
     if not found:
         return None

@@ -21,10 +21,11 @@ from celery import Celery
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-from jobsapp.lifecycle import journal, outbox, publisher, registry
-from jobsapp.lifecycle.journal import StaleRun
-from jobsapp.lifecycle.message import task_id_for
-from jobsapp.lifecycle.registry import RunTable, StalePolicy
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import StaleRun, registry
+from jobsapp.lifecycle.journal.registry import RunTable, StalePolicy
+from jobsapp.lifecycle.rules.message import task_id_for
+from jobsapp.lifecycle.transport import outbox, publisher
 from jobsapp.maintenance import lease, relay
 from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget, for_pass
 

@@ -39,10 +39,9 @@ from sqlalchemy import ColumnElement, Engine, ScalarSelect, Select, false, func,
 
 from jobsapp import operator
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import registry
-from jobsapp.lifecycle.journal import EVENTS
-from jobsapp.lifecycle.registry import ReconcilePolicy, RunTable
-from jobsapp.lifecycle.states import Outcome, State, Transition
+from jobsapp.lifecycle.journal import EVENTS, registry
+from jobsapp.lifecycle.journal.registry import ReconcilePolicy, RunTable
+from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 from jobsapp.maintenance.budget import DEFAULT_BUDGET, for_pass
 
 log = logging.getLogger(__name__)

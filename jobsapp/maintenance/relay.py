@@ -30,9 +30,11 @@ from functools import partial
 from celery import Celery
 from sqlalchemy import Connection, Engine
 
-from jobsapp.lifecycle import journal, outbox, priorities, publisher, registry
-from jobsapp.lifecycle import outbox_queries as queries
-from jobsapp.lifecycle.journal import PendingMessage
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.flow import priorities
+from jobsapp.lifecycle.journal import PendingMessage, registry
+from jobsapp.lifecycle.journal import outbox_queries as queries
+from jobsapp.lifecycle.transport import outbox, publisher
 from jobsapp.maintenance import lease
 from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget, for_pass
 

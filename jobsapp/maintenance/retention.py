@@ -27,9 +27,10 @@ from celery import Celery
 from sqlalchemy import Connection, Engine, Table, delete, exists, or_, select
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, registry
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import registry
 from jobsapp.lifecycle.journal.workflow import STEPS
-from jobsapp.lifecycle.states import TERMINAL_STATES
+from jobsapp.lifecycle.rules.states import TERMINAL_STATES
 from jobsapp.lifecycle.task import LifecycleTask
 from jobsapp.maintenance import budget
 from jobsapp.maintenance.budget import Budget

@@ -82,10 +82,10 @@ def maintenance_task(entry: ScheduleEntry) -> str | None:
 
 def _read_pass_variables() -> None:
     """The cadences and the passes' own variables; raises SettingsError for a bad one."""
-    from jobsapp.maintenance import tasks
+    from jobsapp.maintenance import beat_tasks
 
     cadence_overrides(os.environ)
-    for config in (tasks.reaper_config, tasks.relay_config, tasks.staging_config):
+    for config in (beat_tasks.reaper_config, beat_tasks.relay_config, beat_tasks.staging_config):
         config()
 
 

@@ -32,7 +32,7 @@ from sqlalchemy import Engine, func, select
 from jobsapp.attachments.models import ATTACHMENTS, RUNS, AttachmentState
 from jobsapp.attachments.store import STAGING_PREFIX
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.states import ACTIVE_STATES
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES
 from jobsapp.storage import ObjectInfo, ObjectStore, StorageError
 
 log = logging.getLogger(__name__)

@@ -22,10 +22,10 @@ from sqlalchemy import Connection, Engine, Select, String, and_, cast, func, or_
 from sqlalchemy.sql import ColumnElement
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, outbox_queries, registry
-from jobsapp.lifecycle.journal import OUTBOX
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import State, Transition
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import OUTBOX, outbox_queries, registry
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.states import State, Transition
 from jobsapp.monitor import workers
 from jobsapp.monitor.summary import (
     FILTERS,

@@ -22,10 +22,9 @@ from sqlalchemy import Connection, Engine, Integer, and_, cast, func, select
 from sqlalchemy.orm import aliased
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import registry
-from jobsapp.lifecycle.journal import EVENTS, OUTBOX, row_events
-from jobsapp.lifecycle.states import ALL_STATES, Transition
-from jobsapp.lifecycle.totals import Key
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX, registry, row_events
+from jobsapp.lifecycle.journal.totals import Key
+from jobsapp.lifecycle.rules.states import ALL_STATES, Transition
 from jobsapp.monitor import rollup
 
 # The window, its bucket width.

@@ -38,10 +38,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
 from jobsapp import __version__, flow_control
-from jobsapp.lifecycle import outbox_queries
-from jobsapp.lifecycle.flow import Kind
-from jobsapp.lifecycle.states import ALL_STATES
-from jobsapp.lifecycle.totals import DEDUP_HITS, Key
+from jobsapp.lifecycle.flow.gating import Kind
+from jobsapp.lifecycle.journal import outbox_queries
+from jobsapp.lifecycle.journal.totals import DEDUP_HITS, Key
+from jobsapp.lifecycle.rules.states import ALL_STATES
 from jobsapp.maintenance import relay
 from jobsapp.monitor import labels, rollup
 from jobsapp.monitor.labels import Labels

@@ -25,8 +25,8 @@ from sqlalchemy import Connection, Engine, func, or_, select
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import row_events
-from jobsapp.lifecycle.journal.slots import SLOTS
-from jobsapp.lifecycle.states import State, Transition
+from jobsapp.lifecycle.journal.key_slots import SLOTS
+from jobsapp.lifecycle.rules.states import State, Transition
 from jobsapp.monitor import workers
 from jobsapp.monitor.summary import checked_tables
 

@@ -25,13 +25,12 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, update
 
-from jobsapp.lifecycle import registry
-from jobsapp.lifecycle.journal import EVENTS, OUTBOX, _upsert
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX, registry, upsert
+from jobsapp.lifecycle.journal.outbox_queries import COUNTERS, bump
+from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.row_events import COUNTED, finish_cursor, move_finish_cursor
-from jobsapp.lifecycle.outbox_queries import COUNTERS, bump
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import State, Transition
-from jobsapp.lifecycle.totals import TOTALS, Key, add
+from jobsapp.lifecycle.journal.totals import TOTALS, Key, add
+from jobsapp.lifecycle.rules.states import State, Transition
 from jobsapp.maintenance import budget, lease
 
 log = logging.getLogger(__name__)
@@ -221,7 +220,7 @@ def _whole_instants(rows: Sequence[Any], batch: int) -> Sequence[Any]:
 
 def _locked_cursor(conn: Connection) -> int:
     """The last event id counted; locked so that a second beat's pass waits, not doubles."""
-    conn.execute(_upsert(conn, COUNTERS).values(name=CURSOR, value=0).on_conflict_do_nothing())
+    conn.execute(upsert(conn, COUNTERS).values(name=CURSOR, value=0).on_conflict_do_nothing())
     stmt = select(COUNTERS.c.value).where(COUNTERS.c.name == CURSOR)
     if conn.dialect.name == "postgresql":
         stmt = stmt.with_for_update()

@@ -31,9 +31,10 @@ from sqlalchemy.sql import ColumnElement
 
 import jobsapp.schema  # noqa: F401 - imports every domain, so each run table is registered
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, registry
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import ALL_STATES, Outcome, State
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.states import ALL_STATES, Outcome, State
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000

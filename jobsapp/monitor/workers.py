@@ -26,9 +26,9 @@ from sqlalchemy import Connection, Engine, Table, delete, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from jobsapp.db import get_engine, utcnow
-from jobsapp.lifecycle.journal import _upsert
-from jobsapp.lifecycle.states import State
-from jobsapp.lifecycle.tables import WorkerProcess
+from jobsapp.lifecycle.journal import upsert
+from jobsapp.lifecycle.journal.tables import WorkerProcess
+from jobsapp.lifecycle.rules.states import State
 from jobsapp.monitor.summary import checked_tables
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class Identity:
 def beat(conn: Connection, me: Identity, queues: Iterable[str], now: datetime) -> None:
     """Insert or refresh this process's row (a restarted pid is a new row)."""
     values = {"queues": sorted(set(queues)), "beat_at": now, "stopped_at": None}
-    stmt = _upsert(conn, WORKERS).values(
+    stmt = upsert(conn, WORKERS).values(
         name=me.name,
         nodename=me.nodename,
         host=me.host,

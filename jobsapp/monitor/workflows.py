@@ -15,9 +15,9 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, case, func, or_, select
 
-from jobsapp.lifecycle import registry
+from jobsapp.lifecycle.journal import registry
 from jobsapp.lifecycle.journal.workflow import FAILURE, STEPS, step_runs
-from jobsapp.lifecycle.states import ACTIVE_STATES, State
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES, State
 
 # A workflow's state for the summary line, from its steps: ``running`` while a step is
 # queued or running (a replayed step too) or waits for a step still to come; else

@@ -32,14 +32,15 @@ from celery.app.trace import build_tracer
 from sqlalchemy import Column, Connection, Engine, Table, delete, inspect, select, update
 
 from jobsapp.db import get_engine
-from jobsapp.lifecycle import journal, outbox, registry
-from jobsapp.lifecycle.handle import JobHandle
-from jobsapp.lifecycle.journal import EnqueueOutcome
-from jobsapp.lifecycle.journal.slots import PARKED
-from jobsapp.lifecycle.message import task_id_for
-from jobsapp.lifecycle.results import decoded
-from jobsapp.lifecycle.tables import Base
-from jobsapp.maintenance import key_slots, lease, relay
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.celery_api.handle import JobHandle
+from jobsapp.lifecycle.journal import EnqueueOutcome, registry
+from jobsapp.lifecycle.journal.key_slots import PARKED
+from jobsapp.lifecycle.journal.tables import Base
+from jobsapp.lifecycle.rules.message import task_id_for
+from jobsapp.lifecycle.rules.results import decoded
+from jobsapp.lifecycle.transport import outbox
+from jobsapp.maintenance import lease, relay, slot_sweep
 
 # What drain reports, by the state the job is in after the attempt it ran.
 _SAID = {"succeeded": "succeeded", "failed": "failed", "queued": "retried", "running": "running"}
@@ -159,11 +160,11 @@ class Kit:
         return self._relay()
 
     def _relay(self) -> dict[str, int]:
-        """One tick of beat's relay task, the key slots' net first (maintenance/tasks.py);
+        """One tick of beat's relay task, the key slots' net first (maintenance/beat_tasks.py);
         the fast path's pending publish marks are written first, so nothing it sent is
         taken for unpublished."""
         outbox.MARKER.flush()
-        freed = key_slots.run_once(self.app, self.engine)
+        freed = slot_sweep.run_once(self.app, self.engine)
         return freed | relay.run_once(self.app, self.engine, _RELAY)
 
     # --- what was enqueued ----------------------------------------------------------

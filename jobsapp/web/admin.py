@@ -27,8 +27,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from jobsapp import flow_control, operator
 from jobsapp.db import console_engine
-from jobsapp.lifecycle import outbox_queries
-from jobsapp.lifecycle.flow import Kind
+from jobsapp.lifecycle.flow.gating import Kind
+from jobsapp.lifecycle.journal import outbox_queries
 from jobsapp.monitor import metrics, summary
 from jobsapp.settings import get_settings
 from jobsapp.web import access, auth, schemas, throttle, ui

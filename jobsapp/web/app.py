@@ -25,8 +25,8 @@ from jobsapp.attachments import service
 from jobsapp.attachments.pipeline import get_pipeline
 from jobsapp.attachments.validation import DEFAULT_LIMITS, Limits, RejectedUpload
 from jobsapp.db import console_engine
-from jobsapp.lifecycle import tracing
-from jobsapp.lifecycle.message import TRACE_HEADERS
+from jobsapp.lifecycle.rules.message import TRACE_HEADERS
+from jobsapp.lifecycle.transport import tracing
 from jobsapp.monitor import browse
 from jobsapp.settings import SettingsError, get_settings
 from jobsapp.web import admin, api_auth, schemas, ui
@@ -41,7 +41,7 @@ from jobsapp.web.openapi import (
     json_answer,
     openapi_document,
 )
-from jobsapp.web.slots import Busy, Slots
+from jobsapp.web.upload_bound import Busy, Slots
 from jobsapp.web.urls import VariantNameConverter, raw_url, url_problem
 from jobsapp.web.variants import variant_answer
 

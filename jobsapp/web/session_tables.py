@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy import String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from jobsapp.lifecycle.tables import Base
+from jobsapp.lifecycle.journal.tables import Base
 
 
 class WebSession(Base):

@@ -23,7 +23,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from jobsapp.db import console_engine, utcnow
-from jobsapp.lifecycle.journal import _upsert
+from jobsapp.lifecycle.journal import upsert
 from jobsapp.web.session_tables import WebThrottle
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def _failed(conn: Connection, scope: str, now: datetime, free: int, most: timede
     """Count a failure of ``scope`` (the window starts again after a quiet one)."""
     fresh = _THROTTLE.c.last_at < now - WINDOW
     counted = (
-        _upsert(conn, _THROTTLE)
+        upsert(conn, _THROTTLE)
         .values(scope=scope, failures=1, last_at=now, blocked_until=now)
         .on_conflict_do_update(
             index_elements=[_THROTTLE.c.scope],

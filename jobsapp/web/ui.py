@@ -36,10 +36,10 @@ from werkzeug.exceptions import HTTPException
 from jobsapp import flow_control, operator
 from jobsapp.attachments import service
 from jobsapp.db import console_engine, utcnow
-from jobsapp.lifecycle.flow import Kind
-from jobsapp.lifecycle.message import task_id_for
-from jobsapp.lifecycle.scrub import known_secrets_from_env, scrub
-from jobsapp.lifecycle.states import ALL_STATES, State, Transition
+from jobsapp.lifecycle.flow.gating import Kind
+from jobsapp.lifecycle.rules.message import task_id_for
+from jobsapp.lifecycle.rules.scrub import known_secrets_from_env, scrub
+from jobsapp.lifecycle.rules.states import ALL_STATES, State, Transition
 from jobsapp.maintenance import periodic
 from jobsapp.monitor import browse, queues, summary, workers, workflows
 from jobsapp.monitor import charts as charts_data

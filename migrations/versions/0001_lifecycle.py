@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 import jobsapp.db
-from jobsapp.lifecycle.ddl import create_run_table
+from jobsapp.lifecycle.journal.ddl import create_run_table
 
 revision: str = "0001"
 down_revision: str | None = None

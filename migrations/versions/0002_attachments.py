@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from jobsapp.db import UtcDateTime
-from jobsapp.lifecycle.ddl import create_run_table
+from jobsapp.lifecycle.journal.ddl import create_run_table
 
 revision: str = "0002"
 down_revision: str | None = "0001"

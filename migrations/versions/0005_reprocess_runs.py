@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from jobsapp.lifecycle.ddl import create_run_table, replace_runs_view
+from jobsapp.lifecycle.journal.ddl import create_run_table, replace_runs_view
 
 revision: str = "0005"
 down_revision: str | None = "0004"

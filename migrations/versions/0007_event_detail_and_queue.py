@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from jobsapp.lifecycle.ddl import queue_column
+from jobsapp.lifecycle.journal.ddl import queue_column
 
 revision: str = "0007"
 down_revision: str | None = "0006"

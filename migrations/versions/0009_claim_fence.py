@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from jobsapp.lifecycle.ddl import RUNS_VIEW, claim_token_column, replace_runs_view
+from jobsapp.lifecycle.journal.ddl import RUNS_VIEW, claim_token_column, replace_runs_view
 
 revision: str = "0009"
 down_revision: str | None = "0008"

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from jobsapp.lifecycle.ddl import RUNS_VIEW, replace_runs_view, result_column
+from jobsapp.lifecycle.journal.ddl import RUNS_VIEW, replace_runs_view, result_column
 
 revision: str = "0012"
 down_revision: str | None = "0011"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from jobsapp.lifecycle.ddl import RUNS_VIEW, expiry_and_cancel_columns, replace_runs_view
+from jobsapp.lifecycle.journal.ddl import RUNS_VIEW, expiry_and_cancel_columns, replace_runs_view
 
 revision: str = "0013"
 down_revision: str | None = "0012"

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from jobsapp.db import UtcDateTime
-from jobsapp.lifecycle.ddl import RUNS_VIEW, replace_runs_view, workflow_column
+from jobsapp.lifecycle.journal.ddl import RUNS_VIEW, replace_runs_view, workflow_column
 
 revision: str = "0014"
 down_revision: str | None = "0013"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from jobsapp.lifecycle.ddl import RUNS_VIEW, replace_runs_view, row_fact_columns
+from jobsapp.lifecycle.journal.ddl import RUNS_VIEW, replace_runs_view, row_fact_columns
 
 revision: str = "0015"
 down_revision: str | None = "0014"

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from jobsapp.db import UtcDateTime
-from jobsapp.lifecycle.ddl import (
+from jobsapp.lifecycle.journal.ddl import (
     RUNS_VIEW,
     create_active_key_index,
     key_limit_column,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from jobsapp.lifecycle.ddl import (
+from jobsapp.lifecycle.journal.ddl import (
     RUNS_VIEW,
     outbox_priority_column,
     priority_column,

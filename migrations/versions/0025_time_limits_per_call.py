@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from jobsapp.lifecycle.ddl import RUNS_VIEW, replace_runs_view, time_limit_columns
+from jobsapp.lifecycle.journal.ddl import RUNS_VIEW, replace_runs_view, time_limit_columns
 
 revision: str = "0025"
 down_revision: str | None = "0024"

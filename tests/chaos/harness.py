@@ -635,7 +635,7 @@ def _armed(crash_at: str | None) -> dict[str, str] | None:
     return {"JOBSAPP_CRASH_AT": crash_at} if crash_at else None
 
 
-# Celery's log prefix, then the reaper's line for one pass (tasks.reap, in beat).
+# Celery's log prefix, then the reaper's line for one pass (beat_tasks.reap, in beat).
 REAPER_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): [^\]]*\] reaper: ", re.M)
 
 
@@ -699,16 +699,16 @@ def start_all(
 
 def staging_pass() -> str | None:
     """The name of the staging retention pass, once ``jobsapp.maintenance`` has one."""
-    from jobsapp.maintenance import tasks
+    from jobsapp.maintenance import beat_tasks
 
     for name in ("staging", "staging_retention"):
-        if name in tasks.PASSES:
+        if name in beat_tasks.PASSES:
             return name
     return None
 
 
 STAGING_TODO = (
-    "staging retention pass not in jobsapp.maintenance.tasks.PASSES yet: "
+    "staging retention pass not in jobsapp.maintenance.beat_tasks.PASSES yet: "
     "removal of the object is not proven"
 )
 

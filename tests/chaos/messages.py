@@ -19,7 +19,7 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 from sqlalchemy import select
 
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle.journal.tables import JobRun
 from tests.chaos.harness import QUEUE, Broker, Cluster
 from tests.e2e.procs import BIN, WORKER_FLAGS, Proc, ready
 

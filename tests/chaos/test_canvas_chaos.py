@@ -38,9 +38,9 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.lifecycle.journal.workflow import STEPS
-from jobsapp.lifecycle.registry import JOBS
-from jobsapp.lifecycle.states import State, Transition
+from jobsapp.lifecycle.rules.states import State, Transition
 from jobsapp.monitor import browse
 from tests.chaos.canvas_work import CHAIN_INCREMENTS, CHORD_MEMBERS, FLAKY_PATHS, LOG_ENV
 from tests.chaos.harness import Cluster, start_all, wait_log

@@ -27,7 +27,7 @@ import pytest
 from sqlalchemy import text
 
 from jobsapp.attachments.models import RUNS as ATTACHMENT_RUNS
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle.journal.tables import JobRun
 from jobsapp.maintenance.budget import DEFAULT_BUDGET
 from tests.chaos.harness import (
     REAPER_EVERY,

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from jobsapp.lifecycle.guard import DEAD_LETTERS
+from jobsapp.lifecycle.transport.guard import DEAD_LETTERS
 from tests.chaos.harness import (
     QUEUE,
     Broker,

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import select, text
 
 from jobsapp.db import relaxed_autocommit
-from jobsapp.lifecycle.registry import JOBS
+from jobsapp.lifecycle.journal.registry import JOBS
 from tests.chaos.harness import (
     Cluster,
     PrivatePostgres,

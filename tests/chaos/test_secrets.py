@@ -29,7 +29,7 @@ from sqlalchemy import select
 
 from jobsapp.attachments.models import ATTACHMENTS, RUNS
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle.journal.tables import JobRun
 from jobsapp.preflight import ExitCode
 from tests.chaos.harness import (
     Cluster,

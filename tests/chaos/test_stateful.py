@@ -49,13 +49,12 @@ from jobsapp.attachments.models import (
 from jobsapp.attachments.pipeline import RenderedVariant, get_pipeline
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.context import RunContext
-from jobsapp.lifecycle.errors import LeaseLost
-from jobsapp.lifecycle.heartbeat import Heartbeat
 from jobsapp.lifecycle.journal import KeyBusy, NewJob, StaleRun
+from jobsapp.lifecycle.journal.registry import JOBS, RunTable
 from jobsapp.lifecycle.journal.row_events import carries_success, row_events
-from jobsapp.lifecycle.registry import JOBS, RunTable
-from jobsapp.lifecycle.states import (
+from jobsapp.lifecycle.journal.tables import JobEvent, JobRun, OutboxMessage
+from jobsapp.lifecycle.rules.errors import LeaseLost
+from jobsapp.lifecycle.rules.states import (
     ACTIVE_STATES,
     ALL_STATES,
     TERMINAL_STATES,
@@ -63,7 +62,8 @@ from jobsapp.lifecycle.states import (
     State,
     Transition,
 )
-from jobsapp.lifecycle.tables import JobEvent, JobRun, OutboxMessage
+from jobsapp.lifecycle.worker.context import RunContext
+from jobsapp.lifecycle.worker.heartbeat import Heartbeat
 from jobsapp.maintenance import reaper
 from tests.support.env import examples
 

@@ -28,7 +28,7 @@ import pytest
 from sqlalchemy import create_engine, select, text
 
 from jobsapp.db import relaxed_transaction
-from jobsapp.lifecycle.registry import JOBS
+from jobsapp.lifecycle.journal.registry import JOBS
 from tests.chaos.harness import (
     Cluster,
     PrivatePostgres,

@@ -335,6 +335,6 @@ def zombie_wakes_after_lease_taken(cluster: Cluster) -> None:
 
 
 def _task_id(job_id: uuid.UUID, attempt: int) -> str:
-    from jobsapp.lifecycle.message import task_id_for
+    from jobsapp.lifecycle.rules.message import task_id_for
 
     return task_id_for(job_id, attempt)

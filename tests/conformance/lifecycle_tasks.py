@@ -9,7 +9,7 @@ import os
 
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import lifecycle_task
-from jobsapp.lifecycle.retry import RetryPolicy
+from jobsapp.lifecycle.rules.retry import RetryPolicy
 from tests.conformance.bodies import BODIES, OPTIONS
 
 FAST = RetryPolicy(base_delay=0.2, max_delay=0.5, jitter=0.0)

@@ -25,8 +25,9 @@ from sqlalchemy import Engine, func, literal, select, text, union_all
 
 from jobsapp import operator
 from jobsapp.attachments.models import ATTACHMENT_RUNS
-from jobsapp.lifecycle import journal, registry
-from jobsapp.lifecycle.states import ALL_STATES, Transition
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.rules.states import ALL_STATES, Transition
 from jobsapp.monitor import summary
 from jobsapp.web.ui import LIVE_EVERY_MS
 from tests.e2e.browser import chromium
@@ -400,7 +401,7 @@ def test_ticked_rows_are_cancelled_after_a_confirmation_each_audited(
 def test_a_job_page_shows_each_traceback_once_folded_and_the_celery_task_ids(
     page: Page, seeded: dict[str, uuid.UUID]
 ) -> None:
-    from jobsapp.lifecycle.message import task_id_for
+    from jobsapp.lifecycle.rules.message import task_id_for
 
     log_in_page(page)
     page.goto(f"/admin/jobs/jobs/{seeded['failed']}")

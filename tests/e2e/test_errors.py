@@ -545,7 +545,7 @@ def test_output_into_a_pipe_its_reader_closed_ends_quietly(
 PRODUCERS = {
     "delay": "from tests.support.tasks import echo\necho.delay('t')",
     "transaction": "from jobsapp.celery_app import app\n"
-    "from jobsapp.lifecycle.enqueue import transaction\n"
+    "from jobsapp.lifecycle.producer.enqueue import transaction\n"
     "from tests.support.tasks import echo\n"
     "with transaction(app) as batch:\n"
     "    echo.enqueue_in(batch, ('t',))",
@@ -573,7 +573,8 @@ def test_a_producer_on_a_database_never_migrated_is_told_to_migrate_in_one_line(
     last = err.strip().splitlines()[-1]
     assert code == 1, err[-3000:]
     assert last.startswith(
-        "jobsapp.lifecycle.errors.DatabaseNotMigrated: database not migrated: JOBSAPP_DATABASE_URL="
+        "jobsapp.lifecycle.rules.errors.DatabaseNotMigrated: database not migrated: "
+        "JOBSAPP_DATABASE_URL="
     ), last
     assert "it has no jobsapp tables (this jobsapp needs revision " in last
     assert last.endswith("; run `jobsapp db upgrade`"), last

@@ -25,9 +25,9 @@ from celery import Celery
 from celery.utils.saferepr import saferepr
 from sqlalchemy import Engine, select
 
-from jobsapp.lifecycle.message import task_id_for
-from jobsapp.lifecycle.scrub import scrub
-from jobsapp.lifecycle.tables import JobRun, OutboxMessage
+from jobsapp.lifecycle.journal.tables import JobRun, OutboxMessage
+from jobsapp.lifecycle.rules.message import task_id_for
+from jobsapp.lifecycle.rules.scrub import scrub
 from tests.e2e.procs import BIN, ROOT, launching, ready, service_env
 from tests.e2e.webserver import free_port
 from tests.support.servers import RedisServer

@@ -25,10 +25,10 @@ import redis
 from sqlalchemy import Engine, create_engine, func, select, text, update
 
 from jobsapp.db import make_engine, utcnow
-from jobsapp.lifecycle import journal, registry
-from jobsapp.lifecycle.journal import OUTBOX
-from jobsapp.lifecycle.tables import JobRun
-from jobsapp.maintenance import lease, slots
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import OUTBOX, registry
+from jobsapp.lifecycle.journal.tables import JobRun
+from jobsapp.maintenance import lease, periodic_slots
 from jobsapp.schema import metadata
 from tests.e2e.procs import BIN, Launcher, Supervisor, ready, service_env
 from tests.support import tasks
@@ -554,7 +554,7 @@ def slot_runs(db: Engine) -> tuple[dict[datetime, Mapping[str, Any]], list[uuid.
     last = max(r["created_at"] for r in rows)
     seconds = int((last - first).total_seconds()) + 2
     slot_of = {
-        slots.slot_job_id(EVERY_SECOND, due): due
+        periodic_slots.slot_job_id(EVERY_SECOND, due): due
         for due in (first + n * SECOND for n in range(seconds))
     }
     by_slot = {slot_of[r["job_id"]]: r for r in rows if r["job_id"] in slot_of}

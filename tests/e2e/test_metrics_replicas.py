@@ -29,8 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, create_engine, text
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, registry
-from jobsapp.lifecycle.states import Outcome
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.rules.states import Outcome
 from jobsapp.monitor import rollup
 from tests.conftest import migrated_postgres
 from tests.e2e.webserver import fetch, running_web

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, select, update
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import OUTBOX
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle.journal.tables import JobRun
 from tests.e2e.procs import Launcher, service_env
 from tests.support import tasks
 from tests.support.servers import RedisServer

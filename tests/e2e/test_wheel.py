@@ -145,7 +145,7 @@ def test_a_deployments_celeryconfig_overrides_only_what_it_sets(
     )
     env = _bare_env(installed, JOBSAPP_VAR_DIR=str(tmp_path / "var"))
     out = _run([str(installed / "python"), "-c", probe], cwd=tmp_path, env=env)
-    assert out.split() == ["4", "True", "jobsapp.lifecycle.guard:GuardedConsumer"]
+    assert out.split() == ["4", "True", "jobsapp.lifecycle.transport.guard:GuardedConsumer"]
 
 
 def test_a_checkout_finds_its_top_level_files_from_any_folder(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS, RUNS
 from jobsapp.attachments.service import accept_upload
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.states import State, Transition
+from jobsapp.lifecycle.rules.states import State, Transition
 from jobsapp.maintenance import reaper
 from jobsapp.storage import ObjectStore
 from tests.support.attachments import attachment_row, configured_store
@@ -85,7 +85,7 @@ def test_cancelling_one_version_leaves_an_attachment_another_run_works_on(
 ) -> None:
     from jobsapp.attachments.tasks import process_attachment
     from jobsapp.celery_app import app
-    from jobsapp.lifecycle.enqueue import transaction
+    from jobsapp.lifecycle.producer.enqueue import transaction
 
     attachment_id, _ = running_attachment_run(db, heartbeat_age=0)
     with transaction(app) as batch:

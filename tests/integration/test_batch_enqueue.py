@@ -19,10 +19,11 @@ import redis
 from sqlalchemy import Connection, Engine, event, select, text
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import EnqueueOutcome, journal, outbox
-from jobsapp.lifecycle.enqueue import transaction
+from jobsapp.lifecycle import EnqueueOutcome, journal
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, EnqueueResult, NewJob
-from jobsapp.lifecycle.registry import JOBS
+from jobsapp.lifecycle.journal.registry import JOBS
+from jobsapp.lifecycle.producer.enqueue import transaction
+from jobsapp.lifecycle.transport import outbox
 from jobsapp.maintenance import relay
 from tests.e2e.procs import Launcher
 from tests.support import tasks
@@ -232,7 +233,7 @@ def test_a_rolled_back_batch_writes_and_publishes_nothing(db: Engine, redis_clea
 BATCH_PRODUCER = """
 import sys, uuid
 from jobsapp.celery_app import app
-from jobsapp.lifecycle.enqueue import transaction
+from jobsapp.lifecycle.producer.enqueue import transaction
 from tests.support import tasks
 with transaction(app) as batch:
     for job_id in sys.argv[1:]:
@@ -283,7 +284,7 @@ def test_a_batch_producer_killed_between_round_trips_runs_every_job_once(
     code = (
         f"from jobsapp.celery_app import app\n"
         f"app.conf.task_default_queue = {app.conf.task_default_queue!r}\n"
-        f"from jobsapp.lifecycle import outbox\noutbox.PIPELINE_MAX = 2\n{BATCH_PRODUCER}"
+        f"from jobsapp.lifecycle.transport import outbox\noutbox.PIPELINE_MAX = 2\n{BATCH_PRODUCER}"
     )
     producer = launcher.start(
         "batch-producer",

@@ -20,15 +20,15 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import outbox
 from jobsapp.lifecycle.journal import PendingMessage
-from jobsapp.lifecycle.message import build_body, task_id_for
+from jobsapp.lifecycle.rules.message import build_body, task_id_for
+from jobsapp.lifecycle.transport import outbox
 from tests.support.env import service
 from tests.support.waiting import eventually
 
 TRANSPORTS = {
-    "redis": "jobsapp.lifecycle.redis_transport:Transport",
-    "amqp": "jobsapp.lifecycle.amqp_transport:Transport",
+    "redis": "jobsapp.lifecycle.transport.redis_transport:Transport",
+    "amqp": "jobsapp.lifecycle.transport.amqp_transport:Transport",
 }
 # More than one round trip, and a last one that is not full.
 COUNT = outbox.PIPELINE_MAX + 7

@@ -21,8 +21,9 @@ from sqlalchemy import Engine, select
 
 from jobsapp.celery_app import app
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, publisher
+from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import OUTBOX
+from jobsapp.lifecycle.transport import publisher
 from jobsapp.maintenance import reaper, relay
 from tests.conftest import use_database
 from tests.support import tasks

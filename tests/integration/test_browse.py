@@ -12,7 +12,7 @@ from sqlalchemy import Engine, select
 
 from jobsapp.attachments.models import RUNS
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.states import State
+from jobsapp.lifecycle.rules.states import State
 from jobsapp.monitor import browse
 from jobsapp.monitor.browse import JobFilter
 from tests.support.planted import (

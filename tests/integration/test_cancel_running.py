@@ -17,9 +17,9 @@ from sqlalchemy import Engine
 
 from jobsapp import cli, operator
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.handle import JobHandle
-from jobsapp.lifecycle.registry import JOBS
-from jobsapp.lifecycle.states import Outcome, State, Transition
+from jobsapp.lifecycle.celery_api.handle import JobHandle
+from jobsapp.lifecycle.journal.registry import JOBS
+from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 from jobsapp.web.app import create_app
 from tests.support import tasks
 from tests.support.attachments import environment

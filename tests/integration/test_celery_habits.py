@@ -21,9 +21,9 @@ import redis
 from sqlalchemy import Engine, func, select
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import journal, outbox_queries
-from jobsapp.lifecycle.journal import OUTBOX
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import OUTBOX, outbox_queries
+from jobsapp.lifecycle.journal.tables import JobRun
 from jobsapp.maintenance import relay
 from jobsapp.settings import get_settings
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, launching, ready

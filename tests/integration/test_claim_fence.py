@@ -22,11 +22,11 @@ from jobsapp.attachments.models import ATTACHMENT_RUNS, REPROCESS, REPROCESS_RUN
 from jobsapp.attachments.service import accept_upload
 from jobsapp.db import autocommit, relaxed_autocommit
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.context import RunContext
-from jobsapp.lifecycle.errors import LeaseLost
-from jobsapp.lifecycle.heartbeat import Heartbeat
-from jobsapp.lifecycle.registry import JOBS, RunTable
-from jobsapp.lifecycle.states import Outcome, Transition
+from jobsapp.lifecycle.journal.registry import JOBS, RunTable
+from jobsapp.lifecycle.rules.errors import LeaseLost
+from jobsapp.lifecycle.rules.states import Outcome, Transition
+from jobsapp.lifecycle.worker.context import RunContext
+from jobsapp.lifecycle.worker.heartbeat import Heartbeat
 from jobsapp.storage import ObjectStore
 from tests.support import tasks
 from tests.support.attachments import attachment_row, configured_store

@@ -13,8 +13,8 @@ import pytest
 from celery import states as celery_states
 from sqlalchemy import Engine
 
-from jobsapp.lifecycle.handle import JobHandle
-from jobsapp.lifecycle.states import Outcome, State, Transition
+from jobsapp.lifecycle.celery_api.handle import JobHandle
+from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 from jobsapp.maintenance import reaper
 from tests.support import tasks
 from tests.support.journal_view import run_row, transitions

@@ -26,7 +26,7 @@ def test_each_failed_attempt_stores_its_scrubbed_exception(
     retry, fail = failed["retry"]["detail"], failed["fail"]["detail"]
     assert (failed["retry"]["attempt"], failed["fail"]["attempt"]) == (1, 2)
     assert retry["type"] == "builtins.ConnectionError"
-    assert fail["type"] == "jobsapp.lifecycle.errors.PermanentError"
+    assert fail["type"] == "jobsapp.lifecycle.rules.errors.PermanentError"
     assert "upstream refused us" in retry["message"]
     # The whole chain, innermost frame included: the body's own raise, and its cause.
     for detail in (retry, fail):

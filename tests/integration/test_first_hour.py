@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 
 from jobsapp.attachments.tasks import TASK_NAME as ATTACHMENT_TASK
 from jobsapp.celery_app import app
-from jobsapp.lifecycle.message import task_id_for
+from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.monitor import browse
 from jobsapp.web.app import create_app
 from tests.support import first_hour_tasks as hour

@@ -12,8 +12,8 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import Engine
 
 from jobsapp import cli, flow_control
-from jobsapp.lifecycle import flow
-from jobsapp.lifecycle.journal import flow as statements
+from jobsapp.lifecycle.flow import gating
+from jobsapp.lifecycle.journal import flow_rows as statements
 from jobsapp.web.app import create_app
 from tests.support import flow_tasks
 from tests.support.attachments import environment
@@ -27,7 +27,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.fixture(autouse=True)
 def _no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     # One process: nobody else needs a second to see the pause.
-    monkeypatch.setattr(flow, "PAUSES_SEEN_WITHIN", 0.0)
+    monkeypatch.setattr(gating, "PAUSES_SEEN_WITHIN", 0.0)
 
 
 def documented(client: FlaskClient, schema: str, instance: object) -> None:

@@ -21,10 +21,10 @@ from celery import Celery
 from sqlalchemy import Engine
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import flow
-from jobsapp.lifecycle.handle import JobHandle
+from jobsapp.lifecycle.celery_api.handle import JobHandle
+from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal import EnqueueOutcome
-from jobsapp.lifecycle.registry import JOBS
+from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.maintenance import relay
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready
 from tests.support import flow_tasks, tasks
@@ -147,7 +147,7 @@ def _pending_in_outbox(pg: Engine, handles: list[JobHandle]) -> bool:
 def test_a_paused_queue_runs_nothing_and_loses_nothing(subprocesses: Launcher, pg: Engine) -> None:
     queue, token = f"flow-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     before = [_handle(flow_tasks.plain.apply_async((token,), queue=queue)) for _ in range(3)]
-    assert flow.pause(pg, flow.Kind.QUEUE, queue, actor="operator:test", reason="deploy")
+    assert gating.pause(pg, gating.Kind.QUEUE, queue, actor="operator:test", reason="deploy")
     after = [_handle(flow_tasks.plain.apply_async((token,), queue=queue)) for _ in range(3)]
     _workers(subprocesses, 2, queue)
     # The messages published before the pause are handed back to the journal by the
@@ -158,7 +158,7 @@ def test_a_paused_queue_runs_nothing_and_loses_nothing(subprocesses: Launcher, p
     assert {
         (run_row(pg, h.job_id)["state"], run_row(pg, h.job_id)["attempts"]) for h in before + after
     } == {("queued", 0)}
-    assert flow.resume(pg, flow.Kind.QUEUE, queue, actor="operator:test", reason="done")
+    assert gating.resume(pg, gating.Kind.QUEUE, queue, actor="operator:test", reason="done")
     eventually(lambda: _all_succeeded(pg, before + after), timeout=60, interval=0.5)
     assert tasks.calls(token) == 6  # each once
     assert {run_row(pg, h.job_id)["attempts"] for h in before + after} == {1}
@@ -166,7 +166,7 @@ def test_a_paused_queue_runs_nothing_and_loses_nothing(subprocesses: Launcher, p
 
 def test_a_paused_domain_is_not_published_by_the_relay(pg: Engine, redis_clean: None) -> None:
     token = uuid.uuid4().hex
-    assert flow.pause(pg, flow.Kind.DOMAIN, JOBS.module, actor="operator:test", reason="x")
+    assert gating.pause(pg, gating.Kind.DOMAIN, JOBS.module, actor="operator:test", reason="x")
     try:
         with pg.begin() as conn:  # enqueued in the caller's transaction: the relay publishes
             handle = _handle(tasks.echo.apply_async((token,), connection=conn))
@@ -174,7 +174,7 @@ def test_a_paused_domain_is_not_published_by_the_relay(pg: Engine, redis_clean: 
         [row] = outbox_rows(pg, handle.job_id)
         assert row["published_at"] is None
     finally:
-        flow.resume(pg, flow.Kind.DOMAIN, JOBS.module, actor="operator:test", reason="x")
+        gating.resume(pg, gating.Kind.DOMAIN, JOBS.module, actor="operator:test", reason="x")
     assert relay.run_once(app, pg, RELAY)["published"] >= 1
     with in_process_worker(concurrency=1):
         handle.settled(timeout=30)
@@ -187,7 +187,7 @@ def test_a_foreign_producers_message_is_held_by_a_pause_too(pg: Engine, redis_cl
     token = uuid.uuid4().hex
     elsewhere = Celery("elsewhere", broker=app.conf.broker_url)
     elsewhere.conf.task_default_queue = app.conf.task_default_queue
-    assert flow.pause(pg, flow.Kind.DOMAIN, JOBS.module, actor="operator:test", reason="x")
+    assert gating.pause(pg, gating.Kind.DOMAIN, JOBS.module, actor="operator:test", reason="x")
     try:
         sent = elsewhere.send_task(flow_tasks.plain.name, (token,))
         held = JobHandle(uuid.UUID(sent.id), EnqueueOutcome.ENQUEUED, JOBS)
@@ -197,7 +197,7 @@ def test_a_foreign_producers_message_is_held_by_a_pause_too(pg: Engine, redis_cl
         assert (row["state"], row["attempts"]) == ("queued", 0)
         assert tasks.calls(token) == 0
     finally:
-        flow.resume(pg, flow.Kind.DOMAIN, JOBS.module, actor="operator:test", reason="x")
+        gating.resume(pg, gating.Kind.DOMAIN, JOBS.module, actor="operator:test", reason="x")
     with in_process_worker(concurrency=1):
         eventually(lambda: _all_succeeded(pg, [held]))
     assert tasks.calls(token) == 1

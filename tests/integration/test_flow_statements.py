@@ -13,9 +13,10 @@ from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, inspect
 
-from jobsapp.lifecycle import flow, journal
-from jobsapp.lifecycle.journal import flow as statements
-from jobsapp.lifecycle.registry import JOBS
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.flow import gating
+from jobsapp.lifecycle.journal import flow_rows as statements
+from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.shipped import alembic_config
 from tests.conftest import migrate, migrated_postgres
 from tests.support import flow_tasks
@@ -80,14 +81,14 @@ def _down_and_up(url: str) -> None:
 
 
 def test_migration_0017_goes_down_and_up_again(tmp_path: Path) -> None:
-    sqlite = f"sqlite:///{tmp_path}/flow.db"
+    sqlite = f"sqlite:///{tmp_path}/gating.db"
     migrate(sqlite)
     _down_and_up(sqlite)
     with migrated_postgres(f"jobsapp_flow_{SESSION}") as postgres:
         _down_and_up(postgres)
 
 
-def _claim(job_id: uuid.UUID) -> flow.Claim:
+def _claim(job_id: uuid.UUID) -> gating.Claim:
     return lambda conn: journal.claim(conn, JOBS, job_id, 1, worker="w")
 
 
@@ -95,12 +96,12 @@ def test_a_claim_over_its_rate_rolls_back_and_is_handed_back(db: Engine, redis_c
     tenant = uuid.uuid4().hex
     first, second = (flow_tasks.per_tenant.delay(tenant, "t") for _ in range(2))
     gate = flow_tasks.per_tenant._gate
-    assert isinstance(flow.gated_claim(db, JOBS, gate, _claim(first.job_id)), Mapping)
-    held = flow.gated_claim(db, JOBS, gate, _claim(second.job_id))
-    assert isinstance(held, flow.Held)
+    assert isinstance(gating.gated_claim(db, JOBS, gate, _claim(first.job_id)), Mapping)
+    held = gating.gated_claim(db, JOBS, gate, _claim(second.job_id))
+    assert isinstance(held, gating.Held)
     assert held.delay == pytest.approx(60.0, abs=5.0)
     assert run_row(db, second.job_id)["attempts"] == 0  # the claim rolled back
-    assert flow.hand_back(db, JOBS, gate, second.job_id, 1, held)
+    assert gating.hand_back(db, JOBS, gate, second.job_id, 1, held)
     row = run_row(db, second.job_id)
     assert (row["state"], row["attempts"]) == ("queued", 0)
     assert row["next_retry_at"] is not None
@@ -114,8 +115,8 @@ def process_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The clock this process's view of the pauses ages by, moved by the test; the view
     starts empty (read again at the first look)."""
     now = [100.0]
-    monkeypatch.setattr(flow, "_clock", lambda: now[0])
-    monkeypatch.setattr(flow, "_seen", {})
+    monkeypatch.setattr(gating, "_clock", lambda: now[0])
+    monkeypatch.setattr(gating, "_seen", {})
     return now
 
 
@@ -146,7 +147,7 @@ def test_with_no_rate_and_nothing_paused_claims_read_the_pauses_once_a_second(
     with _reads_of(db, "flow_pauses") as reads:
         for i, job_id in enumerate(jobs):
             process_clock[0] = 200.0 + i / 8  # 16 claims over two seconds
-            row = flow.gated_claim(db, JOBS, flow_tasks.plain._gate, _claim(job_id))
+            row = gating.gated_claim(db, JOBS, flow_tasks.plain._gate, _claim(job_id))
             assert isinstance(row, Mapping)
     assert len(reads) == 2
 
@@ -157,15 +158,15 @@ def test_a_pause_holds_every_claim_that_starts_pauses_seen_within_after_its_comm
     token = uuid.uuid4().hex
     early, late = (flow_tasks.plain.delay(token).job_id for _ in range(2))
     gate = flow_tasks.plain._gate
-    assert flow.paused_pairs(db) == frozenset()  # this process's view, read at 100.0
+    assert gating.paused_pairs(db) == frozenset()  # this process's view, read at 100.0
     with db.begin() as conn:
         assert statements.pause(conn, "domain", JOBS.module, actor="operator:t", reason="bound")
     try:
         # Within the bound a claim may still go by the view read before the commit: it runs.
-        process_clock[0] = 100.0 + flow.PAUSES_SEEN_WITHIN - 0.125
-        assert isinstance(flow.gated_claim(db, JOBS, gate, _claim(early)), Mapping)
-        process_clock[0] = 100.0 + flow.PAUSES_SEEN_WITHIN
-        assert flow.gated_claim(db, JOBS, gate, _claim(late)) == flow.Held(None)
+        process_clock[0] = 100.0 + gating.PAUSES_SEEN_WITHIN - 0.125
+        assert isinstance(gating.gated_claim(db, JOBS, gate, _claim(early)), Mapping)
+        process_clock[0] = 100.0 + gating.PAUSES_SEEN_WITHIN
+        assert gating.gated_claim(db, JOBS, gate, _claim(late)) == gating.Held(None)
     finally:
         with db.begin() as conn:
             statements.resume(conn, "domain", JOBS.module, actor="operator:t", reason="bound")

@@ -13,8 +13,8 @@ from sqlalchemy import Connection, Engine, func, select, update
 
 from jobsapp.db import dispose_engines
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.heartbeat import Heartbeat
-from jobsapp.lifecycle.registry import JOBS
+from jobsapp.lifecycle.journal.registry import JOBS
+from jobsapp.lifecycle.worker.heartbeat import Heartbeat
 from jobsapp.maintenance import reaper
 from jobsapp.settings import get_settings
 from tests.conftest import use_database

@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import Engine, Select, select, text
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, registry
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import registry
 
 PARTIAL = [
     (spec.table.name, f"ix_{spec.table.name}_finished", "finished_at")

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from sqlalchemy import Engine, func, select
 
-from jobsapp.lifecycle import journal, registry
-from jobsapp.lifecycle.registry import JOBS
-from jobsapp.lifecycle.states import Transition
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.journal.registry import JOBS
+from jobsapp.lifecycle.rules.states import Transition
 from jobsapp.monitor import browse, rollup
 from tests.support import tasks
 from tests.support.migrations import sqlite_then_postgres

@@ -1,4 +1,4 @@
-"""``limit=N`` and ``fair``: a key's slots in the journal (journal/slots.py), on both dialects.
+"""``limit=N`` and ``fair``: a key's slots in the journal (journal/key_slots.py), on both dialects.
 
 What a user checks: how many runs of a key may start (their messages published), which
 ones wait (parked: no message, no worker), that a freed slot goes to the oldest waiter,
@@ -22,9 +22,11 @@ from sqlalchemy import Engine, select
 
 from jobsapp import operator
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import EnqueueOutcome, journal, limits, registry
-from jobsapp.lifecycle.journal.slots import PARKED, SLOTS
-from jobsapp.maintenance import key_slots
+from jobsapp.lifecycle import EnqueueOutcome, journal
+from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.journal.key_slots import PARKED, SLOTS
+from jobsapp.lifecycle.worker import key_limits
+from jobsapp.maintenance import slot_sweep
 from jobsapp.web.app import create_app
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, launching, ready
 from tests.support import limit_tasks
@@ -72,14 +74,14 @@ def test_a_limited_key_publishes_n_runs_and_parks_the_rest_in_arrival_order(
         assert journal.claim(conn, registry.JOBS, jobs[4], 1, worker="w") is None
 
 
-def _succeed_and_release(db: Engine, job_id: uuid.UUID) -> journal.slots.Granted:
+def _succeed_and_release(db: Engine, job_id: uuid.UUID) -> journal.key_slots.Granted:
     """A worker's claim, then its success and the slot's release in one transaction."""
     spec = registry.JOBS
     with db.begin() as conn:
         claimed = journal.claim(conn, spec, job_id, 1, worker="w1")
         assert claimed is not None
         assert journal.succeed(conn, spec, job_id, 1, token=claimed["claim_token"], actor="w1")
-        return journal.slots.release(conn, spec, job_id)
+        return journal.key_slots.release(conn, spec, job_id)
 
 
 def test_a_freed_slot_goes_to_the_oldest_waiter_in_the_finishing_transaction(
@@ -114,7 +116,7 @@ def test_the_sweep_frees_the_slot_of_a_run_cancelled_while_queued(
             conn, registry.JOBS, jobs[0], attempts=0, actor="operator", reason="test"
         )
     assert _parked(db, jobs[3])
-    assert key_slots.run_once(app, db) == {"slots_freed": 1, "slots_granted": 1}
+    assert slot_sweep.run_once(app, db) == {"slots_freed": 1, "slots_granted": 1}
     assert not _parked(db, jobs[3])
     assert set(_slots(db, "t1")) == set(jobs[1:])
 
@@ -153,7 +155,7 @@ def test_a_fair_run_lets_its_keys_next_run_be_published_once_claimed(
     with db.begin() as conn:
         row = journal.claim(conn, spec, jobs[0], 1, worker="w")
     assert row is not None
-    limits.after_fair_claim(app, db, spec, row)
+    key_limits.after_fair_claim(app, db, spec, row)
     assert not _parked(db, jobs[2])
     assert set(_slots(db, "A")) == set(jobs[1:])
 

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import EnqueueOutcome
-from jobsapp.lifecycle.enqueue import transaction
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle.journal.tables import JobRun
+from jobsapp.lifecycle.producer.enqueue import transaction
 from jobsapp.maintenance import lease
 from tests.support import tasks
 from tests.support.journal_view import events, outbox_rows, run_count, run_row, transitions

@@ -25,13 +25,14 @@ from sqlalchemy import Engine, func, insert, select, text, update
 from jobsapp import db as jobsapp_db
 from jobsapp import operator
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, outbox, outbox_queries, publisher, registry
-from jobsapp.lifecycle.enqueue import transaction
-from jobsapp.lifecycle.journal import EVENTS, OUTBOX, StaleRun
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX, StaleRun, outbox_queries, registry
+from jobsapp.lifecycle.journal.tables import JobRun
 from jobsapp.lifecycle.journal.workflow import STEPS
-from jobsapp.lifecycle.message import task_id_for
-from jobsapp.lifecycle.states import Outcome
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle.producer.enqueue import transaction
+from jobsapp.lifecycle.rules.message import task_id_for
+from jobsapp.lifecycle.rules.states import Outcome
+from jobsapp.lifecycle.transport import outbox, publisher
 from jobsapp.maintenance import lease, reaper, relay, retention
 from jobsapp.monitor import metrics, summary
 from tests.support import canvas_tasks, tasks

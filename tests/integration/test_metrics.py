@@ -15,8 +15,8 @@ from sqlalchemy import Engine, delete, select
 from jobsapp.celery_app import app
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.outbox_queries import COUNTERS
-from jobsapp.lifecycle.tables import OutboxMessage
+from jobsapp.lifecycle.journal.outbox_queries import COUNTERS
+from jobsapp.lifecycle.journal.tables import OutboxMessage
 from jobsapp.lifecycle.task import LifecycleTask
 from jobsapp.maintenance import relay
 from jobsapp.monitor import rollup

@@ -17,8 +17,9 @@ from jobsapp import cli, operator
 from jobsapp.attachments.models import ATTACHMENT_RUNS
 from jobsapp.celery_app import app
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, outbox, publisher, registry
-from jobsapp.lifecycle.journal import OUTBOX
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import OUTBOX, registry
+from jobsapp.lifecycle.transport import outbox, publisher
 from jobsapp.maintenance import relay
 from jobsapp.monitor import summary
 from tests.support import tasks

@@ -16,8 +16,9 @@ from sqlalchemy import Engine, event, update
 
 from jobsapp import operator
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, outbox
+from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import OUTBOX
+from jobsapp.lifecycle.transport import outbox
 from tests.support import tasks
 from tests.support.journal_view import events, outbox_rows, run_row, transitions
 

@@ -26,7 +26,8 @@ import pytest
 from sqlalchemy import Engine, event, func, select
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import flow, journal
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal import OUTBOX, NewJob
 from jobsapp.maintenance import relay
 from tests.support import tasks
@@ -111,7 +112,7 @@ def _pending(engine: Engine, queue: str | None) -> int:
 
 def test_a_relay_tick_does_not_read_a_paused_queues_backlog(pg: Engine, redis_clean: None) -> None:
     paused = f"paused-{uuid.uuid4().hex[:8]}"
-    assert flow.pause(pg, flow.Kind.QUEUE, paused, actor="operator:test", reason="backlog")
+    assert gating.pause(pg, gating.Kind.QUEUE, paused, actor="operator:test", reason="backlog")
     with pg.begin() as conn:  # written in the producer's transaction: the relay publishes
         journal.enqueue_many(
             conn, _jobs(PAUSED_ROWS, paused) + _jobs(OPEN_ROWS, None), actor="test"

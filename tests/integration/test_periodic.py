@@ -14,9 +14,10 @@ from celery.beat import ScheduleEntry
 from sqlalchemy import Engine, select
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import journal, registry
-from jobsapp.lifecycle.tables import JobRun
-from jobsapp.maintenance import lease, periodic, slots
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.journal.tables import JobRun
+from jobsapp.maintenance import lease, periodic, periodic_slots
 from jobsapp.web.app import create_app
 from tests.support import tasks
 from tests.support.attachments import environment
@@ -57,8 +58,10 @@ def database_now(db: Engine) -> datetime:
 
 def recent_slot_ids(db: Engine, span: timedelta) -> set[uuid.UUID]:
     """The job ids of the entry's slots due in the last ``span``."""
-    due = slots.recent(slots.every(timedelta(hours=1)), now=database_now(db), span=span, limit=10)
-    return {slots.slot_job_id(ENTRY, d) for d in due}
+    due = periodic_slots.recent(
+        periodic_slots.every(timedelta(hours=1)), now=database_now(db), span=span, limit=10
+    )
+    return {periodic_slots.slot_job_id(ENTRY, d) for d in due}
 
 
 def run_ids(db: Engine) -> set[uuid.UUID]:
@@ -107,7 +110,7 @@ def test_a_restarted_beat_offers_its_slots_again_and_none_runs_twice(
 def test_the_overview_lists_a_periodic_entry_with_its_last_and_next_slot(
     db: Engine, redis_clean: None, hourly: periodic.PeriodicEntry
 ) -> None:
-    every_hour = slots.every(timedelta(hours=1))
+    every_hour = periodic_slots.every(timedelta(hours=1))
     for _ in range(2):  # once more if an hour turned meanwhile: it cannot turn twice
         before = database_now(db)
         periodic.Periodic(app, [hourly], WINDOW).run_due(db)
@@ -130,7 +133,7 @@ def test_the_overview_lists_a_periodic_entry_with_its_last_and_next_slot(
     assert ENTRY in table
     assert "tests.echo" in table
     assert f"{last:%Y-%m-%d %H:%M:%S}Z" in table
-    assert str(slots.slot_job_id(ENTRY, last)) in table
+    assert str(periodic_slots.slot_job_id(ENTRY, last)) in table
     assert f"{upcoming:%Y-%m-%d %H:%M:%S}Z" in table
     assert "reaper" not in table  # plain Celery entries are beat's own business
 
@@ -146,7 +149,7 @@ def test_without_catch_up_a_new_entry_runs_once_at_its_latest_slot(
 
     periodic.Periodic(app, [entry], WINDOW).run_due(db)
 
-    latest = slots.recent(
-        slots.every(timedelta(hours=1)), now=database_now(db), span=WINDOW, limit=1
+    latest = periodic_slots.recent(
+        periodic_slots.every(timedelta(hours=1)), now=database_now(db), span=WINDOW, limit=1
     )
-    assert run_ids(db) == {slots.slot_job_id(ENTRY, latest[0])}
+    assert run_ids(db) == {periodic_slots.slot_job_id(ENTRY, latest[0])}

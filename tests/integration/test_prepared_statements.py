@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Engine, event, text
 from jobsapp.db import autocommit, make_engine
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import NewJob
-from jobsapp.lifecycle.registry import JOBS
+from jobsapp.lifecycle.journal.registry import JOBS
 from tests.conftest import migrated_postgres
 from tests.support.env import SESSION
 from tests.support.journal_view import run_row, transitions

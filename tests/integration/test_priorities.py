@@ -22,9 +22,11 @@ from celery import Celery
 from sqlalchemy import Engine, inspect, update
 
 from jobsapp.celery_app import app, create_app
-from jobsapp.lifecycle import journal, outbox_queries, priorities, publisher
-from jobsapp.lifecycle.enqueue import transaction
-from jobsapp.lifecycle.journal import OUTBOX, NewJob
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.flow import priorities
+from jobsapp.lifecycle.journal import OUTBOX, NewJob, outbox_queries
+from jobsapp.lifecycle.producer.enqueue import transaction
+from jobsapp.lifecycle.transport import publisher
 from jobsapp.maintenance import relay
 from jobsapp.settings import get_settings
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready

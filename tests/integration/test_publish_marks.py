@@ -19,9 +19,11 @@ from celery.utils.saferepr import saferepr
 from sqlalchemy import Engine, event, select
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle import enqueue, message, outbox, outbox_queries
-from jobsapp.lifecycle.journal import OUTBOX
-from jobsapp.lifecycle.message import fast_valid
+from jobsapp.lifecycle.journal import OUTBOX, outbox_queries
+from jobsapp.lifecycle.producer import enqueue
+from jobsapp.lifecycle.rules import message
+from jobsapp.lifecycle.rules.message import fast_valid
+from jobsapp.lifecycle.transport import outbox
 from jobsapp.maintenance import relay
 from tests.support import tasks
 from tests.support.env import service

@@ -26,8 +26,8 @@ from jobsapp.celery_app import app
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import EVENTS
-from jobsapp.lifecycle.registry import JOBS
-from jobsapp.lifecycle.states import Outcome
+from jobsapp.lifecycle.journal.registry import JOBS
+from jobsapp.lifecycle.rules.states import Outcome
 from jobsapp.maintenance import reconcile
 from jobsapp.storage import ObjectStore
 from jobsapp.web.app import create_app

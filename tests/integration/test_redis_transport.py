@@ -9,7 +9,7 @@ import pytest
 import redis
 from celery import Celery
 
-from jobsapp.lifecycle import publisher
+from jobsapp.lifecycle.transport import publisher
 from tests.support.env import SESSION, service
 
 QUEUE = f"jobsapp-transport-{SESSION}"
@@ -22,7 +22,7 @@ def app() -> Iterator[Celery]:
     app.conf.update(
         broker_url=service("JOBSAPP_TEST_REDIS_URL"),
         task_default_queue=QUEUE,
-        broker_transport="jobsapp.lifecycle.redis_transport:Transport",
+        broker_transport="jobsapp.lifecycle.transport.redis_transport:Transport",
     )
     client = redis.Redis.from_url(service("JOBSAPP_TEST_REDIS_URL"))
     client.delete(QUEUE)

@@ -14,9 +14,9 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import NoResultFound
 
 from jobsapp.celery_app import app as jobsapp_app
-from jobsapp.lifecycle import replacement
-from jobsapp.lifecycle.handle import JobHandle
-from jobsapp.lifecycle.results import REPLACED_MARK, replaced_by
+from jobsapp.lifecycle.celery_api.handle import JobHandle
+from jobsapp.lifecycle.rules.results import REPLACED_MARK, replaced_by
+from jobsapp.lifecycle.workflows import replacement
 from tests.support import idiom_tasks
 from tests.support.journal_view import run_row
 from tests.support.waiting import eventually

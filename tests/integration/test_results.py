@@ -19,8 +19,8 @@ from kombu.exceptions import EncodeError
 from sqlalchemy import Engine
 
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.errors import ResultRefused
-from jobsapp.lifecycle.states import State, Transition
+from jobsapp.lifecycle.rules.errors import ResultRefused
+from jobsapp.lifecycle.rules.states import State, Transition
 from jobsapp.settings import DEFAULT_RESULT_MAX_BYTES
 from tests.support import first_hour_tasks as hour
 from tests.support import result_tasks

@@ -16,8 +16,9 @@ from celery import Celery
 from sqlalchemy import Engine, select, update
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, lifecycle_task, registry
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle import journal, lifecycle_task
+from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.journal.tables import JobRun
 from jobsapp.maintenance import retention
 from tests.support import tasks
 

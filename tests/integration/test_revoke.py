@@ -19,10 +19,10 @@ from sqlalchemy import Engine
 
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.handle import JobHandle
-from jobsapp.lifecycle.message import task_id_for
-from jobsapp.lifecycle.registry import JOBS
-from jobsapp.lifecycle.states import Outcome, State, Transition
+from jobsapp.lifecycle.celery_api.handle import JobHandle
+from jobsapp.lifecycle.journal.registry import JOBS
+from jobsapp.lifecycle.rules.message import task_id_for
+from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 from jobsapp.maintenance import reaper
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready
 from tests.support import tasks

@@ -11,7 +11,7 @@ from sqlalchemy import Engine, insert, inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle.journal.tables import JobRun
 from jobsapp.schema import metadata
 
 RUNS = JobRun.__table__

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine
 
 from jobsapp.attachments.store import staging_key
-from jobsapp.maintenance import tasks
+from jobsapp.maintenance import beat_tasks
 from jobsapp.maintenance.staging import (
     Reason,
     StagedRow,
@@ -115,15 +115,15 @@ def test_the_windows_and_the_scan_limit_come_from_the_environment() -> None:
         JOBSAPP_STAGING_FAILED_DAYS="2",
         JOBSAPP_STAGING_SCAN_LIMIT="300",
     ):
-        cfg = tasks.staging_config()
+        cfg = beat_tasks.staging_config()
     assert (cfg.orphan_after, cfg.failed_after, cfg.scan_limit) == (
         timedelta(minutes=30),
         timedelta(days=2),
         300,
     )
-    assert tasks.staging_config() == StagingConfig()
+    assert beat_tasks.staging_config() == StagingConfig()
     with environment(JOBSAPP_STAGING_ORPHAN_HOURS="0"), pytest.raises(ValueError, match="ORPHAN"):
-        tasks.staging_config()
+        beat_tasks.staging_config()
 
 
 # ------------------------------------------------------------------ the pass
@@ -202,6 +202,6 @@ def test_beat_task_reads_its_windows_from_the_environment(s3: ObjectStore, db: E
     time.sleep(1.2)
     # 0.0002 h is 0.72 s.
     with environment(JOBSAPP_STAGING_ORPHAN_HOURS="0.0002"):
-        counts = tasks.PASSES["staging"]()
+        counts = beat_tasks.PASSES["staging"]()
     assert counts["orphan"] == 1
     assert s3.head(orphan) is None

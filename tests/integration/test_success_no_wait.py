@@ -14,7 +14,7 @@ import pytest
 from celery import chain
 from sqlalchemy import Engine, select
 
-from jobsapp.lifecycle.journal.slots import SLOTS
+from jobsapp.lifecycle.journal.key_slots import SLOTS
 from tests.support import canvas_tasks, limit_tasks, tasks
 from tests.support.attachments import environment
 from tests.support.journal_view import run_row

@@ -21,12 +21,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from jobsapp import cli
 from jobsapp.celery_app import app
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, lifecycle_task, registry
-from jobsapp.lifecycle.ddl import RUNS_VIEW, runs_view_sql
-from jobsapp.lifecycle.journal import EVENTS, OUTBOX
-from jobsapp.lifecycle.registry import ReconcilePolicy, RunTable, StalePolicy
-from jobsapp.lifecycle.states import Outcome
-from jobsapp.lifecycle.tables import Base, RunMixin
+from jobsapp.lifecycle import journal, lifecycle_task
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX, registry
+from jobsapp.lifecycle.journal.ddl import RUNS_VIEW, runs_view_sql
+from jobsapp.lifecycle.journal.registry import ReconcilePolicy, RunTable, StalePolicy
+from jobsapp.lifecycle.journal.tables import Base, RunMixin
+from jobsapp.lifecycle.rules.states import Outcome
 from jobsapp.maintenance import reaper, reconcile, relay
 from jobsapp.web.app import create_app
 from tests.conftest import use_database

@@ -17,8 +17,8 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import NoResultFound
 
 from jobsapp.celery_app import app
-from jobsapp.lifecycle.handle import JobHandle
-from jobsapp.lifecycle.states import State, Transition
+from jobsapp.lifecycle.celery_api.handle import JobHandle
+from jobsapp.lifecycle.rules.states import State, Transition
 from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, launching, ready
 from tests.support import bare_time_limits as bare
 from tests.support import time_limit_tasks as ours

@@ -13,12 +13,13 @@ from sqlalchemy import Engine
 from jobsapp import operator
 from jobsapp.celery_app import app
 from jobsapp.db import autocommit, make_engine, utcnow
-from jobsapp.lifecycle import EnqueueOutcome, claim, journal
-from jobsapp.lifecycle.errors import LeaseLost
-from jobsapp.lifecycle.heartbeat import Heartbeat
-from jobsapp.lifecycle.message import Envelope
-from jobsapp.lifecycle.registry import JOBS
-from jobsapp.lifecycle.states import State, Transition
+from jobsapp.lifecycle import EnqueueOutcome, journal
+from jobsapp.lifecycle.journal.registry import JOBS
+from jobsapp.lifecycle.rules.errors import LeaseLost
+from jobsapp.lifecycle.rules.message import Envelope
+from jobsapp.lifecycle.rules.states import State, Transition
+from jobsapp.lifecycle.worker import claim
+from jobsapp.lifecycle.worker.heartbeat import Heartbeat
 from jobsapp.maintenance import relay
 from tests.e2e.procs import Launcher
 from tests.support import tasks

@@ -16,9 +16,9 @@ from sqlalchemy import Engine, select
 
 from jobsapp import cli, operator
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.canvas import StepHandle
+from jobsapp.lifecycle.celery_api.group_handles import StepHandle
+from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.lifecycle.journal.workflow import STEPS
-from jobsapp.lifecycle.registry import JOBS
 from jobsapp.web.app import create_app
 from tests.support import canvas_tasks as t
 from tests.support.attachments import environment

@@ -28,10 +28,11 @@ from sqlalchemy import Engine, event, inspect, select, text
 from jobsapp import cli, operator
 from jobsapp.db import make_engine, utcnow
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.canvas import GroupHandle, MixedCanvas, StepHandle
+from jobsapp.lifecycle.celery_api.group_handles import GroupHandle, StepHandle
+from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.lifecycle.journal.workflow import STEPS
-from jobsapp.lifecycle.registry import JOBS
-from jobsapp.lifecycle.states import Transition
+from jobsapp.lifecycle.rules.states import Transition
+from jobsapp.lifecycle.workflows.canvas import MixedCanvas
 from jobsapp.maintenance import relay
 from jobsapp.shipped import alembic_config
 from jobsapp.web.app import create_app

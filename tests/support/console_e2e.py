@@ -18,7 +18,8 @@ from playwright.sync_api import Page
 from sqlalchemy import Engine, create_engine, text
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, outbox
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.transport import outbox
 from tests.conftest import _fresh_postgres, migrate
 from tests.support.env import service
 from tests.support.servers import RedisServer

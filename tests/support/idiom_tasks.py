@@ -11,9 +11,9 @@ from sqlalchemy import update
 
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import lifecycle_task
-from jobsapp.lifecycle.context import current_run
-from jobsapp.lifecycle.errors import LeaseLost
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle.journal.tables import JobRun
+from jobsapp.lifecycle.rules.errors import LeaseLost
+from jobsapp.lifecycle.worker.context import current_run
 
 
 @lifecycle_task(app, name="tests.idioms.add")

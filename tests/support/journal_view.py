@@ -8,9 +8,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select
 
-from jobsapp.lifecycle import journal, registry
-from jobsapp.lifecycle.registry import JOBS, RunTable
-from jobsapp.lifecycle.tables import JobRun, OutboxMessage
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.journal.registry import JOBS, RunTable
+from jobsapp.lifecycle.journal.tables import JobRun, OutboxMessage
 
 
 def run_row(engine: Engine, job_id: uuid.UUID) -> Mapping[str, Any]:

@@ -19,11 +19,11 @@ from jobsapp.attachments.store import PUBLISHED_PREFIX, staging_key
 from jobsapp.attachments.tasks import TASK_NAME as ATTACHMENT_TASK
 from jobsapp.attachments.tasks import process_attachment
 from jobsapp.db import utcnow
-from jobsapp.lifecycle import journal, registry
-from jobsapp.lifecycle.journal import OUTBOX, NewJob
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import Outcome
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import OUTBOX, NewJob, registry
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.tables import JobRun
+from jobsapp.lifecycle.rules.states import Outcome
 from jobsapp.storage import ObjectStore
 from tests.support import tasks
 from tests.support.journal_view import held_by, outbox_rows

@@ -10,11 +10,11 @@ import pytest
 from celery.exceptions import Retry
 from celery.utils.threads import LocalStack
 
-from jobsapp.lifecycle.attempt import End, Ended
-from jobsapp.lifecycle.errors import RetryRequested
-from jobsapp.lifecycle.failures import TRACEBACK_LIMIT, failure_detail
-from jobsapp.lifecycle.message import Envelope, task_id_for
+from jobsapp.lifecycle.rules.errors import RetryRequested
+from jobsapp.lifecycle.rules.failures import TRACEBACK_LIMIT, failure_detail
+from jobsapp.lifecycle.rules.message import Envelope, task_id_for
 from jobsapp.lifecycle.task import AttemptFailed, LifecycleTask, _report
+from jobsapp.lifecycle.worker.attempt import End, Ended
 
 SECRET = "s3cr3t-v4lue-for-the-scrubber"
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from celery.utils.saferepr import saferepr
 
-from jobsapp.lifecycle.celery_view import REPR_MAX, call_fields
-from jobsapp.lifecycle.scrub import scrub
+from jobsapp.lifecycle.rules.scrub import scrub
+from jobsapp.lifecycle.worker.celery_view import REPR_MAX, call_fields
 
 SECRETS = ("hunter2-very-secret",)
 

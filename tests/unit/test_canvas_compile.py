@@ -11,8 +11,8 @@ from celery import Celery, chain, chord, group
 
 from jobsapp.attachments.tasks import TASK_NAME as ATTACHMENT_TASK
 from jobsapp.celery_app import app
-from jobsapp.lifecycle.canvas import Compiler, MixedCanvas, is_lifecycle_canvas
 from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step
+from jobsapp.lifecycle.workflows.canvas import Compiler, MixedCanvas, is_lifecycle_canvas
 from tests.support import canvas_tasks as t
 
 WORKFLOW = uuid.UUID(int=20)

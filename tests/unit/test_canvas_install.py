@@ -12,7 +12,7 @@ from celery import Celery
 before = {cls: cls.apply_async for cls in (canvas._chain, canvas.group, canvas.chord)}
 untouched = lambda: all(cls.apply_async is f for cls, f in before.items())
 
-import jobsapp.lifecycle, jobsapp.lifecycle.task, jobsapp.lifecycle.canvas
+import jobsapp.lifecycle, jobsapp.lifecycle.task, jobsapp.lifecycle.workflows.canvas
 print("after import", untouched())
 
 app = Celery("setup")

@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobsapp.lifecycle.claim import (
+from jobsapp.lifecycle.journal.key_slots import PARKED
+from jobsapp.lifecycle.rules.states import State
+from jobsapp.lifecycle.worker.claim import (
     LostClaim,
     Refusal,
     claim_lost,
@@ -19,8 +21,6 @@ from jobsapp.lifecycle.claim import (
     is_expired,
     seconds_early,
 )
-from jobsapp.lifecycle.journal.slots import PARKED
-from jobsapp.lifecycle.states import State
 
 LATER = datetime(2025, 3, 1, 12, 10, tzinfo=UTC)  # a next_retry_at still ahead
 

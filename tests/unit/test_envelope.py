@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from jobsapp.lifecycle.envelope import body_fault, header_fault
+from jobsapp.lifecycle.transport.envelope import body_fault, header_fault
 
 TASKS = frozenset({"tests.echo"})
 

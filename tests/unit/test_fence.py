@@ -8,7 +8,7 @@ from pathlib import Path
 from sqlalchemy.dialects import postgresql
 
 from jobsapp.lifecycle.journal.fence import held
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle.journal.tables import JobRun
 
 PACKAGE = Path(__file__).resolve().parents[2] / "jobsapp"
 HOME = PACKAGE / "lifecycle" / "journal" / "fence.py"

@@ -10,7 +10,7 @@ from sqlalchemy import create_engine
 
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import lifecycle_task
-from jobsapp.lifecycle.flow import Rate, parse_rate, publishable
+from jobsapp.lifecycle.flow.gating import Rate, parse_rate, publishable
 from jobsapp.lifecycle.journal import PendingMessage
 
 

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from jobsapp.lifecycle import registry
-from jobsapp.lifecycle.handle import JobHandle, celery_state
-from jobsapp.lifecycle.journal import EnqueueOutcome
+from jobsapp.lifecycle.celery_api.handle import JobHandle, celery_state
+from jobsapp.lifecycle.journal import EnqueueOutcome, registry
 
 JOB_ID = uuid.UUID("3f2a61c4-0d7e-4b8a-9c1f-5e6d7a8b9c0d")
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from jobsapp.lifecycle import tracing
+from jobsapp.lifecycle.transport import tracing
 from jobsapp.logs import JsonFormatter, ScrubFilter, about_job, format_handlers
 from jobsapp.settings import SettingsError, load_settings
 from tests.support.attachments import environment

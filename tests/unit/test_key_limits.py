@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobsapp.lifecycle.journal.slots import free_slots
-from jobsapp.lifecycle.newjob import key_limit_of
+from jobsapp.lifecycle.journal.key_slots import free_slots
+from jobsapp.lifecycle.producer.newjob import key_limit_of
 
 
 @pytest.mark.parametrize(

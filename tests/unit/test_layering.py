@@ -20,8 +20,29 @@ import jobsapp
 
 PACKAGE = Path(jobsapp.__file__).resolve().parent
 
-BASE, ENGINE, DOMAIN, WEB, DEMO, CLI = range(6)
-FLOOR_NAMES = ("base", "engine", "domain", "web", "demo", "cli")
+FLOOR_NAMES = (
+    "base",
+    # The engine, bottom up: its pure rules; the journal (tables and statements); flow
+    # control's gates; the transport between journal and broker; Celery's client APIs
+    # answered from the journal; the producer; the worker; workflows; and the base Task
+    # that puts them together (with the log formatting, whose records carry the run's
+    # trace and are scrubbed by the engine's own scrubber).
+    "rules",
+    "journal",
+    "flow",
+    "transport",
+    "celery_api",
+    "producer",
+    "worker",
+    "workflows",
+    "task",
+    "domain",
+    "web",
+    "demo",
+    "cli",
+)
+F = {name: floor for floor, name in enumerate(FLOOR_NAMES)}
+BASE, DOMAIN, WEB, DEMO, CLI = F["base"], F["domain"], F["web"], F["demo"], F["cli"]
 FLOORS = {
     # What every floor may use: settings, connections, object storage, startup checks.
     "jobsapp.settings": BASE,
@@ -31,10 +52,9 @@ FLOORS = {
     "jobsapp.shipped": BASE,
     "jobsapp.progress": BASE,
     "jobsapp.preflight": BASE,
-    # The engine. Its log records carry the run's trace and are scrubbed by the engine's
-    # own scrubber, so the log formatting sits here rather than below.
-    "jobsapp.lifecycle": ENGINE,
-    "jobsapp.logs": ENGINE,
+    **{f"jobsapp.lifecycle.{name}": F[name] for name in FLOOR_NAMES[F["rules"] : F["task"]]},
+    "jobsapp.lifecycle": F["task"],
+    "jobsapp.logs": F["task"],
     # What runs on the engine: the domain's tasks, beat's passes, the operator's views and
     # actions, and the Celery app they are declared on (with the package's face, whose
     # ``app`` is what ``celery -A jobsapp`` loads).
@@ -183,3 +203,20 @@ def test_no_import_cycle_between_modules() -> None:
             graph.setdefault(i.importer, set()).add(i.imported)
     cycle = _cycle(graph)
     assert cycle is None, " -> ".join(cycle or ())
+
+
+def test_no_module_name_is_used_twice() -> None:
+    """A name says one thing: ``claim`` is the worker's, the journal's file is
+    ``claiming``."""
+    seen: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        if path.name != "__init__.py":
+            seen.setdefault(path.stem, []).append(name)
+    assert not {stem: names for stem, names in seen.items() if len(names) > 1}
+
+
+def test_the_engine_is_a_few_rooms() -> None:
+    """The engine's modules live in its floors' packages; only the base Task, which
+    puts them together, sits at the top."""
+    top = sorted(p.name for p in (PACKAGE / "lifecycle").glob("*.py"))
+    assert top == ["__init__.py", "task.py"]

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobsapp.lifecycle import outbox, registry
-from jobsapp.lifecycle.journal import PendingMessage, StaleRun
-from jobsapp.lifecycle.registry import StalePolicy
+from jobsapp.lifecycle.journal import PendingMessage, StaleRun, registry
+from jobsapp.lifecycle.journal.registry import StalePolicy
+from jobsapp.lifecycle.transport import outbox
 from jobsapp.maintenance import reaper, relay, scheduler
 from jobsapp.maintenance.budget import Budget
 from jobsapp.settings import whole_number

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, create_engine
 
-from jobsapp.lifecycle.marker import Marker
-from jobsapp.lifecycle.outbox_queries import Accepted
+from jobsapp.lifecycle.journal.outbox_queries import Accepted
+from jobsapp.lifecycle.transport.marker import Marker
 from tests.support.waiting import eventually
 
 ENGINE = create_engine("sqlite://")  # a key only: nothing connects
@@ -58,7 +58,7 @@ def test_a_forked_child_never_marks_its_parents_rows() -> None:
 
 def test_rows_collected_before_a_normal_exit_are_marked() -> None:
     script = textwrap.dedent("""
-        from jobsapp.lifecycle.marker import Marker, installed
+        from jobsapp.lifecycle.transport.marker import Marker, installed
         from tests.unit.test_marker import ENGINE, LONG, _row
 
         installed(Marker(lambda engine, rows: print("marked", [r.id for r in rows]), LONG))\\

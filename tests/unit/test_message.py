@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from jobsapp.lifecycle.errors import InvalidMessage
-from jobsapp.lifecycle.message import (
+from jobsapp.lifecycle.rules.errors import InvalidMessage
+from jobsapp.lifecycle.rules.message import (
     MAX_BODY_BYTES,
     SCHEMA_VERSION,
     Envelope,

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from jobsapp.lifecycle import message
-from jobsapp.lifecycle.message import fast_valid
+from jobsapp.lifecycle.rules import message
+from jobsapp.lifecycle.rules.message import fast_valid
 from tests.support.env import examples
 
 SCHEMA = json.loads(resources.files("jobsapp.schemas").joinpath("jobs.schema.json").read_text())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from celery.concurrency import get_implementation
 
-from jobsapp.lifecycle.pools import green_pool_refusal
+from jobsapp.lifecycle.worker.pools import green_pool_refusal
 
 
 @pytest.mark.parametrize("pool", ["prefork", "solo", "threads"])

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from jobsapp.attachments.models import ATTACHMENT_RUNS
-from jobsapp.lifecycle.registry import JOBS, ReconcilePolicy, RunTable
+from jobsapp.lifecycle.journal.registry import JOBS, ReconcilePolicy, RunTable
 from jobsapp.maintenance.reconcile import (
     BATCH_FULL,
     Failure,

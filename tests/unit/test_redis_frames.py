@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from jobsapp.lifecycle.redis_transport import frame_fault
+from jobsapp.lifecycle.transport.redis_transport import frame_fault
 
 PROPERTIES = {
     "delivery_tag": "t",

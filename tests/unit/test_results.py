@@ -1,4 +1,4 @@
-"""What a run keeps of its body's return value (``lifecycle/results.py``): pure."""
+"""What a run keeps of its body's return value (``lifecycle/rules/results.py``): pure."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from decimal import Decimal
 import pytest
 from kombu.utils import json as kombu_json
 
-from jobsapp.lifecycle.errors import PermanentError, ResultRefused
-from jobsapp.lifecycle.results import checked, decoded, stored
+from jobsapp.lifecycle.rules.errors import PermanentError, ResultRefused
+from jobsapp.lifecycle.rules.results import checked, decoded, stored
 
 
 def test_json_is_kept_as_returned_and_none_is_no_result() -> None:

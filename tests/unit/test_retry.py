@@ -8,8 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobsapp.lifecycle.errors import PermanentError, RetryAfter, RetryRequested, TransientError
-from jobsapp.lifecycle.retry import (
+from jobsapp.lifecycle.rules.errors import (
+    PermanentError,
+    RetryAfter,
+    RetryRequested,
+    TransientError,
+)
+from jobsapp.lifecycle.rules.retry import (
     Action,
     Decision,
     RetryPolicy,
@@ -17,7 +22,7 @@ from jobsapp.lifecycle.retry import (
     decide_failure,
     decide_retry_after,
 )
-from jobsapp.lifecycle.states import Outcome
+from jobsapp.lifecycle.rules.states import Outcome
 
 NO_JITTER = RetryPolicy(base_delay=2.0, max_delay=3600.0, jitter=0.0)
 MID = 0.5  # rand = 0.5 is the centre of the jitter band: no spread

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from jobsapp.lifecycle.scrub import (
+from jobsapp.lifecycle.rules.scrub import (
     MASK,
     TRUNCATION_MARK,
     describe_exception,

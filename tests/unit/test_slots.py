@@ -11,11 +11,11 @@ from celery.beat import ScheduleEntry
 from celery.schedules import crontab, schedule
 
 from jobsapp.celery_app import app
-from jobsapp.maintenance import periodic, slots
+from jobsapp.maintenance import periodic, periodic_slots
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 SECOND = timedelta(seconds=1)
-EVERY_SECOND = slots.every(SECOND)
+EVERY_SECOND = periodic_slots.every(SECOND)
 WINDOW = timedelta(seconds=10)
 
 
@@ -23,8 +23,8 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def plan(last: float | None, now: float, limit: int = 100) -> slots.Plan:
-    return slots.plan(
+def plan(last: float | None, now: float, limit: int = 100) -> periodic_slots.Plan:
+    return periodic_slots.plan(
         EVERY_SECOND,
         last=None if last is None else at(last),
         now=at(now),
@@ -39,16 +39,16 @@ def plan(last: float | None, now: float, limit: int = 100) -> slots.Plan:
 def test_a_slot_has_one_job_id_whatever_the_timezone_it_is_written_in() -> None:
     paris = T0.astimezone(timezone(timedelta(hours=1)))
 
-    assert slots.slot_job_id("report", T0) == slots.slot_job_id("report", paris)
-    assert slots.slot_job_id("report", T0).version == 5
+    assert periodic_slots.slot_job_id("report", T0) == periodic_slots.slot_job_id("report", paris)
+    assert periodic_slots.slot_job_id("report", T0).version == 5
 
 
 def test_another_slot_or_another_entry_is_another_job() -> None:
     ids = {
-        slots.slot_job_id("report", T0),
-        slots.slot_job_id("report", at(1)),
-        slots.slot_job_id("digest", T0),
-        slots.slot_job_id("report", at(0.000001)),
+        periodic_slots.slot_job_id("report", T0),
+        periodic_slots.slot_job_id("report", at(1)),
+        periodic_slots.slot_job_id("digest", T0),
+        periodic_slots.slot_job_id("report", at(0.000001)),
     }
 
     assert len(ids) == 4
@@ -60,20 +60,20 @@ def test_the_derivation_is_stable_across_releases() -> None:
 
     text = "report\n2026-03-01T12:00:00+00:00"
 
-    assert slots.slot_job_id("report", T0) == uuid.uuid5(namespace, text)
-    assert str(slots.slot_job_id("report", T0)) == "71d2299a-6395-59f6-bd9c-94226d2be5b8"
+    assert periodic_slots.slot_job_id("report", T0) == uuid.uuid5(namespace, text)
+    assert str(periodic_slots.slot_job_id("report", T0)) == "71d2299a-6395-59f6-bd9c-94226d2be5b8"
 
 
 def test_a_naive_time_is_refused() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
-        slots.slot_job_id("report", datetime(2026, 3, 1, 12))
+        periodic_slots.slot_job_id("report", datetime(2026, 3, 1, 12))
 
 
 # ------------------------------------------------------------------ schedules
 
 
 def test_interval_slots_are_aligned_to_the_epoch_not_to_when_a_beat_started() -> None:
-    every_minute = slots.every(timedelta(minutes=1))
+    every_minute = periodic_slots.every(timedelta(minutes=1))
 
     assert every_minute(at(0)) == at(60)
     assert every_minute(at(59.9)) == at(60)
@@ -155,7 +155,7 @@ def test_a_long_catch_up_is_bounded_per_tick_and_resumes_where_it_stopped() -> N
 
 
 def test_recent_slots_are_the_latest_ones() -> None:
-    found = slots.recent(EVERY_SECOND, now=at(10), span=timedelta(seconds=100), limit=3)
+    found = periodic_slots.recent(EVERY_SECOND, now=at(10), span=timedelta(seconds=100), limit=3)
 
     assert found == [at(8), at(9), at(10)]
 
@@ -163,8 +163,8 @@ def test_recent_slots_are_the_latest_ones() -> None:
 # Without the entry's catch_up option, as Celery runs a missed entry: once, the latest.
 
 
-def latest(last: float | None, now: float) -> slots.Plan:
-    return slots.plan(
+def latest(last: float | None, now: float) -> periodic_slots.Plan:
+    return periodic_slots.plan(
         EVERY_SECOND,
         last=None if last is None else at(last),
         now=at(now),

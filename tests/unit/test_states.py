@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from jobsapp.lifecycle import states
-from jobsapp.lifecycle.states import (
+from jobsapp.lifecycle.rules import states
+from jobsapp.lifecycle.rules.states import (
     ACTIVE_STATES,
     ALL_STATES,
     ALLOWED,

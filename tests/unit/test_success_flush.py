@@ -7,10 +7,9 @@ import uuid
 
 import pytest
 
-from jobsapp.lifecycle import registry
-from jobsapp.lifecycle.attempt import success_waits_for_flush
-from jobsapp.lifecycle.journal import StaleRun
-from jobsapp.lifecycle.registry import StalePolicy
+from jobsapp.lifecycle.journal import StaleRun, registry
+from jobsapp.lifecycle.journal.registry import StalePolicy
+from jobsapp.lifecycle.worker.attempt import success_waits_for_flush
 from jobsapp.maintenance import reaper
 
 FAIL_TABLE = dataclasses.replace(registry.JOBS, module="strict", stale_policy=StalePolicy.FAIL)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobsapp.lifecycle.tracing import carrier_from
+from jobsapp.lifecycle.transport.tracing import carrier_from
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -34,7 +34,7 @@ def test_without_a_tracer_provider_a_run_opens_no_span_yet_hands_its_trace_on(
 ) -> None:
     from opentelemetry import trace
 
-    from jobsapp.lifecycle import tracing
+    from jobsapp.lifecycle.transport import tracing
 
     monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
     with tracing.span("run x", {"traceparent": TRACEPARENT}, consumer=True):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from jobsapp.web.server import Deadlines
-from jobsapp.web.slots import Busy, Slots
+from jobsapp.web.upload_bound import Busy, Slots
 
 
 def test_a_request_beyond_the_slots_is_refused_and_a_freed_slot_admits_again() -> None:

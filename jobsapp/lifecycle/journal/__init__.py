@@ -9,8 +9,9 @@ fenced by its claim's token too (``claim_token``).
 Nothing else in jobsapp moves a run between states. Two operator moves here have no
 transition of ``states.ALLOWED`` (the run stays queued): run_now.py makes a queued run due
 at once, revive.py gives dead outbox rows back to the relay, each with its audit event.
-Outside the journal, lifecycle/outbox_queries.py marks an outbox row after the journal
-wrote it (published, backed off, dead, settled), maintenance/retention.py deletes what
+Beside the transitions, outbox_queries.py marks an outbox row after a transition
+wrote it (published, backed off, dead, settled); outside the journal,
+maintenance/retention.py deletes what
 aged out, and attachments/reprocess.py advances a running reprocess run's progress columns
 under its claim's fence; none moves a run's state.
 
@@ -22,14 +23,14 @@ backfills) is used as given.
 
 One file per transition (``states.ALLOWED`` names the file of each), over what they share:
 
-- enqueue.py: Transition.ENQUEUE one job at a time; enqueue_many.py: a batch
+- enqueue_one.py: Transition.ENQUEUE one job at a time; enqueue_many.py: a batch
 - reopen.py: Transition.RERUN, REPLAY (terminal -> queued; a limited key's run joins its
   key's line)
-- claim.py: Transition.CLAIM (and by insert, for a foreign message)
-- heartbeat.py: the heartbeat (running -> running, no event)
+- claiming.py: Transition.CLAIM (and by insert, for a foreign message)
+- beat.py: the heartbeat (running -> running, no event)
 - finish.py: Transition.SUCCEED, FAIL, RETRY, SNOOZE
 - cancel.py: Transition.CANCEL of a queued run
-- revoke.py: a revoke: CANCEL of a queued run, or a running one's cancel request
+- revoking.py: a revoke: CANCEL of a queued run, or a running one's cancel request
   (CANCEL_REQUEST) and its worker's Transition.CANCEL (``honour_cancel``)
 - expire.py: Transition.EXPIRE (queued past ``expires_at``)
 - reap.py: Transition.REAP_REQUEUE, REAP_FAIL (the reaper's queries)
@@ -39,7 +40,7 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
   ``forget`` of a finished run's value; neither moves the state
 - reads.py: the reads of one run (load, snoozes, the holder of a key)
 - task_ids.py: the active run an attempt's Celery task id names (a revoke by that id)
-- slots.py: a limited key's line (``limit=N``, ``fair``): admit, grant, release; the run
+- key_slots.py: a limited key's line (``limit=N``, ``fair``): admit, grant, release; the run
   stays queued (parked while it waits), so no transition of its own
 - new_run.py: ``NewJob`` and the row a new run starts as
 - events.py, outbox_rows.py: the event and outbox rows a transition writes
@@ -49,32 +50,39 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
   read back as events (``history``), and the rollup's cursor over them
 - plans.py: the statement compiler (prebuilt plans per run table and dialect, ``_run``)
 - clock.py, _sql.py: whose clock, the two tables and the statement helpers
+- fence.py: the claim fence every running attempt's write is built with
+
+and what they stand on: tables.py and flow_tables.py (the tables, mirrored by the
+migrations), registry.py (the run tables and their task settings), ddl.py (the
+dialect's DDL), prepared.py (statements prepared once per connection); and what reads
+or counts beside them: outbox_queries.py (the relay's and console's outbox
+statements), totals.py (the counters /metrics reads), flow_rows.py (flow control's
+rows: tokens, pauses, hand-backs).
 
 Callers use this package's names (``journal.claim``, ``journal.OUTBOX``); the files import
-only downward (the clock and ``_sql`` at the bottom, the transitions at the top). A file
-named like the function it exports is shadowed by it here (``journal.claim`` is the
-function): reach a file's own names with ``from jobsapp.lifecycle.journal.claim import ...``.
+only downward (the tables and the clock at the bottom, the transitions at the top). No
+file is named like a function this package exports, so ``journal.claim`` is always the
+function and ``journal.claiming`` its file.
 """
 
 from __future__ import annotations
 
-from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX
-from jobsapp.lifecycle.journal._sql import _upsert as _upsert
+from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, upsert
+from jobsapp.lifecycle.journal.beat import heartbeat
 from jobsapp.lifecycle.journal.cancel import cancel
-from jobsapp.lifecycle.journal.claim import claim, claim_by_insert
+from jobsapp.lifecycle.journal.claiming import claim, claim_by_insert
 from jobsapp.lifecycle.journal.clock import clock
-from jobsapp.lifecycle.journal.enqueue import (
+from jobsapp.lifecycle.journal.enqueue_many import conflict_outcome, enqueue_many
+from jobsapp.lifecycle.journal.enqueue_one import (
     EnqueueOutcome,
     EnqueueResult,
     enqueue,
     enqueue_existing,
     enqueue_new,
 )
-from jobsapp.lifecycle.journal.enqueue_many import conflict_outcome, enqueue_many
 from jobsapp.lifecycle.journal.events import Event, record_event
 from jobsapp.lifecycle.journal.expire import expire, expire_due
 from jobsapp.lifecycle.journal.finish import fail, requeue, succeed
-from jobsapp.lifecycle.journal.heartbeat import heartbeat
 from jobsapp.lifecycle.journal.kept_result import forget_result, write_progress
 from jobsapp.lifecycle.journal.new_run import NewJob, new_claim_token
 from jobsapp.lifecycle.journal.outbox_rows import (
@@ -95,7 +103,7 @@ from jobsapp.lifecycle.journal.reads import (
 from jobsapp.lifecycle.journal.reap import StaleRun, find_stale, reap
 from jobsapp.lifecycle.journal.reopen import KeyBusy, Reopened, reopen
 from jobsapp.lifecycle.journal.revive import revive
-from jobsapp.lifecycle.journal.revoke import (
+from jobsapp.lifecycle.journal.revoking import (
     Revoked,
     cancel_requested,
     honour_cancel,
@@ -159,5 +167,6 @@ __all__ = [
     "revoke",
     "snoozes",
     "succeed",
+    "upsert",
     "write_progress",
 ]

@@ -2,11 +2,11 @@
 
 ``EVENTS`` (a transition's ``job_events`` row, events.py) and ``OUTBOX`` (the message of
 the attempt it schedules, outbox_rows.py); the dialect's INSERT with ON CONFLICT
-(``_upsert``), a statement's first row (``_first``), and the refusal of a transition of
+(``upsert``), a statement's first row (``_first``), and the refusal of a transition of
 several statements on an autocommit connection (``_require_transaction``: reopen.py,
 cancel.py, enqueue_many.py). No transition of its own; only this package's modules import
-it (``_upsert`` is re-exported as ``journal._upsert`` for the monitor's upserts and
-lifecycle/outbox_queries.py).
+it, except ``upsert``: ``journal.upsert`` is every upsert of the project (the monitor's
+counters, the console's throttle, the attachments' variants).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from sqlalchemy.dialects.sqlite import dml as sqlite_dml
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from jobsapp.db import is_autocommit
-from jobsapp.lifecycle.tables import JobEvent, OutboxMessage
+from jobsapp.lifecycle.journal.tables import JobEvent, OutboxMessage
 
 OUTBOX: Table = OutboxMessage.__table__  # type: ignore[assignment]
 EVENTS: Table = JobEvent.__table__  # type: ignore[assignment]
 
 
-def _upsert(conn: Connection, table: Table) -> pg_dml.Insert | sqlite_dml.Insert:
+def upsert(conn: Connection, table: Table) -> pg_dml.Insert | sqlite_dml.Insert:
     """INSERT with the dialect's ON CONFLICT support (both spell it the same)."""
     return pg_insert(table) if conn.dialect.name == "postgresql" else sqlite_insert(table)
 

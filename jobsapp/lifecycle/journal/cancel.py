@@ -13,8 +13,8 @@ from sqlalchemy import Connection, update
 from jobsapp.lifecycle.journal._sql import _first, _require_transaction
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import Outcome, State, Transition
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 
 
 def cancel(

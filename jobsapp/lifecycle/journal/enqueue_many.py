@@ -3,8 +3,9 @@
 A batch writes its jobs with one multi-row statement per table (SQLAlchemy's
 "insertmanyvalues" renders an executemany as INSERT ... VALUES (...), (...) ...), and
 answers each job as the same enqueues one by one, in order, in that transaction would
-(enqueue.py; a finished job among them is a Transition.RERUN, reopen.py). Called by
-lifecycle/enqueue.py's ``Batch`` (the deferred enqueues of one transaction, flushed together).
+(enqueue_one.py; a finished job among them is a Transition.RERUN, reopen.py). Called
+by lifecycle/producer/enqueue.py's ``Batch`` (the deferred enqueues of one transaction,
+flushed together).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy import Connection, insert, select
 
 from jobsapp.lifecycle.journal._sql import OUTBOX, _require_transaction
 from jobsapp.lifecycle.journal.clock import _stamp
-from jobsapp.lifecycle.journal.enqueue import (
+from jobsapp.lifecycle.journal.enqueue_one import (
     EnqueueOutcome,
     EnqueueResult,
     enqueue,
@@ -28,8 +29,8 @@ from jobsapp.lifecycle.journal.enqueue import (
 from jobsapp.lifecycle.journal.new_run import NewJob, _insert_params, _new_row
 from jobsapp.lifecycle.journal.outbox_rows import Outgoing, PendingMessage, outgoing
 from jobsapp.lifecycle.journal.plans import _available_at, _insert_plan
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import ACTIVE_STATES, TERMINAL_STATES, State
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES, TERMINAL_STATES, State
 
 _OUTBOX_INSERT = insert(OUTBOX).returning(OUTBOX.c.id, OUTBOX.c.job_id)
 

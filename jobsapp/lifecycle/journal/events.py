@@ -6,7 +6,7 @@ claim). Transition.ENQUEUE, CLAIM and SUCCEED are otherwise carried by the run r
 (row_events.py); ``kept_claim`` is the claim a row carried, written as an event row by
 every end of an attempt other than a success. ``record_event`` appends one
 after a statement built per call: reopen.py (Transition.RERUN, REPLAY), cancel.py
-(Transition.CANCEL), reap.py (Transition.REAP_REQUEUE, REAP_FAIL), and lifecycle/claim.py
+(Transition.CANCEL), reap.py (Transition.REAP_REQUEUE, REAP_FAIL), and lifecycle/worker/claim.py
 for Transition.SKIP (a foreign message refused by a held concurrency key: no state changes,
 so SKIP is not in ``states.ALLOWED``).
 """
@@ -23,8 +23,8 @@ from sqlalchemy import Connection, insert
 
 from jobsapp.lifecycle.journal._sql import EVENTS
 from jobsapp.lifecycle.journal.clock import clock
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import State, Transition
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.states import State, Transition
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def kept_claim(spec: RunTable, row: Mapping[str, Any]) -> Event | None:
 
 
 def record_kept_claim(conn: Connection, spec: RunTable, row: Mapping[str, Any]) -> None:
-    """``kept_claim`` written, for an end of an attempt built per call (reap.py, revoke.py)
+    """``kept_claim`` written, for an end of an attempt built per call (reap.py, revoking.py)
     and a rerun of a success (reopen.py)."""
     claim = kept_claim(spec, row)
     if claim is not None:

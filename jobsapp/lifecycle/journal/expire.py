@@ -1,6 +1,6 @@
 """Transition.EXPIRE: queued -> failed/expired, once the run's ``expires_at`` has passed.
 
-Two writers: lifecycle/claim.py, when the claim of a delivered message was refused on an
+Two writers: lifecycle/worker/claim.py, when the claim of a delivered message was refused on an
 expired row (``expire``), and the reaper (maintenance/reaper.py, ``expire_due``), for a
 run whose message never came, so that it does not wait in ``queued`` forever.
 """
@@ -17,8 +17,8 @@ from sqlalchemy import ColumnElement, Connection, select, update
 from jobsapp.lifecycle.journal._sql import _require_transaction
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import Outcome, State, Transition
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 
 REASON = "expired before a worker started it"
 

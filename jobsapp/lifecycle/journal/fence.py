@@ -4,7 +4,7 @@ A running attempt's write lands only while the row is still the run it claimed: 
 its attempt number, under its claim's token (two claims of one attempt exist once a
 database crash lost the first), and, for a write that carries its work on (a heartbeat, a
 finish, a domain's effect), not asked to stop by a revoke: the attempt may only end
-cancelled then (revoke.py). docs/lifecycle.md, "The claim fence".
+cancelled then (revoking.py). docs/lifecycle.md, "The claim fence".
 
 The prebuilt plans (plans.py) pass bind parameters, the statements built per call pass
 values; the domains (attachments/) use it for their own rows' writes.
@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, String, Table, literal_column
 
-from jobsapp.lifecycle.states import State
+from jobsapp.lifecycle.rules.states import State
 
 
 def held(

@@ -2,7 +2,7 @@
 
 Transition.SUCCEED (``succeed``), Transition.FAIL (``fail``), and Transition.RETRY and
 Transition.SNOOZE (``requeue``: running -> queued, with the next attempt's message).
-Called by lifecycle/attempt.py; ``succeed`` also by lifecycle/context.py
+Called by lifecycle/worker/attempt.py; ``succeed`` also by lifecycle/worker/context.py
 (``RunContext.completing``), ``fail`` also by attachments/tasks.py. The end of a workflow
 step (a run with a ``workflow_id``) also starts, in the same transaction, what waited for
 it (workflow.py).
@@ -22,9 +22,9 @@ from jobsapp.lifecycle.journal.clock import _later, _stamp
 from jobsapp.lifecycle.journal.events import Event
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage, outgoing
 from jobsapp.lifecycle.journal.plans import _finish_plan, _requeue_plan, _run
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.results import replaced_by
-from jobsapp.lifecycle.states import Outcome, State, Transition
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.results import replaced_by
+from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 
 
 def _finish(
@@ -71,7 +71,7 @@ def succeed(
     result: Any = None,
     started: list[PendingMessage] | None = None,
 ) -> bool:
-    """running -> succeeded with the body's ``result`` (checked by lifecycle/results.py),
+    """running -> succeeded with the body's ``result`` (checked by lifecycle/rules/results.py),
     in the same statement; fenced by the attempt and its claim ``token``; False means the
     lease was lost. No event row where the run row carries the claim: ``finished_at``
     and ``attempted_at`` are the success and its claim (row_events.py reads them back).

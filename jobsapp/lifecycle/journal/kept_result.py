@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import Connection, update
 
 from jobsapp.lifecycle.journal.fence import held
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import TERMINAL_STATES
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.states import TERMINAL_STATES
 
 
 def write_progress(

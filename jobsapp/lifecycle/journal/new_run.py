@@ -1,9 +1,9 @@
 """What a producer asks for (``NewJob``) and the run row a new job starts as.
 
-The row is inserted queued by Transition.ENQUEUE (enqueue.py, enqueue_many.py) or running
-by Transition.CLAIM of a foreign producer's message (claim.py), then with a claim's token
-(``new_claim_token``, which claim.py's ``claim`` also sends). No statement of its own;
-``NewJob`` is built by lifecycle/task.py, lifecycle/dedup.py and attachments/reprocess.py.
+The row is inserted queued by Transition.ENQUEUE (enqueue_one.py, enqueue_many.py) or running
+by Transition.CLAIM of a foreign producer's message (claiming.py), then with a claim's token
+(``new_claim_token``, which claiming.py's ``claim`` also sends). No statement of its own;
+``NewJob`` is built by lifecycle/task.py, lifecycle/producer/dedup.py and attachments/reprocess.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 from jobsapp.lifecycle.journal.clock import _later
 from jobsapp.lifecycle.journal.plans import _prefixed
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import State
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.states import State
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class NewJob:
     # The canvas this run is a step of (journal/workflow.py); None for a job of its own.
     workflow_id: uuid.UUID | None = None
     # The task's ``limit`` (or ``fair`` window) on its key: None is one active run per key
-    # (the unique index); a number queues the run through the key's slots (slots.py).
+    # (the unique index); a number queues the run through the key's slots (key_slots.py).
     key_limit: int | None = None
 
 

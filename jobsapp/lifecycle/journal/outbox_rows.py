@@ -1,13 +1,14 @@
 """The outbox row a transition writes for the attempt it schedules.
 
 ``Outgoing`` (built by ``outgoing``) is the row a prebuilt plan (plans.py) inserts in the
-transition's own statement: Transition.ENQUEUE (enqueue.py, enqueue_many.py), RETRY and
+transition's own statement: Transition.ENQUEUE (enqueue_one.py, enqueue_many.py), RETRY and
 SNOOZE (finish.py). ``add_outbox`` writes (or re-arms) it after a statement built per call:
 reopen.py (Transition.RERUN, REPLAY), reap.py (Transition.REAP_REQUEUE), and
 maintenance/relay.py's repair of a queued run that has no message. ``PendingMessage`` is a
-row on its way to the broker (lifecycle/outbox.py publishes it); ``on_local_clock`` dates it
-for a fast-path publish (lifecycle/enqueue.py, lifecycle/attempt.py, operator.py).
-Everything that happens to the row afterwards is lifecycle/outbox_queries.py's, but an
+row on its way to the broker (lifecycle/transport/outbox.py publishes it);
+``on_local_clock`` dates it
+for a fast-path publish (lifecycle/producer/enqueue.py, lifecycle/worker/attempt.py, operator.py).
+Everything that happens to the row afterwards is lifecycle/journal/outbox_queries.py's, but an
 operator's moves (run_now.py, revive.py); ``pending_rows`` reads rows back as messages.
 """
 
@@ -22,9 +23,9 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.journal._sql import OUTBOX, _upsert
-from jobsapp.lifecycle.message import TIME_LIMITS, build_body
-from jobsapp.lifecycle.registry import RunTable
+from jobsapp.lifecycle.journal._sql import OUTBOX, upsert
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.message import TIME_LIMITS, build_body
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def add_outbox(
     """
     out = outgoing(spec, row, attempt=attempt, now=now, available_at=available_at)
     values = out.values(spec.module)
-    stmt = _upsert(conn, OUTBOX).values(values)
+    stmt = upsert(conn, OUTBOX).values(values)
     rearm = {
         "body": values["body"],
         "created_at": now,
@@ -101,10 +102,10 @@ def add_outbox(
         "queue": values["queue"],
         "priority": values["priority"],
     }
-    upsert = stmt.on_conflict_do_update(
+    rearmed = stmt.on_conflict_do_update(
         index_elements=[OUTBOX.c.module, OUTBOX.c.job_id, OUTBOX.c.attempt], set_=rearm
     ).returning(OUTBOX.c.id)
-    return out.pending(int(conn.execute(upsert).scalar_one()), available_at)
+    return out.pending(int(conn.execute(rearmed).scalar_one()), available_at)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ one statement.
 (Transition.CLAIM), ``_finish_plan`` (Transition.SUCCEED, FAIL), ``_requeue_plan``
 (Transition.RETRY, SNOOZE) and ``_heartbeat_stmt`` (the heartbeat) are each a ``Plan``;
 ``_run`` binds and runs one. Writes nothing itself: the transition modules of this package
-(enqueue.py, enqueue_many.py, claim.py, heartbeat.py, finish.py) call it.
+(enqueue_one.py, enqueue_many.py, claiming.py, beat.py, finish.py) call it.
 
 Each plan says which event rows it writes (``Journaled``): the happy path's enqueue, claim
 and success are carried by the run row (``enqueued_by``, ``attempted_at``; row_events.py
@@ -45,14 +45,13 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from jobsapp.lifecycle import prepared
-from jobsapp.lifecycle.journal import fence
+from jobsapp.lifecycle.journal import fence, prepared
 from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, _first, _first_row
 from jobsapp.lifecycle.journal.clock import _clock_param
 from jobsapp.lifecycle.journal.events import Event, kept_claim
 from jobsapp.lifecycle.journal.outbox_rows import Outgoing, PendingMessage
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import State, Transition
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.states import State, Transition
 
 _EVENT_COLUMNS = (
     "module",

@@ -1,10 +1,11 @@
 """The journal's reads of one run; no transition, no write.
 
-``load`` (lifecycle/handle.py, lifecycle/task.py, lifecycle/claim.py, operator.py),
-``load_with_clock`` (lifecycle/claim.py, to explain a refused claim), ``attempt_failure``
-(lifecycle/handle.py, Celery's ``traceback``), ``snoozes``
-(lifecycle/attempt.py, the limit of Transition.SNOOZE), ``active_holder`` (the run holding a
-concurrency key: enqueue.py, reopen.py, and lifecycle/claim.py's Transition.SKIP).
+``load`` (lifecycle/celery_api/handle.py, lifecycle/task.py, lifecycle/worker/claim.py,
+operator.py),
+``load_with_clock`` (lifecycle/worker/claim.py, to explain a refused claim), ``attempt_failure``
+(lifecycle/celery_api/handle.py, Celery's ``traceback``), ``snoozes``
+(lifecycle/worker/attempt.py, the limit of Transition.SNOOZE), ``active_holder`` (the run holding a
+concurrency key: enqueue_one.py, reopen.py, and lifecycle/worker/claim.py's Transition.SKIP).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from sqlalchemy import Connection, func, select
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal._sql import EVENTS, _first
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import ACTIVE_STATES, Transition
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES, Transition
 
 
 def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, Any] | None:

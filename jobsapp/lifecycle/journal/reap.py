@@ -18,12 +18,12 @@ from typing import Any
 
 from sqlalchemy import Connection, case, select, tuple_, update
 
-from jobsapp.lifecycle.journal import slots, workflow
+from jobsapp.lifecycle.journal import key_slots, workflow
 from jobsapp.lifecycle.journal.events import record_event, record_kept_claim
 from jobsapp.lifecycle.journal.outbox_rows import add_outbox
-from jobsapp.lifecycle.message import TIME_LIMITS
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import Outcome, State, Transition
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.message import TIME_LIMITS
+from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 
 
 @dataclass(frozen=True)
@@ -176,5 +176,5 @@ def _after_reap(
             add_outbox(conn, spec, row, attempt=run.attempt + 1, now=now, available_at=now)
         else:
             # A limited key's slot goes with the run; the relay publishes the waiter granted.
-            slots.release(conn, spec, run.job_id, now=now)
+            key_slots.release(conn, spec, run.job_id, now=now)
     spec.changed(conn, transition, [{"job_id": r.job_id, **r.ids} for r in reaped])

@@ -1,9 +1,9 @@
 """Transition.RERUN and Transition.REPLAY: a terminal run back to queued, as a new attempt.
 
-``reopen`` is called by enqueue.py's ``enqueue_existing`` (RERUN: the same job_id enqueued
+``reopen`` is called by enqueue_one.py's ``enqueue_existing`` (RERUN: the same job_id enqueued
 again after its dedup window, also from enqueue_many.py) and by operator.py's ``replay``
 (REPLAY: a failed run). It raises ``KeyBusy`` when another run holds the concurrency key;
-a limited key's run (``key_limit``) joins its key's line instead (slots.py), whoever
+a limited key's run (``key_limit``) joins its key's line instead (key_slots.py), whoever
 reopens it, and waits parked when the key's slots are all held.
 """
 
@@ -19,15 +19,15 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 
 from jobsapp import crashpoints
-from jobsapp.lifecycle.journal import slots
+from jobsapp.lifecycle.journal import key_slots
 from jobsapp.lifecycle.journal._sql import _first, _require_transaction
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage, add_outbox
 from jobsapp.lifecycle.journal.reads import active_holder, load
+from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.row_events import counted_through, kept_at_rerun
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import State, Transition
+from jobsapp.lifecycle.rules.states import State, Transition
 
 
 class KeyBusy(Exception):
@@ -139,7 +139,7 @@ def _in_line(
     or a rerun never makes its key's N+1st active run."""
     if row["key_limit"] is None:
         return message
-    holds = slots.admit(
+    holds = key_slots.admit(
         conn,
         spec,
         row["job_id"],

@@ -5,7 +5,7 @@ No run moves (the run stays queued), so no transition of ``states.ALLOWED``. Gua
 ``dead_at``: a row revived (or settled by the relay) meanwhile is not revived twice. On
 PostgreSQL the rows and their audit rows are one statement; elsewhere two, in the caller's
 transaction. Called by operator.py (``retry_dead_outbox``); the row's life before and after
-(published, backed off, dead) is lifecycle/outbox_queries.py's.
+(published, backed off, dead) is lifecycle/journal/outbox_queries.py's.
 """
 
 from __future__ import annotations

@@ -26,11 +26,11 @@ from typing import Any
 
 from sqlalchemy import Connection, String, Table, and_, cast, literal, select, union_all, update
 
-from jobsapp.lifecycle import registry
-from jobsapp.lifecycle.journal._sql import EVENTS, _upsert
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import ALL_STATES, State, Transition
-from jobsapp.lifecycle.tables import MaintenanceCounter
+from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.journal._sql import EVENTS, upsert
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.tables import MaintenanceCounter
+from jobsapp.lifecycle.rules.states import ALL_STATES, State, Transition
 
 COUNTERS: Table = MaintenanceCounter.__table__  # type: ignore[assignment]
 # The reason of a success's events kept at its rerun: KEPT, or COUNTED when the metrics
@@ -200,7 +200,7 @@ def finish_cursor(conn: Connection, module: str) -> datetime | None:
 
 def _finish_cursor(conn: Connection, module: str, *, share: bool) -> datetime | None:
     name = _cursor_name(module)
-    conn.execute(_upsert(conn, COUNTERS).values(name=name, value=0).on_conflict_do_nothing())
+    conn.execute(upsert(conn, COUNTERS).values(name=name, value=0).on_conflict_do_nothing())
     stmt = select(COUNTERS.c.value).where(COUNTERS.c.name == name)
     if conn.dialect.name == "postgresql":
         stmt = stmt.with_for_update(read=share, skip_locked=not share)

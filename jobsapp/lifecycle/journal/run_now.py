@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import Connection, select, true, update
 
 from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, _require_transaction
+from jobsapp.lifecycle.journal.key_slots import PARKED
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage, pending_rows
 from jobsapp.lifecycle.journal.plans import (
     _EVENT_COLUMNS,
@@ -26,9 +27,8 @@ from jobsapp.lifecycle.journal.plans import (
     _prefixed,
     _sequential_insert,
 )
-from jobsapp.lifecycle.journal.slots import PARKED
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import State
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.states import State
 
 # The audit row's transition (the run stays queued: not a state change).
 RUN_NOW = "run_now"

@@ -5,7 +5,7 @@ cannot be turned back into its job; the journal keeps no column of them. So the 
 can still be stopped (running, then queued) are read through the state index and each
 one's attempts so far (and, for a queued run, its next) are named until one matches:
 linear in the active runs, and paid only by a revoke whose id names no run directly
-(lifecycle/revoke.py). No write.
+(lifecycle/celery_api/revoke.py). No write.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import uuid
 
 from sqlalchemy import Connection, select
 
-from jobsapp.lifecycle.message import task_id_for
-from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import State
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.message import task_id_for
+from jobsapp.lifecycle.rules.states import State
 
 # Rows fetched per round trip while scanning (a server-side cursor on PostgreSQL).
 _STREAMED = {"stream_results": True, "yield_per": 1000}

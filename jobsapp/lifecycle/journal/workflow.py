@@ -1,6 +1,6 @@
 """A canvas's steps (``workflow_steps``) and the runs their parents' ends start.
 
-``write_steps`` records a whole canvas in the producer's transaction (lifecycle/canvas.py
+``write_steps`` records a whole canvas in the producer's transaction (lifecycle/workflows/canvas.py
 enqueues its first runs in the same one). Then, inside the transaction of a step's
 Transition.SUCCEED (finish.py), ``succeeded`` inserts the run of every step that waited
 for it and is now due, with its ENQUEUE event and outbox row; inside a Transition.FAIL,
@@ -30,15 +30,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, bindparam, or_, select, update
 
-from jobsapp.lifecycle import registry
-from jobsapp.lifecycle.journal._sql import _require_transaction, _upsert
+from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.journal._sql import _require_transaction, upsert
 from jobsapp.lifecycle.journal.cancel import cancel
 from jobsapp.lifecycle.journal.clock import clock
-from jobsapp.lifecycle.journal.enqueue import enqueue_new
+from jobsapp.lifecycle.journal.enqueue_one import enqueue_new
 from jobsapp.lifecycle.journal.new_run import NewJob
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage
-from jobsapp.lifecycle.states import State
-from jobsapp.lifecycle.tables import WorkflowStep
+from jobsapp.lifecycle.journal.tables import WorkflowStep
+from jobsapp.lifecycle.rules.states import State
 
 STEPS: Table = WorkflowStep.__table__  # type: ignore[assignment]
 
@@ -103,7 +103,7 @@ def write_steps(conn: Connection, steps: Sequence[Step], *, now: datetime | None
     at = clock(conn, now)
     rows = [step.row(at) for step in steps]
     conn.execute(
-        _upsert(conn, STEPS).values(rows).on_conflict_do_nothing(index_elements=[STEPS.c.job_id])
+        upsert(conn, STEPS).values(rows).on_conflict_do_nothing(index_elements=[STEPS.c.job_id])
     )
 
 

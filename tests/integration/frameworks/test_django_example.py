@@ -16,8 +16,9 @@ from django.test import Client
 from sqlalchemy import Engine, create_engine, func, select
 
 from jobsapp.contrib.django import enqueue
-from jobsapp.lifecycle import JobHandle, outbox
-from jobsapp.lifecycle.tables import JobRun
+from jobsapp.lifecycle import JobHandle
+from jobsapp.lifecycle.journal.tables import JobRun
+from jobsapp.lifecycle.transport import outbox
 from tests.conftest import use_database
 from tests.integration.frameworks.conftest import queued_messages
 from tests.support.journal_view import outbox_rows, run_count, run_row

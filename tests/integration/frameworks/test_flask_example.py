@@ -21,7 +21,7 @@ from examples.flask_app.models import Upload
 from examples.flask_app.tasks import measure
 from jobsapp.celery_app import app as celery_app
 from jobsapp.db import get_engine
-from jobsapp.lifecycle.enqueue import transaction
+from jobsapp.lifecycle.producer.enqueue import transaction
 from tests.integration.frameworks.conftest import queued_messages
 from tests.support.journal_view import run_count
 from tests.support.waiting import eventually

@@ -1,0 +1,285 @@
+"""Celery's result backend, answered from the journal: the run rows are the results.
+
+``result_backend = "jobsapp.lifecycle.celery_api.backend:JournalBackend"`` (jobsapp's shipped config
+sets it; ``lifecycle_task`` sets it on an app that has none) makes every Celery reader of
+results work on lifecycle jobs: ``AsyncResult(id).get()``, ``send_task(...).get()``,
+``GroupResult.restore(id)``, ``.state``/``.info``/``.traceback``/``.date_done``, from any
+process. It is no second store: a read is one primary-key select per run table (and, for a
+failure, the failed attempt's event), and the only writes are ``update_state``'s progress
+(fenced by the attempt's claim, see ``progress``) and ``forget``. What Celery's worker
+would store after a task (SUCCESS, FAILURE, RETRY, ...) the journal already holds, so
+``store_result`` of those states writes nothing.
+
+A task id is read as ``AsyncResult`` callers hold it: the caller's own id or the job id
+(``message.job_id_of_task``), never an attempt's; an id no run table knows is
+``PENDING``, as Celery answers for an id it has never seen.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Celery, states
+from celery.backends.base import BaseBackend
+from celery.exceptions import ChordError, TaskRevokedError, WorkerLostError
+from sqlalchemy import Connection
+
+from jobsapp.db import get_engine
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import registry, workflow
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules.message import job_id_of_task
+from jobsapp.lifecycle.rules.results import decoded, progress_of, replaced_by
+from jobsapp.lifecycle.rules.states import Outcome, State
+
+NAME = "jobsapp.lifecycle.celery_api.backend:JournalBackend"
+
+
+_REVOKED = (Outcome.CANCELLED.value, Outcome.EXPIRED.value)
+_WORKER_LOST = (Outcome.STALE.value,)
+
+
+class JobFailed(Exception):
+    """A failed job with no exception of its body to raise (skipped, or ended by the
+    journal before its body ran); ``outcome`` says why."""
+
+    def __init__(self, job_id: Any, outcome: str | None, error: str | None) -> None:
+        super().__init__(f"job {job_id} failed ({outcome}): {error}")
+        self.job_id, self.outcome, self.error = job_id, outcome, error
+
+
+def celery_state(row: Mapping[str, Any] | None) -> str:
+    """The journal row's state in Celery's names, as ``AsyncResult.state`` would say it.
+
+    No row is ``PENDING`` (Celery's answer for an id it does not know); a queued job is
+    ``PENDING`` before its first attempt and ``RETRY`` after one; a running one is
+    ``STARTED`` (or the state its body last gave ``update_state``); a cancelled or expired
+    one is ``REVOKED`` (Celery's state for both); every other failure (exhausted,
+    permanent, stale, skipped, ...) is ``FAILURE``, its journal outcome saying which.
+    """
+    if row is None:
+        return states.PENDING
+    state = row["state"]
+    if state == State.QUEUED.value:
+        return states.RETRY if row["attempts"] else states.PENDING
+    if state == State.RUNNING.value:
+        shown = progress_of(row)
+        return states.STARTED if shown is None else str(shown["state"])
+    if state == State.SUCCEEDED.value:
+        return states.SUCCESS
+    return states.REVOKED if row["outcome"] in _REVOKED else states.FAILURE
+
+
+def find(conn: Connection, job_id: uuid.UUID) -> tuple[RunTable | None, Mapping[str, Any] | None]:
+    """The run table and row of ``job_id``; a workflow step that will not run (what it
+    waited for failed) as the failed row a handle reads; (None, None) when none knows it."""
+    for spec in registry.all_tables():
+        row = journal.load(conn, spec, job_id)
+        if row is not None:
+            return spec, row
+    return None, workflow.blocked_row(conn, job_id)
+
+
+class JournalBackend(BaseBackend):
+    """Celery's results of lifecycle jobs, read from (and never copied out of) the journal."""
+
+    app: Celery
+
+    # update_state and forget write the run rows; nothing here expires by itself.
+    persistent = True
+    supports_native_join = False
+
+    def __init__(self, app: Celery, url: str | None = None, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.url = url
+
+    def as_uri(self, include_password: bool = False) -> str:
+        del include_password
+        return NAME
+
+    def _get_task_meta_for(self, task_id: str) -> dict[str, Any]:
+        with get_engine().connect() as conn:
+            spec, row = find(conn, job_id_of_task(str(task_id)))
+            return self.meta_of(conn, str(task_id), spec, row)
+
+    def meta_of(
+        self,
+        conn: Connection,
+        task_id: str,
+        spec: RunTable | None,
+        row: Mapping[str, Any] | None,
+    ) -> dict[str, Any]:
+        """Celery's task meta (state, result, traceback, date_done) of a run row; a run
+        that handed its answer to another job (``Task.replace``) answers as that job."""
+        spec, row = _replacement(conn, spec, row)
+        status = celery_state(row)
+        if row is not None and status == states.STARTED and not self._tracks_started(row):
+            status = states.PENDING  # Celery's answer for a running task it does not track
+        meta: dict[str, Any] = {
+            "task_id": task_id,
+            "status": status,
+            "result": None,
+            "traceback": None,
+            "children": [],
+            "date_done": None,
+        }
+        if row is None:
+            return meta
+        # Celery's extended result fields the row has at hand.
+        meta.update(
+            name=row["task_name"],
+            worker=row.get("worker"),
+            retries=max(0, int(row["attempts"]) - 1),
+            queue=row.get("queue"),
+        )
+        if status == states.SUCCESS:
+            meta["result"] = decoded(row["result"])
+        elif status in states.EXCEPTION_STATES:
+            meta["result"], meta["traceback"] = self._failure(conn, spec, row)
+        elif (shown := progress_of(row)) is not None:
+            meta["result"] = decoded(shown["meta"])
+        if status in states.READY_STATES:
+            meta["date_done"] = row["finished_at"]
+        return meta
+
+    def _tracks_started(self, row: Mapping[str, Any]) -> bool:
+        """Celery says ``STARTED`` only for a task with ``track_started`` (the task's own,
+        else ``task_track_started``); the journal knows either way."""
+        task = self.app.tasks.get(row["task_name"])
+        tracked = getattr(task, "track_started", None)
+        return bool(self.app.conf.task_track_started if tracked is None else tracked)
+
+    def _failure(
+        self, conn: Connection, spec: RunTable | None, row: Mapping[str, Any]
+    ) -> tuple[BaseException | None, str | None]:
+        """The exception ``get()`` raises for a failed row, and its traceback: the body's
+        own (rebuilt as Celery rebuilds a stored one), Celery's for a revoke or a lost
+        worker, else ``JobFailed``; each carries ``job_id`` and ``outcome``. A queued run
+        after an attempt (``RETRY``) shows that attempt's exception, if it raised one."""
+        if spec is None:
+            return self._blocked(conn, row), None
+        detail = journal.attempt_failure(conn, spec, row["job_id"], int(row["attempts"]))
+        if detail is not None and row["outcome"] not in _REVOKED:
+            given = detail.get("args")
+            exc = self._rebuilt(
+                str(detail.get("type", "")),
+                given if isinstance(given, list) else [detail.get("message")],
+            )
+            shown = detail.get("traceback")
+            tb = shown if isinstance(shown, str) else None
+        elif row["state"] == State.QUEUED.value:
+            return None, None
+        else:
+            exc, tb = _without_body(row), None
+        _note(exc, row)
+        return exc, tb
+
+    def _blocked(self, conn: Connection, row: Mapping[str, Any]) -> BaseException:
+        """A step that will not run raises what Celery's chain raises: the exception of the
+        step it waited for (``ChordError`` naming it, for a chord's body)."""
+        if row["outcome"] in (workflow.UPSTREAM_FAILED, workflow.CHORD_FAILED):
+            for upstream in workflow.waited_on(conn, row["job_id"]):
+                spec, up = find(conn, uuid.UUID(upstream))
+                if up is not None and celery_state(up) in states.EXCEPTION_STATES:
+                    exc, _ = self._failure(conn, spec, up)
+                    if exc is not None and row["outcome"] == workflow.UPSTREAM_FAILED:
+                        return exc
+                    if exc is not None:
+                        return ChordError(f"Dependency {upstream} raised {exc!r}")
+        exc = _without_body(row)
+        _note(exc, row)
+        return exc
+
+    def _rebuilt(self, qualified: str, args: list[Any]) -> BaseException:
+        """``module.Qualname(*args)`` through Celery's own (checked) rebuild; a class not
+        loaded in this process comes back as a stand-in of the same name, as in Celery."""
+        module, _, name = qualified.rpartition(".")
+        while module and module not in sys.modules and "." in module:
+            # A nested class: its module is the longest loaded prefix.
+            module, _, outer = module.rpartition(".")
+            name = f"{outer}.{name}"
+        stored = {"exc_type": name or qualified, "exc_module": module or None, "exc_message": args}
+        rebuilt: BaseException = self.exception_to_python(stored)
+        return rebuilt
+
+    def store_result(
+        self,
+        task_id: str,
+        result: Any,
+        state: str,
+        traceback: Any = None,
+        request: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Nothing to store: the journal recorded the run's own end (and update_state of a
+        lifecycle run writes through ``LifecycleTask.update_state``)."""
+        del task_id, state, traceback, request, kwargs
+        return result
+
+    def _forget(self, task_id: str) -> None:
+        """Celery's ``forget``: drop the kept return value; the run itself stays in the
+        journal (its state and history are the audit trail)."""
+        with get_engine().begin() as conn:
+            spec, row = find(conn, job_id_of_task(str(task_id)))
+            if spec is not None and row is not None:
+                journal.forget_result(conn, spec, row["job_id"])
+
+    def _save_group(self, group_id: str, result: Any) -> Any:
+        """A lifecycle group is its workflow in the journal, already saved."""
+        del group_id
+        return result
+
+    def _restore_group(self, group_id: str) -> dict[str, Any] | None:
+        from jobsapp.lifecycle.celery_api import group_handles  # they build on this module
+
+        restored = group_handles.restore_group(self.app, group_id)
+        return None if restored is None else {"result": restored, "date_done": None}
+
+    def _delete_group(self, group_id: str) -> None:
+        """Celery's ``GroupResult.delete``: the workflow stays, as forget's runs do."""
+        del group_id
+
+
+def _replacement(
+    conn: Connection, spec: RunTable | None, row: Mapping[str, Any] | None
+) -> tuple[RunTable | None, Mapping[str, Any] | None]:
+    """The run that answers for ``row``: itself, or the last of the jobs it was replaced by."""
+    while row is not None and row["state"] == State.SUCCEEDED.value:
+        successor = replaced_by(row.get("result"))
+        if successor is None:
+            break
+        spec, row = find(conn, successor)
+    return spec, row
+
+
+def _without_body(row: Mapping[str, Any]) -> BaseException:
+    outcome, error = row["outcome"], row["last_error"]
+    if outcome in _REVOKED:
+        return TaskRevokedError(outcome if not error else f"{outcome}: {error}")
+    if outcome in _WORKER_LOST:
+        return WorkerLostError(error or "the worker was lost mid-run")
+    return JobFailed(row["job_id"], outcome, error)
+
+
+def _note(exc: BaseException, row: Mapping[str, Any]) -> None:
+    """jobsapp's detail on Celery's exception: the job and why it ended."""
+    for name, value in (("job_id", row["job_id"]), ("outcome", row["outcome"])):
+        try:
+            setattr(exc, name, value)
+        except AttributeError:  # an exception class with __slots__ keeps only its own
+            return
+
+
+def for_app(app: Celery) -> JournalBackend:
+    """The journal backend that answers for lifecycle jobs of ``app``: its result backend
+    when that is the journal, else one of its own (a team's plain tasks keep theirs)."""
+    backend = app.backend
+    if isinstance(backend, JournalBackend):
+        return backend
+    own = app.__dict__.get("_jobsapp_journal_backend")
+    if own is None:
+        own = app.__dict__["_jobsapp_journal_backend"] = JournalBackend(app)
+    return own

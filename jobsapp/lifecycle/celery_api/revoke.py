@@ -1,0 +1,140 @@
+"""``app.control.revoke`` made durable for lifecycle jobs: the app's ``Control`` class.
+
+Celery keeps revokes in each worker's memory (a worker started later never hears of
+one: celery#4300). Here the producer's call writes to the journal first, so a restart
+does not forget: a queued job is cancelled at once (it never runs), a running attempt
+gets a cancel request that its heartbeat turns into ``CancelRequested`` in the body
+(journal/revoking.py). Then Celery's own revoke goes out as ever, with the running
+attempt's task id added, so ``terminate=True`` still kills it where the pool can (the
+reaper then ends the run cancelled). Hooked on the producer's side, not in the worker's
+control handler: a broadcast no worker was up to receive is lost, the journal is not.
+
+An id names a job the way ``AsyncResult`` reads it (``message.job_id_of_task``: the job
+id, or the caller's own task id), or is one of its attempts' own task ids (the ones
+Flower lists, whose revoke button sends them): an id that names no run is looked for among
+the active runs' attempts (journal/task_ids.py), then goes to Celery's revoke as well.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from celery.app.control import Control
+from sqlalchemy import Connection, Engine
+
+from jobsapp.db import get_engine
+from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import Revoked, registry
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.rules import message
+
+log = logging.getLogger(__name__)
+
+REASON = "revoked (app.control.revoke)"
+
+
+def revoke_jobs(task_ids: Iterable[str], *, actor: str = "revoke") -> list[str]:
+    """Write each id's revoke in the journal; the task ids of the attempts now asked to
+    stop (for Celery's own revoke)."""
+    running: list[str] = []
+    engine = get_engine()
+    for task_id in map(str, task_ids):
+        found = _revoke(engine, message.job_id_of_task(task_id), actor)
+        if found is None:
+            found = _revoke_attempt(engine, task_id, actor)
+        if found:
+            running.append(found)
+    return running
+
+
+def _revoke(engine: Engine, job_id: uuid.UUID, actor: str) -> str | None:
+    """Revoke the job in whichever run table holds it; the task id of its attempt asked
+    to stop, "" when it was not running, None when no table holds it."""
+    for spec in registry.all_tables():
+        with engine.begin() as conn:
+            done = _revoke_in(conn, spec, job_id, actor)
+        if done is not None:
+            return done
+    return None
+
+
+def _revoke_attempt(engine: Engine, task_id: str, actor: str) -> str | None:
+    """Revoke the active job one of whose attempts is ``task_id`` (as ``_revoke``)."""
+    if not _name_based(task_id):
+        return None
+    for spec in registry.all_tables():
+        with engine.begin() as conn:
+            job_id = journal.job_of_attempt(conn, spec, task_id)
+            done = None if job_id is None else _revoke_in(conn, spec, job_id, actor)
+        if done is not None:
+            return done
+    return None
+
+
+def _name_based(task_id: str) -> bool:
+    """An attempt's task id is a name-based UUID (version 5, ``message.task_id_for``);
+    Celery's own are random (version 4): a plain task's revoke costs no look-up."""
+    try:
+        return uuid.UUID(task_id).version == 5
+    except ValueError:
+        return False
+
+
+def _revoke_in(conn: Connection, spec: RunTable, job_id: uuid.UUID, actor: str) -> str | None:
+    done = journal.revoke(conn, spec, job_id, actor=actor, reason=REASON)
+    if done is Revoked.UNKNOWN:
+        return None
+    log.info("%s job %s: revoke %s", spec.module, job_id, done.value)
+    if done is not Revoked.REQUESTED:
+        return ""
+    row = journal.load(conn, spec, job_id)
+    return "" if row is None else message.task_id_for(job_id, int(row["attempts"]))
+
+
+def revoke_in_journal(
+    app: Any,
+    task_ids: Sequence[str],
+    *,
+    terminate: bool = False,
+    signal: str = "SIGTERM",
+    **kwargs: Any,
+) -> Any:
+    """The journal's revoke of ``task_ids``, then Celery's own in the workers' memory (and
+    ``terminate`` where the pool can), naming each running attempt too; whatever control
+    ``app`` has (a team's app keeps Celery's)."""
+    ids = list(task_ids)
+    attempts = [found for found in revoke_jobs(ids) if found not in ids]
+    return Control.revoke(app.control, ids + attempts, terminate=terminate, signal=signal, **kwargs)
+
+
+class JournalControl(Control):
+    """Celery's ``Control`` whose ``revoke`` is kept in the journal first (module doc);
+    ``Celery(..., control="jobsapp.lifecycle.celery_api.revoke:JournalControl")``."""
+
+    def revoke(
+        self,
+        task_id: str | Sequence[str],
+        destination: Any = None,
+        terminate: bool = False,
+        signal: str = "SIGTERM",
+        **kwargs: Any,
+    ) -> Any:
+        ids = [task_id] if isinstance(task_id, str) else list(task_id)
+        return revoke_in_journal(
+            self.app, ids, destination=destination, terminate=terminate, signal=signal, **kwargs
+        )
+
+    def tell_workers(
+        self,
+        task_ids: Sequence[str],
+        *,
+        terminate: bool = False,
+        signal: str = "SIGTERM",
+        **kwargs: Any,
+    ) -> Any:
+        """Celery's own revoke only (each worker's memory; terminate where the pool can):
+        for a caller that already wrote the journal (operator.py's cancel)."""
+        return super().revoke(list(task_ids), terminate=terminate, signal=signal, **kwargs)

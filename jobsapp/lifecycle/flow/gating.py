@@ -1,0 +1,245 @@
+"""Flow control on the claim path: global rate limits, paused queues and domains.
+
+A claim that flow control may refuse runs in a transaction with its gate (``gated_claim``):
+the guarded claim, then the pause check and the rate limit's token (journal/flow_rows.py); a
+refusal rolls the claim back, so no attempt is taken, and the delivery is handed back to
+the journal (``hand_back``): its outbox row is pending again, and the relay publishes it
+when the rate allows (the run waits with ``next_retry_at``) or when its queue is resumed.
+A claim nothing can refuse (no rate, nothing paused) keeps the one-statement path.
+
+Which queues are paused is read from the database at most every ``PAUSES_SEEN_WITHIN``
+seconds per process; ``pause`` waits that long before it returns, so once it has
+returned no worker starts a run of the paused queue (docs/flow-control.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from jobsapp.db import relaxed_autocommit
+from jobsapp.lifecycle.journal import PendingMessage
+from jobsapp.lifecycle.journal import flow_rows as statements
+from jobsapp.lifecycle.journal.registry import RunTable
+
+log = logging.getLogger(__name__)
+
+MAX_RATE_KEY = 200  # flow_rates.rate_key
+# How stale a process's view of the paused queues may be.
+PAUSES_SEEN_WITHIN = 1.0
+# What that view ages by (a test moves it).
+_clock: Callable[[], float] = time.monotonic
+_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([smhd])\s*$")
+
+
+class Kind(StrEnum):
+    QUEUE = "queue"
+    DOMAIN = "domain"
+
+
+@dataclass(frozen=True)
+class Rate:
+    """At most ``count`` starts in any ``period`` seconds, spaced evenly."""
+
+    count: int
+    period: float
+
+    @property
+    def interval(self) -> float:
+        return self.period / self.count
+
+
+def parse_rate(text: str) -> Rate:
+    """``"100/m"``, ``"10/s"``, ``"5/30s"`` (five per thirty seconds), ``"1000/h"``, ``"3/d"``."""
+    found = _RATE.match(text)
+    if found is None or int(found[1]) < 1:
+        raise ValueError(f"rate {text!r}: write N/s, N/m, N/h, N/d or N/<k><unit>, N >= 1")
+    return Rate(int(found[1]), int(found[2] or 1) * _PERIODS[found[3]])
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What flow control checks before a task's run starts."""
+
+    task: str
+    default_queue: str
+    rate: Rate | None = None
+    # The rate key of a claimed run (its row): "" for one rate over the whole task.
+    rate_key: Callable[[Mapping[str, Any]], str] = lambda _row: ""
+
+
+@dataclass(frozen=True)
+class Held:
+    """A claim flow control refused: ``delay`` seconds until the rate allows a start (of
+    ``rate_key``), or None for a paused queue or domain."""
+
+    delay: float | None
+    rate_key: str = ""
+
+
+class _Undo(Exception):
+    """Rolls back the transaction it leaves: a refused claim, a reservation not used."""
+
+    def __init__(self, held: Held) -> None:
+        super().__init__("flow control undid the transaction")
+        self.held = held
+
+
+Claim = Callable[[Connection], Mapping[str, Any] | None]
+
+
+def gates(engine: Engine, gate: Gate) -> bool:
+    """Whether a claim through ``gate`` may be refused: a rate, or a pause anywhere."""
+    return gate.rate is not None or bool(paused_pairs(engine))
+
+
+def gated_claim(
+    engine: Engine, spec: RunTable, gate: Gate | None, claim: Claim
+) -> Mapping[str, Any] | Held | None:
+    """``claim`` (one guarded statement) with the gate's checks in its transaction."""
+    if gate is None or not gates(engine, gate):
+        with relaxed_autocommit(engine) as conn:
+            return claim(conn)
+    watching = bool(paused_pairs(engine))
+    try:
+        with engine.begin() as conn:
+            _without_flush_wait(conn)
+            row = claim(conn)
+            held = None if row is None else _check(conn, spec, gate, row, watching)
+            if held is not None:
+                raise _Undo(held)  # the claim and the token roll back
+            return row
+    except _Undo as undo:
+        return undo.held
+
+
+def _without_flush_wait(conn: Connection) -> None:
+    """As the ungated claim's commit: a claim a database crash lost is caught by its
+    fence, and its token goes with it (docs/flow-control.md)."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
+
+
+def _check(
+    conn: Connection, spec: RunTable, gate: Gate, row: Mapping[str, Any], watching: bool
+) -> Held | None:
+    pausing = _pairs(spec.module, row["queue"], gate.default_queue)
+    if watching and statements.any_paused(conn, pausing):
+        return Held(None)
+    if gate.rate is None:
+        return None
+    key = _bounded(gate.rate_key(row))
+    wait = statements.take_token(conn, gate.task, key, gate.rate.interval)
+    return None if wait is None else Held(wait, key)
+
+
+def _bounded(key: str) -> str:
+    """A rate key that fits its column: a long one is named by its digest."""
+    return key if len(key) <= MAX_RATE_KEY else hashlib.sha256(key.encode()).hexdigest()
+
+
+def _pairs(module: Any, queue: str | None, default_queue: str) -> set[tuple[str, str]]:
+    """What pauses a run of ``module`` on ``queue`` (None: the app's default queue)."""
+    return {(Kind.DOMAIN.value, module), (Kind.QUEUE.value, queue or default_queue)}
+
+
+def publishable(
+    engine: Engine, default_queue: str, messages: Sequence[PendingMessage]
+) -> Sequence[PendingMessage]:
+    """The producer's fast path leaves the messages of a paused queue or domain (as this
+    process last saw the pauses) to the relay, which holds them until the resume. The
+    enqueue has committed: a database that cannot say what is paused leaves the messages
+    to the workers' gate rather than fail the caller."""
+    try:
+        pairs = paused_pairs(engine)
+    except DBAPIError as down:
+        log.warning(
+            "pauses unreadable (%s); publishing, the workers' gate holds back what is paused",
+            type(down.orig).__name__,
+        )
+        return messages
+    if not pairs:
+        return messages
+    return [
+        m
+        for m in messages
+        if pairs.isdisjoint(_pairs(m.body.get("module"), m.queue, default_queue))
+    ]
+
+
+def hand_back(
+    engine: Engine, spec: RunTable, gate: Gate, job_id: uuid.UUID, attempt: int, held: Held
+) -> bool:
+    """The refused delivery back to the journal (the caller then acks its message). A run
+    over its rate waits for a start reserved for it, so a backlog is published one start
+    after another, not all of it at every start."""
+    try:
+        with engine.begin() as conn:
+            delay = None
+            if held.delay is not None and gate.rate is not None:
+                seconds = statements.reserve(conn, gate.task, held.rate_key, gate.rate.interval)
+                delay = timedelta(seconds=seconds)
+            if not statements.hand_back(conn, spec, job_id, attempt, delay=delay):
+                raise _Undo(held)  # the run moved on: its reservation rolls back
+    except _Undo:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------ pauses
+
+
+# By engine: naming it by its URL (str(engine.url)) cost more than the rest of the look.
+_seen: dict[Engine, tuple[float, frozenset[tuple[str, str]]]] = {}
+_seen_lock = threading.Lock()
+
+
+def paused_pairs(engine: Engine) -> frozenset[tuple[str, str]]:
+    """The paused (kind, name) pairs, as read at most ``PAUSES_SEEN_WITHIN`` seconds ago."""
+    with _seen_lock:
+        seen = _seen.get(engine)
+    read_at = _clock()
+    if seen is not None and seen[0] > read_at:
+        return seen[1]
+    with engine.connect() as conn:
+        pairs = frozenset((r["kind"], r["name"]) for r in statements.paused(conn))
+    # Aged from before the read: a pause that commits while the read runs may be missing
+    # from it, and must still be seen PAUSES_SEEN_WITHIN after its commit at the latest.
+    with _seen_lock:
+        _seen[engine] = (read_at + PAUSES_SEEN_WITHIN, pairs)
+    return pairs
+
+
+def pause(engine: Engine, kind: Kind, name: str, *, actor: str, reason: str) -> bool:
+    """Pause a queue or a domain (audited); returns once every process sees it. False:
+    it was paused already."""
+    with engine.begin() as conn:
+        done = statements.pause(conn, kind.value, name, actor=actor, reason=reason)
+    time.sleep(PAUSES_SEEN_WITHIN)
+    return done
+
+
+def resume(engine: Engine, kind: Kind, name: str, *, actor: str, reason: str) -> bool:
+    """Resume a paused queue or domain (audited): the relay publishes what waited at its
+    next tick. False: it was not paused."""
+    with engine.begin() as conn:
+        return statements.resume(conn, kind.value, name, actor=actor, reason=reason)
+
+
+def paused(engine: Engine) -> list[dict[str, Any]]:
+    """Every paused queue and domain, read now."""
+    with engine.connect() as conn:
+        return statements.paused(conn)

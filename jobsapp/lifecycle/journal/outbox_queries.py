@@ -1,0 +1,492 @@
+"""The relay's statements on outbox rows: what is due, what was lost, what is dead.
+
+``journal`` writes an outbox row in the transaction of the transition that needs it;
+everything after that (publish marks, backoff, death, repair counts) is written here.
+Every write is guarded by the row state it expects, so two relays at once, or a relay
+and an operator, never move one row twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    Interval,
+    Table,
+    bindparam,
+    func,
+    literal_column,
+    select,
+    true,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+
+from jobsapp.db import utcnow
+from jobsapp.lifecycle.journal import OUTBOX, PendingMessage, upsert
+from jobsapp.lifecycle.journal.flow_rows import not_paused
+from jobsapp.lifecycle.journal.outbox_rows import pending_rows as _pending
+from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.tables import MaintenanceCounter
+from jobsapp.lifecycle.rules.states import State
+
+COUNTERS: Table = MaintenanceCounter.__table__  # type: ignore[assignment]
+
+_LIVE = OUTBOX.c.dead_at.is_(None)
+# The counter of queued runs the relay found without an outbox row and repaired.
+REPAIRED = "outbox_repaired"
+
+
+def _unpaused(default_queue: str) -> Any:
+    """Rows of a paused queue or domain wait in the outbox (docs/flow-control.md)."""
+    return not_paused(OUTBOX.c.module, OUTBOX.c.queue, default_queue)
+
+
+def _level(t: Any) -> tuple[Any, Any, Any]:
+    """A pending row's level: its domain, its queue ('' for the app's default), its
+    priority; the key of PostgreSQL's ``ix_outbox_pending_level`` (migration 0019)."""
+    return t.c.module, func.coalesce(t.c.queue, literal_column("''")), t.c.priority
+
+
+def _is_pending(t: Any) -> Any:
+    # Spelled as the partial indexes' predicate, so the planner may use them.
+    return t.c.published_at.is_(None) & t.c.dead_at.is_(None)
+
+
+def _due(t: Any, now: datetime) -> tuple[Any, Any]:
+    return _is_pending(t), t.c.available_at <= now
+
+
+def _serving_order(t: Any, lowest_first: bool) -> tuple[Any, ...]:
+    """By priority as the broker serves it, then the longest due first, then the first
+    written (a batch enqueued in one transaction is due at one instant)."""
+    by_priority = t.c.priority.asc() if lowest_first else t.c.priority.desc()
+    return by_priority, *_by_due(t)
+
+
+def _by_due(t: Any) -> tuple[Any, Any]:
+    return t.c.available_at, t.c.id
+
+
+def _first_of_level_after(after: Any | None) -> Any:
+    """The id of the first pending row of the next level after ``after`` (a row of the
+    levels): one probe of the level index, however many rows a level holds."""
+    inner = OUTBOX.alias("next_level")
+    stmt = select(inner.c.id).where(_is_pending(inner))
+    if after is not None:
+        stmt = stmt.where(
+            tuple_(*_level(inner)) > tuple_(after.c.module, after.c.q, after.c.priority)
+        )
+    return stmt.order_by(*_level(inner)).limit(1).scalar_subquery()
+
+
+def _open_levels(default_queue: str) -> Any:
+    """Every level holding pending rows whose queue and domain are not paused: a skip
+    scan of the level index (one probe per level), the pauses checked once per level."""
+    head = OUTBOX.alias("head")
+    columns = [c.label(n) for c, n in zip(_level(head), ("module", "q", "priority"), strict=True)]
+    first = select(*columns).where(head.c.id == _first_of_level_after(None))
+    levels = first.cte("levels", recursive=True)
+    seen = levels.alias("seen")
+    step = select(*columns).join_from(seen, head, head.c.id == _first_of_level_after(seen))
+    levels = levels.union_all(step)
+    queue = func.nullif(levels.c.q, literal_column("''"))
+    return select(levels).where(not_paused(levels.c.module, queue, default_queue))
+
+
+def _firsts_of_open_levels(
+    now: datetime, limit: int, default_queue: str, lowest_first: bool
+) -> Any:
+    """The ids of the first ``limit`` due rows of the open levels, in the broker's order:
+    each open level gives its longest due (a LATERAL range scan of the level index)."""
+    levels = _open_levels(default_queue).subquery("open_levels")
+    row = OUTBOX.alias("due_row")
+    in_level = (
+        a == b
+        for a, b in zip(_level(row), (levels.c.module, levels.c.q, levels.c.priority), strict=True)
+    )
+    each = (
+        select(row.c.id, row.c.priority, row.c.available_at)
+        .where(*in_level, *_due(row, now))
+        .order_by(*_by_due(row))
+        .limit(limit)
+        .lateral("due_of_level")
+    )
+    return (
+        select(each.c.id)
+        .select_from(levels.join(each, true()))
+        .order_by(*_serving_order(each, lowest_first))
+        .limit(limit)
+    )
+
+
+def due_messages(
+    conn: Connection, *, now: datetime, limit: int, default_queue: str, lowest_first: bool
+) -> list[PendingMessage]:
+    """Unpublished live rows that are due (a crash before publish, a retry whose time came),
+    in the order the broker serves them (``lifecycle.priorities``): by priority, then the
+    longest due. On PostgreSQL the rows of a paused queue or domain are not read at all:
+    the open levels are found first, each gives at most ``limit`` rows, and the first
+    ``limit`` of those are locked (SKIP LOCKED: another relay has them) and re-checked."""
+    if conn.dialect.name == "postgresql":
+        first = _firsts_of_open_levels(now, limit, default_queue, lowest_first)
+        ids = list(conn.execute(first).scalars())
+        if not ids:
+            return []
+        # Locked by primary key, and re-checked in a spelling no partial index of the
+        # pending rows matches: a planner without statistics (a backlog written since the
+        # last ANALYZE) would otherwise walk such an index, paused rows and all.
+        where = (
+            OUTBOX.c.id.in_(ids),
+            func.coalesce(OUTBOX.c.published_at, OUTBOX.c.dead_at).is_(None),
+            OUTBOX.c.available_at <= now,
+        )
+    else:  # SQLite (one host, no LATERAL): one walk of the due rows, each checked for pauses
+        where = (_unpaused(default_queue), *_due(OUTBOX, now))
+    stmt = (
+        select(OUTBOX)
+        .where(*where)
+        .order_by(*_serving_order(OUTBOX, lowest_first))
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return _pending(conn.execute(stmt).mappings())
+
+
+def rows_by_attempt(
+    conn: Connection,
+    spec: RunTable,
+    keys: Sequence[tuple[uuid.UUID, int]],
+    *,
+    default_queue: str,
+) -> list[PendingMessage]:
+    """The named unpublished live rows, locked (SKIP LOCKED: another relay has them)."""
+    stmt = (
+        select(OUTBOX)
+        .where(
+            OUTBOX.c.module == spec.module,
+            OUTBOX.c.published_at.is_(None),
+            _LIVE,
+            tuple_(OUTBOX.c.job_id, OUTBOX.c.attempt).in_(list(keys)),
+            _unpaused(default_queue),
+        )
+        .with_for_update(skip_locked=True)
+    )
+    return _pending(conn.execute(stmt).mappings())
+
+
+def _waiting_for_claim(spec: RunTable) -> Any:
+    table = spec.table
+    return (table.c.state == State.QUEUED.value) & (table.c.attempts + 1 == OUTBOX.c.attempt)
+
+
+def _due_inflight(spec: RunTable, now: datetime) -> tuple[Any, ...]:
+    return (
+        OUTBOX.c.module == spec.module,
+        OUTBOX.c.published_at.is_not(None),
+        OUTBOX.c.delivered_at.is_(None),
+        _LIVE,
+        OUTBOX.c.available_at <= now,
+    )
+
+
+def unclaimed_messages(
+    conn: Connection, spec: RunTable, *, now: datetime, limit: int, default_queue: str
+) -> list[PendingMessage]:
+    """Published rows due for a check whose job still waits for that attempt's claim."""
+    table = spec.table
+    stmt = (
+        select(OUTBOX)
+        .join(table, table.c.job_id == OUTBOX.c.job_id)
+        .where(*_due_inflight(spec, now), _waiting_for_claim(spec), _unpaused(default_queue))
+        .order_by(OUTBOX.c.available_at)
+        .limit(limit)
+        .with_for_update(of=OUTBOX, skip_locked=True)
+    )
+    return _pending(conn.execute(stmt).mappings())
+
+
+def settle_delivered(conn: Connection, spec: RunTable, *, now: datetime, limit: int) -> int:
+    """Mark delivered the published rows whose job moved past their attempt (or is gone)."""
+    table = spec.table
+    moved_on = (
+        select(OUTBOX.c.id)
+        .outerjoin(table, table.c.job_id == OUTBOX.c.job_id)
+        .where(*_due_inflight(spec, now), ~_waiting_for_claim(spec) | table.c.job_id.is_(None))
+        .limit(limit)
+    )
+    # Re-checked outside the subquery: a relay that waited on another's lock must not
+    # mark the row a second time.
+    stmt = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(moved_on), OUTBOX.c.delivered_at.is_(None))
+        .values(delivered_at=now)
+    )
+    return conn.execute(stmt).rowcount
+
+
+def settle_dead(conn: Connection, spec: RunTable, *, now: datetime, limit: int) -> int:
+    """Dead rows whose job moved past their attempt (a copy ran after all, or the job was
+    cancelled or pruned): delivered, and no longer dead."""
+    table = spec.table
+    moved_on = (
+        select(OUTBOX.c.id)
+        .outerjoin(table, table.c.job_id == OUTBOX.c.job_id)
+        .where(
+            OUTBOX.c.module == spec.module,
+            OUTBOX.c.dead_at.is_not(None),
+            OUTBOX.c.delivered_at.is_(None),
+            ~_waiting_for_claim(spec) | table.c.job_id.is_(None),
+        )
+        .limit(limit)
+    )
+    stmt = (
+        update(OUTBOX)
+        .where(
+            OUTBOX.c.id.in_(moved_on),
+            OUTBOX.c.dead_at.is_not(None),
+            OUTBOX.c.delivered_at.is_(None),
+        )
+        .values(delivered_at=now, dead_at=None)
+    )
+    return conn.execute(stmt).rowcount
+
+
+def check_later(
+    conn: Connection,
+    messages: Sequence[PendingMessage],
+    *,
+    now: datetime,
+    wait: Callable[[int], timedelta],
+) -> int:
+    """Push back the claim check of published rows whose message may still wait in its
+    queue, by ``wait(publish count)``; no publish is counted. Guarded by the count seen."""
+    by_count: dict[int, list[int]] = {}
+    for m in messages:
+        by_count.setdefault(m.publish_count, []).append(m.id)
+    moved = 0
+    for count, ids in by_count.items():
+        stmt = (
+            update(OUTBOX)
+            .where(
+                OUTBOX.c.id.in_(ids),
+                OUTBOX.c.publish_count == count,
+                _LIVE,
+                OUTBOX.c.delivered_at.is_(None),
+            )
+            .values(available_at=now + wait(count))
+        )
+        moved += conn.execute(stmt).rowcount
+    return moved
+
+
+class Accepted(NamedTuple):
+    """A row whose message the broker took: the publish count it was sent at, how long
+    after it can be claimed to look for its claim, and when the publish saw it due."""
+
+    id: int
+    publish_count: int
+    wait: timedelta
+    due: datetime
+
+
+def _marks() -> Any:
+    """The accepted rows as a table: ``unnest`` of three arrays bound once per statement."""
+    arrays = (
+        bindparam("m_ids", type_=ARRAY(BigInteger)),
+        bindparam("m_counts", type_=ARRAY(Integer)),
+        bindparam("m_waits", type_=ARRAY(Interval())),
+    )
+    return func.unnest(*arrays).table_valued("id", "seen", "wait").render_derived()
+
+
+def _mark(seen: Any, published_at: Any, next_check: Any, *where: Any) -> Any:
+    # Guarded by the count the publish saw: a mark that comes after another publish of the
+    # same row was recorded (a relay that went first) changes nothing.
+    return (
+        update(OUTBOX)
+        .where(*where, OUTBOX.c.publish_count == seen, _LIVE)
+        .values(
+            published_at=published_at,
+            publish_count=OUTBOX.c.publish_count + 1,
+            available_at=next_check,
+        )
+    )
+
+
+_MARKS = _marks()
+# PostgreSQL: published and checked on the database's clock, at the mark (after the publish);
+# a countdown message cannot be claimed before its row is due, so its check counts from then.
+_PG_NOW = func.statement_timestamp()
+_MARK_MANY = _mark(
+    _MARKS.c.seen,
+    _PG_NOW,
+    func.greatest(OUTBOX.c.available_at, _PG_NOW) + _MARKS.c.wait,
+    OUTBOX.c.id == _MARKS.c.id,
+)
+# SQLite's clock is this host's (``lease.database_now``): both times come bound.
+_MARK_ONE = _mark(
+    bindparam("m_seen"),
+    bindparam("m_now", type_=OUTBOX.c.published_at.type),
+    bindparam("m_next_check", type_=OUTBOX.c.available_at.type),
+    OUTBOX.c.id == bindparam("m_id"),
+)
+
+
+def mark_published(conn: Connection, published: Sequence[Accepted]) -> int:
+    """Record the broker's confirmations (one UPDATE on PostgreSQL); returns rows marked."""
+    if conn.dialect.name == "postgresql":
+        ids, counts, waits, _ = (list(column) for column in zip(*published, strict=True))
+        params = {"m_ids": ids, "m_counts": counts, "m_waits": waits}
+        return conn.execute(_MARK_MANY, params).rowcount
+    marked, now = 0, utcnow()
+    for p in published:
+        one = {
+            "m_id": p.id,
+            "m_seen": p.publish_count,
+            "m_now": now,
+            "m_next_check": max(now, p.due) + p.wait,
+        }
+        marked += conn.execute(_MARK_ONE, one).rowcount
+    return marked
+
+
+@dataclass(frozen=True)
+class Setback:
+    """What a failed publish does to its row: try again at ``retry_at``, or die."""
+
+    message: PendingMessage
+    error: str
+    retry_at: datetime | None  # None: the row is dead
+
+
+def set_back(conn: Connection, setbacks: Sequence[Setback], *, now: datetime) -> int:
+    """Count each failure against its row (guarded by the count seen); returns rows killed."""
+    killed = 0
+    for s in setbacks:
+        dead = s.retry_at is None
+        values: dict[str, Any] = {
+            "publish_failures": s.message.publish_failures + 1,
+            "last_error": s.error,
+            "dead_at": now if dead else None,
+            "available_at": s.retry_at or now,
+        }
+        stmt = (
+            update(OUTBOX)
+            .where(
+                OUTBOX.c.id == s.message.id,
+                _LIVE,
+                OUTBOX.c.publish_failures == s.message.publish_failures,
+            )
+            .values(**values)
+        )
+        changed = conn.execute(stmt).rowcount
+        killed += changed if dead else 0
+    return killed
+
+
+def bury(conn: Connection, ids: Sequence[int], *, reason: str, now: datetime) -> int:
+    """Mark live rows dead (published again and again, never claimed)."""
+    if not ids:
+        return 0
+    stmt = (
+        update(OUTBOX)
+        .where(OUTBOX.c.id.in_(list(ids)), _LIVE)
+        .values(dead_at=now, last_error=reason)
+    )
+    return conn.execute(stmt).rowcount
+
+
+@dataclass(frozen=True)
+class DeadRow:
+    id: int
+    module: str
+    job_id: uuid.UUID
+    attempt: int
+    task_name: str
+    publish_count: int
+    publish_failures: int
+    last_error: str | None
+    created_at: datetime
+    dead_at: datetime
+
+
+def dead_rows(conn: Connection, *, limit: int) -> list[DeadRow]:
+    """The newest dead rows first (the partial index of dead rows)."""
+    cols = [OUTBOX.c[f] for f in DeadRow.__dataclass_fields__]
+    stmt = select(*cols).where(OUTBOX.c.dead_at.is_not(None))
+    rows = conn.execute(stmt.order_by(OUTBOX.c.dead_at.desc()).limit(limit)).mappings()
+    return [DeadRow(**r) for r in rows]
+
+
+def count_dead(conn: Connection) -> int:
+    stmt = select(func.count()).select_from(OUTBOX).where(OUTBOX.c.dead_at.is_not(None))
+    return int(conn.execute(stmt).scalar_one())
+
+
+# ------------------------------------------------------------- invariant sweep
+
+
+Cursor = tuple[datetime, uuid.UUID]
+
+
+def _has_live_row(spec: RunTable) -> Any:
+    """An undelivered outbox row (pending, inflight or dead) for the run's next attempt."""
+    table = spec.table
+    return (
+        select(OUTBOX.c.id)
+        .where(
+            OUTBOX.c.module == spec.module,
+            OUTBOX.c.job_id == table.c.job_id,
+            OUTBOX.c.attempt == table.c.attempts + 1,
+            OUTBOX.c.delivered_at.is_(None),
+        )
+        .exists()
+    )
+
+
+def missing_messages(
+    conn: Connection, spec: RunTable, *, after: Cursor | None, limit: int
+) -> tuple[list[dict[str, Any]], Cursor | None]:
+    """Queued runs of the next page (by ``updated_at, job_id``) that have no outbox row for
+    their next attempt, locked; and where the following page starts (None: wrap around)."""
+    table = spec.table
+    queued = table.c.state == State.QUEUED.value
+    page = select(table.c.job_id, table.c.updated_at).where(queued)
+    if after is not None:
+        page = page.where(tuple_(table.c.updated_at, table.c.job_id) > tuple_(*after))
+    seen = conn.execute(page.order_by(table.c.updated_at, table.c.job_id).limit(limit)).all()
+    if not seen:
+        return [], None
+    missing = (
+        select(table)
+        .where(table.c.job_id.in_([r.job_id for r in seen]), queued, ~_has_live_row(spec))
+        .with_for_update(skip_locked=True)
+    )
+    rows = [dict(r) for r in conn.execute(missing).mappings()]
+    cursor = (seen[-1].updated_at, seen[-1].job_id) if len(seen) == limit else None
+    return rows, cursor
+
+
+def bump(conn: Connection, name: str, by: int) -> None:
+    """Add ``by`` to the counter ``name`` (created at zero)."""
+    if by <= 0:
+        return
+    stmt = upsert(conn, COUNTERS).values(name=name, value=by)
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[COUNTERS.c.name], set_={"value": COUNTERS.c.value + stmt.excluded.value}
+        )
+    )
+
+
+def counters(conn: Connection) -> dict[str, int]:
+    return {str(n): int(v) for n, v in conn.execute(select(COUNTERS.c.name, COUNTERS.c.value))}

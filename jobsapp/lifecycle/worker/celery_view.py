@@ -1,0 +1,247 @@
+"""What Celery's task events, and so Flower, show of an attempt: the user's call.
+
+A lifecycle task's Celery message carries jobsapp's envelope, and its task raises only after
+the journal recorded the outcome; left alone, Flower would show the envelope as the
+arguments and jobsapp's wrapper as the exception. Instead:
+
+- an attempt's end is reported by ``report``: a failed or requeued attempt raises
+  ``AttemptFailed`` dressed as the body's exception:
+  the body's class name, its scrubbed message and the traceback of the body's own frames,
+  with a note naming the job and attempt (the last lines of Flower's traceback);
+- where the worker sends task events (Flower watching, or ``-E``), the claimed attempt sends
+  a ``task-started`` event with the body's arguments as Celery's producer shows them
+  (``saferepr``, then scrubbed) and the job id, so Flower's args and kwargs are the user's.
+  It goes out through one event dispatcher kept per process (``send_started``), not one
+  built per event as ``Task.send_event`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from functools import cache
+from types import CodeType, TracebackType
+from typing import Any, Final
+
+from celery import Celery
+from celery.events.dispatcher import EventDispatcher
+from celery.exceptions import Retry
+from celery.utils.saferepr import saferepr
+from celery.worker import state as worker_state
+from celery.worker.request import Request
+
+from jobsapp.lifecycle.rules.message import Envelope, task_id_for
+from jobsapp.lifecycle.rules.scrub import scrub
+from jobsapp.lifecycle.worker import timeouts
+from jobsapp.lifecycle.worker.attempt import End, Ended
+
+log = logging.getLogger(__name__)
+
+# The request field that tells the pool child whether this worker sends task events now.
+EVENTS_ON: Final = "jobsapp_task_events"
+# Celery's own bound on the argument texts of a message (``AMQP.argsrepr_maxsize``).
+REPR_MAX: Final = 1024
+
+
+class AttemptFailed(Exception):
+    """Raised after the journal recorded a failed attempt, so Celery and Flower show it.
+
+    Its repr is the body's exception's (``ValueError('...')``), its message the scrubbed
+    one; it pickles as itself, so it crosses the prefork pool to the worker that sends
+    the task event.
+    """
+
+    def __init__(self, message: str, shown: str = "AttemptFailed") -> None:
+        super().__init__(message)
+        self.shown = shown
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (AttemptFailed, (str(self), self.shown), self.__dict__)
+
+    def __repr__(self) -> str:
+        return f"{self.shown}({str(self)!r})"
+
+
+@cache
+def _dressed(module: str, qualname: str) -> type[AttemptFailed]:
+    """An ``AttemptFailed`` that a formatted traceback names as the body's exception class."""
+    name = qualname.rpartition(".")[2]
+    return type(name, (AttemptFailed,), {"__module__": module, "__qualname__": qualname})
+
+
+def shown_failure(
+    exc: BaseException, *, entry: CodeType, note: str, secrets: Sequence[str]
+) -> AttemptFailed:
+    """``exc`` as Celery should report it: its class, its scrubbed message, the frames from
+    the body's call down (those below ``entry``, the frame that called the body) and
+    ``note``. Raise it outside any ``except`` block, so no jobsapp exception is chained."""
+    kind = type(exc)
+    shown = _dressed(kind.__module__, kind.__qualname__)(
+        scrub(str(exc), secrets=secrets), kind.__name__
+    )
+    shown.add_note(note)
+    return shown.with_traceback(_below(exc.__traceback__, entry))
+
+
+def _below(tb: TracebackType | None, entry: CodeType) -> TracebackType | None:
+    """The frames under the one running ``entry``; all of them when none does (the body's
+    exception came through ``self.retry(exc=...)``, caught in the body itself)."""
+    walk = tb
+    while walk is not None:
+        if walk.tb_frame.f_code is entry:
+            return walk.tb_next
+        walk = walk.tb_next
+    return tb
+
+
+def report(env: Envelope, ended: Ended | str, *, entry: CodeType, secrets: Sequence[str]) -> Any:
+    """The attempt's Celery result, or the exception that gives its task Flower's state.
+
+    A succeeded attempt's result is what the body returned: Flower's result column and
+    Celery's ``task-succeeded`` event carry it, as for any Celery task.
+
+    A requeued attempt raises ``Retry`` (RETRY, acked, nothing re-sent: the journal already
+    scheduled the next attempt, whose task id its note names); a failed one raises
+    ``AttemptFailed`` dressed as the body's exception (FAILURE, acked); a delivery that
+    started no work returns what happened instead. ``entry`` is the frame that called
+    the body: the traceback Flower shows starts below it.
+    """
+    if isinstance(ended, str):
+        return ended
+    label = f"job {env.job_id} attempt {env.attempt}"
+    if ended.end is End.REQUEUED:
+        following = task_id_for(env.job_id, env.attempt + 1)
+        shown = _shown(
+            ended,
+            f"jobsapp: {env.module} {label} requeued; next: attempt "
+            f"{env.attempt + 1}, task {following}",
+            entry,
+            secrets,
+        )
+        raise Retry(f"{label} requeued", exc=shown) from shown
+    if ended.end is End.FAILED:
+        raise _shown(ended, f"jobsapp: {env.module} {label} {ended.summary}", entry, secrets)
+    if ended.end is End.SUCCEEDED:
+        return ended.value
+    return f"{label}: {ended.end.value}{': ' if ended.summary else ''}{ended.summary}"
+
+
+def _shown(ended: Ended, note: str, entry: CodeType, secrets: Sequence[str]) -> AttemptFailed:
+    """The attempt's failure as Celery reports it: the body's exception where there is one
+    (a snooze has none), with ``note`` naming the job."""
+    if ended.error is None:
+        failed = AttemptFailed(ended.summary)
+        failed.add_note(note)
+        return failed
+    return shown_failure(ended.error, entry=entry, note=note, secrets=secrets)
+
+
+def call_fields(
+    args: Sequence[Any], kwargs: Mapping[str, Any], secrets: Sequence[str]
+) -> dict[str, str]:
+    """The body's arguments as Flower's args and kwargs columns, scrubbed."""
+    return {"args": _call_part(tuple(args), secrets), "kwargs": _call_part(dict(kwargs), secrets)}
+
+
+def _call_part(part: tuple[Any, ...] | dict[str, Any], secrets: Sequence[str]) -> str:
+    # An empty part is what saferepr and scrub make of it, without their ~30 us: a
+    # domain's body never has positional arguments.
+    if not part:
+        return "()" if isinstance(part, tuple) else "{}"
+    return scrub(saferepr(part, REPR_MAX), secrets=secrets)
+
+
+# The dispatcher of each (process, worker name), with the connection it owns: a forked
+# child builds its own (its parent's connection is not its to use).
+_dispatchers: dict[tuple[int, str], EventDispatcher] = {}
+_dispatchers_lock = threading.Lock()
+
+
+def send_started(app: Celery, task_id: str, hostname: str, fields: Mapping[str, Any]) -> None:
+    """A ``task-started`` event of ``task_id`` carrying ``fields``, published at once.
+
+    ``Task.send_event`` takes a producer from the pool and builds a dispatcher (an exchange,
+    a producer, a lock) for every event, about as much CPU as the publish itself; this
+    process keeps one. A failed publish raises, and the next event starts afresh on a new
+    connection (an AMQP connection does not come back by itself).
+    """
+    dispatcher = _dispatcher(app, hostname)
+    try:
+        dispatcher.send("task-started", uuid=task_id, retry=False, **fields)
+    except BaseException:
+        _drop(dispatcher)
+        raise
+
+
+def _dispatcher(app: Celery, hostname: str) -> EventDispatcher:
+    key = (os.getpid(), hostname)
+    with _dispatchers_lock:
+        found = _dispatchers.get(key)
+        if found is None:
+            found = _dispatchers[key] = app.events.Dispatcher(
+                app.connection_for_write(), hostname=hostname, buffer_while_offline=False
+            )
+        return found
+
+
+def _drop(dispatcher: EventDispatcher) -> None:
+    with _dispatchers_lock:
+        for key in [k for k, v in _dispatchers.items() if v is dispatcher]:
+            del _dispatchers[key]
+    dispatcher.close()
+    if dispatcher.connection is not None:
+        dispatcher.connection.collect()
+
+
+class LifecycleRequest(Request):
+    """Celery's request, telling the pool child whether this worker sends task events.
+
+    Flower switches a worker's task events on and off while it runs; only the worker's
+    own dispatcher knows, and the child, which has a dispatcher of its own, must not send
+    events that nobody asked for (they cost throughput)."""
+
+    _eventer: Any  # set by Request.__init__; celery's stubs leave it out
+
+    def send_event(self, type: str, **fields: Any) -> None:
+        """Every event but Celery's own ``task-started``: the attempt sends its one
+        ``task-started`` once its claim holds, with the user's call (``send_started``);
+        a second, with the envelope as arguments, counted each attempt twice."""
+        if type != "task-started":
+            super().send_event(type, **fields)
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        """A hard limit: the pool kills the child, which cannot write its end; the
+        journal records it here first (lifecycle/worker/timeouts.py), then Celery reports it.
+        Nothing may escape: billiard kills the child only after this returns."""
+        if not soft and not worker_state.should_terminate:
+            try:
+                timeouts.ended_by_pool(self, timeout)
+            except Exception:
+                log.exception("job of task %s: hard time limit not recorded", self.id)
+        super().on_timeout(soft, timeout)
+
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        """``revoke(terminate=True)``: the pool kills the child, which cannot write its end;
+        the journal's cancel (written by the revoke before its broadcast) is honoured here,
+        at once, instead of by the reaper once the heartbeat has gone stale."""
+        running = bool(self.time_start)
+        super().terminate(pool, signal)
+        if running and not worker_state.should_terminate:
+            try:
+                timeouts.cancelled_by_pool(self)
+            except Exception:
+                log.exception("job of task %s: its terminate not recorded", self.id)
+
+    @property
+    def request_dict(self) -> dict[str, Any]:
+        found: dict[str, Any] = super().request_dict
+        eventer = self._eventer
+        found[EVENTS_ON] = bool(
+            eventer is not None
+            and eventer.enabled
+            and self.task.send_events
+            and (not eventer.groups or "task" in eventer.groups)
+        )
+        return found
