@@ -58,10 +58,10 @@ def test_a_forked_child_never_marks_its_parents_rows() -> None:
 
 def test_rows_collected_before_a_normal_exit_are_marked() -> None:
     script = textwrap.dedent("""
-        from jobsapp.lifecycle.transport.marker import Marker, installed
+        from jobsapp.lifecycle.transport.marker import Marker
         from tests.unit.test_marker import ENGINE, LONG, _row
 
-        installed(Marker(lambda engine, rows: print("marked", [r.id for r in rows]), LONG))\\
+        Marker(lambda engine, rows: print("marked", [r.id for r in rows]), LONG)\\
             .add(ENGINE, [_row(7), _row(8)])
     """)
     done = subprocess.run(
@@ -73,3 +73,19 @@ def test_rows_collected_before_a_normal_exit_are_marked() -> None:
         cwd=os.getcwd(),
     )
     assert done.stdout.strip() == "marked [7, 8]"
+
+
+def test_importing_the_app_hooks_nothing_into_exit_or_celery_signals() -> None:
+    """The marker hooks itself in at its first row: a process that only imports jobsapp
+    (a web worker, a CLI command) runs no flush at exit and no receiver at a child's exit."""
+    script = textwrap.dedent("""
+        from celery.signals import worker_process_shutdown
+        import jobsapp, jobsapp.celery_app
+        from jobsapp.lifecycle.transport import outbox
+
+        print(len(worker_process_shutdown.receivers))
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["0"]

@@ -36,11 +36,14 @@ Write = Callable[[Engine, Sequence[Accepted]], None]
 class Marker:
     """Collects accepted rows per engine; ``flush`` writes them (also called at exit).
 
+    From its first row on, it is flushed at interpreter exit and at a Celery child's exit,
+    and emptied in a forked child; a process that never publishes registers nothing.
     ``write`` logs its own failures: the thread must outlive a database outage."""
 
     def __init__(self, write: Write, interval: float = FLUSH_INTERVAL) -> None:
         self._write = write
         self._interval = interval
+        self._hooked = False
         self._reset()
 
     def _reset(self) -> None:
@@ -55,6 +58,7 @@ class Marker:
         with self._lock:
             self._pending.setdefault(engine, []).extend(accepted)
             if self._thread is None:
+                self._hook_once()
                 self._thread = threading.Thread(
                     target=self._loop, name="jobsapp-outbox-marker", daemon=True
                 )
@@ -83,16 +87,15 @@ class Marker:
     def after_fork_in_child(self) -> None:
         self._reset()
 
+    def _hook_once(self) -> None:
+        # A forked child inherits the hooks with the flag: registered once per marker.
+        if self._hooked:
+            return
+        self._hooked = True
+        os.register_at_fork(after_in_child=self.after_fork_in_child)
+        atexit.register(self.flush)
+        # A prefork child leaves with os._exit, past atexit.
+        worker_process_shutdown.connect(self._flush_on_child_exit, weak=False)
 
-def installed(marker: Marker) -> Marker:
-    """``marker``, flushed at interpreter exit and at a Celery child's exit, and emptied
-    in a forked child."""
-    os.register_at_fork(after_in_child=marker.after_fork_in_child)
-    atexit.register(marker.flush)
-
-    # A prefork child leaves with os._exit, past atexit.
-    def flush_on_child_exit(**_: object) -> None:
-        marker.flush()
-
-    worker_process_shutdown.connect(flush_on_child_exit, weak=False)
-    return marker
+    def _flush_on_child_exit(self, **_: object) -> None:
+        self.flush()

@@ -309,7 +309,7 @@ def _mark_in_own_transaction(engine: Engine, accepted: Sequence[outbox_queries.A
         log.warning("marking %d outbox rows published failed: %s", len(accepted), exc)
 
 
-MARKER = marker.installed(marker.Marker(_mark_in_own_transaction))
+MARKER = marker.Marker(_mark_in_own_transaction)
 
 
 def publish_now(app: Celery, messages: Sequence[PendingMessage]) -> int:
