@@ -9,6 +9,7 @@ COMMIT, and leave a crash between COMMIT and publish to the relay.
 from __future__ import annotations
 
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -364,3 +365,48 @@ def test_a_batch_producer_killed_between_round_trips_runs_every_job_once(
 
     eventually(all_ran, timeout=30, interval=0.5)
     assert [tasks.calls(str(i)) for i in ids] == [1] * 5
+
+
+def _waiting_for_a_lock(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        waiting = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
+    return bool(waiting)
+
+
+def test_two_batches_at_once_leave_one_run_per_key_and_job(pg: Engine) -> None:
+    """The second batch's statement waits on the first's uncommitted rows, then answers
+    as an enqueue after that commit would: its new keys enqueued, the first's keys
+    skipped (naming the first's run), the first's job_ids duplicates; one message per run."""
+    firsts = [_keyed(f"k{i}") for i in range(40)]
+    seconds = [
+        *(_keyed(f"k{i}") for i in range(0, 40, 2)),  # the same key, a job of its own
+        *firsts[1::2],  # the same job
+        *(_keyed(f"new{i}") for i in range(20)),
+    ]
+    answers: list[EnqueueResult] = []
+    with pg.connect() as first:
+        trans = first.begin()
+        assert {r.outcome for r in journal.enqueue_many(first, firsts, actor="a")} == {E}
+        with pg.begin() as other:
+            racing = threading.Thread(
+                target=lambda: answers.extend(journal.enqueue_many(other, seconds, actor="b"))
+            )
+            racing.start()
+            eventually(lambda: _waiting_for_a_lock(pg), timeout=20)
+            trans.commit()
+            racing.join(timeout=30)
+    by_key = {job.concurrency_key: job.job_id for job in firsts}
+    assert [(r.outcome, r.holder) for r in answers[:20]] == [
+        (S, by_key[job.concurrency_key]) for job in seconds[:20]
+    ]
+    assert [r.outcome for r in answers[20:40]] == [D] * 20
+    assert [r.outcome for r in answers[40:]] == [E] * 20
+    assert run_count(pg) == 60
+    with pg.connect() as conn:
+        outbox_jobs = [row.job_id for row in conn.execute(select(OUTBOX.c.job_id))]
+    assert sorted(outbox_jobs) == sorted(j.job_id for j in [*firsts, *seconds[40:]])
