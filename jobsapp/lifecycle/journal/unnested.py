@@ -33,7 +33,7 @@ from sqlalchemy import BigInteger, Connection, String, bindparam, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.selectable import TextualSelect
 
-from jobsapp.db import UtcDateTime
+from jobsapp.db import UtcDateTime, utcnow
 from jobsapp.lifecycle.journal._sql import OUTBOX
 from jobsapp.lifecycle.journal.new_run import NewJob
 from jobsapp.lifecycle.journal.outbox_rows import Outgoing, PendingMessage, outgoing
@@ -63,8 +63,13 @@ def insert_with_messages(
 ) -> tuple[dict[int, Mapping[str, Any]], dict[int, PendingMessage]]:
     """Insert the batch's runs (``rows``, as ``_new_row`` made them) with their first
     messages; position -> the run as inserted, and -> its message, for each job that won."""
+    # The bodies' (informational) enqueued_at: one reading of this process's clock, as
+    # the single enqueue's; the rows' clock is the database's, in the statement.
+    enqueued_at = now or utcnow()
     out = [
-        outgoing(spec, row, attempt=1, now=None, available_at=None, traceparent=job.traceparent)
+        outgoing(
+            spec, row, attempt=1, now=enqueued_at, available_at=None, traceparent=job.traceparent
+        )
         for job, row in zip(jobs, rows, strict=True)
     ]
     statement, columns = _statement(spec, conn.dialect)
