@@ -1,7 +1,8 @@
 """Transition.ENQUEUE for many jobs at once (the batch path).
 
-A batch writes its jobs with one multi-row statement per table (SQLAlchemy's
-"insertmanyvalues" renders an executemany as INSERT ... VALUES (...), (...) ...), and
+A batch writes its jobs and their first messages with one statement on PostgreSQL
+(unnested.py: each column one array), elsewhere with one multi-row statement per table
+(SQLAlchemy's "insertmanyvalues" renders an executemany as INSERT ... VALUES (...), ...), and
 answers each job as the same enqueues one by one, in order, in that transaction would
 (enqueue.py; a finished job among them is a Transition.RERUN, reopen.py). Called by
 lifecycle/enqueue.py's ``Batch`` (the deferred enqueues of one transaction, flushed together).
