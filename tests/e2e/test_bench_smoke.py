@@ -38,6 +38,8 @@ LIFECYCLE = [
     "lifecycle-batch/bare e2e ratio (fsync on)",
     "lifecycle-batch/bare enqueue ratio (fsync on)",
     "bare+events/bare e2e ratio (fsync on)",
+    "batch enqueue jobs per second",
+    "batch enqueue/bare pipeline ratio (fsync on)",
     "lifecycle/bare worker calls per job",
     "lifecycle/bare producer calls per job",
     "lifecycle journal rows per job",

@@ -9,8 +9,10 @@ COMMIT, and leave a crash between COMMIT and publish to the relay.
 from __future__ import annotations
 
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +21,7 @@ import redis
 from sqlalchemy import Connection, Engine, event, select, text
 
 from jobsapp.celery_app import app
+from jobsapp.db import utcnow
 from jobsapp.lifecycle import EnqueueOutcome, journal
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, EnqueueResult, NewJob
 from jobsapp.lifecycle.journal.registry import JOBS
@@ -78,6 +81,31 @@ def _with_rerun() -> tuple[Callable[[Connection], None], list[NewJob]]:
     return before, jobs
 
 
+# What a producer may put in a column: quotes, backslashes, braces and commas (an array
+# literal's own syntax), the word NULL, a newline, text beyond ASCII.
+# An eta: a due time of its own, not counted from the enqueue's clock.
+ETA = utcnow() + timedelta(days=1)
+AWKWARD = ['say "hi"', "back\\slash \\", "{a,b}", "NULL", "line\nbreak", "ünï €"]
+
+
+def _varied() -> tuple[Callable[[Connection], None], list[NewJob]]:
+    """Jobs with every option a run row and its first message carry: awkward arguments, a
+    countdown, an eta, a queue, a priority, time limits, an expiry, a trace context."""
+    options: list[dict[str, Any]] = [
+        {"delay": timedelta(seconds=90, microseconds=250)},
+        {"not_before": ETA},
+        {"queue": "elsewhere", "priority": 7},
+        {"time_limit": 30.5, "soft_time_limit": 20.0},
+        {"expires_at": ETA},
+        {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+    ]
+    jobs = [
+        replace(tasks.echo.new_job((text,), {}, uuid.uuid4()), **option)
+        for text, option in zip(AWKWARD, options, strict=True)
+    ]
+    return lambda _conn: None, jobs
+
+
 def _answers(results: Sequence[EnqueueResult]) -> list[tuple[Any, ...]]:
     return [
         (r.outcome, r.job_id, r.holder, r.message and (r.message.job_id, r.message.attempt))
@@ -95,6 +123,14 @@ def _rows(conn: Connection) -> dict[str, list[tuple[Any, ...]]]:
             RUNS.c.attempts,
             RUNS.c.max_attempts,
             RUNS.c.params,
+            RUNS.c.queue,
+            RUNS.c.priority,
+            RUNS.c.time_limit,
+            RUNS.c.soft_time_limit,
+            RUNS.c.expires_at,
+            RUNS.c.created_at == RUNS.c.updated_at,
+            RUNS.c.next_retry_at,
+            RUNS.c.created_at,
         )
     )
     evs = conn.execute(
@@ -113,18 +149,28 @@ def _rows(conn: Connection) -> dict[str, list[tuple[Any, ...]]]:
             OUTBOX.c.task_name,
             OUTBOX.c.body,
             OUTBOX.c.queue,
+            OUTBOX.c.priority,
             OUTBOX.c.published_at,
+            OUTBOX.c.available_at,
+            OUTBOX.c.created_at,
         )
     )
     bodies = [
         (*r[:3], {k: v for k, v in r[3].items() if k not in ("enqueued_at", "traceparent")}, *r[4:])
-        for r in out
+        for r in map(_when_due, out)
     ]
     return {
-        "runs": sorted(map(tuple, runs), key=repr),
+        "runs": sorted(map(_when_due, runs), key=repr),
         "events": sorted(map(tuple, evs), key=repr),
         "outbox": sorted(bodies, key=repr),
     }
+
+
+def _when_due(row: Any) -> tuple[Any, ...]:
+    """A row ending in (due, written): the due time as an offset from the write, but an
+    eta's own (the clock readings differ from one play to the next)."""
+    *rest, due, written = row
+    return (*rest, due if due in (None, ETA) else due - written)
 
 
 def _played(
@@ -145,8 +191,8 @@ E, D, S = EnqueueOutcome.ENQUEUED, EnqueueOutcome.DUPLICATE, EnqueueOutcome.SKIP
 
 @pytest.mark.parametrize(
     ("scenario", "expected"),
-    [(_scenario, [E, S, D, E, D, E, S, E]), (_with_rerun, [E, E, S, S])],
-    ids=["mix", "rerun"],
+    [(_scenario, [E, S, D, E, D, E, S, E]), (_with_rerun, [E, E, S, S]), (_varied, [E] * 6)],
+    ids=["mix", "rerun", "varied"],
 )
 def test_a_batch_answers_and_writes_as_the_same_enqueues_one_by_one(
     db: Engine,
@@ -167,7 +213,7 @@ def statements(db: Engine) -> Iterator[list[str]]:
     seen: list[str] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        seen.append(" ".join(statement.split()[:3]))
+        seen.append(" ".join(statement.split()))
 
     event.listen(db, "before_cursor_execute", record)
     yield seen
@@ -180,9 +226,12 @@ def test_a_batch_writes_each_table_with_one_statement(
     with transaction(app) as batch:
         handles = [tasks.echo.enqueue_in(batch, (f"many{i}",)) for i in range(40)]
     outbox.MARKER.flush()  # PostgreSQL: the fast path's marks are written in bulk, soon after
-    inserts = [s for s in statements if s.startswith("INSERT INTO")]
-    # No job_events rows: each run row carries its enqueue (journal/row_events.py).
-    assert sorted(inserts) == ["INSERT INTO job_runs", "INSERT INTO outbox"], statements
+    writes = [_tables_written(s) for s in statements if _tables_written(s)]
+    # No job_events rows: each run row carries its enqueue (journal/row_events.py). On
+    # PostgreSQL the runs and their outbox rows go in one statement (journal/unnested.py).
+    postgres = db.dialect.name == "postgresql"
+    expected = [["job_runs", "outbox"]] if postgres else [["job_runs"], ["outbox"]]
+    assert writes == expected, statements
     marks = [s for s in statements if s.startswith("UPDATE outbox")]
     # One UPDATE marks the batch on PostgreSQL; SQLite's marks go row by row (outbox.py).
     assert len(marks) == (1 if db.dialect.name == "postgresql" else 40)
@@ -190,6 +239,14 @@ def test_a_batch_writes_each_table_with_one_statement(
     assert run_count(db) == 40
     assert all(outbox_rows(db, h.job_id)[0]["publish_count"] == 1 for h in handles)
     assert _broker().llen(app.conf.task_default_queue) == 40
+
+
+def _tables_written(statement: str) -> list[str]:
+    """The tables a statement inserts into, in order."""
+    words = statement.split()
+    return [
+        words[i + 2] for i, w in enumerate(words[:-2]) if (w, words[i + 1]) == ("INSERT", "INTO")
+    ]
 
 
 def test_a_handle_read_inside_the_block_and_the_callers_own_writes_see_the_jobs(
@@ -233,6 +290,7 @@ def test_a_rolled_back_batch_writes_and_publishes_nothing(db: Engine, redis_clea
 BATCH_PRODUCER = """
 import sys, uuid
 from jobsapp.celery_app import app
+from jobsapp.db import utcnow
 from jobsapp.lifecycle.producer.enqueue import transaction
 from tests.support import tasks
 with transaction(app) as batch:
@@ -308,3 +366,48 @@ def test_a_batch_producer_killed_between_round_trips_runs_every_job_once(
 
     eventually(all_ran, timeout=30, interval=0.5)
     assert [tasks.calls(str(i)) for i in ids] == [1] * 5
+
+
+def _waiting_for_a_lock(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        waiting = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
+    return bool(waiting)
+
+
+def test_two_batches_at_once_leave_one_run_per_key_and_job(pg: Engine) -> None:
+    """The second batch's statement waits on the first's uncommitted rows, then answers
+    as an enqueue after that commit would: its new keys enqueued, the first's keys
+    skipped (naming the first's run), the first's job_ids duplicates; one message per run."""
+    firsts = [_keyed(f"k{i}") for i in range(40)]
+    seconds = [
+        *(_keyed(f"k{i}") for i in range(0, 40, 2)),  # the same key, a job of its own
+        *firsts[1::2],  # the same job
+        *(_keyed(f"new{i}") for i in range(20)),
+    ]
+    answers: list[EnqueueResult] = []
+    with pg.connect() as first:
+        trans = first.begin()
+        assert {r.outcome for r in journal.enqueue_many(first, firsts, actor="a")} == {E}
+        with pg.begin() as other:
+            racing = threading.Thread(
+                target=lambda: answers.extend(journal.enqueue_many(other, seconds, actor="b"))
+            )
+            racing.start()
+            eventually(lambda: _waiting_for_a_lock(pg), timeout=20)
+            trans.commit()
+            racing.join(timeout=30)
+    by_key = {job.concurrency_key: job.job_id for job in firsts}
+    assert [(r.outcome, r.holder) for r in answers[:20]] == [
+        (S, by_key[job.concurrency_key]) for job in seconds[:20]
+    ]
+    assert [r.outcome for r in answers[20:40]] == [D] * 20
+    assert [r.outcome for r in answers[40:]] == [E] * 20
+    assert run_count(pg) == 60
+    with pg.connect() as conn:
+        outbox_jobs = [row.job_id for row in conn.execute(select(OUTBOX.c.job_id))]
+    assert sorted(outbox_jobs) == sorted(j.job_id for j in [*firsts, *seconds[40:]])

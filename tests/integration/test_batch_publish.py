@@ -227,6 +227,12 @@ def _task_sent_events(app: Celery, broker: str) -> Iterator[Callable[[int], dict
         yield take
 
 
+def _taken_apart(body: Any) -> list[dict[str, Any]]:
+    """An event message's events, as Celery's receiver takes them: one, or a list of them
+    (``task.multi``, as a worker sends its task events and a batch its task-sent ones)."""
+    return body if isinstance(body, list) else [body]
+
+
 @contextmanager
 def _redis_events(app: Celery) -> Iterator[Callable[[], list[dict[str, Any]]]]:
     # kombu publishes Redis fanout messages with PUBLISH: only a subscriber sees them.
@@ -236,10 +242,10 @@ def _redis_events(app: Celery) -> Iterator[Callable[[], list[dict[str, Any]]]]:
     eventually(lambda: pubsub.get_message(timeout=1), timeout=10)  # the subscription
 
     def read() -> list[dict[str, Any]]:
-        events = []
+        events: list[dict[str, Any]] = []
         while (item := pubsub.get_message(timeout=0.2)) is not None:
             frame = json.loads(item["data"])
-            events.append(json.loads(base64.b64decode(frame["body"])))
+            events.extend(_taken_apart(json.loads(base64.b64decode(frame["body"]))))
         return events
 
     try:
@@ -253,15 +259,15 @@ def _redis_events(app: Celery) -> Iterator[Callable[[], list[dict[str, Any]]]]:
 def _amqp_events(app: Celery) -> Iterator[Callable[[], list[dict[str, Any]]]]:
     with app.connection_for_write() as conn:
         exchange = Exchange(app.conf.event_exchange, type="topic")
-        queue = Queue(
-            f"{app.conf.task_default_queue}-events", exchange, routing_key="task.sent"
-        ).bind(conn.default_channel)
+        queue = Queue(f"{app.conf.task_default_queue}-events", exchange, routing_key="task.#").bind(
+            conn.default_channel
+        )
         queue.declare()
 
         def read() -> list[dict[str, Any]]:
-            events = []
+            events: list[dict[str, Any]] = []
             while (message := queue.get(no_ack=True)) is not None:
-                events.append(message.decode())
+                events.extend(_taken_apart(message.decode()))
             return events
 
         try:
@@ -286,6 +292,7 @@ def _published(
 
 @pytest.mark.parametrize("broker", list(TRANSPORTS))
 def test_a_batch_sends_what_each_job_alone_sends(broker: str) -> None:
+    """The same messages; the same task-sent events, a batch's in Celery's lists."""
     url = service("JOBSAPP_TEST_REDIS_URL" if broker == "redis" else "JOBSAPP_TEST_AMQP_URL")
     app = _varied_app(broker, url)
     messages = _varied_messages(app)
@@ -302,3 +309,33 @@ def test_a_batch_sends_what_each_job_alone_sends(broker: str) -> None:
     assert batched[0] == one_by_one[0]
     assert set(one_by_one[1]) == ids
     assert batched[1] == one_by_one[1]
+
+
+def test_a_batch_sends_its_task_sent_events_in_lists_as_a_worker_sends_its_own() -> None:
+    """30 messages, 2 event messages (Celery's default list of 24, then 6), in order."""
+    app = _app("redis", service("JOBSAPP_TEST_REDIS_URL"))
+    messages = _messages(30)
+    client = redis.Redis.from_url(app.conf.broker_url)
+    pubsub = client.pubsub()
+    pubsub.psubscribe(f"*{app.conf.event_exchange}*")
+    eventually(lambda: pubsub.get_message(timeout=1), timeout=10)  # the subscription
+    try:
+        assert len(outbox.publish(app, messages).accepted) == 30
+        frames: list[Any] = []
+
+        def arrived() -> bool:
+            while (item := pubsub.get_message(timeout=0.2)) is not None:
+                frames.append(json.loads(base64.b64decode(json.loads(item["data"])["body"])))
+            return sum(len(f) for f in frames) >= 30
+
+        eventually(arrived, timeout=20)
+    finally:
+        pubsub.close()
+        client.close()
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(app.conf.task_default_queue)
+        app.close()
+    assert [len(f) for f in frames] == [24, 6]
+    sent = [event["uuid"] for frame in frames for event in frame]
+    assert sent == [task_id_for(m.job_id, 1) for m in messages]
+    assert {event["type"] for frame in frames for event in frame} == {"task-sent"}

@@ -23,7 +23,8 @@ backfills) is used as given.
 
 One file per transition (``states.ALLOWED`` names the file of each), over what they share:
 
-- enqueue_one.py: Transition.ENQUEUE one job at a time; enqueue_many.py: a batch
+- enqueue_one.py: Transition.ENQUEUE one job at a time; enqueue_many.py: a batch (its one
+  statement on PostgreSQL: unnested.py)
 - reopen.py: Transition.RERUN, REPLAY (terminal -> queued; a limited key's run joins its
   key's line)
 - claiming.py: Transition.CLAIM (and by insert, for a foreign message)

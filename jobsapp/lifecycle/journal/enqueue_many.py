@@ -1,7 +1,8 @@
 """Transition.ENQUEUE for many jobs at once (the batch path).
 
-A batch writes its jobs with one multi-row statement per table (SQLAlchemy's
-"insertmanyvalues" renders an executemany as INSERT ... VALUES (...), (...) ...), and
+A batch writes its jobs and their first messages with one statement on PostgreSQL
+(unnested.py: each column one array), elsewhere with one multi-row statement per table
+(SQLAlchemy's "insertmanyvalues" renders an executemany as INSERT ... VALUES (...), ...), and
 answers each job as the same enqueues one by one, in order, in that transaction would
 (enqueue_one.py; a finished job among them is a Transition.RERUN, reopen.py). Called
 by lifecycle/producer/enqueue.py's ``Batch`` (the deferred enqueues of one transaction,
@@ -18,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
+from jobsapp.lifecycle.journal import unnested
 from jobsapp.lifecycle.journal._sql import OUTBOX, _require_transaction
 from jobsapp.lifecycle.journal.clock import _stamp
 from jobsapp.lifecycle.journal.enqueue_one import (
@@ -61,12 +63,15 @@ def _enqueue_into(
         return [enqueue(conn, job, actor=actor, now=now) for job in jobs]
     now = _stamp(conn, now)
     rows = [_new_row(job, now, State.QUEUED, 0, enqueued_by=actor) for job in jobs]
-    params = [_insert_params(row, now, job) for row, job in zip(rows, jobs, strict=True)]
-    result = conn.execute(_many_insert(spec, conn.dialect.name), params)
-    inserted = [dict(row) for row in result.mappings()]
-    # The run as inserted: what the producer wrote, with the database's clock readings.
-    won = {i: {**rows[i], **row} for i, row in _winners(jobs, inserted).items()}
-    messages = _first_messages(conn, spec, jobs, won)
+    if conn.dialect.name == "postgresql":
+        won, messages = unnested.insert_with_messages(conn, spec, jobs, rows, now)
+    else:
+        params = [_insert_params(row, now, job) for row, job in zip(rows, jobs, strict=True)]
+        result = conn.execute(_many_insert(spec, conn.dialect.name), params)
+        inserted = [dict(row) for row in result.mappings()]
+        # The run as inserted: what the producer wrote, with the database's clock readings.
+        won = {i: {**rows[i], **row} for i, row in _winners(jobs, inserted).items()}
+        messages = _first_messages(conn, spec, jobs, won)
     answers = {
         i: EnqueueResult(EnqueueOutcome.ENQUEUED, jobs[i].job_id, message=m)
         for i, m in messages.items()
@@ -95,9 +100,7 @@ def _winners(
 ) -> dict[int, Mapping[str, Any]]:
     """Position -> inserted row: the first job with the row's job_id and key (rows are
     inserted in the statement's order, so a later twin conflicted with it)."""
-    first: dict[tuple[uuid.UUID, str], int] = {}
-    for i, job in enumerate(jobs):
-        first.setdefault((job.job_id, job.concurrency_key), i)
+    first = unnested.first_positions(jobs)
     return {first[(row["job_id"], row["concurrency_key"])]: row for row in inserted}
 
 

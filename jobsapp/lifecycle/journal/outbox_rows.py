@@ -65,10 +65,13 @@ def pending_rows(rows: Iterable[RowMapping]) -> list[PendingMessage]:
     return [PendingMessage.of_row(r) for r in rows]
 
 
-def on_local_clock(message: PendingMessage, due_in: timedelta) -> PendingMessage:
-    """``message`` for this process's fast path, due ``due_in`` from now on this process's
-    clock: the broker countdown is counted on it, never against the database's."""
-    return replace(message, available_at=utcnow() + due_in)
+def on_local_clock(
+    message: PendingMessage, due_in: timedelta, now: datetime | None = None
+) -> PendingMessage:
+    """``message`` for this process's fast path, due ``due_in`` from ``now`` (a reading of
+    this process's clock; read here if not given): the broker countdown is counted on it,
+    never against the database's."""
+    return replace(message, available_at=(now or utcnow()) + due_in)
 
 
 def add_outbox(

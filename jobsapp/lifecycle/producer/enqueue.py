@@ -191,10 +191,11 @@ def publish_committed(app: Celery, done: Sequence[tuple[NewJob, EnqueueResult]])
     # A delayed start within the short-wait limit rides a countdown; longer ones wait in
     # the outbox for the relay (a long broker ETA is redelivered on Redis, and run twice).
     horizon = timedelta(seconds=get_settings().inline_wait_max)
+    now = utcnow()  # one reading for the whole commit's messages
     messages = [
-        journal.on_local_clock(result.message, _due_in(job))
+        journal.on_local_clock(result.message, due_in, now)
         for job, result in done
-        if result.message is not None and _due_in(job) <= horizon
+        if result.message is not None and (due_in := _due_in(job)) <= horizon
     ]
     if messages:
         outbox.publish_now(app, messages)

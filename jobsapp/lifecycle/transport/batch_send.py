@@ -10,11 +10,15 @@ per batch and the sent events go through one event dispatcher whose exchange is 
 
 The messages themselves are still Celery's: the router routes each one, Celery's
 ``create_task_message`` builds it, its ``send_task_message`` fires the publish signals,
-publishes it through kombu and its sent event through the dispatcher.
+publishes it through kombu. Its task-sent event is Celery's too, but sent as Celery's
+worker sends its own task events: held, and published in lists of up to 24 (routing key
+``task.multi``, which Celery's event receivers and Flower take apart) when the batch
+ends, instead of one publish per event: the events were half of the batch's publishes.
 tests/integration/test_batch_publish.py checks that a batch puts on the broker what
-``send_task`` puts there for the same jobs one by one. A message Celery rewrites per call
-(a task with a default expiry; a countdown towards RabbitMQ's quorum queues, which is
-routed to its delayed-delivery exchange) goes through ``send_task`` itself.
+``send_task`` puts there for the same jobs one by one (the same events, in lists). A
+message Celery rewrites per call (a task with a default expiry; a countdown towards
+RabbitMQ's quorum queues, which is routed to its delayed-delivery exchange) goes through
+``send_task`` itself.
 """
 
 from __future__ import annotations
@@ -169,9 +173,33 @@ class BatchSender:
             known = self._queues[id(queue)] = (queue, queue.bind(self._channel))
         return known[1]
 
+    def flush_events(self) -> None:
+        """Publish the task-sent events still held (before the batch's round trip ends)."""
+        if self._dispatcher is not None:
+            self._dispatcher.flush(errors=False)
+
     def _bound_dispatcher(self) -> Any:
-        """An event dispatcher like Celery's default one (disabled: it publishes only
-        through the producer it is given), its exchange bound to the batch's channel."""
-        dispatcher = self._app.events.Dispatcher(channel=self._channel, enabled=False)
+        """An event dispatcher like Celery's worker's, its exchange bound to the batch's
+        channel, publishing through the batch's producer; ``send_task_message`` hands it
+        each task-sent event (``_HeldEvents``), the batch's end flushes them."""
+        dispatcher = self._app.events.Dispatcher(channel=self._channel, buffer_group=["task"])
         dispatcher.exchange = dispatcher.exchange.bind(self._channel)
-        return dispatcher
+        if not dispatcher.enabled:  # a transport Celery sends no events through
+            return None
+        dispatcher.publisher = self._producer
+        return _HeldEvents(dispatcher)
+
+
+class _HeldEvents:
+    """What ``send_task_message`` publishes a task-sent event through: Celery's dispatcher,
+    whose ``send`` holds a task event and publishes the held ones as a list."""
+
+    def __init__(self, dispatcher: Any) -> None:
+        self._dispatcher = dispatcher
+
+    def publish(self, type: str, fields: dict[str, Any], producer: Any, **_retry: Any) -> None:
+        del producer  # the dispatcher's own: the batch's
+        self._dispatcher.send(type, **fields)
+
+    def flush(self, *, errors: bool) -> None:
+        self._dispatcher.flush(errors=errors)

@@ -269,6 +269,8 @@ def _publish_chunk(
                         message.id, message.publish_count, wait, message.available_at
                     )
                 )
+        if sender is not None:
+            sender.flush_events()
     crashpoints.hit("after_publish_before_confirm")
     report.accepted.extend(sent)
 
