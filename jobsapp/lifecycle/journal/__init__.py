@@ -48,6 +48,8 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - row_events.py: the enqueue, claim and success a run row carries instead of event rows,
   read back as events (``history``), and the rollup's cursor over them
 - plans.py: the statement compiler (prebuilt plans per run table and dialect, ``_run``)
+- hot.py: the hot statements, named and kept together (claim, heartbeat, finish, requeue,
+  the reaper's, the relay's pick and mark); their text is in tests/golden/
 - clock.py, _sql.py: whose clock, the two tables and the statement helpers
 
 Callers use this package's names (``journal.claim``, ``journal.OUTBOX``); the files import

@@ -14,10 +14,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from jobsapp.lifecycle.journal import hot
 from jobsapp.lifecycle.journal.clock import _stamp
 from jobsapp.lifecycle.journal.events import Event
 from jobsapp.lifecycle.journal.new_run import NewJob, _insert_params, _new_row, new_claim_token
-from jobsapp.lifecycle.journal.plans import _claim_plan, _insert_plan, _run
+from jobsapp.lifecycle.journal.plans import _insert_plan, _run
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.states import State, Transition
 
@@ -43,7 +44,7 @@ def claim(
         "r_claim_token": new_claim_token(),
     }
     event = Event(spec, attempt, Transition.CLAIM, State.QUEUED, State.RUNNING, worker, now)
-    return _run(conn, _claim_plan(spec, conn.dialect.name), params, event, None)[0]
+    return _run(conn, hot.claim(spec, conn.dialect.name), params, event, None)[0]
 
 
 def claim_by_insert(

@@ -17,11 +17,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from jobsapp.lifecycle.journal import workflow
+from jobsapp.lifecycle.journal import hot, workflow
 from jobsapp.lifecycle.journal.clock import _later, _stamp
 from jobsapp.lifecycle.journal.events import Event
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage, outgoing
-from jobsapp.lifecycle.journal.plans import _finish_plan, _requeue_plan, _run
+from jobsapp.lifecycle.journal.plans import _run
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.results import replaced_by
 from jobsapp.lifecycle.states import Outcome, State, Transition
@@ -55,7 +55,7 @@ def _finish(
         "r_now": now,
     }
     event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error, detail)
-    plan = _finish_plan(spec, conn.dialect.name, outcome is Outcome.SUCCEEDED)
+    plan = hot.finish(spec, conn.dialect.name, outcome is Outcome.SUCCEEDED)
     return _run(conn, plan, params, event, None)[0]
 
 
@@ -174,4 +174,4 @@ def requeue(
     }
     event = Event(spec, attempt, transition, State.RUNNING, State.QUEUED, actor, now, error, detail)
     out = outgoing(spec, run, attempt=attempt + 1, now=now, available_at=due)
-    return _run(conn, _requeue_plan(spec, conn.dialect.name), params, event, out)[1]
+    return _run(conn, hot.requeue(spec, conn.dialect.name), params, event, out)[1]
