@@ -76,7 +76,7 @@ def run(engine: Engine, job: NewJob) -> None:
         limits.fair_claimed(engine, job.spec, row)
     with limits.outcome_connection(engine, row) as conn:
         done = journal.succeed(
-            conn, job.spec, job.job_id, 1, token=row["claim_token"], actor="bench"
+            conn, job.spec, job.job_id, 1, token=row.claimed_token, actor="bench"
         )
         limits.let_go(conn, job.spec, row, done)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -22,7 +22,7 @@ from jobsapp.lifecycle import journal, limits, outbox, results
 from jobsapp.lifecycle.context import RunContext, entered
 from jobsapp.lifecycle.errors import LeaseLost, Replaced, RetryAfter, RetryRequested
 from jobsapp.lifecycle.failures import cause_of, describe, failure_detail
-from jobsapp.lifecycle.journal import PendingMessage
+from jobsapp.lifecycle.journal import PendingMessage, Run
 from jobsapp.lifecycle.registry import RunTable
 from jobsapp.lifecycle.retry import Action, RetryPolicy, decide_failure, decide_retry_after
 from jobsapp.lifecycle.scrub import describe_exception
@@ -122,7 +122,7 @@ def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: Attem
         try:
             value = _call_with_waits(ctx, body, rules)
             if not ctx.finished:
-                kept = results.checked(ctx.row["task_name"], value, rules.result_max_bytes)
+                kept = results.checked(ctx.row.task_name, value, rules.result_max_bytes)
         except LeaseLost as lost:
             log.warning("%s; nothing published", lost)
             return Ended(End.LEASE_LOST, f"{lost}; nothing published")
@@ -164,14 +164,13 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
             ctx.heartbeat.wait(pause.seconds)
 
 
-def success_waits_for_flush(spec: RunTable, row: Mapping[str, Any], setting: bool) -> bool:
+def success_waits_for_flush(spec: RunTable, row: Run, setting: bool) -> bool:
     """Whether the success of the claimed ``row`` waits for its WAL flush: as ``setting``
     (JOBSAPP_FINISH_FLUSH) says, and always where a crash that lost the success would not
     run the job again: the claim surviving it leaves the run ``running``, and the reaper
     fails a stale run with no attempt or rescue to spare (``failed/stale``, although the
     body succeeded). docs/lifecycle.md, "A success may not wait for the flush"."""
-    attempt, most = int(row["attempts"]), int(row["max_attempts"])
-    return setting or not spec.requeues_stale(attempt, most, int(row["rescues"]))
+    return setting or not spec.requeues_stale(row.attempts, row.max_attempts, row.rescues)
 
 
 def _succeed(app: Celery, ctx: RunContext, value: Any, kept: Any, *, flushed: bool) -> Ended:
@@ -209,10 +208,10 @@ def _outcome_connection(
     transaction. Not ``flushed``: the commit does not wait for the WAL flush; a crash that
     loses it loses the whole outcome, and the run repeats (docs/lifecycle.md)."""
     if flushed:
-        if ctx.row.get("workflow_id"):
+        if ctx.row.workflow_id:
             return ctx.engine.begin()
         return limits.outcome_connection(ctx.engine, ctx.row)
-    if ctx.row.get("workflow_id") or limits.is_limited(ctx.row):
+    if ctx.row.workflow_id or limits.is_limited(ctx.row):
         return relaxed_transaction(ctx.engine)
     return relaxed_autocommit(ctx.engine)
 
@@ -251,7 +250,7 @@ def _settle_failure(app: Celery, ctx: RunContext, exc: Exception, rules: Attempt
     decision = decide_failure(
         exc,
         attempt=ctx.attempt,
-        max_attempts=int(ctx.row["max_attempts"]),
+        max_attempts=ctx.row.max_attempts,
         policy=rules.policy,
         permanent=rules.permanent,
         requested_only=rules.requested_only,
@@ -293,9 +292,9 @@ def time_out(app: Celery, ctx: RunContext, rules: AttemptRules, seconds: float) 
 
 def _max_retries_exceeded(ctx: RunContext) -> MaxRetriesExceededError:
     """Celery's error for a ``self.retry()`` with no ``exc`` once no retry is left."""
-    params = ctx.row.get("params") or {}
+    params = ctx.row.columns.get("params") or {}
     return MaxRetriesExceededError(
-        f"Can't retry {ctx.row['task_name']}[{ctx.job_id}] args:{tuple(params.get('args', ()))} "
+        f"Can't retry {ctx.row.task_name}[{ctx.job_id}] args:{tuple(params.get('args', ()))} "
         f"kwargs:{params.get('kwargs', {})}"
     )
 

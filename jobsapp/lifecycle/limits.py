@@ -9,39 +9,33 @@ tasks keep their one-statement autocommit writes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from datetime import timedelta
-from typing import Any
 
 from celery import Celery
 from sqlalchemy import Connection, Engine
 
 from jobsapp.db import autocommit
 from jobsapp.lifecycle import journal, outbox
-from jobsapp.lifecycle.journal import slots
+from jobsapp.lifecycle.journal import Run, slots
 from jobsapp.lifecycle.registry import RunTable
 
 
-def is_limited(row: Mapping[str, Any]) -> bool:
-    return row.get("key_limit") is not None
+def is_limited(row: Run) -> bool:
+    return row.key_limit is not None
 
 
-def outcome_connection(
-    engine: Engine, row: Mapping[str, Any]
-) -> AbstractContextManager[Connection]:
+def outcome_connection(engine: Engine, row: Run) -> AbstractContextManager[Connection]:
     """Where an attempt's outcome is written: a transaction for a limited run (the slot
     goes with the outcome), autocommit for any other."""
     return engine.begin() if is_limited(row) else autocommit(engine)
 
 
-def let_go(
-    conn: Connection, spec: RunTable, row: Mapping[str, Any], written: bool
-) -> tuple[bool, slots.Granted]:
+def let_go(conn: Connection, spec: RunTable, row: Run, written: bool) -> tuple[bool, slots.Granted]:
     """After an outcome ``written`` in ``conn``: a limited run frees its key's slot."""
     if not written or not is_limited(row):
         return written, slots.Granted()
-    return True, slots.release(conn, spec, row["job_id"])
+    return True, slots.release(conn, spec, row.job_id)
 
 
 def publish_granted(app: Celery, granted: slots.Granted) -> None:
@@ -50,13 +44,13 @@ def publish_granted(app: Celery, granted: slots.Granted) -> None:
         outbox.publish_now(app, [journal.on_local_clock(m, timedelta(0)) for m in granted.messages])
 
 
-def after_fair_claim(app: Celery, engine: Engine, spec: RunTable, row: Mapping[str, Any]) -> None:
+def after_fair_claim(app: Celery, engine: Engine, spec: RunTable, row: Run) -> None:
     """A ``fair`` run holds its key's slot only while its message waits in the broker:
     claimed, it lets the key's next run be published behind the other keys' messages."""
     publish_granted(app, fair_claimed(engine, spec, row))
 
 
-def fair_claimed(engine: Engine, spec: RunTable, row: Mapping[str, Any]) -> slots.Granted:
+def fair_claimed(engine: Engine, spec: RunTable, row: Run) -> slots.Granted:
     """The slot of the ``fair`` run just claimed goes to its key's next run, made due."""
     with engine.begin() as conn:
-        return slots.release(conn, spec, row["job_id"])
+        return slots.release(conn, spec, row.job_id)

@@ -193,11 +193,11 @@ def _queued(conn: Connection) -> PendingMessage:
     return result.message
 
 
-def _running(conn: Connection, *, ago: timedelta = timedelta(0)) -> dict[str, Any]:
+def _running(conn: Connection, *, ago: timedelta = timedelta(0)) -> journal.Run:
     job_id = _queued(conn).job_id
     run = journal.claim(conn, JOBS, job_id, 1, worker=WORKER, now=utcnow() - ago)
     assert run is not None
-    return dict(run)
+    return run
 
 
 def _claim(conn: Connection) -> Any:
@@ -207,14 +207,12 @@ def _claim(conn: Connection) -> Any:
 
 def _heartbeat(conn: Connection) -> Any:
     run = _running(conn)
-    return lambda: journal.heartbeat(conn, JOBS, run["job_id"], 1, token=run["claim_token"])
+    return lambda: journal.heartbeat(conn, JOBS, run.job_id, 1, token=run.claimed_token)
 
 
 def _succeed(conn: Connection) -> Any:
     run = _running(conn)
-    return lambda: journal.succeed(
-        conn, JOBS, run["job_id"], 1, token=run["claim_token"], actor=WORKER
-    )
+    return lambda: journal.succeed(conn, JOBS, run.job_id, 1, token=run.claimed_token, actor=WORKER)
 
 
 def _fail(conn: Connection) -> Any:
@@ -222,9 +220,9 @@ def _fail(conn: Connection) -> Any:
     return lambda: journal.fail(
         conn,
         JOBS,
-        run["job_id"],
+        run.job_id,
         1,
-        token=run["claim_token"],
+        token=run.claimed_token,
         outcome=Outcome.PERMANENT,
         error="ValueError: hot",
         actor=WORKER,

@@ -9,15 +9,16 @@ import pytest
 
 from jobsapp.lifecycle import registry
 from jobsapp.lifecycle.attempt import success_waits_for_flush
-from jobsapp.lifecycle.journal import StaleRun
+from jobsapp.lifecycle.journal import Run, StaleRun
 from jobsapp.lifecycle.registry import StalePolicy
 from jobsapp.maintenance import reaper
+from tests.support.runs import a_run
 
 FAIL_TABLE = dataclasses.replace(registry.JOBS, module="strict", stale_policy=StalePolicy.FAIL)
 
 
-def claimed(attempt: int, max_attempts: int, rescues: int) -> dict[str, int]:
-    return {"attempts": attempt, "max_attempts": max_attempts, "rescues": rescues}
+def claimed(attempt: int, max_attempts: int, rescues: int) -> Run:
+    return a_run(state="running", attempts=attempt, max_attempts=max_attempts, rescues=rescues)
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - kept_result.py: update_state's progress of a running attempt (fenced by its claim) and
   ``forget`` of a finished run's value; neither moves the state
 - reads.py: the reads of one run (load, snoozes, the holder of a key)
+- run.py: ``Run``, a run row as read, its shared columns typed
 - task_ids.py: the active run an attempt's Celery task id names (a revoke by that id)
 - slots.py: a limited key's line (``limit=N``, ``fair``): admit, grant, release; the run
   stays queued (parked while it waits), so no transition of its own
@@ -105,6 +106,7 @@ from jobsapp.lifecycle.journal.revoke import (
     revoke,
 )
 from jobsapp.lifecycle.journal.row_events import history
+from jobsapp.lifecycle.journal.run import Run
 from jobsapp.lifecycle.journal.run_now import bring_forward
 from jobsapp.lifecycle.journal.task_ids import job_of_attempt
 from jobsapp.lifecycle.journal.workflow import cancel_rest
@@ -122,6 +124,7 @@ __all__ = [
     "Plan",
     "Reopened",
     "Revoked",
+    "Run",
     "StaleRun",
     "active_holder",
     "add_outbox",
