@@ -77,7 +77,7 @@ def run(engine: Engine, job: NewJob) -> None:
         key_limits.fair_claimed(engine, job.spec, row)
     with key_limits.outcome_connection(engine, row) as conn:
         done = journal.succeed(
-            conn, job.spec, job.job_id, 1, token=row["claim_token"], actor="bench"
+            conn, job.spec, job.job_id, 1, token=row.claimed_token, actor="bench"
         )
         key_limits.let_go(conn, job.spec, row, done)
 

@@ -82,7 +82,7 @@ def _template(engine: Engine, kind: Kind) -> uuid.UUID:
             return job_id
         claimed = journal.claim(conn, SPEC, job_id, 1, worker=WORKER)
         assert claimed is not None
-        token = claimed["claim_token"]
+        token = claimed.claimed_token
         if kind is Kind.SUCCEEDED:
             assert journal.succeed(conn, SPEC, job_id, 1, token=token, actor=WORKER)
         else:

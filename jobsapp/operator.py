@@ -229,18 +229,18 @@ def _reopen(
     job_id: uuid.UUID,
     who: str,
     why: str,
-    budget: Callable[[Mapping[str, Any]], int],
+    budget: Callable[[journal.Run], int],
 ) -> Reopened:
     run = _current(conn, spec, job_id)
-    if run["state"] != State.FAILED.value:
-        raise Conflict("not_failed", _not_failed(spec, job_id, run["state"]), state=run["state"])
+    if run.state != State.FAILED.value:
+        raise Conflict("not_failed", _not_failed(spec, job_id, run.state), state=run.state)
     try:
         reopened = journal.reopen(
             conn,
             spec,
             job_id,
             from_state=State.FAILED,
-            attempts=int(run["attempts"]),
+            attempts=run.attempts,
             budget=budget(run),
             transition=Transition.REPLAY,
             actor=who,
@@ -269,9 +269,9 @@ def _not_failed(spec: RunTable, job_id: uuid.UUID, state: str) -> str:
     )
 
 
-def _key_busy(run: Mapping[str, Any], holder: uuid.UUID | None) -> str:
+def _key_busy(run: journal.Run, holder: uuid.UUID | None) -> str:
     return (
-        f"concurrency key {run['concurrency_key']!r} is held by active job {holder}; "
+        f"concurrency key {run.concurrency_key!r} is held by active job {holder}; "
         "replay once that job has finished"
     )
 
@@ -303,7 +303,7 @@ def cancel(
     spec, who, why = run_table(module), operator_actor(actor), checked_reason(reason)
     with engine.begin() as conn:
         run = _current(conn, spec, job_id)
-        seen = int(run["attempts"]) if attempts is None else attempts
+        seen = run.attempts if attempts is None else attempts
         done = _revoke(conn, spec, job_id, seen, who, why, terminate=terminate)
         if done is Revoked.CANCELLED:
             return CancelResult(
@@ -320,7 +320,7 @@ def cancel_workflow(
     queued steps end cancelled (docs/workflows.md); returns how many were cancelled."""
     spec, who, why = run_table(module), operator_actor(actor), checked_reason(reason)
     with engine.begin() as conn:
-        workflow_id = _current(conn, spec, job_id)["workflow_id"]
+        workflow_id = _current(conn, spec, job_id).workflow_id
         if workflow_id is None:
             raise Conflict("not_a_step", f"{spec.module} job {job_id} is no workflow's step")
         return journal.cancel_rest(conn, workflow_id, actor=who, reason=why)
@@ -343,16 +343,16 @@ def _revoke(
     if done in (Revoked.CANCELLED, Revoked.REQUESTED):
         return done
     run = _current(conn, spec, job_id)
-    if done is Revoked.MOVED or int(run["attempts"]) != seen:
+    if done is Revoked.MOVED or run.attempts != seen:
         raise Conflict(
             "moved",
-            f"{spec.module} job {job_id} is at attempt {run['attempts']}, not {seen}; look again",
-            state=run["state"],
+            f"{spec.module} job {job_id} is at attempt {run.attempts}, not {seen}; look again",
+            state=run.state,
         )
-    if run["state"] != State.RUNNING.value:
-        raise Conflict("not_active", _not_active(spec, job_id, run["state"]), state=run["state"])
+    if run.state != State.RUNNING.value:
+        raise Conflict("not_active", _not_active(spec, job_id, run.state), state=run.state)
     if not terminate:
-        raise Conflict("cancel_pending", _pending(spec, job_id, run), state=run["state"])
+        raise Conflict("cancel_pending", _pending(spec, job_id, run), state=run.state)
     if not journal.repeat_request(conn, spec, job_id, seen, actor=who, reason=why):
         raise Conflict("moved", f"{spec.module} job {job_id} changed meanwhile; look again")
     return Revoked.REQUESTED
@@ -362,8 +362,8 @@ def _not_active(spec: RunTable, job_id: uuid.UUID, state: str) -> str:
     return f"only a queued or running job can be cancelled; {spec.module} job {job_id} is {state}"
 
 
-def _pending(spec: RunTable, job_id: uuid.UUID, run: Mapping[str, Any]) -> str:
-    asked = run["cancel_requested_at"]
+def _pending(spec: RunTable, job_id: uuid.UUID, run: journal.Run) -> str:
+    asked = run.cancel_requested_at
     return (
         f"{spec.module} job {job_id} was asked to stop at {asked} and is still running; "
         "cancel again with terminate to kill its worker process"
@@ -414,26 +414,26 @@ def run_now(
     spec, who, why = run_table(module), operator_actor(actor), checked_reason(reason)
     with engine.begin() as conn:
         run = _current(conn, spec, job_id)
-        seen = int(run["attempts"]) if attempts is None else attempts
+        seen = run.attempts if attempts is None else attempts
         messages = journal.bring_forward(
             conn, spec, job_id, attempts=seen, actor=who, reason=why, now=utcnow()
         )
         if messages is None:
-            raise Conflict("not_scheduled", _not_scheduled(spec, job_id, run), state=run["state"])
+            raise Conflict("not_scheduled", _not_scheduled(spec, job_id, run), state=run.state)
     published = outbox.publish_now(app or _default_app(), messages) == len(messages) > 0
     return RunNowResult(spec.module, job_id, published)
 
 
-def _not_scheduled(spec: RunTable, job_id: uuid.UUID, run: Mapping[str, Any]) -> str:
-    if run["state"] != State.QUEUED.value:
-        return f"only a queued job can run now; {spec.module} job {job_id} is {run['state']}"
+def _not_scheduled(spec: RunTable, job_id: uuid.UUID, run: journal.Run) -> str:
+    if run.state != State.QUEUED.value:
+        return f"only a queued job can run now; {spec.module} job {job_id} is {run.state}"
     return f"{spec.module} job {job_id} is already due (or moved meanwhile); look again"
 
 
 # ---------------------------------------------------------------------------- shared
 
 
-def _current(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, Any]:
+def _current(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> journal.Run:
     run = journal.load(conn, spec, job_id)
     if run is None:
         raise NotFound("unknown_job", f"no {spec.module} job {job_id}")
@@ -445,8 +445,8 @@ def _run_hook(hook: Hook | None, conn: Connection, spec: RunTable, job_id: uuid.
     returns the row's attempts."""
     run = _current(conn, spec, job_id)
     if hook is not None:
-        hook(conn, run, run["updated_at"])
-    return int(run["attempts"])
+        hook(conn, run.columns, run.updated_at)
+    return run.attempts
 
 
 def _default_app() -> Celery:

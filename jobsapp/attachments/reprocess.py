@@ -235,7 +235,8 @@ def steps_of(outcomes: list[EnqueueOutcome], failed_before: int) -> Steps:
 @lifecycle_task(app, name=BACKFILL_TASK, run_table=REPROCESS_RUNS, max_attempts=BACKFILL_ATTEMPTS)
 def backfill(target_version: int, batch: int, pause: float, retry_failed: bool) -> None:
     ctx = current_run()
-    walk = _Walk(ctx.row["cursor"], Steps(*(int(ctx.row[c]) for c in _COUNTERS)))
+    own = ctx.row.columns
+    walk = _Walk(own["cursor"], Steps(*(int(own[c]) for c in _COUNTERS)))
     try:
         while walk.step(ctx, target_version, batch, retry_failed):
             time.sleep(pause)

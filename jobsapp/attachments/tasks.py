@@ -118,7 +118,7 @@ class _Job:
 
     @property
     def last_attempt(self) -> bool:
-        return self.ctx.attempt >= int(self.ctx.row["max_attempts"])
+        return self.ctx.attempt >= self.ctx.row.max_attempts
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from jobsapp.lifecycle.celery_api.backend import JournalBackend
 from jobsapp.lifecycle.celery_api.backend import for_app as backend_for
 from jobsapp.lifecycle.celery_api.handle import JobHandle
 from jobsapp.lifecycle.flow import gating
-from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob, registry, totals
+from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob, Run, registry, totals
 from jobsapp.lifecycle.producer import enqueue, newjob
 from jobsapp.lifecycle.rules import message
 from jobsapp.lifecycle.rules.errors import (
@@ -522,7 +522,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
                 env.attempt,
                 interval,
                 settings.stale_after,
-                token=outcome.row["claim_token"],
+                token=outcome.row.claimed_token,
             ),
         )
         at_limit = None if eager else self._limited(ctx, rules)
@@ -568,7 +568,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
                 "attempt was claimed again by %s, whose claim alone is honoured",
                 env.job_id,
                 env.attempt,
-                row["worker"],
+                row.worker,
             )
 
     def _claim(
@@ -611,12 +611,12 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             self.name, str(self.app.conf.task_default_queue), rate, self._rate_key_of
         )
 
-    def _rate_key_of(self, row: Mapping[str, Any]) -> str:
+    def _rate_key_of(self, row: Run) -> str:
         if self.rate_key is None:
             return ""
         args, kwargs = self._call_of(row)
         values = newjob.named(self, args, kwargs)
-        return self.rate_key.format(**{"concurrency_key": row["concurrency_key"], **values})
+        return self.rate_key.format(**{"concurrency_key": row.concurrency_key, **values})
 
     def _rules(self, settings: Settings, eager: bool) -> AttemptRules:
         """``attempt_rules`` for a worker's (or, ``eager``, an ``apply()``'s) attempts,
@@ -642,27 +642,27 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             requested_only=bool(getattr(self, "autoretry_for", ())),
         )
 
-    def _call_of(self, row: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The body's arguments, read from the run row."""
+    def _call_of(self, run: Run) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The body's arguments, read from the run table's own columns."""
         spec = self.run_table
         if spec.params_column is None:
-            return (), spec.ids_from_row(row)
-        params = decoded(row[spec.params_column] or {})
+            return (), spec.ids_from_row(run.columns)
+        params = decoded(run.columns[spec.params_column] or {})
         return tuple(params.get("args", ())), dict(params.get("kwargs", {}))
 
-    def _call_body(self, row: Mapping[str, Any]) -> Any:
+    def _call_body(self, row: Run) -> Any:
         """The body, its ``self.request`` the caller's view as in Celery: the job's task
         id, the body's own arguments, ``retries`` the attempts before this one."""
         args, kwargs = self._call_of(row)
         if errback.MARK in kwargs:
             args, kwargs = errback.arguments(self.app, args, kwargs)
-        job = str(row["job_id"])
+        job = str(row.job_id)
         # Celery's push_request copies the current request's fields under these.
         self.push_request(
             id=job,
             args=list(args),
             kwargs=kwargs,
-            retries=int(row["attempts"]) - 1,
+            retries=row.attempts - 1,
             root_id=self.request.root_id or job,
         )
         try:
@@ -670,7 +670,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         finally:
             self.pop_request()
 
-    def _show_call(self, env: message.Envelope, row: Mapping[str, Any]) -> None:
+    def _show_call(self, env: message.Envelope, row: Run) -> None:
         """Flower's args and kwargs of this attempt: the body's, and the job it belongs to
         (see ``celery_view``); only when the worker sends task events."""
         if not self.request.get(EVENTS_ON):

@@ -337,7 +337,7 @@ class Kit:
         spec = task.run_table
         with self.engine.connect() as conn:
             row = journal.load(conn, spec, job_id)
-            return None if row is None else self._run(conn, spec, dict(row))
+            return None if row is None else self._run(conn, spec, dict(row.columns))
 
     def _attempt(self, task: Any, job_id: uuid.UUID, attempt: int) -> None:
         """The message of ``attempt`` as the relay would send it, run here (a copy the
@@ -422,7 +422,7 @@ class Kit:
             return "ran"
         with self.engine.connect() as conn:
             row = journal.load(conn, task.run_table, uuid.UUID(str(job_id)))
-        return "not run" if row is None else _SAID.get(str(row["state"]), str(row["state"]))
+        return "not run" if row is None else _SAID.get(row.state, row.state)
 
     def wait_for(self, task: Any, state: str, timeout: float = 20.0) -> list[Run]:
         """With a real worker (``jobsapp_worker``): the runs of ``task`` once every one of

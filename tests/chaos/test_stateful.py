@@ -66,6 +66,7 @@ from jobsapp.lifecycle.worker.context import RunContext
 from jobsapp.lifecycle.worker.heartbeat import Heartbeat
 from jobsapp.maintenance import reaper
 from tests.support.env import examples
+from tests.support.runs import a_run
 
 RUN_TABLE = JobRun.__table__
 OUTBOX = OutboxMessage.__table__
@@ -355,9 +356,9 @@ class Claims(dict[tuple[uuid.UUID, int], uuid.UUID]):
     """The token each claim of (job, attempt) was given: what its worker's writes name.
     A worker's write for an attempt nobody claimed names a token nobody holds."""
 
-    def took(self, op: Op, row: Mapping[str, Any] | None) -> bool:
+    def took(self, op: Op, row: journal.Run | None) -> bool:
         if row is not None:
-            self[(op.job_id, op.attempt)] = row["claim_token"]
+            self[(op.job_id, op.attempt)] = row.claimed_token
         return row is not None
 
     def of(self, op: Op) -> uuid.UUID:
@@ -396,12 +397,9 @@ def execute(conn: Connection, op: Op, now: datetime, claims: Claims) -> Result: 
                 now=now,
             )
         if op.kind in ("retry", "snooze"):
-            run = {
-                "job_id": op.job_id,
-                "attempts": op.attempt,
-                "task_name": TASK_NAME,
-                "claim_token": token,
-            }
+            run = a_run(
+                job_id=op.job_id, attempts=op.attempt, task_name=TASK_NAME, claim_token=token
+            )
             transition = Transition.SNOOZE if op.kind == "snooze" else Transition.RETRY
             message = journal.requeue(
                 conn,
@@ -871,20 +869,20 @@ class AttachmentMachine(RuleBasedStateMachine):
         self.was_ready = False
         self.published = 0
 
-    def _run(self, v: int) -> Mapping[str, Any]:
+    def _run(self, v: int) -> journal.Run:
         with self.engine.connect() as conn:
             row = journal.load(conn, ATTACHMENT_RUNS, RUN_IDS[v])
         assert row is not None
         return row
 
     def _job(self, v: int, token: str) -> Any:
-        attempts = int(self._run(v)["attempts"])
+        attempts = self._run(v).attempts
         attempt = attempts if token == "current" else max(attempts - 1, 1)
         run = self._run(v)
         # A zombie holds an older attempt under its own claim's token, as does a worker of
         # a run nobody claimed yet: tokens nobody holds now.
-        claim_token = (run["claim_token"] if token == "current" else None) or uuid.uuid4()
-        row = {**run, "attempts": attempt, "claim_token": claim_token}
+        claim_token = (run.claim_token if token == "current" else None) or uuid.uuid4()
+        row = replace(run, attempts=attempt, claim_token=claim_token)
         ctx = RunContext(
             engine=self.engine,
             spec=ATTACHMENT_RUNS,
@@ -902,7 +900,7 @@ class AttachmentMachine(RuleBasedStateMachine):
     @rule(v=versions)
     def claim(self, v: int) -> None:
         with self.engine.begin() as conn:
-            attempts = int(self._run(v)["attempts"])
+            attempts = self._run(v).attempts
             journal.claim(
                 conn, ATTACHMENT_RUNS, RUN_IDS[v], attempts + 1, worker="chaos", now=utcnow()
             )
@@ -978,7 +976,7 @@ class AttachmentMachine(RuleBasedStateMachine):
                 conn,
                 ATTACHMENT_RUNS,
                 RUN_IDS[v],
-                attempts=self._run(v)["attempts"],
+                attempts=self._run(v).attempts,
                 actor="operator:chaos",
                 reason="cancel",
                 now=utcnow(),
@@ -987,15 +985,15 @@ class AttachmentMachine(RuleBasedStateMachine):
     @rule(v=versions, rerun=st.booleans())
     def operator_replays(self, v: int, rerun: bool) -> None:
         run = self._run(v)
-        if run["state"] not in TERMINAL_STATES or (not rerun and run["state"] != State.FAILED):
+        if run.state not in TERMINAL_STATES or (not rerun and run.state != State.FAILED):
             return
         with self.engine.begin() as conn, contextlib.suppress(KeyBusy):
             journal.reopen(
                 conn,
                 ATTACHMENT_RUNS,
                 RUN_IDS[v],
-                from_state=State(run["state"]),
-                attempts=run["attempts"],
+                from_state=State(run.state),
+                attempts=run.attempts,
                 budget=REPLAY_BUDGET,
                 transition=Transition.RERUN if rerun else Transition.REPLAY,
                 now=utcnow(),

@@ -100,7 +100,7 @@ def test_replay_and_cancel_act_on_an_attachment_job(
     assert cancelled.stdout.strip() == f"cancelled attachments job {waiting}"
     with db.connect() as conn:
         rows = [journal.load(conn, ATTACHMENT_RUNS, job_id) for job_id in (doomed, waiting)]
-    assert [(r or {}).get(c) for r, c in zip(rows, ("state", "outcome"), strict=True)] == [
+    assert [r and r.columns[c] for r, c in zip(rows, ("state", "outcome"), strict=True)] == [
         "queued",
         "cancelled",
     ]
@@ -122,7 +122,7 @@ def test_a_replay_from_a_shell_without_the_task_modules_grants_one_attempt_found
     with db.connect() as conn:
         row = journal.load(conn, ATTACHMENT_RUNS, doomed)
     assert row is not None
-    assert (row["state"], row["attempts"], row["max_attempts"]) == ("queued", 1, 2)
+    assert (row.state, row.attempts, row.max_attempts) == ("queued", 1, 2)
     assert unknown.returncode == 1
     assert "no run table is registered for 'billing' (known: attachments, jobs" in unknown.stderr
 

@@ -128,7 +128,7 @@ def run_jobs(db: Engine, *, succeed: int, fail: int, waiting: int) -> None:
         with db.begin() as conn:
             claimed = journal.claim(conn, spec, job.job_id, 1, worker="w@h:1")
             assert claimed is not None
-            token = claimed["claim_token"]
+            token = claimed.claimed_token
             if n < succeed:
                 assert journal.succeed(conn, spec, job.job_id, 1, token=token, actor="w@h:1")
             else:

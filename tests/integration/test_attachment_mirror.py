@@ -34,7 +34,7 @@ def test_a_reaped_run_puts_its_attachment_back_in_the_queue(db: Engine, store: O
     assert counts["attachments"] == 1
     assert attachment_row(db, attachment_id)["state"] == "queued"
     with db.connect() as conn:
-        assert journal.load(conn, ATTACHMENT_RUNS, job_id)["state"] == State.QUEUED
+        assert journal.load(conn, ATTACHMENT_RUNS, job_id).state == State.QUEUED  # type: ignore[union-attr]
 
 
 def test_a_live_run_keeps_its_attachment_processing(db: Engine, store: ObjectStore) -> None:
@@ -119,4 +119,4 @@ def test_a_frozen_lock_holder_does_not_stall_the_reaper(pg: Engine, store: Objec
     assert reaper.run_once(pg, cfg)["attachments"] == 1
     assert attachment_row(pg, attachment_id)["state"] == "queued"
     with pg.connect() as conn:
-        assert journal.load(conn, ATTACHMENT_RUNS, job_id)["state"] == State.QUEUED
+        assert journal.load(conn, ATTACHMENT_RUNS, job_id).state == State.QUEUED  # type: ignore[union-attr]

@@ -115,7 +115,7 @@ def test_cancel_of_a_finished_job_is_refused(db: Engine) -> None:
         row = journal.load(conn, JOBS, job_id)
         assert row is not None
         assert journal.honour_cancel(
-            conn, JOBS, job_id, 1, token=row["claim_token"], actor="w1@host"
+            conn, JOBS, job_id, 1, token=row.claimed_token, actor="w1@host"
         )
 
     with pytest.raises(operator.Conflict) as refused:

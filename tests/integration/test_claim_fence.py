@@ -9,7 +9,6 @@ worker would still make is refused although job_id, state and attempt all match.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ def store(tmp_path: Path) -> Any:
 
 def lost_then_claimed_again(
     db: Engine, spec: RunTable, job_id: uuid.UUID
-) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+) -> tuple[journal.Run, journal.Run]:
     """W1's claim of attempt 1 as W1 holds it, gone from the journal; then W2's claim of
     the same attempt, on the worker's own path (prepared, relaxed commit, on PostgreSQL)."""
     with db.connect() as conn:
@@ -57,20 +56,20 @@ def lost_then_claimed_again(
         again = journal.claim(conn, spec, job_id, 1, worker=W2)
     assert lost is not None
     assert again is not None
-    assert lost["attempts"] == again["attempts"] == 1
-    assert lost["claim_token"] != again["claim_token"]
+    assert lost.attempts == again.attempts == 1
+    assert lost.claim_token != again.claim_token
     return lost, again
 
 
-def context(db: Engine, spec: RunTable, row: Mapping[str, Any], worker: str) -> RunContext:
-    beat = Heartbeat(db, spec, row["job_id"], 1, 60.0, 3600.0, token=row["claim_token"])
+def context(db: Engine, spec: RunTable, row: journal.Run, worker: str) -> RunContext:
+    beat = Heartbeat(db, spec, row.job_id, 1, 60.0, 3600.0, token=row.claimed_token)
     return RunContext(engine=db, spec=spec, row=row, worker=worker, heartbeat=beat)
 
 
 def test_every_write_of_a_lost_claim_is_refused_though_its_attempt_matches(db: Engine) -> None:
     job_id = tasks.echo.apply_async((f"fence-{uuid.uuid4()}",)).job_id
     lost, again = lost_then_claimed_again(db, JOBS, job_id)
-    stale = lost["claim_token"]
+    stale = lost.claimed_token
     with relaxed_autocommit(db) as conn:
         assert not journal.heartbeat(conn, JOBS, job_id, 1, token=stale)
     with autocommit(db) as conn:
@@ -84,12 +83,12 @@ def test_every_write_of_a_lost_claim_is_refused_though_its_attempt_matches(db: E
         )
     row = run_row(db, job_id)
     assert (row["state"], row["worker"]) == ("running", W2)
-    assert row["claim_token"] == again["claim_token"]
+    assert row["claim_token"] == again.claimed_token
     # The claim that holds the run is honoured, and its finish is the one recorded.
     with relaxed_autocommit(db) as conn:
-        assert journal.heartbeat(conn, JOBS, job_id, 1, token=again["claim_token"])
+        assert journal.heartbeat(conn, JOBS, job_id, 1, token=again.claimed_token)
     with autocommit(db) as conn:
-        assert journal.succeed(conn, JOBS, job_id, 1, token=again["claim_token"], actor=W2)
+        assert journal.succeed(conn, JOBS, job_id, 1, token=again.claimed_token, actor=W2)
     finished = [(e["transition"], e["actor"]) for e in events(db, job_id)]
     assert finished == [("enqueue", "producer"), ("claim", W2), ("succeed", W2)]
 

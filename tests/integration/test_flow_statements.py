@@ -4,7 +4,7 @@ its migration down and up again."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -96,7 +96,7 @@ def test_a_claim_over_its_rate_rolls_back_and_is_handed_back(db: Engine, redis_c
     tenant = uuid.uuid4().hex
     first, second = (flow_tasks.per_tenant.delay(tenant, "t") for _ in range(2))
     gate = flow_tasks.per_tenant._gate
-    assert isinstance(gating.gated_claim(db, JOBS, gate, _claim(first.job_id)), Mapping)
+    assert isinstance(gating.gated_claim(db, JOBS, gate, _claim(first.job_id)), journal.Run)
     held = gating.gated_claim(db, JOBS, gate, _claim(second.job_id))
     assert isinstance(held, gating.Held)
     assert held.delay == pytest.approx(60.0, abs=5.0)
@@ -148,7 +148,7 @@ def test_with_no_rate_and_nothing_paused_claims_read_the_pauses_once_a_second(
         for i, job_id in enumerate(jobs):
             process_clock[0] = 200.0 + i / 8  # 16 claims over two seconds
             row = gating.gated_claim(db, JOBS, flow_tasks.plain._gate, _claim(job_id))
-            assert isinstance(row, Mapping)
+            assert isinstance(row, journal.Run)
     assert len(reads) == 2
 
 
@@ -164,7 +164,7 @@ def test_a_pause_holds_every_claim_that_starts_pauses_seen_within_after_its_comm
     try:
         # Within the bound a claim may still go by the view read before the commit: it runs.
         process_clock[0] = 100.0 + gating.PAUSES_SEEN_WITHIN - 0.125
-        assert isinstance(gating.gated_claim(db, JOBS, gate, _claim(early)), Mapping)
+        assert isinstance(gating.gated_claim(db, JOBS, gate, _claim(early)), journal.Run)
         process_clock[0] = 100.0 + gating.PAUSES_SEEN_WITHIN
         assert gating.gated_claim(db, JOBS, gate, _claim(late)) == gating.Held(None)
     finally:

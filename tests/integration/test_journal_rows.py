@@ -83,7 +83,7 @@ def _succeeded_once(db: Engine, job_id: uuid.UUID, attempt: int, worker: str) ->
     with db.begin() as conn:
         row = journal.claim(conn, JOBS, job_id, attempt, worker=worker)
         assert row is not None
-        assert journal.succeed(conn, JOBS, job_id, attempt, token=row["claim_token"], actor=worker)
+        assert journal.succeed(conn, JOBS, job_id, attempt, token=row.claimed_token, actor=worker)
 
 
 def _totals(db: Engine) -> dict[str, int]:

@@ -80,7 +80,7 @@ def _succeed_and_release(db: Engine, job_id: uuid.UUID) -> journal.key_slots.Gra
     with db.begin() as conn:
         claimed = journal.claim(conn, spec, job_id, 1, worker="w1")
         assert claimed is not None
-        assert journal.succeed(conn, spec, job_id, 1, token=claimed["claim_token"], actor="w1")
+        assert journal.succeed(conn, spec, job_id, 1, token=claimed.claimed_token, actor="w1")
         return journal.key_slots.release(conn, spec, job_id)
 
 
@@ -262,7 +262,7 @@ def _arrival(pg: Engine, job_id: uuid.UUID, token: str) -> str:
             return "started"
         with pg.connect() as conn:
             run = journal.load(conn, registry.JOBS, job_id)
-        if run is None or run["next_retry_at"] != PARKED:
+        if run is None or run.next_retry_at != PARKED:
             return ""
         newest = outbox_rows(pg, job_id)[-1]
         return "waits" if newest["available_at"] == PARKED else ""

@@ -283,8 +283,8 @@ def test_replaying_an_attachment_job_requeues_its_attachment(db: Engine, broker:
     with db.connect() as conn:
         run = journal.load(conn, ATTACHMENT_RUNS, job_id)
     assert run is not None
-    assert run["state"] == "queued"
-    attachment = attachment_row(db, run["attachment_id"])
+    assert run.state == "queued"
+    attachment = attachment_row(db, run.columns["attachment_id"])
     assert (attachment["state"], attachment["error_code"]) == ("queued", None)
 
 
@@ -350,7 +350,7 @@ def test_cancelling_an_attachment_job_fails_its_attachment(db: Engine) -> None:
     with db.connect() as conn:
         run = journal.load(conn, ATTACHMENT_RUNS, job_id)
     assert run is not None
-    attachment = attachment_row(db, run["attachment_id"])
+    attachment = attachment_row(db, run.columns["attachment_id"])
     assert (attachment["state"], attachment["error_code"]) == ("failed", "cancelled")
 
 

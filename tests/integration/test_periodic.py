@@ -78,7 +78,7 @@ def finish(db: Engine, job_ids: set[uuid.UUID]) -> None:
             claimed = journal.claim(conn, registry.JOBS, job_id, 1, worker="w@host:1")
             assert claimed
             assert journal.succeed(
-                conn, registry.JOBS, job_id, 1, actor="w@host:1", token=claimed["claim_token"]
+                conn, registry.JOBS, job_id, 1, actor="w@host:1", token=claimed.claimed_token
             )
 
 

@@ -127,7 +127,7 @@ def test_on_a_table_never_analyzed_each_claim_and_finish_reads_one_row_as_the_ta
         for job in backlog[:10]:
             run = journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
             assert run is not None
-            assert journal.succeed(conn, JOBS, job.job_id, 1, token=run["claim_token"], actor="w:1")
+            assert journal.succeed(conn, JOBS, job.job_id, 1, token=run.claimed_token, actor="w:1")
         after = _index_reads(conn)
         assert all(plans >= 1 for plans in _prepared(conn).values()), _prepared(conn)
     read = {name: after[name] - before.get(name, 0) for name in after}

@@ -143,7 +143,7 @@ def test_a_rerun_forgets_the_previous_result(db: Engine) -> None:
         claimed = journal.claim(conn, job.spec, job.job_id, 1, worker="w", now=None)
         assert claimed is not None
         assert journal.succeed(
-            conn, job.spec, job.job_id, 1, token=claimed["claim_token"], actor="w", result=3
+            conn, job.spec, job.job_id, 1, token=claimed.claimed_token, actor="w", result=3
         )
     assert run_row(db, job.job_id)["result"] == 3
     with db.begin() as conn:

@@ -67,7 +67,8 @@ def _steps(engine: Engine, workflow_id: uuid.UUID) -> dict[str, Mapping[str, Any
 
 def _run(engine: Engine, job_id: uuid.UUID) -> Mapping[str, Any] | None:
     with engine.connect() as conn:
-        return journal.load(conn, JOBS, job_id)
+        run = journal.load(conn, JOBS, job_id)
+    return None if run is None else run.columns
 
 
 def _claim(engine: Engine, job_id: uuid.UUID) -> uuid.UUID:
@@ -75,7 +76,7 @@ def _claim(engine: Engine, job_id: uuid.UUID) -> uuid.UUID:
     with engine.begin() as conn:
         row = journal.claim(conn, JOBS, job_id, 1, worker="test-worker")
     assert row is not None
-    return uuid.UUID(str(row["claim_token"]))
+    return row.claimed_token
 
 
 def _succeed(conn: Any, job_id: uuid.UUID, token: uuid.UUID, result: Any) -> bool:

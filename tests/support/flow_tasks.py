@@ -14,7 +14,7 @@ RATE = 10  # starts per second of ``rated``
 def record_start(token: str) -> None:
     """Count the body's start under ``token`` and keep the start its rate was charged at."""
     record(token)
-    started = current_run().row["started_at"]
+    started = current_run().row.started_at
     counter().rpush(_key(f"{token}:starts"), json.dumps(started.timestamp()))
 
 

@@ -91,7 +91,7 @@ def queued_attachment_job(db: Engine, attachment_state: str = "queued") -> uuid.
 def claimed(db: Engine, spec: RunTable, job_id: uuid.UUID, *, heartbeat_ago: float = 0.0) -> int:
     """A worker claims the next attempt (its heartbeat ``heartbeat_ago`` seconds old)."""
     with db.begin() as conn:
-        attempt = int(journal.load(conn, spec, job_id)["attempts"]) + 1  # type: ignore[index]
+        attempt = journal.load(conn, spec, job_id).attempts + 1  # type: ignore[union-attr]
         now = utcnow() - timedelta(seconds=heartbeat_ago)
         assert journal.claim(conn, spec, job_id, attempt, worker="w1@host", now=now)
     return attempt
@@ -345,7 +345,7 @@ def one_job_run(conn: Connection) -> uuid.UUID:
     assert journal.enqueue_new(conn, job, actor="test") is not None
     run = journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
     assert run is not None
-    assert journal.succeed(conn, JOBS, job.job_id, 1, token=run["claim_token"], actor="w:1")
+    assert journal.succeed(conn, JOBS, job.job_id, 1, token=run.claimed_token, actor="w:1")
     return job.job_id
 
 

@@ -15,6 +15,7 @@ from jobsapp.lifecycle.rules.failures import TRACEBACK_LIMIT, failure_detail
 from jobsapp.lifecycle.rules.message import Envelope, task_id_for
 from jobsapp.lifecycle.task import AttemptFailed, LifecycleTask, _report
 from jobsapp.lifecycle.worker.attempt import End, Ended
+from tests.support.runs import a_run
 
 SECRET = "s3cr3t-v4lue-for-the-scrubber"
 
@@ -86,9 +87,7 @@ def _through_the_task(error: BaseException | None = None) -> Ended:
     task.run = _body  # type: ignore[method-assign]
     task.request_stack = LocalStack()  # as Celery's binding to an app gives it
     try:
-        task._call_body(
-            {"job_id": uuid.uuid4(), "attempts": 2, "params": {"args": ["4242"], "kwargs": {}}}
-        )
+        task._call_body(a_run(attempts=2, params={"args": ["4242"], "kwargs": {}}))
     except PaymentDeclined as exc:
         error = exc
     return Ended(End.FAILED, "permanent: PaymentDeclined: ...", error=error)

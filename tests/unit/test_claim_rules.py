@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from jobsapp.lifecycle.journal import Run
 from jobsapp.lifecycle.journal.key_slots import PARKED
 from jobsapp.lifecycle.rules.states import State
 from jobsapp.lifecycle.worker.claim import (
@@ -21,6 +22,7 @@ from jobsapp.lifecycle.worker.claim import (
     is_expired,
     seconds_early,
 )
+from tests.support.runs import a_run
 
 LATER = datetime(2025, 3, 1, 12, 10, tzinfo=UTC)  # a next_retry_at still ahead
 
@@ -28,12 +30,11 @@ counts = st.integers(min_value=0, max_value=10_000)
 message_attempts = st.integers(min_value=1, max_value=10_001)
 
 
-def row(state: State | str, attempts: int, next_retry_at: datetime | None = None) -> dict[str, Any]:
-    return {
-        "state": state.value if isinstance(state, State) else state,
-        "attempts": attempts,
-        "next_retry_at": next_retry_at,
-    }
+def row(
+    state: State | str, attempts: int, next_retry_at: datetime | None = None, **more: Any
+) -> Run:
+    state = state.value if isinstance(state, State) else state
+    return a_run(state=state, attempts=attempts, next_retry_at=next_retry_at, **more)
 
 
 @given(attempt=message_attempts)
@@ -48,8 +49,8 @@ def test_terminal_wins_over_every_attempt_number(state: State, attempts: int, at
 
 
 def test_terminal_state_as_enum_or_text() -> None:
-    assert explain({"state": State.FAILED, "attempts": 2}, 3) is Refusal.TERMINAL
-    assert explain({"state": "succeeded", "attempts": 2}, 3) is Refusal.TERMINAL
+    assert explain(a_run(state=State.FAILED, attempts=2), 3) is Refusal.TERMINAL
+    assert explain(a_run(state="succeeded", attempts=2), 3) is Refusal.TERMINAL
 
 
 @pytest.mark.parametrize("state", [State.QUEUED, State.RUNNING])
@@ -134,12 +135,12 @@ def test_every_refusal_but_skipped_and_expired_comes_from_explain() -> None:
 def test_only_a_queued_row_past_its_expiry_is_expired() -> None:
     now = LATER
     past, future = now - timedelta(seconds=1), now + timedelta(seconds=1)
-    assert is_expired({**row(State.QUEUED, 0), "expires_at": past}, now)
-    assert is_expired({**row(State.QUEUED, 2), "expires_at": now}, now)
-    assert not is_expired({**row(State.QUEUED, 0), "expires_at": future}, now)
-    assert not is_expired({**row(State.QUEUED, 0), "expires_at": None}, now)
-    assert not is_expired({**row(State.RUNNING, 1), "expires_at": past}, now)
-    assert not is_expired({**row(State.FAILED, 1), "expires_at": past}, now)
+    assert is_expired(row(State.QUEUED, 0, expires_at=past), now)
+    assert is_expired(row(State.QUEUED, 2, expires_at=now), now)
+    assert not is_expired(row(State.QUEUED, 0, expires_at=future), now)
+    assert not is_expired(row(State.QUEUED, 0, expires_at=None), now)
+    assert not is_expired(row(State.RUNNING, 1, expires_at=past), now)
+    assert not is_expired(row(State.FAILED, 1, expires_at=past), now)
     assert not is_expired(None, now)
 
 
@@ -169,8 +170,8 @@ MINE = uuid.UUID(int=1)
 OTHER = uuid.UUID(int=2)
 
 
-def claimed(state: State, attempts: int, token: uuid.UUID | None) -> dict[str, Any]:
-    return {**row(state, attempts), "claim_token": token}
+def claimed(state: State, attempts: int, token: uuid.UUID | None) -> Run:
+    return row(state, attempts, claim_token=token)
 
 
 @given(attempt=message_attempts)

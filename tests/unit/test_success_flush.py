@@ -7,16 +7,17 @@ import uuid
 
 import pytest
 
-from jobsapp.lifecycle.journal import StaleRun, registry
+from jobsapp.lifecycle.journal import Run, StaleRun, registry
 from jobsapp.lifecycle.journal.registry import StalePolicy
 from jobsapp.lifecycle.worker.attempt import success_waits_for_flush
 from jobsapp.maintenance import reaper
+from tests.support.runs import a_run
 
 FAIL_TABLE = dataclasses.replace(registry.JOBS, module="strict", stale_policy=StalePolicy.FAIL)
 
 
-def claimed(attempt: int, max_attempts: int, rescues: int) -> dict[str, int]:
-    return {"attempts": attempt, "max_attempts": max_attempts, "rescues": rescues}
+def claimed(attempt: int, max_attempts: int, rescues: int) -> Run:
+    return a_run(state="running", attempts=attempt, max_attempts=max_attempts, rescues=rescues)
 
 
 @pytest.mark.parametrize(

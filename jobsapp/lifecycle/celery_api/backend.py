@@ -77,9 +77,9 @@ def find(conn: Connection, job_id: uuid.UUID) -> tuple[RunTable | None, Mapping[
     """The run table and row of ``job_id``; a workflow step that will not run (what it
     waited for failed) as the failed row a handle reads; (None, None) when none knows it."""
     for spec in registry.all_tables():
-        row = journal.load(conn, spec, job_id)
-        if row is not None:
-            return spec, row
+        run = journal.load(conn, spec, job_id)
+        if run is not None:
+            return spec, run.columns
     return None, workflow.blocked_row(conn, job_id)
 
 

@@ -34,7 +34,7 @@ class StepHandle(JobHandle):
     def row(self) -> Mapping[str, Any] | None:
         with get_engine().connect() as conn:
             run = journal.load(conn, self.spec, self.job_id)
-            return run if run is not None else workflow.blocked_row(conn, self.job_id)
+            return run.columns if run is not None else workflow.blocked_row(conn, self.job_id)
 
 
 class GroupHandle(GroupResult):

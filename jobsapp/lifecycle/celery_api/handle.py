@@ -89,7 +89,8 @@ class JobHandle(AsyncResult[Any]):
     def row(self) -> Mapping[str, Any] | None:
         """The job's run row now (None: no row yet)."""
         with get_engine().connect() as conn:
-            return journal.load(conn, self.spec, self.job_id)
+            run = journal.load(conn, self.spec, self.job_id)
+            return None if run is None else run.columns
 
     @property
     def journal_state(self) -> str | None:

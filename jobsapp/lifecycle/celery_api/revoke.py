@@ -91,7 +91,7 @@ def _revoke_in(conn: Connection, spec: RunTable, job_id: uuid.UUID, actor: str) 
     if done is not Revoked.REQUESTED:
         return ""
     row = journal.load(conn, spec, job_id)
-    return "" if row is None else message.task_id_for(job_id, int(row["attempts"]))
+    return "" if row is None else message.task_id_for(job_id, row.attempts)
 
 
 def revoke_in_journal(

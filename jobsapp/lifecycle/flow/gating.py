@@ -20,7 +20,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -30,7 +30,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from jobsapp.db import relaxed_autocommit
-from jobsapp.lifecycle.journal import PendingMessage
+from jobsapp.lifecycle.journal import PendingMessage, Run
 from jobsapp.lifecycle.journal import flow_rows as statements
 from jobsapp.lifecycle.journal.registry import RunTable
 
@@ -78,7 +78,7 @@ class Gate:
     default_queue: str
     rate: Rate | None = None
     # The rate key of a claimed run (its row): "" for one rate over the whole task.
-    rate_key: Callable[[Mapping[str, Any]], str] = lambda _row: ""
+    rate_key: Callable[[Run], str] = lambda _run: ""
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class _Undo(Exception):
         self.held = held
 
 
-Claim = Callable[[Connection], Mapping[str, Any] | None]
+Claim = Callable[[Connection], Run | None]
 
 
 def gates(engine: Engine, gate: Gate) -> bool:
@@ -108,7 +108,7 @@ def gates(engine: Engine, gate: Gate) -> bool:
 
 def gated_claim(
     engine: Engine, spec: RunTable, gate: Gate | None, claim: Claim
-) -> Mapping[str, Any] | Held | None:
+) -> Run | Held | None:
     """``claim`` (one guarded statement) with the gate's checks in its transaction."""
     if gate is None or not gates(engine, gate):
         with relaxed_autocommit(engine) as conn:
@@ -133,10 +133,8 @@ def _without_flush_wait(conn: Connection) -> None:
         conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
 
 
-def _check(
-    conn: Connection, spec: RunTable, gate: Gate, row: Mapping[str, Any], watching: bool
-) -> Held | None:
-    pausing = _pairs(spec.module, row["queue"], gate.default_queue)
+def _check(conn: Connection, spec: RunTable, gate: Gate, row: Run, watching: bool) -> Held | None:
+    pausing = _pairs(spec.module, row.queue, gate.default_queue)
     if watching and statements.any_paused(conn, pausing):
         return Held(None)
     if gate.rate is None:

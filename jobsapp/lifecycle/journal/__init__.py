@@ -40,6 +40,7 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - kept_result.py: update_state's progress of a running attempt (fenced by its claim) and
   ``forget`` of a finished run's value; neither moves the state
 - reads.py: the reads of one run (load, snoozes, the holder of a key)
+- run.py: ``Run``, a run row as read, its shared columns typed
 - task_ids.py: the active run an attempt's Celery task id names (a revoke by that id)
 - key_slots.py: a limited key's line (``limit=N``, ``fair``): admit, grant, release; the run
   stays queued (parked while it waits), so no transition of its own
@@ -50,6 +51,8 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - row_events.py: the enqueue, claim and success a run row carries instead of event rows,
   read back as events (``history``), and the rollup's cursor over them
 - plans.py: the statement compiler (prebuilt plans per run table and dialect, ``_run``)
+- hot.py: the hot statements, named and kept together (claim, heartbeat, finish, requeue,
+  the reaper's, the relay's pick and mark); their text is in tests/golden/
 - clock.py, _sql.py: whose clock, the two tables and the statement helpers
 - fence.py: the claim fence every running attempt's write is built with
 
@@ -112,6 +115,7 @@ from jobsapp.lifecycle.journal.revoking import (
     revoke,
 )
 from jobsapp.lifecycle.journal.row_events import history
+from jobsapp.lifecycle.journal.run import Run
 from jobsapp.lifecycle.journal.run_now import bring_forward
 from jobsapp.lifecycle.journal.task_ids import job_of_attempt
 from jobsapp.lifecycle.journal.workflow import cancel_rest
@@ -129,6 +133,7 @@ __all__ = [
     "Plan",
     "Reopened",
     "Revoked",
+    "Run",
     "StaleRun",
     "active_holder",
     "add_outbox",

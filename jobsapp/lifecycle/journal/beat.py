@@ -11,8 +11,8 @@ from datetime import datetime
 
 from sqlalchemy import Connection
 
+from jobsapp.lifecycle.journal import hot
 from jobsapp.lifecycle.journal.clock import _stamp
-from jobsapp.lifecycle.journal.plans import _heartbeat_stmt
 from jobsapp.lifecycle.journal.registry import RunTable
 
 
@@ -32,4 +32,4 @@ def heartbeat(
         "r_claim_token": token,
         "r_now": _stamp(conn, now),
     }
-    return conn.execute(_heartbeat_stmt(spec, conn.dialect.name), params).rowcount == 1
+    return conn.execute(hot.heartbeat(spec, conn.dialect.name), params).rowcount == 1

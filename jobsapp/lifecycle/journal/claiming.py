@@ -8,17 +8,17 @@ Transition.SKIP (events.py) when a held concurrency key refuses the insert.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Connection
 
+from jobsapp.lifecycle.journal import hot
 from jobsapp.lifecycle.journal.clock import _stamp
 from jobsapp.lifecycle.journal.events import Event
 from jobsapp.lifecycle.journal.new_run import NewJob, _insert_params, _new_row, new_claim_token
-from jobsapp.lifecycle.journal.plans import _claim_plan, _insert_plan, _run
+from jobsapp.lifecycle.journal.plans import _insert_plan, _run
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.run import Run
 from jobsapp.lifecycle.rules.states import State, Transition
 
 
@@ -30,7 +30,7 @@ def claim(
     *,
     worker: str,
     now: datetime | None = None,
-) -> Mapping[str, Any] | None:
+) -> Run | None:
     """queued -> running, only for the next attempt and only once it is due; the row
     returned carries the claim's ``claim_token``, which every later write must name."""
     now = _stamp(conn, now)
@@ -43,12 +43,12 @@ def claim(
         "r_claim_token": new_claim_token(),
     }
     event = Event(spec, attempt, Transition.CLAIM, State.QUEUED, State.RUNNING, worker, now)
-    return _run(conn, _claim_plan(spec, conn.dialect.name), params, event, None)[0]
+    return Run.maybe(_run(conn, hot.claim(spec, conn.dialect.name), params, event, None)[0])
 
 
 def claim_by_insert(
     conn: Connection, job: NewJob, attempt: int, *, worker: str, now: datetime | None = None
-) -> Mapping[str, Any] | None:
+) -> Run | None:
     """A foreign producer's message (no row): insert the run as running under the index.
     Not for a limited key's run, which takes a slot first (enqueue, then ``claim``)."""
     if job.key_limit is not None:
@@ -66,4 +66,4 @@ def claim_by_insert(
         now,
         reason="claimed by insert: message from a producer without a journal row",
     )
-    return _run(conn, plan, _insert_params(row, now, job), event, None)[0]
+    return Run.maybe(_run(conn, plan, _insert_params(row, now, job), event, None)[0])

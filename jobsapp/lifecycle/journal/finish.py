@@ -17,12 +17,13 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from jobsapp.lifecycle.journal import workflow
+from jobsapp.lifecycle.journal import hot, workflow
 from jobsapp.lifecycle.journal.clock import _later, _stamp
 from jobsapp.lifecycle.journal.events import Event
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage, outgoing
-from jobsapp.lifecycle.journal.plans import _finish_plan, _requeue_plan, _run
+from jobsapp.lifecycle.journal.plans import _run
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.run import Run
 from jobsapp.lifecycle.rules.results import replaced_by
 from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 
@@ -55,7 +56,7 @@ def _finish(
         "r_now": now,
     }
     event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error, detail)
-    plan = _finish_plan(spec, conn.dialect.name, outcome is Outcome.SUCCEEDED)
+    plan = hot.finish(spec, conn.dialect.name, outcome is Outcome.SUCCEEDED)
     return _run(conn, plan, params, event, None)[0]
 
 
@@ -141,7 +142,7 @@ def _started(into: list[PendingMessage] | None, messages: list[PendingMessage]) 
 def requeue(
     conn: Connection,
     spec: RunTable,
-    run: Mapping[str, Any],
+    run: Run,
     *,
     error: str,
     transition: Transition,
@@ -160,12 +161,12 @@ def requeue(
     an attempt while ``attempts`` itself still only grows.
     """
     now = _stamp(conn, now)
-    attempt = int(run["attempts"])
+    attempt = run.attempts
     due = retry_at or _later(now, delay or timedelta(0))
     params = {
-        "r_job_id": run["job_id"],
+        "r_job_id": run.job_id,
         "r_attempts": attempt,
-        "r_claim_token": run["claim_token"],
+        "r_claim_token": run.claim_token,
         "r_next_retry_at": due,
         "r_delay": delay or timedelta(0),
         "r_last_error": error,
@@ -173,5 +174,5 @@ def requeue(
         "r_refund": int(refund),
     }
     event = Event(spec, attempt, transition, State.RUNNING, State.QUEUED, actor, now, error, detail)
-    out = outgoing(spec, run, attempt=attempt + 1, now=now, available_at=due)
-    return _run(conn, _requeue_plan(spec, conn.dialect.name), params, event, out)[1]
+    out = outgoing(spec, run.columns, attempt=attempt + 1, now=now, available_at=due)
+    return _run(conn, hot.requeue(spec, conn.dialect.name), params, event, out)[1]

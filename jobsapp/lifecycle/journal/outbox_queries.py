@@ -15,24 +15,16 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
-    BigInteger,
     Connection,
-    Integer,
-    Interval,
     Table,
-    bindparam,
     func,
-    literal_column,
     select,
-    true,
     tuple_,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.journal import OUTBOX, PendingMessage, upsert
-from jobsapp.lifecycle.journal.flow_rows import not_paused
+from jobsapp.lifecycle.journal import OUTBOX, PendingMessage, hot, upsert
 from jobsapp.lifecycle.journal.outbox_rows import pending_rows as _pending
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.tables import MaintenanceCounter
@@ -40,92 +32,9 @@ from jobsapp.lifecycle.rules.states import State
 
 COUNTERS: Table = MaintenanceCounter.__table__  # type: ignore[assignment]
 
-_LIVE = OUTBOX.c.dead_at.is_(None)
+_LIVE = hot.LIVE
 # The counter of queued runs the relay found without an outbox row and repaired.
 REPAIRED = "outbox_repaired"
-
-
-def _unpaused(default_queue: str) -> Any:
-    """Rows of a paused queue or domain wait in the outbox (docs/flow-control.md)."""
-    return not_paused(OUTBOX.c.module, OUTBOX.c.queue, default_queue)
-
-
-def _level(t: Any) -> tuple[Any, Any, Any]:
-    """A pending row's level: its domain, its queue ('' for the app's default), its
-    priority; the key of PostgreSQL's ``ix_outbox_pending_level`` (migration 0019)."""
-    return t.c.module, func.coalesce(t.c.queue, literal_column("''")), t.c.priority
-
-
-def _is_pending(t: Any) -> Any:
-    # Spelled as the partial indexes' predicate, so the planner may use them.
-    return t.c.published_at.is_(None) & t.c.dead_at.is_(None)
-
-
-def _due(t: Any, now: datetime) -> tuple[Any, Any]:
-    return _is_pending(t), t.c.available_at <= now
-
-
-def _serving_order(t: Any, lowest_first: bool) -> tuple[Any, ...]:
-    """By priority as the broker serves it, then the longest due first, then the first
-    written (a batch enqueued in one transaction is due at one instant)."""
-    by_priority = t.c.priority.asc() if lowest_first else t.c.priority.desc()
-    return by_priority, *_by_due(t)
-
-
-def _by_due(t: Any) -> tuple[Any, Any]:
-    return t.c.available_at, t.c.id
-
-
-def _first_of_level_after(after: Any | None) -> Any:
-    """The id of the first pending row of the next level after ``after`` (a row of the
-    levels): one probe of the level index, however many rows a level holds."""
-    inner = OUTBOX.alias("next_level")
-    stmt = select(inner.c.id).where(_is_pending(inner))
-    if after is not None:
-        stmt = stmt.where(
-            tuple_(*_level(inner)) > tuple_(after.c.module, after.c.q, after.c.priority)
-        )
-    return stmt.order_by(*_level(inner)).limit(1).scalar_subquery()
-
-
-def _open_levels(default_queue: str) -> Any:
-    """Every level holding pending rows whose queue and domain are not paused: a skip
-    scan of the level index (one probe per level), the pauses checked once per level."""
-    head = OUTBOX.alias("head")
-    columns = [c.label(n) for c, n in zip(_level(head), ("module", "q", "priority"), strict=True)]
-    first = select(*columns).where(head.c.id == _first_of_level_after(None))
-    levels = first.cte("levels", recursive=True)
-    seen = levels.alias("seen")
-    step = select(*columns).join_from(seen, head, head.c.id == _first_of_level_after(seen))
-    levels = levels.union_all(step)
-    queue = func.nullif(levels.c.q, literal_column("''"))
-    return select(levels).where(not_paused(levels.c.module, queue, default_queue))
-
-
-def _firsts_of_open_levels(
-    now: datetime, limit: int, default_queue: str, lowest_first: bool
-) -> Any:
-    """The ids of the first ``limit`` due rows of the open levels, in the broker's order:
-    each open level gives its longest due (a LATERAL range scan of the level index)."""
-    levels = _open_levels(default_queue).subquery("open_levels")
-    row = OUTBOX.alias("due_row")
-    in_level = (
-        a == b
-        for a, b in zip(_level(row), (levels.c.module, levels.c.q, levels.c.priority), strict=True)
-    )
-    each = (
-        select(row.c.id, row.c.priority, row.c.available_at)
-        .where(*in_level, *_due(row, now))
-        .order_by(*_by_due(row))
-        .limit(limit)
-        .lateral("due_of_level")
-    )
-    return (
-        select(each.c.id)
-        .select_from(levels.join(each, true()))
-        .order_by(*_serving_order(each, lowest_first))
-        .limit(limit)
-    )
 
 
 def due_messages(
@@ -135,28 +44,21 @@ def due_messages(
     in the order the broker serves them (``lifecycle.priorities``): by priority, then the
     longest due. On PostgreSQL the rows of a paused queue or domain are not read at all:
     the open levels are found first, each gives at most ``limit`` rows, and the first
-    ``limit`` of those are locked (SKIP LOCKED: another relay has them) and re-checked."""
+    ``limit`` of those are locked (SKIP LOCKED: another relay has them) and re-checked
+    (journal/hot.py: ``due_firsts``, ``due_rows``)."""
+    ids: list[int] = []
     if conn.dialect.name == "postgresql":
-        first = _firsts_of_open_levels(now, limit, default_queue, lowest_first)
+        first = hot.due_firsts(now, limit, default_queue, lowest_first)
         ids = list(conn.execute(first).scalars())
         if not ids:
             return []
-        # Locked by primary key, and re-checked in a spelling no partial index of the
-        # pending rows matches: a planner without statistics (a backlog written since the
-        # last ANALYZE) would otherwise walk such an index, paused rows and all.
-        where = (
-            OUTBOX.c.id.in_(ids),
-            func.coalesce(OUTBOX.c.published_at, OUTBOX.c.dead_at).is_(None),
-            OUTBOX.c.available_at <= now,
-        )
-    else:  # SQLite (one host, no LATERAL): one walk of the due rows, each checked for pauses
-        where = (_unpaused(default_queue), *_due(OUTBOX, now))
-    stmt = (
-        select(OUTBOX)
-        .where(*where)
-        .order_by(*_serving_order(OUTBOX, lowest_first))
-        .limit(limit)
-        .with_for_update(skip_locked=True)
+    stmt = hot.due_rows(
+        conn.dialect.name,
+        now=now,
+        limit=limit,
+        default_queue=default_queue,
+        lowest_first=lowest_first,
+        ids=ids,
     )
     return _pending(conn.execute(stmt).mappings())
 
@@ -176,7 +78,7 @@ def rows_by_attempt(
             OUTBOX.c.published_at.is_(None),
             _LIVE,
             tuple_(OUTBOX.c.job_id, OUTBOX.c.attempt).in_(list(keys)),
-            _unpaused(default_queue),
+            hot.unpaused(default_queue),
         )
         .with_for_update(skip_locked=True)
     )
@@ -206,7 +108,7 @@ def unclaimed_messages(
     stmt = (
         select(OUTBOX)
         .join(table, table.c.job_id == OUTBOX.c.job_id)
-        .where(*_due_inflight(spec, now), _waiting_for_claim(spec), _unpaused(default_queue))
+        .where(*_due_inflight(spec, now), _waiting_for_claim(spec), hot.unpaused(default_queue))
         .order_by(OUTBOX.c.available_at)
         .limit(limit)
         .with_for_update(of=OUTBOX, skip_locked=True)
@@ -298,55 +200,12 @@ class Accepted(NamedTuple):
     due: datetime
 
 
-def _marks() -> Any:
-    """The accepted rows as a table: ``unnest`` of three arrays bound once per statement."""
-    arrays = (
-        bindparam("m_ids", type_=ARRAY(BigInteger)),
-        bindparam("m_counts", type_=ARRAY(Integer)),
-        bindparam("m_waits", type_=ARRAY(Interval())),
-    )
-    return func.unnest(*arrays).table_valued("id", "seen", "wait").render_derived()
-
-
-def _mark(seen: Any, published_at: Any, next_check: Any, *where: Any) -> Any:
-    # Guarded by the count the publish saw: a mark that comes after another publish of the
-    # same row was recorded (a relay that went first) changes nothing.
-    return (
-        update(OUTBOX)
-        .where(*where, OUTBOX.c.publish_count == seen, _LIVE)
-        .values(
-            published_at=published_at,
-            publish_count=OUTBOX.c.publish_count + 1,
-            available_at=next_check,
-        )
-    )
-
-
-_MARKS = _marks()
-# PostgreSQL: published and checked on the database's clock, at the mark (after the publish);
-# a countdown message cannot be claimed before its row is due, so its check counts from then.
-_PG_NOW = func.statement_timestamp()
-_MARK_MANY = _mark(
-    _MARKS.c.seen,
-    _PG_NOW,
-    func.greatest(OUTBOX.c.available_at, _PG_NOW) + _MARKS.c.wait,
-    OUTBOX.c.id == _MARKS.c.id,
-)
-# SQLite's clock is this host's (``lease.database_now``): both times come bound.
-_MARK_ONE = _mark(
-    bindparam("m_seen"),
-    bindparam("m_now", type_=OUTBOX.c.published_at.type),
-    bindparam("m_next_check", type_=OUTBOX.c.available_at.type),
-    OUTBOX.c.id == bindparam("m_id"),
-)
-
-
 def mark_published(conn: Connection, published: Sequence[Accepted]) -> int:
     """Record the broker's confirmations (one UPDATE on PostgreSQL); returns rows marked."""
     if conn.dialect.name == "postgresql":
         ids, counts, waits, _ = (list(column) for column in zip(*published, strict=True))
         params = {"m_ids": ids, "m_counts": counts, "m_waits": waits}
-        return conn.execute(_MARK_MANY, params).rowcount
+        return conn.execute(hot.MARK_SENT_MANY, params).rowcount
     marked, now = 0, utcnow()
     for p in published:
         one = {
@@ -355,7 +214,7 @@ def mark_published(conn: Connection, published: Sequence[Accepted]) -> int:
             "m_now": now,
             "m_next_check": max(now, p.due) + p.wait,
         }
-        marked += conn.execute(_MARK_ONE, one).rowcount
+        marked += conn.execute(hot.MARK_SENT_ONE, one).rowcount
     return marked
 
 

@@ -1,15 +1,14 @@
-"""The statement compiler: the hot transitions' prebuilt plans, and ``_run``.
+"""The statement compiler: prebuilt plans, and ``_run``.
 
 The hot transitions are built once per run table and dialect with bind parameters, so
 each call only binds values: no statement construction, no cache-key walk. Parameter
 names carry a prefix per part (r_ run row, e_ event, o_ outbox) so the parts can share
 one statement.
 
-``_insert_plan`` (Transition.ENQUEUE, and CLAIM by insert), ``_claim_plan``
-(Transition.CLAIM), ``_finish_plan`` (Transition.SUCCEED, FAIL), ``_requeue_plan``
-(Transition.RETRY, SNOOZE) and ``_heartbeat_stmt`` (the heartbeat) are each a ``Plan``;
-``_run`` binds and runs one. Writes nothing itself: the transition modules of this package
-(enqueue_one.py, enqueue_many.py, claiming.py, beat.py, finish.py) call it.
+``_insert_plan`` (Transition.ENQUEUE, and CLAIM by insert) is built here; the claim,
+finish and requeue plans with the other hot statements in hot.py (their named home), over
+``_plan``. ``_run`` binds and runs a plan. Writes nothing itself: the transition modules
+of this package (enqueue_one.py, enqueue_many.py, claiming.py, finish.py) call it.
 
 Each plan says which event rows it writes (``Journaled``): the happy path's enqueue, claim
 and success are carried by the run row (``enqueued_by``, ``attempted_at``; row_events.py
@@ -28,7 +27,6 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
-    Integer,
     Interval,
     Table,
     bindparam,
@@ -37,15 +35,13 @@ from sqlalchemy import (
     insert,
     literal,
     null,
-    or_,
     select,
     union_all,
-    update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from jobsapp.lifecycle.journal import fence, prepared
+from jobsapp.lifecycle.journal import prepared
 from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, _first, _first_row
 from jobsapp.lifecycle.journal.clock import _clock_param
 from jobsapp.lifecycle.journal.events import Event, kept_claim
@@ -107,6 +103,15 @@ class Plan:
     outbox: Any | None
     combined: Any | None  # PostgreSQL: all parts as one statement
     journaled: Journaled = Journaled.EVENT
+
+    def statements(self) -> tuple[Any, ...]:
+        """What ``_run`` may execute: PostgreSQL's one statement, else the parts in order
+        (the event row's insert is skipped at run time where the row carries the claim)."""
+        if self.combined is not None:
+            return (self.combined,)
+        event = () if self.journaled is Journaled.ROW else (self.event,)
+        outbox = () if self.outbox is None else (self.outbox,)
+        return (self.dml, *event, *outbox)
 
 
 def _sequential_insert(table: Table, columns: tuple[str, ...], prefix: str) -> Any:
@@ -261,97 +266,3 @@ def _insert_plan(spec: RunTable, dialect: str, state: State) -> Plan:
     dml = insert_stmt.values(values).on_conflict_do_nothing().returning(*returned)
     journaled = Journaled.ROW if state is State.QUEUED else Journaled.EVENT
     return _plan(dialect, dml, with_outbox=state is State.QUEUED, journaled=journaled)
-
-
-def _fence_params(table: Table) -> tuple[Any, ...]:
-    """The claim fence (fence.py) over the plan's bind parameters."""
-    bound = (_bind(table, "job_id"), _bind(table, "attempts"), _bind(table, "claim_token"))
-    return fence.held(table, *bound)
-
-
-@cache
-def _claim_plan(spec: RunTable, dialect: str) -> Plan:
-    table = spec.table
-    now = _clock_param(dialect)
-    dml = (
-        update(table)
-        .where(
-            table.c.job_id == _bind(table, "job_id"),
-            fence.in_state(table, State.QUEUED),
-            table.c.attempts == bindparam("r_previous", type_=table.c.attempts.type),
-            or_(table.c.next_retry_at.is_(None), table.c.next_retry_at <= now),
-            # Past its expiry a queued run is not claimed; the refused claim expires it.
-            or_(table.c.expires_at.is_(None), table.c.expires_at > now),
-        )
-        .values(
-            state=State.RUNNING.value,
-            attempts=_bind(table, "attempts"),
-            started_at=now,
-            heartbeat_at=now,
-            next_retry_at=None,
-            worker=_bind(table, "worker"),
-            updated_at=now,
-            claim_token=_bind(table, "claim_token"),
-            attempted_at=now,
-        )
-        .returning(*table.c)
-    )
-    return _plan(dialect, dml, with_outbox=False, journaled=Journaled.ROW)
-
-
-@cache
-def _finish_plan(spec: RunTable, dialect: str, success: bool) -> Plan:
-    table = spec.table
-    now = _clock_param(dialect)
-    dml = (
-        update(table)
-        .where(*_fence_params(table))
-        .values(
-            state=_bind(table, "state"),
-            outcome=_bind(table, "outcome"),
-            last_error=_bind(table, "last_error"),
-            result=_bind(table, "result"),
-            finished_at=now,
-            updated_at=now,
-            next_retry_at=None,
-        )
-        .returning(
-            table.c.job_id,
-            table.c.updated_at,
-            table.c.attempts,
-            table.c.attempted_at,
-            table.c.worker,
-            table.c.workflow_id,
-        )
-    )
-    journaled = Journaled.EVENT_UNLESS_ROW if success else Journaled.CLAIM_AND_EVENT
-    return _plan(dialect, dml, with_outbox=False, journaled=journaled)
-
-
-@cache
-def _requeue_plan(spec: RunTable, dialect: str) -> Plan:
-    table = spec.table
-    now = _clock_param(dialect)
-    due = _bind(table, "next_retry_at")
-    if dialect == "postgresql":
-        due = func.coalesce(due, now + _delay_param())
-    dml = (
-        update(table)
-        .where(*_fence_params(table))
-        .values(
-            state=State.QUEUED.value,
-            next_retry_at=due,
-            last_error=_bind(table, "last_error"),
-            heartbeat_at=None,
-            updated_at=now,
-            max_attempts=table.c.max_attempts + bindparam("r_refund", type_=Integer()),
-        )
-        .returning(*table.c)
-    )
-    return _plan(dialect, dml, with_outbox=True, journaled=Journaled.CLAIM_AND_EVENT)
-
-
-@cache
-def _heartbeat_stmt(spec: RunTable, dialect: str) -> Any:
-    table = spec.table
-    return update(table).where(*_fence_params(table)).values(heartbeat_at=_clock_param(dialect))

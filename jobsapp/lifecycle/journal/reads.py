@@ -20,12 +20,13 @@ from sqlalchemy import Connection, func, select
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal._sql import EVENTS, _first
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.run import Run
 from jobsapp.lifecycle.rules.states import ACTIVE_STATES, Transition
 
 
-def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Mapping[str, Any] | None:
+def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Run | None:
     table = spec.table
-    return _first(conn, select(table).where(table.c.job_id == job_id))
+    return Run.maybe(_first(conn, select(table).where(table.c.job_id == job_id)))
 
 
 def snoozes(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> int:
@@ -45,7 +46,7 @@ def snoozes(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> int:
 
 def load_with_clock(
     conn: Connection, spec: RunTable, job_id: uuid.UUID
-) -> tuple[Mapping[str, Any] | None, datetime]:
+) -> tuple[Run | None, datetime]:
     """The row and the database's clock, read in one statement."""
     if conn.dialect.name != "postgresql":
         return load(conn, spec, job_id), utcnow()
@@ -54,7 +55,8 @@ def load_with_clock(
     row = _first(conn, stmt)
     if row is None:
         return None, utcnow()  # no row: nothing to time
-    return row, row.pop("_db_now")
+    db_now = row.pop("_db_now")
+    return Run.from_row(row), db_now
 
 
 def attempt_failure(

@@ -4,7 +4,8 @@ A running run whose heartbeat is stale goes back to queued (with its next messag
 failed/stale, as its run table's policy says; one a revoke asked to stop ends
 failed/cancelled (its worker died before it could honour the request); a workflow step
 failed so starts its errbacks and blocks what waited for it (workflow.py). ``find_stale``
-reads and locks a batch; ``reap`` writes it in one guarded statement. Called by
+reads and locks a batch; ``reap`` writes it in one guarded statement (both named in
+hot.py). Called by
 maintenance/reaper.py.
 """
 
@@ -16,14 +17,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, case, select, tuple_, update
+from sqlalchemy import Connection
 
-from jobsapp.lifecycle.journal import key_slots, workflow
+from jobsapp.lifecycle.journal import hot, key_slots, workflow
 from jobsapp.lifecycle.journal.events import record_event, record_kept_claim
 from jobsapp.lifecycle.journal.outbox_rows import add_outbox
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules.message import TIME_LIMITS
-from jobsapp.lifecycle.rules.states import Outcome, State, Transition
+from jobsapp.lifecycle.rules.states import State, Transition
 
 
 @dataclass(frozen=True)
@@ -54,18 +55,7 @@ def find_stale(
 
     ``skip`` names runs this pass already found blocked, so they do not fill every batch.
     """
-    table = spec.table
-    stmt = (
-        select(table)
-        .where(
-            table.c.state == State.RUNNING.value,
-            table.c.heartbeat_at < cutoff,
-            table.c.job_id.not_in(list(skip)),
-        )
-        .order_by(table.c.heartbeat_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
+    stmt = hot.stale_runs(spec, cutoff=cutoff, limit=limit, skip=skip)
     return [
         StaleRun(
             job_id=r["job_id"],
@@ -98,34 +88,8 @@ def reap(
     reaped attempt's claim its row carried becomes an event row before the reap's."""
     if not runs:
         return []
-    table = spec.table
-    values: dict[str, Any] = {"updated_at": now, "last_error": reason, "heartbeat_at": None}
-    if requeue_them:
-        values |= {
-            "state": State.QUEUED.value,
-            "next_retry_at": None,
-            "rescues": table.c.rescues + 1,
-        }
-    else:
-        asked = table.c.cancel_requested_at.is_not(None)
-        outcome = case((asked, Outcome.CANCELLED.value), else_=Outcome.STALE.value)
-        values |= {"state": State.FAILED.value, "outcome": outcome, "finished_at": now}
-    stmt = (
-        update(table)
-        .where(
-            table.c.state == State.RUNNING.value,
-            table.c.heartbeat_at < cutoff,
-            tuple_(table.c.job_id, table.c.attempts).in_([(r.job_id, r.attempt) for r in runs]),
-        )
-        .values(**values)
-        .returning(
-            table.c.job_id,
-            table.c.attempts,
-            table.c.attempted_at,
-            table.c.worker,
-            table.c.workflow_id,
-        )
-    )
+    keys = [(r.job_id, r.attempt) for r in runs]
+    stmt = hot.reap(spec, keys, requeue_them=requeue_them, cutoff=cutoff, reason=reason, now=now)
     done = {row["job_id"]: dict(row) for row in conn.execute(stmt).mappings()}
     reaped = [r for r in runs if r.job_id in done]
     for run in reaped:

@@ -163,9 +163,9 @@ def _carried_success(
     row = load(conn, spec, job_id)
     if (
         row is None
-        or row["attempted_at"] is None
-        or row["attempts"] != attempts
-        or row["state"] != from_state.value
+        or row.attempted_at is None
+        or row.attempts != attempts
+        or row.state != from_state.value
     ):
         return None
-    return dict(row), counted_through(conn, spec.module)
+    return dict(row.columns), counted_through(conn, spec.module)

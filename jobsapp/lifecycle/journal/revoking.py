@@ -57,13 +57,13 @@ def revoke(
         row = load(conn, spec, job_id)
         if row is None:
             return Revoked.UNKNOWN
-        attempts = int(row["attempts"])
+        attempts = row.attempts
         if seen is not None and attempts != seen:
             return Revoked.MOVED
-        if row["state"] == State.QUEUED.value:
+        if row.state == State.QUEUED.value:
             if cancel(conn, spec, job_id, attempts=attempts, actor=actor, reason=reason):
                 return Revoked.CANCELLED
-        elif row["state"] == State.RUNNING.value and row["cancel_requested_at"] is None:
+        elif row.state == State.RUNNING.value and row.cancel_requested_at is None:
             if _request(conn, spec, job_id, attempts, actor=actor, reason=reason):
                 return Revoked.REQUESTED
         else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -19,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 from jobsapp import crashpoints
 from jobsapp.db import autocommit, relaxed_autocommit, relaxed_transaction
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import PendingMessage
+from jobsapp.lifecycle.journal import PendingMessage, Run
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules import results
 from jobsapp.lifecycle.rules.errors import LeaseLost, Replaced, RetryAfter, RetryRequested
@@ -125,7 +125,7 @@ def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: Attem
         try:
             value = _call_with_waits(ctx, body, rules)
             if not ctx.finished:
-                kept = results.checked(ctx.row["task_name"], value, rules.result_max_bytes)
+                kept = results.checked(ctx.row.task_name, value, rules.result_max_bytes)
         except LeaseLost as lost:
             log.warning("%s; nothing published", lost)
             return Ended(End.LEASE_LOST, f"{lost}; nothing published")
@@ -167,14 +167,13 @@ def _call_with_waits(ctx: RunContext, body: Callable[[], Any], rules: AttemptRul
             ctx.heartbeat.wait(pause.seconds)
 
 
-def success_waits_for_flush(spec: RunTable, row: Mapping[str, Any], setting: bool) -> bool:
+def success_waits_for_flush(spec: RunTable, row: Run, setting: bool) -> bool:
     """Whether the success of the claimed ``row`` waits for its WAL flush: as ``setting``
     (JOBSAPP_FINISH_FLUSH) says, and always where a crash that lost the success would not
     run the job again: the claim surviving it leaves the run ``running``, and the reaper
     fails a stale run with no attempt or rescue to spare (``failed/stale``, although the
     body succeeded). docs/lifecycle.md, "A success may not wait for the flush"."""
-    attempt, most = int(row["attempts"]), int(row["max_attempts"])
-    return setting or not spec.requeues_stale(attempt, most, int(row["rescues"]))
+    return setting or not spec.requeues_stale(row.attempts, row.max_attempts, row.rescues)
 
 
 def _succeed(app: Celery, ctx: RunContext, value: Any, kept: Any, *, flushed: bool) -> Ended:
@@ -212,10 +211,10 @@ def _outcome_connection(
     transaction. Not ``flushed``: the commit does not wait for the WAL flush; a crash that
     loses it loses the whole outcome, and the run repeats (docs/lifecycle.md)."""
     if flushed:
-        if ctx.row.get("workflow_id"):
+        if ctx.row.workflow_id:
             return ctx.engine.begin()
         return key_limits.outcome_connection(ctx.engine, ctx.row)
-    if ctx.row.get("workflow_id") or key_limits.is_limited(ctx.row):
+    if ctx.row.workflow_id or key_limits.is_limited(ctx.row):
         return relaxed_transaction(ctx.engine)
     return relaxed_autocommit(ctx.engine)
 
@@ -254,7 +253,7 @@ def _settle_failure(app: Celery, ctx: RunContext, exc: Exception, rules: Attempt
     decision = decide_failure(
         exc,
         attempt=ctx.attempt,
-        max_attempts=int(ctx.row["max_attempts"]),
+        max_attempts=ctx.row.max_attempts,
         policy=rules.policy,
         permanent=rules.permanent,
         requested_only=rules.requested_only,
@@ -296,9 +295,9 @@ def time_out(app: Celery, ctx: RunContext, rules: AttemptRules, seconds: float) 
 
 def _max_retries_exceeded(ctx: RunContext) -> MaxRetriesExceededError:
     """Celery's error for a ``self.retry()`` with no ``exc`` once no retry is left."""
-    params = ctx.row.get("params") or {}
+    params = ctx.row.columns.get("params") or {}
     return MaxRetriesExceededError(
-        f"Can't retry {ctx.row['task_name']}[{ctx.job_id}] args:{tuple(params.get('args', ()))} "
+        f"Can't retry {ctx.row.task_name}[{ctx.job_id}] args:{tuple(params.get('args', ()))} "
         f"kwargs:{params.get('kwargs', {})}"
     )
 

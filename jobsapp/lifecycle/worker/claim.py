@@ -11,11 +11,10 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
@@ -23,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from jobsapp.db import autocommit
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.flow import gating
+from jobsapp.lifecycle.journal import Run
 from jobsapp.lifecycle.journal.key_slots import PARKED
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules.errors import InvalidMessage
@@ -48,19 +48,19 @@ class Refusal(StrEnum):
     THROTTLED = "over its rate limit; the relay publishes it when the rate allows"
 
 
-def explain(row: Mapping[str, Any] | None, attempt: int) -> Refusal:
+def explain(row: Run | None, attempt: int) -> Refusal:
     """Why the guarded claim matched nothing (pure; ``row`` read after the claim)."""
     if row is None:
         return Refusal.NO_ROW
-    if is_terminal(row["state"]):
+    if is_terminal(row.state):
         return Refusal.TERMINAL
-    if attempt == row["attempts"] and row["state"] == "running":
+    if attempt == row.attempts and row.state == "running":
         return Refusal.IN_FLIGHT
-    if attempt <= row["attempts"]:
+    if attempt <= row.attempts:
         return Refusal.STALE_ATTEMPT
-    if attempt > row["attempts"] + 1:
+    if attempt > row.attempts + 1:
         return Refusal.AHEAD
-    return Refusal.WAITING if row.get("next_retry_at") == PARKED else Refusal.EARLY
+    return Refusal.WAITING if row.next_retry_at == PARKED else Refusal.EARLY
 
 
 class LostClaim(StrEnum):
@@ -70,30 +70,30 @@ class LostClaim(StrEnum):
     RECLAIMED = "another claim took the same attempt"
 
 
-def claim_lost(row: Mapping[str, Any] | None, attempt: int, token: uuid.UUID) -> LostClaim | None:
+def claim_lost(row: Run | None, attempt: int, token: uuid.UUID) -> LostClaim | None:
     """After a refused write of the claim ``token`` of ``attempt``: whether that claim was
     lost (pure). A reaper's requeue keeps ``attempts`` at the taken attempt, and the claim
     after it takes the next one, so neither looks like this; only a second claim of the
     same attempt carries the same number under another token."""
     if row is None:
         return None
-    if row["state"] == "queued" and row["attempts"] == attempt - 1:
+    if row.state == "queued" and row.attempts == attempt - 1:
         return LostClaim.UNCLAIMED
-    if row["attempts"] == attempt and row["claim_token"] != token:
+    if row.attempts == attempt and row.claim_token != token:
         return LostClaim.RECLAIMED
     return None
 
 
-def is_expired(row: Mapping[str, Any] | None, db_now: datetime) -> bool:
+def is_expired(row: Run | None, db_now: datetime) -> bool:
     """Whether a refused claim met a queued run past its ``expires_at`` (pure)."""
-    if row is None or row["state"] != "queued" or row["expires_at"] is None:
+    if row is None or row.state != "queued" or row.expires_at is None:
         return False
-    return bool(row["expires_at"] <= db_now)
+    return bool(row.expires_at <= db_now)
 
 
-def seconds_early(row: Mapping[str, Any], db_now: datetime) -> float:
+def seconds_early(row: Run, db_now: datetime) -> float:
     """How long before its ``next_retry_at`` an early message came (pure)."""
-    due = row["next_retry_at"]
+    due = row.next_retry_at
     return 0.0 if due is None else max(0.0, (due - db_now).total_seconds())
 
 
@@ -105,7 +105,7 @@ def foreign_refusal(attempt: int) -> Refusal | None:
 
 @dataclass(frozen=True)
 class Claimed:
-    row: Mapping[str, Any]
+    row: Run
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import key_slots
+from jobsapp.lifecycle.journal import Run, key_slots
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules import results
 from jobsapp.lifecycle.rules.errors import LeaseLost
@@ -29,7 +29,8 @@ from jobsapp.settings import get_settings
 class RunContext:
     engine: Engine
     spec: RunTable
-    row: Mapping[str, Any]
+    # The run as its claim returned it.
+    row: Run
     worker: str
     heartbeat: Heartbeat
     finished: bool = field(default=False)
@@ -41,16 +42,16 @@ class RunContext:
 
     @property
     def job_id(self) -> uuid.UUID:
-        return uuid.UUID(str(self.row["job_id"]))
+        return self.row.job_id
 
     @property
     def attempt(self) -> int:
-        return int(self.row["attempts"])
+        return self.row.attempts
 
     @property
     def token(self) -> uuid.UUID:
         """The claim's token: with ``attempt``, the fence of every write of this run."""
-        return uuid.UUID(str(self.row["claim_token"]))
+        return self.row.claimed_token
 
     @property
     def cancel_requested(self) -> bool:
@@ -71,7 +72,7 @@ class RunContext:
         The fenced finish runs first: if the lease is lost nothing the body writes in
         this transaction lands.
         """
-        kept = results.checked(self.row["task_name"], result, get_settings().result_max_bytes)
+        kept = results.checked(self.row.task_name, result, get_settings().result_max_bytes)
         with self.engine.begin() as conn:
             if not journal.succeed(
                 conn,
@@ -92,7 +93,7 @@ class RunContext:
         """Celery's ``update_state`` of this attempt: ``state`` and ``meta`` kept on the run
         (fenced by its claim) for ``AsyncResult.state``/``.info`` while it runs; the
         attempt's end replaces them."""
-        kept = results.checked(self.row["task_name"], meta, get_settings().result_max_bytes)
+        kept = results.checked(self.row.task_name, meta, get_settings().result_max_bytes)
         with self.engine.begin() as conn:
             if not journal.write_progress(
                 conn,

@@ -9,40 +9,36 @@ tasks keep their one-statement autocommit writes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from datetime import timedelta
-from typing import Any
 
 from celery import Celery
 from sqlalchemy import Connection, Engine
 
 from jobsapp.db import autocommit
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import key_slots
+from jobsapp.lifecycle.journal import Run, key_slots
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.transport import outbox
 
 
-def is_limited(row: Mapping[str, Any]) -> bool:
-    return row.get("key_limit") is not None
+def is_limited(row: Run) -> bool:
+    return row.key_limit is not None
 
 
-def outcome_connection(
-    engine: Engine, row: Mapping[str, Any]
-) -> AbstractContextManager[Connection]:
+def outcome_connection(engine: Engine, row: Run) -> AbstractContextManager[Connection]:
     """Where an attempt's outcome is written: a transaction for a limited run (the slot
     goes with the outcome), autocommit for any other."""
     return engine.begin() if is_limited(row) else autocommit(engine)
 
 
 def let_go(
-    conn: Connection, spec: RunTable, row: Mapping[str, Any], written: bool
+    conn: Connection, spec: RunTable, row: Run, written: bool
 ) -> tuple[bool, key_slots.Granted]:
     """After an outcome ``written`` in ``conn``: a limited run frees its key's slot."""
     if not written or not is_limited(row):
         return written, key_slots.Granted()
-    return True, key_slots.release(conn, spec, row["job_id"])
+    return True, key_slots.release(conn, spec, row.job_id)
 
 
 def publish_granted(app: Celery, granted: key_slots.Granted) -> None:
@@ -51,13 +47,13 @@ def publish_granted(app: Celery, granted: key_slots.Granted) -> None:
         outbox.publish_now(app, [journal.on_local_clock(m, timedelta(0)) for m in granted.messages])
 
 
-def after_fair_claim(app: Celery, engine: Engine, spec: RunTable, row: Mapping[str, Any]) -> None:
+def after_fair_claim(app: Celery, engine: Engine, spec: RunTable, row: Run) -> None:
     """A ``fair`` run holds its key's slot only while its message waits in the broker:
     claimed, it lets the key's next run be published behind the other keys' messages."""
     publish_granted(app, fair_claimed(engine, spec, row))
 
 
-def fair_claimed(engine: Engine, spec: RunTable, row: Mapping[str, Any]) -> key_slots.Granted:
+def fair_claimed(engine: Engine, spec: RunTable, row: Run) -> key_slots.Granted:
     """The slot of the ``fair`` run just claimed goes to its key's next run, made due."""
     with engine.begin() as conn:
-        return key_slots.release(conn, spec, row["job_id"])
+        return key_slots.release(conn, spec, row.job_id)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from sqlalchemy.exc import OperationalError
 
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.journal import Run
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules import message
 from jobsapp.lifecycle.rules.states import State
@@ -119,10 +120,10 @@ def _held_attempt(request: Request, why: str) -> tuple[Any, RunContext] | None:
         engine,
         spec,
         job_id,
-        int(row["attempts"]),
+        row.attempts,
         settings.heartbeat_interval,
         settings.stale_after,
-        token=uuid.UUID(str(row["claim_token"])),
+        token=row.claimed_token,
     )
     return task, RunContext(engine=engine, spec=spec, row=row, worker=worker, heartbeat=beat)
 
@@ -149,10 +150,10 @@ def _attempt_of(request: Request) -> tuple[uuid.UUID, int | None]:
     return message.job_id_of_task(request.id), None
 
 
-def _held_by(row: Mapping[str, Any], worker: str, attempt: int | None) -> bool:
+def _held_by(row: Run, worker: str, attempt: int | None) -> bool:
     """Whether the killed child's claim still holds the run (not ended meanwhile)."""
     return (
-        row["state"] == State.RUNNING.value
-        and row["worker"] == worker
-        and (attempt is None or int(row["attempts"]) == attempt)
+        row.state == State.RUNNING.value
+        and row.worker == worker
+        and (attempt is None or row.attempts == attempt)
     )

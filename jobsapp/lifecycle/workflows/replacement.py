@@ -59,7 +59,7 @@ def refusal(sig: Any, ctx: RunContext | None) -> str | None:
 def hand_over(app: Celery, ctx: RunContext, task: Any, sig: Signature) -> uuid.UUID:
     """Write ``sig`` as the job (or the workflow) that answers for ``ctx``'s, and ``ctx``'s
     success, at once; returns the job whose answer is now ``ctx``'s."""
-    if sig.subtask_type is not None or ctx.row.get("workflow_id") is not None:
+    if sig.subtask_type is not None or ctx.row.workflow_id is not None:
         return _to_workflow(app, ctx, sig)
     options = sig.options
     job = newjob.scheduled(
@@ -85,7 +85,7 @@ def _to_workflow(app: Celery, ctx: RunContext, sig: Signature) -> uuid.UUID:
     workflow (what waited for that step waits for it: workflow.replaced)."""
     if not canvas.is_lifecycle_canvas(sig):
         raise TypeError("the replacement must be lifecycle tasks")
-    workflow_id = ctx.row.get("workflow_id")
+    workflow_id = ctx.row.workflow_id
     into = None if workflow_id is None else (workflow_id, f"{ctx.job_id}.r")
     options = {"task_id": str(successor_of(ctx.job_id))}
     _, out, steps = canvas.compiled(sig, None, options, into=into)

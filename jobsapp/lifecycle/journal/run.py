@@ -1,0 +1,97 @@
+"""``Run``: one run row as the journal read it, the columns every run table shares typed.
+
+Built once from the row the statement returned (``Run.from_row``: keyword arguments, no
+loop, so a claim pays two Python calls for it); the run table's own columns (a generic
+job's ``params``, a domain's ids and progress columns) are read from ``columns``, the row
+itself. The fields are tables.RunMixin's columns (tests/unit/test_run_row.py holds them
+in step).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    job_id: uuid.UUID
+    task_name: str
+    concurrency_key: str
+    state: str
+    outcome: str | None
+    attempts: int
+    max_attempts: int
+    rescues: int
+    heartbeat_at: datetime | None
+    last_error: str | None
+    next_retry_at: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+    worker: str | None
+    claim_token: uuid.UUID | None
+    queue: str | None
+    result: Any
+    expires_at: datetime | None
+    cancel_requested_at: datetime | None
+    workflow_id: uuid.UUID | None
+    key_limit: int | None
+    enqueued_by: str | None
+    attempted_at: datetime | None
+    priority: int | None
+    time_limit: float | None
+    soft_time_limit: float | None
+    # Every column as read, the run table's own included (RunTable.id_columns,
+    # params_column, a domain's progress columns).
+    columns: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Run:
+        return cls(
+            job_id=row["job_id"],
+            task_name=row["task_name"],
+            concurrency_key=row["concurrency_key"],
+            state=row["state"],
+            outcome=row["outcome"],
+            attempts=row["attempts"],
+            max_attempts=row["max_attempts"],
+            rescues=row["rescues"],
+            heartbeat_at=row["heartbeat_at"],
+            last_error=row["last_error"],
+            next_retry_at=row["next_retry_at"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            updated_at=row["updated_at"],
+            worker=row["worker"],
+            claim_token=row["claim_token"],
+            queue=row["queue"],
+            result=row["result"],
+            expires_at=row["expires_at"],
+            cancel_requested_at=row["cancel_requested_at"],
+            workflow_id=row["workflow_id"],
+            key_limit=row["key_limit"],
+            enqueued_by=row["enqueued_by"],
+            attempted_at=row["attempted_at"],
+            priority=row["priority"],
+            time_limit=row["time_limit"],
+            soft_time_limit=row["soft_time_limit"],
+            columns=row,
+        )
+
+    @property
+    def claimed_token(self) -> uuid.UUID:
+        """The token of the claim that returned this row (every claim writes one): the
+        fence, with ``attempts``, of each write of its attempt."""
+        if self.claim_token is None:
+            raise ValueError(f"run {self.job_id} was never claimed")
+        return self.claim_token
+
+    @classmethod
+    def maybe(cls, row: Mapping[str, Any] | None) -> Run | None:
+        return None if row is None else cls.from_row(row)

@@ -1,0 +1,1 @@
+UPDATE job_runs SET heartbeat_at=coalesce(%(r_now)s, now()) WHERE job_runs.job_id = %(r_job_id)s::UUID AND (job_runs.state || '') = %(param_1)s AND job_runs.attempts = %(r_attempts)s AND job_runs.claim_token = %(r_claim_token)s::UUID AND job_runs.cancel_requested_at IS NULL;

@@ -1,0 +1,1 @@
+UPDATE job_runs SET state=?, outcome=CASE WHEN (job_runs.cancel_requested_at IS NOT NULL) THEN ? ELSE ? END, heartbeat_at=?, last_error=?, finished_at=?, updated_at=? WHERE job_runs.state = ? AND job_runs.heartbeat_at < ? AND (job_runs.job_id, job_runs.attempts) IN (__[POSTCOMPILE_param_3]) RETURNING job_id, attempts, attempted_at, worker, workflow_id;

@@ -1,0 +1,1 @@
+UPDATE job_runs SET state=?, rescues=(job_runs.rescues + ?), heartbeat_at=?, last_error=?, next_retry_at=?, updated_at=? WHERE job_runs.state = ? AND job_runs.heartbeat_at < ? AND (job_runs.job_id, job_runs.attempts) IN (__[POSTCOMPILE_param_1]) RETURNING job_id, attempts, attempted_at, worker, workflow_id;
