@@ -8,7 +8,9 @@ counted once, and a scrape reads a few rows. Two cursors: the ``job_events`` id,
 run table the ``finished_at`` of succeeded rows that carry their claim and success
 (journal/row_events.py; such a success and its claim have no event row). A success kept
 as event rows at its rerun after its row was counted says so (``row_events.COUNTED``) and
-is not counted again. The price is lag: numbers move once per rollup tick, and a
+is not counted again. The same pages keep ``run_counts``, the finished runs by state, after
+a ``finished_at`` cursor of their own per run table (journal/finished_counts.py). The
+price is lag: numbers move once per rollup tick, and a
 transition whose transaction commits more than ``SETTLE`` after it was stamped is not
 counted (the journal itself stays right).
 """
@@ -23,14 +25,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy import Connection, Engine, column, func, select, table, update
 
 from jobsapp.lifecycle import registry
-from jobsapp.lifecycle.journal import EVENTS, OUTBOX, _upsert
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX, _upsert, finished_counts
 from jobsapp.lifecycle.journal.row_events import COUNTED, finish_cursor, move_finish_cursor
 from jobsapp.lifecycle.outbox_queries import COUNTERS, bump
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import State, Transition
+from jobsapp.lifecycle.states import TERMINAL_STATES, State, Transition
 from jobsapp.lifecycle.totals import TOTALS, Key, add
 from jobsapp.maintenance import budget, lease
 
@@ -46,6 +48,11 @@ SUM_MS = "sum_ms"
 UNKNOWN_TASK = "unknown"
 CURSOR = "metrics_event_cursor"
 SETTLE = timedelta(seconds=10)
+# How long the oldest open transaction may hold the finish counts back; a finish that
+# commits later than that after its transaction began is not counted.
+HOLD = timedelta(minutes=10)
+_MICRO = timedelta(microseconds=1)
+_ACTIVITY = table("pg_stat_activity", column("datname"), column("pid"), column("xact_start"))
 BATCH = 2000
 
 # The transitions that end an attempt, and the outcome label each counts under.
@@ -160,7 +167,9 @@ def _roll_page(engine: Engine, batch: int, settle: timedelta) -> tuple[int, bool
         horizon = lease.database_now(conn) - settle
         pages = [_roll_successes(conn, spec, horizon, batch) for spec in registry.all_tables()]
         counted = sum(n for n, _ in pages)
-        full = any(f for _, f in pages)
+        finishes = _finish_horizon(conn, horizon)
+        ended = [_roll_finished(conn, spec, finishes, batch) for spec in registry.all_tables()]
+        full = any(f for _, f in pages) or any(ended)
         cursor = _locked_cursor(conn)
         read = _events_after(conn, cursor, batch)
         events = settled(read, horizon)
@@ -207,6 +216,50 @@ def _roll_successes(
     add(conn, tally(events, tasks, claims, sent))
     move_finish_cursor(conn, spec.module, rows[-1].finished_at)
     return len(events), len(page) == batch
+
+
+def _roll_finished(conn: Connection, spec: RunTable, horizon: datetime, batch: int) -> bool:
+    """Add the runs of ``spec`` that entered a terminal state after the table's count
+    cursor and by ``horizon`` to ``run_counts`` (finished_counts.py); whether the page was
+    full."""
+    through = finished_counts.counting(conn, spec.module)
+    if through is None:
+        return False
+    t = spec.table
+    page = conn.execute(
+        select(*finished_counts.columns(spec))
+        .where(
+            t.c.finished_at > through,
+            t.c.finished_at <= horizon,
+            t.c.state.in_(TERMINAL_STATES),
+        )
+        .order_by(t.c.finished_at)
+        .limit(batch)
+    ).all()
+    rows = _whole_instants(page, batch)
+    if rows:
+        keys = Counter(finished_counts.key_of(spec.module, r._mapping) for r in rows)
+        finished_counts.add(conn, keys)
+        finished_counts.counted(conn, spec.module, rows[-1].finished_at)
+    return len(page) == batch
+
+
+def _finish_horizon(conn: Connection, horizon: datetime) -> datetime:
+    """``horizon``, or just before the oldest open transaction's start if earlier (up to
+    ``HOLD``): on PostgreSQL a finish stamps ``finished_at`` with its transaction's start,
+    so no run finished before that can still commit behind the cursor and be missed (a
+    missed run would later be taken off by retention without having been counted)."""
+    if conn.dialect.name != "postgresql":
+        return horizon
+    oldest: datetime | None = conn.execute(
+        select(func.min(_ACTIVITY.c.xact_start)).where(
+            _ACTIVITY.c.datname == func.current_database(),
+            _ACTIVITY.c.pid != func.pg_backend_pid(),
+        )
+    ).scalar()
+    if oldest is None:
+        return horizon
+    return max(min(horizon, oldest - _MICRO), horizon - HOLD)
 
 
 def _whole_instants(rows: Sequence[Any], batch: int) -> Sequence[Any]:

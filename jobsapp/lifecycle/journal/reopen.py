@@ -19,7 +19,7 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 
 from jobsapp import crashpoints
-from jobsapp.lifecycle.journal import slots
+from jobsapp.lifecycle.journal import finished_counts, slots
 from jobsapp.lifecycle.journal._sql import _first, _require_transaction
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event
@@ -69,10 +69,12 @@ def reopen(
     event, the domain's mirror and the next attempt's message commit together or not at all.
     A reopened run is asked to run: it carries no expiry and no cancel request. A success
     the row carried (row_events.py) becomes event rows first: its claim and its success.
+    A finish the rollup counted is taken off ``run_counts`` (finished_counts.py).
     """
     _require_transaction(conn, "reopen")
     table = spec.table
     kept = _carried_success(conn, spec, job_id, from_state, attempts)
+    finished = finished_counts.finished_row(conn, spec, job_id)
     at = clock(conn, now)
     guard = [
         table.c.job_id == job_id,
@@ -108,6 +110,8 @@ def reopen(
     if row is None:
         return None
     crashpoints.hit("reopen_after_update")
+    if finished is not None:
+        finished_counts.uncount(conn, spec.module, [finished])
     if kept is not None:
         kept_at_rerun(conn, spec, kept[0], kept[1])
     at = row["updated_at"]  # the database's clock, read by the UPDATE itself
