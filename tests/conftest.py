@@ -47,6 +47,7 @@ TABLES_IN_DELETE_ORDER = (
     "job_runs",
     "workflow_steps",
     "run_counts",
+    "workflow_counts",
 )
 
 

@@ -392,6 +392,16 @@ class RunCount(Base):
     value: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
+class WorkflowCount(Base):
+    """Finished workflows by state (``succeeded``, ``failed``), kept with ``run_counts``
+    (migration 0026, journal/finished_counts.py)."""
+
+    __tablename__ = "workflow_counts"
+
+    state: Mapped[str] = mapped_column(String(16), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+
+
 class Lease(Base):
     """A named singleton lease (beat's leadership); a holder renews it before it expires."""
 

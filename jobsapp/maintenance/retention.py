@@ -131,9 +131,11 @@ def _cut_workflows(conn: Connection, before: datetime, limit: int) -> int:
     stmt = select(step.c.workflow_id).where(*aged).distinct().limit(limit)
     doomed = list(conn.execute(stmt).scalars())
     if doomed:
+        counted = finished_counts.counted_before(conn, doomed)
         for spec in registry.all_tables():
             _delete_runs(conn, spec, spec.table.c.workflow_id.in_(doomed))
         conn.execute(delete(STEPS).where(STEPS.c.workflow_id.in_(doomed)))
+        finished_counts.recount(conn, counted)
     return len(doomed)
 
 

@@ -220,8 +220,8 @@ def _roll_successes(
 
 def _roll_finished(conn: Connection, spec: RunTable, horizon: datetime, batch: int) -> bool:
     """Add the runs of ``spec`` that entered a terminal state after the table's count
-    cursor and by ``horizon`` to ``run_counts`` (finished_counts.py); whether the page was
-    full."""
+    cursor and by ``horizon`` to ``run_counts``, and the workflows they finished to
+    ``workflow_counts`` (finished_counts.py); whether the page was full."""
     through = finished_counts.counting(conn, spec.module)
     if through is None:
         return False
@@ -238,8 +238,9 @@ def _roll_finished(conn: Connection, spec: RunTable, horizon: datetime, batch: i
     ).all()
     rows = _whole_instants(page, batch)
     if rows:
-        keys = Counter(finished_counts.key_of(spec.module, r._mapping) for r in rows)
-        finished_counts.add(conn, keys)
+        counted = [r._mapping for r in rows]
+        finished_counts.add(conn, Counter(finished_counts.key_of(spec.module, r) for r in counted))
+        finished_counts.count_workflows(conn, spec.module, counted)
         finished_counts.counted(conn, spec.module, rows[-1].finished_at)
     return len(page) == batch
 

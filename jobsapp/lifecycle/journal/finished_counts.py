@@ -10,6 +10,11 @@ load and scrape (issue 37). The count is kept instead, by three kinds of writers
   in their own transaction (``uncount``), if the rollup counted it: its ``finished_at`` is
   at or before the cursor, read locked for share, so no pass moves it meanwhile.
 
+A workflow is counted with its last finished run (the latest ``finished_at``, then job
+id), by the pass that counts that run, if the workflow no longer runs then; a reopen of
+one of its runs, an operator's cancel of its rest and its retention adjust it
+(``counted_before``, then ``recount``), in their own transaction.
+
 A worker's finish writes nothing more. A reopen clears ``finished_at`` and every way into a
 terminal state stamps it anew, so a run is counted once per finish. The counts are of the
 rows the table holds: a run deleted by retention is no longer counted.
@@ -17,20 +22,28 @@ rows the table holds: a run deleted by retention is no longer counted.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, Table, select
 
 from jobsapp.lifecycle.journal._sql import _upsert
+from jobsapp.lifecycle.journal.reads import step_runs
 from jobsapp.lifecycle.journal.row_events import move_time_cursor, time_cursor
 from jobsapp.lifecycle.registry import RunTable
-from jobsapp.lifecycle.states import TERMINAL_STATES
-from jobsapp.lifecycle.tables import RunCount
+from jobsapp.lifecycle.states import ACTIVE_STATES, TERMINAL_STATES, State
+from jobsapp.lifecycle.tables import RunCount, WorkflowCount, WorkflowStep
 
 FINISHED: Table = RunCount.__table__  # type: ignore[assignment]
+WORKFLOWS: Table = WorkflowCount.__table__  # type: ignore[assignment]
+STEPS: Table = WorkflowStep.__table__  # type: ignore[assignment]
+RUNNING = "running"
+# A step's trigger when it is an errback (workflow.FAILURE): never waited for.
+_ERRBACK = "failure"
 _CURSOR = "run_counts_cursor:"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # module, task, queue ('' for the default), state, outcome ('' for none)
@@ -41,7 +54,7 @@ _KEY = ("module", "task", "queue", "state", "outcome")
 def columns(spec: RunTable) -> list[Any]:
     """What a counted row must carry: its key and its ``finished_at``."""
     c = spec.table.c
-    return [c.task_name, c.queue, c.state, c.outcome, c.finished_at]
+    return [c.job_id, c.workflow_id, c.task_name, c.queue, c.state, c.outcome, c.finished_at]
 
 
 def key_of(module: str, row: Mapping[Any, Any]) -> CountKey:
@@ -111,3 +124,109 @@ def read(conn: Connection, module: str | None = None) -> dict[CountKey, int]:
         for r in conn.execute(stmt)
         if r.value
     }
+
+
+# ------------------------------------------------------------------- workflows
+
+
+def workflow_state(*, active: bool, failed: bool, waiting: bool) -> str:
+    """``running`` while a step is queued or running, or waits for a step still to come
+    with nothing failed; else ``failed`` if a step failed or is blocked; else
+    ``succeeded``."""
+    if active or (waiting and not failed):
+        return RUNNING
+    return State.FAILED.value if failed else State.SUCCEEDED.value
+
+
+@dataclass(frozen=True)
+class Standing:
+    state: str
+    # The latest finished run: (finished_at, job_id, module); None with none finished.
+    last: tuple[datetime, uuid.UUID, str] | None
+
+
+def standings(conn: Connection, workflow_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, Standing]:
+    """Where each workflow stands, from its steps and their runs (by index and key)."""
+    if not workflow_ids:
+        return {}
+    cols = STEPS.c
+    stmt = select(cols.workflow_id, cols.job_id, cols.module, cols.trigger, cols.blocked_at)
+    found = conn.execute(stmt.where(cols.workflow_id.in_(list(workflow_ids)))).mappings()
+    steps = [dict(step) for step in found]
+    runs = step_runs(conn, steps, "state", "finished_at")
+    by_workflow: dict[uuid.UUID, list[Mapping[str, Any]]] = defaultdict(list)
+    for step in steps:
+        by_workflow[step["workflow_id"]].append(step)
+    return {w: _standing(mine, runs) for w, mine in by_workflow.items()}
+
+
+def _standing(steps: Sequence[Mapping[str, Any]], runs: Mapping[uuid.UUID, Any]) -> Standing:
+    active = failed = waiting = False
+    last: tuple[datetime, uuid.UUID, str] | None = None
+    for step in steps:
+        run = runs.get(step["job_id"])
+        blocked = step["blocked_at"] is not None
+        failed |= blocked or (run is not None and run.state == State.FAILED.value)
+        if run is None:
+            waiting |= not blocked and step["trigger"] != _ERRBACK
+            continue
+        active |= run.state in ACTIVE_STATES
+        if run.finished_at is not None:
+            mark = (run.finished_at, run.job_id, step["module"])
+            last = mark if last is None or mark > last else last
+    return Standing(workflow_state(active=active, failed=failed, waiting=waiting), last)
+
+
+def count_workflows(conn: Connection, module: str, rows: Sequence[Mapping[Any, Any]]) -> None:
+    """The rollup's part: the workflows whose last finished run is among ``rows`` (just
+    counted) and that no longer run."""
+    mine = {(r["job_id"], module) for r in rows}
+    ids = {r["workflow_id"] for r in rows if r["workflow_id"] is not None}
+    done = Counter(
+        s.state
+        for s in standings(conn, ids).values()
+        if s.state != RUNNING and s.last is not None and (s.last[1], s.last[2]) in mine
+    )
+    _add_workflows(conn, done)
+
+
+def counted_before(conn: Connection, workflow_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """The state each workflow is counted under now (those counted only), read before a
+    change to it; ``recount`` after the change adjusts the counts."""
+    found = {}
+    for workflow_id, s in standings(conn, workflow_ids).items():
+        if s.state == RUNNING or s.last is None:
+            continue
+        finished_at, _, module = s.last
+        if finished_at <= counted_through(conn, module):
+            found[workflow_id] = s.state
+    return found
+
+
+def recount(conn: Connection, before: Mapping[uuid.UUID, str]) -> None:
+    """After a change to the workflows of ``before`` (``counted_before``): each counted
+    under its state now instead."""
+    if not before:
+        return
+    delta = Counter(counted_before(conn, list(before)).values())
+    delta.subtract(Counter(before.values()))
+    _add_workflows(conn, delta)
+
+
+def _add_workflows(conn: Connection, deltas: Mapping[str, int]) -> None:
+    rows = [{"state": state, "value": n} for state, n in deltas.items() if n]
+    if not rows:
+        return
+    stmt = _upsert(conn, WORKFLOWS).values(rows)
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[WORKFLOWS.c.state],
+            set_={"value": WORKFLOWS.c.value + stmt.excluded.value},
+        )
+    )
+
+
+def workflow_totals(conn: Connection) -> dict[str, int]:
+    """Finished workflows by state (a row per state)."""
+    rows = conn.execute(select(WORKFLOWS.c.state, WORKFLOWS.c.value))
+    return {str(state): int(n) for state, n in rows}

@@ -75,6 +75,7 @@ def reopen(
     table = spec.table
     kept = _carried_success(conn, spec, job_id, from_state, attempts)
     finished = finished_counts.finished_row(conn, spec, job_id)
+    workflow = _workflow_counted(conn, finished)
     at = clock(conn, now)
     guard = [
         table.c.job_id == job_id,
@@ -112,6 +113,7 @@ def reopen(
     crashpoints.hit("reopen_after_update")
     if finished is not None:
         finished_counts.uncount(conn, spec.module, [finished])
+        finished_counts.recount(conn, workflow)
     if kept is not None:
         kept_at_rerun(conn, spec, kept[0], kept[1])
     at = row["updated_at"]  # the database's clock, read by the UPDATE itself
@@ -173,3 +175,10 @@ def _carried_success(
     ):
         return None
     return dict(row), counted_through(conn, spec.module)
+
+
+def _workflow_counted(conn: Connection, finished: Mapping[str, Any] | None) -> dict[uuid.UUID, str]:
+    """The state the run's workflow is counted under (none: no workflow, or not counted)."""
+    if finished is None or finished["workflow_id"] is None:
+        return {}
+    return finished_counts.counted_before(conn, [finished["workflow_id"]])
