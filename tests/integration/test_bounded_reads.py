@@ -1,11 +1,13 @@
-"""The reads of the jobs list filtered by task and of the charts follow an index at a size
-where the planner would otherwise scan (issue 37).
+"""The reads of the jobs list filtered by task, of the charts, of the admin overview, of
+``/metrics/cluster`` and of ``jobsapp summary`` follow an index at a size where the planner
+would otherwise scan (issue 37).
 
 A journal of ``PLANTED`` succeeded jobs and half as many failed ones (``bench.planting``:
 the rows jobsapp writes, copied by INSERT ... SELECT over generate_series) spread over three
-days, ANALYZEd (committed, so the plans are those autovacuum would see), plus a few jobs of
-a rare task. Every statement a page runs is explained with the planner's own costs (no
-``enable_seqscan = off``): none may read a run, outbox or event table with a Seq Scan.
+days, some of them one-step workflows, ANALYZEd (committed, so the plans are those
+autovacuum would see), plus a few jobs of a rare task, counted by rollup passes. Every
+statement a page runs is explained with the planner's own costs (no ``enable_seqscan =
+off``): none may read a run, outbox, event or step table with a Seq Scan.
 """
 
 from __future__ import annotations
@@ -22,14 +24,18 @@ from alembic import command
 from sqlalchemy import Engine, create_engine, event, inspect
 
 from bench import planting
+from jobsapp import cli
 from jobsapp.db import make_engine, utcnow
 from jobsapp.lifecycle import journal
-from jobsapp.monitor import browse, charts
+from jobsapp.monitor import browse, charts, rollup
 from jobsapp.shipped import alembic_config
+from jobsapp.web.app import create_app
 from tests.conftest import migrate, migrated_postgres
 from tests.support import tasks
+from tests.support.attachments import environment
 from tests.support.env import SESSION
 from tests.support.migrations import RUN_TABLES
+from tests.support.web import TOKEN
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,9 +43,19 @@ PLANTED = 30_000
 # A day of the charts holds more runs than their sample (charts.SAMPLE), as a busy one does.
 SPREAD = timedelta(days=3)
 RARE = 5
-# The planted tables; the empty ones (the other run tables, workflow_steps) are read
-# whole by any plan, as reading an empty table whole costs nothing.
-SCANNED = re.compile(r"Seq Scan on (job_runs|outbox|job_events)\b")
+WORKFLOWS = 1_500
+# The planted tables; the empty ones (the other run tables) are read whole by any plan, as
+# reading an empty table whole costs nothing.
+SCANNED = re.compile(r"Seq Scan on (job_runs|outbox|job_events|workflow_steps)\b")
+# Some planted successes as one-step workflows (the steps the workflows line reads).
+STEPS_SQL = (
+    "UPDATE job_runs SET workflow_id = job_id WHERE job_id IN "
+    "(SELECT job_id FROM job_runs WHERE state = 'succeeded' LIMIT %(n)s)",
+    "INSERT INTO workflow_steps (job_id, workflow_id, path, module, task_name, args, kwargs, "
+    "immutable, max_attempts, trigger, next, errbacks, created_at) "
+    "SELECT job_id, workflow_id, '0', 'jobs', task_name, '[]', '{}', false, 1, 'start', "
+    "'[]', '[]', created_at FROM job_runs WHERE workflow_id IS NOT NULL",
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +70,10 @@ def big() -> Iterator[Engine]:
                 [tasks.echo.new_job((f"rare-{i}",), {}, None) for i in range(RARE)],
                 actor="test",
             )
+            for statement in STEPS_SQL:
+                conn.exec_driver_sql(statement, {"n": WORKFLOWS})
+        while rollup.run_once(engine, settle=timedelta(0)):
+            pass
         with engine.connect() as conn:
             conn.exec_driver_sql("ANALYZE")
             conn.commit()  # ANALYZE in a transaction block is rolled back with it
@@ -61,8 +81,16 @@ def big() -> Iterator[Engine]:
         engine.dispose()
 
 
+@pytest.fixture
+def configured(big: Engine) -> Iterator[Engine]:
+    """The planted journal as the process's database: the web app's and the CLI's."""
+    url = big.url.render_as_string(hide_password=False)
+    with environment(JOBSAPP_DATABASE_URL=url, JOBSAPP_ADMIN_TOKEN=TOKEN):
+        yield big
+
+
 @contextmanager
-def _statements(engine: Engine) -> Iterator[list[tuple[str, Any]]]:
+def _statements(engine: Engine | type[Engine]) -> Iterator[list[tuple[str, Any]]]:
     seen: list[tuple[str, Any]] = []
 
     def record(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, _many: bool) -> None:
@@ -128,6 +156,38 @@ def test_a_search_reads_an_id_range_and_a_capped_number_of_rows(
         page = browse.find_jobs(big, browse.JobFilter(text=wanted))
     assert page.total == (text == "id prefix")
     scans = _scans(big, statements)
+    assert not scans, "\n\n".join(scans)
+
+
+def test_the_overview_and_the_cluster_scrape_count_without_reading_the_journal(
+    configured: Engine,
+) -> None:
+    client = create_app().test_client()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with _statements(Engine) as statements:  # every engine: the app resolves its own
+        page = client.get("/admin", headers=auth)
+        scraped = client.get("/metrics/cluster")
+        api = client.get("/v1/admin/jobs?limit=1", headers=auth)
+    assert (page.status_code, scraped.status_code, api.status_code) == (200, 200, 200)
+    assert api.get_json()["counts"]["jobs"] == {
+        "queued": RARE,
+        "running": 0,
+        "succeeded": PLANTED,
+        "failed": PLANTED // 2,
+    }
+    scans = _scans(configured, statements)
+    assert not scans, "\n\n".join(scans)
+
+
+def test_jobsapp_summary_counts_without_reading_the_journal(
+    configured: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with _statements(Engine) as statements:
+        assert cli.main(["summary", "--limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert f"workflows: 0 running, {WORKFLOWS} succeeded, 0 failed" in out
+    assert re.search(rf"jobs\s+succeeded\s+succeeded\s+{PLANTED}\b", out)
+    scans = _scans(configured, statements)
     assert not scans, "\n\n".join(scans)
 
 
