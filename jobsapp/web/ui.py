@@ -304,6 +304,12 @@ def _not_found(exc: operator.NotFound) -> ResponseReturnValue:
     return _error_page(404, str(exc))
 
 
+@ui.errorhandler(browse.SearchTooSlow)
+def _search_too_slow(exc: browse.SearchTooSlow) -> ResponseReturnValue:
+    # 503: the live script backs off, as for a slow page; the text says what to do.
+    return _error_page(503, f"Not answered: {exc}.")
+
+
 def _unavailable(exc: Exception) -> ResponseReturnValue:
     log.warning("admin UI answering 503: database unavailable (%s)", type(exc).__name__)
     response = _error_page(503, "The database is unavailable; retry in a moment.")

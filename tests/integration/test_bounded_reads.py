@@ -191,6 +191,19 @@ def test_jobsapp_summary_counts_without_reading_the_journal(
     assert not scans, "\n\n".join(scans)
 
 
+def test_a_search_that_reads_too_long_is_stopped_with_a_hint(
+    configured: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bound the planted search cannot meet, as a journal past the search's cap could not.
+    monkeypatch.setattr(browse, "SEARCH_TIMEOUT", timedelta(milliseconds=1))
+    client = create_app().test_client()
+    reply = client.get("/admin/jobs?q=no+such+words", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert reply.status_code == 503
+    assert "read for more than 0.001 s and was stopped: narrow it" in reply.get_data(as_text=True)
+    listed = client.get("/admin/jobs?state=failed", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert listed.status_code == 200  # a list without a search is not bound by it
+
+
 NEW_INDEXES = {
     *(
         f"ix_{table}_{suffix}"
