@@ -3,16 +3,25 @@ ones counted live, finished ones as beat's rollup counted them (journal/finished
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from sqlalchemy import Engine
+from alembic import command
+from sqlalchemy import Engine, create_engine, inspect
 
 from jobsapp import cli, operator
 from jobsapp.celery_app import app
+from jobsapp.lifecycle import journal
 from jobsapp.maintenance import retention
 from jobsapp.monitor import summary
+from jobsapp.shipped import alembic_config
+from tests.conftest import migrate, migrated_postgres
+from tests.support.env import SESSION
+from tests.support.journal_view import held_by
 from tests.support.planted import (
     JOBS,
     ago,
+    claimed,
     failed_job,
     queued_job,
     rolled_up,
@@ -77,3 +86,40 @@ def test_retention_takes_off_the_runs_it_deletes_that_were_counted(db: Engine) -
     set_row(db, counted, finished_at=ago(8 * 86400))
     assert retention.run_once(db, keep, app)[JOBS.module] == 1
     assert _jobs(db)["succeeded"] == 0
+
+
+def test_a_finish_that_commits_late_is_counted_late_not_lost(pg: Engine) -> None:
+    """A finish stamps its transaction's start; a pass while it is still open must not move
+    the cursor past that stamp, or the run would never be counted (and retention would
+    later take off a run that never was)."""
+    slow = queued_job(pg)
+    attempt = claimed(pg, JOBS, slow)
+    with pg.begin() as conn:
+        token = held_by(conn, JOBS, slow)
+        assert journal.succeed(conn, JOBS, slow, attempt, token=token, actor="w1@host")
+        succeeded_job(pg)  # finished and committed while the first is still open
+        rolled_up(pg)
+        assert _jobs(pg)["succeeded"] == 0  # held back behind the open transaction
+    rolled_up(pg)
+    assert _jobs(pg)["succeeded"] == 2
+
+
+def _tables(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return set(inspect(engine).get_table_names()) & {"run_counts", "workflow_counts"}
+    finally:
+        engine.dispose()
+
+
+def test_migration_0026_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
+    sqlite = f"sqlite:///{tmp_path}/counts.db"
+    migrate(sqlite)
+    with migrated_postgres(f"jobsapp_m0026_{SESSION}") as postgres:
+        for url in (sqlite, postgres):
+            cfg = alembic_config()
+            cfg.set_main_option("sqlalchemy.url", url)
+            command.downgrade(cfg, "0025")
+            assert _tables(url) == set()
+            command.upgrade(cfg, "head")
+            assert _tables(url) == {"run_counts", "workflow_counts"}

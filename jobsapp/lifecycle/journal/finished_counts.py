@@ -157,10 +157,11 @@ def standings(conn: Connection, workflow_ids: Collection[uuid.UUID]) -> dict[uui
     by_workflow: dict[uuid.UUID, list[Mapping[str, Any]]] = defaultdict(list)
     for step in steps:
         by_workflow[step["workflow_id"]].append(step)
-    return {w: _standing(mine, runs) for w, mine in by_workflow.items()}
+    return {w: standing(mine, runs) for w, mine in by_workflow.items()}
 
 
-def _standing(steps: Sequence[Mapping[str, Any]], runs: Mapping[uuid.UUID, Any]) -> Standing:
+def standing(steps: Sequence[Mapping[str, Any]], runs: Mapping[uuid.UUID, Any]) -> Standing:
+    """One workflow's standing from its steps and the runs they have (pure)."""
     active = failed = waiting = False
     last: tuple[datetime, uuid.UUID, str] | None = None
     for step in steps:
