@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic import command
 from sqlalchemy import Engine, create_engine, event, inspect
 
 from bench import planting
@@ -28,13 +27,12 @@ from jobsapp import cli
 from jobsapp.db import make_engine, utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.monitor import browse, charts, rollup
-from jobsapp.shipped import alembic_config
 from jobsapp.web.app import create_app
-from tests.conftest import migrate, migrated_postgres
+from tests.conftest import migrated_postgres
 from tests.support import tasks
 from tests.support.attachments import environment
 from tests.support.env import SESSION
-from tests.support.migrations import RUN_TABLES
+from tests.support.migrations import RUN_TABLES, each_dialect_down_and_up
 from tests.support.web import TOKEN
 
 pytestmark = pytest.mark.timeout(300)
@@ -225,13 +223,4 @@ def _new_indexes(url: str) -> set[str]:
 
 
 def test_migration_0023_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
-    sqlite = f"sqlite:///{tmp_path}/bounded.db"
-    migrate(sqlite)
-    with migrated_postgres(f"jobsapp_m0023_{SESSION}") as postgres:
-        for url in (sqlite, postgres):
-            cfg = alembic_config()
-            cfg.set_main_option("sqlalchemy.url", url)
-            command.downgrade(cfg, "0022")
-            assert _new_indexes(url) == set()
-            command.upgrade(cfg, "head")
-            assert _new_indexes(url) == NEW_INDEXES
+    each_dialect_down_and_up(tmp_path, "m0023", "0022", _new_indexes, NEW_INDEXES)

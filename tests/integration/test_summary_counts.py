@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from alembic import command
 from sqlalchemy import Engine, create_engine, inspect
 
 from jobsapp import cli, operator
@@ -14,10 +13,8 @@ from jobsapp.celery_app import app
 from jobsapp.lifecycle import journal
 from jobsapp.maintenance import retention
 from jobsapp.monitor import summary
-from jobsapp.shipped import alembic_config
-from tests.conftest import migrate, migrated_postgres
-from tests.support.env import SESSION
 from tests.support.journal_view import held_by
+from tests.support.migrations import each_dialect_down_and_up
 from tests.support.planted import (
     JOBS,
     ago,
@@ -113,13 +110,4 @@ def _tables(url: str) -> set[str]:
 
 
 def test_migration_0026_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
-    sqlite = f"sqlite:///{tmp_path}/counts.db"
-    migrate(sqlite)
-    with migrated_postgres(f"jobsapp_m0026_{SESSION}") as postgres:
-        for url in (sqlite, postgres):
-            cfg = alembic_config()
-            cfg.set_main_option("sqlalchemy.url", url)
-            command.downgrade(cfg, "0025")
-            assert _tables(url) == set()
-            command.upgrade(cfg, "head")
-            assert _tables(url) == {"run_counts", "workflow_counts"}
+    each_dialect_down_and_up(tmp_path, "m0026", "0025", _tables, {"run_counts", "workflow_counts"})

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX
 from jobsapp.lifecycle.journal._sql import _upsert as _upsert
+from jobsapp.lifecycle.journal._sql import add_to_values as add_to_values
 from jobsapp.lifecycle.journal.cancel import cancel
 from jobsapp.lifecycle.journal.claim import claim, claim_by_insert
 from jobsapp.lifecycle.journal.clock import clock

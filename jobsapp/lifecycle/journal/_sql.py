@@ -2,16 +2,17 @@
 
 ``EVENTS`` (a transition's ``job_events`` row, events.py) and ``OUTBOX`` (the message of
 the attempt it schedules, outbox_rows.py); the dialect's INSERT with ON CONFLICT
-(``_upsert``), a statement's first row (``_first``), and the refusal of a transition of
-several statements on an autocommit connection (``_require_transaction``: reopen.py,
-cancel.py, enqueue_many.py). No transition of its own; only this package's modules import
-it (``_upsert`` is re-exported as ``journal._upsert`` for the monitor's upserts and
-lifecycle/outbox_queries.py).
+(``_upsert``) and the upsert that adds to a kept total (``add_to_values``), a statement's
+first row (``_first``), and the refusal of a transition of several statements on an
+autocommit connection (``_require_transaction``: reopen.py, cancel.py, enqueue_many.py). No
+transition of its own; only this package's modules import it (``_upsert`` is re-exported
+as ``journal._upsert`` for the monitor's upserts and lifecycle/outbox_queries.py, and
+``add_to_values`` for lifecycle/totals.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, CursorResult, Table
@@ -30,6 +31,20 @@ EVENTS: Table = JobEvent.__table__  # type: ignore[assignment]
 def _upsert(conn: Connection, table: Table) -> pg_dml.Insert | sqlite_dml.Insert:
     """INSERT with the dialect's ON CONFLICT support (both spell it the same)."""
     return pg_insert(table) if conn.dialect.name == "postgresql" else sqlite_insert(table)
+
+
+def add_to_values(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Add each row's ``value`` to the row of its primary key, created at zero: one
+    upsert for every total kept this way (metric_totals, run_counts, workflow_counts)."""
+    if not rows:
+        return
+    stmt = _upsert(conn, table).values(list(rows))
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=list(table.primary_key.columns),
+            set_={"value": table.c.value + stmt.excluded.value},
+        )
+    )
 
 
 def _first(

@@ -31,7 +31,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, select
 
-from jobsapp.lifecycle.journal._sql import _upsert
+from jobsapp.lifecycle.journal._sql import add_to_values
 from jobsapp.lifecycle.journal.reads import step_runs
 from jobsapp.lifecycle.journal.row_events import move_time_cursor, time_cursor
 from jobsapp.lifecycle.registry import RunTable
@@ -48,7 +48,6 @@ _CURSOR = "run_counts_cursor:"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # module, task, queue ('' for the default), state, outcome ('' for none)
 CountKey = tuple[str, str, str, str, str]
-_KEY = ("module", "task", "queue", "state", "outcome")
 
 
 def columns(spec: RunTable) -> list[Any]:
@@ -68,15 +67,7 @@ def add(conn: Connection, deltas: Mapping[CountKey, int]) -> None:
         for (m, t, q, s, o), n in deltas.items()
         if n
     ]
-    if not rows:
-        return
-    stmt = _upsert(conn, FINISHED).values(rows)
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[FINISHED.c[name] for name in _KEY],
-            set_={"value": FINISHED.c.value + stmt.excluded.value},
-        )
-    )
+    add_to_values(conn, FINISHED, rows)
 
 
 def counting(conn: Connection, module: str) -> datetime | None:
@@ -216,15 +207,7 @@ def recount(conn: Connection, before: Mapping[uuid.UUID, str]) -> None:
 
 def _add_workflows(conn: Connection, deltas: Mapping[str, int]) -> None:
     rows = [{"state": state, "value": n} for state, n in deltas.items() if n]
-    if not rows:
-        return
-    stmt = _upsert(conn, WORKFLOWS).values(rows)
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[WORKFLOWS.c.state],
-            set_={"value": WORKFLOWS.c.value + stmt.excluded.value},
-        )
-    )
+    add_to_values(conn, WORKFLOWS, rows)
 
 
 def workflow_totals(conn: Connection) -> dict[str, int]:
