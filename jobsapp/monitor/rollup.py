@@ -8,11 +8,14 @@ counted once, and a scrape reads a few rows. Two cursors: the ``job_events`` id,
 run table the ``finished_at`` of succeeded rows that carry their claim and success
 (journal/row_events.py; such a success and its claim have no event row). A success kept
 as event rows at its rerun after its row was counted says so (``row_events.COUNTED``) and
-is not counted again. The same pages keep ``run_counts``, the finished runs by state, after
-a ``finished_at`` cursor of their own per run table (journal/finished_counts.py). The
-price is lag: numbers move once per rollup tick, and a
+is not counted again. The price is lag: numbers move once per rollup tick, and a
 transition whose transaction commits more than ``SETTLE`` after it was stamped is not
 counted (the journal itself stays right).
+
+The same pages keep ``run_counts`` and ``workflow_counts``, the finished runs and
+workflows by state (journal/finished_counts.py), after a ``finished_at`` cursor of their
+own per run table. Those counts must not miss a late commit (retention would later take
+off a run never counted), so that cursor also stays behind the oldest open transaction.
 """
 
 from __future__ import annotations
