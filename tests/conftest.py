@@ -46,6 +46,8 @@ TABLES_IN_DELETE_ORDER = (
     "key_slots",
     "job_runs",
     "workflow_steps",
+    "run_counts",
+    "workflow_counts",
 )
 
 
@@ -108,6 +110,8 @@ def use_database(url: str) -> Engine:
     with engine.begin() as conn:
         for table in TABLES_IN_DELETE_ORDER + extra_tables():
             conn.execute(text(f"DELETE FROM {table}"))
+        # The finish counts start again with their tables (journal/finished_counts.py).
+        conn.execute(text("DELETE FROM maintenance_counters WHERE name LIKE 'run_counts_%'"))
     return engine
 
 

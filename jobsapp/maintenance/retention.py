@@ -6,7 +6,8 @@ outbox rows after 1 day; job_events after 30 days. Each table is cut in bounded 
 A run of a workflow goes only with its whole workflow (its runs in every run table and its
 steps, in one transaction), once none of its runs is queued or running and nothing in it
 moved for the run retention: never half a workflow, and no step left behind without its
-runs, which the console would count as still to come.
+runs, which the console would count as still to come. A deleted run the rollup counted
+leaves ``run_counts`` in the delete's transaction (journal/finished_counts.py).
 
 A finished run is what absorbs a repeated enqueue of its job id during the task's dedup
 window: deleted sooner, the same work would run again. So each pass first compares the
@@ -22,13 +23,14 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from celery import Celery
 from sqlalchemy import Connection, Engine, Table, delete, exists, or_, select
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.journal import finished_counts, registry
 from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.rules.states import TERMINAL_STATES
 from jobsapp.lifecycle.task import LifecycleTask
@@ -97,15 +99,20 @@ def _cut(conn: Connection, table: Table, key: str, *where: object, limit: int) -
 def _cut_runs(conn: Connection, spec: registry.RunTable, before: datetime, limit: int) -> int:
     """Finished runs of their own (a workflow's go with it: ``_cut_workflows``)."""
     table = spec.table
-    return _cut(
-        conn,
-        table,
-        "job_id",
+    doomed = select(table.c.job_id).where(
         table.c.state.in_(TERMINAL_STATES),
         table.c.finished_at < before,
         table.c.workflow_id.is_(None),
-        limit=limit,
     )
+    return _delete_runs(conn, spec, table.c.job_id.in_(doomed.limit(limit)))
+
+
+def _delete_runs(conn: Connection, spec: registry.RunTable, where: Any) -> int:
+    """Delete runs, and take the counted ones off ``run_counts`` in the same transaction."""
+    columns = finished_counts.columns(spec)
+    gone = conn.execute(delete(spec.table).where(where).returning(*columns)).mappings().all()
+    finished_counts.uncount(conn, spec.module, gone)
+    return len(gone)
 
 
 def _cut_workflows(conn: Connection, before: datetime, limit: int) -> int:
@@ -124,9 +131,11 @@ def _cut_workflows(conn: Connection, before: datetime, limit: int) -> int:
     stmt = select(step.c.workflow_id).where(*aged).distinct().limit(limit)
     doomed = list(conn.execute(stmt).scalars())
     if doomed:
+        counted = finished_counts.counted_before(conn, doomed)
         for spec in registry.all_tables():
-            conn.execute(delete(spec.table).where(spec.table.c.workflow_id.in_(doomed)))
+            _delete_runs(conn, spec, spec.table.c.workflow_id.in_(doomed))
         conn.execute(delete(STEPS).where(STEPS.c.workflow_id.in_(doomed)))
+        finished_counts.recount(conn, counted)
     return len(doomed)
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, String, and_, cast, func, or_, select, tuple_
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql import ColumnElement
 
 from jobsapp.db import utcnow
@@ -46,6 +48,10 @@ MAX_TEXT = 200
 # a substring of an error or of arguments is matched by reading rows, and a search that
 # matches nothing must not read the journal.
 SEARCH_ROWS = 20_000
+# How long a text search may read (PostgreSQL's statement_timeout, below the console's
+# own): a search that would take longer is refused with a hint, not left to run.
+SEARCH_TIMEOUT = timedelta(seconds=2)
+_QUERY_CANCELED = "57014"  # PostgreSQL's SQLSTATE for a statement_timeout
 # Hex digits from which a search is also an id prefix (the first group of a uuid).
 ID_PREFIX_MIN = 8
 _HEX = re.compile(r"[0-9a-f]+")
@@ -214,7 +220,7 @@ def find_jobs(
     now = now or utcnow()
     found: list[Listed] = []
     counts: list[int] = []
-    with engine.connect() as conn:
+    with engine.connect() as conn, _search_bound(conn, wanted):
         for spec in _tables(wanted):
             where = _matching(spec, wanted, now)
             if wanted.text:
@@ -232,6 +238,30 @@ def find_jobs(
     after_last = Cursor(rows[-1].updated_at, rows[-1].job_id) if more else None
     exact = all(n <= COUNT_CAP for n in counts)
     return JobPage(rows, sum(min(n, COUNT_CAP) for n in counts), after_last, exact, extras)
+
+
+class SearchTooSlow(Exception):
+    """A text search read longer than ``SEARCH_TIMEOUT`` and was stopped."""
+
+
+@contextmanager
+def _search_bound(conn: Connection, wanted: JobFilter) -> Iterator[None]:
+    """A text search's transaction runs at most ``SEARCH_TIMEOUT`` (PostgreSQL)."""
+    if not wanted.text or conn.dialect.name != "postgresql":
+        yield
+        return
+    bound = round(SEARCH_TIMEOUT.total_seconds() * 1000)
+    conn.exec_driver_sql(f"SET LOCAL statement_timeout TO {bound}")
+    try:
+        yield
+    except OperationalError as exc:
+        if getattr(exc.orig, "pgcode", None) != _QUERY_CANCELED:
+            raise
+        raise SearchTooSlow(
+            f"the search for {wanted.text!r} read for more than "
+            f"{SEARCH_TIMEOUT.total_seconds():g} s and was stopped: narrow it with a state, a "
+            "task, a queue or an age, or search by job id"
+        ) from None
 
 
 # A summary row and the run row's columns it came from.

@@ -9,8 +9,9 @@ through one target (the load-balanced address) instead, see docs/operators.md. A
 process's own numbers (``process_*``, ``python_*``, ``jobsapp_web_info``, on ``/metrics``)
 are scraped from every replica and do add up.
 
-Gauges come from indexed queries; counters and histograms are totals that beat keeps
-(``monitor.rollup``, ``maintenance_counters``), so a scrape never aggregates a table.
+Gauges come from indexed queries; counters, histograms and the finished runs of
+``jobsapp_jobs`` are totals that beat keeps (``monitor.rollup``, ``maintenance_counters``,
+``run_counts``), so a scrape never aggregates a journal table.
 Labels ``task`` and ``queue`` are bounded by ``monitor.labels``; every registered task has
 its series from the start, at zero, so ``rate()`` and ``increase()`` see the first job.
 """
@@ -204,7 +205,8 @@ def _histogram(
 def _jobs(numbers: Health, names: Labels) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
         "jobsapp_jobs",
-        "Run rows by module, task, queue and state (terminal rows until retention).",
+        "Run rows by module, task, queue and state: active ones at scrape time, finished "
+        "ones as of beat's last rollup, until retention.",
         labels=["module", "task", "queue", "state"],
     )
     rows = {(*series, state): 0 for series in names.registered() for state in ALL_STATES}

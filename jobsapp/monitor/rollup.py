@@ -11,6 +11,11 @@ as event rows at its rerun after its row was counted says so (``row_events.COUNT
 is not counted again. The price is lag: numbers move once per rollup tick, and a
 transition whose transaction commits more than ``SETTLE`` after it was stamped is not
 counted (the journal itself stays right).
+
+The same pages keep ``run_counts`` and ``workflow_counts``, the finished runs and
+workflows by state (journal/finished_counts.py), after a ``finished_at`` cursor of their
+own per run table. Those counts must not miss a late commit (retention would later take
+off a run never counted), so that cursor also stays behind the oldest open transaction.
 """
 
 from __future__ import annotations
@@ -23,14 +28,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy import Connection, Engine, column, func, select, table, update
 
-from jobsapp.lifecycle.journal import EVENTS, OUTBOX, registry, upsert
+from jobsapp.lifecycle.journal import EVENTS, OUTBOX, finished_counts, registry, upsert
 from jobsapp.lifecycle.journal.outbox_queries import COUNTERS, bump
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.row_events import COUNTED, finish_cursor, move_finish_cursor
 from jobsapp.lifecycle.journal.totals import TOTALS, Key, add
-from jobsapp.lifecycle.rules.states import State, Transition
+from jobsapp.lifecycle.rules.states import TERMINAL_STATES, State, Transition
 from jobsapp.maintenance import budget, lease
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,11 @@ SUM_MS = "sum_ms"
 UNKNOWN_TASK = "unknown"
 CURSOR = "metrics_event_cursor"
 SETTLE = timedelta(seconds=10)
+# How long the oldest open transaction may hold the finish counts back; a finish that
+# commits later than that after its transaction began is not counted.
+HOLD = timedelta(minutes=10)
+_MICRO = timedelta(microseconds=1)
+_ACTIVITY = table("pg_stat_activity", column("datname"), column("pid"), column("xact_start"))
 BATCH = 2000
 
 # The transitions that end an attempt, and the outcome label each counts under.
@@ -140,9 +150,9 @@ def settled(events: Sequence[Event], horizon: datetime) -> list[Event]:
 
 def run_once(engine: Engine, batch: int = BATCH, settle: timedelta = SETTLE) -> int:
     """Roll up page after page (one transaction each) until every page came back short
-    (caught up) or the pass's time budget is spent; returns how many transitions were
-    counted. One page a tick capped the rollup at ``BATCH`` successes per 15 s (about 133
-    a second), below a busy journal's rate."""
+    (caught up) or the pass's time budget is spent; returns how many transitions and
+    finished runs were counted (0: caught up). One page a tick capped the rollup at
+    ``BATCH`` successes per 15 s (about 133 a second), below a busy journal's rate."""
     spent = budget.for_pass(budget.DEFAULT_BUDGET)
     total = 0
     while True:
@@ -159,7 +169,10 @@ def _roll_page(engine: Engine, batch: int, settle: timedelta) -> tuple[int, bool
         horizon = lease.database_now(conn) - settle
         pages = [_roll_successes(conn, spec, horizon, batch) for spec in registry.all_tables()]
         counted = sum(n for n, _ in pages)
-        full = any(f for _, f in pages)
+        finishes = _finish_horizon(conn, horizon)
+        ended = [_roll_finished(conn, spec, finishes, batch) for spec in registry.all_tables()]
+        counted += sum(n for n, _ in ended)
+        full = any(f for _, f in pages) or any(f for _, f in ended)
         cursor = _locked_cursor(conn)
         read = _events_after(conn, cursor, batch)
         events = settled(read, horizon)
@@ -206,6 +219,53 @@ def _roll_successes(
     add(conn, tally(events, tasks, claims, sent))
     move_finish_cursor(conn, spec.module, rows[-1].finished_at)
     return len(events), len(page) == batch
+
+
+def _roll_finished(
+    conn: Connection, spec: RunTable, horizon: datetime, batch: int
+) -> tuple[int, bool]:
+    """Add the runs of ``spec`` that entered a terminal state after the table's count
+    cursor and by ``horizon`` to ``run_counts``, and the workflows they finished to
+    ``workflow_counts`` (finished_counts.py); how many, and whether the page was full."""
+    through = finished_counts.counting(conn, spec.module)
+    if through is None:
+        return 0, False
+    t = spec.table
+    page = conn.execute(
+        select(*finished_counts.columns(spec))
+        .where(
+            t.c.finished_at > through,
+            t.c.finished_at <= horizon,
+            t.c.state.in_(TERMINAL_STATES),
+        )
+        .order_by(t.c.finished_at)
+        .limit(batch)
+    ).all()
+    rows = _whole_instants(page, batch)
+    if rows:
+        counted = [r._mapping for r in rows]
+        finished_counts.add(conn, Counter(finished_counts.key_of(spec.module, r) for r in counted))
+        finished_counts.count_workflows(conn, spec.module, counted)
+        finished_counts.counted(conn, spec.module, rows[-1].finished_at)
+    return len(rows), len(page) == batch
+
+
+def _finish_horizon(conn: Connection, horizon: datetime) -> datetime:
+    """``horizon``, or just before the oldest open transaction's start if earlier (up to
+    ``HOLD``): on PostgreSQL a finish stamps ``finished_at`` with its transaction's start,
+    so no run finished before that can still commit behind the cursor and be missed (a
+    missed run would later be taken off by retention without having been counted)."""
+    if conn.dialect.name != "postgresql":
+        return horizon
+    oldest: datetime | None = conn.execute(
+        select(func.min(_ACTIVITY.c.xact_start)).where(
+            _ACTIVITY.c.datname == func.current_database(),
+            _ACTIVITY.c.pid != func.pg_backend_pid(),
+        )
+    ).scalar()
+    if oldest is None:
+        return horizon
+    return max(min(horizon, oldest - _MICRO), horizon - HOLD)
 
 
 def _whole_instants(rows: Sequence[Any], batch: int) -> Sequence[Any]:

@@ -8,7 +8,9 @@ module does not depend on. Every statement is bounded and follows an existing in
 - newest rows: one statement per run table, a ``LIMIT`` branch per state on
   ``ix_<table>_state_updated`` (``ORDER BY updated_at`` across all states would sort the
   whole journal);
-- counts: an index-only scan of the same index, bounded by journal retention;
+- counts: queued and running runs on the same index (bounded by the active runs), finished
+  runs from ``run_counts``, which beat's rollup keeps (journal/finished_counts.py): a
+  finished run is counted once a rollup pass has seen it, and until retention deletes it;
 - stale runs: the partial index of running heartbeats;
 - outbox backlog and lag: the partial index of unpublished rows.
 
@@ -21,6 +23,7 @@ current attempt is fresh.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,9 +35,9 @@ from sqlalchemy.sql import ColumnElement
 import jobsapp.schema  # noqa: F401 - imports every domain, so each run table is registered
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.journal import finished_counts, registry
 from jobsapp.lifecycle.journal.registry import RunTable
-from jobsapp.lifecycle.rules.states import ALL_STATES, Outcome, State
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES, ALL_STATES, Outcome, State
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -312,25 +315,25 @@ def _delta(value: timedelta | float) -> timedelta:
 
 
 def _counts(conn: Connection) -> dict[str, dict[str, int]]:
-    found: dict[str, dict[str, int]] = {}
-    for spec in registry.all_tables():
-        state = spec.table.c.state
-        stmt = select(state, func.count()).group_by(state)
-        by_state = {str(s): int(n) for s, n in conn.execute(stmt).all()}
-        found[spec.module] = {s: by_state.get(s, 0) for s in ALL_STATES}
-    return found
+    return _per_module(_series_counts(conn))
 
 
 def _series_counts(conn: Connection) -> dict[tuple[Series, str], int]:
-    # One GROUP BY per run table, bounded by journal retention like the counts by state.
+    """Runs by series and state: queued and running ones counted live on the state index
+    (bounded by the active runs), finished ones as the rollup counted them."""
     found: dict[tuple[Series, str], int] = {}
     for spec in registry.all_tables():
         c = spec.table.c
-        stmt = select(c.task_name, c.queue, c.state, func.count()).group_by(
-            c.task_name, c.queue, c.state
+        stmt = (
+            select(c.task_name, c.queue, c.state, func.count())
+            .where(c.state.in_(ACTIVE_STATES))
+            .group_by(c.task_name, c.queue, c.state)
         )
         for task, queue, state, n in conn.execute(stmt).all():
             found[((spec.module, task, queue), str(state))] = int(n)
+    for (module, task, queue, state, _), n in finished_counts.read(conn).items():
+        series = ((module, task, queue or None), state)
+        found[series] = found.get(series, 0) + n
     return found
 
 
@@ -429,17 +432,22 @@ class OutcomeCount:
 
 
 def outcome_counts(engine: Engine, *, module: str | None = None) -> list[OutcomeCount]:
-    """Jobs per ``(module, state, outcome)``, one GROUP BY per run table (bounded by
-    journal retention), in state order then by count."""
-    found: list[OutcomeCount] = []
+    """Jobs per ``(module, state, outcome)``: active ones counted live on the state index,
+    finished ones as the rollup counted them; in state order then by count."""
+    specs = checked_tables(module)
+    found: Counter[tuple[str, str, str | None]] = Counter()
     with engine.connect() as conn:
-        for spec in checked_tables(module):
+        for spec in specs:
             table = spec.table
-            stmt = select(table.c.state, table.c.outcome, func.count()).group_by(
-                table.c.state, table.c.outcome
+            stmt = (
+                select(table.c.state, table.c.outcome, func.count())
+                .where(table.c.state.in_(ACTIVE_STATES))
+                .group_by(table.c.state, table.c.outcome)
             )
-            found.extend(
-                OutcomeCount(spec.module, str(s), o, int(n)) for s, o, n in conn.execute(stmt).all()
-            )
+            for state, outcome, n in conn.execute(stmt).all():
+                found[(spec.module, str(state), outcome)] += int(n)
+        for (mod, _, _, state, outcome), n in finished_counts.read(conn, module).items():
+            found[(mod, state, outcome or None)] += n
+    counts = [OutcomeCount(m, s, o, n) for (m, s, o), n in found.items() if n]
     order = {state: i for i, state in enumerate(ALL_STATES)}
-    return sorted(found, key=lambda c: (c.module, order.get(c.state, len(order)), -c.jobs))
+    return sorted(counts, key=lambda c: (c.module, order.get(c.state, len(order)), -c.jobs))

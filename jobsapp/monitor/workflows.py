@@ -13,16 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, case, func, or_, select
+from sqlalchemy import Engine, select
 
-from jobsapp.lifecycle.journal import registry
-from jobsapp.lifecycle.journal.workflow import FAILURE, STEPS, step_runs
-from jobsapp.lifecycle.rules.states import ACTIVE_STATES, State
+from jobsapp.lifecycle.journal import finished_counts, registry
+from jobsapp.lifecycle.journal.reads import step_runs
+from jobsapp.lifecycle.journal.workflow import STEPS
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES
 
-# A workflow's state for the summary line, from its steps: ``running`` while a step is
-# queued or running (a replayed step too) or waits for a step still to come; else
-# ``failed`` if a step failed or is blocked; else ``succeeded``. An errback that never ran
-# is not waited for: it runs only if its step fails.
+# A workflow's state for the summary line (finished_counts.workflow_state): ``running``
+# while a step is queued or running (a replayed step too); else ``failed`` if a step failed
+# or is blocked; else ``succeeded``. An errback that never ran is not waited for.
 WORKFLOW_STATES = ("running", "succeeded", "failed")
 
 
@@ -82,47 +82,18 @@ def _order(path: str) -> tuple[tuple[int, str], ...]:
 
 
 def workflow_counts(engine: Engine) -> dict[str, int]:
-    """How many workflows are running, succeeded and failed (one GROUP BY per run table
-    the steps name; bounded, as the run tables are, by journal retention)."""
-    flags: dict[uuid.UUID, tuple[bool, bool, bool]] = {}
+    """How many workflows are running (a step queued or running, read on each run table's
+    state index: bounded by the active runs) and how many finished, as the rollup counted
+    them (journal/finished_counts.py)."""
+    running: set[uuid.UUID] = set()
     with engine.connect() as conn:
-        for module in conn.execute(select(STEPS.c.module).distinct()).scalars():
-            for workflow_id, *seen in conn.execute(_flags(module)):
-                before = flags.get(workflow_id, (False, False, False))
-                active, failed, waiting = (bool(a or b) for a, b in zip(before, seen, strict=True))
-                flags[workflow_id] = (active, failed, waiting)
-    counts = dict.fromkeys(WORKFLOW_STATES, 0)
-    for active, failed, waiting in flags.values():
-        counts[_state(active=active, failed=failed, waiting=waiting)] += 1
+        for spec in registry.all_tables():
+            t = spec.table
+            stmt = select(t.c.workflow_id).where(
+                t.c.state.in_(ACTIVE_STATES), t.c.workflow_id.is_not(None)
+            )
+            running.update(conn.execute(stmt.distinct()).scalars())
+        finished = finished_counts.workflow_totals(conn)
+    counts = {state: finished.get(state, 0) for state in WORKFLOW_STATES}
+    counts[finished_counts.RUNNING] = len(running)
     return counts
-
-
-def _state(*, active: bool, failed: bool, waiting: bool) -> str:
-    if active or (waiting and not failed):
-        return "running"
-    return "failed" if failed else "succeeded"
-
-
-def _flags(module: str) -> Any:
-    """Per workflow, over its steps of ``module``: a run queued or running; a run failed
-    or a step blocked; a step (not an errback) with no run yet."""
-    table = registry.get(module).table
-
-    def any_of(condition: Any) -> Any:
-        return func.max(case((condition, 1), else_=0))
-
-    failed = or_(table.c.state == State.FAILED.value, STEPS.c.blocked_at.is_not(None))
-    waiting = and_(
-        table.c.job_id.is_(None), STEPS.c.blocked_at.is_(None), STEPS.c.trigger != FAILURE
-    )
-    return (
-        select(
-            STEPS.c.workflow_id,
-            any_of(table.c.state.in_(ACTIVE_STATES)),
-            any_of(failed),
-            any_of(waiting),
-        )
-        .select_from(STEPS.outerjoin(table, table.c.job_id == STEPS.c.job_id))
-        .where(STEPS.c.module == module)
-        .group_by(STEPS.c.workflow_id)
-    )

@@ -295,7 +295,10 @@ class PerState(Closed):
 
 class JobSummary(Closed):
     jobs: list[JobRow]
-    counts: dict[str, PerState] = Field(description="module -> state -> rows")
+    counts: dict[str, PerState] = Field(
+        description="module -> state -> rows: queued and running at request time, succeeded "
+        "and failed as of beat's last rollup pass, until retention deletes them"
+    )
 
 
 class Replayed(Closed):

@@ -21,9 +21,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import cache
 from pathlib import Path
+from time import monotonic
 from typing import Any
 
-from flask import Response, current_app, flash, redirect, render_template, request, url_for
+from flask import Response, current_app, flash, g, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_openapi3.blueprint import APIBlueprint
 from flask_openapi3.models.tag import Tag
@@ -81,9 +82,14 @@ _PAGE_HEADERS = {
     # The live header picks the main region alone: never one answer for the other.
     "Vary": "Cookie, X-Jobsapp-Live",
 }
-# A live page polls its own URL this often (milliseconds), unless paused.
+# A live page polls its own URL this often (milliseconds), unless paused, or less often
+# when its reads are slow (``live_every``).
 LIVE_EVERY_MS = 5000
+LIVE_MAX_MS = 60_000
+# A page waits this many times as long as it took before it asks again.
+LIVE_SLOWDOWN = 10
 LIVE_HEADER = "X-Jobsapp-Live"
+LIVE_EVERY_HEADER = "X-Jobsapp-Live-Every"
 _SCRIPT = Path(__file__).with_name("static") / "live.js"
 _DB_DOWN = (OperationalError, InterfaceError, PoolTimeout)
 
@@ -178,14 +184,23 @@ def not_found_page(path: str) -> Response | None:
     return redirect(trimmed, code=308)  # type: ignore[return-value]
 
 
+def live_every(took: float) -> int:
+    """Milliseconds a live page waits before its next refresh, after one that took
+    ``took`` seconds to answer: the usual pace, or ``LIVE_SLOWDOWN`` times as long as a
+    slow one took, up to ``LIVE_MAX_MS``; so an open tab keeps the database busy a tenth
+    of the time at most, however large the journal."""
+    return min(LIVE_MAX_MS, max(LIVE_EVERY_MS, round(took * 1000 * LIVE_SLOWDOWN)))
+
+
 def _page(template: str, status: int = 200, *, live: bool = False, **context: Any) -> Response:
-    """A page; a live one asked by its script (``LIVE_HEADER``) is its main region only."""
+    """A page; a live one asked by its script (``LIVE_HEADER``) is its main region only,
+    and says when to ask again (``LIVE_EVERY_HEADER``)."""
     region = live and request.headers.get(LIVE_HEADER) == "1"
     layout = "admin/_live.html" if region else "admin/base.html"
-    html = render_template(
-        f"admin/{template}", layout=layout, live=LIVE_EVERY_MS if live else 0, **context
-    )
-    return Response(html, status, headers=_PAGE_HEADERS, mimetype="text/html")
+    every = live_every(monotonic() - g.get("started", monotonic())) if live else 0
+    html = render_template(f"admin/{template}", layout=layout, live=every, **context)
+    headers = {**_PAGE_HEADERS, **({LIVE_EVERY_HEADER: str(every)} if live else {})}
+    return Response(html, status, headers=headers, mimetype="text/html")
 
 
 def _error_page(status: int, message: str) -> Response:
@@ -227,6 +242,12 @@ def _timestamp(value: datetime | None) -> str:
 
 
 # ------------------------------------------------------------------- guard, errors
+
+
+@ui.before_request
+def _clock() -> None:
+    """When the request began: a live page's pace follows how long it took."""
+    g.started = monotonic()
 
 
 @ui.before_request
@@ -281,6 +302,12 @@ def _bad_input(exc: ValueError) -> ResponseReturnValue:
 @ui.errorhandler(operator.NotFound)
 def _not_found(exc: operator.NotFound) -> ResponseReturnValue:
     return _error_page(404, str(exc))
+
+
+@ui.errorhandler(browse.SearchTooSlow)
+def _search_too_slow(exc: browse.SearchTooSlow) -> ResponseReturnValue:
+    # 503: the live script backs off, as for a slow page; the text says what to do.
+    return _error_page(503, f"Not answered: {exc}.")
 
 
 def _unavailable(exc: Exception) -> ResponseReturnValue:

@@ -25,6 +25,7 @@ from tests.e2e.webserver import Http, Reply, running_web, running_worker
 from tests.support import tasks
 from tests.support.console_e2e import REFUSAL, TOKEN, enqueue, operator_env, operator_events
 from tests.support.env import SESSION
+from tests.support.planted import rolled_up
 from tests.support.servers import RedisServer
 
 DATABASE = f"jobsapp_e2e_admin_{SESSION}"
@@ -182,6 +183,7 @@ def test_a_failed_job_is_replayed_through_the_api_and_finished_by_a_worker(
     assert (failed["outcome"], failed["attempts"], failed["max_attempts"]) == ("permanent", 1, 1)
     assert failed["last_error"] == f"[permanent] PermanentError: {REFUSAL}"
     assert failed["task_name"] == "tests.fails_once"
+    rolled_up(db)  # what beat's next rollup tick counts
     summary = get(http, "/v1/admin/jobs?state=failed").json()
     assert_documented(http, "JobSummary", summary)
     assert summary["counts"]["jobs"]["failed"] >= 1
@@ -297,6 +299,7 @@ def test_the_jobs_page_explains_a_bad_filter(http: Http, query: str, says: str) 
 
 def test_metrics_are_read_from_the_journal_at_scrape_time(http: Http, db: Engine) -> None:
     enqueue(db, tasks.echo, "waiting-for-the-relay")
+    rolled_up(db)  # finished runs count once beat's rollup saw them
 
     reply = http.get("/metrics/cluster")
 

@@ -1,14 +1,16 @@
-"""The reads of the jobs list filtered by task and of the charts follow an index at a size
-where the planner would otherwise scan (issue 37), and so does each hot statement of the
-journal and the relay (issue 31: the ones named in jobsapp/lifecycle/journal/hot.py, whose
-text tests/golden/ holds), sent by the path that runs it.
+"""The reads of the jobs list filtered by task, of the charts, of the admin overview, of
+``/metrics/cluster`` and of ``jobsapp summary`` follow an index at a size where the planner
+would otherwise scan (issue 37), and so does each hot statement of the journal and the
+relay (issue 31: the ones named in jobsapp/lifecycle/journal/hot.py, whose text
+tests/golden/ holds), sent by the path that runs it.
 
 A journal of ``PLANTED`` succeeded jobs, half as many failed ones and a tenth queued
-(``bench.planting``: the rows jobsapp writes, copied by INSERT ... SELECT over
-generate_series) spread over three days, ANALYZEd (committed, so the plans are those
-autovacuum would see), plus a few jobs of a rare task. Every statement a page or a hot
-path runs is explained with the planner's own costs (no ``enable_seqscan = off``): none
-may read a run, outbox or event table with a Seq Scan.
+(``bench.planting``:
+the rows jobsapp writes, copied by INSERT ... SELECT over generate_series) spread over three
+days, some of them one-step workflows, ANALYZEd (committed, so the plans are those
+autovacuum would see), plus a few jobs of a rare task, counted by rollup passes. Every
+statement a page runs is explained with the planner's own costs (no ``enable_seqscan =
+off``): none may read a run, outbox, event or step table with a Seq Scan.
 """
 
 from __future__ import annotations
@@ -21,21 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic import command
 from sqlalchemy import Connection, Engine, create_engine, event, inspect
 
 from bench import planting
+from jobsapp import cli
 from jobsapp.db import make_engine, utcnow
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import PendingMessage, outbox_queries
-from jobsapp.lifecycle.journal.registry import JOBS
-from jobsapp.lifecycle.rules.states import Outcome, Transition
-from jobsapp.monitor import browse, charts
-from jobsapp.shipped import alembic_config
-from tests.conftest import migrate, migrated_postgres
-from tests.support import golden, tasks
+from jobsapp.monitor import browse, charts, rollup
+from jobsapp.web.app import create_app
+from tests.conftest import migrated_postgres
+from tests.support import tasks
+from tests.support.attachments import environment
 from tests.support.env import SESSION
-from tests.support.migrations import RUN_TABLES
+from tests.support.migrations import RUN_TABLES, each_dialect_down_and_up
+from tests.support.web import TOKEN
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,9 +44,19 @@ PLANTED = 30_000
 # A day of the charts holds more runs than their sample (charts.SAMPLE), as a busy one does.
 SPREAD = timedelta(days=3)
 RARE = 5
-# The planted tables; the empty ones (the other run tables, workflow_steps) are read
-# whole by any plan, as reading an empty table whole costs nothing.
-SCANNED = re.compile(r"Seq Scan on (job_runs|outbox|job_events)\b")
+WORKFLOWS = 1_500
+# The planted tables; the empty ones (the other run tables) are read whole by any plan, as
+# reading an empty table whole costs nothing.
+SCANNED = re.compile(r"Seq Scan on (job_runs|outbox|job_events|workflow_steps)\b")
+# Some planted successes as one-step workflows (the steps the workflows line reads).
+STEPS_SQL = (
+    "UPDATE job_runs SET workflow_id = job_id WHERE job_id IN "
+    "(SELECT job_id FROM job_runs WHERE state = 'succeeded' LIMIT %(n)s)",
+    "INSERT INTO workflow_steps (job_id, workflow_id, path, module, task_name, args, kwargs, "
+    "immutable, max_attempts, trigger, next, errbacks, created_at) "
+    "SELECT job_id, workflow_id, '0', 'jobs', task_name, '[]', '{}', false, 1, 'start', "
+    "'[]', '[]', created_at FROM job_runs WHERE workflow_id IS NOT NULL",
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +75,10 @@ def big() -> Iterator[Engine]:
                 [tasks.echo.new_job((f"rare-{i}",), {}, None) for i in range(RARE)],
                 actor="test",
             )
+            for statement in STEPS_SQL:
+                conn.exec_driver_sql(statement, {"n": WORKFLOWS})
+        while rollup.run_once(engine, settle=timedelta(0)):
+            pass
         with engine.connect() as conn:
             conn.exec_driver_sql("ANALYZE")
             conn.commit()  # ANALYZE in a transaction block is rolled back with it
@@ -71,8 +86,16 @@ def big() -> Iterator[Engine]:
         engine.dispose()
 
 
+@pytest.fixture
+def configured(big: Engine) -> Iterator[Engine]:
+    """The planted journal as the process's database: the web app's and the CLI's."""
+    url = big.url.render_as_string(hide_password=False)
+    with environment(JOBSAPP_DATABASE_URL=url, JOBSAPP_ADMIN_TOKEN=TOKEN):
+        yield big
+
+
 @contextmanager
-def _statements(engine: Engine) -> Iterator[list[tuple[str, Any]]]:
+def _statements(engine: Engine | type[Engine]) -> Iterator[list[tuple[str, Any]]]:
     seen: list[tuple[str, Any]] = []
 
     def record(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, _many: bool) -> None:
@@ -147,6 +170,51 @@ def test_a_search_reads_an_id_range_and_a_capped_number_of_rows(
     assert not scans, "\n\n".join(scans)
 
 
+def test_the_overview_and_the_cluster_scrape_count_without_reading_the_journal(
+    configured: Engine,
+) -> None:
+    client = create_app().test_client()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with _statements(Engine) as statements:  # every engine: the app resolves its own
+        page = client.get("/admin", headers=auth)
+        scraped = client.get("/metrics/cluster")
+        api = client.get("/v1/admin/jobs?limit=1", headers=auth)
+    assert (page.status_code, scraped.status_code, api.status_code) == (200, 200, 200)
+    assert api.get_json()["counts"]["jobs"] == {
+        "queued": RARE + PLANTED // 10,
+        "running": 0,
+        "succeeded": PLANTED,
+        "failed": PLANTED // 2,
+    }
+    scans = _scans(configured, statements)
+    assert not scans, "\n\n".join(scans)
+
+
+def test_jobsapp_summary_counts_without_reading_the_journal(
+    configured: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with _statements(Engine) as statements:
+        assert cli.main(["summary", "--limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert f"workflows: 0 running, {WORKFLOWS} succeeded, 0 failed" in out
+    assert re.search(rf"jobs\s+succeeded\s+succeeded\s+{PLANTED}\b", out)
+    scans = _scans(configured, statements)
+    assert not scans, "\n\n".join(scans)
+
+
+def test_a_search_that_reads_too_long_is_stopped_with_a_hint(
+    configured: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bound the planted search cannot meet, as a journal past the search's cap could not.
+    monkeypatch.setattr(browse, "SEARCH_TIMEOUT", timedelta(milliseconds=1))
+    client = create_app().test_client()
+    reply = client.get("/admin/jobs?q=no+such+words", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert reply.status_code == 503
+    assert "read for more than 0.001 s and was stopped: narrow it" in reply.get_data(as_text=True)
+    listed = client.get("/admin/jobs?state=failed", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert listed.status_code == 200  # a list without a search is not bound by it
+
+
 NEW_INDEXES = {
     *(
         f"ix_{table}_{suffix}"
@@ -168,144 +236,4 @@ def _new_indexes(url: str) -> set[str]:
 
 
 def test_migration_0023_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
-    sqlite = f"sqlite:///{tmp_path}/bounded.db"
-    migrate(sqlite)
-    with migrated_postgres(f"jobsapp_m0023_{SESSION}") as postgres:
-        for url in (sqlite, postgres):
-            cfg = alembic_config()
-            cfg.set_main_option("sqlalchemy.url", url)
-            command.downgrade(cfg, "0022")
-            assert _new_indexes(url) == set()
-            command.upgrade(cfg, "head")
-            assert _new_indexes(url) == NEW_INDEXES
-
-
-# ------------------------------------------------- the hot statements (journal/hot.py)
-
-WORKER = "w@h:1"
-# Past every heartbeat timeout: the reaper's cutoff.
-STALE = timedelta(hours=1)
-
-
-def _queued(conn: Connection) -> PendingMessage:
-    result = journal.enqueue(conn, tasks.echo.new_job(("hot",), {}, None), actor="test")
-    assert result.message is not None
-    return result.message
-
-
-def _running(conn: Connection, *, ago: timedelta = timedelta(0)) -> journal.Run:
-    job_id = _queued(conn).job_id
-    run = journal.claim(conn, JOBS, job_id, 1, worker=WORKER, now=utcnow() - ago)
-    assert run is not None
-    return run
-
-
-def _claim(conn: Connection) -> Any:
-    job_id = _queued(conn).job_id
-    return lambda: journal.claim(conn, JOBS, job_id, 1, worker=WORKER)
-
-
-def _heartbeat(conn: Connection) -> Any:
-    run = _running(conn)
-    return lambda: journal.heartbeat(conn, JOBS, run.job_id, 1, token=run.claimed_token)
-
-
-def _succeed(conn: Connection) -> Any:
-    run = _running(conn)
-    return lambda: journal.succeed(conn, JOBS, run.job_id, 1, token=run.claimed_token, actor=WORKER)
-
-
-def _fail(conn: Connection) -> Any:
-    run = _running(conn)
-    return lambda: journal.fail(
-        conn,
-        JOBS,
-        run.job_id,
-        1,
-        token=run.claimed_token,
-        outcome=Outcome.PERMANENT,
-        error="ValueError: hot",
-        actor=WORKER,
-    )
-
-
-def _requeue(conn: Connection) -> Any:
-    run = _running(conn)
-    return lambda: journal.requeue(
-        conn, JOBS, run, error="hot", transition=Transition.RETRY, actor=WORKER
-    )
-
-
-def _stale_runs(conn: Connection) -> Any:
-    _running(conn, ago=STALE)
-    return lambda: journal.find_stale(conn, JOBS, cutoff=utcnow() - STALE / 2, limit=10)
-
-
-def _reap(requeue_them: bool) -> Any:
-    def scenario(conn: Connection) -> Any:
-        _running(conn, ago=STALE)
-        cutoff = utcnow() - STALE / 2
-        stale = journal.find_stale(conn, JOBS, cutoff=cutoff, limit=10)
-        assert stale
-        return lambda: journal.reap(
-            conn, JOBS, stale, requeue_them=requeue_them, cutoff=cutoff, reason="r", now=utcnow()
-        )
-
-    return scenario
-
-
-def _due(conn: Connection) -> Any:
-    _queued(conn)
-    return lambda: outbox_queries.due_messages(
-        conn, now=utcnow() + STALE, limit=100, default_queue="celery", lowest_first=False
-    )
-
-
-def _mark_sent(conn: Connection) -> Any:
-    sent = _queued(conn)
-    accepted = outbox_queries.Accepted(sent.id, 0, timedelta(minutes=5), sent.available_at)
-    return lambda: outbox_queries.mark_published(conn, [accepted])
-
-
-# Each hot statement: the path that sends it, set up in a transaction rolled back after.
-PATHS = {
-    "claim": _claim,
-    "heartbeat": _heartbeat,
-    "succeed": _succeed,
-    "fail": _fail,
-    "requeue": _requeue,
-    "stale_runs": _stale_runs,
-    "reap_requeue": _reap(True),
-    "reap_fail": _reap(False),
-    "due_firsts": _due,
-    "due_rows": _due,
-    "mark_sent": _mark_sent,
-}
-
-
-def test_every_hot_statement_has_a_path_here() -> None:
-    assert set(PATHS) == set(golden.HOT)
-
-
-@pytest.mark.parametrize("name", sorted(PATHS))
-def test_a_hot_statement_is_sent_as_named_and_reads_by_an_index(big: Engine, name: str) -> None:
-    # A transaction: the statements are sent as compiled (an autocommit connection would
-    # EXECUTE them prepared), and the planted journal stays as it was.
-    with big.connect() as conn, conn.begin() as trans:
-        call = PATHS[name](conn)
-        with _statements(big) as statements:
-            call()
-        sent = [(s, p) for s, p in statements if any(_is(g, s) for g in _kept(name))]
-        missing = [g for g in _kept(name) if not any(_is(g, s) for s, _ in statements)]
-        assert not missing, f"{name}: not sent as named:\n{missing}\nsent:\n{statements}"
-        scans = _scans_on(conn, sent, ("SELECT", "WITH", "UPDATE", "INSERT"))
-        trans.rollback()
-    assert not scans, "\n\n".join(scans)
-
-
-def _kept(name: str) -> list[str]:
-    return golden.kept(name, "postgresql")
-
-
-def _is(kept: str, sent: str) -> bool:
-    return golden.sent_pattern(kept).fullmatch(sent.strip()) is not None
+    each_dialect_down_and_up(tmp_path, "m0023", "0022", _new_indexes, NEW_INDEXES)

@@ -35,10 +35,11 @@ from jobsapp.lifecycle.rules.states import Outcome
 from jobsapp.lifecycle.transport import outbox, publisher
 from jobsapp.maintenance import lease, reaper, relay, retention
 from jobsapp.monitor import metrics, summary
+from jobsapp.monitor.workflows import workflow_counts
 from tests.support import canvas_tasks, tasks
 from tests.support.env import service
 from tests.support.journal_view import held_by, outbox_rows, run_row, transitions
-from tests.support.planted import ago, enqueue, poisoned, set_outbox, set_row, start
+from tests.support.planted import ago, enqueue, poisoned, rolled_up, set_outbox, set_row, start
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 
@@ -897,6 +898,8 @@ def test_retention_deletes_a_workflow_whole_once_nothing_in_it_moved(
         chain(canvas_tasks.add.s(n, n), canvas_tasks.add.s(n)).apply_async() for n in (1, 2, 3)
     )
     assert [r.get(timeout=20) for r in (old, recent, moving)] == [3, 6, 9]
+    rolled_up(db)
+    assert workflow_counts(db)["succeeded"] == 3
     gone, kept, still = (_workflow_of(db, r.job_id) for r in (old, recent, moving))
     _age_workflow(db, gone, days=8)
     _age_workflow(db, still, days=8)
@@ -909,3 +912,5 @@ def test_retention_deletes_a_workflow_whole_once_nothing_in_it_moved(
     assert _rows_of(db, kept) == (2, 2)
     assert _rows_of(db, still) == (2, 2)
     assert (counts["workflows"], counts[JOBS.module]) == (1, 0)
+    # The counted workflow it deleted is no longer counted (the line of jobsapp summary).
+    assert workflow_counts(db)["succeeded"] == 2

@@ -30,6 +30,7 @@ from tests.support.planted import (
     failed_job,
     queued_attachment_job,
     queued_job,
+    rolled_up,
     succeeded_job,
 )
 from tests.support.servers import closed_port
@@ -127,6 +128,7 @@ def test_counts_have_every_module_and_state(db: Engine) -> None:
     failed_job(db)
     queued_job(db)
     queued_attachment_job(db)
+    rolled_up(db)
 
     counts = summary.counts(db)
 

@@ -32,6 +32,7 @@ from jobsapp.web.app import create_app
 from tests.conftest import use_database
 from tests.support.attachments import environment
 from tests.support.journal_view import held_by
+from tests.support.planted import rolled_up
 
 TOKEN = f"widgets-{uuid.uuid4().hex}"
 REAL_MODULES = {"jobs", "attachments", "reprocess"}
@@ -164,7 +165,9 @@ def test_a_third_domain_is_seen_by_every_plane(
             == 3
         )
 
-    # jobsapp summary (the CLI), /v1/admin/jobs and /metrics/cluster.
+    # jobsapp summary (the CLI), /v1/admin/jobs and /metrics/cluster, once beat's rollup
+    # counted the finished runs.
+    rolled_up(engine)
     assert cli.main(["summary", "--json", "--module", "widgets"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert {(r["module"], r["job_id"]) for r in listed} == {

@@ -22,6 +22,7 @@ from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.web.app import create_app
 from tests.support import canvas_tasks as t
 from tests.support.attachments import environment
+from tests.support.planted import rolled_up
 from tests.support.tasks import calls
 from tests.support.waiting import eventually
 from tests.support.web import log_in
@@ -103,7 +104,9 @@ def test_the_summary_counts_workflows_by_state(
         failed, _ = _chain_failing_in_the_middle()
         _failed(failed)
     queued = chain(t.add.s(1, 1), t.add.s(1)).apply_async()  # no worker now: stays queued
-
+    # Running workflows are read live; finished ones once beat's rollup counted them.
+    assert _workflows_line(capsys) == "workflows: 1 running, 0 succeeded, 0 failed"
+    rolled_up(pg)
     assert _workflows_line(capsys) == "workflows: 1 running, 1 succeeded, 1 failed"
 
     middle = _step(pg, failed.workflow_id, "0.1")
@@ -114,6 +117,7 @@ def test_the_summary_counts_workflows_by_state(
 
     first = _step(pg, queued.workflow_id, "0.0")
     operator.cancel_workflow(pg, "jobs", first, actor="ops", reason="not needed")
+    rolled_up(pg)
     assert _workflows_line(capsys) == "workflows: 1 running, 1 succeeded, 1 failed"
 
 

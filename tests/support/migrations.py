@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -43,3 +44,20 @@ def sqlite_then_postgres(tmp_path: Path, name: str, column: str, below: str) -> 
     down_and_up(sqlite, column, below)
     with migrated_postgres(f"jobsapp_{name}_{SESSION}") as postgres:
         down_and_up(postgres, column, below)
+
+
+def each_dialect_down_and_up(
+    tmp_path: Path, name: str, below: str, present: Callable[[str], set[str]], added: set[str]
+) -> None:
+    """Down to revision ``below`` on a fresh SQLite file and a fresh Postgres database, what
+    the later revisions added (as ``present`` reads it from a URL) gone, then back to head."""
+    sqlite = f"sqlite:///{tmp_path}/{name}.db"
+    migrate(sqlite)
+    with migrated_postgres(f"jobsapp_{name}_{SESSION}") as postgres:
+        for url in (sqlite, postgres):
+            cfg = alembic_config()
+            cfg.set_main_option("sqlalchemy.url", url)
+            command.downgrade(cfg, below)
+            assert present(url) == set()
+            command.upgrade(cfg, "head")
+            assert present(url) == added

@@ -24,6 +24,7 @@ from jobsapp.lifecycle.journal import OUTBOX, NewJob, registry
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.tables import JobRun
 from jobsapp.lifecycle.rules.states import Outcome
+from jobsapp.monitor import rollup
 from jobsapp.storage import ObjectStore
 from tests.support import tasks
 from tests.support.journal_view import held_by, outbox_rows
@@ -132,6 +133,12 @@ def succeeded_job(db: Engine) -> uuid.UUID:
             now=utcnow(),
         )
     return job_id
+
+
+def rolled_up(db: Engine) -> None:
+    """One rollup pass with no settling time: what beat's next tick counts (finished runs
+    by state among them, journal/finished_counts.py)."""
+    rollup.run_once(db, settle=timedelta(0))
 
 
 def ago(seconds: float) -> datetime:

@@ -71,7 +71,7 @@ function and ``journal.claiming`` its file.
 
 from __future__ import annotations
 
-from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, upsert
+from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, add_to_values, upsert
 from jobsapp.lifecycle.journal.beat import heartbeat
 from jobsapp.lifecycle.journal.cancel import cancel
 from jobsapp.lifecycle.journal.claiming import claim, claim_by_insert
@@ -137,6 +137,7 @@ __all__ = [
     "StaleRun",
     "active_holder",
     "add_outbox",
+    "add_to_values",
     "attempt_failure",
     "bring_forward",
     "cancel",

@@ -2,16 +2,18 @@
 
 ``EVENTS`` (a transition's ``job_events`` row, events.py) and ``OUTBOX`` (the message of
 the attempt it schedules, outbox_rows.py); the dialect's INSERT with ON CONFLICT
-(``upsert``), a statement's first row (``_first``), and the refusal of a transition of
-several statements on an autocommit connection (``_require_transaction``: reopen.py,
-cancel.py, enqueue_many.py). No transition of its own; only this package's modules import
-it, except ``upsert``: ``journal.upsert`` is every upsert of the project (the monitor's
-counters, the console's throttle, the attachments' variants).
+(``upsert``) and the upsert that adds to a kept total (``add_to_values``), a statement's
+first row (``_first``), and the refusal of a transition of several statements on an
+autocommit connection (``_require_transaction``: reopen.py, cancel.py, enqueue_many.py). No
+transition of its own; only this package's modules import it, except through the
+package: ``journal.upsert`` is every upsert of the project (the monitor's counters, the
+console's throttle, the attachments' variants), ``journal.add_to_values`` every kept
+total's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, CursorResult, Table
@@ -30,6 +32,20 @@ EVENTS: Table = JobEvent.__table__  # type: ignore[assignment]
 def upsert(conn: Connection, table: Table) -> pg_dml.Insert | sqlite_dml.Insert:
     """INSERT with the dialect's ON CONFLICT support (both spell it the same)."""
     return pg_insert(table) if conn.dialect.name == "postgresql" else sqlite_insert(table)
+
+
+def add_to_values(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Add each row's ``value`` to the row of its primary key, created at zero: one
+    upsert for every total kept this way (metric_totals, run_counts, workflow_counts)."""
+    if not rows:
+        return
+    stmt = upsert(conn, table).values(list(rows))
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=list(table.primary_key.columns),
+            set_={"value": table.c.value + stmt.excluded.value},
+        )
+    )
 
 
 def _first(

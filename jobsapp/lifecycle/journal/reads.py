@@ -1,27 +1,29 @@
 """The journal's reads of one run; no transition, no write.
 
 ``load`` (lifecycle/celery_api/handle.py, lifecycle/task.py, lifecycle/worker/claim.py,
-operator.py),
-``load_with_clock`` (lifecycle/worker/claim.py, to explain a refused claim), ``attempt_failure``
-(lifecycle/celery_api/handle.py, Celery's ``traceback``), ``snoozes``
-(lifecycle/worker/attempt.py, the limit of Transition.SNOOZE), ``active_holder`` (the run holding a
-concurrency key: enqueue_one.py, reopen.py, and lifecycle/worker/claim.py's Transition.SKIP).
+operator.py), ``load_with_clock`` (lifecycle/worker/claim.py, to explain a refused claim),
+``attempt_failure`` (lifecycle/celery_api/handle.py, Celery's ``traceback``), ``snoozes``
+(lifecycle/worker/attempt.py, the limit of Transition.SNOOZE), ``active_holder`` (the run
+holding a concurrency key: enqueue_one.py, reopen.py, and lifecycle/worker/claim.py's
+Transition.SKIP), ``step_runs`` (the run rows of workflow steps: workflow.py,
+finished_counts.py).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, func, select
 
 from jobsapp.db import utcnow
+from jobsapp.lifecycle.journal import registry
 from jobsapp.lifecycle.journal._sql import EVENTS, _first
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.run import Run
-from jobsapp.lifecycle.rules.states import ACTIVE_STATES, Transition
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES, State, Transition
 
 
 def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Run | None:
@@ -86,3 +88,25 @@ def active_holder(conn: Connection, spec: RunTable, key: str) -> uuid.UUID | Non
     )
     found = conn.execute(stmt).scalar()
     return found if isinstance(found, uuid.UUID) else None
+
+
+def step_runs(
+    conn: Connection,
+    steps: Iterable[Mapping[str, Any]],
+    *columns: str,
+    state: State | None = None,
+) -> dict[uuid.UUID, Any]:
+    """The run rows (``job_id`` and ``columns``) of those of ``steps`` that have one (in
+    ``state``, if given), by job id: one SELECT per run table the steps' modules name."""
+    by_module: dict[str, list[uuid.UUID]] = {}
+    for step in steps:
+        by_module.setdefault(step["module"], []).append(step["job_id"])
+    found: dict[uuid.UUID, Any] = {}
+    for module, job_ids in by_module.items():
+        table = registry.get(module).table
+        stmt = select(table.c.job_id, *(table.c[c] for c in columns))
+        stmt = stmt.where(table.c.job_id.in_(job_ids))
+        if state is not None:
+            stmt = stmt.where(table.c.state == state.value)
+        found |= {row.job_id: row for row in conn.execute(stmt)}
+    return found

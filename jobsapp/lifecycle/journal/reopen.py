@@ -19,7 +19,7 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 
 from jobsapp import crashpoints
-from jobsapp.lifecycle.journal import key_slots
+from jobsapp.lifecycle.journal import finished_counts, key_slots
 from jobsapp.lifecycle.journal._sql import _first, _require_transaction
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event
@@ -69,10 +69,13 @@ def reopen(
     event, the domain's mirror and the next attempt's message commit together or not at all.
     A reopened run is asked to run: it carries no expiry and no cancel request. A success
     the row carried (row_events.py) becomes event rows first: its claim and its success.
+    A finish the rollup counted is taken off ``run_counts`` (finished_counts.py).
     """
     _require_transaction(conn, "reopen")
     table = spec.table
     kept = _carried_success(conn, spec, job_id, from_state, attempts)
+    finished = finished_counts.finished_row(conn, spec, job_id)
+    workflow = _workflow_counted(conn, finished)
     at = clock(conn, now)
     guard = [
         table.c.job_id == job_id,
@@ -108,6 +111,9 @@ def reopen(
     if row is None:
         return None
     crashpoints.hit("reopen_after_update")
+    if finished is not None:
+        finished_counts.uncount(conn, spec.module, [finished])
+        finished_counts.recount(conn, workflow)
     if kept is not None:
         kept_at_rerun(conn, spec, kept[0], kept[1])
     at = row["updated_at"]  # the database's clock, read by the UPDATE itself
@@ -169,3 +175,10 @@ def _carried_success(
     ):
         return None
     return dict(row.columns), counted_through(conn, spec.module)
+
+
+def _workflow_counted(conn: Connection, finished: Mapping[str, Any] | None) -> dict[uuid.UUID, str]:
+    """The state the run's workflow is counted under (none: no workflow, or not counted)."""
+    if finished is None or finished["workflow_id"] is None:
+        return {}
+    return finished_counts.counted_before(conn, [finished["workflow_id"]])

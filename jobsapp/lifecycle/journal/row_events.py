@@ -199,7 +199,12 @@ def finish_cursor(conn: Connection, module: str) -> datetime | None:
 
 
 def _finish_cursor(conn: Connection, module: str, *, share: bool) -> datetime | None:
-    name = _cursor_name(module)
+    return time_cursor(conn, _cursor_name(module), share=share)
+
+
+def time_cursor(conn: Connection, name: str, *, share: bool) -> datetime | None:
+    """A time kept in ``maintenance_counters`` (the epoch at first), locked for share, or
+    for update skipping a locked one (None then)."""
     conn.execute(upsert(conn, COUNTERS).values(name=name, value=0).on_conflict_do_nothing())
     stmt = select(COUNTERS.c.value).where(COUNTERS.c.name == name)
     if conn.dialect.name == "postgresql":
@@ -209,7 +214,11 @@ def _finish_cursor(conn: Connection, module: str, *, share: bool) -> datetime | 
 
 
 def move_finish_cursor(conn: Connection, module: str, through: datetime) -> None:
-    stmt = update(COUNTERS).where(COUNTERS.c.name == _cursor_name(module))
+    move_time_cursor(conn, _cursor_name(module), through)
+
+
+def move_time_cursor(conn: Connection, name: str, through: datetime) -> None:
+    stmt = update(COUNTERS).where(COUNTERS.c.name == name)
     conn.execute(stmt.values(value=_encode(through)))
 
 

@@ -374,6 +374,34 @@ class MetricTotal(Base):
     value: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
+class RunCount(Base):
+    """Finished runs a run table holds, by task, queue, state and outcome (migration 0026).
+
+    The rollup adds each run that entered a terminal state; retention, a replay and a rerun
+    take a counted run off in their own transaction (journal/finished_counts.py). ``''``
+    stands for no queue (the app's default) and no outcome.
+    """
+
+    __tablename__ = "run_counts"
+
+    module: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(200), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), primary_key=True)
+    outcome: Mapped[str] = mapped_column(String(32), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+
+
+class WorkflowCount(Base):
+    """Finished workflows by state (``succeeded``, ``failed``), kept with ``run_counts``
+    (migration 0026, journal/finished_counts.py)."""
+
+    __tablename__ = "workflow_counts"
+
+    state: Mapped[str] = mapped_column(String(16), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+
+
 class Lease(Base):
     """A named singleton lease (beat's leadership); a holder renews it before it expires."""
 

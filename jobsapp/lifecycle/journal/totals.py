@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.exc import SQLAlchemyError
 
-from jobsapp.lifecycle.journal import upsert
+from jobsapp.lifecycle.journal import add_to_values
 from jobsapp.lifecycle.journal.tables import MetricTotal
 
 log = logging.getLogger(__name__)
@@ -32,15 +32,7 @@ def add(conn: Connection, totals: Mapping[Key, int]) -> None:
         for (m, mod, t, lab), v in totals.items()
         if v
     ]
-    if not rows:
-        return
-    stmt = upsert(conn, TOTALS).values(rows)
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[TOTALS.c.metric, TOTALS.c.module, TOTALS.c.task, TOTALS.c.label],
-            set_={"value": TOTALS.c.value + stmt.excluded.value},
-        )
-    )
+    add_to_values(conn, TOTALS, rows)
 
 
 def count_dedup_hit(engine: Engine, module: str, task: str) -> None:

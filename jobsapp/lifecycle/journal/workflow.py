@@ -16,8 +16,8 @@ at once the second sees the first: each statement of PostgreSQL's READ COMMITTED
 level of jobsapp's engines) reads what committed before it, the lock's wait included
 (docs/workflows.md). SQLite's immediate transactions run one at a time.
 
-``step_runs`` reads the run rows of steps, whatever their run tables (the chord's results,
-an operator's cancel here; the workflow view, monitor/workflows.py).
+``step_runs`` (reads.py) reads the run rows of steps, whatever their run tables (the
+chord's results, an operator's cancel here; the workflow view, monitor/workflows.py).
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, bindparam, or_, select, update
 
-from jobsapp.lifecycle.journal import registry
+from jobsapp.lifecycle.journal import finished_counts, registry
 from jobsapp.lifecycle.journal._sql import _require_transaction, upsert
 from jobsapp.lifecycle.journal.cancel import cancel
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.enqueue_one import enqueue_new
 from jobsapp.lifecycle.journal.new_run import NewJob
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage
+from jobsapp.lifecycle.journal.reads import step_runs
 from jobsapp.lifecycle.journal.tables import WorkflowStep
 from jobsapp.lifecycle.rules.states import State
 
@@ -217,8 +218,10 @@ def cancel_rest(
 
     The steps are marked first, under their rows' locks: a step's success that starts a
     successor holds the successor's lock, so its queued run is seen and cancelled here,
-    or it sees the mark and starts nothing."""
+    or it sees the mark and starts nothing. A finished workflow already counted is
+    counted as failed from now on (finished_counts.py)."""
     _require_transaction(conn, "a workflow's cancel")
+    counted = finished_counts.counted_before(conn, [workflow_id])
     marked = [
         dict(step)
         for step in conn.execute(
@@ -233,6 +236,7 @@ def cancel_rest(
     ]
     module_of = {step["job_id"]: step["module"] for step in marked}
     queued = step_runs(conn, marked, "attempts", state=State.QUEUED)
+    finished_counts.recount(conn, counted)
     return sum(
         cancel(
             conn,
@@ -245,28 +249,6 @@ def cancel_rest(
         )
         for job_id, run in queued.items()
     )
-
-
-def step_runs(
-    conn: Connection,
-    steps: Iterable[Mapping[str, Any]],
-    *columns: str,
-    state: State | None = None,
-) -> dict[uuid.UUID, Any]:
-    """The run rows (``job_id`` and ``columns``) of those of ``steps`` that have one (in
-    ``state``, if given), by job id: one SELECT per run table the steps' modules name."""
-    by_module: dict[str, list[uuid.UUID]] = {}
-    for step in steps:
-        by_module.setdefault(step["module"], []).append(step["job_id"])
-    found: dict[uuid.UUID, Any] = {}
-    for module, job_ids in by_module.items():
-        table = registry.get(module).table
-        stmt = select(table.c.job_id, *(table.c[c] for c in columns))
-        stmt = stmt.where(table.c.job_id.in_(job_ids))
-        if state is not None:
-            stmt = stmt.where(table.c.state == state.value)
-        found |= {row.job_id: row for row in conn.execute(stmt)}
-    return found
 
 
 def blocked_row(conn: Connection, job_id: uuid.UUID) -> dict[str, Any] | None:

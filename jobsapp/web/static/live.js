@@ -13,9 +13,15 @@
   var paused = window.localStorage.getItem(key) === "1";
   var busy = false;
   // After a refusal (a 503 while a query is slow, the database down) the next tick waits
-  // twice as long, up to MAX_WAIT; a page that answers again brings the pace back.
+  // twice as long, up to MAX_WAIT; a page that answers again brings the pace back. A page
+  // that answered slowly says how long to wait (X-Jobsapp-Live-Every: ten times its time).
   var MAX_WAIT = 60000;
   var wait = every;
+
+  function paced(reply) {
+    var asked = Number(reply.headers.get("X-Jobsapp-Live-Every"));
+    return asked > 0 ? Math.min(MAX_WAIT, Math.max(1000, asked)) : every;
+  }
 
   function show(text) { status.textContent = text; }
 
@@ -57,9 +63,9 @@
       redirect: "manual", cache: "no-store"
     }).then(function (reply) {
       if (reply.status !== 200) { throw new Error("HTTP " + reply.status); }
+      wait = paced(reply);
       return reply.text();
     }).then(function (html) {
-      wait = every;
       if (!paused && !editing()) {
         main.innerHTML = html;
         show("live, updated " + new Date().toLocaleTimeString());
