@@ -10,7 +10,8 @@ Flask app in-process, with the admin token), the two scrapes, ``jobsapp summary`
 maintenance pass with the work a steady journal gives it, and the hot path (enqueue,
 claim, succeed of one job, each in its own transaction as the producer and the worker
 send them). Every statement a figure sent is EXPLAINed; a Seq Scan on a run, outbox,
-event or step table is counted on its line, its plan written to ``--out``/growth-seq-scans-ROWS.txt.
+event or step table is counted on its line; its plan, and each figure's slowest statements,
+are written to ``--out``/growth-plans-ROWS.txt.
 
 Then the rollup's sustained rate: its cursors are set back over the newest ``BACKLOG``
 successes of the journal (and the events among them) and passes run until one counts
@@ -41,6 +42,7 @@ from typing import Any
 from celery import Celery
 from sqlalchemy import Connection, Engine, event, text
 
+from bench import journal_growth
 from bench.bench_maintenance import drop_database, fresh_database
 from bench.planting import SPEC, TASK, Kind, plant
 from bench.services import Services
@@ -152,29 +154,50 @@ def _env(url: str, broker: str, out: Path) -> Iterator[None]:
         get_settings.cache_clear()
 
 
+@dataclass
+class Sent:
+    statement: str
+    params: Any
+    ms: float = 0.0
+
+
 @contextlib.contextmanager
-def _statements() -> Iterator[list[tuple[str, Any]]]:
-    """Every statement any engine sends meanwhile (the console has an engine of its own)."""
-    seen: list[tuple[str, Any]] = []
+def _statements() -> Iterator[list[Sent]]:
+    """Every statement any engine sends meanwhile (the console has an engine of its own),
+    with how long it took."""
+    seen: list[Sent] = []
 
-    def record(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, many: bool) -> None:
+    def before(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, many: bool) -> None:
         if not many:
-            seen.append((statement, params))
+            seen.append(Sent(statement, params, time.perf_counter()))
 
-    event.listen(Engine, "before_cursor_execute", record)
+    def after(_c: Any, _cur: Any, statement: str, _p: Any, _ctx: Any, many: bool) -> None:
+        if not many and seen and seen[-1].statement is statement:
+            seen[-1].ms = (time.perf_counter() - seen[-1].ms) * 1000
+
+    event.listen(Engine, "before_cursor_execute", before)
+    event.listen(Engine, "after_cursor_execute", after)
     try:
         yield seen
     finally:
-        event.remove(Engine, "before_cursor_execute", record)
+        event.remove(Engine, "before_cursor_execute", before)
+        event.remove(Engine, "after_cursor_execute", after)
 
 
-def _scans(engine: Engine, statements: list[tuple[str, Any]]) -> list[str]:
+def _slowest(sent: list[Sent], shown: int = 3) -> list[str]:
+    return [
+        f"    {one.ms:8.1f} ms  {' '.join(one.statement.split())[:240]}"
+        for one in sorted(sent, key=lambda one: -one.ms)[:shown]
+    ]
+
+
+def _scans(engine: Engine, statements: list[Sent]) -> list[str]:
     """The plans (EXPLAIN, not run) that read a journal table whole."""
     found, explained = [], set()
     raw = engine.raw_connection()
     try:
         cursor = raw.cursor()
-        for statement, params in statements:
+        for statement, params in ((one.statement, one.params) for one in statements):
             head = statement.lstrip().split(None, 1)[0].upper() if statement.strip() else ""
             if head not in ("SELECT", "WITH", "UPDATE", "DELETE") or statement in explained:
                 continue
@@ -203,11 +226,14 @@ def _measure(size: Size, name: str, action: Callable[[], object], repeat: int) -
             samples.append((time.perf_counter() - started) * 1000)
         if n == 0:
             size.scans[name] = _scans(size.engine, sent)
+            slowest = _slowest(sent)
     size.ms[name] = statistics.median(samples)
     flagged = f"  SEQ SCANS: {len(size.scans[name])}" if size.scans[name] else ""
     print(f"  {name:<28} {size.ms[name]:10.1f} ms{flagged}", flush=True)
     with size.plans.open("a") as plans:
-        plans.writelines(f"== {name}\n{plan}\n" for plan in size.scans[name])
+        plans.write(f"== {name}: {size.ms[name]:.1f} ms; its slowest statements (first run)\n")
+        plans.writelines(f"{line}\n" for line in slowest)
+        plans.writelines(f"== {name}: Seq Scan\n{plan}\n" for plan in size.scans[name])
 
 
 def _page(client: Any, path: str) -> Callable[[], None]:
@@ -350,13 +376,24 @@ def _rollup_rate(size: Size, backlog: int) -> float:
     return rate
 
 
-def _orphan_steps(size: Size) -> int:
-    """Retention's default pass (runs kept 5 days); the steps then left without a run."""
+def _retention_drained(size: Size) -> int:
+    """Retention's default pass (runs kept 5 days: two planted days due), its WAL and
+    the dead rows it leaves; a day of runs deleted against a table of them dropped
+    (bench.journal_growth); then the workflow steps left without a run."""
     cfg = retention.RetentionConfig(runs=RETAIN.runs)
-    started = time.perf_counter()
-    counts = retention.run_once(size.engine, cfg, size.app)
-    took = time.perf_counter() - started
     with size.engine.connect() as conn:
+        before = journal_growth.wal(conn)
+    counts: dict[str, int] = {}
+    took = journal_growth.timed(
+        lambda: counts.update(retention.run_once(size.engine, cfg, size.app))
+    )
+    with size.engine.connect() as conn:
+        written = journal_growth.wal(conn) - before
+        dead = conn.execute(
+            text(
+                "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE relname = 'job_runs'"
+            )
+        ).one()
         orphans = conn.execute(
             text(
                 "SELECT count(*) FROM workflow_steps s WHERE NOT EXISTS "
@@ -364,10 +401,14 @@ def _orphan_steps(size: Size) -> int:
             )
         ).scalar_one()
     print(
-        f"  retention default pass: {took * 1000:.0f} ms, deleted {counts}; "
+        f"  retention default pass: {took * 1000:.0f} ms, deleted {counts}, "
+        f"{written / 2**20:.1f} MiB of WAL ({written / max(sum(counts.values()), 1):.0f} "
+        "bytes per row); "
+        f"job_runs then holds {dead[0]:,} dead and {dead[1]:,} live rows; "
         f"workflow steps without a run: {orphans}",
         flush=True,
     )
+    journal_growth.one_day(size.engine)
     return int(orphans)
 
 
@@ -398,13 +439,13 @@ def bench_size(
             f"with indexes); median of {repeat}",
             flush=True,
         )
-        size = Size(rows, engine, app, out / f"growth-seq-scans-{rows}.txt")
+        size = Size(rows, engine, app, out / f"growth-plans-{rows}.txt")
         size.plans.unlink(missing_ok=True)
         with _env(f"{pg_base}/{name}", broker, out):
             _reads(size, repeat)
             rate = _rollup_rate(size, backlog)
             _passes(size, repeat)
-            orphans = _orphan_steps(size)
+            orphans = _retention_drained(size)
         return size, orphans, rate
     finally:
         app.close()
