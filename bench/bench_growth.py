@@ -3,20 +3,22 @@
 For each size (full: 10^5, 10^6 and 10^7 runs; quick: 10^4 and 10^5; smoke: tiny; or
 ``--sizes``) a fresh database on the bench's Postgres (fsync and synchronous_commit on)
 is planted with the mix of a busy journal (bench.planting: 96.5% succeeded, 1% failed,
-1% retried then succeeded, 1.5% steps of 3-step chains, finished over the last 7 days;
-0.5% queued, enqueued in the last minutes), VACUUM ANALYZEd, and timed (median of the
-size's repeat, in milliseconds): every admin page as a browser's request reaches it (the
-Flask app in-process, with the admin token), the two scrapes, ``jobsapp summary``, each
-maintenance pass with the work a steady journal gives it, and the hot path (enqueue,
-claim, succeed of one job, each in its own transaction as the producer and the worker
-send them). Every statement a figure sent is EXPLAINed; a Seq Scan on a run, outbox,
-event or step table is counted on its line; its plan, and each figure's slowest statements,
-are written to ``--out``/growth-plans-ROWS.txt.
+1% retried then succeeded, 1.5% steps of 3-step chains, finished over the last 7 days,
+delivered outbox rows of the last day only, as default retention keeps them; 0.5% queued,
+enqueued in the last minutes), VACUUM ANALYZEd, and timed (median of the size's repeat, in
+milliseconds): every admin page as a browser's request reaches it (the Flask app
+in-process, with the admin token), the two scrapes, ``jobsapp summary``; after the
+rollup's rate (below), each maintenance pass with the work a steady journal gives it, and
+the hot path (enqueue, claim, succeed of one job, each in its own transaction as the
+producer and the worker send them). Every statement a figure sent is EXPLAINed; a Seq
+Scan on a run, outbox, event or step table is counted on its line; its plan, and each
+figure's slowest statements, are written to ``--out``/growth-plans-ROWS.txt.
 
-Then the rollup's sustained rate: its cursors are set back over the newest ``BACKLOG``
+The rollup's sustained rate: its cursors are set back over the newest ``BACKLOG``
 successes of the journal (and the events among them) and passes run until one counts
-nothing; successes counted / seconds. Then retention drains what its default pass would,
-with runs kept 5 days, and the workflow steps left without a run are counted.
+nothing; successes counted / seconds. Last, retention's default pass (runs kept 5 days)
+with its WAL and the dead rows it leaves, a day of runs deleted against dropped
+(bench.journal_growth), and the workflow steps left without a run.
 
 Printed at the end: ``growth <figure> ratio: X`` (largest size over smallest) for each
 figure, ``growth rollup successes per second: N`` (at the largest size), ``growth
