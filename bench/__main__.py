@@ -1,6 +1,6 @@
 """``python -m bench NAME... [--quick | --smoke]``: benchmarks, on servers of their own.
 
-NAME is lifecycle, images, upload, maintenance, scale, profile, limits, flow or all (several
+NAME is lifecycle, images, upload, maintenance, scale, profile, limits, flow, growth or all (several
 names run in the order given). The run
 starts its own Postgres clusters (fsync on, as production runs it, and fsync off, as the tests run
 it), Redis and S3 with scripts/services.sh (state under var/bench/, ports from
@@ -65,6 +65,12 @@ def _flow(svc: services.Services, size: str, out: Path) -> list[str]:
     return bench_flow.main(svc, size, out)
 
 
+def _growth(svc: services.Services, size: str, out: Path, sizes: Sequence[int] = ()) -> list[str]:
+    from bench import bench_growth
+
+    return bench_growth.main(svc, size, out, tuple(sizes))
+
+
 def _profile(svc: services.Services, size: str, out: Path, refs: Sequence[str] = ()) -> list[str]:
     from bench import bench_profile
 
@@ -98,6 +104,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "profile": _profile,
     "limits": _limits,
     "flow": _flow,
+    "growth": _growth,
 }
 
 
@@ -117,6 +124,10 @@ def _test_env(svc: services.Services) -> None:
 def _absolute(text: str) -> Path:
     """services.sh starts the servers from elsewhere: a relative path would miss."""
     return Path(text).resolve()
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in text.split(","))
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -163,6 +174,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="profile: a commit to profile instead of this checkout (checked "
         "out with git worktree for the run); repeat for before/after",
     )
+    parser.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=(),
+        help="growth: the journal sizes (runs, comma-separated) instead of the run's own",
+    )
     return parser.parse_args(argv)
 
 
@@ -176,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     names = list(BENCHMARKS) if "all" in args.name else list(dict.fromkeys(args.name))
-    benchmarks: dict[str, Benchmark] = {**BENCHMARKS, "profile": partial(_profile, refs=args.ref)}
+    benchmarks: dict[str, Benchmark] = {
+        **BENCHMARKS,
+        "profile": partial(_profile, refs=args.ref),
+        "growth": partial(_growth, sizes=args.sizes),
+    }
     # A run killed with SIGKILL leaves its servers up: stop them before wiping their state.
     services.stop(args.port_base, args.state_dir / "servers")
     shutil.rmtree(args.state_dir / "servers", ignore_errors=True)

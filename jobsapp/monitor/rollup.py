@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, column, func, select, table, update
+from sqlalchemy import Connection, Engine, and_, column, func, select, table, update
 
 from jobsapp.lifecycle.journal import EVENTS, OUTBOX, finished_counts, registry, upsert
 from jobsapp.lifecycle.journal.outbox_queries import COUNTERS, bump
@@ -190,13 +190,28 @@ def _roll_successes(
 ) -> tuple[int, bool]:
     """The successes ``spec``'s rows carry, finished after the table's cursor and by
     ``horizon``; each counts as its claim and its success would as events. Also whether
-    the page was full."""
+    the page was full. The row carries its task and claim, its attempt's outbox row
+    (joined by its unique key) the wait: one statement, no lookups per page."""
     through = finish_cursor(conn, spec.module)
     if through is None:
         return 0, False
     t = spec.table
+    sent = and_(
+        OUTBOX.c.module == spec.module,
+        OUTBOX.c.job_id == t.c.job_id,
+        OUTBOX.c.attempt == t.c.attempts,
+    )
     page = conn.execute(
-        select(t.c.job_id, t.c.attempts, t.c.attempted_at, t.c.finished_at)
+        select(
+            t.c.job_id,
+            t.c.task_name,
+            t.c.attempts,
+            t.c.attempted_at,
+            t.c.finished_at,
+            OUTBOX.c.created_at,
+            OUTBOX.c.published_at,
+        )
+        .select_from(t.outerjoin(OUTBOX, sent))
         .where(
             t.c.finished_at > through,
             t.c.finished_at <= horizon,
@@ -210,13 +225,18 @@ def _roll_successes(
     if not rows:
         return 0, False
     events = [
-        Event(0, spec.module, job_id, attempts, kind.value, at)
-        for job_id, attempts, claimed, finished in rows
-        for kind, at in ((Transition.CLAIM, claimed), (Transition.SUCCEED, finished))
+        Event(0, spec.module, r.job_id, r.attempts, kind.value, at)
+        for r in rows
+        for kind, at in ((Transition.CLAIM, r.attempted_at), (Transition.SUCCEED, r.finished_at))
     ]
-    tasks, claims, sent = _lookups(conn, events)
-    claims |= {(r.job_id, r.attempts): r.attempted_at for r in rows}
-    add(conn, tally(events, tasks, claims, sent))
+    tasks = {r.job_id: r.task_name for r in rows}
+    claims = {(r.job_id, r.attempts): r.attempted_at for r in rows}
+    handed = {
+        (r.job_id, r.attempts): (r.created_at, r.published_at)
+        for r in rows
+        if r.created_at is not None
+    }
+    add(conn, tally(events, tasks, claims, handed))
     move_finish_cursor(conn, spec.module, rows[-1].finished_at)
     return len(events), len(page) == batch
 

@@ -108,7 +108,10 @@ def _listening(base: int) -> list[int]:
 
 # Two bench processes at once, each on servers of its own, so the smoke run takes as long as
 # its longer half (about two minutes each) rather than both.
-HALVES = (("lifecycle", "images", "upload", "profile"), ("scale", "maintenance", "limits", "flow"))
+HALVES = (
+    ("lifecycle", "images", "upload", "profile"),
+    ("scale", "maintenance", "limits", "flow", "growth"),
+)
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,24 @@ def test_every_benchmark_runs_and_prints_its_ratios(
         f"priorities: enqueue\\+relay publish ms/job \\(fsync on, .*\\): no priority "
         f"{NUMBER}, priorities 0-9 {NUMBER}; a priority costs [+-]{NUMBER} "
         "ms/job",
+    ]
+    expected += [
+        f"growth {figure} ratio: {NUMBER}"
+        for figure in (
+            "overview",
+            "task filter",
+            "search no match",
+            "charts day",
+            "metrics cluster",
+            "summary",
+            "retention",
+            "rollup caught up",
+            "hot path 50 jobs",
+        )
+    ]
+    expected += [
+        f"growth rollup successes per second: {NUMBER}",
+        "growth workflow steps without a run after retention: 0",
     ]
     assert "==== images (smoke)" in run.stdout
     expected += [
