@@ -28,7 +28,7 @@ from jobsapp.db import get_engine  # noqa: E402
 from jobsapp.settings import get_settings  # noqa: E402
 from jobsapp.shipped import alembic_config  # noqa: E402
 
-pytest_plugins = ("celery.contrib.pytest",)
+pytest_plugins = ("celery.contrib.pytest", "tests.support.shape")
 
 # The suite that gates landing draws the same examples on every run and machine: a case
 # nobody wrote cannot fail a submission by luck. Random exploration is a separate run,

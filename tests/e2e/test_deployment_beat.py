@@ -84,9 +84,11 @@ def test_beat_runs_every_maintenance_pass_beside_the_deployments_entry(
         return checked.returncode == 0
 
     try:
+        # Each check is a process of its own: first the beat's line that it leads.
+        eventually(lambda: "is the leader" in log.read_text(), timeout=45, interval=0.2)
         eventually(healthy, timeout=45, interval=1.0)
     except AssertionError:
-        raise AssertionError(f"{said[-1]}\n{log.read_text()[-3000:]}") from None
+        raise AssertionError(f"{said[-1:]}\n{log.read_text()[-3000:]}") from None
     assert "maintenance passes on time" in said[-1]
     assert eventually(lambda: "Sending due task refresh-rates" in log.read_text(), timeout=30)
 

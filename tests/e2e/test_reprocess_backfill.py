@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, text
 
 from jobsapp.attachments.models import REPROCESS, RUNS
 from jobsapp.db import make_engine
@@ -85,8 +85,17 @@ def kill_after(db: Engine, proc: Proc, scanned: int, attempt: int) -> dict[str, 
     return backfill(db)
 
 
-def reap(procs: Launcher) -> None:
+def stale(db: Engine) -> bool:
+    """The backfill's heartbeat is older than the stale limit, on the database's clock."""
+    query = text("SELECT heartbeat_at < now() - make_interval(secs => :stale) FROM reprocess_runs")
+    with db.connect() as conn:
+        return bool(conn.execute(query, {"stale": STALE_AFTER_S}).scalar_one())
+
+
+def reap(procs: Launcher, db: Engine) -> None:
     """The reaper, once the dead run's heartbeat is stale, requeues and publishes it."""
+    # Each pass is a process of its own: asked only once there is something to reap.
+    eventually(lambda: stale(db), timeout=STALE_AFTER_S * 10, interval=0.2)
 
     def requeued() -> bool:
         proc = procs.jobsapp("reaper", "maintenance", "run-once", "--pass", "reaper")
@@ -106,10 +115,10 @@ def test_a_backfill_killed_twice_resumes_from_its_cursor(procs: Launcher, db: En
     assert "backfill to v2: job" in start.log()
 
     killed = [kill_after(db, first, 500, attempt=1)]
-    reap(procs)
+    reap(procs, db)
     second = worker(procs, "w2")
     killed.append(kill_after(db, second, killed[0]["scanned"] + 500, attempt=2))
-    reap(procs)
+    reap(procs, db)
     worker(procs, "w3")
     done = eventually(lambda: (row := backfill(db))["state"] == "succeeded" and row, timeout=180)
 

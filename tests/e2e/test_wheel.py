@@ -28,6 +28,7 @@ from tests.e2e.webserver import REPO
 from tests.support.env import SESSION, service
 
 DATABASE = f"jobsapp_wheel_{SESSION}"
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
 EXPECTED_TABLES = {"job_events", "outbox", "leases", "job_runs", "attachments", "alembic_version"}
 
 
@@ -53,8 +54,7 @@ def _checkout_copy(dest: Path) -> Path:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("wheel")
     source = _checkout_copy(root / "src")
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    _run([*pip, "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(source)], cwd=root)
+    _run([*PIP, "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(source)], cwd=root)
     (built,) = (root / "dist").glob("jobsapp-*.whl")
     return built
 
@@ -63,12 +63,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bin/ folder of a fresh venv holding the wheel and only what it requires."""
     root = tmp_path_factory.mktemp("venv")
-    venv.create(root / "venv", with_pip=True, system_site_packages=False)
+    venv.create(root / "venv", with_pip=False, system_site_packages=False)
     bin_dir = root / "venv" / "bin"
-    # --no-compile: byte-compiling every dependency (botocore's thousands of files) is most
-    # of an install's time; what the tests import compiles on import.
-    _run([str(bin_dir / "pip"), "install", "-q", "--no-compile", str(wheel)], cwd=root)
+    _run([*_pip_into(bin_dir), str(wheel)], cwd=root)
     return bin_dir
+
+
+def _pip_into(bin_dir: Path) -> list[str]:
+    """``pip install`` into the venv of ``bin_dir``: this pip, run with ``--python``, resolves
+    against that venv's interpreter and site-packages alone (no copy of pip in the venv:
+    ensurepip was 5 s of CPU, 20 s under load). --no-compile: byte-compiling every
+    dependency (botocore's thousands of files) is most of an install's time; what the
+    tests import compiles on import."""
+    return [*PIP, "--python", str(bin_dir / "python"), "install", "-q", "--no-compile"]
 
 
 def test_wheel_carries_the_top_level_migrations_and_celery_settings_inside_the_package(
@@ -198,24 +205,19 @@ def test_a_teams_own_tests_run_on_the_testing_kit_from_the_wheel(
     """``pip install 'jobsapp[testing]'`` and the team's tests (examples/team_app/tests)
     pass with nothing else set up: no server, no conftest, no JOBSAPP_* setting. Last in
     this module: it adds the extra's packages to the shared venv."""
-    _run(
-        [str(installed / "pip"), "install", "-q", "--no-compile", f"{wheel}[testing]"], cwd=tmp_path
-    )
+    _run([*_pip_into(installed), f"{wheel}[testing]"], cwd=tmp_path)
     team = tmp_path / "team_app"
     shutil.copytree(
         REPO / "examples" / "team_app", team, ignore=shutil.ignore_patterns("__pycache__")
     )
     env = _bare_env(installed, PYTHONPATH=str(team))
+    # --trace-config: the run also lists the plugins it loaded.
+    pytest_argv = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--trace-config", "tests"]
     out = _run(
-        [str(installed / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        [str(installed / "python"), *pytest_argv],
         cwd=team,
         env=env,
     )
     assert "10 passed" in out, out[-3000:]
     # pytest-celery came with the extra and loads beside the kit without a conflict.
-    plugins = _run(
-        [str(installed / "python"), "-m", "pytest", "--trace-config", "--co", "-q", "tests"],
-        cwd=team,
-        env=env,
-    )
-    assert "pytest_celery.plugin" in plugins, plugins[-3000:]
+    assert "pytest_celery.plugin" in out, out[-3000:]
