@@ -343,6 +343,8 @@ class WorkflowStep(Base):
 
     __table_args__ = (
         Index("ix_workflow_steps_workflow", "workflow_id"),
+        # Retention's workflow cut reads the steps written before its cutoff (migration 0027).
+        Index("ix_workflow_steps_created", "created_at"),
         CheckConstraint(
             "trigger IN ('start', 'success', 'failure')", name="ck_workflow_steps_trigger"
         ),
