@@ -50,7 +50,7 @@ from bench.planting import SPEC, TASK, Kind, plant
 from bench.services import Services
 from jobsapp import cli, db
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import _upsert, registry
+from jobsapp.lifecycle.journal import registry, upsert
 from jobsapp.lifecycle.journal.outbox_queries import COUNTERS
 from jobsapp.lifecycle.journal.row_events import finish_cursor, move_finish_cursor
 from jobsapp.maintenance import beat_tasks, reaper, relay, retention
@@ -282,7 +282,7 @@ def _hot_path(engine: Engine) -> None:
             claimed = journal.claim(conn, SPEC, job_id, 1, worker="w@h:1")
         assert claimed is not None
         with db.autocommit(engine) as conn:
-            token = claimed["claim_token"]
+            token = claimed.claimed_token
             assert journal.succeed(conn, SPEC, job_id, 1, token=token, actor="w@h:1")
 
 
@@ -344,7 +344,7 @@ def _cursors(conn: Connection, through: datetime) -> None:
         ),
         {"through": through},
     ).scalar_one()
-    stmt = _upsert(conn, COUNTERS).values(name=rollup.CURSOR, value=int(before))
+    stmt = upsert(conn, COUNTERS).values(name=rollup.CURSOR, value=int(before))
     conn.execute(
         stmt.on_conflict_do_update(index_elements=[COUNTERS.c.name], set_={"value": int(before)})
     )
@@ -369,7 +369,7 @@ def _rollup_rate(size: Size, backlog: int) -> float:
     while rollup.run_once(size.engine):
         passes += 1
     seconds = time.perf_counter() - started
-    rate = due / seconds
+    rate = int(due) / seconds
     print(
         f"  rollup: {due:,} successes (and their window's events) caught up in {passes} "
         f"passes, {seconds:.1f} s: {rate:,.0f} successes/s",

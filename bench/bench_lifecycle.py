@@ -422,7 +422,7 @@ def prepare(envs: Mapping[Instance, Mapping[str, str]]) -> None:
     for process in started:
         output, _ = process.communicate(timeout=300)
         if process.returncode != 0:
-            raise RuntimeError(f"{process.args} exited {process.returncode}: {output.decode()}")
+            raise RuntimeError(f"{process.args!r} exited {process.returncode}: {output.decode()}")
 
 
 Results = dict[tuple[str, str], list[Sample]]  # (cluster, system) -> one sample per round

@@ -307,10 +307,11 @@ def bench_size(pg_base: str, terminal: int, repeat: int, app: Celery) -> dict[st
     for name, ms in figures.items():
         print(f"  {name:<12} {ms:8.2f}")
     used: set[str] = set()
-    for name, run in (
+    passes: tuple[tuple[str, Callable[[], object]], ...] = (
         ("reaper", lambda: reaper.run_once(engine, reaper_cfg, app)),
         ("relay", lambda: relay.run_once(app, engine, relay_cfg)),
-    ):
+    )
+    for name, run in passes:
         make_work(engine, roles)
         with Recorder(engine) as rec:
             run()

@@ -124,7 +124,8 @@ def profile(instance: Instance, ref: str | None, n: int, out: Path) -> list[str]
 def main(services: Services, size: str, out: Path, refs: Sequence[str] = ()) -> list[str]:
     """Profiles this checkout, or each of ``refs``; returns the CPU lines."""
     lines: list[str] = []
-    for ref in refs or [None]:
+    wanted: list[str | None] = [*refs] or [None]
+    for ref in wanted:
         lines += profile(services.durable, ref, SIZES[size], out)
     print("\n".join(lines))
     return lines

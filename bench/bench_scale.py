@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import amqp.exceptions
 import kombu
@@ -90,9 +91,8 @@ def assert_quorum(amqp_url: str) -> None:
     """The broker refuses to redeclare Celery's queue as a classic one: it is a quorum queue."""
     with kombu.Connection(amqp_url) as conn:
         try:
-            conn.default_channel.queue_declare(
-                "celery", durable=True, arguments={"x-queue-type": "classic"}
-            )
+            channel: Any = conn.default_channel  # kombu types it as StdChannel
+            channel.queue_declare("celery", durable=True, arguments={"x-queue-type": "classic"})
         except amqp.exceptions.PreconditionFailed:
             return
     raise RuntimeError("Celery's queue on RabbitMQ is not a quorum queue")

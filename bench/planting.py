@@ -162,7 +162,7 @@ def _chain(engine: Engine) -> list[uuid.UUID]:
             path=str(n),
             module=SPEC.module,
             task_name=TASK,
-            args=PARAMS["args"],
+            args=list(PARAMS["args"]),
             kwargs={},
             immutable=False,
             max_attempts=3,
