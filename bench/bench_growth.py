@@ -50,7 +50,7 @@ from bench.planting import SPEC, TASK, Kind, plant
 from bench.services import Services
 from jobsapp import cli, db
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import registry, upsert
+from jobsapp.lifecycle.journal import finished_counts, registry, upsert
 from jobsapp.lifecycle.journal.outbox_queries import COUNTERS
 from jobsapp.lifecycle.journal.row_events import finish_cursor, move_finish_cursor
 from jobsapp.maintenance import beat_tasks, reaper, relay, retention
@@ -332,11 +332,15 @@ def _passes(size: Size, repeat: int) -> None:
 
 
 def _cursors(conn: Connection, through: datetime) -> None:
-    """Every run table's cursor at ``through``, the event cursor before the first event
-    after it (created where no pass wrote them yet)."""
+    """Every run table's cursors at ``through`` (its successes' and its finished runs'
+    counts: a planted journal was never counted, and its first count of every finished
+    run is a one-off, not the rate), the event cursor before the first event after it
+    (created where no pass wrote them yet)."""
     for spec in registry.all_tables():
         assert finish_cursor(conn, spec.module) is not None
         move_finish_cursor(conn, spec.module, through)
+        assert finished_counts.counting(conn, spec.module) is not None
+        finished_counts.counted(conn, spec.module, through)
     before = conn.execute(
         text(
             "SELECT coalesce(min(id) - 1, (SELECT max(id) FROM job_events), 0) "
@@ -371,7 +375,8 @@ def _rollup_rate(size: Size, backlog: int) -> float:
     seconds = time.perf_counter() - started
     rate = int(due) / seconds
     print(
-        f"  rollup: {due:,} successes (and their window's events) caught up in {passes} "
+        f"  rollup: {due:,} successes (their window's events and finished runs) caught up "
+        f"in {passes} "
         f"passes, {seconds:.1f} s: {rate:,.0f} successes/s",
         flush=True,
     )
