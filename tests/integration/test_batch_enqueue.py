@@ -32,7 +32,7 @@ from tests.e2e.procs import Launcher
 from tests.support import tasks
 from tests.support.env import service
 from tests.support.journal_view import held_by, outbox_rows, run_count, run_row
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, waiting_for_a_lock
 from tests.support.workers import in_process_worker
 
 RUNS = JOBS.table
@@ -368,17 +368,6 @@ def test_a_batch_producer_killed_between_round_trips_runs_every_job_once(
     assert [tasks.calls(str(i)) for i in ids] == [1] * 5
 
 
-def _waiting_for_a_lock(engine: Engine) -> bool:
-    with engine.connect() as conn:
-        waiting = conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-        ).scalar_one()
-    return bool(waiting)
-
-
 def test_two_batches_at_once_leave_one_run_per_key_and_job(pg: Engine) -> None:
     """The second batch's statement waits on the first's uncommitted rows, then answers
     as an enqueue after that commit would: its new keys enqueued, the first's keys
@@ -398,7 +387,7 @@ def test_two_batches_at_once_leave_one_run_per_key_and_job(pg: Engine) -> None:
                 target=lambda: answers.extend(journal.enqueue_many(other, seconds, actor="b"))
             )
             racing.start()
-            eventually(lambda: _waiting_for_a_lock(pg), timeout=20)
+            eventually(lambda: waiting_for_a_lock(pg), timeout=20)
             trans.commit()
             racing.join(timeout=30)
     by_key = {job.concurrency_key: job.job_id for job in firsts}

@@ -23,7 +23,7 @@ import redis
 from alembic import command
 from celery import Celery, chain, chord, group
 from celery.exceptions import ChordError
-from sqlalchemy import Engine, event, inspect, select, text
+from sqlalchemy import Engine, event, inspect, select
 
 from jobsapp import cli, operator
 from jobsapp.db import make_engine, utcnow
@@ -43,7 +43,7 @@ from tests.support.env import SESSION, service
 from tests.support.journal_view import outbox_rows, run_row, transitions
 from tests.support.migrations import sqlite_then_postgres
 from tests.support.tasks import calls
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, waiting_for_a_lock
 from tests.support.web import log_in
 from tests.support.workers import in_process_worker
 
@@ -126,17 +126,6 @@ def test_a_successor_whose_worker_died_before_publishing_is_published_by_the_rel
         assert handle.get(timeout=WAIT) == 6
 
 
-def _waiting_for_a_lock(engine: Engine) -> bool:
-    with engine.connect() as conn:
-        waiting = conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-        ).scalar_one()
-    return bool(waiting)
-
-
 def test_a_chords_body_is_written_once_when_two_members_finish_at_once(
     pg: Engine, redis_clean: None
 ) -> None:
@@ -163,7 +152,7 @@ def test_a_chords_body_is_written_once_when_two_members_finish_at_once(
     threads[1].start()
     # The second member's finish waits on the body's step row until the first commits
     # (or, without that lock, has already decided without seeing the first's success).
-    eventually(lambda: _waiting_for_a_lock(pg) or not threads[1].is_alive())
+    eventually(lambda: waiting_for_a_lock(pg) or not threads[1].is_alive())
     release.set()
     for thread in threads:
         thread.join(WAIT)

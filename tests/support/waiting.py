@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from sqlalchemy import Engine, text
+
 T = TypeVar("T")
 
 
@@ -19,3 +21,16 @@ def eventually(probe: Callable[[], T], *, timeout: float = 20.0, interval: float
         time.sleep(interval)
         value = probe()
     return value
+
+
+def waiting_for_a_lock(engine: Engine) -> bool:
+    """Whether a session of ``engine``'s Postgres database waits on a lock (the moment two
+    writers meet, which a test of their interleaving waits for)."""
+    with engine.connect() as conn:
+        waiting = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
+    return bool(waiting)
