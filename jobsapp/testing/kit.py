@@ -83,6 +83,8 @@ class Run:
     waiting: bool = False
     # The stored traceback of its last failed attempt (scrubbed, as Flower shows it).
     error: str | None = None
+    # When the row was last written (the database's time, which ``advance`` leaves alone).
+    updated_at: datetime | None = None
 
     def describe(self) -> str:
         """One line a failure message shows."""
@@ -201,13 +203,15 @@ class Kit:
             eta=None if due is None or due == PARKED else due + self._advanced,
             waiting=due == PARKED,
             error=error,
+            updated_at=row["updated_at"],
         )
 
     def enqueued(self, task: Any, **subset: Any) -> list[JobHandle]:
         """Handles of the queued jobs of ``task`` matching ``subset`` (``args``, ``kwargs``,
         ``key``, ``queue``, ``priority``, ``eta``, ``countdown``): a job matches when each
-        given field equals; an ``eta`` (or ``countdown``, seconds from the kit's clock now)
-        within ``ETA_TOLERANCE`` of the job's due time."""
+        given field equals; an ``eta`` (or ``countdown``, seconds from the kit's clock now,
+        less up to the time since the job was written) within ``ETA_TOLERANCE`` of the job's
+        due time."""
         return [
             JobHandle(
                 run.job_id, EnqueueOutcome.DUPLICATE, task.run_table, task=task.name, app=self.app
@@ -229,7 +233,10 @@ class Kit:
             raise TypeError("assert_enqueued takes an eta or a countdown, not both")
         wanted = dict(subset)
         if "countdown" in wanted:
-            wanted["eta"] = self.now() + timedelta(seconds=wanted.pop("countdown"))
+            with self.engine.connect() as conn:
+                read_at = lease.database_now(conn)
+            due = read_at + self._advanced + timedelta(seconds=wanted["countdown"])
+            wanted["countdown"] = _Countdown(due, read_at)
         if isinstance(wanted.get("eta"), datetime):
             wanted["eta"] = _aware(wanted["eta"])
         return wanted
@@ -464,10 +471,30 @@ def _aware(at: datetime) -> datetime:
     return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
+@dataclass(frozen=True)
+class _Countdown:
+    """A countdown asked for: seconds from the kit's clock now, to within the time that
+    passed since the job's row was written (a slow test still matches the countdown the job
+    was given, however long its assertion took to come)."""
+
+    due: datetime  # on the kit's clock
+    read_at: datetime  # the database's time when the test asked
+
+    def matches(self, run: Run) -> bool:
+        if run.eta is None or run.updated_at is None:
+            return False
+        since_written = max(self.read_at - _aware(run.updated_at), timedelta(0))
+        early = self.due - run.eta
+        return -ETA_TOLERANCE <= early <= since_written + ETA_TOLERANCE
+
+
 def _matches(run: Run, wanted: Mapping[str, Any]) -> bool:
     for name, value in wanted.items():
-        have = getattr(run, name)
-        if name == "eta":
+        have = getattr(run, name, None)
+        if name == "countdown":
+            if not value.matches(run):
+                return False
+        elif name == "eta":
             if (have is None) != (value is None):
                 return False
             if value is not None and abs(have - value) > ETA_TOLERANCE:
@@ -482,7 +509,7 @@ def _shown(subset: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:
     shown = []
     for name, value in subset.items():
         if name == "countdown":
-            shown.append(f"countdown={value!r} (eta {wanted['eta'].isoformat()})")
+            shown.append(f"countdown={value!r} (eta {wanted['countdown'].due.isoformat()})")
         elif name == "eta" and value is not None:
             shown.append(f"eta={wanted['eta'].isoformat()}")
         else:

@@ -4,6 +4,7 @@ examples/team_app/tests (tests/e2e/test_wheel.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -45,6 +46,19 @@ def test_a_retry_runs_when_the_clock_reaches_its_backoff_not_before(kit: Kit) ->
     assert kit.drain() == {"succeeded": 1}
     run = _only(kit, flaky)
     assert (run.state, run.attempts, run.result) == ("succeeded", 2, "a done")
+
+
+def test_a_countdown_matches_however_late_the_assertion_comes(kit: Kit) -> None:
+    """A loaded machine's assertion comes seconds after the retry was decided: the countdown
+    the job was given still matches, and one it was not given still does not."""
+    flaky.delay("late", 1)
+    assert kit.drain() == {"retried": 1}
+    time.sleep(2.5)  # the delay a loaded CI machine put between the retry and the assertion
+    kit.assert_enqueued(flaky, countdown=60)
+    kit.refute_enqueued(flaky, countdown=55)
+    kit.refute_enqueued(flaky, countdown=64)
+    kit.advance(30)
+    kit.assert_enqueued(flaky, countdown=30)
 
 
 def test_a_short_backoff_rides_a_broker_countdown_that_the_clock_also_moves(kit: Kit) -> None:
