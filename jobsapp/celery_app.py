@@ -21,6 +21,8 @@ from celery.utils.log import get_multiprocessing_logger
 
 from jobsapp import preflight
 from jobsapp.db import dispose_engines
+from jobsapp.lifecycle.flow.gating import held_while_paused
+from jobsapp.lifecycle.transport.hooks import add_publish_filter
 from jobsapp.lifecycle.worker.pools import green_pool_refusal
 from jobsapp.logs import (
     format_handlers,
@@ -130,6 +132,9 @@ def create_app() -> Celery:
     )
     json_startup(celery_app)
     one_line_per_reject()
+    # Pauses are flow control's: the producer's fast path leaves a paused queue's messages
+    # to the relay through this filter, entered by no app that does not register it.
+    add_publish_filter(celery_app, held_while_paused)
     return celery_app
 
 

@@ -26,10 +26,11 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
+from celery import Celery
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from jobsapp.db import relaxed_autocommit
+from jobsapp.db import get_engine, relaxed_autocommit
 from jobsapp.lifecycle.journal import PendingMessage, Run
 from jobsapp.lifecycle.journal import flow_rows as statements
 from jobsapp.lifecycle.journal.registry import RunTable
@@ -176,6 +177,12 @@ def publishable(
         for m in messages
         if pairs.isdisjoint(_pairs(m.body.get("module"), m.queue, default_queue))
     ]
+
+
+def held_while_paused(app: Celery, messages: Sequence[PendingMessage]) -> Sequence[PendingMessage]:
+    """``publishable`` as the publish filter an app registers at setup
+    (transport/hooks.py; jobsapp.celery_app registers it on the deployment's app)."""
+    return publishable(get_engine(), app.conf.task_default_queue, messages)
 
 
 def hand_back(

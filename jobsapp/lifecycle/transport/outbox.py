@@ -21,8 +21,7 @@ from celery import Celery
 from sqlalchemy import Connection, Engine
 
 from jobsapp import crashpoints
-from jobsapp.db import get_engine, get_relaxed_engine, is_autocommit, utcnow
-from jobsapp.lifecycle.flow import gating
+from jobsapp.db import get_relaxed_engine, is_autocommit, utcnow
 from jobsapp.lifecycle.flow.priorities import serving_rank
 from jobsapp.lifecycle.journal import PendingMessage, outbox_queries
 from jobsapp.lifecycle.rules.message import (
@@ -32,7 +31,7 @@ from jobsapp.lifecycle.rules.message import (
     trace_headers,
     validate_body,
 )
-from jobsapp.lifecycle.transport import batch_send, marker, publisher, tracing
+from jobsapp.lifecycle.transport import batch_send, hooks, marker, publisher, tracing
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -320,8 +319,11 @@ def publish_now(app: Celery, messages: Sequence[PendingMessage]) -> int:
     While the broker failed a moment ago this does not even try (see ``publisher``). On
     PostgreSQL the accepted rows are marked in bulk by this process's marker; SQLite
     marks them here, as a second writer thread would only queue on its one write lock.
+    A feature that holds messages back (a paused queue) does so through a filter
+    registered on the app (``hooks``); a plain app has none.
     """
-    messages = gating.publishable(get_engine(), app.conf.task_default_queue, messages)
+    for keep in hooks.publish_filters(app):
+        messages = keep(app, messages)
     if not messages or not publisher.fast_path_open():
         return 0
     unclaimed_after = timedelta(seconds=get_settings().unclaimed_after)

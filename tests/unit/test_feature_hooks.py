@@ -1,0 +1,77 @@
+"""Features enter the producer's fast path only through the filters an app registers at
+setup (lifecycle/transport/hooks.py): a plain app's publish enters none of them."""
+
+from __future__ import annotations
+
+import ast
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from celery import Celery
+
+import jobsapp
+from jobsapp.celery_app import app as shipped
+from jobsapp.lifecycle import lifecycle_task
+from jobsapp.lifecycle.flow.gating import held_while_paused
+from jobsapp.lifecycle.journal import PendingMessage
+from jobsapp.lifecycle.transport import outbox
+from jobsapp.lifecycle.transport.hooks import add_publish_filter, publish_filters
+
+PUBLISH_PATH = ("lifecycle/transport/outbox.py", "lifecycle/transport/hooks.py")
+
+
+def _message() -> PendingMessage:
+    return PendingMessage(
+        1, uuid.uuid4(), 1, "t", {"module": "jobs"}, datetime.now(UTC), 0, 0, queue=None
+    )
+
+
+def _plain_app() -> Celery:
+    plain = Celery("plain", broker="memory://", set_as_current=False)
+    lifecycle_task(plain, name="plain.job", lazy=False, shared=False)(_body)
+    return plain
+
+
+def _body() -> None:
+    """A task body with no feature: no rate, no limit, no key."""
+
+
+def test_a_plain_app_has_no_publish_filter() -> None:
+    assert list(publish_filters(_plain_app())) == []
+
+
+def test_the_deployment_app_registers_the_pause_filter_once() -> None:
+    assert list(publish_filters(shipped)) == [held_while_paused]
+    add_publish_filter(shipped, held_while_paused)
+    assert list(publish_filters(shipped)) == [held_while_paused]
+
+
+def test_a_filter_registered_on_one_app_is_entered_by_its_publishes_only() -> None:
+    seen: list[str] = []
+
+    def hold_all(app: Celery, messages: Sequence[PendingMessage]) -> Sequence[PendingMessage]:
+        seen.append(app.main or "")
+        return []
+
+    holding, plain = _plain_app(), _plain_app()
+    holding.main = "holding"
+    add_publish_filter(holding, hold_all)
+    assert outbox.publish_now(holding, [_message()]) == 0  # held: nothing reaches a broker
+    assert seen == ["holding"]
+    assert list(publish_filters(plain)) == []
+
+
+def test_the_publish_path_imports_no_feature_gate() -> None:
+    """Flow control's pause check is registered, not imported, by the publish path."""
+    root = Path(jobsapp.__file__).resolve().parent
+    for module in PUBLISH_PATH:
+        tree = ast.parse((root / module).read_text())
+        imported = [
+            f"{node.module}.{alias.name}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+            for alias in node.names
+        ]
+        assert not [name for name in imported if "flow.gating" in name], module
