@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery, states
@@ -29,8 +28,9 @@ from sqlalchemy import Connection
 
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import registry, workflow
+from jobsapp.lifecycle.journal import Run, registry, workflow
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.workflow import Blocked
 from jobsapp.lifecycle.rules.message import job_id_of_task
 from jobsapp.lifecycle.rules.results import decoded, progress_of, replaced_by
 from jobsapp.lifecycle.rules.states import Outcome, State
@@ -40,6 +40,9 @@ NAME = "jobsapp.lifecycle.celery_api.backend:JournalBackend"
 
 _REVOKED = (Outcome.CANCELLED.value, Outcome.EXPIRED.value)
 _WORKER_LOST = (Outcome.STALE.value,)
+
+# What a result is read from: a run row, or a blocked step's stand-in (no run table).
+Answer = Run | Blocked
 
 
 class JobFailed(Exception):
@@ -51,7 +54,7 @@ class JobFailed(Exception):
         self.job_id, self.outcome, self.error = job_id, outcome, error
 
 
-def celery_state(row: Mapping[str, Any] | None) -> str:
+def celery_state(row: Answer | None) -> str:
     """The journal row's state in Celery's names, as ``AsyncResult.state`` would say it.
 
     No row is ``PENDING`` (Celery's answer for an id it does not know); a queued job is
@@ -62,25 +65,26 @@ def celery_state(row: Mapping[str, Any] | None) -> str:
     """
     if row is None:
         return states.PENDING
-    state = row["state"]
+    state = row.state
     if state == State.QUEUED.value:
-        return states.RETRY if row["attempts"] else states.PENDING
+        return states.RETRY if row.attempts else states.PENDING
     if state == State.RUNNING.value:
-        shown = progress_of(row)
+        shown = progress_of(row.result, row.attempts)
         return states.STARTED if shown is None else str(shown["state"])
     if state == State.SUCCEEDED.value:
         return states.SUCCESS
-    return states.REVOKED if row["outcome"] in _REVOKED else states.FAILURE
+    return states.REVOKED if row.outcome in _REVOKED else states.FAILURE
 
 
-def find(conn: Connection, job_id: uuid.UUID) -> tuple[RunTable | None, Mapping[str, Any] | None]:
-    """The run table and row of ``job_id``; a workflow step that will not run (what it
-    waited for failed) as the failed row a handle reads; (None, None) when none knows it."""
+def find(conn: Connection, job_id: uuid.UUID) -> tuple[RunTable | None, Answer | None]:
+    """The run table and run of ``job_id``; a workflow step that will not run (what it
+    waited for failed) as its ``Blocked`` stand-in, with no table; (None, None) when none
+    knows it."""
     for spec in registry.all_tables():
         run = journal.load(conn, spec, job_id)
         if run is not None:
-            return spec, run.columns
-    return None, workflow.blocked_row(conn, job_id)
+            return spec, run
+    return None, workflow.blocked(conn, job_id)
 
 
 class JournalBackend(BaseBackend):
@@ -110,7 +114,7 @@ class JournalBackend(BaseBackend):
         conn: Connection,
         task_id: str,
         spec: RunTable | None,
-        row: Mapping[str, Any] | None,
+        row: Answer | None,
     ) -> dict[str, Any]:
         """Celery's task meta (state, result, traceback, date_done) of a run row; a run
         that handed its answer to another job (``Task.replace``) answers as that job."""
@@ -130,30 +134,30 @@ class JournalBackend(BaseBackend):
             return meta
         # Celery's extended result fields the row has at hand.
         meta.update(
-            name=row["task_name"],
-            worker=row.get("worker"),
-            retries=max(0, int(row["attempts"]) - 1),
-            queue=row.get("queue"),
+            name=row.task_name,
+            worker=row.worker,
+            retries=max(0, row.attempts - 1),
+            queue=row.queue,
         )
         if status == states.SUCCESS:
-            meta["result"] = decoded(row["result"])
+            meta["result"] = decoded(row.result)
         elif status in states.EXCEPTION_STATES:
             meta["result"], meta["traceback"] = self._failure(conn, spec, row)
-        elif (shown := progress_of(row)) is not None:
+        elif (shown := progress_of(row.result, row.attempts)) is not None:
             meta["result"] = decoded(shown["meta"])
         if status in states.READY_STATES:
-            meta["date_done"] = row["finished_at"]
+            meta["date_done"] = row.finished_at
         return meta
 
-    def _tracks_started(self, row: Mapping[str, Any]) -> bool:
+    def _tracks_started(self, row: Answer) -> bool:
         """Celery says ``STARTED`` only for a task with ``track_started`` (the task's own,
         else ``task_track_started``); the journal knows either way."""
-        task = self.app.tasks.get(row["task_name"])
+        task = self.app.tasks.get(row.task_name)
         tracked = getattr(task, "track_started", None)
         return bool(self.app.conf.task_track_started if tracked is None else tracked)
 
     def _failure(
-        self, conn: Connection, spec: RunTable | None, row: Mapping[str, Any]
+        self, conn: Connection, spec: RunTable | None, row: Answer
     ) -> tuple[BaseException | None, str | None]:
         """The exception ``get()`` raises for a failed row, and its traceback: the body's
         own (rebuilt as Celery rebuilds a stored one), Celery's for a revoke or a lost
@@ -161,8 +165,8 @@ class JournalBackend(BaseBackend):
         after an attempt (``RETRY``) shows that attempt's exception, if it raised one."""
         if spec is None:
             return self._blocked(conn, row), None
-        detail = journal.attempt_failure(conn, spec, row["job_id"], int(row["attempts"]))
-        if detail is not None and row["outcome"] not in _REVOKED:
+        detail = journal.attempt_failure(conn, spec, row.job_id, row.attempts)
+        if detail is not None and row.outcome not in _REVOKED:
             given = detail.get("args")
             exc = self._rebuilt(
                 str(detail.get("type", "")),
@@ -170,22 +174,22 @@ class JournalBackend(BaseBackend):
             )
             shown = detail.get("traceback")
             tb = shown if isinstance(shown, str) else None
-        elif row["state"] == State.QUEUED.value:
+        elif row.state == State.QUEUED.value:
             return None, None
         else:
             exc, tb = _without_body(row), None
         _note(exc, row)
         return exc, tb
 
-    def _blocked(self, conn: Connection, row: Mapping[str, Any]) -> BaseException:
+    def _blocked(self, conn: Connection, row: Answer) -> BaseException:
         """A step that will not run raises what Celery's chain raises: the exception of the
         step it waited for (``ChordError`` naming it, for a chord's body)."""
-        if row["outcome"] in (workflow.UPSTREAM_FAILED, workflow.CHORD_FAILED):
-            for upstream in workflow.waited_on(conn, row["job_id"]):
+        if row.outcome in (workflow.UPSTREAM_FAILED, workflow.CHORD_FAILED):
+            for upstream in workflow.waited_on(conn, row.job_id):
                 spec, up = find(conn, uuid.UUID(upstream))
                 if up is not None and celery_state(up) in states.EXCEPTION_STATES:
                     exc, _ = self._failure(conn, spec, up)
-                    if exc is not None and row["outcome"] == workflow.UPSTREAM_FAILED:
+                    if exc is not None and row.outcome == workflow.UPSTREAM_FAILED:
                         return exc
                     if exc is not None:
                         return ChordError(f"Dependency {upstream} raised {exc!r}")
@@ -225,7 +229,7 @@ class JournalBackend(BaseBackend):
         with get_engine().begin() as conn:
             spec, row = find(conn, job_id_of_task(str(task_id)))
             if spec is not None and row is not None:
-                journal.forget_result(conn, spec, row["job_id"])
+                journal.forget_result(conn, spec, row.job_id)
 
     def _save_group(self, group_id: str, result: Any) -> Any:
         """A lifecycle group is its workflow in the journal, already saved."""
@@ -244,29 +248,29 @@ class JournalBackend(BaseBackend):
 
 
 def _replacement(
-    conn: Connection, spec: RunTable | None, row: Mapping[str, Any] | None
-) -> tuple[RunTable | None, Mapping[str, Any] | None]:
+    conn: Connection, spec: RunTable | None, row: Answer | None
+) -> tuple[RunTable | None, Answer | None]:
     """The run that answers for ``row``: itself, or the last of the jobs it was replaced by."""
-    while row is not None and row["state"] == State.SUCCEEDED.value:
-        successor = replaced_by(row.get("result"))
+    while row is not None and row.state == State.SUCCEEDED.value:
+        successor = replaced_by(row.result)
         if successor is None:
             break
         spec, row = find(conn, successor)
     return spec, row
 
 
-def _without_body(row: Mapping[str, Any]) -> BaseException:
-    outcome, error = row["outcome"], row["last_error"]
+def _without_body(row: Answer) -> BaseException:
+    outcome, error = row.outcome, row.last_error
     if outcome in _REVOKED:
         return TaskRevokedError(outcome if not error else f"{outcome}: {error}")
     if outcome in _WORKER_LOST:
         return WorkerLostError(error or "the worker was lost mid-run")
-    return JobFailed(row["job_id"], outcome, error)
+    return JobFailed(row.job_id, outcome, error)
 
 
-def _note(exc: BaseException, row: Mapping[str, Any]) -> None:
+def _note(exc: BaseException, row: Answer) -> None:
     """jobsapp's detail on Celery's exception: the job and why it ended."""
-    for name, value in (("job_id", row["job_id"]), ("outcome", row["outcome"])):
+    for name, value in (("job_id", row.job_id), ("outcome", row.outcome)):
         try:
             setattr(exc, name, value)
         except AttributeError:  # an exception class with __slots__ keeps only its own

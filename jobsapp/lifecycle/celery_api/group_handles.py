@@ -34,7 +34,10 @@ class StepHandle(JobHandle):
     def row(self) -> Mapping[str, Any] | None:
         with get_engine().connect() as conn:
             run = journal.load(conn, self.spec, self.job_id)
-            return run.columns if run is not None else workflow.blocked_row(conn, self.job_id)
+            if run is not None:
+                return run.columns
+            stand_in = workflow.blocked(conn, self.job_id)
+            return None if stand_in is None else stand_in.columns
 
 
 class GroupHandle(GroupResult):

@@ -251,21 +251,41 @@ def cancel_rest(
     )
 
 
-def blocked_row(conn: Connection, job_id: uuid.UUID) -> dict[str, Any] | None:
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """A workflow step that will not run (what it waited for failed) and so has no run
+    row: the failed run its readers see, with the fields of ``Run`` they read."""
+
+    job_id: uuid.UUID
+    task_name: str
+    outcome: str | None
+    last_error: str | None
+    finished_at: datetime | None
+    state: str = State.FAILED.value
+    attempts: int = 0
+    result: Any = None
+    worker: str | None = None
+    queue: str | None = None
+
+    @property
+    def columns(self) -> dict[str, Any]:
+        """As a handle's ``row()`` shows it: the run row's names of what it has."""
+        names = ("job_id", "task_name", "state", "outcome", "last_error", "attempts")
+        return {name: getattr(self, name) for name in (*names, "result", "finished_at")}
+
+
+def blocked(conn: Connection, job_id: uuid.UUID) -> Blocked | None:
     """A blocked step with no run, as the failed run a handle reads (None otherwise)."""
     step = _step(conn, job_id)
     if step is None or step["blocked_at"] is None:
         return None
-    return {
-        "job_id": job_id,
-        "task_name": step["task_name"],
-        "state": State.FAILED.value,
-        "outcome": step["blocked_outcome"],
-        "last_error": step["blocked_reason"],
-        "attempts": 0,
-        "result": None,
-        "finished_at": step["blocked_at"],
-    }
+    return Blocked(
+        job_id,
+        step["task_name"],
+        step["blocked_outcome"],
+        step["blocked_reason"],
+        step["blocked_at"],
+    )
 
 
 def steps_of(conn: Connection, workflow_id: uuid.UUID) -> list[dict[str, Any]]:

@@ -157,13 +157,13 @@ def _not_json(task: str, what: str, instead: str) -> ResultRefused:
     )
 
 
-def progress_of(row: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """update_state's progress a running row holds for its current attempt, if any."""
-    kept = row.get("result")
+def progress_of(kept: Any, attempts: int) -> Mapping[str, Any] | None:
+    """update_state's progress a running row holds (its ``result``, ``kept``) for its
+    current attempt (its ``attempts``), if any."""
     if not isinstance(kept, Mapping) or not isinstance(kept.get(PROGRESS_MARK), Mapping):
         return None
     shown: Mapping[str, Any] = kept[PROGRESS_MARK]
-    return shown if shown.get("attempt") == row["attempts"] else None
+    return shown if shown.get("attempt") == attempts else None
 
 
 def progress(state: str, meta: Any, attempt: int) -> dict[str, Any]:

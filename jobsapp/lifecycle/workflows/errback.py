@@ -45,7 +45,11 @@ def arguments(
     with get_engine().connect() as conn:
         spec, row = find(conn, uuid.UUID(str(failed)))
         meta = for_app(app).meta_of(conn, str(failed), spec, row)
-    params = decoded(row[spec.params_column] or {}) if spec and row and spec.params_column else {}
+    params = (
+        decoded(row.columns[spec.params_column] or {})
+        if spec and row and spec.params_column
+        else {}
+    )
     request = Context(
         id=str(failed),
         task=meta.get("name"),
