@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any
 
 from celery import Celery
 from kombu.exceptions import OperationalError
@@ -29,7 +28,7 @@ from sqlalchemy import Connection, Engine
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.celery_api.revoke import JournalControl
-from jobsapp.lifecycle.journal import KeyBusy, Reopened, Revoked, registry
+from jobsapp.lifecycle.journal import KeyBusy, Reopened, Revoked, Run, registry
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.lifecycle.rules.states import State, Transition
@@ -44,7 +43,9 @@ MAX_ACTOR = 100
 
 # Runs inside the action's transaction after the run row moved: (conn, run row, now).
 # Raising refuses the whole action; the run row stays as it was.
-Hook = Callable[[Connection, Mapping[str, Any], datetime], None]
+# A domain's hook gets the moved run (its own columns in ``Run.columns``) and the
+# database's time of the move.
+Hook = Callable[[Connection, Run, datetime], None]
 
 
 class InvalidRequest(ValueError):
@@ -445,7 +446,7 @@ def _run_hook(hook: Hook | None, conn: Connection, spec: RunTable, job_id: uuid.
     returns the row's attempts."""
     run = _current(conn, spec, job_id)
     if hook is not None:
-        hook(conn, run.columns, run.updated_at)
+        hook(conn, run, run.updated_at)
     return run.attempts
 
 

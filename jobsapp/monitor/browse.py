@@ -25,7 +25,7 @@ from sqlalchemy.sql import ColumnElement
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import OUTBOX, outbox_queries, registry
+from jobsapp.lifecycle.journal import OUTBOX, Run, outbox_queries, registry
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules.states import State, Transition
 from jobsapp.monitor import workers
@@ -157,13 +157,13 @@ class AttemptRow:
 @dataclass(frozen=True)
 class JobDetail:
     module: str
-    run: Mapping[str, Any]
+    run: Run
     events: list[EventRow]
     attempts: list[AttemptRow]
 
     @property
     def attachment_id(self) -> uuid.UUID | None:
-        value = self.run.get("attachment_id")
+        value = self.run.columns.get("attachment_id")
         return value if isinstance(value, uuid.UUID) else None
 
 
@@ -533,13 +533,12 @@ def job_detail(engine: Engine, module: str, job_id: uuid.UUID) -> JobDetail | No
     """The run row and its whole history (its ``job_events`` rows and the enqueue, claim
     and success the row carries: ``journal.history``); None when there is no such job."""
     (spec,) = checked_tables(module)
-    table = spec.table
     with engine.connect() as conn:
-        run = conn.execute(select(table).where(table.c.job_id == job_id)).mappings().first()
+        run = journal.load(conn, spec, job_id)
         if run is None:
             return None
         events = [_event_row(e) for e in journal.history(conn, spec, job_id)]
-    return JobDetail(spec.module, dict(run), events, attempts_of(events))
+    return JobDetail(spec.module, run, events, attempts_of(events))
 
 
 def _event_row(row: Mapping[str, Any]) -> EventRow:

@@ -38,6 +38,7 @@ from jobsapp import flow_control, operator
 from jobsapp.attachments import service
 from jobsapp.db import console_engine, utcnow
 from jobsapp.lifecycle.flow.gating import Kind
+from jobsapp.lifecycle.journal import Run
 from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.lifecycle.rules.scrub import known_secrets_from_env, scrub
 from jobsapp.lifecycle.rules.states import ALL_STATES, State, Transition
@@ -445,7 +446,7 @@ def job(path: JobPath) -> Answer:
     for attempt in detail.attempts:
         if attempt.detail:
             tracebacks.setdefault(attempt.detail, attempt.number)
-    workflow_id = detail.run.get("workflow_id")
+    workflow_id = detail.run.workflow_id
     steps = workflows.workflow_steps(console_engine(), workflow_id) if workflow_id else []
     return _page(
         "job.html",
@@ -453,7 +454,7 @@ def job(path: JobPath) -> Answer:
         job=detail,
         run=detail.run,
         attachment=attachment,
-        params=_params(detail.run.get(spec.params_column or "")),
+        params=_params(detail.run.columns.get(spec.params_column or "")),
         tracebacks=tracebacks,
         workflow=steps,
         result=shown_result(detail.run),
@@ -461,10 +462,10 @@ def job(path: JobPath) -> Answer:
     )
 
 
-def shown_result(run: Mapping[str, Any]) -> ShownResult | None:
+def shown_result(run: Run) -> ShownResult | None:
     """What the body returned, for a succeeded run (or any run that kept a result)."""
-    value = run.get("result")
-    if value is None and run["state"] != State.SUCCEEDED.value:
+    value = run.result
+    if value is None and run.state != State.SUCCEEDED.value:
         return None
     line = _scrubbed(json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(", ", ": ")))
     if len(line) <= RESULT_SHOWN:

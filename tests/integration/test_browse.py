@@ -79,7 +79,7 @@ def test_a_job_page_has_its_attempts_and_timeline(db: Engine) -> None:
     detail = browse.job_detail(db, "jobs", job_id)
 
     assert detail is not None
-    assert detail.run["state"] == State.FAILED.value
+    assert detail.run.state == State.FAILED.value
     assert [e.transition for e in detail.events] == ["enqueue", "claim", "fail"]
     (attempt,) = detail.attempts
     assert (attempt.number, attempt.worker, attempt.outcome) == (1, "w1@host", "failed")
@@ -104,7 +104,7 @@ def test_an_attachment_names_its_newest_job(db: Engine) -> None:
     detail = browse.job_detail(db, "attachments", job_id)
     assert detail is not None
     assert detail.attachment_id == attachment_id
-    assert utcnow() - detail.run["created_at"] < timedelta(minutes=1)
+    assert utcnow() - detail.run.created_at < timedelta(minutes=1)
 
 
 def test_the_count_stops_at_its_cap(db: Engine, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,8 +46,8 @@ def test_a_successful_job_writes_a_run_row_and_an_outbox_row_and_its_timeline_is
     assert [e.transition for e in detail.events] == HAPPY
     enqueue, claim, succeed = detail.events
     assert enqueue.actor == "producer"
-    assert claim.actor == succeed.actor == detail.run["worker"]
-    assert enqueue.at <= claim.at <= succeed.at == detail.run["finished_at"]
+    assert claim.actor == succeed.actor == detail.run.worker
+    assert enqueue.at <= claim.at <= succeed.at == detail.run.finished_at
     (attempt,) = detail.attempts
     assert (attempt.number, attempt.outcome, attempt.worker) == (1, "succeeded", claim.actor)
 

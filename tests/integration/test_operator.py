@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +17,7 @@ from jobsapp.attachments.models import ATTACHMENT_RUNS
 from jobsapp.celery_app import app
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import OUTBOX, registry
+from jobsapp.lifecycle.journal import OUTBOX, Run, registry
 from jobsapp.lifecycle.transport import outbox, publisher
 from jobsapp.maintenance import relay
 from jobsapp.monitor import summary
@@ -262,7 +261,7 @@ def test_an_action_needs_a_reason_and_an_operator_name(actor: str, reason: str) 
 def test_a_failing_replay_hook_leaves_the_job_failed(db: Engine, broker: Celery) -> None:
     job_id = failed_job(db)
 
-    def refuse(conn: Connection, run: Mapping[str, Any], now: object) -> None:
+    def refuse(conn: Connection, run: Run, now: object) -> None:
         raise RuntimeError("the domain refuses")
 
     previous = operator.register_replay_hook("jobs", refuse)
