@@ -7,8 +7,9 @@ the series the same rollup keeps per minute, module and task (its primary key st
 with the minute): the rows read are bounded by the window's minutes, not by the journal;
 what the rollup has not reached yet is said (``counted_through``), not shown as zero. A
 percentile is the upper bound of the histogram bucket it falls in (``rollup.BUCKETS``).
-The enqueues, the failures by code and the runs by task still read the window's journal
-rows through their time indexes (``ix_job_events_at``, ``ix_<table>_state_updated``).
+The runs by task count finished runs from the same series and the active ones live. The
+enqueues and the failures by code still read the window's journal rows through their time
+indexes (``ix_job_events_at``, ``ix_<table>_state_updated``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from sqlalchemy import Connection, Engine, Integer, cast, func, select
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import EVENTS, registry, row_events
 from jobsapp.lifecycle.journal.totals import Key
-from jobsapp.lifecycle.rules.states import ALL_STATES, Transition
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES, ALL_STATES, Transition
 from jobsapp.monitor import rollup
 
 # The window, its bucket width.
@@ -94,21 +95,34 @@ def charts(engine: Engine, window: str, now: datetime | None = None) -> Charts:
 
 
 def by_task(conn: Connection, start: datetime) -> list[TaskLine]:
-    """The runs each task touched in the window (``updated_at`` since ``start``: ended, or
-    moved to the state they are in), by state: one GROUP BY per run table and state on
-    ``ix_<table>_state_updated``, so a busy table is read within the window only."""
+    """The runs each task finished in the window by terminal state (the rollup's series),
+    and the runs in an active state that got there in the window (``updated_at`` since
+    ``start``, on ``ix_<table>_state_updated``: as many as the backlog holds)."""
     found: dict[tuple[str, str], dict[str, int]] = {}
+
+    def count(module: str, task: str, state: str, n: int) -> None:
+        line = found.setdefault((module, str(task)), dict.fromkeys(ALL_STATES, 0))
+        line[state] += int(n)
+
+    s = rollup.SERIES.c
+    finished = (
+        select(s.module, s.task, s.label, func.sum(s.value))
+        .where(s.minute >= start, s.metric == rollup.FINISHED)
+        .group_by(s.module, s.task, s.label)
+    )
+    for module, task, state, n in conn.execute(finished):
+        if state in ALL_STATES:
+            count(module, task, state, n)
     for spec in registry.all_tables():
         table = spec.table
-        for state in ALL_STATES:
+        for state in ACTIVE_STATES:
             stmt = (
                 select(table.c.task_name, func.count())
                 .where(table.c.state == state, table.c.updated_at >= start)
                 .group_by(table.c.task_name)
             )
-            for task, count in conn.execute(stmt):
-                line = found.setdefault((spec.module, str(task)), dict.fromkeys(ALL_STATES, 0))
-                line[state] = int(count)
+            for task, n in conn.execute(stmt):
+                count(spec.module, task, state, n)
     lines = [TaskLine(module, task, states) for (module, task), states in found.items()]
     return sorted(lines, key=lambda line: (-line.total, line.module, line.task))
 

@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS, REAPED = "attempts", "reaped"
 QUEUE_WAIT, RUN_DURATION = "queue_wait", "run_duration"
+# The charts' series of finished runs by the terminal state they entered.
+FINISHED = "finished"
 HISTOGRAMS = (QUEUE_WAIT, RUN_DURATION)
 # Upper bounds in seconds: from a hot queue's sub-second wait to an hour-long render.
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -167,6 +169,15 @@ def by_minute(
             if key[0] in (ATTEMPTS, *HISTOGRAMS) and key[3] != SUM_MS:
                 out[(minute, *key)] += value
     return out
+
+
+def finished_by_minute(
+    module: str, rows: Iterable[Mapping[str, Any]]
+) -> Counter[tuple[datetime, str, str, str, str]]:
+    """Finished runs by the minute they finished, their task and terminal state (pure)."""
+    return Counter(
+        (minute_of(r["finished_at"]), FINISHED, module, r["task_name"], r["state"]) for r in rows
+    )
 
 
 def minute_of(at: datetime) -> datetime:
@@ -331,6 +342,7 @@ def _roll_finished(
         finished_counts.add(conn, Counter(finished_counts.key_of(spec.module, r) for r in counted))
         finished_counts.count_workflows(conn, spec.module, counted)
         finished_counts.counted(conn, spec.module, rows[-1].finished_at)
+        _add_counts(conn, Counter(), finished_by_minute(spec.module, counted))
     return len(rows), len(page) == batch
 
 

@@ -62,6 +62,7 @@ def test_the_charts_count_and_rank_what_the_rollup_counted(fresh: Engine, window
     for seconds in DURATIONS:
         _ran(fresh, seconds, ended)
     _ran(fresh, 1.0, ended, fails=True)
+    queued_job(fresh)
 
     before = charts.charts(fresh, window)
     assert before.counted_through is None
@@ -72,12 +73,17 @@ def test_the_charts_count_and_rank_what_the_rollup_counted(fresh: Engine, window
 
     totals = {o: sum(b[o] for b in shown.throughput.buckets) for o in charts.OUTCOMES}
     assert totals == {"succeeded": 3, "retried": 0, "snoozed": 0, "failed": 1, "reaped": 0}
-    assert sum(b["enqueued"] for b in shown.throughput.buckets) == 4
+    assert sum(b["enqueued"] for b in shown.throughput.buckets) == 5
     # Each percentile is its bucket's upper bound: of 0.3, 1 (the failure), 4 and 20 s,
     # the second is the median, in the <= 1 s bucket.
     assert shown.percentiles[rollup.RUN_DURATION] == {50: 1.0, 95: 30.0, 99: 30.0}
     assert shown.counted_through is not None
     assert shown.counted_through > ended - timedelta(minutes=1)
+    (line,) = shown.by_task
+    assert (line.task, line.states) == (
+        "tests.doomed",
+        {"queued": 1, "running": 0, "succeeded": 3, "failed": 1},
+    )
 
 
 def test_minutes_older_than_the_series_keeps_are_dropped_by_the_next_pass(fresh: Engine) -> None:
