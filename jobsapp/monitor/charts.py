@@ -7,9 +7,9 @@ the series the same rollup keeps per minute, module and task (its primary key st
 with the minute): the rows read are bounded by the window's minutes, not by the journal;
 what the rollup has not reached yet is said (``counted_through``), not shown as zero. A
 percentile is the upper bound of the histogram bucket it falls in (``rollup.BUCKETS``).
-The runs by task count finished runs from the same series and the active ones live. The
-enqueues and the failures by code still read the window's journal rows through their time
-indexes (``ix_job_events_at``, ``ix_<table>_state_updated``).
+The enqueues come from the same series (the rollup counts first attempts' outbox rows),
+and so do the finished runs by task; the active ones are counted live. The failures by
+code still read the window's failure events through ``ix_job_events_at``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Integer, cast, func, select
+from sqlalchemy import Connection, Engine, func, select
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.journal import EVENTS, registry, row_events
+from jobsapp.lifecycle.journal import EVENTS, registry
 from jobsapp.lifecycle.journal.totals import Key
 from jobsapp.lifecycle.rules.states import ACTIVE_STATES, ALL_STATES, Transition
 from jobsapp.monitor import rollup
@@ -132,41 +132,25 @@ def _floor(at: datetime, step: timedelta) -> datetime:
     return datetime.fromtimestamp(int(at.timestamp()) // seconds * seconds, tz=at.tzinfo)
 
 
-def _epoch(conn: Connection, column: Any) -> Any:
-    if conn.dialect.name == "postgresql":
-        return func.extract("epoch", column)
-    return cast(func.strftime("%s", column), Integer)
-
-
 def throughput(
     conn: Connection, start: datetime, step: timedelta, now: datetime
 ) -> list[dict[str, int]]:
-    """Per bucket, the attempts ended by outcome (the rollup's series, ``chart_minutes``,
-    through its primary key) and the enqueues (the journal's, through its time indexes)."""
+    """Per bucket, the attempts ended by outcome and the enqueues: the rollup's series,
+    ``chart_minutes``, through its primary key."""
     n = int((now - start) / step) + 1
     out: list[dict[str, int]] = [dict.fromkeys((*OUTCOMES, "enqueued"), 0) for _ in range(n)]
     s = rollup.SERIES.c
-    ended = (
-        select(s.minute, s.label, func.sum(s.value))
-        .where(s.minute >= start, s.metric == rollup.ATTEMPTS)
-        .group_by(s.minute, s.label)
+    stmt = (
+        select(s.minute, s.metric, s.label, func.sum(s.value))
+        .where(s.minute >= start, s.metric.in_([rollup.ATTEMPTS, rollup.ENQUEUED]))
+        .group_by(s.minute, s.metric, s.label)
     )
-    for minute, label, count in conn.execute(ended):
+    for minute, metric, label, count in conn.execute(stmt):
         index = int((minute - start) / step)
-        if 0 <= index < n and label in OUTCOMES:
-            out[index][label] += int(count)
-    for index, count in _enqueues(conn, start, step):
-        if 0 <= index < n:
-            out[index]["enqueued"] += count
+        column = "enqueued" if metric == rollup.ENQUEUED else label
+        if 0 <= index < n and column in out[index]:
+            out[index][column] += int(count)
     return out
-
-
-def _enqueues(conn: Connection, start: datetime, step: timedelta) -> list[tuple[int, int]]:
-    width = int(step.total_seconds())
-    events = row_events.window(start, [Transition.ENQUEUE.value])
-    bucket = func.floor((_epoch(conn, events.c.at) - int(start.timestamp())) / width)
-    rows = conn.execute(select(bucket, func.count()).group_by(bucket))
-    return [(int(index), int(count)) for index, count in rows]
 
 
 def percentiles(conn: Connection, start: datetime) -> dict[str, dict[int, float | None]]:

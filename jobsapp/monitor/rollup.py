@@ -52,6 +52,9 @@ ATTEMPTS, REAPED = "attempts", "reaped"
 QUEUE_WAIT, RUN_DURATION = "queue_wait", "run_duration"
 # The charts' series of finished runs by the terminal state they entered.
 FINISHED = "finished"
+# The charts' series of enqueues: first attempts' outbox rows, after their own id cursor.
+ENQUEUED = "enqueued"
+OUTBOX_CURSOR = "charts_outbox_cursor"
 HISTOGRAMS = (QUEUE_WAIT, RUN_DURATION)
 # Upper bounds in seconds: from a hot queue's sub-second wait to an hour-long render.
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -244,7 +247,9 @@ def _roll_page(engine: Engine, batch: int, settle: timedelta) -> tuple[int, bool
         finishes = _finish_horizon(conn, horizon)
         ended = [_roll_finished(conn, spec, finishes, batch) for spec in registry.all_tables()]
         counted += sum(n for n, _ in ended)
-        full = any(f for _, f in pages) or any(f for _, f in ended)
+        enqueued, more = _roll_enqueues(conn, horizon, batch)
+        counted += enqueued
+        full = any(f for _, f in pages) or any(f for _, f in ended) or more
         cursor = _locked_cursor(conn)
         read = _events_after(conn, cursor, batch)
         events = settled(read, horizon)
@@ -256,6 +261,31 @@ def _roll_page(engine: Engine, batch: int, settle: timedelta) -> tuple[int, bool
         _add_counts(conn, tally(fresh, *found), by_minute(fresh, *found))
         bump(conn, CURSOR, events[-1].id - cursor)
     return counted + len(fresh), full or len(read) == batch
+
+
+def _roll_enqueues(conn: Connection, horizon: datetime, batch: int) -> tuple[int, bool]:
+    """The outbox rows of first attempts written after ``OUTBOX_CURSOR`` (an id) and
+    settled by ``horizon`` (``settled``'s rule), each an enqueue in the minute it was
+    written: every enqueue writes one, carried on its run row or not. Also whether the
+    page was full."""
+    o = OUTBOX.c
+    cursor = int(
+        conn.execute(select(COUNTERS.c.value).where(COUNTERS.c.name == OUTBOX_CURSOR)).scalar() or 0
+    )
+    read = conn.execute(
+        select(o.id, o.module, o.task_name, o.attempt, o.created_at)
+        .where(o.id > cursor)
+        .order_by(o.id)
+        .limit(batch)
+    ).all()
+    rows = next((read[:i] for i, r in enumerate(read) if r.created_at > horizon), read)
+    if not rows:
+        return 0, False
+    firsts = [r for r in rows if r.attempt == 1]
+    series = Counter((minute_of(r.created_at), ENQUEUED, r.module, r.task_name, "") for r in firsts)
+    _add_counts(conn, Counter(), series)
+    bump(conn, OUTBOX_CURSOR, rows[-1].id - cursor)
+    return len(firsts), len(read) == batch
 
 
 def _roll_successes(
