@@ -28,12 +28,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, column, func, select, table, update
+from sqlalchemy import Connection, Engine, Table, and_, column, delete, func, select, table, update
 
-from jobsapp.lifecycle.journal import EVENTS, OUTBOX, finished_counts, registry, upsert
+from jobsapp.lifecycle.journal import (
+    EVENTS,
+    OUTBOX,
+    add_to_values,
+    finished_counts,
+    registry,
+    upsert,
+)
 from jobsapp.lifecycle.journal.outbox_queries import COUNTERS, bump
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.row_events import COUNTED, finish_cursor, move_finish_cursor
+from jobsapp.lifecycle.journal.tables import ChartMinute
 from jobsapp.lifecycle.journal.totals import TOTALS, Key, add
 from jobsapp.lifecycle.rules.states import TERMINAL_STATES, State, Transition
 from jobsapp.maintenance import budget, lease
@@ -42,6 +50,11 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS, REAPED = "attempts", "reaped"
 QUEUE_WAIT, RUN_DURATION = "queue_wait", "run_duration"
+# The charts' series of finished runs by the terminal state they entered.
+FINISHED = "finished"
+# The charts' series of enqueues: first attempts' outbox rows, after their own id cursor.
+ENQUEUED = "enqueued"
+OUTBOX_CURSOR = "charts_outbox_cursor"
 HISTOGRAMS = (QUEUE_WAIT, RUN_DURATION)
 # Upper bounds in seconds: from a hot queue's sub-second wait to an hour-long render.
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -56,6 +69,10 @@ HOLD = timedelta(minutes=10)
 _MICRO = timedelta(microseconds=1)
 _ACTIVITY = table("pg_stat_activity", column("datname"), column("pid"), column("xact_start"))
 BATCH = 2000
+SERIES: Table = ChartMinute.__table__  # type: ignore[assignment]
+# The charts' longest window (a day) and a day to spare.
+KEEP_MINUTES = timedelta(days=2)
+_MINUTE = timedelta(minutes=1)
 
 # The transitions that end an attempt, and the outcome label each counts under.
 ENDINGS = {
@@ -136,6 +153,50 @@ def _observe(out: Counter[Key], series: tuple[str, str, str], took: timedelta) -
     out[(*series, SUM_MS)] += round(seconds * 1000)
 
 
+def by_minute(
+    events: Iterable[Event],
+    tasks: Mapping[uuid.UUID, str],
+    claimed_at: Mapping[Attempt, datetime],
+    sent: Mapping[Attempt, Sent],
+) -> Counter[tuple[datetime, str, str, str, str]]:
+    """What ``events`` add to the charts' series (pure): ``tally`` of each minute's events,
+    a wait in the minute of its claim, a duration in the minute of its ending; the
+    attempts by outcome and the histograms' buckets (their sums and the reaps stay in the
+    totals only)."""
+    minutes: dict[datetime, list[Event]] = {}
+    for e in events:
+        minutes.setdefault(minute_of(e.at), []).append(e)
+    out: Counter[tuple[datetime, str, str, str, str]] = Counter()
+    for minute, group in minutes.items():
+        for key, value in tally(group, tasks, claimed_at, sent).items():
+            if key[0] in (ATTEMPTS, *HISTOGRAMS) and key[3] != SUM_MS:
+                out[(minute, *key)] += value
+    return out
+
+
+def finished_by_minute(
+    module: str, rows: Iterable[Mapping[str, Any]]
+) -> Counter[tuple[datetime, str, str, str, str]]:
+    """Finished runs by the minute they finished, their task and terminal state (pure)."""
+    return Counter(
+        (minute_of(r["finished_at"]), FINISHED, module, r["task_name"], r["state"]) for r in rows
+    )
+
+
+def minute_of(at: datetime) -> datetime:
+    return at.replace(second=0, microsecond=0)
+
+
+def _add_counts(conn: Connection, counts: Counter[Key], series: Counter[Any]) -> None:
+    add(conn, counts)
+    rows = [
+        {"minute": m, "metric": k, "module": mod, "task": t, "label": lab, "value": v}
+        for (m, k, mod, t, lab), v in series.items()
+        if v
+    ]
+    add_to_values(conn, SERIES, rows)
+
+
 def settled(events: Sequence[Event], horizon: datetime) -> list[Event]:
     """The events before the first one newer than ``horizon``: a younger one may still
     have older ids committing behind it, and the cursor must not pass those."""
@@ -154,12 +215,26 @@ def run_once(engine: Engine, batch: int = BATCH, settle: timedelta = SETTLE) -> 
     finished runs were counted (0: caught up). One page a tick capped the rollup at
     ``BATCH`` successes per 15 s (about 133 a second), below a busy journal's rate."""
     spent = budget.for_pass(budget.DEFAULT_BUDGET)
+    _drop_old_minutes(engine)
     total = 0
     while True:
         counted, full = _roll_page(engine, batch, settle)
         total += counted
         if not full or not spent.allows_more():
             return total
+
+
+def _drop_old_minutes(engine: Engine) -> None:
+    """The charts' minutes older than ``KEEP_MINUTES``: a range of the primary key."""
+    with engine.begin() as conn:
+        cutoff = lease.database_now(conn) - KEEP_MINUTES
+        conn.execute(delete(SERIES).where(SERIES.c.minute < cutoff))
+
+
+def counted_through(conn: Connection) -> datetime | None:
+    """The newest minute the charts' series holds (the rollup's reach, when busy)."""
+    newest: datetime | None = conn.execute(select(func.max(SERIES.c.minute))).scalar()
+    return None if newest is None else newest + _MINUTE
 
 
 def _roll_page(engine: Engine, batch: int, settle: timedelta) -> tuple[int, bool]:
@@ -172,7 +247,9 @@ def _roll_page(engine: Engine, batch: int, settle: timedelta) -> tuple[int, bool
         finishes = _finish_horizon(conn, horizon)
         ended = [_roll_finished(conn, spec, finishes, batch) for spec in registry.all_tables()]
         counted += sum(n for n, _ in ended)
-        full = any(f for _, f in pages) or any(f for _, f in ended)
+        enqueued, more = _roll_enqueues(conn, horizon, batch)
+        counted += enqueued
+        full = any(f for _, f in pages) or any(f for _, f in ended) or more
         cursor = _locked_cursor(conn)
         read = _events_after(conn, cursor, batch)
         events = settled(read, horizon)
@@ -180,9 +257,35 @@ def _roll_page(engine: Engine, batch: int, settle: timedelta) -> tuple[int, bool
             _rewind_if_ids_restarted(conn, cursor)
             return counted, full
         fresh = [e for e in events if not e.counted]
-        add(conn, tally(fresh, *_lookups(conn, fresh)))
+        found = _lookups(conn, fresh)
+        _add_counts(conn, tally(fresh, *found), by_minute(fresh, *found))
         bump(conn, CURSOR, events[-1].id - cursor)
     return counted + len(fresh), full or len(read) == batch
+
+
+def _roll_enqueues(conn: Connection, horizon: datetime, batch: int) -> tuple[int, bool]:
+    """The outbox rows of first attempts written after ``OUTBOX_CURSOR`` (an id) and
+    settled by ``horizon`` (``settled``'s rule), each an enqueue in the minute it was
+    written: every enqueue writes one, carried on its run row or not. Also whether the
+    page was full."""
+    o = OUTBOX.c
+    cursor = int(
+        conn.execute(select(COUNTERS.c.value).where(COUNTERS.c.name == OUTBOX_CURSOR)).scalar() or 0
+    )
+    read = conn.execute(
+        select(o.id, o.module, o.task_name, o.attempt, o.created_at)
+        .where(o.id > cursor)
+        .order_by(o.id)
+        .limit(batch)
+    ).all()
+    rows = next((read[:i] for i, r in enumerate(read) if r.created_at > horizon), read)
+    if not rows:
+        return 0, False
+    firsts = [r for r in rows if r.attempt == 1]
+    series = Counter((minute_of(r.created_at), ENQUEUED, r.module, r.task_name, "") for r in firsts)
+    _add_counts(conn, Counter(), series)
+    bump(conn, OUTBOX_CURSOR, rows[-1].id - cursor)
+    return len(firsts), len(read) == batch
 
 
 def _roll_successes(
@@ -236,7 +339,9 @@ def _roll_successes(
         for r in rows
         if r.created_at is not None
     }
-    add(conn, tally(events, tasks, claims, handed))
+    _add_counts(
+        conn, tally(events, tasks, claims, handed), by_minute(events, tasks, claims, handed)
+    )
     move_finish_cursor(conn, spec.module, rows[-1].finished_at)
     return len(events), len(page) == batch
 
@@ -267,6 +372,7 @@ def _roll_finished(
         finished_counts.add(conn, Counter(finished_counts.key_of(spec.module, r) for r in counted))
         finished_counts.count_workflows(conn, spec.module, counted)
         finished_counts.counted(conn, spec.module, rows[-1].finished_at)
+        _add_counts(conn, Counter(), finished_by_minute(spec.module, counted))
     return len(rows), len(page) == batch
 
 

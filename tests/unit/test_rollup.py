@@ -14,6 +14,7 @@ from jobsapp.monitor.rollup import (
     UNKNOWN_TASK,
     Event,
     bucket_label,
+    by_minute,
     settled,
     tally,
 )
@@ -70,3 +71,14 @@ def test_the_wait_runs_from_the_publish_unless_it_was_marked_after_the_claim() -
 def test_the_cursor_stops_before_the_first_event_too_young_to_be_sure_of() -> None:
     page = [event(1, "claim", 0), event(2, "claim", 20), event(3, "claim", 1)]
     assert [e.id for e in settled(page, T0 + timedelta(seconds=10))] == [1]
+
+
+def test_a_series_counts_a_wait_in_its_claims_minute_and_a_duration_in_its_endings() -> None:
+    events = [event(1, "claim", 59.0), event(2, "succeed", 62.0)]
+    series = by_minute(events, {JOB: "t"}, {(JOB, 1): events[0].at}, {(JOB, 1): (T0, None)})
+    claim_minute, end_minute = T0, T0 + timedelta(minutes=1)
+    assert series == {
+        (claim_minute, QUEUE_WAIT, "jobs", "t", "60"): 1,
+        (end_minute, ATTEMPTS, "jobs", "t", "succeeded"): 1,
+        (end_minute, RUN_DURATION, "jobs", "t", "5"): 1,
+    }

@@ -376,6 +376,21 @@ class MetricTotal(Base):
     value: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
+class ChartMinute(Base):
+    """The charts' series: per minute, module and task, the attempts by outcome, the
+    enqueues and the wait and duration histograms' bucket counts (migration 0028); kept by
+    the rollup with ``metric_totals``, read by /admin/charts, dropped by age."""
+
+    __tablename__ = "chart_minutes"
+
+    minute: Mapped[datetime] = mapped_column(primary_key=True)
+    metric: Mapped[str] = mapped_column(String(32), primary_key=True)
+    module: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task: Mapped[str] = mapped_column(String(200), primary_key=True)
+    label: Mapped[str] = mapped_column(String(32), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+
+
 class RunCount(Base):
     """Finished runs a run table holds, by task, queue, state and outcome (migration 0026).
 
