@@ -132,8 +132,8 @@ def create_app() -> Celery:
     )
     json_startup(celery_app)
     one_line_per_reject()
-    # Pauses are flow control's: the producer's fast path leaves a paused queue's messages
-    # to the relay through this filter, entered by no app that does not register it.
+    # Eagerly, as a process that only replays or relays may publish before any lifecycle
+    # task joins this app (on_bound registers it then, for a team's own app too).
     add_publish_filter(celery_app, held_while_paused)
     return celery_app
 

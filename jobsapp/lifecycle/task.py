@@ -56,7 +56,7 @@ from jobsapp.lifecycle.rules.errors import (
 from jobsapp.lifecycle.rules.results import decoded
 from jobsapp.lifecycle.rules.retry import RetryPolicy
 from jobsapp.lifecycle.rules.scrub import known_secrets_from_env
-from jobsapp.lifecycle.transport import publisher, tracing
+from jobsapp.lifecycle.transport import hooks, publisher, tracing
 from jobsapp.lifecycle.worker import claim, key_limits, timeouts
 from jobsapp.lifecycle.worker.attempt import AttemptRules, End, Ended, run_attempt
 from jobsapp.lifecycle.worker.celery_view import (
@@ -164,9 +164,12 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     def on_bound(cls, app: Celery) -> None:
         """Celery's hook when a task joins its app (the app's setup, never an import): from
         then on, Celery's chain, group and chord of lifecycle tasks go through the journal
-        (``canvas.install``)."""
+        (``canvas.install``), and the app's fast path leaves a paused queue's messages to the
+        relay (an operator may pause any queue, so every app with a lifecycle task honours it
+        on publish as the workers do on claim)."""
         super().on_bound(app)
         canvas.install()
+        hooks.add_publish_filter(app, gating.held_while_paused)
 
     # --- producer side -------------------------------------------------------------
 

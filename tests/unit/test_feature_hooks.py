@@ -29,17 +29,32 @@ def _message() -> PendingMessage:
 
 
 def _plain_app() -> Celery:
-    plain = Celery("plain", broker="memory://", set_as_current=False)
-    lifecycle_task(plain, name="plain.job", lazy=False, shared=False)(_body)
-    return plain
+    """A Celery app with no lifecycle task."""
+    return Celery("plain", broker="memory://", set_as_current=False)
+
+
+def _team_app() -> Celery:
+    """A team's own app with one lifecycle task of no feature: no rate, no limit, no key."""
+    team = Celery("team", broker="memory://", set_as_current=False)
+    lifecycle_task(team, name="team.job", lazy=False, shared=False)(_body)
+    return team
 
 
 def _body() -> None:
-    """A task body with no feature: no rate, no limit, no key."""
+    """A task body with no feature."""
 
 
 def test_a_plain_app_has_no_publish_filter() -> None:
     assert list(publish_filters(_plain_app())) == []
+
+
+def test_a_teams_app_gets_the_pause_filter_with_its_first_lifecycle_task() -> None:
+    """An operator may pause any queue: a team's own app's fast path holds back a paused
+    queue's messages as the deployment's does, and registers the filter once."""
+    team = _team_app()
+    assert list(publish_filters(team)) == [held_while_paused]
+    lifecycle_task(team, name="team.other", lazy=False, shared=False)(_body)
+    assert list(publish_filters(team)) == [held_while_paused]
 
 
 def test_the_deployment_app_registers_the_pause_filter_once() -> None:

@@ -3,7 +3,8 @@
 ``publish_now`` hands its messages to each filter registered on the app, in order; a
 filter returns those it lets the fast path publish now (the rest stay pending in the
 outbox for the relay). A feature registers its filter when the app is set up
-(jobsapp.celery_app registers flow control's pause filter), never at import; an app with
+(flow control's pause filter: by ``jobsapp.celery_app`` on the deployment's app, and by
+``LifecycleTask.on_bound`` on any app a lifecycle task joins), never at import; an app with
 none pays one dictionary lookup per publish and enters no feature's code.
 """
 
