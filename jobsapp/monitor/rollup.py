@@ -269,9 +269,7 @@ def _roll_enqueues(conn: Connection, horizon: datetime, batch: int) -> tuple[int
     written: every enqueue writes one, carried on its run row or not. Also whether the
     page was full."""
     o = OUTBOX.c
-    cursor = int(
-        conn.execute(select(COUNTERS.c.value).where(COUNTERS.c.name == OUTBOX_CURSOR)).scalar() or 0
-    )
+    cursor = _locked_cursor(conn, OUTBOX_CURSOR)
     read = conn.execute(
         select(o.id, o.module, o.task_name, o.attempt, o.created_at)
         .where(o.id > cursor)
@@ -404,10 +402,11 @@ def _whole_instants(rows: Sequence[Any], batch: int) -> Sequence[Any]:
     return whole or rows
 
 
-def _locked_cursor(conn: Connection) -> int:
-    """The last event id counted; locked so that a second beat's pass waits, not doubles."""
-    conn.execute(upsert(conn, COUNTERS).values(name=CURSOR, value=0).on_conflict_do_nothing())
-    stmt = select(COUNTERS.c.value).where(COUNTERS.c.name == CURSOR)
+def _locked_cursor(conn: Connection, name: str = CURSOR) -> int:
+    """The last id counted (of events, or of the outbox under ``OUTBOX_CURSOR``); locked
+    so that a second beat's pass waits, not doubles."""
+    conn.execute(upsert(conn, COUNTERS).values(name=name, value=0).on_conflict_do_nothing())
+    stmt = select(COUNTERS.c.value).where(COUNTERS.c.name == name)
     if conn.dialect.name == "postgresql":
         stmt = stmt.with_for_update()
     return int(conn.execute(stmt).scalar_one())

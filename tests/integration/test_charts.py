@@ -4,6 +4,7 @@ the page reads them."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import datetime, timedelta
 
@@ -17,6 +18,7 @@ from jobsapp.lifecycle.rules.states import Outcome
 from jobsapp.monitor import charts, rollup
 from tests.support.journal_view import held_by
 from tests.support.planted import ERROR, JOBS, queued_job, rolled_up
+from tests.support.waiting import eventually, waiting_for_a_lock
 
 # Seconds each planted success ran: one in each of three histogram buckets (<= 0.5, 5, 30).
 DURATIONS = (0.3, 4.0, 20.0)
@@ -97,3 +99,36 @@ def test_minutes_older_than_the_series_keeps_are_dropped_by_the_next_pass(fresh:
         oldest = conn.execute(select(func.min(rollup.SERIES.c.minute))).scalar_one()
         assert oldest > utcnow() - rollup.KEEP_MINUTES  # the enqueue's minute, just now
         assert rollup.read(conn)  # the all-time totals keep the old success
+
+
+def test_two_rollup_passes_at_once_count_each_enqueue_once(pg: Engine) -> None:
+    """Two beats overlap during a takeover: the second pass waits for the first's enqueue
+    cursor instead of counting the same outbox rows again."""
+    with pg.begin() as conn:
+        conn.execute(delete(rollup.SERIES))
+        conn.execute(delete(COUNTERS))
+    queued_job(pg)
+    first = pg.connect()
+    first.begin()
+    assert rollup._roll_enqueues(first, utcnow(), rollup.BATCH)[0] >= 1
+
+    def second() -> None:
+        with pg.begin() as conn:
+            rollup._roll_enqueues(conn, utcnow(), rollup.BATCH)
+
+    other = threading.Thread(target=second)
+    other.start()
+    eventually(lambda: waiting_for_a_lock(pg) or not other.is_alive())
+    first.commit()
+    first.close()
+    other.join(timeout=20)
+    enqueues = select(func.sum(rollup.SERIES.c.value)).where(
+        rollup.SERIES.c.metric == rollup.ENQUEUED
+    )
+    with pg.connect() as conn:
+        counted = conn.execute(enqueues).scalar_one()
+    with pg.connect() as conn:
+        written = conn.execute(
+            select(func.count()).select_from(journal.OUTBOX).where(journal.OUTBOX.c.attempt == 1)
+        ).scalar_one()
+    assert counted == written
