@@ -69,6 +69,8 @@ HOLD = timedelta(minutes=10)
 _MICRO = timedelta(microseconds=1)
 _ACTIVITY = table("pg_stat_activity", column("datname"), column("pid"), column("xact_start"))
 BATCH = 2000
+# A series' count: (minute, metric, module, task, label).
+MinuteKey = tuple[datetime, str, str, str, str]
 SERIES: Table = ChartMinute.__table__  # type: ignore[assignment]
 # The charts' longest window (a day) and a day to spare.
 KEEP_MINUTES = timedelta(days=2)
@@ -158,25 +160,49 @@ def by_minute(
     tasks: Mapping[uuid.UUID, str],
     claimed_at: Mapping[Attempt, datetime],
     sent: Mapping[Attempt, Sent],
-) -> Counter[tuple[datetime, str, str, str, str]]:
+) -> Counter[MinuteKey]:
     """What ``events`` add to the charts' series (pure): ``tally`` of each minute's events,
     a wait in the minute of its claim, a duration in the minute of its ending; the
     attempts by outcome and the histograms' buckets (their sums and the reaps stay in the
     totals only)."""
+    return _series(_per_minute(events, tasks, claimed_at, sent))
+
+
+def _per_minute(
+    events: Iterable[Event],
+    tasks: Mapping[uuid.UUID, str],
+    claimed_at: Mapping[Attempt, datetime],
+    sent: Mapping[Attempt, Sent],
+) -> dict[datetime, Counter[Key]]:
+    """``tally`` of each minute's events: summed, the totals' counts of them all."""
     minutes: dict[datetime, list[Event]] = {}
     for e in events:
         minutes.setdefault(minute_of(e.at), []).append(e)
-    out: Counter[tuple[datetime, str, str, str, str]] = Counter()
-    for minute, group in minutes.items():
-        for key, value in tally(group, tasks, claimed_at, sent).items():
+    return {minute: tally(group, tasks, claimed_at, sent) for minute, group in minutes.items()}
+
+
+def _series(per_minute: Mapping[datetime, Counter[Key]]) -> Counter[MinuteKey]:
+    out: Counter[MinuteKey] = Counter()
+    for minute, counts in per_minute.items():
+        for key, value in counts.items():
             if key[0] in (ATTEMPTS, *HISTOGRAMS) and key[3] != SUM_MS:
                 out[(minute, *key)] += value
     return out
 
 
-def finished_by_minute(
-    module: str, rows: Iterable[Mapping[str, Any]]
-) -> Counter[tuple[datetime, str, str, str, str]]:
+def _add_events(
+    conn: Connection,
+    events: Iterable[Event],
+    tasks: Mapping[uuid.UUID, str],
+    claimed_at: Mapping[Attempt, datetime],
+    sent: Mapping[Attempt, Sent],
+) -> None:
+    """``events`` into the totals and the charts' series, tallied once."""
+    per_minute = _per_minute(events, tasks, claimed_at, sent)
+    _add_counts(conn, sum(per_minute.values(), Counter()), _series(per_minute))
+
+
+def finished_by_minute(module: str, rows: Iterable[Mapping[str, Any]]) -> Counter[MinuteKey]:
     """Finished runs by the minute they finished, their task and terminal state (pure)."""
     return Counter(
         (minute_of(r["finished_at"]), FINISHED, module, r["task_name"], r["state"]) for r in rows
@@ -187,7 +213,7 @@ def minute_of(at: datetime) -> datetime:
     return at.replace(second=0, microsecond=0)
 
 
-def _add_counts(conn: Connection, counts: Counter[Key], series: Counter[Any]) -> None:
+def _add_counts(conn: Connection, counts: Counter[Key], series: Counter[MinuteKey]) -> None:
     add(conn, counts)
     rows = [
         {"minute": m, "metric": k, "module": mod, "task": t, "label": lab, "value": v}
@@ -258,7 +284,7 @@ def _roll_page(engine: Engine, batch: int, settle: timedelta) -> tuple[int, bool
             return counted, full
         fresh = [e for e in events if not e.counted]
         found = _lookups(conn, fresh)
-        _add_counts(conn, tally(fresh, *found), by_minute(fresh, *found))
+        _add_events(conn, fresh, *found)
         bump(conn, CURSOR, events[-1].id - cursor)
     return counted + len(fresh), full or len(read) == batch
 
@@ -337,9 +363,7 @@ def _roll_successes(
         for r in rows
         if r.created_at is not None
     }
-    _add_counts(
-        conn, tally(events, tasks, claims, handed), by_minute(events, tasks, claims, handed)
-    )
+    _add_events(conn, events, tasks, claims, handed)
     move_finish_cursor(conn, spec.module, rows[-1].finished_at)
     return len(events), len(page) == batch
 
