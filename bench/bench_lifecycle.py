@@ -641,6 +641,7 @@ def calls_lines(services: Services) -> list[str]:
         **os.environ,
         "JOBSAPP_DATABASE_URL": services.durable.pg_url("bench"),
         "JOBSAPP_BROKER_URL": services.durable.redis_url(COST_DB),
+        "JOBSAPP_STORAGE_URL": f"file://{ROOT}/var/bench/storage",
     }
     ours = cost.measured("lifecycle", "bench-cost", env, cost.NOOP)[cost.NOOP]
     theirs = cost.measured("bare", "bench-cost", env)[cost.BARE]

@@ -1,5 +1,6 @@
-"""The shape of a run, at the end of its summary: the modules that took longest, and per
-xdist worker how long it was busy and when its last module ended.
+"""The shape of a run, at the end of its summary: the modules that took longest, the
+seconds each floor of tests/ took, and per xdist worker how long it was busy and when its
+last module ended.
 
 The suite's wall time is the parallel run's busiest worker plus the serial run: a module
 that ends last alone, or a worker idle at the end, shows here (tests/README.md).
@@ -49,6 +50,11 @@ class Shape:
         for m in sorted(self.modules.values(), key=lambda m: -m.seconds)[:SHOWN]:
             span = f"{m.start - began:.0f}-{m.stop - began:.0f}"
             write(f"{m.seconds:7.1f}  {span:>9}  {m.worker:>4}  {m.name}")
+        floors: dict[str, float] = defaultdict(float)
+        for m in self.modules.values():
+            floors[m.name.split("/")[1] if m.name.count("/") > 1 else "-"] += m.seconds
+        totals = ", ".join(f"{floor} {secs:.0f}" for floor, secs in sorted(floors.items()))
+        write(f"by floor: {totals}")
         workers: dict[str, list[Module]] = defaultdict(list)
         for m in self.modules.values():
             workers[m.worker].append(m)
