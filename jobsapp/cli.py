@@ -12,8 +12,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from alembic import command
-
 from jobsapp import __version__, logs, preflight
 from jobsapp.attachments.commands import register as add_attachment_commands
 from jobsapp.cli_flow import register as add_flow_commands
@@ -46,6 +44,10 @@ _NEEDS: dict[str, tuple[Need, ...]] = {
 
 
 def db_upgrade(_args: argparse.Namespace) -> int:
+    # Here, not at the top: Alembic is half of the CLI's imports, and only this command
+    # needs it (`jobsapp --help` should not wait for it).
+    from alembic import command
+
     command.upgrade(alembic_config(), "head")
     print(f"database at head: {_safe_url(get_settings().database_url)}")
     return 0

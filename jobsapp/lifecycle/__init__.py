@@ -4,28 +4,60 @@ writes). The floors under it are drawn in docs/architecture.md."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from celery import Celery
+if TYPE_CHECKING:
+    from celery import Celery
 
-from jobsapp.lifecycle.celery_api import backend
-from jobsapp.lifecycle.celery_api.handle import JobHandle
-from jobsapp.lifecycle.journal import EnqueueOutcome
-from jobsapp.lifecycle.journal.registry import RunTable, StalePolicy
-from jobsapp.lifecycle.producer.enqueue import transaction
-from jobsapp.lifecycle.rules.errors import (
-    InvalidMessage,
-    LeaseLost,
-    PermanentError,
-    RetryAfter,
-    TransientError,
-)
-from jobsapp.lifecycle.rules.retry import RetryPolicy
-from jobsapp.lifecycle.rules.states import Outcome, State
-from jobsapp.lifecycle.task import LifecycleTask
-from jobsapp.lifecycle.worker.context import RunContext, current_run
-from jobsapp.lifecycle.workflows import canvas
+    from jobsapp.lifecycle.celery_api.handle import JobHandle
+    from jobsapp.lifecycle.journal import EnqueueOutcome
+    from jobsapp.lifecycle.journal.registry import RunTable, StalePolicy
+    from jobsapp.lifecycle.producer.enqueue import transaction
+    from jobsapp.lifecycle.rules.errors import (
+        InvalidMessage,
+        LeaseLost,
+        PermanentError,
+        RetryAfter,
+        TransientError,
+    )
+    from jobsapp.lifecycle.rules.retry import RetryPolicy
+    from jobsapp.lifecycle.rules.states import Outcome, State
+    from jobsapp.lifecycle.task import LifecycleTask
+    from jobsapp.lifecycle.worker.context import RunContext, current_run
+
+# Imported on first use, so that importing one floor (a pure rule, the journal's tables)
+# does not load the whole engine: `jobsapp --help` and a team's unit tests pay for what
+# they touch.
+_HOMES = {
+    "JobHandle": "celery_api.handle",
+    "EnqueueOutcome": "journal",
+    "RunTable": "journal.registry",
+    "StalePolicy": "journal.registry",
+    "transaction": "producer.enqueue",
+    "InvalidMessage": "rules.errors",
+    "LeaseLost": "rules.errors",
+    "PermanentError": "rules.errors",
+    "RetryAfter": "rules.errors",
+    "TransientError": "rules.errors",
+    "RetryPolicy": "rules.retry",
+    "Outcome": "rules.states",
+    "State": "rules.states",
+    "LifecycleTask": "task",
+    "RunContext": "worker.context",
+    "current_run": "worker.context",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "EnqueueOutcome",
@@ -59,6 +91,10 @@ def lifecycle_task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]]
     ``rate`` (a global rate limit, ``"100/m"``) and ``rate_key`` (one rate
     per key: a format string like ``key``); Celery's per-worker ``rate_limit`` is refused.
     """
+    from jobsapp.lifecycle.celery_api import backend
+    from jobsapp.lifecycle.task import LifecycleTask
+    from jobsapp.lifecycle.workflows import canvas
+
     options.setdefault("base", LifecycleTask)
     if not app.conf.result_backend:
         # Celery's readers of results (AsyncResult(id), GroupResult.restore) ask the
