@@ -164,12 +164,13 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     def on_bound(cls, app: Celery) -> None:
         """Celery's hook when a task joins its app (the app's setup, never an import): from
         then on, Celery's chain, group and chord of lifecycle tasks go through the journal
-        (``canvas.install``), and the app's fast path leaves a paused queue's messages to the
-        relay (an operator may pause any queue, so every app with a lifecycle task honours it
-        on publish as the workers do on claim)."""
+        (``canvas.install``), the app's fast path leaves a paused queue's messages to the
+        relay, and its workers' claims hold them (an operator may pause any queue, so every
+        app with a lifecycle task honours it on publish and on claim)."""
         super().on_bound(app)
         canvas.install()
         hooks.add_publish_filter(app, gating.held_while_paused)
+        claim.add_claim_hold(app, gating.while_paused)
 
     # --- producer side -------------------------------------------------------------
 
@@ -505,7 +506,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         worker, engine, settings = self._worker_name(), get_engine(), get_settings()
         rules = self._rules(settings, eager)
         wait_early = math.inf if eager else rules.inline_wait_max
-        outcome = self._claim(engine, env, foreign, worker, wait_early, self._gate)
+        outcome = self._claim(engine, env, foreign, worker, wait_early, self._claim_gate())
         if isinstance(outcome, claim.Refusal):
             log.info("job %s attempt %s: no work, %s", env.job_id, env.attempt, outcome.value)
             return f"not run: {outcome.value}"
@@ -581,7 +582,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         foreign: NewJob | None,
         worker: str,
         wait_early: float,
-        gate: gating.Gate,
+        gate: gating.Gate | None,
     ) -> claim.Claimed | claim.Refusal:
         try:
             return claim.claim(
@@ -606,13 +607,28 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             time.sleep(1.0)
             raise Logged("journal unavailable", requeue=True) from None
 
-    @cached_property
+    @property
     def _gate(self) -> gating.Gate:
         """What flow control checks before a run of this task starts."""
-        rate = gating.parse_rate(self.rate) if self.rate else None
-        return gating.Gate(
-            self.name, str(self.app.conf.task_default_queue), rate, self._rate_key_of
-        )
+        return self._gate_of(claim.claim_holds(self.app))
+
+    def _claim_gate(self) -> gating.Gate | None:
+        """The gate of this task's claims; None (a claim of one statement that enters no
+        flow code) for a task with no rate on an app with no claim hold."""
+        holds = claim.claim_holds(self.app)
+        return self._gate_of(holds) if holds or self.rate is not None else None
+
+    def _gate_of(self, holds: tuple[gating.Hold, ...]) -> gating.Gate:
+        """The gate, built once per task and set of holds (a hold registered later gives
+        its app a new tuple)."""
+        kept: gating.Gate | None = self.__dict__.get("_kept_gate")
+        if kept is None or kept.holds is not holds:
+            rate = gating.parse_rate(self.rate) if self.rate else None
+            queue = str(self.app.conf.task_default_queue)
+            kept = self.__dict__["_kept_gate"] = gating.Gate(
+                self.name, queue, rate, self._rate_key_of, holds
+            )
+        return kept
 
     def _rate_key_of(self, row: Run) -> str:
         if self.rate_key is None:
