@@ -20,8 +20,10 @@ returned no worker starts a run of the paused queue (docs/flow-control.md).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import re
+import string
 import threading
 import time
 import uuid
@@ -66,6 +68,23 @@ class Rate:
     @property
     def interval(self) -> float:
         return self.period / self.count
+
+
+def check_declared(cls: type) -> None:
+    """Refuse Celery's ``rate_limit`` (a cap per worker process: celery#5732) and check
+    ``rate`` and ``rate_key`` where a task class is declared, not at its first run."""
+    name = cls.__dict__.get("name", cls.__name__)
+    if cls.__dict__.get("rate_limit"):
+        raise TypeError(
+            f"{name}: rate_limit is per worker process in Celery; use rate='100/m', "
+            "global across workers"
+        )
+    if rate := cls.__dict__.get("rate"):
+        parse_rate(rate)
+    if (template := cls.__dict__.get("rate_key")) and "run" in cls.__dict__:
+        named = set(inspect.signature(cls.__dict__["run"]).parameters) | {"concurrency_key"}
+        if unknown := {f for _, f, _, _ in string.Formatter().parse(template) if f} - named:
+            raise TypeError(f"{name}: rate_key names {sorted(unknown)}, not arguments of the task")
 
 
 def parse_rate(text: str) -> Rate:
