@@ -331,9 +331,10 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         return replacement.replace(self.app, self.name, sig, lifecycle)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.request.called_directly:  # task(...): Celery's call, its request pushed
+        request = self.request
+        if request.called_directly:  # task(...): Celery's call, its request pushed
             return super().__call__(*args, **kwargs)
-        return delivery.deliver(self, args, kwargs)
+        return delivery.deliver(self, request, args, kwargs)
 
     def attempt_rules(self, inline_wait_max: float) -> AttemptRules:
         """How an attempt's end is settled: the retry policy and its options."""

@@ -88,7 +88,8 @@ def _through_the_task(error: BaseException | None = None) -> Ended:
     task.run = _body  # type: ignore[method-assign]
     task.request_stack = LocalStack()  # as Celery's binding to an app gives it
     try:
-        call_body(task, a_run(attempts=2, params={"args": ["4242"], "kwargs": {}}))
+        run = a_run(attempts=2, params={"args": ["4242"], "kwargs": {}})
+        call_body(task, run, str(run.job_id), None)
     except PaymentDeclined as exc:
         error = exc
     return Ended(End.FAILED, "permanent: PaymentDeclined: ...", error=error)

@@ -38,7 +38,7 @@ class RunContext:
     # Flower's FAILURE of this attempt.
     failed_with: BaseException | None = field(default=None)
     # The runs this attempt's outcome gave its key's slot (a limited key), to publish.
-    granted: key_slots.Granted = field(default_factory=key_slots.Granted)
+    granted: key_slots.Granted = field(default=key_slots.Granted())
 
     @property
     def job_id(self) -> uuid.UUID:

@@ -144,29 +144,32 @@ def process_secrets() -> tuple[str, ...]:
     return known_secrets_from_env(os.environ)
 
 
-def deliver(task: Worked, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-    """What Celery's tracer gets from the task for one delivery (or ``apply()``)."""
-    eager = bool(task.request.is_eager)
+def deliver(
+    task: Worked, request: Context, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Any:
+    """What Celery's tracer gets from the task for one delivery (or ``apply()``); ``request``
+    is the task's Celery request, read once (each read is a lookup on Celery's stack)."""
+    eager = bool(request.is_eager)
     try:
-        env, foreign = _delivered(task, args, kwargs, eager)
+        env, foreign = _delivered(task, request, args, kwargs, eager)
     except InvalidMessage as bad:
         if eager:  # apply(): the caller hears it, as from a call that does not fit
             raise TypeError(f"{task.name}: {bad}") from None
-        log.error("rejected message %s for %s: %s", task.request.id, task.name, bad)
+        log.error("rejected message %s for %s: %s", request.id, task.name, bad)
         raise Logged(str(bad), requeue=False) from None
-    with _observed(task, env):
+    job = str(env.job_id)
+    with _observed(task, env, job):
         if eager:
-            return _run_eagerly(task, env, foreign)
-        ended = _run_envelope(task, env, foreign)
+            return _run_eagerly(task, request, env, job, foreign)
+        ended = _run_envelope(task, request, env, job, foreign)
     return reported(env, ended)
 
 
 def _delivered(
-    task: Worked, args: tuple[Any, ...], kwargs: Mapping[str, Any], eager: bool
+    task: Worked, request: Context, args: tuple[Any, ...], kwargs: Mapping[str, Any], eager: bool
 ) -> tuple[message.Envelope, NewJob | None]:
     """The attempt a delivery asks for, and the row to insert if the journal has none."""
     if eager or not message.is_envelope(args, kwargs):
-        request = task.request
         return newjob.adopted(
             task, str(request.id), request.get("traceparent"), args, kwargs, request.timelimit
         )
@@ -176,15 +179,17 @@ def _delivered(
     return env, newjob.foreign(task, env)
 
 
-def _run_eagerly(task: Worked, env: message.Envelope, foreign: NewJob | None) -> Any:
+def _run_eagerly(
+    task: Worked, request: Context, env: message.Envelope, job: str, foreign: NewJob | None
+) -> Any:
     """``apply()``: attempt after attempt here, through the journal, until the job
     ends (a pause between attempts is waited out). Returns what the body returned or
     raises what it raised, as Celery's eager call does; a job that was already taken
     (the same task id again) returns why it did not run."""
-    ended = _run_envelope(task, env, foreign, eager=True)
+    ended = _run_envelope(task, request, env, job, foreign, eager=True)
     while isinstance(ended, Ended) and ended.end is End.REQUEUED:
         env = replace(env, attempt=env.attempt + 1)
-        ended = _run_envelope(task, env, None, eager=True)
+        ended = _run_envelope(task, request, env, job, None, eager=True)
     if isinstance(ended, str):
         return ended
     if ended.end is End.SUCCEEDED:
@@ -195,46 +200,60 @@ def _run_eagerly(task: Worked, env: message.Envelope, foreign: NewJob | None) ->
 
 
 @contextmanager
-def _observed(task: Worked, env: message.Envelope) -> Iterator[None]:
+def _observed(task: Worked, env: message.Envelope, job: str) -> Iterator[None]:
     """The run's span (continuing the message's trace) and its log records' fields."""
-    job: dict[str, str | int] = {
-        "job_id": str(env.job_id),
-        "attempt": env.attempt,
-        "module": env.module,
-        "task": task.name,
-    }
     span = tracing.span(
         f"run {task.name}",
         {"traceparent": env.traceparent},
         consumer=True,
-        attributes={f"jobsapp.{k}": v for k, v in job.items()},
+        attributes={
+            "jobsapp.job_id": job,
+            "jobsapp.attempt": env.attempt,
+            "jobsapp.module": env.module,
+            "jobsapp.task": task.name,
+        },
     )
-    with span, logs.about_job(**job):
+    with span, logs.about_job(job_id=job, attempt=env.attempt, module=env.module, task=task.name):
         yield
 
 
-def _worker_name(task: Worked) -> str:
-    return f"{task.request.hostname or socket.gethostname()}:{os.getpid()}"
+@cache
+def _worker_of(hostname: str | None, pid: int) -> str:
+    """The name a worker process writes on the runs it claims, made once per process (a
+    forked pool child has a pid, so a name, of its own)."""
+    return f"{hostname or socket.gethostname()}:{pid}"
 
 
 def _run_envelope(
-    task: Worked, env: message.Envelope, foreign: NewJob | None, *, eager: bool = False
+    task: Worked,
+    request: Context,
+    env: message.Envelope,
+    job: str,
+    foreign: NewJob | None,
+    *,
+    eager: bool = False,
 ) -> Ended | str:
-    worker, engine, settings = _worker_name(task), get_engine(), get_settings()
+    worker, engine, settings = (
+        _worker_of(request.hostname, os.getpid()),
+        get_engine(),
+        get_settings(),
+    )
     rules = _rules(task, settings, eager)
     wait_early = math.inf if eager else rules.inline_wait_max
-    outcome = _claim(task, engine, env, foreign, worker, wait_early)
+    outcome = _claim(task, request, engine, env, foreign, worker, wait_early)
     if isinstance(outcome, claim.Refusal):
-        log.info("job %s attempt %s: no work, %s", env.job_id, env.attempt, outcome.value)
+        log.info("job %s attempt %s: no work, %s", job, env.attempt, outcome.value)
         return f"not run: {outcome.value}"
+    row = outcome.row
     if task.fair:
-        key_limits.after_fair_claim(task.app, engine, task.run_table, outcome.row)
-    _show_call(task, env, outcome.row)
+        key_limits.after_fair_claim(task.app, engine, task.run_table, row)
+    # Decoded once: for the task event (only when the worker sends events) and the body.
+    call = _show_call(task, request, env, job, row) if request.get(EVENTS_ON) else None
     interval = task.heartbeat_interval or settings.heartbeat_interval
     ctx = RunContext(
         engine=engine,
         spec=task.run_table,
-        row=outcome.row,
+        row=row,
         worker=worker,
         heartbeat=Heartbeat(
             engine,
@@ -243,11 +262,12 @@ def _run_envelope(
             env.attempt,
             interval,
             settings.stale_after,
-            token=outcome.row.claimed_token,
+            token=row.claimed_token,
         ),
     )
-    at_limit = None if eager else _limited(task, ctx, rules)
-    ended = run_attempt(task.app, ctx, lambda: call_body(task, outcome.row), rules)
+    at_limit = None if eager else _limited(task, request, ctx, rules)
+    root_id = request.root_id
+    ended = run_attempt(task.app, ctx, lambda: call_body(task, row, job, root_id, call), rules)
     if at_limit is not None:
         ended = at_limit.instead_of(ended)
     if ended.end is End.LEASE_LOST:
@@ -255,10 +275,12 @@ def _run_envelope(
     return ended
 
 
-def _limited(task: Worked, ctx: RunContext, rules: AttemptRules) -> timeouts.AtLimit | None:
+def _limited(
+    task: Worked, request: Context, ctx: RunContext, rules: AttemptRules
+) -> timeouts.AtLimit | None:
     """The journal's end of this attempt at its hard time limit, if it has one: the
     only limit under the threads and solo pools (lifecycle/worker/timeouts.py)."""
-    seconds = timeouts.hard_limit(task.request.timelimit, task.time_limit, task.app)
+    seconds = timeouts.hard_limit(request.timelimit, task.time_limit, task.app)
     if seconds is None:
         return None
     at_limit = timeouts.AtLimit(task.app, ctx, rules, seconds)
@@ -299,6 +321,7 @@ def _after_lost_lease(
 
 def _claim(
     task: Worked,
+    request: Context,
     engine: Engine,
     env: message.Envelope,
     foreign: NewJob | None,
@@ -316,7 +339,7 @@ def _claim(
             gate=claim_gate(task),
         )
     except InvalidMessage as bad:
-        log.error("rejected message %s for %s: %s", task.request.id, task.name, bad)
+        log.error("rejected message %s for %s: %s", request.id, task.name, bad)
         raise Logged(str(bad), requeue=False) from None
     except OperationalError as down:
         # The journal is unreachable: hand the message back rather than ack it unrun.
@@ -376,7 +399,11 @@ def _rules(task: Worked, settings: Settings, eager: bool) -> AttemptRules:
     return rules_of[eager]
 
 
-def call_of(task: Worked, run: Run) -> tuple[tuple[Any, ...], dict[str, Any]]:
+# A body's positional and keyword arguments.
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def call_of(task: Worked, run: Run) -> Call:
     """The body's arguments, read from the run table's own columns."""
     spec = task.run_table
     if spec.params_column is None:
@@ -385,20 +412,22 @@ def call_of(task: Worked, run: Run) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return tuple(params.get("args", ())), dict(params.get("kwargs", {}))
 
 
-def call_body(task: Worked, row: Run) -> Any:
-    """The body, its ``self.request`` the caller's view as in Celery: the job's task
-    id, the body's own arguments, ``retries`` the attempts before this one."""
-    args, kwargs = call_of(task, row)
+def call_body(
+    task: Worked, row: Run, job: str, root_id: str | None, call: Call | None = None
+) -> Any:
+    """The body, its ``self.request`` the caller's view as in Celery: the job's task id
+    (``job``), the body's own arguments (``call``, when already decoded), ``retries`` the
+    attempts before this one, the delivery's ``root_id`` (else the job's own)."""
+    args, kwargs = call if call is not None else call_of(task, row)
     if errback.MARK in kwargs:
         args, kwargs = errback.arguments(task.app, args, kwargs)
-    job = str(row.job_id)
     # Celery's push_request copies the current request's fields under these.
     task.push_request(
         id=job,
         args=list(args),
         kwargs=kwargs,
         retries=row.attempts - 1,
-        root_id=task.request.root_id or job,
+        root_id=root_id or job,
     )
     try:
         return task.run(*args, **kwargs)
@@ -416,19 +445,18 @@ def reported(env: message.Envelope, ended: Ended | str) -> Any:
     return report(env, ended, entry=BODY_CALL, secrets=process_secrets())
 
 
-def _show_call(task: Worked, env: message.Envelope, row: Run) -> None:
+def _show_call(task: Worked, request: Context, env: message.Envelope, job: str, row: Run) -> Call:
     """Flower's args and kwargs of this attempt: the body's, and the job it belongs to
-    (see ``celery_view``); only when the worker sends task events."""
-    if not task.request.get(EVENTS_ON):
-        return
-    args, kwargs = call_of(task, row)
-    shown = call_fields(args, kwargs, process_secrets())
+    (see ``celery_view``), sent when the worker sends task events; returns the call."""
+    call = call_of(task, row)
+    shown = call_fields(*call, process_secrets())
     try:
         send_started(
             task.app,
-            str(task.request.id),
-            str(task.request.hostname),
-            {**shown, "job_id": str(env.job_id), "attempt": env.attempt},
+            str(request.id),
+            str(request.hostname),
+            {**shown, "job_id": job, "attempt": env.attempt},
         )
     except publisher.BROKER_ERRORS as down:  # a live view; the attempt goes on
-        log.info("task event of job %s not sent: %s", env.job_id, type(down).__name__)
+        log.info("task event of job %s not sent: %s", job, type(down).__name__)
+    return call
