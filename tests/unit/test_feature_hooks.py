@@ -28,7 +28,7 @@ from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.journal import flow_rows as statements
 from jobsapp.lifecycle.transport import outbox
 from jobsapp.lifecycle.transport.hooks import add_publish_filter, publish_filters
-from jobsapp.lifecycle.worker import claim
+from jobsapp.lifecycle.worker import claim, key_limits
 from jobsapp.testing.kit import delivered
 from tests.conftest import use_database
 from tests.support.journal_view import run_row
@@ -120,6 +120,7 @@ def test_a_teams_app_and_the_deployment_app_get_the_pause_hold_once() -> None:
 
 FLOW = str(Path(jobsapp.__file__).resolve().parent / "lifecycle" / "flow")
 CLAIM = claim.__file__
+KEY_LIMITS = key_limits.__file__
 
 
 Sent = tuple[str, str, tuple[Any, ...], dict[str, Any]]
@@ -152,7 +153,7 @@ def _worked(app: Celery, message: Sent) -> tuple[str, set[tuple[str, str]]]:
     return str(traced.retval), entered
 
 
-def test_a_claim_on_an_app_with_no_hold_enters_no_flow_module(
+def test_a_plain_job_on_an_app_with_no_hold_enters_no_flow_or_key_limit_code(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     team = _team_app()
@@ -163,7 +164,7 @@ def test_a_claim_on_an_app_with_no_hold_enters_no_flow_module(
     ran, entered = _worked(team, message)
     assert run_row(engine, job_id)["state"] == "succeeded", ran
     assert (CLAIM, "claim") in entered
-    assert not [(f, name) for f, name in entered if f.startswith(FLOW)]
+    assert not [(f, name) for f, name in entered if f.startswith(FLOW) or f == KEY_LIMITS]
 
 
 def test_the_pause_hold_keeps_a_paused_queues_job_at_claim(
