@@ -29,7 +29,7 @@ from jobsapp.lifecycle.rules.scrub import describe_exception
 from jobsapp.lifecycle.rules.states import Outcome, Transition
 from jobsapp.lifecycle.transport import outbox
 from jobsapp.lifecycle.worker import key_limits
-from jobsapp.lifecycle.worker.context import RunContext, entered
+from jobsapp.lifecycle.worker.context import RunContext
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def honour_cancel(ctx: RunContext) -> bool:
 
 
 def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> Ended:
-    with ctx.heartbeat, entered(ctx):
+    with ctx.heartbeat, ctx:
         try:
             value = _call_with_waits(ctx, body, rules)
             if not ctx.finished:

@@ -17,8 +17,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import cache, partial
 from typing import Any, Protocol
@@ -158,7 +157,19 @@ def deliver(
         log.error("rejected message %s for %s: %s", request.id, task.name, bad)
         raise Logged(str(bad), requeue=False) from None
     job = str(env.job_id)
-    with _observed(task, env, job):
+    # The run's span (continuing the message's trace) and its log records' fields.
+    span = tracing.span(
+        f"run {task.name}",
+        {"traceparent": env.traceparent},
+        consumer=True,
+        attributes={
+            "jobsapp.job_id": job,
+            "jobsapp.attempt": env.attempt,
+            "jobsapp.module": env.module,
+            "jobsapp.task": task.name,
+        },
+    )
+    with span, logs.about_job(job_id=job, attempt=env.attempt, module=env.module, task=task.name):
         if eager:
             return _run_eagerly(task, request, env, job, foreign)
         ended = _run_envelope(task, request, env, job, foreign)
@@ -197,24 +208,6 @@ def _run_eagerly(
     if ended.error is not None:
         raise ended.error
     raise AttemptFailed(ended.summary)
-
-
-@contextmanager
-def _observed(task: Worked, env: message.Envelope, job: str) -> Iterator[None]:
-    """The run's span (continuing the message's trace) and its log records' fields."""
-    span = tracing.span(
-        f"run {task.name}",
-        {"traceparent": env.traceparent},
-        consumer=True,
-        attributes={
-            "jobsapp.job_id": job,
-            "jobsapp.attempt": env.attempt,
-            "jobsapp.module": env.module,
-            "jobsapp.task": task.name,
-        },
-    )
-    with span, logs.about_job(job_id=job, attempt=env.attempt, module=env.module, task=task.name):
-        yield
 
 
 @cache

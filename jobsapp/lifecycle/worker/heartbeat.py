@@ -94,7 +94,8 @@ class Heartbeat:
         if self._limit is not None:
             self._limit_at = self._landed + self._limit[0]
         self.due = self.next_due(self._landed)
-        _ticker().add(self)
+        self._beaten_by = _ticker()  # the same ticker at the exit, with no lookup
+        self._beaten_by.add(self)
         return self
 
     def next_due(self, now: float) -> float:
@@ -103,7 +104,7 @@ class Heartbeat:
         return due if self._limit_at is None else min(due, self._limit_at)
 
     def __exit__(self, *_exc: object) -> None:
-        _ticker().remove(self)
+        self._beaten_by.remove(self)
 
     @property
     def lost(self) -> bool:
@@ -263,8 +264,9 @@ class Ticker:
     def remove(self, run: Heartbeat) -> None:
         with self._changed:
             self._runs.discard(run)
-            # Bounded: a stamp may hang on a dead server, and the run must still finish.
-            self._changed.wait_for(lambda: self._beating is not run, timeout=run.interval + 5)
+            if self._beating is run:
+                # Bounded: a stamp may hang on a dead server, and the run must still finish.
+                self._changed.wait_for(lambda: self._beating is not run, timeout=run.interval + 5)
 
     def _loop(self) -> None:
         while True:
