@@ -39,6 +39,7 @@ from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.lifecycle.task import LifecycleTask
+from jobsapp.lifecycle.worker import claim
 from jobsapp.maintenance import relay
 
 DB_NAME = "jobsapp_bench_flow"
@@ -69,7 +70,7 @@ def per_job_ms(engine: Engine, task: LifecycleTask, gate: Gate, n: int) -> float
     ids = _queued(engine, task, n)
     began = time.perf_counter()
     for job_id in ids:
-        row = gating.gated_claim(engine, JOBS, gate, _claim_of(job_id))
+        row = claim.taken(engine, JOBS, gate, _claim_of(job_id))
         if row is None or isinstance(row, gating.Held):
             raise RuntimeError(f"the claim of {job_id} was refused: nothing to measure")
     return (time.perf_counter() - began) / n * 1000
@@ -112,7 +113,7 @@ def main(services: Services, size: str, out: Path) -> list[str]:
     app.conf.update(task_serializer="json", accept_content=["json"])
     ways: dict[str, Gate] = {
         "none": None,
-        "idle": gating.Gate(with_lifecycle.name, "celery"),
+        "idle": gating.Gate(with_lifecycle.name, "celery", holds=(gating.while_paused,)),
         "rate": gating.Gate(with_lifecycle.name, "celery", NEVER_REFUSES),
     }
     samples: dict[str, list[float]] = {way: [] for way in [*ways, "plain", "prioritised"]}

@@ -21,8 +21,9 @@ from celery.utils.log import get_multiprocessing_logger
 
 from jobsapp import preflight
 from jobsapp.db import dispose_engines
-from jobsapp.lifecycle.flow.gating import held_while_paused
+from jobsapp.lifecycle.flow.gating import held_while_paused, while_paused
 from jobsapp.lifecycle.transport.hooks import add_publish_filter
+from jobsapp.lifecycle.worker.claim import add_claim_hold
 from jobsapp.lifecycle.worker.pools import green_pool_refusal
 from jobsapp.logs import (
     format_handlers,
@@ -133,8 +134,9 @@ def create_app() -> Celery:
     json_startup(celery_app)
     one_line_per_reject()
     # Eagerly, as a process that only replays or relays may publish before any lifecycle
-    # task joins this app (on_bound registers it then, for a team's own app too).
+    # task joins this app (on_bound registers them then, for a team's own app too).
     add_publish_filter(celery_app, held_while_paused)
+    add_claim_hold(celery_app, while_paused)
     return celery_app
 
 

@@ -17,6 +17,7 @@ from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal import flow_rows as statements
 from jobsapp.lifecycle.journal.registry import JOBS
+from jobsapp.lifecycle.worker import delivery
 from jobsapp.shipped import alembic_config
 from tests.conftest import migrate, migrated_postgres
 from tests.support import flow_tasks
@@ -95,7 +96,7 @@ def _claim(job_id: uuid.UUID) -> gating.Claim:
 def test_a_claim_over_its_rate_rolls_back_and_is_handed_back(db: Engine, redis_clean: None) -> None:
     tenant = uuid.uuid4().hex
     first, second = (flow_tasks.per_tenant.delay(tenant, "t") for _ in range(2))
-    gate = flow_tasks.per_tenant._gate
+    gate = delivery.gate(flow_tasks.per_tenant)
     assert isinstance(gating.gated_claim(db, JOBS, gate, _claim(first.job_id)), journal.Run)
     held = gating.gated_claim(db, JOBS, gate, _claim(second.job_id))
     assert isinstance(held, gating.Held)
@@ -147,7 +148,7 @@ def test_with_no_rate_and_nothing_paused_claims_read_the_pauses_once_a_second(
     with _reads_of(db, "flow_pauses") as reads:
         for i, job_id in enumerate(jobs):
             process_clock[0] = 200.0 + i / 8  # 16 claims over two seconds
-            row = gating.gated_claim(db, JOBS, flow_tasks.plain._gate, _claim(job_id))
+            row = gating.gated_claim(db, JOBS, delivery.gate(flow_tasks.plain), _claim(job_id))
             assert isinstance(row, journal.Run)
     assert len(reads) == 2
 
@@ -157,7 +158,7 @@ def test_a_pause_holds_every_claim_that_starts_pauses_seen_within_after_its_comm
 ) -> None:
     token = uuid.uuid4().hex
     early, late = (flow_tasks.plain.delay(token).job_id for _ in range(2))
-    gate = flow_tasks.plain._gate
+    gate = delivery.gate(flow_tasks.plain)
     assert gating.paused_pairs(db) == frozenset()  # this process's view, read at 100.0
     with db.begin() as conn:
         assert statements.pause(conn, "domain", JOBS.module, actor="operator:t", reason="bound")

@@ -13,8 +13,9 @@ from celery.utils.threads import LocalStack
 from jobsapp.lifecycle.rules.errors import RetryRequested
 from jobsapp.lifecycle.rules.failures import TRACEBACK_LIMIT, failure_detail
 from jobsapp.lifecycle.rules.message import Envelope, task_id_for
-from jobsapp.lifecycle.task import AttemptFailed, LifecycleTask, _report
+from jobsapp.lifecycle.task import AttemptFailed, LifecycleTask
 from jobsapp.lifecycle.worker.attempt import End, Ended
+from jobsapp.lifecycle.worker.delivery import call_body, reported
 from tests.support.runs import a_run
 
 SECRET = "s3cr3t-v4lue-for-the-scrubber"
@@ -62,7 +63,7 @@ def _envelope(attempt: int) -> Envelope:
 def test_a_requeued_attempt_is_a_retry_naming_the_next_attempts_task() -> None:
     env = _envelope(3)
     with pytest.raises(Retry) as raised:
-        _report(env, Ended(End.REQUEUED, "ValueError: boom"))
+        reported(env, Ended(End.REQUEUED, "ValueError: boom"))
     assert task_id_for(env.job_id, 4) in _formatted(raised.value.exc)
     assert "ValueError: boom" in str(raised.value.exc)
 
@@ -82,12 +83,13 @@ def _body(card: str) -> None:
 
 def _through_the_task(error: BaseException | None = None) -> Ended:
     """An attempt's end as ``run_attempt`` returns it: the body's exception caught in
-    jobsapp's frames (here one that calls the body through ``_call_body``)."""
+    jobsapp's frames (here one that calls the body through ``call_body``)."""
     task = LifecycleTask()
     task.run = _body  # type: ignore[method-assign]
     task.request_stack = LocalStack()  # as Celery's binding to an app gives it
     try:
-        task._call_body(a_run(attempts=2, params={"args": ["4242"], "kwargs": {}}))
+        run = a_run(attempts=2, params={"args": ["4242"], "kwargs": {}})
+        call_body(task, run, str(run.job_id), None)
     except PaymentDeclined as exc:
         error = exc
     return Ended(End.FAILED, "permanent: PaymentDeclined: ...", error=error)
@@ -98,7 +100,7 @@ def test_a_failed_attempt_shows_celery_the_bodys_exception_frames_and_job() -> N
     traceback, in the worker's main process after the pickle across the pool."""
     env = _envelope(2)
     with pytest.raises(AttemptFailed) as raised:
-        _report(env, _through_the_task())
+        reported(env, _through_the_task())
     crossed = pickle.loads(pickle.dumps(raised.value))  # noqa: S301 - our own bytes
     assert repr(crossed) == repr(raised.value)
     assert repr(crossed).startswith("PaymentDeclined('card 4242 declined, token=")
@@ -108,15 +110,15 @@ def test_a_failed_attempt_shows_celery_the_bodys_exception_frames_and_job() -> N
     frames = traceback.extract_tb(raised.value.__traceback__)
     # Below jobsapp's frame that raises it (the report), the body's frames only.
     assert [f.name for f in frames][-1] == "_body"
-    assert "_call_body" not in [f.name for f in frames]
+    assert "call_body" not in [f.name for f in frames]
     assert f"job {env.job_id} attempt 2" in text
 
 
 def test_a_failed_attempt_raises_its_scrubbed_error_and_others_say_what_happened() -> None:
     env = _envelope(1)
     with pytest.raises(AttemptFailed, match="exhausted: ValueError: boom"):
-        _report(env, Ended(End.FAILED, "exhausted: ValueError: boom"))
-    assert _report(env, Ended(End.SUCCEEDED, value={"total": 3})) == {"total": 3}
-    lost = _report(env, Ended(End.LEASE_LOST, "finish refused"))
+        reported(env, Ended(End.FAILED, "exhausted: ValueError: boom"))
+    assert reported(env, Ended(End.SUCCEEDED, value={"total": 3})) == {"total": 3}
+    lost = reported(env, Ended(End.LEASE_LOST, "finish refused"))
     assert lost.endswith("lease lost: finish refused")
-    assert _report(env, "not run: the job is already terminal").startswith("not run")
+    assert reported(env, "not run: the job is already terminal").startswith("not run")

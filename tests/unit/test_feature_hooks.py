@@ -1,23 +1,37 @@
 """Features enter the producer's fast path only through the filters an app registers at
-setup (lifecycle/transport/hooks.py): a plain app's publish enters none of them."""
+setup (lifecycle/transport/hooks.py), and the worker's claim only through the holds it
+registers (lifecycle/worker/claim.py) or the rate a task declares: a plain app's publish
+and claim enter none of them."""
 
 from __future__ import annotations
 
 import ast
+import sys
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
+import pytest
 from celery import Celery
+from celery.app.trace import build_tracer
 
 import jobsapp
+from bench.cost import captured
 from jobsapp.celery_app import app as shipped
 from jobsapp.lifecycle import lifecycle_task
-from jobsapp.lifecycle.flow.gating import held_while_paused
+from jobsapp.lifecycle.flow import gating
+from jobsapp.lifecycle.flow.gating import held_while_paused, while_paused
 from jobsapp.lifecycle.journal import PendingMessage
+from jobsapp.lifecycle.journal import flow_rows as statements
 from jobsapp.lifecycle.transport import outbox
 from jobsapp.lifecycle.transport.hooks import add_publish_filter, publish_filters
+from jobsapp.lifecycle.worker import claim, key_limits
+from jobsapp.testing.kit import delivered
+from tests.conftest import use_database
+from tests.support.journal_view import run_row
 
 PUBLISH_PATH = ("lifecycle/transport/outbox.py", "lifecycle/transport/hooks.py")
 
@@ -90,3 +104,85 @@ def test_the_publish_path_imports_no_feature_gate() -> None:
             for alias in node.names
         ]
         assert not [name for name in imported if "flow.gating" in name], module
+
+
+def test_a_plain_app_has_no_claim_hold() -> None:
+    assert claim.claim_holds(_plain_app()) == ()
+
+
+def test_a_teams_app_and_the_deployment_app_get_the_pause_hold_once() -> None:
+    team = _team_app()
+    assert claim.claim_holds(team) == (while_paused,)
+    lifecycle_task(team, name="team.other", lazy=False, shared=False)(_body)
+    claim.add_claim_hold(shipped, while_paused)
+    assert claim.claim_holds(team) == claim.claim_holds(shipped) == (while_paused,)
+
+
+FLOW = str(Path(jobsapp.__file__).resolve().parent / "lifecycle" / "flow")
+CLAIM = claim.__file__
+KEY_LIMITS = key_limits.__file__
+
+
+Sent = tuple[str, str, tuple[Any, ...], dict[str, Any]]
+
+
+def _enqueued(app: Celery, name: str) -> tuple[uuid.UUID, Sent]:
+    """A job of task ``name`` enqueued: its id and its message."""
+    with captured() as sent:
+        job_id = app.tasks[name].delay().job_id
+    [message] = sent
+    return job_id, message
+
+
+def _worked(app: Celery, message: Sent) -> tuple[str, set[tuple[str, str]]]:
+    """``message`` run as a worker runs it: what the attempt returned, and the functions
+    (file, name) its calls entered."""
+    name, task_id, args, kwargs = message
+    tracer = build_tracer(name, app.tasks[name], app=app, eager=False)
+    entered: set[tuple[str, str]] = set()
+
+    def watch(frame: FrameType, event: str, _arg: Any) -> None:
+        if event == "call":
+            entered.add((frame.f_code.co_filename, frame.f_code.co_name))
+
+    sys.setprofile(watch)
+    try:
+        traced = tracer(task_id, args, kwargs, delivered(app, task_id, "unit"))
+    finally:
+        sys.setprofile(None)
+    return str(traced.retval), entered
+
+
+def test_a_plain_job_on_an_app_with_no_hold_enters_no_flow_or_key_limit_code(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    team = _team_app()
+    engine = use_database(sqlite_url)
+    team.finalize()  # its tasks bound: their on_bound ran
+    monkeypatch.setitem(team.__dict__, "_jobsapp_claim_holds", ())  # an app that set up none
+    job_id, message = _enqueued(team, "team.job")
+    ran, entered = _worked(team, message)
+    assert run_row(engine, job_id)["state"] == "succeeded", ran
+    assert (CLAIM, "claim") in entered
+    assert not [(f, name) for f, name in entered if f.startswith(FLOW) or f == KEY_LIMITS]
+
+
+def test_the_pause_hold_keeps_a_paused_queues_job_at_claim(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    team = _team_app()
+    engine = use_database(sqlite_url)
+    job_id, message = _enqueued(team, "team.job")
+    queue = str(team.conf.task_default_queue)
+    with engine.begin() as conn:
+        statements.pause(conn, "queue", queue, actor="operator:t", reason="hold")
+    monkeypatch.setattr(gating, "_seen", {})  # this process sees the pause now
+    try:
+        ran, entered = _worked(team, message)
+    finally:
+        with engine.begin() as conn:
+            statements.resume(conn, "queue", queue, actor="operator:t", reason="hold")
+    assert ran == f"not run: {claim.Refusal.PAUSED.value}"
+    assert (f"{FLOW}/gating.py", "while_paused") in entered
+    row = run_row(engine, job_id)
+    assert (row["state"], row["attempts"]) == ("queued", 0)

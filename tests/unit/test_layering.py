@@ -24,9 +24,9 @@ FLOOR_NAMES = (
     "base",
     # The engine, bottom up: its pure rules; the journal (tables and statements); flow
     # control's gates; the transport between journal and broker; Celery's client APIs
-    # answered from the journal; the producer; the worker; workflows; and the base Task
-    # that puts them together (with the log formatting, whose records carry the run's
-    # trace and are scrubbed by the engine's own scrubber).
+    # answered from the journal; the producer; the worker (with the log formatting, whose
+    # records carry the run's trace and are scrubbed by the engine's own scrubber: a
+    # delivery names its job in them); workflows; and the base Task that puts them together.
     "rules",
     "journal",
     "flow",
@@ -54,7 +54,7 @@ FLOORS = {
     "jobsapp.preflight": BASE,
     **{f"jobsapp.lifecycle.{name}": F[name] for name in FLOOR_NAMES[F["rules"] : F["task"]]},
     "jobsapp.lifecycle": F["task"],
-    "jobsapp.logs": F["task"],
+    "jobsapp.logs": F["worker"],
     # What runs on the engine: the domain's tasks, beat's passes, the operator's views and
     # actions, and the Celery app they are declared on (with the package's face, whose
     # ``app`` is what ``celery -A jobsapp`` loads).

@@ -1,11 +1,16 @@
 """Flow control on the claim path: global rate limits, paused queues and domains.
 
 A claim that flow control may refuse runs in a transaction with its gate (``gated_claim``):
-the guarded claim, then the pause check and the rate limit's token (journal/flow_rows.py); a
-refusal rolls the claim back, so no attempt is taken, and the delivery is handed back to
-the journal (``hand_back``): its outbox row is pending again, and the relay publishes it
-when the rate allows (the run waits with ``next_retry_at``) or when its queue is resumed.
-A claim nothing can refuse (no rate, nothing paused) keeps the one-statement path.
+the guarded claim, then the gate's checks (journal/flow_rows.py); a refusal rolls the claim
+back, so no attempt is taken, and the delivery is handed back to the journal
+(``hand_back``): its outbox row is pending again, and the relay publishes it when the rate
+allows (the run waits with ``next_retry_at``) or when its queue is resumed. A claim nothing
+can refuse (no rate, nothing paused) keeps the one-statement path.
+
+The checks: the rate of a task that declares one, and the holds its app registered at setup
+(worker/claim.py's ``add_claim_hold``: the pause hold, ``while_paused``, on the deployment's
+app and on any app a lifecycle task joins). A task with no rate on an app with no hold has
+no gate, and its claim enters no module of flow control.
 
 Which queues are paused is read from the database at most every ``PAUSES_SEEN_WITHIN``
 seconds per process; ``pause`` waits that long before it returns, so once it has
@@ -15,8 +20,10 @@ returned no worker starts a run of the paused queue (docs/flow-control.md).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import re
+import string
 import threading
 import time
 import uuid
@@ -63,12 +70,44 @@ class Rate:
         return self.period / self.count
 
 
+def check_declared(cls: type) -> None:
+    """Refuse Celery's ``rate_limit`` (a cap per worker process: celery#5732) and check
+    ``rate`` and ``rate_key`` where a task class is declared, not at its first run."""
+    name = cls.__dict__.get("name", cls.__name__)
+    if cls.__dict__.get("rate_limit"):
+        raise TypeError(
+            f"{name}: rate_limit is per worker process in Celery; use rate='100/m', "
+            "global across workers"
+        )
+    if rate := cls.__dict__.get("rate"):
+        parse_rate(rate)
+    if (template := cls.__dict__.get("rate_key")) and "run" in cls.__dict__:
+        named = set(inspect.signature(cls.__dict__["run"]).parameters) | {"concurrency_key"}
+        if unknown := {f for _, f, _, _ in string.Formatter().parse(template) if f} - named:
+            raise TypeError(f"{name}: rate_key names {sorted(unknown)}, not arguments of the task")
+
+
 def parse_rate(text: str) -> Rate:
     """``"100/m"``, ``"10/s"``, ``"5/30s"`` (five per thirty seconds), ``"1000/h"``, ``"3/d"``."""
     found = _RATE.match(text)
     if found is None or int(found[1]) < 1:
         raise ValueError(f"rate {text!r}: write N/s, N/m, N/h, N/d or N/<k><unit>, N >= 1")
     return Rate(int(found[1]), int(found[2] or 1) * _PERIODS[found[3]])
+
+
+@dataclass(frozen=True)
+class Held:
+    """A claim flow control refused: ``delay`` seconds until the rate allows a start (of
+    ``rate_key``), or None for a paused queue or domain."""
+
+    delay: float | None
+    rate_key: str = ""
+
+
+# Run in the claim's transaction on the claimed row: a refusal, or None to let it start.
+Check = Callable[[Connection, RunTable, "Gate", Run], Held | None]
+# Asked before each claim: the check the claim must pass now, or None when it cannot refuse.
+Hold = Callable[[Engine, "Gate"], Check | None]
 
 
 @dataclass(frozen=True)
@@ -80,15 +119,8 @@ class Gate:
     rate: Rate | None = None
     # The rate key of a claimed run (its row): "" for one rate over the whole task.
     rate_key: Callable[[Run], str] = lambda _run: ""
-
-
-@dataclass(frozen=True)
-class Held:
-    """A claim flow control refused: ``delay`` seconds until the rate allows a start (of
-    ``rate_key``), or None for a paused queue or domain."""
-
-    delay: float | None
-    rate_key: str = ""
+    # The holds the task's app registered (worker/claim.py), in the order they check.
+    holds: tuple[Hold, ...] = ()
 
 
 class _Undo(Exception):
@@ -102,24 +134,31 @@ class _Undo(Exception):
 Claim = Callable[[Connection], Run | None]
 
 
+def armed(engine: Engine, gate: Gate) -> list[Check]:
+    """The checks a claim through ``gate`` must pass now: its holds' (a pause anywhere),
+    then its rate's."""
+    checks = [check for hold in gate.holds if (check := hold(engine, gate)) is not None]
+    if gate.rate is not None:
+        checks.append(_within_rate)
+    return checks
+
+
 def gates(engine: Engine, gate: Gate) -> bool:
-    """Whether a claim through ``gate`` may be refused: a rate, or a pause anywhere."""
-    return gate.rate is not None or bool(paused_pairs(engine))
+    """Whether a claim through ``gate`` may be refused now."""
+    return bool(armed(engine, gate))
 
 
-def gated_claim(
-    engine: Engine, spec: RunTable, gate: Gate | None, claim: Claim
-) -> Run | Held | None:
+def gated_claim(engine: Engine, spec: RunTable, gate: Gate, claim: Claim) -> Run | Held | None:
     """``claim`` (one guarded statement) with the gate's checks in its transaction."""
-    if gate is None or not gates(engine, gate):
+    checks = armed(engine, gate)
+    if not checks:
         with relaxed_autocommit(engine) as conn:
             return claim(conn)
-    watching = bool(paused_pairs(engine))
     try:
         with engine.begin() as conn:
             _without_flush_wait(conn)
             row = claim(conn)
-            held = None if row is None else _check(conn, spec, gate, row, watching)
+            held = None if row is None else _first_held(conn, spec, gate, row, checks)
             if held is not None:
                 raise _Undo(held)  # the claim and the token roll back
             return row
@@ -134,12 +173,31 @@ def _without_flush_wait(conn: Connection) -> None:
         conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
 
 
-def _check(conn: Connection, spec: RunTable, gate: Gate, row: Run, watching: bool) -> Held | None:
+def _first_held(
+    conn: Connection, spec: RunTable, gate: Gate, row: Run, checks: Sequence[Check]
+) -> Held | None:
+    for check in checks:
+        if (held := check(conn, spec, gate, row)) is not None:
+            return held
+    return None
+
+
+def while_paused(engine: Engine, gate: Gate) -> Check | None:
+    """The pause hold an app registers at setup (worker/claim.py's ``add_claim_hold``):
+    while this process sees a pause anywhere, the claim reads, in its transaction, whether
+    its run's queue or domain is paused."""
+    del gate
+    return _unpaused if paused_pairs(engine) else None
+
+
+def _unpaused(conn: Connection, spec: RunTable, gate: Gate, row: Run) -> Held | None:
     pausing = _pairs(spec.module, row.queue, gate.default_queue)
-    if watching and statements.any_paused(conn, pausing):
-        return Held(None)
-    if gate.rate is None:
-        return None
+    return Held(None) if statements.any_paused(conn, pausing) else None
+
+
+def _within_rate(conn: Connection, spec: RunTable, gate: Gate, row: Run) -> Held | None:
+    del spec
+    assert gate.rate is not None, "only a gate with a rate checks it"
     key = _bounded(gate.rate_key(row))
     wait = statements.take_token(conn, gate.task, key, gate.rate.interval)
     return None if wait is None else Held(wait, key)

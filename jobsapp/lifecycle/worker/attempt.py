@@ -29,7 +29,7 @@ from jobsapp.lifecycle.rules.scrub import describe_exception
 from jobsapp.lifecycle.rules.states import Outcome, Transition
 from jobsapp.lifecycle.transport import outbox
 from jobsapp.lifecycle.worker import key_limits
-from jobsapp.lifecycle.worker.context import RunContext, entered
+from jobsapp.lifecycle.worker.context import RunContext
 from jobsapp.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,8 @@ def run_attempt(
     ended = _attempt(app, ctx, body, rules)
     if ended.end is End.LEASE_LOST:
         ended = _honour_cancel(ctx, ended)
-    key_limits.publish_granted(app, ctx.granted)
+    if ctx.row.key_limit is not None:  # only a limited key's run enters key_limits
+        key_limits.publish_granted(app, ctx.granted)
     return ended
 
 
@@ -121,7 +122,7 @@ def honour_cancel(ctx: RunContext) -> bool:
 
 
 def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> Ended:
-    with ctx.heartbeat, entered(ctx):
+    with ctx.heartbeat, ctx:
         try:
             value = _call_with_waits(ctx, body, rules)
             if not ctx.finished:
@@ -210,13 +211,10 @@ def _outcome_connection(
     starts (journal/workflow.py), and a limited run's frees its key's slot, in the same
     transaction. Not ``flushed``: the commit does not wait for the WAL flush; a crash that
     loses it loses the whole outcome, and the run repeats (docs/lifecycle.md)."""
+    shared = ctx.row.workflow_id is not None or ctx.row.key_limit is not None
     if flushed:
-        if ctx.row.workflow_id:
-            return ctx.engine.begin()
-        return key_limits.outcome_connection(ctx.engine, ctx.row)
-    if ctx.row.workflow_id or key_limits.is_limited(ctx.row):
-        return relaxed_transaction(ctx.engine)
-    return relaxed_autocommit(ctx.engine)
+        return ctx.engine.begin() if shared else autocommit(ctx.engine)
+    return relaxed_transaction(ctx.engine) if shared else relaxed_autocommit(ctx.engine)
 
 
 def _publish_started(app: Celery, started: list[PendingMessage]) -> None:
@@ -228,6 +226,8 @@ def _publish_started(app: Celery, started: list[PendingMessage]) -> None:
 
 def _let_go(conn: Connection, ctx: RunContext, written: bool) -> bool:
     """A limited run's outcome frees its key's slot in the same transaction."""
+    if ctx.row.key_limit is None:
+        return written
     done, ctx.granted = key_limits.let_go(conn, ctx.spec, ctx.row, written)
     return done
 

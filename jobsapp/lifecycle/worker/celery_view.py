@@ -110,6 +110,8 @@ def report(env: Envelope, ended: Ended | str, *, entry: CodeType, secrets: Seque
     """
     if isinstance(ended, str):
         return ended
+    if ended.end is End.SUCCEEDED:
+        return ended.value
     label = f"job {env.job_id} attempt {env.attempt}"
     if ended.end is End.REQUEUED:
         following = task_id_for(env.job_id, env.attempt + 1)
@@ -123,8 +125,6 @@ def report(env: Envelope, ended: Ended | str, *, entry: CodeType, secrets: Seque
         raise Retry(f"{label} requeued", exc=shown) from shown
     if ended.end is End.FAILED:
         raise _shown(ended, f"jobsapp: {env.module} {label} {ended.summary}", entry, secrets)
-    if ended.end is End.SUCCEEDED:
-        return ended.value
     return f"{label}: {ended.end.value}{': ' if ended.summary else ''}{ended.summary}"
 
 

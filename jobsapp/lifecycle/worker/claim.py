@@ -2,8 +2,11 @@
 
 The statements are journal/claiming.py's (Transition.CLAIM); this module decides what a refused
 claim means, waits for an early message, and journals Transition.SKIP for a held key. Flow
-control (lifecycle/gating.py) may refuse a claim that matched, for a paused queue or a rate:
-the claim rolls back and the delivery is handed back to the journal (docs/flow-control.md).
+control (lifecycle/flow/gating.py) may refuse a claim that matched, for a paused queue or a
+rate: the claim rolls back and the delivery is handed back to the journal
+(docs/flow-control.md). It enters the claim only through a task's gate: the task's own rate,
+and the holds its app registered at setup (``add_claim_hold``, as the publish side's
+transport/hooks.py); a task with neither claims with one statement and no flow code.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from celery import Celery
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from jobsapp.db import autocommit
+from jobsapp.db import autocommit, relaxed_autocommit
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal import Run
@@ -101,6 +105,25 @@ def foreign_refusal(attempt: int) -> Refusal | None:
     """A message with no row starts attempt 1, by the rule for a row with no attempt yet
     (pure): a later attempt is one the journal never scheduled, whatever the ceiling."""
     return None if attempt == 1 else Refusal.AHEAD
+
+
+# On the app itself (as transport/hooks.py keeps the publish filters): two apps in one
+# process keep their own holds.
+_HOLDS = "_jobsapp_claim_holds"
+
+
+def add_claim_hold(app: Celery, hold: gating.Hold) -> None:
+    """Register ``hold`` on the claims of ``app``'s tasks (once: a second call changes
+    nothing). A new tuple each time, so a gate built with the old one sees it changed."""
+    holds: tuple[gating.Hold, ...] = app.__dict__.get(_HOLDS, ())
+    if hold not in holds:
+        app.__dict__[_HOLDS] = (*holds, hold)
+
+
+def claim_holds(app: Celery) -> tuple[gating.Hold, ...]:
+    """The holds registered on ``app``, in the order they check; empty for a plain app."""
+    holds: tuple[gating.Hold, ...] = app.__dict__.get(_HOLDS, ())
+    return holds
 
 
 @dataclass(frozen=True)
@@ -186,7 +209,7 @@ def _claim_once(
     # that waits flushes it (the finish's, unless JOBSAPP_FINISH_FLUSH=no-wait); one lost
     # in a crash is caught by the claim token's fence, and named by ``claim_lost`` after
     # the refused write.
-    row = gating.gated_claim(
+    row = taken(
         engine,
         spec,
         gate,
@@ -195,6 +218,16 @@ def _claim_once(
     if row is None:
         return _refused(engine, spec, env, foreign=foreign, worker=worker, gate=gate)
     return row if isinstance(row, gating.Held) else Claimed(row)
+
+
+def taken(
+    engine: Engine, spec: RunTable, gate: gating.Gate | None, take: gating.Claim
+) -> Run | gating.Held | None:
+    """The claim statement ``take``, through the gate when the task has one."""
+    if gate is None:
+        with relaxed_autocommit(engine) as conn:
+            return take(conn)
+    return gating.gated_claim(engine, spec, gate, take)
 
 
 def _refused(

@@ -6,7 +6,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,18 @@ class RunContext:
     # Flower's FAILURE of this attempt.
     failed_with: BaseException | None = field(default=None)
     # The runs this attempt's outcome gave its key's slot (a limited key), to publish.
-    granted: key_slots.Granted = field(default_factory=key_slots.Granted)
+    granted: key_slots.Granted = field(default=key_slots.Granted())
+    _entered: Token[RunContext | None] | None = field(default=None, init=False, repr=False)
+
+    def __enter__(self) -> RunContext:
+        """While entered (the attempt), the body's code sees this run as ``current_run()``."""
+        self._entered = _current.set(self)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        assert self._entered is not None, "exited a run never entered"
+        _current.reset(self._entered)
+        self._entered = None
 
     @property
     def job_id(self) -> uuid.UUID:
@@ -155,12 +166,3 @@ def current_run() -> RunContext:
 def current_run_or_none() -> RunContext | None:
     """The run the calling code belongs to, None outside a lifecycle task body."""
     return _current.get()
-
-
-@contextmanager
-def entered(ctx: RunContext) -> Iterator[RunContext]:
-    token = _current.set(ctx)
-    try:
-        yield ctx
-    finally:
-        _current.reset(token)

@@ -68,7 +68,9 @@ class Heartbeat:
         self.due = self._landed + interval
         self._lost = threading.Event()
         self._why_lost = "lost its lease"  # set before _lost: what check() raises
-        self._cancelled = threading.Event()
+        # Set by the beat before ``_lost``; nothing waits on it, so a flag (one assignment
+        # under the GIL), not an Event, which costs each attempt its construction.
+        self._cancelled = False
         # The body's thread while it may be interrupted (``interruptible``), under the lock.
         self._body: int | None = None
         self._body_lock = threading.Lock()
@@ -92,7 +94,8 @@ class Heartbeat:
         if self._limit is not None:
             self._limit_at = self._landed + self._limit[0]
         self.due = self.next_due(self._landed)
-        _ticker().add(self)
+        self._beaten_by = _ticker()  # the same ticker at the exit, with no lookup
+        self._beaten_by.add(self)
         return self
 
     def next_due(self, now: float) -> float:
@@ -101,7 +104,7 @@ class Heartbeat:
         return due if self._limit_at is None else min(due, self._limit_at)
 
     def __exit__(self, *_exc: object) -> None:
-        _ticker().remove(self)
+        self._beaten_by.remove(self)
 
     @property
     def lost(self) -> bool:
@@ -110,12 +113,12 @@ class Heartbeat:
     @property
     def cancelled(self) -> bool:
         """Whether a revoke asked this attempt to stop (as of the last beat)."""
-        return self._cancelled.is_set()
+        return self._cancelled
 
     def check(self) -> None:
         """Raise CancelRequested if a revoke asked this attempt to stop, LeaseLost if
         another actor has taken this run, or may have."""
-        if self._cancelled.is_set():
+        if self._cancelled:
             raise CancelRequested(
                 f"job {self._job_id} attempt {self._attempt}: a revoke asked it to stop"
             )
@@ -150,7 +153,7 @@ class Heartbeat:
             if overdue:
                 self._why_lost = self._overdue_why()
             if self._revoked():
-                self._cancelled.set()
+                self._cancelled = True
                 self._interrupt(CancelRequested)
             self._lost.set()
             log.warning("job %s attempt %s: lease lost", self._job_id, self._attempt)
@@ -164,7 +167,7 @@ class Heartbeat:
         with self._body_lock:
             self._body = threading.get_ident()
         try:
-            if self._cancelled.is_set():
+            if self._cancelled:
                 raise CancelRequested()
             yield
         finally:
@@ -261,8 +264,9 @@ class Ticker:
     def remove(self, run: Heartbeat) -> None:
         with self._changed:
             self._runs.discard(run)
-            # Bounded: a stamp may hang on a dead server, and the run must still finish.
-            self._changed.wait_for(lambda: self._beating is not run, timeout=run.interval + 5)
+            if self._beating is run:
+                # Bounded: a stamp may hang on a dead server, and the run must still finish.
+                self._changed.wait_for(lambda: self._beating is not run, timeout=run.interval + 5)
 
     def _loop(self) -> None:
         while True:

@@ -9,34 +9,22 @@ tasks keep their one-statement autocommit writes.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from datetime import timedelta
 
 from celery import Celery
 from sqlalchemy import Connection, Engine
 
-from jobsapp.db import autocommit
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import Run, key_slots
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.transport import outbox
 
 
-def is_limited(row: Run) -> bool:
-    return row.key_limit is not None
-
-
-def outcome_connection(engine: Engine, row: Run) -> AbstractContextManager[Connection]:
-    """Where an attempt's outcome is written: a transaction for a limited run (the slot
-    goes with the outcome), autocommit for any other."""
-    return engine.begin() if is_limited(row) else autocommit(engine)
-
-
 def let_go(
     conn: Connection, spec: RunTable, row: Run, written: bool
 ) -> tuple[bool, key_slots.Granted]:
     """After an outcome ``written`` in ``conn``: a limited run frees its key's slot."""
-    if not written or not is_limited(row):
+    if not written or row.key_limit is None:
         return written, key_slots.Granted()
     return True, key_slots.release(conn, spec, row.job_id)
 

@@ -29,6 +29,7 @@ from sqlalchemy import Connection
 
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.celery_api import errback
 from jobsapp.lifecycle.celery_api.group_handles import Node, Output, handle_of
 from jobsapp.lifecycle.journal import PendingMessage, workflow
 from jobsapp.lifecycle.journal.registry import RunTable
@@ -37,7 +38,6 @@ from jobsapp.lifecycle.rules import message
 from jobsapp.lifecycle.rules.errors import ArgumentRefused
 from jobsapp.lifecycle.rules.results import NotJson, hint, non_json, stored_arguments
 from jobsapp.lifecycle.transport import outbox
-from jobsapp.lifecycle.workflows import errback
 from jobsapp.settings import get_settings
 
 # What a signature in a lifecycle canvas may carry besides its arguments.

@@ -20,7 +20,7 @@ write that chord).
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Celery
 from celery.canvas import Signature, group
@@ -28,8 +28,9 @@ from celery.canvas import Signature, group
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import workflow
 from jobsapp.lifecycle.producer import enqueue, newjob
+from jobsapp.lifecycle.rules.errors import Replaced
 from jobsapp.lifecycle.rules.results import REPLACED_MARK
-from jobsapp.lifecycle.worker.context import RunContext
+from jobsapp.lifecycle.worker.context import RunContext, current_run_or_none
 from jobsapp.lifecycle.workflows import canvas
 
 _NAMESPACE = uuid.UUID("0c4b7f3e-9d7a-4c1e-8a35-5f2e6d9b1a07")
@@ -41,6 +42,24 @@ _OPTIONS = frozenset(
 def successor_of(job_id: uuid.UUID) -> uuid.UUID:
     """The id of the job that replaces ``job_id``: the same for every attempt."""
     return uuid.uuid5(_NAMESPACE, str(job_id))
+
+
+def replace(app: Celery, name: str, sig: Any, task: Any) -> NoReturn:
+    """The body of task ``name`` in a worker calls ``self.replace(sig)``; ``task`` is the
+    lifecycle task ``sig`` names, None if it names none. Ends the body with ``Replaced``
+    once the hand-over is written; what cannot be replaced is refused with one line (a
+    ``TypeError``, never retried)."""
+    ctx = current_run_or_none()
+    why = refusal(sig, ctx)
+    if why is None and sig.subtask_type is None and task is None:
+        why = "the replacement must be a lifecycle task's signature"
+    if why is not None or ctx is None:
+        raise TypeError(f"{name}.replace: {why}")
+    try:
+        successor = hand_over(app, ctx, task, sig)
+    except TypeError as refused:
+        raise TypeError(f"{name}.replace: {refused}") from None
+    raise Replaced(ctx.job_id, successor)
 
 
 def refusal(sig: Any, ctx: RunContext | None) -> str | None:

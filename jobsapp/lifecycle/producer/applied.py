@@ -1,0 +1,54 @@
+"""``LifecycleTask.apply_async`` of a job of its own (no ``link``/``link_error``, not eager):
+the Celery options a lifecycle task refuses, and the enqueue of one call."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from jobsapp.db import get_engine
+from jobsapp.lifecycle.celery_api.handle import JobHandle
+from jobsapp.lifecycle.journal import EnqueueOutcome, NewJob, totals
+from jobsapp.lifecycle.producer import enqueue, newjob
+
+# Celery options a lifecycle task cannot honour, and what to do instead.
+_UNSUPPORTED = {
+    "exchange": "pass queue=, or route the task with task_routes",
+    "routing_key": "pass queue=, or route the task with task_routes",
+    "retry": "the outbox retries every publish",
+    "retry_policy": "the outbox retries every publish",
+}
+
+
+def refuse(name: str, options: Collection[str]) -> None:
+    """A one-line ``TypeError`` naming each option ``name.apply_async`` cannot honour."""
+    if not options:
+        return
+    hints = "; ".join(f"{o}: {_UNSUPPORTED.get(o, 'not supported')}" for o in sorted(options))
+    raise TypeError(f"{name}.apply_async: jobsapp does not support {sorted(options)} ({hints})")
+
+
+def enqueued(
+    app: Celery,
+    job: NewJob,
+    *,
+    task_id: str | None,
+    session: Session | None,
+    connection: Connection | None,
+    **schedule: Any,
+) -> JobHandle:
+    """``job`` with ``apply_async``'s ``schedule`` options (``newjob.scheduled``), enqueued
+    through the journal (idempotent by job id) and published after COMMIT; ``task_id``,
+    the caller's own id, names its result as in Celery."""
+    handle = enqueue.enqueue(
+        app, newjob.scheduled(job, **schedule), session=session, connection=connection
+    )
+    if handle.outcome is EnqueueOutcome.DUPLICATE:
+        totals.count_dedup_hit(get_engine(), job.spec.module, job.task_name)
+    if task_id:
+        handle.id = task_id
+    return handle
