@@ -135,14 +135,16 @@ _NO_FLUSH_WAIT = "SET LOCAL synchronous_commit TO off; "
 
 
 def _without_flush_wait(
-    _conn: Connection,
+    conn: Connection,
     _cursor: Any,
     statement: str,
     parameters: Any,
-    context: Any,
+    _context: Any,
     _executemany: bool,
 ) -> tuple[str, Any]:
-    bound = context.execution_options.get(_BOUND_OPTION) if context is not None else None
+    # The connection's options, not the statement's context: a prepared statement's
+    # EXECUTE (journal/prepared.py) runs without one.
+    bound = conn.get_execution_options().get(_BOUND_OPTION)
     if bound is None:
         return _NO_FLUSH_WAIT + statement, parameters
     # Local too, so the bound ends with the statement and never reaches a pooled session.

@@ -141,11 +141,11 @@ def _explained_claim(conn: Connection, claimed: uuid.UUID, explained: uuid.UUID)
     """``EXPLAIN (ANALYZE) EXECUTE`` of the claim of ``explained`` on ``conn``, as the worker
     runs it: the prepared statement's EXECUTE and values are those of the claim of
     ``claimed`` through ``journal.claim``, with the other job's id."""
-    sent: list[tuple[str, dict[str, Any]]] = []
+    sent: list[tuple[str, tuple[Any, ...]]] = []
 
     def keep(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
         if statement.startswith("EXECUTE"):
-            sent.append((statement, dict(params)))
+            sent.append((statement, tuple(params)))
 
     event.listen(conn, "before_cursor_execute", keep)
     try:
@@ -154,7 +154,7 @@ def _explained_claim(conn: Connection, claimed: uuid.UUID, explained: uuid.UUID)
         event.remove(conn, "before_cursor_execute", keep)
     assert len(sent) == 1, sent
     statement, params = sent[0]
-    mine = {k: explained if str(v) == str(claimed) else v for k, v in params.items()}
+    mine = tuple(str(explained) if str(v) == str(claimed) else v for v in params)
     assert mine != params, "the claim's values do not name its job"
     plan = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", mine).scalar()
     return dict(plan[0]["Plan"])

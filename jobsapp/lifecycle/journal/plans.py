@@ -42,7 +42,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from jobsapp.lifecycle.journal import prepared
-from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, _first, _first_row
+from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, _first
 from jobsapp.lifecycle.journal.clock import _clock_param
 from jobsapp.lifecycle.journal.events import Event, kept_claim
 from jobsapp.lifecycle.journal.outbox_rows import Outgoing, PendingMessage
@@ -207,7 +207,7 @@ def _run(
     if out is not None:
         params |= _prefixed(out.values(event.spec.module), "o_")
     if plan.combined is not None:
-        row = _first_row(prepared.execute(conn, plan.combined, params))
+        row = prepared.first(conn, plan.combined, params)
         if row is None:
             return None, None
         outbox_id = row.pop("_outbox_id", None)
