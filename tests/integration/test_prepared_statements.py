@@ -4,6 +4,8 @@ unprepared, correctly, when the server connection under them does not know the s
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,8 +13,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy.exc import DBAPIError
 
-from jobsapp.db import autocommit, make_engine
+from jobsapp.db import autocommit, make_engine, relaxed_autocommit
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.journal.registry import JOBS
@@ -42,6 +45,35 @@ def test_each_hot_statement_is_prepared_once_and_then_planned_no_more(
     for job_id in done:
         assert run_row(pg, job_id)["state"] == "succeeded"
         assert transitions(pg, job_id) == ["enqueue", "claim", "succeed"]
+
+
+def test_a_bounded_connections_prepared_statement_waits_no_longer_than_its_bound(
+    postgres_url: str,
+) -> None:
+    # The bound (a heartbeat's) rides on the statement the relaxed engine's listener
+    # sends; a prepared EXECUTE, run on the DBAPI cursor, must carry it too.
+    engine = make_engine(f"{postgres_url}?application_name=prepared-bound")
+    job = echo_job()
+    with autocommit(engine) as conn:
+        assert journal.enqueue_new(conn, job, actor="test") is not None
+    holder = engine.connect()
+    holder.execute(text("SELECT 1 FROM job_runs WHERE job_id = :j FOR UPDATE"), {"j": job.job_id})
+    # Without the bound the claim would wait for this lock: released later, so a failing
+    # test ends.
+    release = threading.Timer(10, holder.rollback)
+    release.start()
+    started = time.monotonic()
+    try:
+        with relaxed_autocommit(engine, bound=0.2) as conn, pytest.raises(DBAPIError) as refused:
+            journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
+    finally:
+        release.cancel()
+        holder.rollback()
+        holder.close()
+    # lock_not_available or query_canceled: the bound is both timeouts.
+    assert getattr(refused.value.orig, "pgcode", None) in {"55P03", "57014"}
+    assert time.monotonic() - started < 5
+    engine.dispose()
 
 
 def _forget_on_server(conn: Connection) -> None:
