@@ -119,8 +119,14 @@ def _variant(url: str, name: str) -> Engine:
     with _engines_lock:
         engine = _engines.get(key)
         if engine is None:
+            # No rollback when a connection goes back to the pool: in autocommit there is
+            # no transaction to end (a statement's SET LOCAL ended with it).
             engine = _engines[key] = create_engine(
-                url, pool_size=5, max_overflow=10, isolation_level="AUTOCOMMIT"
+                url,
+                pool_size=5,
+                max_overflow=10,
+                isolation_level="AUTOCOMMIT",
+                pool_reset_on_return=None,
             )
             _autocommit_engines.add(engine)
             if name == "relaxed":
