@@ -47,6 +47,7 @@ from jobsapp.lifecycle.journal.clock import _clock_param
 from jobsapp.lifecycle.journal.events import Event, kept_claim
 from jobsapp.lifecycle.journal.outbox_rows import Outgoing, PendingMessage
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.run import EndedAttempt
 from jobsapp.lifecycle.rules.states import State, Transition
 
 _EVENT_COLUMNS = (
@@ -233,7 +234,8 @@ def _sequential_events(
         plan.journaled is Journaled.EVENT_UNLESS_ROW and carried
     ):
         return
-    claim = kept_claim(event.spec, row) if plan.journaled is Journaled.CLAIM_AND_EVENT else None
+    ended = EndedAttempt.of(row) if plan.journaled is Journaled.CLAIM_AND_EVENT else None
+    claim = None if ended is None else kept_claim(event.spec, ended)
     if claim is not None:
         conn.execute(plan.event, _prefixed(claim.values(row["job_id"]), "e_"))
     conn.execute(plan.event, {**params, "e_job_id": row["job_id"]})

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +95,38 @@ class Run:
     @classmethod
     def maybe(cls, row: Mapping[str, Any] | None) -> Run | None:
         return None if row is None else cls.from_row(row)
+
+
+@dataclass(frozen=True, slots=True)
+class EndedAttempt:
+    """What an end of an attempt reads back of its run (the reap's RETURNING, a finish's
+    parts on SQLite): the claim the row carried and the workflow the run is a step of."""
+
+    job_id: uuid.UUID
+    attempts: int
+    attempted_at: datetime | None
+    worker: str | None
+    workflow_id: uuid.UUID | None
+
+    @classmethod
+    def of(cls, row: Mapping[Any, Any]) -> EndedAttempt:
+        return cls(
+            row["job_id"], row["attempts"], row["attempted_at"], row["worker"], row["workflow_id"]
+        )
+
+
+class CarriedClaim(Protocol):
+    """A run row's claim (``Run`` and ``EndedAttempt`` carry one): the attempt, its worker,
+    and ``attempted_at``, None once the claim has an event row of its own."""
+
+    @property
+    def job_id(self) -> uuid.UUID: ...
+
+    @property
+    def attempts(self) -> int: ...
+
+    @property
+    def attempted_at(self) -> datetime | None: ...
+
+    @property
+    def worker(self) -> str | None: ...
