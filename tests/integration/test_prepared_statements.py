@@ -76,6 +76,26 @@ def test_a_bounded_connections_prepared_statement_waits_no_longer_than_its_bound
     engine.dispose()
 
 
+def test_a_prepared_statement_on_a_dropped_connection_fails_as_sqlalchemys_and_the_pool_recovers(
+    postgres_url: str, pg: Engine
+) -> None:
+    # The EXECUTE runs on the DBAPI cursor: its driver error must still be SQLAlchemy's
+    # (what the worker treats as transient) and still invalidate the dropped connection.
+    engine = make_engine(f"{postgres_url}?application_name=prepared-dropped")
+    job = echo_job()
+    with autocommit(engine) as conn:
+        assert journal.enqueue_new(conn, job, actor="test") is not None
+        server = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        with pg.begin() as admin:
+            admin.execute(text("SELECT pg_terminate_backend(:p)"), {"p": server})
+        with pytest.raises(DBAPIError) as dropped:
+            journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
+    assert dropped.value.connection_invalidated
+    with autocommit(engine) as conn:
+        assert journal.claim(conn, JOBS, job.job_id, 1, worker="w:1") is not None
+    engine.dispose()
+
+
 def _forget_on_server(conn: Connection) -> None:
     """The next statement lands on a server connection that never saw the PREPARE."""
     conn.exec_driver_sql("DEALLOCATE ALL")
