@@ -115,6 +115,28 @@ class EndedAttempt:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class RecordedFailure:
+    """The failure detail an attempt's event recorded (rules/failures.py ``failure_detail``):
+    the exception's qualified type, its scrubbed message and innermost frames, and its
+    arguments when they are plain text and numbers (None: they were not)."""
+
+    type: str
+    message: str | None
+    traceback: str | None
+    args: list[Any] | None
+
+    @classmethod
+    def of(cls, detail: Mapping[str, Any]) -> RecordedFailure:
+        given, shown = detail.get("args"), detail.get("traceback")
+        return cls(
+            str(detail.get("type", "")),
+            detail.get("message"),
+            shown if isinstance(shown, str) else None,
+            given if isinstance(given, list) else None,
+        )
+
+
 class CarriedClaim(Protocol):
     """A run row's claim (``Run`` and ``EndedAttempt`` carry one): the attempt, its worker,
     and ``attempted_at``, None once the claim has an event row of its own."""
