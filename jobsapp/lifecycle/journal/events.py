@@ -44,13 +44,15 @@ class Event:
     detail: Mapping[str, Any] | None = None
 
     def values(self, job_id: Any) -> dict[str, Any]:
+        # A StrEnum's str() is its value, without ``.value``'s two Python calls (a finish
+        # builds these values on every job's path).
         return {
             "module": self.spec.module,
             "job_id": job_id,
             "attempt": self.attempt,
-            "transition": self.transition.value,
-            "from_state": self.from_state and self.from_state.value,
-            "to_state": self.to_state and self.to_state.value,
+            "transition": str(self.transition),
+            "from_state": None if self.from_state is None else str(self.from_state),
+            "to_state": None if self.to_state is None else str(self.to_state),
             "actor": self.actor,
             "reason": self.reason,
             "at": self.now,

@@ -52,8 +52,8 @@ def _finish(
         "r_job_id": job_id,
         "r_attempts": attempt,
         "r_claim_token": token,
-        "r_state": state.value,
-        "r_outcome": outcome.value,
+        "r_state": str(state),  # a StrEnum's value (events.py: no ``.value`` calls)
+        "r_outcome": str(outcome),
         "r_last_error": error,
         "r_result": result,
         "r_now": now,

@@ -62,6 +62,9 @@ _unprepared: weakref.WeakSet[Engine] = weakref.WeakSet()
 Row = dict[str, Any]
 # A column's position and SQLAlchemy's processor of its values.
 Processors = tuple[tuple[int, Callable[[Any], Any]], ...]
+# A value's position, SQLAlchemy's processor, and what it makes of None (a JSON column's
+# None is JSON null: read once, not serialized on every job's empty result).
+Encoders = tuple[tuple[int, Callable[[Any], Any], Any], ...]
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class Prepared:
     execute: str  # EXECUTE name(%s, ...): the values in ``order``
     order: Callable[[Mapping[str, Any]], tuple[Any, ...]]  # the values, by name
     constants: Mapping[str, Any]  # the statement's own values (a state literal)
-    encoders: Processors  # by position in ``order``: a JSON value's serializer
+    encoders: Encoders  # by position in ``order``: a JSON value's serializer
     utc_values: tuple[int, ...]  # UtcDateTime values, by position
     uuid_values: tuple[int, ...]  # Uuid values, by position
     columns: tuple[str, ...]  # the row's names
@@ -153,8 +156,8 @@ def _bound(plan: Prepared, params: Mapping[str, Any]) -> tuple[Any, ...]:
         # a UUID costs three Python calls a value.
         if values[i] is not None:
             values[i] = str(values[i])
-    for i, encode in plan.encoders:
-        values[i] = encode(values[i])
+    for i, encode, none in plan.encoders:
+        values[i] = none if values[i] is None else encode(values[i])
     return tuple(values)
 
 
@@ -214,7 +217,7 @@ def _prepared(stmt: Select[Any], dialect: Dialect) -> Prepared:
     utc_values = _positions(bind_types, UtcDateTime)
     uuid_values = _positions(bind_types, Uuid)
     encoders = tuple(
-        (i, encode)
+        (i, encode, encode(None))
         for i, t in enumerate(bind_types)
         if i not in utc_values + uuid_values
         and (encode := t._cached_bind_processor(dialect)) is not None
