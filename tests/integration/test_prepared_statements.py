@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -137,6 +138,25 @@ def test_a_migration_that_changes_a_returned_column_does_not_break_a_running_wor
                 ddl.exec_driver_sql("ALTER TABLE job_runs ALTER COLUMN worker TYPE varchar(300)")
             job_id = one_job_run(conn)
         assert run_row(engine, job_id)["state"] == "succeeded"
+        engine.dispose()
+
+
+def test_a_returned_column_whose_type_a_migration_changed_is_read_as_its_new_type() -> None:
+    # The row's decoders are learned from the first row the statement returned; a re-prepare
+    # after a schema change reads them anew (here float8 -> numeric, which psycopg2 returns
+    # as Decimal and SQLAlchemy's Float turns back into a float).
+    with migrated_postgres(f"jobsapp_prepared_retype_{SESSION}") as url:
+        engine = make_engine(f"{url}?application_name=prepared-retype")
+        with autocommit(engine) as conn:
+            one_job_run(conn)
+            with engine.begin() as ddl:
+                ddl.exec_driver_sql("DROP VIEW job_runs_all")
+                ddl.exec_driver_sql("ALTER TABLE job_runs ALTER COLUMN time_limit TYPE numeric")
+            job = replace(echo_job(), time_limit=2.5)
+            assert journal.enqueue_new(conn, job, actor="test") is not None
+            run = journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
+        assert run is not None
+        assert (run.time_limit, type(run.time_limit)) == (2.5, float)
         engine.dispose()
 
 

@@ -127,6 +127,7 @@ def _prepared_again(conn: Connection, plan: Prepared, params: Mapping[str, Any])
     statement unprepared."""
     conn.exec_driver_sql(f"DEALLOCATE {plan.name}")
     conn.exec_driver_sql(plan.prepare)
+    _decoders.pop(plan.name, None)  # the changed column's type is read anew
     log.info("prepared statement %s was re-prepared after a schema change", plan.name)
     return _fetched(conn, plan, params)
 
