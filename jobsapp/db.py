@@ -119,8 +119,14 @@ def _variant(url: str, name: str) -> Engine:
     with _engines_lock:
         engine = _engines.get(key)
         if engine is None:
+            # No rollback when a connection goes back to the pool: in autocommit there is
+            # no transaction to end (a statement's SET LOCAL ended with it).
             engine = _engines[key] = create_engine(
-                url, pool_size=5, max_overflow=10, isolation_level="AUTOCOMMIT"
+                url,
+                pool_size=5,
+                max_overflow=10,
+                isolation_level="AUTOCOMMIT",
+                pool_reset_on_return=None,
             )
             _autocommit_engines.add(engine)
             if name == "relaxed":
@@ -135,14 +141,16 @@ _NO_FLUSH_WAIT = "SET LOCAL synchronous_commit TO off; "
 
 
 def _without_flush_wait(
-    _conn: Connection,
+    conn: Connection,
     _cursor: Any,
     statement: str,
     parameters: Any,
-    context: Any,
+    _context: Any,
     _executemany: bool,
 ) -> tuple[str, Any]:
-    bound = context.execution_options.get(_BOUND_OPTION) if context is not None else None
+    # The connection's options, not the statement's context: a prepared statement's
+    # EXECUTE (journal/prepared.py) runs without one.
+    bound = conn.get_execution_options().get(_BOUND_OPTION)
     if bound is None:
         return _NO_FLUSH_WAIT + statement, parameters
     # Local too, so the bound ends with the statement and never reaches a pooled session.

@@ -184,9 +184,8 @@ class Kit:
         due = row["next_retry_at"]
         error = None
         if row["last_error"] is not None:
-            detail = journal.attempt_failure(conn, spec, row["job_id"], int(row["attempts"]))
-            shown = (detail or {}).get("traceback")
-            error = shown if isinstance(shown, str) else None
+            failure = journal.attempt_failure(conn, spec, row["job_id"], int(row["attempts"]))
+            error = None if failure is None else failure.traceback
         return Run(
             job_id=row["job_id"],
             task=row["task_name"],

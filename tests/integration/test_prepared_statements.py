@@ -4,15 +4,19 @@ unprepared, correctly, when the server connection under them does not know the s
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy.exc import DBAPIError
 
-from jobsapp.db import autocommit, make_engine
+from jobsapp.db import autocommit, make_engine, relaxed_autocommit
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.journal.registry import JOBS
@@ -42,6 +46,55 @@ def test_each_hot_statement_is_prepared_once_and_then_planned_no_more(
     for job_id in done:
         assert run_row(pg, job_id)["state"] == "succeeded"
         assert transitions(pg, job_id) == ["enqueue", "claim", "succeed"]
+
+
+def test_a_bounded_connections_prepared_statement_waits_no_longer_than_its_bound(
+    postgres_url: str,
+) -> None:
+    # The bound (a heartbeat's) rides on the statement the relaxed engine's listener
+    # sends; a prepared EXECUTE, run on the DBAPI cursor, must carry it too.
+    engine = make_engine(f"{postgres_url}?application_name=prepared-bound")
+    job = echo_job()
+    with autocommit(engine) as conn:
+        assert journal.enqueue_new(conn, job, actor="test") is not None
+    holder = engine.connect()
+    holder.execute(text("SELECT 1 FROM job_runs WHERE job_id = :j FOR UPDATE"), {"j": job.job_id})
+    # Without the bound the claim would wait for this lock: released later, so a failing
+    # test ends.
+    release = threading.Timer(10, holder.rollback)
+    release.start()
+    started = time.monotonic()
+    try:
+        with relaxed_autocommit(engine, bound=0.2) as conn, pytest.raises(DBAPIError) as refused:
+            journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
+    finally:
+        release.cancel()
+        holder.rollback()
+        holder.close()
+    # lock_not_available or query_canceled: the bound is both timeouts.
+    assert getattr(refused.value.orig, "pgcode", None) in {"55P03", "57014"}
+    assert time.monotonic() - started < 5
+    engine.dispose()
+
+
+def test_a_prepared_statement_on_a_dropped_connection_fails_as_sqlalchemys_and_the_pool_recovers(
+    postgres_url: str, pg: Engine
+) -> None:
+    # The EXECUTE runs on the DBAPI cursor: its driver error must still be SQLAlchemy's
+    # (what the worker treats as transient) and still invalidate the dropped connection.
+    engine = make_engine(f"{postgres_url}?application_name=prepared-dropped")
+    job = echo_job()
+    with autocommit(engine) as conn:
+        assert journal.enqueue_new(conn, job, actor="test") is not None
+        server = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        with pg.begin() as admin:
+            admin.execute(text("SELECT pg_terminate_backend(:p)"), {"p": server})
+        with pytest.raises(DBAPIError) as dropped:
+            journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
+    assert dropped.value.connection_invalidated
+    with autocommit(engine) as conn:
+        assert journal.claim(conn, JOBS, job.job_id, 1, worker="w:1") is not None
+    engine.dispose()
 
 
 def _forget_on_server(conn: Connection) -> None:
@@ -85,6 +138,25 @@ def test_a_migration_that_changes_a_returned_column_does_not_break_a_running_wor
                 ddl.exec_driver_sql("ALTER TABLE job_runs ALTER COLUMN worker TYPE varchar(300)")
             job_id = one_job_run(conn)
         assert run_row(engine, job_id)["state"] == "succeeded"
+        engine.dispose()
+
+
+def test_a_returned_column_whose_type_a_migration_changed_is_read_as_its_new_type() -> None:
+    # The row's decoders are learned from the first row the statement returned; a re-prepare
+    # after a schema change reads them anew (here float8 -> numeric, which psycopg2 returns
+    # as Decimal and SQLAlchemy's Float turns back into a float).
+    with migrated_postgres(f"jobsapp_prepared_retype_{SESSION}") as url:
+        engine = make_engine(f"{url}?application_name=prepared-retype")
+        with autocommit(engine) as conn:
+            one_job_run(conn)
+            with engine.begin() as ddl:
+                ddl.exec_driver_sql("DROP VIEW job_runs_all")
+                ddl.exec_driver_sql("ALTER TABLE job_runs ALTER COLUMN time_limit TYPE numeric")
+            job = replace(echo_job(), time_limit=2.5)
+            assert journal.enqueue_new(conn, job, actor="test") is not None
+            run = journal.claim(conn, JOBS, job.job_id, 1, worker="w:1")
+        assert run is not None
+        assert (run.time_limit, type(run.time_limit)) == (2.5, float)
         engine.dispose()
 
 
@@ -141,11 +213,11 @@ def _explained_claim(conn: Connection, claimed: uuid.UUID, explained: uuid.UUID)
     """``EXPLAIN (ANALYZE) EXECUTE`` of the claim of ``explained`` on ``conn``, as the worker
     runs it: the prepared statement's EXECUTE and values are those of the claim of
     ``claimed`` through ``journal.claim``, with the other job's id."""
-    sent: list[tuple[str, dict[str, Any]]] = []
+    sent: list[tuple[str, tuple[Any, ...]]] = []
 
     def keep(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
         if statement.startswith("EXECUTE"):
-            sent.append((statement, dict(params)))
+            sent.append((statement, tuple(params)))
 
     event.listen(conn, "before_cursor_execute", keep)
     try:
@@ -154,7 +226,7 @@ def _explained_claim(conn: Connection, claimed: uuid.UUID, explained: uuid.UUID)
         event.remove(conn, "before_cursor_execute", keep)
     assert len(sent) == 1, sent
     statement, params = sent[0]
-    mine = {k: explained if str(v) == str(claimed) else v for k, v in params.items()}
+    mine = tuple(str(explained) if str(v) == str(claimed) else v for v in params)
     assert mine != params, "the claim's values do not name its job"
     plan = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", mine).scalar()
     return dict(plan[0]["Plan"])

@@ -165,15 +165,10 @@ class JournalBackend(BaseBackend):
         after an attempt (``RETRY``) shows that attempt's exception, if it raised one."""
         if spec is None:
             return self._blocked(conn, row), None
-        detail = journal.attempt_failure(conn, spec, row.job_id, row.attempts)
-        if detail is not None and row.outcome not in _REVOKED:
-            given = detail.get("args")
-            exc = self._rebuilt(
-                str(detail.get("type", "")),
-                given if isinstance(given, list) else [detail.get("message")],
-            )
-            shown = detail.get("traceback")
-            tb = shown if isinstance(shown, str) else None
+        failure = journal.attempt_failure(conn, spec, row.job_id, row.attempts)
+        if failure is not None and row.outcome not in _REVOKED:
+            given = failure.args if failure.args is not None else [failure.message]
+            exc, tb = self._rebuilt(failure.type, given), failure.traceback
         elif row.state == State.QUEUED.value:
             return None, None
         else:

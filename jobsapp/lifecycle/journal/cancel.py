@@ -14,6 +14,7 @@ from jobsapp.lifecycle.journal._sql import _first, _require_transaction
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.run import Run
 from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 
 
@@ -50,8 +51,8 @@ def cancel(
         )
         .returning(*table.c)
     )
-    row = _first(conn, stmt)
-    if row is None:
+    run = Run.maybe(_first(conn, stmt))
+    if run is None:
         return False
     record_event(
         conn,
@@ -62,8 +63,8 @@ def cancel(
         from_state=State.QUEUED,
         to_state=State.FAILED,
         actor=actor,
-        now=row["updated_at"],
+        now=run.updated_at,
         reason=reason,
     )
-    spec.changed(conn, Transition.CANCEL, [row])
+    spec.changed(conn, Transition.CANCEL, [run.columns])
     return True

@@ -24,6 +24,7 @@ from sqlalchemy import Connection, insert
 from jobsapp.lifecycle.journal._sql import EVENTS
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.run import CarriedClaim
 from jobsapp.lifecycle.rules.states import State, Transition
 
 
@@ -43,13 +44,15 @@ class Event:
     detail: Mapping[str, Any] | None = None
 
     def values(self, job_id: Any) -> dict[str, Any]:
+        # A StrEnum's str() is its value, without ``.value``'s two Python calls (a finish
+        # builds these values on every job's path).
         return {
             "module": self.spec.module,
             "job_id": job_id,
             "attempt": self.attempt,
-            "transition": self.transition.value,
-            "from_state": self.from_state and self.from_state.value,
-            "to_state": self.to_state and self.to_state.value,
+            "transition": str(self.transition),
+            "from_state": None if self.from_state is None else str(self.from_state),
+            "to_state": None if self.to_state is None else str(self.to_state),
             "actor": self.actor,
             "reason": self.reason,
             "at": self.now,
@@ -57,29 +60,27 @@ class Event:
         }
 
 
-def kept_claim(spec: RunTable, row: Mapping[str, Any]) -> Event | None:
-    """The claim ``row`` carries (``attempted_at``), as the event row an end of its attempt
+def kept_claim(spec: RunTable, run: CarriedClaim) -> Event | None:
+    """The claim ``run`` carries (``attempted_at``), as the event row an end of its attempt
     other than a success writes before its own; None when the claim has its event row."""
-    at = row.get("attempted_at")
-    if at is None:
+    if run.attempted_at is None:
         return None
     return Event(
         spec,
-        int(row["attempts"]),
+        run.attempts,
         Transition.CLAIM,
         State.QUEUED,
         State.RUNNING,
-        str(row["worker"]),
-        at,
+        str(run.worker),
+        run.attempted_at,
     )
 
 
-def record_kept_claim(conn: Connection, spec: RunTable, row: Mapping[str, Any]) -> None:
-    """``kept_claim`` written, for an end of an attempt built per call (reap.py, revoking.py)
-    and a rerun of a success (reopen.py)."""
-    claim = kept_claim(spec, row)
+def record_kept_claim(conn: Connection, spec: RunTable, run: CarriedClaim) -> None:
+    """``kept_claim`` written, for an end of an attempt built per call (reap.py, revoking.py)."""
+    claim = kept_claim(spec, run)
     if claim is not None:
-        conn.execute(insert(EVENTS).values(claim.values(row["job_id"])))
+        conn.execute(insert(EVENTS).values(claim.values(run.job_id)))
 
 
 def record_event(

@@ -8,9 +8,7 @@ run whose message never came, so that it does not wait in ``queued`` forever.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, select, update
 
@@ -18,6 +16,7 @@ from jobsapp.lifecycle.journal._sql import _require_transaction
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.run import Run
 from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 
 REASON = "expired before a worker started it"
@@ -57,7 +56,7 @@ def _expire(
     *,
     actor: str,
     now: datetime | None,
-) -> Sequence[Mapping[str, Any]]:
+) -> list[Run]:
     _require_transaction(conn, "expire")
     table = spec.table
     at = clock(conn, now)
@@ -74,19 +73,19 @@ def _expire(
         )
         .returning(*table.c)
     )
-    rows = [dict(r) for r in conn.execute(stmt).mappings()]
-    for row in rows:
+    runs = [Run.from_row(dict(r)) for r in conn.execute(stmt).mappings()]
+    for run in runs:
         record_event(
             conn,
             spec,
-            row["job_id"],
-            row["attempts"] + 1,
+            run.job_id,
+            run.attempts + 1,
             Transition.EXPIRE,
             from_state=State.QUEUED,
             to_state=State.FAILED,
             actor=actor,
-            now=row["updated_at"],
+            now=run.updated_at,
             reason=REASON,
         )
-    spec.changed(conn, Transition.EXPIRE, rows)
-    return rows
+    spec.changed(conn, Transition.EXPIRE, [run.columns for run in runs])
+    return runs

@@ -42,22 +42,26 @@ def _finish(
     now: datetime | None,
     detail: Mapping[str, Any] | None = None,
     result: Any = None,
-) -> dict[str, Any] | None:
+) -> tuple[bool, uuid.UUID | None]:
+    """Whether the attempt ended (False: the fence refused, the lease was lost), and the
+    workflow its run is a step of. Read off the returned row without a typed row of its
+    own: a success is on every job's path, and building one costs two calls."""
     now = _stamp(conn, now)
     state = State.SUCCEEDED if outcome is Outcome.SUCCEEDED else State.FAILED
     params = {
         "r_job_id": job_id,
         "r_attempts": attempt,
         "r_claim_token": token,
-        "r_state": state.value,
-        "r_outcome": outcome.value,
+        "r_state": str(state),  # a StrEnum's value (events.py: no ``.value`` calls)
+        "r_outcome": str(outcome),
         "r_last_error": error,
         "r_result": result,
         "r_now": now,
     }
     event = Event(spec, attempt, transition, State.RUNNING, state, actor, now, error, detail)
     plan = hot.finish(spec, conn.dialect.name, outcome is Outcome.SUCCEEDED)
-    return _run(conn, plan, params, event, None)[0]
+    row = _run(conn, plan, params, event, None)[0]
+    return (False, None) if row is None else (True, row["workflow_id"])
 
 
 def succeed(
@@ -79,7 +83,7 @@ def succeed(
     A workflow step's success inserts the steps now due after it; their messages are
     appended to ``started``, for the caller to publish after COMMIT (else the relay
     publishes them)."""
-    row = _finish(
+    ended, workflow_id = _finish(
         conn,
         spec,
         job_id,
@@ -94,9 +98,9 @@ def succeed(
     )
     # A step replaced by another job (Task.replace) hands nothing on: its replacement, which
     # now stands in its place, does (workflow.replaced).
-    if row is not None and row["workflow_id"] is not None and replaced_by(result) is None:
+    if workflow_id is not None and replaced_by(result) is None:
         _started(started, workflow.succeeded(conn, job_id, result, actor=actor))
-    return row is not None
+    return ended
 
 
 def fail(
@@ -116,7 +120,7 @@ def fail(
     """running -> failed with ``outcome`` and no result, fenced as ``succeed``; ``detail``
     goes on its event. A workflow step's failure starts its errbacks and blocks what
     waited for it (``started`` as for ``succeed``)."""
-    row = _finish(
+    ended, workflow_id = _finish(
         conn,
         spec,
         job_id,
@@ -129,9 +133,9 @@ def fail(
         now=now,
         detail=detail,
     )
-    if row is not None and row["workflow_id"] is not None:
+    if workflow_id is not None:
         _started(started, workflow.failed(conn, job_id, error, actor=actor, now=now))
-    return row is not None
+    return ended
 
 
 def _started(into: list[PendingMessage] | None, messages: list[PendingMessage]) -> None:

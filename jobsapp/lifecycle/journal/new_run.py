@@ -72,7 +72,7 @@ def _new_row(
         "job_id": job.job_id,
         "task_name": job.task_name,
         "concurrency_key": job.concurrency_key,
-        "state": state.value,
+        "state": str(state),  # a StrEnum's value (events.py: no ``.value`` calls)
         "attempts": attempts,
         "max_attempts": job.max_attempts,
         "rescues": 0,

@@ -42,11 +42,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from jobsapp.lifecycle.journal import prepared
-from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, _first, _first_row
+from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, _first
 from jobsapp.lifecycle.journal.clock import _clock_param
 from jobsapp.lifecycle.journal.events import Event, kept_claim
 from jobsapp.lifecycle.journal.outbox_rows import Outgoing, PendingMessage
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.run import EndedAttempt
 from jobsapp.lifecycle.rules.states import State, Transition
 
 _EVENT_COLUMNS = (
@@ -207,7 +208,7 @@ def _run(
     if out is not None:
         params |= _prefixed(out.values(event.spec.module), "o_")
     if plan.combined is not None:
-        row = _first_row(prepared.execute(conn, plan.combined, params))
+        row = prepared.first(conn, plan.combined, params)
         if row is None:
             return None, None
         outbox_id = row.pop("_outbox_id", None)
@@ -233,7 +234,8 @@ def _sequential_events(
         plan.journaled is Journaled.EVENT_UNLESS_ROW and carried
     ):
         return
-    claim = kept_claim(event.spec, row) if plan.journaled is Journaled.CLAIM_AND_EVENT else None
+    ended = EndedAttempt.of(row) if plan.journaled is Journaled.CLAIM_AND_EVENT else None
+    claim = None if ended is None else kept_claim(event.spec, ended)
     if claim is not None:
         conn.execute(plan.event, _prefixed(claim.values(row["job_id"]), "e_"))
     conn.execute(plan.event, {**params, "e_job_id": row["job_id"]})

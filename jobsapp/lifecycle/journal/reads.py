@@ -22,7 +22,7 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import registry
 from jobsapp.lifecycle.journal._sql import EVENTS, _first
 from jobsapp.lifecycle.journal.registry import RunTable
-from jobsapp.lifecycle.journal.run import Run
+from jobsapp.lifecycle.journal.run import RecordedFailure, Run
 from jobsapp.lifecycle.rules.states import ACTIVE_STATES, State, Transition
 
 
@@ -63,7 +63,7 @@ def load_with_clock(
 
 def attempt_failure(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, attempt: int
-) -> Mapping[str, Any] | None:
+) -> RecordedFailure | None:
     """The failure detail (type, message, traceback) an event of ``attempt`` recorded, the
     latest if several did; None when none did (a reaped or cancelled run)."""
     stmt = (
@@ -78,7 +78,7 @@ def attempt_failure(
         .limit(1)
     )
     found = conn.execute(stmt).scalar()
-    return found if isinstance(found, Mapping) else None
+    return RecordedFailure.of(found) if isinstance(found, Mapping) else None
 
 
 def active_holder(conn: Connection, spec: RunTable, key: str) -> uuid.UUID | None:

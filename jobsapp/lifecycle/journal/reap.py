@@ -23,6 +23,7 @@ from jobsapp.lifecycle.journal import hot, key_slots, workflow
 from jobsapp.lifecycle.journal.events import record_event, record_kept_claim
 from jobsapp.lifecycle.journal.outbox_rows import add_outbox
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.run import EndedAttempt
 from jobsapp.lifecycle.rules.message import TIME_LIMITS
 from jobsapp.lifecycle.rules.states import State, Transition
 
@@ -90,7 +91,8 @@ def reap(
         return []
     keys = [(r.job_id, r.attempt) for r in runs]
     stmt = hot.reap(spec, keys, requeue_them=requeue_them, cutoff=cutoff, reason=reason, now=now)
-    done = {row["job_id"]: dict(row) for row in conn.execute(stmt).mappings()}
+    ended = [EndedAttempt.of(row) for row in conn.execute(stmt).mappings()]
+    done = {attempt.job_id: attempt for attempt in ended}
     reaped = [r for r in runs if r.job_id in done]
     for run in reaped:
         record_kept_claim(conn, spec, done[run.job_id])
@@ -99,7 +101,7 @@ def reap(
         # A workflow step failed for good: its errbacks and blocks, as a worker's FAIL
         # writes them (the relay publishes the errbacks).
         for run in reaped:
-            if done[run.job_id]["workflow_id"] is not None:
+            if done[run.job_id].workflow_id is not None:
                 workflow.failed(conn, run.job_id, reason, actor="reaper", now=now)
     return reaped
 

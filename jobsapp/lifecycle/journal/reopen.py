@@ -27,6 +27,7 @@ from jobsapp.lifecycle.journal.outbox_rows import PendingMessage, add_outbox
 from jobsapp.lifecycle.journal.reads import active_holder, load
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.row_events import counted_through, kept_at_rerun
+from jobsapp.lifecycle.journal.run import Run
 from jobsapp.lifecycle.rules.states import State, Transition
 
 
@@ -104,19 +105,19 @@ def reopen(
     )
     try:
         with conn.begin_nested():
-            row = _first(conn, stmt)
+            run = Run.maybe(_first(conn, stmt))
     except IntegrityError:
         key = conn.execute(select(table.c.concurrency_key).where(table.c.job_id == job_id))
         raise KeyBusy(active_holder(conn, spec, key.scalar_one())) from None
-    if row is None:
+    if run is None:
         return None
     crashpoints.hit("reopen_after_update")
     if finished is not None:
         finished_counts.uncount(conn, spec.module, [finished])
         finished_counts.recount(conn, workflow)
     if kept is not None:
-        kept_at_rerun(conn, spec, kept[0], kept[1])
-    at = row["updated_at"]  # the database's clock, read by the UPDATE itself
+        kept_at_rerun(conn, spec, kept[0].columns, kept[1])
+    at = run.updated_at  # the database's clock, read by the UPDATE itself
     record_event(
         conn,
         spec,
@@ -129,28 +130,24 @@ def reopen(
         now=at,
         reason=reason,
     )
-    spec.changed(conn, transition, [row])
-    message = add_outbox(conn, spec, row, attempt=attempts + 1, now=at, available_at=at)
-    return Reopened(attempts + 1, _in_line(conn, spec, row, message, now))
+    spec.changed(conn, transition, [run.columns])
+    message = add_outbox(conn, spec, run.columns, attempt=attempts + 1, now=at, available_at=at)
+    return Reopened(attempts + 1, _in_line(conn, spec, run, message, now))
 
 
 def _in_line(
-    conn: Connection,
-    spec: RunTable,
-    row: Mapping[str, Any],
-    message: PendingMessage,
-    now: datetime | None,
+    conn: Connection, spec: RunTable, run: Run, message: PendingMessage, now: datetime | None
 ) -> PendingMessage | None:
     """A limited key's run takes a slot like an enqueue's, or waits parked (None): a replay
     or a rerun never makes its key's N+1st active run."""
-    if row["key_limit"] is None:
+    if run.key_limit is None:
         return message
     holds = key_slots.admit(
         conn,
         spec,
-        row["job_id"],
-        row["concurrency_key"],
-        int(row["key_limit"]),
+        run.job_id,
+        run.concurrency_key,
+        run.key_limit,
         due_at=None,
         rerun=True,
         now=now,
@@ -160,7 +157,7 @@ def _in_line(
 
 def _carried_success(
     conn: Connection, spec: RunTable, job_id: uuid.UUID, from_state: State, attempts: int
-) -> tuple[dict[str, Any], datetime] | None:
+) -> tuple[Run, datetime] | None:
     """The succeeded row whose claim and success the rerun is about to clear, with the
     rollup's cursor (locked for share, before the UPDATE: no pass counts the row between);
     None when the row carries no success (its events are rows already)."""
@@ -174,7 +171,7 @@ def _carried_success(
         or row.state != from_state.value
     ):
         return None
-    return dict(row.columns), counted_through(conn, spec.module)
+    return row, counted_through(conn, spec.module)
 
 
 def _workflow_counted(conn: Connection, finished: Mapping[str, Any] | None) -> dict[uuid.UUID, str]:

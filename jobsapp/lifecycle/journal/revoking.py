@@ -25,6 +25,7 @@ from jobsapp.lifecycle.journal.events import record_event, record_kept_claim
 from jobsapp.lifecycle.journal.fence import held
 from jobsapp.lifecycle.journal.reads import load
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.run import Run
 from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 
 # A run that moves between the read and the guarded write is read again, this many times.
@@ -93,8 +94,8 @@ def _request(
         .values(cancel_requested_at=at)
         .returning(table.c.cancel_requested_at)
     )
-    row = _first(conn, stmt)
-    if row is None:
+    asked_at: datetime | None = conn.execute(stmt).scalar_one_or_none()
+    if asked_at is None:
         return False
     record_event(
         conn,
@@ -105,7 +106,7 @@ def _request(
         from_state=State.RUNNING,
         to_state=State.RUNNING,
         actor=actor,
-        now=row["cancel_requested_at"],
+        now=asked_at,
         reason=reason,
     )
     return True
@@ -195,10 +196,10 @@ def honour_cancel(
         )
         .returning(*table.c)
     )
-    row = _first(conn, stmt)
-    if row is None:
+    run = Run.maybe(_first(conn, stmt))
+    if run is None:
         return False
-    record_kept_claim(conn, spec, row)
+    record_kept_claim(conn, spec, run)
     record_event(
         conn,
         spec,
@@ -208,8 +209,8 @@ def honour_cancel(
         from_state=State.RUNNING,
         to_state=State.FAILED,
         actor=actor,
-        now=row["updated_at"],
+        now=run.updated_at,
         reason=reason,
     )
-    spec.changed(conn, Transition.CANCEL, [row])
+    spec.changed(conn, Transition.CANCEL, [run.columns])
     return True

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +95,60 @@ class Run:
     @classmethod
     def maybe(cls, row: Mapping[str, Any] | None) -> Run | None:
         return None if row is None else cls.from_row(row)
+
+
+@dataclass(frozen=True, slots=True)
+class EndedAttempt:
+    """What an end of an attempt reads back of its run (the reap's RETURNING, a finish's
+    parts on SQLite): the claim the row carried and the workflow the run is a step of."""
+
+    job_id: uuid.UUID
+    attempts: int
+    attempted_at: datetime | None
+    worker: str | None
+    workflow_id: uuid.UUID | None
+
+    @classmethod
+    def of(cls, row: Mapping[Any, Any]) -> EndedAttempt:
+        return cls(
+            row["job_id"], row["attempts"], row["attempted_at"], row["worker"], row["workflow_id"]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedFailure:
+    """The failure detail an attempt's event recorded (rules/failures.py ``failure_detail``):
+    the exception's qualified type, its scrubbed message and innermost frames, and its
+    arguments when they are plain text and numbers (None: they were not)."""
+
+    type: str
+    message: str | None
+    traceback: str | None
+    args: list[Any] | None
+
+    @classmethod
+    def of(cls, detail: Mapping[str, Any]) -> RecordedFailure:
+        given, shown = detail.get("args"), detail.get("traceback")
+        return cls(
+            str(detail.get("type", "")),
+            detail.get("message"),
+            shown if isinstance(shown, str) else None,
+            given if isinstance(given, list) else None,
+        )
+
+
+class CarriedClaim(Protocol):
+    """A run row's claim (``Run`` and ``EndedAttempt`` carry one): the attempt, its worker,
+    and ``attempted_at``, None once the claim has an event row of its own."""
+
+    @property
+    def job_id(self) -> uuid.UUID: ...
+
+    @property
+    def attempts(self) -> int: ...
+
+    @property
+    def attempted_at(self) -> datetime | None: ...
+
+    @property
+    def worker(self) -> str | None: ...

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
+from types import TracebackType
 
 from celery import Celery
 from sqlalchemy import Connection, event
@@ -45,39 +46,47 @@ def enqueue(
             job.job_id, EnqueueOutcome.DUPLICATE, job.spec, task=job.task_name, app=app
         )
     if session is not None:
-        with _schema_checked(session.connection()):
+        with _SchemaChecked(session.connection()):
             result = _in_session(app, session, job)
     elif connection is not None:
-        with _schema_checked(connection):
+        with _SchemaChecked(connection):
             result = journal.enqueue(connection, job, actor="producer")
     else:
-        with _schema_checked():
+        with _SchemaChecked():
             result = _own_transaction(app, job)
     return JobHandle(
         result.job_id, result.outcome, job.spec, holder=result.holder, task=job.task_name, app=app
     )
 
 
-@contextmanager
-def _schema_checked(callers: Connection | None = None) -> Iterator[None]:
+class _SchemaChecked:
     """A journal write that met a missing table because the database was never migrated
     (or is behind) raises DatabaseNotMigrated with the processes' line, not the SQL.
 
     The revision is read on a connection of its own, after our transaction ended. Inside
     a caller's SQLite transaction the raw error stays: a second connection would wait
-    for that transaction's write lock.
+    for that transaction's write lock. (A class, not a generator: every ``.delay()``
+    enters it, and a generator's context manager costs twice the Python calls.)
     """
-    try:
-        yield
-    except DBAPIError as error:
-        if callers is not None and callers.dialect.name == "sqlite":
-            raise
+
+    def __init__(self, callers: Connection | None = None) -> None:
+        self._callers = callers
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, _kind: object, error: BaseException | None, _trace: TracebackType | None
+    ) -> None:
+        if not isinstance(error, DBAPIError):
+            return
+        if self._callers is not None and self._callers.dialect.name == "sqlite":
+            return
         from jobsapp import preflight  # only on this path: it loads Alembic
 
         failure = preflight.not_migrated_behind(error, get_settings().database_url)
-        if failure is None:
-            raise
-        raise DatabaseNotMigrated(failure.line) from None
+        if failure is not None:
+            raise DatabaseNotMigrated(failure.line) from None
 
 
 class Batch:
@@ -105,7 +114,7 @@ class Batch:
         if self._deferred:
             self._waiting.append(job)
             return _DeferredHandle(self, len(self._done) + len(self._waiting) - 1, job)
-        with _schema_checked(self._conn):
+        with _SchemaChecked(self._conn):
             result = journal.enqueue(self._conn, job, actor="producer")
         self._done.append((job, result))
         return JobHandle(
@@ -160,7 +169,7 @@ def transaction(app: Celery) -> Iterator[Batch]:
     ``with transaction(app) as batch: batch.conn.execute(...); task.enqueue_in(batch, ...)``
     Nothing is written or published if the block raises.
     """
-    with _schema_checked(), get_engine().begin() as conn:
+    with _SchemaChecked(), get_engine().begin() as conn:
         batch = Batch(conn, deferred=True)
         yield batch
         batch.flush()

@@ -31,6 +31,12 @@ from celery.utils.quorum_queues import detect_quorum_queues
 from kombu import Queue
 
 
+def publish_watched() -> bool:
+    """Whether anything sees a publish besides the broker: a receiver of Celery's publish
+    signals (OpenTelemetry's instrumentation) reads the current trace context."""
+    return bool(signals.before_task_publish.receivers or signals.after_task_publish.receivers)
+
+
 class BatchSender:
     """``send_task`` (the arguments the outbox passes) for the publishes of one batch."""
 
@@ -51,11 +57,7 @@ class BatchSender:
         # By identity, each with its own copy held so that its id is not reused.
         self._queues: dict[int, tuple[Queue, Queue]] = {}
         self._dispatcher = self._bound_dispatcher() if self._sent_event else None
-        # Whether anything sees a publish besides the broker: a receiver of Celery's publish
-        # signals (OpenTelemetry's instrumentation) reads the current trace context.
-        self.watched = bool(
-            signals.before_task_publish.receivers or signals.after_task_publish.receivers
-        )
+        self.watched = publish_watched()
 
     def send_task(
         self,

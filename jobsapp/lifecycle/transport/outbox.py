@@ -154,7 +154,7 @@ def send(
         options["countdown"] = delay
     send_task = app.send_task if sender is None else sender.send_task
     # The stored trace context matters only to what watches the publish (see ``tracing``).
-    watched = sender is None or sender.watched
+    watched = batch_send.publish_watched() if sender is None else sender.watched
     with tracing.publishing(body) if watched else nullcontext():
         send_task(
             message.task_name,
