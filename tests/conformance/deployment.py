@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import migrated_postgres
 from tests.e2e.procs import BIN, ROOT, launching, ready
+from tests.support.databases import migrated_postgres
 from tests.support.env import SESSION, service
 
 CHILDREN = "4"  # enough for the idioms that hold a child while the others run

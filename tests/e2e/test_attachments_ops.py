@@ -27,9 +27,9 @@ from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS, RUNS, VARIA
 from jobsapp.db import make_engine
 from jobsapp.schema import metadata
 from jobsapp.storage import ObjectStore, store_from_url
-from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.procs import Launcher, Proc, ready, service_env
 from tests.support.attachments import sha256
+from tests.support.databases import drop_postgres, fresh_postgres, migrate
 from tests.support.env import SESSION, service
 from tests.support.journal_view import per_job
 from tests.support.planted import all_on, plant, plant_ready, stage
@@ -51,10 +51,10 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture(scope="module")
 def database_url() -> Iterator[str]:
     admin = service("JOBSAPP_TEST_DATABASE_URL")
-    url = _fresh_postgres(admin, DATABASE)
+    url = fresh_postgres(admin, DATABASE)
     migrate(url)
     yield url
-    _drop_postgres(admin, DATABASE)
+    drop_postgres(admin, DATABASE)
 
 
 @pytest.fixture(scope="module")

@@ -27,10 +27,10 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from tests.conftest import _drop_postgres, _fresh_postgres
 from tests.e2e.procs import Launcher, Proc, ready
 from tests.e2e.webserver import Http, fetch, free_port
 from tests.support.compose import SECRETS, compose_services, unescaped
+from tests.support.databases import drop_postgres, fresh_postgres
 from tests.support.env import SESSION, service
 from tests.support.servers import RedisServer
 from tests.unit import images
@@ -58,7 +58,7 @@ def stand_ins(module_redis: RedisServer) -> Iterator[dict[str, str]]:
     module_redis.client().flushdb()
     s3 = service("JOBSAPP_TEST_S3_ENDPOINT_URL")
     yield {
-        "JOBSAPP_DATABASE_URL": _fresh_postgres(admin, DATABASE),
+        "JOBSAPP_DATABASE_URL": fresh_postgres(admin, DATABASE),
         "JOBSAPP_BROKER_URL": broker,
         "JOBSAPP_REDIS_URL": broker,
         "JOBSAPP_S3_ENDPOINT_URL": s3,
@@ -68,7 +68,7 @@ def stand_ins(module_redis: RedisServer) -> Iterator[dict[str, str]]:
         .geturl(),
         "JOBSAPP_STORAGE_URL": f"s3://{service('JOBSAPP_TEST_S3_BUCKET')}/compose-{uuid.uuid4()}",
     }
-    _drop_postgres(admin, DATABASE)
+    drop_postgres(admin, DATABASE)
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from jobsapp.preflight import ExitCode
-from tests.conftest import _drop_postgres, _fresh_postgres
 from tests.e2e.procs import Launcher
 from tests.e2e.webserver import Http, free_port
+from tests.support.databases import drop_postgres, fresh_postgres
 from tests.support.env import SESSION, service
 from tests.support.waiting import eventually
 
@@ -39,8 +39,8 @@ QUEUE = f"jobsapp-errors-{SESSION}"
 def unmigrated_url() -> Iterator[str]:
     admin = service("JOBSAPP_TEST_DATABASE_URL")
     name = f"jobsapp_unmigrated_{SESSION}"
-    yield _fresh_postgres(admin, name)
-    _drop_postgres(admin, name)
+    yield fresh_postgres(admin, name)
+    drop_postgres(admin, name)
 
 
 @pytest.fixture
@@ -171,13 +171,13 @@ def test_db_upgrade_cures_not_migrated(good_env: dict[str, str]) -> None:
     # `db upgrade` is the cure for "not migrated": it must not refuse for that reason.
     admin = service("JOBSAPP_TEST_DATABASE_URL")
     name = f"jobsapp_upgraded_{SESSION}"
-    env = good_env | {"JOBSAPP_DATABASE_URL": _fresh_postgres(admin, name)}
+    env = good_env | {"JOBSAPP_DATABASE_URL": fresh_postgres(admin, name)}
 
     code, out, err = run([str(BIN / "jobsapp"), "db", "upgrade"], env)
 
     assert code == 0, err
     code, out, err = run([str(BIN / "jobsapp"), "summary"], env)
-    _drop_postgres(admin, name)
+    drop_postgres(admin, name)
     assert code == 0, err
     assert out.startswith("MODULE")
 

@@ -21,7 +21,7 @@ from jobsapp.attachments.models import ATTACHMENT_RUNS
 from jobsapp.db import make_engine
 from jobsapp.lifecycle import journal
 from jobsapp.schema import metadata
-from tests.conftest import migrated_postgres
+from tests.support.databases import migrated_postgres
 from tests.support.env import SESSION
 from tests.support.planted import failed_job, queued_attachment_job
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _drop_postgres, _fresh_postgres
 from tests.e2e.webserver import API_TOKEN, REPO, Http, fetch, free_port
+from tests.support.databases import drop_postgres, fresh_postgres
 from tests.support.env import SESSION, service
 from tests.support.servers import RedisServer
 from tests.unit import images
@@ -30,7 +30,7 @@ PROCESSES = ("web", "worker", "beat", "flower")
 @pytest.fixture
 def procfile_env(module_redis: RedisServer, tmp_path: Path) -> Iterator[dict[str, str]]:
     admin = service("JOBSAPP_TEST_DATABASE_URL")
-    db_url = _fresh_postgres(admin, f"jobsapp_e2e_procfile_{SESSION}")
+    db_url = fresh_postgres(admin, f"jobsapp_e2e_procfile_{SESSION}")
     broker = module_redis.url
     module_redis.client().flushdb()
     base = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}
@@ -59,7 +59,7 @@ def procfile_env(module_redis: RedisServer, tmp_path: Path) -> Iterator[dict[str
     assert release.returncode == 0, release.stdout + release.stderr
     assert "database at head" in release.stdout + release.stderr
     yield env
-    _drop_postgres(admin, f"jobsapp_e2e_procfile_{SESSION}")
+    drop_postgres(admin, f"jobsapp_e2e_procfile_{SESSION}")
 
 
 @pytest.fixture

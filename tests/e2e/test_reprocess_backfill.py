@@ -17,8 +17,8 @@ from sqlalchemy import Engine, func, select, text
 
 from jobsapp.attachments.models import REPROCESS, RUNS
 from jobsapp.db import make_engine
-from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.procs import Launcher, Proc, launching, ready, service_env
+from tests.support.databases import drop_postgres, fresh_postgres, migrate
 from tests.support.env import SESSION, service
 from tests.support.journal_view import events
 from tests.support.planted import plant_rows
@@ -34,12 +34,12 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture
 def db() -> Iterator[Engine]:
     admin = service("JOBSAPP_TEST_DATABASE_URL")
-    url = _fresh_postgres(admin, f"jobsapp_e2e_backfill_{SESSION}")
+    url = fresh_postgres(admin, f"jobsapp_e2e_backfill_{SESSION}")
     migrate(url)
     engine = make_engine(url)
     yield engine
     engine.dispose()
-    _drop_postgres(admin, f"jobsapp_e2e_backfill_{SESSION}")
+    drop_postgres(admin, f"jobsapp_e2e_backfill_{SESSION}")
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import migrate
 from tests.e2e.webserver import Http, fetch, running_web
+from tests.support.databases import migrate
 from tests.support.waiting import eventually
 from tests.unit import images
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from tests.conftest import _drop_postgres, _fresh_postgres
 from tests.e2e.webserver import REPO
+from tests.support.databases import drop_postgres, fresh_postgres
 from tests.support.env import SESSION, service, shell_env
 
 NAMED = f"jobsapp_kitsrv_{SESSION}"
@@ -26,10 +26,10 @@ NAMED = f"jobsapp_kitsrv_{SESSION}"
 def named_url() -> Iterator[str]:
     """The database the team's URL names: empty, so anything written there shows."""
     admin = service("JOBSAPP_TEST_DATABASE_URL")
-    url = _fresh_postgres(admin, NAMED)
+    url = fresh_postgres(admin, NAMED)
     yield url
     create_engine(url).dispose()
-    _drop_postgres(admin, NAMED)
+    drop_postgres(admin, NAMED)
 
 
 def _databases(url: str) -> list[str]:

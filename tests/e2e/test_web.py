@@ -30,9 +30,9 @@ from sqlalchemy import Engine, create_engine, text
 from jobsapp.attachments.store import STAGING_PREFIX
 from jobsapp.storage import store_from_url
 from jobsapp.web.multipart import MAX_PART_HEADER_BYTES
-from tests.conftest import _drop_postgres, _fresh_postgres, migrate
 from tests.e2e.webserver import Http, fetch, running_web, running_worker
 from tests.support.attachments import png
+from tests.support.databases import drop_postgres, fresh_postgres, migrate
 from tests.support.env import SESSION, service
 from tests.support.servers import RedisServer
 
@@ -53,7 +53,7 @@ def e2e_env(
 ) -> Iterator[dict[str, str]]:
     """The environment of the web and worker processes; their S3 prefix is emptied after."""
     admin = service("JOBSAPP_TEST_DATABASE_URL")
-    db_url = _fresh_postgres(admin, f"jobsapp_e2e_web_{SESSION}")
+    db_url = fresh_postgres(admin, f"jobsapp_e2e_web_{SESSION}")
     migrate(db_url)
     web_redis = module_redis.url
     storage_url = f"s3://{service('JOBSAPP_TEST_S3_BUCKET')}/e2e-web-{uuid.uuid4().hex[:12]}"
@@ -72,7 +72,7 @@ def e2e_env(
     store = store_from_url(storage_url, endpoint_url=endpoint)
     for info in list(store.list("")):
         store.delete(info.key)
-    _drop_postgres(admin, f"jobsapp_e2e_web_{SESSION}")
+    drop_postgres(admin, f"jobsapp_e2e_web_{SESSION}")
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from tests.conftest import _drop_postgres, _fresh_postgres
 from tests.e2e.webserver import REPO
+from tests.support.databases import drop_postgres, fresh_postgres
 from tests.support.env import SESSION, service
 
 DATABASE = f"jobsapp_wheel_{SESSION}"
@@ -96,8 +96,8 @@ def test_wheel_carries_the_top_level_migrations_and_celery_settings_inside_the_p
 @pytest.fixture
 def database_url() -> Iterator[str]:
     admin = service("JOBSAPP_TEST_DATABASE_URL")
-    yield _fresh_postgres(admin, DATABASE)
-    _drop_postgres(admin, DATABASE)
+    yield fresh_postgres(admin, DATABASE)
+    drop_postgres(admin, DATABASE)
 
 
 def _bare_env(bin_dir: Path, **extra: str) -> dict[str, str]:

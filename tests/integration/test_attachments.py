@@ -35,7 +35,6 @@ from jobsapp.attachments.validation import RejectedUpload
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import RetryPolicy
 from jobsapp.storage import ObjectStore
-from tests.conftest import use_database
 from tests.support.attachments import (
     DEAD_S3_ENDPOINT,
     attachment_row,
@@ -50,6 +49,7 @@ from tests.support.attachments import (
     stored_objects,
     variant_rows,
 )
+from tests.support.databases import use_database
 from tests.support.journal_view import events, outbox_rows, transitions
 from tests.support.waiting import eventually
 from tests.unit import images

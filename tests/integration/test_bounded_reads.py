@@ -32,9 +32,9 @@ from jobsapp.lifecycle import journal
 from jobsapp.maintenance import retention
 from jobsapp.monitor import browse, charts, rollup
 from jobsapp.web.app import create_app
-from tests.conftest import migrated_postgres
 from tests.support import tasks
 from tests.support.attachments import environment
+from tests.support.databases import migrated_postgres
 from tests.support.env import SESSION
 from tests.support.migrations import RUN_TABLES, each_dialect_down_and_up
 from tests.support.web import TOKEN

@@ -25,9 +25,9 @@ from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.lifecycle.transport import publisher
 from jobsapp.maintenance import reaper, relay
-from tests.conftest import use_database
 from tests.support import tasks
 from tests.support.attachments import environment
+from tests.support.databases import use_database
 from tests.support.journal_view import held_by, run_row
 from tests.support.planted import JOBS, ago, enqueue, start
 from tests.support.servers import closed_port

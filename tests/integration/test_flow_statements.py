@@ -19,8 +19,8 @@ from jobsapp.lifecycle.journal import flow_rows as statements
 from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.lifecycle.worker import delivery
 from jobsapp.shipped import alembic_config
-from tests.conftest import migrate, migrated_postgres
 from tests.support import flow_tasks
+from tests.support.databases import migrate, migrated_postgres
 from tests.support.env import SESSION
 from tests.support.journal_view import outbox_rows, run_row
 

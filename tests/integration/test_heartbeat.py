@@ -17,8 +17,8 @@ from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.lifecycle.worker.heartbeat import Heartbeat
 from jobsapp.maintenance import reaper
 from jobsapp.settings import get_settings
-from tests.conftest import use_database
 from tests.support import tasks
+from tests.support.databases import use_database
 from tests.support.journal_view import held_by, run_row
 from tests.support.waiting import eventually
 from tests.support.workers import in_process_worker

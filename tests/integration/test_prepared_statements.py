@@ -20,7 +20,7 @@ from jobsapp.db import autocommit, make_engine, relaxed_autocommit
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.journal.registry import JOBS
-from tests.conftest import migrated_postgres
+from tests.support.databases import migrated_postgres
 from tests.support.env import SESSION
 from tests.support.journal_view import run_row, transitions
 from tests.support.planted import echo_job, one_job_run

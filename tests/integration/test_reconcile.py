@@ -31,9 +31,9 @@ from jobsapp.lifecycle.rules.states import Outcome
 from jobsapp.maintenance import reconcile
 from jobsapp.storage import ObjectStore
 from jobsapp.web.app import create_app
-from tests.conftest import use_database
 from tests.support import tasks
 from tests.support.attachments import DEAD_S3_ENDPOINT, environment, sha256
+from tests.support.databases import use_database
 from tests.support.journal_view import events, held_by, run_row
 from tests.support.planted import (
     failed_generic_job,

@@ -23,8 +23,8 @@ from jobsapp.attachments.service import accept_upload
 from jobsapp.attachments.tasks import process_attachment
 from jobsapp.lifecycle.journal import EnqueueOutcome
 from jobsapp.storage import ObjectStore
-from tests.conftest import use_database
 from tests.support.attachments import attachment_row, run_rows, variant_rows
+from tests.support.databases import use_database
 from tests.support.journal_view import events
 from tests.support.planted import all_on, plant_ready, published_versions
 from tests.support.waiting import eventually

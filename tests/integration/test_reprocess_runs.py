@@ -23,7 +23,7 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle import RetryPolicy
 from jobsapp.lifecycle.journal import EnqueueOutcome
 from jobsapp.maintenance import reconcile
-from tests.conftest import use_database
+from tests.support.databases import use_database
 from tests.support.planted import plant_rows
 from tests.support.waiting import eventually
 

@@ -28,8 +28,8 @@ from jobsapp.maintenance.staging import (
     verdict,
 )
 from jobsapp.storage import ObjectInfo, ObjectStore
-from tests.conftest import use_database
 from tests.support.attachments import configured_store, environment
+from tests.support.databases import use_database
 from tests.support.env import service
 from tests.support.planted import LONG_AGO, plant, stage
 

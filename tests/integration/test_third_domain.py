@@ -29,8 +29,8 @@ from jobsapp.lifecycle.journal.tables import Base, RunMixin
 from jobsapp.lifecycle.rules.states import Outcome
 from jobsapp.maintenance import reaper, reconcile, relay
 from jobsapp.web.app import create_app
-from tests.conftest import use_database
 from tests.support.attachments import environment
+from tests.support.databases import use_database
 from tests.support.journal_view import held_by
 from tests.support.planted import rolled_up
 

@@ -27,9 +27,9 @@ from jobsapp.maintenance import relay
 from jobsapp.settings import get_settings
 from jobsapp.storage import ObjectStore
 from jobsapp.web.app import create_app
-from tests.conftest import use_database
 from tests.support import tasks
 from tests.support.attachments import settled
+from tests.support.databases import use_database
 from tests.support.waiting import eventually
 from tests.unit import images
 

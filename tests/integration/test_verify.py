@@ -43,7 +43,6 @@ from jobsapp.attachments.verify import (
     wait_for,
 )
 from jobsapp.storage import ObjectInfo, ObjectStore
-from tests.conftest import use_database
 from tests.support.attachments import (
     DEAD_S3_ENDPOINT,
     attachment_row,
@@ -54,6 +53,7 @@ from tests.support.attachments import (
     staging_dropped,
     variant_rows,
 )
+from tests.support.databases import use_database
 from tests.unit import images
 
 A, B = uuid.UUID(int=1), uuid.UUID(int=2)

@@ -36,9 +36,9 @@ from jobsapp.lifecycle.workflows.canvas import MixedCanvas
 from jobsapp.maintenance import relay
 from jobsapp.shipped import alembic_config
 from jobsapp.web.app import create_app
-from tests.conftest import migrate, migrated_postgres
 from tests.support import canvas_tasks as t
 from tests.support.attachments import environment
+from tests.support.databases import migrate, migrated_postgres
 from tests.support.env import SESSION, service
 from tests.support.journal_view import outbox_rows, run_row, transitions
 from tests.support.migrations import sqlite_then_postgres

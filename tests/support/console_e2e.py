@@ -20,7 +20,7 @@ from sqlalchemy import Engine, create_engine, text
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.transport import outbox
-from tests.conftest import _fresh_postgres, migrate
+from tests.support.databases import fresh_postgres, migrate
 from tests.support.env import service
 from tests.support.servers import RedisServer
 
@@ -37,7 +37,7 @@ def operator_env(
 ) -> Iterator[dict[str, str]]:
     """The environment of a web app and worker on a fresh database and a Redis of their own."""
     base = service("JOBSAPP_TEST_DATABASE_URL")
-    db_url = _fresh_postgres(base, database)
+    db_url = fresh_postgres(base, database)
     migrate(db_url)
     redis_url = redis.url
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}

@@ -9,7 +9,7 @@ from alembic import command
 from sqlalchemy import create_engine, inspect, text
 
 from jobsapp.shipped import alembic_config
-from tests.conftest import migrate, migrated_postgres
+from tests.support.databases import migrate, migrated_postgres
 from tests.support.env import SESSION
 
 RUN_TABLES = ("job_runs", "attachment_runs", "reprocess_runs")

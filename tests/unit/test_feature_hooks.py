@@ -30,7 +30,7 @@ from jobsapp.lifecycle.transport import outbox
 from jobsapp.lifecycle.transport.hooks import add_publish_filter, publish_filters
 from jobsapp.lifecycle.worker import claim, key_limits
 from jobsapp.testing.kit import delivered
-from tests.conftest import use_database
+from tests.support.databases import use_database
 from tests.support.journal_view import run_row
 
 PUBLISH_PATH = ("lifecycle/transport/outbox.py", "lifecycle/transport/hooks.py")

@@ -14,7 +14,7 @@ import redis
 from sqlalchemy import Engine
 
 from jobsapp.celery_app import app
-from tests.conftest import migrated_postgres, use_database
+from tests.support.databases import migrated_postgres, use_database
 from tests.support.env import SESSION, service
 
 

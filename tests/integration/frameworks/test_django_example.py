@@ -19,8 +19,8 @@ from jobsapp.contrib.django import enqueue
 from jobsapp.lifecycle import JobHandle
 from jobsapp.lifecycle.journal.tables import JobRun
 from jobsapp.lifecycle.transport import outbox
-from tests.conftest import use_database
 from tests.integration.frameworks.conftest import queued_messages
+from tests.support.databases import use_database
 from tests.support.journal_view import outbox_rows, run_count, run_row
 from tests.support.waiting import eventually
 
