@@ -46,11 +46,11 @@ from jobsapp.attachments.pipeline import get_pipeline, original_key, variant_key
 from jobsapp.attachments.store import PUBLISHED_PREFIX, STAGING_PREFIX
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.storage import ObjectStore
-from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, ready
-from tests.e2e.webserver import API_TOKEN, Http, Reply
 from tests.support import journal_view
 from tests.support.attachments import sha256
+from tests.support.procs import BIN, WORKER_FLAGS, Launcher, Proc, ready
 from tests.support.servers import QUEUE, free_port
+from tests.support.webserver import API_TOKEN, Http, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from jobsapp.lifecycle.journal.tables import JobRun
 from tests.chaos.harness import QUEUE, Broker, Cluster
-from tests.e2e.procs import BIN, WORKER_FLAGS, Proc, ready
+from tests.support.procs import BIN, WORKER_FLAGS, Proc, ready
 
 JOB_RUNS = JobRun.__table__
 SCHEMA_VERSION = 1

@@ -44,7 +44,7 @@ from jobsapp.lifecycle.rules.states import State, Transition
 from jobsapp.monitor import browse
 from tests.chaos.canvas_work import CHAIN_INCREMENTS, CHORD_MEMBERS, FLAKY_PATHS, LOG_ENV
 from tests.chaos.harness import Cluster, start_all, wait_log
-from tests.e2e.procs import Proc, Supervisor, ready
+from tests.support.procs import Proc, Supervisor, ready
 
 RUNS = JOBS.table
 WORKERS = 2

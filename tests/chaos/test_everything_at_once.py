@@ -40,9 +40,9 @@ from tests.chaos.harness import (
     row_locked,
 )
 from tests.chaos.messages import HEADER_FAULTS, Sender, faulty
-from tests.e2e.procs import Proc, ready
 from tests.support import tasks
 from tests.support.planted import ago, enqueue, poisoned
+from tests.support.procs import Proc, ready
 from tests.support.servers import RedisServer
 
 JOB_RUNS = JobRun.__table__

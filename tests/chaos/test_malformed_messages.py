@@ -45,8 +45,8 @@ from tests.chaos.messages import (
     start_worker,
     valid_body,
 )
-from tests.e2e.procs import Proc
 from tests.support.env import SESSION, service
+from tests.support.procs import Proc
 from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.timeout(120)

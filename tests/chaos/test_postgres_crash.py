@@ -28,7 +28,7 @@ from tests.chaos.harness import (
     log_has,
     private_postgres,
 )
-from tests.e2e.procs import ready
+from tests.support.procs import ready
 from tests.support.tasks import calls, open_gate
 
 pytestmark = pytest.mark.timeout(150)

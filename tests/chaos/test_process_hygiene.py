@@ -17,7 +17,7 @@ import pytest
 
 from tests.chaos.harness import Cluster
 from tests.chaos.messages import Sender
-from tests.e2e.procs import BIN, WORKER_FLAGS, ready
+from tests.support.procs import BIN, WORKER_FLAGS, ready
 from tests.support.tasks import planted_secrets
 
 pytestmark = pytest.mark.timeout(120)

@@ -38,11 +38,11 @@ from tests.chaos.harness import (
     drop_database,
     photo,
 )
-from tests.e2e.procs import BIN, WORKER_FLAGS, Proc, ready
-from tests.e2e.webserver import API_TOKEN, Http, free_port
 from tests.support.env import SESSION, service
+from tests.support.procs import BIN, WORKER_FLAGS, Proc, ready
 from tests.support.servers import RedisServer
 from tests.support.tasks import planted_secrets
+from tests.support.webserver import API_TOKEN, Http, free_port
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -42,7 +42,7 @@ from tests.chaos.harness import (
     sha256,
     staging_pass,
 )
-from tests.e2e.procs import Supervisor
+from tests.support.procs import Supervisor
 
 QUICK_N = 30  # about 15 kills on a loaded 2-core machine; the soak marker runs 1000
 DEFAULT_SOAK_N = 1000

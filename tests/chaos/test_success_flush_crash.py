@@ -35,7 +35,7 @@ from tests.chaos.harness import (
     counted_tasks_env,
     private_postgres,
 )
-from tests.e2e.procs import Proc, ready
+from tests.support.procs import Proc, ready
 from tests.support.tasks import calls, open_gate
 
 pytestmark = pytest.mark.timeout(180)

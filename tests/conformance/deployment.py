@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.procs import BIN, ROOT, launching, ready
 from tests.support.databases import migrated_postgres
 from tests.support.env import SESSION, service
+from tests.support.procs import BIN, ROOT, launching, ready
 
 CHILDREN = "4"  # enough for the idioms that hold a child while the others run
 DRIVER_TIMEOUT = 240

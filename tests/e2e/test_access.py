@@ -23,11 +23,11 @@ from playwright.sync_api import Browser, Page
 from sqlalchemy import Engine
 
 from tests.e2e.browser import chromium
-from tests.e2e.webserver import Http, running_web
 from tests.support.console_e2e import TOKEN, deployment_engine, operator_env, operator_events
 from tests.support.env import SESSION
 from tests.support.planted import failed_job
 from tests.support.servers import RedisServer
+from tests.support.webserver import Http, running_web
 
 DATABASE = f"jobsapp_e2e_access_{SESSION}"
 HEADER = "X-Forwarded-Email"

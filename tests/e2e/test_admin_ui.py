@@ -27,7 +27,6 @@ from sqlalchemy import Engine, text
 
 from jobsapp import operator
 from tests.e2e.browser import chromium
-from tests.e2e.webserver import REPO, Http, running_web, running_worker
 from tests.support import tasks
 from tests.support.attachments import png
 from tests.support.console_e2e import (
@@ -44,6 +43,7 @@ from tests.support.console_e2e import (
 )
 from tests.support.env import SESSION
 from tests.support.servers import RedisServer
+from tests.support.webserver import REPO, Http, running_web, running_worker
 
 DATABASE = f"jobsapp_e2e_admin_ui_{SESSION}"
 VIEWPORT = {"width": 1280, "height": 800}

@@ -21,12 +21,12 @@ from jsonschema import Draft202012Validator
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, create_engine, text
 
-from tests.e2e.webserver import Http, Reply, running_web, running_worker
 from tests.support import tasks
 from tests.support.console_e2e import REFUSAL, TOKEN, enqueue, operator_env, operator_events
 from tests.support.env import SESSION
 from tests.support.planted import rolled_up
 from tests.support.servers import RedisServer
+from tests.support.webserver import Http, Reply, running_web, running_worker
 
 DATABASE = f"jobsapp_e2e_admin_{SESSION}"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

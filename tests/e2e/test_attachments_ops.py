@@ -27,12 +27,12 @@ from jobsapp.attachments.models import ATTACHMENT_RUNS, ATTACHMENTS, RUNS, VARIA
 from jobsapp.db import make_engine
 from jobsapp.schema import metadata
 from jobsapp.storage import ObjectStore, store_from_url
-from tests.e2e.procs import Launcher, Proc, ready, service_env
 from tests.support.attachments import sha256
 from tests.support.databases import drop_postgres, fresh_postgres, migrate
 from tests.support.env import SESSION, service
 from tests.support.journal_view import per_job
 from tests.support.planted import all_on, plant, plant_ready, stage
+from tests.support.procs import Launcher, Proc, ready, service_env
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 from tests.unit import images

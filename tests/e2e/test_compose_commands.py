@@ -27,12 +27,12 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from tests.e2e.procs import Launcher, Proc, ready
-from tests.e2e.webserver import Http, fetch, free_port
 from tests.support.compose import SECRETS, compose_services, unescaped
 from tests.support.databases import drop_postgres, fresh_postgres
 from tests.support.env import SESSION, service
+from tests.support.procs import Launcher, Proc, ready
 from tests.support.servers import RedisServer
+from tests.support.webserver import Http, fetch, free_port
 from tests.unit import images
 
 DATABASE = f"jobsapp_compose_{SESSION}"

@@ -31,7 +31,6 @@ from jobsapp.lifecycle.rules.states import ALL_STATES, Transition
 from jobsapp.monitor import summary
 from jobsapp.web.ui import LIVE_EVERY_MS
 from tests.e2e.browser import chromium
-from tests.e2e.webserver import REPO, Http, running_web, running_worker
 from tests.support import tasks
 from tests.support.attachments import png
 from tests.support.console_e2e import (
@@ -46,6 +45,7 @@ from tests.support.console_e2e import (
 from tests.support.env import SESSION
 from tests.support.planted import claimed, failed_job, queued_attachment_job, rolled_up
 from tests.support.servers import RedisServer
+from tests.support.webserver import REPO, Http, running_web, running_worker
 
 DATABASE = f"jobsapp_e2e_console_{SESSION}"
 DESKTOP = {"width": 1280, "height": 900}

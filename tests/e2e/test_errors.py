@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from jobsapp.preflight import ExitCode
-from tests.e2e.procs import Launcher
-from tests.e2e.webserver import Http, free_port
 from tests.support.databases import drop_postgres, fresh_postgres
 from tests.support.env import SESSION, service
+from tests.support.procs import Launcher
 from tests.support.waiting import eventually
+from tests.support.webserver import Http, free_port
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]

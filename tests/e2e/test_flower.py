@@ -28,10 +28,10 @@ from sqlalchemy import Engine, select
 from jobsapp.lifecycle.journal.tables import JobRun, OutboxMessage
 from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.lifecycle.rules.scrub import scrub
-from tests.e2e.procs import BIN, ROOT, launching, ready, service_env
-from tests.e2e.webserver import free_port
+from tests.support.procs import BIN, ROOT, launching, ready, service_env
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
+from tests.support.webserver import free_port
 
 JOB_RUNS = JobRun.__table__
 OUTBOX = OutboxMessage.__table__

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from tests.e2e.procs import ROOT, Launcher, Proc, launching, ready, service_env
-from tests.e2e.webserver import API_TOKEN, free_port
+from tests.support.procs import ROOT, Launcher, Proc, launching, ready, service_env
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
+from tests.support.webserver import API_TOKEN, free_port
 
 SECRET = "pl4nted-Passw0rd"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

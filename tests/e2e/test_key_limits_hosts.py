@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready, service_env
 from tests.support import limit_tasks
 from tests.support.databases import migrated_postgres
 from tests.support.env import SESSION
+from tests.support.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready, service_env
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 

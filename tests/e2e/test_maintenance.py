@@ -30,10 +30,10 @@ from jobsapp.lifecycle.journal import OUTBOX, registry
 from jobsapp.lifecycle.journal.tables import JobRun
 from jobsapp.maintenance import lease, periodic_slots
 from jobsapp.schema import metadata
-from tests.e2e.procs import BIN, Launcher, Supervisor, ready, service_env
 from tests.support import tasks
 from tests.support.env import SESSION, service
 from tests.support.journal_view import events, outbox_rows, per_job, run_row, transitions
+from tests.support.procs import BIN, Launcher, Supervisor, ready, service_env
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 

@@ -33,11 +33,11 @@ from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import registry
 from jobsapp.lifecycle.rules.states import Outcome
 from jobsapp.monitor import rollup
-from tests.e2e.webserver import fetch, running_web
 from tests.support import tasks
 from tests.support.databases import migrated_postgres
 from tests.support.env import SESSION
 from tests.support.journal_view import per_job
+from tests.support.webserver import fetch, running_web
 
 SCRAPER = f"scraper-{uuid.uuid4().hex}"
 AUTH = {"Authorization": f"Bearer {SCRAPER}"}

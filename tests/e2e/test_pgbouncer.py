@@ -27,14 +27,14 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
 from jobsapp.db import autocommit, make_engine
-from tests.e2e.procs import Launcher, Proc, ready, service_env
-from tests.e2e.webserver import free_port
 from tests.support.databases import migrated_postgres
 from tests.support.env import SESSION, service
 from tests.support.journal_view import run_row, transitions
 from tests.support.planted import one_job_run
+from tests.support.procs import Launcher, Proc, ready, service_env
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
+from tests.support.webserver import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "services.sh"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.webserver import API_TOKEN, REPO, Http, fetch, free_port
 from tests.support.databases import drop_postgres, fresh_postgres
 from tests.support.env import SESSION, service
 from tests.support.servers import RedisServer
+from tests.support.webserver import API_TOKEN, REPO, Http, fetch, free_port
 from tests.unit import images
 
 FLOWER_LOGIN = "ops:procfile-Secret-2f9a"

@@ -17,11 +17,11 @@ from sqlalchemy import Engine, func, select, text
 
 from jobsapp.attachments.models import REPROCESS, RUNS
 from jobsapp.db import make_engine
-from tests.e2e.procs import Launcher, Proc, launching, ready, service_env
 from tests.support.databases import drop_postgres, fresh_postgres, migrate
 from tests.support.env import SESSION, service
 from tests.support.journal_view import events
 from tests.support.planted import plant_rows
+from tests.support.procs import Launcher, Proc, launching, ready, service_env
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 

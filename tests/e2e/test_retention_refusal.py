@@ -20,8 +20,8 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.lifecycle.journal.tables import JobRun
-from tests.e2e.procs import Launcher, service_env
 from tests.support import tasks
+from tests.support.procs import Launcher, service_env
 from tests.support.servers import RedisServer
 
 RUNS = JobRun.__table__

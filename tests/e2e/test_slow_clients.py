@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.webserver import Http, fetch, running_web
 from tests.support.databases import migrate
 from tests.support.waiting import eventually
+from tests.support.webserver import Http, fetch, running_web
 from tests.unit import images
 
 BOUNDARY = "slowclientboundary"

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from tests.e2e.webserver import REPO
 from tests.support.databases import drop_postgres, fresh_postgres
 from tests.support.env import SESSION, service, shell_env
+from tests.support.webserver import REPO
 
 NAMED = f"jobsapp_kitsrv_{SESSION}"
 

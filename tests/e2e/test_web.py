@@ -30,11 +30,11 @@ from sqlalchemy import Engine, create_engine, text
 from jobsapp.attachments.store import STAGING_PREFIX
 from jobsapp.storage import store_from_url
 from jobsapp.web.multipart import MAX_PART_HEADER_BYTES
-from tests.e2e.webserver import Http, fetch, running_web, running_worker
 from tests.support.attachments import png
 from tests.support.databases import drop_postgres, fresh_postgres, migrate
 from tests.support.env import SESSION, service
 from tests.support.servers import RedisServer
+from tests.support.webserver import Http, fetch, running_web, running_worker
 
 MAX_UPLOAD = 256 * 1024
 ADMIN_TOKEN = "e2e-web-token-7f3a9c2e5b1d8064-web"

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from tests.e2e.webserver import REPO
 from tests.support.databases import drop_postgres, fresh_postgres
 from tests.support.env import SESSION, service
+from tests.support.webserver import REPO
 
 DATABASE = f"jobsapp_wheel_{SESSION}"
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check"]

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from jobsapp.storage import ObjectStore
-from tests.e2e.procs import Launcher, service_env
 from tests.support.attachments import configured_store
 from tests.support.env import service
+from tests.support.procs import Launcher, service_env
 
 
 @pytest.fixture

@@ -28,10 +28,10 @@ from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.lifecycle.producer.enqueue import transaction
 from jobsapp.lifecycle.transport import outbox
 from jobsapp.maintenance import relay
-from tests.e2e.procs import Launcher
 from tests.support import tasks
 from tests.support.env import service
 from tests.support.journal_view import held_by, outbox_rows, run_count, run_row
+from tests.support.procs import Launcher
 from tests.support.waiting import eventually, waiting_for_a_lock
 from tests.support.workers import in_process_worker
 

@@ -26,10 +26,10 @@ from jobsapp.lifecycle.journal import OUTBOX, outbox_queries
 from jobsapp.lifecycle.journal.tables import JobRun
 from jobsapp.maintenance import relay
 from jobsapp.settings import get_settings
-from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, launching, ready
 from tests.support import habit_tasks, tasks
 from tests.support.env import service
 from tests.support.journal_view import outbox_rows, run_row
+from tests.support.procs import BIN, WORKER_FLAGS, Launcher, launching, ready
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)

@@ -23,10 +23,10 @@ from sqlalchemy import Engine
 
 from jobsapp.celery_app import app
 from jobsapp.maintenance import reaper, relay
-from tests.e2e.procs import WORKER_FLAGS, Launcher, Proc, ready, service_env
 from tests.support import tasks
 from tests.support.env import SESSION
 from tests.support.journal_view import outbox_rows, run_row, transitions
+from tests.support.procs import WORKER_FLAGS, Launcher, Proc, ready, service_env
 from tests.support.waiting import eventually
 
 SKEW = 60.0

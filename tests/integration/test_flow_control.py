@@ -26,9 +26,9 @@ from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal import EnqueueOutcome
 from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.maintenance import relay
-from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready
 from tests.support import flow_tasks, tasks
 from tests.support.journal_view import outbox_rows, run_row
+from tests.support.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready
 from tests.support.waiting import eventually
 from tests.support.workers import in_process_worker
 

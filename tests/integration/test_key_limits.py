@@ -28,11 +28,11 @@ from jobsapp.lifecycle.journal.key_slots import PARKED, SLOTS
 from jobsapp.lifecycle.worker import key_limits
 from jobsapp.maintenance import slot_sweep
 from jobsapp.web.app import create_app
-from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, launching, ready
 from tests.support import limit_tasks
 from tests.support.attachments import environment
 from tests.support.journal_view import outbox_rows, run_row
 from tests.support.migrations import sqlite_then_postgres
+from tests.support.procs import BIN, WORKER_FLAGS, Launcher, launching, ready
 from tests.support.tasks import counter
 from tests.support.waiting import eventually
 from tests.support.web import TOKEN, log_in

@@ -29,11 +29,11 @@ from jobsapp.lifecycle.producer.enqueue import transaction
 from jobsapp.lifecycle.transport import publisher
 from jobsapp.maintenance import relay
 from jobsapp.settings import get_settings
-from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready
 from tests.support import bare_celery, priority_tasks, tasks
 from tests.support.env import service
 from tests.support.journal_view import outbox_rows, run_row
 from tests.support.migrations import sqlite_then_postgres
+from tests.support.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(240)

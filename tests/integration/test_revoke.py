@@ -24,9 +24,9 @@ from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 from jobsapp.maintenance import reaper
-from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready
 from tests.support import tasks
 from tests.support.journal_view import events, run_row, transitions
+from tests.support.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready
 from tests.support.waiting import eventually
 from tests.support.workers import in_process_worker
 

@@ -19,11 +19,11 @@ from sqlalchemy.exc import NoResultFound
 from jobsapp.celery_app import app
 from jobsapp.lifecycle.celery_api.handle import JobHandle
 from jobsapp.lifecycle.rules.states import State, Transition
-from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, launching, ready
 from tests.support import bare_time_limits as bare
 from tests.support import time_limit_tasks as ours
 from tests.support.env import SESSION
 from tests.support.journal_view import events, run_row
+from tests.support.procs import BIN, WORKER_FLAGS, Launcher, launching, ready
 from tests.support.time_limit_bodies import HANG_SECONDS, TIME_LIMIT, started
 from tests.support.waiting import eventually
 

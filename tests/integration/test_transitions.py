@@ -21,9 +21,9 @@ from jobsapp.lifecycle.rules.states import State, Transition
 from jobsapp.lifecycle.worker import claim
 from jobsapp.lifecycle.worker.heartbeat import Heartbeat
 from jobsapp.maintenance import relay
-from tests.e2e.procs import Launcher
 from tests.support import tasks
 from tests.support.journal_view import events, held_by, outbox_rows, run_count, run_row, transitions
+from tests.support.procs import Launcher
 from tests.support.waiting import eventually
 
 

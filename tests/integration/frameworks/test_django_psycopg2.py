@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.e2e.procs import ROOT
+from tests.support.procs import ROOT
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -20,9 +20,9 @@ from sqlalchemy import Engine
 from jobsapp.celery_app import app
 from jobsapp.maintenance import relay
 from jobsapp.settings import get_settings
-from tests.e2e.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready, service_env
 from tests.support.env import service
 from tests.support.journal_view import run_row
+from tests.support.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready, service_env
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)

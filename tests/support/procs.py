@@ -4,7 +4,7 @@ Every process starts in a session of its own, so a SIGKILL of its process group 
 prefork worker's children with it, and nothing is ever killed by name. A ``Launcher``
 remembers all it started; its ``kill_all`` (a fixture finalizer) leaves none behind.
 
-Run as ``python -m tests.e2e.procs enqueue '<json>'`` this module is the producer: it
+Run as ``python -m tests.support.procs enqueue '<json>'`` this module is the producer: it
 enqueues the given jobs through the journal (fast-path publish after COMMIT) and prints
 one JSON line per job. A crash point armed in its environment kills it on the way.
 """
@@ -166,7 +166,7 @@ class Launcher:
         payload = json.dumps(list(jobs), default=str)
         env = {"JOBSAPP_CRASH_AT": crash_at} if crash_at else None
         return self.start(
-            "producer", [sys.executable, "-m", "tests.e2e.procs", "enqueue", payload], env
+            "producer", [sys.executable, "-m", "tests.support.procs", "enqueue", payload], env
         )
 
     def enqueue(self, *jobs: Mapping[str, Any], timeout: float = 30.0) -> list[dict[str, Any]]:
@@ -257,7 +257,7 @@ def _enqueue_main(payload: str) -> int:
 def main(argv: Sequence[str]) -> int:
     if len(argv) == 2 and argv[0] == "enqueue":
         return _enqueue_main(argv[1])
-    print("usage: python -m tests.e2e.procs enqueue '<json list of jobs>'", file=sys.stderr)
+    print("usage: python -m tests.support.procs enqueue '<json list of jobs>'", file=sys.stderr)
     return 2
 
 
