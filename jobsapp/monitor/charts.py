@@ -27,7 +27,7 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import EVENTS, registry
 from jobsapp.lifecycle.journal.totals import Key
 from jobsapp.lifecycle.rules.states import ACTIVE_STATES, ALL_STATES, Transition
-from jobsapp.monitor import rollup
+from jobsapp.monitor import rollup, summary
 
 # The window, its bucket width.
 WINDOWS = {
@@ -74,6 +74,9 @@ class TaskLine:
     module: str
     task: str
     states: dict[str, int]
+    # Active states of the module with more than ``summary.ACTIVE_CAP`` runs in the window:
+    # their counts are those of the oldest ``ACTIVE_CAP`` (at least that many).
+    capped: frozenset[str] = frozenset()
 
     @property
     def total(self) -> int:
@@ -97,8 +100,9 @@ def charts(engine: Engine, window: str, now: datetime | None = None) -> Charts:
 def by_task(conn: Connection, start: datetime) -> list[TaskLine]:
     """The runs each task finished in the window by terminal state (the rollup's series),
     and the runs in an active state that got there in the window (``updated_at`` since
-    ``start``, on ``ix_<table>_state_updated``: as many as the backlog holds)."""
+    ``start``, on ``ix_<table>_state_updated``: up to ``summary.ACTIVE_CAP`` of each)."""
     found: dict[tuple[str, str], dict[str, int]] = {}
+    capped: dict[str, set[str]] = {}
 
     def count(module: str, task: str, state: str, n: int) -> None:
         line = found.setdefault((module, str(task)), dict.fromkeys(ALL_STATES, 0))
@@ -114,16 +118,18 @@ def by_task(conn: Connection, start: datetime) -> list[TaskLine]:
         if state in ALL_STATES:
             count(module, task, state, n)
     for spec in registry.all_tables():
-        table = spec.table
         for state in ACTIVE_STATES:
-            stmt = (
-                select(table.c.task_name, func.count())
-                .where(table.c.state == state, table.c.updated_at >= start)
-                .group_by(table.c.task_name)
-            )
-            for task, n in conn.execute(stmt):
+            rows = summary.oldest_active(spec.table, state, "task_name", since=start)
+            read = conn.execute(select(rows.c.task_name, func.count()).group_by(rows.c.task_name))
+            per_task = read.all()
+            for task, n in per_task:
                 count(spec.module, task, state, n)
-    lines = [TaskLine(module, task, states) for (module, task), states in found.items()]
+            if sum(n for _, n in per_task) >= summary.ACTIVE_CAP:
+                capped.setdefault(spec.module, set()).add(state)
+    lines = [
+        TaskLine(module, task, states, frozenset(capped.get(module, ())))
+        for (module, task), states in found.items()
+    ]
     return sorted(lines, key=lambda line: (-line.total, line.module, line.task))
 
 
