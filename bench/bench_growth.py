@@ -83,8 +83,10 @@ TOKEN = "bench-growth-admin-token-" + uuid.uuid4().hex
 SCANNED = re.compile(r"Seq Scan on (job_runs|outbox|job_events|workflow_steps)\b")
 # A timed retention pass: one delete of ``batch`` rows per table; runs kept 5 days, so
 # two of the 7 planted days are due at every size (what a pass meets in a steady journal
-# is a few minutes' worth: a bounded batch, whatever the journal holds).
-RETAIN = retention.RetentionConfig(runs=timedelta(days=5), batch=500, max_batches=1)
+# is a few minutes' worth: a bounded batch, whatever the journal holds). The same work at
+# every size: 40 runs of each run table and 40 whole workflows a batch, and the smallest
+# journal (10^5: 143 chains past 5 days) has whole workflows due for each of its repeats.
+RETAIN = retention.RetentionConfig(runs=timedelta(days=5), batch=40, max_batches=1)
 
 
 @dataclass

@@ -39,6 +39,9 @@ from jobsapp.maintenance.budget import Budget
 
 log = logging.getLogger(__name__)
 
+# Steps read per workflow a batch may cut: a chain of three reads three rows of one.
+STEPS_READ = 4
+
 
 @dataclass(frozen=True)
 class RetentionConfig:
@@ -118,6 +121,21 @@ def _delete_runs(conn: Connection, spec: registry.RunTable, where: Any) -> int:
 def _cut_workflows(conn: Connection, before: datetime, limit: int) -> int:
     """Up to ``limit`` whole workflows that aged out: steps all written and blocked before
     ``before``, and every run finished before it; their runs and steps go together."""
+    doomed = _aged_workflows(conn, before, limit)
+    if doomed:
+        counted = finished_counts.counted_before(conn, doomed)
+        for spec in registry.all_tables():
+            _delete_runs(conn, spec, spec.table.c.workflow_id.in_(doomed))
+        conn.execute(delete(STEPS).where(STEPS.c.workflow_id.in_(doomed)))
+        finished_counts.recount(conn, counted)
+    return len(doomed)
+
+
+def _aged_workflows(conn: Connection, before: datetime, limit: int) -> list[Any]:
+    """The oldest steps first (``ix_workflow_steps_created``, in order), each workflow
+    checked by its own steps and runs (``ix_workflow_steps_workflow``, ``ix_<table>_workflow``):
+    the read stops at ``limit`` workflows' steps, whatever the journal holds. A batch of
+    workflows of many steps each can come out short: the next pass goes on."""
     step, other = STEPS.alias("step"), STEPS.alias("other")
     moved_since = or_(other.c.created_at >= before, other.c.blocked_at >= before)
     aged = [
@@ -128,15 +146,13 @@ def _cut_workflows(conn: Connection, before: datetime, limit: int) -> int:
         runs = spec.table
         active = or_(runs.c.state.not_in(TERMINAL_STATES), runs.c.finished_at >= before)
         aged.append(~exists().where(runs.c.workflow_id == step.c.workflow_id, active))
-    stmt = select(step.c.workflow_id).where(*aged).distinct().limit(limit)
-    doomed = list(conn.execute(stmt).scalars())
-    if doomed:
-        counted = finished_counts.counted_before(conn, doomed)
-        for spec in registry.all_tables():
-            _delete_runs(conn, spec, spec.table.c.workflow_id.in_(doomed))
-        conn.execute(delete(STEPS).where(STEPS.c.workflow_id.in_(doomed)))
-        finished_counts.recount(conn, counted)
-    return len(doomed)
+    stmt = (
+        select(step.c.workflow_id)
+        .where(*aged)
+        .order_by(step.c.created_at)
+        .limit(limit * STEPS_READ)
+    )
+    return list(dict.fromkeys(conn.execute(stmt).scalars()))[:limit]
 
 
 def _cuts(now: datetime, cfg: RetentionConfig) -> dict[str, Callable[[Connection], int]]:
