@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import Connection, Engine, Table, delete, exists, or_, select
+from sqlalchemy import Connection, Engine, Table, delete, or_, select, tuple_
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
@@ -39,7 +39,7 @@ from jobsapp.maintenance.budget import Budget
 
 log = logging.getLogger(__name__)
 
-# Steps read per workflow a batch may cut: a chain of three reads three rows of one.
+# Steps read per page per workflow a batch may cut (a chain of three is three rows).
 STEPS_READ = 4
 
 
@@ -132,27 +132,52 @@ def _cut_workflows(conn: Connection, before: datetime, limit: int) -> int:
 
 
 def _aged_workflows(conn: Connection, before: datetime, limit: int) -> list[Any]:
-    """The oldest steps first (``ix_workflow_steps_created``, in order), each workflow
-    checked by its own steps and runs (``ix_workflow_steps_workflow``, ``ix_<table>_workflow``):
-    the read stops at ``limit`` workflows' steps, whatever the journal holds. A batch of
-    workflows of many steps each can come out short: the next pass goes on."""
-    step, other = STEPS.alias("step"), STEPS.alias("other")
-    moved_since = or_(other.c.created_at >= before, other.c.blocked_at >= before)
-    aged = [
-        step.c.created_at < before,
-        ~exists().where(other.c.workflow_id == step.c.workflow_id, moved_since),
-    ]
-    for spec in registry.all_tables():
-        runs = spec.table
-        active = or_(runs.c.state.not_in(TERMINAL_STATES), runs.c.finished_at >= before)
-        aged.append(~exists().where(runs.c.workflow_id == step.c.workflow_id, active))
+    """Up to ``limit`` workflows whose steps were all written and blocked before ``before``
+    and whose runs all finished before it. The steps are read oldest first, a page at a
+    time (``ix_workflow_steps_created``), and each page's workflows checked by their own
+    steps and runs (``ix_workflow_steps_workflow``, ``ix_<table>_workflow``): what a batch
+    reads is its ``limit`` and the workflows still alive past the cutoff, not the steps
+    written since."""
+    found: dict[Any, None] = {}
+    after: tuple[datetime, Any] | None = None
+    while len(found) < limit:
+        page = _oldest_steps(conn, before, after, limit * STEPS_READ)
+        candidates = list(dict.fromkeys(w for _, _, w in page if w not in found))
+        alive = _alive(conn, candidates, before)
+        found.update((w, None) for w in candidates if w not in alive)
+        if len(page) < limit * STEPS_READ:
+            break
+        after = page[-1][:2]
+    return list(found)[:limit]
+
+
+def _oldest_steps(
+    conn: Connection, before: datetime, after: tuple[datetime, Any] | None, n: int
+) -> list[tuple[datetime, Any, Any]]:
+    s = STEPS.c
+    later = [] if after is None else [tuple_(s.created_at, s.job_id) > tuple_(*after)]
     stmt = (
-        select(step.c.workflow_id)
-        .where(*aged)
-        .order_by(step.c.created_at)
-        .limit(limit * STEPS_READ)
+        select(s.created_at, s.job_id, s.workflow_id)
+        .where(s.created_at < before, *later)
+        .order_by(s.created_at, s.job_id)
+        .limit(n)
     )
-    return list(dict.fromkeys(conn.execute(stmt).scalars()))[:limit]
+    return [(at, job_id, workflow) for at, job_id, workflow in conn.execute(stmt)]
+
+
+def _alive(conn: Connection, workflows: list[Any], before: datetime) -> set[Any]:
+    """Of ``workflows``, those with a step written or blocked since ``before``, or a run
+    not finished before it."""
+    if not workflows:
+        return set()
+    s = STEPS.c
+    moved = or_(s.created_at >= before, s.blocked_at >= before)
+    stmts = [select(s.workflow_id).where(s.workflow_id.in_(workflows), moved)]
+    for spec in registry.all_tables():
+        runs = spec.table.c
+        active = or_(runs.state.not_in(TERMINAL_STATES), runs.finished_at >= before)
+        stmts.append(select(runs.workflow_id).where(runs.workflow_id.in_(workflows), active))
+    return {w for stmt in stmts for w in conn.execute(stmt.distinct()).scalars()}
 
 
 def _cuts(now: datetime, cfg: RetentionConfig) -> dict[str, Callable[[Connection], int]]:
