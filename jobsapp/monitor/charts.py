@@ -8,25 +8,23 @@ with the minute): the rows read are bounded by the window's minutes, not by the 
 what the rollup has not reached yet is said (``counted_through``), not shown as zero. A
 percentile is the upper bound of the histogram bucket it falls in (``rollup.BUCKETS``).
 The enqueues come from the same series (the rollup counts first attempts' outbox rows),
-and so do the finished runs by task; the active ones are counted live. The failures by
-code still read the window's failure events through ``ix_job_events_at``.
+and so do the finished runs by task and the failed attempts by error code; the active
+runs are counted live (up to ``summary.ACTIVE_CAP`` per module and state).
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.journal import EVENTS, registry
+from jobsapp.lifecycle.journal import registry
 from jobsapp.lifecycle.journal.totals import Key
-from jobsapp.lifecycle.rules.states import ACTIVE_STATES, ALL_STATES, Transition
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES, ALL_STATES
 from jobsapp.monitor import rollup, summary
 
 # The window, its bucket width.
@@ -35,8 +33,6 @@ WINDOWS = {
     "day": (timedelta(days=1), timedelta(minutes=15)),
 }
 OUTCOMES = ("succeeded", "retried", "snoozed", "failed", "reaped")
-_FAILURES = (Transition.FAIL.value, Transition.RETRY.value, Transition.REAP_FAIL.value)
-_CODE = re.compile(r"([A-Za-z_][\w.]*)\s*:")
 PERCENTILES = (50, 95, 99)
 
 
@@ -194,22 +190,17 @@ def ranks(buckets: Mapping[str, int]) -> dict[int, float | None]:
 
 
 def failures_by_code(conn: Connection, start: datetime) -> list[tuple[str, int]]:
-    """Failed attempts of the window by error code: the exception type stored with the
-    attempt, else the word before the first colon of its error (``storage_unavailable:``)."""
+    """Failed attempts of the window by error code (``rollup.error_code``), most first:
+    the rollup's series."""
+    s = rollup.SERIES.c
+    total = func.sum(s.value)
     rows = conn.execute(
-        select(EVENTS.c.reason, EVENTS.c.detail).where(
-            EVENTS.c.at >= start, EVENTS.c.transition.in_(_FAILURES)
-        )
+        select(s.label, total)
+        .where(s.minute >= start, s.metric == rollup.FAILURES)
+        .group_by(s.label)
+        .order_by(total.desc(), s.label)
     )
-    counts = Counter(error_code(reason, detail) for reason, detail in rows)
-    return counts.most_common()
-
-
-def error_code(reason: str | None, detail: Mapping[str, Any] | None) -> str:
-    if isinstance(detail, Mapping) and detail.get("type"):
-        return str(detail["type"]).rsplit(".", 1)[-1]
-    found = _CODE.match(reason or "")
-    return found[1] if found else "other"
+    return [(code, int(n)) for code, n in rows]
 
 
 def distributions(totals: Mapping[Key, int]) -> dict[str, list[tuple[str, int]]]:
