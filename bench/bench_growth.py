@@ -328,6 +328,10 @@ def _passes(size: Size, repeat: int) -> None:
                 "WHERE published_at IS NOT NULL AND delivered_at IS NULL"
             )
         )
+    # As autovacuum leaves a live journal: the update's dead entries in the in-flight index
+    # (0.5% of the journal, each below the relay's due bound) would be read by every pass.
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE outbox"))
     _measure(size, "reaper", lambda: reaper.run_once(engine, reaper_cfg, app), repeat)
     _measure(size, "relay", lambda: relay.run_once(app, engine, relay_cfg), repeat)
     _measure(size, "retention", lambda: retention.run_once(engine, RETAIN, app), repeat)
