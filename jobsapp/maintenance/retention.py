@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import Connection, Engine, Table, delete, exists, or_, select
+from sqlalchemy import Connection, Engine, Table, delete, or_, select, tuple_
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
@@ -38,6 +38,9 @@ from jobsapp.maintenance import budget
 from jobsapp.maintenance.budget import Budget
 
 log = logging.getLogger(__name__)
+
+# Steps read per page per workflow a batch may cut (a chain of three is three rows).
+STEPS_READ = 4
 
 
 @dataclass(frozen=True)
@@ -118,18 +121,7 @@ def _delete_runs(conn: Connection, spec: registry.RunTable, where: Any) -> int:
 def _cut_workflows(conn: Connection, before: datetime, limit: int) -> int:
     """Up to ``limit`` whole workflows that aged out: steps all written and blocked before
     ``before``, and every run finished before it; their runs and steps go together."""
-    step, other = STEPS.alias("step"), STEPS.alias("other")
-    moved_since = or_(other.c.created_at >= before, other.c.blocked_at >= before)
-    aged = [
-        step.c.created_at < before,
-        ~exists().where(other.c.workflow_id == step.c.workflow_id, moved_since),
-    ]
-    for spec in registry.all_tables():
-        runs = spec.table
-        active = or_(runs.c.state.not_in(TERMINAL_STATES), runs.c.finished_at >= before)
-        aged.append(~exists().where(runs.c.workflow_id == step.c.workflow_id, active))
-    stmt = select(step.c.workflow_id).where(*aged).distinct().limit(limit)
-    doomed = list(conn.execute(stmt).scalars())
+    doomed = _aged_workflows(conn, before, limit)
     if doomed:
         counted = finished_counts.counted_before(conn, doomed)
         for spec in registry.all_tables():
@@ -137,6 +129,55 @@ def _cut_workflows(conn: Connection, before: datetime, limit: int) -> int:
         conn.execute(delete(STEPS).where(STEPS.c.workflow_id.in_(doomed)))
         finished_counts.recount(conn, counted)
     return len(doomed)
+
+
+def _aged_workflows(conn: Connection, before: datetime, limit: int) -> list[Any]:
+    """Up to ``limit`` workflows whose steps were all written and blocked before ``before``
+    and whose runs all finished before it. The steps are read oldest first, a page at a
+    time (``ix_workflow_steps_created``), and each page's workflows checked by their own
+    steps and runs (``ix_workflow_steps_workflow``, ``ix_<table>_workflow``): what a batch
+    reads is its ``limit`` and the workflows still alive past the cutoff, not the steps
+    written since."""
+    found: dict[Any, None] = {}
+    after: tuple[datetime, Any] | None = None
+    while len(found) < limit:
+        page = _oldest_steps(conn, before, after, limit * STEPS_READ)
+        candidates = list(dict.fromkeys(w for _, _, w in page if w not in found))
+        alive = _alive(conn, candidates, before)
+        found.update((w, None) for w in candidates if w not in alive)
+        if len(page) < limit * STEPS_READ:
+            break
+        after = page[-1][:2]
+    return list(found)[:limit]
+
+
+def _oldest_steps(
+    conn: Connection, before: datetime, after: tuple[datetime, Any] | None, n: int
+) -> list[tuple[datetime, Any, Any]]:
+    s = STEPS.c
+    later = [] if after is None else [tuple_(s.created_at, s.job_id) > tuple_(*after)]
+    stmt = (
+        select(s.created_at, s.job_id, s.workflow_id)
+        .where(s.created_at < before, *later)
+        .order_by(s.created_at, s.job_id)
+        .limit(n)
+    )
+    return [(at, job_id, workflow) for at, job_id, workflow in conn.execute(stmt)]
+
+
+def _alive(conn: Connection, workflows: list[Any], before: datetime) -> set[Any]:
+    """Of ``workflows``, those with a step written or blocked since ``before``, or a run
+    not finished before it."""
+    if not workflows:
+        return set()
+    s = STEPS.c
+    moved = or_(s.created_at >= before, s.blocked_at >= before)
+    stmts = [select(s.workflow_id).where(s.workflow_id.in_(workflows), moved)]
+    for spec in registry.all_tables():
+        runs = spec.table.c
+        active = or_(runs.state.not_in(TERMINAL_STATES), runs.finished_at >= before)
+        stmts.append(select(runs.workflow_id).where(runs.workflow_id.in_(workflows), active))
+    return {w for stmt in stmts for w in conn.execute(stmt.distinct()).scalars()}
 
 
 def _cuts(now: datetime, cfg: RetentionConfig) -> dict[str, Callable[[Connection], int]]:

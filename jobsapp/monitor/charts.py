@@ -8,26 +8,24 @@ with the minute): the rows read are bounded by the window's minutes, not by the 
 what the rollup has not reached yet is said (``counted_through``), not shown as zero. A
 percentile is the upper bound of the histogram bucket it falls in (``rollup.BUCKETS``).
 The enqueues come from the same series (the rollup counts first attempts' outbox rows),
-and so do the finished runs by task; the active ones are counted live. The failures by
-code still read the window's failure events through ``ix_job_events_at``.
+and so do the finished runs by task and the failed attempts by error code; the active
+runs are counted live (up to ``summary.ACTIVE_CAP`` per module and state).
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.journal import EVENTS, registry
+from jobsapp.lifecycle.journal import registry
 from jobsapp.lifecycle.journal.totals import Key
-from jobsapp.lifecycle.rules.states import ACTIVE_STATES, ALL_STATES, Transition
-from jobsapp.monitor import rollup
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES, ALL_STATES
+from jobsapp.monitor import rollup, summary
 
 # The window, its bucket width.
 WINDOWS = {
@@ -35,8 +33,6 @@ WINDOWS = {
     "day": (timedelta(days=1), timedelta(minutes=15)),
 }
 OUTCOMES = ("succeeded", "retried", "snoozed", "failed", "reaped")
-_FAILURES = (Transition.FAIL.value, Transition.RETRY.value, Transition.REAP_FAIL.value)
-_CODE = re.compile(r"([A-Za-z_][\w.]*)\s*:")
 PERCENTILES = (50, 95, 99)
 
 
@@ -74,6 +70,9 @@ class TaskLine:
     module: str
     task: str
     states: dict[str, int]
+    # Active states of the module with more than ``summary.ACTIVE_CAP`` runs in the window:
+    # their counts are those of the oldest ``ACTIVE_CAP`` (at least that many).
+    capped: frozenset[str] = frozenset()
 
     @property
     def total(self) -> int:
@@ -97,8 +96,9 @@ def charts(engine: Engine, window: str, now: datetime | None = None) -> Charts:
 def by_task(conn: Connection, start: datetime) -> list[TaskLine]:
     """The runs each task finished in the window by terminal state (the rollup's series),
     and the runs in an active state that got there in the window (``updated_at`` since
-    ``start``, on ``ix_<table>_state_updated``: as many as the backlog holds)."""
+    ``start``, on ``ix_<table>_state_updated``: up to ``summary.ACTIVE_CAP`` of each)."""
     found: dict[tuple[str, str], dict[str, int]] = {}
+    capped: dict[str, set[str]] = {}
 
     def count(module: str, task: str, state: str, n: int) -> None:
         line = found.setdefault((module, str(task)), dict.fromkeys(ALL_STATES, 0))
@@ -114,16 +114,18 @@ def by_task(conn: Connection, start: datetime) -> list[TaskLine]:
         if state in ALL_STATES:
             count(module, task, state, n)
     for spec in registry.all_tables():
-        table = spec.table
         for state in ACTIVE_STATES:
-            stmt = (
-                select(table.c.task_name, func.count())
-                .where(table.c.state == state, table.c.updated_at >= start)
-                .group_by(table.c.task_name)
-            )
-            for task, n in conn.execute(stmt):
+            rows = summary.oldest_active(spec.table, state, "task_name", since=start)
+            read = conn.execute(select(rows.c.task_name, func.count()).group_by(rows.c.task_name))
+            per_task = read.all()
+            for task, n in per_task:
                 count(spec.module, task, state, n)
-    lines = [TaskLine(module, task, states) for (module, task), states in found.items()]
+            if sum(n for _, n in per_task) >= summary.ACTIVE_CAP:
+                capped.setdefault(spec.module, set()).add(state)
+    lines = [
+        TaskLine(module, task, states, frozenset(capped.get(module, ())))
+        for (module, task), states in found.items()
+    ]
     return sorted(lines, key=lambda line: (-line.total, line.module, line.task))
 
 
@@ -188,22 +190,17 @@ def ranks(buckets: Mapping[str, int]) -> dict[int, float | None]:
 
 
 def failures_by_code(conn: Connection, start: datetime) -> list[tuple[str, int]]:
-    """Failed attempts of the window by error code: the exception type stored with the
-    attempt, else the word before the first colon of its error (``storage_unavailable:``)."""
+    """Failed attempts of the window by error code (``rollup.error_code``), most first:
+    the rollup's series."""
+    s = rollup.SERIES.c
+    total = func.sum(s.value)
     rows = conn.execute(
-        select(EVENTS.c.reason, EVENTS.c.detail).where(
-            EVENTS.c.at >= start, EVENTS.c.transition.in_(_FAILURES)
-        )
+        select(s.label, total)
+        .where(s.minute >= start, s.metric == rollup.FAILURES)
+        .group_by(s.label)
+        .order_by(total.desc(), s.label)
     )
-    counts = Counter(error_code(reason, detail) for reason, detail in rows)
-    return counts.most_common()
-
-
-def error_code(reason: str | None, detail: Mapping[str, Any] | None) -> str:
-    if isinstance(detail, Mapping) and detail.get("type"):
-        return str(detail["type"]).rsplit(".", 1)[-1]
-    found = _CODE.match(reason or "")
-    return found[1] if found else "other"
+    return [(code, int(n)) for code, n in rows]
 
 
 def distributions(totals: Mapping[Key, int]) -> dict[str, list[tuple[str, int]]]:

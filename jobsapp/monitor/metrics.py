@@ -42,11 +42,11 @@ from jobsapp import __version__, flow_control
 from jobsapp.lifecycle.flow.gating import Kind
 from jobsapp.lifecycle.journal import outbox_queries
 from jobsapp.lifecycle.journal.totals import DEDUP_HITS, Key
-from jobsapp.lifecycle.rules.states import ALL_STATES
+from jobsapp.lifecycle.rules.states import ACTIVE_STATES, ALL_STATES
 from jobsapp.maintenance import relay
 from jobsapp.monitor import labels, rollup
 from jobsapp.monitor.labels import Labels
-from jobsapp.monitor.summary import Health, health
+from jobsapp.monitor.summary import ACTIVE_CAP, Health, health
 
 EngineFactory = Callable[[], Engine]
 StaleAfter = Callable[[], timedelta | float]
@@ -68,6 +68,7 @@ class JournalCollector(Collector):
         yield _jobs(numbers, names)
         yield _oldest_queued(numbers, names)
         yield _stale(numbers)
+        yield _capped(numbers)
         yield GaugeMetricFamily(
             "jobsapp_outbox_backlog",
             "Outbox rows that are due and not yet published.",
@@ -205,8 +206,9 @@ def _histogram(
 def _jobs(numbers: Health, names: Labels) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
         "jobsapp_jobs",
-        "Run rows by module, task, queue and state: active ones at scrape time, finished "
-        "ones as of beat's last rollup, until retention.",
+        "Run rows by module, task, queue and state: active ones at scrape time (the oldest "
+        f"{ACTIVE_CAP} of a module's state at most: jobsapp_jobs_capped), finished ones as of "
+        "beat's last rollup, until retention.",
         labels=["module", "task", "queue", "state"],
     )
     rows = {(*series, state): 0 for series in names.registered() for state in ALL_STATES}
@@ -231,6 +233,19 @@ def _oldest_queued(numbers: Health, names: Labels) -> GaugeMetricFamily:
         ages[key] = max(age, ages.get(key, 0.0))
     for key, age in sorted(ages.items()):
         family.add_metric(list(key), age)
+    return family
+
+
+def _capped(numbers: Health) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "jobsapp_jobs_capped",
+        f"1: the module has more than {ACTIVE_CAP} runs in the active state; jobsapp_jobs "
+        "counts the oldest of them.",
+        labels=["module", "state"],
+    )
+    for module in numbers.counts:
+        for state in ACTIVE_STATES:
+            family.add_metric([module, state], int((module, state) in numbers.capped))
     return family
 
 

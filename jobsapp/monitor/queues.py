@@ -1,7 +1,8 @@
 """The queues page: per broker queue and domain, what waits in the journal and in the broker.
 
-Journal depth and the oldest wait come from the queued rows (``ix_<table>_state_updated``
-narrows the read to them); the rate counts the claims of the last ``RATE_WINDOW``
+Journal depth and the oldest wait come from the oldest ``summary.ACTIVE_CAP`` queued rows
+of each run table (``ix_<table>_state_updated``, in order): a deeper backlog reads
+"10,000+", its queues counted in those rows; the rate counts the claims of the last ``RATE_WINDOW``
 (``row_events.window``: event rows through ``ix_job_events_at``, the claims run rows carry
 through ``ix_<table>_state_updated``). Broker depth is one passive declare per queue on
 one connection (Redis: the lengths of the queue's lists, priorities included; RabbitMQ: the
@@ -27,7 +28,7 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import row_events
 from jobsapp.lifecycle.journal.key_slots import SLOTS
 from jobsapp.lifecycle.rules.states import State, Transition
-from jobsapp.monitor import workers
+from jobsapp.monitor import summary, workers
 from jobsapp.monitor.summary import checked_tables
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ class QueueRow:
     later: int
     oldest_due: datetime | None
     claims_per_minute: float
+    # False: the module has more than ACTIVE_CAP queued runs; due and later count those read.
+    exact: bool = True
 
 
 @dataclass(frozen=True)
@@ -119,22 +122,20 @@ def journal_depths(conn: Connection, default_queue: str, now: datetime) -> list[
     rates = _claims(conn, now)
     found: list[QueueRow] = []
     for spec in checked_tables(None):
-        t = spec.table
+        t = summary.oldest_active(spec.table, State.QUEUED.value, "queue")
         due = or_(t.c.next_retry_at.is_(None), t.c.next_retry_at <= now)
-        stmt = (
-            select(
-                t.c.queue,
-                func.count().filter(due),
-                func.count().filter(~due),
-                func.min(t.c.updated_at).filter(due),
-            )
-            .where(t.c.state == State.QUEUED.value)
-            .group_by(t.c.queue)
-        )
-        for queue, n_due, n_later, oldest in conn.execute(stmt):
+        stmt = select(
+            t.c.queue,
+            func.count().filter(due),
+            func.count().filter(~due),
+            func.min(t.c.updated_at).filter(due),
+        ).group_by(t.c.queue)
+        read = conn.execute(stmt).all()
+        exact = sum(n_due + n_later for _, n_due, n_later, _ in read) < summary.ACTIVE_CAP
+        for queue, n_due, n_later, oldest in read:
             name = queue or default_queue
             rate = rates.get((spec.module, queue), 0) / (RATE_WINDOW.total_seconds() / 60)
-            found.append(QueueRow(name, spec.module, n_due, n_later, oldest, rate))
+            found.append(QueueRow(name, spec.module, n_due, n_later, oldest, rate, exact))
         found += _idle(
             spec.module, rates, {r.queue for r in found if r.module == spec.module}, default_queue
         )

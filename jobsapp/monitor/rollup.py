@@ -21,6 +21,7 @@ off a run never counted), so that cursor also stays behind the oldest open trans
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -54,6 +55,11 @@ QUEUE_WAIT, RUN_DURATION = "queue_wait", "run_duration"
 FINISHED = "finished"
 # The charts' series of enqueues: first attempts' outbox rows, after their own id cursor.
 ENQUEUED = "enqueued"
+# The charts' series of failed attempts by error code (the label, cut to its column).
+FAILURES = "failures"
+FAILED_TRANSITIONS = (Transition.FAIL.value, Transition.RETRY.value, Transition.REAP_FAIL.value)
+_CODE = re.compile(r"([A-Za-z_][\w.]*)\s*:")
+_LABEL = 32
 OUTBOX_CURSOR = "charts_outbox_cursor"
 HISTOGRAMS = (QUEUE_WAIT, RUN_DURATION)
 # Upper bounds in seconds: from a hot queue's sub-second wait to an hour-long render.
@@ -102,6 +108,28 @@ class Event:
     at: datetime
     # Kept at a rerun after the rollup counted it from the run row.
     counted: bool = False
+    # A failed attempt's error code (``error_code``); None for the other transitions.
+    code: str | None = None
+
+
+def error_code(reason: str | None, detail: Mapping[str, Any] | None) -> str:
+    """A failure's code: the exception type stored with the attempt, else the word before
+    the first colon of its error (``storage_unavailable:``), else ``other`` (pure)."""
+    if isinstance(detail, Mapping) and detail.get("type"):
+        return str(detail["type"]).rsplit(".", 1)[-1][:_LABEL]
+    found = _CODE.match(reason or "")
+    return found[1][:_LABEL] if found else "other"
+
+
+def failures_by_minute(
+    events: Iterable[Event], tasks: Mapping[uuid.UUID, str]
+) -> Counter[MinuteKey]:
+    """Failed attempts by the minute they failed, their task and error code (pure)."""
+    return Counter(
+        (minute_of(e.at), FAILURES, e.module, tasks.get(e.job_id, UNKNOWN_TASK), e.code)
+        for e in events
+        if e.code is not None
+    )
 
 
 def bucket_label(seconds: float) -> str:
@@ -199,7 +227,8 @@ def _add_events(
 ) -> None:
     """``events`` into the totals and the charts' series, tallied once."""
     per_minute = _per_minute(events, tasks, claimed_at, sent)
-    _add_counts(conn, sum(per_minute.values(), Counter()), _series(per_minute))
+    series = _series(per_minute) + failures_by_minute(events, tasks)
+    _add_counts(conn, sum(per_minute.values(), Counter()), series)
 
 
 def finished_by_minute(module: str, rows: Iterable[Mapping[str, Any]]) -> Counter[MinuteKey]:
@@ -446,15 +475,25 @@ def _events_after(conn: Connection, cursor: int, batch: int) -> list[Event]:
             cols.attempt,
             cols.transition,
             cols.at,
-            cols.reason == COUNTED,
+            cols.reason,
+            cols.detail,
         )
         .where(cols.id > cursor)
         .order_by(cols.id)
         .limit(batch)
     )
     return [
-        Event(i, module, job_id, attempt, transition, at, bool(counted))
-        for i, module, job_id, attempt, transition, at, counted in rows
+        Event(
+            i,
+            module,
+            job_id,
+            attempt,
+            transition,
+            at,
+            reason == COUNTED,
+            error_code(reason, detail) if transition in FAILED_TRANSITIONS else None,
+        )
+        for i, module, job_id, attempt, transition, at, reason, detail in rows
     ]
 
 

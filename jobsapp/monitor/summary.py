@@ -8,7 +8,8 @@ module does not depend on. Every statement is bounded and follows an existing in
 - newest rows: one statement per run table, a ``LIMIT`` branch per state on
   ``ix_<table>_state_updated`` (``ORDER BY updated_at`` across all states would sort the
   whole journal);
-- counts: queued and running runs on the same index (bounded by the active runs), finished
+- counts: queued and running runs on the same index, the oldest ``ACTIVE_CAP`` of each
+  state (a larger backlog reads "10,000+", its series counted in those rows), finished
   runs from ``run_counts``, which beat's rollup keeps (journal/finished_counts.py): a
   finished run is counted once a rollup pass has seen it, and until retention deletes it;
 - stale runs: the partial index of running heartbeats;
@@ -30,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, and_, func, or_, select, union_all
-from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql import ColumnElement, Subquery
 
 import jobsapp.schema  # noqa: F401 - imports every domain, so each run table is registered
 from jobsapp.db import utcnow
@@ -41,6 +42,10 @@ from jobsapp.lifecycle.rules.states import ACTIVE_STATES, ALL_STATES, Outcome, S
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+# Active runs read per run table and state by the live counts (overview, /metrics/cluster,
+# queues page), the oldest first: a page reloaded every 5 s and a scrape read what they
+# show ("10,000+"), not every row of a backlog of any size.
+ACTIVE_CAP = 10_000
 # Enough of last_error for its first line; the rest (step statistics) stays in the row.
 _ERROR_PREFIX = 1000
 _ERROR_LINE = 300
@@ -99,6 +104,10 @@ class Health:
     # oldest due queued job of each series has waited.
     series_counts: dict[tuple[Series, str], int]
     series_oldest: dict[Series, float]
+    # ``(module, state)`` of the active states with more than ``ACTIVE_CAP`` rows: their
+    # counts are those of the oldest ``ACTIVE_CAP`` (at least that many), as is the oldest
+    # wait of a series with no row among them (none shown).
+    capped: frozenset[tuple[str, str]] = frozenset()
 
 
 # ------------------------------------------------------------------------- filters
@@ -298,15 +307,17 @@ def outbox_lag(engine: Engine, *, now: datetime | None = None) -> float:
 def health(engine: Engine, stale_after: timedelta | float) -> Health:
     now = utcnow()
     with engine.connect() as conn:
-        by_series, oldest = _series_counts(conn), _series_oldest(conn, now)
+        active = _active(conn, now)
+        by_series = _with_finished(conn, active.counts)
         return Health(
             counts=_per_module(by_series),
-            oldest_queued_age=_oldest_per_module(oldest),
+            oldest_queued_age=_oldest_per_module(active.oldest),
             stale_running=_stale(conn, _delta(stale_after), now),
             outbox_backlog=_backlog(conn, now),
             outbox_lag=_lag(conn, now),
             series_counts=by_series,
-            series_oldest=oldest,
+            series_oldest=active.oldest,
+            capped=active.capped,
         )
 
 
@@ -315,22 +326,62 @@ def _delta(value: timedelta | float) -> timedelta:
 
 
 def _counts(conn: Connection) -> dict[str, dict[str, int]]:
-    return _per_module(_series_counts(conn))
+    return _per_module(_with_finished(conn, _active(conn, utcnow()).counts))
 
 
-def _series_counts(conn: Connection) -> dict[tuple[Series, str], int]:
-    """Runs by series and state: queued and running ones counted live on the state index
-    (bounded by the active runs), finished ones as the rollup counted them."""
-    found: dict[tuple[Series, str], int] = {}
+def oldest_active(table: Any, state: str, *columns: str, since: datetime | None = None) -> Subquery:
+    """The oldest ``ACTIVE_CAP`` rows in an active ``state`` (updated ``since``, if given),
+    with ``updated_at`` and ``next_retry_at``, in order on ``ix_<table>_state_updated``."""
+    wanted = dict.fromkeys((*columns, "updated_at", "next_retry_at"))
+    recent = [] if since is None else [table.c.updated_at >= since]
+    return (
+        select(*(table.c[name] for name in wanted))
+        .where(table.c.state == state, *recent)
+        .order_by(table.c.updated_at)
+        .limit(ACTIVE_CAP)
+        .subquery()
+    )
+
+
+@dataclass(frozen=True)
+class _Active:
+    counts: dict[tuple[Series, str], int]
+    oldest: dict[Series, float]
+    capped: frozenset[tuple[str, str]]
+
+
+def _active(conn: Connection, now: datetime) -> _Active:
+    """Queued and running runs by series, up to ``ACTIVE_CAP`` of each state per run table,
+    and the seconds the oldest due queued run of each series has waited: read oldest
+    first, a series' first row among them is its oldest."""
+    counts: dict[tuple[Series, str], int] = {}
+    oldest: dict[Series, float] = {}
+    capped: set[tuple[str, str]] = set()
     for spec in registry.all_tables():
-        c = spec.table.c
-        stmt = (
-            select(c.task_name, c.queue, c.state, func.count())
-            .where(c.state.in_(ACTIVE_STATES))
-            .group_by(c.task_name, c.queue, c.state)
-        )
-        for task, queue, state, n in conn.execute(stmt).all():
-            found[((spec.module, task, queue), str(state))] = int(n)
+        for state in ACTIVE_STATES:
+            rows = oldest_active(spec.table, state, "task_name", "queue")
+            stmt = select(
+                rows.c.task_name,
+                rows.c.queue,
+                func.count(),
+                func.min(rows.c.updated_at).filter(_due(rows, now)),
+            ).group_by(rows.c.task_name, rows.c.queue)
+            read = 0
+            for task, queue, n, since in conn.execute(stmt).all():
+                counts[((spec.module, task, queue), state)] = int(n)
+                read += int(n)
+                if state == State.QUEUED.value and since is not None:
+                    oldest[(spec.module, task, queue)] = _seconds(now - since)
+            if read >= ACTIVE_CAP:
+                capped.add((spec.module, state))
+    return _Active(counts, oldest, frozenset(capped))
+
+
+def _with_finished(
+    conn: Connection, active: dict[tuple[Series, str], int]
+) -> dict[tuple[Series, str], int]:
+    """The active counts and the finished runs as the rollup counted them."""
+    found = dict(active)
     for (module, task, queue, state, _), n in finished_counts.read(conn).items():
         series = ((module, task, queue or None), state)
         found[series] = found.get(series, 0) + n
@@ -341,21 +392,6 @@ def _per_module(by_series: dict[tuple[Series, str], int]) -> dict[str, dict[str,
     found = {spec.module: dict.fromkeys(ALL_STATES, 0) for spec in registry.all_tables()}
     for ((module, _, _), state), n in by_series.items():
         found[module][state] = found[module].get(state, 0) + n
-    return found
-
-
-def _series_oldest(conn: Connection, now: datetime) -> dict[Series, float]:
-    """Seconds the oldest due queued job of each series has waited (queued rows only)."""
-    found: dict[Series, float] = {}
-    for spec in registry.all_tables():
-        c = spec.table.c
-        stmt = (
-            select(c.task_name, c.queue, func.min(c.updated_at))
-            .where(c.state == State.QUEUED.value, _due(spec.table, now))
-            .group_by(c.task_name, c.queue)
-        )
-        for task, queue, since in conn.execute(stmt).all():
-            found[(spec.module, task, queue)] = _seconds(now - since)
     return found
 
 

@@ -270,3 +270,32 @@ def _chart_minutes(url: str) -> set[str]:
 
 def test_migration_0028_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
     each_dialect_down_and_up(tmp_path, "m0028", "0027", _chart_minutes, {"chart_minutes"})
+
+
+def test_the_scheduled_page_reads_the_runs_not_due_through_their_own_index(big: Engine) -> None:
+    # Every planted queued run is due: the page reads none of them to find the later ones.
+    with _statements(big) as statements:
+        page = browse.scheduled(big)
+    assert page.total == 0
+    with big.connect() as conn:
+        plans = [
+            "\n".join(conn.exec_driver_sql(f"EXPLAIN {statement}", params).scalars())
+            for statement, params in statements
+            if "FROM job_runs" in statement
+        ]
+    assert plans
+    assert all("ix_job_runs_scheduled" in plan for plan in plans), "\n\n".join(plans)
+
+
+def _scheduled_indexes(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        names = {ix["name"] for t in RUN_TABLES for ix in inspect(engine).get_indexes(t)}
+        return {name for name in names if name.endswith("_scheduled")}
+    finally:
+        engine.dispose()
+
+
+def test_migration_0029_goes_down_and_up_again_on_both_dialects(tmp_path: Path) -> None:
+    added = {f"ix_{table}_scheduled" for table in RUN_TABLES}
+    each_dialect_down_and_up(tmp_path, "m0029", "0028", _scheduled_indexes, added)

@@ -69,6 +69,7 @@ def test_the_charts_count_and_rank_what_the_rollup_counted(fresh: Engine, window
     before = charts.charts(fresh, window)
     assert before.counted_through is None
     assert sum(b["succeeded"] for b in before.throughput.buckets) == 0
+    assert before.failures == []
 
     rolled_up(fresh)
     shown = charts.charts(fresh, window)
@@ -79,6 +80,7 @@ def test_the_charts_count_and_rank_what_the_rollup_counted(fresh: Engine, window
     # Each percentile is its bucket's upper bound: of 0.3, 1 (the failure), 4 and 20 s,
     # the second is the median, in the <= 1 s bucket.
     assert shown.percentiles[rollup.RUN_DURATION] == {50: 1.0, 95: 30.0, 99: 30.0}
+    assert shown.failures == [("ValueError", 1)]
     assert shown.counted_through is not None
     assert shown.counted_through > ended - timedelta(minutes=1)
     (line,) = shown.by_task

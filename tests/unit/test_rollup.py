@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from jobsapp.monitor.rollup import (
     ATTEMPTS,
+    FAILURES,
     QUEUE_WAIT,
     REAPED,
     RUN_DURATION,
@@ -15,6 +16,8 @@ from jobsapp.monitor.rollup import (
     Event,
     bucket_label,
     by_minute,
+    error_code,
+    failures_by_minute,
     settled,
     tally,
 )
@@ -81,4 +84,22 @@ def test_a_series_counts_a_wait_in_its_claims_minute_and_a_duration_in_its_endin
         (claim_minute, QUEUE_WAIT, "jobs", "t", "60"): 1,
         (end_minute, ATTEMPTS, "jobs", "t", "succeeded"): 1,
         (end_minute, RUN_DURATION, "jobs", "t", "5"): 1,
+    }
+
+
+def test_a_failure_s_code_is_its_exception_type_else_the_word_before_a_colon() -> None:
+    assert error_code("whatever", {"type": "jobsapp.errors.PermanentError"}) == "PermanentError"
+    assert error_code("storage_unavailable: S3 said 503", None) == "storage_unavailable"
+    assert error_code("no colon here", {}) == "other"
+    # The series' label holds 32 characters: a longer type is cut, not refused.
+    assert error_code("", {"type": "x." + "A" * 40}) == "A" * 32
+
+
+def test_failed_attempts_count_by_minute_task_and_code_and_nothing_else_does() -> None:
+    failed = Event(1, "jobs", JOB, 1, "fail", T0 + timedelta(seconds=70), code="ValueError")
+    retried = Event(2, "jobs", JOB, 2, "retry", T0 + timedelta(seconds=75), code="ValueError")
+    claim = event(3, "claim", 80)
+    minute = T0 + timedelta(minutes=1)
+    assert failures_by_minute([failed, retried, claim], {JOB: "t"}) == {
+        (minute, FAILURES, "jobs", "t", "ValueError"): 2
     }

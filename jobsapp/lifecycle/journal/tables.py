@@ -44,6 +44,8 @@ ACTIVE_SQL = f"state IN ({_in_list(ACTIVE_STATES)})"
 # The one-run-per-key index covers the runs of tasks with no ``limit``; a limited task's
 # runs share their key through ``key_slots`` instead (journal/key_slots.py).
 EXCLUSIVE_SQL = f"{ACTIVE_SQL} AND key_limit IS NULL"
+# Queued runs not due yet: a retry's backoff, a countdown, a parked run of a limited key.
+SCHEDULED_SQL = "state = 'queued' AND next_retry_at IS NOT NULL"
 # The relay's two working sets of outbox rows; a dead row is in neither.
 OUTBOX_PENDING_SQL = "published_at IS NULL AND dead_at IS NULL"
 OUTBOX_INFLIGHT_SQL = "published_at IS NOT NULL AND delivered_at IS NULL AND dead_at IS NULL"
@@ -164,6 +166,13 @@ class RunMixin:
                 "finished_at",
                 postgresql_where=text("finished_at IS NOT NULL"),
                 sqlite_where=text("finished_at IS NOT NULL"),
+            ),
+            # The scheduled page: queued runs not due yet, soonest first (migration 0029).
+            Index(
+                f"ix_{name}_scheduled",
+                "next_retry_at",
+                postgresql_where=text(SCHEDULED_SQL),
+                sqlite_where=text(SCHEDULED_SQL),
             ),
             # Retention deletes a workflow's runs whole (migration 0022); a job of its own
             # takes no entry.
