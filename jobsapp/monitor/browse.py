@@ -5,7 +5,8 @@ Paging is a keyset on ``(updated_at, job_id)``, newest first, merged across the 
 tables: a page does not shift when new jobs arrive, and a deep page costs what the first
 does (``ix_<table>_state_updated``). The text search reads a bounded number of rows: an
 id prefix as a range of the primary key, and a substring of the id, the error or the
-arguments (which no index serves) in the newest ``SEARCH_ROWS`` rows of each state.
+arguments (which no index serves) in the newest ``SEARCH_ROWS`` rows of each run table,
+shared between the states searched.
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ COUNT_CAP = 10_000
 # How much of a job's arguments a list row loads (the page shows less, once scrubbed).
 ARGS_PREVIEW = 1024
 MAX_TEXT = 200
-# A text search reads at most this many of the newest rows of each state of each run table:
-# a substring of an error or of arguments is matched by reading rows, and a search that
-# matches nothing must not read the journal.
+# A text search reads at most this many of the newest rows of each run table, shared
+# between the states it searches: a substring of an error or of arguments is matched by
+# reading rows, and a search that matches nothing must not read the journal.
 SEARCH_ROWS = 20_000
 # How long a text search may read (PostgreSQL's statement_timeout, below the console's
 # own): a search that would take longer is refused with a hint, not left to run.
@@ -373,9 +374,9 @@ def _args(module: str, raw: Mapping[str, Any]) -> str | None:
     return json.dumps(ids, default=str, sort_keys=True, separators=(", ", ": ")) if ids else None
 
 
-def _count(conn: Connection, spec: RunTable, where: Sequence[Any]) -> int:
-    """Matching rows, up to COUNT_CAP + 1 (more than the cap: not exact)."""
-    capped = select(spec.table.c.job_id).where(*where).limit(COUNT_CAP + 1).subquery()
+def _count(conn: Connection, spec: RunTable, where: Sequence[Any], cap: int = COUNT_CAP + 1) -> int:
+    """Matching rows, up to ``cap`` (by default more than COUNT_CAP: not exact)."""
+    capped = select(spec.table.c.job_id).where(*where).limit(cap).subquery()
     return int(conn.execute(select(func.count()).select_from(capped)).scalar_one())
 
 
@@ -421,8 +422,9 @@ def _searched(
 ) -> tuple[int, list[Listed]]:
     """A text search's matches in ``spec`` (up to COUNT_CAP + 1) and its page, the
     matches read once: ids that start with the text (a primary key range, at any age),
-    and the newest ``SEARCH_ROWS`` rows of each state whose id, error or arguments contain
-    it (a substring no index serves: the rows read are capped, not the journal's)."""
+    and of the newest ``SEARCH_ROWS`` rows, shared between the states, those whose id, error
+    or arguments contain it (a substring no index serves: the rows read are capped, not
+    the journal's)."""
     assert wanted.text is not None
     table = spec.table
     keys: Keys = {}
@@ -432,12 +434,16 @@ def _searched(
             *where, table.c.job_id.between(*bounds)
         )
         keys.update(_keys(conn, by_id))
-    for condition in state_conditions(table, wanted.states):
+    conditions = state_conditions(table, wanted.states)
+    held = [_count(conn, spec, [*where, c], SEARCH_ROWS) for c in conditions]
+    for condition, share in zip(conditions, search_shares(held, SEARCH_ROWS), strict=True):
+        if not share:
+            continue
         recent = (
             select(table)
             .where(*where, condition)
             .order_by(table.c.updated_at.desc())
-            .limit(SEARCH_ROWS)
+            .limit(share)
             .subquery()
         )
         matching = select(recent.c.job_id, recent.c.updated_at).where(
@@ -471,6 +477,19 @@ def id_prefix_range(text: str) -> tuple[uuid.UUID, uuid.UUID] | None:
     if not ID_PREFIX_MIN <= len(digits) <= 32 or _HEX.fullmatch(digits) is None:
         return None
     return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
+
+
+def search_shares(held: Sequence[int], budget: int) -> list[int]:
+    """How many of its newest rows each state's search reads: an equal share of
+    ``budget``, and what a state holds fewer rows than its share of goes to the others.
+    A small journal is read whole, a large one ``budget`` rows whatever it holds."""
+    shares = [0] * len(held)
+    left = budget
+    # The smallest first: each takes what it holds or its share of what is left.
+    for done, i in enumerate(sorted(range(len(held)), key=held.__getitem__)):
+        shares[i] = min(held[i], left // (len(held) - done))
+        left -= shares[i]
+    return shares
 
 
 def _text_match(spec: RunTable, text: str, columns: Any) -> ColumnElement[bool]:

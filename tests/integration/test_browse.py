@@ -119,6 +119,24 @@ def test_the_count_stops_at_its_cap(db: Engine, monkeypatch: pytest.MonkeyPatch)
     assert (len(exact.rows), exact.next) == (5, None)
 
 
+def test_a_search_shares_its_rows_between_the_states(
+    db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(browse, "SEARCH_ROWS", 4)
+    for _ in range(6):
+        failed_job(db)
+    queued_job(db)
+    search = JobFilter(module="jobs", states=("queued", "failed"), text="NEVER works")
+
+    # The one queued job is read whole; the 3 rows it leaves go to the failures.
+    assert browse.find_jobs(db, search).total == 3
+
+    for _ in range(3):
+        queued_job(db)
+    # Two states of 4 rows and more: 2 of each are read, whatever they hold.
+    assert browse.find_jobs(db, search).total == 2
+
+
 def test_a_search_reads_the_newest_rows_but_finds_an_id_at_any_age(
     db: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,6 +15,7 @@ from jobsapp.monitor.browse import (
     detail_text,
     parse_age,
     parse_cursor,
+    search_shares,
 )
 from jobsapp.monitor.summary import BadFilter
 
@@ -121,3 +122,17 @@ def test_a_stored_failure_detail_reads_as_type_message_and_a_multiline_traceback
     )
     assert detail_text(None) is None
     assert detail_text({}) is None
+
+
+@pytest.mark.parametrize(
+    ("held", "shares"),
+    [
+        ([10, 10], [10, 10]),  # a small journal is read whole
+        ([100, 100], [50, 50]),  # two large states split the budget
+        ([5, 1_000, 0], [5, 95, 0]),  # what a small state leaves goes to the large one
+        ([1_000, 30, 1_000], [35, 30, 35]),
+        ([1_000, 1_000, 1_000], [33, 33, 34]),  # never more than the budget in all
+    ],
+)
+def test_a_search_shares_its_rows_between_the_states(held: list[int], shares: list[int]) -> None:
+    assert search_shares(held, 100) == shares
