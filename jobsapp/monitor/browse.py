@@ -229,7 +229,7 @@ def find_jobs(
                 counts.append(count)
                 found += searched
                 continue
-            counts.append(_count(conn, spec, where))
+            counts.append(_listed_count(conn, spec, where, wanted.states))
             found += _newest(conn, spec, where, wanted.states, after, limit + 1, now)
         found.sort(key=lambda r: (r[0].updated_at, r[0].job_id), reverse=True)
         more = len(found) > limit
@@ -374,10 +374,35 @@ def _args(module: str, raw: Mapping[str, Any]) -> str | None:
     return json.dumps(ids, default=str, sort_keys=True, separators=(", ", ": ")) if ids else None
 
 
-def _count(conn: Connection, spec: RunTable, where: Sequence[Any], cap: int = COUNT_CAP + 1) -> int:
-    """Matching rows, up to ``cap`` (by default more than COUNT_CAP: not exact)."""
-    capped = select(spec.table.c.job_id).where(*where).limit(cap).subquery()
+def _count(conn: Connection, spec: RunTable, where: Sequence[Any]) -> int:
+    """Matching rows, up to COUNT_CAP + 1 (more than the cap: not exact)."""
+    capped = select(spec.table.c.job_id).where(*where).limit(COUNT_CAP + 1).subquery()
     return int(conn.execute(select(func.count()).select_from(capped)).scalar_one())
+
+
+def _listed_count(
+    conn: Connection, spec: RunTable, where: Sequence[Any], states: Sequence[str]
+) -> int:
+    """The jobs list's matches, up to COUNT_CAP + 1, a state at a time as its page reads
+    them (one OR over the states, capped, is a Seq Scan of the table until the cap to the
+    planner when a task prefix matches most rows)."""
+    total = 0
+    for condition in state_conditions(spec.table, states):
+        if total > COUNT_CAP:
+            break
+        total += _newest_count(conn, spec, [*where, condition], COUNT_CAP + 1 - total)
+    return total
+
+
+def _newest_count(conn: Connection, spec: RunTable, where: Sequence[Any], cap: int) -> int:
+    """Rows matching ``where``, up to ``cap``, read newest first: the plan walks
+    ``ix_<table>_state_updated`` (or the task's index for a rare task) and stops at the
+    cap, however many rows of the table match."""
+    table = spec.table
+    newest = (
+        select(table.c.job_id).where(*where).order_by(table.c.updated_at.desc()).limit(cap)
+    ).subquery()
+    return int(conn.execute(select(func.count()).select_from(newest)).scalar_one())
 
 
 def _tables(wanted: JobFilter) -> list[RunTable]:
@@ -435,7 +460,7 @@ def _searched(
         )
         keys.update(_keys(conn, by_id))
     conditions = state_conditions(table, wanted.states)
-    held = [_count(conn, spec, [*where, c], SEARCH_ROWS) for c in conditions]
+    held = [_newest_count(conn, spec, [*where, c], SEARCH_ROWS) for c in conditions]
     for condition, share in zip(conditions, search_shares(held, SEARCH_ROWS), strict=True):
         if not share:
             continue
