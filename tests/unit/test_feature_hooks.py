@@ -6,33 +6,27 @@ and claim enter none of them."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
 import sys
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-import pytest
 from celery import Celery
-from celery.app.trace import build_tracer
 
 import jobsapp
-from bench.cost import captured
 from jobsapp.celery_app import app as shipped
 from jobsapp.lifecycle import lifecycle_task
-from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.flow.gating import held_while_paused, while_paused
 from jobsapp.lifecycle.journal import PendingMessage
-from jobsapp.lifecycle.journal import flow_rows as statements
 from jobsapp.lifecycle.transport import outbox
 from jobsapp.lifecycle.transport.hooks import add_publish_filter, publish_filters
 from jobsapp.lifecycle.worker import claim, key_limits
-from jobsapp.testing.kit import delivered
-from tests.support.databases import use_database
-from tests.support.journal_view import run_row
 
+ROOT = Path(__file__).resolve().parents[2]
 PUBLISH_PATH = ("lifecycle/transport/outbox.py", "lifecycle/transport/hooks.py")
 
 
@@ -123,66 +117,33 @@ CLAIM = claim.__file__
 KEY_LIMITS = key_limits.__file__
 
 
-Sent = tuple[str, str, tuple[Any, ...], dict[str, Any]]
-
-
-def _enqueued(app: Celery, name: str) -> tuple[uuid.UUID, Sent]:
-    """A job of task ``name`` enqueued: its id and its message."""
-    with captured() as sent:
-        job_id = app.tasks[name].delay().job_id
-    [message] = sent
-    return job_id, message
-
-
-def _worked(app: Celery, message: Sent) -> tuple[str, set[tuple[str, str]]]:
-    """``message`` run as a worker runs it: what the attempt returned, and the functions
-    (file, name) its calls entered."""
-    name, task_id, args, kwargs = message
-    tracer = build_tracer(name, app.tasks[name], app=app, eager=False)
-    entered: set[tuple[str, str]] = set()
-
-    def watch(frame: FrameType, event: str, _arg: Any) -> None:
-        if event == "call":
-            entered.add((frame.f_code.co_filename, frame.f_code.co_name))
-
-    sys.setprofile(watch)
-    try:
-        traced = tracer(task_id, args, kwargs, delivered(app, task_id, "unit"))
-    finally:
-        sys.setprofile(None)
-    return str(traced.retval), entered
+def _probed(scenario: str, url: str) -> dict[str, Any]:
+    """tests/support/claim_probe.py's attempt, in a process of its own."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.claim_probe", scenario, url],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    found["entered"] = {tuple(pair) for pair in found["entered"]}
+    return found
 
 
 def test_a_plain_job_on_an_app_with_no_hold_enters_no_flow_or_key_limit_code(
-    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str,
 ) -> None:
-    team = _team_app()
-    engine = use_database(sqlite_url)
-    team.finalize()  # its tasks bound: their on_bound ran
-    monkeypatch.setitem(team.__dict__, "_jobsapp_claim_holds", ())  # an app that set up none
-    job_id, message = _enqueued(team, "team.job")
-    ran, entered = _worked(team, message)
-    assert run_row(engine, job_id)["state"] == "succeeded", ran
-    assert (CLAIM, "claim") in entered
-    assert not [(f, name) for f, name in entered if f.startswith(FLOW) or f == KEY_LIMITS]
+    probed = _probed("plain", sqlite_url)
+    assert probed["state"] == "succeeded", probed["ran"]
+    assert (CLAIM, "claim") in probed["entered"]
+    assert not [(f, name) for f, name in probed["entered"] if f.startswith(FLOW) or f == KEY_LIMITS]
 
 
-def test_the_pause_hold_keeps_a_paused_queues_job_at_claim(
-    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    team = _team_app()
-    engine = use_database(sqlite_url)
-    job_id, message = _enqueued(team, "team.job")
-    queue = str(team.conf.task_default_queue)
-    with engine.begin() as conn:
-        statements.pause(conn, "queue", queue, actor="operator:t", reason="hold")
-    monkeypatch.setattr(gating, "_seen", {})  # this process sees the pause now
-    try:
-        ran, entered = _worked(team, message)
-    finally:
-        with engine.begin() as conn:
-            statements.resume(conn, "queue", queue, actor="operator:t", reason="hold")
-    assert ran == f"not run: {claim.Refusal.PAUSED.value}"
-    assert (f"{FLOW}/gating.py", "while_paused") in entered
-    row = run_row(engine, job_id)
-    assert (row["state"], row["attempts"]) == ("queued", 0)
+def test_the_pause_hold_keeps_a_paused_queues_job_at_claim(sqlite_url: str) -> None:
+    probed = _probed("paused", sqlite_url)
+    assert probed["ran"] == f"not run: {claim.Refusal.PAUSED.value}"
+    assert (f"{FLOW}/gating.py", "while_paused") in probed["entered"]
+    assert (probed["state"], probed["attempts"]) == ("queued", 0)
