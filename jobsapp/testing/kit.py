@@ -44,7 +44,7 @@ from jobsapp.maintenance import lease, relay, slot_sweep
 
 # What drain reports, by the state the job is in after the attempt it ran.
 _SAID = {"succeeded": "succeeded", "failed": "failed", "queued": "retried", "running": "running"}
-# What a lifecycle task returns for a delivery that started no work (lifecycle/task.py): a
+# What a lifecycle task returns for a delivery that started no work (worker/delivery.py): a
 # duplicate or early copy the claim refused is no attempt, and drain does not count it.
 _NOT_RUN = "not run: "
 # How far an enqueued job's due time may be from the ``eta`` a test expects: the test

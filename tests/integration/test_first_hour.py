@@ -110,7 +110,7 @@ def test_a_redelivered_send_task_message_is_not_a_second_run(
     pg_worker: object, pg: Engine, elsewhere: Celery, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The broker delivers the same task id again (at-least-once): one run, one body."""
-    caplog.set_level(logging.INFO, logger="jobsapp.lifecycle.task")
+    caplog.set_level(logging.INFO, logger="jobsapp.lifecycle.worker.delivery")
     token = f"once-{uuid.uuid4().hex[:8]}"
     task_id = str(uuid.uuid4())
     for _ in range(2):
