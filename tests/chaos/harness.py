@@ -48,7 +48,7 @@ from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.storage import ObjectStore
 from tests.support import journal_view
 from tests.support.attachments import sha256
-from tests.support.procs import BIN, WORKER_FLAGS, Launcher, Proc, ready
+from tests.support.procs import BIN, WORKER_FLAGS, Launcher, Proc, beat_argv, ready
 from tests.support.servers import QUEUE, free_port
 from tests.support.webserver import API_TOKEN, Http, Reply
 
@@ -419,16 +419,7 @@ class Cluster:
         self, name: str = "beat", env: Mapping[str, str] | None = None, *, level: str = "info"
     ) -> Proc:
         """``level="debug"`` logs every reaper pass, idle ones too (see ``reaper_ticks``)."""
-        argv = [
-            str(BIN / "celery"),
-            "-A",
-            "jobsapp",
-            "beat",
-            "-s",
-            str(self.launcher.workdir / f"{name}-schedule"),
-            "-l",
-            level,
-        ]
+        argv = beat_argv(self.launcher.workdir / f"{name}-schedule", level)
         return self.launcher.start(name, argv, env)
 
     def skewed_worker(self, name: str, offset: str, env: Mapping[str, str] | None = None) -> Proc:

@@ -22,7 +22,7 @@ import pytest
 from jobsapp.preflight import ExitCode
 from tests.support.databases import drop_postgres, fresh_postgres
 from tests.support.env import SESSION, service
-from tests.support.procs import Launcher
+from tests.support.procs import Launcher, beat_argv
 from tests.support.waiting import eventually
 from tests.support.webserver import Http, free_port
 
@@ -214,18 +214,7 @@ def test_a_worker_without_its_dependency_exits_before_ready(
 def test_beat_without_its_database_exits_instead_of_standing_by(
     what: str, good_env: dict[str, str], unmigrated_url: str, tmp_path: Path
 ) -> None:
-    argv = [
-        str(BIN / "celery"),
-        "-A",
-        "jobsapp",
-        "beat",
-        "-s",
-        str(tmp_path / "schedule"),
-        "-l",
-        "info",
-    ]
-
-    code, out, err = run(argv, good_env | broken(what, unmigrated_url))
+    code, out, err = run(beat_argv(tmp_path / "schedule"), good_env | broken(what, unmigrated_url))
 
     assert_one_line(what, code, out, err)
     assert "standing by" not in out + err

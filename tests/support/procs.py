@@ -39,6 +39,11 @@ WORKER_FLAGS = (
 )
 
 
+def beat_argv(schedule_file: Path, level: str = "info") -> list[str]:
+    """``celery -A jobsapp beat`` keeping its schedule in ``schedule_file``."""
+    return [str(BIN / "celery"), "-A", "jobsapp", "beat", "-s", str(schedule_file), "-l", level]
+
+
 def service_env(
     *,
     database_url: str,
@@ -146,18 +151,7 @@ class Launcher:
         return self.start(name, argv, env)
 
     def beat(self, name: str, env: Mapping[str, str] | None = None) -> Proc:
-        schedule_file = self.workdir / f"{name}-schedule"
-        argv = [
-            str(BIN / "celery"),
-            "-A",
-            "jobsapp",
-            "beat",
-            "-s",
-            str(schedule_file),
-            "-l",
-            "info",
-        ]
-        return self.start(name, argv, env)
+        return self.start(name, beat_argv(self.workdir / f"{name}-schedule"), env)
 
     def jobsapp(self, name: str, *args: str, env: Mapping[str, str] | None = None) -> Proc:
         return self.start(name, [str(BIN / "jobsapp"), *args], env)
