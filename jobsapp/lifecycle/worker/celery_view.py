@@ -12,7 +12,9 @@ arguments and jobsapp's wrapper as the exception. Instead:
   a ``task-started`` event with the body's arguments as Celery's producer shows them
   (``saferepr``, then scrubbed) and the job id, so Flower's args and kwargs are the user's.
   It goes out through one event dispatcher kept per process (``send_started``), not one
-  built per event as ``Task.send_event`` does.
+  built per event as ``Task.send_event`` does, held with the process's other task-started
+  events for at most ``EVENTS_WINDOW`` and published with them in one message, as Celery's
+  worker publishes its own task events.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from functools import cache
 from types import CodeType, TracebackType
@@ -122,6 +125,9 @@ def report(env: Envelope, ended: Ended | str, *, entry: CodeType, secrets: Seque
             entry,
             secrets,
         )
+        # Celery's worker sends task-retried once this raises: the attempt's task-started,
+        # if held, goes first (Flower takes a started event after a retry as a new run).
+        flush_held()
         raise Retry(f"{label} requeued", exc=shown) from shown
     if ended.end is End.FAILED:
         raise _shown(ended, f"jobsapp: {env.module} {label} {ended.summary}", entry, secrets)
@@ -157,15 +163,23 @@ def _call_part(part: tuple[Any, ...] | dict[str, Any], secrets: Sequence[str]) -
 # child builds its own (its parent's connection is not its to use).
 _dispatchers: dict[tuple[int, str], EventDispatcher] = {}
 _dispatchers_lock = threading.Lock()
+# A pool child's task-started events wait at most this long (seconds) and go out together,
+# up to Celery's 24 to a message: a publish per event cost a job 185 calls.
+EVENTS_WINDOW: Final = 0.25
 
 
 def send_started(app: Celery, task_id: str, hostname: str, fields: Mapping[str, Any]) -> None:
-    """A ``task-started`` event of ``task_id`` carrying ``fields``, published at once.
+    """A ``task-started`` event of ``task_id`` carrying ``fields``, published within
+    ``EVENTS_WINDOW``.
 
     ``Task.send_event`` takes a producer from the pool and builds a dispatcher (an exchange,
     a producer, a lock) for every event, about as much CPU as the publish itself; this
-    process keeps one. A failed publish raises, and the next event starts afresh on a new
-    connection (an AMQP connection does not come back by itself).
+    process keeps one, which holds its events as Celery's worker holds its own (the
+    ``task`` group, published as one ``task.multi`` message of up to 24 events, which
+    Celery's receivers and Flower take apart) and a thread of its own publishes them within
+    the window. A failed publish drops the dispatcher, and the next event starts afresh on
+    a new connection (an AMQP connection does not come back by itself); its events, a live
+    view, are lost.
     """
     dispatcher = _dispatcher(app, hostname)
     try:
@@ -180,10 +194,59 @@ def _dispatcher(app: Celery, hostname: str) -> EventDispatcher:
     with _dispatchers_lock:
         found = _dispatchers.get(key)
         if found is None:
+            flusher = _Flusher()
             found = _dispatchers[key] = app.events.Dispatcher(
-                app.connection_for_write(), hostname=hostname, buffer_while_offline=False
+                app.connection_for_write(),
+                hostname=hostname,
+                buffer_while_offline=False,
+                buffer_group=["task"],
+                on_send_buffered=flusher.soon,
             )
+            flusher.start(found)
         return found
+
+
+def flush_held() -> None:
+    """Publish this process's held task events now."""
+    pid = os.getpid()
+    with _dispatchers_lock:
+        held = [found for (owner, _host), found in _dispatchers.items() if owner == pid]
+    for dispatcher in held:
+        _flush(dispatcher)
+
+
+def _flush(dispatcher: EventDispatcher) -> None:
+    try:
+        dispatcher.flush(errors=False)
+    except Exception as down:  # noqa: BLE001 - a live view; the next event reconnects
+        log.info("task events not sent: %s", type(down).__name__)
+        _drop(dispatcher)
+
+
+class _Flusher:
+    """Publishes a dispatcher's held events ``EVENTS_WINDOW`` after the first of them."""
+
+    def __init__(self) -> None:
+        self._due = threading.Event()
+
+    def start(self, dispatcher: EventDispatcher) -> None:
+        name = "jobsapp-task-events"
+        threading.Thread(target=self._run, args=(dispatcher,), name=name, daemon=True).start()
+
+    def soon(self) -> None:
+        # Set once per window: an event held while the thread waits rides along.
+        if not self._due.is_set():
+            self._due.set()
+
+    def _run(self, dispatcher: EventDispatcher) -> None:
+        while not dispatcher._closed:  # type: ignore[attr-defined]
+            # A while at a time: a dispatcher dropped by the sender ends its thread too.
+            if not self._due.wait(timeout=30.0):
+                continue
+            time.sleep(EVENTS_WINDOW)
+            # Cleared before the publish: an event held during it arms the next window.
+            self._due.clear()
+            _flush(dispatcher)
 
 
 def _drop(dispatcher: EventDispatcher) -> None:
