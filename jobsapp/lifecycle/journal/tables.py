@@ -46,6 +46,7 @@ ACTIVE_SQL = f"state IN ({_in_list(ACTIVE_STATES)})"
 EXCLUSIVE_SQL = f"{ACTIVE_SQL} AND key_limit IS NULL"
 # Queued runs not due yet: a retry's backoff, a countdown, a parked run of a limited key.
 SCHEDULED_SQL = "state = 'queued' AND next_retry_at IS NOT NULL"
+EXPIRING_SQL = "state = 'queued' AND expires_at IS NOT NULL"
 # The relay's two working sets of outbox rows; a dead row is in neither.
 OUTBOX_PENDING_SQL = "published_at IS NULL AND dead_at IS NULL"
 OUTBOX_INFLIGHT_SQL = "published_at IS NOT NULL AND delivered_at IS NULL AND dead_at IS NULL"
@@ -173,6 +174,14 @@ class RunMixin:
                 "next_retry_at",
                 postgresql_where=text(SCHEDULED_SQL),
                 sqlite_where=text(SCHEDULED_SQL),
+            ),
+            # The reaper's expiry pass: queued runs with an expiry, soonest first (migration
+            # 0030); a run without one (most) takes no entry.
+            Index(
+                f"ix_{name}_expiring",
+                "expires_at",
+                postgresql_where=text(EXPIRING_SQL),
+                sqlite_where=text(EXPIRING_SQL),
             ),
             # Retention deletes a workflow's runs whole (migration 0022); a job of its own
             # takes no entry.
