@@ -16,9 +16,13 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import (
     Connection,
+    Select,
+    Subquery,
     Table,
     func,
+    literal,
     select,
+    true,
     tuple_,
     update,
 )
@@ -329,24 +333,54 @@ def missing_messages(
     conn: Connection, spec: RunTable, *, after: Cursor | None, limit: int
 ) -> tuple[list[dict[str, Any]], Cursor | None]:
     """Queued runs of the next page (by ``updated_at, job_id``) that have no outbox row for
-    their next attempt, locked; and where the following page starts (None: wrap around)."""
+    their next attempt, locked; and where the following page starts (None: wrap around).
+
+    The page is read in its index order with each run's check beside it: the runs of a page
+    were queued together and sit together, while looking each one up again by its key
+    walks the whole key index (39 ms a page at 10^7 runs). Only a run the check found
+    missing (normally none) is read whole, locked, and checked again under its lock."""
     _planned_without_jit(conn)
     table = spec.table
     queued = table.c.state == State.QUEUED.value
-    page = select(table.c.job_id, table.c.updated_at).where(queued)
+    page = select(table.c.job_id, table.c.updated_at, table.c.attempts).where(queued)
     if after is not None:
         page = page.where(tuple_(table.c.updated_at, table.c.job_id) > tuple_(*after))
-    seen = conn.execute(page.order_by(table.c.updated_at, table.c.job_id).limit(limit)).all()
+    cut = page.order_by(table.c.updated_at, table.c.job_id).limit(limit).subquery()
+    checked = _checked_page(conn, spec, cut)
+    seen = conn.execute(checked.order_by(cut.c.updated_at, cut.c.job_id)).all()
     if not seen:
         return [], None
+    cursor = (seen[-1].updated_at, seen[-1].job_id) if len(seen) == limit else None
+    lacking = [r.job_id for r in seen if not r.live]
+    if not lacking:
+        return [], cursor
     missing = (
         select(table)
-        .where(table.c.job_id.in_([r.job_id for r in seen]), queued, ~_has_live_row(spec))
+        .where(table.c.job_id.in_(lacking), queued, ~_has_live_row(spec))
         .with_for_update(skip_locked=True)
     )
-    rows = [dict(r) for r in conn.execute(missing).mappings()]
-    cursor = (seen[-1].updated_at, seen[-1].job_id) if len(seen) == limit else None
-    return rows, cursor
+    return [dict(r) for r in conn.execute(missing).mappings()], cursor
+
+
+def _checked_page(conn: Connection, spec: RunTable, cut: Subquery) -> Select[Any]:
+    """``cut``'s runs, each with ``live``: whether its next attempt has an outbox row.
+
+    On PostgreSQL a lookup per run (LATERAL ... LIMIT 1): as an EXISTS beside the runs the
+    planner may hash every live outbox row instead (over the uncut queued runs at 10^7, a
+    Parallel Seq Scan of the outbox: 350 ms). SQLite has no LATERAL and looks each up."""
+    match = (
+        OUTBOX.c.module == spec.module,
+        OUTBOX.c.job_id == cut.c.job_id,
+        OUTBOX.c.attempt == cut.c.attempts + 1,
+        OUTBOX.c.delivered_at.is_(None),
+    )
+    if conn.dialect.name != "postgresql":
+        live = select(OUTBOX.c.id).where(*match).exists().label("live")
+        return select(cut.c.job_id, cut.c.updated_at, live)
+    lookup = select(literal(True).label("live")).where(*match).limit(1).lateral()
+    return select(cut.c.job_id, cut.c.updated_at, lookup.c.live).select_from(
+        cut.outerjoin(lookup, true())
+    )
 
 
 def bump(conn: Connection, name: str, by: int) -> None:
