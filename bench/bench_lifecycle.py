@@ -634,9 +634,10 @@ COST_DB = 13
 
 
 def calls_lines(services: Services) -> list[str]:
-    """jobsapp's Python calls per no-op job over bare Celery's, in the worker and on the
-    producer, counted as the cost budget counts them (bench/cost.py: the same events on
-    both sides), on the fsync-on cluster's journal."""
+    """jobsapp's Python calls per no-op job over bare Celery's, in the task's execution
+    (``worker``), in a whole solo worker and on the producer, counted as the cost budget
+    counts them (bench/cost.py: the same events on both sides), on the fsync-on cluster's
+    journal."""
     env = {
         **os.environ,
         "JOBSAPP_DATABASE_URL": services.durable.pg_url("bench"),
@@ -647,7 +648,7 @@ def calls_lines(services: Services) -> list[str]:
     theirs = cost.measured("bare", "bench-cost", env)[cost.BARE]
     lines = [
         f"lifecycle/bare {side} calls per job: {ours[side]['calls'] / theirs[side]['calls']:.2f}"
-        for side in ("worker", "producer")
+        for side in ("worker", cost.SOLO, "producer")
     ]
     print("\n".join(lines), flush=True)
     return lines

@@ -6,6 +6,13 @@ chain, a group, a chord, a key limit, a rate limit, a priority). Counts do not d
 the machine's speed or load, so CI can hold a budget (tests/integration/test_cost_budget.py)
 and the lifecycle bench prints the ratios to bare Celery (bench/bench_lifecycle.py).
 
+The no-op job on each side is also counted in a whole worker (``solo worker``): Celery's
+solo-pool worker in the process, draining queued jobs from the broker, every thread
+counted (the consumer's handling of each message, the task's execution, its events, the
+heartbeat), as ``python -m bench profile`` measured "the worker" when the issue's
+figures were taken. The ``worker`` count is the task's execution alone, where all of
+jobsapp's own work is; the consumer around it is Celery's on both sides.
+
 ``python -m bench.cost lifecycle|bare QUEUE [FEATURE ...]`` prints, as one JSON line, each
 feature's counts per job (every feature of the side when none is named). Only the calling
 thread is profiled: the heartbeat's thread ticks on a clock, not per job.
@@ -16,11 +23,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -29,13 +37,16 @@ from typing import Any
 import redis
 from celery import Celery, chain, chord, group
 from celery.app.trace import build_tracer
-from celery.signals import after_task_publish, before_task_publish
+from celery.signals import after_task_publish, before_task_publish, task_postrun
 from sqlalchemy import Engine, event
 
 from jobsapp.testing.kit import delivered
 
 # Jobs run before counting (caches, compiled statements, first connections), then counted.
 WARM, COUNTED = 10, 40
+# The same for the solo worker, which drains what the broker holds (one job per loop turn).
+SOLO_WARM, SOLO_COUNTED = 30, 300
+SOLO = "solo worker"
 ROOT = Path(__file__).resolve().parents[1]
 # The no-op job's name on each side, the baseline every feature's price is read against.
 NOOP, BARE = "lifecycle", "bare celery"
@@ -152,6 +163,48 @@ def _drain(app: Celery, sent: list[Sent], start: int) -> int:
     return done - start
 
 
+def solo_worker_calls(app: Celery, feature: Feature) -> dict[str, float]:
+    """Python calls per job in Celery's solo-pool worker run in this process, on every
+    thread, while it drains ``feature``'s queued jobs (the app's default queue, emptied
+    first); the worker stops itself (a warm shutdown) after the last counted job."""
+    queue = str(app.conf.task_default_queue)
+    # Alone on a shared broker: no other test's control broadcast or event receiver
+    # meets it (both sides alike).
+    app.conf.update(worker_enable_remote_control=False, event_exchange=f"{queue}.events")
+    with app.connection_for_write() as conn:
+        channel: Any = conn.default_channel  # kombu types it as StdChannel
+        channel.queue_purge(queue)
+    for _ in range(SOLO_WARM + SOLO_COUNTED):
+        feature.call()
+    counted, done = Counts(), [0]
+
+    def profiled(_frame: FrameType, what: str, _arg: Any) -> None:
+        if what == "call" and SOLO_WARM <= done[0] < SOLO_WARM + SOLO_COUNTED:
+            counted.calls += 1
+
+    def finished(**_: Any) -> None:
+        done[0] += 1
+        if done[0] == SOLO_WARM + SOLO_COUNTED:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    task_postrun.connect(finished, weak=False)
+    threading.setprofile(profiled)
+    sys.setprofile(profiled)
+    try:
+        with suppress(SystemExit):
+            app.worker_main(["worker", "-P", "solo", "-l", "warning", "-Q", queue, *SOLO_FLAGS])
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+        task_postrun.disconnect(finished)
+    assert done[0] == SOLO_WARM + SOLO_COUNTED, f"the solo worker ran {done[0]} jobs"
+    return {"calls": round(counted.calls / SOLO_COUNTED, 1)}
+
+
+# What a worker does on a clock, not per job, and would count at the counted jobs' pace.
+SOLO_FLAGS = ("--without-gossip", "--without-mingle", "--without-heartbeat")
+
+
 def _noop() -> None:
     """The job whose cost is all lifecycle."""
 
@@ -200,7 +253,9 @@ def _side(name: str, queue: str) -> tuple[Celery, dict[str, Feature]]:
         task_default_queue=queue,
         task_ignore_result=True,
         task_send_sent_event=True,
+        worker_send_task_events=True,
         task_acks_late=True,
+        worker_prefetch_multiplier=1,
     )
     return bare, {BARE: Feature(bare.task(name="bench.cost.bare_noop")(_noop).delay)}
 
@@ -227,8 +282,9 @@ def measured(side: str, queue: str, env: Mapping[str, str], *features: str) -> M
         )
     finally:
         client = redis.Redis.from_url(broker)
-        # A priority's messages are in lists of their own, named after the queue.
-        for key in client.scan_iter(match=f"{queue}*"):
+        # A priority's messages are in lists of their own, named after the queue; the solo
+        # worker's bindings in kombu's keys ending in it.
+        for key in client.scan_iter(match=f"*{queue}*"):
             client.delete(key)
     if done.returncode != 0:
         raise RuntimeError(f"bench.cost {side} failed: {done.stderr[-3000:]}")
@@ -238,9 +294,13 @@ def measured(side: str, queue: str, env: Mapping[str, str], *features: str) -> M
 
 def main(side: str, queue: str, names: list[str]) -> Measured:
     app, features = _side(side, queue)
-    return {name: measure(app, features[name]) for name in names or features}
+    found = {name: measure(app, features[name]) for name in names or features}
+    for name in {NOOP, BARE} & set(found):
+        found[name][SOLO] = solo_worker_calls(app, features[name])
+    return found
 
 
 if __name__ == "__main__":
-    # A process of its own: the counts depend on nothing an earlier test left behind.
-    print(json.dumps(main(sys.argv[1], sys.argv[2], sys.argv[3:])))
+    # A process of its own: the counts depend on nothing an earlier test left behind. The
+    # solo worker has sent sys.stdout to its log (``worker_redirect_stdouts``).
+    print(json.dumps(main(sys.argv[1], sys.argv[2], sys.argv[3:])), file=sys.__stdout__)

@@ -41,6 +41,7 @@ LIFECYCLE = [
     "batch enqueue jobs per second",
     "batch enqueue/bare pipeline ratio (fsync on)",
     "lifecycle/bare worker calls per job",
+    "lifecycle/bare solo worker calls per job",
     "lifecycle/bare producer calls per job",
     "lifecycle journal rows per job",
 ]
