@@ -25,11 +25,13 @@ WHERE = sa.text("workflow_id IS NOT NULL")
 
 
 def upgrade() -> None:
+    # A run table created since (ddl.create_run_table) has it already.
     for table in RUN_TABLES:
         op.create_index(
             f"ix_{table}_workflow",
             table,
             ["workflow_id"],
+            if_not_exists=True,
             postgresql_where=WHERE,
             sqlite_where=WHERE,
         )

@@ -32,17 +32,20 @@ CLAIMS = sa.text("transition = 'claim'")
 
 
 def upgrade() -> None:
+    # A run table created since (ddl.create_run_table) has it already.
     for table in RUN_TABLES:
         op.create_index(
             f"ix_{table}_task_state_updated",
             table,
             ["task_name", "state", "updated_at"],
+            if_not_exists=True,
             postgresql_ops={"task_name": "varchar_pattern_ops"},
         )
         op.create_index(
             f"ix_{table}_attempted",
             table,
             ["attempted_at"],
+            if_not_exists=True,
             postgresql_where=ATTEMPTED,
             sqlite_where=ATTEMPTED,
         )

@@ -26,11 +26,13 @@ SCHEDULED = sa.text("state = 'queued' AND next_retry_at IS NOT NULL")
 
 
 def upgrade() -> None:
+    # A run table created since (ddl.create_run_table) has it already.
     for table in RUN_TABLES:
         op.create_index(
             f"ix_{table}_scheduled",
             table,
             ["next_retry_at"],
+            if_not_exists=True,
             postgresql_where=SCHEDULED,
             sqlite_where=SCHEDULED,
         )

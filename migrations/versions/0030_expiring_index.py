@@ -26,11 +26,13 @@ EXPIRING = sa.text("state = 'queued' AND expires_at IS NOT NULL")
 
 
 def upgrade() -> None:
+    # A run table created since (ddl.create_run_table) has it already.
     for table in RUN_TABLES:
         op.create_index(
             f"ix_{table}_expiring",
             table,
             ["expires_at"],
+            if_not_exists=True,
             postgresql_where=EXPIRING,
             sqlite_where=EXPIRING,
         )

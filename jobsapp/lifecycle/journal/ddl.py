@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from jobsapp.db import UtcDateTime
-from jobsapp.lifecycle.journal.tables import EXCLUSIVE_SQL
+from jobsapp.lifecycle.journal.tables import run_table_indexes
 
 
 def _columns() -> list[sa.Column[Any]]:
@@ -141,22 +141,13 @@ def _checks(name: str) -> list[sa.CheckConstraint]:
 
 
 def create_run_table(name: str, *extra: Any) -> None:
-    """Create a run table with the lifecycle contract plus the domain's ``extra`` items."""
+    """Create a run table with the lifecycle contract plus the domain's ``extra`` items: its
+    columns, checks and every index of the contract as it is today (``run_table_indexes``);
+    a later migration that adds an index to the run tables of its day skips one that has it."""
     op.create_table(name, *extra, *_columns(), *_checks(name), sa.PrimaryKeyConstraint("job_id"))
-    running = sa.text("state = 'running'")
-    finished = sa.text("finished_at IS NOT NULL")
-    with op.batch_alter_table(name) as batch:
-        batch.create_index(
-            f"ix_{name}_finished", ["finished_at"], postgresql_where=finished, sqlite_where=finished
-        )
-        batch.create_index(
-            f"ix_{name}_running_heartbeat",
-            ["heartbeat_at"],
-            postgresql_where=running,
-            sqlite_where=running,
-        )
-        batch.create_index(f"ix_{name}_state_updated", ["state", "updated_at"])
-        create_active_key_index(batch, name, EXCLUSIVE_SQL)
+    for index in run_table_indexes(name):
+        columns = [str(column) for column in index.expressions]
+        op.create_index(index.name, name, columns, unique=index.unique, **index.dialect_kwargs)
 
 
 # The UNION ALL projection over every run table, for ad-hoc SQL and dashboards.
