@@ -138,20 +138,9 @@ def run_table_indexes(name: str) -> tuple[Index, ...]:
     creates for a domain's new table (tests/integration/test_schema.py)."""
     return (
         # The mutual exclusion of the contract: one active run per key.
-        Index(
-            f"uq_{name}_active_key",
-            "concurrency_key",
-            unique=True,
-            postgresql_where=text(EXCLUSIVE_SQL),
-            sqlite_where=text(EXCLUSIVE_SQL),
-        ),
+        _partial(f"uq_{name}_active_key", "concurrency_key", EXCLUSIVE_SQL, unique=True),
         # The reaper's scan follows the number of running rows, not the journal.
-        Index(
-            f"ix_{name}_running_heartbeat",
-            "heartbeat_at",
-            postgresql_where=text("state = 'running'"),
-            sqlite_where=text("state = 'running'"),
-        ),
+        _partial(f"ix_{name}_running_heartbeat", "heartbeat_at", "state = 'running'"),
         Index(f"ix_{name}_state_updated", "state", "updated_at"),
         # The jobs list by task (a LIKE prefix, whatever the collation) and the charts'
         # claims of a window (migration 0023).
@@ -162,43 +151,25 @@ def run_table_indexes(name: str) -> tuple[Index, ...]:
             "updated_at",
             postgresql_ops={"task_name": "varchar_pattern_ops"},
         ),
-        Index(
-            f"ix_{name}_attempted",
-            "attempted_at",
-            postgresql_where=text("attempted_at IS NOT NULL"),
-            sqlite_where=text("attempted_at IS NOT NULL"),
-        ),
+        _partial(f"ix_{name}_attempted", "attempted_at", "attempted_at IS NOT NULL"),
         # Retention and reconcile ask for finished rows only; NULLs cost every
         # enqueue and claim an index entry (migration 0008).
-        Index(
-            f"ix_{name}_finished",
-            "finished_at",
-            postgresql_where=text("finished_at IS NOT NULL"),
-            sqlite_where=text("finished_at IS NOT NULL"),
-        ),
+        _partial(f"ix_{name}_finished", "finished_at", "finished_at IS NOT NULL"),
         # The scheduled page: queued runs not due yet, soonest first (migration 0029).
-        Index(
-            f"ix_{name}_scheduled",
-            "next_retry_at",
-            postgresql_where=text(SCHEDULED_SQL),
-            sqlite_where=text(SCHEDULED_SQL),
-        ),
+        _partial(f"ix_{name}_scheduled", "next_retry_at", SCHEDULED_SQL),
         # The reaper's expiry pass: queued runs with an expiry, soonest first (migration
         # 0030); a run without one (most) takes no entry.
-        Index(
-            f"ix_{name}_expiring",
-            "expires_at",
-            postgresql_where=text(EXPIRING_SQL),
-            sqlite_where=text(EXPIRING_SQL),
-        ),
+        _partial(f"ix_{name}_expiring", "expires_at", EXPIRING_SQL),
         # Retention deletes a workflow's runs whole (migration 0022); a job of its own
         # takes no entry.
-        Index(
-            f"ix_{name}_workflow",
-            "workflow_id",
-            postgresql_where=text("workflow_id IS NOT NULL"),
-            sqlite_where=text("workflow_id IS NOT NULL"),
-        ),
+        _partial(f"ix_{name}_workflow", "workflow_id", "workflow_id IS NOT NULL"),
+    )
+
+
+def _partial(name: str, column: str, where: str, *, unique: bool = False) -> Index:
+    """An index of the rows ``where`` holds for, on both dialects."""
+    return Index(
+        name, column, unique=unique, postgresql_where=text(where), sqlite_where=text(where)
     )
 
 
