@@ -5,21 +5,19 @@ of each run table (``ix_<table>_state_updated``, in order): a deeper backlog rea
 "10,000+", its queues counted in those rows; the rate counts the claims of the last ``RATE_WINDOW``
 (``row_events.window``: event rows through ``ix_job_events_at``, the claims run rows carry
 through ``ix_<table>_state_updated``). Broker depth is one passive declare per queue on
-one connection (Redis: the lengths of the queue's lists, priorities included; RabbitMQ: the
-queue's message count), so a queue the broker does not know says so instead of being
-created.
+the process's pooled publish connection (``publisher.declared``; Redis: the lengths of the
+queue's lists, priorities included; RabbitMQ: the queue's message count and consumers), so a
+queue the broker does not know says so instead of being created.
 Limited keys (``limit=N``, ``fair``) show their slots held and their runs waiting, from
 ``key_slots``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from celery import Celery
 from sqlalchemy import Connection, Engine, func, or_, select
@@ -28,6 +26,7 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import row_events
 from jobsapp.lifecycle.journal.key_slots import SLOTS
 from jobsapp.lifecycle.rules.states import State, Transition
+from jobsapp.lifecycle.transport import publisher
 from jobsapp.monitor import summary, workers
 from jobsapp.monitor.summary import checked_tables
 
@@ -35,10 +34,6 @@ log = logging.getLogger(__name__)
 
 RATE_WINDOW = timedelta(minutes=5)
 KEY_LINES = 50
-BROKER_TIMEOUT = 3
-# Transports whose empty queue is no key at all: a passive declare of it fails, and
-# that means zero messages, not an unknown queue.
-_KEYS_VANISH = frozenset({"redis", "filesystem"})
 
 
 @dataclass(frozen=True)
@@ -181,36 +176,16 @@ def _registry_consumers(conn: Connection, now: datetime) -> dict[str, int] | Non
 
 
 def broker_depths(app: Celery, names: Iterable[str]) -> dict[str, BrokerDepth]:
-    """Messages waiting in the broker per queue (a passive declare: nothing is created)."""
-    out: dict[str, BrokerDepth] = {}
+    """Messages waiting in the broker per queue (a passive declare: nothing is created), on
+    the process's pooled publish connection: a page load opens none of its own."""
     try:
-        with app.connection_for_read() as conn:
-            conn.ensure_connection(max_retries=1, timeout=BROKER_TIMEOUT)
-            for name in names:
-                out[name] = _depth(conn, name)
+        found = publisher.declared(app, names)
     except Exception as exc:  # noqa: BLE001 - a broker that is down is a cell, not a 500
         log.warning("queues page: broker unavailable (%s)", type(exc).__name__)
         return {n: BrokerDepth(None, None, "broker unavailable") for n in names}
-    return out
-
-
-def _depth(conn: Any, name: str) -> BrokerDepth:
-    channel = conn.channel()
-    try:
-        _, messages, consumers = channel.queue_declare(queue=name, passive=True)
-    except Exception as exc:  # noqa: BLE001 - RabbitMQ closes the channel on an unknown queue
-        if conn.transport.driver_type in _KEYS_VANISH:
-            return BrokerDepth(0, None)
-        return BrokerDepth(None, None, f"not declared on the broker ({type(exc).__name__})")
-    finally:
-        _close(channel)
-    # kombu's virtual transports count no consumers: only AMQP's number means something.
-    return BrokerDepth(
-        int(messages), None if conn.transport.driver_type in _KEYS_VANISH else int(consumers)
-    )
-
-
-def _close(channel: Any) -> None:
-    # A channel the broker closed already (an unknown queue on RabbitMQ) is closed.
-    with contextlib.suppress(Exception):
-        channel.close()
+    return {
+        name: BrokerDepth(None, None, "not declared on the broker")
+        if d is None
+        else BrokerDepth(d.messages, d.consumers)
+        for name, d in found.items()
+    }

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -25,6 +26,7 @@ from celery import Celery
 from kombu import pools
 from kombu.exceptions import BatchPublishError  # type: ignore[attr-defined]  # kombu 5.7
 from kombu.exceptions import OperationalError as KombuOperationalError
+from kombu.transport.virtual import Transport as VirtualTransport
 
 from jobsapp.settings import get_settings
 
@@ -95,24 +97,43 @@ def batch(producer: Any, max_size: int) -> Iterator[None]:
         yield
 
 
-def queue_depths(app: Celery, queues: Iterable[str]) -> dict[str, int]:
-    """Messages ready in each queue, as the broker counts them (a passive declare: Redis
-    adds up the queue's priority lists, RabbitMQ answers ``message_count``); a queue the
-    broker does not know holds none. Bounded like a publish; raises ``BROKER_ERRORS``."""
+@dataclass(frozen=True)
+class Declared:
+    """A queue as a passive declare answers: its ready messages (Redis adds up the queue's
+    priority lists) and, on RabbitMQ, its consumers (kombu's virtual transports count none)."""
+
+    messages: int
+    consumers: int | None
+
+
+def declared(app: Celery, queues: Iterable[str]) -> dict[str, Declared | None]:
+    """Each queue as the broker sees it, None for a queue RabbitMQ does not know (on Redis
+    an empty queue is no key at all: zero messages). On a pooled connection bounded like a
+    publish, nothing created; raises ``BROKER_ERRORS``."""
     with producer(app) as pooled:
         connection = pooled.connection
-        return {name: _depth(connection, name) for name in set(queues)}
+        return {name: _declared(connection, name) for name in dict.fromkeys(queues)}
 
 
-def _depth(connection: Any, queue: str) -> int:
-    # A channel of its own: RabbitMQ closes the channel that asked for an unknown queue.
-    channel = connection.channel()
+def queue_depths(app: Celery, queues: Iterable[str]) -> dict[str, int]:
+    """Messages ready in each queue; a queue the broker does not know holds none."""
+    return {name: 0 if d is None else d.messages for name, d in declared(app, queues).items()}
+
+
+def _declared(connection: Any, queue: str) -> Declared | None:
+    virtual = isinstance(connection.transport, VirtualTransport)
+    # RabbitMQ closes the channel that asked for an unknown queue: a channel of its own
+    # there. A virtual transport's answers on the connection's own (a channel of kombu's
+    # Redis transport builds a client: a millisecond each).
+    channel = connection.default_channel if virtual else connection.channel()
     try:
-        return int(channel.queue_declare(queue=queue, passive=True).message_count)
+        _, messages, consumers = channel.queue_declare(queue=queue, passive=True)
     except connection.channel_errors:
-        return 0
+        return Declared(0, None) if virtual else None
     finally:
-        channel.close()
+        if not virtual:
+            channel.close()
+    return Declared(int(messages), None if virtual else int(consumers))
 
 
 def fast_path_open() -> bool:
