@@ -14,8 +14,9 @@ figures were taken. The ``worker`` count is the task's execution alone, where al
 jobsapp's own work is; the consumer around it is Celery's on both sides.
 
 ``python -m bench.cost lifecycle|bare QUEUE [FEATURE ...]`` prints, as one JSON line, each
-feature's counts per job (every feature of the side when none is named). Only the calling
-thread is profiled: the heartbeat's thread ticks on a clock, not per job.
+feature's counts per job (every feature of the side when none is named). Outside the solo
+worker only the calling thread is profiled: the heartbeat's thread ticks on a clock, not
+per job.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ WARM, COUNTED = 10, 40
 # The same for the solo worker, which drains what the broker holds (one job per loop turn).
 SOLO_WARM, SOLO_COUNTED = 30, 300
 SOLO = "solo worker"
+# What a worker does on a clock, not per job, and would count at the counted jobs' pace.
+SOLO_FLAGS = ("--without-gossip", "--without-mingle", "--without-heartbeat")
 ROOT = Path(__file__).resolve().parents[1]
 # The no-op job's name on each side, the baseline every feature's price is read against.
 NOOP, BARE = "lifecycle", "bare celery"
@@ -199,10 +202,6 @@ def solo_worker_calls(app: Celery, feature: Feature) -> dict[str, float]:
         task_postrun.disconnect(finished)
     assert done[0] == SOLO_WARM + SOLO_COUNTED, f"the solo worker ran {done[0]} jobs"
     return {"calls": round(counted.calls / SOLO_COUNTED, 1)}
-
-
-# What a worker does on a clock, not per job, and would count at the counted jobs' pace.
-SOLO_FLAGS = ("--without-gossip", "--without-mingle", "--without-heartbeat")
 
 
 def _noop() -> None:
