@@ -74,4 +74,4 @@ def test_the_fast_path_publishes_when_the_pauses_cannot_be_read() -> None:
             1, uuid.uuid4(), 1, "t", {"module": "jobs"}, datetime.now(UTC), 0, 0, queue=None
         )
     ]
-    assert publishable(gone, "celery", messages) == messages
+    assert publishable(gone, lambda: "celery", messages) == messages

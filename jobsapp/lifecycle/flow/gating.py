@@ -214,12 +214,13 @@ def _pairs(module: Any, queue: str | None, default_queue: str) -> set[tuple[str,
 
 
 def publishable(
-    engine: Engine, default_queue: str, messages: Sequence[PendingMessage]
+    engine: Engine, default_queue: Callable[[], str], messages: Sequence[PendingMessage]
 ) -> Sequence[PendingMessage]:
     """The producer's fast path leaves the messages of a paused queue or domain (as this
     process last saw the pauses) to the relay, which holds them until the resume. The
     enqueue has committed: a database that cannot say what is paused leaves the messages
-    to the workers' gate rather than fail the caller."""
+    to the workers' gate rather than fail the caller. The default queue (a Celery
+    settings lookup) is read only while something is paused."""
     try:
         pairs = paused_pairs(engine)
     except DBAPIError as down:
@@ -230,17 +231,14 @@ def publishable(
         return messages
     if not pairs:
         return messages
-    return [
-        m
-        for m in messages
-        if pairs.isdisjoint(_pairs(m.body.get("module"), m.queue, default_queue))
-    ]
+    queue = default_queue()
+    return [m for m in messages if pairs.isdisjoint(_pairs(m.body.get("module"), m.queue, queue))]
 
 
 def held_while_paused(app: Celery, messages: Sequence[PendingMessage]) -> Sequence[PendingMessage]:
     """``publishable`` as the publish filter an app registers at setup
     (transport/hooks.py; jobsapp.celery_app registers it on the deployment's app)."""
-    return publishable(get_engine(), app.conf.task_default_queue, messages)
+    return publishable(get_engine(), lambda: str(app.conf.task_default_queue), messages)
 
 
 def hand_back(
