@@ -75,16 +75,19 @@ def _write_pool(app: Celery) -> Any:
     on every publish: a Celery settings lookup costs about 12 us (``broker_write_url``
     three of them), and a changed broker URL is a changed entry of ``conf.changes``."""
     changes = app.conf.changes or {}
-    key = (os.getpid(), app, changes.get("broker_write_url"), changes.get("broker_url"))
+    seconds = get_settings().publish_timeout
+    key = (os.getpid(), app, seconds, changes.get("broker_write_url"), changes.get("broker_url"))
     pool = _pools_now.get(key)
     if pool is None:
-        seconds = get_settings().publish_timeout
+        if len(_pools_now) >= _POOLS_KEPT:  # apps made and dropped (tests): not kept alive
+            _pools_now.clear()
         pool = _pools_now[key] = _pool(key[0], app, app.conf.broker_write_url, seconds)
     return pool
 
 
-# (pid, app, the broker URLs set on it) -> its pool: a few entries a process.
-_pools_now: dict[tuple[int, Celery, Any, Any], Any] = {}
+_POOLS_KEPT = 32  # as many as ``_pool`` keeps
+# (pid, app, publish timeout, the broker URLs set on it) -> its pool.
+_pools_now: dict[tuple[int, Celery, float, Any, Any], Any] = {}
 
 
 @contextmanager
