@@ -61,9 +61,11 @@ def _bounded_options(app: Celery, seconds: float) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=32)
-def _pool(_pid: int, app: Celery, url: str, seconds: float) -> Any:
-    """The pool of bounded producers for ``url`` in process ``_pid`` (a forked child gets
-    its own); looked up once, as building the connection key costs a publish's time."""
+def _pool(_pid: int, app: Celery, seconds: float, *_urls_set: Any) -> Any:
+    """The pool of bounded producers for ``app``'s broker in process ``_pid`` (a forked
+    child gets its own), read from its settings once per ``_urls_set``: the broker URLs
+    set on the app (``conf.changes``), where a changed or monkeypatched URL lands."""
+    url = app.conf.broker_write_url
     conn = app.connection_for_write(
         url, connect_timeout=seconds, transport_options=_bounded_options(app, seconds)
     )
@@ -71,23 +73,11 @@ def _pool(_pid: int, app: Celery, url: str, seconds: float) -> Any:
 
 
 def _write_pool(app: Celery) -> Any:
-    """``_pool`` for the app's broker as its settings name it now, without reading them
-    on every publish: a Celery settings lookup costs about 12 us (``broker_write_url``
-    three of them), and a changed broker URL is a changed entry of ``conf.changes``."""
+    """``_pool`` without reading Celery's settings on every publish: a settings lookup
+    costs about 12 us, ``broker_write_url`` three of them and two environment reads."""
     changes = app.conf.changes or {}
-    seconds = get_settings().publish_timeout
-    key = (os.getpid(), app, seconds, changes.get("broker_write_url"), changes.get("broker_url"))
-    pool = _pools_now.get(key)
-    if pool is None:
-        if len(_pools_now) >= _POOLS_KEPT:  # apps made and dropped (tests): not kept alive
-            _pools_now.clear()
-        pool = _pools_now[key] = _pool(key[0], app, app.conf.broker_write_url, seconds)
-    return pool
-
-
-_POOLS_KEPT = 32  # as many as ``_pool`` keeps
-# (pid, app, publish timeout, the broker URLs set on it) -> its pool.
-_pools_now: dict[tuple[int, Celery, float, Any, Any], Any] = {}
+    urls_set = (changes.get("broker_write_url"), changes.get("broker_url"))
+    return _pool(os.getpid(), app, get_settings().publish_timeout, *urls_set)
 
 
 @contextmanager
