@@ -252,6 +252,10 @@ class Ticker:
         self._beating: Heartbeat | None = None
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        # When the waiting thread wakes by itself (0 while it is not waiting): a run due
+        # later is met then, so adding it wakes nothing. A wake per run would cost every
+        # job a thread switch in a prefork child, which runs one job at a time.
+        self._wake_at = 0.0
 
     def add(self, run: Heartbeat) -> None:
         with self._changed:
@@ -259,7 +263,8 @@ class Ticker:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
                 self._thread.start()
-            self._changed.notify_all()
+            if run.due < self._wake_at:
+                self._changed.notify_all()
 
     def remove(self, run: Heartbeat) -> None:
         with self._changed:
@@ -292,10 +297,15 @@ class Ticker:
                 if nearest is not None and nearest.due <= now:
                     self._beating = nearest
                     return nearest
-                wait = 3600.0 if nearest is None else nearest.due - now
+                wait = IDLE_WAKE if nearest is None else nearest.due - now
+                self._wake_at = now + wait
                 self._changed.wait(timeout=wait)
+                self._wake_at = 0.0
 
 
+# How long the thread waits while no run is registered: a run added meanwhile and due
+# later (an interval on: 30 s by default) is added unannounced.
+IDLE_WAKE = 1.0
 _tickers: dict[int, Ticker] = {}
 _tickers_lock = threading.Lock()
 
