@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from jobsapp.lifecycle.worker.heartbeat import IDLE_WAKE, Ticker
+from jobsapp.lifecycle.worker.heartbeat import IDLE_WAKE, Ticker, _ticker
 from tests.support.waiting import eventually
 
 
@@ -32,12 +32,12 @@ def _waiting(ticker: Ticker) -> None:
     ticker.add(started)
     ticker.remove(started)
     thread = next(t for t in threading.enumerate() if t.name == "heartbeat")
-    eventually(lambda: thread.is_alive(), timeout=5)
+    eventually(thread.is_alive, timeout=5)
     time.sleep(0.2)
 
 
 def test_a_run_due_before_the_thread_wakes_is_beaten_at_its_own_interval() -> None:
-    ticker = Ticker()
+    ticker = _ticker()  # the process's own: a ticker's thread outlives it
     _waiting(ticker)
     slow, fast = Run(60.0), Run(0.05)
     ticker.add(slow)
@@ -50,7 +50,7 @@ def test_a_run_due_before_the_thread_wakes_is_beaten_at_its_own_interval() -> No
 
 
 def test_a_run_added_while_the_thread_idles_is_beaten_at_its_due_not_before() -> None:
-    ticker = Ticker()
+    ticker = _ticker()  # the process's own: a ticker's thread outlives it
     _waiting(ticker)
     run = Run(IDLE_WAKE * 1.5)  # due after the idle thread's own wake: added unannounced
     ticker.add(run)
