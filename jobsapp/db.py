@@ -19,13 +19,17 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
 
+from jobsapp.held import Holder
 from jobsapp.settings import get_settings
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
 _autocommit_engines: set[Engine] = set()
-# Per engine (weakly: tests make many), its variants by name.
-_variants: weakref.WeakKeyDictionary[Engine, dict[str, Engine]] = weakref.WeakKeyDictionary()
+_holders: dict[Engine, Holder] = {}
+# Per engine (weakly: tests make many), its variants by name, each with its threads'
+# held connections.
+_variants: weakref.WeakKeyDictionary[Engine, dict[str, Holder]] = weakref.WeakKeyDictionary()
+_VARIANT_POOL = 5
 # How long an SQLite writer queues for the write lock, unless its caller bounds it.
 _BUSY_TIMEOUT_MS = 30000
 # The execution option by which a relaxed connection bounds its statements (milliseconds).
@@ -102,16 +106,25 @@ def get_engine(url: str | None = None) -> Engine:
         return engine
 
 
-def _variant_of(engine: Engine, name: str) -> Engine:
-    """The ``name`` variant of ``engine``, found without a lock or a URL rendering once
-    made (two per job on a worker's hot path)."""
+def _variant_of(engine: Engine, name: str) -> Holder:
+    """The ``name`` variant of ``engine`` with its held connections, found without a lock
+    or a URL rendering once made (two per job on a worker's hot path)."""
     known = _variants.get(engine)
     if known is None:
         known = _variants[engine] = {}
     variant = known.get(name)
     if variant is None:
-        variant = known[name] = _variant(engine.url.render_as_string(hide_password=False), name)
+        url = engine.url.render_as_string(hide_password=False)
+        variant = known[name] = _holder(_variant(url, name))
     return variant
+
+
+def _holder(variant: Engine) -> Holder:
+    with _engines_lock:
+        holder = _holders.get(variant)
+        if holder is None:
+            holder = _holders[variant] = Holder(variant, cap=_VARIANT_POOL)
+        return holder
 
 
 def _variant(url: str, name: str) -> Engine:
@@ -123,7 +136,7 @@ def _variant(url: str, name: str) -> Engine:
             # no transaction to end (a statement's SET LOCAL ended with it).
             engine = _engines[key] = create_engine(
                 url,
-                pool_size=5,
+                pool_size=_VARIANT_POOL,
                 max_overflow=10,
                 isolation_level="AUTOCOMMIT",
                 pool_reset_on_return=None,
@@ -196,12 +209,12 @@ def autocommit(engine: Engine) -> AbstractContextManager[Connection]:
     It saves the BEGIN and COMMIT round trips (and a per-checkout isolation switch). A
     path of two or more writes must use ``engine.begin()``: here a crash between them
     would commit the first alone; the journal refuses such paths on this connection.
-    SQLite keeps its immediate transaction. (The connection itself, not a generator
-    around it: two per job on a worker's hot path.)
+    SQLite keeps its immediate transaction. On PostgreSQL the thread's held connection
+    (jobsapp/held.py), not a generator around it: two per job on a worker's hot path.
     """
     if engine.dialect.name != "postgresql":
         return engine.begin()
-    return _variant_of(engine, "autocommit").connect()
+    return _variant_of(engine, "autocommit").use()
 
 
 def relaxed_autocommit(
@@ -218,9 +231,12 @@ def relaxed_autocommit(
         return _sqlite_bounded(engine, bound)
     if engine.dialect.name != "postgresql":
         return autocommit(engine)
-    conn = _variant_of(engine, "relaxed").connect()
-    if bound is not None:
-        conn.execution_options(**{_BOUND_OPTION: max(1, round(bound * 1000))})
+    relaxed = _variant_of(engine, "relaxed")
+    if bound is None:
+        return relaxed.use()
+    # A checkout of its own: the bound is an option of the connection, not to be held.
+    conn = relaxed.engine.connect()
+    conn.execution_options(**{_BOUND_OPTION: max(1, round(bound * 1000))})
     return conn
 
 
