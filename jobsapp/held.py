@@ -33,13 +33,12 @@ from sqlalchemy import Connection, Engine, event
 class Holding:
     """One thread's connection, entered as ``with holding as conn``."""
 
-    __slots__ = ("busy", "conn", "generation", "pid", "thread")
+    __slots__ = ("busy", "conn", "generation", "pid")
 
     def __init__(self, conn: Connection, generation: int) -> None:
         self.conn = conn
         self.generation = generation
         self.pid = os.getpid()
-        self.thread = threading.current_thread()
         self.busy = False
 
     def __enter__(self) -> Connection:
@@ -58,7 +57,8 @@ class Holder:
     def __init__(self, engine: Engine, cap: int) -> None:
         self.engine = engine
         self._cap = cap
-        self._held: dict[int, Holding] = {}
+        # By thread object, not id: an ended thread's id is soon another's.
+        self._held: dict[threading.Thread, Holding] = {}
         self._lock = threading.Lock()
         self._generation = 0
         # Kept referenced so that garbage collection never closes a parent's socket.
@@ -76,7 +76,7 @@ class Holder:
 
     def use(self) -> Holding | Connection:
         """This thread's connection, or a checkout of its own (closed at the block's end)."""
-        held = self._held.get(threading.get_ident())
+        held = self._held.get(threading.current_thread())
         if (
             held is not None
             and not held.busy
@@ -90,19 +90,25 @@ class Holder:
     def _renewed(self, held: Holding | None) -> Holding | Connection:
         if held is not None and held.busy:
             return self.engine.connect()  # a nested statement: a checkout of its own
+        me = threading.current_thread()
+        if held is not None:
+            with self._lock:
+                self._let_go(me, held)
+        # Connected outside the lock: a server that does not answer holds up this thread
+        # only, not every other thread's renewal.
+        generation = self._generation
+        conn = self.engine.connect()
         with self._lock:
-            if held is not None:
-                self._let_go(threading.get_ident(), held)
             if len(self._held) >= self._cap:
                 self._sweep()
             if len(self._held) >= self._cap:
-                return self.engine.connect()
-            fresh = Holding(self.engine.connect(), self._generation)
-            self._held[threading.get_ident()] = fresh
+                return conn
+            fresh = self._held[me] = Holding(conn, generation)
             return fresh
 
-    def _let_go(self, ident: int, held: Holding) -> None:
-        del self._held[ident]
+    def _let_go(self, thread: threading.Thread, held: Holding) -> None:
+        if self._held.get(thread) is held:  # a sweep in another thread may have been first
+            del self._held[thread]
         if held.pid != os.getpid():
             self._parents.append(held)
         else:
@@ -110,9 +116,9 @@ class Holder:
 
     def _sweep(self) -> None:
         """Close the holdings of threads that ended, and forget a parent's."""
-        for ident, held in list(self._held.items()):
-            if held.pid != os.getpid() or not held.thread.is_alive():
-                self._let_go(ident, held)
+        for thread, held in list(self._held.items()):
+            if held.pid != os.getpid() or not thread.is_alive():
+                self._let_go(thread, held)
 
 
 _holders: weakref.WeakSet[Holder] = weakref.WeakSet()
