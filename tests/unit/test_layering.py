@@ -47,6 +47,7 @@ FLOORS = {
     # What every floor may use: settings, connections, object storage, startup checks.
     "jobsapp.settings": BASE,
     "jobsapp.db": BASE,
+    "jobsapp.held": BASE,
     "jobsapp.storage": BASE,
     "jobsapp.crashpoints": BASE,
     "jobsapp.shipped": BASE,
