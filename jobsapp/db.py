@@ -25,7 +25,8 @@ from jobsapp.settings import get_settings
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
 _autocommit_engines: set[Engine] = set()
-_holders: dict[Engine, Holder] = {}
+# Per variant engine's key in ``_engines``, its threads' held connections.
+_holders: dict[str, Holder] = {}
 # Per engine (weakly: tests make many), its variants by name, each with its threads'
 # held connections.
 _variants: weakref.WeakKeyDictionary[Engine, dict[str, Holder]] = weakref.WeakKeyDictionary()
@@ -115,23 +116,15 @@ def _variant_of(engine: Engine, name: str) -> Holder:
     variant = known.get(name)
     if variant is None:
         url = engine.url.render_as_string(hide_password=False)
-        variant = known[name] = _holder(_variant(url, name))
+        variant = known[name] = _variant(url, name)
     return variant
 
 
-def _holder(variant: Engine) -> Holder:
-    with _engines_lock:
-        holder = _holders.get(variant)
-        if holder is None:
-            holder = _holders[variant] = Holder(variant, cap=_VARIANT_POOL)
-        return holder
-
-
-def _variant(url: str, name: str) -> Engine:
+def _variant(url: str, name: str) -> Holder:
     key = f"{name}:{url}"
     with _engines_lock:
-        engine = _engines.get(key)
-        if engine is None:
+        holder = _holders.get(key)
+        if holder is None:
             # No rollback when a connection goes back to the pool: in autocommit there is
             # no transaction to end (a statement's SET LOCAL ended with it).
             engine = _engines[key] = create_engine(
@@ -144,7 +137,8 @@ def _variant(url: str, name: str) -> Engine:
             _autocommit_engines.add(engine)
             if name == "relaxed":
                 event.listen(engine, "before_cursor_execute", _without_flush_wait, retval=True)
-        return engine
+            holder = _holders[key] = Holder(engine, cap=_VARIANT_POOL)
+        return holder
 
 
 # Sent in the statement's own Query message: psycopg2 sends one simple query, which
