@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -33,6 +34,16 @@ settings.register_profile("explore", deadline=None, print_blob=True)
 settings.load_profile(HYPOTHESIS_PROFILE)
 
 app.conf.task_default_queue = f"jobsapp-tests-{SESSION}"
+
+
+@pytest.fixture(autouse=True)
+def root_log_level() -> Iterator[None]:
+    """Each test starts with the root logger's level as pytest set it: an in-process Celery
+    worker's set-up leaves it at the worker's (ERROR), and every later test's WARNING was
+    then dropped before ``caplog`` could see it."""
+    level = logging.root.level
+    yield
+    logging.root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
