@@ -123,6 +123,7 @@ def create_app() -> Celery:
     celery_app = Celery("jobsapp", control="jobsapp.lifecycle.celery_api.revoke:JournalControl")
     celery_app.config_from_object(celery_settings())
     celery_app.steps["consumer"].add("jobsapp.lifecycle.transport.guard:DeadLetterQueue")
+    celery_app.steps["consumer"].add("jobsapp.lifecycle.worker.held_events:HeldTaskEvents")
     celery_app.conf.update(
         broker_url=settings.broker_url,
         broker_transport=_transport(settings.broker_url),

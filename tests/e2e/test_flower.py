@@ -83,7 +83,10 @@ def _first_message(pg: Engine, job_id: str) -> dict[str, Any]:
 
 def _settled(port: int, *task_ids: str) -> dict[str, dict[str, Any]] | None:
     tasks = _tasks(port)
-    done = all(tasks.get(t, {}).get("state") not in (None, "RECEIVED", "STARTED") for t in task_ids)
+    # PENDING: Flower heard only the producer's task-sent; the worker's events come within
+    # the window its consumer holds them (lifecycle/worker/held_events.py).
+    unsettled = (None, "PENDING", "RECEIVED", "STARTED")
+    done = all(tasks.get(t, {}).get("state") not in unsettled for t in task_ids)
     return tasks if done else None
 
 

@@ -34,6 +34,7 @@ from celery.exceptions import Retry
 from celery.utils.saferepr import saferepr
 from celery.worker import state as worker_state
 from celery.worker.request import Request
+from kombu.utils.imports import symbol_by_name
 
 from jobsapp.lifecycle.rules.message import Envelope, task_id_for
 from jobsapp.lifecycle.rules.scrub import scrub
@@ -256,6 +257,13 @@ def _drop(dispatcher: EventDispatcher) -> None:
     dispatcher.close()
     if dispatcher.connection is not None:
         dispatcher.connection.collect()
+
+
+def started_shows_call(app: Celery, name: str) -> bool:
+    """Whether the attempts of task ``name`` send their own ``task-started`` with the user's
+    call (``LifecycleRequest``), which a ``task-received`` heard later must not undo."""
+    task = app.tasks.get(name)
+    return task is not None and issubclass(symbol_by_name(task.Request), LifecycleRequest)
 
 
 class LifecycleRequest(Request):
