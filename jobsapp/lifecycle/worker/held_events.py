@@ -23,7 +23,8 @@ close of the dispatcher would drop what it holds, so the consumer's shutdown pub
 first (tests/e2e/test_worker_events.py; with a 10 s window the test fails without it). What
 is held when the broker connection is lost goes with the old dispatcher, as every event
 published meanwhile does: the receivers (Flower) lost their subscription too. Pools
-without an event loop (solo, threads) publish each event at once, as in Celery.
+without Celery's event loop (threads, eventlet, gevent) publish each event at once, as in
+Celery; the prefork and solo pools on Redis or RabbitMQ have it.
 """
 
 from __future__ import annotations
