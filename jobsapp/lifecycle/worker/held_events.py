@@ -88,5 +88,4 @@ class HeldTaskEvents(bootsteps.StartStopStep):
 
     def shutdown(self, c: Any) -> None:
         # Celery's own close of the dispatcher, next, would drop what it holds.
-        if c.event_dispatcher is not None:
-            c.event_dispatcher.flush()
+        self._publish(c)
