@@ -12,12 +12,16 @@ stderr), so a driver can read them as they come.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 BATCH = 100
 
@@ -43,16 +47,31 @@ def _naive() -> Callable[[int], None]:
     return _repeat(lambda: naive.enqueue(naive_job.delay))
 
 
+def _deployment() -> Celery:
+    """jobsapp's app with the deployment's modules imported, as a team's web app imports
+    the module of the tasks it calls: where the scale bench declares its RabbitMQ quorum
+    queue. Without them the producer declares a classic queue, RabbitMQ refuses each
+    publish, and every job waits for the relay."""
+    from jobsapp.celery_app import app
+    from jobsapp.settings import get_settings
+
+    for module in get_settings().imports:
+        importlib.import_module(module)
+    return app
+
+
 def _lifecycle() -> Callable[[int], None]:
     from bench.lifecycle_tasks import with_lifecycle
 
+    _deployment()
     return _repeat(with_lifecycle.delay)
 
 
 def _lifecycle_batch() -> Callable[[int], None]:
     from bench.lifecycle_tasks import with_lifecycle
-    from jobsapp.celery_app import app
     from jobsapp.lifecycle.producer.enqueue import transaction
+
+    app = _deployment()
 
     def send(n: int) -> None:
         for start in range(0, n, BATCH):
