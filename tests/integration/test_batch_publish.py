@@ -117,6 +117,34 @@ def test_a_batch_rabbitmq_refuses_in_part_is_accepted_in_none() -> None:
         app.close()
 
 
+def test_a_queue_rabbitmq_holds_with_other_arguments_refuses_a_run_in_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A producer that declares the queue otherwise than the broker holds it (a quorum queue
+    configured in a module the producer does not import): RabbitMQ refuses each message's
+    declare, each row is left to the relay, and the log says why once, naming the rows."""
+    app = _app("amqp", service("JOBSAPP_TEST_AMQP_URL"))
+    name = app.conf.task_default_queue
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_declare(
+            name, durable=True, auto_delete=False, arguments={"x-max-length": 9}
+        )
+    try:
+        messages = _messages(3)
+        report = outbox.publish(app, messages)
+        assert report.accepted == []
+        assert [row for row, _error in report.refused] == [1, 2, 3]
+        lines = [r.getMessage() for r in caplog.records if r.name == outbox.__name__]
+        assert len(lines) == 1, lines
+        assert "outbox rows 1, 2, 3 refused" in lines[0]
+        assert "PRECONDITION_FAILED" in lines[0]
+        assert "x-max-length" in lines[0]
+    finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(name)
+        app.close()
+
+
 def test_a_queue_first_named_in_the_middle_of_a_batch_gets_its_messages(
     broker_app: Celery,
 ) -> None:

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 UNCLAIMED_AFTER = timedelta(minutes=5)
 MAX_CHECK_BACKOFF = 6
 MAX_ERROR = 500
+# Row ids a refusal's log line names (a batch of 1,000 refused alike is one line).
+REFUSED_SHOWN = 20
 # A row whose message fails on its own is tried again after a doubling pause, and after
 # this many failures it is dead (listed for an operator) instead of tried every tick.
 REFUSAL_BACKOFF = timedelta(seconds=10)
@@ -238,6 +240,7 @@ def publish(
             len(pending) - report.handled,
             len(pending),
         )
+    _log_refused(report.refused)
     return report
 
 
@@ -288,10 +291,21 @@ def _send_or_refuse(
     except publisher.BROKER_ERRORS:
         raise
     except Exception as exc:  # noqa: BLE001 - the row's own fault: counted against the row
-        log.warning("outbox row %s refused: %s", message.id, type(exc).__name__)
         report.refused.append((message.id, f"{type(exc).__name__}: {exc}"[:MAX_ERROR]))
         return False
     return True
+
+
+def _log_refused(refused: Sequence[tuple[int, str]]) -> None:
+    """One line per reason: a queue the broker holds with other arguments refuses every
+    message of the run alike, and its reason is what the operator needs to read."""
+    rows: dict[str, list[int]] = {}
+    for outbox_id, error in refused:
+        rows.setdefault(error, []).append(outbox_id)
+    for error, ids in rows.items():
+        shown = ", ".join(map(str, ids[:REFUSED_SHOWN]))
+        more = f" (+{len(ids) - REFUSED_SHOWN} more)" if len(ids) > REFUSED_SHOWN else ""
+        log.warning("outbox rows %s%s refused: %s", shown, more, error)
 
 
 def mark(conn: Connection, accepted: Sequence[outbox_queries.Accepted]) -> None:
