@@ -37,6 +37,7 @@ from psycopg2 import sql
 
 from bench import cost, naive, plots
 from bench.procstat import tree_cpu
+from bench.producer import fast_path_held
 from bench.services import ROOT, Instance, Services
 from bench.tasks import DONE_KEY
 from jobsapp.shipped import CELERYCONFIG
@@ -211,14 +212,18 @@ class Producer:
     ``result()`` waits for that batch's figures."""
 
     def __init__(self, run: Run) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.producer", SYSTEMS[run.system].sender],
-            env=run.env,
-            cwd=DEPLOYMENT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        # Its log is read at its end: a publish refused or left to the relay fails the run.
+        self.log = run.out / f"producer-{run.system}-{run.instance.name}.log"
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "bench.producer", SYSTEMS[run.system].sender],
+                env=run.env,
+                cwd=DEPLOYMENT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
 
     def send(self, n: int) -> None:
         assert self.process.stdin is not None
@@ -243,7 +248,8 @@ class Producer:
         assert self.process.stdin is not None
         self.process.stdin.close()
         if self.process.wait(timeout=60) != 0:
-            raise RuntimeError(f"producer exited {self.process.returncode}")
+            raise RuntimeError(f"producer exited {self.process.returncode}; see {self.log}")
+        fast_path_held(self.log.read_text(errors="replace"))
 
     def kill(self) -> None:
         if self.process.poll() is None:

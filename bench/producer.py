@@ -102,6 +102,14 @@ SENDERS: dict[str, Callable[[], Callable[[int], None]]] = {
 }
 
 
+def fast_path_held(producer_log: str) -> None:
+    """Raises when a jobsapp producer's log says a publish was refused or left for the
+    relay: those jobs waited for the relay's grace, and a rate would be the relay's."""
+    refused = [line for line in producer_log.splitlines() if "refused" in line]
+    if refused:
+        raise RuntimeError(f"{len(refused)} refused publishes, the first: {refused[0]}")
+
+
 def _results() -> TextIO:
     """The original stdout, for the figures alone; print() and libraries get stderr."""
     results = os.fdopen(os.dup(sys.stdout.fileno()), "w")
