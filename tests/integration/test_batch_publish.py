@@ -47,16 +47,24 @@ def _app(broker: str, url: str) -> Celery:
     return app
 
 
+@contextmanager
+def _owned_queue(broker: str) -> Iterator[Celery]:
+    """An app of its own queue on the shared server (its name keeps the messages apart),
+    the queue deleted after."""
+    name = "JOBSAPP_TEST_REDIS_URL" if broker == "redis" else "JOBSAPP_TEST_AMQP_URL"
+    app = _app(broker, service(name))
+    try:
+        yield app
+    finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(app.conf.task_default_queue)
+        app.close()
+
+
 @pytest.fixture(params=list(TRANSPORTS))
 def broker_app(request: pytest.FixtureRequest) -> Iterator[Celery]:
-    # The shared servers: the queue's own name keeps this test's messages apart.
-    name = "JOBSAPP_TEST_REDIS_URL" if request.param == "redis" else "JOBSAPP_TEST_AMQP_URL"
-    url = service(name)
-    app = _app(request.param, url)
-    yield app
-    with app.connection_for_write() as conn:
-        conn.default_channel.queue_delete(app.conf.task_default_queue)
-    app.close()
+    with _owned_queue(request.param) as app:
+        yield app
 
 
 def _messages(count: int) -> list[PendingMessage]:
@@ -102,19 +110,14 @@ def test_a_batch_rabbitmq_refuses_in_part_is_accepted_in_none() -> None:
     """A full queue that rejects publishes: RabbitMQ nacks the batch's last messages after
     confirming the first, and the run accepts none (which ones arrived is not told apart;
     the relay sends them all again and the claim absorbs the copies)."""
-    app = _app("amqp", service("JOBSAPP_TEST_AMQP_URL"))
-    name = app.conf.task_default_queue
-    full = {"x-max-length": 2, "x-overflow": "reject-publish"}
-    app.conf.task_queues = [Queue(name, queue_arguments=full)]
-    try:
+    with _owned_queue("amqp") as app:
+        name = app.conf.task_default_queue
+        full = {"x-max-length": 2, "x-overflow": "reject-publish"}
+        app.conf.task_queues = [Queue(name, queue_arguments=full)]
         report = outbox.publish(app, _messages(5))
         assert report.accepted == []
         assert "refused" in str(report.broker_error)
         assert len(_queued_task_ids(app)) == 2
-    finally:
-        with app.connection_for_write() as conn:
-            conn.default_channel.queue_delete(name)
-        app.close()
 
 
 def test_a_queue_rabbitmq_holds_with_other_arguments_refuses_a_run_in_one_log_line(
@@ -123,15 +126,15 @@ def test_a_queue_rabbitmq_holds_with_other_arguments_refuses_a_run_in_one_log_li
     """A producer that declares the queue otherwise than the broker holds it (a quorum queue
     configured in a module the producer does not import): RabbitMQ refuses each message's
     declare, each row is left to the relay, and the log says why once, naming the rows."""
-    app = _app("amqp", service("JOBSAPP_TEST_AMQP_URL"))
-    name = app.conf.task_default_queue
-    with app.connection_for_write() as conn:
-        conn.default_channel.queue_declare(
-            name, durable=True, auto_delete=False, arguments={"x-max-length": 9}
-        )
-    try:
-        messages = _messages(3)
-        report = outbox.publish(app, messages)
+    with _owned_queue("amqp") as app:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_declare(
+                app.conf.task_default_queue,
+                durable=True,
+                auto_delete=False,
+                arguments={"x-max-length": 9},
+            )
+        report = outbox.publish(app, _messages(3))
         assert report.accepted == []
         assert [row for row, _error in report.refused] == [1, 2, 3]
         lines = [r.getMessage() for r in caplog.records if r.name == outbox.__name__]
@@ -139,10 +142,6 @@ def test_a_queue_rabbitmq_holds_with_other_arguments_refuses_a_run_in_one_log_li
         assert "outbox rows 1, 2, 3 refused" in lines[0]
         assert "PRECONDITION_FAILED" in lines[0]
         assert "x-max-length" in lines[0]
-    finally:
-        with app.connection_for_write() as conn:
-            conn.default_channel.queue_delete(name)
-        app.close()
 
 
 def test_a_queue_first_named_in_the_middle_of_a_batch_gets_its_messages(

@@ -240,7 +240,8 @@ def publish(
             len(pending) - report.handled,
             len(pending),
         )
-    _log_refused(report.refused)
+    if report.refused:
+        _log_refused(report.refused)
     return report
 
 
