@@ -181,13 +181,14 @@ def _varied_app(broker: str, url: str) -> Celery:
 
 def _varied_messages(app: Celery) -> list[PendingMessage]:
     """First attempts and retries (which name their parent and root), a queue of the job's
-    own and a priority, for registered, routed and unknown tasks."""
+    own and a priority, for registered, routed and unknown tasks: each combination three
+    times, first attempts and retries among them (a batch copies a shape's first message)."""
     other = app.amqp.router.route({}, "tests.routed")["queue"].name
     names = ("tests.echo", "tests.timed", "tests.routed")
     now = utcnow()
     out = []
-    for outbox_id in range(1, 13):
-        job_id, attempt = uuid.uuid4(), 1 + outbox_id % 2
+    for outbox_id in range(1, 37):
+        job_id, attempt = uuid.uuid4(), 1 + (outbox_id // 12) % 2
         body = build_body(
             job_id=job_id, module="jobs", attempt=attempt, ids={"job_id": job_id}, enqueued_at=now
         )
@@ -200,7 +201,7 @@ def _varied_messages(app: Celery) -> list[PendingMessage]:
                 body,
                 now,
                 queue=other if outbox_id % 4 == 0 else None,
-                priority=outbox_id % 5 or None,
+                priority=5 if outbox_id % 2 else None,
             )
         )
     return out
@@ -235,18 +236,20 @@ def _take_queued(app: Celery, queues: list[str]) -> dict[str, dict[str, Any]]:
 
 
 @contextmanager
-def _task_sent_events(app: Celery, broker: str) -> Iterator[Callable[[int], dict[str, Any]]]:
-    """Listening to the task-sent events from the start; yields ``take(n)``: the first n,
-    by task id, less what each publish of an event stamps on it."""
+def _task_sent_events(app: Celery, broker: str) -> Iterator[Callable[[set[str]], dict[str, Any]]]:
+    """Listening to the task-sent events from the start; yields ``take(ids)``: the events
+    of those task ids (the broker's event exchange also carries other tests' events), by
+    task id, less what each publish of an event stamps on it."""
     listening = _redis_events(app) if broker == "redis" else _amqp_events(app)
     with listening as read:
         seen: dict[str, Any] = {}
 
-        def take(count: int) -> dict[str, Any]:
+        def take(ids: set[str]) -> dict[str, Any]:
             def arrived() -> bool:
                 for event in read():
-                    seen[event["uuid"]] = {k: v for k, v in event.items() if k not in PER_EVENT}
-                return len(seen) >= count
+                    if event["uuid"] in ids:
+                        seen[event["uuid"]] = {k: v for k, v in event.items() if k not in PER_EVENT}
+                return len(seen) >= len(ids)
 
             eventually(arrived, timeout=20)
             return dict(seen)
@@ -313,7 +316,7 @@ def _published(
         runs = [messages] if batch else [[m] for m in messages]
         for run in runs:
             assert len(outbox.publish(app, run).accepted) == len(run)
-        events = take_events(len(messages))
+        events = take_events({task_id_for(m.job_id, m.attempt) for m in messages})
     return _take_queued(app, queues), events
 
 

@@ -15,6 +15,7 @@ from jsonschema import Draft202012Validator
 
 from jobsapp.lifecycle.rules.errors import InvalidMessage
 from jobsapp.lifecycle.rules.message import (
+    _TASK_ID_NAMESPACE,
     MAX_BODY_BYTES,
     SCHEMA_VERSION,
     Envelope,
@@ -404,6 +405,21 @@ def test_task_id_is_stable_for_one_attempt(job: uuid.UUID, attempt: int) -> None
     assert task_id == task_id_for(job, attempt)
     assert task_id == task_id_for(uuid.UUID(str(job)), attempt)
     assert str(uuid.UUID(task_id)) == task_id
+
+
+@given(job=st.uuids(), attempt=st.integers(min_value=1, max_value=1_000_000))
+def test_a_task_id_is_the_name_based_uuid_of_its_job_and_attempt(
+    job: uuid.UUID, attempt: int
+) -> None:
+    assert task_id_for(job, attempt) == str(uuid.uuid5(_TASK_ID_NAMESPACE, f"{job}:{attempt}"))
+
+
+def test_task_ids_stored_before_stay_the_same() -> None:
+    """Ids already in journals and result stores: the mapping never changes."""
+    first = uuid.UUID("00000000-0000-4000-8000-000000000001")
+    last = uuid.UUID("ffffffff-ffff-4fff-bfff-ffffffffffff")
+    assert task_id_for(first, 1) == "9f361fb2-c01e-58db-8597-2c13532c8179"
+    assert task_id_for(last, 7) == "67c08042-d4ab-54e6-9c79-3374ec792ddf"
 
 
 @given(job=st.uuids(), attempt=st.integers(min_value=1, max_value=1_000_000))

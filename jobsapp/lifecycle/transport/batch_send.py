@@ -18,17 +18,28 @@ tests/integration/test_batch_publish.py checks that a batch puts on the broker w
 ``send_task`` puts there for the same jobs one by one (the same events, in lists). A
 message Celery rewrites per call (a task with a default expiry; a countdown towards
 RabbitMQ's quorum queues, which is routed to its delayed-delivery exchange) goes through
-``send_task`` itself.
+``send_task`` itself. Of the messages of one shape (task and options) after the first,
+each is a copy of the first with its own values (``message_template``), where nothing
+could route or build one differently: no publish signal receivers, Celery's own message
+builder, routes that read only the task's name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from functools import cached_property
 from typing import Any
 
 from celery import Celery, signals
+from celery.app.amqp import AMQP
+from celery.app.routes import MapRoute
 from celery.utils.quorum_queues import detect_quorum_queues
 from kombu import Queue
+
+from jobsapp.lifecycle.transport.message_template import Call, Template
+
+# Options that are a call's own: not part of its message's shape.
+_PER_CALL_OPTIONS = frozenset({"argsrepr", "kwargsrepr", "headers"})
 
 
 def publish_watched() -> bool:
@@ -58,6 +69,9 @@ class BatchSender:
         self._queues: dict[int, tuple[Queue, Queue]] = {}
         self._dispatcher = self._bound_dispatcher() if self._sent_event else None
         self.watched = publish_watched()
+        # shape -> its template; None for a shape whose messages each go through Celery.
+        self._templates: dict[Hashable, Template | None] = {}
+        self._copying = self._copies_are_celerys()
 
     def send_task(
         self,
@@ -91,6 +105,16 @@ class BatchSender:
             return
         if exec_options:
             options = dict(exec_options, **options)
+        shape = self._shape(name, countdown, options)
+        if shape is not None:
+            template = self._templates.get(shape)
+            if template is not None:
+                root_id, parent_id = self._lineage(options, root_id, parent_id)
+                call = _call(task_id, args, kwargs, retries, root_id, parent_id, options)
+                self._send_copy(template, call, options.get("ignore_result"))
+                return
+            if shape in self._templates:
+                shape = None
         time_limit = options.pop("time_limit", None)
         soft_time_limit = options.pop("soft_time_limit", None)
         ignore_result = options.pop("ignore_result", None)
@@ -112,7 +136,11 @@ class BatchSender:
             ignore_result=ignore_result,
             **options,
         )
-        self._publish(name, task_id, message, ignore_result, options)
+        if shape is None:
+            self._publish(name, task_id, message, ignore_result, options)
+            return
+        call = _call(task_id, args, kwargs, retries, root_id, parent_id, options)
+        self._templates[shape] = self._publish_first(name, call, message, ignore_result, options)
 
     def _publish(
         self,
@@ -121,19 +149,110 @@ class BatchSender:
         message: Any,
         ignore_result: bool | None,
         options: dict[str, Any],
+        *,
+        producer: Any = None,
+        dispatcher: Any = None,
     ) -> None:
-        producer = self._producer
+        """``send_task_message`` of ``message`` (through ``producer`` and ``dispatcher``
+        if given: the recorders of a shape's first message)."""
         queue = options.get("queue")
         if isinstance(queue, Queue):
             options["queue"] = self._bound(queue)
-        with producer.connection._reraise_as_library_errors():
+        with self._producer.connection._reraise_as_library_errors():
             if not ignore_result:
-                self._app.backend.on_task_call(producer, task_id)
+                self._app.backend.on_task_call(self._producer, task_id)
             self._send_message(
-                producer, name, message, event_dispatcher=self._dispatcher, **options
+                producer or self._producer,
+                name,
+                message,
+                event_dispatcher=dispatcher or self._dispatcher,
+                **options,
             )
         if self._parent is not None:
             self._parent.add_trail(self._app.AsyncResult(task_id))
+
+    def _publish_first(
+        self,
+        name: str,
+        call: Call,
+        message: Any,
+        ignore_result: bool | None,
+        options: dict[str, Any],
+    ) -> Template | None:
+        """Publish the first message of a shape through Celery; its template, if copies
+        of it would be what Celery sends."""
+        producer = _Recorded(self._producer)
+        dispatcher = None if self._dispatcher is None else _Recorded(self._dispatcher)
+        self._publish(
+            name,
+            call.task_id,
+            message,
+            ignore_result,
+            options,
+            producer=producer,
+            dispatcher=dispatcher,
+        )
+        events = [] if dispatcher is None else dispatcher.calls
+        if len(producer.calls) != 1 or len(events) > 1:
+            return None
+        (body,), publish = producer.calls[0]
+        event = None
+        if events:
+            (kind, fields, _), _ = events[0]
+            if kind != "task-sent":
+                return None
+            event = dict(fields)
+        return Template.of(call, body, dict(publish), event)
+
+    def _send_copy(self, template: Template, call: Call, ignore_result: bool | None) -> None:
+        """What ``_publish`` sends for ``call``, as a copy of its shape's first message."""
+        producer = self._producer
+        body, publish = template.message(call)
+        event = template.sent_event(call)
+        with producer.connection._reraise_as_library_errors():
+            if not ignore_result:
+                self._app.backend.on_task_call(producer, call.task_id)
+            producer.publish(body, **publish)
+            if event is not None and self._dispatcher is not None:
+                self._dispatcher.publish("task-sent", event, producer)
+        if self._parent is not None:
+            self._parent.add_trail(self._app.AsyncResult(call.task_id))
+
+    def _copies_are_celerys(self) -> bool:
+        """Whether a copy of a shape's first message is what Celery would build and route
+        for the next: nothing watches a publish (signal receivers see each message), the
+        app builds messages with Celery's own protocol 2 builder, its routes read only
+        a task's name, and no inherited priority varies with the calling task."""
+        app = self._app
+        return (
+            not self.watched
+            and not signals.task_sent.receivers
+            and type(app.amqp) is AMQP
+            and app.conf.task_protocol == 2
+            and all(isinstance(route, MapRoute) for route in self._router.routes)  # type: ignore[attr-defined]
+            and not (self._parent is not None and self._inherit_priority)
+        )
+
+    def _shape(
+        self, name: str, countdown: float | None, options: dict[str, Any]
+    ) -> Hashable | None:
+        """What a message's construction depends on besides its call's own values; None
+        for a message Celery builds from the call (a countdown's eta, a repr it makes)."""
+        if not self._copying or countdown:
+            return None
+        if options.get("argsrepr") is None or options.get("kwargsrepr") is None:
+            return None
+        headers = options.get("headers") or {}
+        shape = (
+            name,
+            frozenset((k, v) for k, v in options.items() if k not in _PER_CALL_OPTIONS),
+            frozenset(headers),
+        )
+        try:
+            hash(shape)
+        except TypeError:  # an option kombu gives no hash (a Queue object)
+            return None
+        return shape
 
     def _task(self, name: str) -> tuple[Any, dict[str, Any]]:
         """The registered task of ``name`` (None for one only a worker knows) and the
@@ -205,3 +324,41 @@ class _HeldEvents:
 
     def flush(self, *, errors: bool) -> None:
         self._dispatcher.flush(errors=errors)
+
+
+def _call(
+    task_id: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    retries: int,
+    root_id: str | None,
+    parent_id: str | None,
+    options: dict[str, Any],
+) -> Call:
+    return Call(
+        task_id,
+        args,
+        kwargs,
+        retries,
+        root_id,
+        parent_id,
+        options["argsrepr"],
+        options["kwargsrepr"],
+        options.get("headers") or {},
+    )
+
+
+class _Recorded:
+    """``target`` whose ``publish`` calls are kept: what Celery handed kombu (a producer)
+    or the event dispatcher for a shape's first message."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def publish(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append((args, dict(kwargs)))
+        return self._target.publish(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
