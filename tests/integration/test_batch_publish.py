@@ -181,16 +181,24 @@ def _varied_app(broker: str, url: str) -> Celery:
 
 def _varied_messages(app: Celery) -> list[PendingMessage]:
     """First attempts and retries (which name their parent and root), a queue of the job's
-    own and a priority, for registered, routed and unknown tasks: each combination three
-    times, first attempts and retries among them (a batch copies a shape's first message)."""
+    own, a priority and a time limit given as an int or a float, for registered, routed and
+    unknown tasks: most combinations more than once, first attempts and retries among them
+    (a batch copies a shape's first message)."""
     other = app.amqp.router.route({}, "tests.routed")["queue"].name
     names = ("tests.echo", "tests.timed", "tests.routed")
     now = utcnow()
     out = []
     for outbox_id in range(1, 37):
         job_id, attempt = uuid.uuid4(), 1 + (outbox_id // 12) % 2
+        # A time limit is sent as given: 30 and 30.0 are different messages.
+        limit = 30 if (outbox_id // 6) % 2 else 30.0
         body = build_body(
-            job_id=job_id, module="jobs", attempt=attempt, ids={"job_id": job_id}, enqueued_at=now
+            job_id=job_id,
+            module="jobs",
+            attempt=attempt,
+            ids={"job_id": job_id},
+            enqueued_at=now,
+            limits={"soft_time_limit": limit},
         )
         out.append(
             PendingMessage(
@@ -208,7 +216,8 @@ def _varied_messages(app: Celery) -> list[PendingMessage]:
 
 
 def _wire(message: Any) -> dict[str, Any]:
-    """A queued message as a consumer reads it, less what each delivery adds."""
+    """A queued message as a consumer reads it, less what each delivery adds; its headers
+    and properties as JSON text, so that 30 and 30.0 (equal in Python) differ here."""
     properties = {k: v for k, v in message.properties.items() if k not in PER_DELIVERY}
     if isinstance(properties.get("delivery_info"), dict):
         properties["delivery_info"] = {
@@ -216,8 +225,8 @@ def _wire(message: Any) -> dict[str, Any]:
         }
     info = message.delivery_info
     return {
-        "headers": message.headers,
-        "properties": properties,
+        "headers": json.dumps(message.headers, sort_keys=True, default=repr),
+        "properties": json.dumps(properties, sort_keys=True, default=repr),
         "body": message.body,
         "content": (message.content_type, message.content_encoding),
         "routing": (info["exchange"], info["routing_key"]),

@@ -245,7 +245,8 @@ class BatchSender:
         headers = options.get("headers") or {}
         shape = (
             name,
-            frozenset((k, v) for k, v in options.items() if k not in _PER_CALL_OPTIONS),
+            # By type too: 30 and 30.0 are equal, but a time limit is sent as either.
+            frozenset((k, type(v), v) for k, v in options.items() if k not in _PER_CALL_OPTIONS),
             frozenset(headers),
         )
         try:
