@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
+from celery import Celery, signals
 from kombu import Exchange, Queue
 
 from jobsapp.db import utcnow
@@ -378,3 +378,27 @@ def test_a_batch_sends_its_task_sent_events_in_lists_as_a_worker_sends_its_own()
     sent = [event["uuid"] for frame in frames for event in frame]
     assert sent == [task_id_for(m.job_id, 1) for m in messages]
     assert {event["type"] for frame in frames for event in frame} == {"task-sent"}
+
+
+def test_a_publish_signal_sees_and_may_change_every_message_of_a_batch() -> None:
+    """Celery's idiom: a ``before_task_publish`` receiver that adds a header. With one
+    connected, every message of a batch is Celery's own (no copy of a shape's first)."""
+    app = _app("redis", service("JOBSAPP_TEST_REDIS_URL"))
+    messages = _messages(6)  # one shape
+    seen: list[str] = []
+
+    def tag(headers: dict[str, Any], **_: Any) -> None:
+        seen.append(headers["id"])
+        headers["tenant"] = f"t-{len(seen)}"
+
+    signals.before_task_publish.connect(tag)
+    try:
+        assert len(outbox.publish(app, messages).accepted) == 6
+        queued = _take_queued(app, [app.conf.task_default_queue])
+    finally:
+        signals.before_task_publish.disconnect(tag)
+        app.close()
+    ids = [task_id_for(m.job_id, 1) for m in messages]
+    assert seen == ids
+    tenants = {task_id: json.loads(wire["headers"])["tenant"] for task_id, wire in queued.items()}
+    assert tenants == {task_id: f"t-{n}" for n, task_id in enumerate(ids, 1)}
