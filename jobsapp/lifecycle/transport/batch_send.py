@@ -106,20 +106,39 @@ class BatchSender:
         if exec_options:
             options = dict(exec_options, **options)
         shape = self._shape(name, countdown, options)
-        if shape is not None:
-            template = self._templates.get(shape)
-            if template is not None:
-                root_id, parent_id = self._lineage(options, root_id, parent_id)
-                call = _call(task_id, args, kwargs, retries, root_id, parent_id, options)
-                self._send_copy(template, call, options.get("ignore_result"))
-                return
-            if shape in self._templates:
-                shape = None
+        template = None if shape is None else self._templates.get(shape)
+        if template is not None:
+            root_id, parent_id = self._lineage(options, root_id, parent_id)
+            call = _call(task_id, args, kwargs, retries, root_id, parent_id, options)
+            self._send_copy(template, call, options.get("ignore_result"))
+            return
+        if shape in self._templates:  # a shape whose messages each go through Celery
+            shape = None
+        lineage = (root_id, parent_id)
+        self._send_built(
+            name, task_type, task_id, args, kwargs, retries, lineage, countdown, options, shape
+        )
+
+    def _send_built(
+        self,
+        name: str,
+        task_type: Any,
+        task_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retries: int,
+        lineage: tuple[str | None, str | None],
+        countdown: float | None,
+        options: dict[str, Any],
+        shape: Hashable | None,
+    ) -> None:
+        """Route, build and publish the message as ``send_task`` does; the first of a
+        ``shape`` also leaves its template."""
         time_limit = options.pop("time_limit", None)
         soft_time_limit = options.pop("soft_time_limit", None)
         ignore_result = options.pop("ignore_result", None)
         options = self._router.route(options, name, args, kwargs, task_type)
-        root_id, parent_id = self._lineage(options, root_id, parent_id)
+        root_id, parent_id = self._lineage(options, *lineage)
         message = self._create_message(
             task_id,
             name,
