@@ -22,7 +22,7 @@ from kombu import Exchange, Queue
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import PendingMessage
 from jobsapp.lifecycle.rules.message import build_body, task_id_for
-from jobsapp.lifecycle.transport import outbox
+from jobsapp.lifecycle.transport import batch_send, outbox, publisher
 from tests.support.env import service
 from tests.support.waiting import eventually
 
@@ -402,3 +402,30 @@ def test_a_publish_signal_sees_and_may_change_every_message_of_a_batch() -> None
     assert seen == ids
     tenants = {task_id: json.loads(wire["headers"])["tenant"] for task_id, wire in queued.items()}
     assert tenants == {task_id: f"t-{n}" for n, task_id in enumerate(ids, 1)}
+
+
+def test_a_batch_message_with_an_option_that_has_no_hash_is_sent_as_send_task_sends_it() -> None:
+    """Celery's stamping options are lists (``stamped_headers``): such a message has no
+    shape to copy and goes through Celery whole, stamps and all."""
+    app = _app("redis", service("JOBSAPP_TEST_REDIS_URL"))
+    task_ids = [str(uuid.uuid4()) for _ in range(3)]
+    try:
+        with publisher.producer(app) as producer, publisher.batch(producer, 10):
+            sender = batch_send.BatchSender(app, producer)
+            for n, task_id in enumerate(task_ids):
+                sender.send_task(
+                    "tests.echo",
+                    args=(n,),
+                    kwargs={},
+                    task_id=task_id,
+                    argsrepr=f"({n},)",
+                    kwargsrepr="{}",
+                    stamped_headers=["tenant"],
+                    tenant=f"t-{n}",
+                )
+            sender.flush_events()
+        queued = _take_queued(app, [app.conf.task_default_queue])
+    finally:
+        app.close()
+    stamps = {task_id: json.loads(wire["headers"])["stamps"] for task_id, wire in queued.items()}
+    assert stamps == {task_id: {"tenant": f"t-{n}"} for n, task_id in enumerate(task_ids)}

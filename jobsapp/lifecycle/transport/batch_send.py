@@ -262,17 +262,12 @@ class BatchSender:
         if options.get("argsrepr") is None or options.get("kwargsrepr") is None:
             return None
         headers = options.get("headers") or {}
-        shape = (
-            name,
-            # By type too: 30 and 30.0 are equal, but a time limit is sent as either.
-            frozenset((k, type(v), v) for k, v in options.items() if k not in _PER_CALL_OPTIONS),
-            frozenset(headers),
-        )
         try:
-            hash(shape)
-        except TypeError:  # an option kombu gives no hash (a Queue object)
+            # By type too: 30 and 30.0 are equal, but a time limit is sent as either.
+            own = (kv for kv in options.items() if kv[0] not in _PER_CALL_OPTIONS)
+            return name, frozenset((k, type(v), v) for k, v in own), frozenset(headers)
+        except TypeError:  # an option with no hash (Celery's stamped_headers list)
             return None
-        return shape
 
     def _task(self, name: str) -> tuple[Any, dict[str, Any]]:
         """The registered task of ``name`` (None for one only a worker knows) and the
