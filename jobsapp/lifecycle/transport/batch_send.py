@@ -26,7 +26,8 @@ builder, routes that read only the task's name.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from functools import cached_property
 from typing import Any
 
@@ -177,9 +178,7 @@ class BatchSender:
         queue = options.get("queue")
         if isinstance(queue, Queue):
             options["queue"] = self._bound(queue)
-        with self._producer.connection._reraise_as_library_errors():
-            if not ignore_result:
-                self._app.backend.on_task_call(self._producer, task_id)
+        with self._sending(task_id, ignore_result):
             self._send_message(
                 producer or self._producer,
                 name,
@@ -187,8 +186,6 @@ class BatchSender:
                 event_dispatcher=dispatcher or self._dispatcher,
                 **options,
             )
-        if self._parent is not None:
-            self._parent.add_trail(self._app.AsyncResult(task_id))
 
     def _publish_first(
         self,
@@ -225,17 +222,23 @@ class BatchSender:
 
     def _send_copy(self, template: Template, call: Call, ignore_result: bool | None) -> None:
         """What ``_publish`` sends for ``call``, as a copy of its shape's first message."""
-        producer = self._producer
         body, publish = template.message(call)
         event = template.sent_event(call)
-        with producer.connection._reraise_as_library_errors():
-            if not ignore_result:
-                self._app.backend.on_task_call(producer, call.task_id)
-            producer.publish(body, **publish)
+        with self._sending(call.task_id, ignore_result):
+            self._producer.publish(body, **publish)
             if event is not None and self._dispatcher is not None:
-                self._dispatcher.publish("task-sent", event, producer)
+                self._dispatcher.publish("task-sent", event, self._producer)
+
+    @contextmanager
+    def _sending(self, task_id: str, ignore_result: bool | None) -> Iterator[None]:
+        """What ``send_task`` does around a message's publish: the backend told of the
+        call, a broker's errors raised as kombu's, the calling task's trail extended."""
+        with self._producer.connection._reraise_as_library_errors():
+            if not ignore_result:
+                self._app.backend.on_task_call(self._producer, task_id)
+            yield
         if self._parent is not None:
-            self._parent.add_trail(self._app.AsyncResult(call.task_id))
+            self._parent.add_trail(self._app.AsyncResult(task_id))
 
     def _copies_are_celerys(self) -> bool:
         """Whether a copy of a shape's first message is what Celery would build and route
