@@ -100,12 +100,13 @@ class Template:
         properties = tuple(k for k in _OWN_PROPERTIES if k in publish)
         own = call.property_values()
         kept = {k: v for k, v in publish.items() if k != "headers" and k not in properties}
+        strings = call.own_strings()
         if not (
-            _holds(headers, call.header_values(), call.own_strings())
+            _holds(headers, call.header_values(), strings)
             and all(publish[k] == own[k] for k in properties)
             and "correlation_id" in properties
-            and _holds(kept, {}, call.own_strings())
-            and (event is None or _holds(event, call.event_values(), call.own_strings()))
+            and _holds(kept, {}, strings)
+            and (event is None or _holds(event, call.event_values(), strings))
         ):
             return None
         return cls(body[2], publish, properties, event)
