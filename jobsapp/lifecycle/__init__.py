@@ -81,7 +81,8 @@ __all__ = [
 
 
 def lifecycle_task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]], Any]:
-    """``@app.task`` with ``LifecycleTask`` as base and the journal's settings.
+    """``@app.task`` with ``LifecycleTask`` as base and the journal's settings; a ``base``
+    of the team's own (or the app's ``task_cls``) stays, behind ``LifecycleTask``.
 
     Options besides Celery's: ``run_table``, ``key`` (a format string over the task's
     keyword values, or a function), ``max_attempts``, ``dedup_window`` (seconds),
@@ -91,11 +92,12 @@ def lifecycle_task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]]
     ``rate`` (a global rate limit, ``"100/m"``) and ``rate_key`` (one rate
     per key: a format string like ``key``); Celery's per-worker ``rate_limit`` is refused.
     """
-    from jobsapp.lifecycle.celery_api import backend
+    from jobsapp.lifecycle.celery_api import backend, task_hooks
     from jobsapp.lifecycle.task import LifecycleTask
     from jobsapp.lifecycle.workflows import canvas
 
-    options.setdefault("base", LifecycleTask)
+    # A team's base class (or the app's task_cls) keeps its hooks and its __call__.
+    options["base"] = task_hooks.lifecycle_base(app, options.get("base"), LifecycleTask)
     if not app.conf.result_backend:
         # Celery's readers of results (AsyncResult(id), GroupResult.restore) ask the
         # app's backend: with none, the journal answers them.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from functools import cached_property
 from typing import Any, ClassVar, NoReturn
@@ -27,7 +27,7 @@ from celery.result import EagerResult
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from jobsapp.lifecycle.celery_api import group_handles
+from jobsapp.lifecycle.celery_api import group_handles, task_hooks
 from jobsapp.lifecycle.celery_api.backend import JournalBackend
 from jobsapp.lifecycle.celery_api.backend import for_app as backend_for
 from jobsapp.lifecycle.celery_api.handle import JobHandle
@@ -77,6 +77,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     # An attempt's failure is journalled and logged by jobsapp: Celery logs it briefly.
     throws = (AttemptFailed,)
     Request = "jobsapp.lifecycle.worker.celery_view:LifecycleRequest"
+    # Set per class: hooks of a team's own, and its __call__ around the body (task_hooks).
+    hooked: ClassVar[bool] = False
+    around_body: ClassVar[Callable[..., Any] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -88,6 +91,10 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         name = str(cls.__dict__.get("name", cls.__qualname__))
         newjob.key_limit_of(name, cls.limit, cls.fair, cls.fair_window)
         gating.check_declared(cls)
+        # A team's hooks and __call__ (its own base's, task_hooks): found once per class.
+        cls.hooked = task_hooks.wrap_hooks(cls)
+        around = task_hooks.body_call(cls, LifecycleTask)
+        cls.around_body = None if around is None else staticmethod(around)
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:

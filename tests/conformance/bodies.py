@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 import redis
+from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
 REDIS_URL = "CONFORMANCE_REDIS_URL"
@@ -166,6 +167,50 @@ def _opaque() -> object:
     return object()
 
 
+def heard(token: str) -> list[str]:
+    """What a team's hooks heard of the runs of ``token``, in order."""
+    return list(store().lrange(f"conformance:heard:{token}", 0, -1))
+
+
+def _hear(self: Any, task_id: str, args: Any, what: str) -> None:
+    """Keep what a hook heard, under the token its call was given."""
+    token = args[0]
+    seen = f"{what} {task_id} {list(args)} {task_id == self.request.id}"
+    store().rpush(f"conformance:heard:{token}", seen)
+    store().expire(f"conformance:heard:{token}", 60)
+
+
+class Hooked(Task):  # type: ignore[type-arg]
+    """A team's base class: its hooks report what each call did (an error tracker, logs)."""
+
+    def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
+        del kwargs
+        _hear(self, task_id, args, f"on_success {retval}")
+
+    def on_failure(self, exc: Exception, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        del kwargs, einfo  # Celery's signature
+        _hear(self, task_id, args, f"on_failure {exc!r}")
+
+    def on_retry(self, exc: Exception, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        del kwargs, einfo
+        _hear(self, task_id, args, f"on_retry {exc!r}")
+
+    def after_return(
+        self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        del kwargs, einfo
+        _hear(self, task_id, args, f"after_return {status} {retval!r}")
+
+
+def _hooked(self: Any, token: str, fail: bool) -> str:
+    """Asks for a retry at its first run; then fails or succeeds, as told."""
+    if count(token) == 1:
+        raise self.retry(countdown=0)
+    if fail:
+        raise ValueError(f"failed {token}")
+    return "ok"
+
+
 BODIES: Mapping[str, Callable[..., Any]] = {
     "add": _add,
     "tsum": _tsum,
@@ -189,6 +234,7 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "replaced": _replaced,
     "get_inside": _get_inside,
     "opaque": _opaque,
+    "hooked": _hooked,
 }
 
 # Celery's options, the same on both apps. A task that raises declares max_retries=0 where
@@ -214,4 +260,5 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "replaced": {"bind": True},
     "get_inside": {"bind": True},
     "opaque": {"max_retries": 0},
+    "hooked": {"bind": True, "base": Hooked, "max_retries": 1},
 }

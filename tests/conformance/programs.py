@@ -543,6 +543,34 @@ def tuple_comes_back_a_list(s: Side) -> Any:
     return s.identity.delay((1, (2, 3))).get(timeout=WAIT)
 
 
+def _heard(r: AsyncResult, t: str, *awaited: str) -> list[str]:
+    """What the hooks heard of ``r`` once they heard each of ``awaited`` (a worker calls them
+    after the result is kept, and a retry's hook may come after the next run's), sorted,
+    with its id and token as ``<id>`` and ``<token>``."""
+    deadline = time.monotonic() + WAIT
+
+    def missing() -> bool:
+        heard = bodies.heard(t)
+        return not all(any(h.startswith(a) for h in heard) for a in awaited)
+
+    while missing() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sorted(h.replace(r.id, "<id>").replace(t, "<token>") for h in bodies.heard(t))
+
+
+def hooks_of_a_base_class(s: Side) -> Any:
+    ok, failed = token(), token()
+    r = s.hooked.delay(ok, False)
+    value = r.get(timeout=WAIT)
+    f = s.hooked.delay(failed, True)
+    return [
+        value,
+        _heard(r, ok, "on_retry", "after_return SUCCESS"),
+        raised(lambda: f.get(timeout=WAIT), failed),
+        _heard(f, failed, "on_retry", "after_return FAILURE"),
+    ]
+
+
 PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     # results and states
     "AsyncResult(id, app=app).get() from the id alone": (by_id_from_anywhere, [5, True]),
@@ -666,6 +694,24 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     # argument types
     "kombu's JSON types": (kombu_json_types, [KOMBU_KINDS, True, KOMBU_KINDS, "3.3"]),
     "a tuple comes back a list": (tuple_comes_back_a_list, [1, [2, 3]]),
+    # a team's hooks
+    "a base Task class's on_success, on_retry, on_failure, after_return": (
+        hooks_of_a_base_class,
+        [
+            "ok",
+            [
+                "after_return SUCCESS 'ok' <id> ['<token>', False] True",
+                "on_retry None <id> ['<token>', False] True",
+                "on_success ok <id> ['<token>', False] True",
+            ],
+            ["ValueError", "failed <token>"],
+            [
+                "after_return FAILURE ValueError('failed <token>') <id> ['<token>', True] True",
+                "on_failure ValueError('failed <token>') <id> ['<token>', True] True",
+                "on_retry None <id> ['<token>', True] True",
+            ],
+        ],
+    ),
 }
 
 # Where jobsapp answers otherwise: its answer. docs/celery-compat.md says why, for each: a

@@ -17,7 +17,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import cache, partial
 from typing import Any, Protocol
@@ -31,7 +31,7 @@ from sqlalchemy.exc import OperationalError
 from jobsapp import logs
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.celery_api import errback
+from jobsapp.lifecycle.celery_api import errback, task_hooks
 from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal import NewJob, Run
 from jobsapp.lifecycle.producer import newjob
@@ -85,6 +85,12 @@ class Worked(newjob.Declared, Protocol):
 
     @property
     def rate_key(self) -> str | None: ...
+
+    @property
+    def hooked(self) -> bool: ...
+
+    @property
+    def around_body(self) -> Callable[..., Any] | None: ...
 
     def attempt_rules(self, inline_wait_max: float) -> AttemptRules: ...
 
@@ -173,7 +179,16 @@ def deliver(
         if eager:
             return _run_eagerly(task, request, env, job, foreign)
         ended = _run_envelope(task, request, env, job, foreign)
+    if task.hooked:
+        _ended_for_hooks(request, ended)
     return reported(env, ended)
+
+
+def _ended_for_hooks(request: Context, ended: Ended | str) -> None:
+    """The exception the body raised, for the task's own hooks (``task_hooks``)."""
+    view = request.get(task_hooks.VIEW)
+    if view is not None and isinstance(ended, Ended):
+        view.error = ended.error
 
 
 def _delivered(
@@ -414,16 +429,15 @@ def call_body(
     args, kwargs = call if call is not None else call_of(task, row)
     if errback.MARK in kwargs:
         args, kwargs = errback.arguments(task.app, args, kwargs)
+    retries, root_id = row.attempts - 1, root_id or job
+    if task.hooked:  # the task's own hooks are given the call as the body sees it
+        view = task_hooks.CallView(job, args, kwargs, retries, root_id)
+        setattr(task.request, task_hooks.VIEW, view)
     # Celery's push_request copies the current request's fields under these.
-    task.push_request(
-        id=job,
-        args=list(args),
-        kwargs=kwargs,
-        retries=row.attempts - 1,
-        root_id=root_id or job,
-    )
+    task.push_request(id=job, args=list(args), kwargs=kwargs, retries=retries, root_id=root_id)
     try:
-        return task.run(*args, **kwargs)
+        around = task.around_body
+        return task.run(*args, **kwargs) if around is None else around(task, *args, **kwargs)
     finally:
         task.pop_request()
 

@@ -1,0 +1,141 @@
+"""A team's own Task class under a lifecycle task: its base, its hooks and its ``__call__``.
+
+Celery teams put what every task shares in a base class: ``on_failure`` reporting to their
+error tracker, ``on_success`` and ``after_return`` logging, ``on_retry`` counting, and a
+``__call__`` that runs the body inside an application context (Flask's documented
+``task_cls``). ``lifecycle_task(app, base=TheirBase)`` and an app whose ``task_cls`` is
+theirs keep that class: LifecycleTask is put in front of it (``lifecycle_base``), so the
+journal's calling, delivery and results come first and everything else is theirs.
+
+Celery's tracer calls the hooks with the delivered message's task id and arguments, which
+for a lifecycle task are an attempt's id and its envelope. A hook here is given what
+Celery gives it for a plain task instead: the job's id (the id the caller holds,
+``AsyncResult.id``), the body's own arguments, the exception the body raised (for
+``on_retry``, what the retry was asked with, as Celery's ``reason.exc``), with
+``self.request`` the body's view of the call. A task without hooks of its own pays one
+class attribute read a delivery.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery, Task
+from celery.utils.imports import symbol_by_name
+
+from jobsapp.lifecycle.rules.errors import RetryRequested
+
+# Celery's Task hooks that are given the call (its id, arguments) after the body ran.
+HOOKS = ("on_success", "on_failure", "on_retry", "after_return")
+# Where a delivery keeps the job's view of the call on Celery's request, for the hooks.
+VIEW = "jobsapp_call"
+_WRAPPED = "__jobsapp_hook__"
+
+
+@dataclass
+class CallView:
+    """The call as the body saw it, and how its attempt ended."""
+
+    job_id: str
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    retries: int
+    root_id: str
+    error: BaseException | None = None
+
+    def retry_reason(self) -> BaseException | None:
+        """What ``on_retry`` is given: the retry's exception, as Celery's ``reason.exc``."""
+        if isinstance(self.error, RetryRequested):
+            return self.error.cause
+        return self.error
+
+    def hook_arguments(self, name: str, given: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``given`` (Celery's positional arguments to hook ``name``) with the job's id, the
+        body's arguments and the body's exception in their places."""
+        own = (self.job_id, list(self.args), dict(self.kwargs))
+        if name == "on_success":  # (retval, task_id, args, kwargs)
+            return (given[0], *own)
+        if name == "after_return":  # (status, retval, task_id, args, kwargs, einfo)
+            status, retval = given[0], given[1]
+            if status == "FAILURE" and self.error is not None:
+                retval = self.error
+            return (status, retval, *own, *given[5:])
+        # on_failure, on_retry: (exc, task_id, args, kwargs, einfo)
+        exc = self.retry_reason() if name == "on_retry" else (self.error or given[0])
+        return (exc, *own, *given[4:])
+
+
+def _hook_of_the_job(name: str, hook: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(hook)
+    def of_the_job(self: Any, *given: Any, **named: Any) -> Any:
+        view = self.request.get(VIEW)
+        if view is None or named:  # a plain Celery call, or one this module did not make
+            return hook(self, *given, **named)
+        # The hook's own super() calls and reads see the body's request, not the view again.
+        self.push_request(
+            id=view.job_id,
+            args=list(view.args),
+            kwargs=dict(view.kwargs),
+            retries=view.retries,
+            root_id=view.root_id,
+            **{VIEW: None},
+        )
+        try:
+            return hook(self, *view.hook_arguments(name, given))
+        finally:
+            self.pop_request()
+
+    setattr(of_the_job, _WRAPPED, True)
+    return of_the_job
+
+
+def wrap_hooks(cls: type) -> bool:
+    """Give each hook ``cls`` has of its own (or from a team's base) the job's view; whether
+    it has any."""
+    hooked = False
+    for name in HOOKS:
+        hook = getattr(cls, name)
+        if hook is getattr(Task, name):
+            continue
+        hooked = True
+        if not getattr(hook, _WRAPPED, False):
+            setattr(cls, name, _hook_of_the_job(name, hook))
+    return hooked
+
+
+def body_call(cls: type, lifecycle: type) -> Callable[..., Any] | None:
+    """A team's ``__call__`` behind ``lifecycle`` in ``cls``'s classes (the one that runs the
+    body inside an app context), which then runs the body; None: ``run`` is called."""
+    mro = cls.__mro__
+    for klass in mro[mro.index(lifecycle) + 1 :]:
+        if klass is Task:
+            return None
+        found = klass.__dict__.get("__call__")
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+    return None
+
+
+def lifecycle_base(app: Celery, base: type | None, lifecycle: type) -> type:
+    """The class ``lifecycle_task`` declares on: ``base`` (else the app's ``task_cls``, as
+    ``@app.task`` does) with ``lifecycle`` in front of it, or ``lifecycle`` for Celery's own."""
+    if base is None or base is app.Task:  # app.Task: the app's task_cls, bound to it
+        named = app.task_cls or Task
+        base = named if isinstance(named, type) else symbol_by_name(named)
+    if issubclass(base, lifecycle):
+        return base
+    if base is Task:
+        return lifecycle
+    return _mixed(lifecycle, base)
+
+
+@functools.cache
+def _mixed(lifecycle: type, base: type) -> type:
+    return type(
+        f"Lifecycle{base.__name__}",
+        (lifecycle, base),
+        {"__module__": base.__module__, "__qualname__": f"Lifecycle{base.__qualname__}"},
+    )

@@ -1,0 +1,101 @@
+"""A team's own Task class under lifecycle tasks: ``lifecycle_task(app, base=TheirBase)`` and
+an app whose ``task_cls`` is theirs keep the journal, their hooks and their ``__call__``.
+
+Celery's documented idioms: a base class whose ``on_failure`` reports to an error tracker
+(given the task id the caller holds and the call's arguments), and Flask's ``task_cls``
+whose ``__call__`` runs every body inside the application's context. The conformance suite
+holds the hooks' answers equal to bare Celery's on real prefork workers
+(tests/conformance, "a base Task class's ..."); here the journal's side of it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery, Task
+from sqlalchemy import Engine
+
+from jobsapp.celery_app import app
+from jobsapp.lifecycle import LifecycleTask, lifecycle_task
+from tests.support.journal_view import run_row
+from tests.support.workers import in_process_worker
+
+pytestmark = pytest.mark.timeout(90)
+
+# What the team's __call__ sets around a body (Flask's app context, a tenant, a locale).
+CONTEXT: contextvars.ContextVar[str] = contextvars.ContextVar("context", default="none")
+HEARD: list[tuple[Any, ...]] = []
+
+
+class TeamTask(Task):  # type: ignore[type-arg]
+    """A team's base class: every body in its context, every failure reported."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        token = CONTEXT.set("team context")
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            CONTEXT.reset(token)
+
+    def on_failure(self, exc: Exception, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        del einfo  # Celery's signature
+        HEARD.append(("on_failure", exc, task_id, args, kwargs, self.request.id))
+
+    def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
+        HEARD.append(("on_success", retval, task_id, args, kwargs, self.request.id))
+
+
+def _in_context(x: int, fail: bool = False) -> str:
+    if fail:
+        raise ValueError(f"failed {x}")
+    return f"{x} in {CONTEXT.get()}"
+
+
+TEAM = lifecycle_task(app, name="tests.team_task_class.in_context", base=TeamTask, max_retries=0)(
+    _in_context
+)
+
+
+def test_a_team_base_class_is_a_lifecycle_task_and_keeps_its_own_methods() -> None:
+    classes = TEAM.__class__.__mro__  # TEAM may be Celery's proxy until the app is set up
+    assert isinstance(TEAM, LifecycleTask)
+    assert isinstance(TEAM, TeamTask)
+    # The journal's calling comes first, the team's methods after it.
+    assert classes.index(LifecycleTask) < classes.index(TeamTask)
+
+
+def test_a_base_class_call_wraps_the_body_and_its_hooks_hear_the_job(
+    db: Engine, redis_clean: None
+) -> None:
+    HEARD.clear()
+    with in_process_worker():
+        ok = TEAM.delay(7)
+        assert ok.get(timeout=30) == "7 in team context"
+        failed = TEAM.delay(8, fail=True)
+        with pytest.raises(ValueError, match="failed 8"):
+            failed.get(timeout=30)
+    assert run_row(db, uuid.UUID(ok.id))["state"] == "succeeded"
+    assert run_row(db, uuid.UUID(failed.id))["state"] == "failed"
+    (success,) = (h for h in HEARD if h[0] == "on_success")
+    (failure,) = (h for h in HEARD if h[0] == "on_failure")
+    # Celery gives a hook the id the caller holds and the call's own arguments.
+    assert success == ("on_success", "7 in team context", ok.id, [7], {}, ok.id)
+    _, exc, task_id, args, kwargs, request_id = failure
+    assert isinstance(exc, ValueError)
+    assert str(exc) == "failed 8"
+    assert (task_id, args, kwargs, request_id) == (failed.id, [8], {"fail": True}, failed.id)
+
+
+def test_an_apps_own_task_cls_stays_under_lifecycle_tasks(db: Engine) -> None:
+    team = Celery("team-task-cls", task_cls=TeamTask, set_as_current=False)
+    team.conf.update(task_always_eager=False, broker_url="memory://")
+    declared = lifecycle_task(team, name="tests.team_task_class.team_cls")(_in_context)
+    assert isinstance(declared, LifecycleTask)
+    assert isinstance(declared, TeamTask)
+    plain = lifecycle_task(app, name="tests.team_task_class.plain")(_in_context)
+    # jobsapp's own app has Celery's task class: nothing is put behind LifecycleTask.
+    assert plain.__class__.__mro__[1] is LifecycleTask
+    assert declared.apply(args=(3,)).get() == "3 in team context"
