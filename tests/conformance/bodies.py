@@ -211,6 +211,15 @@ def _hooked(self: Any, token: str, fail: bool) -> str:
     return "ok"
 
 
+def _tenant(self: Any, token: str) -> list[Any]:
+    """What a body reads of its call's own headers, at its first run and its retry."""
+    request = self.request
+    headers = request.headers if isinstance(request.headers, dict) else {}
+    if count(token) == 1:
+        raise self.retry(countdown=0)
+    return [getattr(request, "tenant", None), headers.get("tenant"), request.retries]
+
+
 BODIES: Mapping[str, Callable[..., Any]] = {
     "add": _add,
     "tsum": _tsum,
@@ -235,6 +244,7 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "get_inside": _get_inside,
     "opaque": _opaque,
     "hooked": _hooked,
+    "tenant": _tenant,
 }
 
 # Celery's options, the same on both apps. A task that raises declares max_retries=0 where
@@ -261,4 +271,5 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "get_inside": {"bind": True},
     "opaque": {"max_retries": 0},
     "hooked": {"bind": True, "base": Hooked, "max_retries": 1},
+    "tenant": {"bind": True},
 }

@@ -169,6 +169,10 @@ def kwargs_only_call(s: Side) -> Any:
     ]
 
 
+def headers_of_a_call(s: Side) -> Any:
+    return s.tenant.apply_async((token(),), headers={"tenant": "acme"}).get(timeout=WAIT)
+
+
 def priority_and_queue(s: Side) -> Any:
     return [
         s.add.apply_async((1, 2), priority=7).get(timeout=WAIT),
@@ -594,6 +598,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         ["TimeoutError", "PENDING", False],
     ),
     "apply_async(kwargs=...), delay(**kwargs)": (kwargs_only_call, [7, 3]),
+    "apply_async(headers=) read in the body, kept by a retry": (
+        headers_of_a_call,
+        ["acme", "acme", 1],
+    ),
     "apply_async(priority=), apply_async(queue=)": (priority_and_queue, [3, 4]),
     "ResultSet get/join": (result_set, [[2, 4], [2, 4], 2, True]),
     "update_state(PROGRESS, meta) seen from another handle": (

@@ -20,6 +20,7 @@ import pytest
 import redis
 from sqlalchemy import Engine, func, select
 
+from jobsapp.attachments.tasks import process_attachment
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import OUTBOX, outbox_queries
@@ -231,6 +232,28 @@ def test_a_non_json_argument_is_refused_by_name_and_nothing_is_written(db: Engin
         tasks.echo.delay({"a", "b"})
     with pytest.raises(TypeError, match=r"argument 'secret' of tests.flaky is a object"):
         tasks.flaky.apply_async(kwargs={"token": "t", "fail_times": 0, "secret": [object()]})
+    assert _count(db, JobRun.__table__) == 0
+    assert _count(db, OUTBOX) == 0
+
+
+def test_a_calls_own_headers_are_kept_beside_its_arguments_the_trace_apart(db: Engine) -> None:
+    # The body reads them as self.request.tenant (the conformance suite, real workers).
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    handle = tasks.echo.apply_async(("t",), headers={"tenant": "acme", "traceparent": trace})
+    row = run_row(db, handle.job_id)
+    assert row["params"] == {"args": ["t"], "kwargs": {}, "headers": {"tenant": "acme"}}
+    plain = tasks.echo.apply_async(("u",), headers={"traceparent": trace})
+    assert run_row(db, plain.job_id)["params"] == {"args": ["u"], "kwargs": {}}
+
+
+def test_a_header_celerys_request_holds_or_json_cannot_carry_is_refused(db: Engine) -> None:
+    with pytest.raises(TypeError, match=r"headers \['retries'\] are fields of Celery's request"):
+        tasks.echo.apply_async(("t",), headers={"retries": 3})
+    with pytest.raises(TypeError, match=r"argument 'header tenant' of tests.echo is a set"):
+        tasks.echo.apply_async(("t",), headers={"tenant": {"a"}})
+    ids = {"attachment_id": uuid.uuid4(), "pipeline_version": 1}
+    with pytest.raises(TypeError, match=r"headers= needs a run table that keeps the call"):
+        process_attachment.apply_async(kwargs=ids, headers={"tenant": "acme"})
     assert _count(db, JobRun.__table__) == 0
     assert _count(db, OUTBOX) == 0
 

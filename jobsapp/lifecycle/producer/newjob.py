@@ -19,6 +19,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from celery.app.task import Context
+
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules import message
@@ -206,6 +208,7 @@ def scheduled(
     traceparent = (headers or {}).get("traceparent") or job.traceparent
     return replace(
         job,
+        values=_with_headers(job, headers) if headers else job.values,
         not_before=_absolute(eta),
         traceparent=traceparent,
         delay=None if eta is not None else _countdown(countdown),
@@ -215,6 +218,36 @@ def scheduled(
         time_limit=_seconds("time_limit", time_limit),
         soft_time_limit=_seconds("soft_time_limit", soft_time_limit),
     )
+
+
+# What Celery's request holds of its own: a call's header of one of these names would hide it.
+_REQUEST_FIELDS = frozenset(
+    k for k, v in vars(Context).items() if not k.startswith("_") and not callable(v)
+)
+
+
+def _with_headers(job: NewJob, headers: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The run's columns with the call's own headers (``apply_async(headers=...)``) kept
+    beside its arguments: every attempt's body reads them from ``self.request``, as a
+    Celery task reads its message's headers, and a retry keeps them as Celery's does."""
+    own = {k: v for k, v in headers.items() if k != "traceparent"}  # the trace: a column
+    if not own:
+        return job.values
+    taken = sorted(set(own) & _REQUEST_FIELDS)
+    if taken:
+        raise TypeError(
+            f"{job.task_name}.apply_async: headers {taken} are fields of Celery's request "
+            "(self.request); give yours other names"
+        )
+    column = job.spec.params_column
+    if column is None:
+        raise TypeError(
+            f"{job.task_name}.apply_async: headers= needs a run table that keeps the call "
+            f"(a params column); {job.spec.module!r} keeps only its ids"
+        )
+    require_json(job.task_name, {f"header {k}": v for k, v in own.items()})
+    stored = stored_arguments(job.task_name, own, get_settings().args_max_bytes)
+    return {**job.values, column: {**job.values[column], "headers": stored}}
 
 
 def adopted(

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import cache, partial
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from celery import Celery, Task
 from celery.app.task import Context
@@ -388,7 +388,7 @@ def _gate_of(task: Worked, holds: tuple[gating.Hold, ...]) -> gating.Gate:
 def _rate_key_of(task: Worked, row: Run) -> str:
     if task.rate_key is None:
         return ""
-    args, kwargs = call_of(task, row)
+    args, kwargs, _ = call_of(task, row)
     values = newjob.named(task, args, kwargs)
     return task.rate_key.format(**{"concurrency_key": row.concurrency_key, **values})
 
@@ -407,17 +407,22 @@ def _rules(task: Worked, settings: Settings, eager: bool) -> AttemptRules:
     return rules_of[eager]
 
 
-# A body's positional and keyword arguments.
-Call = tuple[tuple[Any, ...], dict[str, Any]]
+class Call(NamedTuple):
+    """A body's positional and keyword arguments, and the call's own headers."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    headers: dict[str, Any] | None = None
 
 
 def call_of(task: Worked, run: Run) -> Call:
     """The body's arguments, read from the run table's own columns."""
     spec = task.run_table
     if spec.params_column is None:
-        return (), spec.ids_from_row(run.columns)
+        return Call((), spec.ids_from_row(run.columns))
     params = decoded(run.columns[spec.params_column] or {})
-    return tuple(params.get("args", ())), dict(params.get("kwargs", {}))
+    args, kwargs = tuple(params.get("args", ())), dict(params.get("kwargs", {}))
+    return Call(args, kwargs, params.get("headers"))
 
 
 def call_body(
@@ -426,15 +431,19 @@ def call_body(
     """The body, its ``self.request`` the caller's view as in Celery: the job's task id
     (``job``), the body's own arguments (``call``, when already decoded), ``retries`` the
     attempts before this one, the delivery's ``root_id`` (else the job's own)."""
-    args, kwargs = call if call is not None else call_of(task, row)
+    args, kwargs, headers = call if call is not None else call_of(task, row)
     if errback.MARK in kwargs:
         args, kwargs = errback.arguments(task.app, args, kwargs)
     retries, root_id = row.attempts - 1, root_id or job
     if task.hooked:  # the task's own hooks are given the call as the body sees it
         view = task_hooks.CallView(job, args, kwargs, retries, root_id)
         setattr(task.request, task_hooks.VIEW, view)
+    # A call's own headers are fields of Celery's request, and its ``headers``.
+    own = {} if headers is None else {**headers, "headers": headers}
     # Celery's push_request copies the current request's fields under these.
-    task.push_request(id=job, args=list(args), kwargs=kwargs, retries=retries, root_id=root_id)
+    task.push_request(
+        **own, id=job, args=list(args), kwargs=kwargs, retries=retries, root_id=root_id
+    )
     try:
         around = task.around_body
         return task.run(*args, **kwargs) if around is None else around(task, *args, **kwargs)
@@ -456,7 +465,7 @@ def _show_call(task: Worked, request: Context, env: message.Envelope, job: str, 
     """Flower's args and kwargs of this attempt: the body's, and the job it belongs to
     (see ``celery_view``), sent when the worker sends task events; returns the call."""
     call = call_of(task, row)
-    shown = call_fields(*call, process_secrets())
+    shown = call_fields(call.args, call.kwargs, process_secrets())
     try:
         send_started(
             task.app,
