@@ -220,6 +220,12 @@ def _tenant(self: Any, token: str) -> list[Any]:
     return [getattr(request, "tenant", None), headers.get("tenant"), request.retries]
 
 
+def _queue_seen(self: Any, x: int) -> list[Any]:
+    """The body's argument, and which of the test's two queues delivered it."""
+    routing_key = (self.request.delivery_info or {}).get("routing_key") or ""
+    return [x, "second" if routing_key.endswith("-second") else "first"]
+
+
 BODIES: Mapping[str, Callable[..., Any]] = {
     "add": _add,
     "tsum": _tsum,
@@ -245,6 +251,7 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "opaque": _opaque,
     "hooked": _hooked,
     "tenant": _tenant,
+    "queue_seen": _queue_seen,
 }
 
 # Celery's options, the same on both apps. A task that raises declares max_retries=0 where
@@ -272,4 +279,5 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "opaque": {"max_retries": 0},
     "hooked": {"bind": True, "base": Hooked, "max_retries": 1},
     "tenant": {"bind": True},
+    "queue_seen": {"bind": True},
 }

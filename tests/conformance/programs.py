@@ -357,6 +357,20 @@ def expired_before_it_ran(s: Side) -> Any:
 # --- canvas ------------------------------------------------------------------------------
 
 
+def canvas_options(s: Side) -> Any:
+    second = s.app.conf.task_default_queue + "-second"
+    g = group(s.queue_seen.s(i) for i in range(2)).apply_async(queue=second)
+    c = chain(s.queue_seen.si(1), s.queue_seen.si(2)).apply_async(queue=second)
+    sent = time.monotonic()
+    later = chain(s.add.s(1, 1), s.add.s(2)).apply_async(countdown=1)
+    value = later.get(timeout=WAIT)
+    return [
+        g.get(timeout=WAIT),
+        [c.parent.get(timeout=WAIT), c.get(timeout=WAIT)],
+        [value, time.monotonic() - sent >= 1],
+    ]
+
+
 def chain_of_3(s: Side) -> Any:
     return chain(s.add.s(1, 2), s.add.s(3), s.add.s(4)).apply_async().get(timeout=WAIT)
 
@@ -663,6 +677,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     ),
     # canvas
     "chain of 3": (chain_of_3, 10),
+    "group/chain apply_async(queue=, countdown=)": (
+        canvas_options,
+        [[[0, "second"], [1, "second"]], [[1, "second"], [2, "first"]], [4, True]],
+    ),
     "| with partial and immutable": (pipe_partial_immutable, [8, 10, 8]),
     "a chain's .parent": (chain_parents, [12, 2, True]),
     "a chain failing in the middle": (

@@ -18,10 +18,15 @@ from tests.support import canvas_tasks as t
 WORKFLOW = uuid.UUID(int=20)
 
 
-def compiled(sig: Any) -> dict[str, Step]:
+def compiled(sig: Any, **routing: Any) -> dict[str, Step]:
+    """``sig``'s steps; ``routing``: the queue and priority of a whole canvas's apply_async."""
     compiler = Compiler(WORKFLOW)
-    compiler.node(sig, "0", None, ())
+    compiler.node(sig, "0", None, (), (), routing)
     return {step.path: step for step in compiler.steps()}
+
+
+def routes(steps: dict[str, Step]) -> dict[str, tuple[str | None, int | None]]:
+    return {path: (step.queue, step.priority) for path, step in steps.items()}
 
 
 def job(path: str) -> str:
@@ -51,6 +56,26 @@ def test_immutable_and_partial_arguments_and_step_options_are_kept() -> None:
     assert (list(steps["0.0"].args), steps["0.0"].immutable) == ([1], False)
     step = steps["0.1"]
     assert (list(step.args), step.immutable, step.queue, step.priority) == ([5, 5], True, "b", 3)
+
+
+def test_a_canvas_queue_and_priority_go_where_celery_sends_them() -> None:
+    # Celery: every member of a group, a chain's first task only, a chord's header and
+    # body; over a step's own (the call's options win, as in Signature.apply_async).
+    assert routes(compiled(group(t.add.s(1, 1), t.add.s(2, 2).set(queue="own")), queue="q")) == {
+        "0.0": ("q", None),
+        "0.1": ("q", None),
+    }
+    assert routes(compiled(chain(t.add.s(1, 1), t.add.s(2)), queue="q", priority=3)) == {
+        "0.0": ("q", 3),
+        "0.1": (None, None),
+    }
+    assert routes(
+        compiled(chord([t.add.s(1, 1)], t.tsum.s().on_error(t.identity.s())), queue="q")
+    ) == {
+        "0.h.0": ("q", None),
+        "0.body": ("q", None),
+        "0.body.err0": (None, None),
+    }
 
 
 def test_the_body_of_an_empty_header_starts_at_once() -> None:

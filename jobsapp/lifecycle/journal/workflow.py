@@ -23,7 +23,7 @@ chord's results, an operator's cancel here; the workflow view, monitor/workflows
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -131,13 +131,20 @@ def new_job(step: Mapping[str, Any], given: Sequence[Any]) -> NewJob:
 
 
 def start(
-    conn: Connection, step: Mapping[str, Any], given: Sequence[Any], *, actor: str
+    conn: Connection,
+    step: Mapping[str, Any],
+    given: Sequence[Any],
+    *,
+    actor: str,
+    due: Callable[[NewJob], NewJob] | None = None,
 ) -> PendingMessage | None:
     """Insert the step's run (none -> queued, with its message), unless it has one
-    already; returns its message (at the step's queue and priority, from its ``NewJob``)."""
+    already; returns its message (at the step's queue and priority, from its ``NewJob``,
+    when ``due`` says)."""
     if step["blocked_outcome"] == CANCELLED:
         return None
-    inserted = enqueue_new(conn, new_job(step, given), actor=actor)
+    job = new_job(step, given)
+    inserted = enqueue_new(conn, job if due is None else due(job), actor=actor)
     if inserted is None or inserted.message is None:
         return None
     if step["blocked_at"] is not None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from celery.canvas import Signature, _chain, chord, group, maybe_signature
@@ -31,9 +32,10 @@ from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.celery_api import errback
 from jobsapp.lifecycle.celery_api.group_handles import Node, Output, handle_of
-from jobsapp.lifecycle.journal import PendingMessage, workflow
+from jobsapp.lifecycle.journal import NewJob, PendingMessage, workflow
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step, waited_for
+from jobsapp.lifecycle.producer import newjob
 from jobsapp.lifecycle.rules import message
 from jobsapp.lifecycle.rules.errors import ArgumentRefused
 from jobsapp.lifecycle.rules.results import NotJson, hint, non_json, stored_arguments
@@ -42,6 +44,8 @@ from jobsapp.settings import get_settings
 
 # What a signature in a lifecycle canvas may carry besides its arguments.
 _KNOWN_OPTIONS = frozenset({"queue", "priority", "task_id", "link", "link_error"})
+# A whole canvas's apply_async options: a step's, and when its first tasks are due.
+_CANVAS_OPTIONS = _KNOWN_OPTIONS | {"countdown", "eta"}
 _WORKFLOW_NAMESPACE = uuid.UUID("6f1d7c4e-3b57-4a8e-9a54-3c1f0e1d2b77")
 
 
@@ -130,22 +134,25 @@ class Compiler:
         after: Output | None,
         args: tuple[Any, ...],
         errbacks: tuple[Signature, ...] = (),
+        routing: Mapping[str, Any] | None = None,
     ) -> Output:
         """Compile ``sig`` at ``path``, waiting for ``after`` (None: runs at once), its
-        first tasks given ``args`` (apply_async's partial arguments) first."""
+        first tasks given ``args`` (apply_async's partial arguments) first and ``routing``
+        (its queue and priority) over their own, as Celery gives a canvas's options: a
+        group's members, a chain's first task, a chord's header and body."""
         errbacks = (*errbacks, *_callbacks(sig, "link_error"))
         if isinstance(sig, chord):
-            header = self.node(_as_group(sig.tasks), f"{path}.h", after, args)
-            out = self.node(sig.body, f"{path}.body", header, (), errbacks)
+            header = self.node(_as_group(sig.tasks), f"{path}.h", after, args, (), routing)
+            out = self.node(sig.body, f"{path}.body", header, (), errbacks, routing)
         elif isinstance(sig, group):
             out = [
-                self.node(_signature(t, sig), f"{path}.{i}", after, args, errbacks)
+                self.node(_signature(t, sig), f"{path}.{i}", after, args, errbacks, routing)
                 for i, t in enumerate(sig.tasks)
             ]
         elif isinstance(sig, _chain):
-            out = self._chain(sig, path, after, (*args, *sig.args), errbacks)
+            out = self._chain(sig, path, after, (*args, *sig.args), errbacks, routing)
         else:
-            out = self._task(sig, path, after, args, errbacks)
+            out = self._task(sig, path, after, args, errbacks, routing)
         for i, callback in enumerate(_callbacks(sig, "link")):
             self.node(callback, f"{path}.link{i}", _single(out, sig), ())
         return out
@@ -157,11 +164,12 @@ class Compiler:
         after: Output | None,
         args: tuple[Any, ...],
         errbacks: tuple[Signature, ...],
+        routing: Mapping[str, Any] | None,
     ) -> Output:
         out = after
         for i, task in enumerate(sig.tasks):
-            out = self.node(_signature(task, sig), f"{path}.{i}", out, args, errbacks)
-            args = ()
+            out = self.node(_signature(task, sig), f"{path}.{i}", out, args, errbacks, routing)
+            args, routing = (), None
         assert out is not None  # a chain of no task is refused by Celery itself
         return out
 
@@ -172,9 +180,10 @@ class Compiler:
         after: Output | None,
         args: tuple[Any, ...],
         errbacks: tuple[Signature, ...],
+        routing: Mapping[str, Any] | None,
     ) -> str:
         waits = after is not None and any(True for _ in waited_for(after))
-        job_id = self._add(sig, path, after, args, SUCCESS if waits else START)
+        job_id = self._add(sig, path, after, args, SUCCESS if waits else START, routing)
         for previous in waited_for(after):
             self.drafts[previous].next.append(job_id)
         for i, on_error in enumerate(errbacks):
@@ -190,12 +199,18 @@ class Compiler:
         return job_id
 
     def _add(
-        self, sig: Signature, path: str, after: Output | None, args: tuple[Any, ...], trigger: str
+        self,
+        sig: Signature,
+        path: str,
+        after: Output | None,
+        args: tuple[Any, ...],
+        trigger: str,
+        routing: Mapping[str, Any] | None = None,
     ) -> str:
         task = sig.type
         spec = lifecycle_table(task)
         assert spec is not None  # is_lifecycle_canvas checked every task
-        options = _options(sig)
+        options = {**_options(sig), **(routing or {})}
         job_id = self._job_id(options, path)
         given = sig.args if sig.immutable else (*args, *sig.args)
         call = _require_arguments(str(sig.task), spec, given, sig.kwargs)
@@ -291,8 +306,9 @@ def start(sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any]
     """Write the canvas's steps and first runs in one transaction, publish after COMMIT,
     and return what Celery returns for it: the last step's handle, or a group's list."""
     workflow_id, out, steps = compiled(sig, args, options)
+    due = partial(_due, countdown=options.get("countdown"), eta=options.get("eta"))
     with get_engine().begin() as conn:
-        messages = write(conn, steps)
+        messages = write(conn, steps, due)
     publish(sig.app, messages)
     nodes = {str(s.job_id): Node(s.job_id, s.module, s.task_name, s.after) for s in steps}
     return handle_of(sig.app, out, nodes, workflow_id)
@@ -313,28 +329,42 @@ def compiled(
     for name in ("link", "link_error"):
         if options.get(name):
             sig.options[name] = [*(sig.options.get(name) or ()), *_listed(options[name])]
-    unknown = sorted(set(options) - {"link", "link_error", "task_id"})
+    unknown = sorted(set(options) - _CANVAS_OPTIONS)
     if unknown:
         raise TypeError(
             f"{type(sig).__name__}.apply_async: jobsapp does not support "
-            f"{unknown} on a canvas (set queue=, priority= on its steps)"
+            f"{unknown} on a canvas (it takes {sorted(_CANVAS_OPTIONS)})"
         )
     workflow_id, path = into or (_workflow_id(options.get("task_id")), "0")
     compiler = Compiler(workflow_id)
-    out = compiler.node(sig, path, None, tuple(args or ()))
+    routing = {k: options[k] for k in ("queue", "priority") if options.get(k) is not None}
+    out = compiler.node(sig, path, None, tuple(args or ()), (), routing)
     return workflow_id, out, compiler.steps()
 
 
-def write(conn: Connection, steps: Sequence[Step]) -> list[PendingMessage]:
-    """Write ``steps`` and the runs of the first ones, in the caller's transaction; returns
-    their messages, for ``publish`` after COMMIT (else the relay publishes them)."""
+def write(
+    conn: Connection, steps: Sequence[Step], due: Callable[[NewJob], NewJob] | None = None
+) -> list[PendingMessage]:
+    """Write ``steps`` and the runs of the first ones (``due`` when the canvas's countdown or
+    eta says), in the caller's transaction; returns their messages, for ``publish`` after
+    COMMIT (else the relay publishes them)."""
     workflow.write_steps(conn, steps)
     started = [
-        workflow.start(conn, step.row(None), _given_at_start(step), actor="producer")
+        workflow.start(conn, step.row(None), _given_at_start(step), actor="producer", due=due)
         for step in steps
         if step.trigger == START
     ]
     return [m for m in started if m is not None]
+
+
+def _due(job: NewJob, countdown: float | None, eta: datetime | None) -> NewJob:
+    """A first task's run, due when ``apply_async``'s countdown or eta says (Celery delays
+    a chain's first task, a group's members, a chord's header)."""
+    if countdown is None and eta is None:
+        return job
+    return newjob.scheduled(
+        job, countdown=countdown, eta=eta, headers=None, queue=None, priority=None
+    )
 
 
 def publish(app: Any, messages: Sequence[PendingMessage]) -> None:
