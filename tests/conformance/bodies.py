@@ -252,6 +252,7 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "hooked": _hooked,
     "tenant": _tenant,
     "queue_seen": _queue_seen,
+    "quiet": _add,
 }
 
 # Celery's options, the same on both apps. A task that raises declares max_retries=0 where
@@ -280,4 +281,5 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "hooked": {"bind": True, "base": Hooked, "max_retries": 1},
     "tenant": {"bind": True},
     "queue_seen": {"bind": True},
+    "quiet": {"ignore_result": True},
 }

@@ -199,6 +199,24 @@ def progress_shown(s: Side) -> Any:
     return [*shown, r.get(timeout=WAIT), r.state]
 
 
+def progress_streamed(s: Side) -> Any:
+    t = token()
+    r = s.progress.delay(t)
+    seen: list[Any] = []
+
+    def heard(meta: dict[str, Any]) -> None:
+        seen.append(meta.get("status"))
+        if meta.get("status") == "PROGRESS":
+            bodies.release(t)
+
+    started(t)
+    return [r.get(timeout=WAIT, on_message=heard), seen]
+
+
+def result_of_ignore_result(s: Side) -> Any:
+    return s.quiet.delay(1, 2).get(timeout=WAIT)
+
+
 def running_without_track_started(s: Side) -> Any:
     t = token()
     r = s.held.delay(t)
@@ -622,6 +640,11 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         progress_shown,
         ["PROGRESS", {"step": 1, "token": "<set>"}, False, "done", "SUCCESS"],
     ),
+    "get(on_message=) streams PROGRESS, then SUCCESS": (
+        progress_streamed,
+        ["done", ["PROGRESS", "SUCCESS"]],
+    ),
+    "get() of a task with ignore_result=True": (result_of_ignore_result, None),
     "state of a running task (task_track_started off)": (
         running_without_track_started,
         ["PENDING", "released"],
@@ -745,6 +768,9 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
 DIFFERENT: dict[str, Any] = {
     # The run is the audit trail: forget() drops its kept value, not its state.
     "forget()": [42, "SUCCESS"],
+    # The journal keeps every run's value (within JOBSAPP_RESULT_MAX_BYTES), whatever the
+    # task's ignore_result: its handle answers it.
+    "get() of a task with ignore_result=True": 3,
     # Every call of a lifecycle task is a run of its own: no run answers a chunk's list.
     "chunks": [
         "the program raised",

@@ -6,6 +6,7 @@ On both dialects, with the in-process worker."""
 
 from __future__ import annotations
 
+import celery.exceptions
 import pytest
 from celery import chain
 from celery.exceptions import TaskRevokedError
@@ -55,6 +56,18 @@ def test_forget_drops_the_value_and_keeps_the_run_in_the_journal(
     again = AsyncResult(r.id, app=jobsapp_app)
     # By design (docs/celery-compat.md): the run is the audit trail; only its value goes.
     assert (again.result, run_row(db, r.job_id)["state"]) == (None, "succeeded")
+
+
+def test_get_with_on_message_times_out_on_a_job_that_never_ran_and_tells_nothing(
+    db: Engine,
+) -> None:
+    # No worker: the job stays queued, which Celery never publishes as a state.
+    r = idiom_tasks.add.apply_async((1, 1), countdown=60)
+    told: list[object] = []
+    with pytest.raises(celery.exceptions.TimeoutError):
+        AsyncResult(r.id, app=jobsapp_app).get(timeout=0.3, interval=0.05, on_message=told.append)
+    assert told == []
+    assert run_row(db, r.job_id)["state"] == "queued"
 
 
 def test_a_handle_is_celerys_async_result_with_the_journals_extras(worker: object) -> None:

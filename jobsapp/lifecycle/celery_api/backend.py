@@ -18,12 +18,15 @@ A task id is read as ``AsyncResult`` callers hold it: the caller's own id or the
 from __future__ import annotations
 
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, states
 from celery.backends.base import BaseBackend
 from celery.exceptions import ChordError, TaskRevokedError, WorkerLostError
+from celery.exceptions import TimeoutError as CeleryTimeoutError
 from sqlalchemy import Connection
 
 from jobsapp.db import get_engine
@@ -103,6 +106,56 @@ class JournalBackend(BaseBackend):
     def as_uri(self, include_password: bool = False) -> str:
         del include_password
         return NAME
+
+    def wait_for_pending(
+        self,
+        result: Any,
+        timeout: float | None = None,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        on_message: Callable[[dict[str, Any]], Any] | None = None,
+        on_interval: Callable[[], Any] | None = None,
+        callback: Any = None,
+        propagate: bool = True,
+    ) -> Any:
+        """Celery's ``get()``; with ``on_message`` (Celery's progress idiom, which its
+        Redis backend feeds from the states a task publishes) each state the run shows
+        is handed on once, as it is read from the journal every ``interval``."""
+        if on_message is None:
+            return super().wait_for_pending(
+                result, timeout, interval, no_ack, None, on_interval, callback, propagate
+            )
+        self._ensure_not_eager()  # type: ignore[attr-defined]  # Celery's SyncBackendMixin
+        meta = self._watched(str(result.id), timeout, interval, on_message, on_interval)
+        result._maybe_set_cache(meta)
+        return result.maybe_throw(propagate=propagate, callback=callback)
+
+    def _watched(
+        self,
+        task_id: str,
+        timeout: float | None,
+        interval: float,
+        on_message: Callable[[dict[str, Any]], Any],
+        on_interval: Callable[[], Any] | None,
+    ) -> dict[str, Any]:
+        """The run's meta once it is ready, each new state before it told to ``on_message``
+        (a pending run publishes none in Celery)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        told: tuple[str, str] | None = None
+        while True:
+            meta = self.get_task_meta(task_id)
+            shown = (meta["status"], repr(meta.get("result")))
+            if shown != told and meta["status"] != states.PENDING:
+                told = shown
+                on_message(meta)
+            if meta["status"] in states.READY_STATES:
+                return meta
+            if on_interval is not None:
+                on_interval()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise CeleryTimeoutError("The operation timed out.")
+            time.sleep(interval if left is None else min(interval, left))
 
     def _get_task_meta_for(self, task_id: str) -> dict[str, Any]:
         with get_engine().connect() as conn:
