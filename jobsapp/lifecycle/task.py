@@ -169,12 +169,14 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         ends a job still queued then with outcome ``expired``. ``time_limit`` and
         ``soft_time_limit`` bound each attempt of this call, as the task's own would (every
         message of the job carries them). ``link``/``link_error``
-        make the call a workflow (lifecycle/workflows/canvas.py). Other Celery options are refused
-        with what to do instead.
+        make the call a workflow (lifecycle/workflows/canvas.py). ``headers`` are kept
+        on the run for every attempt's ``self.request``. ``add_to_parent``,
+        ``compression``, ``ignore_result`` and ``serializer='json'`` change nothing a job
+        keeps; other Celery options are refused with what to do instead.
         Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
         """
         callbacks = {o: options.pop(o) for o in ("link", "link_error") if options.get(o)}
-        applied.refuse(self.name, options)
+        applied.refuse(self.name, applied.unsupported(options))
         schedule = {
             "countdown": countdown,
             "eta": eta,

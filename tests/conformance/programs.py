@@ -173,6 +173,16 @@ def headers_of_a_call(s: Side) -> Any:
     return s.tenant.apply_async((token(),), headers={"tenant": "acme"}).get(timeout=WAIT)
 
 
+def headers_of_a_send_task(s: Side) -> Any:
+    r = s.app.send_task(s.name("tenant"), args=(token(),), headers={"tenant": "acme"})
+    return r.get(timeout=WAIT)
+
+
+def options_without_effect_here(s: Side) -> Any:
+    kinds = ({"add_to_parent": False}, {"serializer": "json"}, {"compression": "zlib"})
+    return [s.add.apply_async((1, 2), **options).get(timeout=WAIT) for options in kinds]
+
+
 def priority_and_queue(s: Side) -> Any:
     return [
         s.add.apply_async((1, 2), priority=7).get(timeout=WAIT),
@@ -633,6 +643,14 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "apply_async(headers=) read in the body, kept by a retry": (
         headers_of_a_call,
         ["acme", "acme", 1],
+    ),
+    "app.send_task(name, headers=) read in the body, kept by a retry": (
+        headers_of_a_send_task,
+        ["acme", "acme", 1],
+    ),
+    "apply_async(add_to_parent=, serializer='json', compression=)": (
+        options_without_effect_here,
+        [3, 3, 3],
     ),
     "apply_async(priority=), apply_async(queue=)": (priority_and_queue, [3, 4]),
     "ResultSet get/join": (result_set, [[2, 4], [2, 4], 2, True]),

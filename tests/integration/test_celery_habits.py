@@ -261,7 +261,12 @@ def test_a_header_celerys_request_holds_or_json_cannot_carry_is_refused(db: Engi
 def test_an_unsupported_celery_option_is_refused_with_what_to_do_instead(db: Engine) -> None:
     with pytest.raises(TypeError, match=r"does not support \['exchange'\].*pass queue="):
         tasks.echo.apply_async(args=("x",), exchange="elsewhere")
+    with pytest.raises(TypeError, match=r"\['serializer'\].*only serializer='json'"):
+        tasks.echo.apply_async(args=("x",), serializer="pickle")
     assert _count(db, JobRun.__table__) == 0
+    # What changes nothing a job keeps is taken, as Celery takes it.
+    tasks.echo.apply_async(args=("y",), serializer="json", ignore_result=True, compression="zlib")
+    assert _count(db, JobRun.__table__) == 1
 
 
 def test_the_relay_reports_a_message_nobody_claims_and_a_task_nobody_registered(

@@ -3,7 +3,7 @@ the Celery options a lifecycle task refuses, and the enqueue of one call."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from celery import Celery
@@ -21,7 +21,23 @@ _UNSUPPORTED = {
     "routing_key": "pass queue=, or route the task with task_routes",
     "retry": "the outbox retries every publish",
     "retry_policy": "the outbox retries every publish",
+    "serializer": "a job's arguments are kept as JSON (kombu's): only serializer='json'",
 }
+
+
+# Celery options that change nothing of what a lifecycle job keeps or sends: a job's
+# arguments are JSON in the journal, its message is a small envelope, its value is kept
+# whatever ignore_result says (docs/celery-compat.md), and no run records children.
+_WITHOUT_EFFECT = frozenset({"add_to_parent", "compression", "ignore_result"})
+
+
+def unsupported(options: Mapping[str, Any]) -> set[str]:
+    """The options of a call a lifecycle task cannot honour (``refuse`` names them)."""
+    return {
+        name
+        for name, value in options.items()
+        if name not in _WITHOUT_EFFECT and not (name == "serializer" and value == "json")
+    }
 
 
 def refuse(name: str, options: Collection[str]) -> None:

@@ -257,11 +257,13 @@ def adopted(
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
     timelimit: Sequence[float | None] | None = None,
+    headers: Mapping[str, Any] | None = None,
 ) -> tuple[message.Envelope, NewJob]:
     """A plain Celery call (``send_task`` by name, ``apply()``) as a run of its own:
     the job id is the Celery task id, the arguments are bound to the body's signature,
-    and the message's ``timelimit`` header (hard, soft) is kept for its retries too.
-    Only a task whose arguments the journal keeps (``params_column``) takes one."""
+    and the message's ``timelimit`` header (hard, soft) and its own ``headers`` are kept
+    for its retries too. Only a task whose arguments the journal keeps (``params_column``)
+    takes one."""
     if task.run_table.params_column is None:
         raise InvalidMessage(
             f"{task.run_table.module} tasks take the jobsapp message "
@@ -279,6 +281,7 @@ def adopted(
         hard, soft = (*(timelimit or ()), None, None)[:2]
         job = replace(
             job,
+            values=_with_headers(job, headers) if headers else job.values,
             time_limit=_seconds("time_limit", hard),
             soft_time_limit=_seconds("soft_time_limit", soft),
         )

@@ -197,7 +197,13 @@ def _delivered(
     """The attempt a delivery asks for, and the row to insert if the journal has none."""
     if eager or not message.is_envelope(args, kwargs):
         return newjob.adopted(
-            task, str(request.id), request.get("traceparent"), args, kwargs, request.timelimit
+            task,
+            str(request.id),
+            request.get("traceparent"),
+            args,
+            kwargs,
+            request.timelimit,
+            request.headers,
         )
     env = message.parse(args, kwargs)
     if env.module != task.run_table.module:
@@ -438,8 +444,9 @@ def call_body(
     if task.hooked:  # the task's own hooks are given the call as the body sees it
         view = task_hooks.CallView(job, args, kwargs, retries, root_id)
         setattr(task.request, task_hooks.VIEW, view)
-    # A call's own headers are fields of Celery's request, and its ``headers``.
-    own = {} if headers is None else {**headers, "headers": headers}
+    # A call's own headers are fields of Celery's request, and in its ``headers``.
+    seen = {} if headers is None else {**(task.request.headers or {}), **headers}
+    own = {} if headers is None else {**headers, "headers": seen}
     # Celery's push_request copies the current request's fields under these.
     task.push_request(
         **own, id=job, args=list(args), kwargs=kwargs, retries=retries, root_id=root_id
