@@ -172,7 +172,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         make the call a workflow (lifecycle/workflows/canvas.py). ``headers`` are kept
         on the run for every attempt's ``self.request``. ``add_to_parent``,
         ``compression``, ``ignore_result`` and ``serializer='json'`` change nothing a job
-        keeps; other Celery options are refused with what to do instead.
+        keeps, and so do ``retry`` and ``retry_policy`` (the outbox publishes every
+        message until the broker takes it); other Celery options are refused with what
+        to do instead.
         Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
         """
         callbacks = {o: options.pop(o) for o in ("link", "link_error") if options.get(o)}
@@ -186,10 +188,13 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             "soft_time_limit": soft_time_limit,
         }
         if callbacks and not self.app.conf.task_always_eager:
+            due = {"countdown": countdown, "eta": eta}
             others = {"job_id": job_id, "session": session, "connection": connection, **schedule}
-            applied.refuse(f"{self.name} with link/link_error", {k for k, v in others.items() if v})
+            refused = {k for k, v in others.items() if v and k not in due}
+            applied.refuse(f"{self.name} with link/link_error", refused)
             step = {"task_id": task_id, "queue": queue, "priority": priority}
-            return self._with_callbacks(args, kwargs, step, callbacks)
+            when = {k: v for k, v in due.items() if v is not None}
+            return self._with_callbacks(args, kwargs, step, {**callbacks, **when})
         if self.app.conf.task_always_eager:
             wanted = job_id or task_id
             return self.apply(
@@ -218,7 +223,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         callbacks: Mapping[str, Any],
     ) -> JobHandle:
         """A call with ``link``/``link_error``: a workflow of this step and its callbacks
-        (lifecycle/workflows/canvas.py); ``step`` holds the options a step keeps."""
+        (lifecycle/workflows/canvas.py); ``step`` holds the options a step keeps,
+        ``callbacks`` the canvas's own (its callbacks, and when the step is due)."""
         sig = self.s(*(args or ()), **(kwargs or {}))
         sig.set(**{k: v for k, v in step.items() if v is not None})
         handle: JobHandle = canvas.start(sig, None, callbacks)

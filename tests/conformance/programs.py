@@ -525,6 +525,21 @@ def link_callback(s: Side) -> Any:
     return [parent.get(timeout=WAIT), AsyncResult(callback, app=s.app).get(timeout=WAIT)]
 
 
+def link_with_a_countdown(s: Side) -> Any:
+    callback = str(uuid.uuid4())
+    sent = time.monotonic()
+    parent = s.add.apply_async((2, 2), link=s.add.s(10).set(task_id=callback), countdown=1)
+    value = parent.get(timeout=WAIT)
+    waited = time.monotonic() - sent >= 1
+    return [value, AsyncResult(callback, app=s.app).get(timeout=WAIT), waited]
+
+
+def publish_retry_options(s: Side) -> Any:
+    policy = {"max_retries": 3, "interval_start": 0, "interval_step": 0.2}
+    r = s.add.apply_async((1, 2), retry=True, retry_policy=policy)
+    return [r.get(timeout=WAIT), s.add.apply_async((3, 4), retry=False).get(timeout=WAIT)]
+
+
 def link_error_old_style(s: Side) -> Any:
     errback = str(uuid.uuid4())
     t = token()
@@ -750,6 +765,8 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "map and starmap": (map_and_starmap, [[3, 7], [3, 7, 11]]),
     "chunks": (chunks, [[0, 2], [4, 6]]),
     "link": (link_callback, [4, 14]),
+    "apply_async(link=, countdown=)": (link_with_a_countdown, [4, 14, True]),
+    "apply_async(retry=, retry_policy=)": (publish_retry_options, [3, 7]),
     "link_error, old style (task id)": (link_error_old_style, True),
     "link_error, new style (request, exc, traceback)": (
         link_error_new_style,

@@ -19,16 +19,17 @@ from jobsapp.lifecycle.producer import enqueue, newjob
 _UNSUPPORTED = {
     "exchange": "pass queue=, or route the task with task_routes",
     "routing_key": "pass queue=, or route the task with task_routes",
-    "retry": "the outbox retries every publish",
-    "retry_policy": "the outbox retries every publish",
     "serializer": "a job's arguments are kept as JSON (kombu's): only serializer='json'",
 }
 
 
 # Celery options that change nothing of what a lifecycle job keeps or sends: a job's
 # arguments are JSON in the journal, its message is a small envelope, its value is kept
-# whatever ignore_result says (docs/celery-compat.md), and no run records children.
-_WITHOUT_EFFECT = frozenset({"add_to_parent", "compression", "ignore_result"})
+# whatever ignore_result says (docs/celery-compat.md), no run records children, and the
+# outbox publishes every message until the broker takes it, whatever retry says.
+_WITHOUT_EFFECT = frozenset(
+    {"add_to_parent", "compression", "ignore_result", "retry", "retry_policy"}
+)
 
 
 def unsupported(options: Mapping[str, Any]) -> set[str]:
