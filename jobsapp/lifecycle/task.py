@@ -204,6 +204,10 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             tuple(args or ()), dict(kwargs or {}), newjob.job_id_of(self.name, job_id, task_id)
         )
         named = str(task_id) if task_id and not job_id else None
+        if expires is None:
+            # The task's own expiry, as Celery gives every call (its messages carry it: the
+            # journal must end the job, or a message a worker discards leaves it queued).
+            schedule["expires"] = self.expires
         return applied.enqueued(
             self.app,
             job,

@@ -226,6 +226,13 @@ def _queue_seen(self: Any, x: int) -> list[Any]:
     return [x, "second" if routing_key.endswith("-second") else "first"]
 
 
+def _get_allowed(self: Any) -> Any:
+    from celery.result import allow_join_result
+
+    with allow_join_result():
+        return sibling(self, "add").delay(2, 2).get(timeout=10, disable_sync_subtasks=False)
+
+
 BODIES: Mapping[str, Callable[..., Any]] = {
     "add": _add,
     "tsum": _tsum,
@@ -253,6 +260,8 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "tenant": _tenant,
     "queue_seen": _queue_seen,
     "quiet": _add,
+    "short_lived": _add,
+    "get_allowed": _get_allowed,
 }
 
 # Celery's options, the same on both apps. A task that raises declares max_retries=0 where
@@ -282,4 +291,6 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "tenant": {"bind": True},
     "queue_seen": {"bind": True},
     "quiet": {"ignore_result": True},
+    "short_lived": {"expires": 1},
+    "get_allowed": {"bind": True},
 }

@@ -377,6 +377,15 @@ def revoke_terminate_a_running_task(s: Side) -> Any:
         bodies.release(t)
 
 
+def expires_of_the_task(s: Side) -> Any:
+    r = s.short_lived.apply_async((1, 2), countdown=3)
+    return [raised(lambda: r.get(timeout=WAIT))[0], r.state]
+
+
+def get_inside_a_task_allowed(s: Side) -> Any:
+    return s.get_allowed.delay().get(timeout=WAIT)
+
+
 def expired_before_it_ran(s: Side) -> Any:
     r = s.add.apply_async((1, 1), countdown=2, expires=1)
     return [raised(lambda: r.get(timeout=WAIT))[0], r.state, type(r.result).__name__]
@@ -517,6 +526,10 @@ def map_and_starmap(s: Side) -> Any:
 
 def chunks(s: Side) -> Any:
     return s.add.chunks(zip(range(4), range(4), strict=True), 2).apply_async().get(timeout=WAIT)
+
+
+def join_native_of_a_group(s: Side) -> Any:
+    return group(s.add.s(i, i) for i in range(3)).apply_async().join_native(timeout=WAIT)
 
 
 def link_callback(s: Side) -> Any:
@@ -686,6 +699,7 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "calling the task directly": (called_directly, [3, [[5], {}, 0]]),
     "eager apply()": (eager_apply, [7, "SUCCESS", True, ["ValueError", "boom <token>"]]),
     "get() inside a task": (get_inside_a_task, "RuntimeError: Never call result.get() wit"),
+    "get(disable_sync_subtasks=False) inside a task": (get_inside_a_task_allowed, 4),
     "delay() missing an argument": (
         missing_argument_at_the_call,
         ["TypeError", "_add() missing 1 required positional argument: 'y'"],
@@ -727,6 +741,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         revoke_terminate_a_running_task,
         ["TaskRevokedError", "REVOKED"],
     ),
+    "a task's own expires=, passed before it ran": (
+        expires_of_the_task,
+        ["TaskRevokedError", "REVOKED"],
+    ),
     "apply_async(expires=) passed before it ran": (
         expired_before_it_ran,
         ["TaskRevokedError", "REVOKED", "TaskRevokedError"],
@@ -748,6 +766,7 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         [3, 3, 4, 11, 6],
     ),
     "group of 5": (group_of_5, [[0, 2, 4, 6, 8], 5, True, True]),
+    "a group's join_native()": (join_native_of_a_group, [0, 2, 4]),
     "a group's get(propagate=False)": (
         group_without_propagation,
         [4, "ValueError", True, False, True, 1],

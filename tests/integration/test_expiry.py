@@ -13,6 +13,8 @@ import pytest
 from celery import states as celery_states
 from sqlalchemy import Engine
 
+from jobsapp.celery_app import app
+from jobsapp.lifecycle import lifecycle_task
 from jobsapp.lifecycle.celery_api.handle import JobHandle
 from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 from jobsapp.maintenance import reaper
@@ -21,6 +23,10 @@ from tests.support.journal_view import run_row, transitions
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def _noop() -> None:
+    """A body that is never run here: what the call writes is the answer."""
 
 
 def _ended(engine: Engine, handle: JobHandle) -> bool:
@@ -57,6 +63,17 @@ def test_a_job_within_its_expiry_runs_and_its_retry_keeps_the_same_expiry(db: En
     row = run_row(db, handle.job_id)
     assert (row["state"], row["attempts"], row["expires_at"]) == ("succeeded", 2, expires_at)
     assert handle.state == celery_states.SUCCESS
+
+
+def test_a_tasks_own_expires_is_every_calls_and_a_calls_own_wins(db: Engine) -> None:
+    # Celery gives each call its task's expires (its messages carry it); a call's wins.
+    short = lifecycle_task(app, name="tests.expiry.short_lived", expires=60)(_noop)
+    before = datetime.now(UTC)
+    expires_at = run_row(db, short.delay().job_id)["expires_at"]
+    assert before + timedelta(seconds=50) < expires_at <= before + timedelta(seconds=61)
+    own = run_row(db, short.apply_async(expires=3600).job_id)["expires_at"]
+    assert own > before + timedelta(seconds=3000)
+    assert run_row(db, tasks.echo.delay("none").job_id)["expires_at"] is None
 
 
 def test_the_reaper_expires_a_queued_job_whose_message_never_came(pg: Engine) -> None:

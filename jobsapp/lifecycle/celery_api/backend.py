@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from celery import Celery, states
@@ -150,12 +150,36 @@ class JournalBackend(BaseBackend):
                 on_message(meta)
             if meta["status"] in states.READY_STATES:
                 return meta
-            if on_interval is not None:
-                on_interval()
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise CeleryTimeoutError("The operation timed out.")
-            time.sleep(interval if left is None else min(interval, left))
+            _next_read(deadline, interval, on_interval)
+
+    def get_many(
+        self,
+        task_ids: Iterable[str],
+        timeout: float | None = None,
+        interval: float = 0.5,
+        no_ack: bool = True,
+        on_message: Callable[[dict[str, Any]], Any] | None = None,
+        on_interval: Callable[[], Any] | None = None,
+        max_iterations: int | None = None,
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Celery's ``join_native``: each run's meta once it is ready, read every
+        ``interval`` (as its key-value backends read theirs)."""
+        del no_ack
+        waiting = list(dict.fromkeys(str(task_id) for task_id in task_ids))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        rounds = 0
+        while waiting:
+            for task_id in list(waiting):
+                meta = self.get_task_meta(task_id)
+                if meta["status"] in states.READY_STATES:
+                    waiting.remove(task_id)
+                    if on_message is not None:
+                        on_message(meta)
+                    yield task_id, meta
+            rounds += 1
+            if not waiting or (max_iterations and rounds >= max_iterations):
+                return
+            _next_read(deadline, interval, on_interval)
 
     def _get_task_meta_for(self, task_id: str) -> dict[str, Any]:
         with get_engine().connect() as conn:
@@ -293,6 +317,19 @@ class JournalBackend(BaseBackend):
     def _delete_group(self, group_id: str) -> None:
         """Celery's ``GroupResult.delete``: the workflow stays, as forget's runs do."""
         del group_id
+
+
+def _next_read(
+    deadline: float | None, interval: float, on_interval: Callable[[], Any] | None
+) -> None:
+    """Wait for the next read of a run being waited for; Celery's TimeoutError past
+    ``deadline`` (a monotonic time)."""
+    if on_interval is not None:
+        on_interval()
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        raise CeleryTimeoutError("The operation timed out.")
+    time.sleep(interval if left is None else min(interval, left))
 
 
 def _replacement(
