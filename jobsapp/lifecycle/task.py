@@ -178,7 +178,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
         """
         callbacks = {o: options.pop(o) for o in ("link", "link_error") if options.get(o)}
-        applied.refuse(self.name, applied.unsupported(options))
+        if options:  # the plain call pays nothing for the check
+            applied.refuse(self.name, applied.unsupported(options))
         schedule = {
             "countdown": countdown,
             "eta": eta,

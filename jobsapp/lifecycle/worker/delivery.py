@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import cache, partial
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from celery import Celery, Task
 from celery.app.task import Context
@@ -413,22 +413,18 @@ def _rules(task: Worked, settings: Settings, eager: bool) -> AttemptRules:
     return rules_of[eager]
 
 
-class Call(NamedTuple):
-    """A body's positional and keyword arguments, and the call's own headers."""
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    headers: dict[str, Any] | None = None
+# A body's positional and keyword arguments, and the call's own headers (a plain tuple:
+# a NamedTuple's constructor is one more Python call a delivery).
+Call = tuple[tuple[Any, ...], dict[str, Any], dict[str, Any] | None]
 
 
 def call_of(task: Worked, run: Run) -> Call:
     """The body's arguments, read from the run table's own columns."""
     spec = task.run_table
     if spec.params_column is None:
-        return Call((), spec.ids_from_row(run.columns))
+        return (), spec.ids_from_row(run.columns), None
     params = decoded(run.columns[spec.params_column] or {})
-    args, kwargs = tuple(params.get("args", ())), dict(params.get("kwargs", {}))
-    return Call(args, kwargs, params.get("headers"))
+    return tuple(params.get("args", ())), dict(params.get("kwargs", {})), params.get("headers")
 
 
 def call_body(
@@ -472,7 +468,7 @@ def _show_call(task: Worked, request: Context, env: message.Envelope, job: str, 
     """Flower's args and kwargs of this attempt: the body's, and the job it belongs to
     (see ``celery_view``), sent when the worker sends task events; returns the call."""
     call = call_of(task, row)
-    shown = call_fields(call.args, call.kwargs, process_secrets())
+    shown = call_fields(call[0], call[1], process_secrets())
     try:
         send_started(
             task.app,
