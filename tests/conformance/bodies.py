@@ -233,6 +233,20 @@ def _get_allowed(self: Any) -> Any:
         return sibling(self, "add").delay(2, 2).get(timeout=10, disable_sync_subtasks=False)
 
 
+def _ignored(token: str) -> None:
+    from celery.exceptions import Ignore
+
+    count(token)
+    raise Ignore()
+
+
+def _rejected(token: str) -> None:
+    from celery.exceptions import Reject
+
+    count(token)
+    raise Reject("no thanks", requeue=False)
+
+
 BODIES: Mapping[str, Callable[..., Any]] = {
     "add": _add,
     "tsum": _tsum,
@@ -262,6 +276,8 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "quiet": _add,
     "short_lived": _add,
     "get_allowed": _get_allowed,
+    "ignored": _ignored,
+    "rejected": _rejected,
 }
 
 # Celery's options, the same on both apps. A task that raises declares max_retries=0 where

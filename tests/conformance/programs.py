@@ -300,6 +300,13 @@ def autoretry_then_success(s: Side) -> Any:
     return [s.flaky_auto.delay(t).get(timeout=WAIT), bodies.runs(t)]
 
 
+def ignore_or_reject_ends_it(s: Side) -> Any:
+    ignored, rejected = token(), token()
+    i, r = s.ignored.delay(ignored), s.rejected.delay(rejected)
+    time.sleep(3)  # time for a retry, which Celery never makes of either
+    return [[i.state, bodies.runs(ignored)], [r.state, bodies.runs(rejected)]]
+
+
 def throws_expected_error(s: Side) -> Any:
     t = token()
     r = s.thrown.delay(t)
@@ -720,6 +727,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     ),
     "self.retry() then success": (retry_then_success, [1, "SUCCESS", 2]),
     "autoretry_for then success": (autoretry_then_success, [2, 2]),
+    "raise Ignore(), raise Reject(requeue=False)": (
+        ignore_or_reject_ends_it,
+        [["PENDING", 1], ["FAILURE", 1]],
+    ),
     "throws=(KeyError,)": (throws_expected_error, [["KeyError", "'expected <token>'"], "FAILURE"]),
     "a result JSON cannot carry": (result_not_serializable, ["EncodeError caught", "FAILURE"]),
     "an argument JSON cannot carry": (argument_not_serializable, "EncodeError caught"),
@@ -825,6 +836,9 @@ DIFFERENT: dict[str, Any] = {
     # The journal keeps every run's value (within JOBSAPP_RESULT_MAX_BYTES), whatever the
     # task's ignore_result: its handle answers it.
     "get() of a task with ignore_result=True": 3,
+    # A run ends in the journal: one that raised Ignore ends failed, never retried (Celery
+    # leaves its state as the body set it).
+    "raise Ignore(), raise Reject(requeue=False)": [["FAILURE", 1], ["FAILURE", 1]],
     # Every call of a lifecycle task is a run of its own: no run answers a chunk's list.
     "chunks": [
         "the program raised",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from celery.exceptions import Ignore, Reject
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -129,6 +130,13 @@ def test_subclasses_of_a_listed_permanent_type_count() -> None:
 
 def test_an_unlisted_type_is_retried() -> None:
     assert decide(QuotaGone("no")).action is Action.RETRY
+
+
+def test_celerys_ignore_and_reject_end_the_task_and_a_requeued_reject_is_retried() -> None:
+    # Celery never runs a task again that raised Ignore or Reject(requeue=False).
+    for done in (Ignore(), Reject("no thanks", requeue=False)):
+        assert decide(done) == Decision(Action.FAIL, outcome=Outcome.PERMANENT)
+    assert decide(Reject("later", requeue=True)).action is Action.RETRY
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,8 @@ import random
 from dataclasses import dataclass
 from enum import StrEnum
 
+from celery.exceptions import Ignore, Reject
+
 from jobsapp.lifecycle.rules.errors import PermanentError, RetryAfter, RetryRequested
 from jobsapp.lifecycle.rules.states import Outcome
 
@@ -75,6 +77,14 @@ def is_refusal(exc: BaseException) -> bool:
     return tb is not None and tb.tb_frame.f_code.co_filename.startswith(_LIFECYCLE)
 
 
+def _ends_task(exc: BaseException) -> bool:
+    """Celery's ``Ignore`` and ``Reject(requeue=False)``: the body says the task is done
+    with; Celery never runs it again."""
+    return isinstance(exc, Ignore) or (
+        isinstance(exc, Reject) and not getattr(exc, "requeue", False)
+    )
+
+
 def decide_failure(
     exc: BaseException,
     *,
@@ -87,14 +97,14 @@ def decide_failure(
 ) -> Decision:
     """What to do after the body raised ``exc`` on ``attempt`` (1-based).
 
-    A ``PermanentError``, one of the task's ``permanent`` errors, or a refusal of a call
-    (``is_refusal``) fails at once.
+    A ``PermanentError``, one of the task's ``permanent`` errors, a refusal of a call
+    (``is_refusal``), or Celery's ``Ignore`` or ``Reject(requeue=False)`` fails at once.
 
     ``requested_only`` (a task that declares Celery's ``autoretry_for``): only what the
     task asked to retry is retried (``self.retry()``, which ``autoretry_for`` calls for
     the exceptions it lists, or a ``RetryAfter``); any other exception fails at once, as
     in Celery. A ``self.retry(max_retries=n)`` is exhausted after ``n`` retries."""
-    if isinstance(exc, (PermanentError, *permanent)) or is_refusal(exc):
+    if isinstance(exc, (PermanentError, *permanent)) or is_refusal(exc) or _ends_task(exc):
         return Decision(Action.FAIL, outcome=Outcome.PERMANENT)
     if requested_only and not isinstance(exc, RetryRequested | RetryAfter):
         return Decision(Action.FAIL, outcome=Outcome.PERMANENT)
