@@ -24,6 +24,7 @@ from typing import Any, ClassVar, NoReturn
 
 from celery import Celery, Task, group
 from celery.result import EagerResult
+from kombu import Queue
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
@@ -151,7 +152,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         countdown: float | None = None,
         eta: datetime | None = None,
         headers: Mapping[str, Any] | None = None,
-        queue: str | None = None,
+        queue: str | Queue | None = None,
         priority: int | None = None,
         expires: float | datetime | None = None,
         time_limit: float | None = None,

@@ -23,6 +23,7 @@ from uuid import UUID
 
 from celery import Celery, chain, chord, group, signature
 from celery.result import AsyncResult, GroupResult, ResultSet
+from kombu import Queue
 from kombu.exceptions import EncodeError
 
 from tests.conformance import bodies
@@ -181,6 +182,11 @@ def headers_of_a_send_task(s: Side) -> Any:
 def options_without_effect_here(s: Side) -> Any:
     kinds = ({"add_to_parent": False}, {"serializer": "json"}, {"compression": "zlib"})
     return [s.add.apply_async((1, 2), **options).get(timeout=WAIT) for options in kinds]
+
+
+def queue_as_a_kombu_queue(s: Side) -> Any:
+    second = Queue(s.app.conf.task_default_queue + "-second")
+    return s.queue_seen.apply_async((1,), queue=second).get(timeout=WAIT)
 
 
 def priority_and_queue(s: Side) -> Any:
@@ -490,6 +496,10 @@ def chord_of_5(s: Side) -> Any:
     return [applied, called]
 
 
+def empty_group(s: Side) -> Any:
+    return group([]).apply_async().get(timeout=WAIT)
+
+
 def empty_chord(s: Side) -> Any:
     return chord([], s.tsum.s()).apply_async().get(timeout=WAIT)
 
@@ -688,6 +698,7 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         [3, 3, 3],
     ),
     "apply_async(priority=), apply_async(queue=)": (priority_and_queue, [3, 4]),
+    "apply_async(queue=kombu.Queue(name))": (queue_as_a_kombu_queue, [1, "second"]),
     "ResultSet get/join": (result_set, [[2, 4], [2, 4], 2, True]),
     "update_state(PROGRESS, meta) seen from another handle": (
         progress_shown,
@@ -787,6 +798,7 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "GroupResult.save() and restore(id)": (group_saved_and_restored, [True, [0, 2, 4]]),
     "chord of 5 with a body, applied and called": (chord_of_5, [20, 15]),
     "an empty chord": (empty_chord, 0),
+    "an empty group": (empty_group, []),
     "a chord with an immutable body": (chord_immutable_body, 20),
     "a chord's .parent (its header)": (chord_parent_is_its_header, [6, [2, 4]]),
     "a chord with a failing member": (chord_with_a_failing_member, True),

@@ -18,6 +18,7 @@ from pathlib import Path
 import celery.exceptions
 import pytest
 import redis
+from kombu import Exchange, Queue
 from sqlalchemy import Engine, func, select
 
 from jobsapp.attachments.tasks import process_attachment
@@ -256,6 +257,15 @@ def test_a_header_celerys_request_holds_or_json_cannot_carry_is_refused(db: Engi
         process_attachment.apply_async(kwargs=ids, headers={"tenant": "acme"})
     assert _count(db, JobRun.__table__) == 0
     assert _count(db, OUTBOX) == 0
+
+
+def test_a_kombu_queue_is_kept_by_its_name_unless_it_routes_otherwise(db: Engine) -> None:
+    handle = tasks.echo.apply_async(("q",), queue=Queue("habits-b"))
+    assert run_row(db, handle.job_id)["queue"] == "habits-b"
+    topic = Queue("habits-t", Exchange("events", type="topic"), routing_key="habits.#")
+    with pytest.raises(TypeError, match=r"routes by exchange 'events' and routing key"):
+        tasks.echo.apply_async(("t",), queue=topic)
+    assert _count(db, JobRun.__table__) == 1
 
 
 def test_an_unsupported_celery_option_is_refused_with_what_to_do_instead(db: Engine) -> None:

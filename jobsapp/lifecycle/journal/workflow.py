@@ -101,6 +101,8 @@ def _members(after: Any) -> int | None:
 def write_steps(conn: Connection, steps: Sequence[Step], *, now: datetime | None = None) -> None:
     """Record a canvas; a step already recorded (the same canvas again) stays as it is."""
     _require_transaction(conn, "a workflow's steps")
+    if not steps:  # an empty group: nothing to record (no row of defaults)
+        return
     at = clock(conn, now)
     rows = [step.row(at) for step in steps]
     conn.execute(

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from celery.app.task import Context
+from kombu import Queue
 
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.journal.registry import RunTable
@@ -196,7 +197,7 @@ def scheduled(
     countdown: float | None,
     eta: datetime | None,
     headers: Mapping[str, Any] | None,
-    queue: str | None,
+    queue: str | Queue | None,
     priority: int | None,
     expires: float | datetime | None = None,
     time_limit: float | None = None,
@@ -212,7 +213,7 @@ def scheduled(
         not_before=_absolute(eta),
         traceparent=traceparent,
         delay=None if eta is not None else _countdown(countdown),
-        queue=queue or job.queue,
+        queue=queue_name(job.task_name, queue) or job.queue,
         priority=job.priority if priority is None else priority,
         expires_at=_expiry(expires),
         time_limit=_seconds("time_limit", time_limit),
@@ -224,6 +225,21 @@ def scheduled(
 _REQUEST_FIELDS = frozenset(
     k for k, v in vars(Context).items() if not k.startswith("_") and not callable(v)
 )
+
+
+def queue_name(task: str, queue: str | Queue | None) -> str | None:
+    """The name of the queue a call names, as the run keeps it; a kombu ``Queue`` routed
+    by its name (its exchange and routing key Celery's defaults for it), else refused:
+    a run's retries and republishes are routed by the name it keeps."""
+    if not isinstance(queue, Queue):
+        return queue
+    if queue.exchange.name not in ("", queue.name) or queue.routing_key not in ("", queue.name):
+        raise TypeError(
+            f"{task}.apply_async: queue {queue.name!r} routes by exchange "
+            f"{queue.exchange.name!r} and routing key {queue.routing_key!r}: declare it in "
+            "task_queues and pass queue= its name"
+        )
+    return str(queue.name)
 
 
 def _with_headers(job: NewJob, headers: Mapping[str, Any]) -> Mapping[str, Any]:

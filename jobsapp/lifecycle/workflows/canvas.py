@@ -227,7 +227,8 @@ class Compiler:
                 "max_attempts": task.max_attempts,
                 "trigger": trigger,
                 "after": after,
-                "queue": options.get("queue") or getattr(task, "queue", None),
+                "queue": newjob.queue_name(str(sig.task), options.get("queue"))
+                or getattr(task, "queue", None),
                 "priority": _priority(options, task),
             }
         )
