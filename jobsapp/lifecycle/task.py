@@ -353,7 +353,11 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
-        if request.called_directly:  # task(...): Celery's call, its request pushed
+        # task(...): Celery's call, its request pushed; or a team's __call__ around the
+        # body calling super().__call__() (task_hooks): the body runs.
+        if request.called_directly or (
+            self.around_body is not None and request.get(task_hooks.IN_BODY)
+        ):
             return super().__call__(*args, **kwargs)
         return delivery.deliver(self, request, args, kwargs)
 

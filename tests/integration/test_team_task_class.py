@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, Task
+from celery.worker.request import Request
 from sqlalchemy import Engine
 
 from jobsapp.celery_app import app
@@ -27,14 +28,33 @@ pytestmark = pytest.mark.timeout(90)
 
 # What the team's __call__ sets around a body (Flask's app context, a tenant, a locale).
 CONTEXT: contextvars.ContextVar[str] = contextvars.ContextVar("context", default="none")
+TENANT: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="acme")
 HEARD: list[tuple[Any, ...]] = []
 
 
-class TeamTask(Task):  # type: ignore[type-arg]
-    """A team's base class: every body in its context, every failure reported."""
+class FlaskTask(Task):  # type: ignore[type-arg]
+    """Flask's documented ``task_cls``: the body called inside the app's context."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        token = CONTEXT.set("team context")
+        token = CONTEXT.set("app context")
+        try:
+            return self.run(*args, **kwargs)
+        finally:
+            CONTEXT.reset(token)
+
+
+class TeamTask(Task):  # type: ignore[type-arg]
+    """A team's base class: every call carries the caller's tenant (a header, as
+    tenant-aware Celery libraries send it), every body runs in its context, every failure
+    is reported."""
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        headers = options.setdefault("headers", {})
+        headers.setdefault("tenant", TENANT.get())
+        return super().apply_async(args, kwargs, **options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        token = CONTEXT.set(f"{self.request.get('tenant')} context")
         try:
             return super().__call__(*args, **kwargs)
         finally:
@@ -63,8 +83,8 @@ def test_a_team_base_class_is_a_lifecycle_task_and_keeps_its_own_methods() -> No
     classes = TEAM.__class__.__mro__  # TEAM may be Celery's proxy until the app is set up
     assert isinstance(TEAM, LifecycleTask)
     assert isinstance(TEAM, TeamTask)
-    # The journal's calling comes first, the team's methods after it.
-    assert classes.index(LifecycleTask) < classes.index(TeamTask)
+    # The team's methods come first and reach the journal's through super().
+    assert classes.index(TeamTask) < classes.index(LifecycleTask)
 
 
 def test_a_base_class_call_wraps_the_body_and_its_hooks_hear_the_job(
@@ -73,7 +93,7 @@ def test_a_base_class_call_wraps_the_body_and_its_hooks_hear_the_job(
     HEARD.clear()
     with in_process_worker():
         ok = TEAM.delay(7)
-        assert ok.get(timeout=30) == "7 in team context"
+        assert ok.get(timeout=30) == "7 in acme context"
         failed = TEAM.delay(8, fail=True)
         with pytest.raises(ValueError, match="failed 8"):
             failed.get(timeout=30)
@@ -82,7 +102,7 @@ def test_a_base_class_call_wraps_the_body_and_its_hooks_hear_the_job(
     (success,) = (h for h in HEARD if h[0] == "on_success")
     (failure,) = (h for h in HEARD if h[0] == "on_failure")
     # Celery gives a hook the id the caller holds and the call's own arguments.
-    assert success == ("on_success", "7 in team context", ok.id, [7], {}, ok.id)
+    assert success == ("on_success", "7 in acme context", ok.id, [7], {}, ok.id)
     _, exc, task_id, args, kwargs, request_id = failure
     assert isinstance(exc, ValueError)
     assert str(exc) == "failed 8"
@@ -90,12 +110,23 @@ def test_a_base_class_call_wraps_the_body_and_its_hooks_hear_the_job(
 
 
 def test_an_apps_own_task_cls_stays_under_lifecycle_tasks(db: Engine) -> None:
-    team = Celery("team-task-cls", task_cls=TeamTask, set_as_current=False)
-    team.conf.update(task_always_eager=False, broker_url="memory://")
-    declared = lifecycle_task(team, name="tests.team_task_class.team_cls")(_in_context)
+    flask = Celery("team-task-cls", task_cls=FlaskTask, set_as_current=False)
+    flask.conf.update(broker_url="memory://")
+    declared = lifecycle_task(flask, name="tests.team_task_class.team_cls")(_in_context)
     assert isinstance(declared, LifecycleTask)
-    assert isinstance(declared, TeamTask)
+    assert isinstance(declared, FlaskTask)
     plain = lifecycle_task(app, name="tests.team_task_class.plain")(_in_context)
-    # jobsapp's own app has Celery's task class: nothing is put behind LifecycleTask.
+    # jobsapp's own app has Celery's task class: LifecycleTask is the base as it is.
     assert plain.__class__.__mro__[1] is LifecycleTask
-    assert declared.apply(args=(3,)).get() == "3 in team context"
+    assert declared.apply(args=(3,)).get() == "3 in app context"
+
+
+def test_a_team_request_class_must_extend_jobsapps() -> None:
+    class OwnRequest(Request):
+        pass
+
+    class Requesting(Task):  # type: ignore[type-arg]
+        Request = OwnRequest
+
+    with pytest.raises(TypeError, match=r"Requesting.Request must extend .*LifecycleRequest"):
+        lifecycle_task(app, name="tests.team_task_class.requesting", base=Requesting)(_in_context)

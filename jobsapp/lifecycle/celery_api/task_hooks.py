@@ -4,8 +4,9 @@ Celery teams put what every task shares in a base class: ``on_failure`` reportin
 error tracker, ``on_success`` and ``after_return`` logging, ``on_retry`` counting, and a
 ``__call__`` that runs the body inside an application context (Flask's documented
 ``task_cls``). ``lifecycle_task(app, base=TheirBase)`` and an app whose ``task_cls`` is
-theirs keep that class: LifecycleTask is put in front of it (``lifecycle_base``), so the
-journal's calling, delivery and results come first and everything else is theirs.
+theirs keep that class: LifecycleTask is put behind it (``lifecycle_base``), so their
+methods come first and reach the journal's through ``super()``; the delivery stays the
+journal's, with their ``__call__`` around the body.
 
 Celery's tracer calls the hooks with the delivered message's task id and arguments, which
 for a lifecycle task are an attempt's id and its envelope. A hook here is given what
@@ -32,6 +33,9 @@ from jobsapp.lifecycle.rules.errors import RetryRequested
 HOOKS = ("on_success", "on_failure", "on_retry", "after_return")
 # Where a delivery keeps the job's view of the call on Celery's request, for the hooks.
 VIEW = "jobsapp_call"
+# Set on the body's request when a team's __call__ runs around it: that __call__'s
+# super().__call__() runs the body, not a second delivery.
+IN_BODY = "jobsapp_in_body"
 _WRAPPED = "__jobsapp_hook__"
 
 
@@ -107,21 +111,21 @@ def wrap_hooks(cls: type) -> bool:
 
 
 def body_call(cls: type, lifecycle: type) -> Callable[..., Any] | None:
-    """A team's ``__call__`` behind ``lifecycle`` in ``cls``'s classes (the one that runs the
-    body inside an app context), which then runs the body; None: ``run`` is called."""
-    mro = cls.__mro__
-    for klass in mro[mro.index(lifecycle) + 1 :]:
+    """A team's own ``__call__`` among ``cls``'s classes (a base that is not a ``lifecycle``
+    class: the one that runs the body inside an app context), which then runs the body
+    inside the attempt; None: ``run`` is called."""
+    for klass in cls.__mro__:
         if klass is Task:
             return None
         found = klass.__dict__.get("__call__")
-        if found is not None:
+        if found is not None and not issubclass(klass, lifecycle):
             return found  # type: ignore[no-any-return]
     return None
 
 
 def lifecycle_base(app: Celery, base: type | None, lifecycle: type) -> type:
     """The class ``lifecycle_task`` declares on: ``base`` (else the app's ``task_cls``, as
-    ``@app.task`` does) with ``lifecycle`` in front of it, or ``lifecycle`` for Celery's own."""
+    ``@app.task`` does) with ``lifecycle`` behind it, or ``lifecycle`` for Celery's own."""
     if base is None or base is app.Task:  # app.Task: the app's task_cls, bound to it
         named = app.task_cls or Task
         base = named if isinstance(named, type) else symbol_by_name(named)
@@ -134,8 +138,35 @@ def lifecycle_base(app: Celery, base: type | None, lifecycle: type) -> type:
 
 @functools.cache
 def _mixed(lifecycle: type, base: type) -> type:
+    """``base`` in front of ``lifecycle``: the team's methods first, their ``super()``
+    calls reaching the journal's (an ``apply_async`` that adds a header, a ``retry`` that
+    logs). Only what a delivery needs stays the journal's: Celery calls ``__call__`` with
+    the message (the team's runs around the body, ``body_call``), and the worker builds
+    ``lifecycle``'s ``Request``; ``throws`` holds both classes' expected errors."""
     return type(
         f"Lifecycle{base.__name__}",
-        (lifecycle, base),
-        {"__module__": base.__module__, "__qualname__": f"Lifecycle{base.__qualname__}"},
+        (base, lifecycle),
+        {
+            "__module__": base.__module__,
+            "__qualname__": f"Lifecycle{base.__qualname__}",
+            "__call__": lifecycle.__call__,
+            "Request": _request_of(lifecycle, base),
+            "throws": tuple(dict.fromkeys((*lifecycle.throws, *base.throws))),  # type: ignore[attr-defined]
+        },
     )
+
+
+def _request_of(lifecycle: type, base: type) -> Any:
+    """``lifecycle``'s worker request, or the team's own if it extends it; a team request
+    that does not is refused where the task is declared."""
+    own = base.Request  # type: ignore[attr-defined]
+    if own == Task.Request:
+        return lifecycle.Request  # type: ignore[attr-defined]
+    needed = symbol_by_name(lifecycle.Request)  # type: ignore[attr-defined]
+    found = symbol_by_name(own) if isinstance(own, str) else own
+    if not (isinstance(found, type) and issubclass(found, needed)):
+        raise TypeError(
+            f"{base.__qualname__}.Request must extend {needed.__module__}.{needed.__name__} "
+            "for a lifecycle task (the worker records time limits and terminations there)"
+        )
+    return own

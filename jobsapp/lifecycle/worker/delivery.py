@@ -443,12 +443,14 @@ def call_body(
     # A call's own headers are fields of Celery's request, and in its ``headers``.
     seen = {} if headers is None else {**(task.request.headers or {}), **headers}
     own = {} if headers is None else {**headers, "headers": seen}
+    around = task.around_body
+    if around is not None:
+        own[task_hooks.IN_BODY] = True
     # Celery's push_request copies the current request's fields under these.
     task.push_request(
         **own, id=job, args=list(args), kwargs=kwargs, retries=retries, root_id=root_id
     )
     try:
-        around = task.around_body
         return task.run(*args, **kwargs) if around is None else around(task, *args, **kwargs)
     finally:
         task.pop_request()
