@@ -250,6 +250,8 @@ def test_a_calls_own_headers_are_kept_beside_its_arguments_the_trace_apart(db: E
 def test_a_header_celerys_request_holds_or_json_cannot_carry_is_refused(db: Engine) -> None:
     with pytest.raises(TypeError, match=r"headers \['retries'\] are fields of Celery's request"):
         tasks.echo.apply_async(("t",), headers={"retries": 3})
+    with pytest.raises(TypeError, match=r"headers \['jobsapp_x'\] are fields"):
+        tasks.echo.apply_async(("t",), headers={"jobsapp_x": 1})
     with pytest.raises(TypeError, match=r"argument 'header tenant' of tests.echo is a set"):
         tasks.echo.apply_async(("t",), headers={"tenant": {"a"}})
     ids = {"attachment_id": uuid.uuid4(), "pipeline_version": 1}

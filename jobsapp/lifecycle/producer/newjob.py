@@ -225,6 +225,8 @@ def scheduled(
 _REQUEST_FIELDS = frozenset(
     k for k, v in vars(Context).items() if not k.startswith("_") and not callable(v)
 )
+# jobsapp's own fields of a worker's request (whether it sends task events): not a call's.
+_OWN_FIELDS = "jobsapp_"
 
 
 def queue_name(task: str, queue: str | Queue | None) -> str | None:
@@ -249,11 +251,11 @@ def _with_headers(job: NewJob, headers: Mapping[str, Any]) -> Mapping[str, Any]:
     own = {k: v for k, v in headers.items() if k != "traceparent"}  # the trace: a column
     if not own:
         return job.values
-    taken = sorted(set(own) & _REQUEST_FIELDS)
+    taken = sorted(k for k in own if k in _REQUEST_FIELDS or k.startswith(_OWN_FIELDS))
     if taken:
         raise TypeError(
             f"{job.task_name}.apply_async: headers {taken} are fields of Celery's request "
-            "(self.request); give yours other names"
+            "(self.request) or jobsapp's (jobsapp_*); give yours other names"
         )
     column = job.spec.params_column
     if column is None:
@@ -297,7 +299,7 @@ def adopted(
         hard, soft = (*(timelimit or ()), None, None)[:2]
         job = replace(
             job,
-            values=_with_headers(job, headers) if headers else job.values,
+            values=_with_headers(job, _callers(headers)) if headers else job.values,
             time_limit=_seconds("time_limit", hard),
             soft_time_limit=_seconds("soft_time_limit", soft),
         )
@@ -305,6 +307,11 @@ def adopted(
         raise InvalidMessage(str(bad)) from None
     env = message.adopted(job_id, task.run_table.module, traceparent)
     return env, job
+
+
+def _callers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """A delivered message's own headers (Celery's ``request.headers``) but jobsapp's."""
+    return {k: v for k, v in headers.items() if not k.startswith(_OWN_FIELDS)}
 
 
 def _parameters(task: Declared) -> inspect.Signature:
