@@ -353,12 +353,18 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
-        # task(...): Celery's call, its request pushed; or a team's __call__ around the
-        # body calling super().__call__() (task_hooks): the body runs.
-        if request.called_directly or (
-            self.around_body is not None and request.get(task_hooks.IN_BODY)
-        ):
+        around = self.around_body
+        if around is not None and request.get(task_hooks.IN_BODY):
+            # A team's __call__ around the body calling super().__call__(): the body runs.
             return super().__call__(*args, **kwargs)
+        if request.called_directly:  # task(...): Celery's call, its request pushed
+            if around is None:
+                return super().__call__(*args, **kwargs)
+            self.push_request(**{task_hooks.IN_BODY: True})  # the team's __call__ first
+            try:
+                return around(self, *args, **kwargs)
+            finally:
+                self.pop_request()
         return delivery.deliver(self, request, args, kwargs)
 
     def attempt_rules(self, inline_wait_max: float) -> AttemptRules:

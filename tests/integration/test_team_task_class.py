@@ -119,6 +119,9 @@ def test_an_apps_own_task_cls_stays_under_lifecycle_tasks(db: Engine) -> None:
     # jobsapp's own app has Celery's task class: LifecycleTask is the base as it is.
     assert plain.__class__.__mro__[1] is LifecycleTask
     assert declared.apply(args=(3,)).get() == "3 in app context"
+    # Called directly, as a team's unit test calls it: inside the app's context too.
+    assert declared(4) == "4 in app context"
+    assert TEAM(5) == "5 in None context"  # a direct call has no caller's headers
 
 
 def test_a_team_request_class_must_extend_jobsapps() -> None:

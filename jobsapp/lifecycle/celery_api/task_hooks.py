@@ -13,8 +13,8 @@ for a lifecycle task are an attempt's id and its envelope. A hook here is given 
 Celery gives it for a plain task instead: the job's id (the id the caller holds,
 ``AsyncResult.id``), the body's own arguments, the exception the body raised (for
 ``on_retry``, what the retry was asked with, as Celery's ``reason.exc``), with
-``self.request`` the body's view of the call. A task without hooks of its own pays one
-class attribute read a delivery.
+``self.request`` the body's view of the call. A task without hooks or a ``__call__`` of a
+team's pays two class attribute reads a delivery.
 """
 
 from __future__ import annotations
