@@ -191,6 +191,17 @@ def _seconds(option: str, value: float | None) -> float | None:
     return seconds
 
 
+def due_at(job: NewJob, countdown: float | None, eta: datetime | None) -> NewJob:
+    """``job`` due when Celery's ``countdown`` or ``eta`` says (an eta wins), as
+    ``scheduled`` makes a call's (which sets it in its one ``replace``: a ``.delay()``
+    pays for one)."""
+    return replace(
+        job,
+        not_before=_absolute(eta),
+        delay=None if eta is not None else _countdown(countdown),
+    )
+
+
 def scheduled(
     job: NewJob,
     *,

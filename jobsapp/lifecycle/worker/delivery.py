@@ -440,9 +440,9 @@ def call_body(
     if task.hooked:  # the task's own hooks are given the call as the body sees it
         view = task_hooks.CallView(job, args, kwargs, retries, root_id)
         setattr(task.request, task_hooks.VIEW, view)
-    # A call's own headers are fields of Celery's request, and in its ``headers``.
-    seen = {} if headers is None else {**(task.request.headers or {}), **headers}
-    own = {} if headers is None else {**headers, "headers": seen}
+    own: dict[str, Any] = {}
+    if headers is not None:  # a call's own headers: fields of Celery's request, and its headers
+        own = {**headers, "headers": {**(task.request.headers or {}), **headers}}
     around = task.around_body
     if around is not None:
         own[task_hooks.IN_BODY] = True

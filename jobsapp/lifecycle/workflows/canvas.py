@@ -21,7 +21,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -307,7 +307,13 @@ def start(sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any]
     """Write the canvas's steps and first runs in one transaction, publish after COMMIT,
     and return what Celery returns for it: the last step's handle, or a group's list."""
     workflow_id, out, steps = compiled(sig, args, options)
-    due = partial(_due, countdown=options.get("countdown"), eta=options.get("eta"))
+    countdown, eta = options.get("countdown"), options.get("eta")
+    # Celery delays a chain's first task, a group's members, a chord's header: the first steps.
+    due = (
+        None
+        if countdown is None and eta is None
+        else partial(newjob.due_at, countdown=countdown, eta=eta)
+    )
     with get_engine().begin() as conn:
         messages = write(conn, steps, due)
     publish(sig.app, messages)
@@ -356,16 +362,6 @@ def write(
         if step.trigger == START
     ]
     return [m for m in started if m is not None]
-
-
-def _due(job: NewJob, countdown: float | None, eta: datetime | None) -> NewJob:
-    """A first task's run, due when ``apply_async``'s countdown or eta says (Celery delays
-    a chain's first task, a group's members, a chord's header)."""
-    if countdown is None and eta is None:
-        return job
-    return newjob.scheduled(
-        job, countdown=countdown, eta=eta, headers=None, queue=None, priority=None
-    )
 
 
 def publish(app: Any, messages: Sequence[PendingMessage]) -> None:
