@@ -221,6 +221,10 @@ def progress_streamed(s: Side) -> Any:
     seen: list[Any] = []
 
     def heard(meta: dict[str, Any]) -> None:
+        # Celery's Redis result consumer hands on_message every message it receives, other
+        # tasks' too: this thread's earlier idioms' results arrive here as well.
+        if meta.get("task_id") != r.id:
+            return
         seen.append(meta.get("status"))
         if meta.get("status") == "PROGRESS":
             bodies.release(t)

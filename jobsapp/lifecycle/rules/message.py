@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fastjsonschema
-from jsonschema import Draft202012Validator
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 from jobsapp.lifecycle.rules.errors import InvalidMessage
 
@@ -57,6 +59,10 @@ def _schema() -> dict[str, Any]:
 
 @cache
 def _validator() -> Draft202012Validator:
+    # Only a body the fast check refuses reaches jsonschema: imported then, not by every
+    # process that imports the journal (~50 ms of a command's start).
+    from jsonschema import Draft202012Validator
+
     schema = _schema()
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
