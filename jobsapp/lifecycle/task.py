@@ -105,6 +105,12 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         relay, and its workers' claims hold them (an operator may pause any queue, so every
         app with a lifecycle task honours it on publish and on claim)."""
         super().on_bound(app)
+        LifecycleTask.joined(app)
+
+    @staticmethod
+    def joined(app: Celery) -> None:
+        """``on_bound``'s registrations, each idempotent (a team base's own ``on_bound``
+        that calls no ``super()`` still gets them: task_hooks)."""
         canvas.install()
         hooks.add_publish_filter(app, gating.held_while_paused)
         claim.add_claim_hold(app, gating.while_paused)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from celery import Celery, Task
@@ -21,6 +21,9 @@ from sqlalchemy import Engine
 
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import LifecycleTask, lifecycle_task
+from jobsapp.lifecycle.flow import gating
+from jobsapp.lifecycle.transport import hooks
+from jobsapp.lifecycle.worker import claim
 from tests.support.journal_view import run_row
 from tests.support.workers import in_process_worker
 
@@ -133,3 +136,27 @@ def test_a_team_request_class_must_extend_jobsapps() -> None:
 
     with pytest.raises(TypeError, match=r"Requesting.Request must extend .*LifecycleRequest"):
         lifecycle_task(app, name="tests.team_task_class.requesting", base=Requesting)(_in_context)
+
+
+class Registering(Task):  # type: ignore[type-arg]
+    """A team base that notes each task as it joins its app, and calls no ``super()``."""
+
+    joined: ClassVar[list[str]] = []
+
+    @classmethod
+    def on_bound(cls, app: Celery) -> None:
+        Registering.joined.append(f"{app.main}:{cls.name}")
+
+
+def test_a_team_on_bound_without_super_keeps_the_paused_queue_honoured() -> None:
+    team = Celery("team-on-bound", set_as_current=False)
+    team.conf.update(broker_url="memory://")
+    declared = lifecycle_task(team, name="tests.team_task_class.on_bound", base=Registering)(
+        _in_context
+    )
+    assert isinstance(declared, LifecycleTask)  # the app's setup: the task joins it
+    assert Registering.joined == ["team-on-bound:tests.team_task_class.on_bound"]
+    # What LifecycleTask.on_bound registers: a paused queue's messages held on publish
+    # (left to the relay) and on claim.
+    assert gating.held_while_paused in hooks.publish_filters(team)
+    assert gating.while_paused in claim.claim_holds(team)

@@ -142,18 +142,29 @@ def _mixed(lifecycle: type, base: type) -> type:
     calls reaching the journal's (an ``apply_async`` that adds a header, a ``retry`` that
     logs). Only what a delivery needs stays the journal's: Celery calls ``__call__`` with
     the message (the team's runs around the body, ``body_call``), and the worker builds
-    ``lifecycle``'s ``Request``; ``throws`` holds both classes' expected errors."""
-    return type(
-        f"Lifecycle{base.__name__}",
-        (base, lifecycle),
-        {
-            "__module__": base.__module__,
-            "__qualname__": f"Lifecycle{base.__qualname__}",
-            "__call__": lifecycle.__call__,
-            "Request": _request_of(lifecycle, base),
-            "throws": tuple(dict.fromkeys((*lifecycle.throws, *base.throws))),  # type: ignore[attr-defined]
-        },
-    )
+    ``lifecycle``'s ``Request``; ``throws`` holds both classes' expected errors; the
+    journal's registrations follow a team's own ``on_bound``."""
+    namespace: dict[str, Any] = {
+        "__module__": base.__module__,
+        "__qualname__": f"Lifecycle{base.__qualname__}",
+        "__call__": lifecycle.__call__,
+        "Request": _request_of(lifecycle, base),
+        "throws": tuple(dict.fromkeys((*lifecycle.throws, *base.throws))),  # type: ignore[attr-defined]
+    }
+    team_on_bound = base.on_bound.__func__  # type: ignore[attr-defined]
+    if team_on_bound is not Task.on_bound.__func__:  # type: ignore[attr-defined]
+        namespace["on_bound"] = classmethod(_on_bound_then_joined(lifecycle, team_on_bound))
+    return type(f"Lifecycle{base.__name__}", (base, lifecycle), namespace)
+
+
+def _on_bound_then_joined(
+    lifecycle: type, team_on_bound: Callable[[type, Celery], None]
+) -> Callable[[type, Celery], None]:
+    def on_bound(cls: type, app: Celery) -> None:
+        team_on_bound(cls, app)  # its super() reaches the journal's, if it calls one
+        lifecycle.joined(app)  # type: ignore[attr-defined]
+
+    return on_bound
 
 
 def _request_of(lifecycle: type, base: type) -> Any:
