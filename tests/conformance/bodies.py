@@ -247,6 +247,17 @@ def _rejected(token: str) -> None:
     raise Reject("no thanks", requeue=False)
 
 
+def _whereabouts(self: Any) -> list[Any]:
+    """What a body logs of where it runs."""
+    request = self.request
+    return [
+        "@" in (request.hostname or ""),
+        request.is_eager,
+        request.called_directly,
+        self.name == request.task,
+    ]
+
+
 BODIES: Mapping[str, Callable[..., Any]] = {
     "add": _add,
     "tsum": _tsum,
@@ -278,6 +289,8 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "get_allowed": _get_allowed,
     "ignored": _ignored,
     "rejected": _rejected,
+    "whereabouts": _whereabouts,
+    "acks_late": _add,
 }
 
 # Celery's options, the same on both apps. A task that raises declares max_retries=0 where
@@ -309,4 +322,6 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "quiet": {"ignore_result": True},
     "short_lived": {"expires": 1},
     "get_allowed": {"bind": True},
+    "whereabouts": {"bind": True},
+    "acks_late": {"acks_late": True, "reject_on_worker_lost": True},
 }

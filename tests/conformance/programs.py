@@ -233,6 +233,65 @@ def progress_streamed(s: Side) -> Any:
     return [r.get(timeout=WAIT, on_message=heard), seen]
 
 
+def result_attributes(s: Side) -> Any:
+    ok = s.add.delay(2, 3)
+    ok.get(timeout=WAIT)
+    bad = s.boom.delay(token())
+    bad.get(timeout=WAIT, propagate=False)
+    return [
+        [ok.successful(), ok.failed(), ok.status, ok.result, isinstance(ok.date_done, datetime)],
+        [bad.successful(), bad.failed(), bad.status, type(bad.result).__name__],
+        ["Traceback" in (bad.traceback or ""), type(bad.get(propagate=False)).__name__],
+        ok.wait(timeout=WAIT),
+    ]
+
+
+def frozen_signature(s: Side) -> Any:
+    sig = s.add.s(1, 2)
+    frozen = sig.freeze()
+    r = sig.delay()
+    members = group(s.add.s(1, 1), s.add.s(2, 2))
+    frozen_group = members.freeze()
+    sent = members.apply_async()
+    named = str(uuid.uuid4())
+    return [
+        group(s.add.s(3, 3)).apply_async(task_id=named).id == named,
+        [r.id == frozen.id, r.get(timeout=WAIT), s.add.AsyncResult(r.id).get(timeout=WAIT)],
+        [
+            sent.id == frozen_group.id,
+            [m.id for m in sent.results] == [m.id for m in frozen_group.results],
+        ],
+        sent.get(timeout=WAIT),
+    ]
+
+
+def frozen_chain_chord(s: Side) -> Any:
+    steps = chain(s.add.s(1, 1), s.add.s(10))
+    frozen = steps.freeze()
+    sent = steps.apply_async()
+    joined = chord([s.add.s(1, 1), s.add.s(2, 2)], s.tsum.s())
+    frozen_chord = joined.freeze()
+    ran = joined.apply_async()
+    return [
+        [sent.id == frozen.id, sent.get(timeout=WAIT)],
+        [ran.id == frozen_chord.id, ran.get(timeout=WAIT)],
+    ]
+
+
+def whereabouts(s: Side) -> Any:
+    return s.whereabouts.delay().get(timeout=WAIT)
+
+
+def acks_late_declared(s: Side) -> Any:
+    task = s.acks_late
+    return [task.delay(1, 2).get(timeout=WAIT), task.acks_late, task.reject_on_worker_lost]
+
+
+def registered_by_inspect(s: Side) -> Any:
+    found = s.app.control.inspect(timeout=5).registered() or {}
+    return any(s.name("add") in names for names in found.values())
+
+
 def result_of_ignore_result(s: Side) -> Any:
     return s.quiet.delay(1, 2).get(timeout=WAIT)
 
@@ -713,6 +772,29 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         ["done", ["PROGRESS", "SUCCESS"]],
     ),
     "get() of a task with ignore_result=True": (result_of_ignore_result, None),
+    "successful(), failed(), status, result, traceback, date_done, wait()": (
+        result_attributes,
+        [
+            [True, False, "SUCCESS", 5, True],
+            [False, True, "FAILURE", "ValueError"],
+            [True, "ValueError"],
+            5,
+        ],
+    ),
+    "sig.freeze() id is the result's; Task.AsyncResult(id)": (
+        frozen_signature,
+        [True, [True, 3, 3], [True, True], [2, 4]],
+    ),
+    "chain(...).freeze(), chord(...).freeze()": (
+        frozen_chain_chord,
+        [[True, 12], [True, 6]],
+    ),
+    "self.request.hostname, is_eager, called_directly, task": (
+        whereabouts,
+        [True, False, False, True],
+    ),
+    "acks_late=, reject_on_worker_lost= declared": (acks_late_declared, [3, True, True]),
+    "inspect().registered() lists the task": (registered_by_inspect, True),
     "state of a running task (task_track_started off)": (
         running_without_track_started,
         ["PENDING", "released"],

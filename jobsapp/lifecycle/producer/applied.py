@@ -26,9 +26,11 @@ _UNSUPPORTED = {
 # Celery options that change nothing of what a lifecycle job keeps or sends: a job's
 # arguments are JSON in the journal, its message is a small envelope, its value is kept
 # whatever ignore_result says (docs/celery-compat.md), no run records children, and the
-# outbox publishes every message until the broker takes it, whatever retry says.
+# outbox publishes every message until the broker takes it, whatever retry says;
+# reply_to (set by a signature's freeze()) names where Celery's RPC backend would send the
+# value, which the journal keeps instead.
 _WITHOUT_EFFECT = frozenset(
-    {"add_to_parent", "compression", "ignore_result", "retry", "retry_policy"}
+    {"add_to_parent", "compression", "ignore_result", "reply_to", "retry", "retry_policy"}
 )
 
 

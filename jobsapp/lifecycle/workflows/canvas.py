@@ -44,6 +44,10 @@ from jobsapp.settings import get_settings
 
 # What a signature in a lifecycle canvas may carry besides its arguments.
 _KNOWN_OPTIONS = frozenset({"queue", "priority", "task_id", "link", "link_error"})
+# What Celery's freeze() adds to a step that changes nothing here: where its RPC backend
+# would send the value, its place in its group (a group's steps keep their order) and, in
+# a chord's header, the chord's body (the workflow's steps hold it).
+_FROZEN_OPTIONS = frozenset({"reply_to", "group_index", "chord"})
 # A whole canvas's apply_async options: a step's, and when its first tasks are due.
 _CANVAS_OPTIONS = _KNOWN_OPTIONS | {"countdown", "eta"}
 _WORKFLOW_NAMESPACE = uuid.UUID("6f1d7c4e-3b57-4a8e-9a54-3c1f0e1d2b77")
@@ -264,7 +268,7 @@ def _single(out: Output, sig: Signature) -> str:
 
 
 def _options(sig: Signature) -> Mapping[str, Any]:
-    unknown = sorted(set(sig.options) - _KNOWN_OPTIONS)
+    unknown = sorted(set(sig.options) - _KNOWN_OPTIONS - _FROZEN_OPTIONS)
     if unknown:
         raise TypeError(
             f"{sig.task} in a canvas: jobsapp does not support {unknown} on a "
@@ -342,7 +346,7 @@ def compiled(
             f"{type(sig).__name__}.apply_async: jobsapp does not support "
             f"{unknown} on a canvas (it takes {sorted(_CANVAS_OPTIONS)})"
         )
-    workflow_id, path = into or (_workflow_id(options.get("task_id")), "0")
+    workflow_id, path = into or (_workflow_id(options.get("task_id") or _frozen_id(sig)), "0")
     compiler = Compiler(workflow_id)
     routing = {k: options[k] for k in ("queue", "priority") if options.get(k) is not None}
     out = compiler.node(sig, path, None, tuple(args or ()), (), routing)
@@ -381,8 +385,19 @@ def _listed(value: Any) -> list[Any]:
 
 
 def _workflow_id(task_id: Any) -> uuid.UUID:
-    """A workflow named by the caller's task id is the same workflow when sent again."""
-    return uuid.uuid5(_WORKFLOW_NAMESPACE, str(task_id)) if task_id else uuid.uuid4()
+    """A workflow named by the caller's task id is the same workflow when sent again: the
+    id itself when it is a UUID (a group's ``GroupResult`` answers to it, as in Celery)."""
+    if not task_id:
+        return uuid.uuid4()
+    try:
+        return uuid.UUID(str(task_id))
+    except ValueError:
+        return uuid.uuid5(_WORKFLOW_NAMESPACE, str(task_id))
+
+
+def _frozen_id(sig: Signature) -> Any:
+    """The id a group's ``freeze()`` gave it, which its result must answer to."""
+    return sig.options.get("task_id") if isinstance(sig, group) else None
 
 
 # --- Celery's canvas classes -------------------------------------------------------------------
