@@ -278,6 +278,17 @@ def frozen_chain_chord(s: Side) -> Any:
     ]
 
 
+def canvas_named_by_task_id(s: Side) -> Any:
+    steps, joined = str(uuid.uuid4()), str(uuid.uuid4())
+    sent = chain(s.add.s(1, 1), s.add.s(10)).apply_async(task_id=steps)
+    ran = chord([s.add.s(1, 1)], s.tsum.s()).apply_async(task_id=joined)
+    return [[sent.id == steps, sent.get(timeout=WAIT)], [ran.id == joined, ran.get(timeout=WAIT)]]
+
+
+def group_piped_into_a_task(s: Side) -> Any:
+    return (group(s.add.s(1, 1), s.add.s(2, 2)) | s.tsum.s()).apply_async().get(timeout=WAIT)
+
+
 def whereabouts(s: Side) -> Any:
     return s.whereabouts.delay().get(timeout=WAIT)
 
@@ -789,6 +800,8 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         frozen_chain_chord,
         [[True, 12], [True, 6]],
     ),
+    "chain/chord apply_async(task_id=)": (canvas_named_by_task_id, [[True, 12], [True, 2]]),
+    "group | task (a chord)": (group_piped_into_a_task, 6),
     "self.request.hostname, is_eager, called_directly, task": (
         whereabouts,
         [True, False, False, True],

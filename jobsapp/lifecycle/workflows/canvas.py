@@ -346,6 +346,8 @@ def compiled(
             f"{type(sig).__name__}.apply_async: jobsapp does not support "
             f"{unknown} on a canvas (it takes {sorted(_CANVAS_OPTIONS)})"
         )
+    if into is None and options.get("task_id"):
+        sig = _answering_to(sig, str(options["task_id"]))
     workflow_id, path = into or (_workflow_id(options.get("task_id") or _frozen_id(sig)), "0")
     compiler = Compiler(workflow_id)
     routing = {k: options[k] for k in ("queue", "priority") if options.get(k) is not None}
@@ -393,6 +395,20 @@ def _workflow_id(task_id: Any) -> uuid.UUID:
         return uuid.UUID(str(task_id))
     except ValueError:
         return uuid.uuid5(_WORKFLOW_NAMESPACE, str(task_id))
+
+
+def _answering_to(sig: Signature, task_id: str) -> Signature:
+    """``sig`` whose result answers to the ``task_id`` its ``apply_async`` was given, as in
+    Celery: a chain's last task, a chord's body (a group's is its workflow's id)."""
+    if isinstance(sig, _chain) and sig.tasks:
+        *first, last = sig.tasks
+        sig.kwargs["tasks"] = [*first, _answering_to(_signature(last, sig), task_id)]
+    elif isinstance(sig, chord) and sig.body is not None:
+        sig.kwargs["body"] = _answering_to(_signature(sig.body, sig), task_id)
+    elif not isinstance(sig, group) and not sig.options.get("task_id"):
+        sig = sig.clone()
+        sig.options["task_id"] = task_id
+    return sig
 
 
 def _frozen_id(sig: Signature) -> Any:
