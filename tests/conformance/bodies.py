@@ -258,6 +258,20 @@ def _whereabouts(self: Any) -> list[Any]:
     ]
 
 
+def _lineage(self: Any, token: str | None = None) -> list[Any]:
+    """The ids a body logs to tie itself to its caller; asks for one retry first if given a
+    ``token``."""
+    if token is not None and count(token) == 1:
+        raise self.retry(countdown=0)
+    request = self.request
+    return [request.id, request.root_id, request.parent_id, request.retries]
+
+
+def _sends_lineage(self: Any) -> str:
+    """Sends a task from its body: the id of the call it made."""
+    return str(sibling(self, "lineage").delay().id)
+
+
 BODIES: Mapping[str, Callable[..., Any]] = {
     "add": _add,
     "tsum": _tsum,
@@ -290,6 +304,8 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "ignored": _ignored,
     "rejected": _rejected,
     "whereabouts": _whereabouts,
+    "lineage": _lineage,
+    "sends_lineage": _sends_lineage,
     "acks_late": _add,
 }
 
@@ -323,5 +339,7 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "short_lived": {"expires": 1},
     "get_allowed": {"bind": True},
     "whereabouts": {"bind": True},
+    "lineage": {"bind": True},
+    "sends_lineage": {"bind": True},
     "acks_late": {"acks_late": True, "reject_on_worker_lost": True},
 }

@@ -289,6 +289,22 @@ def group_piped_into_a_task(s: Side) -> Any:
     return (group(s.add.s(1, 1), s.add.s(2, 2)) | s.tsum.s()).apply_async().get(timeout=WAIT)
 
 
+def lineage_of_a_call(s: Side) -> Any:
+    def seen(result: Any, ids: dict[str, str]) -> list[Any]:
+        found = result.get(timeout=WAIT)
+        return [ids.get(found[0], found[0]), *(ids.get(x, x and "other") for x in found[1:3])]
+
+    alone = s.lineage.delay()
+    retried = s.lineage.delay(token())
+    sender = s.sends_lineage.delay()
+    sent = AsyncResult(sender.get(timeout=WAIT), app=s.app)
+    return [
+        seen(alone, {alone.id: "own"}),
+        [*seen(retried, {retried.id: "own"}), retried.get(timeout=WAIT)[3]],
+        seen(sent, {sent.id: "own", sender.id: "sender"}),
+    ]
+
+
 def whereabouts(s: Side) -> Any:
     return s.whereabouts.delay().get(timeout=WAIT)
 
@@ -802,6 +818,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     ),
     "chain/chord apply_async(task_id=)": (canvas_named_by_task_id, [[True, 12], [True, 2]]),
     "group | task (a chord)": (group_piped_into_a_task, 6),
+    "self.request.root_id, parent_id of a call, a retry and a call from a body": (
+        lineage_of_a_call,
+        [["own", "own", None], ["own", "own", "own", 1], ["own", "sender", "sender"]],
+    ),
     "self.request.hostname, is_eager, called_directly, task": (
         whereabouts,
         [True, False, False, True],

@@ -280,8 +280,8 @@ def _run_envelope(
         ),
     )
     at_limit = None if eager else _limited(task, request, ctx, rules)
-    root_id = request.root_id
-    ended = run_attempt(task.app, ctx, lambda: call_body(task, row, job, root_id, call), rules)
+    lineage = _lineage(request, env, job)
+    ended = run_attempt(task.app, ctx, lambda: call_body(task, row, job, lineage, call), rules)
     if at_limit is not None:
         ended = at_limit.instead_of(ended)
     if ended.end is End.LEASE_LOST:
@@ -416,6 +416,8 @@ def _rules(task: Worked, settings: Settings, eager: bool) -> AttemptRules:
 # A body's positional and keyword arguments, and the call's own headers (a plain tuple:
 # a NamedTuple's constructor is one more Python call a delivery).
 Call = tuple[tuple[Any, ...], dict[str, Any], dict[str, Any] | None]
+# The body's root_id and parent_id.
+Lineage = tuple[str, str | None]
 
 
 def call_of(task: Worked, run: Run) -> Call:
@@ -427,16 +429,31 @@ def call_of(task: Worked, run: Run) -> Call:
     return tuple(params.get("args", ())), dict(params.get("kwargs", {})), params.get("headers")
 
 
-def call_body(
-    task: Worked, row: Run, job: str, root_id: str | None, call: Call | None = None
-) -> Any:
+def _lineage(request: Context, env: message.Envelope, job: str) -> Lineage:
+    """The body's ``root_id`` and ``parent_id``, as Celery gives a task its sender's. A
+    message names this job's attempts (its own task id; after the first attempt, the first
+    attempt's and the previous one's, for Flower's retry tree): to the body that is the job
+    itself: a root of its own with no parent, and a later attempt's parent the job (a
+    retry is sent by the task). A job sent from another job's body keeps that job's (its
+    first attempt; a later one is its own root)."""
+    root, parent = request.root_id, request.parent_id
+    if env.attempt == 1:
+        return (job if root is None or root == request.id else root), parent
+    if root is None or root == message.task_id_for(env.job_id, 1):
+        root = job
+    if parent == message.task_id_for(env.job_id, env.attempt - 1):
+        parent = job
+    return root, parent
+
+
+def call_body(task: Worked, row: Run, job: str, lineage: Lineage, call: Call | None = None) -> Any:
     """The body, its ``self.request`` the caller's view as in Celery: the job's task id
     (``job``), the body's own arguments (``call``, when already decoded), ``retries`` the
-    attempts before this one, the delivery's ``root_id`` (else the job's own)."""
+    attempts before this one, its ``root_id`` and ``parent_id`` (``lineage``)."""
     args, kwargs, headers = call if call is not None else call_of(task, row)
     if errback.MARK in kwargs:
         args, kwargs = errback.arguments(task.app, args, kwargs)
-    retries, root_id = row.attempts - 1, root_id or job
+    retries, (root_id, parent_id) = row.attempts - 1, lineage
     if task.hooked:  # the task's own hooks are given the call as the body sees it
         view = task_hooks.CallView(job, args, kwargs, retries, root_id)
         setattr(task.request, task_hooks.VIEW, view)
@@ -448,7 +465,13 @@ def call_body(
         own[task_hooks.IN_BODY] = True
     # Celery's push_request copies the current request's fields under these.
     task.push_request(
-        **own, id=job, args=list(args), kwargs=kwargs, retries=retries, root_id=root_id
+        **own,
+        id=job,
+        args=list(args),
+        kwargs=kwargs,
+        retries=retries,
+        root_id=root_id,
+        parent_id=parent_id,
     )
     try:
         return task.run(*args, **kwargs) if around is None else around(task, *args, **kwargs)
