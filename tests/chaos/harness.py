@@ -138,13 +138,13 @@ class RabbitBroker:
         """A fresh vhost ``name``; refused loudly when rabbitmqctl cannot make one (a broker
         not started by scripts/services.sh): the shared vhost's queue may hold another
         session's messages, which a purge would destroy (tests/README.md)."""
-        if not (
-            _rabbitmqctl("add_vhost", name)
-            and _rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-        ):
+        refused = _rabbitmqctl("add_vhost", name) or _rabbitmqctl(
+            "set_permissions", "-p", name, "guest", ".*", ".*", ".*"
+        )
+        if refused:
             raise RuntimeError(
-                f"rabbitmqctl could not create the vhost {name!r}: start RabbitMQ with "
-                "scripts/services.sh (a test never shares the default vhost)"
+                f"rabbitmqctl could not create the vhost {name!r} ({refused}): start "
+                "RabbitMQ with scripts/services.sh (a test never shares the default vhost)"
             )
         return cls(base_url, dedup_url, name)
 
@@ -167,13 +167,16 @@ class RabbitBroker:
         _rabbitmqctl("delete_vhost", self.vhost)
 
 
-def _rabbitmqctl(*args: str) -> bool:
-    """rabbitmqctl against the node of scripts/services.sh (same defaults, same env)."""
+def _rabbitmqctl(*args: str) -> str | None:
+    """rabbitmqctl against the node of scripts/services.sh (same defaults, same env); None
+    when it did it, else why not. Each call starts an Erlang VM: on a loaded machine one
+    can outlast its timeout, and is tried again (an ``add_vhost`` that did its work before
+    timing out then finds the vhost there)."""
     svc = Path(os.environ.get("JOBSAPP_SVC_DIR") or ROOT / "var" / "services") / "rabbitmq"
     ctl = Path(os.environ.get("JOBSAPP_RABBITMQ_LIB", "/usr/lib/rabbitmq/bin")) / "rabbitmqctl"
     node = os.environ.get("JOBSAPP_RABBITMQ_NODENAME", "jobsapp@localhost")
     if not ctl.exists() or not svc.is_dir():
-        return False
+        return f"no {ctl} or no {svc}"
     env = {
         **os.environ,
         "HOME": str(svc),
@@ -181,17 +184,26 @@ def _rabbitmqctl(*args: str) -> bool:
         "ERL_EPMD_PORT": os.environ.get("JOBSAPP_EPMD_PORT", "4370"),
         "RABBITMQ_CONF_ENV_FILE": str(svc / "rabbitmq-env.conf"),
     }
-    try:
-        done = subprocess.run(
-            [str(ctl), "-q", "-n", node, *args],
-            env=env,
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
+    why = "not run"
+    for _ in range(3):
+        try:
+            done = subprocess.run(
+                [str(ctl), "-q", "-n", node, *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            why = "timed out after 60 s"
+            continue
+        except OSError as exc:
+            return str(exc)
+        if done.returncode == 0 or "already exists" in done.stderr:
+            return None
+        return f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
+    return why
 
 
 # --------------------------------------------------------------------------- postgres

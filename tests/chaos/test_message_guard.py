@@ -106,7 +106,8 @@ def _with_dead_letter_policy(broker: RabbitBroker) -> None:
         "--apply-to",
         "queues",
     )
-    assert _rabbitmqctl(*argv), "rabbitmqctl set_policy failed"
+    refused = _rabbitmqctl(*argv)
+    assert refused is None, f"rabbitmqctl set_policy failed: {refused}"
 
 
 @pytest.fixture(scope="module", params=["redis", "amqp"])
