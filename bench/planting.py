@@ -174,7 +174,7 @@ def _chain(engine: Engine) -> list[uuid.UUID]:
     ]
     with engine.begin() as conn:
         workflow.write_steps(conn, steps)
-        first = workflow.start(conn, steps[0].row(None), [], actor=PRODUCER)
+        first = workflow.start(conn, steps[0].row(), [], actor=PRODUCER)
         assert first is not None
         _published(conn, first)
         for job_id in ids:

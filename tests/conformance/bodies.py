@@ -267,6 +267,21 @@ def _lineage(self: Any, token: str | None = None) -> list[Any]:
     return [request.id, request.root_id, request.parent_id, request.retries]
 
 
+def _step_lineage(self: Any, *_: Any) -> list[Any]:
+    """What a canvas step logs of where it sits: its id, root, parent and group."""
+    request = self.request
+    return [request.id, request.root_id, request.parent_id, request.group]
+
+
+def _sends_chain(self: Any) -> list[str]:
+    """Sends a chain of two steps from its body: their ids."""
+    from celery import chain
+
+    step = sibling(self, "step_lineage")
+    sent = chain(step.s(), step.s()).delay()
+    return [str(sent.parent.id), str(sent.id)]
+
+
 def _sends_lineage(self: Any) -> str:
     """Sends a task from its body: the id of the call it made."""
     return str(sibling(self, "lineage").delay().id)
@@ -306,6 +321,8 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "whereabouts": _whereabouts,
     "lineage": _lineage,
     "sends_lineage": _sends_lineage,
+    "step_lineage": _step_lineage,
+    "sends_chain": _sends_chain,
     "acks_late": _add,
 }
 
@@ -341,5 +358,7 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "whereabouts": {"bind": True},
     "lineage": {"bind": True},
     "sends_lineage": {"bind": True},
+    "step_lineage": {"bind": True},
+    "sends_chain": {"bind": True},
     "acks_late": {"acks_late": True, "reject_on_worker_lost": True},
 }

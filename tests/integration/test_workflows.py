@@ -15,12 +15,12 @@ import threading
 import uuid
 from collections.abc import Mapping
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from alembic import command
 from celery import Celery, chain, chord, group
 from celery.exceptions import ChordError
 from sqlalchemy import Engine, event, inspect, select
@@ -34,14 +34,12 @@ from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.rules.states import Transition
 from jobsapp.lifecycle.workflows.canvas import MixedCanvas
 from jobsapp.maintenance import relay
-from jobsapp.shipped import alembic_config
 from jobsapp.web.app import create_app
 from tests.support import canvas_tasks as t
 from tests.support.attachments import environment
-from tests.support.databases import migrate, migrated_postgres
 from tests.support.env import SESSION, service
 from tests.support.journal_view import outbox_rows, run_row, transitions
-from tests.support.migrations import sqlite_then_postgres
+from tests.support.migrations import each_dialect_down_and_up, sqlite_then_postgres
 from tests.support.tasks import calls
 from tests.support.waiting import eventually, waiting_for_a_lock
 from tests.support.web import log_in
@@ -110,6 +108,30 @@ def test_a_successor_is_written_in_the_transaction_of_its_parents_success(
     successor = run_row(pg, handle.job_id)
     assert (successor["state"], successor["params"]["args"]) == ("queued", [3, 3])
     assert [row["attempt"] for row in outbox_rows(pg, handle.job_id)] == [1]
+
+
+def _finish(engine: Engine, job_id: uuid.UUID, result: Any) -> None:
+    token = _claim(engine, job_id)
+    with engine.begin() as conn:
+        assert _succeed(conn, job_id, token, result)
+
+
+def test_what_a_chords_body_starts_roots_where_the_body_did(pg: Engine, redis_clean: None) -> None:
+    # Celery sends a chord's body from its last member, and the body's next step from the
+    # body: both root at that member (the members, sent from outside a task, are each
+    # their own root), whichever member it is. A chain as a chord's body: its last task
+    # carries the group's id.
+    handle = chord([t.add.s(1, 1), t.add.s(2, 2)], chain(t.tsum.s(), t.add.s(1))).apply_async()
+    steps = _steps(pg, handle.workflow_id)
+    first, last, body = (steps[p]["job_id"] for p in ("0.h.0", "0.h.1", "0.body.0"))
+    _finish(pg, last, 4)
+    _finish(pg, first, 2)
+    lineage = _run(pg, body)["params"]["lineage"]  # type: ignore[index]
+    assert lineage == {"root_id": str(first), "parent_id": str(first), "group": None}
+    _finish(pg, body, 6)
+    lineage = _run(pg, handle.job_id)["params"]["lineage"]  # type: ignore[index]
+    group_id = str(handle.workflow_id)
+    assert lineage == {"root_id": str(first), "parent_id": str(body), "group": group_id}
 
 
 def test_a_successor_whose_worker_died_before_publishing_is_published_by_the_relay(
@@ -438,25 +460,23 @@ def test_migration_0014_down_and_up(tmp_path: Path) -> None:
     sqlite_then_postgres(tmp_path, "m0014", "workflow_id", "0013")
 
 
-def _has_members_left(url: str) -> bool:
+def _step_columns(names: set[str], url: str) -> set[str]:
+    """Which of ``names`` the database at ``url`` has as columns of workflow_steps."""
     engine = make_engine(url)
     try:
-        return any(c["name"] == "members_left" for c in inspect(engine).get_columns(STEPS.name))
+        return names & {c["name"] for c in inspect(engine).get_columns(STEPS.name)}
     finally:
         engine.dispose()
 
 
-def test_migration_0020_down_and_up(tmp_path: Path) -> None:
-    cfg = alembic_config()
-    sqlite = f"sqlite:///{tmp_path}/m0020.db"
-    migrate(sqlite)
-    with migrated_postgres(f"jobsapp_m0020_{SESSION}") as postgres:
-        for url in (sqlite, postgres):
-            cfg.set_main_option("sqlalchemy.url", url)
-            command.downgrade(cfg, "0019")
-            assert not _has_members_left(url)
-            command.upgrade(cfg, "head")
-            assert _has_members_left(url)
+@pytest.mark.parametrize(
+    ("revision", "below", "column"), [("0020", "0019", "members_left"), ("0031", "0030", "lineage")]
+)
+def test_a_migration_of_workflow_steps_goes_down_and_up(
+    tmp_path: Path, revision: str, below: str, column: str
+) -> None:
+    present = partial(_step_columns, {column})
+    each_dialect_down_and_up(tmp_path, f"m{revision}", below, present, {column})
 
 
 def test_a_canvas_under_task_always_eager_runs_here_as_celerys_does(pg: Engine) -> None:

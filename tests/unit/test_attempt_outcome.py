@@ -89,7 +89,7 @@ def _through_the_task(error: BaseException | None = None) -> Ended:
     task.request_stack = LocalStack()  # as Celery's binding to an app gives it
     try:
         run = a_run(attempts=2, params={"args": ["4242"], "kwargs": {}})
-        call_body(task, run, str(run.job_id), (str(run.job_id), None))
+        call_body(task, run, str(run.job_id), (str(run.job_id), None, None))
     except PaymentDeclined as exc:
         error = exc
     return Ended(End.FAILED, "permanent: PaymentDeclined: ...", error=error)

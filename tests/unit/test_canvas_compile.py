@@ -11,7 +11,7 @@ from celery import Celery, chain, chord, group
 
 from jobsapp.attachments.tasks import TASK_NAME as ATTACHMENT_TASK
 from jobsapp.celery_app import app
-from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step
+from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step, body_lineage
 from jobsapp.lifecycle.workflows.canvas import Compiler, MixedCanvas, is_lifecycle_canvas
 from tests.support import canvas_tasks as t
 
@@ -104,3 +104,48 @@ def test_a_canvas_is_ours_theirs_or_refused_as_mixed() -> None:
     assert not is_lifecycle_canvas(chain(plain_add.s(1, 1), plain_add.s(2)))
     with pytest.raises(MixedCanvas, match=r"^plain\.compile\.add is a plain Celery task"):
         is_lifecycle_canvas(group(t.add.s(1, 1), plain_add.s(2, 2)))
+
+
+def lineages(steps: dict[str, Step]) -> dict[str, Any]:
+    return {path: step.lineage for path, step in steps.items()}
+
+
+def test_a_steps_lineage_is_what_celerys_canvas_would_send_it_with() -> None:
+    # Celery: a chain's steps root at its first task; a group's members (and of a chain
+    # in a group, its last task) carry the group's id and are their own roots; a chord's
+    # body carries the header's id, its root and parent the member that finishes last.
+    wf = str(WORKFLOW)
+    assert lineages(compiled(chain(t.add.s(1, 1), t.add.s(2)))) == {
+        "0.0": {"root_id": job("0.0"), "parent_id": None, "group": None},
+        "0.1": {"root_id": job("0.0"), "group": None},
+    }
+    assert lineages(compiled(group(t.add.s(1, 1), chain(t.add.s(1, 1), t.add.s(2))))) == {
+        "0.0": {"root_id": job("0.0"), "parent_id": None, "group": wf},
+        "0.1.0": {"root_id": job("0.1.0"), "parent_id": None, "group": None},
+        "0.1.1": {"root_id": job("0.1.0"), "group": wf},
+    }
+    steps = compiled(chord([t.add.s(1, 1), t.add.s(2, 2)], t.tsum.s()))
+    assert steps["0.body"].lineage == {"root_id": None, "group": wf}
+
+
+def test_a_canvas_sent_from_a_body_descends_from_that_body() -> None:
+    compiler = Compiler(WORKFLOW, sender=("root", "sender"))
+    compiler.node(chord([t.add.s(1, 1), t.add.s(2, 2)], t.tsum.s()), "0", None, (), ())
+    steps = {step.path: step.lineage for step in compiler.steps()}
+    assert steps["0.h.0"] == {"root_id": "root", "parent_id": "sender", "group": str(WORKFLOW)}
+    assert steps["0.body"] == {"root_id": "root", "group": str(WORKFLOW)}
+
+
+def test_a_started_steps_parent_is_the_step_whose_end_started_it() -> None:
+    started_by = {"job_id": "m1", "lineage": {"root_id": "m1", "parent_id": None}}
+    chord_body = {"lineage": {"root_id": None, "group": "g"}}
+    assert body_lineage(chord_body, started_by) == {
+        "root_id": "m1",
+        "parent_id": "m1",
+        "group": "g",
+    }
+    chained = {"lineage": {"root_id": "c1", "group": None}}
+    assert body_lineage(chained, started_by) == {"root_id": "c1", "parent_id": "m1", "group": None}
+    first = {"lineage": {"root_id": "s", "parent_id": "p", "group": None}}
+    assert body_lineage(first, None) == first["lineage"]
+    assert body_lineage({"lineage": None}, started_by) is None  # written before migration 0031

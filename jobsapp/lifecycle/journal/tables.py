@@ -331,6 +331,10 @@ class WorkflowStep(Base):
     # counted down under the step's lock by each success, so only the one that reaches
     # zero reads the members' results (null: one parent, or written before migration 0020).
     members_left: Mapped[int | None] = mapped_column(Integer)
+    # What the step's body sees as its ``root_id``, ``parent_id`` and ``group``, as far as
+    # the canvas says (migration 0031): a step started by a success takes its parent, and a
+    # root left out, from the step that started it (null: written before 0031).
+    lineage: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     # Set when what the step waits for failed for good: it will not run (``upstream_failed``,
     # or ``chord_failed`` for a chord's body), unless a replay of that step succeeds.
     blocked_at: Mapped[datetime | None]

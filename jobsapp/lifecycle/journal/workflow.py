@@ -26,14 +26,17 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from sqlalchemy import Connection, Table, bindparam, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from jobsapp.lifecycle.journal import finished_counts, registry
-from jobsapp.lifecycle.journal._sql import _require_transaction, upsert
+from jobsapp.lifecycle.journal._sql import _require_transaction
 from jobsapp.lifecycle.journal.cancel import cancel
-from jobsapp.lifecycle.journal.clock import clock
+from jobsapp.lifecycle.journal.clock import _clock_param, _stamp, clock
 from jobsapp.lifecycle.journal.enqueue_one import enqueue_new
 from jobsapp.lifecycle.journal.new_run import NewJob
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage
@@ -44,6 +47,8 @@ from jobsapp.lifecycle.rules.states import State
 STEPS: Table = WorkflowStep.__table__  # type: ignore[assignment]
 
 START, SUCCESS, FAILURE = "start", "success", "failure"
+# The key of a step's run parameters that holds its body's lineage (``body_lineage``).
+LINEAGE = "lineage"
 # What a blocked step's handle reports as its outcome; a cancelled step never starts.
 UPSTREAM_FAILED, CHORD_FAILED, CANCELLED = "upstream_failed", "chord_failed", "cancelled"
 
@@ -68,8 +73,11 @@ class Step:
     after: Any = None
     next: Sequence[str] = ()
     errbacks: Sequence[str] = ()
+    # What the canvas says of the body's root_id, parent_id and group (``lineage``).
+    lineage: Mapping[str, str | None] | None = None
 
-    def row(self, now: Any) -> dict[str, Any]:
+    def row(self) -> dict[str, Any]:
+        """The step's row but its ``created_at`` (the statement's clock)."""
         return {
             "job_id": self.job_id,
             "workflow_id": self.workflow_id,
@@ -86,11 +94,33 @@ class Step:
             "after": self.after,
             "next": list(self.next),
             "errbacks": list(self.errbacks),
-            "created_at": now,
             "blocked_at": None,
             "blocked_outcome": None,
             "members_left": _members(self.after),
+            "lineage": None if self.lineage is None else dict(self.lineage),
         }
+
+
+def body_lineage(step: Mapping[str, Any], by: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What the body of ``step`` sees as its ``root_id``, ``parent_id`` and ``group``, as
+    Celery's canvas sends them: a first step's are the canvas's; a step started by the end
+    of the step ``by`` has it as parent and, unless the canvas named one, its root (a
+    chain's later steps root at its first; a chord's body at its last member's root, which
+    members sent from outside a task are each their own). None: a step written before
+    migration 0031, whose body sees what its message carries."""
+    known = step.get("lineage")
+    if known is None or by is None:
+        return None if known is None else dict(known)
+    parent = str(by["job_id"])
+    root = known.get("root_id") or (by.get("lineage") or {}).get("root_id") or parent
+    return {"root_id": root, "parent_id": parent, "group": known.get("group")}
+
+
+def _keep_root(conn: Connection, job_id: Any, lineage: Mapping[str, Any]) -> None:
+    """The root a step took from the step that started it (a chord's body, from its last
+    member), kept on its step row for the steps it starts in turn."""
+    known = {"root_id": lineage["root_id"], "group": lineage.get("group")}
+    conn.execute(_KEEP_ROOT, {"step": job_id, "lineage": known})
 
 
 def _members(after: Any) -> int | None:
@@ -103,20 +133,33 @@ def write_steps(conn: Connection, steps: Sequence[Step], *, now: datetime | None
     _require_transaction(conn, "a workflow's steps")
     if not steps:  # an empty group: nothing to record (no row of defaults)
         return
-    at = clock(conn, now)
-    rows = [step.row(at) for step in steps]
-    conn.execute(
-        upsert(conn, STEPS).values(rows).on_conflict_do_nothing(index_elements=[STEPS.c.job_id])
-    )
+    at = _stamp(conn, now)
+    conn.execute(_write_steps(conn.dialect.name), [{**step.row(), "r_now": at} for step in steps])
 
 
-def new_job(step: Mapping[str, Any], given: Sequence[Any]) -> NewJob:
+@cache
+def _write_steps(dialect: str) -> Any:
+    """The steps' INSERT, built once: given a list of rows, SQLAlchemy sends them as one
+    multi-row statement and compiles it once (a statement built per call with its rows in
+    it cost some 30 Python calls a column of each row to compile)."""
+    insert = pg_insert if dialect == "postgresql" else sqlite_insert
+    stmt = insert(STEPS).values(created_at=_clock_param(dialect))
+    return stmt.on_conflict_do_nothing(index_elements=[STEPS.c.job_id])
+
+
+def new_job(
+    step: Mapping[str, Any], given: Sequence[Any], lineage: Mapping[str, Any] | None = None
+) -> NewJob:
     """The run a step starts as: ``given`` (its parent's result, its members' results, a
-    failed step's id) comes before the step's own arguments unless it is immutable."""
+    failed step's id) comes before the step's own arguments unless it is immutable; its
+    body sees ``lineage`` (``body_lineage``)."""
     spec = registry.get(step["module"])
     assert spec.params_column is not None  # canvas.py takes no other step
     args = list(step["args"]) if step["immutable"] else [*given, *step["args"]]
     job_id = uuid.UUID(str(step["job_id"]))
+    params: dict[str, Any] = {"args": args, "kwargs": dict(step["kwargs"])}
+    if lineage is not None:
+        params[LINEAGE] = dict(lineage)
     return NewJob(
         spec=spec,
         job_id=job_id,
@@ -124,7 +167,7 @@ def new_job(step: Mapping[str, Any], given: Sequence[Any]) -> NewJob:
         # A step's key is its own: a successor never waits on another job's key.
         concurrency_key=f"{step['task_name']}:{job_id}",
         max_attempts=step["max_attempts"],
-        values={spec.params_column: {"args": args, "kwargs": dict(step["kwargs"])}},
+        values={spec.params_column: params},
         dedup_window=timedelta(0),
         queue=step["queue"],
         priority=step["priority"],
@@ -139,16 +182,20 @@ def start(
     *,
     actor: str,
     due: Callable[[NewJob], NewJob] | None = None,
+    by: Mapping[str, Any] | None = None,
 ) -> PendingMessage | None:
     """Insert the step's run (none -> queued, with its message), unless it has one
     already; returns its message (at the step's queue and priority, from its ``NewJob``,
-    when ``due`` says)."""
+    when ``due`` says). ``by``: the step row whose end starts it (None: a first step)."""
     if step["blocked_outcome"] == CANCELLED:
         return None
-    job = new_job(step, given)
+    lineage = body_lineage(step, by)
+    job = new_job(step, given, lineage)
     inserted = enqueue_new(conn, job if due is None else due(job), actor=actor)
     if inserted is None or inserted.message is None:
         return None
+    if lineage is not None and not step["lineage"].get("root_id"):
+        _keep_root(conn, step["job_id"], lineage)
     if step["blocked_at"] is not None:
         _unblock(conn, step["job_id"])
     return inserted.message
@@ -168,7 +215,7 @@ def succeeded(
             continue
         value = _given(conn, step["after"], {str(job_id): result})
         if value is not _NOT_YET:
-            started.append(start(conn, step, [value], actor=actor))
+            started.append(start(conn, step, [value], actor=actor, by=done))
     return [message for message in started if message is not None]
 
 
@@ -312,7 +359,7 @@ def waited_on(conn: Connection, job_id: uuid.UUID) -> list[str]:
 def _errbacks(conn: Connection, step: Mapping[str, Any], *, actor: str) -> list[PendingMessage]:
     """Celery's old-style errback call: the failed task's id first."""
     started = [
-        start(conn, errback, [str(step["job_id"])], actor=actor)
+        start(conn, errback, [str(step["job_id"])], actor=actor, by=step)
         for errback in _steps(conn, step["errbacks"])
     ]
     return [message for message in started if message is not None]
@@ -377,6 +424,13 @@ _COUNT_DOWN = (
     .where(STEPS.c.job_id == bindparam("step", type_=STEPS.c.job_id.type), STEPS.c.members_left > 0)
     .values(members_left=STEPS.c.members_left - 1)
     .returning(STEPS.c.members_left)
+)
+
+
+_KEEP_ROOT = (
+    update(STEPS)
+    .where(STEPS.c.job_id == bindparam("step", type_=STEPS.c.job_id.type))
+    .values(lineage=bindparam("lineage", type_=STEPS.c.lineage.type))
 )
 
 

@@ -34,6 +34,7 @@ from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.celery_api import errback, task_hooks
 from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal import NewJob, Run
+from jobsapp.lifecycle.journal.workflow import LINEAGE
 from jobsapp.lifecycle.producer import newjob
 from jobsapp.lifecycle.rules import message
 from jobsapp.lifecycle.rules.errors import (
@@ -280,7 +281,8 @@ def _run_envelope(
         ),
     )
     at_limit = None if eager else _limited(task, request, ctx, rules)
-    lineage = _lineage(request, env, job)
+    step = None if row.workflow_id is None else _step(task, row, job)
+    lineage = _lineage(request, env, job) if step is None else step
     ended = run_attempt(task.app, ctx, lambda: call_body(task, row, job, lineage, call), rules)
     if at_limit is not None:
         ended = at_limit.instead_of(ended)
@@ -416,8 +418,8 @@ def _rules(task: Worked, settings: Settings, eager: bool) -> AttemptRules:
 # A body's positional and keyword arguments, and the call's own headers (a plain tuple:
 # a NamedTuple's constructor is one more Python call a delivery).
 Call = tuple[tuple[Any, ...], dict[str, Any], dict[str, Any] | None]
-# The body's root_id and parent_id.
-Lineage = tuple[str, str | None]
+# The body's root_id, parent_id and group.
+Lineage = tuple[str, str | None, str | None]
 
 
 def call_of(task: Worked, run: Run) -> Call:
@@ -438,12 +440,23 @@ def _lineage(request: Context, env: message.Envelope, job: str) -> Lineage:
     first attempt; a later one is its own root)."""
     root, parent = request.root_id, request.parent_id
     if env.attempt == 1:
-        return (job if root is None or root == request.id else root), parent
+        return (job if root is None or root == request.id else root), parent, request.group
     if root is None or root == message.task_id_for(env.job_id, 1):
         root = job
     if parent == message.task_id_for(env.job_id, env.attempt - 1):
         parent = job
-    return root, parent
+    return root, parent, request.group
+
+
+def _step(task: Worked, row: Run, job: str) -> Lineage | None:
+    """A canvas step's lineage: what the journal keeps with its run (every attempt
+    alike), as the canvas's place and the step that started it say (journal/workflow.py);
+    None for a step written before migration 0031 (its message's, as a plain job's)."""
+    spec = task.run_table
+    kept = (row.columns[spec.params_column] or {}).get(LINEAGE) if spec.params_column else None
+    if kept is None:
+        return None
+    return kept["root_id"] or job, kept.get("parent_id"), kept.get("group")
 
 
 def call_body(task: Worked, row: Run, job: str, lineage: Lineage, call: Call | None = None) -> Any:
@@ -453,7 +466,7 @@ def call_body(task: Worked, row: Run, job: str, lineage: Lineage, call: Call | N
     args, kwargs, headers = call if call is not None else call_of(task, row)
     if errback.MARK in kwargs:
         args, kwargs = errback.arguments(task.app, args, kwargs)
-    retries, (root_id, parent_id) = row.attempts - 1, lineage
+    retries, (root_id, parent_id, group) = row.attempts - 1, lineage
     if task.hooked:  # the task's own hooks are given the call as the body sees it
         view = task_hooks.CallView(job, args, kwargs, retries, root_id)
         setattr(task.request, task_hooks.VIEW, view)
@@ -472,6 +485,7 @@ def call_body(task: Worked, row: Run, job: str, lineage: Lineage, call: Call | N
         retries=retries,
         root_id=root_id,
         parent_id=parent_id,
+        group=group,
     )
     try:
         return task.run(*args, **kwargs) if around is None else around(task, *args, **kwargs)

@@ -123,6 +123,9 @@ class Compiler:
     """Turns one canvas into ``Step`` rows of one workflow."""
 
     workflow_id: uuid.UUID
+    # The task whose body sends the canvas (its root_id, its id), as Celery's send_task
+    # reads it: the canvas's first tasks descend from it.
+    sender: tuple[str, str] | None = None
     drafts: dict[str, _Draft] = field(default_factory=dict)
 
     def steps(self) -> list[Step]:
@@ -139,24 +142,28 @@ class Compiler:
         args: tuple[Any, ...],
         errbacks: tuple[Signature, ...] = (),
         routing: Mapping[str, Any] | None = None,
+        in_group: bool = False,
     ) -> Output:
         """Compile ``sig`` at ``path``, waiting for ``after`` (None: runs at once), its
         first tasks given ``args`` (apply_async's partial arguments) first and ``routing``
         (its queue and priority) over their own, as Celery gives a canvas's options: a
-        group's members, a chain's first task, a chord's header and body."""
+        group's members, a chain's first task, a chord's header and body. A task
+        ``in_group`` (a group's member, a chord's body; of a chain there, its last task)
+        carries the group's id, as in Celery: its workflow's, which every group handle of
+        the workflow answers to."""
         errbacks = (*errbacks, *_callbacks(sig, "link_error"))
         if isinstance(sig, chord):
             header = self.node(_as_group(sig.tasks), f"{path}.h", after, args, (), routing)
-            out = self.node(sig.body, f"{path}.body", header, (), errbacks, routing)
+            out = self.node(sig.body, f"{path}.body", header, (), errbacks, routing, True)
         elif isinstance(sig, group):
             out = [
-                self.node(_signature(t, sig), f"{path}.{i}", after, args, errbacks, routing)
+                self.node(_signature(t, sig), f"{path}.{i}", after, args, errbacks, routing, True)
                 for i, t in enumerate(sig.tasks)
             ]
         elif isinstance(sig, _chain):
-            out = self._chain(sig, path, after, (*args, *sig.args), errbacks, routing)
+            out = self._chain(sig, path, after, (*args, *sig.args), errbacks, routing, in_group)
         else:
-            out = self._task(sig, path, after, args, errbacks, routing)
+            out = self._task(sig, path, after, args, errbacks, routing, in_group)
         for i, callback in enumerate(_callbacks(sig, "link")):
             self.node(callback, f"{path}.link{i}", _single(out, sig), ())
         return out
@@ -169,10 +176,14 @@ class Compiler:
         args: tuple[Any, ...],
         errbacks: tuple[Signature, ...],
         routing: Mapping[str, Any] | None,
+        in_group: bool,
     ) -> Output:
-        out = after
+        out, last = after, len(sig.tasks) - 1
         for i, task in enumerate(sig.tasks):
-            out = self.node(_signature(task, sig), f"{path}.{i}", out, args, errbacks, routing)
+            step = _signature(task, sig)
+            out = self.node(
+                step, f"{path}.{i}", out, args, errbacks, routing, in_group and i == last
+            )
             args, routing = (), None
         assert out is not None  # a chain of no task is refused by Celery itself
         return out
@@ -185,9 +196,12 @@ class Compiler:
         args: tuple[Any, ...],
         errbacks: tuple[Signature, ...],
         routing: Mapping[str, Any] | None,
+        in_group: bool,
     ) -> str:
         waits = after is not None and any(True for _ in waited_for(after))
         job_id = self._add(sig, path, after, args, SUCCESS if waits else START, routing)
+        if in_group:
+            self.drafts[job_id].step["lineage"]["group"] = str(self.workflow_id)
         for previous in waited_for(after):
             self.drafts[previous].next.append(job_id)
         for i, on_error in enumerate(errbacks):
@@ -234,9 +248,24 @@ class Compiler:
                 "queue": newjob.queue_name(str(sig.task), options.get("queue"))
                 or getattr(task, "queue", None),
                 "priority": _priority(options, task),
+                "lineage": self._lineage(job_id, None if trigger == START else after),
             }
         )
         return job_id
+
+    def _lineage(self, job_id: str, after: Output | None) -> dict[str, str | None]:
+        """A step's lineage as the canvas knows it (``workflow.body_lineage`` completes it
+        when a step's end starts it): a first task (``after`` None) descends from the
+        sender, or is its own root; a later one roots where all it waits for root (a
+        chain's first task), else (a chord's members each their own root) where the one
+        that starts it does."""
+        if after is None:
+            root, parent = self.sender or (job_id, None)
+            return {"root_id": root, "parent_id": parent, "group": None}
+        if isinstance(after, str):  # a chain's step, an errback: the common case, no walk
+            return {"root_id": self.drafts[after].step["lineage"]["root_id"], "group": None}
+        roots = {self.drafts[p].step["lineage"]["root_id"] for p in waited_for(after)}
+        return {"root_id": roots.pop() if len(roots) == 1 else None, "group": None}
 
     def _job_id(self, options: Mapping[str, Any], path: str) -> str:
         """The caller's task id if the signature names one, else one derived from the
@@ -349,7 +378,7 @@ def compiled(
     if into is None and options.get("task_id"):
         sig = _answering_to(sig, str(options["task_id"]))
     workflow_id, path = into or (_workflow_id(options.get("task_id") or _frozen_id(sig)), "0")
-    compiler = Compiler(workflow_id)
+    compiler = Compiler(workflow_id, _sender(sig.app))
     routing = {k: options[k] for k in ("queue", "priority") if options.get(k) is not None}
     out = compiler.node(sig, path, None, tuple(args or ()), (), routing)
     return workflow_id, out, compiler.steps()
@@ -363,7 +392,7 @@ def write(
     COMMIT (else the relay publishes them)."""
     workflow.write_steps(conn, steps)
     started = [
-        workflow.start(conn, step.row(None), _given_at_start(step), actor="producer", due=due)
+        workflow.start(conn, step.row(), _given_at_start(step), actor="producer", due=due)
         for step in steps
         if step.trigger == START
     ]
@@ -384,6 +413,15 @@ def _given_at_start(step: Step) -> list[Any]:
 
 def _listed(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _sender(app: Any) -> tuple[str, str] | None:
+    """The running task that sends a canvas: its root and its id, as its body sees them."""
+    current = app.current_worker_task
+    if current is None:
+        return None
+    request = current.request
+    return str(request.root_id or request.id), str(request.id)
 
 
 def _workflow_id(task_id: Any) -> uuid.UUID:
