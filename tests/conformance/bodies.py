@@ -202,6 +202,13 @@ class Hooked(Task):  # type: ignore[type-arg]
         _hear(self, task_id, args, f"after_return {status} {retval!r}")
 
 
+class StartHooked(Task):  # type: ignore[type-arg]
+    """A team's base class that opens each run's context (a log's, a tracer's) before it."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        _hear(self, task_id, args, f"before_start {kwargs} retries={self.request.retries}")
+
+
 def _hooked(self: Any, token: str, fail: bool) -> str:
     """Asks for a retry at its first run; then fails or succeeds, as told."""
     if count(token) == 1:
@@ -324,6 +331,7 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "step_lineage": _step_lineage,
     "sends_chain": _sends_chain,
     "acks_late": _add,
+    "start_hooked": _hooked,
 }
 
 # Celery's options, the same on both apps. A task that raises declares max_retries=0 where
@@ -350,6 +358,7 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "get_inside": {"bind": True},
     "opaque": {"max_retries": 0},
     "hooked": {"bind": True, "base": Hooked, "max_retries": 1},
+    "start_hooked": {"bind": True, "base": StartHooked, "max_retries": 1},
     "tenant": {"bind": True},
     "queue_seen": {"bind": True},
     "quiet": {"ignore_result": True},

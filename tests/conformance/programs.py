@@ -772,6 +772,13 @@ def hooks_of_a_base_class(s: Side) -> Any:
     ]
 
 
+def before_start_of_a_base_class(s: Side) -> Any:
+    t = token()
+    r = s.start_hooked.apply_async((t,), {"fail": False})
+    value = r.get(timeout=WAIT)
+    return [value, _heard(r, t, "before_start {'fail': False} retries=1")]
+
+
 PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     # results and states
     "AsyncResult(id, app=app).get() from the id alone": (by_id_from_anywhere, [5, True]),
@@ -975,6 +982,16 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "kombu's JSON types": (kombu_json_types, [KOMBU_KINDS, True, KOMBU_KINDS, "3.3"]),
     "a tuple comes back a list": (tuple_comes_back_a_list, [1, [2, 3]]),
     # a team's hooks
+    "a base Task class's before_start": (
+        before_start_of_a_base_class,
+        [
+            "ok",
+            [
+                "before_start {'fail': False} retries=0 <id> ['<token>'] True",
+                "before_start {'fail': False} retries=1 <id> ['<token>'] True",
+            ],
+        ],
+    ),
     "a base Task class's on_success, on_retry, on_failure, after_return": (
         hooks_of_a_base_class,
         [

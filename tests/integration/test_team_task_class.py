@@ -24,7 +24,7 @@ from jobsapp.lifecycle import LifecycleTask, lifecycle_task
 from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.transport import hooks
 from jobsapp.lifecycle.worker import claim
-from tests.support.journal_view import run_row
+from tests.support.journal_view import outbox_rows, run_row
 from tests.support.workers import in_process_worker
 
 pytestmark = pytest.mark.timeout(90)
@@ -160,3 +160,33 @@ def test_a_team_on_bound_without_super_keeps_the_paused_queue_honoured() -> None
     # (left to the relay) and on claim.
     assert gating.held_while_paused in hooks.publish_filters(team)
     assert gating.while_paused in claim.claim_holds(team)
+
+
+class Opening(Task):  # type: ignore[type-arg]
+    """A team's base that opens each run's context before it (a log's, a tracer's)."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        HEARD.append(("before_start", task_id, args, kwargs, self.request.id))
+
+
+OPENED = lifecycle_task(app, name="tests.team_task_class.opened", base=Opening, max_retries=0)(
+    _in_context
+)
+
+
+def test_before_start_hears_the_job_once_a_run_starts_and_not_for_a_duplicate(
+    db: Engine, redis_clean: None
+) -> None:
+    # Celery's tracer calls before_start ahead of the body, with the message's task id and
+    # arguments: for a lifecycle task an attempt's envelope, and before the claim decides
+    # whether the body runs at all.
+    HEARD.clear()
+    with in_process_worker(concurrency=1):  # one thread: messages run in the order sent
+        handle = OPENED.delay(5)
+        assert handle.get(timeout=30) == "5 in none"
+        (message,) = outbox_rows(db, uuid.UUID(handle.id))
+        app.send_task(OPENED.name, kwargs={**message["body"], "outbox_id": message["id"]})
+        OPENED.delay(6).get(timeout=30)  # sent after the duplicate: that one was delivered
+    started = [h for h in HEARD if h[0] == "before_start"]
+    assert ("before_start", handle.id, [5], {}, handle.id) in started
+    assert len([h for h in started if h[2] == [5]]) == 1

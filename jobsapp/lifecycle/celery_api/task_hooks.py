@@ -13,8 +13,10 @@ for a lifecycle task are an attempt's id and its envelope. A hook here is given 
 Celery gives it for a plain task instead: the job's id (the id the caller holds,
 ``AsyncResult.id``), the body's own arguments, the exception the body raised (for
 ``on_retry``, what the retry was asked with, as Celery's ``reason.exc``), with
-``self.request`` the body's view of the call. A task without hooks or a ``__call__`` of a
-team's pays two class attribute reads a delivery.
+``self.request`` the body's view of the call. ``before_start``, which Celery's tracer calls
+before the delivery has claimed the attempt, is called by the delivery instead, once the
+run is the body's: a refused duplicate never starts it, as it never starts the body. A task
+without hooks or a ``__call__`` of a team's pays two class attribute reads a delivery.
 """
 
 from __future__ import annotations
@@ -96,17 +98,34 @@ def _hook_of_the_job(name: str, hook: Callable[..., Any]) -> Callable[..., Any]:
     return of_the_job
 
 
+def _started_by_the_delivery(hook: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(hook)
+    def before_start(self: Any, *given: Any, **named: Any) -> Any:
+        view = self.request.get(VIEW)
+        if view is not None:  # the delivery's call, the body's request current
+            return hook(self, view.job_id, list(view.args), dict(view.kwargs))
+        if self.request.called_directly:  # a call of the team's own, outside a worker
+            return hook(self, *given, **named)
+        return None  # Celery's tracer, before the claim: the delivery calls it after
+
+    setattr(before_start, _WRAPPED, True)
+    return before_start
+
+
 def wrap_hooks(cls: type) -> bool:
     """Give each hook ``cls`` has of its own (or from a team's base) the job's view; whether
     it has any."""
     hooked = False
-    for name in HOOKS:
+    for name in (*HOOKS, "before_start"):
         hook = getattr(cls, name)
         if hook is getattr(Task, name):
             continue
         hooked = True
         if not getattr(hook, _WRAPPED, False):
-            setattr(cls, name, _hook_of_the_job(name, hook))
+            wrapped = (
+                _hook_of_the_job(name, hook) if name in HOOKS else _started_by_the_delivery(hook)
+            )
+            setattr(cls, name, wrapped)
     return hooked
 
 

@@ -97,6 +97,8 @@ class Worked(newjob.Declared, Protocol):
 
     def run(self, *args: Any, **kwargs: Any) -> Any: ...
 
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None: ...
+
     def push_request(self, **fields: Any) -> None: ...
 
     def pop_request(self) -> None: ...
@@ -488,6 +490,8 @@ def call_body(task: Worked, row: Run, job: str, lineage: Lineage, call: Call | N
         group=group,
     )
     try:
+        if task.hooked:  # Celery calls before_start before the body; the tracer's was held
+            task.before_start(job, list(args), kwargs)
         return task.run(*args, **kwargs) if around is None else around(task, *args, **kwargs)
     finally:
         task.pop_request()
