@@ -289,6 +289,27 @@ def _sends_chain(self: Any) -> list[str]:
     return [str(sent.parent.id), str(sent.id)]
 
 
+def _call_fields(self: Any) -> list[Any]:
+    """What a body reads of its call besides its arguments: its limits, when it was due and
+    expires (seconds from now), where it was routed, whether its result is kept."""
+    from datetime import UTC, datetime
+
+    r = self.request
+    info = r.delivery_info or {}
+    expires = None
+    if r.expires is not None:
+        seconds = (datetime.fromisoformat(r.expires) - datetime.now(UTC)).total_seconds()
+        expires = round(seconds / 10) * 10
+    return [
+        r.correlation_id == r.id,
+        r.timelimit,
+        r.eta is not None,
+        expires,
+        info.get("routing_key") == self.app.conf.task_default_queue,
+        r.ignore_result,
+    ]
+
+
 def _sends_lineage(self: Any) -> str:
     """Sends a task from its body: the id of the call it made."""
     return str(sibling(self, "lineage").delay().id)
@@ -330,6 +351,7 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "sends_lineage": _sends_lineage,
     "step_lineage": _step_lineage,
     "sends_chain": _sends_chain,
+    "call_fields": _call_fields,
     "acks_late": _add,
     "start_hooked": _hooked,
 }
@@ -369,5 +391,6 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "sends_lineage": {"bind": True},
     "step_lineage": {"bind": True},
     "sends_chain": {"bind": True},
+    "call_fields": {"bind": True, "time_limit": 30, "soft_time_limit": 20},
     "acks_late": {"acks_late": True, "reject_on_worker_lost": True},
 }

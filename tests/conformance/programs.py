@@ -325,6 +325,12 @@ def lineage_of_canvas_steps(s: Side) -> Any:
     return found
 
 
+def fields_of_a_call(s: Side) -> Any:
+    plain = s.call_fields.delay().get(timeout=WAIT)
+    later = s.call_fields.apply_async(countdown=1, expires=60).get(timeout=WAIT)
+    return [plain, later]
+
+
 def whereabouts(s: Side) -> Any:
     return s.whereabouts.delay().get(timeout=WAIT)
 
@@ -863,6 +869,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
             ["s1", "sender", "sender", None],
             ["s2", "sender", "s1", None],
         ],
+    ),
+    "self.request.correlation_id, timelimit, eta, expires, delivery_info, ignore_result": (
+        fields_of_a_call,
+        [[True, [30, 20], False, None, True, False], [True, [30, 20], True, 60, True, False]],
     ),
     "self.request.hostname, is_eager, called_directly, task": (
         whereabouts,

@@ -463,8 +463,9 @@ def _step(task: Worked, row: Run, job: str) -> Lineage | None:
 
 def call_body(task: Worked, row: Run, job: str, lineage: Lineage, call: Call | None = None) -> Any:
     """The body, its ``self.request`` the caller's view as in Celery: the job's task id
-    (``job``), the body's own arguments (``call``, when already decoded), ``retries`` the
-    attempts before this one, its ``root_id`` and ``parent_id`` (``lineage``)."""
+    (``job``, its ``correlation_id`` too), the body's own arguments (``call``, when already
+    decoded), ``retries`` the attempts before this one, its ``root_id``, ``parent_id`` and
+    ``group`` (``lineage``), the run's ``expires``."""
     args, kwargs, headers = call if call is not None else call_of(task, row)
     if errback.MARK in kwargs:
         args, kwargs = errback.arguments(task.app, args, kwargs)
@@ -478,16 +479,20 @@ def call_body(task: Worked, row: Run, job: str, lineage: Lineage, call: Call | N
     around = task.around_body
     if around is not None:
         own[task_hooks.IN_BODY] = True
+    if row.expires_at is not None:  # the journal expires the run, not the broker its message
+        own["expires"] = row.expires_at.isoformat()
     # Celery's push_request copies the current request's fields under these.
     task.push_request(
         **own,
         id=job,
+        correlation_id=job,
         args=list(args),
         kwargs=kwargs,
         retries=retries,
         root_id=root_id,
         parent_id=parent_id,
         group=group,
+        ignore_result=False,  # the journal keeps every run's value, whatever the call said
     )
     try:
         if task.hooked:  # Celery calls before_start before the body; the tracer's was held
