@@ -16,6 +16,9 @@ app = Celery(
     backend=os.environ.get(REDIS_URL),
 )
 app.conf.task_default_queue = os.environ.get("CONFORMANCE_QUEUE", "celery")
+# A result's name, arguments, retries and queue, which the journal keeps for every run.
+app.conf.result_extended = True
+app.conf.result_extended = True
 
 TASKS = {
     name: app.task(name=f"bare.{name}", **OPTIONS.get(name, {}))(body)

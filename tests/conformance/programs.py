@@ -331,6 +331,14 @@ def fields_of_a_call(s: Side) -> Any:
     return [plain, later]
 
 
+def extended_result_fields(s: Side) -> Any:
+    sent = s.add.apply_async((2, 3))
+    sent.get(timeout=WAIT)
+    r = AsyncResult(sent.id, app=s.app)  # another handle: read from the backend
+    routed = s.app.conf.task_default_queue
+    return [r.name == s.add.name, r.args, r.kwargs, r.retries, r.queue == routed]
+
+
 def whereabouts(s: Side) -> Any:
     return s.whereabouts.delay().get(timeout=WAIT)
 
@@ -873,6 +881,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "self.request.correlation_id, timelimit, eta, expires, delivery_info, ignore_result": (
         fields_of_a_call,
         [[True, [30, 20], False, None, True, False], [True, [30, 20], True, 60, True, False]],
+    ),
+    "AsyncResult(id).name, args, kwargs, retries, queue (result_extended)": (
+        extended_result_fields,
+        [True, [2, 3], {}, 0, True],
     ),
     "self.request.hostname, is_eager, called_directly, task": (
         whereabouts,

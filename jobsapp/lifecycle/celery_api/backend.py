@@ -209,13 +209,16 @@ class JournalBackend(BaseBackend):
         }
         if row is None:
             return meta
-        # Celery's extended result fields the row has at hand.
+        # Celery's extended result fields (``result_extended``), which the run holds.
         meta.update(
             name=row.task_name,
             worker=row.worker,
             retries=max(0, row.attempts - 1),
-            queue=row.queue,
+            queue=self._routed_to(row),
         )
+        if spec is not None and isinstance(row, Run):
+            args, meta["kwargs"], _ = row.call(spec)
+            meta["args"] = list(args)
         if status == states.SUCCESS:
             meta["result"] = decoded(row.result)
         elif status in states.EXCEPTION_STATES:
@@ -225,6 +228,13 @@ class JournalBackend(BaseBackend):
         if status in states.READY_STATES:
             meta["date_done"] = row.finished_at
         return meta
+
+    def _routed_to(self, row: Answer) -> str | None:
+        """The routing key the run's messages went with: its queue's, as Celery's router
+        routes it (the row keeps a queue only when the call named one)."""
+        options = {"queue": row.queue} if row.queue else {}
+        queue = self.app.amqp.router.route(options, row.task_name).get("queue")
+        return getattr(queue, "routing_key", None) or getattr(queue, "name", None)
 
     def _tracks_started(self, row: Answer) -> bool:
         """Celery says ``STARTED`` only for a task with ``track_started`` (the task's own,

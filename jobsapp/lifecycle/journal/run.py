@@ -15,6 +15,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from jobsapp.lifecycle.rules.results import decoded
+
+# A body's positional and keyword arguments, and the call's own headers (a plain tuple:
+# a NamedTuple's constructor is one more Python call a delivery).
+Call = tuple[tuple[Any, ...], dict[str, Any], dict[str, Any] | None]
+
+
+class CallColumns(Protocol):
+    """Where a run table keeps a call (a RunTable): a generic job's ``params``, or ids."""
+
+    @property
+    def params_column(self) -> str | None: ...
+
+    def ids_from_row(self, row: Mapping[str, Any]) -> dict[str, Any]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Run:
@@ -95,6 +110,16 @@ class Run:
     @classmethod
     def maybe(cls, row: Mapping[str, Any] | None) -> Run | None:
         return None if row is None else cls.from_row(row)
+
+    def call(self, spec: CallColumns) -> Call:
+        """The body's arguments as the run keeps them, read from the run table's own
+        columns: a generic job's (with its call's headers), a domain run's ids as keyword
+        arguments."""
+        column = spec.params_column
+        if column is None:
+            return (), spec.ids_from_row(self.columns), None
+        params = decoded(self.columns[column] or {})
+        return tuple(params.get("args", ())), dict(params.get("kwargs", {})), params.get("headers")
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.celery_api import errback, task_hooks
 from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal import NewJob, Run
+from jobsapp.lifecycle.journal.run import Call
 from jobsapp.lifecycle.journal.workflow import LINEAGE
 from jobsapp.lifecycle.producer import newjob
 from jobsapp.lifecycle.rules import message
@@ -43,7 +44,6 @@ from jobsapp.lifecycle.rules.errors import (
     PermanentError,
     RetryRequested,
 )
-from jobsapp.lifecycle.rules.results import decoded
 from jobsapp.lifecycle.rules.scrub import known_secrets_from_env
 from jobsapp.lifecycle.transport import publisher, tracing
 from jobsapp.lifecycle.worker import claim, key_limits, timeouts
@@ -398,7 +398,7 @@ def _gate_of(task: Worked, holds: tuple[gating.Hold, ...]) -> gating.Gate:
 def _rate_key_of(task: Worked, row: Run) -> str:
     if task.rate_key is None:
         return ""
-    args, kwargs, _ = call_of(task, row)
+    args, kwargs, _ = row.call(task.run_table)
     values = newjob.named(task, args, kwargs)
     return task.rate_key.format(**{"concurrency_key": row.concurrency_key, **values})
 
@@ -417,20 +417,8 @@ def _rules(task: Worked, settings: Settings, eager: bool) -> AttemptRules:
     return rules_of[eager]
 
 
-# A body's positional and keyword arguments, and the call's own headers (a plain tuple:
-# a NamedTuple's constructor is one more Python call a delivery).
-Call = tuple[tuple[Any, ...], dict[str, Any], dict[str, Any] | None]
 # The body's root_id, parent_id and group.
 Lineage = tuple[str, str | None, str | None]
-
-
-def call_of(task: Worked, run: Run) -> Call:
-    """The body's arguments, read from the run table's own columns."""
-    spec = task.run_table
-    if spec.params_column is None:
-        return (), spec.ids_from_row(run.columns), None
-    params = decoded(run.columns[spec.params_column] or {})
-    return tuple(params.get("args", ())), dict(params.get("kwargs", {})), params.get("headers")
 
 
 def _lineage(request: Context, env: message.Envelope, job: str) -> Lineage:
@@ -466,7 +454,7 @@ def call_body(task: Worked, row: Run, job: str, lineage: Lineage, call: Call | N
     (``job``, its ``correlation_id`` too), the body's own arguments (``call``, when already
     decoded), ``retries`` the attempts before this one, its ``root_id``, ``parent_id`` and
     ``group`` (``lineage``), the run's ``expires``."""
-    args, kwargs, headers = call if call is not None else call_of(task, row)
+    args, kwargs, headers = call if call is not None else row.call(task.run_table)
     if errback.MARK in kwargs:
         args, kwargs = errback.arguments(task.app, args, kwargs)
     retries, (root_id, parent_id, group) = row.attempts - 1, lineage
@@ -515,7 +503,7 @@ def reported(env: message.Envelope, ended: Ended | str) -> Any:
 def _show_call(task: Worked, request: Context, env: message.Envelope, job: str, row: Run) -> Call:
     """Flower's args and kwargs of this attempt: the body's, and the job it belongs to
     (see ``celery_view``), sent when the worker sends task events; returns the call."""
-    call = call_of(task, row)
+    call = row.call(task.run_table)
     shown = call_fields(call[0], call[1], process_secrets())
     try:
         send_started(
