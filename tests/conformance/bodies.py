@@ -310,6 +310,17 @@ def _call_fields(self: Any) -> list[Any]:
     ]
 
 
+def _count_run(token: str) -> int:
+    """Counts its run under ``token``."""
+    return count(token)
+
+
+def _ends_chain(self: Any, value: Any) -> Any:
+    """Ends the chain it is a step of (Celery's way): the chain's later steps never run."""
+    self.request.chain = None
+    return value
+
+
 def _sends_lineage(self: Any) -> str:
     """Sends a task from its body: the id of the call it made."""
     return str(sibling(self, "lineage").delay().id)
@@ -351,6 +362,8 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "sends_lineage": _sends_lineage,
     "step_lineage": _step_lineage,
     "sends_chain": _sends_chain,
+    "ends_chain": _ends_chain,
+    "count_run": _count_run,
     "call_fields": _call_fields,
     "acks_late": _add,
     "start_hooked": _hooked,
@@ -391,6 +404,7 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "sends_lineage": {"bind": True},
     "step_lineage": {"bind": True},
     "sends_chain": {"bind": True},
+    "ends_chain": {"bind": True},
     "call_fields": {"bind": True, "time_limit": 30, "soft_time_limit": 20},
     "acks_late": {"acks_late": True, "reject_on_worker_lost": True},
 }

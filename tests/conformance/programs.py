@@ -339,6 +339,14 @@ def extended_result_fields(s: Side) -> Any:
     return [r.name == s.add.name, r.args, r.kwargs, r.retries, r.queue == routed]
 
 
+def chain_ended_by_a_step(s: Side) -> Any:
+    t = token()
+    c = chain(s.add.s(1, 1), s.ends_chain.s(), s.count_run.si(t)).apply_async()
+    ended = c.parent.get(timeout=WAIT)
+    time.sleep(2)  # Celery would have sent the next step at once: long enough to run it
+    return [ended, bodies.runs(t), c.state, c.ready()]
+
+
 def whereabouts(s: Side) -> Any:
     return s.whereabouts.delay().get(timeout=WAIT)
 
@@ -886,6 +894,7 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         extended_result_fields,
         [True, [2, 3], {}, 0, True],
     ),
+    "a step sets self.request.chain = None": (chain_ended_by_a_step, [2, 0, "PENDING", False]),
     "self.request.hostname, is_eager, called_directly, task": (
         whereabouts,
         [True, False, False, True],
@@ -1036,6 +1045,8 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
 # Where jobsapp answers otherwise: its answer. docs/celery-compat.md says why, for each: a
 # guarantee that requires it, or a gap issue 30 still tracks.
 DIFFERENT: dict[str, Any] = {
+    # The journal knows the chain's later steps will never run: they end cancelled.
+    "a step sets self.request.chain = None": [2, 0, "REVOKED", True],
     # The run is the audit trail: forget() drops its kept value, not its state.
     "forget()": [42, "SUCCESS"],
     # The journal keeps every run's value (within JOBSAPP_RESULT_MAX_BYTES), whatever the

@@ -134,6 +134,28 @@ def test_what_a_chords_body_starts_roots_where_the_body_did(pg: Engine, redis_cl
     assert lineage == {"root_id": str(first), "parent_id": str(body), "group": group_id}
 
 
+def test_a_step_that_ends_its_chain_cancels_the_rest_and_keeps_its_links(
+    pg: Engine, redis_clean: None
+) -> None:
+    # Celery's idiom: a body sets self.request.chain = None; its link callbacks still run.
+    first = t.add.s(1, 2)
+    first.link(t.identity.s())
+    handle = chain(first, t.add.s(3), t.add.s(4)).apply_async()
+    steps = _steps(pg, handle.workflow_id)
+    job_id = steps["0.0"]["job_id"]
+    token = _claim(pg, job_id)
+    with pg.begin() as conn:
+        assert journal.succeed(
+            conn, JOBS, job_id, 1, token=token, actor="test-worker", result=3, chain_ended=True
+        )
+    steps = _steps(pg, handle.workflow_id)
+    assert [steps[p]["blocked_outcome"] for p in ("0.1", "0.2")] == ["cancelled", "cancelled"]
+    assert _run(pg, steps["0.1"]["job_id"]) is None
+    link = _run(pg, steps["0.0.link0"]["job_id"])
+    assert link is not None and link["state"] == "queued"
+    assert handle.state == "REVOKED"
+
+
 def test_a_successor_whose_worker_died_before_publishing_is_published_by_the_relay(
     pg: Engine, redis_clean: None
 ) -> None:

@@ -75,6 +75,7 @@ def succeed(
     now: datetime | None = None,
     result: Any = None,
     started: list[PendingMessage] | None = None,
+    chain_ended: bool = False,
 ) -> bool:
     """running -> succeeded with the body's ``result`` (checked by lifecycle/rules/results.py),
     in the same statement; fenced by the attempt and its claim ``token``; False means the
@@ -82,7 +83,7 @@ def succeed(
     and ``attempted_at`` are the success and its claim (row_events.py reads them back).
     A workflow step's success inserts the steps now due after it; their messages are
     appended to ``started``, for the caller to publish after COMMIT (else the relay
-    publishes them)."""
+    publishes them). ``chain_ended``: the step's body ended its chain (workflow.succeeded)."""
     ended, workflow_id = _finish(
         conn,
         spec,
@@ -99,7 +100,8 @@ def succeed(
     # A step replaced by another job (Task.replace) hands nothing on: its replacement, which
     # now stands in its place, does (workflow.replaced).
     if workflow_id is not None and replaced_by(result) is None:
-        _started(started, workflow.succeeded(conn, job_id, result, actor=actor))
+        stepped = workflow.succeeded(conn, job_id, result, actor=actor, chain_ended=chain_ended)
+        _started(started, stepped)
     return ended
 
 

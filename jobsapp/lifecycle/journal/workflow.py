@@ -202,15 +202,22 @@ def start(
 
 
 def succeeded(
-    conn: Connection, job_id: uuid.UUID, result: Any, *, actor: str
+    conn: Connection, job_id: uuid.UUID, result: Any, *, actor: str, chain_ended: bool = False
 ) -> list[PendingMessage]:
-    """In Transition.SUCCEED's transaction: start every step now due after ``job_id``."""
+    """In Transition.SUCCEED's transaction: start every step now due after ``job_id``. A
+    body that ended its chain (``self.request.chain = None``, Celery's way) starts none of
+    the chain's later steps: they end ``cancelled``; its links and a chord it is a member
+    of go on, as in Celery."""
     _require_transaction(conn, "a workflow step's success")
     done = _step(conn, job_id)
     if done is None:
         return []
     started = []
     for step in _steps(conn, done["next"], lock=True):
+        if chain_ended and _chained_after(step, job_id):
+            reason = f"step {job_id} ended its chain"
+            _block(conn, step, reason, actor=actor, now=None, cancelled=True)
+            continue
         if not _maybe_last(conn, step):
             continue
         value = _given(conn, step["after"], {str(job_id): result})
@@ -365,6 +372,12 @@ def _errbacks(conn: Connection, step: Mapping[str, Any], *, actor: str) -> list[
     return [message for message in started if message is not None]
 
 
+def _chained_after(step: Mapping[str, Any], job_id: uuid.UUID) -> bool:
+    """``step`` is the next task of ``job_id``'s chain: it waits for that step alone and is
+    not one of its links (``link`` callbacks, which Celery sends whatever the chain)."""
+    return step["after"] == str(job_id) and not step["path"].rpartition(".")[2].startswith("link")
+
+
 def _block(
     conn: Connection,
     step: Mapping[str, Any],
@@ -372,11 +385,13 @@ def _block(
     *,
     actor: str,
     now: datetime | None,
+    cancelled: bool = False,
 ) -> list[PendingMessage]:
-    """Mark ``step`` and what waits on it blocked (once: a guarded update); a chord's
-    body starts its errbacks, once."""
+    """Mark ``step`` and what waits on it blocked (once: a guarded update): ``cancelled``,
+    else as a failure upstream makes it; a chord's body failed so starts its errbacks,
+    once."""
     chord = isinstance(step["after"], list)
-    outcome = CHORD_FAILED if chord else UPSTREAM_FAILED
+    outcome = CANCELLED if cancelled else CHORD_FAILED if chord else UPSTREAM_FAILED
     stmt = (
         update(STEPS)
         .where(STEPS.c.job_id == step["job_id"], STEPS.c.blocked_at.is_(None))
@@ -384,9 +399,9 @@ def _block(
     )
     if conn.execute(stmt).rowcount != 1:
         return []
-    messages = _errbacks(conn, step, actor=actor) if chord else []
+    messages = _errbacks(conn, step, actor=actor) if chord and not cancelled else []
     for later in _steps(conn, step["next"]):
-        messages += _block(conn, later, reason, actor=actor, now=now)
+        messages += _block(conn, later, reason, actor=actor, now=now, cancelled=cancelled)
     return messages
 
 

@@ -193,6 +193,7 @@ def _succeed(app: Celery, ctx: RunContext, value: Any, kept: Any, *, flushed: bo
                 actor=ctx.worker,
                 result=kept,
                 started=started,
+                chain_ended=ctx.chain_ended,
             )
             return _let_go(conn, ctx, done), started
 

@@ -39,6 +39,9 @@ class RunContext:
     failed_with: BaseException | None = field(default=None)
     # The runs this attempt's outcome gave its key's slot (a limited key), to publish.
     granted: key_slots.Granted = field(default=key_slots.Granted())
+    # A canvas step whose body ended its chain (``self.request.chain = None``): its
+    # success starts none of the chain's later steps (journal/workflow.py).
+    chain_ended: bool = field(default=False)
     _entered: Token[RunContext | None] | None = field(default=None, init=False, repr=False)
 
     def __enter__(self) -> RunContext:

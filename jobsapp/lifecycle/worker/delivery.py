@@ -285,7 +285,7 @@ def _run_envelope(
     at_limit = None if eager else _limited(task, request, ctx, rules)
     step = None if row.workflow_id is None else _step(task, row, job)
     lineage = _lineage(request, env, job) if step is None else step
-    ended = run_attempt(task.app, ctx, lambda: call_body(task, row, job, lineage, call), rules)
+    ended = run_attempt(task.app, ctx, lambda: call_body(task, row, job, lineage, call, ctx), rules)
     if at_limit is not None:
         ended = at_limit.instead_of(ended)
     if ended.end is End.LEASE_LOST:
@@ -417,6 +417,9 @@ def _rules(task: Worked, settings: Settings, eager: bool) -> AttemptRules:
     return rules_of[eager]
 
 
+# What a canvas step's body finds in ``self.request.chain``: Celery's holds the chain's later
+# signatures, here in the journal (a body that empties it ends its chain, as in Celery).
+REST_OF_CANVAS = {"jobsapp": "the rest of this canvas is kept in the journal"}
 # The body's root_id, parent_id and group.
 Lineage = tuple[str, str | None, str | None]
 
@@ -449,11 +452,19 @@ def _step(task: Worked, row: Run, job: str) -> Lineage | None:
     return kept["root_id"] or job, kept.get("parent_id"), kept.get("group")
 
 
-def call_body(task: Worked, row: Run, job: str, lineage: Lineage, call: Call | None = None) -> Any:
+def call_body(
+    task: Worked,
+    row: Run,
+    job: str,
+    lineage: Lineage,
+    call: Call | None = None,
+    ctx: RunContext | None = None,
+) -> Any:
     """The body, its ``self.request`` the caller's view as in Celery: the job's task id
     (``job``, its ``correlation_id`` too), the body's own arguments (``call``, when already
     decoded), ``retries`` the attempts before this one, its ``root_id``, ``parent_id`` and
-    ``group`` (``lineage``), the run's ``expires``."""
+    ``group`` (``lineage``), the run's ``expires``. A canvas step's ``chain`` is a list
+    that its body may set to None to end its chain, as in Celery (``ctx.chain_ended``)."""
     args, kwargs, headers = call if call is not None else row.call(task.run_table)
     if errback.MARK in kwargs:
         args, kwargs = errback.arguments(task.app, args, kwargs)
@@ -469,6 +480,8 @@ def call_body(task: Worked, row: Run, job: str, lineage: Lineage, call: Call | N
         own[task_hooks.IN_BODY] = True
     if row.expires_at is not None:  # the journal expires the run, not the broker its message
         own["expires"] = row.expires_at.isoformat()
+    if row.workflow_id is not None:  # the rest of the canvas is the journal's, not the message's
+        own["chain"] = [REST_OF_CANVAS]
     # Celery's push_request copies the current request's fields under these.
     task.push_request(
         **own,
@@ -485,7 +498,10 @@ def call_body(task: Worked, row: Run, job: str, lineage: Lineage, call: Call | N
     try:
         if task.hooked:  # Celery calls before_start before the body; the tracer's was held
             task.before_start(job, list(args), kwargs)
-        return task.run(*args, **kwargs) if around is None else around(task, *args, **kwargs)
+        value = task.run(*args, **kwargs) if around is None else around(task, *args, **kwargs)
+        if ctx is not None and "chain" in own and not task.request.chain:
+            ctx.chain_ended = True
+        return value
     finally:
         task.pop_request()
 
