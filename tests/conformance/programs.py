@@ -347,6 +347,20 @@ def chain_ended_by_a_step(s: Side) -> Any:
     return [ended, bodies.runs(t), c.state, c.ready()]
 
 
+def revoke_many(s: Side) -> Any:
+    a = s.add.apply_async((1, 1), countdown=1)
+    b = s.add.apply_async((2, 2), countdown=1)
+    s.app.control.revoke([a.id, b.id])
+    g = group(s.add.s(3, 3), s.add.s(4, 4)).apply_async(countdown=1)
+    g.revoke()
+    return [
+        [raised(lambda: a.get(timeout=WAIT))[0], a.state],
+        [raised(lambda: b.get(timeout=WAIT))[0], b.state],
+        [r.state for r in g.results],
+        raised(lambda: g.get(timeout=WAIT))[0],
+    ]
+
+
 def whereabouts(s: Side) -> Any:
     return s.whereabouts.delay().get(timeout=WAIT)
 
@@ -895,6 +909,15 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         [True, [2, 3], {}, 0, True],
     ),
     "a step sets self.request.chain = None": (chain_ended_by_a_step, [2, 0, "PENDING", False]),
+    "app.control.revoke([ids]), GroupResult.revoke()": (
+        revoke_many,
+        [
+            ["TaskRevokedError", "REVOKED"],
+            ["TaskRevokedError", "REVOKED"],
+            ["REVOKED", "REVOKED"],
+            "TaskRevokedError",
+        ],
+    ),
     "self.request.hostname, is_eager, called_directly, task": (
         whereabouts,
         [True, False, False, True],

@@ -152,7 +152,7 @@ def test_a_step_that_ends_its_chain_cancels_the_rest_and_keeps_its_links(
     assert [steps[p]["blocked_outcome"] for p in ("0.1", "0.2")] == ["cancelled", "cancelled"]
     assert _run(pg, steps["0.1"]["job_id"]) is None
     link = _run(pg, steps["0.0.link0"]["job_id"])
-    assert link is not None and link["state"] == "queued"
+    assert (link or {}).get("state") == "queued"
     assert handle.state == "REVOKED"
 
 
