@@ -361,6 +361,21 @@ def revoke_many(s: Side) -> Any:
     ]
 
 
+def countdown_of_a_step(s: Side) -> Any:
+    # A step's own countdown counts from when what it waits for ended; a group's member's
+    # from the group's start.
+    c = chain(s.add.s(1, 1), s.add.s(2).set(countdown=1.5)).apply_async()
+    first = c.parent.get(timeout=WAIT)
+    ended = time.monotonic()
+    value = c.get(timeout=WAIT)
+    later = time.monotonic() - ended
+    start = time.monotonic()
+    g = group(s.add.s(1, 1).set(countdown=1.5), s.add.s(2, 2)).apply_async()
+    quick = g.results[1].get(timeout=WAIT)
+    slow = g.results[0].get(timeout=WAIT)
+    return [first, value, later >= 1.0, quick, slow, time.monotonic() - start >= 1.5]
+
+
 def whereabouts(s: Side) -> Any:
     return s.whereabouts.delay().get(timeout=WAIT)
 
@@ -918,6 +933,7 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
             "TaskRevokedError",
         ],
     ),
+    "sig.set(countdown=) of a canvas step": (countdown_of_a_step, [2, 4, True, 4, 2, True]),
     "self.request.hostname, is_eager, called_directly, task": (
         whereabouts,
         [True, False, False, True],

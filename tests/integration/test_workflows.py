@@ -492,7 +492,8 @@ def _step_columns(names: set[str], url: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("revision", "below", "column"), [("0020", "0019", "members_left"), ("0031", "0030", "lineage")]
+    ("revision", "below", "column"),
+    [("0020", "0019", "members_left"), ("0031", "0030", "lineage"), ("0032", "0031", "countdown")],
 )
 def test_a_migration_of_workflow_steps_goes_down_and_up(
     tmp_path: Path, revision: str, below: str, column: str

@@ -89,8 +89,8 @@ def test_the_same_canvas_compiles_to_the_same_steps() -> None:
 
 
 def test_refused_before_anything_is_written() -> None:
-    with pytest.raises(TypeError, match=r"does not support \['countdown'\] on a step"):
-        compiled(chain(t.add.s(1, 1), t.add.s(2).set(countdown=5)))
+    with pytest.raises(TypeError, match=r"does not support \['expires'\] on a step"):
+        compiled(chain(t.add.s(1, 1), t.add.s(2).set(expires=5)))
     with pytest.raises(TypeError, match="only tasks of the jobs table run in a canvas"):
         compiled(chain(t.add.s(1, 1), app.tasks[ATTACHMENT_TASK].si(attachment_id="a")))
     with pytest.raises(TypeError, match="cannot link a callback to group"):
@@ -149,3 +149,9 @@ def test_a_started_steps_parent_is_the_step_whose_end_started_it() -> None:
     first = {"lineage": {"root_id": "s", "parent_id": "p", "group": None}}
     assert body_lineage(first, None) == first["lineage"]
     assert body_lineage({"lineage": None}, started_by) is None  # written before migration 0031
+
+
+def test_a_steps_own_countdown_is_kept_with_it() -> None:
+    steps = compiled(chain(t.add.s(1, 1), t.add.s(2).set(countdown=5)))
+    assert [steps[p].countdown for p in ("0.0", "0.1")] == [None, 5.0]
+    assert compiled(t.add.s(1, 1).set(countdown=0))["0"].countdown is None

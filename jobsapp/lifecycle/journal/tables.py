@@ -335,6 +335,9 @@ class WorkflowStep(Base):
     # the canvas says (migration 0031): a step started by a success takes its parent, and a
     # root left out, from the step that started it (null: written before 0031).
     lineage: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # Seconds the step's run waits after the transaction that starts it (Celery's
+    # ``sig.set(countdown=...)`` on a step; migration 0032); null: none.
+    countdown: Mapped[float | None] = mapped_column(Float)
     # Set when what the step waits for failed for good: it will not run (``upstream_failed``,
     # or ``chord_failed`` for a chord's body), unless a replay of that step succeeds.
     blocked_at: Mapped[datetime | None]

@@ -75,6 +75,8 @@ class Step:
     errbacks: Sequence[str] = ()
     # What the canvas says of the body's root_id, parent_id and group (``lineage``).
     lineage: Mapping[str, str | None] | None = None
+    # Seconds its run waits after what it waits for (its own ``countdown``).
+    countdown: float | None = None
 
     def row(self) -> dict[str, Any]:
         """The step's row but its ``created_at`` (the statement's clock)."""
@@ -98,6 +100,7 @@ class Step:
             "blocked_outcome": None,
             "members_left": _members(self.after),
             "lineage": None if self.lineage is None else dict(self.lineage),
+            "countdown": self.countdown,
         }
 
 
@@ -172,6 +175,10 @@ def new_job(
         queue=step["queue"],
         priority=step["priority"],
         workflow_id=uuid.UUID(str(step["workflow_id"])),
+        # Due that long after the transaction that starts it, as Celery sends a step with
+        # its own countdown once what it waits for ended (a canvas's own countdown, given
+        # to its first steps by ``start``'s ``due``, comes after and wins, as in Celery).
+        delay=timedelta(seconds=step["countdown"]) if step.get("countdown") else None,
     )
 
 

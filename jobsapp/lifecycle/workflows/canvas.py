@@ -43,7 +43,7 @@ from jobsapp.lifecycle.transport import outbox
 from jobsapp.settings import get_settings
 
 # What a signature in a lifecycle canvas may carry besides its arguments.
-_KNOWN_OPTIONS = frozenset({"queue", "priority", "task_id", "link", "link_error"})
+_KNOWN_OPTIONS = frozenset({"queue", "priority", "task_id", "link", "link_error", "countdown"})
 # What Celery's freeze() adds to a step that changes nothing here: where its RPC backend
 # would send the value, its place in its group (a group's steps keep their order) and, in
 # a chord's header, the chord's body (the workflow's steps hold it).
@@ -249,6 +249,7 @@ class Compiler:
                 or getattr(task, "queue", None),
                 "priority": _priority(options, task),
                 "lineage": self._lineage(job_id, None if trigger == START else after),
+                "countdown": _countdown(options.get("countdown")),
             }
         )
         return job_id
@@ -304,6 +305,12 @@ def _options(sig: Signature) -> Mapping[str, Any]:
             f"step (a step takes {sorted(_KNOWN_OPTIONS)})"
         )
     return sig.options
+
+
+def _countdown(given: Any) -> float | None:
+    """A step's own countdown, in seconds (none, or one not ahead, is no delay)."""
+    seconds = float(given) if given is not None else 0.0
+    return seconds if seconds > 0 else None
 
 
 def _priority(options: Mapping[str, Any], task: Any) -> int | None:
