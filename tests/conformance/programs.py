@@ -376,6 +376,24 @@ def countdown_of_a_step(s: Side) -> Any:
     return [first, value, later >= 1.0, quick, slow, time.monotonic() - start >= 1.5]
 
 
+def canvas_shapes(s: Side) -> Any:
+    shapes: list[tuple[Any, tuple[Any, ...]]] = [
+        (chord([s.add.s(1, 1), s.add.s(2, 2)], group(s.tsum.s(), s.tsum.s())), ()),
+        (group(s.add.s(1), s.add.s(2)), (10,)),
+        (group(s.add.s(1, 1), s.add.s(2, 2)) | group(s.tsum.s(), s.tsum.s()), ()),
+        (chain(s.add.s(1, 1), group(s.add.s(1), s.add.s(2)), group(s.tsum.s(), s.tsum.s())), ()),
+        (group(chord([s.add.s(1, 1)], s.tsum.s()), chord([s.add.s(2, 2)], s.tsum.s())), ()),
+        (chain(chord([s.add.s(1, 1), s.add.s(2, 2)], s.tsum.s()), s.add.s(100)), ()),
+    ]
+    out = []
+    for canvas, args in shapes:
+        try:
+            out.append(canvas.apply_async(args).get(timeout=WAIT))
+        except Exception as exc:  # noqa: BLE001 - a refused shape is an answer too
+            out.append([type(exc).__name__, str(exc)[:80]])
+    return out
+
+
 def whereabouts(s: Side) -> Any:
     return s.whereabouts.delay().get(timeout=WAIT)
 
@@ -934,6 +952,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         ],
     ),
     "sig.set(countdown=) of a canvas step": (countdown_of_a_step, [2, 4, True, 4, 2, True]),
+    "canvas shapes: a chord with a group body, group partial args, group | group, ...": (
+        canvas_shapes,
+        [[6, 6], [11, 12], [6, 6], [7, 7], [2, 4], 106],
+    ),
     "self.request.hostname, is_eager, called_directly, task": (
         whereabouts,
         [True, False, False, True],
