@@ -21,6 +21,7 @@ from celery.utils.log import get_multiprocessing_logger
 
 from jobsapp import preflight
 from jobsapp.db import dispose_engines
+from jobsapp.lifecycle.celery_api.configured import AfterConfigure
 from jobsapp.lifecycle.flow.gating import held_while_paused, while_paused
 from jobsapp.lifecycle.transport.hooks import add_publish_filter
 from jobsapp.lifecycle.worker.claim import add_claim_hold
@@ -121,6 +122,8 @@ def create_app() -> Celery:
     settings = get_settings()
     # Revokes of lifecycle jobs are kept in the journal (lifecycle/celery_api/revoke.py).
     celery_app = Celery("jobsapp", control="jobsapp.lifecycle.celery_api.revoke:JournalControl")
+    # Before anything reads its configuration: a team's module connects to it later.
+    celery_app.on_after_configure = AfterConfigure(celery_app)
     celery_app.config_from_object(celery_settings())
     celery_app.steps["consumer"].add("jobsapp.lifecycle.transport.guard:DeadLetterQueue")
     celery_app.steps["consumer"].add("jobsapp.lifecycle.worker.held_events:HeldTaskEvents")

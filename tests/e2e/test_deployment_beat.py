@@ -1,7 +1,8 @@
 """A team's first deploy adds its own periodic task the Celery way, and maintenance keeps
 running: a real ``celery -A jobsapp beat`` on the embedded default, in a folder holding the
 deployment's ``celeryconfig.py`` (or a task module that assigns ``app.conf.beat_schedule``,
-as docs/periodic.md shows), runs every maintenance pass and the deployment's entry, and
+as docs/periodic.md shows, or adds it in Celery's documented ``on_after_configure``
+receiver), runs every maintenance pass and the deployment's entry, and
 ``jobsapp maintenance leader`` says so."""
 
 from __future__ import annotations
@@ -19,12 +20,23 @@ from tests.support.waiting import eventually
 JOBSAPP = [sys.executable, "-m", "jobsapp.cli"]
 BEAT = [sys.executable, "-m", "celery", "-A", "jobsapp", "beat", "-l", "info"]
 RATES = '{"refresh-rates": {"task": "deploy.refresh_rates", "schedule": 1.0}}'
+# Celery's documented receiver: jobsapp's app is configured before this module is
+# imported, and Celery calls no receiver connected after that.
+AFTER_CONFIGURE = """from jobsapp.celery_app import app
+
+
+@app.on_after_configure.connect
+def setup_periodic_tasks(sender, **kwargs):
+    rates = sender.signature("deploy.refresh_rates")
+    sender.add_periodic_task(1.0, rates, name="refresh-rates")
+"""
 WAYS = {
     "celeryconfig": ("celeryconfig.py", f"beat_schedule = {RATES}\n"),
     "app-conf": (
         "deploy_tasks.py",
         f"from jobsapp.celery_app import app\n\napp.conf.beat_schedule = {RATES}\n",
     ),
+    "on-after-configure": ("deploy_tasks.py", AFTER_CONFIGURE),
 }
 
 pytestmark = pytest.mark.timeout(90)
