@@ -180,13 +180,16 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         on the run for every attempt's ``self.request``. ``add_to_parent``,
         ``compression``, ``ignore_result`` and ``serializer='json'`` change nothing a job
         keeps, and so do ``retry`` and ``retry_policy`` (the outbox publishes every
-        message until the broker takes it); other Celery options are refused with what
-        to do instead.
+        message until the broker takes it), Celery's ``producer`` and a kombu
+        ``connection`` (the message goes through jobsapp's publisher after COMMIT); other
+        Celery options are refused with what to do instead.
         Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
         """
         callbacks = {o: options.pop(o) for o in ("link", "link_error") if options.get(o)}
         if options:  # the plain call pays nothing for the check
             applied.refuse(self.name, applied.unsupported(options))
+        if connection is not None and not isinstance(connection, Connection):
+            connection = applied.journal_connection(self.name, connection)
         schedule = {
             "countdown": countdown,
             "eta": eta,

@@ -394,6 +394,20 @@ def canvas_shapes(s: Side) -> Any:
     return out
 
 
+def on_one_broker_connection(s: Side) -> Any:
+    """Celery's "Calling Tasks" guide: many calls on one connection, or one producer."""
+    with s.app.pool.acquire(block=True) as conn:
+        on_connection = [s.add.apply_async((i, i), connection=conn) for i in range(3)]
+    with s.app.producer_or_acquire() as producer:
+        on_producer = [s.add.apply_async((i, 1), producer=producer) for i in range(3)]
+        by_name = s.app.send_task(s.add.name, (5, 5), producer=producer)
+    return [
+        [r.get(timeout=WAIT) for r in on_connection],
+        [r.get(timeout=WAIT) for r in on_producer],
+        by_name.get(timeout=WAIT),
+    ]
+
+
 def whereabouts(s: Side) -> Any:
     return s.whereabouts.delay().get(timeout=WAIT)
 
@@ -955,6 +969,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "canvas shapes: a chord with a group body, group partial args, group | group, ...": (
         canvas_shapes,
         [[6, 6], [11, 12], [6, 6], [7, 7], [2, 4], 106],
+    ),
+    "apply_async(connection=app.pool.acquire()), apply_async(producer=), send_task(producer=)": (
+        on_one_broker_connection,
+        [[0, 2, 4], [1, 2, 3], 10],
     ),
     "self.request.hostname, is_eager, called_directly, task": (
         whereabouts,

@@ -281,6 +281,13 @@ def test_an_unsupported_celery_option_is_refused_with_what_to_do_instead(db: Eng
     assert _count(db, JobRun.__table__) == 1
 
 
+def test_a_connection_that_is_neither_a_transaction_nor_a_broker_is_refused(db: Engine) -> None:
+    # connection= is Celery's broker connection or a SQLAlchemy Connection to join.
+    with pytest.raises(TypeError, match=r"connection= takes a SQLAlchemy Connection .* not str"):
+        tasks.echo.apply_async(args=("x",), connection="postgresql://elsewhere")
+    assert _count(db, JobRun.__table__) == 0
+
+
 def test_the_relay_reports_a_message_nobody_claims_and_a_task_nobody_registered(
     pg: Engine, redis_clean: None, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from celery import Celery
+from kombu import Connection as KombuConnection
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
@@ -28,9 +29,18 @@ _UNSUPPORTED = {
 # whatever ignore_result says (docs/celery-compat.md), no run records children, and the
 # outbox publishes every message until the broker takes it, whatever retry says;
 # reply_to (set by a signature's freeze()) names where Celery's RPC backend would send the
-# value, which the journal keeps instead.
+# value, which the journal keeps instead; a producer (Celery's way to publish many on one
+# connection) is jobsapp's publisher's to choose, after the journal's COMMIT.
 _WITHOUT_EFFECT = frozenset(
-    {"add_to_parent", "compression", "ignore_result", "reply_to", "retry", "retry_policy"}
+    {
+        "add_to_parent",
+        "compression",
+        "ignore_result",
+        "producer",
+        "reply_to",
+        "retry",
+        "retry_policy",
+    }
 )
 
 
@@ -41,6 +51,18 @@ def unsupported(options: Mapping[str, Any]) -> set[str]:
         for name, value in options.items()
         if name not in _WITHOUT_EFFECT and not (name == "serializer" and value == "json")
     }
+
+
+def journal_connection(name: str, given: Any) -> Connection | None:
+    """``apply_async(connection=...)`` that is not SQLAlchemy's (the transaction a job joins):
+    Celery's own broker connection (``app.pool.acquire()``), taken as ``producer`` is, or
+    a one-line ``TypeError``."""
+    if isinstance(given, KombuConnection):
+        return None
+    raise TypeError(
+        f"{name}.apply_async: connection= takes a SQLAlchemy Connection (the enqueue joins "
+        f"its transaction) or Celery's broker connection, not {type(given).__name__}"
+    )
 
 
 def refuse(name: str, options: Collection[str]) -> None:
