@@ -408,6 +408,19 @@ def on_one_broker_connection(s: Side) -> Any:
     ]
 
 
+def skew_and_a_chains_link(s: Side) -> Any:
+    start = time.monotonic()
+    spread = group(s.add.s(i, i) for i in range(3)).skew(start=0, stop=1.0).apply_async()
+    spread_values = spread.get(timeout=WAIT)
+    t = token()
+    c = chain(s.add.s(1, 1), s.add.s(2)).apply_async(link=s.count_run.si(t))
+    value = c.get(timeout=WAIT)
+    deadline = time.monotonic() + WAIT
+    while bodies.runs(t) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [spread_values, time.monotonic() - start >= 1.0, value, bodies.runs(t)]
+
+
 def whereabouts(s: Side) -> Any:
     return s.whereabouts.delay().get(timeout=WAIT)
 
@@ -973,6 +986,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "apply_async(connection=app.pool.acquire()), apply_async(producer=), send_task(producer=)": (
         on_one_broker_connection,
         [[0, 2, 4], [1, 2, 3], 10],
+    ),
+    "group(...).skew(start=, stop=), chain(...).apply_async(link=)": (
+        skew_and_a_chains_link,
+        [[0, 2, 4], True, 4, 1],
     ),
     "self.request.hostname, is_eager, called_directly, task": (
         whereabouts,
