@@ -11,6 +11,8 @@ guarantee behind each.
 
 from __future__ import annotations
 
+import copy
+import pickle
 import time
 import uuid
 from collections.abc import Callable
@@ -22,7 +24,7 @@ from typing import Any
 from uuid import UUID
 
 from celery import Celery, chain, chord, group, signature
-from celery.result import AsyncResult, GroupResult, ResultSet
+from celery.result import AsyncResult, GroupResult, ResultSet, result_from_tuple
 from kombu import Queue
 from kombu.exceptions import EncodeError
 
@@ -419,6 +421,21 @@ def skew_and_a_chains_link(s: Side) -> Any:
     while bodies.runs(t) < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     return [spread_values, time.monotonic() - start >= 1.0, value, bodies.runs(t)]
+
+
+def a_handle_as_a_value(s: Side) -> Any:
+    """A result kept the ways teams keep one: compared, in a set, as a tuple, pickled (a
+    session, a cache), copied."""
+    r = s.add.delay(2, 2)
+    same = AsyncResult(r.id, app=s.app)
+    return [
+        [r == r.id, r == same, r != "x", str(r) == r.id, r.task_id == r.id],
+        [hash(r) == hash(r.id), len({r, same})],
+        result_from_tuple(r.as_tuple(), app=s.app).get(timeout=WAIT),
+        pickle.loads(pickle.dumps(r)).get(timeout=WAIT),  # noqa: S301 - our own bytes
+        copy.copy(r).get(timeout=WAIT),
+        isinstance(r, AsyncResult),
+    ]
 
 
 def whereabouts(s: Side) -> Any:
@@ -990,6 +1007,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "group(...).skew(start=, stop=), chain(...).apply_async(link=)": (
         skew_and_a_chains_link,
         [[0, 2, 4], True, 4, 1],
+    ),
+    "a result handle as a value: ==, hash, as_tuple(), pickle, copy": (
+        a_handle_as_a_value,
+        [[True, True, True, True, True], [True, 1], 4, 4, 4, True],
     ),
     "self.request.hostname, is_eager, called_directly, task": (
         whereabouts,
