@@ -15,7 +15,7 @@ import uuid
 from typing import Any, ClassVar
 
 import pytest
-from celery import Celery, Task
+from celery import Celery, Task, shared_task
 from celery.worker.request import Request
 from sqlalchemy import Engine
 
@@ -190,3 +190,21 @@ def test_before_start_hears_the_job_once_a_run_starts_and_not_for_a_duplicate(
     started = [h for h in HEARD if h[0] == "before_start"]
     assert ("before_start", handle.id, [5], {}, handle.id) in started
     assert len([h for h in started if h[2] == [5]]) == 1
+
+
+@shared_task(base=LifecycleTask, name="tests.team_task_class.shared", bind=True)
+def _shared(self: Any, x: int) -> list[Any]:
+    return [x * 2, self.request.id]
+
+
+def test_a_shared_task_with_the_lifecycle_base_is_a_lifecycle_task(
+    db: Engine, redis_clean: None
+) -> None:
+    # Django projects declare tasks with @shared_task (the app decided at import): with
+    # base=LifecycleTask each call is a run in the journal on jobsapp's app.
+    declared = app.tasks["tests.team_task_class.shared"]
+    assert isinstance(declared, LifecycleTask)
+    with in_process_worker():
+        handle = _shared.delay(21)
+        assert handle.get(timeout=30) == [42, handle.id]
+    assert run_row(db, uuid.UUID(handle.id))["state"] == "succeeded"
