@@ -355,11 +355,9 @@ def revoke_many(s: Side) -> Any:
     s.app.control.revoke([a.id, b.id])
     g = group(s.add.s(3, 3), s.add.s(4, 4)).apply_async(countdown=1)
     g.revoke()
-    return [
-        [raised(lambda: a.get(timeout=WAIT))[0], a.state],
-        [raised(lambda: b.get(timeout=WAIT))[0], b.state],
-        [r.state for r in g.results],
-        raised(lambda: g.get(timeout=WAIT))[0],
+    # Celery's revoke reaches the workers later: each answer is read once get() raised.
+    return [[raised(lambda r=r: r.get(timeout=WAIT))[0], r.state] for r in (a, b, *g.results)] + [
+        raised(lambda: g.get(timeout=WAIT))[0]
     ]
 
 
@@ -988,12 +986,7 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "a step sets self.request.chain = None": (chain_ended_by_a_step, [2, 0, "PENDING", False]),
     "app.control.revoke([ids]), GroupResult.revoke()": (
         revoke_many,
-        [
-            ["TaskRevokedError", "REVOKED"],
-            ["TaskRevokedError", "REVOKED"],
-            ["REVOKED", "REVOKED"],
-            "TaskRevokedError",
-        ],
+        [*[["TaskRevokedError", "REVOKED"]] * 4, "TaskRevokedError"],
     ),
     "sig.set(countdown=) of a canvas step": (countdown_of_a_step, [2, 4, True, 4, 2, True]),
     "canvas shapes: a chord with a group body, group partial args, group | group, ...": (
