@@ -72,8 +72,6 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     # ``concurrency_key``), one per key.
     rate: ClassVar[str | None] = None
     rate_key: ClassVar[str | None] = None
-    # Celery would check the message kwargs against run()'s signature; ours differ.
-    typing = False
     ignore_result = True
     # An attempt's failure is journalled and logged by jobsapp: Celery logs it briefly.
     throws = (AttemptFailed,)
@@ -130,6 +128,14 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         """Override to make the job id a function of the arguments (natural idempotency)."""
         del args, kwargs
         return None
+
+    @property
+    def checks_call(self) -> bool:
+        """Celery's ``typing``: a call that does not fit the body is refused at the call.
+        Declared ``typing=False`` (or an app's ``strict_typing=False``), it is enqueued as
+        given and fails in the worker, as Celery's does, unless the task's key or rate
+        key needs the arguments by name."""
+        return bool(self.typing) or self.key is not None or self.rate_key is not None
 
     @cached_property
     def _signature(self) -> inspect.Signature:

@@ -366,6 +366,7 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "count_run": _count_run,
     "call_fields": _call_fields,
     "acks_late": _add,
+    "untyped": _add,
     "start_hooked": _hooked,
 }
 
@@ -407,4 +408,5 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "ends_chain": {"bind": True},
     "call_fields": {"bind": True, "time_limit": 30, "soft_time_limit": 20},
     "acks_late": {"acks_late": True, "reject_on_worker_lost": True},
+    "untyped": {"typing": False, "max_retries": 0},
 }

@@ -489,6 +489,12 @@ def missing_argument_at_the_call(s: Side) -> Any:
     return raised(lambda: s.add.delay(1))
 
 
+def unchecked_call(s: Side) -> Any:
+    """``typing=False``: the call is not checked where it is made; the worker's is."""
+    r = s.untyped.delay(1)
+    return [raised(lambda: r.get(timeout=WAIT)), r.state]
+
+
 def forget_a_result(s: Side) -> Any:
     r = s.add.delay(20, 22)
     value = r.get(timeout=WAIT)
@@ -1023,6 +1029,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "delay() missing an argument": (
         missing_argument_at_the_call,
         ["TypeError", "_add() missing 1 required positional argument: 'y'"],
+    ),
+    "typing=False and a call that does not fit": (
+        unchecked_call,
+        [["TypeError", "_add() missing 1 required positional argument: 'y'"], "FAILURE"],
     ),
     "forget()": (forget_a_result, [42, "PENDING"]),
     # exceptions and retries

@@ -214,6 +214,25 @@ def test_a_task_id_of_the_callers_own_is_its_job_and_stays_its_id(
     assert (again.id, again.job_id, again.outcome) == (later, first.job_id, "duplicate")
 
 
+def test_a_call_that_does_not_fit_a_typing_false_task_fails_in_the_worker_once(
+    worker: object, db: Engine
+) -> None:
+    # Celery's typing=False: the call is sent as given and the worker's call of the body
+    # raises, as in Celery; a mistake in the call, so the run is not retried.
+    sent = habit_tasks.untyped.delay("a", "b")
+    with pytest.raises(TypeError, match=r"untyped\(\) takes 1 positional argument but 2 were"):
+        sent.get(timeout=30)
+    row = run_row(db, sent.job_id)
+    assert (row["state"], row["attempts"], row["outcome"]) == ("failed", 1, "permanent")
+    # A key is made of the arguments by name: such a call is refused where it is made.
+    with pytest.raises(TypeError, match=r"takes 1 positional argument but 2 were given"):
+        habit_tasks.untyped_keyed.delay("a", "b")
+    # Celery's default checks the call: refused, nothing written.
+    with pytest.raises(TypeError, match=r"takes 1 positional argument but 2 were given"):
+        tasks.echo.delay("a", "b")
+    assert _count(db, JobRun.__table__) == 1
+
+
 def test_a_job_id_that_is_not_a_uuid_is_refused_with_what_to_pass(db: Engine) -> None:
     with pytest.raises(
         ValueError,

@@ -16,3 +16,14 @@ QUEUE_B = f"habits-b-{os.environ.get('JOBSAPP_TEST_NAMESPACE', 'local')}"
 def on_b(token: str, fail_times: int = 0) -> None:
     if record(token) <= fail_times:
         raise ConnectionError("upstream down")
+
+
+# Celery's typing=False: a call is not checked against the body where it is made.
+@lifecycle_task(app, name="tests.habits.untyped", typing=False, retry_policy=FAST_RETRY)
+def untyped(token: str) -> None:
+    record(token)
+
+
+@lifecycle_task(app, name="tests.habits.untyped_keyed", typing=False, key="untyped:{token}")
+def untyped_keyed(token: str) -> None:
+    record(token)

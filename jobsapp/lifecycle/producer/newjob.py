@@ -49,6 +49,9 @@ class Declared(Protocol):
     @property
     def _signature(self) -> inspect.Signature: ...
 
+    @property
+    def checks_call(self) -> bool: ...
+
     def concurrency_key(self, job_id: uuid.UUID, values: Mapping[str, Any]) -> str: ...
 
     def derive_job_id(
@@ -110,10 +113,13 @@ def row_values(
 
 
 def named(task: Declared, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The body's arguments by name, defaults included, for the key template."""
+    """The body's arguments by name, defaults included, for the key template; none for a
+    call that does not fit a task that does not check its calls (``checks_call``)."""
     try:
         bound = task._signature.bind(*args, **kwargs)
     except TypeError as bad:
+        if not task.checks_call:
+            return {}
         raise _refusal(task, args, kwargs, bad) from None
     bound.apply_defaults()
     return dict(bound.arguments)
