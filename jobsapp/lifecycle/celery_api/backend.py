@@ -102,6 +102,8 @@ class JournalBackend(BaseBackend):
     def __init__(self, app: Celery, url: str | None = None, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self.url = url
+        # (task, the run's queue) -> (the router that routed it, its routing key).
+        self._routed: dict[tuple[str, str | None], tuple[Any, str | None]] = {}
 
     def as_uri(self, include_password: bool = False) -> str:
         del include_password
@@ -231,10 +233,18 @@ class JournalBackend(BaseBackend):
 
     def _routed_to(self, row: Answer) -> str | None:
         """The routing key the run's messages went with: its queue's, as Celery's router
-        routes it (the row keeps a queue only when the call named one)."""
-        options = {"queue": row.queue} if row.queue else {}
-        queue = self.app.amqp.router.route(options, row.task_name).get("queue")
-        return getattr(queue, "routing_key", None) or getattr(queue, "name", None)
+        routes it (the row keeps a queue only when the call named one). Routed once per
+        task and queue while the app keeps its router (its routes are read once, into it):
+        a ``get()`` reads the meta at every poll."""
+        router = self.app.amqp.router
+        kept = self._routed.get((row.task_name, row.queue))
+        if kept is None or kept[0] is not router:
+            options = {"queue": row.queue} if row.queue else {}
+            queue = router.route(options, row.task_name).get("queue")
+            key = getattr(queue, "routing_key", None) or getattr(queue, "name", None)
+            kept = self._routed[row.task_name, row.queue] = (router, key)
+        routing_key: str | None = kept[1]
+        return routing_key
 
     def _tracks_started(self, row: Answer) -> bool:
         """Celery says ``STARTED`` only for a task with ``track_started`` (the task's own,

@@ -31,7 +31,12 @@ EVENTS: Table = JobEvent.__table__  # type: ignore[assignment]
 
 def upsert(conn: Connection, table: Table) -> pg_dml.Insert | sqlite_dml.Insert:
     """INSERT with the dialect's ON CONFLICT support (both spell it the same)."""
-    return pg_insert(table) if conn.dialect.name == "postgresql" else sqlite_insert(table)
+    return upsert_of(conn.dialect.name, table)
+
+
+def upsert_of(dialect: str, table: Table) -> pg_dml.Insert | sqlite_dml.Insert:
+    """``upsert`` for a dialect named ahead of any connection (a statement built once)."""
+    return pg_insert(table) if dialect == "postgresql" else sqlite_insert(table)
 
 
 def add_to_values(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -30,11 +30,9 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import Connection, Table, bindparam, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from jobsapp.lifecycle.journal import finished_counts, registry
-from jobsapp.lifecycle.journal._sql import _require_transaction
+from jobsapp.lifecycle.journal._sql import _require_transaction, upsert_of
 from jobsapp.lifecycle.journal.cancel import cancel
 from jobsapp.lifecycle.journal.clock import _clock_param, _stamp, clock
 from jobsapp.lifecycle.journal.enqueue_one import enqueue_new
@@ -145,8 +143,7 @@ def _write_steps(dialect: str) -> Any:
     """The steps' INSERT, built once: given a list of rows, SQLAlchemy sends them as one
     multi-row statement and compiles it once (a statement built per call with its rows in
     it cost some 30 Python calls a column of each row to compile)."""
-    insert = pg_insert if dialect == "postgresql" else sqlite_insert
-    stmt = insert(STEPS).values(created_at=_clock_param(dialect))
+    stmt = upsert_of(dialect, STEPS).values(created_at=_clock_param(dialect))
     return stmt.on_conflict_do_nothing(index_elements=[STEPS.c.job_id])
 
 
