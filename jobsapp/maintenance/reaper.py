@@ -136,15 +136,6 @@ def _reap_table(
     )
 
 
-def _shown_task_id(run: StaleRun) -> str:
-    """The task id Flower knows the attempt by: the one jobsapp published it under, except
-    the first attempt of a run its claim inserted (a plain ``send_task``), which ran under
-    the caller's own id, the job id itself (web/ui.py's ``attempt_task_ids`` agrees)."""
-    if run.attempt == 1 and run.inserted_by_claim:
-        return str(run.job_id)
-    return task_id_for(run.job_id, run.attempt)
-
-
 def _tell_celery(app: Celery, spec: RunTable, ended: list[tuple[StaleRun, str]]) -> None:
     """Each reaped attempt's end as Celery's own task event (``task-retried`` when the job
     was requeued, ``task-failed`` when it failed), so Flower shows the attempt of a killed
@@ -165,7 +156,11 @@ def _tell_celery(app: Celery, spec: RunTable, ended: list[tuple[StaleRun, str]])
                     kind = "task-retried" if should_requeue(run, spec) else "task-failed"
                     said = f"WorkerLostError('{reason}')"
                     dispatcher.send(
-                        kind, uuid=_shown_task_id(run), retry=False, exception=said, traceback=said
+                        kind,
+                        uuid=task_id_for(run.job_id, run.attempt),
+                        retry=False,
+                        exception=said,
+                        traceback=said,
                     )
             finally:
                 dispatcher.close()

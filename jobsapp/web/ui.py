@@ -482,14 +482,10 @@ def _scrubbed(text: str) -> str:
 
 def attempt_task_ids(job_id: uuid.UUID, events: Sequence[browse.EventRow]) -> dict[int, str]:
     """The Celery task id of each claimed attempt, as Flower lists it: the one jobsapp
-    published the attempt under, except for an attempt a worker claimed by inserting
-    the run (a message from outside the journal), whose task id is the producer's; for a
-    plain Celery call (``send_task`` by name) that is the job id itself."""
+    published the attempt under (the first attempt's is the job id, as is a plain
+    ``send_task``'s whose worker claimed it by inserting the run)."""
     claims = [e for e in events if e.transition == Transition.CLAIM.value]
-    return {
-        e.attempt: str(job_id) if e.from_state is None else task_id_for(job_id, e.attempt)
-        for e in claims
-    }
+    return {e.attempt: task_id_for(job_id, e.attempt) for e in claims}
 
 
 def _shown_args(args: str | None) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import task_postrun, task_prerun
 
 REDIS_URL = "CONFORMANCE_REDIS_URL"
 HOLD = 20.0  # the longest a body waits for its release
@@ -85,6 +86,25 @@ def _progress(self: Any, token: str) -> str:
     self.update_state(state="PROGRESS", meta={"step": 1, "token": token})
     _held(token)
     return "done"
+
+
+# What an error tracker or a tracer hangs on Celery's task signals: the task id each names.
+SIGNALLED = "conformance:signalled:{}:{}"
+
+
+@task_prerun.connect
+def _heard_prerun(task_id: str = "", **_: Any) -> None:
+    store().set(SIGNALLED.format("prerun", task_id), 1, ex=120)
+
+
+@task_postrun.connect
+def _heard_postrun(task_id: str = "", state: str = "", **_: Any) -> None:
+    store().set(SIGNALLED.format("postrun", task_id), state, ex=120)
+
+
+def signalled(signal: str, task_id: str) -> str | None:
+    """What the worker's receiver of ``signal`` heard for ``task_id`` (``1``, or a state)."""
+    return store().get(SIGNALLED.format(signal, task_id))
 
 
 def _held_body(token: str) -> str:

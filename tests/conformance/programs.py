@@ -25,6 +25,7 @@ from uuid import UUID
 
 from celery import Celery, chain, chord, group, signature
 from celery.result import AsyncResult, GroupResult, ResultSet, result_from_tuple
+from celery.signals import before_task_publish
 from kombu import Queue
 from kombu.exceptions import EncodeError
 
@@ -463,6 +464,40 @@ def running_without_track_started(s: Side) -> Any:
     finally:
         bodies.release(t)
     return [state, r.get(timeout=WAIT)]
+
+
+def ids_a_tracer_sees(s: Side) -> Any:
+    """The task id Celery's signals, ``inspect()`` and a publish receiver name for a call:
+    what an error tracker or a tracer ties to the caller's ``r.id``."""
+    published: list[str] = []
+
+    def heard(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        published.append(str((headers or {}).get("id")))
+
+    t = token()
+    before_task_publish.connect(heard)
+    try:
+        r = s.held.delay(t)
+    finally:
+        before_task_publish.disconnect(heard)
+    try:
+        started(t)
+        inspect = s.app.control.inspect(timeout=2)
+        found = any((inspect.query_task(r.id) or {}).values())
+        active = [x["id"] for xs in (inspect.active() or {}).values() for x in xs]
+    finally:
+        bodies.release(t)
+    r.get(timeout=WAIT)
+    deadline = time.monotonic() + WAIT
+    while bodies.signalled("postrun", r.id) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [
+        published == [r.id],
+        found,
+        r.id in active,
+        bodies.signalled("prerun", r.id),
+        bodies.signalled("postrun", r.id),
+    ]
 
 
 def request_in_a_bound_body(s: Side) -> Any:
@@ -1026,6 +1061,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "eager apply()": (eager_apply, [7, "SUCCESS", True, ["ValueError", "boom <token>"]]),
     "get() inside a task": (get_inside_a_task, "RuntimeError: Never call result.get() wit"),
     "get(disable_sync_subtasks=False) inside a task": (get_inside_a_task_allowed, 4),
+    "task_prerun/task_postrun, before_task_publish, inspect() of a call name r.id": (
+        ids_a_tracer_sees,
+        [True, True, True, "1", "SUCCESS"],
+    ),
     "delay() missing an argument": (
         missing_argument_at_the_call,
         ["TypeError", "_add() missing 1 required positional argument: 'y'"],

@@ -21,6 +21,7 @@ from jobsapp.lifecycle.rules.message import (
     Envelope,
     build_body,
     id_fields,
+    job_id_of_task,
     new_traceparent,
     parse,
     task_id_for,
@@ -407,18 +408,25 @@ def test_task_id_is_stable_for_one_attempt(job: uuid.UUID, attempt: int) -> None
     assert str(uuid.UUID(task_id)) == task_id
 
 
-@given(job=st.uuids(), attempt=st.integers(min_value=1, max_value=1_000_000))
-def test_a_task_id_is_the_name_based_uuid_of_its_job_and_attempt(
+@given(job=st.uuids())
+def test_a_first_attempts_task_id_is_its_jobs_id(job: uuid.UUID) -> None:
+    # The id the caller holds (r.id) is the one Celery's signals, inspect and Flower name.
+    assert task_id_for(job, 1) == str(job)
+    assert job_id_of_task(task_id_for(job, 1)) == job
+
+
+@given(job=st.uuids(), attempt=st.integers(min_value=2, max_value=1_000_000))
+def test_a_later_attempts_task_id_is_the_name_based_uuid_of_its_job_and_attempt(
     job: uuid.UUID, attempt: int
 ) -> None:
     assert task_id_for(job, attempt) == str(uuid.uuid5(_TASK_ID_NAMESPACE, f"{job}:{attempt}"))
 
 
-def test_task_ids_stored_before_stay_the_same() -> None:
-    """Ids already in journals and result stores: the mapping never changes."""
+def test_later_attempts_task_ids_stored_before_stay_the_same() -> None:
+    """Ids already in journals and Flower's history: a retry's mapping never changes."""
     first = uuid.UUID("00000000-0000-4000-8000-000000000001")
     last = uuid.UUID("ffffffff-ffff-4fff-bfff-ffffffffffff")
-    assert task_id_for(first, 1) == "9f361fb2-c01e-58db-8597-2c13532c8179"
+    assert task_id_for(first, 2) == "ba6ff542-5cfa-5a4b-9a95-26ce017d7152"
     assert task_id_for(last, 7) == "67c08042-d4ab-54e6-9c79-3374ec792ddf"
 
 
@@ -427,16 +435,18 @@ def test_task_ids_differ_across_attempts(job: uuid.UUID, attempt: int) -> None:
     assert task_id_for(job, attempt) != task_id_for(job, attempt + 1)
 
 
-def test_task_ids_differ_across_jobs_and_are_not_the_job_id() -> None:
+def test_task_ids_differ_across_jobs_and_only_the_first_is_the_job_id() -> None:
     assert task_id_for(JOB_ID, 1) != task_id_for(ATTACHMENT_ID, 1)
-    assert task_id_for(JOB_ID, 1) != str(JOB_ID)
+    assert task_id_for(JOB_ID, 2) != task_id_for(ATTACHMENT_ID, 2)
+    assert task_id_for(JOB_ID, 2) != str(JOB_ID)
 
 
 def test_task_id_is_pinned() -> None:
-    """An outbox row published before an upgrade is republished under the same task id."""
-    assert task_id_for(JOB_ID, 1) == "12f71e1b-4b96-59b4-85ed-dcc8fe82ca4d"
+    """An outbox row of a retry published before an upgrade is republished under the same
+    task id (a first attempt's changed once, to its job's id: docs/messages.md)."""
+    assert task_id_for(JOB_ID, 1) == str(JOB_ID)
     assert task_id_for(JOB_ID, 2) == "76c6f44d-43ef-51b1-8e27-ba1a138498f8"
-    assert uuid.UUID(task_id_for(JOB_ID, 1)).version == 5
+    assert uuid.UUID(task_id_for(JOB_ID, 2)).version == 5
 
 
 def test_trace_headers_copy_traceparent_and_tracestate() -> None:

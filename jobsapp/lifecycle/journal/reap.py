@@ -40,8 +40,6 @@ class StaleRun:
     cancel_requested: bool = False
     priority: int | None = None
     limits: Mapping[str, float | None] = field(default_factory=dict)
-    # Inserted by its claim (a plain send_task message: no producer wrote the row).
-    inserted_by_claim: bool = False
 
 
 def find_stale(
@@ -69,7 +67,6 @@ def find_stale(
             cancel_requested=r["cancel_requested_at"] is not None,
             priority=r["priority"],
             limits={k: r[k] for k in TIME_LIMITS},
-            inserted_by_claim=r["enqueued_by"] is None,
         )
         for r in conn.execute(stmt).mappings()
     ]

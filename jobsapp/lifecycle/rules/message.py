@@ -143,9 +143,16 @@ def new_traceparent() -> str:
 def task_id_for(job_id: uuid.UUID, attempt: int) -> str:
     """The Celery task id of one attempt: stable across republishes of that attempt.
 
+    The first attempt's is the job's own id, the caller's ``r.id``: what Celery's task
+    and publish signals, ``inspect().active()``, ``query_task`` and Flower name is then
+    the id the caller holds, as in Celery (a caller's own non-UUID ``task_id`` is the one
+    exception: its job id is derived from it, ``job_id_of_task``). A later attempt's is
     ``str(uuid.uuid5(_TASK_ID_NAMESPACE, f"{job_id}:{attempt}"))`` (tests/unit hold the
-    two equal), written out: every message a producer publishes names one, and the UUID
-    object in between costs more than the hash."""
+    two equal), written out: the UUID object in between costs more than the hash. Celery
+    re-sends a retry under its task's id; each attempt here is a run of its own in
+    Flower, its ``parent_id`` the attempt before it and its ``root_id`` the job."""
+    if attempt == 1:
+        return str(job_id)
     name = _NAMESPACE_BYTES + f"{job_id}:{attempt}".encode()
     # SHA-1 is what RFC 4122 names for version 5, not a security measure.
     digest = hashlib.sha1(name, usedforsecurity=False).hexdigest()
