@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -470,9 +471,11 @@ def ids_a_tracer_sees(s: Side) -> Any:
     """The task id Celery's signals, ``inspect()`` and a publish receiver name for a call:
     what an error tracker or a tracer ties to the caller's ``r.id``."""
     published: list[str] = []
+    caller = threading.get_ident()  # the driver runs programs side by side, in threads
 
     def heard(headers: dict[str, Any] | None = None, **_: Any) -> None:
-        published.append(str((headers or {}).get("id")))
+        if threading.get_ident() == caller:
+            published.append(str((headers or {}).get("id")))
 
     t = token()
     before_task_publish.connect(heard)
