@@ -150,6 +150,28 @@ def test_a_revoked_run_whose_worker_died_is_failed_cancelled_by_the_reaper(pg: E
     ]
 
 
+@pytest.mark.usefixtures("worker")
+def test_a_revoke_broadcast_past_the_journal_cancels_the_run_its_worker_discards(
+    db: Engine,
+) -> None:
+    """``celery control revoke <id>`` broadcasts straight to the workers (a revoke made
+    before the job's enqueue committed reaches only them too): the worker discards the
+    job's first attempt, whose task id is the job's, and the journal must agree, or the
+    relay publishes the run again and again."""
+    token, job_id = uuid.uuid4().hex, uuid.uuid4()
+
+    def listed() -> bool:
+        # Sent again until the worker lists it: a broadcast before its mailbox is up is lost.
+        app.control.broadcast("revoke", arguments={"task_id": str(job_id)})
+        replies = app.control.inspect(timeout=1).revoked() or {}
+        return any(str(job_id) in ids for ids in replies.values())
+
+    eventually(listed, timeout=20)
+    revoked = _handle(tasks.echo.apply_async((token,), job_id=job_id))
+    eventually(lambda: _state(db, revoked) == State.FAILED, timeout=20)
+    _assert_cancelled_unrun(db, revoked, token)
+
+
 # ------------------------------------------------- an attempt's own task id (Flower's)
 
 

@@ -31,6 +31,7 @@ from sqlalchemy import Connection
 
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.celery_api import revoke
 from jobsapp.lifecycle.journal import Run, registry, workflow
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.workflow import Blocked
@@ -314,6 +315,22 @@ class JournalBackend(BaseBackend):
         lifecycle run writes through ``LifecycleTask.update_state``)."""
         del task_id, state, traceback, request, kwargs
         return result
+
+    def mark_as_revoked(
+        self,
+        task_id: str,
+        reason: str = "",
+        request: Any = None,
+        store_result: bool = True,
+        state: str = states.REVOKED,
+    ) -> None:
+        """Celery's worker discarded a message its revoked list names: the run waiting for
+        that attempt is cancelled in the journal (``revoke.worker_discarded``). An expired
+        message is the journal's expiry pass's; a terminated attempt, the worker's parent's
+        (``celery_view``)."""
+        del store_result, state
+        if reason not in {"expired", "terminated"}:
+            revoke.worker_discarded(str(task_id), request)
 
     def _forget(self, task_id: str) -> None:
         """Celery's ``forget``: drop the kept return value; the run itself stays in the

@@ -94,6 +94,37 @@ def _revoke_in(conn: Connection, spec: RunTable, job_id: uuid.UUID, actor: str) 
     return "" if row is None else message.task_id_for(job_id, row.attempts)
 
 
+# Why a run a worker's revoked list named ends cancelled (worker_discarded).
+DISCARDED = "revoked (a worker's list of revoked task ids)"
+
+
+def worker_discarded(task_id: str, request: Any) -> bool:
+    """A worker discarded a lifecycle message whose id its memory lists as revoked: a
+    revoke broadcast that did not come through ``app.control.revoke`` (``celery control
+    revoke``), or one made before the job's enqueue committed (the journal had no run to
+    cancel then). The run still waiting for that attempt is cancelled, so the journal agrees
+    with the worker and the relay does not publish it again and again. The attempt is the
+    message's (``retries`` + 1), its job the id itself for a first attempt and the message's
+    ``root_id`` for a later one (outbox.py's links). True when a run was cancelled."""
+    attempt = int(getattr(request, "retries", None) or 0) + 1
+    named = task_id if attempt == 1 else getattr(request, "root_id", None)
+    try:
+        job_id = uuid.UUID(str(named))
+    except ValueError:
+        return False
+    if message.task_id_for(job_id, attempt) != task_id:
+        return False  # not an attempt jobsapp published
+    engine = get_engine()
+    for spec in registry.all_tables():
+        with engine.begin() as conn:
+            if journal.cancel(
+                conn, spec, job_id, attempts=attempt - 1, actor="revoke", reason=DISCARDED
+            ):
+                log.info("%s job %s: cancelled, %s", spec.module, job_id, DISCARDED)
+                return True
+    return False
+
+
 def revoke_in_journal(
     app: Any,
     task_ids: Sequence[str],
