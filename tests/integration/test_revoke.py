@@ -7,6 +7,7 @@ Against the real Postgres and Redis, the in-process worker and a real worker sub
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -15,15 +16,18 @@ from pathlib import Path
 
 import pytest
 from celery import states as celery_states
+from celery.app.task import Context
 from sqlalchemy import Engine
 
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import journal
+from jobsapp.lifecycle.celery_api.backend import for_app as backend_for
 from jobsapp.lifecycle.celery_api.handle import JobHandle
 from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.lifecycle.rules.states import Outcome, State, Transition
 from jobsapp.maintenance import reaper
+from jobsapp.settings import get_settings
 from tests.support import tasks
 from tests.support.journal_view import events, run_row, transitions
 from tests.support.procs import BIN, WORKER_FLAGS, Launcher, Proc, launching, ready
@@ -170,6 +174,23 @@ def test_a_revoke_broadcast_past_the_journal_cancels_the_run_its_worker_discards
     revoked = _handle(tasks.echo.apply_async((token,), job_id=job_id))
     eventually(lambda: _state(db, revoked) == State.FAILED, timeout=20)
     _assert_cancelled_unrun(db, revoked, token)
+
+
+def test_a_workers_discard_during_a_database_outage_is_logged_not_raised(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Celery's worker calls mark_as_revoked in its consumer: an outage must not reach it
+    (the relay's next publish is discarded, and its cancel tried, again)."""
+    monkeypatch.setenv("JOBSAPP_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:9/none")
+    get_settings.cache_clear()
+    try:
+        job_id = uuid.uuid4()
+        with caplog.at_level(logging.WARNING, logger="jobsapp.lifecycle.celery_api.revoke"):
+            backend_for(app).mark_as_revoked(str(job_id), "revoked", request=Context(retries=0))
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+    assert f"job {job_id}: revoke not recorded (OperationalError)" in caplog.text
 
 
 # ------------------------------------------------- an attempt's own task id (Flower's)

@@ -24,6 +24,7 @@ from typing import Any
 
 from celery.app.control import Control
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import OperationalError
 
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
@@ -115,13 +116,18 @@ def worker_discarded(task_id: str, request: Any) -> bool:
     if message.task_id_for(job_id, attempt) != task_id:
         return False  # not an attempt jobsapp published
     engine = get_engine()
-    for spec in registry.all_tables():
-        with engine.begin() as conn:
-            if journal.cancel(
-                conn, spec, job_id, attempts=attempt - 1, actor="revoke", reason=DISCARDED
-            ):
-                log.info("%s job %s: cancelled, %s", spec.module, job_id, DISCARDED)
-                return True
+    try:
+        for spec in registry.all_tables():
+            with engine.begin() as conn:
+                if journal.cancel(
+                    conn, spec, job_id, attempts=attempt - 1, actor="revoke", reason=DISCARDED
+                ):
+                    log.info("%s job %s: cancelled, %s", spec.module, job_id, DISCARDED)
+                    return True
+    except OperationalError as down:
+        # Called in the worker's consumer: an outage must not reach it. The relay's next
+        # publish of the run is discarded again, and its cancel tried again then.
+        log.warning("job %s: revoke not recorded (%s)", job_id, type(down.orig).__name__)
     return False
 
 
