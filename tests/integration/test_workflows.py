@@ -385,6 +385,19 @@ def test_a_canvas_mixing_a_plain_celery_task_is_refused_naming_it(pg: Engine) ->
         assert conn.execute(select(STEPS.c.job_id)).first() is None
 
 
+def test_a_steps_countdown_that_is_not_seconds_up_to_a_year_is_refused_writing_nothing(
+    pg: Engine,
+) -> None:
+    # An infinite one was kept, and every start of the step failed in its predecessor's
+    # success (timedelta overflows).
+    for bad in (float("inf"), 400 * 24 * 3600, "soon"):
+        with pytest.raises(ValueError, match=r"^countdown must be between 0 and 31536000"):
+            chain(t.add.s(1, 1), t.add.s(2).set(countdown=bad)).apply_async()
+    with pg.connect() as conn:
+        assert conn.execute(select(STEPS.c.job_id)).first() is None
+        assert conn.execute(select(JOBS.table.c.job_id)).first() is None
+
+
 def test_a_canvas_sent_twice_with_one_task_id_is_one_workflow(
     pg: Engine, redis_clean: None
 ) -> None:

@@ -155,3 +155,9 @@ def test_a_steps_own_countdown_is_kept_with_it() -> None:
     steps = compiled(chain(t.add.s(1, 1), t.add.s(2).set(countdown=5)))
     assert [steps[p].countdown for p in ("0.0", "0.1")] == [None, 5.0]
     assert compiled(t.add.s(1, 1).set(countdown=0))["0"].countdown is None
+
+
+def test_a_steps_countdown_beyond_a_year_or_not_a_number_is_refused_at_compile() -> None:
+    for bad in (float("inf"), 400 * 24 * 3600, "soon"):
+        with pytest.raises(ValueError, match=r"^countdown must be between 0 and"):
+            compiled(chain(t.add.s(1, 1), t.add.s(2).set(countdown=bad)))

@@ -182,8 +182,9 @@ def _expiry(expires: float | datetime | None) -> datetime | None:
     return datetime.now(UTC) + timedelta(seconds=expires)
 
 
-def _seconds(option: str, value: float | None) -> float | None:
-    """A time limit as the message carries it (None or 0: none, as Celery reads it)."""
+def bounded_seconds(option: str, value: float | None) -> float | None:
+    """A time limit as the message carries it, or a canvas step's countdown (None or 0:
+    none, as Celery reads it); anything but seconds up to a year is refused."""
     if not value:
         return None
     try:
@@ -233,8 +234,8 @@ def scheduled(
         queue=queue_name(job.task_name, queue) or job.queue,
         priority=job.priority if priority is None else priority,
         expires_at=_expiry(expires),
-        time_limit=_seconds("time_limit", time_limit),
-        soft_time_limit=_seconds("soft_time_limit", soft_time_limit),
+        time_limit=bounded_seconds("time_limit", time_limit),
+        soft_time_limit=bounded_seconds("soft_time_limit", soft_time_limit),
     )
 
 
@@ -317,8 +318,8 @@ def adopted(
         job = replace(
             job,
             values=_with_headers(job, _callers(headers)) if headers else job.values,
-            time_limit=_seconds("time_limit", hard),
-            soft_time_limit=_seconds("soft_time_limit", soft),
+            time_limit=bounded_seconds("time_limit", hard),
+            soft_time_limit=bounded_seconds("soft_time_limit", soft),
         )
     except (TypeError, ValueError) as bad:
         raise InvalidMessage(str(bad)) from None

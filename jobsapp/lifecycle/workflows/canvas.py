@@ -308,9 +308,12 @@ def _options(sig: Signature) -> Mapping[str, Any]:
 
 
 def _countdown(given: Any) -> float | None:
-    """A step's own countdown, in seconds (none, or one not ahead, is no delay)."""
-    seconds = float(given) if given is not None else 0.0
-    return seconds if seconds > 0 else None
+    """A step's own countdown, in seconds: none, or a number not ahead, is no delay;
+    anything else but seconds up to a year is refused here, before the canvas is written
+    (an infinite one would fail every start of the step, in its predecessor's success)."""
+    if isinstance(given, int | float) and not given > 0:
+        return None
+    return newjob.bounded_seconds("countdown", given)
 
 
 def _priority(options: Mapping[str, Any], task: Any) -> int | None:
