@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from celery.app.control import Control
 from sqlalchemy import Connection, Engine
@@ -35,6 +35,7 @@ from jobsapp.lifecycle.rules import message
 log = logging.getLogger(__name__)
 
 REASON = "revoked (app.control.revoke)"
+T = TypeVar("T")
 
 
 def revoke_jobs(task_ids: Iterable[str], *, actor: str = "revoke") -> list[str]:
@@ -51,28 +52,32 @@ def revoke_jobs(task_ids: Iterable[str], *, actor: str = "revoke") -> list[str]:
     return running
 
 
-def _revoke(engine: Engine, job_id: uuid.UUID, actor: str) -> str | None:
-    """Revoke the job in whichever run table holds it; the task id of its attempt asked
-    to stop, "" when it was not running, None when no table holds it."""
+def _in_tables(engine: Engine, write: Callable[[Connection, RunTable], T | None]) -> T | None:
+    """``write`` in each run table, each in a transaction of its own, until one answers."""
     for spec in registry.all_tables():
         with engine.begin() as conn:
-            done = _revoke_in(conn, spec, job_id, actor)
+            done = write(conn, spec)
         if done is not None:
             return done
     return None
+
+
+def _revoke(engine: Engine, job_id: uuid.UUID, actor: str) -> str | None:
+    """Revoke the job in whichever run table holds it; the task id of its attempt asked
+    to stop, "" when it was not running, None when no table holds it."""
+    return _in_tables(engine, lambda conn, spec: _revoke_in(conn, spec, job_id, actor))
 
 
 def _revoke_attempt(engine: Engine, task_id: str, actor: str) -> str | None:
     """Revoke the active job one of whose attempts is ``task_id`` (as ``_revoke``)."""
     if not _name_based(task_id):
         return None
-    for spec in registry.all_tables():
-        with engine.begin() as conn:
-            job_id = journal.job_of_attempt(conn, spec, task_id)
-            done = None if job_id is None else _revoke_in(conn, spec, job_id, actor)
-        if done is not None:
-            return done
-    return None
+
+    def write(conn: Connection, spec: RunTable) -> str | None:
+        job_id = journal.job_of_attempt(conn, spec, task_id)
+        return None if job_id is None else _revoke_in(conn, spec, job_id, actor)
+
+    return _in_tables(engine, write)
 
 
 def _name_based(task_id: str) -> bool:
@@ -115,15 +120,17 @@ def worker_discarded(task_id: str, request: Any) -> bool:
         return False
     if message.task_id_for(job_id, attempt) != task_id:
         return False  # not an attempt jobsapp published
-    engine = get_engine()
+
+    def write(conn: Connection, spec: RunTable) -> bool | None:
+        if not journal.cancel(
+            conn, spec, job_id, attempts=attempt - 1, actor="revoke", reason=DISCARDED
+        ):
+            return None
+        log.info("%s job %s: cancelled, %s", spec.module, job_id, DISCARDED)
+        return True
+
     try:
-        for spec in registry.all_tables():
-            with engine.begin() as conn:
-                if journal.cancel(
-                    conn, spec, job_id, attempts=attempt - 1, actor="revoke", reason=DISCARDED
-                ):
-                    log.info("%s job %s: cancelled, %s", spec.module, job_id, DISCARDED)
-                    return True
+        return bool(_in_tables(get_engine(), write))
     except OperationalError as down:
         # Called in the worker's consumer: an outage must not reach it. The relay's next
         # publish of the run is discarded again, and its cancel tried again then.
