@@ -1,8 +1,8 @@
 """A real prefork worker's own task events (lifecycle/worker/held_events.py), as Flower's
 event receiver hears them: every job's received, started and succeeded arrive, in
 ``task.multi`` messages of many events rather than a message each, the user's call only
-in the task-started, and the events the worker holds when it is stopped are sent before
-it exits."""
+in the task-started, and the events the worker holds when it is stopped, or a pool child
+when it is replaced, are sent before it exits."""
 
 from __future__ import annotations
 
@@ -108,3 +108,23 @@ def test_a_worker_stopped_during_a_job_sends_its_events_before_it_exits(
     task_id = task_id_for(job_id, 1)
     for kind in ("task-received", "task-started", "task-succeeded"):
         assert task_id in _events_of(w.watch, w.host, kind), kind
+
+
+def test_a_pool_child_replaced_after_each_task_sends_its_events_before_it_exits(
+    pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
+) -> None:
+    """``--max-tasks-per-child=1`` (a team's cure for a leaking library): each child leaves
+    right after its task, with os._exit. Its task-started event (the one that carries the
+    user's call to Flower) was still held: none of the jobs' arrived before the fix."""
+    with _watched(f"replaced-{SESSION}", postgres_url, module_redis, tmp_path) as w:
+        token = uuid.uuid4().hex[:8]
+        jobs = w.launcher.enqueue(
+            *({"task": "tests.echo", "kwargs": {"token": f"{token}-{i}"}} for i in range(4))
+        )
+        ready(w.launcher.worker(w.name, flags=["--max-tasks-per-child=1"]), timeout=60)
+        w.watch.until(w.host, 3 * len(jobs), timeout=60)
+
+    assert {run_row(pg, uuid.UUID(job["job_id"]))["state"] for job in jobs} == {"succeeded"}
+    ids = {task_id_for(uuid.UUID(job["job_id"]), 1) for job in jobs}
+    for kind in ("task-received", "task-started", "task-succeeded"):
+        assert set(_events_of(w.watch, w.host, kind)) == ids, kind

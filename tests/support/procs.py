@@ -145,9 +145,13 @@ class Launcher:
             self.started.append(proc)
             return proc
 
-    def worker(self, name: str, env: Mapping[str, str] | None = None) -> Proc:
-        """``celery -A jobsapp worker`` named ``name@host``; call ``ready()`` before use."""
-        argv = [str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS, "-n", f"{name}@%h"]
+    def worker(
+        self, name: str, env: Mapping[str, str] | None = None, *, flags: Sequence[str] = ()
+    ) -> Proc:
+        """``celery -A jobsapp worker`` named ``name@host`` (with Celery's ``flags`` besides
+        the usual ones); call ``ready()`` before use."""
+        argv = [str(BIN / "celery"), "-A", "jobsapp", "worker", *WORKER_FLAGS, *flags]
+        argv += ["-n", f"{name}@%h"]
         return self.start(name, argv, env)
 
     def beat(self, name: str, env: Mapping[str, str] | None = None) -> Proc:

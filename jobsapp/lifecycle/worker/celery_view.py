@@ -31,6 +31,7 @@ from typing import Any, Final
 from celery import Celery
 from celery.events.dispatcher import EventDispatcher
 from celery.exceptions import Retry
+from celery.signals import worker_process_shutdown
 from celery.utils.saferepr import saferepr
 from celery.worker import state as worker_state
 from celery.worker.request import Request
@@ -204,7 +205,16 @@ def _dispatcher(app: Celery, hostname: str) -> EventDispatcher:
                 on_send_buffered=flusher.soon,
             )
             flusher.start(found)
+            # A pool child leaving (``--max-tasks-per-child``) exits with os._exit, its
+            # flusher thread with it: what it still holds goes out first.
+            worker_process_shutdown.connect(
+                _flush_on_child_exit, weak=False, dispatch_uid="jobsapp.task-events"
+            )
         return found
+
+
+def _flush_on_child_exit(**_: object) -> None:
+    flush_held()
 
 
 def flush_held() -> None:
