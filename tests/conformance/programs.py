@@ -167,6 +167,19 @@ def get_timeout_of_a_late_task(s: Side) -> Any:
         r.revoke()
 
 
+def scheduled_by_inspect(s: Side) -> Any:
+    """Whether ``inspect().scheduled()`` lists a call due in a minute while it waits."""
+    r = s.add.apply_async((2, 2), countdown=60)
+    try:
+        deadline, seen = time.monotonic() + 3, False
+        while not seen and time.monotonic() < deadline:
+            found = s.app.control.inspect(timeout=0.5).scheduled() or {}
+            seen = any(r.id == e["request"]["id"] for held in found.values() for e in held)
+        return [seen, r.state]
+    finally:
+        r.revoke()
+
+
 def kwargs_only_call(s: Side) -> Any:
     return [
         s.add.apply_async(kwargs={"x": 3, "y": 4}).get(timeout=WAIT),
@@ -956,6 +969,7 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         get_timeout_of_a_late_task,
         ["TimeoutError", "PENDING", False],
     ),
+    "inspect().scheduled() of a call due in a minute": (scheduled_by_inspect, [True, "PENDING"]),
     "apply_async(kwargs=...), delay(**kwargs)": (kwargs_only_call, [7, 3]),
     "apply_async(headers=) read in the body, kept by a retry": (
         headers_of_a_call,
@@ -1217,6 +1231,8 @@ DIFFERENT: dict[str, Any] = {
     # A run ends in the journal: one that raised Ignore ends failed, never retried (Celery
     # leaves its state as the body set it).
     "raise Ignore(), raise Reject(requeue=False)": [["FAILURE", 1], ["FAILURE", 1]],
+    # A start beyond JOBSAPP_INLINE_WAIT_MAX waits in the journal: no worker holds it.
+    "inspect().scheduled() of a call due in a minute": [False, "PENDING"],
     # Every call of a lifecycle task is a run of its own: no run answers a chunk's list.
     "chunks": [
         "the program raised",
