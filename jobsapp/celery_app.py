@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections import ChainMap
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
@@ -45,6 +46,7 @@ BASE_IMPORTS = (
 )
 # Celery's convention: the settings module a deployment edits, found from the working directory.
 DEPLOYMENT_CONFIG = "celeryconfig"
+TRANSPORT_OPTIONS = "broker_transport_options"
 
 
 def _module_settings(module: object) -> dict[str, Any]:
@@ -79,12 +81,19 @@ def celery_settings() -> ChainMap[str, Any]:
     holds only what it changes, and a contract setting it does not name (late ack, the
     guarded consumer) is never lost. ``beat_schedule`` is merged entry by entry, so a
     deployment's own periodic tasks run beside the maintenance passes
-    (``maintenance.entries``). From a checkout's top level both are the same file."""
+    (``maintenance.entries``), and ``broker_transport_options`` key by key: jobsapp's keys
+    there are contract too (Redis's redelivery timeout above the longest run, RabbitMQ's
+    publish confirms, a list per priority), and a deployment names one of its own (a shared
+    Redis's ``global_keyprefix``) without knowing them. From a checkout's top level both
+    are the same file."""
     deployment, shipped = _deployment_settings(), shipped_settings()
     merged = {}
     if "beat_schedule" in deployment:
         schedule = with_maintenance(shipped["beat_schedule"], deployment["beat_schedule"] or {})
         merged["beat_schedule"] = schedule
+    options = deployment.get(TRANSPORT_OPTIONS, {})
+    if isinstance(options, Mapping | None):  # any other value is Celery's to refuse
+        merged[TRANSPORT_OPTIONS] = {**shipped[TRANSPORT_OPTIONS], **(options or {})}
     return ChainMap(merged, deployment, shipped)
 
 

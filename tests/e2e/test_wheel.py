@@ -168,6 +168,25 @@ def test_a_checkout_finds_its_top_level_files_from_any_folder(tmp_path: Path) ->
     assert out.split() == [str(REPO / "migrations"), str(REPO / "celeryconfig.py"), "True"]
 
 
+def test_a_deployments_transport_options_keep_jobsapps_own_beside_its_own(
+    tmp_path: Path,
+) -> None:
+    """A deployment names a transport option of its own (a shared Redis's key prefix) and
+    one of jobsapp's (a longer redelivery timeout): before, its dict replaced jobsapp's, and
+    RabbitMQ's publish confirms and Redis's list per priority were silently gone."""
+    (tmp_path / "celeryconfig.py").write_text(
+        'broker_transport_options = {"global_keyprefix": "acme:", "visibility_timeout": 9000}\n'
+    )
+    keys = ("global_keyprefix", "visibility_timeout", "confirm_publish", "priority_steps")
+    probe = (
+        "import jobsapp.celery_app as m; o = m.app.conf.broker_transport_options; "
+        f"print(*(o.get(k) for k in {keys!r}), sep='|')"
+    )
+    env = {**os.environ, "JOBSAPP_VAR_DIR": str(tmp_path / "var"), "JOBSAPP_IMPORTS": ""}
+    out = _run([sys.executable, "-c", probe], cwd=tmp_path, env=env)
+    assert out.strip().split("|") == ["acme:", "9000", "True", str(list(range(10)))]
+
+
 def test_a_teams_package_beside_the_wheel_runs_its_task_under_the_procfiles_worker(
     installed: Path, tmp_path: Path
 ) -> None:
