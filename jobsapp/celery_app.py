@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery import Celery
@@ -127,6 +127,13 @@ def _transport(broker_url: str) -> str | None:
     return None
 
 
+def _all_imports(deployment: Sequence[str] | None, named: tuple[str, ...]) -> tuple[str, ...]:
+    """jobsapp's modules, the deployment's ``imports`` (Celery's setting in its
+    ``celeryconfig``, which the worker and beat import at start as for any Celery app) and
+    ``JOBSAPP_IMPORTS`` (which every process imports, the web's included), each once."""
+    return tuple(dict.fromkeys((*BASE_IMPORTS, *(deployment or ()), *named)))
+
+
 def create_app() -> Celery:
     settings = get_settings()
     # Revokes of lifecycle jobs are kept in the journal (lifecycle/celery_api/revoke.py).
@@ -142,7 +149,7 @@ def create_app() -> Celery:
         broker_transport_options=_transport_options(
             settings, dict(celery_app.conf.broker_transport_options or {})
         ),
-        imports=BASE_IMPORTS + settings.imports,
+        imports=_all_imports(celery_app.conf.imports, settings.imports),
     )
     json_startup(celery_app)
     one_line_per_reject()

@@ -187,6 +187,26 @@ def test_a_deployments_transport_options_keep_jobsapps_own_beside_its_own(
     assert out.strip().split("|") == ["acme:", "9000", "True", str(list(range(10)))]
 
 
+def test_a_deployments_celeryconfig_imports_are_imported_beside_jobsapps(tmp_path: Path) -> None:
+    """Celery's ``imports`` in a deployment's ``celeryconfig`` (a team's tasks module, the
+    way Celery's guide names it): before, jobsapp's own list replaced it, so its worker
+    never imported the team's tasks and every message of theirs was unregistered."""
+    (tmp_path / "celeryconfig.py").write_text('imports = ("billing.tasks",)\n')
+    probe = (
+        "import jobsapp.celery_app as m; m.app.loader.import_default_modules(); "
+        "print('billing.tasks' in m.app.conf.imports, 'billing.invoice' in m.app.tasks, "
+        "'jobsapp.maintenance.relay' in m.app.tasks)"
+    )
+    env = {
+        **os.environ,
+        "JOBSAPP_VAR_DIR": str(tmp_path / "var"),
+        "JOBSAPP_IMPORTS": "",
+        "PYTHONPATH": str(REPO / "examples" / "team_app"),
+    }
+    out = _run([sys.executable, "-c", probe], cwd=tmp_path, env=env)
+    assert out.split() == ["True", "True", "True"]
+
+
 def test_a_teams_package_beside_the_wheel_runs_its_task_under_the_procfiles_worker(
     installed: Path, tmp_path: Path
 ) -> None:
