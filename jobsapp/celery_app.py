@@ -36,7 +36,13 @@ from jobsapp.logs import (
 )
 from jobsapp.maintenance.entries import with_maintenance
 from jobsapp.monitor import workers
-from jobsapp.settings import Settings, SettingsError, get_settings
+from jobsapp.settings import (
+    CELERY_BROKER_SETTINGS,
+    Settings,
+    SettingsError,
+    foreign_broker,
+    get_settings,
+)
 from jobsapp.shipped import CELERYCONFIG
 
 BASE_IMPORTS = (
@@ -141,6 +147,9 @@ def create_app() -> Celery:
     # Before anything reads its configuration: a team's module connects to it later.
     celery_app.on_after_configure = AfterConfigure(celery_app)
     celery_app.config_from_object(celery_settings())
+    named = {name: celery_app.conf.get(name) for name in CELERY_BROKER_SETTINGS}
+    if refusal := foreign_broker(named, "the deployment's celeryconfig", settings.broker_url):
+        raise SettingsError(refusal)
     celery_app.steps["consumer"].add("jobsapp.lifecycle.transport.guard:DeadLetterQueue")
     celery_app.steps["consumer"].add("jobsapp.lifecycle.worker.held_events:HeldTaskEvents")
     celery_app.conf.update(

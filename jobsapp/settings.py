@@ -124,6 +124,7 @@ TOOL_PREFIXES = (
 # filesystem://, file:///....
 SERVER_NAMES = ("JOBSAPP_DATABASE_URL", "JOBSAPP_BROKER_URL", "JOBSAPP_STORAGE_URL")
 _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "pyamqp", "memory")
+EMBEDDED_BROKER = "filesystem://"
 _MIB = 1024 * 1024
 _HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,100}")
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -374,6 +375,30 @@ def servers_half_set(env: Mapping[str, str]) -> str | None:
     )
 
 
+# Where Celery takes a broker from besides jobsapp's own setting: its environment variables,
+# read before any configuration (``app.conf.broker_url``), and a deployment's celeryconfig.
+CELERY_BROKER_ENV = ("CELERY_BROKER_URL", "CELERY_BROKER_WRITE_URL", "CELERY_BROKER_READ_URL")
+CELERY_BROKER_SETTINGS = ("broker_url", "broker_write_url", "broker_read_url")
+
+
+def foreign_broker(named: Mapping[str, object], where: str, broker_url: str) -> str | None:
+    """Why a broker named outside ``JOBSAPP_BROKER_URL`` (``named``: name -> value, found in
+    ``where``) cannot be used, or None when each is unset or the same URL. Celery would
+    publish and consume there, while the journal, the relay and the worker's guard follow
+    ``JOBSAPP_BROKER_URL`` (with an embedded journal, each host's own). No value is shown:
+    a URL may carry a password."""
+    for name, value in named.items():
+        if value and str(value).strip() != broker_url:
+            ours = "not set: the embedded default" if broker_url == EMBEDDED_BROKER else "set"
+            return (
+                f"{name} in {where} names another broker than JOBSAPP_BROKER_URL ({ours}); "
+                "jobsapp's journal, relay and worker guard follow JOBSAPP_BROKER_URL: set the "
+                "broker there (with JOBSAPP_DATABASE_URL and JOBSAPP_STORAGE_URL) and remove "
+                f"{name}"
+            )
+    return None
+
+
 def _imports(env: Mapping[str, str]) -> tuple[str, ...]:
     """JOBSAPP_IMPORTS, each module found where Celery looks for it (the working directory
     first), without running it: a misspelled name is one line here, not a traceback from
@@ -405,12 +430,16 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError(refusal)
     var_dir = Path(env.get("JOBSAPP_VAR_DIR") or "var").resolve()
     heartbeat = positive_number(env, "JOBSAPP_HEARTBEAT_INTERVAL", 30.0)
+    broker_url = _url(env, "JOBSAPP_BROKER_URL", EMBEDDED_BROKER, _BROKER_SCHEMES)
+    celerys = {name: env.get(name) for name in CELERY_BROKER_ENV}
+    if refusal := foreign_broker(celerys, "the environment", broker_url):
+        raise SettingsError(refusal)
     return Settings(
         var_dir=var_dir,
         database_url=_url(
             env, "JOBSAPP_DATABASE_URL", f"sqlite:///{var_dir / 'jobsapp.db'}", _DB_SCHEMES
         ),
-        broker_url=_url(env, "JOBSAPP_BROKER_URL", "filesystem://", _BROKER_SCHEMES),
+        broker_url=broker_url,
         redis_url=env.get("JOBSAPP_REDIS_URL") or None,
         storage_url=_storage_url(env, var_dir),
         s3_endpoint_url=env.get("JOBSAPP_S3_ENDPOINT_URL") or None,

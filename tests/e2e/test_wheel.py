@@ -32,12 +32,15 @@ PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
 EXPECTED_TABLES = {"job_events", "outbox", "leases", "job_runs", "attachments", "alembic_version"}
 
 
-def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None, code: int = 0) -> str:
+    """What ``argv`` printed once it exited with ``code``: its output, or for a refusal
+    (a code other than 0) its error output."""
     result = subprocess.run(
         argv, cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=240
     )
-    assert result.returncode == 0, f"{argv}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result.stdout
+    found = f"{argv}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert result.returncode == code, found
+    return result.stdout if code == 0 else result.stderr
 
 
 def _checkout_copy(dest: Path) -> Path:
@@ -205,6 +208,20 @@ def test_a_deployments_celeryconfig_imports_are_imported_beside_jobsapps(tmp_pat
     }
     out = _run([sys.executable, "-c", probe], cwd=tmp_path, env=env)
     assert out.split() == ["True", "True", "True"]
+
+
+def test_a_deployments_celeryconfig_broker_url_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Celery's ``broker_url`` in a deployment's ``celeryconfig``: jobsapp's own setting
+    replaced it, so every process ran on the embedded broker and journal of its own host
+    and no job ever reached a worker elsewhere, silently."""
+    (tmp_path / "celeryconfig.py").write_text('broker_url = "redis://broker.internal:6379/0"\n')
+    env = {**os.environ, "JOBSAPP_VAR_DIR": str(tmp_path / "var"), "JOBSAPP_IMPORTS": ""}
+    for name in ("JOBSAPP_DATABASE_URL", "JOBSAPP_BROKER_URL", "JOBSAPP_STORAGE_URL"):
+        env.pop(name, None)
+    refused = _run([sys.executable, "-c", "import jobsapp.celery_app"], tmp_path, env, code=2)
+    (line,) = refused.splitlines()
+    assert line.startswith("jobsapp: configuration error: broker_url in the deployment's celery")
+    assert "set the broker there" in line
 
 
 def test_a_teams_package_beside_the_wheel_runs_its_task_under_the_procfiles_worker(

@@ -282,3 +282,23 @@ def test_an_api_token_that_protects_nothing_is_refused(env: dict[str, str], said
 def test_the_webs_bounds_are_refused_when_they_admit_nothing(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):
         load_settings({name: value})
+
+
+@pytest.mark.parametrize(
+    "name", ["CELERY_BROKER_URL", "CELERY_BROKER_WRITE_URL", "CELERY_BROKER_READ_URL"]
+)
+def test_a_celery_broker_variable_naming_another_broker_is_refused(name: str) -> None:
+    """Left from a Celery setup (or set by ``celery -b``): Celery reads it before any
+    setting, so the app published there while the journal stayed embedded, each host its
+    own; before, nothing said so."""
+    with pytest.raises(SettingsError, match=rf"^{name} in the environment names another") as info:
+        load_settings({name: "redis://:Zq7xW2pL9vK4@broker:6379/0"})
+    assert "not set: the embedded default" in str(info.value)
+    assert "Zq7xW2pL9vK4" not in str(info.value)
+    with pytest.raises(SettingsError, match=rf"^{name} .* \(set\)"):
+        load_settings({**SERVERS, name: "redis://other:6379/0"})
+
+
+def test_a_celery_broker_variable_naming_jobsapps_broker_is_taken() -> None:
+    env = {**SERVERS, "CELERY_BROKER_URL": SERVERS["JOBSAPP_BROKER_URL"]}
+    assert load_settings(env).broker_url == SERVERS["JOBSAPP_BROKER_URL"]
