@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -50,8 +51,10 @@ BASE_IMPORTS = (
     "jobsapp.attachments.tasks",
     "jobsapp.attachments.reprocess",
 )
-# Celery's convention: the settings module a deployment edits, found from the working directory.
-DEPLOYMENT_CONFIG = "celeryconfig"
+# Celery's convention: the settings module a deployment edits, found from the working
+# directory; Celery's CELERY_CONFIG_MODULE names another.
+DEFAULT_DEPLOYMENT_CONFIG = "celeryconfig"
+CONFIG_MODULE_ENV = "CELERY_CONFIG_MODULE"
 TRANSPORT_OPTIONS = "broker_transport_options"
 
 
@@ -71,12 +74,19 @@ def shipped_settings() -> dict[str, Any]:
 
 
 def _deployment_settings() -> dict[str, Any]:
-    """The deployment's ``celeryconfig`` module, found as Celery finds one (the working
-    directory first, then sys.path), or nothing. An error inside that module is raised."""
+    """The deployment's ``celeryconfig`` module (or the one ``CELERY_CONFIG_MODULE`` names),
+    found as Celery finds one (the working directory first, then sys.path), or nothing. An
+    error inside that module is raised; a module the variable names must exist."""
+    named = os.environ.get(CONFIG_MODULE_ENV, "").strip()
     try:
-        module = import_from_cwd(DEPLOYMENT_CONFIG)
+        module = import_from_cwd(named or DEFAULT_DEPLOYMENT_CONFIG)
     except ModuleNotFoundError as exc:
-        if exc.name != DEPLOYMENT_CONFIG:
+        if named:
+            raise SettingsError(
+                f"{CONFIG_MODULE_ENV} names {named}, which cannot be imported ({exc}): check "
+                "the spelling, the working directory and PYTHONPATH"
+            ) from None
+        if exc.name != DEFAULT_DEPLOYMENT_CONFIG:
             raise
         return {}
     return _module_settings(module)

@@ -224,6 +224,24 @@ def test_a_deployments_celeryconfig_broker_url_is_refused_in_one_line(tmp_path: 
     assert "set the broker there" in line
 
 
+def test_celery_config_module_names_the_deployments_settings(tmp_path: Path) -> None:
+    """Celery's ``CELERY_CONFIG_MODULE`` (also what ``celery --config`` sets) names a
+    deployment's settings module: it was ignored, so none of its settings applied. A name
+    that cannot be imported is one line, not a silent fall back to jobsapp's settings."""
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "__init__.py").write_text("")
+    (tmp_path / "proj" / "celery_settings.py").write_text("worker_prefetch_multiplier = 7\n")
+    env = {**os.environ, "JOBSAPP_VAR_DIR": str(tmp_path / "var"), "JOBSAPP_IMPORTS": ""}
+    probe = "import jobsapp.celery_app as m; print(m.app.conf.worker_prefetch_multiplier)"
+    named = {**env, "CELERY_CONFIG_MODULE": "proj.celery_settings"}
+    assert _run([sys.executable, "-c", probe], tmp_path, named).split() == ["7"]
+
+    misspelled = {**env, "CELERY_CONFIG_MODULE": "proj.celery_setings"}
+    refused = _run([sys.executable, "-c", probe], tmp_path, misspelled, code=2)
+    (line,) = refused.splitlines()
+    assert "CELERY_CONFIG_MODULE names proj.celery_setings, which cannot be imported" in line
+
+
 def test_a_teams_package_beside_the_wheel_runs_its_task_under_the_procfiles_worker(
     installed: Path, tmp_path: Path
 ) -> None:
