@@ -46,6 +46,7 @@ from jobsapp.settings import (
 )
 from jobsapp.shipped import CELERYCONFIG
 
+RESULTS = "jobsapp.lifecycle.celery_api.layered:over_deployment"
 BASE_IMPORTS = (
     "jobsapp.maintenance.beat_tasks",
     "jobsapp.attachments.tasks",
@@ -154,6 +155,9 @@ def create_app() -> Celery:
     settings = get_settings()
     # Revokes of lifecycle jobs are kept in the journal (lifecycle/celery_api/revoke.py).
     celery_app = Celery("jobsapp", control="jobsapp.lifecycle.celery_api.revoke:JournalControl")
+    # The journal answers for lifecycle jobs over any result backend the deployment names
+    # (Celery takes this before its setting, which CELERY_RESULT_BACKEND overrides).
+    celery_app.backend_cls = RESULTS
     # Before anything reads its configuration: a team's module connects to it later.
     celery_app.on_after_configure = AfterConfigure(celery_app)
     celery_app.config_from_object(celery_settings())

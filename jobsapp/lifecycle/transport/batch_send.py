@@ -111,7 +111,7 @@ class BatchSender:
         if template is not None:
             root_id, parent_id = self._lineage(options, root_id, parent_id)
             call = _call(task_id, args, kwargs, retries, root_id, parent_id, options)
-            self._send_copy(template, call, options.get("ignore_result"))
+            self._send_copy(template, call)
             return
         if shape in self._templates:  # a shape whose messages each go through Celery
             shape = None
@@ -157,17 +157,16 @@ class BatchSender:
             **options,
         )
         if shape is None:
-            self._publish(name, task_id, message, ignore_result, options)
+            self._publish(name, task_id, message, options)
             return
         call = _call(task_id, args, kwargs, retries, root_id, parent_id, options)
-        self._templates[shape] = self._publish_first(name, call, message, ignore_result, options)
+        self._templates[shape] = self._publish_first(name, call, message, options)
 
     def _publish(
         self,
         name: str,
         task_id: str,
         message: Any,
-        ignore_result: bool | None,
         options: dict[str, Any],
         *,
         producer: Any = None,
@@ -178,7 +177,7 @@ class BatchSender:
         queue = options.get("queue")
         if isinstance(queue, Queue):
             options["queue"] = self._bound(queue)
-        with self._sending(task_id, ignore_result):
+        with self._sending(task_id):
             self._send_message(
                 producer or self._producer,
                 name,
@@ -192,7 +191,6 @@ class BatchSender:
         name: str,
         call: Call,
         message: Any,
-        ignore_result: bool | None,
         options: dict[str, Any],
     ) -> Template | None:
         """Publish the first message of a shape through Celery; its template, if copies
@@ -203,7 +201,6 @@ class BatchSender:
             name,
             call.task_id,
             message,
-            ignore_result,
             options,
             producer=producer,
             dispatcher=dispatcher,
@@ -220,22 +217,23 @@ class BatchSender:
             event = dict(fields)
         return Template.of(call, body, dict(publish), event)
 
-    def _send_copy(self, template: Template, call: Call, ignore_result: bool | None) -> None:
+    def _send_copy(self, template: Template, call: Call) -> None:
         """What ``_publish`` sends for ``call``, as a copy of its shape's first message."""
         body, publish = template.message(call)
         event = template.sent_event(call)
-        with self._sending(call.task_id, ignore_result):
+        with self._sending(call.task_id):
             self._producer.publish(body, **publish)
             if event is not None and self._dispatcher is not None:
                 self._dispatcher.publish("task-sent", event, self._producer)
 
     @contextmanager
-    def _sending(self, task_id: str, ignore_result: bool | None) -> Iterator[None]:
-        """What ``send_task`` does around a message's publish: the backend told of the
-        call, a broker's errors raised as kombu's, the calling task's trail extended."""
+    def _sending(self, task_id: str) -> Iterator[None]:
+        """What ``send_task`` does around a message's publish: a broker's errors raised as
+        kombu's, the calling task's trail extended. No result backend is told of the call
+        (``on_task_call``): a lifecycle job's result is the journal's, and a backend that
+        listens for results (Redis's, a deployment's under the journal) would subscribe to
+        one per message, never to hear it."""
         with self._producer.connection._reraise_as_library_errors():
-            if not ignore_result:
-                self._app.backend.on_task_call(self._producer, task_id)
             yield
         if self._parent is not None:
             self._parent.add_trail(self._app.AsyncResult(task_id))
