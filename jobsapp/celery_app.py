@@ -43,6 +43,7 @@ from jobsapp.settings import (
     SettingsError,
     foreign_broker,
     get_settings,
+    sentinel_unnamed,
 )
 from jobsapp.shipped import CELERYCONFIG
 
@@ -139,6 +140,8 @@ def _transport(broker_url: str) -> str | None:
     scheme = broker_url.split("://", 1)[0]
     if scheme in ("redis", "rediss"):
         return "jobsapp.lifecycle.transport.redis_transport:Transport"
+    if scheme == "sentinel":
+        return "jobsapp.lifecycle.transport.redis_transport:SentinelTransport"
     if scheme in ("amqp", "pyamqp"):
         return "jobsapp.lifecycle.transport.amqp_transport:Transport"
     return None
@@ -174,6 +177,8 @@ def create_app() -> Celery:
         ),
         imports=_all_imports(celery_app.conf.imports, settings.imports),
     )
+    if refusal := sentinel_unnamed(settings.broker_url, celery_app.conf.broker_transport_options):
+        raise SettingsError(refusal)
     json_startup(celery_app)
     one_line_per_reject()
     # Eagerly, as a process that only replays or relays may publish before any lifecycle

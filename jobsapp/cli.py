@@ -431,6 +431,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _reader_gone()
 
 
+def _options(needs: Sequence[Need]) -> dict[str, Any] | None:
+    """The app's broker transport options (a Sentinel's master name), for a command that
+    publishes; the app is not built for the others."""
+    if Need.BROKER not in needs:
+        return None
+    from jobsapp.celery_app import app
+
+    return dict(app.conf.broker_transport_options or {})
+
+
 def _run(argv: Sequence[str] | None) -> int:
     # Parsed first: --help and --version need no settings, so a bad one cannot stop them.
     args = _parser().parse_args(argv)
@@ -438,7 +448,8 @@ def _run(argv: Sequence[str] | None) -> int:
     try:
         logs.configure()
         preflight.quiet_noisy_loggers()
-        preflight.require(*_needs(args), settings=get_settings())
+        needs = _needs(args)
+        preflight.require(*needs, settings=get_settings(), transport_options=_options(needs))
     except SettingsError as bad:
         preflight.report(preflight.configuration_failure(bad))
         return preflight.ExitCode.CONFIGURATION

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -109,15 +109,20 @@ def database_setting(url: str) -> str:
 # ------------------------------------------------------------------------- checks
 
 
-def require(*needs: Need, settings: Settings | None = None) -> None:
-    """Check each need once; raises the first StartupFailure."""
+def require(
+    *needs: Need,
+    settings: Settings | None = None,
+    transport_options: Mapping[str, Any] | None = None,
+) -> None:
+    """Check each need once; raises the first StartupFailure. ``transport_options``: the
+    app's broker transport options, the broker is connected to with them."""
     settings = settings or get_settings()
     if Need.DATABASE in needs or Need.SCHEMA in needs:
         check_database(settings.database_url, schema=Need.SCHEMA in needs)
     if Need.STORAGE in needs:
         check_storage(settings)
     if Need.BROKER in needs:
-        check_broker(settings.broker_url)
+        check_broker(settings.broker_url, transport_options or {})
 
 
 def check_database(url: str, *, schema: bool) -> None:
@@ -247,12 +252,14 @@ def _bucket_failure(exc: Any, bucket: str, storage_url: str, endpoint: str) -> S
     )
 
 
-def check_broker(url: str) -> None:
+def check_broker(url: str, transport_options: Mapping[str, Any]) -> None:
+    """Connect as the app will (Sentinel's ``master_name`` is a transport option)."""
     if urlsplit(url).scheme in ("filesystem", "memory"):
         return
     from kombu import Connection
 
-    with Connection(url, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+    options = dict(transport_options)
+    with Connection(url, connect_timeout=CONNECT_TIMEOUT_S, transport_options=options) as conn:
         errors: tuple[type[BaseException], ...] = (*conn.connection_errors, OSError)
         try:
             conn.connect()
@@ -308,9 +315,10 @@ def quiet_noisy_loggers() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def worker_started(**_kwargs: Any) -> None:
+def worker_started(sender: Any = None, **_kwargs: Any) -> None:
     """``worker_init``: before the consumer connects, so no "ready" while a need is missing."""
-    _start_or_exit(Need.SCHEMA, Need.STORAGE, Need.BROKER)
+    options = sender.app.conf.broker_transport_options if sender is not None else None
+    _start_or_exit(Need.SCHEMA, Need.STORAGE, Need.BROKER, transport_options=options)
 
 
 def beat_started(**_kwargs: Any) -> None:
@@ -320,10 +328,10 @@ def beat_started(**_kwargs: Any) -> None:
     _start_or_exit(Need.SCHEMA)
 
 
-def _start_or_exit(*needs: Need) -> None:
+def _start_or_exit(*needs: Need, transport_options: Mapping[str, Any] | None = None) -> None:
     quiet_noisy_loggers()
     try:
-        require(*needs)
+        require(*needs, transport_options=transport_options)
     except StartupFailure as failure:
         exit_with(failure)
 

@@ -123,7 +123,7 @@ TOOL_PREFIXES = (
 # would never reach the others). A local value may still be named: sqlite:///...,
 # filesystem://, file:///....
 SERVER_NAMES = ("JOBSAPP_DATABASE_URL", "JOBSAPP_BROKER_URL", "JOBSAPP_STORAGE_URL")
-_BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "pyamqp", "memory")
+_BROKER_SCHEMES = ("filesystem", "redis", "rediss", "sentinel", "amqp", "pyamqp", "memory")
 EMBEDDED_BROKER = "filesystem://"
 _MIB = 1024 * 1024
 _HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,100}")
@@ -396,6 +396,18 @@ def foreign_broker(named: Mapping[str, object], where: str, broker_url: str) -> 
                 "broker there (with JOBSAPP_DATABASE_URL and JOBSAPP_STORAGE_URL) and remove "
                 f"{name}"
             )
+    return None
+
+
+def sentinel_unnamed(broker_url: str, transport_options: Mapping[str, object]) -> str | None:
+    """Why a Redis Sentinel broker cannot be reached: kombu asks the sentinels for the
+    master by the ``master_name`` transport option, which no URL carries."""
+    if broker_url.startswith("sentinel://") and not transport_options.get("master_name"):
+        return (
+            "JOBSAPP_BROKER_URL names Redis Sentinel but no master: set "
+            'broker_transport_options = {"master_name": "..."} in the deployment\'s '
+            "celeryconfig (kept beside jobsapp's own options)"
+        )
     return None
 
 

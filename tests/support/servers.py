@@ -46,6 +46,7 @@ class RedisServer:
     popen: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     dies_with_pytest: bool = False
+    replica_of: int | None = None  # a master's port: this server replicates it
 
     @property
     def url(self) -> str:
@@ -74,6 +75,11 @@ class RedisServer:
             "no",
             "--logfile",
             str(self.workdir / "redis.log"),
+            *(
+                ()
+                if self.replica_of is None
+                else ("--replicaof", "127.0.0.1", str(self.replica_of))
+            ),
         ]
 
     def start(self) -> None:
@@ -140,6 +146,50 @@ class RedisServer:
 
     def close(self) -> None:
         self.kill()
+
+
+@dataclass
+class SentinelServer(RedisServer):
+    """A Redis Sentinel (``redis-server --sentinel``) watching the master on ``master``'s
+    port under the name ``MASTER``; quick to call a master down and to fail over."""
+
+    master: int = 0
+    MASTER = "jobsapp-master"
+
+    @property
+    def url(self) -> str:
+        return f"sentinel://127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        config = self.workdir / "sentinel.conf"  # Sentinel rewrites its own config
+        config.write_text(
+            f"sentinel monitor {self.MASTER} 127.0.0.1 {self.master} 1\n"
+            f"sentinel down-after-milliseconds {self.MASTER} 1000\n"
+            f"sentinel failover-timeout {self.MASTER} 5000\n"
+        )
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed (apt-get install redis-server)"
+        return [
+            binary,
+            str(config),
+            "--sentinel",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.workdir),
+            "--logfile",
+            str(self.workdir / "sentinel.log"),
+        ]
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def master_port(self) -> int:
+        with contextlib.closing(self.client()) as client:
+            _, port = client.sentinel_get_master_addr_by_name(self.MASTER)
+            return int(port)
 
 
 def closed_port() -> int:

@@ -9,8 +9,9 @@ of ``jobsapp.lifecycle.transport.guard``.
 
 Priorities are kombu's, untouched: one list per priority step, read smallest first, so
 ``priority=0`` (and a message without one) is the most urgent, as for any Celery app on
-Redis (docs/flow-control.md, "Priorities"). ``jobsapp.celery_app`` selects this transport
-for ``redis://`` and ``rediss://`` broker URLs.
+Redis (docs/flow-control.md, "Priorities"). ``jobsapp.celery_app`` selects ``Transport``
+for ``redis://`` and ``rediss://`` broker URLs, and ``SentinelTransport`` (kombu's, which
+asks Redis Sentinel for the master, again after a failover) for ``sentinel://``.
 """
 
 from __future__ import annotations
@@ -86,14 +87,30 @@ class Channel(redis.Channel):
             return True
 
 
-class Transport(redis.Transport):
-    """Redis, with every popped item checked before kombu builds a message of it."""
-
-    Channel = Channel
+class _Guarded:
+    """Every popped item checked before kombu builds a message of it."""
 
     def _deliver(self, message: Any, queue: str | None) -> None:
         fault = frame_fault(message)
         if fault is not None:
             log.error(_REFUSED, fault)
             return
-        super()._deliver(message, queue)
+        super()._deliver(message, queue)  # type: ignore[misc]
+
+
+class Transport(_Guarded, redis.Transport):
+    """Redis, with every popped item checked before kombu builds a message of it."""
+
+    Channel = Channel
+
+
+class SentinelChannel(Channel, redis.SentinelChannel):
+    """kombu's Sentinel channel (its pool follows the master) with this module's client
+    and parse guard."""
+
+
+class SentinelTransport(_Guarded, redis.SentinelTransport):
+    """Redis behind Sentinel: ``sentinel://host:26379;sentinel://host2:26379`` and the
+    ``master_name`` transport option, as kombu takes them."""
+
+    Channel = SentinelChannel
