@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from jobsapp.settings import SERVER_NAMES
+from jobsapp.settings import EMBEDDED_BROKER, SERVER_NAMES
 
 _MIGRATED: set[str] = set()
 _OWN_DATABASE = "JOBSAPP_TEST_DATABASE_URL"
@@ -50,7 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.add_cleanup(lambda: _drop_session_database(server, url))
         settings |= {
             "JOBSAPP_DATABASE_URL": url,
-            "JOBSAPP_BROKER_URL": "filesystem://",
+            "JOBSAPP_BROKER_URL": EMBEDDED_BROKER,
             "JOBSAPP_STORAGE_URL": f"file://{settings['JOBSAPP_VAR_DIR']}/storage",
         }
     mine = [name for name in settings if name not in os.environ]
