@@ -7,6 +7,7 @@ on the loopback; nothing leaves the machine.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import statistics
 import threading
@@ -24,6 +25,7 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.lifecycle.transport import publisher
+from jobsapp.lifecycle.worker import celery_view
 from jobsapp.maintenance import reaper, relay
 from tests.support import tasks
 from tests.support.attachments import environment
@@ -166,3 +168,22 @@ def test_on_sqlite_a_relay_waiting_on_a_silent_broker_blocks_no_heartbeat(
         relay_pass.join(timeout=30)
     down.close()
     assert waited < 0.5
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_leaving_pool_childs_held_events_wait_a_silent_broker_one_timeout(
+    scheme: str, blackhole: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool child that leaves (``--max-tasks-per-child``) publishes the task-started
+    events it holds from its main thread, in Celery's ``worker_process_shutdown``. On a
+    silent broker that publish waited as long as the socket let it (for ever here, and a
+    network's retransmissions, minutes, elsewhere): the child never left, and its slot of
+    the pool with it. Bounded by the publish timeout, the events are given up."""
+    monkeypatch.setattr(app.conf, "broker_url", url(scheme, blackhole))
+    host = f"leaving-{uuid.uuid4().hex[:8]}@here"
+    started = time.monotonic()
+    with contextlib.suppress(*publisher.BROKER_ERRORS):  # refused at the send: as good
+        celery_view.send_started(app, str(uuid.uuid4()), host, {"name": "tests.echo"})
+        celery_view.flush_held()  # what the child runs as it leaves
+    assert time.monotonic() - started < 10 * SILENT_TIMEOUT

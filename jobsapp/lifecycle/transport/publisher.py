@@ -60,16 +60,24 @@ def _bounded_options(app: Celery, seconds: float) -> dict[str, Any]:
     }
 
 
+def bounded_connection(app: Celery, seconds: float | None = None) -> Any:
+    """A connection to ``app``'s broker whose every wait (connect, each read and write)
+    gives up within ``seconds`` (default: the publish timeout)."""
+    if seconds is None:
+        seconds = get_settings().publish_timeout
+    return app.connection_for_write(
+        app.conf.broker_write_url,
+        connect_timeout=seconds,
+        transport_options=_bounded_options(app, seconds),
+    )
+
+
 @lru_cache(maxsize=32)
 def _pool(_pid: int, app: Celery, seconds: float, *_urls_set: Any) -> Any:
     """The pool of bounded producers for ``app``'s broker in process ``_pid`` (a forked
     child gets its own), read from its settings once per ``_urls_set``: the broker URLs
     set on the app (``conf.changes``), where a changed or monkeypatched URL lands."""
-    url = app.conf.broker_write_url
-    conn = app.connection_for_write(
-        url, connect_timeout=seconds, transport_options=_bounded_options(app, seconds)
-    )
-    return pools.producers[conn]
+    return pools.producers[bounded_connection(app, seconds)]
 
 
 def _write_pool(app: Celery) -> Any:

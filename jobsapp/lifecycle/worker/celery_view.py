@@ -39,6 +39,7 @@ from kombu.utils.imports import symbol_by_name
 
 from jobsapp.lifecycle.rules.message import Envelope, task_id_for
 from jobsapp.lifecycle.rules.scrub import scrub
+from jobsapp.lifecycle.transport import publisher
 from jobsapp.lifecycle.worker import timeouts
 from jobsapp.lifecycle.worker.attempt import End, Ended
 
@@ -198,7 +199,9 @@ def _dispatcher(app: Celery, hostname: str) -> EventDispatcher:
         if found is None:
             flusher = _Flusher()
             found = _dispatchers[key] = app.events.Dispatcher(
-                app.connection_for_write(),
+                # Bounded as a publish: a silent broker must not hold a child that is
+                # leaving (its last flush runs in its main thread) past the timeout.
+                publisher.bounded_connection(app),
                 hostname=hostname,
                 buffer_while_offline=False,
                 buffer_group=["task"],
