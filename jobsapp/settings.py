@@ -123,6 +123,7 @@ TOOL_PREFIXES = (
 # would never reach the others). A local value may still be named: sqlite:///...,
 # filesystem://, file:///....
 SERVER_NAMES = ("JOBSAPP_DATABASE_URL", "JOBSAPP_BROKER_URL", "JOBSAPP_STORAGE_URL")
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
 _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "sentinel", "amqp", "pyamqp", "memory")
 EMBEDDED_BROKER = "filesystem://"
 _MIB = 1024 * 1024
@@ -232,7 +233,10 @@ def whole_number(env: Mapping[str, str], name: str, default: int) -> int:
 
 
 def _url(env: Mapping[str, str], name: str, default: str, schemes: tuple[str, ...]) -> str:
+    """``name``'s URL (``default`` when unset: an empty default is no URL, unchecked)."""
     value = env.get(name) or default
+    if not value:
+        return value
     scheme = urlsplit(value).scheme.split("+", 1)[0]
     if scheme not in schemes:
         allowed = ", ".join(schemes)
@@ -452,7 +456,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             env, "JOBSAPP_DATABASE_URL", f"sqlite:///{var_dir / 'jobsapp.db'}", _DB_SCHEMES
         ),
         broker_url=broker_url,
-        redis_url=env.get("JOBSAPP_REDIS_URL") or None,
+        # redis-py's own schemes: the dedup fast path is one plain client (no Sentinel).
+        redis_url=_url(env, "JOBSAPP_REDIS_URL", "", _REDIS_SCHEMES) or None,
         storage_url=_storage_url(env, var_dir),
         s3_endpoint_url=env.get("JOBSAPP_S3_ENDPOINT_URL") or None,
         s3_public_url=_public_url(env),

@@ -100,6 +100,7 @@ def test_supported_databases(url: str) -> None:
         "filesystem://",
         "redis://h:6379/0",
         "rediss://h:6380/0",
+        "sentinel://h:26379;sentinel://h2:26379",
         "amqp://g@h//",
         "pyamqp://h//",
         "memory://",
@@ -122,6 +123,10 @@ def test_supported_storage(url: str) -> None:
         ("JOBSAPP_DATABASE_URL", "jobs.db"),
         ("JOBSAPP_BROKER_URL", "ftp://files.example/queue"),
         ("JOBSAPP_BROKER_URL", "sqs://"),
+        # The dedup fast path's client: redis-py's URLs only (before: a ValueError from
+        # the first enqueue of a task with a dedup window).
+        ("JOBSAPP_REDIS_URL", "sentinel://h:26379"),
+        ("JOBSAPP_REDIS_URL", "cache:6379"),
         ("JOBSAPP_STORAGE_URL", "http://bucket.example/objects"),
         ("JOBSAPP_STORAGE_URL", "https://bucket.example/objects"),
         ("JOBSAPP_STORAGE_URL", "s3://"),
