@@ -41,6 +41,7 @@ from tests.support.first_hour_tasks import add as job_add, shaky
 job = shaky.delay(sys.argv[1], fail_times=1)
 held = AsyncResult(job.id, app=app)
 answer = {"job": held.get(timeout=40), "state": held.state, "retries": held.retries}
+answer["read_again"] = AsyncResult(job.id, app=app).state  # no get(): the backend's meta
 answer["plain"] = AsyncResult(add.apply_async((2, 3), ignore_result=False).id, app=app).get(
     timeout=40
 )
@@ -55,15 +56,26 @@ print(json.dumps(answer))
 """
 
 
-@pytest.mark.parametrize("named_in", ["settings module", "environment"])
+@pytest.mark.parametrize(
+    ("named_in", "store"),
+    [("settings module", "redis"), ("environment", "redis"), ("settings module", "rpc")],
+)
 def test_a_deployments_result_backend_keeps_plain_results_and_jobs_answer_from_the_journal(
-    named_in: str, pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
+    named_in: str,
+    store: str,
+    pg: Engine,
+    postgres_url: str,
+    module_redis: RedisServer,
+    tmp_path: Path,
 ) -> None:
+    """``rpc://`` (results as messages back to the caller, common beside RabbitMQ) and
+    Redis's (pub/sub and keys) are Celery's two kinds of backend: both stay whole."""
     del pg  # migrated
     (tmp_path / "deploy_tasks.py").write_text(TASKS)
-    backend = {"CELERY_RESULT_BACKEND": module_redis.url}
+    url = module_redis.url if store == "redis" else "rpc://"
+    backend = {"CELERY_RESULT_BACKEND": url}
     if named_in == "settings module":
-        (tmp_path / "deploy_settings.py").write_text(f"result_backend = {module_redis.url!r}\n")
+        (tmp_path / "deploy_settings.py").write_text(f"result_backend = {url!r}\n")
         backend = {"CELERY_CONFIG_MODULE": "deploy_settings"}
     env = service_env(
         database_url=postgres_url,
@@ -90,10 +102,10 @@ def test_a_deployments_result_backend_keeps_plain_results_and_jobs_answer_from_t
     answer = json.loads(read.stdout.splitlines()[-1])
     token = read.args[-1]
     assert answer["job"] == f"{token} done"  # as Celery's backend answers a retried task
-    assert (answer["state"], answer["retries"]) == ("SUCCESS", 1)
+    assert (answer["state"], answer["retries"], answer["read_again"]) == ("SUCCESS", 1, "SUCCESS")
     assert answer["failed"] == "ConnectionError"
     assert answer["plain"] == 5
     assert answer["job_group"] == [3, 7]
     assert answer["plain_group"] == [2, 4]  # Celery's native join, on its Redis backend
     # What Celery's worker banner and ``celery report`` show: both stores, no password.
-    assert answer["results"] == f"jobsapp+{module_redis.url}"
+    assert answer["results"] == f"jobsapp+{url}"
