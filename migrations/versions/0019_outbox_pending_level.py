@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from jobsapp.lifecycle.journal.ddl import build_index
+
 revision: str = "0019"
 down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
@@ -34,11 +36,11 @@ def _postgres() -> bool:
 def upgrade() -> None:
     op.drop_index("ix_outbox_pending_priority", "outbox")
     if _postgres():
-        op.create_index(
+        build_index(
             "ix_outbox_pending_level",
             "outbox",
             ["module", sa.text("coalesce(queue, '')"), "priority", "available_at", "id"],
-            postgresql_where=PENDING,
+            where=PENDING,
         )
 
 

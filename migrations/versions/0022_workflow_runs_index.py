@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from jobsapp.lifecycle.journal.ddl import build_index
+
 revision: str = "0022"
 down_revision: str | None = "0021"
 branch_labels: str | Sequence[str] | None = None
@@ -27,14 +29,7 @@ WHERE = sa.text("workflow_id IS NOT NULL")
 def upgrade() -> None:
     # A run table created since (ddl.create_run_table) has it already.
     for table in RUN_TABLES:
-        op.create_index(
-            f"ix_{table}_workflow",
-            table,
-            ["workflow_id"],
-            if_not_exists=True,
-            postgresql_where=WHERE,
-            sqlite_where=WHERE,
-        )
+        build_index(f"ix_{table}_workflow", table, ["workflow_id"], where=WHERE)
 
 
 def downgrade() -> None:

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from jobsapp.lifecycle.journal.ddl import build_index
+
 revision: str = "0023"
 down_revision: str | None = "0022"
 branch_labels: str | Sequence[str] | None = None
@@ -34,28 +36,14 @@ CLAIMS = sa.text("transition = 'claim'")
 def upgrade() -> None:
     # A run table created since (ddl.create_run_table) has it already.
     for table in RUN_TABLES:
-        op.create_index(
+        build_index(
             f"ix_{table}_task_state_updated",
             table,
             ["task_name", "state", "updated_at"],
-            if_not_exists=True,
             postgresql_ops={"task_name": "varchar_pattern_ops"},
         )
-        op.create_index(
-            f"ix_{table}_attempted",
-            table,
-            ["attempted_at"],
-            if_not_exists=True,
-            postgresql_where=ATTEMPTED,
-            sqlite_where=ATTEMPTED,
-        )
-    op.create_index(
-        "ix_job_events_claims",
-        "job_events",
-        ["module", "job_id", "attempt"],
-        postgresql_where=CLAIMS,
-        sqlite_where=CLAIMS,
-    )
+        build_index(f"ix_{table}_attempted", table, ["attempted_at"], where=ATTEMPTED)
+    build_index("ix_job_events_claims", "job_events", ["module", "job_id", "attempt"], where=CLAIMS)
 
 
 def downgrade() -> None:

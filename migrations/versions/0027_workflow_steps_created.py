@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from jobsapp.lifecycle.journal.ddl import build_index
+
 revision: str = "0027"
 down_revision: str | None = "0026"
 branch_labels: str | Sequence[str] | None = None
@@ -20,7 +22,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.create_index("ix_workflow_steps_created", "workflow_steps", ["created_at"])
+    build_index("ix_workflow_steps_created", "workflow_steps", ["created_at"])
 
 
 def downgrade() -> None:

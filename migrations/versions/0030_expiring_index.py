@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from jobsapp.lifecycle.journal.ddl import build_index
+
 revision: str = "0030"
 down_revision: str | None = "0029"
 branch_labels: str | Sequence[str] | None = None
@@ -28,14 +30,7 @@ EXPIRING = sa.text("state = 'queued' AND expires_at IS NOT NULL")
 def upgrade() -> None:
     # A run table created since (ddl.create_run_table) has it already.
     for table in RUN_TABLES:
-        op.create_index(
-            f"ix_{table}_expiring",
-            table,
-            ["expires_at"],
-            if_not_exists=True,
-            postgresql_where=EXPIRING,
-            sqlite_where=EXPIRING,
-        )
+        build_index(f"ix_{table}_expiring", table, ["expires_at"], where=EXPIRING)
 
 
 def downgrade() -> None:

@@ -186,3 +186,40 @@ def replace_runs_view(run_tables: Sequence[tuple[str, str]]) -> None:
     in the migration: it must keep creating what it created that day)."""
     op.execute(f"DROP VIEW IF EXISTS {RUNS_VIEW}")
     op.execute(runs_view_sql(run_tables))
+
+
+def build_index(
+    name: str, table: str, columns: Sequence[Any], *, where: Any = None, **options: Any
+) -> None:
+    """An index added to a table that is in use, as a migration must add it.
+
+    On PostgreSQL ``CREATE INDEX CONCURRENTLY``, outside the migration's transaction: a
+    plain ``CREATE INDEX`` holds a SHARE lock for its whole build, and every claim, finish
+    and enqueue on the table waits behind it (seconds to minutes on a journal of 10^7
+    runs, during a deploy's ``jobsapp db upgrade``). An index an interrupted build left
+    invalid is dropped first (``IF NOT EXISTS`` would keep it, unused for ever). Elsewhere
+    (SQLite) a plain ``CREATE INDEX``. Already there (a table created since), nothing.
+    """
+    bind = op.get_bind()
+    if bind.dialect.name != "postgresql":
+        op.create_index(name, table, columns, if_not_exists=True, sqlite_where=where, **options)
+        return
+    with op.get_context().autocommit_block():
+        invalid = bind.execute(
+            sa.text(
+                "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                "WHERE c.relname = :name AND NOT i.indisvalid"
+            ),
+            {"name": name},
+        ).first()
+        if invalid is not None:
+            op.execute(sa.text(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"'))
+        op.create_index(
+            name,
+            table,
+            columns,
+            if_not_exists=True,
+            postgresql_where=where,
+            postgresql_concurrently=True,
+            **options,
+        )

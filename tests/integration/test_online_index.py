@@ -1,0 +1,104 @@
+"""A deploy's ``jobsapp db upgrade`` adds indexes to run tables that workers are writing.
+
+A plain ``CREATE INDEX`` takes a SHARE lock for its whole build: it waits for the writers'
+open transactions, and every write that comes after it waits behind it, for as long as the
+build reads the table (seconds to minutes at 10^7 runs). Built ``CONCURRENTLY``
+(``ddl.build_index``) it also waits for the open transactions, but the writes after it go
+on. Here: a worker's transaction open on ``job_runs`` (the lock its claim's UPDATE
+holds), the upgrade that adds ``ix_job_runs_expiring`` (0030) started, and a second
+worker's write must get its lock at once, while the index is being built.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from alembic import command
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import IntegrityError
+
+from jobsapp.shipped import alembic_config
+from tests.support.databases import migrated_postgres
+from tests.support.env import SESSION
+from tests.support.waiting import eventually, waiting_for_a_lock
+
+# What an INSERT, UPDATE or DELETE of a row takes on its table.
+WRITERS_LOCK = "LOCK TABLE job_runs IN ROW EXCLUSIVE MODE"
+
+
+def test_an_upgrades_index_build_leaves_the_run_table_writable() -> None:
+    with migrated_postgres(f"jobsapp_online_index_{SESSION}") as url:
+        cfg = alembic_config()
+        cfg.set_main_option("sqlalchemy.url", url)
+        command.downgrade(cfg, "0029")
+        engine = create_engine(url)
+        failures: list[BaseException] = []
+
+        def upgrade() -> None:
+            try:
+                command.upgrade(cfg, "0030")
+            except BaseException as exc:  # noqa: BLE001 - asserted below, in the test's thread
+                failures.append(exc)
+
+        try:
+            with engine.connect() as worker:
+                worker.execute(text(WRITERS_LOCK))  # a claim's transaction, still open
+                build = threading.Thread(target=upgrade, daemon=True)
+                build.start()
+                # The build waits for the open transaction (either way it is built).
+                eventually(lambda: waiting_for_a_lock(engine), timeout=30)
+                with engine.connect() as second:
+                    # The next worker's write: before, it queued behind the build's lock
+                    # request until the timeout.
+                    second.execute(text("SET lock_timeout = '3s'"))
+                    second.execute(text(WRITERS_LOCK))
+                    second.rollback()
+                worker.rollback()
+                build.join(timeout=60)
+            assert not build.is_alive()
+            assert not failures, failures
+            with engine.connect() as conn:
+                valid = conn.execute(
+                    text(
+                        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c "
+                        "ON c.oid = i.indexrelid WHERE c.relname = 'ix_job_runs_expiring'"
+                    )
+                ).scalar_one()
+            assert valid is True
+        finally:
+            engine.dispose()
+
+
+def test_an_index_an_interrupted_build_left_invalid_is_built_again() -> None:
+    """A concurrent build that failed (a cancelled deploy, a lost connection) leaves its
+    index behind, invalid: never used, yet ``IF NOT EXISTS`` would take it as built."""
+    with migrated_postgres(f"jobsapp_invalid_index_{SESSION}") as url:
+        cfg = alembic_config()
+        cfg.set_main_option("sqlalchemy.url", url)
+        command.downgrade(cfg, "0029")
+        engine = create_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                # A build that fails half way, under the index's name: it stays, invalid.
+                conn.execute(text("CREATE TABLE interrupted (x int)"))
+                conn.execute(text("INSERT INTO interrupted VALUES (1), (1)"))
+                with pytest.raises(IntegrityError):
+                    conn.execute(
+                        text(
+                            "CREATE UNIQUE INDEX CONCURRENTLY ix_job_runs_expiring "
+                            "ON interrupted (x)"
+                        )
+                    )
+            command.upgrade(cfg, "0030")
+            with engine.connect() as conn:
+                built = conn.execute(
+                    text(
+                        "SELECT i.indisvalid, i.indrelid::regclass::text FROM pg_index i "
+                        "JOIN pg_class c ON c.oid = i.indexrelid "
+                        "WHERE c.relname = 'ix_job_runs_expiring'"
+                    )
+                ).one()
+            assert tuple(built) == (True, "job_runs")
+        finally:
+            engine.dispose()
