@@ -47,8 +47,26 @@ def db_upgrade(_args: argparse.Namespace) -> int:
     # Here, not at the top: Alembic is half of the CLI's imports, and only this command
     # needs it (`jobsapp --help` should not wait for it).
     from alembic import command
+    from sqlalchemy.exc import OperationalError
 
-    command.upgrade(alembic_config(), "head")
+    from jobsapp.db import lock_refused
+    from jobsapp.lifecycle.journal.ddl import MIGRATION_LOCK_TIMEOUT_S
+
+    try:
+        command.upgrade(alembic_config(), "head")
+    except OperationalError as exc:
+        if not lock_refused(exc):
+            raise
+        preflight.report(
+            StartupFailure(
+                preflight.ExitCode.MIGRATION_LOCKED,
+                f"a migration waited {MIGRATION_LOCK_TIMEOUT_S} s for a table another "
+                "transaction holds (a pg_dump, an idle session: see pg_stat_activity) and "
+                "stopped, applying nothing of its own, rather than hold every query of "
+                "that table behind it; run `jobsapp db upgrade` again once that ends",
+            )
+        )
+        return preflight.ExitCode.MIGRATION_LOCKED
     print(f"database at head: {_safe_url(get_settings().database_url)}")
     return 0
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, DateTime, Engine, create_engine, event
 from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
 
@@ -272,3 +273,8 @@ def dispose_engines() -> None:
     with _engines_lock:
         for engine in _engines.values():
             engine.dispose(close=False)
+
+
+def lock_refused(exc: DBAPIError) -> bool:
+    """PostgreSQL gave up waiting for a lock (``lock_timeout``, SQLSTATE 55P03)."""
+    return getattr(exc.orig, "pgcode", None) == "55P03"

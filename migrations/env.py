@@ -6,6 +6,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 from jobsapp.db import get_engine
+from jobsapp.lifecycle.journal.ddl import MIGRATION_LOCK_TIMEOUT_S
 from jobsapp.schema import metadata
 
 config = context.config
@@ -20,18 +21,23 @@ def _configure(connection: Connection) -> None:
     )
 
 
+def _run(connection: Connection) -> None:
+    _configure(connection)
+    with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            # Session-wide: it outlasts the commits of an index built concurrently (ddl.py).
+            context.execute(f"SET lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'")
+        context.run_migrations()
+
+
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
-        _configure(connection)
-        with context.begin_transaction():
-            context.run_migrations()
+        _run(connection)
         return
     url = config.get_main_option("sqlalchemy.url") or None
     with get_engine(url).connect() as conn:
-        _configure(conn)
-        with context.begin_transaction():
-            context.run_migrations()
+        _run(conn)
         conn.commit()
 
 

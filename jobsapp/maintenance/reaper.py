@@ -21,6 +21,7 @@ from celery import Celery
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
+from jobsapp.db import lock_refused
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import StaleRun, registry
 from jobsapp.lifecycle.journal.registry import RunTable, StalePolicy
@@ -79,11 +80,6 @@ class _Batch:
     blocked: list[uuid.UUID]
     # Each reaped run and what the reaper recorded of it, for Celery's task events.
     ended: list[tuple[StaleRun, str]] = field(default_factory=list)
-
-
-def lock_refused(exc: OperationalError) -> bool:
-    """Postgres gave up waiting for a row lock (``lock_timeout``, SQLSTATE 55P03)."""
-    return getattr(exc.orig, "pgcode", None) == "55P03"
 
 
 def _reap_one(

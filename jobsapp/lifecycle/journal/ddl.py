@@ -15,6 +15,13 @@ from alembic import op
 from jobsapp.db import UtcDateTime
 from jobsapp.lifecycle.journal.tables import run_table_indexes
 
+# How long a migration's DDL waits for its table's lock (PostgreSQL's lock_timeout, set by
+# migrations/env.py). ALTER TABLE waits for every transaction open on the table, and every
+# query of the table that comes after it waits behind it: a long transaction (a pg_dump,
+# an idle psql session) would stop the journal for as long as it lasts. Past this, the
+# migration stops instead, and ``jobsapp db upgrade`` says so in one line.
+MIGRATION_LOCK_TIMEOUT_S = 10
+
 
 def _columns() -> list[sa.Column[Any]]:
     return [
@@ -205,6 +212,8 @@ def build_index(
         op.create_index(name, table, columns, if_not_exists=True, sqlite_where=where, **options)
         return
     with op.get_context().autocommit_block():
+        # A concurrent build's waits hold no one back: it may wait for old transactions.
+        op.execute(sa.text("SET lock_timeout = 0"))
         invalid = bind.execute(
             sa.text(
                 "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
@@ -223,3 +232,4 @@ def build_index(
             postgresql_concurrently=True,
             **options,
         )
+        op.execute(sa.text(f"SET lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'"))

@@ -1,4 +1,4 @@
-"""A deploy's ``jobsapp db upgrade`` adds indexes to run tables that workers are writing.
+"""A deploy's ``jobsapp db upgrade`` changes tables that the old release's workers write.
 
 A plain ``CREATE INDEX`` takes a SHARE lock for its whole build: it waits for the writers'
 open transactions, and every write that comes after it waits behind it, for as long as the
@@ -11,16 +11,23 @@ worker's write must get its lock at once, while the index is being built.
 
 from __future__ import annotations
 
+import subprocess
 import threading
+import time
+from pathlib import Path
 
 import pytest
 from alembic import command
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import IntegrityError
 
+from jobsapp.lifecycle.journal.ddl import MIGRATION_LOCK_TIMEOUT_S
+from jobsapp.preflight import ExitCode
+from jobsapp.settings import EMBEDDED_BROKER
 from jobsapp.shipped import alembic_config
 from tests.support.databases import migrated_postgres
 from tests.support.env import SESSION
+from tests.support.procs import BIN, service_env
 from tests.support.waiting import eventually, waiting_for_a_lock
 
 # What an INSERT, UPDATE or DELETE of a row takes on its table.
@@ -102,3 +109,47 @@ def test_an_index_an_interrupted_build_left_invalid_is_built_again() -> None:
             assert tuple(built) == (True, "job_runs")
         finally:
             engine.dispose()
+
+
+def test_a_migration_that_cannot_lock_its_table_stops_in_one_line(tmp_path: Path) -> None:
+    """ALTER TABLE waits for every transaction open on its table, and every query of the
+    table after it waits behind it. A pg_dump (or an idle psql session) holds its tables
+    for as long as it runs: the migration waited as long, and the journal with it. It now
+    stops after ``MIGRATION_LOCK_TIMEOUT_S``, applying nothing of its own, and says so."""
+    with migrated_postgres(f"jobsapp_locked_migration_{SESSION}") as url:
+        cfg = alembic_config()
+        cfg.set_main_option("sqlalchemy.url", url)
+        command.downgrade(cfg, "0031")  # 0032 adds a column to workflow_steps
+        env = service_env(
+            database_url=url,
+            broker_url=EMBEDDED_BROKER,
+            var_dir=tmp_path / "var",
+            settings={"JOBSAPP_REDIS_URL": ""},  # no Redis: the journal alone dedups
+        )
+        engine = create_engine(url)
+        try:
+            with engine.connect() as dump:
+                dump.execute(text("SELECT count(*) FROM workflow_steps"))  # its snapshot, open
+                started = time.monotonic()
+                upgrade = _jobsapp(env, "db", "upgrade")
+                took = time.monotonic() - started
+                dump.rollback()
+            assert upgrade.returncode == ExitCode.MIGRATION_LOCKED, upgrade.stderr
+            assert took < MIGRATION_LOCK_TIMEOUT_S + 20
+            line = upgrade.stderr.strip().splitlines()[-1]  # after Alembic's progress lines
+            assert line.startswith(f"jobsapp: a migration waited {MIGRATION_LOCK_TIMEOUT_S} s")
+            # Nothing of it applied; run again once the transaction ended, it is.
+            assert _jobsapp(env, "db", "upgrade").returncode == 0
+        finally:
+            engine.dispose()
+
+
+def _jobsapp(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "jobsapp"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
