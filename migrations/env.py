@@ -6,7 +6,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 from jobsapp.db import get_engine
-from jobsapp.lifecycle.journal.ddl import MIGRATION_LOCK_TIMEOUT_S
+from jobsapp.lifecycle.journal.ddl import lock_timeout_statement
 from jobsapp.schema import metadata
 
 config = context.config
@@ -25,8 +25,10 @@ def _run(connection: Connection) -> None:
     _configure(connection)
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":
-            # Session-wide: it outlasts the commits of an index built concurrently (ddl.py).
-            context.execute(f"SET lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'")
+            # LOCAL, as every SET of jobsapp's (PgBouncer's transaction pooling would hand a
+            # session's setting to another client); ddl.build_index sets it again after the
+            # commit its concurrent build makes.
+            context.execute(lock_timeout_statement())
         context.run_migrations()
 
 

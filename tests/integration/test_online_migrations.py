@@ -153,3 +153,22 @@ def _jobsapp(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
         timeout=120,
         check=False,
     )
+
+
+def test_an_upgrade_leaves_no_setting_on_its_connection() -> None:
+    """Through PgBouncer's transaction pooling a session's ``SET`` stays on the server
+    connection for the next client: the migrations' lock timeout is ``SET LOCAL``, on the
+    connection handed to Alembic too, around a concurrent build's commit included."""
+    with migrated_postgres(f"jobsapp_upgrade_settings_{SESSION}") as url:
+        cfg = alembic_config()
+        cfg.set_main_option("sqlalchemy.url", url)
+        command.downgrade(cfg, "0029")
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")  # 0030 builds an index concurrently
+                conn.commit()
+                assert conn.execute(text("SHOW lock_timeout")).scalar_one() == "0"
+        finally:
+            engine.dispose()

@@ -23,6 +23,10 @@ from jobsapp.lifecycle.journal.tables import run_table_indexes
 MIGRATION_LOCK_TIMEOUT_S = 10
 
 
+def lock_timeout_statement() -> str:
+    return f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'"
+
+
 def _columns() -> list[sa.Column[Any]]:
     return [
         sa.Column("job_id", sa.Uuid(), nullable=False),
@@ -211,9 +215,9 @@ def build_index(
     if bind.dialect.name != "postgresql":
         op.create_index(name, table, columns, if_not_exists=True, sqlite_where=where, **options)
         return
+    # Outside the transaction, so without the migration's lock_timeout (SET LOCAL): a
+    # concurrent build's waits for old transactions hold no one back.
     with op.get_context().autocommit_block():
-        # A concurrent build's waits hold no one back: it may wait for old transactions.
-        op.execute(sa.text("SET lock_timeout = 0"))
         invalid = bind.execute(
             sa.text(
                 "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
@@ -232,4 +236,4 @@ def build_index(
             postgresql_concurrently=True,
             **options,
         )
-        op.execute(sa.text(f"SET lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'"))
+    op.execute(sa.text(lock_timeout_statement()))  # for the migration's next transaction
