@@ -6,7 +6,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 from jobsapp.db import get_engine
-from jobsapp.lifecycle.journal.ddl import lock_timeout_statement
+from jobsapp.lifecycle.journal.ddl import CALLERS_TRANSACTION, lock_timeout_statement
 from jobsapp.schema import metadata
 
 config = context.config
@@ -22,6 +22,9 @@ def _configure(connection: Connection) -> None:
 
 
 def _run(connection: Connection) -> None:
+    # Handed over inside its caller's transaction, Alembic can leave it for no concurrent
+    # index build (ddl.build_index).
+    connection.info[CALLERS_TRANSACTION] = connection.in_transaction()
     _configure(connection)
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":

@@ -25,8 +25,8 @@ from jobsapp.lifecycle.journal.ddl import MIGRATION_LOCK_TIMEOUT_S
 from jobsapp.preflight import ExitCode
 from jobsapp.settings import EMBEDDED_BROKER
 from jobsapp.shipped import alembic_config
-from tests.support.databases import migrated_postgres
-from tests.support.env import SESSION
+from tests.support.databases import drop_postgres, fresh_postgres, migrated_postgres
+from tests.support.env import SESSION, service
 from tests.support.procs import BIN, service_env
 from tests.support.waiting import eventually, waiting_for_a_lock
 
@@ -172,3 +172,29 @@ def test_an_upgrade_leaves_no_setting_on_its_connection() -> None:
                 assert conn.execute(text("SHOW lock_timeout")).scalar_one() == "0"
         finally:
             engine.dispose()
+
+
+def test_an_upgrade_inside_its_callers_transaction_builds_its_indexes_in_it() -> None:
+    """A fresh database migrated in a transaction of the caller's (``python -m bench
+    maintenance`` does, a test harness may): Alembic cannot step out of it for a
+    concurrent build (its ``autocommit_block`` asserted), so the indexes are built in it."""
+    admin = service("JOBSAPP_TEST_DATABASE_URL")
+    name = f"jobsapp_callers_txn_{SESSION}"
+    url = fresh_postgres(admin, name)
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            cfg = alembic_config()
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+        with engine.connect() as conn:
+            valid = conn.execute(
+                text(
+                    "SELECT i.indisvalid FROM pg_index i JOIN pg_class c "
+                    "ON c.oid = i.indexrelid WHERE c.relname = 'ix_job_runs_expiring'"
+                )
+            ).scalar_one()
+        assert valid is True
+    finally:
+        engine.dispose()
+        drop_postgres(admin, name)

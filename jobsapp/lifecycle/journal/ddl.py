@@ -23,6 +23,11 @@ from jobsapp.lifecycle.journal.tables import run_table_indexes
 MIGRATION_LOCK_TIMEOUT_S = 10
 
 
+# Set on a connection's ``info`` by migrations/env.py: the connection was handed to Alembic
+# inside a transaction of the caller's, which Alembic cannot step out of.
+CALLERS_TRANSACTION = "jobsapp.migrations.callers_transaction"
+
+
 def lock_timeout_statement() -> str:
     return f"SET LOCAL lock_timeout = '{MIGRATION_LOCK_TIMEOUT_S}s'"
 
@@ -209,11 +214,21 @@ def build_index(
     and enqueue on the table waits behind it (seconds to minutes on a journal of 10^7
     runs, during a deploy's ``jobsapp db upgrade``). An index an interrupted build left
     invalid is dropped first (``IF NOT EXISTS`` would keep it, unused for ever). Elsewhere
-    (SQLite) a plain ``CREATE INDEX``. Already there (a table created since), nothing.
+    (SQLite, or a connection handed to Alembic inside its caller's transaction) a plain
+    ``CREATE INDEX``. Already there (a table created since), nothing.
     """
     bind = op.get_bind()
-    if bind.dialect.name != "postgresql":
-        op.create_index(name, table, columns, if_not_exists=True, sqlite_where=where, **options)
+    if bind.dialect.name != "postgresql" or bind.info.get(CALLERS_TRANSACTION):
+        # In a caller's transaction (a test's, a fresh database's) the build is transactional.
+        op.create_index(
+            name,
+            table,
+            columns,
+            if_not_exists=True,
+            postgresql_where=where,
+            sqlite_where=where,
+            **options,
+        )
         return
     # Outside the transaction, so without the migration's lock_timeout (SET LOCAL): a
     # concurrent build's waits for old transactions hold no one back.
