@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from alembic import command
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import IntegrityError
 
 from jobsapp.lifecycle.journal.ddl import MIGRATION_LOCK_TIMEOUT_S
@@ -32,6 +32,19 @@ from tests.support.waiting import eventually, waiting_for_a_lock
 
 # What an INSERT, UPDATE or DELETE of a row takes on its table.
 WRITERS_LOCK = "LOCK TABLE job_runs IN ROW EXCLUSIVE MODE"
+
+
+def _expiring_index(engine: Engine) -> tuple[bool, str]:
+    """Whether 0030's index is valid, and the table it indexes."""
+    with engine.connect() as conn:
+        valid, table = conn.execute(
+            text(
+                "SELECT i.indisvalid, i.indrelid::regclass::text FROM pg_index i "
+                "JOIN pg_class c ON c.oid = i.indexrelid "
+                "WHERE c.relname = 'ix_job_runs_expiring'"
+            )
+        ).one()
+    return bool(valid), str(table)
 
 
 def test_an_upgrades_index_build_leaves_the_run_table_writable() -> None:
@@ -65,14 +78,7 @@ def test_an_upgrades_index_build_leaves_the_run_table_writable() -> None:
                 build.join(timeout=60)
             assert not build.is_alive()
             assert not failures, failures
-            with engine.connect() as conn:
-                valid = conn.execute(
-                    text(
-                        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c "
-                        "ON c.oid = i.indexrelid WHERE c.relname = 'ix_job_runs_expiring'"
-                    )
-                ).scalar_one()
-            assert valid is True
+            assert _expiring_index(engine)[0] is True
         finally:
             engine.dispose()
 
@@ -98,15 +104,7 @@ def test_an_index_an_interrupted_build_left_invalid_is_built_again() -> None:
                         )
                     )
             command.upgrade(cfg, "0030")
-            with engine.connect() as conn:
-                built = conn.execute(
-                    text(
-                        "SELECT i.indisvalid, i.indrelid::regclass::text FROM pg_index i "
-                        "JOIN pg_class c ON c.oid = i.indexrelid "
-                        "WHERE c.relname = 'ix_job_runs_expiring'"
-                    )
-                ).one()
-            assert tuple(built) == (True, "job_runs")
+            assert _expiring_index(engine) == (True, "job_runs")
         finally:
             engine.dispose()
 
@@ -187,14 +185,7 @@ def test_an_upgrade_inside_its_callers_transaction_builds_its_indexes_in_it() ->
             cfg = alembic_config()
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
-        with engine.connect() as conn:
-            valid = conn.execute(
-                text(
-                    "SELECT i.indisvalid FROM pg_index i JOIN pg_class c "
-                    "ON c.oid = i.indexrelid WHERE c.relname = 'ix_job_runs_expiring'"
-                )
-            ).scalar_one()
-        assert valid is True
+        assert _expiring_index(engine)[0] is True
     finally:
         engine.dispose()
         drop_postgres(admin, name)

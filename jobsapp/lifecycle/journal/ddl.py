@@ -7,6 +7,7 @@ change to the contract needs a migration of its own for the existing run tables.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -218,17 +219,18 @@ def build_index(
     ``CREATE INDEX``. Already there (a table created since), nothing.
     """
     bind = op.get_bind()
+    create = partial(
+        op.create_index,
+        name,
+        table,
+        columns,
+        if_not_exists=True,
+        postgresql_where=where,
+        sqlite_where=where,
+        **options,
+    )
     if bind.dialect.name != "postgresql" or bind.info.get(CALLERS_TRANSACTION):
-        # In a caller's transaction (a test's, a fresh database's) the build is transactional.
-        op.create_index(
-            name,
-            table,
-            columns,
-            if_not_exists=True,
-            postgresql_where=where,
-            sqlite_where=where,
-            **options,
-        )
+        create()  # in a caller's transaction (a test's, a fresh database's): transactional
         return
     # Outside the transaction, so without the migration's lock_timeout (SET LOCAL): a
     # concurrent build's waits for old transactions hold no one back.
@@ -242,13 +244,5 @@ def build_index(
         ).first()
         if invalid is not None:
             op.execute(sa.text(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"'))
-        op.create_index(
-            name,
-            table,
-            columns,
-            if_not_exists=True,
-            postgresql_where=where,
-            postgresql_concurrently=True,
-            **options,
-        )
+        create(postgresql_concurrently=True)
     op.execute(sa.text(lock_timeout_statement()))  # for the migration's next transaction
