@@ -547,22 +547,37 @@ PRODUCERS = {
     "with get_engine().begin() as conn:\n"
     "    echo.apply_async(('t',), connection=conn)",
 }
+# What a web app's result page or an operator's shell reads: Celery's result API.
+READERS = {
+    "state": "from celery.result import AsyncResult\n"
+    "from jobsapp.celery_app import app\n"
+    f"print(AsyncResult('{uuid.uuid4()}', app=app).state)",
+    "group": "from celery.result import GroupResult\n"
+    "from jobsapp.celery_app import app\n"
+    f"print(GroupResult.restore('{uuid.uuid4()}', app=app))",
+    "forget": "from celery.result import AsyncResult\n"
+    "from jobsapp.celery_app import app\n"
+    f"AsyncResult('{uuid.uuid4()}', app=app).forget()",
+}
 # Inside a caller's own SQLite transaction the raw error stays (docs/errors.md).
-PRODUCER_CASES = [
-    (d, p) for d in ("postgres", "sqlite") for p in PRODUCERS if (d, p) != ("sqlite", "connection")
+CALLS = PRODUCERS | READERS
+CALL_CASES = [
+    (d, c) for d in ("postgres", "sqlite") for c in CALLS if (d, c) != ("sqlite", "connection")
 ]
 
 
-@pytest.mark.parametrize(("dialect", "producer"), PRODUCER_CASES)
-def test_a_producer_on_a_database_never_migrated_is_told_to_migrate_in_one_line(
-    dialect: str, producer: str, good_env: dict[str, str], unmigrated_url: str, tmp_path: Path
+@pytest.mark.parametrize(("dialect", "call"), CALL_CASES)
+def test_a_producer_or_a_reader_on_a_database_never_migrated_is_told_to_migrate_in_one_line(
+    dialect: str, call: str, good_env: dict[str, str], unmigrated_url: str, tmp_path: Path
 ) -> None:
     database = unmigrated_url if dialect == "postgres" else f"sqlite:///{tmp_path}/fresh.db"
     env = good_env | {"JOBSAPP_DATABASE_URL": database}
 
-    code, _out, err = run([sys.executable, "-c", PRODUCERS[producer]], env)
+    told_to_migrate(*run([sys.executable, "-c", CALLS[call]], env))
 
-    # An uncaught exception of ours, whose text is the line every jobsapp process prints.
+
+def told_to_migrate(code: int, _out: str, err: str) -> None:
+    """An uncaught exception of ours, whose text is the line every jobsapp process prints."""
     last = err.strip().splitlines()[-1]
     assert code == 1, err[-3000:]
     assert last.startswith(

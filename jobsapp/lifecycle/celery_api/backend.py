@@ -34,6 +34,7 @@ from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.celery_api import revoke
 from jobsapp.lifecycle.journal import Run, registry, workflow
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.schema_checked import SchemaChecked
 from jobsapp.lifecycle.journal.workflow import Blocked
 from jobsapp.lifecycle.rules.message import job_id_of_task
 from jobsapp.lifecycle.rules.results import decoded, progress_of, replaced_by
@@ -185,7 +186,7 @@ class JournalBackend(BaseBackend):
             _next_read(deadline, interval, on_interval)
 
     def _get_task_meta_for(self, task_id: str) -> dict[str, Any]:
-        with get_engine().connect() as conn:
+        with SchemaChecked(), get_engine().connect() as conn:
             spec, row = find(conn, job_id_of_task(str(task_id)))
             return self.meta_of(conn, str(task_id), spec, row)
 
@@ -335,7 +336,7 @@ class JournalBackend(BaseBackend):
     def _forget(self, task_id: str) -> None:
         """Celery's ``forget``: drop the kept return value; the run itself stays in the
         journal (its state and history are the audit trail)."""
-        with get_engine().begin() as conn:
+        with SchemaChecked(), get_engine().begin() as conn:
             spec, row = find(conn, job_id_of_task(str(task_id)))
             if spec is not None and row is not None:
                 journal.forget_result(conn, spec, row.job_id)
@@ -348,7 +349,8 @@ class JournalBackend(BaseBackend):
     def _restore_group(self, group_id: str) -> dict[str, Any] | None:
         from jobsapp.lifecycle.celery_api import group_handles  # they build on this module
 
-        restored = group_handles.restore_group(self.app, group_id)
+        with SchemaChecked():
+            restored = group_handles.restore_group(self.app, group_id)
         return None if restored is None else {"result": restored, "date_done": None}
 
     def _delete_group(self, group_id: str) -> None:

@@ -27,6 +27,7 @@ from celery.app.backends import by_url
 
 from jobsapp.db import get_engine
 from jobsapp.lifecycle.celery_api.backend import NAME, JournalBackend, find
+from jobsapp.lifecycle.journal.schema_checked import SchemaChecked
 from jobsapp.lifecycle.rules.message import job_id_of_task
 
 
@@ -48,7 +49,7 @@ def _layered(inner: type) -> type:
 
 def _known(task_id: Any) -> bool:
     """Whether a run (or a workflow step's stand-in) of the journal answers ``task_id``."""
-    with get_engine().connect() as conn:
+    with SchemaChecked(), get_engine().connect() as conn:
         return find(conn, job_id_of_task(str(task_id)))[1] is not None
 
 

@@ -12,11 +12,9 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from types import TracebackType
 
 from celery import Celery
 from sqlalchemy import Connection, event
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from jobsapp import crashpoints
@@ -24,8 +22,8 @@ from jobsapp.db import autocommit, get_engine, utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.celery_api.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, EnqueueResult, NewJob
+from jobsapp.lifecycle.journal.schema_checked import SchemaChecked
 from jobsapp.lifecycle.producer import dedup
-from jobsapp.lifecycle.rules.errors import DatabaseNotMigrated
 from jobsapp.lifecycle.transport import outbox
 from jobsapp.settings import get_settings
 
@@ -46,47 +44,17 @@ def enqueue(
             job.job_id, EnqueueOutcome.DUPLICATE, job.spec, task=job.task_name, app=app
         )
     if session is not None:
-        with _SchemaChecked(session.connection()):
+        with SchemaChecked(session.connection()):
             result = _in_session(app, session, job)
     elif connection is not None:
-        with _SchemaChecked(connection):
+        with SchemaChecked(connection):
             result = journal.enqueue(connection, job, actor="producer")
     else:
-        with _SchemaChecked():
+        with SchemaChecked():
             result = _own_transaction(app, job)
     return JobHandle(
         result.job_id, result.outcome, job.spec, holder=result.holder, task=job.task_name, app=app
     )
-
-
-class _SchemaChecked:
-    """A journal write that met a missing table because the database was never migrated
-    (or is behind) raises DatabaseNotMigrated with the processes' line, not the SQL.
-
-    The revision is read on a connection of its own, after our transaction ended. Inside
-    a caller's SQLite transaction the raw error stays: a second connection would wait
-    for that transaction's write lock. (A class, not a generator: every ``.delay()``
-    enters it, and a generator's context manager costs twice the Python calls.)
-    """
-
-    def __init__(self, callers: Connection | None = None) -> None:
-        self._callers = callers
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, _kind: object, error: BaseException | None, _trace: TracebackType | None
-    ) -> None:
-        if not isinstance(error, DBAPIError):
-            return
-        if self._callers is not None and self._callers.dialect.name == "sqlite":
-            return
-        from jobsapp import preflight  # only on this path: it loads Alembic
-
-        failure = preflight.not_migrated_behind(error, get_settings().database_url)
-        if failure is not None:
-            raise DatabaseNotMigrated(failure.line) from None
 
 
 class Batch:
@@ -114,7 +82,7 @@ class Batch:
         if self._deferred:
             self._waiting.append(job)
             return _DeferredHandle(self, len(self._done) + len(self._waiting) - 1, job)
-        with _SchemaChecked(self._conn):
+        with SchemaChecked(self._conn):
             result = journal.enqueue(self._conn, job, actor="producer")
         self._done.append((job, result))
         return JobHandle(
@@ -169,7 +137,7 @@ def transaction(app: Celery) -> Iterator[Batch]:
     ``with transaction(app) as batch: batch.conn.execute(...); task.enqueue_in(batch, ...)``
     Nothing is written or published if the block raises.
     """
-    with _SchemaChecked(), get_engine().begin() as conn:
+    with SchemaChecked(), get_engine().begin() as conn:
         batch = Batch(conn, deferred=True)
         yield batch
         batch.flush()
