@@ -40,7 +40,7 @@ class Instance:
     pg_port: int
     redis_port: int | None
     s3_port: int | None
-    # PgBouncer, then RabbitMQ's AMQP, distribution and epmd ports (four in a row).
+    # PgBouncer, then RabbitMQ's AMQP, distribution, epmd and TLS ports (five in a row).
     extras_port: int | None = None
 
     def pg_url(self, database: str) -> str:
@@ -102,6 +102,7 @@ def _environment(instance: Instance, durable: bool, port_base: int) -> dict[str,
                 "JOBSAPP_AMQP_PORT": str(instance.extras_port + 1),
                 "JOBSAPP_RABBITMQ_DIST_PORT": str(instance.extras_port + 2),
                 "JOBSAPP_EPMD_PORT": str(instance.extras_port + 3),
+                "JOBSAPP_AMQPS_PORT": str(instance.extras_port + 4),
                 "JOBSAPP_RABBITMQ_NODENAME": f"bench{port_base}@localhost",
             }
         )

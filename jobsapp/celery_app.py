@@ -144,6 +144,8 @@ def _transport(broker_url: str) -> str | None:
         return "jobsapp.lifecycle.transport.redis_transport:SentinelTransport"
     if scheme in ("amqp", "pyamqp"):
         return "jobsapp.lifecycle.transport.amqp_transport:Transport"
+    if scheme == "amqps":
+        return "jobsapp.lifecycle.transport.amqp_transport:SSLTransport"
     return None
 
 

@@ -450,13 +450,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _options(needs: Sequence[Need]) -> dict[str, Any] | None:
-    """The app's broker transport options (a Sentinel's master name), for a command that
-    publishes; the app is not built for the others."""
+    """How the app connects to its broker (a Sentinel's master name, TLS), for a command
+    that publishes; the app is not built for the others."""
     if Need.BROKER not in needs:
         return None
     from jobsapp.celery_app import app
 
-    return dict(app.conf.broker_transport_options or {})
+    return preflight.broker_options(app)
 
 
 def _run(argv: Sequence[str] | None) -> int:
@@ -467,7 +467,7 @@ def _run(argv: Sequence[str] | None) -> int:
         logs.configure()
         preflight.quiet_noisy_loggers()
         needs = _needs(args)
-        preflight.require(*needs, settings=get_settings(), transport_options=_options(needs))
+        preflight.require(*needs, settings=get_settings(), broker=_options(needs))
     except SettingsError as bad:
         preflight.report(preflight.configuration_failure(bad))
         return preflight.ExitCode.CONFIGURATION

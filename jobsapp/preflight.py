@@ -113,17 +113,17 @@ def database_setting(url: str) -> str:
 def require(
     *needs: Need,
     settings: Settings | None = None,
-    transport_options: Mapping[str, Any] | None = None,
+    broker: Mapping[str, Any] | None = None,
 ) -> None:
-    """Check each need once; raises the first StartupFailure. ``transport_options``: the
-    app's broker transport options, the broker is connected to with them."""
+    """Check each need once; raises the first StartupFailure. ``broker``: how the app
+    connects to its broker beyond the URL (``broker_options``), the check connects so."""
     settings = settings or get_settings()
     if Need.DATABASE in needs or Need.SCHEMA in needs:
         check_database(settings.database_url, schema=Need.SCHEMA in needs)
     if Need.STORAGE in needs:
         check_storage(settings)
     if Need.BROKER in needs:
-        check_broker(settings.broker_url, transport_options or {})
+        check_broker(settings.broker_url, broker or {})
 
 
 def check_database(url: str, *, schema: bool) -> None:
@@ -253,14 +253,22 @@ def _bucket_failure(exc: Any, bucket: str, storage_url: str, endpoint: str) -> S
     )
 
 
-def check_broker(url: str, transport_options: Mapping[str, Any]) -> None:
-    """Connect as the app will (Sentinel's ``master_name`` is a transport option)."""
+def broker_options(app: Any) -> dict[str, Any]:
+    """What a Celery app connects to its broker with beyond the URL, as kombu's Connection
+    takes it: Sentinel's ``master_name`` is a transport option, TLS is ``broker_use_ssl``."""
+    return {
+        "transport_options": dict(app.conf.broker_transport_options or {}),
+        "ssl": app.conf.broker_use_ssl,
+    }
+
+
+def check_broker(url: str, options: Mapping[str, Any]) -> None:
+    """Connect as the app will (``broker_options``)."""
     if urlsplit(url).scheme in ("filesystem", "memory"):
         return
     from kombu import Connection
 
-    options = dict(transport_options)
-    with Connection(url, connect_timeout=CONNECT_TIMEOUT_S, transport_options=options) as conn:
+    with Connection(url, connect_timeout=CONNECT_TIMEOUT_S, **options) as conn:
         errors: tuple[type[BaseException], ...] = (*conn.connection_errors, OSError)
         try:
             conn.connect()
@@ -318,8 +326,8 @@ def quiet_noisy_loggers() -> None:
 
 def worker_started(sender: Any = None, **_kwargs: Any) -> None:
     """``worker_init``: before the consumer connects, so no "ready" while a need is missing."""
-    options = sender.app.conf.broker_transport_options if sender is not None else None
-    _start_or_exit(Need.SCHEMA, Need.STORAGE, Need.BROKER, transport_options=options)
+    options = broker_options(sender.app) if sender is not None else None
+    _start_or_exit(Need.SCHEMA, Need.STORAGE, Need.BROKER, broker=options)
 
 
 def beat_started(**_kwargs: Any) -> None:
@@ -329,10 +337,10 @@ def beat_started(**_kwargs: Any) -> None:
     _start_or_exit(Need.SCHEMA)
 
 
-def _start_or_exit(*needs: Need, transport_options: Mapping[str, Any] | None = None) -> None:
+def _start_or_exit(*needs: Need, broker: Mapping[str, Any] | None = None) -> None:
     quiet_noisy_loggers()
     try:
-        require(*needs, transport_options=transport_options)
+        require(*needs, broker=broker)
     except StartupFailure as failure:
         exit_with(failure)
 

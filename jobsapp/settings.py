@@ -124,7 +124,7 @@ TOOL_PREFIXES = (
 # filesystem://, file:///....
 SERVER_NAMES = ("JOBSAPP_DATABASE_URL", "JOBSAPP_BROKER_URL", "JOBSAPP_STORAGE_URL")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
-_BROKER_SCHEMES = ("filesystem", "redis", "rediss", "sentinel", "amqp", "pyamqp", "memory")
+_BROKER_SCHEMES = ("filesystem", "redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp", "memory")
 EMBEDDED_BROKER = "filesystem://"
 _MIB = 1024 * 1024
 _HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,100}")

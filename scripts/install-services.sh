@@ -9,6 +9,8 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v pgbouncer >/dev/null || missing+=(pgbouncer)
 # libfaketime skews a worker's clock in the clock-skew tests.
 command -v faketime >/dev/null || missing+=(faketime)
+# openssl makes the throwaway CA of the TLS listeners (scripts/services.sh).
+command -v openssl >/dev/null || missing+=(openssl)
 if ((${#missing[@]})); then
     echo "installing ${missing[*]} with apt-get" >&2
     export DEBIAN_FRONTEND=noninteractive

@@ -18,7 +18,8 @@
 # All state (data, logs, PID files) lives under $JOBSAPP_SVC_DIR (default
 # <repo>/var/services).  Overridable through the environment (or VAR=value
 # lines in scripts/services.env): JOBSAPP_SVC_DIR, JOBSAPP_PG_PORT (5439),
-# JOBSAPP_REDIS_PORT (6390), JOBSAPP_S3_PORT (8339), JOBSAPP_AMQP_PORT (5679),
+# JOBSAPP_REDIS_PORT (6390), JOBSAPP_S3_PORT (8339), JOBSAPP_AMQP_PORT (5679; its TLS
+# listener JOBSAPP_AMQPS_PORT, the next port),
 # JOBSAPP_S3_BUCKET (jobsapp-test), JOBSAPP_PGBOUNCER_PORT (6439) and the other
 # JOBSAPP_* variables below.
 # JOBSAPP_PG_DURABLE=1 starts Postgres as production runs it (fsync, synchronous_commit
@@ -64,6 +65,8 @@ WEED_FILER_PORT=${JOBSAPP_WEED_FILER_PORT:-8889}
 WEED_ADMIN_PORT=${JOBSAPP_WEED_ADMIN_PORT:-23339}
 
 AMQP_PORT=${JOBSAPP_AMQP_PORT:-5679}
+# RabbitMQ's TLS listener (amqps://, as Amazon MQ and CloudAMQP serve it).
+AMQPS_PORT=${JOBSAPP_AMQPS_PORT:-$((AMQP_PORT + 1))}
 RABBITMQ_DIST=${JOBSAPP_RABBITMQ_DIST_PORT:-25679}
 EPMD_PORT=${JOBSAPP_EPMD_PORT:-4370}
 RABBITMQ_NODE=${JOBSAPP_RABBITMQ_NODENAME:-jobsapp@localhost}
@@ -74,6 +77,9 @@ REDIS_DIR=$SVC_DIR/redis
 S3_DIR=$SVC_DIR/s3
 RMQ_DIR=$SVC_DIR/rabbitmq
 PGB_DIR=$SVC_DIR/pgbouncer
+# A throwaway CA and a certificate for 127.0.0.1 it signed, for the TLS listeners (a test
+# trusts the CA through the client's own settings, as a team trusts its provider's).
+TLS_DIR=$SVC_DIR/tls
 
 PYTHON=$ROOT/.venv/bin/python
 
@@ -397,6 +403,22 @@ RMQ_ENV=(
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 )
 
+tls_certs() {
+    [[ -s $TLS_DIR/server.crt ]] && return 0
+    command -v openssl >/dev/null || die "tls: openssl not found (apt-get install openssl)"
+    mkdir -p "$TLS_DIR"
+    (
+        cd "$TLS_DIR"
+        openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 \
+            -subj "/CN=jobsapp test CA"
+        openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj "/CN=127.0.0.1"
+        printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >server.ext
+        openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+            -out server.crt -days 3650 -extfile server.ext
+    ) >"$SVC_DIR/tls.log" 2>&1 || fail tls "$SVC_DIR/tls.log" "openssl could not make the test certificates"
+    chmod 0644 "$TLS_DIR"/*.key
+}
+
 rmq_pid() { running_pid "$RMQ_DIR/launcher.pid" rabbitmq-server; }
 rmq_beam_pid() { running_pid "$RMQ_DIR/rabbitmq.pid" beam.smp; }
 epmd_pid() { running_pid "$RMQ_DIR/epmd.pid" epmd; }
@@ -410,9 +432,18 @@ rmq_start() {
     [[ -x $RABBITMQ_LIB/rabbitmq-server ]] || die "rabbitmq: $RABBITMQ_LIB/rabbitmq-server not found (apt-get install rabbitmq-server)"
     require_port_free rabbitmq "$AMQP_PORT"
     require_port_free "rabbitmq (dist)" "$RABBITMQ_DIST"
+    require_port_free "rabbitmq (tls)" "$AMQPS_PORT"
     mkdir -p "$RMQ_DIR/mnesia" "$RMQ_DIR/log"
+    tls_certs
     : >"$RMQ_DIR/rabbitmq-env.conf"
-    : >"$RMQ_DIR/rabbitmq.conf"
+    cat >"$RMQ_DIR/rabbitmq.conf" <<EOF
+listeners.ssl.local = 127.0.0.1:$AMQPS_PORT
+ssl_options.cacertfile = $TLS_DIR/ca.crt
+ssl_options.certfile = $TLS_DIR/server.crt
+ssl_options.keyfile = $TLS_DIR/server.key
+ssl_options.verify = verify_none
+ssl_options.fail_if_no_peer_cert = false
+EOF
     printf '[].\n' >"$RMQ_DIR/enabled_plugins"
     rm -f "$RMQ_DIR/launcher.pid" "$RMQ_DIR/rabbitmq.pid"
 
@@ -445,11 +476,11 @@ rmq_start() {
     pid=$!
     printf '%s\n' "$pid" >"$RMQ_DIR/launcher.pid"
     deadline=$((SECONDS + 60))
-    until port_open "$AMQP_PORT"; do
+    until port_open "$AMQP_PORT" && port_open "$AMQPS_PORT"; do
         pid_alive "$pid" || fail rabbitmq "$logfile" "rabbitmq-server exited during startup (logs in $RMQ_DIR/log)"
         if ((SECONDS >= deadline)); then
             rmq_stop
-            fail rabbitmq "$logfile" "port $AMQP_PORT not open after 60s (logs in $RMQ_DIR/log)"
+            fail rabbitmq "$logfile" "ports $AMQP_PORT and $AMQPS_PORT not open after 60s (logs in $RMQ_DIR/log)"
         fi
         sleep 0.2
     done
@@ -625,6 +656,8 @@ cmd_env() {
         "$S3_ACCESS_KEY" "$S3_SECRET_KEY" "$S3_REGION"
     if rmq_pid >/dev/null; then
         printf 'export JOBSAPP_TEST_AMQP_URL=pyamqp://guest:guest@127.0.0.1:%s//\n' "$AMQP_PORT"
+        printf 'export JOBSAPP_TEST_AMQPS_URL=amqps://guest:guest@127.0.0.1:%s//\n' "$AMQPS_PORT"
+        printf 'export JOBSAPP_TEST_TLS_DIR=%s\n' "$TLS_DIR"
     fi
     if pgb_pid >/dev/null; then
         printf 'export JOBSAPP_TEST_PGBOUNCER_URL=postgresql+psycopg2://postgres@127.0.0.1:%s/%s\n' "$PGB_PORT" "$PG_DB"

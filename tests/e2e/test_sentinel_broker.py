@@ -16,14 +16,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from tests.support.journal_view import run_row
-from tests.support.procs import ROOT, Launcher, launching, ready, service_env
+from tests.support.procs import ROOT, launching, ready, service_env
+from tests.support.rounds import echo_round
 from tests.support.servers import RedisServer, SentinelServer
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(180)
-
-ROUND = 10
 
 
 @pytest.fixture
@@ -39,22 +37,6 @@ def sentinel(tmp_path: Path) -> Iterator[SentinelServer]:
     finally:
         for server in (watcher, replica, master):
             server.close()
-
-
-def _round(launcher: Launcher, pg: Engine, counters: RedisServer) -> None:
-    """``ROUND`` jobs from a producer process, each run once and succeeded."""
-    tokens = [uuid.uuid4().hex for _ in range(ROUND)]
-    jobs = launcher.enqueue(*({"task": "tests.echo", "kwargs": {"token": t}} for t in tokens))
-    ids = [uuid.UUID(job["job_id"]) for job in jobs]
-    assert len(ids) == ROUND
-
-    def done() -> bool:
-        return all(run_row(pg, job_id)["state"] == "succeeded" for job_id in ids)
-
-    eventually(done, timeout=60, interval=0.2)
-    # tests.support.tasks.record's counters, as a worker process keeps them.
-    with counters.client() as client:
-        assert [int(client.get(f"jobsapp-test:calls:{t}") or 0) for t in tokens] == [1] * ROUND
 
 
 def test_a_sentinel_broker_carries_jobs_through_a_failover(
@@ -80,13 +62,13 @@ def test_a_sentinel_broker_carries_jobs_through_a_failover(
     )
     with launching(env, tmp_path) as launcher:
         ready(launcher.worker(f"sentinel-{uuid.uuid4().hex[:6]}"), launcher.beat("beat"))
-        _round(launcher, pg, module_redis)
+        echo_round(launcher, pg, module_redis)
         before = sentinel.master_port()
         with sentinel.client() as client:
             eventually(lambda: client.sentinel_slaves(SentinelServer.MASTER), timeout=30)
             client.execute_command("SENTINEL", "FAILOVER", SentinelServer.MASTER)
         eventually(lambda: sentinel.master_port() != before, timeout=30)
-        _round(launcher, pg, module_redis)
+        echo_round(launcher, pg, module_redis)
 
 
 def test_a_sentinel_broker_without_its_masters_name_is_one_line(

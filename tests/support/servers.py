@@ -47,10 +47,12 @@ class RedisServer:
     restarts: int = 0
     dies_with_pytest: bool = False
     replica_of: int | None = None  # a master's port: this server replicates it
+    # A folder holding ca.crt, server.crt and server.key: the server speaks TLS only.
+    tls: Path | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
 
     @property
     def dedup_url(self) -> str:
@@ -61,8 +63,7 @@ class RedisServer:
         assert binary, "redis-server is not installed (apt-get install redis-server)"
         return [
             binary,
-            "--port",
-            str(self.port),
+            *self._listener(),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -81,6 +82,16 @@ class RedisServer:
                 else ("--replicaof", "127.0.0.1", str(self.replica_of))
             ),
         ]
+
+    def _listener(self) -> tuple[str, ...]:
+        if self.tls is None:
+            return ("--port", str(self.port))
+        return (
+            *("--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no"),
+            *("--tls-cert-file", str(self.tls / "server.crt")),
+            *("--tls-key-file", str(self.tls / "server.key")),
+            *("--tls-ca-cert-file", str(self.tls / "ca.crt")),
+        )
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -120,7 +131,8 @@ class RedisServer:
         self.start()
 
     def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, socket_timeout=5)
+        trust = {} if self.tls is None else {"ssl_ca_certs": str(self.tls / "ca.crt")}
+        return redis.Redis.from_url(self.url, socket_timeout=5, **trust)
 
     def pending(self) -> int:
         with contextlib.closing(self.client()) as client:

@@ -8,7 +8,8 @@ broker confirmed every one of them, so the batch costs one round trip. A message
 refuses (a nack) fails the whole flush: the caller cannot tell which one it was, and
 publishing them all again is safe (the claim deduplicates). The batch's frames leave in
 a few socket writes rather than one per message: the same bytes, in the same order.
-``jobsapp.celery_app`` selects this transport for ``amqp://`` and ``pyamqp://`` broker URLs.
+``jobsapp.celery_app`` selects this transport for ``amqp://`` and ``pyamqp://`` broker URLs,
+and ``SSLTransport`` for ``amqps://``.
 """
 
 from __future__ import annotations
@@ -158,3 +159,8 @@ class Transport(pyamqp.Transport):
 
     Connection = Connection
     implements = pyamqp.Transport.implements.extend(batch_publish=True)
+
+
+class SSLTransport(Transport, pyamqp.SSLTransport):
+    """The same over TLS (``amqps://``): kombu's rule for the connection's TLS, Celery's
+    ``broker_use_ssl`` when the deployment sets it, else the default context."""
