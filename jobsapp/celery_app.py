@@ -134,6 +134,16 @@ def _transport_options(settings: Settings, base: dict[str, Any]) -> dict[str, An
     }
 
 
+def _broker(broker_url: str) -> tuple[str, str | None]:
+    """Celery's ``broker_url`` and ``broker_transport`` for ``JOBSAPP_BROKER_URL``: the
+    same URL, but for a Redis socket (``redis_transport.SocketTransport`` says why)."""
+    prefix = "redis+socket://"
+    if broker_url.startswith(prefix):
+        socket = f"socket://{broker_url.removeprefix(prefix)}"
+        return socket, "jobsapp.lifecycle.transport.redis_transport:SocketTransport"
+    return broker_url, _transport(broker_url)
+
+
 def _transport(broker_url: str) -> str | None:
     """Redis brokers get kombu's Redis transport that refuses items it cannot parse;
     RabbitMQ gets py-amqp's whose publish batches wait for their confirms once."""
@@ -171,9 +181,10 @@ def create_app() -> Celery:
         raise SettingsError(refusal)
     celery_app.steps["consumer"].add("jobsapp.lifecycle.transport.guard:DeadLetterQueue")
     celery_app.steps["consumer"].add("jobsapp.lifecycle.worker.held_events:HeldTaskEvents")
+    broker_url, transport = _broker(settings.broker_url)
     celery_app.conf.update(
-        broker_url=settings.broker_url,
-        broker_transport=_transport(settings.broker_url),
+        broker_url=broker_url,
+        broker_transport=transport,
         broker_transport_options=_transport_options(
             settings, dict(celery_app.conf.broker_transport_options or {})
         ),

@@ -80,9 +80,11 @@ def database_url(template_db: tuple[str, str]) -> Iterator[str]:
     drop_database(admin, name)
 
 
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
+@pytest.fixture(params=["port"])
+def redis_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RedisServer]:
+    """The deployment's Redis, named by its port; a test may ask for its Unix socket too
+    (``@pytest.mark.parametrize("redis_server", ["port", "socket"], indirect=True)``)."""
+    server = RedisServer(tmp_path / "redis", by_socket=request.param == "socket")
     server.start()
     yield server
     server.close()

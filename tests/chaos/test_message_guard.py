@@ -317,9 +317,11 @@ UNREADABLE = [
 HEADERLESS = _frame(body="%%%")
 
 
+@pytest.mark.parametrize("redis_server", ["port", "socket"], indirect=True)
 def test_a_redis_item_that_is_no_kombu_message_is_refused(cluster: Cluster) -> None:
     """Pushed on the list by something that is not kombu: kombu used to choke on it
-    inside the event loop, before any consumer code ran."""
+    inside the event loop, before any consumer code ran. By port (``redis://``) or by
+    Unix socket (``redis+socket://``, which got kombu's own transport)."""
     assert isinstance(cluster.broker, RedisServer)
     worker = start_worker(cluster, cluster.broker, "frames")
     with contextlib.closing(cluster.broker.client()) as client:

@@ -49,14 +49,24 @@ class RedisServer:
     replica_of: int | None = None  # a master's port: this server replicates it
     # A folder holding ca.crt, server.crt and server.key: the server speaks TLS only.
     tls: Path | None = None
+    # Named by its Unix socket (kombu's ``redis+socket://``), as a Redis on the same host is.
+    by_socket: bool = False
+
+    @property
+    def socket(self) -> Path:
+        # Short: a socket's path has at most 107 bytes, a test's tmp_path may be longer.
+        return Path(f"/tmp/jobsapp-redis-{self.port}.sock")
 
     @property
     def url(self) -> str:
+        if self.by_socket:
+            return f"redis+socket://{self.socket}"
         return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
 
     @property
     def dedup_url(self) -> str:
-        return self.url
+        """The URL redis-py takes (``JOBSAPP_REDIS_URL``)."""
+        return f"unix://{self.socket}" if self.by_socket else self.url
 
     def argv(self) -> list[str]:
         binary = shutil.which("redis-server")
@@ -84,6 +94,8 @@ class RedisServer:
         ]
 
     def _listener(self) -> tuple[str, ...]:
+        if self.by_socket:
+            return ("--port", str(self.port), "--unixsocket", str(self.socket))
         if self.tls is None:
             return ("--port", str(self.port))
         return (
@@ -132,7 +144,7 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         trust = {} if self.tls is None else {"ssl_ca_certs": str(self.tls / "ca.crt")}
-        return redis.Redis.from_url(self.url, socket_timeout=5, **trust)
+        return redis.Redis.from_url(self.dedup_url, socket_timeout=5, **trust)
 
     def pending(self) -> int:
         with contextlib.closing(self.client()) as client:
@@ -158,6 +170,8 @@ class RedisServer:
 
     def close(self) -> None:
         self.kill()
+        if self.by_socket:  # a killed server leaves its socket behind
+            self.socket.unlink(missing_ok=True)
 
 
 @dataclass

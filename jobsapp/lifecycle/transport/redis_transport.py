@@ -10,8 +10,9 @@ of ``jobsapp.lifecycle.transport.guard``.
 Priorities are kombu's, untouched: one list per priority step, read smallest first, so
 ``priority=0`` (and a message without one) is the most urgent, as for any Celery app on
 Redis (docs/flow-control.md, "Priorities"). ``jobsapp.celery_app`` selects ``Transport``
-for ``redis://`` and ``rediss://`` broker URLs, and ``SentinelTransport`` (kombu's, which
-asks Redis Sentinel for the master, again after a failover) for ``sentinel://``.
+for ``redis://`` and ``rediss://`` broker URLs, ``SocketTransport`` for
+``redis+socket://``, and ``SentinelTransport`` (kombu's, which asks Redis Sentinel for the
+master, again after a failover) for ``sentinel://``.
 """
 
 from __future__ import annotations
@@ -102,6 +103,16 @@ class Transport(_Guarded, redis.Transport):
     """Redis, with every popped item checked before kombu builds a message of it."""
 
     Channel = Channel
+
+
+class SocketTransport(Transport):
+    """Redis on a Unix socket. kombu reads ``redis+socket:///path`` as its own ``redis``
+    transport, whatever the app's ``broker_transport`` says (the URL's prefix names the
+    transport), so ``jobsapp.celery_app`` hands Celery the same socket as ``socket:///path``
+    with this transport. kombu's channel connects by such a host itself; the URL stays
+    whole (``can_parse_url``) for it to read, its ``?virtual_host=N`` included."""
+
+    can_parse_url = True
 
 
 class SentinelChannel(Channel, redis.SentinelChannel):
