@@ -24,7 +24,8 @@ class SettingsError(ValueError):
     """A configuration variable holds a value jobsapp cannot use."""
 
 
-_DB_SCHEMES = ("sqlite", "postgresql")
+_DB_SCHEMES = ("sqlite", "postgresql", "postgres")
+_POSTGRES = "postgresql+psycopg2"
 # Tokens that ship in examples and templates: a deployment that kept one is not protected.
 _WELL_KNOWN_TOKENS = frozenset(
     {
@@ -244,6 +245,24 @@ def _url(env: Mapping[str, str], name: str, default: str, schemes: tuple[str, ..
     return value
 
 
+def _database_url(env: Mapping[str, str], var_dir: Path) -> str:
+    """jobsapp runs PostgreSQL through psycopg2: its prepared hot path and a relaxed
+    commit's ``SET LOCAL`` sent in the statement's own message are psycopg2's. A URL that
+    names no driver gets it (SQLAlchemy 2.1 would pick psycopg 3, on which every claim
+    failed); so does ``postgres://``, libpq's other spelling, the one Heroku's and Render's
+    ``DATABASE_URL`` use. Another driver is refused, naming the one to use."""
+    url = _url(env, "JOBSAPP_DATABASE_URL", f"sqlite:///{var_dir / 'jobsapp.db'}", _DB_SCHEMES)
+    scheme, _, rest = url.partition("://")
+    if scheme in ("postgres", "postgresql"):
+        return f"{_POSTGRES}://{rest}"
+    if scheme.startswith("postgresql+") and scheme != _POSTGRES:
+        raise SettingsError(
+            f"JOBSAPP_DATABASE_URL names the driver {scheme.partition('+')[2]!r}; jobsapp runs "
+            f"PostgreSQL through psycopg2: write {_POSTGRES}:// (or postgresql://)"
+        )
+    return url
+
+
 def _storage_url(env: Mapping[str, str], var_dir: Path) -> str:
     value = env.get("JOBSAPP_STORAGE_URL") or f"file://{(var_dir / 'storage').resolve()}"
     parts = urlsplit(value)
@@ -452,9 +471,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError(refusal)
     return Settings(
         var_dir=var_dir,
-        database_url=_url(
-            env, "JOBSAPP_DATABASE_URL", f"sqlite:///{var_dir / 'jobsapp.db'}", _DB_SCHEMES
-        ),
+        database_url=_database_url(env, var_dir),
         broker_url=broker_url,
         # redis-py's own schemes: the dedup fast path is one plain client (no Sentinel).
         redis_url=_url(env, "JOBSAPP_REDIS_URL", "", _REDIS_SCHEMES) or None,

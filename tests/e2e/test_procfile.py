@@ -30,7 +30,9 @@ PROCESSES = ("web", "worker", "beat", "flower")
 @pytest.fixture
 def procfile_env(module_redis: RedisServer, tmp_path: Path) -> Iterator[dict[str, str]]:
     admin = service("JOBSAPP_TEST_DATABASE_URL")
+    # As a platform's DATABASE_URL is written (Heroku, Render): postgres://, not SQLAlchemy's.
     db_url = fresh_postgres(admin, f"jobsapp_e2e_procfile_{SESSION}")
+    db_url = "postgres://" + db_url.split("://", 1)[1]
     broker = module_redis.url
     module_redis.client().flushdb()
     base = {k: v for k, v in os.environ.items() if not k.startswith("JOBSAPP_")}

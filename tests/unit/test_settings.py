@@ -88,10 +88,33 @@ def test_aws_region_wins_over_the_default_region() -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["sqlite:///x.db", "sqlite://", "postgresql://h/db", "postgresql+psycopg2://h/db"]
+    ("url", "taken"),
+    [
+        ("sqlite:///x.db", "sqlite:///x.db"),
+        ("sqlite://", "sqlite://"),
+        ("postgresql+psycopg2://h/db", "postgresql+psycopg2://h/db"),
+        # No driver named: psycopg2, jobsapp's (SQLAlchemy 2.1 would pick psycopg 3).
+        ("postgresql://h/db", "postgresql+psycopg2://h/db"),
+        # libpq's other spelling, a platform's DATABASE_URL (Heroku, Render).
+        (
+            "postgres://u:p@h:5432/d?sslmode=require",
+            "postgresql+psycopg2://u:p@h:5432/d?sslmode=require",
+        ),
+    ],
 )
-def test_supported_databases(url: str) -> None:
-    assert load_settings({**SERVERS, "JOBSAPP_DATABASE_URL": url}).database_url == url
+def test_supported_databases(url: str, taken: str) -> None:
+    assert load_settings({**SERVERS, "JOBSAPP_DATABASE_URL": url}).database_url == taken
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg", "pg8000"])
+def test_another_postgres_driver_is_refused_naming_jobsapps(driver: str) -> None:
+    env = {**SERVERS, "JOBSAPP_DATABASE_URL": f"postgresql+{driver}://h/db"}
+    with pytest.raises(SettingsError) as refused:
+        load_settings(env)
+    assert str(refused.value) == (
+        f"JOBSAPP_DATABASE_URL names the driver {driver!r}; jobsapp runs PostgreSQL through "
+        "psycopg2: write postgresql+psycopg2:// (or postgresql://)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -102,7 +125,9 @@ def test_supported_databases(url: str) -> None:
         "rediss://h:6380/0",
         "sentinel://h:26379;sentinel://h2:26379",
         "amqp://g@h//",
+        "amqps://g@h:5671/v",
         "pyamqp://h//",
+        "redis+socket:///run/redis.sock",
         "memory://",
     ],
 )
