@@ -21,6 +21,8 @@ from jobsapp.settings import SettingsError, get_settings
 from jobsapp.shipped import alembic_config
 
 Handler = Callable[[argparse.Namespace], int]
+# PostgreSQL's SQLSTATE for a privilege the role lacks (CREATE on the schema).
+_INSUFFICIENT_PRIVILEGE = "42501"
 
 # What each command needs before it starts; a missing one is its StartupFailure line.
 _NEEDS: dict[str, tuple[Need, ...]] = {
@@ -47,28 +49,48 @@ def db_upgrade(_args: argparse.Namespace) -> int:
     # Here, not at the top: Alembic is half of the CLI's imports, and only this command
     # needs it (`jobsapp --help` should not wait for it).
     from alembic import command
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        command.upgrade(alembic_config(), "head")
+    except DBAPIError as exc:
+        failure = _upgrade_stopped(exc)
+        if failure is None:
+            raise
+        preflight.report(failure)
+        return failure.code
+    print(f"database at head: {_safe_url(get_settings().database_url)}")
+    return 0
+
+
+def _upgrade_stopped(exc: Any) -> StartupFailure | None:
+    """The line of an upgrade PostgreSQL stopped for a reason the operator can act on, or
+    None. The statement that stopped changed nothing; a second run goes on from the last
+    revision applied."""
+    from sqlalchemy.engine import make_url
 
     from jobsapp.db import lock_refused
     from jobsapp.lifecycle.journal.ddl import MIGRATION_LOCK_TIMEOUT_S
 
-    try:
-        command.upgrade(alembic_config(), "head")
-    except OperationalError as exc:
-        if not lock_refused(exc):
-            raise
-        preflight.report(
-            StartupFailure(
-                preflight.ExitCode.MIGRATION_LOCKED,
-                f"a migration waited {MIGRATION_LOCK_TIMEOUT_S} s for a table another "
-                "transaction holds (a pg_dump, an idle session: see pg_stat_activity) and "
-                "stopped, applying nothing of its own, rather than hold every query of "
-                "that table behind it; run `jobsapp db upgrade` again once that ends",
-            )
+    if lock_refused(exc):
+        return StartupFailure(
+            preflight.ExitCode.MIGRATION_LOCKED,
+            f"a migration waited {MIGRATION_LOCK_TIMEOUT_S} s for a table another "
+            "transaction holds (a pg_dump, an idle session: see pg_stat_activity) and "
+            "stopped, applying nothing of its own, rather than hold every query of "
+            "that table behind it; run `jobsapp db upgrade` again once that ends",
         )
-        return preflight.ExitCode.MIGRATION_LOCKED
-    print(f"database at head: {_safe_url(get_settings().database_url)}")
-    return 0
+    if getattr(exc.orig, "pgcode", None) != _INSUFFICIENT_PRIVILEGE:
+        return None
+    role = make_url(get_settings().database_url).username or "of JOBSAPP_DATABASE_URL"
+    denied = str(exc.orig).splitlines()[0]
+    return StartupFailure(
+        preflight.ExitCode.MIGRATION_NOT_PERMITTED,
+        f"the database role {role} may not change the schema ({denied}): grant it CREATE "
+        f"on the schema (GRANT CREATE ON SCHEMA public TO {role}; PostgreSQL 15 and later "
+        "give it to the database's owner only) or run `jobsapp db upgrade` as the owner; "
+        "run it again then, it goes on from the last revision applied",
+    )
 
 
 def _safe_url(url: str) -> str:

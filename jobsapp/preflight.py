@@ -45,6 +45,7 @@ class ExitCode(IntEnum):
     BUCKET_MISSING = 14
     S3_ACCESS_DENIED = 15
     MIGRATION_LOCKED = 16
+    MIGRATION_NOT_PERMITTED = 17
     # gunicorn stops (instead of restarting the worker forever) only on its own boot
     # error code, so a web served by gunicorn exits with this one; its line names why.
     GUNICORN_BOOT_ERROR = 3

@@ -189,3 +189,45 @@ def test_an_upgrade_inside_its_callers_transaction_builds_its_indexes_in_it() ->
     finally:
         engine.dispose()
         drop_postgres(admin, name)
+
+
+def test_a_role_that_may_not_create_tables_is_told_what_to_grant(tmp_path: Path) -> None:
+    """A managed PostgreSQL 15 gives its application role no CREATE on schema public (only
+    the database's owner has it since 15): the first deploy's ``jobsapp db upgrade`` ended
+    in a hundred lines of traceback (exit 1). It says in one line what to grant; granted,
+    the same command applies."""
+    admin = service("JOBSAPP_TEST_DATABASE_URL")
+    name, role = f"jobsapp_grants_{SESSION}", f"jobsapp_app_{SESSION}"
+    url = fresh_postgres(admin, name)
+    owner = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with owner.connect() as conn:
+            conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+            conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
+        as_role = url.replace("://postgres@", f"://{role}@", 1)
+        env = service_env(
+            database_url=as_role,
+            broker_url=EMBEDDED_BROKER,
+            var_dir=tmp_path / "var",
+            settings={"JOBSAPP_REDIS_URL": ""},
+        )
+        refused = _jobsapp(env, "db", "upgrade")
+        assert refused.returncode == ExitCode.MIGRATION_NOT_PERMITTED, refused.stderr[-3000:]
+        assert refused.stderr.strip().splitlines()[-1] == (
+            f"jobsapp: the database role {role} may not change the schema "
+            "(permission denied for schema public): grant it CREATE on the schema "
+            f"(GRANT CREATE ON SCHEMA public TO {role}; PostgreSQL 15 and later give it to "
+            "the database's owner only) or run `jobsapp db upgrade` as the owner; run it "
+            "again then, it goes on from the last revision applied"
+        )
+        assert "Traceback" not in refused.stderr
+        with owner.connect() as conn:
+            conn.execute(text(f'GRANT CREATE ON SCHEMA public TO "{role}"'))
+        assert _jobsapp(env, "db", "upgrade").returncode == 0
+    finally:
+        owner.dispose()
+        drop_postgres(admin, name)
+        cluster = create_engine(admin, isolation_level="AUTOCOMMIT")
+        with cluster.connect() as conn:
+            conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+        cluster.dispose()
