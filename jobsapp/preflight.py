@@ -46,6 +46,7 @@ class ExitCode(IntEnum):
     S3_ACCESS_DENIED = 15
     MIGRATION_LOCKED = 16
     MIGRATION_NOT_PERMITTED = 17
+    DATABASE_NOT_PERMITTED = 18
     # gunicorn stops (instead of restarting the worker forever) only on its own boot
     # error code, so a web served by gunicorn exits with this one; its line names why.
     GUNICORN_BOOT_ERROR = 3
@@ -134,12 +135,15 @@ def check_database(url: str, *, schema: bool) -> None:
     engine = _probe_engine(url)
     try:
         with engine.connect() as conn:
-            current = _current_heads(conn) if schema else ()
+            refused = _not_granted(conn, setting) if schema else None
+            current = _current_heads(conn) if schema and refused is None else ()
     except DBAPIError as exc:
         line = f"database unreachable at {setting}: {reason_of(exc)}"
         raise StartupFailure(ExitCode.DATABASE_UNREACHABLE, line) from exc
     finally:
         engine.dispose()
+    if refused:
+        raise StartupFailure(ExitCode.DATABASE_NOT_PERMITTED, refused)
     problem = schema_problem(current, *_script_revisions()) if schema else None
     if problem:
         raise StartupFailure(
@@ -148,27 +152,70 @@ def check_database(url: str, *, schema: bool) -> None:
         )
 
 
-# A statement met a table or column that is not there: SQLite's words, Postgres' SQLSTATEs.
+# A statement met a table or column that is not there: SQLite's words, Postgres' SQLSTATEs;
+# or a table the role may not use (insufficient_privilege).
 _MISSING_SQLITE = ("no such table", "no such column")
-_MISSING_SQLSTATES = ("42P01", "42703")
+_JOURNAL_SQLSTATES = ("42P01", "42703", "42501")
+_JOURNAL_FAILURES = (ExitCode.DATABASE_NOT_MIGRATED, ExitCode.DATABASE_NOT_PERMITTED)
 
 
-def not_migrated_behind(error: BaseException, url: str) -> StartupFailure | None:
-    """The not-migrated failure of the database at ``url`` when ``error`` (a statement's)
-    met a missing table or column because of it; None for any other error.
+def journal_unusable(error: BaseException, url: str) -> StartupFailure | None:
+    """The not-migrated or not-permitted failure of the database at ``url`` when
+    ``error`` (a statement's) met a missing table or column, or a table the role may not
+    use, because of it; None for any other error.
 
-    The statement's error alone cannot say whether the schema is missing or behind: the
-    database's revision, read on a connection of its own, does.
+    The statement's error alone cannot say whether the schema is missing or behind, or
+    which grants are missing: the database's revision and the role's privileges, read on
+    a connection of its own, do.
     """
     orig = getattr(error, "orig", None)
     code = getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None)
-    if code not in _MISSING_SQLSTATES and not str(orig).startswith(_MISSING_SQLITE):
+    if code not in _JOURNAL_SQLSTATES and not str(orig).startswith(_MISSING_SQLITE):
         return None
     try:
         check_database(url, schema=True)
     except StartupFailure as failure:
-        return failure if failure.code == ExitCode.DATABASE_NOT_MIGRATED else None
+        return failure if failure.code in _JOURNAL_FAILURES else None
     return None
+
+
+# What the role lacks on jobsapp's tables and sequences: those of the current schema that
+# the role which ran the migrations owns (alembic_version's owner). CASE: the planner may
+# call a privilege function before it filters the relation's kind.
+_NOT_GRANTED = """
+WITH ours AS (
+    SELECT c.oid, c.relname AS name, c.relkind = 'S' AS is_sequence FROM pg_class c
+    WHERE c.relnamespace = to_regnamespace(current_schema()) AND c.relkind IN ('r', 'p', 'S')
+        AND c.relowner = (SELECT relowner FROM pg_class WHERE oid = to_regclass('alembic_version'))
+)
+SELECT current_user, current_schema(),
+    ARRAY(SELECT name FROM ours WHERE NOT is_sequence AND NOT CASE WHEN NOT is_sequence THEN
+        has_table_privilege(oid, 'SELECT') AND has_table_privilege(oid, 'INSERT')
+        AND has_table_privilege(oid, 'UPDATE') AND has_table_privilege(oid, 'DELETE') END
+        ORDER BY name),
+    ARRAY(SELECT name FROM ours WHERE is_sequence
+        AND NOT CASE WHEN is_sequence THEN has_sequence_privilege(oid, 'USAGE') END
+        ORDER BY name)
+"""
+
+
+def _not_granted(conn: Any, setting: str) -> str | None:
+    """On PostgreSQL, the line naming the grants the role lacks on jobsapp's tables (an
+    application role the owner granted nothing yet), or None. Read from the catalogs:
+    the role needs no privilege on the tables to ask."""
+    if conn.dialect.name != "postgresql":
+        return None
+    role, schema, tables, sequences = conn.exec_driver_sql(_NOT_GRANTED).one()
+    if not tables and not sequences:
+        return None
+    lacking = ", ".join([*tables[:2], *sequences[:1]])
+    more = len(tables) + len(sequences) - min(len(tables), 2) - min(len(sequences), 1)
+    return (
+        f"the database role {role} may not use jobsapp's tables at {setting}: it lacks "
+        f"privileges on {lacking}{f' and {more} more' if more else ''}; grant them as the "
+        f"tables' owner: GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
+        f"{schema} TO {role}; GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {schema} TO {role}"
+    )
 
 
 def _probe_engine(url: str) -> Any:

@@ -6,7 +6,6 @@ broker scheme, and the worker's start check connected without ``broker_use_ssl``
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import pytest
 from sqlalchemy import Engine
 
 from tests.support.env import service
-from tests.support.procs import ROOT, launching, ready, service_env
+from tests.support.procs import ROOT, finished, launching, ready, service_env
 from tests.support.rounds import echo_round
 from tests.support.servers import RedisServer
 
@@ -90,15 +89,7 @@ def test_a_worker_that_does_not_trust_the_brokers_certificate_says_so_in_one_lin
 ) -> None:
     (tmp_path / "deploy_settings.py").write_text("")  # the provider's CA not trusted
     env = _env(postgres_url, service("JOBSAPP_TEST_AMQPS_URL"), tmp_path, module_redis)
-    worker = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "jobsapp", "worker"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    worker = finished([sys.executable, "-m", "celery", "-A", "jobsapp", "worker"], env, tmp_path)
     last = worker.stderr.strip().splitlines()[-1]
     assert worker.returncode == 12, worker.stderr[-3000:]
     assert last.startswith("jobsapp: broker unreachable at JOBSAPP_BROKER_URL=amqps://"), last

@@ -12,8 +12,12 @@ worker's write must get its lock at once, while the index is being built.
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,11 +31,14 @@ from jobsapp.settings import EMBEDDED_BROKER
 from jobsapp.shipped import alembic_config
 from tests.support.databases import drop_postgres, fresh_postgres, migrated_postgres
 from tests.support.env import SESSION, service
-from tests.support.procs import BIN, service_env
+from tests.support.journal_view import run_row
+from tests.support.procs import BIN, finished, launching, ready, service_env
+from tests.support.servers import RedisServer
 from tests.support.waiting import eventually, waiting_for_a_lock
 
 # What an INSERT, UPDATE or DELETE of a row takes on its table.
 WRITERS_LOCK = "LOCK TABLE job_runs IN ROW EXCLUSIVE MODE"
+DELAY = "from tests.support.tasks import echo\necho.delay('t')"
 
 
 def _expiring_index(engine: Engine) -> tuple[bool, str]:
@@ -143,14 +150,7 @@ def test_a_migration_that_cannot_lock_its_table_stops_in_one_line(tmp_path: Path
 
 
 def _jobsapp(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BIN / "jobsapp"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return finished([str(BIN / "jobsapp"), *args], env)
 
 
 def test_an_upgrade_leaves_no_setting_on_its_connection() -> None:
@@ -198,15 +198,9 @@ def test_a_role_that_may_not_create_tables_is_told_what_to_grant(tmp_path: Path)
     the same command applies."""
     admin = service("JOBSAPP_TEST_DATABASE_URL")
     name, role = f"jobsapp_grants_{SESSION}", f"jobsapp_app_{SESSION}"
-    url = fresh_postgres(admin, name)
-    owner = create_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        with owner.connect() as conn:
-            conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
-            conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
-        as_role = url.replace("://postgres@", f"://{role}@", 1)
+    with _role(admin, role) as as_role, migrated_postgres(name, migrated=False) as url:
         env = service_env(
-            database_url=as_role,
+            database_url=as_role(url),
             broker_url=EMBEDDED_BROKER,
             var_dir=tmp_path / "var",
             settings={"JOBSAPP_REDIS_URL": ""},
@@ -221,13 +215,69 @@ def test_a_role_that_may_not_create_tables_is_told_what_to_grant(tmp_path: Path)
             "again then, it goes on from the last revision applied"
         )
         assert "Traceback" not in refused.stderr
-        with owner.connect() as conn:
-            conn.execute(text(f'GRANT CREATE ON SCHEMA public TO "{role}"'))
+        _as_owner(url, f'GRANT CREATE ON SCHEMA public TO "{role}"')
         assert _jobsapp(env, "db", "upgrade").returncode == 0
+
+
+def test_an_application_role_without_grants_is_told_what_to_grant(
+    tmp_path: Path, module_redis: RedisServer
+) -> None:
+    """Migrated by the database's owner, run by an application role of its own (the
+    least-privilege setup): before its grants, the worker exited "database unreachable"
+    and a producer's ``.delay()`` raised the driver's error with its SQL and the job's
+    arguments. Both say what to grant; granted, the worker runs the job."""
+    admin = service("JOBSAPP_TEST_DATABASE_URL")
+    name, role = f"jobsapp_app_grants_{SESSION}", f"jobsapp_runner_{SESSION}"
+    with _role(admin, role) as as_role, migrated_postgres(name) as url:
+        env = service_env(
+            database_url=as_role(url),
+            broker_url=module_redis.url,
+            var_dir=tmp_path / "var",
+            settings={"JOBSAPP_REDIS_URL": ""},
+        )
+        granting = (
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}; "
+            f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}"
+        )
+        worker = finished([str(BIN / "celery"), "-A", "jobsapp", "worker"], env, tmp_path)
+        line = worker.stderr.strip().splitlines()[-1]
+        assert worker.returncode == ExitCode.DATABASE_NOT_PERMITTED, worker.stderr[-3000:]
+        assert line.startswith(f"jobsapp: the database role {role} may not use jobsapp's "), line
+        assert line.endswith(f"as the tables' owner: {granting}"), line
+        delay = finished([sys.executable, "-c", DELAY], env)
+        last = delay.stderr.strip().splitlines()[-1]
+        assert last.startswith("jobsapp.lifecycle.rules.errors.DatabaseNotPermitted: "), last
+        assert "INSERT" not in delay.stderr.replace(granting, "")  # no SQL, no arguments
+        _as_owner(url, granting)
+        with launching(env, tmp_path) as launcher:
+            ready(launcher.worker(f"granted-{SESSION}"))
+            (job,) = launcher.enqueue({"task": "tests.echo", "kwargs": {"token": "granted"}})
+            engine = create_engine(url)
+            eventually(
+                lambda: run_row(engine, uuid.UUID(job["job_id"]))["state"] == "succeeded",
+                timeout=60,
+            )
+            engine.dispose()
+
+
+def _as_owner(url: str, statement: str) -> None:
+    owner = create_engine(url, isolation_level="AUTOCOMMIT")
+    with owner.connect() as conn:
+        conn.exec_driver_sql(statement)
+    owner.dispose()
+
+
+@contextmanager
+def _role(admin: str, role: str) -> Iterator[Callable[[str], str]]:
+    """A login role of its own, dropped after; yields what turns a URL into its."""
+    cluster = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with cluster.connect() as conn:
+        conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
+        conn.execute(text(f'CREATE ROLE "{role}" LOGIN'))
+    try:
+        yield lambda url: url.replace("://postgres@", f"://{role}@", 1)
     finally:
-        owner.dispose()
-        drop_postgres(admin, name)
-        cluster = create_engine(admin, isolation_level="AUTOCOMMIT")
+        # After its databases were dropped: a grant or a table of it there would hold it.
         with cluster.connect() as conn:
             conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
         cluster.dispose()

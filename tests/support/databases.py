@@ -48,12 +48,13 @@ def fresh_postgres(admin_url: str, name: str) -> str:
 
 
 @contextmanager
-def migrated_postgres(name: str) -> Iterator[str]:
-    """A fresh database ``name`` with jobsapp's migrations, dropped afterwards."""
+def migrated_postgres(name: str, *, migrated: bool = True) -> Iterator[str]:
+    """A fresh database ``name`` with jobsapp's migrations (or none), dropped afterwards."""
     admin_url = service("JOBSAPP_TEST_DATABASE_URL")
     url = fresh_postgres(admin_url, name)
-    migrate(url)
     try:
+        if migrated:
+            migrate(url)
         yield url
     finally:
         get_engine(url).dispose()

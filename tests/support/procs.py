@@ -189,6 +189,15 @@ class Launcher:
             print(proc.log()[-4000:])
 
 
+def finished(
+    argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` run to its end (two minutes at most), its output captured as text."""
+    return subprocess.run(
+        list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
 @contextlib.contextmanager
 def launching(env: dict[str, str], workdir: Path) -> Iterator[Launcher]:
     """A launcher whose processes are all killed, and their logs printed, on the way out."""

@@ -1,7 +1,9 @@
-"""A journal statement that met a missing table raises the processes' one line.
+"""A journal statement that met a missing table, or one its role may not use, raises the
+processes' one line.
 
-A database never migrated (or behind) fails a write or a read with the driver's error and
-its SQL; every jobsapp process says instead what ``jobsapp db upgrade`` would fix.
+A database never migrated (or behind) or a role granted nothing fails a write or a read
+with the driver's error, its SQL and the job's arguments; every jobsapp process says
+instead what ``jobsapp db upgrade`` or a ``GRANT`` would fix.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from types import TracebackType
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from jobsapp.lifecycle.rules.errors import DatabaseNotMigrated
+from jobsapp.lifecycle.rules.errors import DatabaseNotMigrated, DatabaseNotPermitted
 from jobsapp.settings import get_settings
 
 
 class SchemaChecked:
     """A journal statement that met a missing table because the database was never
-    migrated (or is behind) raises DatabaseNotMigrated with the processes' line, not the SQL.
+    migrated (or is behind) raises DatabaseNotMigrated with the processes' line, not the
+    SQL; one that met a table its role may not use, DatabaseNotPermitted.
 
     The revision is read on a connection of its own, after our transaction ended. Inside
     a caller's SQLite transaction the raw error stays: a second connection would wait
@@ -40,6 +43,9 @@ class SchemaChecked:
             return
         from jobsapp import preflight  # only on this path: it loads Alembic
 
-        failure = preflight.not_migrated_behind(error, get_settings().database_url)
-        if failure is not None:
-            raise DatabaseNotMigrated(failure.line) from None
+        failure = preflight.journal_unusable(error, get_settings().database_url)
+        if failure is None:
+            return
+        if failure.code == preflight.ExitCode.DATABASE_NOT_PERMITTED:
+            raise DatabaseNotPermitted(failure.line) from None
+        raise DatabaseNotMigrated(failure.line) from None

@@ -93,6 +93,15 @@ class DatabaseNotMigrated(Exception):
     """
 
 
+class DatabaseNotPermitted(Exception):
+    """The database role may not use the journal's tables (an application role the
+    tables' owner granted nothing yet), where a producer enqueues or a result is read.
+
+    Its message is the line a worker prints at start for the same database, naming the
+    ``GRANT`` statements to run.
+    """
+
+
 class ArgumentRefused(TypeError, EncodeError):
     """An argument Celery's JSON serializer cannot carry, refused at the call before anything
     is written: kombu's ``EncodeError``, as Celery's ``delay()`` raises it, and a
