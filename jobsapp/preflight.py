@@ -153,9 +153,9 @@ def check_database(url: str, *, schema: bool) -> None:
 
 
 # A statement met a table or column that is not there: SQLite's words, Postgres' SQLSTATEs;
-# or a table the role may not use (insufficient_privilege).
+# or a table the role may not use (insufficient_privilege), or a read-only session.
 _MISSING_SQLITE = ("no such table", "no such column")
-_JOURNAL_SQLSTATES = ("42P01", "42703", "42501")
+_JOURNAL_SQLSTATES = ("42P01", "42703", "42501", "25006")
 _JOURNAL_FAILURES = (ExitCode.DATABASE_NOT_MIGRATED, ExitCode.DATABASE_NOT_PERMITTED)
 
 
@@ -179,16 +179,17 @@ def journal_unusable(error: BaseException, url: str) -> StartupFailure | None:
     return None
 
 
-# What the role lacks on jobsapp's tables and sequences: those of the current schema that
-# the role which ran the migrations owns (alembic_version's owner). CASE: the planner may
-# call a privilege function before it filters the relation's kind.
+# Whether the session takes writes, and what the role lacks on jobsapp's tables and
+# sequences: those of the current schema that the role which ran the migrations owns
+# (alembic_version's owner). CASE: the planner may call a privilege function before it
+# filters the relation's kind.
 _NOT_GRANTED = """
 WITH ours AS (
     SELECT c.oid, c.relname AS name, c.relkind = 'S' AS is_sequence FROM pg_class c
     WHERE c.relnamespace = to_regnamespace(current_schema()) AND c.relkind IN ('r', 'p', 'S')
         AND c.relowner = (SELECT relowner FROM pg_class WHERE oid = to_regclass('alembic_version'))
 )
-SELECT current_user, current_schema(),
+SELECT current_user, current_schema(), current_setting('transaction_read_only') = 'on',
     ARRAY(SELECT name FROM ours WHERE NOT is_sequence AND NOT CASE WHEN NOT is_sequence THEN
         has_table_privilege(oid, 'SELECT') AND has_table_privilege(oid, 'INSERT')
         AND has_table_privilege(oid, 'UPDATE') AND has_table_privilege(oid, 'DELETE') END
@@ -200,12 +201,18 @@ SELECT current_user, current_schema(),
 
 
 def _not_granted(conn: Any, setting: str) -> str | None:
-    """On PostgreSQL, the line naming the grants the role lacks on jobsapp's tables (an
-    application role the owner granted nothing yet), or None. Read from the catalogs:
-    the role needs no privilege on the tables to ask."""
+    """On PostgreSQL, the line saying why the role may not write the journal (a read-only
+    standby or reader endpoint; an application role the owner granted nothing yet), or
+    None. Read from the catalogs: the role needs no privilege on the tables to ask."""
     if conn.dialect.name != "postgresql":
         return None
-    role, schema, tables, sequences = conn.exec_driver_sql(_NOT_GRANTED).one()
+    role, schema, read_only, tables, sequences = conn.exec_driver_sql(_NOT_GRANTED).one()
+    if read_only:
+        return (
+            f"the database at {setting} takes no writes (transaction_read_only is on: a "
+            f"standby, a reader endpoint, or default_transaction_read_only for {role}): "
+            "point JOBSAPP_DATABASE_URL at the primary"
+        )
     if not tables and not sequences:
         return None
     lacking = ", ".join([*tables[:2], *sequences[:1]])

@@ -281,3 +281,36 @@ def _role(admin: str, role: str) -> Iterator[Callable[[str], str]]:
         with cluster.connect() as conn:
             conn.execute(text(f'DROP ROLE IF EXISTS "{role}"'))
         cluster.dispose()
+
+
+def test_a_database_that_takes_no_writes_is_named_at_start(
+    tmp_path: Path, module_redis: RedisServer
+) -> None:
+    """A read replica's or a reader endpoint's URL given for the primary's (a platform that
+    lists both), or a role with ``default_transaction_read_only``: the worker started, and
+    every claim and enqueue failed. It now stops at start, naming it, exit 18; a producer's
+    enqueue says the same."""
+    with migrated_postgres(f"jobsapp_read_only_{SESSION}") as url:
+        _as_owner(
+            url,
+            f"ALTER DATABASE jobsapp_read_only_{SESSION} SET default_transaction_read_only = on",
+        )
+        env = service_env(
+            database_url=url,
+            broker_url=module_redis.url,
+            var_dir=tmp_path / "var",
+            settings={"JOBSAPP_REDIS_URL": ""},
+        )
+        worker = finished([str(BIN / "celery"), "-A", "jobsapp", "worker"], env, tmp_path)
+        line = worker.stderr.strip().splitlines()[-1]
+        assert worker.returncode == ExitCode.DATABASE_NOT_PERMITTED, worker.stderr[-3000:]
+        assert line.startswith("jobsapp: the database at JOBSAPP_DATABASE_URL="), line
+        assert line.endswith(
+            "takes no writes (transaction_read_only is on: a standby, a reader endpoint, or "
+            "default_transaction_read_only for postgres): point JOBSAPP_DATABASE_URL at the "
+            "primary"
+        ), line
+        delay = finished([sys.executable, "-c", DELAY], env)
+        last = delay.stderr.strip().splitlines()[-1]
+        assert last.startswith("jobsapp.lifecycle.rules.errors.DatabaseNotPermitted: "), last
+        assert last.endswith("point JOBSAPP_DATABASE_URL at the primary"), last
