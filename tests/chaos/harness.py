@@ -48,6 +48,7 @@ from jobsapp.lifecycle.journal import OUTBOX
 from jobsapp.storage import ObjectStore
 from tests.support import journal_view
 from tests.support.attachments import sha256
+from tests.support.faketime_celery import faketime
 from tests.support.procs import BIN, WORKER_FLAGS, Launcher, Proc, beat_argv, ready
 from tests.support.servers import QUEUE, free_port
 from tests.support.webserver import API_TOKEN, Http, Reply
@@ -435,10 +436,10 @@ class Cluster:
         return self.launcher.start(name, argv, env)
 
     def skewed_worker(self, name: str, offset: str, env: Mapping[str, str] | None = None) -> Proc:
-        """A worker under libfaketime, its wall clock moved by ``offset`` (``faketime -f``);
+        """A worker under libfaketime, its wall clock moved by ``offset``;
         tests/support/faketime_celery.py says why monotonic clocks stay real."""
         celery = [sys.executable, "-m", "tests.support.faketime_celery", "-A", "jobsapp"]
-        argv = ["faketime", "-f", offset, *celery, "worker", *WORKER_FLAGS, "-n", f"{name}@%h"]
+        argv = [*faketime(offset), *celery, "worker", *WORKER_FLAGS, "-n", f"{name}@%h"]
         return self.launcher.start(name, argv, {"FAKETIME_DONT_FAKE_MONOTONIC": "1", **(env or {})})
 
     def web(self, *, crash_at: str | None = None, timeout: float = 30.0) -> Web:

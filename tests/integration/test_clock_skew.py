@@ -1,9 +1,10 @@
 """Workers whose clocks are wrong by a minute, either way, keep the lifecycle's timing.
 
-Each worker is a real ``celery -A jobsapp worker`` under libfaketime (``faketime -f``), so
-Python's ``time.time()`` and ``datetime.now()`` in it are off; the database's clock is
-the one every transition stamps and compares with. Monotonic clocks stay real
-(``FAKETIME_DONT_FAKE_MONOTONIC``): faked, they hang every timed wait (the heartbeat's);
+Each worker is a real ``celery -A jobsapp worker`` under libfaketime (preloaded with the
+offset, ``faketime_celery.faketime``), so Python's ``time.time()`` and ``datetime.now()``
+in it are off; the database's clock is the one every transition stamps and compares with.
+Monotonic clocks stay real (``FAKETIME_DONT_FAKE_MONOTONIC``): faked, they hang every
+timed wait (the heartbeat's);
 ``tests/support/faketime_celery.py`` says why ``time.sleep`` is replaced then.
 """
 
@@ -25,6 +26,7 @@ from jobsapp.celery_app import app
 from jobsapp.maintenance import reaper, relay
 from tests.support import tasks
 from tests.support.env import SESSION
+from tests.support.faketime_celery import faketime
 from tests.support.journal_view import outbox_rows, run_row, transitions
 from tests.support.procs import WORKER_FLAGS, Launcher, Proc, ready, service_env
 from tests.support.waiting import eventually
@@ -41,10 +43,10 @@ SETTINGS = {
 
 
 def _skewed_clock(offset: str) -> float:
-    """How far ``faketime -f offset`` moves Python's clock (checked, not assumed)."""
+    """How far libfaketime with ``offset`` moves Python's clock (checked, not assumed)."""
     code = "import time; print(time.time())"
     shown = subprocess.run(
-        ["faketime", "-f", offset, sys.executable, "-c", code],
+        [*faketime(offset), sys.executable, "-c", code],
         env={**os.environ, **SETTINGS},
         capture_output=True,
         text=True,
@@ -84,9 +86,7 @@ def skewed(
         queue = app.conf.task_default_queue
         celery = [sys.executable, "-m", "tests.support.faketime_celery", "-A", "jobsapp"]
         argv = [
-            "faketime",
-            "-f",
-            offset,
+            *faketime(offset),
             *celery,
             "worker",
             *WORKER_FLAGS,
@@ -161,7 +161,7 @@ def test_a_producer_behind_the_database_publishes_a_job_to_run_at_once(
     )
     env = skewed_env(postgres_url, tmp_path)
     made = subprocess.run(
-        ["faketime", "-f", offset, sys.executable, "-c", code],
+        [*faketime(offset), sys.executable, "-c", code],
         env=env,
         capture_output=True,
         text=True,
