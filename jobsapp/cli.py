@@ -21,8 +21,6 @@ from jobsapp.settings import SettingsError, get_settings
 from jobsapp.shipped import alembic_config
 
 Handler = Callable[[argparse.Namespace], int]
-# PostgreSQL's SQLSTATE for a privilege the role lacks (CREATE on the schema).
-_INSUFFICIENT_PRIVILEGE = "42501"
 
 # What each command needs before it starts; a missing one is its StartupFailure line.
 _NEEDS: dict[str, tuple[Need, ...]] = {
@@ -69,7 +67,7 @@ def _upgrade_stopped(exc: Any) -> StartupFailure | None:
     revision applied."""
     from sqlalchemy.engine import make_url
 
-    from jobsapp.db import lock_refused
+    from jobsapp.db import lock_refused, privilege_refused
     from jobsapp.lifecycle.journal.ddl import MIGRATION_LOCK_TIMEOUT_S
 
     if lock_refused(exc):
@@ -80,7 +78,7 @@ def _upgrade_stopped(exc: Any) -> StartupFailure | None:
             "stopped, applying nothing of its own, rather than hold every query of "
             "that table behind it; run `jobsapp db upgrade` again once that ends",
         )
-    if getattr(exc.orig, "pgcode", None) != _INSUFFICIENT_PRIVILEGE:
+    if not privilege_refused(exc):
         return None
     role = make_url(get_settings().database_url).username or "of JOBSAPP_DATABASE_URL"
     denied = str(exc.orig).splitlines()[0]

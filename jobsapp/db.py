@@ -278,3 +278,12 @@ def dispose_engines() -> None:
 def lock_refused(exc: DBAPIError) -> bool:
     """PostgreSQL gave up waiting for a lock (``lock_timeout``, SQLSTATE 55P03)."""
     return getattr(exc.orig, "pgcode", None) == "55P03"
+
+
+# PostgreSQL's SQLSTATE for a privilege the role lacks (insufficient_privilege).
+INSUFFICIENT_PRIVILEGE = "42501"
+
+
+def privilege_refused(exc: DBAPIError) -> bool:
+    """PostgreSQL refused the statement: the role lacks a privilege it needs."""
+    return getattr(exc.orig, "pgcode", None) == INSUFFICIENT_PRIVILEGE
