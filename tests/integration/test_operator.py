@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from sqlalchemy import Connection, Engine, select, text, update
+from sqlalchemy import Connection, Engine, text, update
 
 from jobsapp import cli, operator
 from jobsapp.attachments.models import ATTACHMENT_RUNS
@@ -518,18 +518,3 @@ def test_the_process_metrics_answer_the_scrapers_token_while_the_database_is_dow
         wrong = client.get("/metrics", headers={"Authorization": f"Bearer not-{scraper}"})
 
     assert (right.status_code, wrong.status_code) == (200, 401)
-
-
-def test_the_summary_reads_with_bounded_statements(pg: Engine) -> None:
-    """Each summary branch walks the (state, updated_at) index, never the whole table."""
-    with pg.connect() as conn:
-        branch = (
-            select(JOBS.table.c.job_id)
-            .where(JOBS.table.c.state == "failed")
-            .order_by(JOBS.table.c.updated_at.desc())
-            .limit(100)
-        )
-        compiled = branch.compile(conn, compile_kwargs={"literal_binds": True})
-        conn.execute(text("SET enable_seqscan = off"))
-        plan = "\n".join(r[0] for r in conn.execute(text(f"EXPLAIN {compiled}")))
-    assert "ix_job_runs_state_updated" in plan
