@@ -11,7 +11,7 @@ with a worker process group SIGKILLed every few seconds. At the end, over every 
 - no staging object of a ready attachment survives staging retention;
 - the throughput under kills is printed against the baseline.
 
-The quick variant (N=50) runs in CI. The big one is marked ``soak`` and runs only when
+The quick variant (N=30) runs in CI. The big one is marked ``soak`` and runs only when
 asked: ``pytest tests/chaos/test_soak.py -m soak --soak-n 1000`` (or JOBSAPP_SOAK_N).
 """
 
