@@ -36,7 +36,6 @@ from jobsapp.logs import (
     scrub_handlers,
 )
 from jobsapp.maintenance.entries import with_maintenance
-from jobsapp.monitor import workers
 from jobsapp.settings import (
     CELERY_BROKER_SETTINGS,
     Settings,
@@ -208,13 +207,21 @@ except SettingsError as bad:
     # and a traceback; gunicorn imports this module too, through the web app.
     preflight.exit_on_bad_setting(bad)
 preflight.connect_celery_signals()
-workers.connect_celery_signals()
 
 
 @worker_process_init.connect
 def _fresh_connections(**_kwargs: Any) -> None:
     """A forked child must not share its parent's database sockets."""
     dispose_engines()
+
+
+@worker_init.connect
+def _register_worker(**_kwargs: Any) -> None:
+    """The worker registry beats from ``worker_ready`` on. Imported by a worker only: its
+    reads load every run table, which a producer or ``celery inspect`` does not need."""
+    from jobsapp.monitor import workers
+
+    workers.connect_celery_signals()
 
 
 @worker_init.connect

@@ -1,4 +1,12 @@
-"""Object storage for job outputs: one small interface, a local and an S3 implementation."""
+"""Object storage for job outputs: one small interface, a local and an S3 implementation.
+
+The S3 names are imported on first use: boto3 takes ~0.2 s to import, and a process on a
+local store never needs it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from jobsapp.storage.base import (
     ChecksumConflict,
@@ -12,7 +20,9 @@ from jobsapp.storage.base import (
 )
 from jobsapp.storage.factory import store_from_url
 from jobsapp.storage.local import LocalObjectStore
-from jobsapp.storage.s3 import S3ObjectStore, make_s3_client
+
+if TYPE_CHECKING:
+    from jobsapp.storage.s3 import S3ObjectStore, make_s3_client
 
 __all__ = [
     "ChecksumConflict",
@@ -28,3 +38,11 @@ __all__ = [
     "make_s3_client",
     "store_from_url",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("S3ObjectStore", "make_s3_client"):
+        from jobsapp.storage import s3
+
+        return getattr(s3, name)
+    raise AttributeError(f"module 'jobsapp.storage' has no attribute {name!r}")

@@ -7,7 +7,6 @@ from urllib.parse import SplitResult, unquote, urlsplit
 
 from jobsapp.storage.base import ObjectStore
 from jobsapp.storage.local import LocalObjectStore
-from jobsapp.storage.s3 import S3ObjectStore, make_s3_client
 
 
 def store_from_url(
@@ -25,6 +24,9 @@ def store_from_url(
     parts = urlsplit(url)
     if _plain(parts):
         if parts.scheme == "s3" and parts.netloc:
+            # Not at the top: a process on a local store never imports boto3 (see the package).
+            from jobsapp.storage.s3 import S3ObjectStore, make_s3_client
+
             prefix = unquote(parts.path).strip("/")
             client = make_s3_client(endpoint_url, region)
             public = make_s3_client(public_url, region) if public_url else None
