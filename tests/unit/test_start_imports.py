@@ -62,13 +62,31 @@ def test_a_worker_starts_on_a_migrated_folder_without_alembic_or_boto3(tmp_path:
     assert _embedded(tmp_path, "-c", WORKER_START) == ["ready", "[]"]
 
 
+def _as_alembic_finds(folder: Path) -> tuple[list[str], set[str]]:
+    scripts = ScriptDirectory(str(folder))
+    return sorted(scripts.get_heads()), {script.revision for script in scripts.walk_revisions()}
+
+
 def test_the_migrations_heads_and_revisions_are_the_ones_alembic_finds() -> None:
-    """A migration written so that its text does not say its ids fails here: keep
-    ``revision`` and ``down_revision`` one assignment a line, as ``alembic revision``
-    writes them."""
-    scripts = ScriptDirectory(str(MIGRATIONS))
     heads, known = script_revisions()
-    assert (sorted(heads), known) == (
-        sorted(scripts.get_heads()),
-        {script.revision for script in scripts.walk_revisions()},
-    )
+    assert (sorted(heads), known) == _as_alembic_finds(MIGRATIONS)
+
+
+# A merge of two branches as a formatter leaves it: annotated, its parents over lines.
+MERGE = """
+revision: str = "m"
+down_revision: tuple[str, ...] | None = (
+    "b",
+    "c",
+)
+"""
+
+
+def test_a_merge_migration_over_several_lines_is_read_as_alembic_reads_it(tmp_path: Path) -> None:
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    for name, down in (("a", None), ("b", "a"), ("c", "a")):
+        (versions / f"{name}.py").write_text(f"revision = {name!r}\ndown_revision = {down!r}\n")
+    (versions / "m.py").write_text(MERGE)
+    heads, known = script_revisions(versions)
+    assert (sorted(heads), known) == _as_alembic_finds(tmp_path) == (["m"], {"a", "b", "c", "m"})
