@@ -106,6 +106,7 @@ class LeasedScheduler(Scheduler):
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.periodic: periodic.Periodic | None = None
         self.leading = False
+        self._ticking = False
         self._last_standby_log: float | None = None
         budget.guard_with(self._still_leading)
         super().__init__(*args, **kwargs)
@@ -149,6 +150,13 @@ class LeasedScheduler(Scheduler):
         self.periodic = periodic.Periodic(self.app, entries, self.catch_up)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        self._ticking = True
+        try:
+            return self._tick(*args, **kwargs)
+        finally:
+            self._ticking = False
+
+    def _tick(self, *args: Any, **kwargs: Any) -> float:
         # Renewal must come well inside the lease, whatever the schedule's own interval.
         renew_every = self.lease_ttl.total_seconds() / 3
         if not self._renew():
@@ -243,7 +251,14 @@ class LeasedScheduler(Scheduler):
             log.warning("maintenance pass %s not stamped: %s", task, type(exc).__name__)
 
     def close(self) -> None:
+        # Celery's SIGTERM and SIGINT handler closes the scheduler inside the handler, then
+        # raises SystemExit: during a tick the release would wait on the pass's own open
+        # transaction (SQLite's busy timeout; on PostgreSQL the lease's row, for ever). Beat's
+        # loop closes again once the SystemExit has ended that transaction.
+        if self._ticking:
+            return
         if self.leading:
+            self.leading = False
             try:
                 with get_engine().begin() as conn:
                     lease.release(conn, LEASE_NAME, self.holder)

@@ -76,9 +76,8 @@ def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple
         try:
             beat.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            # Seen once under a CPU hog: beat's lease release at shutdown waited out SQLite's
-            # busy timeout twice ("beat lease not released: OperationalError"). What these
-            # tests check is the schedule; the shutdown is left to a test of its own.
+            # What these tests check is the schedule; beat's prompt stop on SIGTERM is
+            # tests/integration/test_beat_shutdown.py's.
             beat.kill()
             beat.wait(timeout=10)
 
