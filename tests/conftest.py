@@ -72,6 +72,16 @@ def pg(postgres_url: str) -> Engine:
 
 
 @pytest.fixture
+def lease_check_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``LeasedScheduler`` made in a test makes its lease renewal every maintenance pass's
+    in this process (``budget.guard_with``): taken back after the test, so a later pass
+    neither renews a lease for a scheduler gone nor stops at another test's lease."""
+    from jobsapp.maintenance import budget
+
+    monkeypatch.setattr(budget, "_lease_check", budget._lease_check)
+
+
+@pytest.fixture
 def redis_clean() -> None:
     """Empty the test counters and the broker queue, keeping kombu's bindings."""
     import redis

@@ -53,7 +53,7 @@ def _stopped_inside_its_transaction(*_args: Any, **_kwargs: Any) -> None:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.usefixtures("handlers_kept")
+@pytest.mark.usefixtures("handlers_kept", "lease_check_kept")
 def test_a_beat_told_to_stop_inside_a_pass_stops_at_once_and_hands_its_lease_back(
     db: Engine,
     tmp_path: Path,

@@ -213,6 +213,7 @@ def test_the_lease_defaults_to_thirty_seconds() -> None:
         scheduler.lease_ttl_from_env({"JOBSAPP_BEAT_LEASE_SECONDS": "inf"})
 
 
+@pytest.mark.usefixtures("lease_check_kept")
 def test_beat_applies_the_cadences_to_the_maintenance_entries(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
