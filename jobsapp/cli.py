@@ -80,15 +80,34 @@ def _upgrade_stopped(exc: Any) -> StartupFailure | None:
         )
     if not privilege_refused(exc):
         return None
-    role = make_url(get_settings().database_url).username or "of JOBSAPP_DATABASE_URL"
+    url = get_settings().database_url
+    role, schema = _creating_as(url) or (make_url(url).username or "of the URL", "public")
     denied = str(exc.orig).splitlines()[0]
     return StartupFailure(
         preflight.ExitCode.MIGRATION_NOT_PERMITTED,
         f"the database role {role} may not change the schema ({denied}): grant it CREATE "
-        f"on the schema (GRANT CREATE ON SCHEMA public TO {role}; PostgreSQL 15 and later "
+        f"on the schema (GRANT CREATE ON SCHEMA {schema} TO {role}; PostgreSQL 15 and later "
         "give it to the database's owner only) or run `jobsapp db upgrade` as the owner; "
         "run it again then, it goes on from the last revision applied",
     )
+
+
+def _creating_as(url: str) -> tuple[str, str] | None:
+    """The role the upgrade ran as and the schema it creates in (the first of its
+    ``search_path``), asked on a connection of its own: Alembic's ended with the error."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            role, schema = conn.execute(text("SELECT current_user, current_schema()")).one()
+    except SQLAlchemyError:
+        return None
+    finally:
+        engine.dispose()
+    return str(role), str(schema or "public")
 
 
 def _safe_url(url: str) -> str:

@@ -219,6 +219,29 @@ def test_a_role_that_may_not_create_tables_is_told_what_to_grant(tmp_path: Path)
         assert _jobsapp(env, "db", "upgrade").returncode == 0
 
 
+def test_the_grant_names_the_schema_the_roles_search_path_creates_in(tmp_path: Path) -> None:
+    """A role whose ``search_path`` starts with a schema of the deployment's: the line named
+    ``public`` (and the URL's user), a GRANT that would not have let the upgrade through."""
+    admin = service("JOBSAPP_TEST_DATABASE_URL")
+    name, role = f"jobsapp_grants_path_{SESSION}", f"jobsapp_path_{SESSION}"
+    schema = f"app_{SESSION}"
+    with _role(admin, role) as as_role, migrated_postgres(name, migrated=False) as url:
+        _as_owner(url, f'CREATE SCHEMA "{schema}"')
+        _as_owner(url, f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        _as_owner(url, f'ALTER ROLE "{role}" IN DATABASE "{name}" SET search_path = "{schema}"')
+        env = service_env(
+            database_url=as_role(url),
+            broker_url=EMBEDDED_BROKER,
+            var_dir=tmp_path / "var",
+            settings={"JOBSAPP_REDIS_URL": ""},
+        )
+        refused = _jobsapp(env, "db", "upgrade")
+        assert refused.returncode == ExitCode.MIGRATION_NOT_PERMITTED, refused.stderr[-3000:]
+        assert f"(GRANT CREATE ON SCHEMA {schema} TO {role};" in refused.stderr, refused.stderr
+        _as_owner(url, f'GRANT CREATE ON SCHEMA "{schema}" TO "{role}"')
+        assert _jobsapp(env, "db", "upgrade").returncode == 0
+
+
 def test_an_application_role_without_grants_is_told_what_to_grant(
     tmp_path: Path, module_redis: RedisServer
 ) -> None:
