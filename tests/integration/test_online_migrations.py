@@ -149,6 +149,16 @@ def test_a_migration_that_cannot_lock_its_table_stops_in_one_line(tmp_path: Path
             engine.dispose()
 
 
+def _upgrading_env(database_url: str, tmp_path: Path) -> dict[str, str]:
+    """What ``jobsapp db upgrade`` needs: the database; the rest embedded."""
+    return service_env(
+        database_url=database_url,
+        broker_url=EMBEDDED_BROKER,
+        var_dir=tmp_path / "var",
+        settings={"JOBSAPP_REDIS_URL": ""},
+    )
+
+
 def _jobsapp(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return finished([str(BIN / "jobsapp"), *args], env)
 
@@ -199,12 +209,7 @@ def test_a_role_that_may_not_create_tables_is_told_what_to_grant(tmp_path: Path)
     admin = service("JOBSAPP_TEST_DATABASE_URL")
     name, role = f"jobsapp_grants_{SESSION}", f"jobsapp_app_{SESSION}"
     with _role(admin, role) as as_role, migrated_postgres(name, migrated=False) as url:
-        env = service_env(
-            database_url=as_role(url),
-            broker_url=EMBEDDED_BROKER,
-            var_dir=tmp_path / "var",
-            settings={"JOBSAPP_REDIS_URL": ""},
-        )
+        env = _upgrading_env(as_role(url), tmp_path)
         refused = _jobsapp(env, "db", "upgrade")
         assert refused.returncode == ExitCode.MIGRATION_NOT_PERMITTED, refused.stderr[-3000:]
         assert refused.stderr.strip().splitlines()[-1] == (
@@ -229,12 +234,7 @@ def test_the_grant_names_the_schema_the_roles_search_path_creates_in(tmp_path: P
         _as_owner(url, f'CREATE SCHEMA "{schema}"')
         _as_owner(url, f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
         _as_owner(url, f'ALTER ROLE "{role}" IN DATABASE "{name}" SET search_path = "{schema}"')
-        env = service_env(
-            database_url=as_role(url),
-            broker_url=EMBEDDED_BROKER,
-            var_dir=tmp_path / "var",
-            settings={"JOBSAPP_REDIS_URL": ""},
-        )
+        env = _upgrading_env(as_role(url), tmp_path)
         refused = _jobsapp(env, "db", "upgrade")
         assert refused.returncode == ExitCode.MIGRATION_NOT_PERMITTED, refused.stderr[-3000:]
         assert f"(GRANT CREATE ON SCHEMA {schema} TO {role};" in refused.stderr, refused.stderr
