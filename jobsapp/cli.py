@@ -81,7 +81,10 @@ def _upgrade_stopped(exc: Any) -> StartupFailure | None:
     if not privilege_refused(exc):
         return None
     url = get_settings().database_url
-    role, schema = _creating_as(url) or (make_url(url).username or "of the URL", "public")
+    role, schema = _creating_as(url) or (
+        make_url(url).username or "of JOBSAPP_DATABASE_URL",
+        "public",
+    )
     denied = str(exc.orig).splitlines()[0]
     return StartupFailure(
         preflight.ExitCode.MIGRATION_NOT_PERMITTED,
@@ -95,11 +98,10 @@ def _upgrade_stopped(exc: Any) -> StartupFailure | None:
 def _creating_as(url: str) -> tuple[str, str] | None:
     """The role the upgrade ran as and the schema it creates in (the first of its
     ``search_path``), asked on a connection of its own: Alembic's ended with the error."""
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import text
     from sqlalchemy.exc import SQLAlchemyError
-    from sqlalchemy.pool import NullPool
 
-    engine = create_engine(url, poolclass=NullPool)
+    engine = preflight.probe_engine(url)  # its connect timeout: the database may be gone
     try:
         with engine.connect() as conn:
             role, schema = conn.execute(text("SELECT current_user, current_schema()")).one()

@@ -133,7 +133,7 @@ def check_database(url: str, *, schema: bool) -> None:
     from sqlalchemy.exc import DBAPIError
 
     setting = database_setting(url)
-    engine = _probe_engine(url)
+    engine = probe_engine(url)
     try:
         with engine.connect() as conn:
             refused = _not_granted(conn, setting) if schema else None
@@ -226,7 +226,7 @@ def _not_granted(conn: Any, setting: str) -> str | None:
     )
 
 
-def _probe_engine(url: str) -> Any:
+def probe_engine(url: str) -> Any:
     """PostgreSQL: one unpooled connection that gives up after CONNECT_TIMEOUT_S. SQLite:
     the ordinary engine, which makes the embedded file's folder on a fresh checkout."""
     from sqlalchemy import create_engine
