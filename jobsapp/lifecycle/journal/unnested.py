@@ -121,20 +121,41 @@ def _literal(values: Sequence[Any], process: Callable[[Any], Any] | None) -> str
     """``values`` (bound as their column would bind them) as a PostgreSQL array literal."""
     if process is not None:
         values = [None if v is None else process(v) for v in values]
-    return "{" + ",".join(map(_element, values)) + "}"
+    # A column's values are mostly of one type: one formatter for all of them.
+    kinds = set(map(type, values))
+    element = _ELEMENTS.get(kinds.pop(), _element) if len(kinds) == 1 else _element
+    return "{" + ",".join(map(element, values)) + "}"
+
+
+def _quoted(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
 
 
 def _element(value: Any) -> str:
-    if value is None:
-        return "NULL"
+    return _ELEMENTS.get(type(value), _other)(value)
+
+
+def _other(value: Any) -> str:
     if isinstance(value, bool):
         return "t" if value else "f"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, datetime):
-        value = value.isoformat()
-    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
+        return _quoted(value.isoformat())
+    return _quoted(str(value))
+
+
+# By exact type; a subclass (an enum's str, an int flag) goes through ``_other``.
+_ELEMENTS: dict[type, Callable[[Any], str]] = {
+    type(None): lambda _: "NULL",
+    bool: lambda value: "t" if value else "f",
+    int: repr,
+    float: repr,
+    str: _quoted,
+    datetime: lambda value: _quoted(value.isoformat()),
+    uuid.UUID: lambda value: f'"{value}"',
+}
 
 
 @cache
