@@ -17,7 +17,8 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, String, any_, bindparam, cast, insert, select
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from jobsapp.lifecycle.journal import unnested
 from jobsapp.lifecycle.journal._sql import OUTBOX, _require_transaction
@@ -89,9 +90,14 @@ def _many_insert(spec: RunTable, dialect: str) -> Any:
 
 def _finished_among(conn: Connection, spec: RunTable, jobs: Sequence[NewJob]) -> bool:
     table = spec.table
-    stmt = select(table.c.job_id).where(
-        table.c.job_id.in_([job.job_id for job in jobs]), table.c.state.in_(TERMINAL_STATES)
-    )
+    ids = [job.job_id for job in jobs]
+    if conn.dialect.name == "postgresql":
+        # The ids as one array literal: an IN list binds (and quotes, in Python) each one.
+        literal = bindparam("job_ids", unnested.array_literal(ids), type_=String())
+        among = table.c.job_id == any_(cast(literal, ARRAY(table.c.job_id.type)))
+    else:
+        among = table.c.job_id.in_(ids)
+    stmt = select(table.c.job_id).where(among, table.c.state.in_(TERMINAL_STATES))
     return conn.execute(stmt.limit(1)).first() is not None
 
 

@@ -97,12 +97,12 @@ def _arrays(
     """One array literal per input column."""
     table = spec.table
     params = {
-        f"c{k}": _literal([row[name] for row in rows], _processor(table.c[name].type, dialect))
+        f"c{k}": array_literal([row[name] for row in rows], _processor(table.c[name].type, dialect))
         for k, name in enumerate(columns)
     }
     body = _processor(OUTBOX.c.body.type, dialect)
-    params[_BODY] = _literal([dict(o.body) for o in out], body)
-    params[_DELAY] = _literal([_interval(job.delay) for job in jobs], None)
+    params[_BODY] = array_literal([dict(o.body) for o in out], body)
+    params[_DELAY] = array_literal([_interval(job.delay) for job in jobs], None)
     return params
 
 
@@ -117,7 +117,7 @@ def _interval(delay: timedelta | None) -> str | None:
     return f"{delay.days} days {delay.seconds} seconds {delay.microseconds} microseconds"
 
 
-def _literal(values: Sequence[Any], process: Callable[[Any], Any] | None) -> str:
+def array_literal(values: Sequence[Any], process: Callable[[Any], Any] | None = None) -> str:
     """``values`` (bound as their column would bind them) as a PostgreSQL array literal."""
     if process is not None:
         values = [None if v is None else process(v) for v in values]
