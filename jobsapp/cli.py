@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import logging
 import os
 import signal
 import sys
@@ -44,6 +45,9 @@ _NEEDS: dict[str, tuple[Need, ...]] = {
 
 
 def db_upgrade(_args: argparse.Namespace) -> int:
+    # Alembic logs the set-up of each of its plugins at INFO as it is imported: seven lines
+    # of noise above the migrations it runs, which are what the operator reads.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     # Here, not at the top: Alembic is half of the CLI's imports, and only this command
     # needs it (`jobsapp --help` should not wait for it).
     from alembic import command
