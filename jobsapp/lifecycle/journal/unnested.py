@@ -146,14 +146,13 @@ def _other(value: Any) -> str:
     return _quoted(str(value))
 
 
-# By exact type; a subclass (an enum's str, an int flag) goes through ``_other``.
+# The common types by exact type (a UUID needs no escaping); the rest, subclasses (an
+# enum's str, a bool) among them, go through ``_other``.
 _ELEMENTS: dict[type, Callable[[Any], str]] = {
     type(None): lambda _: "NULL",
-    bool: lambda value: "t" if value else "f",
     int: repr,
     float: repr,
     str: _quoted,
-    datetime: lambda value: _quoted(value.isoformat()),
     uuid.UUID: lambda value: f'"{value}"',
 }
 

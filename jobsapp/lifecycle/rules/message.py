@@ -203,7 +203,9 @@ def validate_body(body: Any) -> None:
 
 
 def _refuse(body: dict[str, Any]) -> None:
-    """Raise the reason an invalid body is refused: its size first, else the schema's word.
+    """Raise the reason an invalid body is refused: its size first, else the schema's word
+    (jsonschema may find none where only a value's final newline failed the fast check:
+    ``_check_python_types`` words that one).
 
     Only an invalid body is measured: the schema bounds every field (no other key, each
     string's pattern or length, each number's range), so a valid body is well under the
