@@ -306,6 +306,19 @@ class PrivatePostgres:
         for pid in pids[1:]:
             wait_gone(pid)
 
+    def hold_wal_flushes(self) -> None:
+        """SIGSTOP the background processes that flush the WAL on their own (the walwriter,
+        and the bgwriter, which flushes before writing a dirty page): until the crash, only a
+        synchronous commit flushes a relaxed one. Without it the walwriter, woken by the
+        relaxed commit itself, can flush it between a poll that saw it and the SIGKILL."""
+        postmaster = self._postmaster_pid()
+        children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+        title = re.compile(rb"postgres: (walwriter|background writer)\b")
+        held = [pid for pid in children if title.match(Path(f"/proc/{pid}/cmdline").read_bytes())]
+        assert len(held) == 2, f"walwriter and bgwriter not both found among {children}"
+        for pid in held:
+            os.kill(int(pid), signal.SIGSTOP)
+
     def _postmaster_pid(self) -> str:
         return (self.data / "postmaster.pid").read_text().split()[0]
 

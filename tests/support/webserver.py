@@ -6,6 +6,8 @@ response that the app sent ``X-Content-Type-Options: nosniff``.
 
 from __future__ import annotations
 
+import functools
+import http.client
 import json
 import shlex
 import subprocess
@@ -56,10 +58,13 @@ class Reply:
 @dataclass
 class Http:
     """A client for the app under test; every response must carry nosniff. With a
-    ``token``, a request that names no Authorization of its own sends it as a bearer."""
+    ``token``, a request that names no Authorization of its own sends it as a bearer. With
+    a ``source`` (127.0.0.2, ...: Linux routes every 127/8 address like 127.0.0.1), it is
+    another client address to the app, so its failed guesses throttle only itself."""
 
     base_url: str
     token: str | None = None
+    source: str | None = None
 
     def get(self, path: str) -> Reply:
         return self.request(path)
@@ -90,7 +95,10 @@ class Http:
         request = urllib.request.Request(  # noqa: S310
             self.base_url + path, data, all_headers, method=method
         )
-        reply = fetch(request, _NO_REDIRECTS)
+        opener = _NO_REDIRECTS
+        if self.source:
+            opener = urllib.request.build_opener(_NoRedirect, _FromAddress(self.source))
+        reply = fetch(request, opener)
         assert reply.headers.get("X-Content-Type-Options") == "nosniff", (request.full_url, reply)
         return reply
 
@@ -101,6 +109,16 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 _NO_REDIRECTS = urllib.request.build_opener(_NoRedirect)
+
+
+class _FromAddress(urllib.request.HTTPHandler):
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        bound = functools.partial(http.client.HTTPConnection, source_address=(self.source, 0))
+        return self.do_open(bound, req)
 
 
 def fetch(request: urllib.request.Request | str, opener: Any = None) -> Reply:
