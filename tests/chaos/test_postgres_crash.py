@@ -3,10 +3,11 @@
 A durable PostgreSQL of the test's own (fsync and synchronous_commit on, as production
 runs it) is SIGKILLed, postmaster and backends, right after a worker's claim committed
 and before anything flushed it. The walwriter and the bgwriter are stopped first, so
-nothing but a synchronous commit flushes the claim and it is lost with the crash; docs/lifecycle.md says what follows: the finish is refused by the
-fence, the worker hands the message back, and the body of that one job runs twice. When
-another worker claims the same attempt again before the first one's body ends, the claim's
-token tells the two claims apart: only the second is honoured.
+nothing but a synchronous commit flushes the claim and it is lost with the crash;
+docs/lifecycle.md says what follows: the finish is refused by the fence, the worker hands
+the message back, and the body of that one job runs twice. When another worker claims the
+same attempt again before the first one's body ends, the claim's token tells the two
+claims apart: only the second is honoured.
 """
 
 from __future__ import annotations

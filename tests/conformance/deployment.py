@@ -91,7 +91,10 @@ def side_by_side(broker: str, broker_url: str, workdir: Path) -> Iterator[Answer
         }
         queue = f"conformance-{broker}-{SESSION}"
         bare_env = {**env, "CONFORMANCE_QUEUE": f"{queue}-bare"}
-        ours_env = {**env, "CONFORMANCE_QUEUE": f"{queue}-ours"}
+        # The idioms are Celery's with a broker that answers: one silent past the publish
+        # bound (2 s) is an outage, whose answers (the relay's) the chaos suite checks. A
+        # starved machine must not turn a fast-path publish into one.
+        ours_env = {**env, "CONFORMANCE_QUEUE": f"{queue}-ours", "JOBSAPP_PUBLISH_TIMEOUT": "15"}
         with launching(env, workdir) as launcher:
             procs = [
                 launcher.start(

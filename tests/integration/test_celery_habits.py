@@ -18,6 +18,7 @@ from pathlib import Path
 import celery.exceptions
 import pytest
 import redis
+from celery.result import AsyncResult
 from kombu import Exchange, Queue
 from sqlalchemy import Engine, func, select
 
@@ -26,6 +27,7 @@ from jobsapp.celery_app import app
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import OUTBOX, outbox_queries
 from jobsapp.lifecycle.journal.tables import JobRun
+from jobsapp.lifecycle.transport import publisher
 from jobsapp.maintenance import relay
 from jobsapp.settings import get_settings
 from tests.support import habit_tasks, tasks
@@ -157,6 +159,26 @@ def test_get_returns_on_success_raises_the_stored_error_on_failure_and_times_out
     later = tasks.echo.apply_async(args=(f"{token}-later",), countdown=3600)
     with pytest.raises(celery.exceptions.TimeoutError):
         later.get(timeout=0.5)
+
+
+def test_a_call_from_a_body_sees_its_sender_as_celery_has_it_when_the_relay_publishes_it(
+    worker: object, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Celery's send_task stamps the calling task's root_id and parent_id on the message; a
+    # broker that timed out leaves the message to beat's relay, where no task is calling.
+    monkeypatch.setattr(publisher, "fast_path_open", lambda: False)
+    when_due = relay.RelayConfig(grace=timedelta(0))
+
+    def relayed(handle: AsyncResult) -> bool:
+        relay.run_once(app, db, when_due)
+        return bool(handle.ready())
+
+    sender = tasks.sends_lineage.delay()
+    eventually(lambda: relayed(sender), timeout=30, interval=0.2)
+    sent = tasks.lineage_seen.AsyncResult(sender.get(timeout=5))
+    eventually(lambda: relayed(sent), timeout=30, interval=0.2)
+
+    assert sent.get(timeout=5) == [sender.id, sender.id]
 
 
 def test_a_handle_speaks_celerys_state_names_like_an_async_result(

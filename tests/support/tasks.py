@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import redis
 
@@ -180,6 +181,18 @@ def leaky(token: str) -> None:
 def open_gate(token: str, run: int) -> None:
     """Let the ``run``-th body of ``tests.gated`` under ``token`` (1 = the first) end."""
     counter().set(_key(f"{token}:gate:{run}"), 1)
+
+
+@lifecycle_task(app, name="tests.lineage_seen", bind=True)
+def lineage_seen(self: Any) -> list[str | None]:
+    """What Celery gives the body as its ``root_id`` and ``parent_id``."""
+    return [self.request.root_id, self.request.parent_id]
+
+
+@lifecycle_task(app, name="tests.sends_lineage", bind=True)
+def sends_lineage(self: Any) -> str:
+    """Calls ``lineage_seen`` from its body; the id of that call."""
+    return str(lineage_seen.delay().id)
 
 
 @lifecycle_task(app, name="tests.gated", key="gated:{token}")

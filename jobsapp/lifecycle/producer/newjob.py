@@ -19,11 +19,13 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from celery._state import get_current_worker_task
 from celery.app.task import Context
 from kombu import Queue
 
 from jobsapp.lifecycle.journal import NewJob
 from jobsapp.lifecycle.journal.registry import RunTable
+from jobsapp.lifecycle.journal.workflow import LINEAGE
 from jobsapp.lifecycle.rules import message
 from jobsapp.lifecycle.rules.errors import ArgumentRefused, InvalidMessage
 from jobsapp.lifecycle.rules.results import NotJson, hint, non_json, stored_arguments
@@ -141,13 +143,28 @@ def build(
         task_name=task.name,
         concurrency_key=task.concurrency_key(job_id, values_by_name),
         max_attempts=task.max_attempts,
-        values=values,
+        values=_with_sender(task.run_table, values),
         dedup_window=timedelta(seconds=task.dedup_window),
         traceparent=tracing.outgoing().get("traceparent"),
         queue=getattr(task, "queue", None),
         priority=getattr(task, "priority", None),
         key_limit=task.key_limit,
     )
+
+
+def _with_sender(spec: RunTable, values: dict[str, Any]) -> dict[str, Any]:
+    """``values``, and when a task's body makes the call, the sender's ``root_id`` and
+    ``parent_id`` (what Celery's ``send_task`` stamps on its message) kept beside the
+    arguments: every attempt's body sees them whoever publishes its message, the caller's
+    fast path or beat's relay, which has no calling task. A run table that keeps only ids
+    has no place for them (its message's headers say what they carry)."""
+    sender = get_current_worker_task()
+    if sender is None or spec.params_column is None:
+        return values
+    request = sender.request
+    kept = {"root_id": request.root_id or request.id, "parent_id": request.id}
+    column = spec.params_column
+    return {**values, column: {**values[column], LINEAGE: kept}}
 
 
 def job_id_of(task: str, job_id: uuid.UUID | str | None, task_id: str | None) -> uuid.UUID | None:

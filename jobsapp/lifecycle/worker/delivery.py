@@ -283,8 +283,8 @@ def _run_envelope(
         ),
     )
     at_limit = None if eager else _limited(task, request, ctx, rules)
-    step = None if row.workflow_id is None else _step(task, row, job)
-    lineage = _lineage(request, env, job) if step is None else step
+    kept = _kept(task, row, job)
+    lineage = _lineage(request, env, job) if kept is None else kept
     ended = run_attempt(task.app, ctx, lambda: call_body(task, row, job, lineage, call, ctx), rules)
     if at_limit is not None:
         ended = at_limit.instead_of(ended)
@@ -441,10 +441,11 @@ def _lineage(request: Context, env: message.Envelope, job: str) -> Lineage:
     return root, parent, request.group
 
 
-def _step(task: Worked, row: Run, job: str) -> Lineage | None:
-    """A canvas step's lineage: what the journal keeps with its run (every attempt
-    alike), as the canvas's place and the step that started it say (journal/workflow.py);
-    None for a step written before migration 0031 (its message's, as a plain job's)."""
+def _kept(task: Worked, row: Run, job: str) -> Lineage | None:
+    """The lineage the journal keeps with the run, every attempt alike (a Celery retry
+    keeps its request's): a canvas step's, as its place and the step that started it say
+    (journal/workflow.py), or a call's from a task's body, its sender's (producer/newjob.py).
+    None for a run that keeps none: its message's (``_lineage``)."""
     spec = task.run_table
     kept = (row.columns[spec.params_column] or {}).get(LINEAGE) if spec.params_column else None
     if kept is None:
