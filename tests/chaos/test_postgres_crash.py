@@ -94,6 +94,10 @@ def _crash_after_a_claim(cluster: Cluster, pg: PrivatePostgres) -> tuple[uuid.UU
             return next(iter(fresh.items()))
         seen |= set(fresh)
         time.sleep(0.002)
+    # Let the held processes go (SIGKILL reaches a stopped process; the fixture's SIGQUIT
+    # would not) and leave the module's server running.
+    pg.crash()
+    pg.start()
     raise AssertionError("no claim was ever left unflushed: claims wait for the WAL flush")
 
 
