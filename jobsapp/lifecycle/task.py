@@ -150,7 +150,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         self, args: tuple[Any, ...], kwargs: Mapping[str, Any], job_id: uuid.UUID | None
     ) -> NewJob:
         """The run a call of this task writes (see ``newjob``)."""
-        return newjob.build(self, args, kwargs, job_id)
+        return newjob.build(self, args, kwargs, job_id, by_caller=True)
 
     def apply_async(  # type: ignore[override]
         self,

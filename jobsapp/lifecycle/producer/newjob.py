@@ -128,8 +128,16 @@ def named(task: Declared, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> d
 
 
 def build(
-    task: Declared, args: tuple[Any, ...], kwargs: Mapping[str, Any], job_id: uuid.UUID | None
+    task: Declared,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    job_id: uuid.UUID | None,
+    *,
+    by_caller: bool = False,
 ) -> NewJob:
+    """The run of one call; ``by_caller``: built where the call is made (not from a
+    delivered message, whose headers carry its lineage), so a calling task's body is its
+    sender (``_with_sender``)."""
     job_id = job_id or task.derive_job_id(args, kwargs) or uuid.uuid4()
     values_by_name = named(task, args, kwargs)
     try:
@@ -143,7 +151,7 @@ def build(
         task_name=task.name,
         concurrency_key=task.concurrency_key(job_id, values_by_name),
         max_attempts=task.max_attempts,
-        values=_with_sender(task.run_table, values),
+        values=_with_sender(task.run_table, values) if by_caller else values,
         dedup_window=timedelta(seconds=task.dedup_window),
         traceparent=tracing.outgoing().get("traceparent"),
         queue=getattr(task, "queue", None),
