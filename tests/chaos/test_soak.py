@@ -250,6 +250,7 @@ def _soak_n(config: pytest.Config) -> int | None:
 
 @pytest.mark.soak
 @pytest.mark.timeout(0)
-def test_soak(request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]) -> None:
-    n = _soak_n(request.config)
-    soak(request.getfixturevalue("cluster"), n or DEFAULT_SOAK_N, capsys)
+def test_soak(
+    request: pytest.FixtureRequest, cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    soak(cluster, _soak_n(request.config) or DEFAULT_SOAK_N, capsys)
