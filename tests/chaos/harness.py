@@ -314,7 +314,7 @@ class PrivatePostgres:
         postmaster = self._postmaster_pid()
         children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
         title = re.compile(rb"postgres: (walwriter|background writer)\b")
-        held = [pid for pid in children if title.match(Path(f"/proc/{pid}/cmdline").read_bytes())]
+        held = [pid for pid in children if title.match(_cmdline(pid))]
         assert len(held) == 2, f"walwriter and bgwriter not both found among {children}"
         for pid in held:
             os.kill(int(pid), signal.SIGSTOP)
@@ -381,6 +381,15 @@ def migrate(url: str) -> None:
 
 
 # ------------------------------------------------------------------------- processes
+
+
+def _cmdline(pid: str) -> bytes:
+    """A process's command line; empty for one gone since it was listed (a backend whose
+    client left, an autovacuum worker)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _alive(pid: int) -> bool:
