@@ -166,13 +166,22 @@ def _with_sender(spec: RunTable, values: dict[str, Any]) -> dict[str, Any]:
     arguments: every attempt's body sees them whoever publishes its message, the caller's
     fast path or beat's relay, which has no calling task. A run table that keeps only ids
     has no place for them (its message's headers say what they carry)."""
-    sender = get_current_worker_task()
-    if sender is None or spec.params_column is None:
-        return values
-    request = sender.request
-    kept = {"root_id": request.root_id or request.id, "parent_id": request.id}
     column = spec.params_column
-    return {**values, column: {**values[column], LINEAGE: kept}}
+    found = None if column is None else sender()
+    if column is None or found is None:
+        return values
+    root, parent = found
+    return {**values, column: {**values[column], LINEAGE: {"root_id": root, "parent_id": parent}}}
+
+
+def sender() -> tuple[str, str] | None:
+    """The task whose body is making a call: its root and its id, as its body sees them
+    (None outside a worker's task); a call, or a canvas, it sends descends from it."""
+    current = get_current_worker_task()
+    if current is None:
+        return None
+    request = current.request
+    return str(request.root_id or request.id), str(request.id)
 
 
 def job_id_of(task: str, job_id: uuid.UUID | str | None, task_id: str | None) -> uuid.UUID | None:

@@ -388,7 +388,7 @@ def compiled(
     if into is None and options.get("task_id"):
         sig = _answering_to(sig, str(options["task_id"]))
     workflow_id, path = into or (_workflow_id(options.get("task_id") or _frozen_id(sig)), "0")
-    compiler = Compiler(workflow_id, _sender(sig.app))
+    compiler = Compiler(workflow_id, newjob.sender())
     routing = {k: options[k] for k in ("queue", "priority") if options.get(k) is not None}
     out = compiler.node(sig, path, None, tuple(args or ()), (), routing)
     return workflow_id, out, compiler.steps()
@@ -423,15 +423,6 @@ def _given_at_start(step: Step) -> list[Any]:
 
 def _listed(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _sender(app: Any) -> tuple[str, str] | None:
-    """The running task that sends a canvas: its root and its id, as its body sees them."""
-    current = app.current_worker_task
-    if current is None:
-        return None
-    request = current.request
-    return str(request.root_id or request.id), str(request.id)
 
 
 def _workflow_id(task_id: Any) -> uuid.UUID:
