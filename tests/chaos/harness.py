@@ -291,9 +291,7 @@ class PrivatePostgres:
 
     def crash(self) -> None:
         """SIGKILL the postmaster and every backend: no shutdown checkpoint, no flush."""
-        pids = [int(self._postmaster_pid())]
-        children = Path(f"/proc/{pids[0]}/task/{pids[0]}/children")
-        pids += [int(pid) for pid in children.read_text().split()]
+        pids = [int(self._postmaster_pid()), *map(int, self._children())]
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -311,13 +309,17 @@ class PrivatePostgres:
         and the bgwriter, which flushes before writing a dirty page): until the crash, only a
         synchronous commit flushes a relaxed one. Without it the walwriter, woken by the
         relaxed commit itself, can flush it between a poll that saw it and the SIGKILL."""
-        postmaster = self._postmaster_pid()
-        children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+        children = self._children()
         title = re.compile(rb"postgres: (walwriter|background writer)\b")
         held = [pid for pid in children if title.match(_cmdline(pid))]
         assert len(held) == 2, f"walwriter and bgwriter not both found among {children}"
         for pid in held:
             os.kill(int(pid), signal.SIGSTOP)
+
+    def _children(self) -> list[str]:
+        """The postmaster's child processes (backends and background workers)."""
+        postmaster = self._postmaster_pid()
+        return Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
 
     def _postmaster_pid(self) -> str:
         return (self.data / "postmaster.pid").read_text().split()[0]
