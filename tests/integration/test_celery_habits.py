@@ -14,11 +14,13 @@ from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import celery.exceptions
 import pytest
 import redis
 from celery.result import AsyncResult
+from celery.signals import before_task_publish
 from kombu import Exchange, Queue
 from sqlalchemy import Engine, func, select
 
@@ -173,12 +175,24 @@ def test_a_call_from_a_body_sees_its_sender_as_celery_has_it_when_the_relay_publ
         relay.run_once(app, db, when_due)
         return bool(handle.ready())
 
-    sender = tasks.sends_lineage.delay()
-    eventually(lambda: relayed(sender), timeout=30, interval=0.2)
-    sent = tasks.lineage_seen.AsyncResult(sender.get(timeout=5))
-    eventually(lambda: relayed(sent), timeout=30, interval=0.2)
+    # What Flower shows of a message (its task-received event) is what its headers say.
+    seen: dict[str, tuple[str, str]] = {}
+
+    def published(sender: str, headers: dict[str, Any], **_: Any) -> None:
+        if sender == tasks.lineage_seen.name:
+            seen[headers["id"]] = (headers["root_id"], headers["parent_id"])
+
+    before_task_publish.connect(published, weak=False)
+    try:
+        sender = tasks.sends_lineage.delay()
+        eventually(lambda: relayed(sender), timeout=30, interval=0.2)
+        sent = tasks.lineage_seen.AsyncResult(sender.get(timeout=5))
+        eventually(lambda: relayed(sent), timeout=30, interval=0.2)
+    finally:
+        before_task_publish.disconnect(published)
 
     assert sent.get(timeout=5) == [sender.id, sender.id]
+    assert seen[sent.id] == (sender.id, sender.id)
 
 
 def test_a_handle_speaks_celerys_state_names_like_an_async_result(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -28,10 +28,11 @@ from sqlalchemy import (
 )
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.journal import OUTBOX, PendingMessage, hot, upsert
+from jobsapp.lifecycle.journal import OUTBOX, PendingMessage, hot, registry, upsert
 from jobsapp.lifecycle.journal.outbox_rows import pending_rows as _pending
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.tables import MaintenanceCounter
+from jobsapp.lifecycle.journal.workflow import LINEAGE
 from jobsapp.lifecycle.rules.states import State
 
 COUNTERS: Table = MaintenanceCounter.__table__  # type: ignore[assignment]
@@ -113,6 +114,41 @@ def _planned_without_jit(conn: Connection) -> None:
     connection PgBouncer shares."""
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql("SET LOCAL jit = off")
+
+
+def with_kept_lineage(conn: Connection, messages: Sequence[PendingMessage]) -> list[PendingMessage]:
+    """``messages``, each first attempt with the root and parent its run keeps (a call from
+    a task's body, a canvas step: journal/workflow.py's ``LINEAGE``), which the calling
+    task's ``send_task`` would have put in its headers; the relay publishes from beat,
+    where no task is calling. One read per run table that keeps them, of first attempts
+    only: a later attempt's headers are jobsapp's retry links (transport/outbox.py)."""
+    firsts: dict[str, list[uuid.UUID]] = {}
+    for m in messages:
+        if m.attempt == 1:
+            firsts.setdefault(str(m.body.get("module")), []).append(m.job_id)
+    kept: dict[uuid.UUID, tuple[str, str | None]] = {}
+    for module, job_ids in firsts.items():
+        kept.update(_kept_lineage(conn, module, job_ids))
+    return [replace(m, lineage=kept[m.job_id]) if m.job_id in kept else m for m in messages]
+
+
+def _kept_lineage(
+    conn: Connection, module: str, job_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, tuple[str, str | None]]:
+    try:
+        spec = registry.get(module)
+    except KeyError:  # a row no run table of this process's names: published as it is
+        return {}
+    if spec.params_column is None:
+        return {}
+    table = spec.table
+    lineage = table.c[spec.params_column][LINEAGE]
+    stmt = select(table.c.job_id, lineage).where(table.c.job_id.in_(job_ids))
+    return {
+        job_id: (kept["root_id"], kept.get("parent_id"))
+        for job_id, kept in conn.execute(stmt)
+        if kept and kept.get("root_id")
+    }
 
 
 def unclaimed_messages(

@@ -42,6 +42,10 @@ class PendingMessage:
     publish_failures: int = 0
     queue: str | None = None
     priority: int | None = None
+    # The root and parent its job keeps (a call from a task's body, a canvas step), which
+    # a publisher outside that task puts in the first attempt's headers: the relay reads
+    # them (outbox_queries.with_kept_lineage); None when the run keeps none.
+    lineage: tuple[str, str | None] | None = None
 
     @classmethod
     def of_row(cls, r: Mapping[Any, Any]) -> PendingMessage:

@@ -125,7 +125,8 @@ def check_wait(publish_count: int, unclaimed_after: timedelta) -> timedelta:
 
 def _attempt_links(message: PendingMessage) -> dict[str, Any]:
     """What Flower shows of an attempt: a job_id/attempt label in its args column, the
-    earlier attempts as Celery retries, and the previous attempt's task as its parent."""
+    earlier attempts as Celery retries, the previous attempt's task as its parent, and a
+    first attempt's sender when its run keeps one (``PendingMessage.lineage``)."""
     links: dict[str, Any] = {
         "argsrepr": f"job_id={message.job_id} attempt={message.attempt}",
         "retries": message.attempt - 1,
@@ -133,6 +134,12 @@ def _attempt_links(message: PendingMessage) -> dict[str, Any]:
     if message.attempt > 1:
         links["parent_id"] = task_id_for(message.job_id, message.attempt - 1)
         links["root_id"] = task_id_for(message.job_id, 1)
+    elif message.lineage is not None:
+        # The sender's, as its send_task stamps them; the relay publishes without it.
+        root, parent = message.lineage
+        links["root_id"] = root
+        if parent is not None:
+            links["parent_id"] = parent
     return links
 
 
