@@ -168,6 +168,19 @@ def test_limited_runs_all_finish_with_a_worker_and_leave_no_slot(
     assert (_slots(db, "t1"), _slots(db, "t2")) == ({}, {})
 
 
+@pytest.mark.parametrize("task", [limit_tasks.limited_lineage, limit_tasks.fair_lineage])
+def test_a_run_another_runs_worker_publishes_is_its_own_root_as_celery_has_it(
+    db: Engine, worker: object, task: Any
+) -> None:
+    # Called from outside any task: Celery roots each call at itself, with no parent. A
+    # key's later runs are published by the worker that frees (or claims) its slot, inside
+    # another run's task, which Celery's send_task would take for their parent.
+    tenant = f"lineage-{uuid.uuid4().hex[:8]}"
+    handles = [task.apply_async((tenant,)) for _ in range(4)]
+    seen = [h.get(timeout=30) for h in handles]
+    assert seen == [[h.id, None] for h in handles]
+
+
 def test_a_body_that_commits_its_own_success_hands_its_slot_on_too(
     db: Engine, worker: object
 ) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 from sqlalchemy import text
 
@@ -146,3 +147,17 @@ def limited_held(tenant: str, token: str) -> None:
             time.sleep(0.05)
     finally:
         client.decr(_held(token, "running"))
+
+
+@lifecycle_task(app, name="tests.limited_lineage", key="{tenant}", limit=2, bind=True)
+def limited_lineage(self: Any, tenant: str) -> list[str | None]:
+    """What Celery gives the body as its ``root_id`` and ``parent_id``."""
+    del tenant
+    return [self.request.root_id, self.request.parent_id]
+
+
+@lifecycle_task(app, name="tests.fair_lineage", key="{tenant}", fair=True, bind=True)
+def fair_lineage(self: Any, tenant: str) -> list[str | None]:
+    """What Celery gives the body as its ``root_id`` and ``parent_id``."""
+    del tenant
+    return [self.request.root_id, self.request.parent_id]

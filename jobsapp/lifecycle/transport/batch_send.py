@@ -52,7 +52,7 @@ def publish_watched() -> bool:
 class BatchSender:
     """``send_task`` (the arguments the outbox passes) for the publishes of one batch."""
 
-    def __init__(self, app: Celery, producer: Any) -> None:
+    def __init__(self, app: Celery, producer: Any, *, by_running_task: bool = True) -> None:
         self._app = app
         amqp = app.amqp
         self._router = amqp.router
@@ -64,7 +64,9 @@ class BatchSender:
         self._sent_event = bool(conf.task_send_sent_event)
         self._inherit_priority = bool(conf.task_inherit_parent_priority)
         self._reply_to = app.thread_oid
-        self._parent = app.current_worker_task
+        # The task whose body sends the messages, as send_task takes it; None for messages
+        # a worker publishes on other callers' behalf (a key's next run granted its slot).
+        self._parent = app.current_worker_task if by_running_task else None
         self._tasks: dict[str, tuple[Any, dict[str, Any]]] = {}
         # By identity, each with its own copy held so that its id is not reused.
         self._queues: dict[int, tuple[Queue, Queue]] = {}

@@ -225,9 +225,12 @@ def publish(
     messages: Iterable[PendingMessage],
     *,
     unclaimed_after: timedelta = UNCLAIMED_AFTER,
+    by_running_task: bool = True,
 ) -> Report:
     """Send the messages, up to ``PIPELINE_MAX`` per broker round trip; stop at the first
-    broker error (the rest would wait as long)."""
+    broker error (the rest would wait as long). Not ``by_running_task``: the worker's task
+    running in this thread did not make these calls, so it is not their sender (Celery's
+    send_task would stamp it as their root and parent)."""
     report = Report()
     pending = list(messages)
     if not pending:
@@ -238,7 +241,7 @@ def publish(
                 if start:
                     crashpoints.hit("between_publish_round_trips")
                 chunk = pending[start : start + PIPELINE_MAX]
-                _publish_chunk(app, chunk, producer, unclaimed_after, report)
+                _publish_chunk(app, chunk, producer, unclaimed_after, report, by_running_task)
     except publisher.BROKER_ERRORS as exc:
         report.broker_error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
         log.warning(
@@ -258,6 +261,7 @@ def _publish_chunk(
     producer: Any,
     unclaimed_after: timedelta,
     report: Report,
+    by_running_task: bool,
 ) -> None:
     """One round trip: kombu's publish batch holds the messages (and their sent events)
     until its end, where Redis takes them as one pipeline and RabbitMQ confirms them all
@@ -270,7 +274,11 @@ def _publish_chunk(
     alone = len(chunk) == 1
     batch = nullcontext() if alone else publisher.batch(producer, 4 * len(chunk))
     with batch:
-        sender = None if alone else batch_send.BatchSender(app, producer)
+        sender = (
+            None
+            if alone and by_running_task
+            else batch_send.BatchSender(app, producer, by_running_task=by_running_task)
+        )
         for message in chunk:
             if _send_or_refuse(app, message, now, producer, sender, report):
                 wait = check_wait(message.publish_count, unclaimed_after)
@@ -335,8 +343,11 @@ def _mark_in_own_transaction(engine: Engine, accepted: Sequence[outbox_queries.A
 MARKER = marker.Marker(_mark_in_own_transaction)
 
 
-def publish_now(app: Celery, messages: Sequence[PendingMessage]) -> int:
-    """The fast path after COMMIT; whatever fails here the relay publishes later.
+def publish_now(
+    app: Celery, messages: Sequence[PendingMessage], *, by_running_task: bool = True
+) -> int:
+    """The fast path after COMMIT; whatever fails here the relay publishes later
+    (``by_running_task``: see ``publish``).
 
     While the broker failed a moment ago this does not even try (see ``publisher``). On
     PostgreSQL the accepted rows are marked in bulk by this process's marker; SQLite
@@ -349,7 +360,9 @@ def publish_now(app: Celery, messages: Sequence[PendingMessage]) -> int:
     if not messages or not publisher.fast_path_open():
         return 0
     unclaimed_after = timedelta(seconds=get_settings().unclaimed_after)
-    report = publish(app, messages, unclaimed_after=unclaimed_after)
+    report = publish(
+        app, messages, unclaimed_after=unclaimed_after, by_running_task=by_running_task
+    )
     if report.broker_error is None:
         publisher.broker_answered()
     else:

@@ -30,9 +30,11 @@ def let_go(
 
 
 def publish_granted(app: Celery, granted: key_slots.Granted) -> None:
-    """The fast path of the runs a freed slot made due; the relay publishes what fails."""
+    """The fast path of the runs a freed slot made due; the relay publishes what fails.
+    Their callers sent them, not the task whose end (or claim) freed the slot."""
     if granted.messages:
-        outbox.publish_now(app, [journal.on_local_clock(m, timedelta(0)) for m in granted.messages])
+        due = [journal.on_local_clock(m, timedelta(0)) for m in granted.messages]
+        outbox.publish_now(app, due, by_running_task=False)
 
 
 def after_fair_claim(app: Celery, engine: Engine, spec: RunTable, row: Run) -> None:
