@@ -348,6 +348,43 @@ def _sends_lineage(self: Any) -> str:
     return str(sibling(self, "lineage").delay().id)
 
 
+# --- probes: idioms where jobsapp answered otherwise than Celery ------------------------
+
+
+class WrappedError(Exception):
+    """A team's exception whose ``args`` are not its ``__init__``'s (it formats its message)."""
+
+    def __init__(self, field: str, value: int) -> None:
+        super().__init__(f"{field} is {value}")
+        self.field = field
+
+
+class Opaque:
+    """An object a team's exception carries (a response, a record): no JSON for it."""
+
+    def __repr__(self) -> str:
+        return "<Opaque>"
+
+
+def _wrapped(token: str) -> None:
+    raise WrappedError(f"size {token}", 3)
+
+
+def _boom_carrying(kind: str) -> None:
+    """Raises a ValueError carrying a dict, or an object JSON cannot carry."""
+    if kind == "dict":
+        raise ValueError({"field": "email", "code": 7})
+    raise ValueError("bad response", Opaque())
+
+
+def _big_result(size: int) -> str:
+    return "x" * size
+
+
+def _length(text: str) -> int:
+    return len(text)
+
+
 BODIES: Mapping[str, Callable[..., Any]] = {
     "add": _add,
     "tsum": _tsum,
@@ -390,6 +427,10 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "acks_late": _add,
     "untyped": _add,
     "start_hooked": _hooked,
+    "wrapped": _wrapped,
+    "boom_carrying": _boom_carrying,
+    "big_result": _big_result,
+    "length": _length,
 }
 
 # Celery's options, the same on both apps. A task that raises declares max_retries=0 where
@@ -431,4 +472,6 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "call_fields": {"bind": True, "time_limit": 30, "soft_time_limit": 20},
     "acks_late": {"acks_late": True, "reject_on_worker_lost": True},
     "untyped": {"typing": False, "max_retries": 0},
+    "wrapped": {"max_retries": 0},
+    "boom_carrying": {"max_retries": 0},
 }

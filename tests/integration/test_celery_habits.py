@@ -163,6 +163,21 @@ def test_get_returns_on_success_raises_the_stored_error_on_failure_and_times_out
         later.get(timeout=0.5)
 
 
+def test_get_raises_the_bodys_exception_with_its_arguments_as_celerys_json_keeps_them(
+    worker: object, db: Engine
+) -> None:
+    carrying = tasks.doomed_carrying.delay(uuid.uuid4().hex[:8], False)
+    nan_only = tasks.doomed_carrying.delay(uuid.uuid4().hex[:8], True)
+    # A NaN has no JSON number (Postgres's json refused the failure's row, and the run
+    # stayed running): its repr, as Celery keeps what its JSON cannot hold.
+    expected = ((carrying, ({"field": "email", "code": 7}, "nan")), (nan_only, ("nan",)))
+    for handle, args in expected:
+        with pytest.raises(ValueError, match="nan") as failed:
+            handle.get(timeout=30)
+        assert failed.value.args == args
+        assert run_row(db, handle.job_id)["state"] == "failed"
+
+
 def test_a_call_from_a_body_sees_its_sender_as_celery_has_it_when_the_relay_publishes_it(
     worker: object, db: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

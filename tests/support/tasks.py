@@ -65,6 +65,16 @@ def doomed(token: str) -> None:
     raise ValueError("this never works")
 
 
+@lifecycle_task(app, name="tests.doomed_carrying", max_attempts=1)
+def doomed_carrying(token: str, nan_only: bool) -> None:
+    """Raises with arguments Celery's JSON result keeps as they are, and one (a NaN) that
+    JSON has no number for; or with that NaN alone."""
+    record(token)
+    if nan_only:
+        raise ValueError(float("nan"))
+    raise ValueError({"field": "email", "code": 7}, float("nan"))
+
+
 @lifecycle_task(app, name="tests.sleepy", key="sleepy:{token}")
 def sleepy(token: str, seconds: float) -> None:
     record(token)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import traceback
 import uuid
@@ -41,6 +42,30 @@ def test_a_deep_traceback_is_scrubbed_and_bounded_keeping_the_innermost_frame() 
     assert len(detail["traceback"]) <= TRACEBACK_LIMIT
     assert "_deep(n - 1)" in detail["traceback"]
     assert SECRET not in repr(detail)
+
+
+class _Opaque:
+    def __repr__(self) -> str:
+        return "<Opaque>"
+
+
+def test_an_exceptions_arguments_are_kept_as_celerys_json_results_keep_them() -> None:
+    carried = ValueError({"field": "email", "codes": [7, 8], SECRET: SECRET}, _Opaque(), 1.5)
+    detail = failure_detail(carried, (SECRET,))
+    assert detail["args"][0]["field"] == "email"
+    assert detail["args"][0]["codes"] == [7, 8]
+    assert detail["args"][1:] == ["<Opaque>", 1.5]
+    assert SECRET not in json.dumps(detail)
+
+
+def test_arguments_json_cannot_hold_are_kept_as_their_repr_or_not_at_all() -> None:
+    nan = failure_detail(ValueError(float("nan"), {1: "int key"}), ())
+    assert nan["args"] == ["nan", "{1: 'int key'}"]
+    json.loads(json.dumps(nan["args"], allow_nan=False))  # Postgres's json takes it
+    nested: list[object] = []
+    nested.append(nested)
+    assert isinstance(failure_detail(ValueError(nested), ())["args"], list)
+    assert "args" not in failure_detail(ValueError(["x" * 1000] * 20), ())
 
 
 def test_celery_retry_stores_the_exception_it_wraps() -> None:

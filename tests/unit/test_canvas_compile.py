@@ -43,6 +43,21 @@ def test_a_group_inside_a_chain_is_a_fork_then_a_join_in_order() -> None:
     assert steps["0.1.body"].job_id == uuid.UUID(job("0.1.body"))
 
 
+def test_a_group_in_a_group_or_in_a_chords_header_is_unrolled_as_celery_unrolls_it() -> None:
+    # Celery's group unrolls a member group: one flat list of results, members in order.
+    steps = compiled(group(group(t.add.s(1, 1), t.add.s(2, 2)), t.add.s(3, 3)))
+    assert [(p, list(steps[p].args)) for p in steps] == [
+        ("0.0", [1, 1]),
+        ("0.1", [2, 2]),
+        ("0.2", [3, 3]),
+    ]
+    steps = compiled(chord([group(t.add.s(1, 1), t.add.s(2, 2)), t.add.s(3, 3)], t.tsum.s()))
+    assert steps["0.body"].after == [job("0.h.0"), job("0.h.1"), job("0.h.2")]
+    # A chain in a group stays one member: its last step's value.
+    steps = compiled(group(chain(t.add.s(1, 1), t.add.s(2)), t.add.s(3, 3)))
+    assert {"0.0.0", "0.0.1", "0.1"} == set(steps)
+
+
 def test_a_chains_errback_is_every_steps_and_a_chords_is_its_bodys() -> None:
     steps = compiled(chain(t.add.s(1, 1), t.add.s(2)).on_error(t.identity.s()))
     assert [len(steps[p].errbacks) for p in ("0.0", "0.1")] == [1, 1]

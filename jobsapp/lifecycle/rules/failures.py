@@ -7,6 +7,8 @@ itself (``RunContext.failing``), so both store the same detail and read the same
 
 from __future__ import annotations
 
+import json
+import math
 import traceback
 from typing import Any
 
@@ -16,6 +18,11 @@ from jobsapp.lifecycle.rules.scrub import describe_exception, scrub
 # A stored traceback keeps its innermost frames, scrubbed and cut to this many characters.
 TRACEBACK_FRAMES = 20
 TRACEBACK_LIMIT = 8000
+# The exception's arguments are kept as Celery's JSON results keep them (each one JSON can
+# hold as it is, any other as its repr), up to this many characters of JSON and this
+# nesting; a larger set is not kept (``get()`` then rebuilds the exception from its message).
+ARGS_LIMIT = 8000
+ARGS_DEPTH = 8
 
 
 def cause_of(exc: BaseException) -> BaseException:
@@ -33,9 +40,9 @@ def describe(exc: BaseException, secrets: tuple[str, ...]) -> str:
 
 
 def failure_detail(exc: BaseException, secrets: tuple[str, ...]) -> dict[str, Any]:
-    """What a failed attempt stores on its event: type, message, arguments (when plain
-    text and numbers: ``get()`` rebuilds the exception from them, as Celery's backend
-    does), innermost frames; all scrubbed.
+    """What a failed attempt stores on its event: type, message, arguments (as JSON keeps
+    them: ``get()`` rebuilds the exception from them, as Celery's backend does), innermost
+    frames; all scrubbed.
 
     The formatted traceback holds source lines, never frame locals.
     """
@@ -46,8 +53,25 @@ def failure_detail(exc: BaseException, secrets: tuple[str, ...]) -> dict[str, An
         "message": scrub(str(cause), secrets=secrets),
         "traceback": scrub(frames, limit=TRACEBACK_LIMIT, secrets=secrets),
     }
-    if all(isinstance(arg, (str, int, float, bool)) or arg is None for arg in cause.args):
-        detail["args"] = [
-            scrub(a, secrets=secrets) if isinstance(a, str) else a for a in cause.args
-        ]
+    args = [_as_json(arg, secrets, ARGS_DEPTH) for arg in cause.args]
+    if len(json.dumps(args)) <= ARGS_LIMIT:
+        detail["args"] = args
     return detail
+
+
+def _as_json(value: Any, secrets: tuple[str, ...], depth: int) -> Any:
+    """``value`` as JSON keeps it, scrubbed; its repr where JSON cannot (Celery's
+    ``ensure_serializable``), a float that is not finite among them (no JSON number)."""
+    if isinstance(value, str):
+        return scrub(value, secrets=secrets)
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    if depth > 0 and isinstance(value, (list, tuple)):
+        return [_as_json(item, secrets, depth - 1) for item in value]
+    if depth > 0 and isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {
+            scrub(k, secrets=secrets): _as_json(v, secrets, depth - 1) for k, v in value.items()
+        }
+    return scrub(repr(value), secrets=secrets)

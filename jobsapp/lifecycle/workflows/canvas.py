@@ -157,8 +157,8 @@ class Compiler:
             out = self.node(sig.body, f"{path}.body", header, (), errbacks, routing, True)
         elif isinstance(sig, group):
             out = [
-                self.node(_signature(t, sig), f"{path}.{i}", after, args, errbacks, routing, True)
-                for i, t in enumerate(sig.tasks)
+                self.node(member, f"{path}.{i}", after, args, own, routing, True)
+                for i, (member, own) in enumerate(_unrolled(sig, errbacks))
             ]
         elif isinstance(sig, _chain):
             out = self._chain(sig, path, after, (*args, *sig.args), errbacks, routing, in_group)
@@ -281,6 +281,23 @@ def _signature(item: Any, within: Signature) -> Signature:
     sig = maybe_signature(item, app=within.app)
     assert isinstance(sig, Signature)
     return sig
+
+
+def _unrolled(
+    sig: group, errbacks: tuple[Signature, ...]
+) -> list[tuple[Signature, tuple[Signature, ...]]]:
+    """A group's members with their errbacks, a member that is a group itself unrolled in
+    its place, as Celery's group unrolls one: a single flat list of results, in order."""
+    members: list[tuple[Signature, tuple[Signature, ...]]] = []
+    for item in sig.tasks:
+        member = _signature(item, sig)
+        if not isinstance(member, group):
+            members.append((member, errbacks))
+            continue
+        if _callbacks(member, "link"):
+            _single([], member)  # refused, as a callback linked to any group is
+        members += _unrolled(member, (*errbacks, *_callbacks(member, "link_error")))
+    return members
 
 
 def _as_group(tasks: Any) -> group:
