@@ -15,6 +15,7 @@ holds its concurrency key).
 from __future__ import annotations
 
 import logging
+import unicodedata
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -155,8 +156,12 @@ def checked_reason(reason: str) -> str:
     reason = reason.strip()
     if not 0 < len(reason) <= MAX_REASON:
         raise InvalidRequest(f"a reason of 1 to {MAX_REASON} characters is required")
-    if "\x00" in reason:  # PostgreSQL's text cannot hold it: a 500 at the INSERT
-        raise InvalidRequest("a reason cannot hold a NUL character")
+    # The audit trail's reasons are read in terminals (``jobsapp queue list``, logs) and
+    # pages: a line break, an escape sequence or a right-to-left override would rewrite
+    # what they show; PostgreSQL's text cannot hold a NUL at all.
+    hidden = next((ch for ch in reason if unicodedata.category(ch).startswith("C")), None)
+    if hidden is not None:
+        raise InvalidRequest(f"a reason is one line of visible text; it holds U+{ord(hidden):04X}")
     return reason
 
 

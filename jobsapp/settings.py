@@ -331,15 +331,14 @@ def _auth_proxy(env: Mapping[str, str]) -> AuthProxy | None:
     return AuthProxy(header, tuple(trusted), operators) if header else None
 
 
-def _api_token(env: Mapping[str, str]) -> str | None:
-    """The producers' token: as strong as the other shared tokens, and not the admin's."""
-    token = _shared_token(
-        env, "JOBSAPP_API_TOKEN", "(the attachments API is then open only on the embedded default)"
-    )
+def _own_token(env: Mapping[str, str], name: str, unset: str, holders: str) -> str | None:
+    """A token its ``holders`` keep (the producers, the scraper): as strong as the other
+    shared tokens, and not the admin's, which would give them the operator's power."""
+    token = _shared_token(env, name, unset)
     if token is not None and token == env.get("JOBSAPP_ADMIN_TOKEN", "").strip():
         raise SettingsError(
-            "JOBSAPP_API_TOKEN is the admin token: a producer would hold the operator's "
-            "power; give the producers a token of their own"
+            f"{name} is the admin token: {holders} would hold the operator's power; "
+            f"give {holders} a token of their own"
         )
     return token
 
@@ -488,7 +487,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         publish_timeout=positive_number(env, "JOBSAPP_PUBLISH_TIMEOUT", 2.0),
         image_memory_budget=_MIB
         * whole_number(env, "JOBSAPP_IMAGE_MEMORY_BUDGET_MB", DEFAULT_IMAGE_MEMORY_BUDGET_MB),
-        metrics_token=_shared_token(env, "JOBSAPP_METRICS_TOKEN", "to leave /metrics open"),
+        metrics_token=_own_token(
+            env, "JOBSAPP_METRICS_TOKEN", "to leave /metrics open", "the scraper"
+        ),
         auth_proxy=_auth_proxy(env),
         log_format=_log_format(env),
         imports=_imports(env),
@@ -500,7 +501,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             env, "JOBSAPP_UPLOAD_CONCURRENCY", DEFAULT_UPLOAD_CONCURRENCY
         ),
         web_read_timeout=positive_number(env, "JOBSAPP_WEB_READ_TIMEOUT", DEFAULT_WEB_READ_TIMEOUT),
-        api_token=_api_token(env),
+        api_token=_own_token(
+            env,
+            "JOBSAPP_API_TOKEN",
+            "(the attachments API is then open only on the embedded default)",
+            "the producers",
+        ),
         embedded=not any(env.get(name, "").strip() for name in SERVER_NAMES),
     )
 

@@ -346,7 +346,7 @@ def _http_error(exc: HTTPException) -> ResponseReturnValue:
             f"{limits.max_bytes} bytes and its form."
         )
         return error_response(413, "too_large", reason)
-    if status == 404 and (page := ui.not_found_page(request.path)) is not None:
+    if status == 404 and (page := ui.not_found_page(request.path, exc.description)) is not None:
         return page
     code = (exc.name or "error").lower().replace(" ", "_")
     response, _ = error_response(status, code, exc.description or exc.name)

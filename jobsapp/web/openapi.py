@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Flask, Response, jsonify
+from flask.json.provider import DefaultJSONProvider
 from flask_openapi3.models.info import Info
 from flask_openapi3.models.schema import Schema
 from flask_openapi3.openapi import OpenAPI
@@ -119,12 +120,25 @@ _DESCRIPTION = (
 _ANSWERS: set[type[BaseModel]] = set()
 
 
+class _DepthBoundJSON(DefaultJSONProvider):
+    """Flask's JSON, where a body nested past Python's recursion limit is malformed JSON
+    (a ValueError, answered 400 as any other) instead of a RecursionError (a 500)."""
+
+    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
+        try:
+            return super().loads(s, **kwargs)
+        except RecursionError:
+            raise ValueError("the JSON is nested too deeply") from None
+
+
 class _Documented(OpenAPI):
     """flask-openapi3's app, which also puts the models of described answers in components.
 
     flask-openapi3 adds a model to components only when it is an answer's whole
     declaration; an answer with its own description and headers names it by reference.
     """
+
+    json_provider_class = _DepthBoundJSON
 
     def generate_spec_json(self) -> None:
         for model in _ANSWERS:

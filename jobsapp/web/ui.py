@@ -162,27 +162,35 @@ def init_app(app: OpenAPI) -> None:
     app.register_api(ui)
 
 
-def not_found_page(path: str) -> Response | None:
-    """What an ``/admin/...`` URL with no page answers, instead of the API's JSON 404: a
-    trailing slash goes to the page without it (``/admin/`` is the overview); any other is
-    the console's own 404 page, with its menu. None: not a console URL."""
+def not_found_page(path: str, reason: str | None) -> Response | None:
+    """What an ``/admin/...`` URL that found nothing answers, instead of the API's JSON
+    404: a trailing slash goes to the page without it (``/admin/`` is the overview); a
+    page that found nothing it names says ``reason``, the page's own; any other URL is the
+    console's own 404 page, with its menu. None: not a console URL."""
     if not path.startswith("/admin/"):
         return None
     trimmed = path.rstrip("/") or "/admin"
+    routed = _has_page(trimmed)
+    if routed and trimmed != path:
+        return redirect(trimmed, code=308)  # type: ignore[return-value]
+    message = (reason if routed else None) or f"No page at {path}. The pages are in the menu above."
+    html = render_template(
+        "admin/error.html",
+        layout="admin/base.html",
+        live=0,
+        code=404,
+        message=message,
+        **_helpers(),
+    )
+    return Response(html, 404, headers=_PAGE_HEADERS, mimetype="text/html")
+
+
+def _has_page(path: str) -> bool:
     try:
-        current_app.url_map.bind("").match(trimmed, method="GET")
+        current_app.url_map.bind("").match(path, method="GET")
     except HTTPException:
-        message = f"No page at {path}. The pages are in the menu above."
-        html = render_template(
-            "admin/error.html",
-            layout="admin/base.html",
-            live=0,
-            code=404,
-            message=message,
-            **_helpers(),
-        )
-        return Response(html, 404, headers=_PAGE_HEADERS, mimetype="text/html")
-    return redirect(trimmed, code=308)  # type: ignore[return-value]
+        return False
+    return True
 
 
 def live_every(took: float) -> int:

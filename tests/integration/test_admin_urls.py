@@ -29,6 +29,21 @@ def test_admin_urls_answer_pages_and_the_api_keeps_json(db: Engine) -> None:
     assert (api.status_code, api.mimetype) == (404, "application/json")
 
 
+def test_a_console_page_that_finds_nothing_answers_its_404_not_a_redirect_to_itself(
+    db: Engine,
+) -> None:
+    token = "a-token-long-enough-for-the-console-1234"
+    unknown = f"/admin/attachments/{uuid.uuid4()}/variants/thumbnail"
+    with environment(JOBSAPP_ADMIN_TOKEN=token):
+        client = create_app().test_client()
+        page = client.get(unknown, headers={"Authorization": f"Bearer {token}"})
+        slash = client.get(unknown + "/", headers={"Authorization": f"Bearer {token}"})
+
+    assert (page.status_code, page.mimetype) == (404, "text/html")
+    assert "no such variant" in page.get_data(as_text=True)
+    assert (slash.status_code, slash.headers["Location"]) == (308, unknown)
+
+
 def test_the_throughput_chart_has_a_time_axis(db: Engine) -> None:
     token = "a-token-long-enough-for-the-console-1234"
     with environment(JOBSAPP_ADMIN_TOKEN=token):

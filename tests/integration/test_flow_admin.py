@@ -48,6 +48,35 @@ def _api(client: FlaskClient, kind: str, name: str, action: str, **body: str) ->
     return dict(reply.get_json())
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        # Nested past Python's recursion limit: it was a RecursionError, a 500.
+        ("[" * 100_000 + "]" * 100_000, "must be a JSON object"),
+        # A line break and a terminal's escape sequence were stored, and printed raw by
+        # ``jobsapp queue list``; a NUL was refused already.
+        ('{"reason": "line1\\nline2\\u001b[31mRED"}', "U+000A"),
+        ('{"reason": "deploy \\u202egpj.exe"}', "U+202E"),
+        ('{"reason": "a\\u0000b"}', "U+0000"),
+    ],
+)
+def test_a_body_the_api_cannot_take_is_a_400_with_its_reason_and_changes_nothing(
+    pg: Engine, body: str, said: str
+) -> None:
+    queue = f"refused-{uuid.uuid4().hex[:8]}"
+    with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
+        client = create_app().test_client()
+        reply = client.post(
+            f"/v1/admin/flow/queue/{queue}/pause",
+            headers={**AUTH, "Content-Type": "application/json"},
+            data=body,
+        )
+
+    assert reply.status_code == 400, reply.get_data(as_text=True)[:300]
+    assert said in reply.get_json()["reason"]
+    assert queue not in {p.name for p in flow_control.paused(pg)}
+
+
 def test_the_api_pauses_and_resumes_a_queue_audited_and_the_gauge_follows(pg: Engine) -> None:
     queue = f"q-{uuid.uuid4().hex[:8]}"
     with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):

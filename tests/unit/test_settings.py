@@ -299,6 +299,13 @@ def test_the_api_needs_a_token_beside_servers_and_none_on_the_embedded_default()
             },
             "JOBSAPP_API_TOKEN is the admin token",
         ),
+        (
+            {
+                "JOBSAPP_METRICS_TOKEN": "same-7c1d-9a4e2b8f06d3c5e1f7ab-0q",
+                "JOBSAPP_ADMIN_TOKEN": "same-7c1d-9a4e2b8f06d3c5e1f7ab-0q",
+            },
+            "JOBSAPP_METRICS_TOKEN is the admin token: the scraper",
+        ),
     ],
 )
 def test_an_api_token_that_protects_nothing_is_refused(env: dict[str, str], said: str) -> None:
