@@ -8,6 +8,7 @@ database being unreachable raises ``ServiceUnavailable`` (503, try again).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -36,13 +37,14 @@ from jobsapp.attachments.validation import (
 from jobsapp.celery_app import app
 from jobsapp.db import get_engine, utcnow
 from jobsapp.lifecycle.producer.enqueue import transaction
-from jobsapp.storage import StorageError
+from jobsapp.storage import ObjectMissing, StorageError
 
 __all__ = [
     "UPLOAD_PIPELINE_VERSION",
     "Accepted",
     "RejectedUpload",
     "ServiceUnavailable",
+    "VariantMissing",
     "VariantRead",
     "accept_upload",
     "get_attachment",
@@ -57,9 +59,16 @@ DEFAULT_URL_EXPIRY_S = 300
 # What "the database is down" looks like; an IntegrityError or a bad query is a bug, not 503.
 _DB_DOWN = (OperationalError, InterfaceError, PoolTimeout)
 
+log = logging.getLogger(__name__)
+
 
 class ServiceUnavailable(Exception):
     """Storage or the database cannot be reached now: answer 503, the client retries."""
+
+
+class VariantMissing(Exception):
+    """A published variant whose object storage no longer has: no retry brings it back
+    (an operator's ``jobsapp verify`` names it, ``jobsapp reprocess`` makes it again)."""
 
 
 @dataclass(frozen=True)
@@ -306,14 +315,16 @@ def open_variant(
     if variant is None:
         return None
     read = VariantRead(variant["content_type"], variant["size"], variant["sha256"])
-    store = get_store()
+    store, key = get_store(), variant["object_key"]
     with _available():
-        url = store.read_url(variant["object_key"], expires_s)
+        url = store.read_url(key, expires_s)
         if url is not None:
             return VariantRead(read.content_type, read.size, read.sha256, url=url)
-        return VariantRead(
-            read.content_type,
-            read.size,
-            read.sha256,
-            stream=store.open_stream(variant["object_key"]),
-        )
+        try:
+            stream = store.open_stream(key)
+        except ObjectMissing:
+            log.error(
+                "attachment %s: published variant %s has no object at %s", attachment_id, name, key
+            )
+            raise VariantMissing(f"{attachment_id} {name}") from None
+        return VariantRead(read.content_type, read.size, read.sha256, stream=stream)

@@ -13,7 +13,14 @@ from jobsapp.attachments import service
 
 
 def variant_answer(attachment_id: UUID, name: str) -> Response:
-    read = service.open_variant(attachment_id, name)
+    try:
+        read = service.open_variant(attachment_id, name)
+    except service.VariantMissing:
+        # Not a passing outage: a retry would never find it (a 503 said retry).
+        raise NotFound(
+            "This variant was published, but storage no longer has its object; "
+            "an operator can reprocess the attachment (jobsapp verify names it)."
+        ) from None
     if read is None:
         raise NotFound("This attachment has no such variant, or it is not ready yet.")
     if read.url is not None:

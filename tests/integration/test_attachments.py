@@ -35,6 +35,7 @@ from jobsapp.attachments.validation import RejectedUpload
 from jobsapp.celery_app import app
 from jobsapp.lifecycle import RetryPolicy
 from jobsapp.storage import ObjectStore
+from jobsapp.web.app import create_app
 from tests.support.attachments import (
     DEAD_S3_ENDPOINT,
     attachment_row,
@@ -495,6 +496,28 @@ def test_the_embedded_default_sqlite_and_local_store(
         assert sha256(b"".join(read.stream)) == read.sha256
     assert list(local_store.list("staging/")) == []
     assert count(db, VARIANTS) == 6
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+def test_a_published_variant_whose_object_is_gone_answers_404_not_retry_later(
+    local_store: ObjectStore, worker: TestWorkController, db: Engine
+) -> None:
+    accepted = accept_upload(images.solid("PNG"), "p.png", None)
+    view = settled(accepted.attachment_id, "ready")
+    crop = next(v for v in view["variants"] if v["name"] == "crop")
+    local_store.delete(crop["object_key"])  # a bucket policy, a hand that cleaned up
+    token = "producers-7c1d-9a4e2b8f06d3c5e1-x"
+    with environment(JOBSAPP_API_TOKEN=token):
+        client = create_app().test_client()
+        reply = client.get(
+            f"/v1/attachments/{accepted.attachment_id}/variants/crop",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+
+    # It answered 503 with Retry-After: a client retried a loss forever.
+    assert reply.status_code == 404, reply.get_data(as_text=True)
+    assert "Retry-After" not in reply.headers
+    assert "storage no longer has its object" in reply.get_json()["reason"]
 
 
 def test_unknown_attachment_and_variant_are_none(s3: ObjectStore, db: Engine) -> None:
