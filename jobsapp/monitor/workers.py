@@ -188,10 +188,25 @@ def seen(engine: Engine, now: datetime | None = None) -> list[WorkerView]:
     with engine.connect() as conn:
         views = registered(conn, now)
         running = running_now(conn)
-    for view in views:
-        if view.status != "stopped":
-            view.running.extend(r for r in running if r.worker.startswith(view.nodename + ":"))
+    for run in running:
+        holder = holder_of(run, views)
+        if holder is not None:
+            holder.running.append(run)
     return views
+
+
+def holder_of(run: Running, views: list[WorkerView]) -> WorkerView | None:
+    """The worker process that claimed ``run``: of the processes of its node (a run's
+    ``worker`` is ``<nodename>:<pid of the pool child>``, which the registry does not
+    know), the last one started before the run was. A worker restarted under the same
+    node name after a crash is not given its dead predecessor's runs: those stay with the
+    silent process until the reaper frees them."""
+    node = run.worker.rpartition(":")[0]
+    same_node = [v for v in views if v.nodename == node]
+    if run.started_at is not None:
+        started = run.started_at
+        same_node = [v for v in same_node if v.started_at <= started] or same_node
+    return max(same_node, key=lambda v: v.started_at, default=None)
 
 
 def registered(conn: Connection, now: datetime) -> list[WorkerView]:
