@@ -341,11 +341,11 @@ def _http_error(exc: HTTPException) -> ResponseReturnValue:
         # Only the body's own limit is left to Werkzeug; the form's limits answer themselves.
         limits: Limits = current_app.extensions[_LIMITS]
         reason = (
-            f"The request is larger than the limit of "
-            f"{limits.max_bytes + MULTIPART_OVERHEAD} bytes: a file of at most "
-            f"{limits.max_bytes} bytes and its form."
+            f"The request is larger than the limit of {limits.max_bytes + MULTIPART_OVERHEAD} bytes"
         )
-        return error_response(413, "too_large", reason)
+        if request.mimetype == "multipart/form-data":
+            reason += f": a file of at most {limits.max_bytes} bytes and its form"
+        return error_response(413, "too_large", reason + ".")
     if status == 404 and (page := ui.not_found_page(request.path, exc.description)) is not None:
         return page
     code = (exc.name or "error").lower().replace(" ", "_")

@@ -77,6 +77,20 @@ def test_a_body_the_api_cannot_take_is_a_400_with_its_reason_and_changes_nothing
     assert queue not in {p.name for p in flow_control.paused(pg)}
 
 
+def test_a_json_body_over_the_limit_is_413_without_the_uploads_wording(pg: Engine) -> None:
+    with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
+        client = create_app().test_client()
+        limit = client.application.config["MAX_CONTENT_LENGTH"]
+        reply = client.post(
+            "/v1/admin/flow/queue/q/pause",
+            headers={**AUTH, "Content-Type": "application/json"},
+            data=b'{"reason": "' + b"x" * limit + b'"}',
+        )
+
+    assert reply.status_code == 413
+    assert reply.get_json()["reason"] == f"The request is larger than the limit of {limit} bytes."
+
+
 def test_the_api_pauses_and_resumes_a_queue_audited_and_the_gauge_follows(pg: Engine) -> None:
     queue = f"q-{uuid.uuid4().hex[:8]}"
     with environment(JOBSAPP_ADMIN_TOKEN=TOKEN):
