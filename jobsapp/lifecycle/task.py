@@ -147,10 +147,14 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         return newjob.row_values(self.run_table, self.name, args, kwargs)
 
     def new_job(
-        self, args: tuple[Any, ...], kwargs: Mapping[str, Any], job_id: uuid.UUID | None
+        self,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        job_id: uuid.UUID | None,
+        lineage: newjob.GivenLineage | None = None,
     ) -> NewJob:
         """The run a call of this task writes (see ``newjob``)."""
-        return newjob.build(self, args, kwargs, job_id, by_caller=True)
+        return newjob.build(self, args, kwargs, job_id, by_caller=True, lineage=lineage)
 
     def apply_async(  # type: ignore[override]
         self,
@@ -183,7 +187,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         ``soft_time_limit`` bound each attempt of this call, as the task's own would (every
         message of the job carries them). ``link``/``link_error``
         make the call a workflow (lifecycle/workflows/canvas.py). ``headers`` are kept
-        on the run for every attempt's ``self.request``. ``add_to_parent``,
+        on the run for every attempt's ``self.request``, and so are ``root_id`` and
+        ``parent_id`` (Celery's tracer names them sending a ``link``). ``add_to_parent``,
         ``compression``, ``ignore_result`` and ``serializer='json'`` change nothing a job
         keeps, and so do ``retry`` and ``retry_policy`` (the outbox publishes every
         message until the broker takes it), Celery's ``producer`` and a kombu
@@ -192,7 +197,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
         """
         callbacks = {o: options.pop(o) for o in ("link", "link_error") if options.get(o)}
+        lineage = None
         if options:  # the plain call pays nothing for the check
+            lineage = applied.given_lineage(options)
             applied.refuse(self.name, applied.unsupported(options))
         if connection is not None and not isinstance(connection, Connection):
             connection = applied.journal_connection(self.name, connection)
@@ -218,7 +225,10 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
                 tuple(args or ()), dict(kwargs or {}), task_id=str(wanted) if wanted else None
             )
         job = self.new_job(
-            tuple(args or ()), dict(kwargs or {}), newjob.job_id_of(self.name, job_id, task_id)
+            tuple(args or ()),
+            dict(kwargs or {}),
+            newjob.job_id_of(self.name, job_id, task_id),
+            lineage,
         )
         named = str(task_id) if task_id and not job_id else None
         if expires is None:

@@ -1414,12 +1414,6 @@ DIFFERENT: dict[str, Any] = {
         "<class 'tests.conformance.bodies.WrappedError'>(['size <token> is 3'])",
         False,
     ],
-    "app.send_task(name, args, link=), send_task(link_error=)": [
-        ["value", 5],
-        ["raised", "TimeoutError"],
-        0,
-        0,
-    ],
     "app.send_task() of a name no worker knows": ["PENDING", "TimeoutError"],
     "app.send_task(task_id=, queue=), send_task(expires=) already past": [
         True,

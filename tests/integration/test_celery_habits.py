@@ -20,7 +20,7 @@ import celery.exceptions
 import pytest
 import redis
 from celery.result import AsyncResult
-from celery.signals import before_task_publish
+from celery.signals import before_task_publish, task_postrun
 from kombu import Exchange, Queue
 from sqlalchemy import Engine, func, select
 
@@ -176,6 +176,47 @@ def test_get_raises_the_bodys_exception_with_its_arguments_as_celerys_json_keeps
             handle.get(timeout=30)
         assert failed.value.args == args
         assert run_row(db, handle.job_id)["state"] == "failed"
+
+
+def test_send_tasks_link_and_link_error_run_once_after_the_attempt_that_ends_the_job(
+    worker: object, db: Engine
+) -> None:
+    # A service that does not import the task sends it by name with its callbacks; Celery's
+    # tracer sends them (they were dropped: apply_async refused the root_id and parent_id
+    # it names them with). The first attempt fails here: the retry, jobsapp's own message,
+    # carries no callbacks, so the run keeps them.
+    t = uuid.uuid4().hex[:8]
+    flaky = app.send_task(
+        tasks.flaky.name, (f"{t}-flaky", 1, "s3cr3t"), link=tasks.echo.si(f"{t}-linked")
+    )
+    doomed = app.send_task(
+        tasks.doomed.name, (f"{t}-doomed",), link_error=tasks.echo.si(f"{t}-errback")
+    )
+    assert flaky.get(timeout=30) is None
+    with pytest.raises(ValueError, match="this never works"):
+        doomed.get(timeout=30)
+    eventually(lambda: tasks.calls(f"{t}-linked") and tasks.calls(f"{t}-errback"), timeout=30)
+
+    # The same message again (a redelivery): refused as a copy, it sends no callback.
+    delivered: list[str] = []
+
+    def ended(task_id: str, **_: Any) -> None:
+        delivered.append(task_id)
+
+    task_postrun.connect(ended, weak=False)
+    try:
+        copy = (f"{t}-flaky", 1, "s3cr3t")
+        app.send_task(tasks.flaky.name, copy, task_id=flaky.id, link=tasks.echo.si(f"{t}-linked"))
+        eventually(lambda: flaky.id in delivered, timeout=30)
+    finally:
+        task_postrun.disconnect(ended)
+    # Celery's tracer sends a link before task_postrun: a second would be in the journal.
+    with db.connect() as conn:
+        echoes = conn.execute(select(JobRun.params).where(JobRun.task_name == tasks.echo.name))
+        linked = [p for (p,) in echoes if p["args"] == [f"{t}-linked"]]
+    assert len(linked) == 1
+    ran = [tasks.calls(f"{t}-{n}") for n in ("flaky", "doomed", "linked", "errback")]
+    assert ran == [2, 2, 1, 1]
 
 
 def test_a_call_from_a_body_sees_its_sender_as_celery_has_it_when_the_relay_publishes_it(

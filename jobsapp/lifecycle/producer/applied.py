@@ -44,6 +44,15 @@ _WITHOUT_EFFECT = frozenset(
 )
 
 
+def given_lineage(options: dict[str, Any]) -> newjob.GivenLineage | None:
+    """The call's own ``root_id`` and ``parent_id``, taken out of ``options`` (Celery's
+    tracer sends a ``link`` callback with both, ``send_task`` takes them from anyone)."""
+    root, parent = options.pop("root_id", None), options.pop("parent_id", None)
+    if root is None and parent is None:
+        return None
+    return (None if root is None else str(root)), (None if parent is None else str(parent))
+
+
 def unsupported(options: Mapping[str, Any]) -> set[str]:
     """The options of a call a lifecycle task cannot honour (``refuse`` names them)."""
     return {

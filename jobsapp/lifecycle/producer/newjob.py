@@ -127,6 +127,10 @@ def named(task: Declared, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> d
     return dict(bound.arguments)
 
 
+# A call's own ``root_id`` and ``parent_id`` (None where it names none: the sender's then).
+GivenLineage = tuple[str | None, str | None]
+
+
 def build(
     task: Declared,
     args: tuple[Any, ...],
@@ -134,10 +138,12 @@ def build(
     job_id: uuid.UUID | None,
     *,
     by_caller: bool = False,
+    lineage: GivenLineage | None = None,
 ) -> NewJob:
     """The run of one call; ``by_caller``: built where the call is made (not from a
     delivered message, whose headers carry its lineage), so a calling task's body is its
-    sender (``_with_sender``)."""
+    sender, and ``lineage`` the call's own root and parent if it names them
+    (``_with_sender``)."""
     job_id = job_id or task.derive_job_id(args, kwargs) or uuid.uuid4()
     values_by_name = named(task, args, kwargs)
     try:
@@ -151,7 +157,7 @@ def build(
         task_name=task.name,
         concurrency_key=task.concurrency_key(job_id, values_by_name),
         max_attempts=task.max_attempts,
-        values=_with_sender(task.run_table, values) if by_caller else values,
+        values=_with_sender(task.run_table, values, lineage) if by_caller else values,
         dedup_window=timedelta(seconds=task.dedup_window),
         traceparent=tracing.outgoing().get("traceparent"),
         queue=getattr(task, "queue", None),
@@ -160,17 +166,23 @@ def build(
     )
 
 
-def _with_sender(spec: RunTable, values: dict[str, Any]) -> dict[str, Any]:
+def _with_sender(
+    spec: RunTable, values: dict[str, Any], given: GivenLineage | None = None
+) -> dict[str, Any]:
     """``values``, and when a task's body makes the call, the sender's ``root_id`` and
     ``parent_id`` (what Celery's ``send_task`` stamps on its message) kept beside the
     arguments: every attempt's body sees them whoever publishes its message, the caller's
-    fast path or beat's relay, which has no calling task. A run table that keeps only ids
-    has no place for them (its message's headers say what they carry)."""
+    fast path or beat's relay, which has no calling task. The call's own (``given``:
+    ``apply_async(root_id=, parent_id=)``, as Celery's tracer sends a ``link``) win over
+    the sender's, as in ``send_task``. A run table that keeps only ids has no place for
+    them (its message's headers say what they carry)."""
     column = spec.params_column
     found = None if column is None else sender()
-    if column is None or found is None:
+    if column is None or (found is None and given is None):
         return values
-    root, parent = found
+    root, parent = found or (None, None)
+    if given is not None:
+        root, parent = given[0] or root, given[1] or parent
     return {**values, column: {**values[column], LINEAGE: {"root_id": root, "parent_id": parent}}}
 
 
@@ -279,6 +291,9 @@ _REQUEST_FIELDS = frozenset(
 )
 # jobsapp's own fields of a worker's request (whether it sends task events): not a call's.
 _OWN_FIELDS = "jobsapp_"
+# Where a plain call's link/link_error signatures are kept beside its arguments: Celery's
+# tracer sends them after the attempt that ends the run, whichever attempt that is.
+LINKS = "links"
 
 
 def queue_name(task: str, queue: str | Queue | None) -> str | None:
@@ -328,10 +343,12 @@ def adopted(
     kwargs: Mapping[str, Any],
     timelimit: Sequence[float | None] | None = None,
     headers: Mapping[str, Any] | None = None,
+    links: Mapping[str, Sequence[Any] | None] | None = None,
 ) -> tuple[message.Envelope, NewJob]:
     """A plain Celery call (``send_task`` by name, ``apply()``) as a run of its own:
     the job id is the Celery task id, the arguments are bound to the body's signature,
-    and the message's ``timelimit`` header (hard, soft) and its own ``headers`` are kept
+    and the message's ``timelimit`` header (hard, soft), its own ``headers`` and its
+    ``links`` (``callbacks``, ``errbacks``: ``send_task(link=, link_error=)``) are kept
     for its retries too. Only a task whose arguments the journal keeps (``params_column``)
     takes one."""
     if task.run_table.params_column is None:
@@ -355,6 +372,11 @@ def adopted(
             time_limit=bounded_seconds("time_limit", hard),
             soft_time_limit=bounded_seconds("soft_time_limit", soft),
         )
+        kept_links = {k: list(v) for k, v in (links or {}).items() if v}
+        if kept_links:
+            column = task.run_table.params_column
+            params = {**job.values[column], LINKS: kept_links}
+            job = replace(job, values={**job.values, column: params})
     except (TypeError, ValueError) as bad:
         raise InvalidMessage(str(bad)) from None
     env = message.adopted(job_id, task.run_table.module, traceparent)

@@ -182,6 +182,10 @@ def deliver(
         if eager:
             return _run_eagerly(task, request, env, job, foreign)
         ended = _run_envelope(task, request, env, job, foreign)
+    if (request.callbacks or request.errbacks) and not _ends_run(ended):
+        # Celery's tracer would send them after a delivery that did not end the run (a
+        # copy refused, a lease lost), a refusal's text as the callback's argument.
+        request.callbacks = request.errbacks = None
     if task.hooked:
         _ended_for_hooks(request, ended)
     return reported(env, ended)
@@ -207,6 +211,7 @@ def _delivered(
             kwargs,
             request.timelimit,
             request.headers,
+            {"callbacks": request.callbacks, "errbacks": request.errbacks},
         )
     env = message.parse(args, kwargs)
     if env.module != task.run_table.module:
@@ -285,6 +290,7 @@ def _run_envelope(
     at_limit = None if eager else _limited(task, request, ctx, rules)
     kept = _kept(task, row, job)
     lineage = _lineage(request, env, job) if kept is None else kept
+    _kept_links(task, row, request)
     ended = run_attempt(task.app, ctx, lambda: call_body(task, row, job, lineage, call, ctx), rules)
     if at_limit is not None:
         ended = at_limit.instead_of(ended)
@@ -451,6 +457,24 @@ def _kept(task: Worked, row: Run, job: str) -> Lineage | None:
     if kept is None:
         return None
     return kept["root_id"] or job, kept.get("parent_id"), kept.get("group")
+
+
+def _ends_run(ended: Ended | str) -> bool:
+    return isinstance(ended, Ended) and ended.end in (End.SUCCEEDED, End.FAILED)
+
+
+def _kept_links(task: Worked, row: Run, request: Context) -> None:
+    """A plain call's ``link``/``link_error`` (kept at its adoption, producer/newjob.py) on
+    this delivery's request: Celery's tracer sends them once the attempt that ends the run
+    returns (its callbacks) or raises (its errbacks), as it sends a message's own. A later
+    attempt is jobsapp's message, which carries none."""
+    spec = task.run_table
+    links = (
+        (row.columns[spec.params_column] or {}).get(newjob.LINKS) if spec.params_column else None
+    )
+    if links:
+        request.callbacks = links.get("callbacks")
+        request.errbacks = links.get("errbacks")
 
 
 def call_body(

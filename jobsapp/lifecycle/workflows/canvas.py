@@ -48,8 +48,9 @@ _KNOWN_OPTIONS = frozenset({"queue", "priority", "task_id", "link", "link_error"
 # would send the value, its place in its group (a group's steps keep their order) and, in
 # a chord's header, the chord's body (the workflow's steps hold it).
 _FROZEN_OPTIONS = frozenset({"reply_to", "group_index", "chord"})
-# A whole canvas's apply_async options: a step's, and when its first tasks are due.
-_CANVAS_OPTIONS = _KNOWN_OPTIONS | {"countdown", "eta"}
+# A whole canvas's apply_async options: a step's, when its first tasks are due, and whom
+# they descend from (Celery's backend sends a failure's errbacks as a group with both).
+_CANVAS_OPTIONS = _KNOWN_OPTIONS | {"countdown", "eta", "root_id", "parent_id"}
 _WORKFLOW_NAMESPACE = uuid.UUID("6f1d7c4e-3b57-4a8e-9a54-3c1f0e1d2b77")
 
 
@@ -405,10 +406,20 @@ def compiled(
     if into is None and options.get("task_id"):
         sig = _answering_to(sig, str(options["task_id"]))
     workflow_id, path = into or (_workflow_id(options.get("task_id") or _frozen_id(sig)), "0")
-    compiler = Compiler(workflow_id, newjob.sender())
+    compiler = Compiler(workflow_id, _sender(options))
     routing = {k: options[k] for k in ("queue", "priority") if options.get(k) is not None}
     out = compiler.node(sig, path, None, tuple(args or ()), (), routing)
     return workflow_id, out, compiler.steps()
+
+
+def _sender(options: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Whom the canvas's first tasks descend from: the call's ``parent_id`` (and
+    ``root_id``) where it names them, as ``send_task`` takes them, else the running task."""
+    found, parent = newjob.sender(), options.get("parent_id")
+    if not parent:
+        return found
+    root = options.get("root_id") or (found[0] if found else parent)
+    return str(root), str(parent)
 
 
 def write(
