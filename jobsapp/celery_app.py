@@ -15,6 +15,7 @@ from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
     celeryd_after_setup,
+    task_revoked,
     worker_init,
     worker_process_init,
 )
@@ -222,6 +223,16 @@ def _register_worker(**_kwargs: Any) -> None:
     from jobsapp.monitor import workers
 
     workers.connect_celery_signals()
+
+
+@task_revoked.connect
+def _expired_before_adoption(sender: Any, request: Any = None, **kwargs: Any) -> None:
+    """A plain call's message that expired before a worker adopted it gets its expired
+    run (lifecycle/worker/unadopted.py): imported only where it happens, in a worker."""
+    if kwargs.get("expired"):
+        from jobsapp.lifecycle.worker import unadopted
+
+        unadopted.record_expired(sender, request)
 
 
 @worker_init.connect

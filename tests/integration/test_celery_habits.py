@@ -219,6 +219,21 @@ def test_send_tasks_link_and_link_error_run_once_after_the_attempt_that_ends_the
     assert ran == [2, 2, 1, 1]
 
 
+def test_send_task_of_a_call_already_expired_answers_revoked_as_celerys(
+    worker: object, db: Engine
+) -> None:
+    # The worker discards the message unadopted: there was no run, and the id read
+    # PENDING for good.
+    t = uuid.uuid4().hex[:8]
+    gone = app.send_task(tasks.echo.name, (t,), expires=datetime.now(UTC) - timedelta(seconds=30))
+
+    with pytest.raises(celery.exceptions.TaskRevokedError):
+        gone.get(timeout=30)
+    assert gone.state == "REVOKED"
+    assert tasks.calls(t) == 0
+    assert run_row(db, uuid.UUID(gone.id))["outcome"] == "expired"
+
+
 def test_a_call_from_a_body_sees_its_sender_as_celery_has_it_when_the_relay_publishes_it(
     worker: object, db: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
