@@ -60,3 +60,20 @@ def arguments(
     )
     rest = {k: v for k, v in kwargs.items() if k != MARK}
     return (request, meta["result"], meta["traceback"], *own), rest
+
+
+def given_the_job(app: Celery, errbacks: list[Any], job: str) -> list[Any]:
+    """A plain call's errbacks for a later attempt: Celery gives an old-style errback the
+    failed task's id, which there is the attempt's own (a Celery retry keeps its task's),
+    and ``AsyncResult`` of it names no job; bound to the job's id instead, the id its
+    caller holds. A new-style one, an immutable one, and one of a task this worker does not
+    know are left as they are."""
+    return [_bound(app, errback, job) for errback in errbacks]
+
+
+def _bound(app: Celery, errback: Any, job: str) -> Any:
+    sig = app.signature(errback)
+    task = app.tasks.get(sig.task or "")
+    if sig.immutable or task is None or is_new_style(task):
+        return errback
+    return sig.clone(args=(job,)).set(immutable=True)

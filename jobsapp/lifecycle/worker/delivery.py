@@ -290,7 +290,7 @@ def _run_envelope(
     at_limit = None if eager else _limited(task, request, ctx, rules)
     kept = _kept(task, row, job)
     lineage = _lineage(request, env, job) if kept is None else kept
-    _kept_links(task, row, request)
+    _kept_links(task, row, request, job)
     ended = run_attempt(task.app, ctx, lambda: call_body(task, row, job, lineage, call, ctx), rules)
     if at_limit is not None:
         ended = at_limit.instead_of(ended)
@@ -463,7 +463,7 @@ def _ends_run(ended: Ended | str) -> bool:
     return isinstance(ended, Ended) and ended.end in (End.SUCCEEDED, End.FAILED)
 
 
-def _kept_links(task: Worked, row: Run, request: Context) -> None:
+def _kept_links(task: Worked, row: Run, request: Context, job: str) -> None:
     """A plain call's ``link``/``link_error`` (kept at its adoption, producer/newjob.py) on
     this delivery's request: Celery's tracer sends them once the attempt that ends the run
     returns (its callbacks) or raises (its errbacks), as it sends a message's own. A later
@@ -473,8 +473,10 @@ def _kept_links(task: Worked, row: Run, request: Context) -> None:
         (row.columns[spec.params_column] or {}).get(newjob.LINKS) if spec.params_column else None
     )
     if links:
+        errbacks = links.get("errbacks")
         request.callbacks = links.get("callbacks")
-        request.errbacks = links.get("errbacks")
+        later = errbacks and request.id != job  # a retry's id is its attempt's own
+        request.errbacks = errback.given_the_job(task.app, errbacks, job) if later else errbacks
 
 
 def call_body(
