@@ -2,7 +2,9 @@
 before adopting it as a run: its ``expires`` passed in the broker. The journal had no run
 for it, so its id read ``PENDING`` for good where Celery's answer is ``REVOKED``; its run
 is written expired, as if the worker had adopted it and found it expired (jobsapp's own
-messages need none of this: their runs are the journal's, which expires them itself).
+messages need none of this: their runs are the journal's, which expires them itself). Its
+first message is written with it, as every enqueue's; beat's relay publishes it once, the
+claim refuses it (the run is over) and the relay settles it.
 
 Celery's worker tells the task's backend and the ``task_revoked`` signal in its consumer;
 celery_app.py hands the signal here (an outage must not reach the consumer: logged, left).
