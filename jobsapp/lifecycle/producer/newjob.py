@@ -177,13 +177,24 @@ def _with_sender(
     the sender's, as in ``send_task``. A run table that keeps only ids has no place for
     them (its message's headers say what they carry)."""
     column = spec.params_column
-    found = None if column is None else sender()
-    if column is None or (found is None and given is None):
+    if column is None:
         return values
-    root, parent = found or (None, None)
-    if given is not None:
-        root, parent = given[0] or root, given[1] or parent
+    found = sender() if given is None else lineage_of(given)  # a plain call: one lookup
+    if found is None:
+        return values
+    root, parent = found
     return {**values, column: {**values[column], LINEAGE: {"root_id": root, "parent_id": parent}}}
+
+
+def lineage_of(given: GivenLineage | None) -> GivenLineage | None:
+    """The root and parent a call descends from: its own where it names them
+    (``apply_async(root_id=, parent_id=)``), else the calling task's (``sender``), as
+    ``send_task`` takes them; None for a call from outside any task that names none."""
+    found = sender()
+    if given is None:
+        return found
+    root, parent = found or (None, None)
+    return given[0] or root, given[1] or parent
 
 
 def sender() -> tuple[str, str] | None:

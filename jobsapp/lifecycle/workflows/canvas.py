@@ -413,13 +413,11 @@ def compiled(
 
 
 def _sender(options: Mapping[str, Any]) -> tuple[str, str] | None:
-    """Whom the canvas's first tasks descend from: the call's ``parent_id`` (and
-    ``root_id``) where it names them, as ``send_task`` takes them, else the running task."""
-    found, parent = newjob.sender(), options.get("parent_id")
-    if not parent:
-        return found
-    root = options.get("root_id") or (found[0] if found else parent)
-    return str(root), str(parent)
+    """Whom the canvas's first tasks descend from (``newjob.lineage_of``); with no parent,
+    they are roots of their own."""
+    given = (options.get("root_id"), options.get("parent_id"))
+    root, parent = newjob.lineage_of(given if any(given) else None) or (None, None)
+    return (str(root or parent), str(parent)) if parent else None
 
 
 def write(
