@@ -51,10 +51,23 @@ def db_upgrade(_args: argparse.Namespace) -> int:
     # Here, not at the top: Alembic is half of the CLI's imports, and only this command
     # needs it (`jobsapp --help` should not wait for it).
     from alembic import command
+    from alembic.util import CommandError
     from sqlalchemy.exc import DBAPIError
 
     try:
         command.upgrade(alembic_config(), "head")
+    except CommandError:
+        # A rollback's release step on a database its newer release migrated: the old
+        # code runs on the newer schema (preflight.schema_problem), so nothing is missing.
+        newer = _newer_revisions()
+        if not newer:
+            raise
+        print(
+            f"database at revision {', '.join(newer)}, which a newer jobsapp wrote (this "
+            f"one's newest is {', '.join(preflight.script_revisions()[0])}): nothing to "
+            "apply; this release runs on it as it is"
+        )
+        return 0
     except DBAPIError as exc:
         failure = _upgrade_stopped(exc)
         if failure is None:
@@ -63,6 +76,13 @@ def db_upgrade(_args: argparse.Namespace) -> int:
         return failure.code
     print(f"database at head: {_safe_url(get_settings().database_url)}")
     return 0
+
+
+def _newer_revisions() -> list[str]:
+    """The database's revisions that no migration of this release names."""
+    known = preflight.script_revisions()[1]
+    current = preflight.current_revisions(get_settings().database_url)
+    return [revision for revision in current if revision not in known]
 
 
 def _upgrade_stopped(exc: Any) -> StartupFailure | None:

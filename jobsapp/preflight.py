@@ -241,6 +241,16 @@ def probe_engine(url: str) -> Any:
     )
 
 
+def current_revisions(url: str) -> tuple[str, ...]:
+    """The revisions of the database at ``url``, on a connection of its own."""
+    engine = probe_engine(url)
+    try:
+        with engine.connect() as conn:
+            return _current_heads(conn)
+    finally:
+        engine.dispose()
+
+
 def _current_heads(conn: Any) -> tuple[str, ...]:
     """The database's revisions, none without the version table: what Alembic's
     ``MigrationContext.get_current_heads`` reads, without importing Alembic at every start."""

@@ -26,7 +26,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import IntegrityError
 
 from jobsapp.lifecycle.journal.ddl import MIGRATION_LOCK_TIMEOUT_S
-from jobsapp.preflight import ExitCode
+from jobsapp.preflight import ExitCode, script_revisions
 from jobsapp.settings import EMBEDDED_BROKER
 from jobsapp.shipped import alembic_config
 from tests.support.databases import drop_postgres, fresh_postgres, migrated_postgres
@@ -337,3 +337,29 @@ def test_a_database_that_takes_no_writes_is_named_at_start(
         last = delay.stderr.strip().splitlines()[-1]
         assert last.startswith("jobsapp.lifecycle.rules.errors.DatabaseNotPermitted: "), last
         assert last.endswith("point JOBSAPP_DATABASE_URL at the primary"), last
+
+
+def test_a_rollbacks_upgrade_on_a_database_a_newer_release_migrated_applies_nothing(
+    tmp_path: Path,
+) -> None:
+    """A deploy rolled back after its release step migrated: the old release's own release
+    step (``jobsapp db upgrade``, run on every deploy) meets a revision it does not know. The
+    old code works on the newer schema (a rolling deploy migrates first), so there is nothing
+    for it to apply: it said so in a traceback of Alembic's and exit 1, and the rollback's
+    deploy stopped there. One line, exit 0, the database's revision left as it was."""
+    newer = "0999_from_a_newer_release"
+    with migrated_postgres(f"jobsapp_rollback_{SESSION}") as url:
+        _as_owner(url, f"UPDATE alembic_version SET version_num = '{newer}'")
+        upgraded = _jobsapp(_upgrading_env(url, tmp_path), "db", "upgrade")
+        assert upgraded.returncode == 0, upgraded.stderr[-3000:]
+        assert "Traceback" not in upgraded.stderr, upgraded.stderr[-3000:]
+        heads = ", ".join(script_revisions()[0])
+        assert upgraded.stdout.strip().splitlines()[-1] == (
+            f"database at revision {newer}, which a newer jobsapp wrote (this one's newest is "
+            f"{heads}): nothing to apply; this release runs on it as it is"
+        )
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            kept = conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars()
+            assert list(kept) == [newer]
+        engine.dispose()
