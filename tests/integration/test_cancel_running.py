@@ -6,6 +6,7 @@ Also the admin job page's stored result. Against the real Postgres and Redis.
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections.abc import Iterator
@@ -67,7 +68,10 @@ def _csrf(page: str) -> str:
 
 
 @pytest.mark.usefixtures("worker")
-def test_an_operators_cancel_stops_a_running_job_at_its_next_beat(db: Engine) -> None:
+def test_an_operators_cancel_stops_a_running_job_at_its_next_beat(
+    db: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="jobsapp.lifecycle.worker.heartbeat")
     token = uuid.uuid4().hex
     running = _handle(tasks.looping.delay(token, 60.0))
     eventually(
@@ -88,6 +92,10 @@ def test_an_operators_cancel_stops_a_running_job_at_its_next_beat(db: Engine) ->
     audit = events(db, running.job_id)[2]
     assert (audit["actor"], audit["reason"]) == ("operator:bob", "runaway report")
     assert tasks.calls(f"{token}-done") == 0  # stopped, not left to finish
+    # The worker's log says what stopped it: a revoke, not a lease another worker took.
+    said = [r.getMessage() for r in caplog.records if str(running.job_id) in r.getMessage()]
+    assert f"job {running.job_id} attempt 1: revoked, stopping" in said, said
+    assert not [line for line in said if "lease lost" in line], said
 
 
 @pytest.mark.usefixtures("redis_clean")

@@ -155,8 +155,10 @@ class Heartbeat:
             if self._revoked():
                 self._cancelled = True
                 self._interrupt(CancelRequested)
+                log.info("job %s attempt %s: revoked, stopping", self._job_id, self._attempt)
+            else:
+                log.warning("job %s attempt %s: lease lost", self._job_id, self._attempt)
             self._lost.set()
-            log.warning("job %s attempt %s: lease lost", self._job_id, self._attempt)
             return False
         return True
 
