@@ -55,7 +55,7 @@ class _Reading:
     limits: FormLimits
     parts: int = 0
     field_bytes: int = 0
-    # "file": the upload; "field": a text part; "other": another file part, dropped.
+    # "file": the upload; "field": a text part; "other": a file part of another name, dropped.
     current: str = "other"
     filename: str | None = None
     chunks: list[bytes] = field(default_factory=list)
@@ -80,10 +80,17 @@ class _Reading:
             )
         if isinstance(event, Field):
             self.current, self.field_bytes = "field", 0
-        elif event.name == FILE_FIELD and not self.found:
-            self.current, self.found, self.filename = "file", True, event.filename
-        else:
+        elif event.name != FILE_FIELD:
             self.current = "other"
+        elif self.found:
+            # Taking the first and answering 201 told the client its second image was kept.
+            raise RejectedUpload(
+                400,
+                "more_than_one_file",
+                f"The form has more than one '{FILE_FIELD}' part; upload one image a request.",
+            )
+        else:
+            self.current, self.found, self.filename = "file", True, event.filename
 
     def _data(self, data: bytes) -> None:
         if self.current == "field":

@@ -30,8 +30,8 @@ Answer = BaseResponse | tuple[BaseResponse, int] | tuple[BaseResponse, int, dict
 _REF = "#/components/schemas/{model}"
 
 _ERROR_TEXT = {
-    400: "The request is malformed: no `file` field, a form that cannot be read (a part "
-    "header that is not UTF-8), an empty file or a bad Idempotency-Key.",
+    400: "The request is malformed: no `file` field or more than one, a form that cannot be "
+    "read (a part header that is not UTF-8), an empty file or a bad Idempotency-Key.",
     401: "No `Authorization: Bearer` header, or neither `JOBSAPP_API_TOKEN` nor the admin token.",
     403: "The API is off: a server URL is set and `JOBSAPP_API_TOKEN` is not.",
     404: "No such attachment or variant (a malformed id is unknown too).",

@@ -534,6 +534,17 @@ def test_a_file_name_that_is_not_utf8_is_a_400_that_says_so(http: Http, journal:
     assert attachment_rows(journal) == before
 
 
+def test_two_images_in_one_form_are_a_400_and_nothing_stored(http: Http, journal: Engine) -> None:
+    """``curl -F file=@a.png -F file=@b.png``: it was a 202 for the first image alone."""
+    before = attachment_rows(journal)
+
+    reply = post_form(http, file_part(b"a.png"), file_part(b"b.png"))
+
+    assert reply.status == 400, reply.body
+    assert reply.json()["error"] == "more_than_one_file"
+    assert attachment_rows(journal) == before
+
+
 def test_a_utf8_file_name_is_kept_for_display(http: Http) -> None:
     reply = post_form(http, file_part("café.png".encode()))
 

@@ -65,8 +65,16 @@ def refusal(stream: io.BytesIO) -> tuple[int, str, str]:
 
 
 def test_the_file_part_is_read_with_its_name_and_other_parts_are_dropped() -> None:
-    stream = form(field(b"hi"), file_part(b"first", "é.png".encode()), file_part(b"second"))
+    stream = form(field(b"hi"), file_part(b"first", "é.png".encode()), file_part(b"x", name=b"y"))
     assert read_file(stream, BOUNDARY, LIMITS) == (b"first", "é.png")
+
+
+def test_two_file_parts_are_a_400_not_the_first_alone() -> None:
+    """``curl -F file=@a.png -F file=@b.png``: an answer for one image would tell the
+    client both were kept."""
+    status, code, reason = refusal(form(file_part(b"first"), file_part(b"second")))
+    assert (status, code) == (400, "more_than_one_file")
+    assert "more than one 'file' part" in reason
 
 
 def test_a_file_over_the_limit_is_kept_to_one_byte_past_it() -> None:
