@@ -60,6 +60,7 @@ _ADAM7 = (
 _MAX_FILTER = 4
 _INFLATE_STEP = 1 << 20
 _MAX_DISPLAY_NAME = 255
+_MAX_EXTENSION = 16
 _DEFAULT_DISPLAY_NAME = "upload"
 _PATH_SEPARATORS = re.compile(r"[/\\]")
 
@@ -180,10 +181,21 @@ def sanitize_display_name(name: str | None) -> str:
     # "xexe.jpg".
     visible = "".join(ch for ch in base if not unicodedata.category(ch).startswith("C"))
     # Normalise after removing characters, since a removal can bring combinable marks together.
-    cleaned = unicodedata.normalize("NFC", visible)[:_MAX_DISPLAY_NAME].strip()
+    cleaned = _shortened(unicodedata.normalize("NFC", visible)).strip()
     if cleaned in {"", ".", ".."}:
         return _DEFAULT_DISPLAY_NAME
     return cleaned
+
+
+def _shortened(name: str) -> str:
+    """``name`` within the column's length, its extension kept: a cut ".jpg" is what a
+    person (and a download's Save As) reads the file by."""
+    if len(name) <= _MAX_DISPLAY_NAME:
+        return name
+    stem, dot, extension = name.rpartition(".")
+    if not dot or not stem or len(extension) > _MAX_EXTENSION:
+        return name[:_MAX_DISPLAY_NAME]
+    return stem[: _MAX_DISPLAY_NAME - len(extension) - 1] + dot + extension
 
 
 def _check_size(size: int, limits: Limits) -> None:

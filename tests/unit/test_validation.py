@@ -194,6 +194,8 @@ def test_limits_reject_nonsense(make: Callable[[], Limits]) -> None:
         ("cafe\u0301.png", "caf\u00e9.png"),
         ("  spaced name.png  ", "spaced name.png"),
         ("x" * 300, "x" * 255),
+        ("x" * 1000 + ".jpeg", "x" * 250 + ".jpeg"),
+        ("x" * 300 + "." + "y" * 40, ("x" * 300 + "." + "y" * 40)[:255]),
     ],
 )
 def test_sanitize_display_name(name: str | None, expected: str) -> None:
@@ -210,6 +212,12 @@ def test_sanitized_names_are_always_safe_to_show(name: str | None) -> None:
     assert cleaned == cleaned.strip()
     assert unicodedata.is_normalized("NFC", cleaned)
     assert not any(unicodedata.category(ch).startswith("C") for ch in cleaned)
+
+
+@given(st.text(min_size=260, max_size=400), st.sampled_from([".jpg", ".png", ".webp", ".jpeg"]))
+def test_a_long_names_extension_survives_its_cut(stem: str, extension: str) -> None:
+    cleaned = sanitize_display_name("x" + stem.replace("/", "").replace("\\", "") + extension)
+    assert cleaned.endswith(extension)
 
 
 _MAGIC = [b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF89a", b"RIFF\x00\x00\x00\x00WEBP"]
