@@ -252,12 +252,18 @@ def _database_url(env: Mapping[str, str], var_dir: Path) -> str:
     failed); so does ``postgres://``, libpq's other spelling, the one Heroku's and Render's
     ``DATABASE_URL`` use. Another driver is refused, naming the one to use."""
     url = _url(env, "JOBSAPP_DATABASE_URL", f"sqlite:///{var_dir / 'jobsapp.db'}", _DB_SCHEMES)
+    return with_psycopg2(url, "JOBSAPP_DATABASE_URL")
+
+
+def with_psycopg2(url: str, name: str) -> str:
+    """``url`` (the value of the variable ``name``) with psycopg2 as its PostgreSQL driver
+    (``_database_url`` says why); another driver is refused, naming the one to use."""
     scheme, _, rest = url.partition("://")
     if scheme in ("postgres", "postgresql"):
         return f"{_POSTGRES}://{rest}"
     if scheme.startswith("postgresql+") and scheme != _POSTGRES:
         raise SettingsError(
-            f"JOBSAPP_DATABASE_URL names the driver {scheme.partition('+')[2]!r}; jobsapp runs "
+            f"{name} names the driver {scheme.partition('+')[2]!r}; jobsapp runs "
             f"PostgreSQL through psycopg2: write {_POSTGRES}:// (or postgresql://)"
         )
     return url

@@ -1,6 +1,7 @@
 """jobsapp's pytest plugin (the ``pytest11`` entry point of ``jobsapp[testing]``).
 
-Where the session's journal lives, decided before your modules import jobsapp's app:
+Where the session's journal lives, decided before your ``conftest.py`` files are loaded
+(one that imports your tasks imports jobsapp's app, which reads its settings once):
 
 - ``JOBSAPP_DATABASE_URL`` and the other server URLs set: on those, as named.
 - else ``JOBSAPP_TEST_DATABASE_URL`` set (a PostgreSQL URL): a database of the session's
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from jobsapp.settings import EMBEDDED_BROKER, SERVER_NAMES
 
@@ -34,7 +36,24 @@ _OWN_DATABASE = "JOBSAPP_TEST_DATABASE_URL"
 _SET_HERE = "JOBSAPP_TEST_KIT_SET"
 
 
-def pytest_configure(config: pytest.Config) -> None:
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> Iterator[None]:
+    # Before any conftest.py (and any other plugin's own hook): a conftest that imports
+    # the team's tasks builds jobsapp's app, which reads the settings once. Decided later,
+    # the session's journal was the working directory's var/ (the team's own embedded
+    # journal, emptied before each test), shared by every xdist worker.
+    _choose_journal(early_config)
+    return (yield)
+
+
+def _choose_journal(config: pytest.Config) -> None:
+    from jobsapp.settings import get_settings
+
+    if get_settings.cache_info().currsize:
+        raise pytest.UsageError(
+            "jobsapp's settings were read before its pytest plugin chose the session's "
+            "journal (a plugin imported jobsapp's app): import it from conftest.py or the tests"
+        )
     # A session started by another (an xdist worker by its controller) inherits what the
     # other set for itself: dropped first, so each session has a journal of its own.
     for name in filter(None, os.environ.pop(_SET_HERE, "").split(",")):
@@ -44,8 +63,9 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = {"JOBSAPP_VAR_DIR": os.environ.get("JOBSAPP_VAR_DIR", "")}
     if not settings["JOBSAPP_VAR_DIR"]:
         settings["JOBSAPP_VAR_DIR"] = tempfile.mkdtemp(prefix="jobsapp-tests-")
-    server = os.environ.get(_OWN_DATABASE)
-    if server:
+    given = os.environ.get(_OWN_DATABASE)
+    if given:
+        server = _server_url(given)
         url = _create_session_database(server)
         config.add_cleanup(lambda: _drop_session_database(server, url))
         settings |= {
@@ -70,12 +90,25 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def _session_url(server: str) -> Any:
-    given = make_url(server)
+    refusal = f"{_OWN_DATABASE} must be a PostgreSQL URL naming a database, not {server!r}"
+    try:
+        given = make_url(server)
+    except ArgumentError:
+        raise pytest.UsageError(refusal) from None
     if given.get_backend_name() != "postgresql" or not given.database:
-        raise pytest.UsageError(
-            f"{_OWN_DATABASE} must be a PostgreSQL URL naming a database, not {server!r}"
-        )
+        raise pytest.UsageError(refusal)
     return given.set(database=f"{given.database}_kit_{os.getpid()}")
+
+
+def _server_url(given: str) -> str:
+    """``given`` on psycopg2, as jobsapp's own URL is (SQLAlchemy would pick psycopg 3 for
+    ``postgresql://``, which jobsapp does not install)."""
+    from jobsapp.settings import SettingsError, with_psycopg2
+
+    try:
+        return with_psycopg2(given, _OWN_DATABASE)
+    except SettingsError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _create_session_database(server: str) -> str:

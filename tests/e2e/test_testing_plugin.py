@@ -6,6 +6,7 @@ The team's tests (examples/team_app/tests) run in a pytest of their own, as a te
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -57,24 +58,39 @@ def test_this_process_has_a_journal_of_its_own(jobsapp):
 """
 
 
-def _team_tests(tmp_path: Path, url: str, *args: str) -> tuple[int, str]:
+# A team's conftest.py that imports its tasks (and so jobsapp's app) as it is loaded.
+IMPORTS_THE_TASKS = "import billing.tasks  # noqa: F401\n"
+
+
+def _team_tests(tmp_path: Path, url: str | None, *args: str, code: int = 0) -> tuple[int, str]:
     team = tmp_path / "team_app"
     shutil.copytree(
         REPO / "examples" / "team_app", team, ignore=shutil.ignore_patterns("__pycache__")
     )
-    (team / "tests" / "test_own_process.py").write_text(OWN_PROCESS)
+    (team / "tests" / "conftest.py").write_text(IMPORTS_THE_TASKS)
+    if url is not None:
+        (team / "tests" / "test_own_process.py").write_text(OWN_PROCESS)
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "tests"]
-    env = shell_env(JOBSAPP_TEST_DATABASE_URL=url, PYTHONPATH=str(team))
+    own = {} if url is None else {"JOBSAPP_TEST_DATABASE_URL": url}
+    # The caller's PYTHONPATH kept: a worktree's run tests its own jobsapp.
+    path = os.pathsep.join(filter(None, [str(team), os.environ.get("PYTHONPATH")]))
+    env = shell_env(PYTHONPATH=path, **own)
     proc = subprocess.Popen(
         argv, cwd=team, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
+    assert proc.returncode == code, out[-3000:]
     return proc.pid, out
 
 
+def _as_documented(url: str) -> str:
+    """``postgresql://`` with no driver named, as docs/testing.md writes the URL (SQLAlchemy
+    alone would take it for psycopg 3, which jobsapp does not install)."""
+    return "postgresql://" + url.partition("://")[2]
+
+
 def test_a_session_gets_a_database_of_its_own_and_drops_it(named_url: str, tmp_path: Path) -> None:
-    pid, out = _team_tests(tmp_path, named_url)
+    pid, out = _team_tests(tmp_path, _as_documented(named_url))
     assert "11 passed" in out, out[-3000:]
     assert "jobsapp: journal on postgresql+psycopg2://" in out
     assert f"/{NAMED}_kit_{pid}\n" in out
@@ -93,3 +109,29 @@ def test_xdist_workers_each_get_a_database_of_their_own(named_url: str, tmp_path
     _pid, out = _team_tests(tmp_path, named_url, "-n", "2", "--dist", "loadfile")
     assert "11 passed" in out, out[-3000:]
     assert _databases(named_url) == []
+
+
+def test_with_nothing_set_the_journal_is_the_sessions_own_not_the_teams_var(
+    tmp_path: Path,
+) -> None:
+    """The team's conftest imports its tasks before any test: the journal is still one in a
+    temporary folder of the session's, never the working directory's var/ (the team's own
+    embedded journal, which the kit empties before each test)."""
+    _pid, out = _team_tests(tmp_path, None)
+    assert "10 passed" in out, out[-3000:]
+    assert "jobsapp: journal on sqlite:///" in out
+    assert "/jobsapp-tests-" in out, out[-3000:]
+    assert not (tmp_path / "team_app" / "var").exists()
+
+
+def test_a_plugin_that_reads_jobsapps_settings_first_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """A plugin loaded before the kit chose the journal (here the team's tasks, ``-p``)
+    built jobsapp's app on the working directory's var/: the kit would have emptied the
+    team's own journal before each test."""
+    _pid, out = _team_tests(tmp_path, None, "-p", "billing.tasks", code=4)
+    assert (
+        "ERROR: jobsapp's settings were read before its pytest plugin chose the session's "
+        "journal (a plugin imported jobsapp's app): import it from conftest.py or the tests"
+    ) in out, out[-3000:]

@@ -273,25 +273,40 @@ def test_a_teams_package_beside_the_wheel_runs_its_task_under_the_procfiles_work
     assert out.strip() == "invoiced acct-1", (tmp_path / "worker.log").read_text()[-3000:]
 
 
-def test_a_teams_own_tests_run_on_the_testing_kit_from_the_wheel(
-    installed: Path, wheel: Path, tmp_path: Path
-) -> None:
-    """``pip install 'jobsapp[testing]'`` and the team's tests (examples/team_app/tests)
-    pass with nothing else set up: no server, no conftest, no JOBSAPP_* setting. Last in
-    this module: it adds the extra's packages to the shared venv."""
+def _team_tests_from_the_wheel(installed: Path, wheel: Path, tmp_path: Path, **env: str) -> str:
+    """examples/team_app's tests, run by the venv of ``installed`` with the wheel's
+    ``testing`` extra added (to the shared venv: these tests come last in the module)."""
     _run([*_pip_into(installed), f"{wheel}[testing]"], cwd=tmp_path)
     team = tmp_path / "team_app"
     shutil.copytree(
         REPO / "examples" / "team_app", team, ignore=shutil.ignore_patterns("__pycache__")
     )
-    env = _bare_env(installed, PYTHONPATH=str(team))
     # --trace-config: the run also lists the plugins it loaded.
     pytest_argv = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--trace-config", "tests"]
-    out = _run(
+    return _run(
         [str(installed / "python"), *pytest_argv],
         cwd=team,
-        env=env,
+        env=_bare_env(installed, PYTHONPATH=str(team), **env),
     )
+
+
+def test_a_teams_own_tests_run_on_the_testing_kit_from_the_wheel(
+    installed: Path, wheel: Path, tmp_path: Path
+) -> None:
+    """``pip install 'jobsapp[testing]'`` and the team's tests (examples/team_app/tests)
+    pass with nothing else set up: no server, no conftest, no JOBSAPP_* setting."""
+    out = _team_tests_from_the_wheel(installed, wheel, tmp_path)
     assert "10 passed" in out, out[-3000:]
     # pytest-celery came with the extra and loads beside the kit without a conflict.
     assert "pytest_celery.plugin" in out, out[-3000:]
+
+
+def test_a_teams_own_tests_run_on_postgres_from_the_wheel_with_the_documented_url(
+    installed: Path, wheel: Path, tmp_path: Path
+) -> None:
+    """``JOBSAPP_TEST_DATABASE_URL=postgresql://...`` as docs/testing.md writes it: the
+    wheel installs psycopg2 only, on which the plugin makes the session's database (the
+    URL alone made SQLAlchemy load psycopg 3, and the session ended at its start)."""
+    server = "postgresql://" + service("JOBSAPP_TEST_DATABASE_URL").partition("://")[2]
+    out = _team_tests_from_the_wheel(installed, wheel, tmp_path, JOBSAPP_TEST_DATABASE_URL=server)
+    assert "10 passed" in out, out[-3000:]
