@@ -122,15 +122,18 @@ class Kit:
         self._advanced = timedelta(0)
 
     def _queues(self, queue: str | None = None) -> set[str]:
-        """``queue``, or the app's default queue and every queue a job was sent to."""
+        """``queue``, or the app's default queue, every queue a job was sent to and every
+        queue the app routed a message to in this process: a plain task's, chosen by its
+        call or by ``task_routes``, is named by no outbox row (Celery adds it to the app's
+        queues), and its message was left for the next test."""
         if queue is not None:
             return {queue}
+        known = {str(self.app.conf.task_default_queue), *self.app.amqp.queues}
         named = select(journal.OUTBOX.c.queue).where(journal.OUTBOX.c.queue.is_not(None))
         with self.engine.connect() as conn:
             if not inspect(conn).has_table(journal.OUTBOX.name):
-                return {str(self.app.conf.task_default_queue)}
-            used = set(conn.execute(named.distinct()).scalars())
-        return {str(self.app.conf.task_default_queue), *used}
+                return known
+            return known | set(conn.execute(named.distinct()).scalars())
 
     # --- the clock ------------------------------------------------------------------
 

@@ -16,7 +16,16 @@ from sqlalchemy import Engine
 from jobsapp.celery_app import app
 from jobsapp.testing import Kit
 from tests.support.env import SESSION
-from tests.support.kit_tasks import RAN, charge, export, flaky, quick_retry, report, step
+from tests.support.kit_tasks import (
+    RAN,
+    charge,
+    export,
+    flaky,
+    plain,
+    quick_retry,
+    report,
+    step,
+)
 
 HOUR = timedelta(hours=1)
 
@@ -150,6 +159,18 @@ def test_drain_reads_every_queue_a_job_was_sent_to(kit: Kit) -> None:
     kit.assert_enqueued(step, queue=elsewhere)
     assert kit.drain() == {"succeeded": 1}
     assert RAN == ["there"]
+
+
+def test_a_plain_tasks_message_on_a_queue_of_its_own_is_drained_or_purged(kit: Kit) -> None:
+    """A plain task's queue chosen by its call is named by no outbox row: ``drain()`` runs
+    its message, and one a test left behind is gone by the next test (it ran there)."""
+    elsewhere = f"jobsapp-tests-kit-plain-{SESSION}"
+    plain.apply_async(("drained",), queue=elsewhere)
+    assert kit.drain() == {"ran": 1}
+    plain.apply_async(("left behind",), queue=elsewhere)
+    kit.reset()
+    assert kit.drain(queue=elsewhere) == {}
+    assert RAN == ["drained"]
 
 
 def test_a_chain_is_drained_to_its_end(kit: Kit) -> None:

@@ -48,3 +48,9 @@ def report(account: str) -> str:
 @lifecycle_task(app, name="tests.kit.charge")
 def charge(account: str) -> str:
     raise PermanentError(f"no such account {account}")
+
+
+@app.task(name="tests.kit.plain")
+def plain(word: str) -> None:
+    """A plain Celery task beside the lifecycle ones: its message is the broker's alone."""
+    RAN.append(word)
