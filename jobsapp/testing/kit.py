@@ -174,8 +174,22 @@ class Kit:
 
     # --- what was enqueued ----------------------------------------------------------
 
+    def _lifecycle_task(self, task: Any) -> Any:
+        """``task``, or the task of the app registered under that name; anything else (a
+        plain Celery task, a signature) is refused naming what the kit reads."""
+        found = self.app.tasks.get(task) if isinstance(task, str) else task
+        if found is None or not hasattr(found, "run_table"):
+            raise TypeError(
+                f"{task!r} is not a lifecycle task (declared with lifecycle_task) of this "
+                "app: the kit's assertions read lifecycle tasks' runs in the journal; pass "
+                "the task or its name, its arguments as args=/kwargs= (drain() runs a plain "
+                "task's messages too)"
+            )
+        return found
+
     def runs(self, task: Any) -> list[Run]:
-        """Every run of ``task``, oldest first."""
+        """Every run of ``task`` (a lifecycle task or its name), oldest first."""
+        task = self._lifecycle_task(task)
         spec = task.run_table
         table = spec.table
         stmt = select(table).where(table.c.task_name == task.name).order_by(table.c.created_at)
@@ -214,6 +228,7 @@ class Kit:
         given field equals; an ``eta`` (or ``countdown``, seconds from the kit's clock now,
         less up to the time since the job was written) within ``ETA_TOLERANCE`` of the job's
         due time."""
+        task = self._lifecycle_task(task)
         return [
             JobHandle(
                 run.job_id, EnqueueOutcome.DUPLICATE, task.run_table, task=task.name, app=self.app
@@ -244,6 +259,7 @@ class Kit:
         return wanted
 
     def assert_enqueued(self, task: Any, **subset: Any) -> None:
+        task = self._lifecycle_task(task)
         wanted = self._wanted(subset)
         if not self._queued(task, wanted):
             raise AssertionError(
@@ -251,6 +267,7 @@ class Kit:
             )
 
     def refute_enqueued(self, task: Any, **subset: Any) -> None:
+        task = self._lifecycle_task(task)
         wanted = self._wanted(subset)
         found = self._queued(task, wanted)
         if found:
@@ -269,6 +286,7 @@ class Kit:
     def assert_succeeded(self, task: Any, **subset: Any) -> list[Run]:
         """The runs of ``task`` matching ``subset``, once each has succeeded; else an
         ``AssertionError`` naming each run that has not, with its stored traceback."""
+        task = self._lifecycle_task(task)
         wanted = self._wanted(subset)
         found = [r for r in self.runs(task) if _matches(r, wanted)]
         if not found:
@@ -328,6 +346,7 @@ class Kit:
         attempt, to its end; its run (outcome, result, stored error). Nothing else runs
         (what the body enqueued stays queued); the clock moves over each backoff, as
         ``drain(with_scheduled=True)`` would move it."""
+        task = self._lifecycle_task(task)
         handle = task.apply_async(args, kwargs)
         for _ in range(_MAX_ATTEMPTS):
             run = self._run_of(task, handle.job_id)
@@ -436,6 +455,7 @@ class Kit:
     def wait_for(self, task: Any, state: str, timeout: float = 20.0) -> list[Run]:
         """With a real worker (``jobsapp_worker``): the runs of ``task`` once every one of
         them is in ``state``."""
+        task = self._lifecycle_task(task)
         deadline = time.monotonic() + timeout
         while True:
             found = self.runs(task)

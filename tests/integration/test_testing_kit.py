@@ -173,6 +173,18 @@ def test_a_plain_tasks_message_on_a_queue_of_its_own_is_drained_or_purged(kit: K
     assert RAN == ["drained"]
 
 
+def test_a_task_is_taken_by_name_and_a_plain_one_refused_in_one_line(kit: Kit) -> None:
+    """A Celery team passes a task's name, a plain task or a signature: the name is taken,
+    the others refused saying what the kit reads (they failed on ``.run_table``)."""
+    step.delay("a", "b")
+    kit.assert_enqueued("tests.kit.step", args=("a", "b"))
+    for wrong in (plain, step.s("a", "b"), "tests.kit.nothing"):
+        with pytest.raises(TypeError, match=r"is not a lifecycle task .*: the kit's assertions"):
+            kit.assert_enqueued(wrong)
+    with pytest.raises(TypeError, match="is not a lifecycle task"):
+        kit.perform(plain, "x")
+
+
 def test_a_chain_is_drained_to_its_end(kit: Kit) -> None:
     chain(step.s("we", "went"), step.s("on"), step.s("home")).delay()
     assert kit.drain() == {"succeeded": 3}
