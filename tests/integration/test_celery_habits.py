@@ -292,6 +292,32 @@ def test_a_handle_speaks_celerys_state_names_like_an_async_result(
     assert tasks.echo.AsyncResult(str(uuid.uuid4())).state == "PENDING"
 
 
+def test_apply_runs_a_retry_at_once_as_celerys_eager_call_does(db: Engine) -> None:
+    """``task.apply()`` (and ``task_always_eager``) of a body that asks for a retry a minute
+    on: Celery's eager call retries at once (it ignores a countdown), and so does the
+    journal's now. It slept the minute out: a team's eager test of a failing task waited
+    out every backoff (about 30 s for the default five attempts)."""
+    bare = celery.Celery("bare", broker="memory://")
+    seen: list[int] = []
+
+    @bare.task(bind=True)
+    def retries_in_a_minute(self: Any) -> int:
+        seen.append(1)
+        if len(seen) == 1:
+            raise self.retry(countdown=60)
+        return int(self.request.retries)
+
+    started = time.monotonic()
+    ours = tasks.retries_in_a_minute.apply((uuid.uuid4().hex,))
+    took = time.monotonic() - started
+    theirs = retries_in_a_minute.apply()
+
+    assert (ours.get(), ours.state) == (theirs.get(), theirs.state) == (1, "SUCCESS")
+    assert took < 30, f"apply() took {took:.0f}s"
+    row = run_row(db, uuid.UUID(ours.id))
+    assert (row["state"], row["attempts"]) == ("succeeded", 2)
+
+
 def test_printing_a_handle_is_one_line(db: Engine) -> None:
     queued = tasks.echo.apply_async(("printed",), countdown=3600)
 

@@ -111,6 +111,14 @@ def celery_retry(token: str) -> None:
         raise KeyError("not yet")
 
 
+@lifecycle_task(app, name="tests.retries_in_a_minute", bind=True)
+def retries_in_a_minute(self: Any, token: str) -> int:
+    """Asks for a retry a minute on at its first run; its second returns its retries."""
+    if record(token) == 1:
+        raise self.retry(countdown=60)
+    return int(self.request.retries)
+
+
 @lifecycle_task(app, name="tests.snoozer", max_snoozes=2)
 def snoozer(token: str) -> None:
     record(token)

@@ -23,7 +23,7 @@ from celery import Celery
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from jobsapp.db import autocommit, relaxed_autocommit
+from jobsapp.db import autocommit, relaxed_autocommit, utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal import Run
@@ -145,18 +145,23 @@ def claim(
     worker: str,
     wait_early: float = 0.0,
     gate: gating.Gate | None = None,
+    due_now: bool = False,
 ) -> Claimed | Refusal:
     """Take the run for ``env.attempt``; ``foreign`` is the row to insert if none exists.
 
     A message at most ``wait_early`` seconds early on the database's clock (a countdown is
     counted on the publisher's clock, an ETA on this worker's) waits and claims when due;
-    so does one whose rate limit (``gate``) allows it within that time.
+    so does one whose rate limit (``gate``) allows it within that time. ``due_now`` (an
+    ``apply()``): an early attempt is made due at once instead, as Celery's eager call
+    retries at once and ignores a countdown.
     """
 
     def once() -> Tried:
         return _claim_once(engine, spec, env, foreign=foreign, worker=worker, gate=gate)
 
     outcome = once()
+    if isinstance(outcome, Early) and due_now and _brought_forward(engine, spec, env, worker):
+        outcome = once()
     if isinstance(outcome, Early) and outcome.seconds <= wait_early:
         log.info(
             "job %s attempt %s came %.2fs early; waiting", env.job_id, env.attempt, outcome.seconds
@@ -170,6 +175,22 @@ def claim(
 
 
 Tried = Claimed | Refusal | Early | gating.Held
+EAGER_RUN_NOW = "apply() runs each attempt at once, as Celery's eager call does"
+
+
+def _brought_forward(engine: Engine, spec: RunTable, env: Envelope, worker: str) -> bool:
+    """The attempt's wait (a backoff, a countdown) ended now, audited as a run now."""
+    with engine.begin() as conn:
+        moved = journal.bring_forward(
+            conn,
+            spec,
+            env.job_id,
+            attempts=env.attempt - 1,
+            actor=worker,
+            reason=EAGER_RUN_NOW,
+            now=utcnow(),
+        )
+    return moved is not None
 
 
 def _wait_for_rate(outcome: Tried, again: Callable[[], Tried], budget: float) -> Tried:

@@ -262,7 +262,7 @@ def _run_envelope(
     )
     rules = _rules(task, settings, eager)
     wait_early = math.inf if eager else rules.inline_wait_max
-    outcome = _claim(task, request, engine, env, foreign, worker, wait_early)
+    outcome = _claim(task, request, engine, env, foreign, worker, wait_early, due_now=eager)
     if isinstance(outcome, claim.Refusal):
         log.info("job %s attempt %s: no work, %s", job, env.attempt, outcome.value)
         return f"not run: {outcome.value}"
@@ -351,6 +351,8 @@ def _claim(
     foreign: NewJob | None,
     worker: str,
     wait_early: float,
+    *,
+    due_now: bool = False,
 ) -> claim.Claimed | claim.Refusal:
     try:
         return claim.claim(
@@ -361,6 +363,7 @@ def _claim(
             worker=worker,
             wait_early=wait_early,
             gate=claim_gate(task),
+            due_now=due_now,
         )
     except InvalidMessage as bad:
         log.error("rejected message %s for %s: %s", request.id, task.name, bad)
