@@ -5,7 +5,7 @@ of a group from its workflow's steps (the result backend's ``_restore_group``)."
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +70,7 @@ def handle_of(app: Any, out: Output, nodes: Mapping[str, Node], workflow_id: uui
     it waited for, or a group's ``GroupResult`` of its members."""
     if isinstance(out, list):
         members = [handle_of(app, o, nodes, workflow_id) for o in out]
-        return GroupHandle(workflow_id, members, app=app)
+        return GroupHandle(workflow_id, members, app=app, parent=_descended_from(members))
     node = nodes[out]
     parent = None if node.after is None else handle_of(app, node.after, nodes, workflow_id)
     return StepHandle(
@@ -82,6 +82,32 @@ def handle_of(app: Any, out: Output, nodes: Mapping[str, Node], workflow_id: uui
         app=app,
         parent=parent,
     )
+
+
+def _descended_from(members: Sequence[Any]) -> Any:
+    """A group's ``parent`` as Celery's chain gives it: the step before the group (before
+    a chord's header), the nearest result every member's line of parents passes through;
+    None for a group nothing ran before."""
+    lines = [list(_parents(member)) for member in members]
+    if not lines:
+        return None
+    others = [{_identity(p) for p in line} for line in lines[1:]]
+    return next((p for p in lines[0] if all(_identity(p) in seen for seen in others)), None)
+
+
+def _identity(result: Any) -> Any:
+    """A result on a line of parents: a step's id; a group's members' (every group of a
+    workflow answers to its workflow's id)."""
+    if isinstance(result, GroupResult):
+        return tuple(_identity(r) for r in result.results or ())
+    return str(result.id)
+
+
+def _parents(result: Any) -> Iterator[Any]:
+    node = result.parent
+    while node is not None:
+        yield node
+        node = node.parent
 
 
 def restore_group(app: Any, group_id: str) -> GroupHandle | None:
