@@ -23,6 +23,7 @@ import pytest
 import redis
 from celery import Celery, chain, chord, group
 from celery.exceptions import ChordError
+from celery.result import AsyncResult
 from sqlalchemy import Engine, event, inspect, select
 
 from jobsapp import cli, operator
@@ -154,6 +155,9 @@ def test_a_step_that_ends_its_chain_cancels_the_rest_and_keeps_its_links(
     link = _run(pg, steps["0.0.link0"]["job_id"])
     assert (link or {}).get("state") == "queued"
     assert handle.state == "REVOKED"
+    # What its success sent, as Celery's result says it: the link, not the rest.
+    sent = AsyncResult(str(job_id), app=handle.app).children
+    assert [kid.id for kid in sent] == [str(steps["0.0.link0"]["job_id"])]
 
 
 def test_a_successor_whose_worker_died_before_publishing_is_published_by_the_relay(

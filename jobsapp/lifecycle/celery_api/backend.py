@@ -5,7 +5,8 @@ sets it; ``lifecycle_task`` sets it on an app that has none) makes every Celery 
 results work on lifecycle jobs: ``AsyncResult(id).get()``, ``send_task(...).get()``,
 ``GroupResult.restore(id)``, ``.state``/``.info``/``.traceback``/``.date_done``, from any
 process. It is no second store: a read is one primary-key select per run table (and, for a
-failure, the failed attempt's event), and the only writes are ``update_state``'s progress
+failure, the failed attempt's event; for a workflow step's success, what it sent, Celery's
+``children``: journal/step_children.py), and the only writes are ``update_state``'s progress
 (fenced by the attempt's claim, see ``progress``) and ``forget``. What Celery's worker
 would store after a task (SUCCESS, FAILURE, RETRY, ...) the journal already holds, so
 ``store_result`` of those states writes nothing.
@@ -32,7 +33,7 @@ from sqlalchemy import Connection
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.celery_api import revoke
-from jobsapp.lifecycle.journal import Run, registry, workflow
+from jobsapp.lifecycle.journal import Run, registry, step_children, workflow
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.schema_checked import SchemaChecked
 from jobsapp.lifecycle.journal.workflow import Blocked
@@ -225,6 +226,7 @@ class JournalBackend(BaseBackend):
             meta["args"] = list(args)
         if status == states.SUCCESS:
             meta["result"] = decoded(row.result)
+            meta["children"] = _children(conn, row)
         elif status in states.EXCEPTION_STATES:
             meta["result"], meta["traceback"] = self._failure(conn, spec, row)
         elif (shown := progress_of(row.result, row.attempts)) is not None:
@@ -381,6 +383,14 @@ def _replacement(
             break
         spec, row = find(conn, successor)
     return spec, row
+
+
+def _children(conn: Connection, row: Answer) -> list[Any]:
+    """What the succeeded run's success sent, as Celery's meta keeps it: a workflow step's
+    next steps and callbacks (``step_children``); a job of its own reads nothing."""
+    if not isinstance(row, Run) or row.workflow_id is None:
+        return []
+    return step_children.children(conn, row.job_id, row.workflow_id)
 
 
 def _without_body(row: Answer) -> BaseException:

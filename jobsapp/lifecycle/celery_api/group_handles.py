@@ -126,14 +126,9 @@ def restore_group(app: Any, group_id: str) -> GroupHandle | None:
     }
     outputs = [
         str(r["job_id"])
-        for r in sorted(rows, key=_canvas_order)
+        for r in sorted(rows, key=workflow.canvas_order)
         if not r["next"] and r["trigger"] != FAILURE
     ]
     return GroupHandle(
         workflow_id, [handle_of(app, o, nodes, workflow_id) for o in outputs], app=app
     )
-
-
-def _canvas_order(row: Mapping[str, Any]) -> list[tuple[int, str]]:
-    """A step's path ("0.1.h.10") in canvas order: numbers as numbers."""
-    return [(int(p), "") if p.isdigit() else (-1, p) for p in str(row["path"]).split(".")]

@@ -36,7 +36,8 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - expire.py: Transition.EXPIRE (queued past ``expires_at``)
 - reap.py: Transition.REAP_REQUEUE, REAP_FAIL (the reaper's queries)
 - workflow.py: a canvas's steps, and the runs a step's SUCCEED or FAIL starts (in its
-  transaction)
+  transaction); step_children.py: what a step's success sent, read back as Celery's
+  ``children`` of its result (no write)
 - kept_result.py: update_state's progress of a running attempt (fenced by its claim) and
   ``forget`` of a finished run's value; neither moves the state
 - reads.py: the reads of one run (load, snoozes, the holder of a key)

@@ -6,7 +6,7 @@ operator.py), ``load_with_clock`` (lifecycle/worker/claim.py, to explain a refus
 (lifecycle/worker/attempt.py, the limit of Transition.SNOOZE), ``active_holder`` (the run
 holding a concurrency key: enqueue_one.py, reopen.py, and lifecycle/worker/claim.py's
 Transition.SKIP), ``step_runs`` (the run rows of workflow steps: workflow.py,
-finished_counts.py).
+finished_counts.py, step_children.py).
 """
 
 from __future__ import annotations

@@ -361,6 +361,16 @@ def steps_of(conn: Connection, workflow_id: uuid.UUID) -> list[dict[str, Any]]:
     return [dict(row) for row in conn.execute(stmt).mappings()]
 
 
+def step_rows(conn: Connection, ids: Iterable[str]) -> list[dict[str, Any]]:
+    """The step rows of ``ids`` (job ids), in that order; an id of no step is left out."""
+    return _steps(conn, ids)
+
+
+def canvas_order(row: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """A step's path ("0.1.h.10") in canvas order: numbers as numbers."""
+    return [(int(p), "") if p.isdigit() else (-1, p) for p in str(row["path"]).split(".")]
+
+
 def waited_on(conn: Connection, job_id: uuid.UUID) -> list[str]:
     """The job ids the step ``job_id`` waits for (none for a first step or no step)."""
     step = _step(conn, job_id)
