@@ -28,7 +28,7 @@ from sqlalchemy import Engine, select
 from jobsapp.lifecycle.journal.tables import JobRun, OutboxMessage
 from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.lifecycle.rules.scrub import scrub
-from tests.support.procs import BIN, ROOT, launching, ready, service_env
+from tests.support.procs import BIN, ROOT, Launcher, launching, ready, service_env
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
 from tests.support.webserver import free_port
@@ -44,6 +44,23 @@ import json, sys
 from jobsapp.celery_app import app
 app.send_task(sys.argv[1], kwargs=json.loads(sys.argv[2]), task_id=sys.argv[3])
 """
+
+
+def _flower_env(postgres_url: str, broker: str, tmp_path: Path) -> dict[str, str]:
+    settings = {"FLOWER_UNAUTHENTICATED_API": "true"}
+    return service_env(
+        database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var", settings=settings
+    )
+
+
+def _flower_and_worker(launcher: Launcher) -> int:
+    """Flower and a worker, started; returns Flower's port."""
+    port = free_port()
+    argv = [str(BIN / "celery"), "-A", "jobsapp", "flower", "--address=127.0.0.1"]
+    flower = launcher.start("flower", [*argv, f"--port={port}"])
+    flower.wait_for_log(r"Visit me at", timeout=60)
+    ready(launcher.worker("flower-worker"), timeout=60)
+    return port
 
 
 def _tasks(port: int) -> dict[str, dict[str, Any]]:
@@ -94,28 +111,9 @@ def test_flower_shows_retry_failure_success_and_a_duplicate_delivery(
     pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
 ) -> None:
     broker = module_redis.url
-    env = service_env(
-        database_url=postgres_url,
-        broker_url=broker,
-        var_dir=tmp_path / "var",
-        settings={"FLOWER_UNAUTHENTICATED_API": "true"},
-    )
+    env = _flower_env(postgres_url, broker, tmp_path)
     with launching(env, tmp_path) as launcher:
-        port = free_port()
-        flower = launcher.start(
-            "flower",
-            [
-                str(BIN / "celery"),
-                "-A",
-                "jobsapp",
-                "flower",
-                "--address=127.0.0.1",
-                f"--port={port}",
-            ],
-        )
-        flower.wait_for_log(r"Visit me at", timeout=60)
-        worker = launcher.worker("flower-worker")
-        ready(worker, timeout=60)
+        port = _flower_and_worker(launcher)
         token = uuid.uuid4().hex[:8]
         doomed, echo = (
             r["job_id"]
@@ -197,3 +195,67 @@ def _assert_the_bodys_traceback(text: str, job_id: str) -> None:
     assert re.search(
         rf"job {job_id} attempt 2 exhausted: ValueError: this never works\s*$", text
     ), text
+
+
+def _own_redelivery(pg: Engine, job_id: str, attempt: int) -> list[str]:
+    """The attempt's own message sent again under its own task id, as Redis restores an
+    unacked message after its worker died (``acks_late``): a producer's argv."""
+    body = {
+        **_message(pg, job_id, attempt),
+        "outbox_id": _message_id(pg, job_id, attempt),
+    }
+    own = task_id_for(uuid.UUID(job_id), attempt)
+    return [sys.executable, "-c", REDELIVER, "tests.doomed", json.dumps(body, default=str), own]
+
+
+def _message(pg: Engine, job_id: str, attempt: int) -> dict[str, Any]:
+    with pg.connect() as conn:
+        found = conn.execute(
+            select(OUTBOX.c.body).where(OUTBOX.c.job_id == job_id, OUTBOX.c.attempt == attempt)
+        )
+        body: dict[str, Any] = found.scalar_one()
+    return body
+
+
+def _message_id(pg: Engine, job_id: str, attempt: int) -> int:
+    with pg.connect() as conn:
+        found = conn.execute(
+            select(OUTBOX.c.id).where(OUTBOX.c.job_id == job_id, OUTBOX.c.attempt == attempt)
+        )
+        return int(found.scalar_one())
+
+
+def test_flower_keeps_the_journals_end_of_an_expired_job_and_of_a_redelivered_attempt(
+    pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
+) -> None:
+    """A delivery that starts no work under an attempt's own task id sent Celery's
+    task-succeeded, which outranks every state Flower keeps: a failed attempt redelivered
+    read SUCCESS, and a job that expired before it started read SUCCESS too."""
+    env = _flower_env(postgres_url, module_redis.url, tmp_path)
+    with launching(env, tmp_path) as launcher:
+        port = _flower_and_worker(launcher)
+        token = uuid.uuid4().hex[:8]
+        doomed, expired = (
+            r["job_id"]
+            for r in launcher.enqueue(
+                {"task": "tests.doomed", "kwargs": {"token": f"doomed-{token}"}},
+                {
+                    "task": "tests.echo",
+                    "kwargs": {"token": f"expired-{token}"},
+                    "options": {"countdown": 2, "expires": 1},
+                },
+            )
+        )
+        eventually(lambda: _state(pg, doomed) == "failed", timeout=60)
+        last = task_id_for(uuid.UUID(doomed), 2)
+        eventually(lambda: _settled(port, last), timeout=60)
+        subprocess.run(_own_redelivery(pg, doomed, 2), cwd=ROOT, env=env, timeout=60, check=True)
+        ours = task_id_for(uuid.UUID(expired), 1)
+        eventually(lambda: _settled(port, ours), timeout=60)
+        # The redelivery's own events have come once a later job's have.
+        after = launcher.enqueue({"task": "tests.echo", "kwargs": {"token": f"after-{token}"}})
+        tasks = eventually(lambda: _settled(port, after[0]["job_id"]), timeout=60)
+    assert _state(pg, expired) == "failed"
+    assert tasks[ours]["state"] == "REVOKED", tasks[ours]
+    assert tasks[last]["state"] == "FAILURE", tasks[last]
+    assert tasks[last]["exception"] == "ValueError('this never works')"

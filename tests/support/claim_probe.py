@@ -17,6 +17,7 @@ import sys
 import uuid
 from typing import Any
 
+from billiard.einfo import ExceptionInfo
 from celery import Celery
 from celery.app.trace import build_tracer
 
@@ -60,7 +61,11 @@ def worked(app: Celery, message: Sent) -> tuple[str, list[tuple[str, str]]]:
     traced = profile.runcall(tracer, task_id, args, kwargs, request)
     profile.create_stats()
     entered = sorted({(file, func) for file, _line, func in profile.stats})  # type: ignore[attr-defined]
-    return str(traced.retval), entered
+    # A refused delivery of the attempt's own task id is Celery's ignored task (NotRun).
+    retval = traced.retval
+    if isinstance(retval, ExceptionInfo):
+        return str(retval.exception.exc), entered  # billiard's ExceptionWithTraceback
+    return str(retval), entered
 
 
 def probe(scenario: str, url: str) -> dict[str, Any]:

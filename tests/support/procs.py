@@ -250,7 +250,9 @@ def _enqueue_main(payload: str) -> int:
 
     for job in json.loads(payload):
         task = app.tasks[job["task"]]
-        handle = task.apply_async(kwargs=job.get("kwargs", {}), job_id=job.get("job_id"))
+        handle = task.apply_async(
+            kwargs=job.get("kwargs", {}), job_id=job.get("job_id"), **job.get("options", {})
+        )
         holder = str(handle.holder) if handle.holder else None
         print(
             json.dumps(

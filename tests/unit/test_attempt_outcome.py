@@ -16,8 +16,12 @@ from jobsapp.lifecycle.rules.failures import TRACEBACK_LIMIT, failure_detail
 from jobsapp.lifecycle.rules.message import Envelope, task_id_for
 from jobsapp.lifecycle.task import AttemptFailed, LifecycleTask
 from jobsapp.lifecycle.worker.attempt import End, Ended
+from jobsapp.lifecycle.worker.claim import Refusal
 from jobsapp.lifecycle.worker.delivery import call_body, reported
 from tests.support.runs import a_run
+
+# A delivery under a task id of its own, not an attempt's: its result is what it did.
+TASK_ID = "a-task-id-of-its-own"
 
 SECRET = "s3cr3t-v4lue-for-the-scrubber"
 
@@ -88,7 +92,7 @@ def _envelope(attempt: int) -> Envelope:
 def test_a_requeued_attempt_is_a_retry_naming_the_next_attempts_task() -> None:
     env = _envelope(3)
     with pytest.raises(Retry) as raised:
-        reported(env, Ended(End.REQUEUED, "ValueError: boom"))
+        reported(env, Ended(End.REQUEUED, "ValueError: boom"), TASK_ID)
     assert task_id_for(env.job_id, 4) in _formatted(raised.value.exc)
     assert "ValueError: boom" in str(raised.value.exc)
 
@@ -125,7 +129,7 @@ def test_a_failed_attempt_shows_celery_the_bodys_exception_frames_and_job() -> N
     traceback, in the worker's main process after the pickle across the pool."""
     env = _envelope(2)
     with pytest.raises(AttemptFailed) as raised:
-        reported(env, _through_the_task())
+        reported(env, _through_the_task(), TASK_ID)
     crossed = pickle.loads(pickle.dumps(raised.value))  # noqa: S301 - our own bytes
     assert repr(crossed) == repr(raised.value)
     assert repr(crossed).startswith("PaymentDeclined('card 4242 declined, token=")
@@ -142,8 +146,8 @@ def test_a_failed_attempt_shows_celery_the_bodys_exception_frames_and_job() -> N
 def test_a_failed_attempt_raises_its_scrubbed_error_and_others_say_what_happened() -> None:
     env = _envelope(1)
     with pytest.raises(AttemptFailed, match="exhausted: ValueError: boom"):
-        reported(env, Ended(End.FAILED, "exhausted: ValueError: boom"))
-    assert reported(env, Ended(End.SUCCEEDED, value={"total": 3})) == {"total": 3}
-    lost = reported(env, Ended(End.LEASE_LOST, "finish refused"))
+        reported(env, Ended(End.FAILED, "exhausted: ValueError: boom"), TASK_ID)
+    assert reported(env, Ended(End.SUCCEEDED, value={"total": 3}), TASK_ID) == {"total": 3}
+    lost = reported(env, Ended(End.LEASE_LOST, "finish refused"), TASK_ID)
     assert lost.endswith("lease lost: finish refused")
-    assert reported(env, "not run: the job is already terminal").startswith("not run")
+    assert reported(env, Refusal.TERMINAL, TASK_ID).startswith("not run")

@@ -4,6 +4,10 @@ A lifecycle task's Celery message carries jobsapp's envelope, and its task raise
 the journal recorded the outcome; left alone, Flower would show the envelope as the
 arguments and jobsapp's wrapper as the exception. Instead:
 
+- a delivery of an attempt's own task id that started no work (a broker's redelivery, an
+  expired job) does not report a success: Celery's ``task-succeeded`` outranks every state
+  Flower keeps, so a failed attempt's task would read SUCCESS. ``report`` raises ``NotRun``
+  instead and the worker sends the event of the journal's state, or none;
 - an attempt's end is reported by ``report``: a failed or requeued attempt raises
   ``AttemptFailed`` dressed as the body's exception:
   the body's class name, its scrubbed message and the traceback of the body's own frames,
@@ -28,9 +32,10 @@ from functools import cache
 from types import CodeType, TracebackType
 from typing import Any, Final
 
+from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]  # not in its stubs
 from celery import Celery
 from celery.events.dispatcher import EventDispatcher
-from celery.exceptions import Retry
+from celery.exceptions import Ignore, Retry
 from celery.signals import worker_process_shutdown
 from celery.utils.saferepr import saferepr
 from celery.worker import state as worker_state
@@ -42,6 +47,7 @@ from jobsapp.lifecycle.rules.scrub import scrub
 from jobsapp.lifecycle.transport import publisher
 from jobsapp.lifecycle.worker import timeouts
 from jobsapp.lifecycle.worker.attempt import End, Ended
+from jobsapp.lifecycle.worker.claim import Refusal, not_run
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +74,43 @@ class AttemptFailed(Exception):
 
     def __repr__(self) -> str:
         return f"{self.shown}({str(self)!r})"
+
+
+class NotRun(Ignore):
+    """A delivery of an attempt's own task id that started no work; ``event`` is the task
+    event (and its fields) that keeps Flower's task on the journal's state, or None when
+    the attempt's own events already tell it. Celery's pool child records nothing for an
+    ``Ignore``; the worker acks the message and sends ``event`` (``LifecycleRequest``)."""
+
+    def __init__(self, refusal: str, event: str | None, fields: Mapping[str, Any]) -> None:
+        super().__init__(refusal)
+        self.event = event
+        self.fields = dict(fields)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (NotRun, (str(self), self.event, self.fields))
+
+
+# The task event of each refusal of an attempt's own delivery. Left out (no journal run
+# for the message, or a key held by another): the delivery's own result, as before.
+_REFUSED: Final[Mapping[Refusal, tuple[str | None, Mapping[str, Any]]]] = {
+    # Ended unrun by the journal, as Celery's worker reports a message it let expire.
+    Refusal.EXPIRED: ("task-revoked", {"terminated": False, "signum": None, "expired": True}),
+    # Requeued to a later attempt: RETRY, as the attempt's own end said.
+    Refusal.STALE_ATTEMPT: ("task-retried", {}),
+    # Ended, running elsewhere, or published again later: that delivery's events tell it.
+    **dict.fromkeys(
+        (
+            Refusal.TERMINAL,
+            Refusal.IN_FLIGHT,
+            Refusal.EARLY,
+            Refusal.WAITING,
+            Refusal.PAUSED,
+            Refusal.THROTTLED,
+        ),
+        (None, {}),
+    ),
+}
 
 
 @cache
@@ -102,8 +145,16 @@ def _below(tb: TracebackType | None, entry: CodeType) -> TracebackType | None:
     return tb
 
 
-def report(env: Envelope, ended: Ended | str, *, entry: CodeType, secrets: Sequence[str]) -> Any:
-    """The attempt's Celery result, or the exception that gives its task Flower's state.
+def report(
+    env: Envelope,
+    ended: Ended | Refusal,
+    task_id: str,
+    *,
+    entry: CodeType,
+    secrets: Sequence[str],
+) -> Any:
+    """Delivery ``task_id``'s Celery result, or the exception that gives its task Flower's
+    state.
 
     A succeeded attempt's result is what the body returned: Flower's result column and
     Celery's ``task-succeeded`` event carry it, as for any Celery task.
@@ -111,11 +162,12 @@ def report(env: Envelope, ended: Ended | str, *, entry: CodeType, secrets: Seque
     A requeued attempt raises ``Retry`` (RETRY, acked, nothing re-sent: the journal already
     scheduled the next attempt, whose task id its note names); a failed one raises
     ``AttemptFailed`` dressed as the body's exception (FAILURE, acked); a delivery that
-    started no work returns what happened instead. ``entry`` is the frame that called
-    the body: the traceback Flower shows starts below it.
+    started no work returns what happened instead, or raises ``NotRun`` when its task is
+    the attempt's own. ``entry`` is the frame that called the body: the traceback Flower
+    shows starts below it.
     """
-    if isinstance(ended, str):
-        return ended
+    if isinstance(ended, Refusal):
+        return _not_run(env, ended, task_id)
     if ended.end is End.SUCCEEDED:
         return ended.value
     label = f"job {env.job_id} attempt {env.attempt}"
@@ -135,6 +187,14 @@ def report(env: Envelope, ended: Ended | str, *, entry: CodeType, secrets: Seque
     if ended.end is End.FAILED:
         raise _shown(ended, f"jobsapp: {env.module} {label} {ended.summary}", entry, secrets)
     return f"{label}: {ended.end.value}{': ' if ended.summary else ''}{ended.summary}"
+
+
+def _not_run(env: Envelope, refusal: Refusal, task_id: str) -> str:
+    said = _REFUSED.get(refusal)
+    if said is None or task_id != task_id_for(env.job_id, env.attempt):
+        # A task of its own in Flower (a copy sent under another id): what it did is true.
+        return not_run(refusal)
+    raise NotRun(not_run(refusal), *said)
 
 
 def _shown(ended: Ended, note: str, entry: CodeType, secrets: Sequence[str]) -> AttemptFailed:
@@ -294,6 +354,17 @@ class LifecycleRequest(Request):
         a second, with the envelope as arguments, counted each attempt twice."""
         if type != "task-started":
             super().send_event(type, **fields)
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
+        """Celery acks an ``Ignore`` and sends nothing; a ``NotRun`` sends its event."""
+        super().on_failure(exc_info, send_failed_event, return_ok)
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        if isinstance(exc, NotRun) and exc.event is not None:
+            self.send_event(exc.event, **exc.fields)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         """A hard limit: the pool kills the child, which cannot write its end; the

@@ -52,6 +52,11 @@ class Refusal(StrEnum):
     THROTTLED = "over its rate limit; the relay publishes it when the rate allows"
 
 
+def not_run(refusal: Refusal) -> str:
+    """What a delivery that started no work returns as its Celery result."""
+    return f"not run: {refusal.value}"
+
+
 def explain(row: Run | None, attempt: int) -> Refusal:
     """Why the guarded claim matched nothing (pure; ``row`` read after the claim)."""
     if row is None:

@@ -188,7 +188,7 @@ def deliver(
         request.callbacks = request.errbacks = None
     if task.hooked:
         _ended_for_hooks(request, ended)
-    return reported(env, ended)
+    return reported(env, ended, str(request.id))
 
 
 def _ended_for_hooks(request: Context, ended: Ended | str) -> None:
@@ -230,8 +230,8 @@ def _run_eagerly(
     while isinstance(ended, Ended) and ended.end is End.REQUEUED:
         env = replace(env, attempt=env.attempt + 1)
         ended = _run_envelope(task, request, env, job, None, eager=True)
-    if isinstance(ended, str):
-        return ended
+    if isinstance(ended, claim.Refusal):
+        return claim.not_run(ended)
     if ended.end is End.SUCCEEDED:
         return ended.value
     if ended.error is not None:
@@ -254,7 +254,7 @@ def _run_envelope(
     foreign: NewJob | None,
     *,
     eager: bool = False,
-) -> Ended | str:
+) -> Ended | claim.Refusal:
     worker, engine, settings = (
         _worker_of(request.hostname, os.getpid()),
         get_engine(),
@@ -265,7 +265,7 @@ def _run_envelope(
     outcome = _claim(task, request, engine, env, foreign, worker, wait_early, due_now=eager)
     if isinstance(outcome, claim.Refusal):
         log.info("job %s attempt %s: no work, %s", job, env.attempt, outcome.value)
-        return f"not run: {outcome.value}"
+        return outcome
     row = outcome.row
     if task.fair:
         key_limits.after_fair_claim(task.app, engine, task.run_table, row)
@@ -540,10 +540,10 @@ def call_body(
 BODY_CALL = call_body.__code__
 
 
-def reported(env: message.Envelope, ended: Ended | str) -> Any:
-    """The attempt's Celery result or exception (``celery_view.report``), its traceback
-    starting below the body's call."""
-    return report(env, ended, entry=BODY_CALL, secrets=process_secrets())
+def reported(env: message.Envelope, ended: Ended | claim.Refusal, task_id: str) -> Any:
+    """The Celery result or exception of delivery ``task_id`` (``celery_view.report``), a
+    failure's traceback starting below the body's call."""
+    return report(env, ended, task_id, entry=BODY_CALL, secrets=process_secrets())
 
 
 def _show_call(task: Worked, request: Context, env: message.Envelope, job: str, row: Run) -> Call:
