@@ -107,6 +107,11 @@ def _settled(port: int, *task_ids: str) -> dict[str, dict[str, Any]] | None:
     return tasks if done else None
 
 
+def _job_ids(launcher: Launcher, *calls: dict[str, Any]) -> list[str]:
+    """The job ids of ``calls`` enqueued by the test's producer."""
+    return [r["job_id"] for r in launcher.enqueue(*calls)]
+
+
 def test_flower_shows_retry_failure_success_and_a_duplicate_delivery(
     pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
 ) -> None:
@@ -115,12 +120,10 @@ def test_flower_shows_retry_failure_success_and_a_duplicate_delivery(
     with launching(env, tmp_path) as launcher:
         port = _flower_and_worker(launcher)
         token = uuid.uuid4().hex[:8]
-        doomed, echo = (
-            r["job_id"]
-            for r in launcher.enqueue(
-                {"task": "tests.doomed", "kwargs": {"token": f"doomed-{token}"}},
-                {"task": "tests.echo", "kwargs": {"token": f"echo-{token}"}},
-            )
+        doomed, echo = _job_ids(
+            launcher,
+            {"task": "tests.doomed", "kwargs": {"token": f"doomed-{token}"}},
+            {"task": "tests.echo", "kwargs": {"token": f"echo-{token}"}},
         )
         elsewhere = Celery("elsewhere", broker=broker)
         plain = elsewhere.send_task("tests.doomed", (f"plain-{token}",)).id
@@ -231,21 +234,17 @@ def test_flower_keeps_the_journals_end_of_an_expired_job_and_of_a_redelivered_at
     """A delivery that starts no work under an attempt's own task id sent Celery's
     task-succeeded, which outranks every state Flower keeps: a failed attempt redelivered
     read SUCCESS, and a job that expired before it started read SUCCESS too."""
+    token = uuid.uuid4().hex[:8]
+    doomed_call = {"task": "tests.doomed", "kwargs": {"token": f"doomed-{token}"}}
+    expired_call = {
+        "task": "tests.echo",
+        "kwargs": {"token": f"expired-{token}"},
+        "options": {"countdown": 2, "expires": 1},
+    }
     env = _flower_env(postgres_url, module_redis.url, tmp_path)
     with launching(env, tmp_path) as launcher:
         port = _flower_and_worker(launcher)
-        token = uuid.uuid4().hex[:8]
-        doomed, expired = (
-            r["job_id"]
-            for r in launcher.enqueue(
-                {"task": "tests.doomed", "kwargs": {"token": f"doomed-{token}"}},
-                {
-                    "task": "tests.echo",
-                    "kwargs": {"token": f"expired-{token}"},
-                    "options": {"countdown": 2, "expires": 1},
-                },
-            )
-        )
+        doomed, expired = _job_ids(launcher, doomed_call, expired_call)
         eventually(lambda: _state(pg, doomed) == "failed", timeout=60)
         last = task_id_for(uuid.UUID(doomed), 2)
         eventually(lambda: _settled(port, last), timeout=60)
