@@ -1510,7 +1510,6 @@ DIFFERENT: dict[str, Any] = {
         "<class 'tests.conformance.bodies.WrappedError'>(['size <token> is 3'])",
         False,
     ],
-    "app.send_task() of a name no worker knows": ["PENDING", "TimeoutError"],
     "apply_async(shadow=)": [
         "the program raised",
         "TypeError",

@@ -33,7 +33,7 @@ from sqlalchemy import Connection
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.celery_api import revoke
-from jobsapp.lifecycle.journal import Run, registry, step_children, workflow
+from jobsapp.lifecycle.journal import Run, step_children, workflow
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.schema_checked import SchemaChecked
 from jobsapp.lifecycle.journal.workflow import Blocked
@@ -86,11 +86,8 @@ def find(conn: Connection, job_id: uuid.UUID) -> tuple[RunTable | None, Answer |
     """The run table and run of ``job_id``; a workflow step that will not run (what it
     waited for failed) as its ``Blocked`` stand-in, with no table; (None, None) when none
     knows it."""
-    for spec in registry.all_tables():
-        run = journal.load(conn, spec, job_id)
-        if run is not None:
-            return spec, run
-    return None, workflow.blocked(conn, job_id)
+    found = journal.locate(conn, job_id)
+    return found if found is not None else (None, workflow.blocked(conn, job_id))
 
 
 class JournalBackend(BaseBackend):

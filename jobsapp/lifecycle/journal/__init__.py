@@ -103,6 +103,7 @@ from jobsapp.lifecycle.journal.reads import (
     attempt_failure,
     load,
     load_with_clock,
+    locate,
     snoozes,
 )
 from jobsapp.lifecycle.journal.reap import StaleRun, find_stale, reap
@@ -163,6 +164,7 @@ __all__ = [
     "job_of_attempt",
     "load",
     "load_with_clock",
+    "locate",
     "new_claim_token",
     "on_local_clock",
     "outgoing",

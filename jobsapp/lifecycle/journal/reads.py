@@ -1,12 +1,13 @@
 """The journal's reads of one run; no transition, no write.
 
 ``load`` (lifecycle/celery_api/handle.py, lifecycle/task.py, lifecycle/worker/claim.py,
-operator.py), ``load_with_clock`` (lifecycle/worker/claim.py, to explain a refused claim),
-``attempt_failure`` (lifecycle/celery_api/handle.py, Celery's ``traceback``), ``snoozes``
-(lifecycle/worker/attempt.py, the limit of Transition.SNOOZE), ``active_holder`` (the run
-holding a concurrency key: enqueue_one.py, reopen.py, and lifecycle/worker/claim.py's
-Transition.SKIP), ``step_runs`` (the run rows of workflow steps: workflow.py,
-finished_counts.py, step_children.py).
+operator.py), ``locate`` (an id's run in any run table: lifecycle/celery_api/backend.py,
+lifecycle/transport/unregistered.py), ``load_with_clock`` (lifecycle/worker/claim.py, to
+explain a refused claim), ``attempt_failure`` (lifecycle/celery_api/handle.py, Celery's
+``traceback``), ``snoozes`` (lifecycle/worker/attempt.py, the limit of Transition.SNOOZE),
+``active_holder`` (the run holding a concurrency key: enqueue_one.py, reopen.py, and
+lifecycle/worker/claim.py's Transition.SKIP), ``step_runs`` (the run rows of workflow
+steps: workflow.py, finished_counts.py, step_children.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ from jobsapp.lifecycle.rules.states import ACTIVE_STATES, State, Transition
 def load(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> Run | None:
     table = spec.table
     return Run.maybe(_first(conn, select(table).where(table.c.job_id == job_id)))
+
+
+def locate(conn: Connection, job_id: uuid.UUID) -> tuple[RunTable, Run] | None:
+    """The run of ``job_id`` and its table, whichever run table of this process holds it."""
+    for spec in registry.all_tables():
+        run = load(conn, spec, job_id)
+        if run is not None:
+            return spec, run
+    return None
 
 
 def snoozes(conn: Connection, spec: RunTable, job_id: uuid.UUID) -> int:

@@ -42,6 +42,9 @@ class Outcome(StrEnum):
     SKIPPED = "skipped"
     SNOOZE_LIMIT = "snooze_limit"
     EXPIRED = "expired"
+    # A plain Celery call of a task no worker had registered when its message came: failed
+    # as Celery's consumer fails it (NotRegistered), never run (transport/unregistered.py).
+    UNREGISTERED = "unregistered"
 
 
 class Transition(StrEnum):

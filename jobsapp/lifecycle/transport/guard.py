@@ -9,7 +9,10 @@ handling raise, is rejected without requeue and logged once, as
 
     rejected message <id> for <task>: <reason>
 
-the same form the tasks use for bodies that break the job contract. On RabbitMQ a reject
+the same form the tasks use for bodies that break the job contract. A sound message for a
+task no worker here registered goes to Celery's own handler of unknown tasks once the journal
+keeps its failure (``unregistered``), or is refused so when the journal already answers for
+it (jobsapp's own message of a task an older worker does not know). On RabbitMQ a reject
 without requeue goes to the queue's dead-letter exchange when a policy sets one (see
 ``DEAD_LETTERS`` and docs/reliability.md); on Redis the log line is the record.
 """
@@ -17,6 +20,7 @@ without requeue goes to the queue's dead-letter exchange when a policy sets one 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -25,6 +29,7 @@ from celery.worker.consumer import Consumer
 from kombu import Exchange, Queue
 
 from jobsapp.lifecycle.rules.scrub import describe_exception, scrub
+from jobsapp.lifecycle.transport import unregistered
 from jobsapp.lifecycle.transport.envelope import body_fault, header_fault
 
 log = logging.getLogger(__name__)
@@ -41,9 +46,9 @@ DEAD_LETTERS: Final = Queue(
 _LABEL_MAX: Final = 120
 
 
-def refusal(message: Any, known_tasks: Any) -> str | None:
+def refusal(message: Any) -> str | None:
     """Why ``message`` must not reach Celery, or None; decoding errors are reasons too."""
-    fault = header_fault(message.headers, known_tasks)
+    fault = header_fault(message.headers)
     if fault is not None:
         return fault
     try:
@@ -75,7 +80,7 @@ class GuardedConsumer(Consumer):
         broken_connection = tuple(e for e in self.connection_errors if e is not KeyError)
 
         def on_task_received(message: Any) -> None:
-            reason = refusal(message, self.strategies)
+            reason = refusal(message)
             if reason is None:
                 try:
                     return handle(message)  # type: ignore[no-any-return]
@@ -87,6 +92,17 @@ class GuardedConsumer(Consumer):
             return None
 
         return on_task_received
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        """A sound message for a task no worker here registered: Celery's answer (its log
+        line, the reject, ``FAILURE`` with ``NotRegistered``, ``task-failed`` and
+        ``task_unknown``) once the journal keeps the failure; refused as before when the
+        journal already answers for it or cannot keep it (``unregistered``)."""
+        reason = unregistered.refusal(message, f"{self.hostname}:{os.getpid()}")
+        if reason is not None:
+            self._refuse(message, reason)
+            return
+        super().on_unknown_task(body, message, exc)
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         """A message kombu could not even build (a ``compression`` header naming no codec):
