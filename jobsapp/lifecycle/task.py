@@ -173,6 +173,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         expires: float | datetime | None = None,
         time_limit: float | None = None,
         soft_time_limit: float | None = None,
+        shadow: str | None = None,
         **options: Any,
     ) -> JobHandle | EagerResult:  # type: ignore[type-arg]
         """Enqueue through the journal (idempotent by job_id); publish after COMMIT.
@@ -185,7 +186,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         docs/flow-control.md). ``expires`` (seconds or a datetime, as Celery takes it)
         ends a job still queued then with outcome ``expired``. ``time_limit`` and
         ``soft_time_limit`` bound each attempt of this call, as the task's own would (every
-        message of the job carries them). ``link``/``link_error``
+        message of the job carries them, and the call's ``shadow``: the name logs, events
+        and Flower show for it, its task and result staying this one). ``link``/``link_error``
         make the call a workflow (lifecycle/workflows/canvas.py). ``headers`` are kept
         on the run for every attempt's ``self.request``, and so are ``root_id`` and
         ``parent_id`` (Celery's tracer names them sending a ``link``). ``add_to_parent``,
@@ -210,6 +212,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             "expires": expires,
             "time_limit": time_limit,
             "soft_time_limit": soft_time_limit,
+            "shadow": shadow,
         }
         if callbacks and not self.app.conf.task_always_eager:
             due = {"countdown": countdown, "eta": eta}

@@ -114,14 +114,14 @@ def _select_and_send(app: Celery, engine: Engine, unclaimed_after: timedelta, pi
         with engine.begin() as conn:
             now = lease.database_now(conn)
             rows, found, buried = pick(conn, now)
-            rows = queries.with_kept_lineage(conn, rows)
+            rows = queries.with_kept_headers(conn, rows)
             report = outbox.publish(app, rows, unclaimed_after=unclaimed_after)
             dead = _record(conn, rows, report, now)
     else:
         with engine.begin() as conn:
             now = lease.database_now(conn)
             rows, found, buried = pick(conn, now)
-            rows = queries.with_kept_lineage(conn, rows)
+            rows = queries.with_kept_headers(conn, rows)
         report = outbox.publish(app, rows, unclaimed_after=unclaimed_after)
         with engine.begin() as conn:
             dead = _record(conn, rows, report, now)

@@ -1510,11 +1510,6 @@ DIFFERENT: dict[str, Any] = {
         "<class 'tests.conformance.bodies.WrappedError'>(['size <token> is 3'])",
         False,
     ],
-    "apply_async(shadow=)": [
-        "the program raised",
-        "TypeError",
-        "conf.add.apply_async: jobsapp does not support ['shadow'] (shadow: not supported)",
-    ],
     # Every call of a lifecycle task is a run of its own: no run answers a chunk's list.
     "chunks": [
         "the program raised",

@@ -29,6 +29,7 @@ from sqlalchemy import (
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle.journal import OUTBOX, PendingMessage, hot, registry, upsert
+from jobsapp.lifecycle.journal.outbox_rows import SHADOW
 from jobsapp.lifecycle.journal.outbox_rows import pending_rows as _pending
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.tables import MaintenanceCounter
@@ -116,25 +117,35 @@ def _planned_without_jit(conn: Connection) -> None:
         conn.exec_driver_sql("SET LOCAL jit = off")
 
 
-def with_kept_lineage(conn: Connection, messages: Sequence[PendingMessage]) -> list[PendingMessage]:
-    """``messages``, each first attempt with the root and parent its run keeps (a call from
-    a task's body, a canvas step: journal/workflow.py's ``LINEAGE``), which the calling
-    task's ``send_task`` would have put in its headers; the relay publishes from beat,
-    where no task is calling. One read per run table that keeps them, of first attempts
-    only: a later attempt's headers are jobsapp's retry links (transport/outbox.py)."""
-    firsts: dict[str, list[uuid.UUID]] = {}
+def with_kept_headers(conn: Connection, messages: Sequence[PendingMessage]) -> list[PendingMessage]:
+    """``messages`` with what their runs keep for their headers, which the relay, publishing
+    from beat, cannot take from a calling task: a first attempt's root and parent (a call
+    from a task's body, a canvas step: journal/workflow.py's ``LINEAGE``), which the
+    calling task's ``send_task`` would have put there (a later attempt's are jobsapp's
+    retry links, transport/outbox.py), and every attempt's display name (``SHADOW``). One
+    read per run table that keeps them."""
+    by_module: dict[str, list[uuid.UUID]] = {}
     for m in messages:
-        if m.attempt == 1:
-            firsts.setdefault(str(m.body.get("module")), []).append(m.job_id)
-    kept: dict[uuid.UUID, tuple[str, str | None]] = {}
-    for module, job_ids in firsts.items():
-        kept.update(_kept_lineage(conn, module, job_ids))
-    return [replace(m, lineage=kept[m.job_id]) if m.job_id in kept else m for m in messages]
+        by_module.setdefault(str(m.body.get("module")), []).append(m.job_id)
+    kept: dict[uuid.UUID, _Kept] = {}
+    for module, job_ids in by_module.items():
+        kept.update(_kept_headers(conn, module, job_ids))
+    return [_with_kept(m, kept[m.job_id]) if m.job_id in kept else m for m in messages]
 
 
-def _kept_lineage(
+class _Kept(NamedTuple):
+    lineage: tuple[str, str | None] | None
+    shadow: str | None
+
+
+def _with_kept(message: PendingMessage, kept: _Kept) -> PendingMessage:
+    lineage = kept.lineage if message.attempt == 1 else None
+    return replace(message, lineage=lineage, shadow=kept.shadow)
+
+
+def _kept_headers(
     conn: Connection, module: str, job_ids: Sequence[uuid.UUID]
-) -> dict[uuid.UUID, tuple[str, str | None]]:
+) -> dict[uuid.UUID, _Kept]:
     try:
         spec = registry.get(module)
     except KeyError:  # a row no run table of this process's names: published as it is
@@ -142,13 +153,20 @@ def _kept_lineage(
     if spec.params_column is None:
         return {}
     table = spec.table
-    lineage = table.c[spec.params_column][LINEAGE]
-    stmt = select(table.c.job_id, lineage).where(table.c.job_id.in_(job_ids))
+    params = table.c[spec.params_column]
+    stmt = select(table.c.job_id, params[LINEAGE], params[SHADOW])
+    found = conn.execute(stmt.where(table.c.job_id.in_(job_ids)))
     return {
-        job_id: (kept["root_id"], kept.get("parent_id"))
-        for job_id, kept in conn.execute(stmt)
-        if kept and kept.get("root_id")
+        job_id: _Kept(_lineage(lineage), shadow if isinstance(shadow, str) else None)
+        for job_id, lineage, shadow in found
+        if lineage or shadow
     }
+
+
+def _lineage(kept: Any) -> tuple[str, str | None] | None:
+    if not kept or not kept.get("root_id"):
+        return None
+    return kept["root_id"], kept.get("parent_id")
 
 
 def unclaimed_messages(

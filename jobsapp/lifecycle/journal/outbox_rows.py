@@ -27,6 +27,10 @@ from jobsapp.lifecycle.journal._sql import OUTBOX, upsert
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules.message import TIME_LIMITS, build_body
 
+# The key of a call's run parameters that holds its display name (``apply_async(shadow=)``):
+# every attempt's message carries it in Celery's ``shadow`` header.
+SHADOW = "shadow"
+
 
 @dataclass(frozen=True)
 class PendingMessage:
@@ -44,8 +48,11 @@ class PendingMessage:
     priority: int | None = None
     # The root and parent its job keeps (a call from a task's body, a canvas step), which
     # a publisher outside that task puts in the first attempt's headers: the relay reads
-    # them (outbox_queries.with_kept_lineage); None when the run keeps none.
+    # them (outbox_queries.with_kept_headers); None when the run keeps none.
     lineage: tuple[str, str | None] | None = None
+    # The call's display name its run keeps (``SHADOW``), in every attempt's ``shadow``
+    # header: read with the row a transition writes it from, or by the relay.
+    shadow: str | None = None
 
     @classmethod
     def of_row(cls, r: Mapping[Any, Any]) -> PendingMessage:
@@ -127,6 +134,7 @@ class Outgoing:
     available_at: datetime | None
     queue: str | None = None
     priority: int | None = None
+    shadow: str | None = None
 
     def values(self, module: str) -> dict[str, Any]:
         return {
@@ -151,6 +159,7 @@ class Outgoing:
             available_at,
             queue=self.queue,
             priority=self.priority,
+            shadow=self.shadow,
         )
 
 
@@ -173,8 +182,8 @@ def outgoing(
         traceparent=traceparent,
         limits={k: row.get(k) for k in TIME_LIMITS},
     )
-    # Every attempt goes to the queue the producer chose, at the job's priority, whoever
-    # writes its message.
+    # Every attempt goes to the queue the producer chose, at the job's priority, under the
+    # call's display name, whoever writes its message.
     return Outgoing(
         row["job_id"],
         attempt,
@@ -184,4 +193,12 @@ def outgoing(
         available_at,
         row.get("queue"),
         row.get("priority"),
+        kept_shadow(spec, row),
     )
+
+
+def kept_shadow(spec: RunTable, row: Mapping[str, Any]) -> str | None:
+    """The display name a run row keeps with its call (``SHADOW``), if the row has it."""
+    column = spec.params_column
+    params = row.get(column) if column is not None else None
+    return params.get(SHADOW) if isinstance(params, dict) else None

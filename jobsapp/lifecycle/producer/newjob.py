@@ -24,6 +24,7 @@ from celery.app.task import Context
 from kombu import Queue
 
 from jobsapp.lifecycle.journal import NewJob
+from jobsapp.lifecycle.journal.outbox_rows import SHADOW
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.workflow import LINEAGE
 from jobsapp.lifecycle.rules import message
@@ -277,14 +278,17 @@ def scheduled(
     expires: float | datetime | None = None,
     time_limit: float | None = None,
     soft_time_limit: float | None = None,
+    shadow: str | None = None,
 ) -> NewJob:
     """``job`` with ``apply_async``'s options: when it is due (and when it expires), the
-    caller's trace, where (and how urgently) its first message goes, and the time limits
-    of its call (every attempt's message carries them, as Celery's does)."""
+    caller's trace, where (and how urgently) its first message goes, the time limits of
+    its call and its display name (every attempt's message carries them, as Celery's
+    does)."""
     traceparent = (headers or {}).get("traceparent") or job.traceparent
+    values = _with_headers(job, headers) if headers else job.values
     return replace(
         job,
-        values=_with_headers(job, headers) if headers else job.values,
+        values=_with_shadow(job, values, shadow) if shadow else values,
         not_before=_absolute(eta),
         traceparent=traceparent,
         delay=None if eta is not None else _countdown(countdown),
@@ -335,15 +339,35 @@ def _with_headers(job: NewJob, headers: Mapping[str, Any]) -> Mapping[str, Any]:
             f"{job.task_name}.apply_async: headers {taken} are fields of Celery's request "
             "(self.request) or jobsapp's (jobsapp_*); give yours other names"
         )
-    column = job.spec.params_column
-    if column is None:
-        raise TypeError(
-            f"{job.task_name}.apply_async: headers= needs a run table that keeps the call "
-            f"(a params column); {job.spec.module!r} keeps only its ids"
-        )
+    column = _call_column(job, "headers")
     require_json(job.task_name, {f"header {k}": v for k, v in own.items()})
     stored = stored_arguments(job.task_name, own, get_settings().args_max_bytes)
     return {**job.values, column: {**job.values[column], "headers": stored}}
+
+
+def _with_shadow(job: NewJob, values: Mapping[str, Any], shadow: Any) -> Mapping[str, Any]:
+    """``values`` with the call's display name (``apply_async(shadow=...)``) kept beside its
+    arguments: every attempt's message carries it in Celery's ``shadow`` header (the name
+    logs, events and Flower show, a retry's too, as Celery's retries keep it), whoever
+    publishes it; the run, its task and its result stay the task's own."""
+    if not isinstance(shadow, str):
+        raise TypeError(
+            f"{job.task_name}.apply_async: shadow is a name to show, a string, "
+            f"not {type(shadow).__name__}"
+        )
+    column = _call_column(job, "shadow")
+    return {**values, column: {**values[column], SHADOW: shadow}}
+
+
+def _call_column(job: NewJob, option: str) -> str:
+    """The column where ``job``'s run table keeps the call, for ``option`` kept beside it."""
+    column = job.spec.params_column
+    if column is None:
+        raise TypeError(
+            f"{job.task_name}.apply_async: {option}= needs a run table that keeps the call "
+            f"(a params column); {job.spec.module!r} keeps only its ids"
+        )
+    return column
 
 
 def adopted(

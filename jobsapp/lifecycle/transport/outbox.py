@@ -125,12 +125,15 @@ def check_wait(publish_count: int, unclaimed_after: timedelta) -> timedelta:
 
 def _attempt_links(message: PendingMessage) -> dict[str, Any]:
     """What Flower shows of an attempt: a job_id/attempt label in its args column, the
-    earlier attempts as Celery retries, the previous attempt's task as its parent, and a
-    first attempt's sender when its run keeps one (``PendingMessage.lineage``)."""
+    earlier attempts as Celery retries, the previous attempt's task as its parent, a
+    first attempt's sender when its run keeps one (``PendingMessage.lineage``), and the
+    call's display name (``shadow``), which names it in logs and events as in Celery."""
     links: dict[str, Any] = {
         "argsrepr": f"job_id={message.job_id} attempt={message.attempt}",
         "retries": message.attempt - 1,
     }
+    if message.shadow is not None:
+        links["shadow"] = message.shadow
     if message.attempt > 1:
         links["parent_id"] = task_id_for(message.job_id, message.attempt - 1)
         links["root_id"] = task_id_for(message.job_id, 1)
