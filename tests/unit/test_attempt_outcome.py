@@ -143,6 +143,19 @@ def test_a_failed_attempt_shows_celery_the_bodys_exception_frames_and_job() -> N
     assert f"job {env.job_id} attempt 2" in text
 
 
+def test_an_exception_of_several_arguments_reads_as_celery_shows_it() -> None:
+    """Flower's exception column is ``repr`` of the raised exception: Celery's reads
+    ``ValueError('never', 7, {'k': [1, 2]})``; the attempt's read the arguments as one
+    string, ``ValueError("('never', 7, {'k': [1, 2]})")``."""
+    error = ValueError("never", 7, {"k": [1, 2], "token": SECRET})
+    with pytest.raises(AttemptFailed) as raised:
+        reported(_envelope(1), Ended(End.FAILED, "permanent", error=error), TASK_ID)
+    crossed = pickle.loads(pickle.dumps(raised.value))  # noqa: S301 - our own bytes
+    assert repr(crossed) == repr(raised.value)
+    assert repr(crossed).startswith("ValueError('never', 7, {'k': [1, 2], 'token': ")
+    assert SECRET not in repr(crossed)
+
+
 def test_a_failed_attempt_raises_its_scrubbed_error_and_others_say_what_happened() -> None:
     env = _envelope(1)
     with pytest.raises(AttemptFailed, match="exhausted: ValueError: boom"):

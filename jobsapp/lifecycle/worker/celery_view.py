@@ -65,6 +65,10 @@ class AttemptFailed(Exception):
     the task event.
     """
 
+    # The body's exception's own repr, scrubbed (its several arguments as Celery shows
+    # them); None where there is no exception (a snooze) or its repr failed.
+    said: str | None = None
+
     def __init__(self, message: str, shown: str = "AttemptFailed") -> None:
         super().__init__(message)
         self.shown = shown
@@ -73,7 +77,7 @@ class AttemptFailed(Exception):
         return (AttemptFailed, (str(self), self.shown), self.__dict__)
 
     def __repr__(self) -> str:
-        return f"{self.shown}({str(self)!r})"
+        return self.said or f"{self.shown}({str(self)!r})"
 
 
 class NotRun(Ignore):
@@ -130,8 +134,17 @@ def shown_failure(
     shown = _dressed(kind.__module__, kind.__qualname__)(
         scrub(str(exc), secrets=secrets), kind.__name__
     )
+    shown.said = _said(exc, secrets)
     shown.add_note(note)
     return shown.with_traceback(_below(exc.__traceback__, entry))
+
+
+def _said(exc: BaseException, secrets: Sequence[str]) -> str | None:
+    """``exc``'s repr as Celery's task-failed event carries it, scrubbed."""
+    try:
+        return scrub(saferepr(exc, REPR_MAX), secrets=secrets)
+    except Exception:  # noqa: BLE001 - a team's __repr__ may raise anything: the default
+        return None
 
 
 def _below(tb: TracebackType | None, entry: CodeType) -> TracebackType | None:
