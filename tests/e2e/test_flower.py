@@ -25,6 +25,7 @@ from celery import Celery
 from celery.utils.saferepr import saferepr
 from sqlalchemy import Engine, select
 
+from jobsapp import operator
 from jobsapp.lifecycle.journal.tables import JobRun, OutboxMessage
 from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.lifecycle.rules.scrub import scrub
@@ -258,3 +259,22 @@ def test_flower_keeps_the_journals_end_of_an_expired_job_and_of_a_redelivered_at
     assert tasks[ours]["state"] == "REVOKED", tasks[ours]
     assert tasks[last]["state"] == "FAILURE", tasks[last]
     assert tasks[last]["exception"] == "ValueError('this never works')"
+
+
+def test_flower_shows_a_running_job_an_operator_cancelled_as_revoked(
+    pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
+) -> None:
+    """A running attempt stopped by a revoke (the journal: failed/cancelled) read SUCCESS,
+    its result the text "cancelled by a revoke": Celery's REVOKED is the state it earned."""
+    token = uuid.uuid4().hex[:8]
+    call = {"task": "tests.looping", "kwargs": {"token": f"loop-{token}", "seconds": 60.0}}
+    env = _flower_env(postgres_url, module_redis.url, tmp_path)
+    with launching(env, tmp_path) as launcher:
+        port = _flower_and_worker(launcher)
+        (job,) = _job_ids(launcher, call)
+        eventually(lambda: _state(pg, job) == "running", timeout=60)
+        operator.cancel(pg, "jobs", uuid.UUID(job), actor="oleg", reason="runaway loop")
+        eventually(lambda: _state(pg, job) == "failed", timeout=60)
+        attempt = task_id_for(uuid.UUID(job), 1)
+        tasks = eventually(lambda: _settled(port, attempt), timeout=60)
+    assert tasks[attempt]["state"] == "REVOKED", tasks[attempt]

@@ -16,6 +16,7 @@ from jobsapp.lifecycle.rules.failures import TRACEBACK_LIMIT, failure_detail
 from jobsapp.lifecycle.rules.message import Envelope, task_id_for
 from jobsapp.lifecycle.task import AttemptFailed, LifecycleTask
 from jobsapp.lifecycle.worker.attempt import End, Ended
+from jobsapp.lifecycle.worker.celery_view import NotRun
 from jobsapp.lifecycle.worker.claim import Refusal
 from jobsapp.lifecycle.worker.delivery import call_body, reported
 from tests.support.runs import a_run
@@ -141,6 +142,20 @@ def test_a_failed_attempt_shows_celery_the_bodys_exception_frames_and_job() -> N
     assert [f.name for f in frames][-1] == "_body"
     assert "call_body" not in [f.name for f in frames]
     assert f"job {env.job_id} attempt 2" in text
+
+
+@pytest.mark.parametrize(
+    ("end", "event"), [(End.CANCELLED, "task-revoked"), (End.LEASE_LOST, None)]
+)
+def test_an_attempt_its_delivery_did_not_end_is_no_success_of_its_task(
+    end: End, event: str | None
+) -> None:
+    """Under the attempt's own task id, a revoke's stop is REVOKED, and a lease lost sends
+    nothing (the reaper sent what it decided); Celery's task-succeeded would outrank both."""
+    env = _envelope(1)
+    with pytest.raises(NotRun) as raised:
+        reported(env, Ended(end, "stopped"), task_id_for(env.job_id, 1))
+    assert raised.value.event == event
 
 
 def test_an_exception_of_several_arguments_reads_as_celery_shows_it() -> None:

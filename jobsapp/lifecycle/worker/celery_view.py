@@ -117,6 +117,13 @@ _REFUSED: Final[Mapping[Refusal, tuple[str | None, Mapping[str, Any]]]] = {
 }
 
 
+# The task event of an attempt of its own task id that its delivery did not end.
+_NOT_ENDED_HERE: Final[Mapping[End, tuple[str | None, Mapping[str, Any]]]] = {
+    End.CANCELLED: ("task-revoked", {"terminated": False, "signum": None, "expired": False}),
+    End.LEASE_LOST: (None, {}),
+}
+
+
 @cache
 def _dressed(module: str, qualname: str) -> type[AttemptFailed]:
     """An ``AttemptFailed`` that a formatted traceback names as the body's exception class."""
@@ -199,7 +206,12 @@ def report(
         raise Retry(f"{label} requeued", exc=shown) from shown
     if ended.end is End.FAILED:
         raise _shown(ended, f"jobsapp: {env.module} {label} {ended.summary}", entry, secrets)
-    return f"{label}: {ended.end.value}{': ' if ended.summary else ''}{ended.summary}"
+    said = f"{label}: {ended.end.value}{': ' if ended.summary else ''}{ended.summary}"
+    if task_id != task_id_for(env.job_id, env.attempt):
+        return said
+    # Not a success: a revoke stopped it (REVOKED), or another actor decided the run (the
+    # reaper, which sent the attempt's event of what it decided).
+    raise NotRun(said, *_NOT_ENDED_HERE[ended.end])
 
 
 def _not_run(env: Envelope, refusal: Refusal, task_id: str) -> str:
