@@ -546,6 +546,8 @@ PRODUCERS = {
     "from tests.support.tasks import echo\n"
     "with get_engine().begin() as conn:\n"
     "    echo.apply_async(('t',), connection=conn)",
+    # Celery's eager call, a team's test without the kit: it read REJECTED and get() None.
+    "apply": "from tests.support.tasks import echo\necho.apply(('t',)).get()",
 }
 # What a web app's result page or an operator's shell reads: Celery's result API.
 READERS = {

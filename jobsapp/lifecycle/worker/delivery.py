@@ -35,6 +35,7 @@ from jobsapp.lifecycle.celery_api import errback, task_hooks
 from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal import NewJob, Run
 from jobsapp.lifecycle.journal.run import Call
+from jobsapp.lifecycle.journal.schema_checked import SchemaChecked
 from jobsapp.lifecycle.journal.workflow import LINEAGE
 from jobsapp.lifecycle.producer import newjob
 from jobsapp.lifecycle.rules import message
@@ -225,11 +226,13 @@ def _run_eagerly(
     """``apply()``: attempt after attempt here, through the journal, until the job
     ends (a pause between attempts is waited out). Returns what the body returned or
     raises what it raised, as Celery's eager call does; a job that was already taken
-    (the same task id again) returns why it did not run."""
-    ended = _run_envelope(task, request, env, job, foreign, eager=True)
-    while isinstance(ended, Ended) and ended.end is End.REQUEUED:
-        env = replace(env, attempt=env.attempt + 1)
-        ended = _run_envelope(task, request, env, job, None, eager=True)
+    (the same task id again) returns why it did not run. A journal never migrated is
+    the processes' one line (``DatabaseNotMigrated``), as a producer's ``.delay()`` says."""
+    with SchemaChecked():
+        ended = _run_envelope(task, request, env, job, foreign, eager=True)
+        while isinstance(ended, Ended) and ended.end is End.REQUEUED:
+            env = replace(env, attempt=env.attempt + 1)
+            ended = _run_envelope(task, request, env, job, None, eager=True)
     if isinstance(ended, claim.Refusal):
         return claim.not_run(ended)
     if ended.end is End.SUCCEEDED:
@@ -262,7 +265,7 @@ def _run_envelope(
     )
     rules = _rules(task, settings, eager)
     wait_early = math.inf if eager else rules.inline_wait_max
-    outcome = _claim(task, request, engine, env, foreign, worker, wait_early, due_now=eager)
+    outcome = _claim(task, request, engine, env, foreign, worker, wait_early, eager=eager)
     if isinstance(outcome, claim.Refusal):
         log.info("job %s attempt %s: no work, %s", job, env.attempt, outcome.value)
         return outcome
@@ -352,7 +355,7 @@ def _claim(
     worker: str,
     wait_early: float,
     *,
-    due_now: bool = False,
+    eager: bool = False,
 ) -> claim.Claimed | claim.Refusal:
     try:
         return claim.claim(
@@ -363,12 +366,14 @@ def _claim(
             worker=worker,
             wait_early=wait_early,
             gate=claim_gate(task),
-            due_now=due_now,
+            due_now=eager,
         )
     except InvalidMessage as bad:
         log.error("rejected message %s for %s: %s", request.id, task.name, bad)
         raise Logged(str(bad), requeue=False) from None
     except OperationalError as down:
+        if eager:  # apply(): the caller hears it (FAILURE), as from its own query
+            raise
         # The journal is unreachable: hand the message back rather than ack it unrun.
         log.warning(
             "claim of job %s failed, requeueing the message: %s",
