@@ -40,6 +40,7 @@ from jobsapp.lifecycle.journal.tables import Base
 from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.lifecycle.rules.results import decoded
 from jobsapp.lifecycle.transport import outbox
+from jobsapp.lifecycle.worker.celery_view import not_run_of
 from jobsapp.maintenance import lease, relay, slot_sweep
 
 # What drain reports, by the state the job is in after the attempt it ran.
@@ -428,6 +429,10 @@ class Kit:
         queue = message.delivery_info.get("routing_key")
         retval = self._trace(task, headers["id"], args, kwargs, queue)
         if isinstance(retval, str) and retval.startswith(_NOT_RUN):
+            return None
+        # A refused delivery of an attempt's own task id is Celery's Ignore (its tracer
+        # hands back the exception's info), so that Flower keeps the journal's state.
+        if not_run_of(retval) is not None:
             return None
         return self._state_after(task, kwargs)
 

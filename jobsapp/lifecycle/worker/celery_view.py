@@ -95,6 +95,15 @@ class NotRun(Ignore):
         return (NotRun, (str(self), self.event, self.fields))
 
 
+def not_run_of(outcome: Any) -> NotRun | None:
+    """The ``NotRun`` a delivery raised, from what Celery's tracer or pool hands back (an
+    ``ExceptionInfo``, its exception wrapped for the pool's pickle); None for anything else."""
+    exc = getattr(outcome, "exception", None)
+    if isinstance(exc, ExceptionWithTraceback):
+        exc = exc.exc
+    return exc if isinstance(exc, NotRun) else None
+
+
 # The task event of each refusal of an attempt's own delivery. Left out (no journal run
 # for the message, or a key held by another): the delivery's own result, as before.
 _REFUSED: Final[Mapping[Refusal, tuple[str | None, Mapping[str, Any]]]] = {
@@ -385,11 +394,9 @@ class LifecycleRequest(Request):
     ) -> None:
         """Celery acks an ``Ignore`` and sends nothing; a ``NotRun`` sends its event."""
         super().on_failure(exc_info, send_failed_event, return_ok)
-        exc = exc_info.exception
-        if isinstance(exc, ExceptionWithTraceback):
-            exc = exc.exc
-        if isinstance(exc, NotRun) and exc.event is not None:
-            self.send_event(exc.event, **exc.fields)
+        refused = not_run_of(exc_info)
+        if refused is not None and refused.event is not None:
+            self.send_event(refused.event, **refused.fields)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         """A hard limit: the pool kills the child, which cannot write its end; the
