@@ -229,13 +229,16 @@ def _message_id(pg: Engine, job_id: str, attempt: int) -> int:
         return int(found.scalar_one())
 
 
-def test_flower_keeps_the_journals_end_of_an_expired_job_and_of_a_redelivered_attempt(
+def test_flower_keeps_the_journals_end_of_an_expired_job_a_redelivery_and_a_revoke(
     pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
 ) -> None:
     """A delivery that starts no work under an attempt's own task id sent Celery's
     task-succeeded, which outranks every state Flower keeps: a failed attempt redelivered
-    read SUCCESS, and a job that expired before it started read SUCCESS too."""
+    read SUCCESS, and a job that expired before it started read SUCCESS too. So did a
+    running attempt a revoke stopped (the journal: failed/cancelled), its result the text
+    "cancelled by a revoke": REVOKED is the state it earned."""
     token = uuid.uuid4().hex[:8]
+    looping_call = {"task": "tests.looping", "kwargs": {"token": f"loop-{token}"}}
     doomed_call = {"task": "tests.doomed", "kwargs": {"token": f"doomed-{token}"}}
     expired_call = {
         "task": "tests.echo",
@@ -245,6 +248,11 @@ def test_flower_keeps_the_journals_end_of_an_expired_job_and_of_a_redelivered_at
     env = _flower_env(postgres_url, module_redis.url, tmp_path)
     with launching(env, tmp_path) as launcher:
         port = _flower_and_worker(launcher)
+        (looping,) = _job_ids(launcher, looping_call)
+        eventually(lambda: _state(pg, looping) == "running", timeout=60)
+        operator.cancel(pg, "jobs", uuid.UUID(looping), actor="oleg", reason="runaway loop")
+        eventually(lambda: _state(pg, looping) == "failed", timeout=60)
+        stopped = task_id_for(uuid.UUID(looping), 1)
         doomed, expired = _job_ids(launcher, doomed_call, expired_call)
         eventually(lambda: _state(pg, doomed) == "failed", timeout=60)
         last = task_id_for(uuid.UUID(doomed), 2)
@@ -257,24 +265,6 @@ def test_flower_keeps_the_journals_end_of_an_expired_job_and_of_a_redelivered_at
         tasks = eventually(lambda: _settled(port, after[0]["job_id"]), timeout=60)
     assert _state(pg, expired) == "failed"
     assert tasks[ours]["state"] == "REVOKED", tasks[ours]
+    assert tasks[stopped]["state"] == "REVOKED", tasks[stopped]
     assert tasks[last]["state"] == "FAILURE", tasks[last]
     assert tasks[last]["exception"] == "ValueError('this never works')"
-
-
-def test_flower_shows_a_running_job_an_operator_cancelled_as_revoked(
-    pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
-) -> None:
-    """A running attempt stopped by a revoke (the journal: failed/cancelled) read SUCCESS,
-    its result the text "cancelled by a revoke": Celery's REVOKED is the state it earned."""
-    token = uuid.uuid4().hex[:8]
-    call = {"task": "tests.looping", "kwargs": {"token": f"loop-{token}", "seconds": 60.0}}
-    env = _flower_env(postgres_url, module_redis.url, tmp_path)
-    with launching(env, tmp_path) as launcher:
-        port = _flower_and_worker(launcher)
-        (job,) = _job_ids(launcher, call)
-        eventually(lambda: _state(pg, job) == "running", timeout=60)
-        operator.cancel(pg, "jobs", uuid.UUID(job), actor="oleg", reason="runaway loop")
-        eventually(lambda: _state(pg, job) == "failed", timeout=60)
-        attempt = task_id_for(uuid.UUID(job), 1)
-        tasks = eventually(lambda: _settled(port, attempt), timeout=60)
-    assert tasks[attempt]["state"] == "REVOKED", tasks[attempt]
