@@ -104,11 +104,19 @@ def not_run_of(outcome: Any) -> NotRun | None:
     return exc if isinstance(exc, NotRun) else None
 
 
+# A task event and its fields; no event: (None, {}).
+Event = tuple[str | None, Mapping[str, Any]]
+
+
+def _revoked(*, expired: bool) -> Event:
+    return ("task-revoked", {"terminated": False, "signum": None, "expired": expired})
+
+
 # The task event of each refusal of an attempt's own delivery. Left out (no journal run
 # for the message, or a key held by another): the delivery's own result, as before.
-_REFUSED: Final[Mapping[Refusal, tuple[str | None, Mapping[str, Any]]]] = {
+_REFUSED: Final[Mapping[Refusal, Event]] = {
     # Ended unrun by the journal, as Celery's worker reports a message it let expire.
-    Refusal.EXPIRED: ("task-revoked", {"terminated": False, "signum": None, "expired": True}),
+    Refusal.EXPIRED: _revoked(expired=True),
     # Requeued to a later attempt: RETRY, as the attempt's own end said.
     Refusal.STALE_ATTEMPT: ("task-retried", {}),
     # Ended, running elsewhere, or published again later: that delivery's events tell it.
@@ -127,8 +135,8 @@ _REFUSED: Final[Mapping[Refusal, tuple[str | None, Mapping[str, Any]]]] = {
 
 
 # The task event of an attempt of its own task id that its delivery did not end.
-_NOT_ENDED_HERE: Final[Mapping[End, tuple[str | None, Mapping[str, Any]]]] = {
-    End.CANCELLED: ("task-revoked", {"terminated": False, "signum": None, "expired": False}),
+_NOT_ENDED_HERE: Final[Mapping[End, Event]] = {
+    End.CANCELLED: _revoked(expired=False),
     End.LEASE_LOST: (None, {}),
 }
 
@@ -216,19 +224,22 @@ def report(
     if ended.end is End.FAILED:
         raise _shown(ended, f"jobsapp: {env.module} {label} {ended.summary}", entry, secrets)
     said = f"{label}: {ended.end.value}{': ' if ended.summary else ''}{ended.summary}"
-    if task_id != task_id_for(env.job_id, env.attempt):
-        return said
     # Not a success: a revoke stopped it (REVOKED), or another actor decided the run (the
     # reaper, which sent the attempt's event of what it decided).
-    raise NotRun(said, *_NOT_ENDED_HERE[ended.end])
+    return _no_success(env, task_id, said, _NOT_ENDED_HERE[ended.end])
 
 
 def _not_run(env: Envelope, refusal: Refusal, task_id: str) -> str:
-    said = _REFUSED.get(refusal)
-    if said is None or task_id != task_id_for(env.job_id, env.attempt):
-        # A task of its own in Flower (a copy sent under another id): what it did is true.
-        return not_run(refusal)
-    raise NotRun(not_run(refusal), *said)
+    return _no_success(env, task_id, not_run(refusal), _REFUSED.get(refusal))
+
+
+def _no_success(env: Envelope, task_id: str, said: str, event: Event | None) -> str:
+    """``said`` as the result of a delivery under a task id of its own (a copy sent under
+    another id: what it did is true, a task of its own in Flower); under the attempt's own,
+    ``NotRun`` carrying ``event``, so that no task-succeeded outranks the journal's state."""
+    if event is None or task_id != task_id_for(env.job_id, env.attempt):
+        return said
+    raise NotRun(said, *event)
 
 
 def _shown(ended: Ended, note: str, entry: CodeType, secrets: Sequence[str]) -> AttemptFailed:
