@@ -40,14 +40,11 @@ from jobsapp.lifecycle.journal.tables import Base
 from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.lifecycle.rules.results import decoded
 from jobsapp.lifecycle.transport import outbox
-from jobsapp.lifecycle.worker.celery_view import not_run_of
+from jobsapp.lifecycle.worker.celery_view import started_no_work
 from jobsapp.maintenance import lease, relay, slot_sweep
 
 # What drain reports, by the state the job is in after the attempt it ran.
 _SAID = {"succeeded": "succeeded", "failed": "failed", "queued": "retried", "running": "running"}
-# What a lifecycle task returns for a delivery that started no work (worker/delivery.py): a
-# duplicate or early copy the claim refused is no attempt, and drain does not count it.
-_NOT_RUN = "not run: "
 # How far an enqueued job's due time may be from the ``eta`` a test expects: the test
 # reads the clock a moment after the enqueue did.
 ETA_TOLERANCE = timedelta(seconds=1)
@@ -428,11 +425,8 @@ class Kit:
         task = self.app.tasks[headers["task"]]
         queue = message.delivery_info.get("routing_key")
         retval = self._trace(task, headers["id"], args, kwargs, queue)
-        if isinstance(retval, str) and retval.startswith(_NOT_RUN):
-            return None
-        # A refused delivery of an attempt's own task id is Celery's Ignore (its tracer
-        # hands back the exception's info), so that Flower keeps the journal's state.
-        if not_run_of(retval) is not None:
+        # A duplicate or early copy the claim refused is no attempt: drain does not count it.
+        if started_no_work(retval):
             return None
         return self._state_after(task, kwargs)
 

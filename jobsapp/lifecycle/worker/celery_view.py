@@ -47,7 +47,7 @@ from jobsapp.lifecycle.rules.scrub import scrub
 from jobsapp.lifecycle.transport import publisher
 from jobsapp.lifecycle.worker import timeouts
 from jobsapp.lifecycle.worker.attempt import End, Ended
-from jobsapp.lifecycle.worker.claim import Refusal, not_run
+from jobsapp.lifecycle.worker.claim import NOT_RUN, Refusal, not_run
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,14 @@ def not_run_of(outcome: Any) -> NotRun | None:
     if isinstance(exc, ExceptionWithTraceback):
         exc = exc.exc
     return exc if isinstance(exc, NotRun) else None
+
+
+def started_no_work(outcome: Any) -> bool:
+    """Whether a delivery's outcome (what Celery's tracer hands back) is a refusal: a copy
+    under its own id returns the reason, an attempt's own id raises ``NotRun``."""
+    if isinstance(outcome, str):
+        return outcome.startswith(NOT_RUN)
+    return not_run_of(outcome) is not None
 
 
 # A task event and its fields; no event: (None, {}).

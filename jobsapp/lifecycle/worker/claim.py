@@ -52,9 +52,13 @@ class Refusal(StrEnum):
     THROTTLED = "over its rate limit; the relay publishes it when the rate allows"
 
 
+# What a delivery that started no work returns as its Celery result, before the reason.
+NOT_RUN = "not run: "
+
+
 def not_run(refusal: Refusal) -> str:
     """What a delivery that started no work returns as its Celery result."""
-    return f"not run: {refusal.value}"
+    return f"{NOT_RUN}{refusal.value}"
 
 
 def explain(row: Run | None, attempt: int) -> Refusal:
