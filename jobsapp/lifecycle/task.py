@@ -79,6 +79,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
     # Set per class: hooks of a team's own, and its __call__ around the body (task_hooks).
     hooked: ClassVar[bool] = False
     around_body: ClassVar[Callable[..., Any] | None] = None
+    # Set per class: the class names its calls itself (its own ``shadow_name``).
+    names_calls: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -94,6 +96,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         cls.hooked = task_hooks.wrap_hooks(cls)
         around = task_hooks.body_call(cls, LifecycleTask)
         cls.around_body = None if around is None else staticmethod(around)
+        # Celery asks every call without a shadow for one; a class that does not override
+        # the hook (which names none) makes its calls pay nothing for asking.
+        cls.names_calls = cls.shadow_name is not Task.shadow_name
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
@@ -199,6 +204,21 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
         """
         callbacks = {o: options.pop(o) for o in ("link", "link_error") if options.get(o)}
+        if not shadow and self.names_calls:
+            given = {
+                "job_id": job_id,
+                "session": session,
+                "connection": connection,
+                "countdown": countdown,
+                "eta": eta,
+                "headers": headers,
+                "queue": queue,
+                "priority": priority,
+                "expires": expires,
+                "time_limit": time_limit,
+                "soft_time_limit": soft_time_limit,
+            }
+            shadow = self._shadow_of(args, kwargs, given, options)
         lineage = None
         if options:  # the plain call pays nothing for the check
             lineage = applied.given_lineage(options)
@@ -216,10 +236,11 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         }
         if callbacks and not self.app.conf.task_always_eager:
             due = {"countdown": countdown, "eta": eta}
+            kept = {**due, "shadow": shadow}
             others = {"job_id": job_id, "session": session, "connection": connection, **schedule}
-            refused = {k for k, v in others.items() if v and k not in due}
+            refused = {k for k, v in others.items() if v and k not in kept}
             applied.refuse(f"{self.name} with link/link_error", refused)
-            step = {"task_id": task_id, "queue": queue, "priority": priority}
+            step = {"task_id": task_id, "queue": queue, "priority": priority, "shadow": shadow}
             when = {k: v for k, v in due.items() if v is not None}
             return self._with_callbacks(args, kwargs, step, {**callbacks, **when})
         if self.app.conf.task_always_eager:
@@ -248,6 +269,21 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             priority=priority,
             **schedule,
         )
+
+    def _shadow_of(
+        self,
+        args: tuple[Any, ...] | list[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+        named: Mapping[str, Any],
+        options: Mapping[str, Any],
+    ) -> str | None:
+        """The name the task's ``shadow_name`` gives a call, asked as Celery's
+        ``apply_async`` asks it: the call's arguments as given and its options but
+        ``task_id``, ``link``, ``link_error`` and ``shadow`` (those it was given by name)."""
+        given = {k: v for k, v in named.items() if v is not None}
+        # Celery's stubs type the default hook, which names nothing.
+        hook: Callable[..., str | None] = self.shadow_name
+        return hook(args, kwargs, {**given, **options})
 
     def _with_callbacks(
         self,

@@ -34,6 +34,7 @@ from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.flow import priorities
 from jobsapp.lifecycle.journal import PendingMessage, registry
 from jobsapp.lifecycle.journal import outbox_queries as queries
+from jobsapp.lifecycle.journal.kept_headers import with_kept_headers
 from jobsapp.lifecycle.transport import outbox, publisher
 from jobsapp.maintenance import lease
 from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget, for_pass
@@ -114,14 +115,14 @@ def _select_and_send(app: Celery, engine: Engine, unclaimed_after: timedelta, pi
         with engine.begin() as conn:
             now = lease.database_now(conn)
             rows, found, buried = pick(conn, now)
-            rows = queries.with_kept_headers(conn, rows)
+            rows = with_kept_headers(conn, rows)
             report = outbox.publish(app, rows, unclaimed_after=unclaimed_after)
             dead = _record(conn, rows, report, now)
     else:
         with engine.begin() as conn:
             now = lease.database_now(conn)
             rows, found, buried = pick(conn, now)
-            rows = queries.with_kept_headers(conn, rows)
+            rows = with_kept_headers(conn, rows)
         report = outbox.publish(app, rows, unclaimed_after=unclaimed_after)
         with engine.begin() as conn:
             dead = _record(conn, rows, report, now)

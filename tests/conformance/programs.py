@@ -1082,6 +1082,12 @@ def shadow_name(s: Side) -> Any:
     return [value, AsyncResult(r.id, app=s.app).name == s.add.name]
 
 
+def shadow_of_a_canvas_step(s: Side) -> Any:
+    r = chain(s.add.s(1, 2), s.add.s(3).set(shadow="billing.render")).apply_async()
+    value = r.get(timeout=WAIT)
+    return [value, AsyncResult(r.id, app=s.app).name == s.add.name]
+
+
 KOMBU_VALUES = [
     datetime(2026, 12, 4, 1, 2, 3, 456789, tzinfo=UTC),
     datetime(2026, 12, 4, 1, 2, 3),
@@ -1476,6 +1482,7 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         [True, [3, "second"], "TaskRevokedError", "REVOKED"],
     ),
     "apply_async(shadow=)": (shadow_name, [3, True]),
+    "a canvas step's .set(shadow=)": (shadow_of_a_canvas_step, [6, True]),
 }
 
 # Where jobsapp answers otherwise: its answer. docs/celery-compat.md says why, for each: a

@@ -510,7 +510,12 @@ def _step_columns(names: set[str], url: str) -> set[str]:
 
 @pytest.mark.parametrize(
     ("revision", "below", "column"),
-    [("0020", "0019", "members_left"), ("0031", "0030", "lineage"), ("0032", "0031", "countdown")],
+    [
+        ("0020", "0019", "members_left"),
+        ("0031", "0030", "lineage"),
+        ("0032", "0031", "countdown"),
+        ("0033", "0032", "shadow"),
+    ],
 )
 def test_a_migration_of_workflow_steps_goes_down_and_up(
     tmp_path: Path, revision: str, below: str, column: str

@@ -11,6 +11,7 @@ from celery import Celery, chain, chord, group
 
 from jobsapp.attachments.tasks import TASK_NAME as ATTACHMENT_TASK
 from jobsapp.celery_app import app
+from jobsapp.lifecycle import lifecycle_task
 from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step, body_lineage
 from jobsapp.lifecycle.workflows.canvas import Compiler, MixedCanvas, is_lifecycle_canvas
 from tests.support import canvas_tasks as t
@@ -176,3 +177,31 @@ def test_a_steps_countdown_beyond_a_year_or_not_a_number_is_refused_at_compile()
     for bad in (float("inf"), 400 * 24 * 3600, "soon"):
         with pytest.raises(ValueError, match=r"^countdown must be between 0 and"):
             compiled(chain(t.add.s(1, 1), t.add.s(2).set(countdown=bad)))
+
+
+def name_by_args(task: Any, args: Any, kwargs: Any, options: Any) -> str:
+    del task, kwargs, options
+    return f"named:{args}"
+
+
+@lifecycle_task(app, name="tests.unit.named_step", shadow_name=name_by_args)
+def named_step(x: int, y: int = 0) -> int:
+    return x + y
+
+
+def test_a_steps_shadow_is_its_own_or_its_canvas_s_and_refused_when_no_name() -> None:
+    steps = compiled(chain(t.add.s(1, 1), t.add.s(2).set(shadow="mine")))
+    assert [steps[p].shadow for p in ("0.0", "0.1")] == [None, "mine"]
+    # A whole canvas's shadow goes where its queue goes, over a step's own.
+    steps = compiled(group(t.add.s(1, 1), t.add.s(2, 2).set(shadow="mine")), shadow="all")
+    assert [steps[p].shadow for p in ("0.0", "0.1")] == ["all", "all"]
+    with pytest.raises(TypeError, match=r"shadow is a name to show, a string, not int"):
+        compiled(chain(t.add.s(1, 1), t.add.s(2).set(shadow=7)))
+
+
+def test_a_tasks_shadow_name_names_the_steps_whose_arguments_are_whole_at_compile() -> None:
+    # A first step, or an immutable one: asked with its arguments. A later step given what
+    # it waits for is started by the journal, which asks no team code: its task's name.
+    steps = compiled(chain(named_step.s(1), named_step.s(), named_step.si(5, 5)))
+    assert [steps[p].shadow for p in ("0.0", "0.1", "0.2")] == ["named:(1,)", None, "named:(5, 5)"]
+    assert compiled(named_step.s(1).set(shadow="mine"))["0"].shadow == "mine"

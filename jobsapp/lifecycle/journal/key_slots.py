@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -45,6 +45,7 @@ from sqlalchemy import (
 
 from jobsapp.lifecycle.journal._sql import OUTBOX
 from jobsapp.lifecycle.journal.clock import _clock_param, _stamp, clock
+from jobsapp.lifecycle.journal.kept_headers import with_kept_headers
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.tables import KeySlot
@@ -206,7 +207,11 @@ def grant(
         if taken:
             due = () if waiter.job_id == fresh else _unpark(conn, spec, waiter, now)
             granted += Granted(frozenset({waiter.job_id}), due)
-    return granted
+    if not granted.messages:  # a run that joins the line and holds at once: no read
+        return granted
+    # Published by another run's worker or by beat: the headers its caller gave (its
+    # lineage, its shadow) are read from the runs, as the relay reads them.
+    return replace(granted, messages=tuple(with_kept_headers(conn, granted.messages)))
 
 
 def _lock(conn: Connection, spec: RunTable, key: str) -> None:

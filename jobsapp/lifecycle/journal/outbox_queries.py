@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -28,12 +28,10 @@ from sqlalchemy import (
 )
 
 from jobsapp.db import utcnow
-from jobsapp.lifecycle.journal import OUTBOX, PendingMessage, hot, registry, upsert
-from jobsapp.lifecycle.journal.outbox_rows import SHADOW
+from jobsapp.lifecycle.journal import OUTBOX, PendingMessage, hot, upsert
 from jobsapp.lifecycle.journal.outbox_rows import pending_rows as _pending
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.tables import MaintenanceCounter
-from jobsapp.lifecycle.journal.workflow import LINEAGE
 from jobsapp.lifecycle.rules.states import State
 
 COUNTERS: Table = MaintenanceCounter.__table__  # type: ignore[assignment]
@@ -115,58 +113,6 @@ def _planned_without_jit(conn: Connection) -> None:
     connection PgBouncer shares."""
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql("SET LOCAL jit = off")
-
-
-def with_kept_headers(conn: Connection, messages: Sequence[PendingMessage]) -> list[PendingMessage]:
-    """``messages`` with what their runs keep for their headers, which the relay, publishing
-    from beat, cannot take from a calling task: a first attempt's root and parent (a call
-    from a task's body, a canvas step: journal/workflow.py's ``LINEAGE``), which the
-    calling task's ``send_task`` would have put there (a later attempt's are jobsapp's
-    retry links, transport/outbox.py), and every attempt's display name (``SHADOW``). One
-    read per run table that keeps them."""
-    by_module: dict[str, list[uuid.UUID]] = {}
-    for m in messages:
-        by_module.setdefault(str(m.body.get("module")), []).append(m.job_id)
-    kept: dict[uuid.UUID, _Kept] = {}
-    for module, job_ids in by_module.items():
-        kept.update(_kept_headers(conn, module, job_ids))
-    return [_with_kept(m, kept[m.job_id]) if m.job_id in kept else m for m in messages]
-
-
-class _Kept(NamedTuple):
-    lineage: tuple[str, str | None] | None
-    shadow: str | None
-
-
-def _with_kept(message: PendingMessage, kept: _Kept) -> PendingMessage:
-    lineage = kept.lineage if message.attempt == 1 else None
-    return replace(message, lineage=lineage, shadow=kept.shadow)
-
-
-def _kept_headers(
-    conn: Connection, module: str, job_ids: Sequence[uuid.UUID]
-) -> dict[uuid.UUID, _Kept]:
-    try:
-        spec = registry.get(module)
-    except KeyError:  # a row no run table of this process's names: published as it is
-        return {}
-    if spec.params_column is None:
-        return {}
-    table = spec.table
-    params = table.c[spec.params_column]
-    stmt = select(table.c.job_id, params[LINEAGE], params[SHADOW])
-    found = conn.execute(stmt.where(table.c.job_id.in_(job_ids)))
-    return {
-        job_id: _Kept(_lineage(lineage), shadow if isinstance(shadow, str) else None)
-        for job_id, lineage, shadow in found
-        if lineage or shadow
-    }
-
-
-def _lineage(kept: Any) -> tuple[str, str | None] | None:
-    if not kept or not kept.get("root_id"):
-        return None
-    return kept["root_id"], kept.get("parent_id")
 
 
 def unclaimed_messages(

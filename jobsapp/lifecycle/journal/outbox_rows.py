@@ -27,6 +27,9 @@ from jobsapp.lifecycle.journal._sql import OUTBOX, upsert
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules.message import TIME_LIMITS, build_body
 
+# The key of a run's parameters that holds its body's lineage (journal/workflow.py's
+# ``body_lineage``, a call from a task's body): a first attempt's headers carry it.
+LINEAGE = "lineage"
 # The key of a call's run parameters that holds its display name (``apply_async(shadow=)``):
 # every attempt's message carries it in Celery's ``shadow`` header.
 SHADOW = "shadow"

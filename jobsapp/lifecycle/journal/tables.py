@@ -338,6 +338,9 @@ class WorkflowStep(Base):
     # Seconds the step's run waits after the transaction that starts it (Celery's
     # ``sig.set(countdown=...)`` on a step; migration 0032); null: none.
     countdown: Mapped[float | None] = mapped_column(Float)
+    # The name its run's messages show (Celery's ``sig.set(shadow=...)`` on a step, or its
+    # task's ``shadow_name``; migration 0033); null: the task's own.
+    shadow: Mapped[str | None] = mapped_column(Text)
     # Set when what the step waits for failed for good: it will not run (``upstream_failed``,
     # or ``chord_failed`` for a chord's body), unless a replay of that step succeeds.
     blocked_at: Mapped[datetime | None]

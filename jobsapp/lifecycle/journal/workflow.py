@@ -37,7 +37,7 @@ from jobsapp.lifecycle.journal.cancel import cancel
 from jobsapp.lifecycle.journal.clock import _clock_param, _stamp, clock
 from jobsapp.lifecycle.journal.enqueue_one import enqueue_new
 from jobsapp.lifecycle.journal.new_run import NewJob
-from jobsapp.lifecycle.journal.outbox_rows import PendingMessage
+from jobsapp.lifecycle.journal.outbox_rows import LINEAGE, SHADOW, PendingMessage
 from jobsapp.lifecycle.journal.reads import step_runs
 from jobsapp.lifecycle.journal.tables import WorkflowStep
 from jobsapp.lifecycle.rules.states import State
@@ -45,8 +45,6 @@ from jobsapp.lifecycle.rules.states import State
 STEPS: Table = WorkflowStep.__table__  # type: ignore[assignment]
 
 START, SUCCESS, FAILURE = "start", "success", "failure"
-# The key of a step's run parameters that holds its body's lineage (``body_lineage``).
-LINEAGE = "lineage"
 # What a blocked step's handle reports as its outcome; a cancelled step never starts.
 UPSTREAM_FAILED, CHORD_FAILED, CANCELLED = "upstream_failed", "chord_failed", "cancelled"
 
@@ -75,6 +73,8 @@ class Step:
     lineage: Mapping[str, str | None] | None = None
     # Seconds its run waits after what it waits for (its own ``countdown``).
     countdown: float | None = None
+    # The name its run's messages show (its own ``shadow``; outbox_rows.SHADOW).
+    shadow: str | None = None
 
     def row(self) -> dict[str, Any]:
         """The step's row but its ``created_at`` (the statement's clock)."""
@@ -99,6 +99,7 @@ class Step:
             "members_left": _members(self.after),
             "lineage": None if self.lineage is None else dict(self.lineage),
             "countdown": self.countdown,
+            "shadow": self.shadow,
         }
 
 
@@ -160,6 +161,8 @@ def new_job(
     params: dict[str, Any] = {"args": args, "kwargs": dict(step["kwargs"])}
     if lineage is not None:
         params[LINEAGE] = dict(lineage)
+    if step.get("shadow"):
+        params[SHADOW] = step["shadow"]
     return NewJob(
         spec=spec,
         job_id=job_id,

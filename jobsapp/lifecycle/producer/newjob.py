@@ -24,9 +24,8 @@ from celery.app.task import Context
 from kombu import Queue
 
 from jobsapp.lifecycle.journal import NewJob
-from jobsapp.lifecycle.journal.outbox_rows import SHADOW
+from jobsapp.lifecycle.journal.outbox_rows import LINEAGE, SHADOW
 from jobsapp.lifecycle.journal.registry import RunTable
-from jobsapp.lifecycle.journal.workflow import LINEAGE
 from jobsapp.lifecycle.rules import message
 from jobsapp.lifecycle.rules.errors import ArgumentRefused, InvalidMessage
 from jobsapp.lifecycle.rules.results import NotJson, hint, non_json, stored_arguments
@@ -285,10 +284,9 @@ def scheduled(
     its call and its display name (every attempt's message carries them, as Celery's
     does)."""
     traceparent = (headers or {}).get("traceparent") or job.traceparent
-    values = _with_headers(job, headers) if headers else job.values
     return replace(
         job,
-        values=_with_shadow(job, values, shadow) if shadow else values,
+        values=_with_call(job, headers or None, shadow) if headers or shadow else job.values,
         not_before=_absolute(eta),
         traceparent=traceparent,
         delay=None if eta is not None else _countdown(countdown),
@@ -345,6 +343,13 @@ def _with_headers(job: NewJob, headers: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**job.values, column: {**job.values[column], "headers": stored}}
 
 
+def _with_call(job: NewJob, headers: Mapping[str, Any] | None, shadow: Any) -> Mapping[str, Any]:
+    """``job``'s values with what its call keeps beside its arguments for every attempt:
+    its own ``headers`` and its display name (``shadow``), each when given."""
+    values = _with_headers(job, headers) if headers is not None else job.values
+    return _with_shadow(job, values, shadow) if shadow else values
+
+
 def _with_shadow(job: NewJob, values: Mapping[str, Any], shadow: Any) -> Mapping[str, Any]:
     """``values`` with the call's display name (``apply_async(shadow=...)``) kept beside its
     arguments: every attempt's message carries it in Celery's ``shadow`` header (the name
@@ -379,13 +384,14 @@ def adopted(
     timelimit: Sequence[float | None] | None = None,
     headers: Mapping[str, Any] | None = None,
     links: Mapping[str, Sequence[Any] | None] | None = None,
+    shadow: str | None = None,
 ) -> tuple[message.Envelope, NewJob]:
     """A plain Celery call (``send_task`` by name, ``apply()``) as a run of its own:
     the job id is the Celery task id, the arguments are bound to the body's signature,
-    and the message's ``timelimit`` header (hard, soft), its own ``headers`` and its
-    ``links`` (``callbacks``, ``errbacks``: ``send_task(link=, link_error=)``) are kept
-    for its retries too. Only a task whose arguments the journal keeps (``params_column``)
-    takes one."""
+    and the message's ``timelimit`` header (hard, soft), its own ``headers``, its
+    ``links`` (``callbacks``, ``errbacks``: ``send_task(link=, link_error=)``) and its
+    ``shadow`` (``send_task(shadow=)``) are kept for its retries too. Only a task whose
+    arguments the journal keeps (``params_column``) takes one."""
     if task.run_table.params_column is None:
         raise InvalidMessage(
             f"{task.run_table.module} tasks take the jobsapp message "
@@ -403,7 +409,7 @@ def adopted(
         hard, soft = (*(timelimit or ()), None, None)[:2]
         job = replace(
             job,
-            values=_with_headers(job, _callers(headers)) if headers else job.values,
+            values=_with_call(job, _callers(headers) if headers else None, shadow),
             time_limit=bounded_seconds("time_limit", hard),
             soft_time_limit=bounded_seconds("soft_time_limit", soft),
         )

@@ -34,9 +34,9 @@ from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.celery_api import errback, task_hooks
 from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal import NewJob, Run
+from jobsapp.lifecycle.journal.outbox_rows import LINEAGE
 from jobsapp.lifecycle.journal.run import Call
 from jobsapp.lifecycle.journal.schema_checked import SchemaChecked
-from jobsapp.lifecycle.journal.workflow import LINEAGE
 from jobsapp.lifecycle.producer import newjob
 from jobsapp.lifecycle.rules import message
 from jobsapp.lifecycle.rules.errors import (
@@ -213,6 +213,7 @@ def _delivered(
             request.timelimit,
             request.headers,
             {"callbacks": request.callbacks, "errbacks": request.errbacks},
+            request.shadow,
         )
     env = message.parse(args, kwargs)
     if env.module != task.run_table.module:

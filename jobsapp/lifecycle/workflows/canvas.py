@@ -43,7 +43,9 @@ from jobsapp.lifecycle.transport import outbox
 from jobsapp.settings import get_settings
 
 # What a signature in a lifecycle canvas may carry besides its arguments.
-_KNOWN_OPTIONS = frozenset({"queue", "priority", "task_id", "link", "link_error", "countdown"})
+_KNOWN_OPTIONS = frozenset(
+    {"queue", "priority", "task_id", "link", "link_error", "countdown", "shadow"}
+)
 # What Celery's freeze() adds to a step that changes nothing here: where its RPC backend
 # would send the value, its place in its group (a group's steps keep their order) and, in
 # a chord's header, the chord's body (the workflow's steps hold it).
@@ -51,6 +53,8 @@ _FROZEN_OPTIONS = frozenset({"reply_to", "group_index", "chord"})
 # A whole canvas's apply_async options: a step's, when its first tasks are due, and whom
 # they descend from (Celery's backend sends a failure's errbacks as a group with both).
 _CANVAS_OPTIONS = _KNOWN_OPTIONS | {"countdown", "eta", "root_id", "parent_id"}
+# A whole canvas's options its first tasks take over their own, as Celery passes them on.
+_ROUTING = ("queue", "priority", "shadow")
 _WORKFLOW_NAMESPACE = uuid.UUID("6f1d7c4e-3b57-4a8e-9a54-3c1f0e1d2b77")
 
 
@@ -147,7 +151,7 @@ class Compiler:
     ) -> Output:
         """Compile ``sig`` at ``path``, waiting for ``after`` (None: runs at once), its
         first tasks given ``args`` (apply_async's partial arguments) first and ``routing``
-        (its queue and priority) over their own, as Celery gives a canvas's options: a
+        (its queue, priority and shadow) over their own, as Celery gives a canvas's options: a
         group's members, a chain's first task, a chord's header and body. A task
         ``in_group`` (a group's member, a chord's body; of a chain there, its last task)
         carries the group's id, as in Celery: its workflow's, which every group handle of
@@ -251,6 +255,9 @@ class Compiler:
                 "priority": _priority(options, task),
                 "lineage": self._lineage(job_id, None if trigger == START else after),
                 "countdown": _countdown(options.get("countdown")),
+                "shadow": _shadow(task, sig, given, options, trigger == START or sig.immutable)
+                if "shadow" in options or task.names_calls
+                else None,
             }
         )
         return job_id
@@ -323,6 +330,31 @@ def _options(sig: Signature) -> Mapping[str, Any]:
             f"step (a step takes {sorted(_KNOWN_OPTIONS)})"
         )
     return sig.options
+
+
+def _shadow(
+    task: Any, sig: Signature, args: Sequence[Any], options: Mapping[str, Any], whole: bool
+) -> str | None:
+    """A step's display name: its own ``shadow``, else what its task's ``shadow_name`` makes
+    of the call, asked as Celery asks it when it sends the step. Asked here, where the
+    canvas is written, only of a step whose arguments are ``whole`` by then (a first step,
+    an immutable one): a step given what it waits for is sent by the journal, which does
+    not call a team's code in the transaction that starts it, and shows its task's name."""
+    shadow = options.get("shadow")
+    if shadow is not None and not isinstance(shadow, str):
+        raise TypeError(
+            f"{sig.task} in a canvas: shadow is a name to show, a string, "
+            f"not {type(shadow).__name__}"
+        )
+    if shadow or not (whole and task.names_calls):
+        return shadow
+    own = {k: v for k, v in options.items() if k not in _NOT_ASKED}
+    named: str | None = task.shadow_name(tuple(args), dict(sig.kwargs), own)
+    return named
+
+
+# What Celery's ``apply_async`` takes by name, so never gives its ``shadow_name``.
+_NOT_ASKED = frozenset({"task_id", "link", "link_error", "shadow"})
 
 
 def _countdown(given: Any) -> float | None:
@@ -407,7 +439,7 @@ def compiled(
         sig = _answering_to(sig, str(options["task_id"]))
     workflow_id, path = into or (_workflow_id(options.get("task_id") or _frozen_id(sig)), "0")
     compiler = Compiler(workflow_id, _sender(options))
-    routing = {k: options[k] for k in ("queue", "priority") if options.get(k) is not None}
+    routing = {k: options[k] for k in _ROUTING if options.get(k) is not None}
     out = compiler.node(sig, path, None, tuple(args or ()), (), routing)
     return workflow_id, out, compiler.steps()
 
