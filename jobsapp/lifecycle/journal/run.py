@@ -9,10 +9,12 @@ in step).
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
 from typing import Any, Protocol
 
 from jobsapp.lifecycle.rules.results import decoded
@@ -177,3 +179,11 @@ class CarriedClaim(Protocol):
 
     @property
     def worker(self) -> str | None: ...
+
+
+@cache
+def worker_of(hostname: str | None, pid: int) -> str:
+    """The ``worker`` a worker process writes on the runs it claims (and on the failed run of
+    a task it has not registered: transport/guard.py), made once per process (a forked
+    pool child has a pid, so a name, of its own)."""
+    return f"{hostname or socket.gethostname()}:{pid}"

@@ -28,6 +28,7 @@ from celery import bootsteps
 from celery.worker.consumer import Consumer
 from kombu import Exchange, Queue
 
+from jobsapp.lifecycle.journal.run import worker_of
 from jobsapp.lifecycle.rules.scrub import describe_exception, scrub
 from jobsapp.lifecycle.transport import unregistered
 from jobsapp.lifecycle.transport.envelope import body_fault, header_fault
@@ -98,7 +99,7 @@ class GuardedConsumer(Consumer):
         line, the reject, ``FAILURE`` with ``NotRegistered``, ``task-failed`` and
         ``task_unknown``) once the journal keeps the failure; refused as before when the
         journal already answers for it or cannot keep it (``unregistered``)."""
-        reason = unregistered.refusal(message, f"{self.hostname}:{os.getpid()}")
+        reason = unregistered.refusal(message, worker_of(self.hostname, os.getpid()))
         if reason is not None:
             self._refuse(message, reason)
             return

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -35,7 +34,7 @@ from jobsapp.lifecycle.celery_api import errback, task_hooks
 from jobsapp.lifecycle.flow import gating
 from jobsapp.lifecycle.journal import NewJob, Run
 from jobsapp.lifecycle.journal.outbox_rows import LINEAGE
-from jobsapp.lifecycle.journal.run import Call
+from jobsapp.lifecycle.journal.run import Call, worker_of
 from jobsapp.lifecycle.journal.schema_checked import SchemaChecked
 from jobsapp.lifecycle.producer import newjob
 from jobsapp.lifecycle.rules import message
@@ -243,13 +242,6 @@ def _run_eagerly(
     raise AttemptFailed(ended.summary)
 
 
-@cache
-def _worker_of(hostname: str | None, pid: int) -> str:
-    """The name a worker process writes on the runs it claims, made once per process (a
-    forked pool child has a pid, so a name, of its own)."""
-    return f"{hostname or socket.gethostname()}:{pid}"
-
-
 def _run_envelope(
     task: Worked,
     request: Context,
@@ -260,7 +252,7 @@ def _run_envelope(
     eager: bool = False,
 ) -> Ended | claim.Refusal:
     worker, engine, settings = (
-        _worker_of(request.hostname, os.getpid()),
+        worker_of(request.hostname, os.getpid()),
         get_engine(),
         get_settings(),
     )
