@@ -355,13 +355,15 @@ def _with_shadow(job: NewJob, values: Mapping[str, Any], shadow: Any) -> Mapping
     arguments: every attempt's message carries it in Celery's ``shadow`` header (the name
     logs, events and Flower show, a retry's too, as Celery's retries keep it), whoever
     publishes it; the run, its task and its result stay the task's own."""
-    if not isinstance(shadow, str):
-        raise TypeError(
-            f"{job.task_name}.apply_async: shadow is a name to show, a string, "
-            f"not {type(shadow).__name__}"
-        )
+    require_name(f"{job.task_name}.apply_async", shadow)
     column = _call_column(job, "shadow")
     return {**values, column: {**values[column], SHADOW: shadow}}
+
+
+def require_name(where: str, shadow: Any) -> None:
+    """A ``shadow`` is a name to show (a header's string), refused in one line otherwise."""
+    if not isinstance(shadow, str):
+        raise TypeError(f"{where}: shadow is a name to show, a string, not {type(shadow).__name__}")
 
 
 def _call_column(job: NewJob, option: str) -> str:

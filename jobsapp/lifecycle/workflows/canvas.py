@@ -341,11 +341,8 @@ def _shadow(
     an immutable one): a step given what it waits for is sent by the journal, which does
     not call a team's code in the transaction that starts it, and shows its task's name."""
     shadow = options.get("shadow")
-    if shadow is not None and not isinstance(shadow, str):
-        raise TypeError(
-            f"{sig.task} in a canvas: shadow is a name to show, a string, "
-            f"not {type(shadow).__name__}"
-        )
+    if shadow is not None:
+        newjob.require_name(f"{sig.task} in a canvas", shadow)
     if shadow or not (whole and task.names_calls):
         return shadow
     own = {k: v for k, v in options.items() if k not in _NOT_ASKED}
