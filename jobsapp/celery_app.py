@@ -58,6 +58,8 @@ BASE_IMPORTS = (
 DEFAULT_DEPLOYMENT_CONFIG = "celeryconfig"
 CONFIG_MODULE_ENV = "CELERY_CONFIG_MODULE"
 TRANSPORT_OPTIONS = "broker_transport_options"
+# celery.contrib.testing's ping task, which Celery's embedded test worker sends at start.
+PING = "celery.ping"
 
 
 def _module_settings(module: object) -> dict[str, Any]:
@@ -223,6 +225,28 @@ def _register_worker(**_kwargs: Any) -> None:
     from jobsapp.monitor import workers
 
     workers.connect_celery_signals()
+
+
+@worker_init.connect
+def _ping_through_journal(sender: Any, **_kwargs: Any) -> None:
+    """``celery.ping``, as a lifecycle task, before the consumer reads the registry.
+
+    Celery's embedded test worker (``start_worker(app)``, the ``celery_worker`` and
+    ``celery_session_worker`` fixtures) checks it is up by
+    ``celery.ping.delay().get() == "pong"``. On an app whose plain tasks keep no result
+    (jobsapp's, the journal its only backend) that ``get()`` is ``None`` at once, and the
+    check failed with a bare ``AssertionError``. As a lifecycle task of the same body the
+    ping goes the way every job goes and is read back from its run. A production worker
+    has no ``celery.ping``; an app that keeps plain results keeps its own.
+    """
+    from jobsapp.lifecycle import lifecycle_task
+
+    plain = sender.app.tasks.get(PING)
+    # A lifecycle task never ignores its result (the journal keeps every run's value).
+    if plain is None or not plain.ignore_result:
+        return
+    sender.app.tasks.unregister(PING)
+    lifecycle_task(sender.app, name=PING, max_attempts=1)(plain.run)
 
 
 @task_revoked.connect
