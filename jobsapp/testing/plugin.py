@@ -11,8 +11,9 @@ Where the session's journal lives, decided before your ``conftest.py`` files are
 - else the embedded default in a temporary folder (SQLite, kombu's filesystem transport,
   a local directory).
 
-The ``jobsapp`` fixture migrates the journal once, empties it before each test and gives
-the test a ``Kit``; ``jobsapp_worker`` adds a real Celery worker (threads pool, in this
+The journal is migrated once, before the session's first test (what Celery's own fixtures
+and a test without the kit use too); the ``jobsapp`` fixture empties it before each test and
+gives the test a ``Kit``; ``jobsapp_worker`` adds a real Celery worker (threads pool, in this
 process) on the same journal and broker.
 """
 
@@ -30,7 +31,6 @@ from sqlalchemy.exc import ArgumentError
 
 from jobsapp.settings import EMBEDDED_BROKER, SERVER_NAMES
 
-_MIGRATED: set[str] = set()
 _OWN_DATABASE = "JOBSAPP_TEST_DATABASE_URL"
 # The settings this plugin set in this process's environment, which its children inherit.
 _SET_HERE = "JOBSAPP_TEST_KIT_SET"
@@ -137,20 +137,26 @@ def _drop_session_database(server: str, url: str) -> None:
         admin.dispose()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def jobsapp_journal() -> None:
+    """The session's journal, migrated before the first test's own fixtures: Celery's
+    ``celery_session_worker`` (session-scoped, so set up before a test's ``jobsapp``) and a
+    test that asks for no kit at all (``start_worker(app)``, ``task_always_eager``,
+    ``celery_worker``) use it too. Before, their worker's start-up check stopped the test
+    with "database not migrated"."""
+    from alembic import command
+
+    from jobsapp.shipped import alembic_config
+
+    command.upgrade(alembic_config(), "head")
+
+
 @pytest.fixture
 def jobsapp() -> Any:
     """A test kit on a journal emptied for this test (jobsapp.testing.Kit)."""
-    from alembic import command
-
     from jobsapp.celery_app import app
-    from jobsapp.settings import get_settings
-    from jobsapp.shipped import alembic_config
     from jobsapp.testing.kit import Kit
 
-    url = get_settings().database_url
-    if url not in _MIGRATED:
-        command.upgrade(alembic_config(), "head")
-        _MIGRATED.add(url)
     kit = Kit(app)
     kit.reset()
     return kit

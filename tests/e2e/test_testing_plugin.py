@@ -62,15 +62,86 @@ def test_this_process_has_a_journal_of_its_own(jobsapp):
 IMPORTS_THE_TASKS = "import billing.tasks  # noqa: F401\n"
 
 
-def _team_tests(tmp_path: Path, url: str | None, *args: str, code: int = 0) -> tuple[int, str]:
+# A Celery team's suite on its lifecycle tasks, written with Celery's own testing tools
+# (celery.contrib.pytest, loaded with -p as Celery's docs say): its session worker runs on
+# the team's app, which is jobsapp's.
+CELERY_TOOLS_CONFTEST = """
+import celery.contrib.testing.tasks  # noqa: F401 - celery.ping, the worker's start check
+import pytest
+
+from jobsapp.celery_app import app
+
+
+@pytest.fixture(scope="session")
+def celery_session_app():
+    return app
+"""
+
+CELERY_TOOLS = """
+import pytest
+from billing.tasks import charge, invoice
+from celery import Celery
+from celery.result import EagerResult
+
+from jobsapp.celery_app import app
+from jobsapp.lifecycle import lifecycle_task
+
+bare = Celery("bare")
+
+
+def refuse(account):
+    raise ValueError(f"no account {account}")
+
+
+bare_refuse = bare.task(name="team.refuse")(refuse)
+our_refuse = lifecycle_task(app, name="team.refuse", max_attempts=1)(refuse)
+
+
+@pytest.fixture
+def eager():
+    for each in (app, bare):
+        each.conf.update(task_always_eager=True, task_eager_propagates=True)
+    yield
+    for each in (app, bare):
+        each.conf.update(task_always_eager=False, task_eager_propagates=False)
+
+
+def test_a_call_under_task_always_eager_runs_here_without_the_kit(eager):
+    # First in the session: no test has asked for the kit yet.
+    result = charge.delay("acct-e")  # its first attempt fails, the retry runs here too
+    assert isinstance(result, EagerResult)
+    assert result.get() == "charged acct-e"
+    for task in (bare_refuse, our_refuse):
+        with pytest.raises(ValueError, match="no account acct-x"):
+            task.delay("acct-x")
+
+
+def test_the_session_worker_runs_a_call(jobsapp, celery_session_worker):
+    assert invoice.delay("acct-s").get(timeout=30) == "invoiced acct-s"
+    assert jobsapp.assert_succeeded(invoice)
+
+
+def test_the_session_worker_retries_a_call_as_the_same_job(jobsapp, celery_session_worker):
+    assert charge.delay("acct-r").get(timeout=30) == "charged acct-r"
+    (run,) = jobsapp.runs(charge)
+    assert (run.state, run.attempts) == ("succeeded", 2)
+"""
+
+
+def _team_tests(
+    tmp_path: Path, url: str | None, *args: str, code: int = 0, only: str = "tests"
+) -> tuple[int, str]:
     team = tmp_path / "team_app"
     shutil.copytree(
         REPO / "examples" / "team_app", team, ignore=shutil.ignore_patterns("__pycache__")
     )
     (team / "tests" / "conftest.py").write_text(IMPORTS_THE_TASKS)
+    (team / "celery_tools").mkdir()  # collected only when named
+    (team / "celery_tools" / "conftest.py").write_text(CELERY_TOOLS_CONFTEST)
+    (team / "celery_tools" / "test_celery_tools.py").write_text(CELERY_TOOLS)
     if url is not None:
         (team / "tests" / "test_own_process.py").write_text(OWN_PROCESS)
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "tests"]
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, only]
     own = {} if url is None else {"JOBSAPP_TEST_DATABASE_URL": url}
     # The caller's PYTHONPATH kept: a worktree's run tests its own jobsapp.
     path = os.pathsep.join(filter(None, [str(team), os.environ.get("PYTHONPATH")]))
@@ -135,3 +206,15 @@ def test_a_plugin_that_reads_jobsapps_settings_first_is_refused_in_one_line(
         "ERROR: jobsapp's settings were read before its pytest plugin chose the session's "
         "journal (a plugin imported jobsapp's app): import it from conftest.py or the tests"
     ) in out, out[-3000:]
+
+
+def test_a_celery_teams_own_testing_tools_run_beside_the_kit(tmp_path: Path) -> None:
+    """Celery's plugin (``-p celery.contrib.pytest``) and jobsapp's in one session:
+    ``task_always_eager`` in a test that asks for no kit, and ``celery_session_worker`` on
+    jobsapp's app beside the ``jobsapp`` fixture. Before, the journal was migrated by the
+    ``jobsapp`` fixture alone: the eager call found no tables, and the session worker
+    (set up before any test's own fixtures) stopped at its start-up check."""
+    _pid, out = _team_tests(
+        tmp_path, None, "-p", "celery.contrib.pytest", code=0, only="celery_tools"
+    )
+    assert "3 passed" in out, out[-3000:]
