@@ -59,6 +59,15 @@ _MAX_ATTEMPTS = 100
 _FIELDS = ("args", "kwargs", "key", "queue", "priority", "eta")
 
 
+def relay_tick(app: Celery, engine: Engine) -> dict[str, int]:
+    """One tick of beat's relay task, the key slots' net first (maintenance/beat_tasks.py),
+    publishing a row the moment it is due; the fast path's pending publish marks are
+    written first, so nothing it sent is taken for unpublished."""
+    outbox.MARKER.flush()
+    freed = slot_sweep.run_once(app, engine)
+    return freed | relay.run_once(app, engine, _RELAY)
+
+
 @dataclass(frozen=True)
 class Run:
     """A run row as a test reads it."""
@@ -163,12 +172,7 @@ class Kit:
         return self._relay()
 
     def _relay(self) -> dict[str, int]:
-        """One tick of beat's relay task, the key slots' net first (maintenance/beat_tasks.py);
-        the fast path's pending publish marks are written first, so nothing it sent is
-        taken for unpublished."""
-        outbox.MARKER.flush()
-        freed = slot_sweep.run_once(self.app, self.engine)
-        return freed | relay.run_once(self.app, self.engine, _RELAY)
+        return relay_tick(self.app, self.engine)
 
     # --- what was enqueued ----------------------------------------------------------
 

@@ -46,6 +46,16 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> Iterator[None]
     return (yield)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    del config
+    from celery.contrib.testing.worker import test_worker_started, test_worker_stopped
+
+    from jobsapp.testing import beside
+
+    test_worker_started.connect(beside.worker_started, weak=False)
+    test_worker_stopped.connect(beside.worker_stopped, weak=False)
+
+
 def _choose_journal(config: pytest.Config) -> None:
     from jobsapp.settings import get_settings
 

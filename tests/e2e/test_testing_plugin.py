@@ -97,6 +97,13 @@ bare_refuse = bare.task(name="team.refuse")(refuse)
 our_refuse = lifecycle_task(app, name="team.refuse", max_attempts=1)(refuse)
 
 
+@lifecycle_task(app, name="team.later", bind=True)
+def later(self, account):
+    if not self.request.retries:
+        raise self.retry(countdown=2)
+    return f"later {account}"
+
+
 @pytest.fixture
 def eager():
     for each in (app, bare):
@@ -125,11 +132,22 @@ def test_the_session_worker_retries_a_call_as_the_same_job(jobsapp, celery_sessi
     assert charge.delay("acct-r").get(timeout=30) == "charged acct-r"
     (run,) = jobsapp.runs(charge)
     assert (run.state, run.attempts) == ("succeeded", 2)
+
+
+def test_a_countdown_and_a_retrys_countdown_run_when_due(jobsapp, celery_session_worker):
+    # Both wait in the journal (JOBSAPP_INLINE_WAIT_MAX=1 for this run): no beat here.
+    assert invoice.apply_async(("acct-c",), countdown=2).get(timeout=15) == "invoiced acct-c"
+    assert later.delay("acct-l").get(timeout=15) == "later acct-l"
 """
 
 
 def _team_tests(
-    tmp_path: Path, url: str | None, *args: str, code: int = 0, only: str = "tests"
+    tmp_path: Path,
+    url: str | None,
+    *args: str,
+    code: int = 0,
+    only: str = "tests",
+    **env: str,
 ) -> tuple[int, str]:
     team = tmp_path / "team_app"
     shutil.copytree(
@@ -145,9 +163,13 @@ def _team_tests(
     own = {} if url is None else {"JOBSAPP_TEST_DATABASE_URL": url}
     # The caller's PYTHONPATH kept: a worktree's run tests its own jobsapp.
     path = os.pathsep.join(filter(None, [str(team), os.environ.get("PYTHONPATH")]))
-    env = shell_env(PYTHONPATH=path, **own)
     proc = subprocess.Popen(
-        argv, cwd=team, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        argv,
+        cwd=team,
+        env=shell_env(PYTHONPATH=path, **own, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == code, out[-3000:]
@@ -213,8 +235,16 @@ def test_a_celery_teams_own_testing_tools_run_beside_the_kit(tmp_path: Path) -> 
     ``task_always_eager`` in a test that asks for no kit, and ``celery_session_worker`` on
     jobsapp's app beside the ``jobsapp`` fixture. Before, the journal was migrated by the
     ``jobsapp`` fixture alone: the eager call found no tables, and the session worker
-    (set up before any test's own fixtures) stopped at its start-up check."""
+    (set up before any test's own fixtures) stopped at its start-up check. A countdown (or
+    a retry's) beyond the inline wait, which Celery's worker runs when due, waited in the
+    journal for a beat the session does not run: the relay's tick now runs beside an
+    embedded worker (jobsapp/testing/beside.py)."""
     _pid, out = _team_tests(
-        tmp_path, None, "-p", "celery.contrib.pytest", code=0, only="celery_tools"
+        tmp_path,
+        None,
+        "-p",
+        "celery.contrib.pytest",
+        only="celery_tools",
+        JOBSAPP_INLINE_WAIT_MAX="1",
     )
-    assert "3 passed" in out, out[-3000:]
+    assert "4 passed" in out, out[-3000:]
