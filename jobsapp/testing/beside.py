@@ -24,7 +24,10 @@ log = logging.getLogger(__name__)
 # waits on each.
 EVERY = 1.0
 
-_TICKING: dict[int, threading.Event] = {}
+# A tick's longest wait for its own end once its worker stopped.
+JOIN_TIMEOUT = 10.0
+
+_TICKING: dict[int, tuple[threading.Event, threading.Thread]] = {}
 
 
 def worker_started(sender: Celery, worker: Any = None, **_kwargs: Any) -> None:
@@ -33,15 +36,20 @@ def worker_started(sender: Celery, worker: Any = None, **_kwargs: Any) -> None:
     if not any(isinstance(task, LifecycleTask) for task in sender.tasks.values()):
         return
     stop = threading.Event()
-    _TICKING[id(worker)] = stop
-    threading.Thread(target=_tick, args=(sender, stop), name="jobsapp-relay", daemon=True).start()
+    ticker = threading.Thread(target=_tick, args=(sender, stop), name="jobsapp-relay", daemon=True)
+    _TICKING[id(worker)] = (stop, ticker)
+    ticker.start()
 
 
 def worker_stopped(sender: Celery, worker: Any = None, **_kwargs: Any) -> None:
     del sender
-    stop = _TICKING.pop(id(worker), None)
-    if stop is not None:
-        stop.set()
+    found = _TICKING.pop(id(worker), None)
+    if found is None:
+        return
+    stop, ticker = found
+    stop.set()
+    # Ended before the next test's set-up: a tick still publishing would race its reset.
+    ticker.join(JOIN_TIMEOUT)
 
 
 def _tick(app: Celery, stop: threading.Event) -> None:
