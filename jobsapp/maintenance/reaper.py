@@ -26,6 +26,7 @@ from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import StaleRun, registry
 from jobsapp.lifecycle.journal.registry import RunTable, StalePolicy
 from jobsapp.lifecycle.rules.message import task_id_for
+from jobsapp.lifecycle.rules.states import Transition
 from jobsapp.lifecycle.transport import outbox, publisher
 from jobsapp.maintenance import lease, relay
 from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget, for_pass
@@ -132,12 +133,21 @@ def _reap_table(
     )
 
 
+# The task event of each end the reaper records: Flower's state of the attempt is the
+# journal's (a revoked run's end, cancelled, reads REVOKED as when its worker ends it).
+_EVENTS = {
+    Transition.REAP_REQUEUE: "task-retried",
+    Transition.REAP_FAIL: "task-failed",
+    Transition.CANCEL: "task-revoked",
+}
+
+
 def _tell_celery(app: Celery, spec: RunTable, ended: list[tuple[StaleRun, str]]) -> None:
-    """Each reaped attempt's end as Celery's own task event (``task-retried`` when the job
-    was requeued, ``task-failed`` when it failed), so Flower shows the attempt of a killed
-    worker ended, not STARTED for good. A live view: a failed publish loses nothing, and
-    the events go through the bounded producer (``JOBSAPP_PUBLISH_TIMEOUT``), not at all
-    while the broker is known to be down, so a silent broker never stalls the reaper."""
+    """Each reaped attempt's end as Celery's own task event (``_EVENTS``), so Flower shows
+    the attempt of a killed worker ended, not STARTED for good. A live view: a failed
+    publish loses nothing, and the events go through the bounded producer
+    (``JOBSAPP_PUBLISH_TIMEOUT``), not at all while the broker is known to be down, so a
+    silent broker never stalls the reaper."""
     if not ended or not publisher.fast_path_open():
         return
     try:
@@ -149,20 +159,26 @@ def _tell_celery(app: Celery, spec: RunTable, ended: list[tuple[StaleRun, str]])
             )
             try:
                 for run, reason in ended:
-                    kind = "task-retried" if should_requeue(run, spec) else "task-failed"
-                    said = f"WorkerLostError('{reason}')"
+                    end = journal.ended_by(run, requeued=should_requeue(run, spec))
                     dispatcher.send(
-                        kind,
+                        _EVENTS[end],
                         uuid=task_id_for(run.job_id, run.attempt),
                         retry=False,
-                        exception=said,
-                        traceback=said,
+                        **_event_fields(end, reason),
                     )
             finally:
                 dispatcher.close()
     except publisher.BROKER_ERRORS as down:
         publisher.broker_failed()
         log.info("reaper: task events not sent: %s", type(down).__name__)
+
+
+def _event_fields(end: Transition, reason: str) -> dict[str, object]:
+    """Celery's fields of the event of ``end``: a revoke's, or the lost worker's error."""
+    if end is Transition.CANCEL:
+        return {"terminated": False, "signum": None, "expired": False}
+    said = f"WorkerLostError('{reason}')"
+    return {"exception": said, "traceback": said}
 
 
 def _reap_module(

@@ -32,7 +32,7 @@ WINDOWS = {
     "hour": (timedelta(hours=1), timedelta(minutes=1)),
     "day": (timedelta(days=1), timedelta(minutes=15)),
 }
-OUTCOMES = ("succeeded", "retried", "snoozed", "failed", "reaped")
+OUTCOMES = ("succeeded", "retried", "snoozed", "failed", "reaped", "cancelled")
 PERCENTILES = (50, 95, 99)
 
 

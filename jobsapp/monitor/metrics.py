@@ -144,7 +144,7 @@ _HISTOGRAMS = {
     ),
     rollup.RUN_DURATION: (
         "jobsapp_run_duration_seconds",
-        "From an attempt's claim to its end (reaped runs excluded).",
+        "From an attempt's claim to its end (reaped and cancelled attempts excluded).",
     ),
 }
 

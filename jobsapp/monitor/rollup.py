@@ -82,7 +82,9 @@ SERIES: Table = ChartMinute.__table__  # type: ignore[assignment]
 KEEP_MINUTES = timedelta(days=2)
 _MINUTE = timedelta(minutes=1)
 
-# The transitions that end an attempt, and the outcome label each counts under.
+# The transitions that end an attempt, and the outcome label each counts under; a cancel
+# ends one only when it leaves a running run (``ending``).
+CANCELLED = "cancelled"
 ENDINGS = {
     Transition.SUCCEED.value: "succeeded",
     Transition.RETRY.value: "retried",
@@ -90,6 +92,7 @@ ENDINGS = {
     Transition.FAIL.value: "failed",
     Transition.REAP_REQUEUE.value: "reaped",
     Transition.REAP_FAIL.value: "reaped",
+    Transition.CANCEL.value: CANCELLED,
 }
 REAPS = {Transition.REAP_REQUEUE.value: "requeued", Transition.REAP_FAIL.value: "failed"}
 
@@ -110,6 +113,15 @@ class Event:
     counted: bool = False
     # A failed attempt's error code (``error_code``); None for the other transitions.
     code: str | None = None
+    from_state: str | None = None
+
+
+def ending(e: Event) -> str | None:
+    """The outcome label of the attempt ``e`` ended; None when it ended none (a claim, or
+    the cancel of a queued run, whose last attempt, if any, already counted its end)."""
+    if e.transition == Transition.CANCEL.value and e.from_state != State.RUNNING.value:
+        return None
+    return ENDINGS.get(e.transition)
 
 
 def error_code(reason: str | None, detail: Mapping[str, Any] | None) -> str:
@@ -152,7 +164,8 @@ def tally(
     backlog of the workers. A long delay (a retry's backoff) is not part of it, as the
     relay publishes such a row only when it is due; a short countdown is. Run duration
     runs from the claim to the transition that ended the attempt (a reaped run has none:
-    its end is when the reaper noticed, not when it stopped).
+    its end is when the reaper noticed, not when it stopped; a cancelled one neither:
+    its end is when a revoke stopped it, not when its work would have ended).
     """
     out: Counter[Key] = Counter()
     for e in events:
@@ -160,12 +173,13 @@ def tally(
         attempt = (e.job_id, e.attempt)
         if e.transition == Transition.CLAIM.value and attempt in sent:
             _observe(out, (QUEUE_WAIT, e.module, task), e.at - _handed_over(sent[attempt], e.at))
-        if e.transition not in ENDINGS:
+        outcome = ending(e)
+        if outcome is None:
             continue
-        out[(ATTEMPTS, e.module, task, ENDINGS[e.transition])] += 1
+        out[(ATTEMPTS, e.module, task, outcome)] += 1
         if e.transition in REAPS:
             out[(REAPED, e.module, task, REAPS[e.transition])] += 1
-        elif attempt in claimed_at:
+        elif outcome != CANCELLED and attempt in claimed_at:
             _observe(out, (RUN_DURATION, e.module, task), e.at - claimed_at[attempt])
     return out
 
@@ -477,6 +491,7 @@ def _events_after(conn: Connection, cursor: int, batch: int) -> list[Event]:
             cols.at,
             cols.reason,
             cols.detail,
+            cols.from_state,
         )
         .where(cols.id > cursor)
         .order_by(cols.id)
@@ -492,8 +507,9 @@ def _events_after(conn: Connection, cursor: int, batch: int) -> list[Event]:
             at,
             reason == COUNTED,
             error_code(reason, detail) if transition in FAILED_TRANSITIONS else None,
+            from_state,
         )
-        for i, module, job_id, attempt, transition, at, reason, detail in rows
+        for i, module, job_id, attempt, transition, at, reason, detail, from_state in rows
     ]
 
 

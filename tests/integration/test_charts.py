@@ -75,7 +75,14 @@ def test_the_charts_count_and_rank_what_the_rollup_counted(fresh: Engine, window
     shown = charts.charts(fresh, window)
 
     totals = {o: sum(b[o] for b in shown.throughput.buckets) for o in charts.OUTCOMES}
-    assert totals == {"succeeded": 3, "retried": 0, "snoozed": 0, "failed": 1, "reaped": 0}
+    assert totals == {
+        "succeeded": 3,
+        "retried": 0,
+        "snoozed": 0,
+        "failed": 1,
+        "reaped": 0,
+        "cancelled": 0,
+    }
     assert sum(b["enqueued"] for b in shown.throughput.buckets) == 5
     # Each percentile is its bucket's upper bound: of 0.3, 1 (the failure), 4 and 20 s,
     # the second is the median, in the <= 1 s bucket.

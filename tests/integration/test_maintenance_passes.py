@@ -825,10 +825,13 @@ def celery_events(app: Celery) -> Iterator[list[dict[str, Any]]]:
 
 def test_the_reaper_tells_celery_each_reaped_attempt_ended(db: Engine, relay_app: Celery) -> None:
     """Flower showed a killed worker's attempt STARTED for good: the journal ended it, but
-    no Celery event said so. The reaper now sends the attempt's own task event."""
+    no Celery event said so. The reaper now sends the attempt's own task event: a revoked
+    run it ends cancelled reads REVOKED, as the journal's result says, not FAILURE."""
     publisher.broker_answered()  # no earlier test's open breaker
     dead = start(db, at=ago(120))
     spent = start(db, at=ago(120), max_attempts=1)
+    revoked = start(db, at=ago(120))
+    set_row(db, revoked, cancel_requested_at=ago(60))
     with celery_events(relay_app) as seen:
         reaper.run_once(db, REAPER, relay_app)
 
@@ -838,9 +841,12 @@ def test_the_reaper_tells_celery_each_reaped_attempt_ended(db: Engine, relay_app
             return found[0] if found else None
 
         retried, failed = eventually(lambda: ended(dead)), eventually(lambda: ended(spent))
+        stopped = eventually(lambda: ended(revoked))
     assert retried["type"] == "task-retried"
     assert failed["type"] == "task-failed"
     assert "the worker died or froze" in failed["exception"]
+    assert stopped["type"] == "task-revoked", stopped
+    assert run_row(db, revoked)["outcome"] == Outcome.CANCELLED
 
 
 def test_the_reapers_event_names_a_send_task_attempt_by_the_callers_id(

@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from celery.worker import state as worker_state
 from sqlalchemy import Engine, delete, select
 
 from jobsapp.celery_app import app
@@ -17,12 +18,14 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal.outbox_queries import COUNTERS
 from jobsapp.lifecycle.journal.tables import OutboxMessage
+from jobsapp.lifecycle.rules.states import Outcome, State
 from jobsapp.lifecycle.task import LifecycleTask
-from jobsapp.maintenance import relay
+from jobsapp.maintenance import reaper, relay
 from jobsapp.monitor import rollup
 from jobsapp.web.app import create_app
 from tests.support import tasks
 from tests.support.attachments import environment
+from tests.support.journal_view import run_row
 from tests.support.waiting import eventually
 from tests.support.web import sample, scrape
 
@@ -84,6 +87,44 @@ def test_attempts_outcomes_histograms_dedup_and_relay_are_counted_once(
     assert ("jobsapp_outbox_backlog", frozenset()) in got
 
 
+def _cancelled(db: Engine, job_id: uuid.UUID) -> bool:
+    row = run_row(db, job_id)
+    return (row["state"], row["outcome"]) == (State.FAILED, Outcome.CANCELLED)
+
+
+def _reaped_cancelled(db: Engine, job_id: uuid.UUID) -> bool:
+    reaper.run_once(db, reaper.ReaperConfig(stale_after=timedelta(seconds=1)), app)
+    return _cancelled(db, job_id)
+
+
+def test_a_revoked_running_attempt_counts_cancelled_whoever_ended_it(
+    worker: object, fresh_totals: Engine
+) -> None:
+    db = fresh_totals
+    # Its worker stops this one at a beat; the other sleeps through its beats, and the
+    # reaper ends it once its heartbeat is stale: the journal says cancelled for both.
+    stopped = tasks.looping.delay(token := uuid.uuid4().hex, 60.0)
+    sleeper = tasks.windowed_slow.delay(nap := uuid.uuid4().hex, 3.0)
+    eventually(lambda: tasks.calls(token) == tasks.calls(nap) == 1)
+    eventually(lambda: run_row(db, sleeper.job_id)["state"] == State.RUNNING)
+    for handle in (stopped, sleeper):
+        app.control.revoke(handle.id)
+    eventually(lambda: _cancelled(db, stopped.job_id))
+    eventually(lambda: _reaped_cancelled(db, sleeper.job_id))
+    # The sleeper's body wakes to find its end written; what it does then changes nothing.
+    eventually(lambda: not worker_state.active_requests)
+    assert _cancelled(db, sleeper.job_id)
+
+    rollup.run_once(db, settle=timedelta(0))
+    got = scrape()
+
+    for name in ("tests.windowed_slow", "tests.looping"):
+        mine = {"module": "jobs", "task": name}
+        assert sample(got, "jobsapp_attempts_total", **mine, outcome="cancelled") == 1
+        assert sample(got, "jobsapp_attempts_total", **mine, outcome="reaped") == 0
+        assert sample(got, "jobsapp_reaped_total", **mine, outcome="failed") == 0
+
+
 def test_metrics_need_the_scrapers_token_when_one_is_set(fresh_totals: Engine) -> None:
     with environment(JOBSAPP_METRICS_TOKEN="scrape-me-7f3a9c2e5b1d8064-metrics"):
         client = create_app().test_client()
@@ -104,7 +145,7 @@ def test_every_counter_of_every_registered_task_has_a_zero_series_before_any_job
     assert len(registered) > 5
     for task in registered:
         mine = {"module": task.run_table.module, "task": task.name}
-        for outcome in ("succeeded", "retried", "snoozed", "failed", "reaped"):
+        for outcome in ("succeeded", "retried", "snoozed", "failed", "reaped", "cancelled"):
             assert (
                 "jobsapp_attempts_total",
                 frozenset({**mine, "outcome": outcome}.items()),

@@ -146,12 +146,14 @@ def test_a_revoked_run_whose_worker_died_is_failed_cancelled_by_the_reaper(pg: E
 
     eventually(reaped)
     assert run_row(pg, running.job_id)["outcome"] == Outcome.CANCELLED  # not requeued
+    # Its history says cancelled too, by the reaper (metrics and domain rows read it).
     assert transitions(pg, running.job_id) == [
         Transition.ENQUEUE,
         Transition.CLAIM,
         Transition.CANCEL_REQUEST,
-        Transition.REAP_FAIL,
+        Transition.CANCEL,
     ]
+    assert events(pg, running.job_id)[-1]["actor"] == "reaper"
 
 
 @pytest.mark.usefixtures("worker")

@@ -42,6 +42,14 @@ def test_an_attempt_counts_its_outcome_its_wait_and_its_duration() -> None:
     }
 
 
+def test_a_cancel_counts_an_attempt_only_when_it_stops_a_running_one() -> None:
+    stopped = Event(7, "jobs", JOB, 1, "cancel", T0 + timedelta(seconds=9), from_state="running")
+    never_ran = Event(8, "jobs", JOB, 1, "cancel", T0, from_state="queued")
+    totals = tally([stopped, never_ran], {JOB: "t"}, {(JOB, 1): T0}, {})
+    # No duration: its end is when the revoke stopped it.
+    assert totals == {(ATTEMPTS, "jobs", "t", "cancelled"): 1}
+
+
 def test_a_reaped_run_counts_as_reaped_without_a_duration() -> None:
     totals = tally([event(5, "reap_requeue", 90.0)], {}, {(JOB, 1): T0}, {})
     assert totals == {

@@ -106,7 +106,7 @@ from jobsapp.lifecycle.journal.reads import (
     locate,
     snoozes,
 )
-from jobsapp.lifecycle.journal.reap import StaleRun, find_stale, reap
+from jobsapp.lifecycle.journal.reap import StaleRun, ended_by, find_stale, reap
 from jobsapp.lifecycle.journal.reopen import KeyBusy, Reopened, reopen
 from jobsapp.lifecycle.journal.revive import revive
 from jobsapp.lifecycle.journal.revoking import (
@@ -149,6 +149,7 @@ __all__ = [
     "claim_by_insert",
     "clock",
     "conflict_outcome",
+    "ended_by",
     "enqueue",
     "enqueue_existing",
     "enqueue_many",

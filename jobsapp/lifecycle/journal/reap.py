@@ -2,7 +2,8 @@
 
 A running run whose heartbeat is stale goes back to queued (with its next message) or to
 failed/stale, as its run table's policy says; one a revoke asked to stop ends
-failed/cancelled (its worker died before it could honour the request); a workflow step
+failed/cancelled, recorded as Transition.CANCEL (its worker died or is stuck in a call
+before it could honour the request); a workflow step
 failed so starts its errbacks and blocks what waited for it (workflow.py). ``find_stale``
 reads and locks a batch; ``reap`` writes it in one guarded statement (both named in
 hot.py). Called by
@@ -113,8 +114,10 @@ def _after_reap(
     now: datetime,
 ) -> None:
     to_state = State.QUEUED if requeued else State.FAILED
-    transition = Transition.REAP_REQUEUE if requeued else Transition.REAP_FAIL
+    moved: dict[Transition, list[StaleRun]] = {}
     for run in reaped:
+        transition = ended_by(run, requeued=requeued)
+        moved.setdefault(transition, []).append(run)
         record_event(
             conn,
             spec,
@@ -140,4 +143,15 @@ def _after_reap(
         else:
             # A limited key's slot goes with the run; the relay publishes the waiter granted.
             key_slots.release(conn, spec, run.job_id, now=now)
-    spec.changed(conn, transition, [{"job_id": r.job_id, **r.ids} for r in reaped])
+    for transition, runs in moved.items():
+        spec.changed(conn, transition, [{"job_id": r.job_id, **r.ids} for r in runs])
+
+
+def ended_by(run: StaleRun, *, requeued: bool) -> Transition:
+    """The transition a reap of ``run`` records: a run a revoke asked to stop ends
+    cancelled (the row's outcome), as its worker would have ended it, not stale; its
+    history, metrics and domain row then say so too. ``cancel_requested`` was read with
+    the row locked, so it is what the reap's outcome ``CASE`` sees."""
+    if requeued:
+        return Transition.REAP_REQUEUE
+    return Transition.CANCEL if run.cancel_requested else Transition.REAP_FAIL

@@ -89,7 +89,8 @@ ALLOWED: dict[Transition, tuple[tuple[State | None, ...], State]] = {
     Transition.REPLAY: ((State.FAILED,), State.QUEUED),  # journal/reopen.py reopen
     Transition.RERUN: ((State.SUCCEEDED, State.FAILED), State.QUEUED),  # journal/reopen.py
     # journal/cancel.py cancel (queued, an operator or a revoke); journal/revoking.py
-    # honour_cancel (running: its worker, once a revoke asked for it, CANCEL_REQUEST).
+    # honour_cancel (running: its worker, once a revoke asked for it, CANCEL_REQUEST);
+    # journal/reap.py reap (running: the reaper, a revoked run whose heartbeat went stale).
     Transition.CANCEL: ((State.QUEUED, State.RUNNING), State.FAILED),
     # journal/expire.py: by the worker whose claim met an expired row, or the reaper.
     Transition.EXPIRE: ((State.QUEUED,), State.FAILED),
