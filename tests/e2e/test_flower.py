@@ -39,11 +39,13 @@ OUTBOX = OutboxMessage.__table__
 
 pytestmark = pytest.mark.timeout(180)
 
-# A second delivery of a finished attempt's message, under a task id of its own.
+# Deliveries of finished attempts' messages again: (task name, body, task id) each.
 REDELIVER = """
 import json, sys
 from jobsapp.celery_app import app
-app.send_task(sys.argv[1], kwargs=json.loads(sys.argv[2]), task_id=sys.argv[3])
+for at in range(1, len(sys.argv), 3):
+    name, body, task_id = sys.argv[at : at + 3]
+    app.send_task(name, kwargs=json.loads(body), task_id=task_id)
 """
 
 
@@ -201,15 +203,18 @@ def _assert_the_bodys_traceback(text: str, job_id: str) -> None:
     ), text
 
 
-def _own_redelivery(pg: Engine, job_id: str, attempt: int) -> list[str]:
-    """The attempt's own message sent again under its own task id, as Redis restores an
+def _own_redelivery(pg: Engine, job_id: str, *attempts: int) -> list[str]:
+    """The attempts' own messages sent again under their own task ids, as Redis restores an
     unacked message after its worker died (``acks_late``): a producer's argv."""
-    body = {
-        **_message(pg, job_id, attempt),
-        "outbox_id": _message_id(pg, job_id, attempt),
-    }
-    own = task_id_for(uuid.UUID(job_id), attempt)
-    return [sys.executable, "-c", REDELIVER, "tests.doomed", json.dumps(body, default=str), own]
+    argv = [sys.executable, "-c", REDELIVER]
+    for attempt in attempts:
+        body = {
+            **_message(pg, job_id, attempt),
+            "outbox_id": _message_id(pg, job_id, attempt),
+        }
+        own = task_id_for(uuid.UUID(job_id), attempt)
+        argv += ["tests.doomed", json.dumps(body, default=str), own]
+    return argv
 
 
 def _message(pg: Engine, job_id: str, attempt: int) -> dict[str, Any]:
@@ -236,7 +241,10 @@ def test_flower_keeps_the_journals_end_of_an_expired_job_a_redelivery_and_a_revo
     task-succeeded, which outranks every state Flower keeps: a failed attempt redelivered
     read SUCCESS, and a job that expired before it started read SUCCESS too. So did a
     running attempt a revoke stopped (the journal: failed/cancelled), its result the text
-    "cancelled by a revoke": REVOKED is the state it earned."""
+    "cancelled by a revoke": REVOKED is the state it earned. A redelivered copy of an
+    attempt that ended RETRY, after its job ended, and the message of a job cancelled
+    while it waited in the worker, read RECEIVED for good: Celery lets a task-received
+    replace RETRY, and a terminal job's refusal sent nothing."""
     token = uuid.uuid4().hex[:8]
     looping_call = {"task": "tests.looping", "kwargs": {"token": f"loop-{token}"}}
     doomed_call = {"task": "tests.doomed", "kwargs": {"token": f"doomed-{token}"}}
@@ -244,6 +252,11 @@ def test_flower_keeps_the_journals_end_of_an_expired_job_a_redelivery_and_a_revo
         "task": "tests.echo",
         "kwargs": {"token": f"expired-{token}"},
         "options": {"countdown": 2, "expires": 1},
+    }
+    cancelled_call = {
+        "task": "tests.echo",
+        "kwargs": {"token": f"cancelled-{token}"},
+        "options": {"countdown": 2},
     }
     env = _flower_env(postgres_url, module_redis.url, tmp_path)
     with launching(env, tmp_path) as launcher:
@@ -253,18 +266,27 @@ def test_flower_keeps_the_journals_end_of_an_expired_job_a_redelivery_and_a_revo
         operator.cancel(pg, "jobs", uuid.UUID(looping), actor="oleg", reason="runaway loop")
         eventually(lambda: _state(pg, looping) == "failed", timeout=60)
         stopped = task_id_for(uuid.UUID(looping), 1)
-        doomed, expired = _job_ids(launcher, doomed_call, expired_call)
+        doomed, expired, cancelled = _job_ids(launcher, doomed_call, expired_call, cancelled_call)
+        # Cancelled while its message waits out the countdown in the worker (RECEIVED).
+        operator.cancel(pg, "jobs", uuid.UUID(cancelled), actor="oleg", reason="not needed")
         eventually(lambda: _state(pg, doomed) == "failed", timeout=60)
         last = task_id_for(uuid.UUID(doomed), 2)
         eventually(lambda: _settled(port, last), timeout=60)
-        subprocess.run(_own_redelivery(pg, doomed, 2), cwd=ROOT, env=env, timeout=60, check=True)
+        # Attempt 1 ended RETRY: a copy of it restored after the job ended (its worker lost
+        # the connection before the ack) must not leave it RECEIVED, as Celery's state
+        # keeps any event after a RETRY.
+        redelivered = _own_redelivery(pg, doomed, 2, 1)
+        subprocess.run(redelivered, cwd=ROOT, env=env, timeout=60, check=True)
         ours = task_id_for(uuid.UUID(expired), 1)
-        eventually(lambda: _settled(port, ours), timeout=60)
+        eventually(lambda: _settled(port, ours, cancelled), timeout=60)
         # The redelivery's own events have come once a later job's have.
         after = launcher.enqueue({"task": "tests.echo", "kwargs": {"token": f"after-{token}"}})
         tasks = eventually(lambda: _settled(port, after[0]["job_id"]), timeout=60)
     assert _state(pg, expired) == "failed"
     assert tasks[ours]["state"] == "REVOKED", tasks[ours]
+    assert tasks[cancelled]["state"] == "REVOKED", tasks[cancelled]
     assert tasks[stopped]["state"] == "REVOKED", tasks[stopped]
     assert tasks[last]["state"] == "FAILURE", tasks[last]
     assert tasks[last]["exception"] == "ValueError('this never works')"
+    first = tasks[task_id_for(uuid.UUID(doomed), 1)]
+    assert first["state"] == "RETRY", first

@@ -158,6 +158,26 @@ def test_an_attempt_its_delivery_did_not_end_is_no_success_of_its_task(
     assert raised.value.event == event
 
 
+@pytest.mark.parametrize(
+    ("refusal", "event"),
+    [
+        (Refusal.TERMINAL, None),
+        (Refusal.REQUEUED, "task-retried"),
+        (Refusal.UNSTARTED, "task-revoked"),
+    ],
+)
+def test_a_copy_of_an_attempt_of_a_terminal_job_tells_that_attempts_own_end(
+    refusal: Refusal, event: str | None
+) -> None:
+    """Celery lets a task-received replace RETRY (and an attempt that never ran has no end
+    event): a broker's copy of such an attempt read RECEIVED for good. The attempt that
+    ended the job sends nothing: its own SUCCESS, FAILURE or REVOKED outranks RECEIVED."""
+    env = _envelope(1)
+    with pytest.raises(NotRun) as raised:
+        reported(env, refusal, task_id_for(env.job_id, 1))
+    assert raised.value.event == event
+
+
 def test_an_exception_of_several_arguments_reads_as_celery_shows_it() -> None:
     """Flower's exception column is ``repr`` of the raised exception: Celery's reads
     ``ValueError('never', 7, {'k': [1, 2]})``; the attempt's read the arguments as one

@@ -45,12 +45,36 @@ def test_no_row(attempt: int) -> None:
 @pytest.mark.parametrize("state", [State.SUCCEEDED, State.FAILED])
 @given(attempts=counts, attempt=message_attempts)
 def test_terminal_wins_over_every_attempt_number(state: State, attempts: int, attempt: int) -> None:
-    assert explain(row(state, attempts), attempt) is Refusal.TERMINAL
+    """Every attempt of a terminal job is refused as terminal; which one tells Flower how
+    the attempt itself ended: the one that ended the job, one requeued before, or one
+    that never started."""
+    refusal = explain(row(state, attempts), attempt)
+    if attempt < attempts:
+        assert refusal is Refusal.REQUEUED
+    elif attempt == attempts:
+        assert refusal is Refusal.TERMINAL
+    else:
+        assert refusal is Refusal.UNSTARTED
+    assert refusal.value.startswith(Refusal.TERMINAL.value)
 
 
 def test_terminal_state_as_enum_or_text() -> None:
-    assert explain(a_run(state=State.FAILED, attempts=2), 3) is Refusal.TERMINAL
-    assert explain(a_run(state="succeeded", attempts=2), 3) is Refusal.TERMINAL
+    assert explain(a_run(state=State.FAILED, attempts=2), 2) is Refusal.TERMINAL
+    assert explain(a_run(state="succeeded", attempts=2), 2) is Refusal.TERMINAL
+
+
+def test_the_last_attempt_of_a_run_that_ended_queued_was_requeued() -> None:
+    """A cancel or an expiry of a queued run ends the job after its last attempt's requeue;
+    a cancel its worker or the reaper honoured (a request came first) ended that attempt."""
+    cancelled_queued = row(State.FAILED, 2, outcome="cancelled")
+    assert explain(cancelled_queued, 2) is Refusal.REQUEUED
+    assert explain(cancelled_queued, 3) is Refusal.UNSTARTED
+    stopped = row(State.FAILED, 2, outcome="cancelled", cancel_requested_at=LATER)
+    assert explain(stopped, 2) is Refusal.TERMINAL
+    expired = row(State.FAILED, 2, outcome="expired")
+    assert explain(expired, 2) is Refusal.REQUEUED
+    assert explain(expired, 3) is Refusal.EXPIRED
+    assert explain(row(State.FAILED, 0, outcome="cancelled"), 1) is Refusal.UNSTARTED
 
 
 @pytest.mark.parametrize("state", [State.QUEUED, State.RUNNING])
@@ -120,16 +144,19 @@ def test_every_refusal_but_skipped_and_expired_comes_from_explain() -> None:
     seen = {
         explain(None, 1),
         explain(row(State.FAILED, 1), 1),
+        explain(row(State.FAILED, 2), 1),
+        explain(row(State.FAILED, 1), 2),
+        explain(row(State.FAILED, 1, outcome="expired"), 2),
         explain(row(State.RUNNING, 3), 2),
         explain(row(State.RUNNING, 3), 3),
         explain(row(State.QUEUED, 3, LATER), 4),
         explain(row(State.QUEUED, 3, PARKED), 4),
         explain(row(State.QUEUED, 3), 5),
     }
-    # EXPIRED is decided before explain, by is_expired (the claim refused an expired row);
+    # EXPIRED also before explain, by is_expired (the claim refused an expired row);
     # PAUSED and THROTTLED by flow control, after a claim that matched (rolled back).
     flow = {Refusal.PAUSED, Refusal.THROTTLED}
-    assert seen == set(Refusal) - {Refusal.SKIPPED, Refusal.EXPIRED} - flow
+    assert seen == set(Refusal) - {Refusal.SKIPPED} - flow
 
 
 def test_only_a_queued_row_past_its_expiry_is_expired() -> None:

@@ -125,8 +125,12 @@ def _revoked(*, expired: bool) -> Event:
 _REFUSED: Final[Mapping[Refusal, Event]] = {
     # Ended unrun by the journal, as Celery's worker reports a message it let expire.
     Refusal.EXPIRED: _revoked(expired=True),
-    # Requeued to a later attempt: RETRY, as the attempt's own end said.
+    # Requeued to a later attempt: RETRY, as the attempt's own end said (Celery lets a
+    # copy's task-received replace a RETRY, but not a SUCCESS, FAILURE or REVOKED).
     Refusal.STALE_ATTEMPT: ("task-retried", {}),
+    Refusal.REQUEUED: ("task-retried", {}),
+    # The job ended while this attempt waited: it never runs, as a revoked message.
+    Refusal.UNSTARTED: _revoked(expired=False),
     # Ended, running elsewhere, or published again later: that delivery's events tell it.
     **dict.fromkeys(
         (

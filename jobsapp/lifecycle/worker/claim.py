@@ -31,7 +31,7 @@ from jobsapp.lifecycle.journal.key_slots import PARKED
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules.errors import InvalidMessage
 from jobsapp.lifecycle.rules.message import Envelope
-from jobsapp.lifecycle.rules.states import Transition, is_terminal
+from jobsapp.lifecycle.rules.states import Outcome, Transition, is_terminal
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,9 @@ class Refusal(StrEnum):
 
     NO_ROW = "no journal row: the enqueue rolled back or the row was pruned"
     TERMINAL = "the job is already terminal"
+    # Also terminal, and this attempt's own end was earlier or never came (``_terminal``).
+    REQUEUED = "the job is already terminal; this attempt was requeued before it ended"
+    UNSTARTED = "the job is already terminal; it ended before this attempt started"
     STALE_ATTEMPT = "a duplicate of an attempt that already started"
     IN_FLIGHT = "the same attempt is running elsewhere"
     EARLY = "the attempt is not due yet; the relay publishes it when it is"
@@ -66,7 +69,7 @@ def explain(row: Run | None, attempt: int) -> Refusal:
     if row is None:
         return Refusal.NO_ROW
     if is_terminal(row.state):
-        return Refusal.TERMINAL
+        return _terminal(row, attempt)
     if attempt == row.attempts and row.state == "running":
         return Refusal.IN_FLIGHT
     if attempt <= row.attempts:
@@ -74,6 +77,26 @@ def explain(row: Run | None, attempt: int) -> Refusal:
     if attempt > row.attempts + 1:
         return Refusal.AHEAD
     return Refusal.WAITING if row.next_retry_at == PARKED else Refusal.EARLY
+
+
+def _terminal(row: Run, attempt: int) -> Refusal:
+    """Terminal wins over every attempt number; which terminal refusal says how the
+    delivered attempt itself ended, for Flower (``celery_view``): a broker's copy of an
+    attempt that was requeued, or that never started, must not leave its task RECEIVED."""
+    if attempt > row.attempts:
+        return Refusal.EXPIRED if row.outcome == Outcome.EXPIRED else Refusal.UNSTARTED
+    if attempt < row.attempts or _ended_queued(row):
+        return Refusal.REQUEUED
+    return Refusal.TERMINAL
+
+
+def _ended_queued(row: Run) -> bool:
+    """Whether the run ended while queued, after its last attempt was requeued: an expiry,
+    or a cancel no running attempt was asked to honour (its worker's and the reaper's
+    cancels follow a request, ``cancel_requested_at``)."""
+    return row.outcome == Outcome.EXPIRED or (
+        row.outcome == Outcome.CANCELLED and row.cancel_requested_at is None
+    )
 
 
 class LostClaim(StrEnum):
