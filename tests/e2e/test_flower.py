@@ -6,7 +6,9 @@ shows SUCCESS; a second delivery of a finished attempt says it did not run. As a
 user reads a failed task there: the body's exception (class and message), a traceback
 whose innermost frames are the body's, ending with a note that names the job, and the
 arguments the user passed, rendered as Celery's own producer renders them; the same for a
-job sent by name with ``send_task`` from a service that does not import the task.
+job sent by name with ``send_task`` from a service that does not import the task. What a
+revoke, an expiry and a broker's redelivery leave in Flower is read on Redis and on
+RabbitMQ.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,8 @@ from jobsapp import operator
 from jobsapp.lifecycle.journal.tables import JobRun, OutboxMessage
 from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.lifecycle.rules.scrub import scrub
+from tests.chaos.harness import RabbitBroker
+from tests.support.env import service
 from tests.support.procs import BIN, ROOT, Launcher, launching, ready, service_env
 from tests.support.servers import RedisServer
 from tests.support.waiting import eventually
@@ -49,8 +54,14 @@ for at in range(1, len(sys.argv), 3):
 """
 
 
-def _flower_env(postgres_url: str, broker: str, tmp_path: Path) -> dict[str, str]:
+def _flower_env(
+    postgres_url: str, broker: str, tmp_path: Path, redis_url: str | None = None
+) -> dict[str, str]:
+    """The processes' environment; ``redis_url``: the counters' and dedup keys' Redis,
+    when the broker is not one."""
     settings = {"FLOWER_UNAUTHENTICATED_API": "true"}
+    if redis_url is not None:
+        settings |= {"JOBSAPP_TEST_REDIS_URL": redis_url, "JOBSAPP_REDIS_URL": redis_url}
     return service_env(
         database_url=postgres_url, broker_url=broker, var_dir=tmp_path / "var", settings=settings
     )
@@ -234,8 +245,25 @@ def _message_id(pg: Engine, job_id: str, attempt: int) -> int:
         return int(found.scalar_one())
 
 
+@pytest.fixture(params=["redis", "rabbitmq"])
+def probe_env(
+    request: pytest.FixtureRequest, postgres_url: str, module_redis: RedisServer, tmp_path: Path
+) -> Iterator[dict[str, str]]:
+    """The probe's processes on the module's Redis, or on a vhost of their own on the
+    shared RabbitMQ (its redeliveries and held countdowns are the broker's own)."""
+    if request.param == "redis":
+        yield _flower_env(postgres_url, module_redis.url, tmp_path)
+        return
+    vhost = f"jobsapp-flower-{uuid.uuid4().hex[:8]}"
+    rabbit = RabbitBroker.create(service("JOBSAPP_TEST_AMQP_URL"), module_redis.url, vhost)
+    try:
+        yield _flower_env(postgres_url, rabbit.url, tmp_path, redis_url=module_redis.url)
+    finally:
+        rabbit.close()
+
+
 def test_flower_keeps_the_journals_end_of_an_expired_job_a_redelivery_and_a_revoke(
-    pg: Engine, postgres_url: str, module_redis: RedisServer, tmp_path: Path
+    pg: Engine, probe_env: dict[str, str], tmp_path: Path
 ) -> None:
     """A delivery that starts no work under an attempt's own task id sent Celery's
     task-succeeded, which outranks every state Flower keeps: a failed attempt redelivered
@@ -258,7 +286,7 @@ def test_flower_keeps_the_journals_end_of_an_expired_job_a_redelivery_and_a_revo
         "kwargs": {"token": f"cancelled-{token}"},
         "options": {"countdown": 2},
     }
-    env = _flower_env(postgres_url, module_redis.url, tmp_path)
+    env = probe_env
     with launching(env, tmp_path) as launcher:
         port = _flower_and_worker(launcher)
         (looping,) = _job_ids(launcher, looping_call)
