@@ -19,7 +19,7 @@ from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import OUTBOX, Run, registry
 from jobsapp.lifecycle.transport import outbox, publisher
-from jobsapp.maintenance import relay
+from jobsapp.maintenance import reaper, relay
 from jobsapp.monitor import summary
 from tests.support import tasks
 from tests.support.attachments import attachment_row, environment
@@ -351,6 +351,29 @@ def test_cancelling_an_attachment_job_fails_its_attachment(db: Engine) -> None:
     with db.connect() as conn:
         run = journal.load(conn, ATTACHMENT_RUNS, job_id)
     assert run is not None
+    attachment = attachment_row(db, run.columns["attachment_id"])
+    assert (attachment["state"], attachment["error_code"]) == ("failed", "cancelled")
+
+
+def test_a_revoked_attachment_job_the_reaper_ends_fails_its_attachment_cancelled(
+    db: Engine,
+) -> None:
+    """Its worker froze before the revoke reached it; the reaper ends the run cancelled,
+    and the client's attachment says cancelled too, not stale."""
+    job_id = queued_attachment_job(db, "processing")
+    with db.begin() as conn:
+        assert journal.claim(conn, ATTACHMENT_RUNS, job_id, 1, worker="gone:1") is not None
+    assert operator.cancel(db, "attachments", job_id, actor="bob", reason="wrong file").running
+    cfg = reaper.ReaperConfig(stale_after=timedelta(milliseconds=1))
+
+    def reaped() -> Run | None:
+        reaper.run_once(db, cfg)
+        with db.connect() as conn:
+            run = journal.load(conn, ATTACHMENT_RUNS, job_id)
+        return run if run is not None and run.state == "failed" else None
+
+    run = eventually(reaped)
+    assert run.outcome == "cancelled"
     attachment = attachment_row(db, run.columns["attachment_id"])
     assert (attachment["state"], attachment["error_code"]) == ("failed", "cancelled")
 
