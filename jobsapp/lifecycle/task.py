@@ -23,6 +23,7 @@ from functools import cached_property
 from typing import Any, ClassVar, NoReturn
 
 from celery import Celery, Task, group
+from celery._state import get_current_worker_task
 from celery.result import EagerResult
 from kombu import Queue
 from sqlalchemy import Connection
@@ -195,10 +196,11 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         and Flower show for it, its task and result staying this one). ``link``/``link_error``
         make the call a workflow (lifecycle/workflows/canvas.py). ``headers`` are kept
         on the run for every attempt's ``self.request``, and so are ``root_id`` and
-        ``parent_id`` (Celery's tracer names them sending a ``link``). ``add_to_parent``,
-        ``compression``, ``ignore_result`` and ``serializer='json'`` change nothing a job
-        keeps, and so do ``retry`` and ``retry_policy`` (the outbox publishes every
-        message until the broker takes it), Celery's ``producer`` and a kombu
+        ``parent_id`` (Celery's tracer names them sending a ``link``). Called from a task's
+        body, the call's result is among the task's ``children`` unless ``add_to_parent``
+        is False, as in Celery. ``compression``, ``ignore_result`` and ``serializer='json'``
+        change nothing a job keeps, and so do ``retry`` and ``retry_policy`` (the outbox
+        publishes every message until the broker takes it), Celery's ``producer`` and a kombu
         ``connection`` (the message goes through jobsapp's publisher after COMMIT); other
         Celery options are refused with what to do instead.
         Under ``task_always_eager`` it is ``apply()``, as in Celery: the job runs here.
@@ -242,7 +244,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             applied.refuse(f"{self.name} with link/link_error", refused)
             step = {"task_id": task_id, "queue": queue, "priority": priority, "shadow": shadow}
             when = {k: v for k, v in due.items() if v is not None}
-            return self._with_callbacks(args, kwargs, step, {**callbacks, **when})
+            handle = self._with_callbacks(args, kwargs, step, {**callbacks, **when})
+            return group_handles.trailed(handle, options.get("add_to_parent", True))
         if self.app.conf.task_always_eager:
             wanted = job_id or task_id
             return self.apply(
@@ -259,7 +262,7 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             # The task's own expiry, as Celery gives every call (its messages carry it: the
             # journal must end the job, or a message a worker discards leaves it queued).
             schedule["expires"] = self.expires
-        return applied.enqueued(
+        handle = applied.enqueued(
             self.app,
             job,
             task_id=named,
@@ -269,6 +272,13 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             priority=priority,
             **schedule,
         )
+        # Celery's send_task: a call from a task's body is among its children, from the
+        # enqueue on, whoever publishes it later (the outbox does not trail it again). Not
+        # through ``group_handles.trailed``: a call from outside a task pays no call more.
+        parent = get_current_worker_task()
+        if parent is not None and options.get("add_to_parent", True):
+            parent.add_trail(handle)
+        return handle
 
     def _shadow_of(
         self,

@@ -311,6 +311,47 @@ def _sends_chain(self: Any) -> list[str]:
     return [str(sent.parent.id), str(sent.id)]
 
 
+def _sends_group(self: Any) -> list[Any]:
+    """Sends a group of two from its body: its id and its members' ids."""
+    from celery import group
+
+    add = sibling(self, "add")
+    sent = group(add.s(1, 1), add.s(2, 2)).delay()
+    return [str(sent.id), [str(r.id) for r in sent.results]]
+
+
+def _calls_two(self: Any) -> list[str]:
+    """Calls ``add`` twice from its body (``.delay()``, ``apply_async``): their ids."""
+    add = sibling(self, "add")
+    return [add.delay(1, 1).id, add.apply_async((2, 2)).id]
+
+
+def _calls_one_not_a_child(self: Any) -> list[str]:
+    """Calls ``add`` twice, the first with ``add_to_parent=False``: their ids."""
+    add = sibling(self, "add")
+    return [add.apply_async((1, 1), add_to_parent=False).id, add.delay(2, 2).id]
+
+
+def _calls_then_retries(self: Any, token: str) -> list[str]:
+    """Calls ``add`` at each attempt; the first then retries: the calls' ids, first to last."""
+    made = store().rpush(f"conformance:calls:{token}", sibling(self, "add").delay(1, 1).id)
+    if made == 1:
+        raise self.retry(countdown=0.2)
+    return list(store().lrange(f"conformance:calls:{token}", 0, -1))
+
+
+def _calls_in_a_transaction(self: Any) -> list[str]:
+    """Calls ``add`` from its body as the team's code does it: a lifecycle call joins a
+    journal transaction (``connection=``: the relay publishes it), a bare one is sent."""
+    add = sibling(self, "add")
+    if not self.name.startswith("conf."):
+        return [add.delay(2, 3).id]
+    from jobsapp.db import get_engine
+
+    with get_engine().begin() as conn:
+        return [add.apply_async((2, 3), connection=conn).id]
+
+
 def _call_fields(self: Any) -> list[Any]:
     """What a body reads of its call besides its arguments: its limits, when it was due and
     expires (seconds from now), where it was routed, whether its result is kept."""
@@ -421,6 +462,11 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "sends_lineage": _sends_lineage,
     "step_lineage": _step_lineage,
     "sends_chain": _sends_chain,
+    "sends_group": _sends_group,
+    "calls_two": _calls_two,
+    "calls_one_not_a_child": _calls_one_not_a_child,
+    "calls_then_retries": _calls_then_retries,
+    "calls_in_a_transaction": _calls_in_a_transaction,
     "ends_chain": _ends_chain,
     "count_run": _count_run,
     "call_fields": _call_fields,
@@ -468,6 +514,11 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "sends_lineage": {"bind": True},
     "step_lineage": {"bind": True},
     "sends_chain": {"bind": True},
+    "sends_group": {"bind": True},
+    "calls_two": {"bind": True},
+    "calls_one_not_a_child": {"bind": True},
+    "calls_then_retries": {"bind": True, "max_retries": 2},
+    "calls_in_a_transaction": {"bind": True},
     "ends_chain": {"bind": True},
     "call_fields": {"bind": True, "time_limit": 30, "soft_time_limit": 20},
     "acks_late": {"acks_late": True, "reject_on_worker_lost": True},

@@ -967,6 +967,56 @@ def children_of_a_task_that_sent_a_chain(s: Side) -> Any:
     return [len(kids), [k.id == first for k in kids]]
 
 
+def children_of_a_task_that_sent_a_group(s: Side) -> Any:
+    """A group sent from a body: its result (the group's id, its members) is the child."""
+    r = s.sends_group.delay()
+    group_id, members = r.get(timeout=WAIT)
+    kids = AsyncResult(r.id, app=s.app).children or []
+    return [
+        [isinstance(k, GroupResult) for k in kids],
+        [k.id == group_id and [m.id for m in k.results] == members for k in kids],
+        [k.get(timeout=WAIT) for k in kids],
+    ]
+
+
+def children_of_a_task_that_called_two(s: Side) -> Any:
+    """``.delay()`` and ``apply_async`` from a body: their results are its children, in
+    order, and ``collect()`` walks them after it."""
+    r = s.calls_two.delay()
+    ids = r.get(timeout=WAIT)
+    mine = AsyncResult(r.id, app=s.app)
+    kids = mine.children or []
+    values = [k.get(timeout=WAIT) for k in kids]
+    walked = [[str(x.id) in ids, v] for x, v in mine.collect(timeout=WAIT)][1:]
+    return [[k.id for k in kids] == ids, values, walked]
+
+
+def children_without_add_to_parent(s: Side) -> Any:
+    """``apply_async(add_to_parent=False)`` from a body: not a child."""
+    r = s.calls_one_not_a_child.delay()
+    apart, child = r.get(timeout=WAIT)
+    kids = AsyncResult(r.id, app=s.app).children or []
+    return [[k.id == child for k in kids], [k.id == apart for k in kids]]
+
+
+def children_of_a_retried_task(s: Side) -> Any:
+    """Each attempt calls a task; the first retries: only the succeeding attempt's call is
+    a child (Celery's retry runs under a fresh request)."""
+    r = s.calls_then_retries.delay(token())
+    first, second = r.get(timeout=WAIT)
+    kids = AsyncResult(r.id, app=s.app).children or []
+    return [[k.id == second for k in kids], [k.id == first for k in kids]]
+
+
+def children_of_a_call_in_a_transaction(s: Side) -> Any:
+    """A body's call that joins a journal transaction (the relay publishes it) is a child
+    as a sent one is."""
+    r = s.calls_in_a_transaction.delay()
+    (sent,) = r.get(timeout=WAIT)
+    kids = AsyncResult(r.id, app=s.app).children or []
+    return [[k.id == sent for k in kids], [k.get(timeout=WAIT) for k in kids]]
+
+
 def group_restored_by_the_app(s: Side) -> Any:
     g = group(s.add.s(i, i) for i in range(2)).apply_async()
     g.save()
@@ -1446,6 +1496,26 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         children_of_a_task_that_sent_a_chain,
         [1, [True]],
     ),
+    "children of a task whose body sent a group": (
+        children_of_a_task_that_sent_a_group,
+        [[True], [True], [[2, 4]]],
+    ),
+    "children of a task whose body called .delay() and apply_async, collect()": (
+        children_of_a_task_that_called_two,
+        [True, [2, 4], [[True, 2], [True, 4]]],
+    ),
+    "children of a body's apply_async(add_to_parent=False)": (
+        children_without_add_to_parent,
+        [[True], [False]],
+    ),
+    "children of a retried task: the succeeding attempt's calls": (
+        children_of_a_retried_task,
+        [[True], [False]],
+    ),
+    "children of a body's call joined to a transaction (connection=)": (
+        children_of_a_call_in_a_transaction,
+        [[True], [5]],
+    ),
     "app.GroupResult.restore(id), restore of an unknown or unsaved id": (
         group_restored_by_the_app,
         [[0, 2], None, True],
@@ -1509,9 +1579,6 @@ DIFFERENT: dict[str, Any] = {
     "a 100 kB result": [["raised", "ResultRefused"], "FAILURE"],
     "a 300 kB argument": ["refused at the call", "ArgumentRefused"],
     # Gaps (docs/celery-compat.md, "Where a Celery contract still differs"):
-    # A call from a task's body is a job of its own: the journal keeps its sender, but no
-    # index finds the calls of one sender, so its sender's result names none.
-    "children of a task whose body sent a chain": [0, []],
     "an exception whose args are not its __init__'s, from get()": [
         "Exception",
         "<class 'tests.conformance.bodies.WrappedError'>(['size <token> is 3'])",

@@ -1,10 +1,14 @@
 """The links between a canvas's results as Celery's result API walks them, on Postgres and
 SQLite: a result's ``parent`` (what ran before it) and ``AsyncResult(id).children`` (what its
-success sent, read from the workflow's steps; a job of its own reads no step), and
-``collect()``, ``iterdeps()`` and ``graph`` over them."""
+success sent, read from the workflow's steps; a job of its own reads no step; what its body
+called, kept with its run), and ``collect()``, ``iterdeps()`` and ``graph`` over them."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -113,3 +117,45 @@ def test_a_plain_jobs_result_reads_no_step_and_a_steps_reads_its_own_and_the_nex
 
 def test_an_id_no_run_knows_has_no_children(db: Engine) -> None:
     assert AsyncResult(str(uuid.uuid4()), app=app).children == []
+
+
+# Another process, another app: the children it reads are the journal's, not a worker's.
+READ_CHILDREN = """
+import json, sys
+from celery.result import AsyncResult
+from jobsapp.celery_app import app
+kids = AsyncResult(sys.argv[1], app=app).children
+print(json.dumps([[k.id, k.get(timeout=20)] for k in kids]))
+"""
+
+
+def test_the_calls_a_body_made_are_its_children_in_another_process(
+    db: Engine, worker: object
+) -> None:
+    r = t.calls_add.delay(5)
+    child, apart = r.get(timeout=WAIT)
+    assert [kid.id for kid in AsyncResult(r.id, app=app).children] == [child]
+    url = db.url.render_as_string(hide_password=False)
+    env = {**os.environ, "JOBSAPP_DATABASE_URL": url}
+    read = subprocess.run(
+        [sys.executable, "-c", READ_CHILDREN, r.id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(read.stdout.strip().splitlines()[-1]) == [[child, 6]]
+    assert apart != child
+
+
+def test_a_rerun_that_calls_nothing_answers_no_children_of_the_run_before(
+    worker: object,
+) -> None:
+    token, job_id = uuid.uuid4().hex, uuid.uuid4()
+    first = t.calls_at_first_run.apply_async((token,), job_id=job_id)
+    (child,) = first.get(timeout=WAIT)
+    assert [kid.id for kid in AsyncResult(first.id, app=app).children] == [child]
+    again = t.calls_at_first_run.apply_async((token,), job_id=job_id)  # its rerun
+    assert again.get(timeout=WAIT) == []
+    assert AsyncResult(first.id, app=app).children == []

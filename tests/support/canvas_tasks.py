@@ -41,6 +41,21 @@ def _flaky_add(x: int, token: str, fail_times: int) -> int:
     return x + 1
 
 
+def _calls_add(x: int) -> list[str]:
+    """Calls ``add`` twice from its body, the second with ``add_to_parent=False``."""
+    return [add.delay(x, 1).id, add.apply_async((x, 2), add_to_parent=False).id]
+
+
+# Runs of ``calls_at_first_run`` by token, in this process (the in-process worker's).
+_RUNS: dict[str, int] = {}
+
+
+def _calls_at_first_run(token: str) -> list[str]:
+    """Calls ``add`` from its body at its first run only (a rerun of the job calls nothing)."""
+    _RUNS[token] = _RUNS.get(token, 0) + 1
+    return [add.delay(1, 1).id] if _RUNS[token] == 1 else []
+
+
 BODIES: dict[str, Callable[..., Any]] = {
     "add": _add,
     "tsum": _tsum,
@@ -53,6 +68,10 @@ tsum = lifecycle_task(app, name="tests.canvas.tsum")(_tsum)
 identity = lifecycle_task(app, name="tests.canvas.identity")(_identity)
 fail = lifecycle_task(app, name="tests.canvas.fail", max_attempts=1)(_fail)
 counted = lifecycle_task(app, name="tests.canvas.counted")(_counted)
+calls_add = lifecycle_task(app, name="tests.canvas.calls_add")(_calls_add)
+calls_at_first_run = lifecycle_task(app, name="tests.canvas.calls_at_first_run")(
+    _calls_at_first_run
+)
 flaky_add = lifecycle_task(
     app, name="tests.canvas.flaky_add", max_attempts=3, retry_policy=FAST_RETRY
 )(_flaky_add)

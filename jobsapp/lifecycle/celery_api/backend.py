@@ -34,6 +34,7 @@ from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.celery_api import revoke
 from jobsapp.lifecycle.journal import Run, step_children, workflow
+from jobsapp.lifecycle.journal.kept_result import CHILDREN
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.schema_checked import SchemaChecked
 from jobsapp.lifecycle.journal.workflow import Blocked
@@ -223,7 +224,7 @@ class JournalBackend(BaseBackend):
             meta["args"] = list(args)
         if status == states.SUCCESS:
             meta["result"] = decoded(row.result)
-            meta["children"] = _children(conn, row)
+            meta["children"] = _children(conn, spec, row)
         elif status in states.EXCEPTION_STATES:
             meta["result"], meta["traceback"] = self._failure(conn, spec, row)
         elif (shown := progress_of(row.result, row.attempts)) is not None:
@@ -382,12 +383,19 @@ def _replacement(
     return spec, row
 
 
-def _children(conn: Connection, row: Answer) -> list[Any]:
-    """What the succeeded run's success sent, as Celery's meta keeps it: a workflow step's
-    next steps and callbacks (``step_children``); a job of its own reads nothing."""
-    if not isinstance(row, Run) or row.workflow_id is None:
+def _children(conn: Connection, spec: RunTable | None, row: Answer) -> list[Any]:
+    """What the succeeded run sent, as Celery's meta keeps it: the calls its body made
+    (kept with the run at its success, read off the row), then a workflow step's next
+    steps and callbacks (``step_children``); a job of its own reads nothing more."""
+    if not isinstance(row, Run) or spec is None:
         return []
-    return step_children.children(conn, row.job_id, row.workflow_id)
+    # Looked up here, not in kept_children: a read of a run whose body called nothing
+    # pays no Python call more.
+    params = row.columns[spec.params_column] if spec.params_column else None
+    made = journal.kept_children(spec, row) if params and CHILDREN in params else []
+    if row.workflow_id is None:
+        return made
+    return made + step_children.children(conn, row.job_id, row.workflow_id)
 
 
 def _without_body(row: Answer) -> BaseException:

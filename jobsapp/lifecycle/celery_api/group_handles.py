@@ -7,8 +7,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from celery._state import get_current_worker_task
 from celery.result import GroupResult
 
 from jobsapp.db import get_engine
@@ -18,6 +19,7 @@ from jobsapp.lifecycle.celery_api.handle import JobHandle
 from jobsapp.lifecycle.journal import EnqueueOutcome, registry, workflow
 from jobsapp.lifecycle.journal.workflow import FAILURE
 
+R = TypeVar("R")
 # A canvas node's output: a step's job id, or a group's members' outputs.
 Output = str | list[Any]
 
@@ -82,6 +84,18 @@ def handle_of(app: Any, out: Output, nodes: Mapping[str, Node], workflow_id: uui
         app=app,
         parent=parent,
     )
+
+
+def trailed(result: R, wanted: Any) -> R:
+    """``result`` of a call, kept among the ``children`` of the task whose body made it
+    (unless ``wanted``, Celery's ``add_to_parent``, is false), as Celery's ``add_trail``
+    keeps what a canvas publishes itself: a chain's first task (a chord's header, if it
+    starts with one), a group's or a chord header's result."""
+    parent = get_current_worker_task()
+    if wanted and parent is not None:
+        *_, first = [result, *_parents(result)]
+        parent.add_trail(first)
+    return result
 
 
 def _descended_from(members: Sequence[Any]) -> Any:

@@ -38,8 +38,9 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - workflow.py: a canvas's steps, and the runs a step's SUCCEED or FAIL starts (in its
   transaction); step_children.py: what a step's success sent, read back as Celery's
   ``children`` of its result (no write)
-- kept_result.py: update_state's progress of a running attempt (fenced by its claim) and
-  ``forget`` of a finished run's value; neither moves the state
+- kept_result.py: update_state's progress of a running attempt (fenced by its claim),
+  ``forget`` of a finished run's value, and the ``children`` of a succeeding attempt's
+  body (its calls' results, written with its success); none moves the state
 - reads.py: the reads of one run (load, snoozes, the holder of a key)
 - run.py: ``Run``, a run row as read, its shared columns typed
 - task_ids.py: the active run an attempt's Celery task id names (a revoke by that id)
@@ -88,7 +89,12 @@ from jobsapp.lifecycle.journal.enqueue_one import (
 from jobsapp.lifecycle.journal.events import Event, record_event
 from jobsapp.lifecycle.journal.expire import expire, expire_due
 from jobsapp.lifecycle.journal.finish import fail, requeue, succeed
-from jobsapp.lifecycle.journal.kept_result import forget_result, write_progress
+from jobsapp.lifecycle.journal.kept_result import (
+    forget_result,
+    keep_children,
+    kept_children,
+    write_progress,
+)
 from jobsapp.lifecycle.journal.new_run import NewJob, new_claim_token
 from jobsapp.lifecycle.journal.outbox_rows import (
     Outgoing,
@@ -163,6 +169,8 @@ __all__ = [
     "history",
     "honour_cancel",
     "job_of_attempt",
+    "keep_children",
+    "kept_children",
     "load",
     "load_with_clock",
     "locate",

@@ -26,8 +26,9 @@ _UNSUPPORTED = {
 
 # Celery options that change nothing of what a lifecycle job keeps or sends: a job's
 # arguments are JSON in the journal, its message is a small envelope, its value is kept
-# whatever ignore_result says (docs/celery-compat.md), no run records children, and the
-# outbox publishes every message until the broker takes it, whatever retry says;
+# whatever ignore_result says (docs/celery-compat.md), and the outbox publishes every
+# message until the broker takes it, whatever retry says; add_to_parent is read by
+# LifecycleTask.apply_async (a call from a body joins its children unless it is False);
 # reply_to (set by a signature's freeze()) names where Celery's RPC backend would send the
 # value, which the journal keeps instead; a producer (Celery's way to publish many on one
 # connection) is jobsapp's publisher's to choose, after the journal's COMMIT.

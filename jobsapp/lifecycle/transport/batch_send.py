@@ -88,6 +88,7 @@ class BatchSender:
         parent_id: str | None = None,
         countdown: float | None = None,
         producer: Any = None,  # noqa: ARG002 - the batch's, which the caller names as for send_task
+        add_to_parent: bool = False,  # noqa: ARG002 - an attempt's message trails nothing (_sending)
         **options: Any,
     ) -> None:
         """What ``app.send_task`` does with these arguments, on the batch's producer."""
@@ -103,6 +104,7 @@ class BatchSender:
                 parent_id=parent_id,
                 countdown=countdown,
                 producer=self._producer,
+                add_to_parent=False,
                 **options,
             )
             return
@@ -159,7 +161,7 @@ class BatchSender:
             **options,
         )
         if shape is None:
-            self._publish(name, task_id, message, options)
+            self._publish(name, message, options)
             return
         call = _call(task_id, args, kwargs, retries, root_id, parent_id, options)
         self._templates[shape] = self._publish_first(name, call, message, options)
@@ -167,7 +169,6 @@ class BatchSender:
     def _publish(
         self,
         name: str,
-        task_id: str,
         message: Any,
         options: dict[str, Any],
         *,
@@ -179,7 +180,7 @@ class BatchSender:
         queue = options.get("queue")
         if isinstance(queue, Queue):
             options["queue"] = self._bound(queue)
-        with self._sending(task_id):
+        with self._sending():
             self._send_message(
                 producer or self._producer,
                 name,
@@ -199,14 +200,7 @@ class BatchSender:
         of it would be what Celery sends."""
         producer = _Recorded(self._producer)
         dispatcher = None if self._dispatcher is None else _Recorded(self._dispatcher)
-        self._publish(
-            name,
-            call.task_id,
-            message,
-            options,
-            producer=producer,
-            dispatcher=dispatcher,
-        )
+        self._publish(name, message, options, producer=producer, dispatcher=dispatcher)
         events = [] if dispatcher is None else dispatcher.calls
         if len(producer.calls) != 1 or len(events) > 1:
             return None
@@ -223,22 +217,21 @@ class BatchSender:
         """What ``_publish`` sends for ``call``, as a copy of its shape's first message."""
         body, publish = template.message(call)
         event = template.sent_event(call)
-        with self._sending(call.task_id):
+        with self._sending():
             self._producer.publish(body, **publish)
             if event is not None and self._dispatcher is not None:
                 self._dispatcher.publish("task-sent", event, self._producer)
 
     @contextmanager
-    def _sending(self, task_id: str) -> Iterator[None]:
+    def _sending(self) -> Iterator[None]:
         """What ``send_task`` does around a message's publish: a broker's errors raised as
-        kombu's, the calling task's trail extended. No result backend is told of the call
-        (``on_task_call``): a lifecycle job's result is the journal's, and a backend that
-        listens for results (Redis's, a deployment's under the journal) would subscribe to
-        one per message, never to hear it."""
+        kombu's. No result backend is told of the call (``on_task_call``): a lifecycle
+        job's result is the journal's, and a backend that listens for results (Redis's, a
+        deployment's under the journal) would subscribe to one per message, never to hear
+        it. Nor is the calling task's trail extended: a call joins its sender's children
+        when it is enqueued (``LifecycleTask.apply_async``), and a message is an attempt."""
         with self._producer.connection._reraise_as_library_errors():
             yield
-        if self._parent is not None:
-            self._parent.add_trail(self._app.AsyncResult(task_id))
 
     def _copies_are_celerys(self) -> bool:
         """Whether a copy of a shape's first message is what Celery would build and route

@@ -178,6 +178,9 @@ def send(
             headers=trace_headers(body),
             producer=producer,
             retry=False,
+            # A message is an attempt: its call joined its sender's children when it was
+            # enqueued (LifecycleTask.apply_async), whoever publishes it.
+            add_to_parent=False,
             **options,
         )
 

@@ -181,9 +181,14 @@ def _succeed(app: Celery, ctx: RunContext, value: Any, kept: Any, *, flushed: bo
     """The run succeeds with ``kept`` (``value`` as the journal keeps it: results.checked);
     the attempt's Celery result is ``value`` itself."""
 
+    children = ctx.children
+    kept_children = None if children is None else [r.as_tuple() for r in children]
+
     def write() -> tuple[bool, list[PendingMessage]]:
         started: list[PendingMessage] = []
-        with _outcome_connection(ctx, flushed=flushed) as conn:
+        with _outcome_connection(ctx, flushed=flushed, more=kept_children is not None) as conn:
+            if kept_children is not None:
+                journal.keep_children(conn, ctx.spec, ctx.row, ctx.token, kept_children)
             done = journal.succeed(
                 conn,
                 ctx.spec,
@@ -206,13 +211,14 @@ def _succeed(app: Celery, ctx: RunContext, value: Any, kept: Any, *, flushed: bo
 
 
 def _outcome_connection(
-    ctx: RunContext, *, flushed: bool = True
+    ctx: RunContext, *, flushed: bool = True, more: bool = False
 ) -> AbstractContextManager[Connection]:
     """One statement for a job of its own; a workflow step's end also writes the steps it
-    starts (journal/workflow.py), and a limited run's frees its key's slot, in the same
-    transaction. Not ``flushed``: the commit does not wait for the WAL flush; a crash that
-    loses it loses the whole outcome, and the run repeats (docs/lifecycle.md)."""
-    shared = ctx.row.workflow_id is not None or ctx.row.key_limit is not None
+    starts (journal/workflow.py), a limited run's frees its key's slot, and a success whose
+    body called tasks (``more``) keeps their results, in the same transaction. Not
+    ``flushed``: the commit does not wait for the WAL flush; a crash that loses it loses
+    the whole outcome, and the run repeats (docs/lifecycle.md)."""
+    shared = more or ctx.row.workflow_id is not None or ctx.row.key_limit is not None
     if flushed:
         return ctx.engine.begin() if shared else autocommit(ctx.engine)
     return relaxed_transaction(ctx.engine) if shared else relaxed_autocommit(ctx.engine)

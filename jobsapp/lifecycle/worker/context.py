@@ -42,6 +42,9 @@ class RunContext:
     # A canvas step whose body ended its chain (``self.request.chain = None``): its
     # success starts none of the chain's later steps (journal/workflow.py).
     chain_ended: bool = field(default=False)
+    # The results of the calls the body made (Celery's ``request.children``, None while it
+    # made none), read off its request as it is popped: its success keeps them.
+    children: list[Any] | None = field(default=None)
     _entered: Token[RunContext | None] | None = field(default=None, init=False, repr=False)
 
     def __enter__(self) -> RunContext:

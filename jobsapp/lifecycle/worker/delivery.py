@@ -99,9 +99,10 @@ class Worked(newjob.Declared, Protocol):
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None: ...
 
-    def push_request(self, **fields: Any) -> None: ...
+    @property
+    def request_stack(self) -> Any: ...
 
-    def pop_request(self) -> None: ...
+    def push_request(self, **fields: Any) -> None: ...
 
 
 def retry_requested(
@@ -531,7 +532,11 @@ def call_body(
             ctx.chain_ended = True
         return value
     finally:
-        task.pop_request()
+        # Popped as Celery's tracer pops it; its children (what the body called, Celery's
+        # ``add_trail``) are a plain attribute, None for a body that called nothing.
+        popped = task.request_stack.pop()
+        if ctx is not None:
+            ctx.children = popped._children
 
 
 # The frame that calls the body: Flower's traceback of a failed attempt starts below it.

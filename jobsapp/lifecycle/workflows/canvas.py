@@ -31,7 +31,7 @@ from sqlalchemy import Connection
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.celery_api import errback
-from jobsapp.lifecycle.celery_api.group_handles import Node, Output, handle_of
+from jobsapp.lifecycle.celery_api.group_handles import Node, Output, handle_of, trailed
 from jobsapp.lifecycle.journal import NewJob, PendingMessage, workflow
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.workflow import FAILURE, START, SUCCESS, Step, waited_for
@@ -523,7 +523,8 @@ def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
                 f"{type(self).__name__}.apply_async: keyword arguments for a "
                 "whole canvas are not supported; give them to its steps"
             )
-        return start(canvas, args, options)
+        wanted = options.pop("add_to_parent", True)
+        return trailed(start(canvas, args, options), wanted)
 
     apply_async.__wrapped__ = original  # type: ignore[attr-defined]
     return apply_async
