@@ -320,6 +320,15 @@ def _sends_group(self: Any) -> list[Any]:
     return [str(sent.id), [str(r.id) for r in sent.results]]
 
 
+def _sends_chord(self: Any) -> list[Any]:
+    """Sends a chord of two from its body: its header's id and its members' ids."""
+    from celery import chord
+
+    add, tsum = sibling(self, "add"), sibling(self, "tsum")
+    header = chord([add.s(1, 1), add.s(2, 2)], tsum.s()).delay().parent
+    return [str(header.id), [str(r.id) for r in header.results]]
+
+
 def _calls_two(self: Any) -> list[str]:
     """Calls ``add`` twice from its body (``.delay()``, ``apply_async``): their ids."""
     add = sibling(self, "add")
@@ -463,6 +472,7 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "step_lineage": _step_lineage,
     "sends_chain": _sends_chain,
     "sends_group": _sends_group,
+    "sends_chord": _sends_chord,
     "calls_two": _calls_two,
     "calls_one_not_a_child": _calls_one_not_a_child,
     "calls_then_retries": _calls_then_retries,
@@ -515,6 +525,7 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "step_lineage": {"bind": True},
     "sends_chain": {"bind": True},
     "sends_group": {"bind": True},
+    "sends_chord": {"bind": True},
     "calls_two": {"bind": True},
     "calls_one_not_a_child": {"bind": True},
     "calls_then_retries": {"bind": True, "max_retries": 2},

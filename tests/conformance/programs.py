@@ -967,9 +967,10 @@ def children_of_a_task_that_sent_a_chain(s: Side) -> Any:
     return [len(kids), [k.id == first for k in kids]]
 
 
-def children_of_a_task_that_sent_a_group(s: Side) -> Any:
-    """A group sent from a body: its result (the group's id, its members) is the child."""
-    r = s.sends_group.delay()
+def _group_child(s: Side, sender: Any) -> Any:
+    """The children of ``sender``'s run, whose body sent a group and returned its id and
+    its members' ids: whether each child is that group's result, and its value."""
+    r = sender.delay()
     group_id, members = r.get(timeout=WAIT)
     kids = AsyncResult(r.id, app=s.app).children or []
     return [
@@ -977,6 +978,17 @@ def children_of_a_task_that_sent_a_group(s: Side) -> Any:
         [k.id == group_id and [m.id for m in k.results] == members for k in kids],
         [k.get(timeout=WAIT) for k in kids],
     ]
+
+
+def children_of_a_task_that_sent_a_group(s: Side) -> Any:
+    """A group sent from a body: its result (the group's id, its members) is the child."""
+    return _group_child(s, s.sends_group)
+
+
+def children_of_a_task_that_sent_a_chord(s: Side) -> Any:
+    """A chord sent from a body: its header's result (what Celery's chord publishes) is the
+    child, not its body's."""
+    return _group_child(s, s.sends_chord)
 
 
 def children_of_a_task_that_called_two(s: Side) -> Any:
@@ -1498,6 +1510,10 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     ),
     "children of a task whose body sent a group": (
         children_of_a_task_that_sent_a_group,
+        [[True], [True], [[2, 4]]],
+    ),
+    "children of a task whose body sent a chord": (
+        children_of_a_task_that_sent_a_chord,
         [[True], [True], [[2, 4]]],
     ),
     "children of a task whose body called .delay() and apply_async, collect()": (
