@@ -24,7 +24,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from celery import Celery, chain, chord, group, signature
+from celery import Celery, chain, chord, group, signature, states
 from celery.result import AsyncResult, GroupResult, ResultSet, result_from_tuple
 from celery.signals import before_task_publish
 from kombu import Queue
@@ -666,6 +666,65 @@ def revoke_terminate_a_running_task(s: Side) -> Any:
         return [raised(lambda: r.get(timeout=WAIT))[0], r.state]
     finally:
         bodies.release(t)
+
+
+def _ready_state(r: AsyncResult, within: float = WAIT) -> str:
+    """``r``'s state once it is ready, or as it is after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while r.state not in states.READY_STATES and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return str(r.state)
+
+
+def _runs_within(t: str, within: float) -> int:
+    """The runs of the body counting under ``t``, waiting at most ``within`` for one: an
+    errback is sent as its task ends, so one that runs at all runs within a second."""
+    deadline = time.monotonic() + within
+    while bodies.runs(t) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return bodies.runs(t)
+
+
+def revoke_terminate_a_chain_step(s: Side) -> Any:
+    """A running chain's middle step revoked: the chain's get(), the middle step's state,
+    the next step's, and whether the middle step's link_error ran."""
+    t, e = token(), token()
+    middle = s.held.si(t).on_error(s.count_run.si(e))
+    r = chain(s.add.s(1, 1), middle, s.add.si(1, 2)).apply_async()
+    try:
+        started(t)
+        r.parent.revoke(terminate=True)
+        kind = raised(lambda: r.get(timeout=WAIT))[0]
+        return [kind, _ready_state(r.parent), r.state, _runs_within(e, 2)]
+    finally:
+        bodies.release(t)
+
+
+def revoke_terminate_a_chord_member(s: Side) -> Any:
+    """A chord's member revoked while it runs: the chord's get(), its body's state once
+    ready, whether the body's link_error ran."""
+    t, e = token(), token()
+    body = s.tsum.s().on_error(s.count_run.si(e))
+    r = chord([s.add.s(1, 1), s.held.si(t)], body).apply_async()
+    try:
+        started(t)
+        r.parent.results[1].revoke(terminate=True)
+        # The member's TaskRevokedError if get() meets it first (follow_parents), else the
+        # body's ChordError naming it: a race in Celery, as for a failing member.
+        kind = raised(lambda: r.get(timeout=WAIT))[0]
+        return [kind in ("TaskRevokedError", "ChordError"), _ready_state(r), _runs_within(e, 2)]
+    finally:
+        bodies.release(t)
+
+
+def revoke_a_running_chain_step_without_terminate(s: Side) -> Any:
+    t = token()
+    r = chain(s.add.s(1, 1), s.held.si(t), s.add.si(1, 2)).apply_async()
+    started(t)
+    r.parent.revoke()
+    _ready_state(r.parent, 2)  # Celery's goes on running: it stays as it is
+    bodies.release(t)
+    return [_value_or_error(r), _ready_state(r.parent), _ready_state(r)]
 
 
 def expires_of_the_task(s: Side) -> Any:
@@ -1395,6 +1454,18 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         revoke_terminate_a_running_task,
         ["TaskRevokedError", "REVOKED"],
     ),
+    "revoke(terminate=True) of a running chain's middle step": (
+        revoke_terminate_a_chain_step,
+        ["TaskRevokedError", "REVOKED", "PENDING", 0],
+    ),
+    "revoke(terminate=True) of a running chord member": (
+        revoke_terminate_a_chord_member,
+        [True, "FAILURE", 1],
+    ),
+    "result.revoke() (no terminate) of a running chain's middle step": (
+        revoke_a_running_chain_step_without_terminate,
+        [["value", 3], "SUCCESS", "SUCCESS"],
+    ),
     "a task's own expires=, passed before it ran": (
         expires_of_the_task,
         ["TaskRevokedError", "REVOKED"],
@@ -1590,6 +1661,21 @@ DIFFERENT: dict[str, Any] = {
     "app.GroupResult.restore(id), restore of an unknown or unsaved id": [[0, 2], None, False],
     # A revoke stops a running run at its next heartbeat (Celery's lets it finish).
     "result.revoke() (no terminate) of a running task": [["raised", "TaskRevokedError"], "REVOKED"],
+    # The journal knows the rest of a revoked step's chain will never run (Celery never
+    # sends it: PENDING for good): blocked as a failure blocks it, FAILURE, so a replay of
+    # the step resumes it; its get() raises the step's TaskRevokedError, as the chain's.
+    "revoke(terminate=True) of a running chain's middle step": [
+        "TaskRevokedError",
+        "REVOKED",
+        "FAILURE",
+        0,
+    ],
+    # Both of the above: the step stops at its next heartbeat, the rest of its chain blocked.
+    "result.revoke() (no terminate) of a running chain's middle step": [
+        ["raised", "TaskRevokedError"],
+        "REVOKED",
+        "FAILURE",
+    ],
     # A value over JOBSAPP_RESULT_MAX_BYTES fails its run; arguments over
     # JOBSAPP_ARGS_MAX_BYTES are refused at the call: the journal keeps both.
     "a 100 kB result": [["raised", "ResultRefused"], "FAILURE"],

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, chain, chord, group
-from celery.exceptions import ChordError
+from celery.exceptions import ChordError, TaskRevokedError
 from celery.result import AsyncResult
 from sqlalchemy import Engine, event, inspect, select
 
@@ -357,6 +357,55 @@ def test_a_step_the_reaper_fails_blocks_what_waits_for_it_and_starts_its_errback
     assert (handle.state, handle.row()["outcome"]) == ("FAILURE", "upstream_failed")
     called = run_row(pg, uuid.UUID(errback))
     assert (called["state"], called["params"]["args"]) == ("queued", [str(first)])
+
+
+def _revoked_while_running(engine: Engine, job_id: uuid.UUID, ended_by: str) -> None:
+    """A revoke of the running step ``job_id``, then its end: by its worker at its next
+    beat (honour_cancel), or by the reaper once its worker died (a stale heartbeat)."""
+    token = _claim(engine, job_id)
+    with engine.begin() as conn:
+        asked = journal.revoke(conn, JOBS, job_id, actor="test", reason="revoked")
+        assert asked is journal.Revoked.REQUESTED
+    with engine.begin() as conn:
+        if ended_by == "its worker":
+            assert journal.honour_cancel(conn, JOBS, job_id, 1, token=token, actor="test-worker")
+        else:
+            now = utcnow() + timedelta(seconds=1)  # its heartbeat is older than this cutoff
+            stale = journal.find_stale(conn, JOBS, cutoff=now, limit=10)
+            reaped = journal.reap(
+                conn, JOBS, stale, requeue_them=False, cutoff=now, reason="stale", now=now
+            )
+            assert [run.job_id for run in reaped] == [job_id]
+    assert run_row(engine, job_id)["outcome"] == "cancelled"
+
+
+@pytest.mark.parametrize("ended_by", ["its worker", "the reaper"])
+def test_a_step_revoked_while_running_blocks_what_waits_for_it_and_starts_no_errback_of_its_own(
+    pg: Engine, redis_clean: None, ended_by: str
+) -> None:
+    # Celery's answer to a revoked task: no errback of its own (mark_as_revoked calls
+    # none), and a chord it is a member of fails, calling the body's errbacks. Before, its
+    # worker's end left what waited for it waiting for good, and the reaper's started its
+    # errbacks as for a failure.
+    own, bodys = str(uuid.uuid4()), str(uuid.uuid4())
+    first = t.add.s(1, 1).on_error(t.identity.s().set(task_id=own))
+    handle = chain(first, t.add.s(2)).apply_async()
+    revoked = _steps(pg, handle.workflow_id)["0.0"]["job_id"]
+    _revoked_while_running(pg, revoked, ended_by)
+    assert _run(pg, uuid.UUID(own)) is None
+    assert (handle.state, handle.row()["outcome"]) == ("FAILURE", "upstream_failed")
+    with pytest.raises(TaskRevokedError):  # as Celery's chain.get(): the revoked step's
+        handle.get(timeout=WAIT)
+
+    body = t.tsum.s().on_error(t.identity.s().set(task_id=bodys))
+    joined = chord([t.add.s(1, 1), t.add.s(2, 2)], body).apply_async()
+    member = _steps(pg, joined.workflow_id)["0.h.0"]["job_id"]
+    _revoked_while_running(pg, member, ended_by)
+    assert (joined.state, joined.row()["outcome"]) == ("FAILURE", "chord_failed")
+    called = run_row(pg, uuid.UUID(bodys))
+    assert (called["state"], called["params"]["args"]) == ("queued", [str(joined.job_id)])
+    with pytest.raises(ChordError, match=f"Dependency {member} raised TaskRevokedError"):
+        joined.get(timeout=WAIT, follow_parents=False)
 
 
 def _published_priority(queue: str) -> int | None:

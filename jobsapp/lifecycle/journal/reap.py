@@ -3,8 +3,8 @@
 A running run whose heartbeat is stale goes back to queued (with its next message) or to
 failed/stale, as its run table's policy says; one a revoke asked to stop ends
 failed/cancelled, recorded as Transition.CANCEL (its worker died or is stuck in a call
-before it could honour the request); a workflow step
-failed so starts its errbacks and blocks what waited for it (workflow.py). ``find_stale``
+before it could honour the request); a workflow step failed so starts its errbacks and
+blocks what waited for it, one cancelled only blocks it (workflow.py). ``find_stale``
 reads and locks a batch; ``reap`` writes it in one guarded statement (both named in
 hot.py). Called by
 maintenance/reaper.py.
@@ -96,12 +96,20 @@ def reap(
         record_kept_claim(conn, spec, done[run.job_id])
     _after_reap(conn, spec, reaped, requeued=requeue_them, reason=reason, now=now)
     if not requeue_them:
-        # A workflow step failed for good: its errbacks and blocks, as a worker's FAIL
-        # writes them (the relay publishes the errbacks).
         for run in reaped:
             if done[run.job_id].workflow_id is not None:
-                workflow.failed(conn, run.job_id, reason, actor="reaper", now=now)
+                _step_ended(conn, run, reason, now)
     return reaped
+
+
+def _step_ended(conn: Connection, run: StaleRun, reason: str, now: datetime) -> None:
+    """A workflow step ended for good, as its worker's end would have written it: a revoked
+    one cancelled (no errbacks), any other failed (its errbacks); the relay publishes what
+    either starts."""
+    if run.cancel_requested:
+        workflow.cancelled(conn, run.job_id, actor="reaper", now=now)
+    else:
+        workflow.failed(conn, run.job_id, reason, actor="reaper", now=now)
 
 
 def _after_reap(

@@ -5,9 +5,10 @@ cancel request (``cancel_requested_at``, a CANCEL_REQUEST event): from then on i
 attempt's fenced writes (heartbeat, succeed, fail, requeue: fence.py ``held``)
 are refused, and its worker ends it with ``honour_cancel`` (Transition.CANCEL, running
 -> failed/cancelled); a worker that died first leaves it to the reaper (reap.py), which
-fails it cancelled rather than requeue it. An operator who asks again, to terminate, leaves
-another CANCEL_REQUEST event (``repeat_request``). Called by lifecycle/celery_api/revoke.py and
-operator.py.
+fails it cancelled rather than requeue it. Either end of a workflow step blocks what waited
+for it and starts none of its errbacks (workflow.cancelled), as Celery answers a revoke. An
+operator who asks again, to terminate, leaves another CANCEL_REQUEST event
+(``repeat_request``). Called by lifecycle/celery_api/revoke.py and operator.py.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from enum import StrEnum
 
 from sqlalchemy import Connection, select, update
 
+from jobsapp.lifecycle.journal import workflow
 from jobsapp.lifecycle.journal._sql import _first, _require_transaction
 from jobsapp.lifecycle.journal.cancel import cancel
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event, record_kept_claim
 from jobsapp.lifecycle.journal.fence import held
+from jobsapp.lifecycle.journal.outbox_rows import PendingMessage
 from jobsapp.lifecycle.journal.reads import load
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.journal.run import Run
@@ -173,9 +176,12 @@ def honour_cancel(
     token: uuid.UUID,
     actor: str,
     now: datetime | None = None,
+    started: list[PendingMessage] | None = None,
 ) -> bool:
     """running -> failed/cancelled by the attempt's own worker, under its claim's fence,
-    only once a cancel was requested; False: no request, or the run moved on."""
+    only once a cancel was requested; False: no request, or the run moved on. A workflow
+    step's end blocks what waited for it (workflow.cancelled), whose messages join
+    ``started``, to publish after COMMIT."""
     _require_transaction(conn, "honour_cancel")
     table = spec.table
     at = clock(conn, now)
@@ -213,4 +219,8 @@ def honour_cancel(
         reason=reason,
     )
     spec.changed(conn, Transition.CANCEL, [run.columns])
+    if run.workflow_id is not None:
+        blocked = workflow.cancelled(conn, job_id, actor=actor, now=run.updated_at)
+        if started is not None:
+            started.extend(blocked)
     return True

@@ -4,8 +4,10 @@
 enqueues its first runs in the same one). Then, inside the transaction of a step's
 Transition.SUCCEED (finish.py), ``succeeded`` inserts the run of every step that waited
 for it and is now due, with its ENQUEUE event and outbox row; inside a Transition.FAIL,
-``failed`` inserts the step's errbacks and marks what waited for it blocked. So no step
-succeeds (or fails) without its successors (or errbacks) written: they commit together.
+``failed`` inserts the step's errbacks and marks what waited for it blocked; a running step
+ended cancelled (a revoke) blocks the same, starting no errbacks of its own (``cancelled``).
+So no step succeeds (or fails) without its successors (or errbacks) written: they commit
+together.
 
 A step's run takes the step's job id, inserted with ON CONFLICT DO NOTHING: a successor
 written once is never written again, whatever finishes twice. A chord's body (a step that
@@ -244,7 +246,30 @@ def failed(
     if done is None:
         return []
     messages = _errbacks(conn, done, actor=actor)
-    reason = f"step {job_id} failed: {error}"
+    return messages + _block_next(conn, done, f"step {job_id} failed: {error}", actor, now)
+
+
+def cancelled(
+    conn: Connection, job_id: uuid.UUID, *, actor: str, now: datetime | None = None
+) -> list[PendingMessage]:
+    """In the transaction that ends a running step cancelled, its worker's (a revoke, an
+    operator's cancel: revoking.honour_cancel) or the reaper's (reap.py): what waited for it
+    is blocked as a failure blocks it (a chord's body ``chord_failed``, starting the
+    body's errbacks, as Celery's backend fails a chord whose member was revoked; the rest
+    of a chain ``upstream_failed``, so a replay of the step resumes it), but the step's own
+    errbacks do not run: Celery's ``mark_as_revoked`` calls none."""
+    _require_transaction(conn, "a workflow step's cancel")
+    done = _step(conn, job_id)
+    if done is None:
+        return []
+    return _block_next(conn, done, f"step {job_id} was revoked", actor, now)
+
+
+def _block_next(
+    conn: Connection, done: Mapping[str, Any], reason: str, actor: str, now: datetime | None
+) -> list[PendingMessage]:
+    """Block what waits for the step ``done``, which will not succeed."""
+    messages = []
     for step in _steps(conn, done["next"]):
         messages += _block(conn, step, reason, actor=actor, now=now)
     return messages

@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import StrEnum
+from functools import partial
 from typing import Any, TypeVar
 
 from celery import Celery
@@ -91,16 +92,16 @@ def run_attempt(
     refused because a revoke asked the attempt to stop ends it cancelled instead."""
     ended = _attempt(app, ctx, body, rules)
     if ended.end is End.LEASE_LOST:
-        ended = _honour_cancel(ctx, ended)
+        ended = _honour_cancel(app, ctx, ended)
     if ctx.row.key_limit is not None:  # only a limited key's run enters key_limits
         key_limits.publish_granted(app, ctx.granted)
     return ended
 
 
-def _honour_cancel(ctx: RunContext, lost: Ended) -> Ended:
+def _honour_cancel(app: Celery, ctx: RunContext, lost: Ended) -> Ended:
     """After a refused write (one statement more, on that path only): a cancel request
     ends the attempt cancelled; anything else left the lease lost."""
-    if not honour_cancel(ctx):
+    if not honour_cancel(app, ctx):
         return lost
     log.warning(
         "job %s attempt %s: cancelled by a revoke; nothing published", ctx.job_id, ctx.attempt
@@ -108,17 +109,13 @@ def _honour_cancel(ctx: RunContext, lost: Ended) -> Ended:
     return Ended(End.CANCELLED, "cancelled by a revoke; nothing published")
 
 
-def honour_cancel(ctx: RunContext) -> bool:
-    """End the attempt cancelled if a revoke asked it to stop (under its claim's fence)."""
-
-    def write() -> bool:
-        with ctx.engine.begin() as conn:
-            done = journal.honour_cancel(
-                conn, ctx.spec, ctx.job_id, ctx.attempt, token=ctx.token, actor=ctx.worker
-            )
-            return _let_go(conn, ctx, done)
-
-    return _persistently(write)
+def honour_cancel(app: Celery, ctx: RunContext) -> bool:
+    """End the attempt cancelled if a revoke asked it to stop (under its claim's fence); a
+    workflow step's end publishes what it started (a chord's body's errbacks)."""
+    done, started = _persistently(lambda: _end(ctx, ctx.engine.begin, journal.honour_cancel))
+    if done:
+        _publish_started(app, started)
+    return done
 
 
 def _attempt(app: Celery, ctx: RunContext, body: Callable[[], Any], rules: AttemptRules) -> Ended:
@@ -182,25 +179,13 @@ def _succeed(app: Celery, ctx: RunContext, value: Any, kept: Any, *, flushed: bo
     the attempt's Celery result is ``value`` itself."""
 
     children = ctx.children
-    kept_children = None if children is None else [r.as_tuple() for r in children]
+    keeps = None if children is None else partial(_keep_children, ctx, children)
 
     def write() -> tuple[bool, list[PendingMessage]]:
-        started: list[PendingMessage] = []
-        with _outcome_connection(ctx, flushed=flushed, more=kept_children is not None) as conn:
-            if kept_children is not None:
-                journal.keep_children(conn, ctx.spec, ctx.row, ctx.token, kept_children)
-            done = journal.succeed(
-                conn,
-                ctx.spec,
-                ctx.job_id,
-                ctx.attempt,
-                token=ctx.token,
-                actor=ctx.worker,
-                result=kept,
-                started=started,
-                chain_ended=ctx.chain_ended,
-            )
-            return _let_go(conn, ctx, done), started
+        connection = partial(_outcome_connection, ctx, flushed=flushed, more=keeps is not None)
+        return _end(
+            ctx, connection, journal.succeed, keeps, result=kept, chain_ended=ctx.chain_ended
+        )
 
     done, started = _persistently(write)
     if done:
@@ -229,6 +214,39 @@ def _publish_started(app: Celery, started: list[PendingMessage]) -> None:
     if started:
         crashpoints.hit("step_after_commit_before_successors")
         outbox.publish_now(app, [journal.on_local_clock(m, timedelta(0)) for m in started])
+
+
+def _end(
+    ctx: RunContext,
+    connection: Callable[[], AbstractContextManager[Connection]],
+    end: Callable[..., bool],
+    first: Callable[[Connection], None] | None = None,
+    **given: Any,
+) -> tuple[bool, list[PendingMessage]]:
+    """One fenced end of the attempt (``end``: journal.succeed, fail or honour_cancel, told
+    ``given``; ``first`` written before it) and its key's release, in one transaction; with
+    what a workflow step's end started, to publish after COMMIT."""
+    started: list[PendingMessage] = []
+    with connection() as conn:
+        if first is not None:
+            first(conn)
+        done = end(
+            conn,
+            ctx.spec,
+            ctx.job_id,
+            ctx.attempt,
+            token=ctx.token,
+            actor=ctx.worker,
+            started=started,
+            **given,
+        )
+        return _let_go(conn, ctx, done), started
+
+
+def _keep_children(ctx: RunContext, children: list[Any], conn: Connection) -> None:
+    """The results of the calls the body made (Celery's ``children``), kept under the
+    attempt's fence before its success, in its transaction."""
+    journal.keep_children(conn, ctx.spec, ctx.row, ctx.token, [r.as_tuple() for r in children])
 
 
 def _let_go(conn: Connection, ctx: RunContext, written: bool) -> bool:
@@ -318,21 +336,8 @@ def _fail(
     cause: BaseException | None = None,
 ) -> Ended:
     def write() -> tuple[bool, list[PendingMessage]]:
-        started: list[PendingMessage] = []
-        with _outcome_connection(ctx) as conn:
-            done = journal.fail(
-                conn,
-                ctx.spec,
-                ctx.job_id,
-                ctx.attempt,
-                token=ctx.token,
-                outcome=outcome,
-                error=error,
-                actor=ctx.worker,
-                detail=detail,
-                started=started,
-            )
-            return _let_go(conn, ctx, done), started
+        connection = partial(_outcome_connection, ctx)
+        return _end(ctx, connection, journal.fail, outcome=outcome, error=error, detail=detail)
 
     done, started = _persistently(write)
     if not done:

@@ -94,8 +94,8 @@ def cancelled_by_pool(request: Request) -> None:
     cancel request the revoke wrote first (lifecycle/celery_api/revoke.py)."""
     held = _held_attempt(request, "revoke(terminate=True)")
     if held is not None:
-        _, ctx = held
-        _or_the_reaper(ctx, "revoke(terminate=True)", lambda: honour_cancel(ctx))
+        task, ctx = held
+        _or_the_reaper(ctx, "revoke(terminate=True)", lambda: honour_cancel(task.app, ctx))
 
 
 def _held_attempt(request: Request, why: str) -> tuple[Any, RunContext] | None:
