@@ -19,6 +19,7 @@ from typing import Any
 import celery.exceptions
 import pytest
 import redis
+from celery import Celery
 from celery.result import AsyncResult
 from celery.signals import before_task_publish, task_postrun
 from kombu import Exchange, Queue
@@ -46,6 +47,12 @@ UNCLAIMED_AFTER = 0.5
 def _count(engine: Engine, table: object) -> int:
     with engine.connect() as conn:
         return int(conn.execute(select(func.count()).select_from(table)).scalar_one())  # type: ignore[arg-type]
+
+
+def _relayed(db: Engine, handle: AsyncResult) -> bool:
+    """Whether ``handle`` is ready, after a pass of beat's relay over what is due."""
+    relay.run_once(app, db, relay.RelayConfig(grace=timedelta(0)))
+    return bool(handle.ready())
 
 
 def _relay_counts(engine: Engine) -> tuple[int, int]:
@@ -264,6 +271,46 @@ def test_a_call_from_a_body_sees_its_sender_as_celery_has_it_when_the_relay_publ
 
     assert sent.get(timeout=5) == [sender.id, sender.id]
     assert seen[sent.id] == (sender.id, sender.id)
+
+
+@pytest.mark.parametrize("given", [("root-r", "parent-p"), (None, "parent-p")])
+@pytest.mark.parametrize("by_relay", [False, True])
+def test_a_calls_own_root_and_parent_are_in_its_message_whoever_publishes_it_as_celerys(
+    worker: object,
+    db: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    given: tuple[str | None, str | None],
+    by_relay: bool,
+) -> None:
+    # A service continuing a trace or a workflow names them from outside any task: the
+    # caller's fast path sent the message as a root of its own, and the relay dropped a
+    # parent named without a root.
+    if by_relay:
+        monkeypatch.setattr(publisher, "fast_path_open", lambda: False)
+    lineage = dict(zip(("root_id", "parent_id"), given, strict=True))
+    bare = Celery("bare", broker="memory://", set_as_current=False)
+
+    @bare.task(name="bare.lineage_seen", bind=True)
+    def bare_lineage(self: Any) -> None:  # published here, never run
+        del self
+
+    seen: dict[str, tuple[str, str]] = {}
+
+    def published(sender: str, headers: dict[str, Any], **_: Any) -> None:
+        seen[headers["id"]] = (headers["root_id"], headers["parent_id"])
+
+    before_task_publish.connect(published, weak=False)
+    try:
+        theirs = bare_lineage.apply_async(**lineage)
+        ours = tasks.lineage_seen.apply_async(**lineage)
+        if by_relay:
+            eventually(lambda: _relayed(db, ours), timeout=30, interval=0.2)
+        assert ours.get(timeout=30) == [given[0] or ours.id, given[1]]
+    finally:
+        before_task_publish.disconnect(published)
+
+    assert seen[theirs.id] == (given[0] or theirs.id, given[1])
+    assert seen[ours.id] == (given[0] or ours.id, given[1])
 
 
 def test_a_handle_speaks_celerys_state_names_like_an_async_result(

@@ -130,6 +130,7 @@ def _first_messages(
             now=at,
             available_at=_available_at(row),
             traceparent=jobs[i].traceparent,
+            lineage=jobs[i].lineage,
         )
     values = [out.values(spec.module) for out in outgoing_by_position.values()]
     by_job = {job_id: int(outbox_id) for outbox_id, job_id in conn.execute(_OUTBOX_INSERT, values)}

@@ -84,6 +84,7 @@ def enqueue_new(
         now=now,
         available_at=row["next_retry_at"] or now,
         traceparent=job.traceparent,
+        lineage=job.lineage,
     )
     inserted, message = _run(conn, plan, _insert_params(row, now, job), event, out)
     if inserted is None:

@@ -36,7 +36,7 @@ def with_kept_headers(conn: Connection, messages: Sequence[PendingMessage]) -> l
 
 
 class _Kept(NamedTuple):
-    lineage: tuple[str, str | None] | None
+    lineage: tuple[str | None, str | None] | None
     shadow: str | None
 
 
@@ -65,7 +65,9 @@ def _kept_headers(
     }
 
 
-def _lineage(kept: Any) -> tuple[str, str | None] | None:
-    if not kept or not kept.get("root_id"):
+def _lineage(kept: Any) -> tuple[str | None, str | None] | None:
+    # A call from outside any task that names only its parent keeps no root: its message
+    # is its own root, as in Celery.
+    if not kept or not (kept.get("root_id") or kept.get("parent_id")):
         return None
-    return kept["root_id"], kept.get("parent_id")
+    return kept.get("root_id"), kept.get("parent_id")

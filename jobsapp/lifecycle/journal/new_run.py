@@ -51,6 +51,10 @@ class NewJob:
     # The task's ``limit`` (or ``fair`` window) on its key: None is one active run per key
     # (the unique index); a number queues the run through the key's slots (key_slots.py).
     key_limit: int | None = None
+    # The root and parent the call names itself (``apply_async(root_id=, parent_id=)``),
+    # which its first message carries when the caller publishes it, as Celery's send_task
+    # puts them in its headers (a relay reads them from the run: kept_headers.py).
+    lineage: tuple[str | None, str | None] | None = None
 
 
 def new_claim_token() -> uuid.UUID:

@@ -51,8 +51,10 @@ class PendingMessage:
     priority: int | None = None
     # The root and parent its job keeps (a call from a task's body, a canvas step), which
     # a publisher outside that task puts in the first attempt's headers: the relay reads
-    # them (outbox_queries.with_kept_headers); None when the run keeps none.
-    lineage: tuple[str, str | None] | None = None
+    # them (outbox_queries.with_kept_headers), the caller's fast path takes the ones its
+    # call named (``NewJob.lineage``); None when the run keeps none (a root of None: the
+    # message's own task id, as in Celery).
+    lineage: tuple[str | None, str | None] | None = None
     # The call's display name its run keeps (``SHADOW``), in every attempt's ``shadow``
     # header: read with the row a transition writes it from, or by the relay.
     shadow: str | None = None
@@ -138,6 +140,7 @@ class Outgoing:
     queue: str | None = None
     priority: int | None = None
     shadow: str | None = None
+    lineage: tuple[str | None, str | None] | None = None
 
     def values(self, module: str) -> dict[str, Any]:
         return {
@@ -163,6 +166,7 @@ class Outgoing:
             queue=self.queue,
             priority=self.priority,
             shadow=self.shadow,
+            lineage=self.lineage,
         )
 
 
@@ -174,6 +178,7 @@ def outgoing(
     now: datetime | None,
     available_at: datetime | None,
     traceparent: str | None = None,
+    lineage: tuple[str | None, str | None] | None = None,
 ) -> Outgoing:
     # The body's enqueued_at is informational (nothing compares it): the process clock.
     body = build_body(
@@ -197,6 +202,7 @@ def outgoing(
         row.get("queue"),
         row.get("priority"),
         kept_shadow(spec, row),
+        lineage,
     )
 
 

@@ -143,7 +143,8 @@ def build(
     """The run of one call; ``by_caller``: built where the call is made (not from a
     delivered message, whose headers carry its lineage), so a calling task's body is its
     sender, and ``lineage`` the call's own root and parent if it names them
-    (``_with_sender``)."""
+    (``_with_sender``; its first message carries them too, ``NewJob.lineage``)."""
+    own = None if lineage is None else lineage_of(lineage)  # a plain call: no lookup
     job_id = job_id or task.derive_job_id(args, kwargs) or uuid.uuid4()
     values_by_name = named(task, args, kwargs)
     try:
@@ -157,12 +158,13 @@ def build(
         task_name=task.name,
         concurrency_key=task.concurrency_key(job_id, values_by_name),
         max_attempts=task.max_attempts,
-        values=_with_sender(task.run_table, values, lineage) if by_caller else values,
+        values=_with_sender(task.run_table, values, own) if by_caller else values,
         dedup_window=timedelta(seconds=task.dedup_window),
         traceparent=tracing.outgoing().get("traceparent"),
         queue=getattr(task, "queue", None),
         priority=getattr(task, "priority", None),
         key_limit=task.key_limit,
+        lineage=own,
     )
 
 
@@ -172,14 +174,14 @@ def _with_sender(
     """``values``, and when a task's body makes the call, the sender's ``root_id`` and
     ``parent_id`` (what Celery's ``send_task`` stamps on its message) kept beside the
     arguments: every attempt's body sees them whoever publishes its message, the caller's
-    fast path or beat's relay, which has no calling task. The call's own (``given``:
-    ``apply_async(root_id=, parent_id=)``, as Celery's tracer sends a ``link``) win over
-    the sender's, as in ``send_task``. A run table that keeps only ids has no place for
-    them (its message's headers say what they carry)."""
+    fast path or beat's relay, which has no calling task. A call that names its own
+    (``given``: ``apply_async(root_id=, parent_id=)``, as Celery's tracer sends a
+    ``link``, completed by the sender's: ``lineage_of``) keeps those. A run table that
+    keeps only ids has no place for them (its message's headers say what they carry)."""
     column = spec.params_column
     if column is None:
         return values
-    found = sender() if given is None else lineage_of(given)  # a plain call: one lookup
+    found = sender() if given is None else given  # a plain call: one lookup
     if found is None:
         return values
     root, parent = found

@@ -138,9 +138,11 @@ def _attempt_links(message: PendingMessage) -> dict[str, Any]:
         links["parent_id"] = task_id_for(message.job_id, message.attempt - 1)
         links["root_id"] = task_id_for(message.job_id, 1)
     elif message.lineage is not None:
-        # The sender's, as its send_task stamps them; the relay publishes without it.
+        # The sender's, or the call's own, as send_task stamps them: a publisher outside
+        # the calling task (the relay), or a caller outside any task, has none to stamp.
         root, parent = message.lineage
-        links["root_id"] = root
+        if root is not None:
+            links["root_id"] = root
         if parent is not None:
             links["parent_id"] = parent
     return links
