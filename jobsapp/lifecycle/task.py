@@ -307,7 +307,8 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
         ``callbacks`` the canvas's own (its callbacks, and when the step is due)."""
         sig = self.s(*(args or ()), **(kwargs or {}))
         sig.set(**{k: v for k, v in step.items() if v is not None})
-        handle: JobHandle = canvas.start(sig, None, callbacks)
+        # apply_async asked the task's shadow_name for this call; Celery asks it once.
+        handle: JobHandle = canvas.start(sig, None, callbacks, asked=True)
         return handle
 
     def AsyncResult(self, task_id: str, **kwargs: Any) -> JobHandle:  # noqa: N802

@@ -57,6 +57,17 @@ def shadow_named(token: str, fail_times: int, secret: str) -> None:
         raise ConnectionError(f"upstream down ({len(secret)})")
 
 
+def name_none(task: Any, args: Any, kwargs: Any, options: Any) -> None:
+    """A team's ``shadow_name`` that leaves a call its task's name."""
+    del task
+    ASKED.append((args, kwargs, options))
+
+
+@lifecycle_task(app, name="tests.shadow_unnamed", shadow_name=name_none)
+def shadow_unnamed(token: str) -> str:
+    return token
+
+
 @pytest.fixture
 def shown() -> Iterator[dict[str, dict[str, list[Any]]]]:
     """By task: the headers of each of its messages published here, and the name the
@@ -220,3 +231,24 @@ def test_a_limited_run_another_runs_worker_publishes_keeps_its_shadow_and_lineag
     kept = (SHOWN, sender.id, sender.id)
     assert published(shown, task, "shadow", "root_id", "parent_id") == [kept] * 4
     assert shown["received"][task.name] == [SHOWN] * 4
+
+
+def test_a_shadow_name_that_names_none_is_asked_once_for_a_call_with_a_link(
+    worker: object, db: Engine, shown: dict[str, dict[str, list[Any]]]
+) -> None:
+    # Celery asks it once per apply_async; the workflow a link makes of the call asked it
+    # again when it was compiled.
+    bare = Celery("bare", set_as_current=False)
+    bare_unnamed = bare.task(name="bare.unnamed", shadow_name=name_none)(shadow_unnamed.run)
+    bare.send_task = lambda *_, **__: None  # type: ignore[method-assign]
+    token = uuid.uuid4().hex[:8]
+    ASKED.clear()
+    bare_unnamed.apply_async((token,), link=bare_unnamed.si(f"{token}-linked"), priority=3)
+    theirs = list(ASKED)
+    ASKED.clear()
+    r = shadow_unnamed.apply_async((token,), link=tasks.echo.si(f"{token}-linked"), priority=3)
+
+    assert r.get(timeout=30) == token
+    eventually(lambda: tasks.calls(f"{token}-linked"), timeout=30)
+    assert ASKED == theirs == [((token,), None, {"priority": 3})]
+    assert published(shown, shadow_unnamed, "shadow") == [None]

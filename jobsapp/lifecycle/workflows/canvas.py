@@ -131,6 +131,9 @@ class Compiler:
     # The task whose body sends the canvas (its root_id, its id), as Celery's send_task
     # reads it: the canvas's first tasks descend from it.
     sender: tuple[str, str] | None = None
+    # The step whose task's ``shadow_name`` the caller asked already (a task's own
+    # ``apply_async(link=...)``: its step), which Celery asks once a call.
+    asked: str | None = None
     drafts: dict[str, _Draft] = field(default_factory=dict)
 
     def steps(self) -> list[Step]:
@@ -236,6 +239,7 @@ class Compiler:
         options = {**_options(sig), **(routing or {})}
         job_id = self._job_id(options, path)
         given = sig.args if sig.immutable else (*args, *sig.args)
+        ask = (trigger == START or sig.immutable) and path != self.asked
         call = _require_arguments(str(sig.task), spec, given, sig.kwargs)
         self.drafts[job_id] = _Draft(
             {
@@ -255,7 +259,7 @@ class Compiler:
                 "priority": _priority(options, task),
                 "lineage": self._lineage(job_id, None if trigger == START else after),
                 "countdown": _countdown(options.get("countdown")),
-                "shadow": _shadow(task, sig, given, options, trigger == START or sig.immutable)
+                "shadow": _shadow(task, sig, given, options, ask)
                 if "shadow" in options or task.names_calls
                 else None,
             }
@@ -333,17 +337,18 @@ def _options(sig: Signature) -> Mapping[str, Any]:
 
 
 def _shadow(
-    task: Any, sig: Signature, args: Sequence[Any], options: Mapping[str, Any], whole: bool
+    task: Any, sig: Signature, args: Sequence[Any], options: Mapping[str, Any], ask: bool
 ) -> str | None:
     """A step's display name: its own ``shadow``, else what its task's ``shadow_name`` makes
     of the call, asked as Celery asks it when it sends the step. Asked here, where the
-    canvas is written, only of a step whose arguments are ``whole`` by then (a first step,
-    an immutable one): a step given what it waits for is sent by the journal, which does
-    not call a team's code in the transaction that starts it, and shows its task's name."""
+    canvas is written (``ask``), only of a step whose arguments are whole by then (a first
+    step, an immutable one): a step given what it waits for is sent by the journal, which
+    does not call a team's code in the transaction that starts it, and shows its task's
+    name; nor of the step the caller's ``apply_async`` asked (``Compiler.asked``)."""
     shadow = options.get("shadow")
     if shadow is not None:
         newjob.require_name(f"{sig.task} in a canvas", shadow)
-    if shadow or not (whole and task.names_calls):
+    if shadow or not (ask and task.names_calls):
         return shadow
     own = {k: v for k, v in options.items() if k not in _NOT_ASKED}
     named: str | None = task.shadow_name(tuple(args), dict(sig.kwargs), own)
@@ -393,10 +398,13 @@ def _require_arguments(
 # --- starting a workflow -------------------------------------------------------------------
 
 
-def start(sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any]) -> Any:
+def start(
+    sig: Signature, args: Sequence[Any] | None, options: Mapping[str, Any], *, asked: bool = False
+) -> Any:
     """Write the canvas's steps and first runs in one transaction, publish after COMMIT,
-    and return what Celery returns for it: the last step's handle, or a group's list."""
-    workflow_id, out, steps = compiled(sig, args, options)
+    and return what Celery returns for it: the last step's handle, or a group's list.
+    ``asked``: ``sig`` is a task's call whose ``apply_async`` asked its ``shadow_name``."""
+    workflow_id, out, steps = compiled(sig, args, options, asked=asked)
     countdown, eta = options.get("countdown"), options.get("eta")
     # Celery delays a chain's first task, a group's members, a chord's header: the first steps.
     due = (
@@ -417,6 +425,7 @@ def compiled(
     options: Mapping[str, Any],
     *,
     into: tuple[uuid.UUID, str] | None = None,
+    asked: bool = False,
 ) -> tuple[uuid.UUID, Output, list[Step]]:
     """The canvas's workflow id, what it answers (a step's job id, or a group's list) and
     its steps; nothing written. A ``task_id`` names the workflow: the same again is the
@@ -435,7 +444,7 @@ def compiled(
     if into is None and options.get("task_id"):
         sig = _answering_to(sig, str(options["task_id"]))
     workflow_id, path = into or (_workflow_id(options.get("task_id") or _frozen_id(sig)), "0")
-    compiler = Compiler(workflow_id, _sender(options))
+    compiler = Compiler(workflow_id, _sender(options), asked=path if asked else None)
     routing = {k: options[k] for k in _ROUTING if options.get(k) is not None}
     out = compiler.node(sig, path, None, tuple(args or ()), (), routing)
     return workflow_id, out, compiler.steps()
