@@ -28,8 +28,9 @@ from sqlalchemy import Connection, Engine
 
 from jobsapp.db import utcnow
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.celery_api.revoke import JournalControl
+from jobsapp.lifecycle.celery_api.revoke import JournalControl, publish_started
 from jobsapp.lifecycle.journal import KeyBusy, Reopened, Revoked, Run, registry
+from jobsapp.lifecycle.journal.outbox_rows import PendingMessage
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.lifecycle.rules.states import State, Transition
@@ -304,17 +305,21 @@ def cancel(
     not cancelled blind (default: the row as read in this transaction). ``terminate``:
     also send Celery's terminate to the running attempt, the fallback for a body that
     never comes back to Python; asked again of a job already told to stop, it is audited
-    and sent again.
+    and sent again. A queued workflow step's cancel publishes what it started (a chord
+    body's errbacks: journal/cancel.py) once committed.
     """
     spec, who, why = run_table(module), operator_actor(actor), checked_reason(reason)
+    started: list[PendingMessage] = []
     with engine.begin() as conn:
         run = _current(conn, spec, job_id)
         seen = run.attempts if attempts is None else attempts
-        done = _revoke(conn, spec, job_id, seen, who, why, terminate=terminate)
+        done = _revoke(conn, spec, job_id, seen, who, why, terminate=terminate, started=started)
         if done is Revoked.CANCELLED:
-            return CancelResult(
-                spec.module, job_id, _run_hook(_CANCEL_HOOKS.get(spec.module), conn, spec, job_id)
-            )
+            hooked = _run_hook(_CANCEL_HOOKS.get(spec.module), conn, spec, job_id)
+    if done is Revoked.CANCELLED:
+        if started:
+            publish_started(app or _default_app(), started)
+        return CancelResult(spec.module, job_id, hooked)
     sent = terminate and _terminate(app or _default_app(), job_id, seen)
     return CancelResult(spec.module, job_id, seen, running=True, terminate_sent=sent)
 
@@ -341,11 +346,12 @@ def _revoke(
     why: str,
     *,
     terminate: bool,
+    started: list[PendingMessage],
 ) -> Revoked:
     """The journal's revoke; a refusal (Conflict) unless the run is cancelled now or its
     attempt is asked to stop (now, or again with terminate, audited)."""
     why = f"{why} [terminate]" if terminate else why
-    done = journal.revoke(conn, spec, job_id, actor=who, reason=why, seen=seen)
+    done = journal.revoke(conn, spec, job_id, actor=who, reason=why, seen=seen, started=started)
     if done in (Revoked.CANCELLED, Revoked.REQUESTED):
         return done
     run = _current(conn, spec, job_id)

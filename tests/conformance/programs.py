@@ -727,6 +727,38 @@ def revoke_a_running_chain_step_without_terminate(s: Side) -> Any:
     return [_value_or_error(r), _ready_state(r.parent), _ready_state(r)]
 
 
+def revoke_a_chord_member_before_it_starts(s: Side) -> Any:
+    """A chord's member revoked while it waits for its countdown: the chord's get(), the
+    member's state, its body's once ready, whether the body's link_error ran."""
+    e = token()
+    body = s.tsum.s().on_error(s.count_run.si(e))
+    r = chord([s.add.s(1, 1), s.add.s(2, 2).set(countdown=2)], body).apply_async()
+    member = r.parent.results[1]
+    member.revoke()
+    kind = raised(lambda: r.get(timeout=WAIT))[0]  # either, a race as for a failing member
+    return [
+        kind in ("TaskRevokedError", "ChordError"),
+        _ready_state(member),
+        _ready_state(r),
+        _runs_within(e, 5),
+    ]
+
+
+def revoke_a_chain_step_before_it_starts(s: Side) -> Any:
+    """A chain's second step revoked while its first runs: the chain's get(), the second
+    step's state, the third's, and whether the second's link_error ran."""
+    t, e = token(), token()
+    second = s.add.si(1, 1).on_error(s.count_run.si(e))
+    r = chain(s.held.si(t), second, s.add.si(1, 2)).apply_async()
+    try:
+        started(t)
+        r.parent.revoke()
+    finally:
+        bodies.release(t)
+    kind = raised(lambda: r.get(timeout=WAIT))[0]
+    return [kind, _ready_state(r.parent), r.state, _runs_within(e, 2)]
+
+
 def expires_of_the_task(s: Side) -> Any:
     r = s.short_lived.apply_async((1, 2), countdown=3)
     return [raised(lambda: r.get(timeout=WAIT))[0], r.state]
@@ -1466,6 +1498,14 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         revoke_a_running_chain_step_without_terminate,
         [["value", 3], "SUCCESS", "SUCCESS"],
     ),
+    "a chord whose member is revoked before it starts": (
+        revoke_a_chord_member_before_it_starts,
+        [True, "REVOKED", "FAILURE", 1],
+    ),
+    "a chain whose second step is revoked before it starts": (
+        revoke_a_chain_step_before_it_starts,
+        ["TaskRevokedError", "REVOKED", "PENDING", 0],
+    ),
     "a task's own expires=, passed before it ran": (
         expires_of_the_task,
         ["TaskRevokedError", "REVOKED"],
@@ -1665,6 +1705,13 @@ DIFFERENT: dict[str, Any] = {
     # sends it: PENDING for good): blocked as a failure blocks it, FAILURE, so a replay of
     # the step resumes it; its get() raises the step's TaskRevokedError, as the chain's.
     "revoke(terminate=True) of a running chain's middle step": [
+        "TaskRevokedError",
+        "REVOKED",
+        "FAILURE",
+        0,
+    ],
+    # As for a running step: the rest of the chain blocked, FAILURE (Celery: PENDING for good).
+    "a chain whose second step is revoked before it starts": [
         "TaskRevokedError",
         "REVOKED",
         "FAILURE",

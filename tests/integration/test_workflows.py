@@ -4,7 +4,8 @@ The successor of a step is written in the transaction of the step's success (a r
 back success leaves neither); a chord's body is written once when two members finish at
 the same moment; a retried step redoes only itself; a failed step replayed by the operator
 resumes the chain (celery#5970); a chord whose member fails blocks its body visibly and
-calls the body's errback; ``queue`` and ``priority`` given on a step are kept for it.
+calls the body's errback, as does one revoked, cancelled or expired, queued or running;
+``queue`` and ``priority`` given on a step are kept for it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -24,7 +25,7 @@ import redis
 from celery import Celery, chain, chord, group
 from celery.exceptions import ChordError, TaskRevokedError
 from celery.result import AsyncResult
-from sqlalchemy import Engine, event, inspect, select
+from sqlalchemy import Engine, event, inspect, select, update
 
 from jobsapp import cli, operator
 from jobsapp.db import make_engine, utcnow
@@ -359,7 +360,7 @@ def test_a_step_the_reaper_fails_blocks_what_waits_for_it_and_starts_its_errback
     assert (called["state"], called["params"]["args"]) == ("queued", [str(first)])
 
 
-def _revoked_while_running(engine: Engine, job_id: uuid.UUID, ended_by: str) -> None:
+def _revoked_while_running(engine: Engine, job_id: uuid.UUID, *, ended_by: str) -> None:
     """A revoke of the running step ``job_id``, then its end: by its worker at its next
     beat (honour_cancel), or by the reaper once its worker died (a stale heartbeat)."""
     token = _claim(engine, job_id)
@@ -387,20 +388,71 @@ def test_a_step_revoked_while_running_blocks_what_waits_for_it_and_starts_no_err
     # none), and a chord it is a member of fails, calling the body's errbacks. Before, its
     # worker's end left what waited for it waiting for good, and the reaper's started its
     # errbacks as for a failure.
+    _an_end_blocks_what_waits_and_starts_no_errback_of_its_own(
+        pg, partial(_revoked_while_running, ended_by=ended_by), "cancelled"
+    )
+
+
+def _revoked_while_queued(engine: Engine, job_id: uuid.UUID) -> None:
+    with engine.begin() as conn:
+        done = journal.revoke(conn, JOBS, job_id, actor="test", reason="revoked")
+    assert done is journal.Revoked.CANCELLED
+
+
+def _cancelled_by_an_operator(engine: Engine, job_id: uuid.UUID) -> None:
+    done = operator.cancel(engine, JOBS.module, job_id, actor="ops", reason="not wanted")
+    assert not done.running
+
+
+def _expired_while_queued(engine: Engine, job_id: uuid.UUID) -> None:
+    """The reaper's expiry of the queued step (a worker's claim of its message expires it
+    with journal.expire, the same write)."""
+    now = utcnow()
+    table = JOBS.table
+    with engine.begin() as conn:
+        conn.execute(update(table).where(table.c.job_id == job_id).values(expires_at=now))
+        assert journal.expire_due(conn, JOBS, limit=10, actor="reaper", now=now) == 1
+
+
+@pytest.mark.parametrize(
+    ("end", "outcome"),
+    [
+        (_revoked_while_queued, "cancelled"),
+        (_cancelled_by_an_operator, "cancelled"),
+        (_expired_while_queued, "expired"),
+    ],
+    ids=["a revoke", "an operator's cancel", "an expiry"],
+)
+def test_a_step_ended_while_queued_blocks_what_waits_for_it_and_starts_no_errback_of_its_own(
+    pg: Engine, redis_clean: None, end: Callable[[Engine, uuid.UUID], None], outcome: str
+) -> None:
+    # Celery's worker drops a revoked or expired message and marks it revoked: a chord it
+    # is a member of fails, calling the body's errbacks; its own errbacks never run. Before,
+    # a step ended while queued blocked nothing: the chord's body waited for good.
+    _an_end_blocks_what_waits_and_starts_no_errback_of_its_own(pg, end, outcome)
+
+
+def _an_end_blocks_what_waits_and_starts_no_errback_of_its_own(
+    pg: Engine, end: Callable[[Engine, uuid.UUID], None], outcome: str
+) -> None:
+    """``end`` of a chain's first step and of a chord's member: the rest of the chain
+    upstream_failed, the chord's body chord_failed with its errback started, and no
+    errback of the ended step's own."""
     own, bodys = str(uuid.uuid4()), str(uuid.uuid4())
     first = t.add.s(1, 1).on_error(t.identity.s().set(task_id=own))
     handle = chain(first, t.add.s(2)).apply_async()
-    revoked = _steps(pg, handle.workflow_id)["0.0"]["job_id"]
-    _revoked_while_running(pg, revoked, ended_by)
+    ended = _steps(pg, handle.workflow_id)["0.0"]["job_id"]
+    end(pg, ended)
+    assert run_row(pg, ended)["outcome"] == outcome
     assert _run(pg, uuid.UUID(own)) is None
     assert (handle.state, handle.row()["outcome"]) == ("FAILURE", "upstream_failed")
-    with pytest.raises(TaskRevokedError):  # as Celery's chain.get(): the revoked step's
+    with pytest.raises(TaskRevokedError):  # as Celery's chain.get(): the ended step's
         handle.get(timeout=WAIT)
 
     body = t.tsum.s().on_error(t.identity.s().set(task_id=bodys))
     joined = chord([t.add.s(1, 1), t.add.s(2, 2)], body).apply_async()
     member = _steps(pg, joined.workflow_id)["0.h.0"]["job_id"]
-    _revoked_while_running(pg, member, ended_by)
+    end(pg, member)
     assert (joined.state, joined.row()["outcome"]) == ("FAILURE", "chord_failed")
     called = run_row(pg, uuid.UUID(bodys))
     assert (called["state"], called["params"]["args"]) == ("queued", [str(joined.job_id)])

@@ -331,7 +331,7 @@ class JournalBackend(BaseBackend):
         (``celery_view``)."""
         del store_result, state
         if reason not in {"expired", "terminated"}:
-            revoke.worker_discarded(str(task_id), request)
+            revoke.worker_discarded(self.app, str(task_id), request)
 
     def _forget(self, task_id: str) -> None:
         """Celery's ``forget``: drop the kept return value; the run itself stays in the

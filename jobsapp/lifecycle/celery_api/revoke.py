@@ -20,8 +20,10 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
 from typing import Any, TypeVar
 
+from celery import Celery
 from celery.app.control import Control
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError
@@ -29,8 +31,10 @@ from sqlalchemy.exc import OperationalError
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.journal import Revoked, registry
+from jobsapp.lifecycle.journal.outbox_rows import PendingMessage
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules import message
+from jobsapp.lifecycle.transport import outbox
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +42,21 @@ REASON = "revoked (app.control.revoke)"
 T = TypeVar("T")
 
 
-def revoke_jobs(task_ids: Iterable[str], *, actor: str = "revoke") -> list[str]:
+def revoke_jobs(
+    task_ids: Iterable[str],
+    *,
+    actor: str = "revoke",
+    started: list[PendingMessage] | None = None,
+) -> list[str]:
     """Write each id's revoke in the journal; the task ids of the attempts now asked to
-    stop (for Celery's own revoke)."""
+    stop (for Celery's own revoke). What a queued workflow step's cancel started joins
+    ``started``, to publish once written (journal/cancel.py)."""
     running: list[str] = []
     engine = get_engine()
     for task_id in map(str, task_ids):
-        found = _revoke(engine, message.job_id_of_task(task_id), actor)
+        found = _revoke(engine, message.job_id_of_task(task_id), actor, started)
         if found is None:
-            found = _revoke_attempt(engine, task_id, actor)
+            found = _revoke_attempt(engine, task_id, actor, started)
         if found:
             running.append(found)
     return running
@@ -62,20 +72,24 @@ def _in_tables(engine: Engine, write: Callable[[Connection, RunTable], T | None]
     return None
 
 
-def _revoke(engine: Engine, job_id: uuid.UUID, actor: str) -> str | None:
+def _revoke(
+    engine: Engine, job_id: uuid.UUID, actor: str, started: list[PendingMessage] | None
+) -> str | None:
     """Revoke the job in whichever run table holds it; the task id of its attempt asked
     to stop, "" when it was not running, None when no table holds it."""
-    return _in_tables(engine, lambda conn, spec: _revoke_in(conn, spec, job_id, actor))
+    return _in_tables(engine, lambda conn, spec: _revoke_in(conn, spec, job_id, actor, started))
 
 
-def _revoke_attempt(engine: Engine, task_id: str, actor: str) -> str | None:
+def _revoke_attempt(
+    engine: Engine, task_id: str, actor: str, started: list[PendingMessage] | None
+) -> str | None:
     """Revoke the active job one of whose attempts is ``task_id`` (as ``_revoke``)."""
     if not _name_based(task_id):
         return None
 
     def write(conn: Connection, spec: RunTable) -> str | None:
         job_id = journal.job_of_attempt(conn, spec, task_id)
-        return None if job_id is None else _revoke_in(conn, spec, job_id, actor)
+        return None if job_id is None else _revoke_in(conn, spec, job_id, actor, started)
 
     return _in_tables(engine, write)
 
@@ -89,8 +103,14 @@ def _name_based(task_id: str) -> bool:
         return False
 
 
-def _revoke_in(conn: Connection, spec: RunTable, job_id: uuid.UUID, actor: str) -> str | None:
-    done = journal.revoke(conn, spec, job_id, actor=actor, reason=REASON)
+def _revoke_in(
+    conn: Connection,
+    spec: RunTable,
+    job_id: uuid.UUID,
+    actor: str,
+    started: list[PendingMessage] | None,
+) -> str | None:
+    done = journal.revoke(conn, spec, job_id, actor=actor, reason=REASON, started=started)
     if done is Revoked.UNKNOWN:
         return None
     log.info("%s job %s: revoke %s", spec.module, job_id, done.value)
@@ -104,14 +124,15 @@ def _revoke_in(conn: Connection, spec: RunTable, job_id: uuid.UUID, actor: str) 
 DISCARDED = "revoked (a worker's list of revoked task ids)"
 
 
-def worker_discarded(task_id: str, request: Any) -> bool:
+def worker_discarded(app: Celery, task_id: str, request: Any) -> bool:
     """A worker discarded a lifecycle message whose id its memory lists as revoked: a
     revoke broadcast that did not come through ``app.control.revoke`` (``celery control
     revoke``), or one made before the job's enqueue committed (the journal had no run to
     cancel then). The run still waiting for that attempt is cancelled, so the journal agrees
     with the worker and the relay does not publish it again and again. The attempt is the
     message's (``retries`` + 1), its job the id itself for a first attempt and the message's
-    ``root_id`` for a later one (outbox.py's links). True when a run was cancelled."""
+    ``root_id`` for a later one (outbox.py's links). What a workflow step's cancel started
+    (a chord body's errbacks) is published once written. True when a run was cancelled."""
     attempt = int(getattr(request, "retries", None) or 0) + 1
     named = task_id if attempt == 1 else getattr(request, "root_id", None)
     try:
@@ -121,21 +142,40 @@ def worker_discarded(task_id: str, request: Any) -> bool:
     if message.task_id_for(job_id, attempt) != task_id:
         return False  # not an attempt jobsapp published
 
+    started: list[PendingMessage] = []
+
     def write(conn: Connection, spec: RunTable) -> bool | None:
         if not journal.cancel(
-            conn, spec, job_id, attempts=attempt - 1, actor="revoke", reason=DISCARDED
+            conn,
+            spec,
+            job_id,
+            attempts=attempt - 1,
+            actor="revoke",
+            reason=DISCARDED,
+            started=started,
         ):
             return None
         log.info("%s job %s: cancelled, %s", spec.module, job_id, DISCARDED)
         return True
 
     try:
-        return bool(_in_tables(get_engine(), write))
+        done = bool(_in_tables(get_engine(), write))
+        publish_started(app, started)
+        return done
     except OperationalError as down:
         # Called in the worker's consumer: an outage must not reach it. The relay's next
         # publish of the run is discarded again, and its cancel tried again then.
         log.warning("job %s: revoke not recorded (%s)", job_id, type(down.orig).__name__)
     return False
+
+
+def publish_started(app: Celery, started: list[PendingMessage]) -> None:
+    """The fast path for what a queued workflow step's cancel started, after its COMMIT
+    (the relay otherwise): a plain job's revoke started nothing, and sends nothing. Their
+    sender is the workflow, not a task that called the revoke."""
+    if started:
+        due = [journal.on_local_clock(m, timedelta(0)) for m in started]
+        outbox.publish_now(app, due, by_running_task=False)
 
 
 def revoke_in_journal(
@@ -150,7 +190,9 @@ def revoke_in_journal(
     ``terminate`` where the pool can), naming each running attempt too; whatever control
     ``app`` has (a team's app keeps Celery's)."""
     ids = list(task_ids)
-    attempts = [found for found in revoke_jobs(ids) if found not in ids]
+    started: list[PendingMessage] = []
+    attempts = [found for found in revoke_jobs(ids, started=started) if found not in ids]
+    publish_started(app, started)
     return Control.revoke(app.control, ids + attempts, terminate=terminate, signal=signal, **kwargs)
 
 

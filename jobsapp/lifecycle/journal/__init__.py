@@ -30,7 +30,8 @@ One file per transition (``states.ALLOWED`` names the file of each), over what t
 - claiming.py: Transition.CLAIM (and by insert, for a foreign message)
 - beat.py: the heartbeat (running -> running, no event)
 - finish.py: Transition.SUCCEED, FAIL, RETRY, SNOOZE
-- cancel.py: Transition.CANCEL of a queued run
+- cancel.py: Transition.CANCEL of a queued run (a workflow step's blocks what waits for it),
+  and an operator's cancel of what is left of a workflow (``cancel_rest``)
 - revoking.py: a revoke: CANCEL of a queued run, or a running one's cancel request
   (CANCEL_REQUEST) and its worker's Transition.CANCEL (``honour_cancel``)
 - expire.py: Transition.EXPIRE (queued past ``expires_at``)
@@ -75,7 +76,7 @@ from __future__ import annotations
 
 from jobsapp.lifecycle.journal._sql import EVENTS, OUTBOX, add_to_values, upsert
 from jobsapp.lifecycle.journal.beat import heartbeat
-from jobsapp.lifecycle.journal.cancel import cancel
+from jobsapp.lifecycle.journal.cancel import cancel, cancel_rest
 from jobsapp.lifecycle.journal.claiming import claim, claim_by_insert
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.enqueue_many import conflict_outcome, enqueue_many
@@ -126,7 +127,6 @@ from jobsapp.lifecycle.journal.row_events import history
 from jobsapp.lifecycle.journal.run import Run
 from jobsapp.lifecycle.journal.run_now import bring_forward
 from jobsapp.lifecycle.journal.task_ids import job_of_attempt
-from jobsapp.lifecycle.journal.workflow import cancel_rest
 
 __all__ = [
     "EVENTS",

@@ -2,7 +2,9 @@
 
 Two writers: lifecycle/worker/claim.py, when the claim of a delivered message was refused on an
 expired row (``expire``), and the reaper (maintenance/reaper.py, ``expire_due``), for a
-run whose message never came, so that it does not wait in ``queued`` forever.
+run whose message never came, so that it does not wait in ``queued`` forever. A workflow
+step's expiry blocks what waited for it (workflow.cancelled), as Celery's worker marks an
+expired message revoked, failing a chord it is a member of.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from datetime import datetime
 
 from sqlalchemy import ColumnElement, Connection, select, update
 
+from jobsapp.lifecycle.journal import workflow
 from jobsapp.lifecycle.journal._sql import _require_transaction
 from jobsapp.lifecycle.journal.clock import clock
 from jobsapp.lifecycle.journal.events import record_event
@@ -87,5 +90,7 @@ def _expire(
             now=run.updated_at,
             reason=REASON,
         )
+        if run.workflow_id is not None:
+            workflow.cancelled(conn, run.job_id, actor=actor, now=run.updated_at, how="expired")
     spec.changed(conn, Transition.EXPIRE, [run.columns for run in runs])
     return runs

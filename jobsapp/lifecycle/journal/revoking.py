@@ -5,10 +5,10 @@ cancel request (``cancel_requested_at``, a CANCEL_REQUEST event): from then on i
 attempt's fenced writes (heartbeat, succeed, fail, requeue: fence.py ``held``)
 are refused, and its worker ends it with ``honour_cancel`` (Transition.CANCEL, running
 -> failed/cancelled); a worker that died first leaves it to the reaper (reap.py), which
-fails it cancelled rather than requeue it. Either end of a workflow step blocks what waited
-for it and starts none of its errbacks (workflow.cancelled), as Celery answers a revoke. An
-operator who asks again, to terminate, leaves another CANCEL_REQUEST event
-(``repeat_request``). Called by lifecycle/celery_api/revoke.py and operator.py.
+fails it cancelled rather than requeue it. Any end of a workflow step, queued (cancel.py) or
+running, blocks what waited for it and starts none of its errbacks (workflow.cancelled), as
+Celery answers a revoke. An operator who asks again, to terminate, leaves another
+CANCEL_REQUEST event (``repeat_request``). Called by lifecycle/celery_api/revoke.py and operator.py.
 """
 
 from __future__ import annotations
@@ -51,11 +51,13 @@ def revoke(
     actor: str,
     reason: str,
     seen: int | None = None,
+    started: list[PendingMessage] | None = None,
 ) -> Revoked:
     """Cancel a queued run, or ask its running attempt to stop.
 
     ``seen``: the attempts the caller saw (an operator's page); a run at another attempt
-    is not revoked blind (MOVED). None: whatever attempt the run is at."""
+    is not revoked blind (MOVED). None: whatever attempt the run is at. ``started``: what a
+    queued workflow step's cancel started, to publish after COMMIT (cancel.py)."""
     _require_transaction(conn, "revoke")
     for _ in range(_TRIES):
         row = load(conn, spec, job_id)
@@ -65,7 +67,9 @@ def revoke(
         if seen is not None and attempts != seen:
             return Revoked.MOVED
         if row.state == State.QUEUED.value:
-            if cancel(conn, spec, job_id, attempts=attempts, actor=actor, reason=reason):
+            if cancel(
+                conn, spec, job_id, attempts=attempts, actor=actor, reason=reason, started=started
+            ):
                 return Revoked.CANCELLED
         elif row.state == State.RUNNING.value and row.cancel_requested_at is None:
             if _request(conn, spec, job_id, attempts, actor=actor, reason=reason):

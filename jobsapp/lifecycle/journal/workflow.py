@@ -5,7 +5,8 @@ enqueues its first runs in the same one). Then, inside the transaction of a step
 Transition.SUCCEED (finish.py), ``succeeded`` inserts the run of every step that waited
 for it and is now due, with its ENQUEUE event and outbox row; inside a Transition.FAIL,
 ``failed`` inserts the step's errbacks and marks what waited for it blocked; a running step
-ended cancelled (a revoke) blocks the same, starting no errbacks of its own (``cancelled``).
+ended cancelled or expired (a revoke, queued or running; an expiry) blocks the same,
+starting no errbacks of its own (``cancelled``).
 So no step succeeds (or fails) without its successors (or errbacks) written: they commit
 together.
 
@@ -19,7 +20,8 @@ level of jobsapp's engines) reads what committed before it, the lock's wait incl
 (docs/workflows.md). SQLite's immediate transactions run one at a time.
 
 ``step_runs`` (reads.py) reads the run rows of steps, whatever their run tables (the
-chord's results, an operator's cancel here; the workflow view, monitor/workflows.py).
+chord's results; an operator's cancel of the rest, cancel.py; the workflow view,
+monitor/workflows.py).
 """
 
 from __future__ import annotations
@@ -31,11 +33,10 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Table, bindparam, or_, select, update
+from sqlalchemy import Connection, Table, bindparam, select, update
 
-from jobsapp.lifecycle.journal import finished_counts, registry
+from jobsapp.lifecycle.journal import registry
 from jobsapp.lifecycle.journal._sql import _require_transaction, upsert_of
-from jobsapp.lifecycle.journal.cancel import cancel
 from jobsapp.lifecycle.journal.clock import _clock_param, _stamp, clock
 from jobsapp.lifecycle.journal.enqueue_one import enqueue_new
 from jobsapp.lifecycle.journal.new_run import NewJob
@@ -250,19 +251,25 @@ def failed(
 
 
 def cancelled(
-    conn: Connection, job_id: uuid.UUID, *, actor: str, now: datetime | None = None
+    conn: Connection,
+    job_id: uuid.UUID,
+    *,
+    actor: str,
+    now: datetime | None = None,
+    how: str = "was revoked",
 ) -> list[PendingMessage]:
-    """In the transaction that ends a running step cancelled, its worker's (a revoke, an
-    operator's cancel: revoking.honour_cancel) or the reaper's (reap.py): what waited for it
-    is blocked as a failure blocks it (a chord's body ``chord_failed``, starting the
-    body's errbacks, as Celery's backend fails a chord whose member was revoked; the rest
-    of a chain ``upstream_failed``, so a replay of the step resumes it), but the step's own
-    errbacks do not run: Celery's ``mark_as_revoked`` calls none."""
+    """In the transaction that ends a step cancelled or expired: a running one by its
+    worker (a revoke, an operator's cancel: revoking.honour_cancel) or the reaper (reap.py),
+    a queued one by its cancel (cancel.py) or expiry (expire.py, ``how``: "expired"). What
+    waited for it is blocked as a failure blocks it (a chord's body ``chord_failed``,
+    starting the body's errbacks, as Celery's backend fails a chord whose member was revoked
+    or expired; the rest of a chain ``upstream_failed``, so a replay of the step resumes
+    it), but the step's own errbacks do not run: Celery's ``mark_as_revoked`` calls none."""
     _require_transaction(conn, "a workflow step's cancel")
     done = _step(conn, job_id)
     if done is None:
         return []
-    return _block_next(conn, done, f"step {job_id} was revoked", actor, now)
+    return _block_next(conn, done, f"step {job_id} {how}", actor, now)
 
 
 def _block_next(
@@ -297,53 +304,6 @@ def _renamed(after: Any, old: str, new: str) -> Any:
     if isinstance(after, list):
         return [_renamed(item, old, new) for item in after]
     return new if after is not None and str(after) == old else after
-
-
-def cancel_rest(
-    conn: Connection,
-    workflow_id: uuid.UUID,
-    *,
-    actor: str,
-    reason: str,
-    now: datetime | None = None,
-) -> int:
-    """An operator's cancel of what is left of a workflow: no step starts from now on
-    (a step still running finishes, and starts nothing), and its queued runs end
-    cancelled (Transition.CANCEL each). Returns how many runs were cancelled.
-
-    The steps are marked first, under their rows' locks: a step's success that starts a
-    successor holds the successor's lock, so its queued run is seen and cancelled here,
-    or it sees the mark and starts nothing. A finished workflow already counted is
-    counted as failed from now on (finished_counts.py)."""
-    _require_transaction(conn, "a workflow's cancel")
-    counted = finished_counts.counted_before(conn, [workflow_id])
-    marked = [
-        dict(step)
-        for step in conn.execute(
-            update(STEPS)
-            .where(
-                STEPS.c.workflow_id == workflow_id,
-                or_(STEPS.c.blocked_outcome.is_(None), STEPS.c.blocked_outcome != CANCELLED),
-            )
-            .values(blocked_at=clock(conn, now), blocked_outcome=CANCELLED, blocked_reason=reason)
-            .returning(STEPS.c.job_id, STEPS.c.module)
-        ).mappings()
-    ]
-    module_of = {step["job_id"]: step["module"] for step in marked}
-    queued = step_runs(conn, marked, "attempts", state=State.QUEUED)
-    finished_counts.recount(conn, counted)
-    return sum(
-        cancel(
-            conn,
-            registry.get(module_of[job_id]),
-            job_id,
-            attempts=run.attempts,
-            actor=actor,
-            reason=reason,
-            now=now,
-        )
-        for job_id, run in queued.items()
-    )
 
 
 @dataclass(frozen=True, slots=True)
