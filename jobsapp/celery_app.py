@@ -148,8 +148,11 @@ def _broker(broker_url: str) -> tuple[str, str | None]:
 
 def _transport(broker_url: str) -> str | None:
     """Redis brokers get kombu's Redis transport that refuses items it cannot parse;
-    RabbitMQ gets py-amqp's whose publish batches wait for their confirms once."""
+    RabbitMQ gets py-amqp's whose publish batches wait for their confirms once; the
+    embedded default kombu's filesystem transport whose messages appear whole."""
     scheme = broker_url.split("://", 1)[0]
+    if scheme == "filesystem":
+        return "jobsapp.lifecycle.transport.filesystem_transport:Transport"
     if scheme in ("redis", "rediss"):
         return "jobsapp.lifecycle.transport.redis_transport:Transport"
     if scheme == "sentinel":

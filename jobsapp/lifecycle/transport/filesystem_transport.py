@@ -1,0 +1,61 @@
+"""kombu's filesystem transport (the embedded default's broker), its messages written whole.
+
+kombu writes a message straight to its final name in the queue folder, and a consumer takes
+any file of that name (it moves it away, then reads it) without waiting for the writer's
+lock: a consumer that came between the writer's ``open`` and its ``write`` read an empty
+file, and its ``JSONDecodeError`` stopped the worker's consumer (``celery inspect ping``
+beside a worker on a loaded machine met it). Here a message is written under a name no
+consumer takes (``PART`` after the queue's suffix) and renamed to its own once whole, so a
+consumer sees a whole message or none; a writer that dies in between leaves a ``.part``
+file no consumer reads (its job's outbox row is published again by the relay). A file that
+still cannot be parsed (a stray one, or one kombu's own writer left half-written) is
+logged and dropped, as the Redis transport drops an item it cannot parse.
+``jobsapp.celery_app`` selects ``Transport`` for ``filesystem://``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from queue import Empty
+from time import monotonic
+from typing import Any, Final
+
+from kombu.exceptions import ChannelError
+from kombu.transport import filesystem
+from kombu.utils.json import dumps
+
+log = logging.getLogger(__name__)
+
+_REFUSED: Final = "rejected message <unreadable> for <no task>: %s"
+# After the queue's own suffix (``.{queue}.msg``), which is all a consumer takes.
+PART: Final = ".part"
+
+
+class Channel(filesystem.Channel):
+    # kombu's stubs give its virtual channel and its filesystem channel two signatures.
+    def _put(self, queue: str, message: Any, **_options: Any) -> None:  # type: ignore[override]
+        """kombu's message file, renamed into the queue once written. Its name orders the
+        queue as kombu's does: the milliseconds first."""
+        name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        final = os.path.join(self.data_folder_out, name)
+        try:
+            with open(final + PART, "wb", buffering=0) as part:
+                part.write(dumps(message).encode())
+            os.replace(final + PART, final)
+        except OSError as exc:
+            raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+    def _get(self, queue: str, timeout: float | None = None) -> Any:  # noqa: ARG002 - kombu passes none here
+        try:
+            return super()._get(queue)
+        except ValueError as exc:  # not JSON, not UTF-8: kombu moved the file away already
+            log.error(_REFUSED, f"the message file cannot be parsed: {type(exc).__name__}")
+            raise Empty from None
+
+
+class Transport(filesystem.Transport):
+    """Messages that appear in the queue whole; an unreadable file dropped with a line."""
+
+    Channel = Channel
