@@ -718,16 +718,6 @@ def revoke_terminate_a_chord_member(s: Side) -> Any:
         bodies.release(t)
 
 
-def revoke_a_running_chain_step_without_terminate(s: Side) -> Any:
-    t = token()
-    r = chain(s.add.s(1, 1), s.held.si(t), s.add.si(1, 2)).apply_async()
-    started(t)
-    r.parent.revoke()
-    _ready_state(r.parent, 2)  # Celery's goes on running: it stays as it is
-    bodies.release(t)
-    return [_value_or_error(r), _ready_state(r.parent), _ready_state(r)]
-
-
 def revoke_a_chord_member_before_it_starts(s: Side) -> Any:
     """A chord's member revoked while it waits for its countdown: the chord's get(), the
     member's state, its body's once ready, whether the body's link_error ran."""
@@ -1495,10 +1485,6 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
         revoke_terminate_a_chord_member,
         [True, "FAILURE", 1],
     ),
-    "result.revoke() (no terminate) of a running chain's middle step": (
-        revoke_a_running_chain_step_without_terminate,
-        [["value", 3], "SUCCESS", "SUCCESS"],
-    ),
     "a chord whose member is revoked before it starts": (
         revoke_a_chord_member_before_it_starts,
         [True, "REVOKED", "FAILURE", 1],
@@ -1717,12 +1703,6 @@ DIFFERENT: dict[str, Any] = {
         "REVOKED",
         "FAILURE",
         0,
-    ],
-    # Both of the above: the step stops at its next heartbeat, the rest of its chain blocked.
-    "result.revoke() (no terminate) of a running chain's middle step": [
-        ["raised", "TaskRevokedError"],
-        "REVOKED",
-        "FAILURE",
     ],
     # A value over JOBSAPP_RESULT_MAX_BYTES fails its run; arguments over
     # JOBSAPP_ARGS_MAX_BYTES are refused at the call: the journal keeps both.
