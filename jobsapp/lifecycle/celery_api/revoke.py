@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
 from typing import Any, TypeVar
 
 from celery import Celery
@@ -170,12 +169,10 @@ def worker_discarded(app: Celery, task_id: str, request: Any) -> bool:
 
 
 def publish_started(app: Celery, started: list[PendingMessage]) -> None:
-    """The fast path for what a queued workflow step's cancel started, after its COMMIT
-    (the relay otherwise): a plain job's revoke started nothing, and sends nothing. Their
-    sender is the workflow, not a task that called the revoke."""
-    if started:
-        due = [journal.on_local_clock(m, timedelta(0)) for m in started]
-        outbox.publish_now(app, due, by_running_task=False)
+    """What a queued workflow step's cancel started, after its COMMIT: a plain job's
+    revoke started nothing, and sends nothing. Their sender is the workflow, not a task
+    that called the revoke."""
+    outbox.publish_started(app, started, by_running_task=False)
 
 
 def revoke_in_journal(

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, Engine
 from jobsapp import crashpoints
 from jobsapp.db import get_relaxed_engine, is_autocommit, utcnow
 from jobsapp.lifecycle.flow.priorities import serving_rank
-from jobsapp.lifecycle.journal import PendingMessage, outbox_queries
+from jobsapp.lifecycle.journal import PendingMessage, on_local_clock, outbox_queries
 from jobsapp.lifecycle.rules.message import (
     BuiltBody,
     task_id_for,
@@ -385,3 +385,14 @@ def _mark_soon(engine: Engine, accepted: Sequence[outbox_queries.Accepted]) -> N
         MARKER.add(engine, accepted)
     else:
         _mark_in_own_transaction(engine, accepted)
+
+
+def publish_started(
+    app: Celery, started: Sequence[PendingMessage], *, by_running_task: bool = True
+) -> None:
+    """The fast path for what a committed transition started (a workflow step's
+    successors, a chord body's errbacks), due now on this process's clock; the relay
+    otherwise. ``by_running_task``: see ``publish``."""
+    if started:
+        due = [on_local_clock(m, timedelta(0)) for m in started]
+        publish_now(app, due, by_running_task=by_running_task)

@@ -213,7 +213,7 @@ def _publish_started(app: Celery, started: list[PendingMessage]) -> None:
     """The fast path for the steps a workflow step's end started (the relay otherwise)."""
     if started:
         crashpoints.hit("step_after_commit_before_successors")
-        outbox.publish_now(app, [journal.on_local_clock(m, timedelta(0)) for m in started])
+        outbox.publish_started(app, started)
 
 
 def _end(
