@@ -41,8 +41,10 @@ def test_a_torn_message_file_is_dropped_with_a_line_and_the_next_is_delivered(
     with _connection(folder, _transport(FILESYSTEM)) as conn:
         queue = conn.SimpleQueue("jobs")
         # What a consumer met between kombu's writer's open() and its write(): an empty
-        # file under the queue's name, older than the whole message after it.
-        (folder / "1_torn.jobs.msg").write_bytes(b"")
+        # file under the queue's name, older than the whole message after it. kombu orders
+        # names as strings: "0_" comes before any message's milliseconds ("1_" came after
+        # them whenever the machine's monotonic clock read 1xxxxx ms).
+        (folder / "0_torn.jobs.msg").write_bytes(b"")
         queue.put({"n": 1})
         with caplog.at_level(logging.ERROR):
             got = _first(queue)
