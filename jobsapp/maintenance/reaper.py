@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import socket
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -28,6 +28,7 @@ from jobsapp.lifecycle.journal.registry import RunTable, StalePolicy
 from jobsapp.lifecycle.rules.message import task_id_for
 from jobsapp.lifecycle.rules.states import Transition
 from jobsapp.lifecycle.transport import outbox, publisher
+from jobsapp.lifecycle.worker import celery_view
 from jobsapp.maintenance import lease, relay
 from jobsapp.maintenance.budget import DEFAULT_BUDGET, Budget, for_pass
 
@@ -135,15 +136,11 @@ def _reap_table(
 
 # The task event of each end the reaper records: Flower's state of the attempt is the
 # journal's (a revoked run's end, cancelled, reads REVOKED as when its worker ends it).
-_EVENTS = {
-    Transition.REAP_REQUEUE: "task-retried",
-    Transition.REAP_FAIL: "task-failed",
-    Transition.CANCEL: "task-revoked",
-}
+_LOST = {Transition.REAP_REQUEUE: "task-retried", Transition.REAP_FAIL: "task-failed"}
 
 
 def _tell_celery(app: Celery, spec: RunTable, ended: list[tuple[StaleRun, str]]) -> None:
-    """Each reaped attempt's end as Celery's own task event (``_EVENTS``), so Flower shows
+    """Each reaped attempt's end as Celery's own task event (``_event``), so Flower shows
     the attempt of a killed worker ended, not STARTED for good. A live view: a failed
     publish loses nothing, and the events go through the bounded producer
     (``JOBSAPP_PUBLISH_TIMEOUT``), not at all while the broker is known to be down, so a
@@ -159,12 +156,11 @@ def _tell_celery(app: Celery, spec: RunTable, ended: list[tuple[StaleRun, str]])
             )
             try:
                 for run, reason in ended:
-                    end = journal.ended_by(run, requeued=should_requeue(run, spec))
+                    name, fields = _event(
+                        journal.ended_by(run, requeued=should_requeue(run, spec)), reason
+                    )
                     dispatcher.send(
-                        _EVENTS[end],
-                        uuid=task_id_for(run.job_id, run.attempt),
-                        retry=False,
-                        **_event_fields(end, reason),
+                        name, uuid=task_id_for(run.job_id, run.attempt), retry=False, **fields
                     )
             finally:
                 dispatcher.close()
@@ -173,12 +169,12 @@ def _tell_celery(app: Celery, spec: RunTable, ended: list[tuple[StaleRun, str]])
         log.info("reaper: task events not sent: %s", type(down).__name__)
 
 
-def _event_fields(end: Transition, reason: str) -> dict[str, object]:
-    """Celery's fields of the event of ``end``: a revoke's, or the lost worker's error."""
+def _event(end: Transition, reason: str) -> tuple[str, Mapping[str, object]]:
+    """Celery's event of ``end``: a revoke's, or the lost worker's error."""
     if end is Transition.CANCEL:
-        return {"terminated": False, "signum": None, "expired": False}
+        return celery_view.revoked(expired=False)
     said = f"WorkerLostError('{reason}')"
-    return {"exception": said, "traceback": said}
+    return _LOST[end], {"exception": said, "traceback": said}
 
 
 def _reap_module(

@@ -116,7 +116,8 @@ def started_no_work(outcome: Any) -> bool:
 Event = tuple[str | None, Mapping[str, Any]]
 
 
-def _revoked(*, expired: bool) -> Event:
+def revoked(*, expired: bool) -> tuple[str, Mapping[str, Any]]:
+    """Celery's task-revoked of a task that never ran (or a revoke without terminate)."""
     return ("task-revoked", {"terminated": False, "signum": None, "expired": expired})
 
 
@@ -124,13 +125,13 @@ def _revoked(*, expired: bool) -> Event:
 # for the message, or a key held by another): the delivery's own result, as before.
 _REFUSED: Final[Mapping[Refusal, Event]] = {
     # Ended unrun by the journal, as Celery's worker reports a message it let expire.
-    Refusal.EXPIRED: _revoked(expired=True),
+    Refusal.EXPIRED: revoked(expired=True),
     # Requeued to a later attempt: RETRY, as the attempt's own end said (Celery lets a
     # copy's task-received replace a RETRY, but not a SUCCESS, FAILURE or REVOKED).
     Refusal.STALE_ATTEMPT: ("task-retried", {}),
     Refusal.REQUEUED: ("task-retried", {}),
     # The job ended while this attempt waited: it never runs, as a revoked message.
-    Refusal.UNSTARTED: _revoked(expired=False),
+    Refusal.UNSTARTED: revoked(expired=False),
     # Ended, running elsewhere, or published again later: that delivery's events tell it.
     **dict.fromkeys(
         (
@@ -148,7 +149,7 @@ _REFUSED: Final[Mapping[Refusal, Event]] = {
 
 # The task event of an attempt of its own task id that its delivery did not end.
 _NOT_ENDED_HERE: Final[Mapping[End, Event]] = {
-    End.CANCELLED: _revoked(expired=False),
+    End.CANCELLED: revoked(expired=False),
     End.LEASE_LOST: (None, {}),
 }
 
