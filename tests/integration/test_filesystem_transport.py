@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from kombu import Connection
 
 from jobsapp.celery_app import _transport
+from jobsapp.lifecycle.transport.filesystem_transport import PART, STALE
 
 FILESYSTEM = "filesystem://"
 
@@ -83,3 +85,22 @@ def test_a_message_appears_under_its_queues_name_only_once_whole(
     assert seen
     assert all(not n.endswith(".jobs.msg") for names in seen for n in names)
     assert [p.name.endswith(".jobs.msg") for p in folder.iterdir()] == [True]
+
+
+def test_a_writers_unfinished_file_is_removed_once_stale_and_a_fresh_one_kept(
+    folder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What a writer killed between its write and its rename left, and one still writing.
+    stale = folder / f"1_dead.jobs.msg{PART}"
+    fresh = folder / f"2_alive.jobs.msg{PART}"
+    for each in (stale, fresh):
+        each.write_bytes(b'{"half')
+    long_ago = time.time() - STALE - 5
+    os.utime(stale, (long_ago, long_ago))
+    with _connection(folder, _transport(FILESYSTEM)) as conn:
+        queue = conn.SimpleQueue("jobs")
+        with caplog.at_level(logging.WARNING), pytest.raises(queue.Empty):
+            queue.get(timeout=0.5)
+        queue.close()
+    assert sorted(p.name for p in folder.iterdir()) == [fresh.name]
+    assert f"removed {stale.name}" in caplog.text
