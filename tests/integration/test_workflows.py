@@ -31,6 +31,7 @@ from jobsapp import cli, operator
 from jobsapp.db import make_engine, utcnow
 from jobsapp.lifecycle import journal
 from jobsapp.lifecycle.celery_api.group_handles import GroupHandle, StepHandle
+from jobsapp.lifecycle.journal import workflow
 from jobsapp.lifecycle.journal.registry import JOBS
 from jobsapp.lifecycle.journal.workflow import STEPS
 from jobsapp.lifecycle.rules.states import Transition
@@ -192,24 +193,38 @@ def test_a_chords_body_is_written_once_when_two_members_finish_at_once(
                 first_written.set()
                 release.wait(WAIT)
 
-    threads = [
-        threading.Thread(target=finish, args=(0, 2)),
-        threading.Thread(target=finish, args=(1, 4)),
-    ]
-    threads[0].start()
-    assert first_written.wait(WAIT)
-    threads[1].start()
     # The second member's finish waits on the body's step row until the first commits
     # (or, without that lock, has already decided without seeing the first's success).
-    eventually(lambda: waiting_for_a_lock(pg) or not threads[1].is_alive())
-    release.set()
-    for thread in threads:
-        thread.join(WAIT)
+    _meet_at_a_lock(
+        pg,
+        threading.Thread(target=finish, args=(0, 2)),
+        threading.Thread(target=finish, args=(1, 4)),
+        first_written,
+        release,
+    )
     assert outcomes == [True, True]
     body = run_row(pg, handle.job_id)
     assert (body["state"], body["params"]["args"]) == ("queued", [[2, 4]])
     assert transitions(pg, handle.job_id) == [Transition.ENQUEUE.value]
     assert len(outbox_rows(pg, handle.job_id)) == 1
+
+
+def _meet_at_a_lock(
+    engine: Engine,
+    first: threading.Thread,
+    second: threading.Thread,
+    held: threading.Event,
+    release: threading.Event,
+) -> None:
+    """``first`` holds its transaction open (``held``, until ``release``) while ``second``
+    runs into it, until ``second`` waits on a lock (or is done); then both end."""
+    first.start()
+    assert held.wait(WAIT)
+    second.start()
+    eventually(lambda: waiting_for_a_lock(engine) or not second.is_alive())
+    release.set()
+    for thread in (first, second):
+        thread.join(WAIT)
 
 
 def _rows_fetched(engine: Engine) -> list[int]:
@@ -430,6 +445,74 @@ def test_a_step_ended_while_queued_blocks_what_waits_for_it_and_starts_no_errbac
     # is a member of fails, calling the body's errbacks; its own errbacks never run. Before,
     # a step ended while queued blocked nothing: the chord's body waited for good.
     _an_end_blocks_what_waits_and_starts_no_errback_of_its_own(pg, end, outcome)
+
+
+def test_a_step_revoked_before_its_run_is_written_never_runs_on_a_worker_started_later(
+    pg: Engine, redis_clean: None
+) -> None:
+    # A chain's later step and a chord's body have no run until what they wait for
+    # succeeds; their revoke was Celery's broadcast alone, which a worker started later
+    # never hears (celery#4300): the step ran. Now it is kept in the journal.
+    first, middle, last, member = _token("first"), _token("middle"), _token("last"), _token("m")
+    handle = chain(t.counted.s(1, first), t.counted.s(middle), t.counted.s(last)).apply_async()
+    joined = chord([t.counted.s(1, member)], t.tsum.s()).apply_async()
+    revoked = [handle.parent.id, joined.id]
+    t.add.app.control.revoke(revoked)  # no worker up: the broadcast reaches none
+    with in_process_worker():
+        with pytest.raises(TaskRevokedError):  # as Celery's chain.get(): the revoked step's
+            handle.get(timeout=WAIT)
+        ran = [handle.parent.parent.id, joined.parent.results[0].id]
+        eventually(lambda: [_state(pg, each) for each in ran] == ["succeeded"] * 2)
+    assert [_run(pg, uuid.UUID(each)) for each in revoked] == [None, None]
+    assert (calls(first), calls(member), calls(middle), calls(last)) == (1, 1, 0, 0)
+    assert [AsyncResult(each, app=t.add.app).state for each in revoked] == ["REVOKED"] * 2
+    assert (handle.state, handle.row()["outcome"]) == ("FAILURE", "upstream_failed")
+
+
+@pytest.mark.parametrize("first", ["the success", "the revoke"])
+def test_a_steps_revoke_and_the_success_that_starts_it_at_once_leave_it_unrun(
+    pg: Engine, redis_clean: None, first: str
+) -> None:
+    # Each takes the step's row lock; the one that waits sees what the other committed: a
+    # run written first is revoked as a run, a step blocked first is never started.
+    handle = chain(t.add.s(1, 2), t.add.s(3)).apply_async()
+    before = _steps(pg, handle.workflow_id)["0.0"]["job_id"]
+    token = _claim(pg, before)
+    held, release = threading.Event(), threading.Event()
+
+    def succeed() -> None:
+        with pg.begin() as conn:
+            assert _succeed(conn, before, token, 3)
+            if first == "the success":
+                held.set()
+                release.wait(WAIT)
+
+    def revoke() -> None:
+        if first == "the success":
+            t.add.app.control.revoke(handle.id)
+            return
+        with pg.begin() as conn:
+            found = workflow.revoke_unstarted(
+                conn, handle.job_id, "revoked", actor="test", started=[]
+            )
+            assert found is workflow.StepRevoke.BLOCKED
+            held.set()
+            release.wait(WAIT)
+
+    threads = [threading.Thread(target=succeed), threading.Thread(target=revoke)]
+    if first == "the revoke":
+        threads.reverse()
+    _meet_at_a_lock(pg, *threads, held, release)
+    assert run_row(pg, before)["state"] == "succeeded"
+    run = _run(pg, handle.job_id)
+    assert run is None or (run["state"], run["outcome"]) == ("failed", "cancelled")
+    assert (run is None) == (first == "the revoke")
+    assert handle.state == "REVOKED"
+
+
+def _state(engine: Engine, job_id: str) -> str | None:
+    run = _run(engine, uuid.UUID(job_id))
+    return None if run is None else str(run["state"])
 
 
 def _an_end_blocks_what_waits_and_starts_no_errback_of_its_own(

@@ -29,7 +29,7 @@ from sqlalchemy.exc import OperationalError
 
 from jobsapp.db import get_engine
 from jobsapp.lifecycle import journal
-from jobsapp.lifecycle.journal import Revoked, registry
+from jobsapp.lifecycle.journal import Revoked, registry, workflow
 from jobsapp.lifecycle.journal.outbox_rows import PendingMessage
 from jobsapp.lifecycle.journal.registry import RunTable
 from jobsapp.lifecycle.rules import message
@@ -53,9 +53,12 @@ def revoke_jobs(
     running: list[str] = []
     engine = get_engine()
     for task_id in map(str, task_ids):
-        found = _revoke(engine, message.job_id_of_task(task_id), actor, started)
+        job_id = message.job_id_of_task(task_id)
+        found = _revoke(engine, job_id, actor, started)
         if found is None:
             found = _revoke_attempt(engine, task_id, actor, started)
+        if found is None:
+            found = _revoke_unstarted(engine, job_id, actor, started)
         if found:
             running.append(found)
     return running
@@ -91,6 +94,24 @@ def _revoke_attempt(
         return None if job_id is None else _revoke_in(conn, spec, job_id, actor, started)
 
     return _in_tables(engine, write)
+
+
+def _revoke_unstarted(
+    engine: Engine, job_id: uuid.UUID, actor: str, started: list[PendingMessage] | None
+) -> str | None:
+    """Revoke the workflow step ``job_id`` whose run is not written yet, so a worker that
+    never heard Celery's broadcast does not run it either (as ``_revoke``; a step whose
+    run was written meanwhile is revoked as a run). Without ``started``, what its block
+    started (a chord body's errbacks) waits for the relay."""
+    held: list[PendingMessage] = [] if started is None else started
+    with engine.begin() as conn:
+        done = workflow.revoke_unstarted(conn, job_id, REASON, actor=actor, started=held)
+    if done is workflow.StepRevoke.HAS_RUN:
+        return _revoke(engine, job_id, actor, started)
+    if done is workflow.StepRevoke.NO_STEP:
+        return None
+    log.info("workflow step %s: revoke %s", job_id, done.value)
+    return ""
 
 
 def _name_based(task_id: str) -> bool:

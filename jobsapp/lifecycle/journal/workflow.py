@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from enum import StrEnum
 from functools import cache
 from typing import Any
 
@@ -41,7 +42,7 @@ from jobsapp.lifecycle.journal.clock import _clock_param, _stamp, clock
 from jobsapp.lifecycle.journal.enqueue_one import enqueue_new
 from jobsapp.lifecycle.journal.new_run import NewJob
 from jobsapp.lifecycle.journal.outbox_rows import LINEAGE, SHADOW, PendingMessage
-from jobsapp.lifecycle.journal.reads import step_runs
+from jobsapp.lifecycle.journal.reads import load, step_runs
 from jobsapp.lifecycle.journal.tables import WorkflowStep
 from jobsapp.lifecycle.rules.states import State
 
@@ -272,6 +273,42 @@ def cancelled(
     return _block_next(conn, done, f"step {job_id} {how}", actor, now)
 
 
+class StepRevoke(StrEnum):
+    BLOCKED = "blocked"  # it had no run: none will be written
+    HAS_RUN = "has run"  # its run was written first: revoke the run
+    NO_STEP = "no step"  # no step has this job id
+
+
+def revoke_unstarted(
+    conn: Connection,
+    job_id: uuid.UUID,
+    reason: str,
+    *,
+    actor: str,
+    started: list[PendingMessage],
+) -> StepRevoke:
+    """A revoke of a step whose run is not written yet (a chain's later step, a chord's
+    body, an errback), kept in the journal as a revoked run is: the step is blocked
+    ``cancelled`` under its lock, so the end it waits for never starts it (``start``, which
+    takes the same lock first), not even a replay's, and what waits for it is blocked as
+    a revoked run's end blocks it (``cancelled``; its messages join ``started``)."""
+    _require_transaction(conn, "a step's revoke")
+    found = _steps(conn, [str(job_id)], lock=True)
+    if not found:
+        return StepRevoke.NO_STEP
+    step = found[0]
+    if load(conn, registry.get(step["module"]), job_id) is not None:
+        return StepRevoke.HAS_RUN
+    stmt = (
+        update(STEPS)
+        .where(STEPS.c.job_id == job_id, STEPS.c.blocked_outcome.is_distinct_from(CANCELLED))
+        .values(blocked_at=clock(conn), blocked_outcome=CANCELLED, blocked_reason=reason)
+    )
+    if conn.execute(stmt).rowcount == 1:
+        started += _block_next(conn, step, f"step {job_id} was revoked", actor, None)
+    return StepRevoke.BLOCKED
+
+
 def _block_next(
     conn: Connection, done: Mapping[str, Any], reason: str, actor: str, now: datetime | None
 ) -> list[PendingMessage]:
@@ -366,10 +403,11 @@ def waited_on(conn: Connection, job_id: uuid.UUID) -> list[str]:
 
 
 def _errbacks(conn: Connection, step: Mapping[str, Any], *, actor: str) -> list[PendingMessage]:
-    """Celery's old-style errback call: the failed task's id first."""
+    """Celery's old-style errback call: the failed task's id first. Locked, as a success's
+    successors are, so an errback's revoke (``revoke_unstarted``) comes before or after."""
     started = [
         start(conn, errback, [str(step["job_id"])], actor=actor, by=step)
-        for errback in _steps(conn, step["errbacks"])
+        for errback in _steps(conn, step["errbacks"], lock=True)
     ]
     return [message for message in started if message is not None]
 
