@@ -364,11 +364,16 @@ def chain_ended_by_a_step(s: Side) -> Any:
     return [ended, bodies.runs(t), c.state, c.ready()]
 
 
+# Seconds: revoked before their countdown ends on a loaded machine too (at 1 s a group's
+# member once started first, and a revoke lets a running task finish).
+REVOKED_IN = 3
+
+
 def revoke_many(s: Side) -> Any:
-    a = s.add.apply_async((1, 1), countdown=1)
-    b = s.add.apply_async((2, 2), countdown=1)
+    a = s.add.apply_async((1, 1), countdown=REVOKED_IN)
+    b = s.add.apply_async((2, 2), countdown=REVOKED_IN)
     s.app.control.revoke([a.id, b.id])
-    g = group(s.add.s(3, 3), s.add.s(4, 4)).apply_async(countdown=1)
+    g = group(s.add.s(3, 3), s.add.s(4, 4)).apply_async(countdown=REVOKED_IN)
     g.revoke()
     # Celery's revoke reaches the workers later: each answer is read once get() raised.
     return [[raised(lambda r=r: r.get(timeout=WAIT))[0], r.state] for r in (a, b, *g.results)] + [
