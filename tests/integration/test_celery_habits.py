@@ -13,9 +13,11 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import celery
 import celery.exceptions
 import pytest
 import redis
@@ -311,6 +313,66 @@ def test_a_calls_own_root_and_parent_are_in_its_message_whoever_publishes_it_as_
 
     assert seen[theirs.id] == (given[0] or theirs.id, given[1])
     assert seen[ours.id] == (given[0] or ours.id, given[1])
+
+
+# What a service continuing a trace or a workflow names from outside any task: a root and a
+# parent, a root alone, a parent alone.
+_GIVEN_LINEAGES = [("root-r", "parent-p"), ("root-r", None), (None, "parent-p")]
+
+
+def _sent_with(shape: str, first: Any, then: Any, lineage: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """``shape`` of ``first`` (then ``then``) applied with ``lineage``: its result, and the
+    results of its first tasks (those the caller's ``apply_async`` sends)."""
+    if shape == "chain":
+        r = celery.chain(first.s(), then.s()).apply_async(**lineage)
+        return r, [r.parent]
+    if shape == "group":
+        r = celery.group(first.s(), first.s()).apply_async(**lineage)
+        return r, list(r.results)
+    r = celery.chord([first.s(), first.s()], then.s()).apply_async(**lineage)
+    return r, list(r.parent.results)
+
+
+def _as_seen(own: str, root: str | None, parent: str | None) -> list[str | None]:
+    return ["own" if root == own else root, parent]
+
+
+@pytest.mark.parametrize("shape", ["chain", "group", "chord"])
+@pytest.mark.parametrize("by_relay", [False, True])
+def test_a_canvas_given_a_root_and_parent_starts_with_them_as_celerys(
+    worker: object, db: Engine, monkeypatch: pytest.MonkeyPatch, shape: str, by_relay: bool
+) -> None:
+    # A canvas's first messages named themselves their roots, with no parent.
+    if by_relay:
+        monkeypatch.setattr(publisher, "fast_path_open", lambda: False)
+    bare = Celery("bare", broker="memory://", backend="cache+memory://", set_as_current=False)
+
+    @bare.task(name="bare.lineage_seen", bind=True)
+    def bare_lineage(self: Any, *_: Any) -> None:  # published here, never run
+        del self
+
+    seen: dict[str, tuple[str, str]] = {}
+
+    def published(sender: str, headers: dict[str, Any], **_: Any) -> None:
+        seen[headers["id"]] = (headers["root_id"], headers["parent_id"])
+
+    theirs, ours, bodies = [], [], []
+    before_task_publish.connect(published, weak=False)
+    try:
+        for given in _GIVEN_LINEAGES:
+            lineage = dict(zip(("root_id", "parent_id"), given, strict=True))
+            _, firsts = _sent_with(shape, bare_lineage, bare_lineage, lineage)
+            theirs.append([_as_seen(f.id, *seen[f.id]) for f in firsts])
+            whole, firsts = _sent_with(shape, tasks.lineage_seen, tasks.lineage_seen, lineage)
+            if by_relay:
+                eventually(partial(_relayed, db, whole), timeout=30, interval=0.2)
+            ours.append([_as_seen(f.id, *seen[f.id]) for f in firsts])
+            bodies.append([_as_seen(f.id, *f.get(timeout=30)) for f in firsts])
+    finally:
+        before_task_publish.disconnect(published)
+
+    assert ours == theirs
+    assert bodies == theirs  # a Celery body sees what its message's headers say
 
 
 def test_a_handle_speaks_celerys_state_names_like_an_async_result(

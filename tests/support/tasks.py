@@ -202,8 +202,9 @@ def open_gate(token: str, run: int) -> None:
 
 
 @lifecycle_task(app, name="tests.lineage_seen", bind=True)
-def lineage_seen(self: Any) -> list[str | None]:
-    """What Celery gives the body as its ``root_id`` and ``parent_id``."""
+def lineage_seen(self: Any, *_: Any) -> list[str | None]:
+    """What Celery gives the body as its ``root_id`` and ``parent_id`` (a canvas step's
+    arguments ignored)."""
     return [self.request.root_id, self.request.parent_id]
 
 

@@ -183,6 +183,10 @@ def new_job(
         # its own countdown once what it waits for ended (a canvas's own countdown, given
         # to its first steps by ``start``'s ``due``, comes after and wins, as in Celery).
         delay=timedelta(seconds=step["countdown"]) if step.get("countdown") else None,
+        # Its first message's headers say what its body sees, whoever publishes it: the
+        # caller of a canvas given a root and parent (its send_task stamps none of them),
+        # as beat's relay reads them from the run (kept_headers.py).
+        lineage=None if lineage is None else (lineage["root_id"], lineage.get("parent_id")),
     )
 
 

@@ -128,9 +128,10 @@ class Compiler:
     """Turns one canvas into ``Step`` rows of one workflow."""
 
     workflow_id: uuid.UUID
-    # The task whose body sends the canvas (its root_id, its id), as Celery's send_task
-    # reads it: the canvas's first tasks descend from it.
-    sender: tuple[str, str] | None = None
+    # Whom the canvas's first tasks descend from (a root, a parent; either may be None):
+    # the task whose body sends it (its root_id, its id), as Celery's send_task reads it,
+    # or the root and parent its apply_async names.
+    sender: newjob.GivenLineage | None = None
     # The step whose task's ``shadow_name`` the caller asked already (a task's own
     # ``apply_async(link=...)``: its step), which Celery asks once a call.
     asked: str | None = None
@@ -273,8 +274,8 @@ class Compiler:
         chain's first task), else (a chord's members each their own root) where the one
         that starts it does."""
         if after is None:
-            root, parent = self.sender or (job_id, None)
-            return {"root_id": root, "parent_id": parent, "group": None}
+            root, parent = self.sender or (None, None)
+            return {"root_id": root or job_id, "parent_id": parent, "group": None}
         if isinstance(after, str):  # a chain's step, an errback: the common case, no walk
             return {"root_id": self.drafts[after].step["lineage"]["root_id"], "group": None}
         roots = {self.drafts[p].step["lineage"]["root_id"] for p in waited_for(after)}
@@ -444,18 +445,22 @@ def compiled(
     if into is None and options.get("task_id"):
         sig = _answering_to(sig, str(options["task_id"]))
     workflow_id, path = into or (_workflow_id(options.get("task_id") or _frozen_id(sig)), "0")
-    compiler = Compiler(workflow_id, _sender(options), asked=path if asked else None)
+    compiler = Compiler(workflow_id, _sender(sig, options), asked=path if asked else None)
     routing = {k: options[k] for k in _ROUTING if options.get(k) is not None}
     out = compiler.node(sig, path, None, tuple(args or ()), (), routing)
     return workflow_id, out, compiler.steps()
 
 
-def _sender(options: Mapping[str, Any]) -> tuple[str, str] | None:
-    """Whom the canvas's first tasks descend from (``newjob.lineage_of``); with no parent,
-    they are roots of their own."""
-    given = (options.get("root_id"), options.get("parent_id"))
-    root, parent = newjob.lineage_of(given if any(given) else None) or (None, None)
-    return (str(root or parent), str(parent)) if parent else None
+def _sender(sig: Signature, options: Mapping[str, Any]) -> newjob.GivenLineage | None:
+    """Whom the canvas's first tasks descend from (``newjob.lineage_of``): with no root,
+    each is its own, as a call's message is. A chain's own ``parent_id`` is left out, as
+    Celery's ``chain.run`` takes it and gives it to no task (from a body, the body is its
+    first task's parent all the same: ``send_task`` stamps it)."""
+    root = options.get("root_id")
+    parent = None if isinstance(sig, _chain) else options.get("parent_id")
+    if not (root or parent):
+        return newjob.lineage_of(None)
+    return newjob.lineage_of((str(root) if root else None, str(parent) if parent else None))
 
 
 def write(
