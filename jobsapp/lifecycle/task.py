@@ -243,7 +243,9 @@ class LifecycleTask(Task):  # type: ignore[type-arg]
             refused = {k for k, v in others.items() if v and k not in kept}
             applied.refuse(f"{self.name} with link/link_error", refused)
             step = {"task_id": task_id, "queue": queue, "priority": priority, "shadow": shadow}
-            when = {k: v for k, v in due.items() if v is not None}
+            # The workflow's first step descends from the root and parent the call names.
+            descends = dict(zip(("root_id", "parent_id"), lineage or (), strict=False))
+            when = {k: v for k, v in {**due, **descends}.items() if v is not None}
             handle = self._with_callbacks(args, kwargs, step, {**callbacks, **when})
             return group_handles.trailed(handle, options.get("add_to_parent", True))
         if self.app.conf.task_always_eager:

@@ -323,6 +323,9 @@ _GIVEN_LINEAGES = [("root-r", "parent-p"), ("root-r", None), (None, "parent-p")]
 def _sent_with(shape: str, first: Any, then: Any, lineage: dict[str, Any]) -> tuple[Any, list[Any]]:
     """``shape`` of ``first`` (then ``then``) applied with ``lineage``: its result, and the
     results of its first tasks (those the caller's ``apply_async`` sends)."""
+    if shape == "link":
+        r = first.apply_async(link=then.si(), **lineage)
+        return r, [r]
     if shape == "chain":
         r = celery.chain(first.s(), then.s()).apply_async(**lineage)
         return r, [r.parent]
@@ -337,12 +340,13 @@ def _as_seen(own: str, root: str | None, parent: str | None) -> list[str | None]
     return ["own" if root == own else root, parent]
 
 
-@pytest.mark.parametrize("shape", ["chain", "group", "chord"])
+@pytest.mark.parametrize("shape", ["link", "chain", "group", "chord"])
 @pytest.mark.parametrize("by_relay", [False, True])
-def test_a_canvas_given_a_root_and_parent_starts_with_them_as_celerys(
+def test_a_link_or_canvas_given_a_root_and_parent_starts_with_them_as_celerys(
     worker: object, db: Engine, monkeypatch: pytest.MonkeyPatch, shape: str, by_relay: bool
 ) -> None:
-    # A canvas's first messages named themselves their roots, with no parent.
+    # apply_async(link=...) lost the caller's root and parent (the call becomes a
+    # workflow); a canvas's first messages named themselves their roots, with no parent.
     if by_relay:
         monkeypatch.setattr(publisher, "fast_path_open", lambda: False)
     bare = Celery("bare", broker="memory://", backend="cache+memory://", set_as_current=False)
