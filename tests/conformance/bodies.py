@@ -349,6 +349,15 @@ def _calls_then_retries(self: Any, token: str) -> list[str]:
     return list(store().lrange(f"conformance:calls:{token}", 0, -1))
 
 
+def _sends_with_links(self: Any) -> list[str]:
+    """Sends ``add`` by name from its body, once with one callback, once with two (each a
+    ``step_lineage``): the ids of the calls it made."""
+    add, seen = sibling(self, "add"), sibling(self, "step_lineage")
+    one = self.app.send_task(add.name, (2, 3), link=seen.s())
+    two = self.app.send_task(add.name, (1, 1), link=[seen.s(), seen.s()])
+    return [str(one.id), str(two.id)]
+
+
 def _calls_in_a_transaction(self: Any) -> list[str]:
     """Calls ``add`` from its body as the team's code does it: a lifecycle call joins a
     journal transaction (``connection=``: the relay publishes it), a bare one is sent."""
@@ -477,6 +486,7 @@ BODIES: Mapping[str, Callable[..., Any]] = {
     "calls_one_not_a_child": _calls_one_not_a_child,
     "calls_then_retries": _calls_then_retries,
     "calls_in_a_transaction": _calls_in_a_transaction,
+    "sends_with_links": _sends_with_links,
     "ends_chain": _ends_chain,
     "count_run": _count_run,
     "call_fields": _call_fields,
@@ -530,6 +540,7 @@ OPTIONS: Mapping[str, Mapping[str, Any]] = {
     "calls_one_not_a_child": {"bind": True},
     "calls_then_retries": {"bind": True, "max_retries": 2},
     "calls_in_a_transaction": {"bind": True},
+    "sends_with_links": {"bind": True},
     "ends_chain": {"bind": True},
     "call_fields": {"bind": True, "time_limit": 30, "soft_time_limit": 20},
     "acks_late": {"acks_late": True, "reject_on_worker_lost": True},

@@ -1116,6 +1116,32 @@ def children_of_a_call_in_a_transaction(s: Side) -> Any:
     return [[k.id == sent for k in kids], [k.get(timeout=WAIT) for k in kids]]
 
 
+def _values(result: Any) -> list[Any]:
+    """A result's value, or a group's members' values."""
+    value = result.get(timeout=WAIT)
+    return list(value) if isinstance(result, GroupResult) else [value]
+
+
+def children_of_a_task_a_body_sent_with_links(s: Side) -> Any:
+    """A body's ``app.send_task(name, link=)``: what it sent are its children, and each sent
+    task's callbacks (one, or two as one group) are that task's, not the body's: Celery's
+    tracer sends them under the sent task's request, the body its root, the sent task its
+    parent."""
+    r = s.sends_with_links.delay()
+    one, two = r.get(timeout=WAIT)
+    mine = [k.id for k in AsyncResult(r.id, app=s.app).children or []]
+    named = {r.id: "body", one: "one", two: "two"}
+    answer: list[Any] = [[named.get(k, "?") for k in mine]]
+    for sent in (one, two):
+        handle = AsyncResult(sent, app=s.app)
+        handle.get(timeout=WAIT)
+        kids = handle.children or []
+        answer.append([type(k).__name__ for k in kids])
+        seen = [v for k in kids for v in _values(k)]
+        answer.append([[named.get(x, x) for x in v[1:3]] for v in seen])
+    return answer
+
+
 def group_restored_by_the_app(s: Side) -> Any:
     g = group(s.add.s(i, i) for i in range(2)).apply_async()
     g.save()
@@ -1634,6 +1660,16 @@ PROGRAMS: dict[str, tuple[Callable[[Side], Any], Any]] = {
     "children of a body's call joined to a transaction (connection=)": (
         children_of_a_call_in_a_transaction,
         [[True], [5]],
+    ),
+    "children of what a body sent with send_task(link=), of its callbacks": (
+        children_of_a_task_a_body_sent_with_links,
+        [
+            ["one", "two"],
+            ["AsyncResult"],
+            [["body", "one"]],
+            ["GroupResult"],
+            [["body", "two"], ["body", "two"]],
+        ],
     ),
     "app.GroupResult.restore(id), restore of an unknown or unsaved id": (
         group_restored_by_the_app,

@@ -178,7 +178,7 @@ def _succeed(app: Celery, ctx: RunContext, value: Any, kept: Any, *, flushed: bo
     """The run succeeds with ``kept`` (``value`` as the journal keeps it: results.checked);
     the attempt's Celery result is ``value`` itself."""
 
-    children = ctx.children
+    children = ctx.children if ctx.callbacks is None else [*(ctx.children or ()), *ctx.callbacks]
     keeps = None if children is None else partial(_keep_children, ctx, children)
 
     def write() -> tuple[bool, list[PendingMessage]]:

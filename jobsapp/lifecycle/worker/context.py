@@ -45,6 +45,10 @@ class RunContext:
     # The results of the calls the body made (Celery's ``request.children``, None while it
     # made none), read off its request as it is popped: its success keeps them.
     children: list[Any] | None = field(default=None)
+    # The results of the callbacks Celery's tracer sends after this attempt's success (a
+    # plain call's ``link``, named before the body runs): Celery's request trails them
+    # after the body's calls, so the success keeps them after its children.
+    callbacks: list[Any] | None = field(default=None)
     _entered: Token[RunContext | None] | None = field(default=None, init=False, repr=False)
 
     def __enter__(self) -> RunContext:

@@ -21,8 +21,9 @@ from dataclasses import replace
 from functools import cache, partial
 from typing import Any, Protocol
 
-from celery import Celery, Task
+from celery import Celery, Task, group, signature
 from celery.app.task import Context
+from celery.canvas import Signature
 from celery.utils.time import maybe_make_aware
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
@@ -287,7 +288,7 @@ def _run_envelope(
     at_limit = None if eager else _limited(task, request, ctx, rules)
     kept = _kept(task, row, job)
     lineage = _lineage(request, env, job) if kept is None else kept
-    _kept_links(task, row, request, job)
+    _kept_links(task, row, request, job, ctx)
     ended = run_attempt(task.app, ctx, lambda: call_body(task, row, job, lineage, call, ctx), rules)
     if at_limit is not None:
         ended = at_limit.instead_of(ended)
@@ -465,7 +466,7 @@ def _ends_run(ended: Ended | str) -> bool:
     return isinstance(ended, Ended) and ended.end in (End.SUCCEEDED, End.FAILED)
 
 
-def _kept_links(task: Worked, row: Run, request: Context, job: str) -> None:
+def _kept_links(task: Worked, row: Run, request: Context, job: str, ctx: RunContext) -> None:
     """A plain call's ``link``/``link_error`` (kept at its adoption, producer/newjob.py) on
     this delivery's request: Celery's tracer sends them once the attempt that ends the run
     returns (its callbacks) or raises (its errbacks), as it sends a message's own. A later
@@ -476,9 +477,25 @@ def _kept_links(task: Worked, row: Run, request: Context, job: str) -> None:
     )
     if links:
         errbacks = links.get("errbacks")
-        request.callbacks = links.get("callbacks")
+        request.callbacks = _named_callbacks(task.app, links.get("callbacks"), ctx)
         later = errbacks and request.id != job  # a retry's id is its attempt's own
         request.errbacks = errback.given_the_job(task.app, errbacks, job) if later else errbacks
+
+
+def _named_callbacks(app: Celery, callbacks: list[Any] | None, ctx: RunContext) -> list[Any] | None:
+    """``callbacks`` as Celery's tracer sends several (each group apart, the other
+    callbacks as one group), given their ids now: Celery stores a success with the results
+    of the callbacks its tracer sent as its ``children``, and this attempt's success is
+    written before the tracer sends them, so it keeps those results (``ctx.callbacks``)."""
+    if not callbacks:
+        return callbacks
+    sigs: list[Signature] = [signature(c, app=app) for c in callbacks]
+    if len(sigs) > 1:
+        alone = [s for s in sigs if not isinstance(s, group)]
+        apart: list[Signature] = [s for s in sigs if isinstance(s, group)]
+        sigs = [*apart, group(alone, app=app)] if alone else apart
+    ctx.callbacks = [s.freeze() for s in sigs]
+    return sigs
 
 
 def call_body(
