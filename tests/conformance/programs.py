@@ -201,17 +201,23 @@ def options_without_effect_here(s: Side) -> Any:
     return [s.add.apply_async((1, 2), **options).get(timeout=WAIT) for options in kinds]
 
 
+def _second_queue(s: Side) -> str:
+    """The worker's second queue, which few idioms use. RabbitMQ drops a message whose
+    expiry (its TTL) passes while it waits in a queue, and it then reads PENDING for good on
+    either side: one that should expire in the worker goes here, so a consumer takes it at
+    once."""
+    return s.app.conf.task_default_queue + "-second"
+
+
 def queue_as_a_kombu_queue(s: Side) -> Any:
-    second = Queue(s.app.conf.task_default_queue + "-second")
+    second = Queue(_second_queue(s))
     return s.queue_seen.apply_async((1,), queue=second).get(timeout=WAIT)
 
 
 def priority_and_queue(s: Side) -> Any:
     return [
         s.add.apply_async((1, 2), priority=7).get(timeout=WAIT),
-        s.add.apply_async((2, 2), queue=f"{s.app.conf.task_default_queue}-second").get(
-            timeout=WAIT
-        ),
+        s.add.apply_async((2, 2), queue=_second_queue(s)).get(timeout=WAIT),
     ]
 
 
@@ -756,15 +762,8 @@ def revoke_a_chain_step_before_it_starts(s: Side) -> Any:
     return [kind, _ready_state(r.parent), r.state, _runs_within(e, 2)]
 
 
-def _idle_queue(s: Side) -> str:
-    """The queue few idioms use. RabbitMQ drops a message whose expiry (its TTL) passes
-    while it waits in the queue, and it then reads PENDING for good on either side: one
-    that should expire in the worker goes here, so a consumer takes it at once."""
-    return s.app.conf.task_default_queue + "-second"
-
-
 def expires_of_the_task(s: Side) -> Any:
-    r = s.short_lived.apply_async((1, 2), countdown=3, queue=_idle_queue(s))
+    r = s.short_lived.apply_async((1, 2), countdown=3, queue=_second_queue(s))
     return [raised(lambda: r.get(timeout=WAIT))[0], r.state]
 
 
@@ -773,7 +772,7 @@ def get_inside_a_task_allowed(s: Side) -> Any:
 
 
 def expired_before_it_ran(s: Side) -> Any:
-    r = s.add.apply_async((1, 1), countdown=2, expires=1, queue=_idle_queue(s))
+    r = s.add.apply_async((1, 1), countdown=2, expires=1, queue=_second_queue(s))
     return [raised(lambda: r.get(timeout=WAIT))[0], r.state, type(r.result).__name__]
 
 
@@ -781,7 +780,7 @@ def expired_before_it_ran(s: Side) -> Any:
 
 
 def canvas_options(s: Side) -> Any:
-    second = s.app.conf.task_default_queue + "-second"
+    second = _second_queue(s)
     g = group(s.queue_seen.s(i) for i in range(2)).apply_async(queue=second)
     c = chain(s.queue_seen.si(1), s.queue_seen.si(2)).apply_async(queue=second)
     sent = time.monotonic()
@@ -1250,10 +1249,10 @@ def send_task_of_an_unknown_name(s: Side) -> Any:
 
 def send_task_expired_before_its_countdown(s: Side) -> Any:
     mine = str(uuid.uuid4())
-    second = s.app.conf.task_default_queue + "-second"
+    second = _second_queue(s)
     r = s.app.send_task(s.name("queue_seen"), (3,), task_id=mine, queue=second)
     # Expired in the worker, at its countdown.
-    gone = s.app.send_task(s.name("add"), (1, 1), countdown=2, expires=1, queue=_idle_queue(s))
+    gone = s.app.send_task(s.name("add"), (1, 1), countdown=2, expires=1, queue=second)
     kind = raised(lambda: gone.get(timeout=WAIT))[0]
     return [r.id == mine, r.get(timeout=WAIT), kind, gone.state]
 
